@@ -1,0 +1,195 @@
+"""Typed, frozen descriptions of hardware: accelerators, links, nodes (systems), clusters, CPUs, NVMe.
+
+SI units inside (bytes, seconds, FLOP/s, bytes/s). The YAML catalogue uses GB/s, GiB, µs in its key
+names; :mod:`paraplan.hardware.catalog` converts once on load.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Mapping
+
+GB = 1e9
+GIB = 2**30
+
+
+def _frozen_map(m: Mapping | None) -> Mapping:
+    return MappingProxyType(dict(m or {}))
+
+
+@dataclass(frozen=True)
+class CacheLevel:
+    """One level of a CPU's cache hierarchy.
+
+    ``shared_by_cores`` is how many cores share one instance: 1 for a private L1/L2, 4 for the L3
+    of a Zen 2 core complex (CCX), all cores of a socket for a monolithic L3.
+    """
+    level: int
+    size_bytes: int
+    shared_by_cores: int
+    latency_cycles: float
+    bandwidth_bytes_per_cycle_per_core: float
+    line_bytes: int = 64
+
+
+@dataclass(frozen=True)
+class Cpu:
+    """A CPU socket: cores, vector width, caches and its DRAM bandwidth."""
+    name: str
+    vendor: str
+    model: str
+    cores: int
+    threads_per_core: int
+    frequency_hz: float
+    simd_bits: int
+    fma_units_per_core: int
+    caches: tuple[CacheLevel, ...]
+    memory_bandwidth_bytes_per_s: float
+    memory_latency_s: float
+    memory_channels: int
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def peak_fp32_flops(self) -> float:
+        """cores · f · (simd_bits/32 lanes) · 2 (FMA) · FMA units."""
+        return self.cores * self.frequency_hz * (self.simd_bits / 32) * 2 * self.fma_units_per_core
+
+    def cache(self, level: int) -> CacheLevel:
+        for c in self.caches:
+            if c.level == level:
+                return c
+        raise KeyError(f"{self.name} has no L{level} cache")
+
+
+@dataclass(frozen=True)
+class Nvme:
+    """An NVMe drive: sustained sequential read/write bandwidth and capacity."""
+    name: str
+    model: str
+    read_bytes_per_s: float
+    write_bytes_per_s: float
+    capacity_bytes: float
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """A GPU or other accelerator.
+
+    ``peak_flops`` maps dtype (fp32, tf32, fp16, bf16, fp8) to dense peak FLOP/s (no sparsity).
+    ``gemm_plateau_efficiency`` is the best achieved/peak of a large GEMM (MAMF), the ceiling of the
+    GEMM efficiency curve.
+    """
+    name: str
+    vendor: str
+    model: str
+    memory_bytes: float
+    memory_bandwidth_bytes_per_s: float
+    peak_flops: Mapping[str, float]
+    scale_up_bandwidth_bytes_per_s: float
+    gemm_plateau_efficiency: float
+    streaming_multiprocessors: int
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    def peak(self, dtype: str) -> float:
+        v = self.peak_flops.get(dtype)
+        if v is None and dtype == "bf16":
+            v = self.peak_flops.get("fp16")  # V100 has no bf16; callers reject it earlier
+        if not v:
+            raise KeyError(f"{self.name} has no {dtype} peak")
+        return v
+
+
+@dataclass(frozen=True)
+class Link:
+    """One tier of the interconnect as a collective sees it, per GPU, one direction.
+
+    ``efficiency`` is achieved ring bus bandwidth / line rate for large messages;
+    ``latency_s`` is the per-step latency α of the alpha-beta model.
+    """
+    name: str
+    bandwidth_bytes_per_s: float
+    efficiency: float
+    latency_s: float
+
+    @property
+    def effective_bandwidth_bytes_per_s(self) -> float:
+        return self.bandwidth_bytes_per_s * self.efficiency
+
+    def scaled(self, factor: float) -> "Link":
+        return replace(self, bandwidth_bytes_per_s=self.bandwidth_bytes_per_s * factor)
+
+
+@dataclass(frozen=True)
+class System:
+    """A node type (a DGX, say): its accelerators and everything around them."""
+    name: str
+    description: str
+    accelerator: Accelerator
+    gpus_per_node: int
+    intra_node: Link
+    inter_node: Link
+    nics_per_node: int
+    nic_bandwidth_bytes_per_s: float
+    pcie_gen: int
+    pcie_bandwidth_bytes_per_s: float
+    host_cpu: Cpu
+    host_cpu_sockets: int
+    host_memory_bytes: float
+    nvme: Nvme
+    nvme_drives: int
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    @property
+    def nvme_read_bytes_per_s(self) -> float:
+        return self.nvme.read_bytes_per_s * self.nvme_drives
+
+    @property
+    def nvme_write_bytes_per_s(self) -> float:
+        return self.nvme.write_bytes_per_s * self.nvme_drives
+
+    @property
+    def nvme_capacity_bytes(self) -> float:
+        return self.nvme.capacity_bytes * self.nvme_drives
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """A number of GPUs of one system type: part of one node, or whole nodes."""
+    name: str
+    system: System
+    num_gpus: int
+    inter_node_oversubscription: float = 1.0
+
+    def __post_init__(self):
+        from paraplan.errors import ConfigError
+        g = self.system.gpus_per_node
+        if self.num_gpus < 1:
+            raise ConfigError("gpus", f"must be a positive integer, got {self.num_gpus}")
+        if self.num_gpus > g and self.num_gpus % g:
+            raise ConfigError(
+                "gpus", f"{self.num_gpus} GPUs span more than one {self.system.name} node but not whole nodes",
+                accepted=f"1..{g}, or a multiple of {g} GPUs per node")
+        if self.inter_node_oversubscription < 1:
+            raise ConfigError("inter_node_oversubscription", "must be >= 1 (1 = non-blocking)")
+
+    @property
+    def accelerator(self) -> Accelerator:
+        return self.system.accelerator
+
+    @property
+    def gpus_per_node(self) -> int:
+        return min(self.num_gpus, self.system.gpus_per_node)
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.num_gpus // self.system.gpus_per_node)
+
+    @property
+    def inter_node(self) -> Link:
+        if self.inter_node_oversubscription == 1:
+            return self.system.inter_node
+        return self.system.inter_node.scaled(1 / self.inter_node_oversubscription)
+
+    def with_system(self, **changes) -> "Cluster":
+        return replace(self, system=replace(self.system, **changes))
