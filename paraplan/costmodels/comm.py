@@ -1,0 +1,81 @@
+"""Collective communication time: alpha-beta over the tier(s) a group spans.
+
+Ring collectives on one tier (nccl-tests doc/PERFORMANCE.md bus-bandwidth factors; NCCL
+src/graph/tuning.cc step counts), n ranks, S bytes (the full, unsharded buffer), link bandwidth
+B and efficiency η, per-step latency α:
+
+  all-reduce          T = 2(n−1)·α + 2(n−1)/n · S/(η·B)
+  reduce-scatter      T =  (n−1)·α +  (n−1)/n · S/(η·B)      (all-gather the same)
+  all-to-all          T =  (n−1)·α +  (n−1)/n · S/(η·B)      (S = bytes each rank holds)
+  send/recv           T =        α +            S/(η·B)
+
+A group of n ranks with k of them per node spans n/k nodes and runs hierarchically
+(shared/reference §2.8, "Inter-node speed depends on intra-node speed"): intra-node
+reduce-scatter over k, inter-node collective over n/k ranks on 1/k of the data (every GPU
+drives its own NIC), intra-node all-gather. The inter-node link's bandwidth is per GPU.
+
+Placement: ranks are numbered tp fastest, then cp, then dp, then pp (Megatron's order), so a
+group's members per node follow from the strides; :func:`ranks_per_node` gives k.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from paraplan.hardware.model import Link
+
+ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL, SEND_RECV = "all_reduce", "reduce_scatter", "all_gather", \
+    "all_to_all", "send_recv"
+
+
+def ring_time(kind: str, size_bytes, n, link: Link):
+    """Seconds for one collective on a single tier (flat ring); 0 when n == 1."""
+    n = np.asarray(n, dtype=float)
+    s = np.asarray(size_bytes, dtype=float)
+    bw = link.bandwidth_bytes_per_s * link.efficiency
+    if kind == SEND_RECV:
+        return link.latency_s + s / bw
+    if kind == ALL_REDUCE:
+        t = 2 * (n - 1) * link.latency_s + 2 * (n - 1) / n * s / bw
+    elif kind in (REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL):
+        t = (n - 1) * link.latency_s + (n - 1) / n * s / bw
+    else:
+        raise ValueError(f"unknown collective {kind}")
+    return np.where(n > 1, t, 0.0)
+
+
+def collective_time(kind: str, size_bytes, n, k, intra: Link, inter: Link):
+    """Seconds for a collective over n ranks with k ranks per node (k = n: inside one node).
+
+    Hierarchical when the group spans nodes: see the module docstring.
+    """
+    n = np.asarray(n, dtype=float)
+    k = np.minimum(np.asarray(k, dtype=float), n)
+    nodes = n / k
+    s = np.asarray(size_bytes, dtype=float)
+    if kind == ALL_TO_ALL:
+        # Each rank keeps 1/n, sends (k-1)/n inside the node and (n-k)/n out through its NIC.
+        t_intra = (k - 1) * intra.latency_s + (k - 1) / n * s / intra.effective_bandwidth_bytes_per_s
+        t_inter = (nodes - 1) * inter.latency_s + (n - k) / n * s / inter.effective_bandwidth_bytes_per_s
+        return np.where(n > 1, t_intra + t_inter, 0.0)
+    if kind == SEND_RECV:
+        return np.where(nodes > 1, ring_time(kind, s, 2, inter), ring_time(kind, s, 2, intra))
+    intra_part = ring_time(REDUCE_SCATTER, s, k, intra)           # RS (or AG) inside the node
+    inter_part = ring_time(kind, s / k, nodes, inter)             # same collective across nodes on 1/k
+    if kind == ALL_REDUCE:
+        hier = 2 * intra_part + inter_part                        # RS + AR + AG
+    else:
+        hier = intra_part + inter_part
+    single = ring_time(kind, s, n, intra)
+    return np.where(nodes > 1, hier, single)
+
+
+def ranks_per_node(group_size, stride, gpus_per_node):
+    """How many members of a group (size n, rank stride) sit on one node of g GPUs.
+
+    A group with stride ≥ g has one member per node; otherwise g/stride members share a node,
+    capped by the group size.
+    """
+    n = np.asarray(group_size, dtype=float)
+    stride = np.asarray(stride, dtype=float)
+    per_node = np.maximum(1.0, np.floor(gpus_per_node / stride))
+    return np.minimum(n, per_node)

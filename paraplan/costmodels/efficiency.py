@@ -1,0 +1,92 @@
+"""Efficiency curves: achieved time of GEMMs, memory-bound kernels and fused attention.
+
+Formulas (each evaluated over numpy arrays as well as scalars):
+
+* GEMM ``C[m,n] += A[m,k] B[k,n]``: ``t = t0 + 2mnk / (peak · η_plateau · η_wave)`` with
+  ``η_wave = (C/S) / ceil(C/S)``, ``C = ceil(m/Tm)·ceil(n/Tn)`` output tiles over S SMs
+  (NVIDIA Matrix Multiplication Background User's Guide §3; shared/reference §3.3).
+* memory-bound kernels: ``t = kernels · t0 + bytes / (BW_hbm · η_mem)``.
+* fused attention (FlashAttention): ``t = t0 + F / (peak · η_flash)``.
+
+The curve parameters are data (``curves.yaml``), per accelerator; a profiled table measured by
+``paraplan profile`` can stand in for them (same methods).
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+import yaml
+
+from paraplan.hardware.model import Accelerator
+
+CURVES_FILE = Path(__file__).parent / "curves.yaml"
+
+
+@dataclass(frozen=True)
+class AnalyticalCurves:
+    """Efficiency parameters for one accelerator (see curves.yaml for their sources)."""
+    accelerator: Accelerator
+    kernel_overhead_s: float
+    gemm_tile_m: int
+    gemm_tile_n: int
+    memory_efficiency: float
+    flash_attention_efficiency: float
+    cpu_adam_memory_efficiency: float
+    gpu_adam_bytes_per_param: float
+    sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+
+    kind = "analytical"
+
+    def gemm_time(self, m, n, k, dtype: str = "bf16", count=1):
+        """Seconds for ``count`` GEMMs of shape (m x k) @ (k x n)."""
+        acc = self.accelerator
+        m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
+        tiles = np.ceil(m / self.gemm_tile_m) * np.ceil(n / self.gemm_tile_n)
+        waves = tiles / acc.streaming_multiprocessors
+        wave_eff = waves / np.ceil(waves)
+        flops = 2.0 * m * n * k
+        return count * (self.kernel_overhead_s + flops / (acc.peak(dtype) * acc.gemm_plateau_efficiency * wave_eff))
+
+    def memory_time(self, nbytes, kernels=1):
+        """Seconds to stream ``nbytes`` through HBM in ``kernels`` launches."""
+        bw = self.accelerator.memory_bandwidth_bytes_per_s * self.memory_efficiency
+        return kernels * self.kernel_overhead_s + np.asarray(nbytes, dtype=float) / bw
+
+    def flash_attention_time(self, flops, dtype: str = "bf16", kernels=1):
+        """Seconds for fused attention executing ``flops``."""
+        peak = self.accelerator.peak(dtype) * self.flash_attention_efficiency
+        return kernels * self.kernel_overhead_s + np.asarray(flops, dtype=float) / peak
+
+    def describe(self) -> dict:
+        acc = self.accelerator
+        return {"kind": self.kind, "accelerator": acc.name,
+                "gemm_plateau_efficiency": acc.gemm_plateau_efficiency,
+                "kernel_overhead_us": self.kernel_overhead_s * 1e6,
+                "memory_efficiency": self.memory_efficiency,
+                "flash_attention_efficiency": self.flash_attention_efficiency,
+                "cpu_adam_memory_efficiency": self.cpu_adam_memory_efficiency}
+
+
+@functools.lru_cache(maxsize=1)
+def _curve_table() -> dict:
+    return yaml.safe_load(CURVES_FILE.read_text())
+
+
+def analytical_curves(accelerator: Accelerator) -> AnalyticalCurves:
+    """The analytical curves for an accelerator: its entry in curves.yaml over the default."""
+    table = _curve_table()
+    entry = dict(table["default"])
+    specific = table.get(accelerator.name) or {}
+    sources = {**entry.pop("sources", {}), **specific.get("sources", {})}
+    entry.update({k: v for k, v in specific.items() if k != "sources"})
+    return AnalyticalCurves(
+        accelerator=accelerator, kernel_overhead_s=entry["kernel_overhead_us"] * 1e-6,
+        gemm_tile_m=entry["gemm_tile_m"], gemm_tile_n=entry["gemm_tile_n"],
+        memory_efficiency=entry["memory_efficiency"],
+        flash_attention_efficiency=entry["flash_attention_efficiency"],
+        cpu_adam_memory_efficiency=entry["cpu_adam_memory_efficiency"],
+        gpu_adam_bytes_per_param=entry["gpu_adam_bytes_per_param"], sources=sources)

@@ -1,0 +1,114 @@
+"""Model presets and readers: our YAML/JSON model files and Hugging Face ``config.json``."""
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from paraplan.errors import ConfigError, unknown_name
+from paraplan.hardware.catalog import _Fields, read_yaml
+from paraplan.workloads.transformer import ACTIVATIONS, TransformerModel
+
+MODELS_FILE = Path(__file__).parent / "catalog" / "models.yaml"
+MODEL_FILE_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation",
+                   "tied_embeddings", "norm", "bias", "learned_positions", "max_positions")
+
+
+@functools.lru_cache(maxsize=1)
+def _preset_table() -> dict[str, dict]:
+    data = yaml.safe_load(MODELS_FILE.read_text())
+    return {k: v for k, v in data.items() if not k.startswith("_")}
+
+
+def model_names() -> list[str]:
+    return sorted(_preset_table(), key=lambda n: (n.split("-")[0], model_from_mapping(
+        {**_preset_table()[n], "name": n}, "preset").num_params))
+
+
+def preset_source(name: str) -> str:
+    return _preset_table()[name].get("source", "")
+
+
+def _bool(f: _Fields, key: str, default: bool) -> bool:
+    v = f.raw(key, default)
+    if not isinstance(v, bool):
+        raise ConfigError(f._name(key), f"expected true or false, got {v!r}", source=f.source)
+    return v
+
+
+def model_from_mapping(data: Mapping[str, Any], source: str) -> TransformerModel:
+    """Build a model from our file format (keys in ``MODEL_FILE_KEYS``; defaults: kv_heads = heads,
+    ffn_hidden = 4·hidden, activation gelu, untied)."""
+    unknown = sorted(set(data) - set(MODEL_FILE_KEYS) - {"source"})
+    if unknown:
+        raise ConfigError(unknown[0], "unknown key", accepted=", ".join(MODEL_FILE_KEYS), source=source)
+    f = _Fields(data, source)
+    activation = f.string("activation", "gelu")
+    if activation not in ACTIVATIONS:
+        raise ConfigError("activation", f"unknown activation {activation!r}", accepted=", ".join(ACTIVATIONS),
+                          source=source)
+    hidden = f.integer("hidden")
+    return TransformerModel(
+        name=f.string("name", Path(source).stem), layers=f.integer("layers"), hidden=hidden,
+        heads=f.integer("heads"), vocab=f.integer("vocab"),
+        kv_heads=f.integer("kv_heads") if f.has("kv_heads") else None,
+        ffn_hidden=f.integer("ffn_hidden") if f.has("ffn_hidden") else None,
+        activation=activation, tied_embeddings=_bool(f, "tied_embeddings", False),
+        norm=f.string("norm", "layernorm"), bias=_bool(f, "bias", True),
+        learned_positions=_bool(f, "learned_positions", False),
+        max_positions=f.integer("max_positions", 0, positive=False))
+
+
+# Hugging Face activation names: gated (GLU) families use three MLP matrices.
+_HF_GATED_MODEL_TYPES = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "gemma", "gemma2",
+                         "deepseek_v2", "deepseek_v3", "olmo", "olmo2", "phi3", "granite", "cohere"}
+
+
+def model_from_hf_config(data: Mapping[str, Any], source: str) -> TransformerModel:
+    """Read a Hugging Face ``config.json`` (num_hidden_layers, hidden_size, num_attention_heads,
+    num_key_value_heads, intermediate_size, vocab_size, hidden_act, tie_word_embeddings)."""
+    f = _Fields(data, source)
+    act = str(data.get("hidden_act") or data.get("hidden_activation") or "gelu")
+    gated = data.get("model_type") in _HF_GATED_MODEL_TYPES or act in ("silu", "swish", "swiglu")
+    llama_like = gated
+    hidden = f.integer("hidden_size")
+    heads = f.integer("num_attention_heads")
+    return TransformerModel(
+        name=str(data.get("_name_or_path") or data.get("model_type") or Path(source).parent.name or "hf-model"),
+        layers=f.integer("num_hidden_layers"), hidden=hidden, heads=heads, vocab=f.integer("vocab_size"),
+        kv_heads=f.integer("num_key_value_heads") if f.has("num_key_value_heads") else None,
+        ffn_hidden=f.integer("intermediate_size") if f.has("intermediate_size") else None,
+        activation="swiglu" if gated else ("relu" if act == "relu" else "gelu"),
+        tied_embeddings=_bool(f, "tie_word_embeddings", False),
+        norm="rmsnorm" if llama_like else "layernorm",
+        bias=bool(data.get("attention_bias", not llama_like)),
+        learned_positions=data.get("model_type") in ("gpt2", "opt", "gpt_neo"),
+        max_positions=int(data.get("max_position_embeddings") or data.get("n_positions") or 0))
+
+
+def load_model(spec: str) -> TransformerModel:
+    """A preset name, a model YAML/JSON file, or a Hugging Face config.json."""
+    table = _preset_table()
+    if spec in table:
+        return model_from_mapping({**{k: v for k, v in table[spec].items()}, "name": spec}, f"preset {spec}")
+    path = Path(spec)
+    if path.suffix in (".yaml", ".yml", ".json") or path.is_file():
+        if not path.is_file():
+            raise ConfigError("model", f"no such file: {spec}")
+        if path.suffix == ".json":
+            try:
+                data = json.loads(path.read_text())
+            except json.JSONDecodeError as e:
+                raise ConfigError("model", f"malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}",
+                                  source=str(path)) from None
+            if not isinstance(data, dict):
+                raise ConfigError("model", "expected a JSON object at the top level", source=str(path))
+        else:
+            data = read_yaml(path, "model")
+        if "num_hidden_layers" in data or "hidden_size" in data:
+            return model_from_hf_config(data, str(path))
+        return model_from_mapping(data, str(path))
+    raise unknown_name("model", spec, table)
