@@ -2,7 +2,8 @@
 
 Formulas (each evaluated over numpy arrays as well as scalars):
 
-* GEMM ``C[m,n] += A[m,k] B[k,n]``: ``t = t0 + 2mnk / (peak · η_plateau · η_wave)`` with
+* GEMM ``C[m,n] += A[m,k] B[k,n]``: ``t = t0 + 2mnk / (peak · η_plateau · f_sustained · η_wave)`` with
+  η_plateau the best-shape benchmark (MAMF), f_sustained the fraction of it a training step sustains,
   ``η_wave = (C/S) / ceil(C/S)``, ``C = ceil(m/Tm)·ceil(n/Tn)`` output tiles over S SMs
   (NVIDIA Matrix Multiplication Background User's Guide §3; shared/reference §3.3).
 * memory-bound kernels: ``t = kernels · t0 + bytes / (BW_hbm · η_mem)``.
@@ -37,6 +38,7 @@ class AnalyticalCurves:
     flash_attention_efficiency: float
     cpu_adam_memory_efficiency: float
     gpu_adam_bytes_per_param: float
+    gemm_sustained_fraction: float = 1.0
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     kind = "analytical"
@@ -49,7 +51,8 @@ class AnalyticalCurves:
         waves = tiles / acc.streaming_multiprocessors
         wave_eff = waves / np.ceil(waves)
         flops = 2.0 * m * n * k
-        return count * (self.kernel_overhead_s + flops / (acc.peak(dtype) * acc.gemm_plateau_efficiency * wave_eff))
+        plateau = acc.gemm_plateau_efficiency * self.gemm_sustained_fraction
+        return count * (self.kernel_overhead_s + flops / (acc.peak(dtype) * plateau * wave_eff))
 
     def memory_time(self, nbytes, kernels=1):
         """Seconds to stream ``nbytes`` through HBM in ``kernels`` launches."""
@@ -65,6 +68,7 @@ class AnalyticalCurves:
         acc = self.accelerator
         return {"kind": self.kind, "accelerator": acc.name,
                 "gemm_plateau_efficiency": acc.gemm_plateau_efficiency,
+                "gemm_sustained_fraction": self.gemm_sustained_fraction,
                 "kernel_overhead_us": self.kernel_overhead_s * 1e6,
                 "memory_efficiency": self.memory_efficiency,
                 "flash_attention_efficiency": self.flash_attention_efficiency,
@@ -89,4 +93,5 @@ def analytical_curves(accelerator: Accelerator) -> AnalyticalCurves:
         memory_efficiency=entry["memory_efficiency"],
         flash_attention_efficiency=entry["flash_attention_efficiency"],
         cpu_adam_memory_efficiency=entry["cpu_adam_memory_efficiency"],
-        gpu_adam_bytes_per_param=entry["gpu_adam_bytes_per_param"], sources=sources)
+        gpu_adam_bytes_per_param=entry["gpu_adam_bytes_per_param"],
+        gemm_sustained_fraction=entry.get("gemm_sustained_fraction", 1.0), sources=sources)

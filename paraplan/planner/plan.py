@@ -34,6 +34,7 @@ class Plan:
     offload_params: bool = False
     dtype: str = "bf16"
     flash_attention: bool = True
+    overlap_grad_reduce: bool = True
 
     def __post_init__(self):
         for key in ("tp", "pp", "cp", "vpp", "micro_batch"):

@@ -1,0 +1,158 @@
+"""Published training runs as calibration cases (shared/reference/published_runs_calibration.csv).
+
+Each throughput row becomes (model, job, cluster, plan, measured step time). The measured metric is
+converted to a step time with the source's own FLOP convention:
+  * ``tflops_per_gpu_incl_recompute`` (Megatron-LM 2021): F = 96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h))
+    (Narayanan et al. 2021 Eq. 3, full recomputation), step = F / (TFLOP/s · 1e12 · GPUs);
+  * ``step_time``: as given; ``tokens_per_sec_per_gpu``: step = B·s / (value · GPUs).
+A row is used only when its configuration is complete (shape, GPUs, every degree, batch); rows that
+leave a field blank are reported as skipped with the missing field. Inferences made for complete rows
+are listed per row in ``assumed``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from paraplan.hardware.catalog import load_cluster
+from paraplan.planner.plan import Plan
+from paraplan.workloads.transformer import TrainingJob, TransformerModel
+
+DEFAULT_CSV = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "published_runs_calibration.csv"
+THROUGHPUT_METRICS = ("tflops_per_gpu_incl_recompute", "step_time", "tokens_per_sec_per_gpu")
+GPU_TO_SYSTEM = {"A100-80GB": "dgx-a100-80g", "A100-40GB": "dgx-a100-40g", "A100 (DGX-A100)": "dgx-a100-40g",
+                 "V100-32GB (DGX-2)": "dgx2-v100"}
+
+
+@dataclass(frozen=True)
+class CalibrationCase:
+    row: int
+    source: str
+    label: str
+    model: TransformerModel
+    job: TrainingJob
+    cluster: object
+    plan: Plan
+    measured_step_time_s: float
+    assumed: tuple[str, ...]
+
+
+def short_source(source: str) -> str:
+    s = source.lower()
+    if "llm-foundry" in s:
+        return "llm-foundry " + ("A100-80GB" if "80gb" in s else "A100-40GB")
+    if "bigscience" in s:
+        return "bigscience BLOOM prototypes"
+    if "2020" in s:
+        return "Megatron-LM 2020"
+    if "2022" in s:
+        return "Megatron-LM 2022 (Korthikanti)"
+    if "2021" in s:
+        return "Megatron-LM 2021 (SC21)"
+    return source
+
+
+def _blank(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v)) or (isinstance(v, str) and not v.strip())
+
+
+def _int(v) -> int:
+    return int(round(float(v)))
+
+
+def case_from_row(i: int, r: pd.Series) -> CalibrationCase | str:
+    """A calibration case, or the reason the row is skipped."""
+    if r["measured_metric"] not in THROUGHPUT_METRICS:
+        return f"metric {r['measured_metric']} is not a throughput"
+    required = ("layers", "hidden", "heads", "vocab", "seq_len", "num_gpus", "tp", "pp", "dp", "global_batch")
+    missing = [k for k in required if _blank(r[k])]
+    if missing:
+        return "configuration incomplete: " + ", ".join(missing) + " blank"
+    if r["gpu"] not in GPU_TO_SYSTEM:
+        return f"GPU {r['gpu']!r} has no system preset"
+    assumed = []
+    notes = str(r["notes"])
+    src = short_source(r["source"])
+    megatron = src.startswith("Megatron")
+    model = TransformerModel(
+        name=str(r["model"]), layers=_int(r["layers"]), hidden=_int(r["hidden"]), heads=_int(r["heads"]),
+        vocab=_int(r["vocab"]), ffn_hidden=None if _blank(r["ffn_hidden"]) else _int(r["ffn_hidden"]),
+        activation="gelu", tied_embeddings=True, learned_positions=megatron, max_positions=_int(r["seq_len"]),
+        bias=megatron)
+    dp, gbs = _int(r["dp"]), _int(r["global_batch"])
+    if _blank(r["micro_batch"]):
+        mb = gbs // dp
+        assumed.append(f"micro_batch = global_batch/dp = {mb} (no accumulation; not stated)")
+    else:
+        mb = _int(r["micro_batch"])
+    rec = str(r["recompute"]).lower()
+    if _blank(r["recompute"]):
+        if r["measured_metric"] == "step_time" and "TFLOP/s per GPU reported" in notes:
+            rec = "full"
+            assumed.append("recompute = full: the reported TFLOP/s equal the 96BsLh^2 (recompute) formula")
+        else:
+            return "configuration incomplete: recompute blank"
+    recompute = "full" if rec.startswith("full") else "selective" if rec.startswith("selective") else "none"
+    precision = str(r["precision"]).lower()
+    dtype = "bf16" if "bf16" in precision else "fp16"
+    flash = "flashattention" in notes.lower()
+    vpp = 1 if _blank(r["vpp"]) else _int(r["vpp"])
+    zero = 0 if _blank(r["zero_stage"]) else _int(r["zero_stage"])
+    if "DDP-impl local" in notes or src == "Megatron-LM 2020":
+        overlap = False
+        if src == "Megatron-LM 2020":
+            assumed.append("no gradient all-reduce overlap: Megatron-LM 2020 default --DDP-impl local")
+    else:
+        overlap = True
+    plan = Plan(tp=_int(r["tp"]), pp=_int(r["pp"]), dp=dp, vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b",
+                micro_batch=mb, zero=zero, recompute=recompute, dtype=dtype, flash_attention=flash,
+                overlap_grad_reduce=overlap)
+    cluster = load_cluster(GPU_TO_SYSTEM[r["gpu"]], _int(r["num_gpus"]))
+    job = TrainingJob(seq_len=_int(r["seq_len"]), global_batch=gbs)
+    n = cluster.num_gpus
+    metric, value = r["measured_metric"], float(r["measured_value"])
+    if metric == "tflops_per_gpu_incl_recompute":
+        s, L, h, V = job.seq_len, model.layers, model.hidden, model.vocab
+        flops = 96 * gbs * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+        step = flops / (value * 1e12 * n)
+    elif metric == "step_time":
+        step = value / 1000 if str(r["measured_unit"]).strip() == "ms" else value
+    else:
+        step = gbs * job.seq_len / (value * n)
+    label = f"{r['model']} {r['gpu']} x{n} tp{plan.tp} pp{plan.pp} dp{dp} mb{mb} s{job.seq_len}"
+    return CalibrationCase(i, src, label, model, job, cluster, plan, step, tuple(assumed))
+
+
+def load_cases(csv_path: Path | str = DEFAULT_CSV) -> tuple[list[CalibrationCase], list[tuple[int, str, str]]]:
+    """(usable cases, skipped rows as (row, source, reason))."""
+    table = pd.read_csv(csv_path)
+    cases, skipped = [], []
+    for i, r in table.iterrows():
+        c = case_from_row(int(i), r)
+        if isinstance(c, str):
+            skipped.append((int(i), short_source(r["source"]), c))
+        else:
+            cases.append(c)
+    return cases, skipped
+
+
+def score(cases, estimate_fn) -> pd.DataFrame:
+    """Predicted vs measured step time per case; ``error`` = predicted/measured − 1."""
+    rows = []
+    for c in cases:
+        e = estimate_fn(c.model, c.job, c.cluster, c.plan)
+        rows.append({"row": c.row, "source": c.source, "case": c.label, "measured_s": c.measured_step_time_s,
+                     "predicted_s": e.step_time_s, "error": e.step_time_s / c.measured_step_time_s - 1,
+                     "feasible": e.feasible})
+    return pd.DataFrame(rows)
+
+
+def mape_by_source(df: pd.DataFrame) -> pd.DataFrame:
+    g = df.assign(abs_err=df.error.abs()).groupby("source")
+    out = pd.DataFrame({"rows": g.size(), "mape_%": 100 * g.abs_err.mean(), "bias_%": 100 * g.error.mean(),
+                        "worst_%": 100 * g.abs_err.max()})
+    out.loc["OVERALL"] = [len(df), 100 * df.error.abs().mean(), 100 * df.error.mean(), 100 * df.error.abs().max()]
+    return out

@@ -1,0 +1,47 @@
+"""Data-parallel and ZeRO communication per step, and the part backward does not hide.
+
+Volumes per GPU for the stage's Ψ parameters in 16-bit (ZeRO paper §7; shared/reference §2.5),
+over N_d = dp·cp ranks (the replicas of a parameter):
+  stage 0    all-reduce of gradients once per step (= reduce-scatter + all-gather, 2Ψ)
+  stage 1    reduce-scatter of gradients + all-gather of updated parameters once per step (2Ψ)
+  stage 2    reduce-scatter of gradients every micro-batch (gradients are not kept whole), one
+             all-gather of parameters per step
+  stage 3    every micro-batch: all-gather forward, all-gather backward, reduce-scatter (3Ψ)
+Overlap (bucketed, as Megatron's --overlap-grad-reduce, DeepSpeed overlap_comm and FSDP do;
+off with ``plan.overlap_grad_reduce = False``, as in Megatron-LM's 2020-21 "local" DDP):
+gradient reduction runs under the backward of the last micro-batch and only its excess is
+exposed; ZeRO-3's gathers are prefetched under each micro-batch's compute; the final parameter
+all-gather of stages 1-2 is exposed.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from paraplan.costmodels.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time, ranks_per_node
+from paraplan.costmodels.compute import BYTES
+
+
+def dp_group(plan, cluster):
+    """(ranks, ranks per node) of the group that holds replicas of a parameter (cp and dp)."""
+    n = np.asarray(plan.dp, dtype=float) * plan.cp
+    return n, ranks_per_node(n, plan.tp, cluster.gpus_per_node)
+
+
+def dp_exposed_time(params, plan, cluster, m, t_micro_fwd, t_micro_bwd):
+    """Exposed seconds of data-parallel / ZeRO communication per step."""
+    n, k = dp_group(plan, cluster)
+    intra, inter = cluster.system.intra_node, cluster.inter_node
+    size = BYTES * params
+    ar = collective_time(ALL_REDUCE, size, n, k, intra, inter)
+    rs = collective_time(REDUCE_SCATTER, size, n, k, intra, inter)
+    ag = collective_time(ALL_GATHER, size, n, k, intra, inter)
+    z = np.asarray(plan.zero)
+    window = np.where(np.asarray(plan.overlap_grad_reduce, dtype=bool), t_micro_bwd, 0.0)
+    stage0 = np.maximum(0.0, ar - window)
+    stage1 = np.maximum(0.0, rs - window) + ag
+    stage2 = m * np.maximum(0.0, rs - window) + ag
+    per_micro3 = 2 * ag + rs
+    stage3 = m * np.maximum(0.0, per_micro3 - (t_micro_fwd + t_micro_bwd))
+    exposed = np.where(z == 0, stage0, np.where(z == 1, stage1, np.where(z == 2, stage2, stage3)))
+    total = np.where(z == 0, ar, np.where(z == 1, rs + ag, np.where(z == 2, m * rs + ag, m * per_micro3)))
+    return np.where(n > 1, exposed, 0.0), np.where(n > 1, total, 0.0)

@@ -1,0 +1,199 @@
+"""``estimate(model, job, cluster, plan) -> Estimate``: the one function everything calls.
+
+Puts the cost models together for one plan:
+  step = compute + recompute + tp_comm + cp_comm + pp_bubble + pp_comm + dp_comm + optimizer + offload
+with compute, recompute, tp and cp charged per micro-batch on the slowest (last) stage, the
+bubble from the schedule (pipeline.py), exposed data-parallel/ZeRO traffic (dataparallel.py),
+the optimizer step and offload transfers (offload.py). Memory per GPU is the larger of the first
+and the last pipeline stage (memory.py). Every term and the assumptions travel with the result.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from paraplan.costmodels import compute as C
+from paraplan.costmodels import memory as M
+from paraplan.costmodels.dataparallel import dp_exposed_time
+from paraplan.costmodels.efficiency import analytical_curves
+from paraplan.costmodels.offload import offload_exposed_time, optimizer_time
+from paraplan.costmodels.pipeline import bubble_factor, bubble_fraction, p2p_messages_on_critical_path
+from paraplan.planner.plan import Plan, check_plan
+
+SCHEMA = "paraplan.estimate/1"
+TIME_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "pp_bubble", "dp_comm", "optimizer",
+              "offload")
+MEMORY_TERMS = ("parameters", "gradients", "optimizer_states", "activations", "buffers")
+RUNTIME_RESERVED_BYTES = 1.5 * 2**30
+FLOP_CONVENTION = ("model FLOPs = 3 x forward FLOPs (2 per multiply-add) of all weight GEMMs, attention "
+                   "scores QK^T and PV counted in full (causal mask not halved) and the logits; recomputation "
+                   "excluded (PaLM App. B, Korthikanti et al. 2022). HFU adds the recomputed forward FLOPs. "
+                   "MFU and HFU are against the dense peak of the plan's dtype.")
+ASSUMPTIONS = (
+    "16-bit weights, gradients and activations; Adam with fp32 master weights, momentum, variance (16 bytes/param "
+    "before ZeRO)",
+    "ranks ordered tp, cp, dp, pp (tp innermost): groups fill a node before spanning nodes",
+    "tensor-parallel collectives are exposed (no TP comm overlap); backward = 2 x forward GEMM time",
+    "data-parallel gradient reduction is bucketed and overlaps the last micro-batch's backward; ZeRO-3 gathers are "
+    "prefetched under each micro-batch's compute",
+    "1 GiB-class runtime reserve (CUDA context, NCCL, cuBLAS workspaces) of 1.5 GiB per GPU",
+    "fused attention: causal mask halves the executed attention work; unfused: full score matrix plus softmax and "
+    "dropout traffic",
+)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Predicted step time, throughput and memory of one plan, with breakdowns and assumptions."""
+    model: str
+    cluster: str
+    num_gpus: int
+    seq_len: int
+    global_batch: int
+    plan: Plan
+    feasible: bool
+    infeasible_reason: str | None
+    step_time_s: float
+    tokens_per_s: float
+    tokens_per_s_per_gpu: float
+    model_tflops_per_gpu: float
+    mfu: float
+    hfu: float
+    time_breakdown_s: Mapping[str, float]
+    memory_bytes_per_gpu: Mapping[str, float]
+    host_memory_bytes_per_node: float
+    nvme_bytes_per_node: float
+    details: Mapping[str, Any] = field(default_factory=dict)
+    efficiency_curves: Mapping[str, Any] = field(default_factory=dict)
+    flop_convention: str = FLOP_CONVENTION
+    assumptions: tuple[str, ...] = ASSUMPTIONS
+
+    def to_dict(self) -> dict:
+        return {
+            "schema": SCHEMA, "model": self.model, "cluster": self.cluster, "num_gpus": self.num_gpus,
+            "seq_len": self.seq_len, "global_batch": self.global_batch, "plan": self.plan.to_dict(),
+            "feasible": self.feasible, "infeasible_reason": self.infeasible_reason,
+            "step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
+            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu, "model_tflops_per_gpu": self.model_tflops_per_gpu,
+            "mfu": self.mfu, "hfu": self.hfu, "flop_convention": self.flop_convention,
+            "time_breakdown_s": dict(self.time_breakdown_s), "memory_bytes_per_gpu": dict(self.memory_bytes_per_gpu),
+            "host_memory_bytes_per_node": self.host_memory_bytes_per_node,
+            "nvme_bytes_per_node": self.nvme_bytes_per_node, "details": dict(self.details),
+            "efficiency_curves": dict(self.efficiency_curves), "assumptions": list(self.assumptions),
+        }
+
+
+def step_terms(model, job, cluster, plan, curves) -> dict:
+    """All time and memory terms for a plan or for a batch of plans (numpy arrays in the fields)."""
+    p = np.asarray(plan.pp, dtype=float)
+    m = M.micro_batches(job, plan)
+    lt = C.layer_times(model, job, plan, curves, cluster)
+    ht = C.head_times(model, job, plan, curves, cluster)
+    layers = model.layers / p
+    compute_mid = layers * (lt["forward"] + lt["backward"])
+    recompute_mid = layers * lt["recompute"]
+    tp_mid = layers * lt["tp_comm"]
+    cp_mid = layers * lt["cp_comm"]
+    t_mid = compute_mid + recompute_mid + tp_mid + cp_mid
+    head_compute = ht["head"] + np.where(p == 1, ht["embedding"], 0.0)
+    head_tp = ht["tp_comm"]
+    t_micro_fwd = layers * lt["forward"]
+    t_micro_bwd = layers * lt["backward"] + recompute_mid
+
+    first_params, last_params = M.stage_params(model, plan)
+    params = np.maximum(first_params, last_params)
+    dp_exposed, dp_total = dp_exposed_time(params, plan, cluster, m, t_micro_fwd, t_micro_bwd)
+    time = {
+        "compute": m * (compute_mid + head_compute),
+        "recompute": m * recompute_mid,
+        "tp_comm": m * (tp_mid + head_tp),
+        "cp_comm": m * cp_mid,
+        "pp_comm": p2p_messages_on_critical_path(plan, m) * C.p2p_time(model, job, plan, cluster),
+        "pp_bubble": (p - 1) * t_mid * bubble_factor(plan),
+        "dp_comm": dp_exposed,
+        "optimizer": optimizer_time(params, plan, cluster, curves),
+        "offload": offload_exposed_time(params, plan, cluster, m, t_micro_fwd, t_micro_bwd),
+    }
+    step = sum(time.values())
+
+    acts = M.activation_bytes(model, job, plan)
+    states_first = M.model_state_bytes(first_params, plan)
+    states_last = M.model_state_bytes(last_params, plan)
+    total_first = sum(states_first.values()) + acts["first"]
+    total_last = sum(states_last.values()) + acts["last"]
+    last_is_peak = total_last > total_first
+    buffers = M.buffer_bytes(model, plan, RUNTIME_RESERVED_BYTES)
+    memory = {k: np.where(last_is_peak, states_last[k], states_first[k]) for k in states_first}
+    memory["activations"] = np.where(last_is_peak, acts["last"], acts["first"])
+    memory["buffers"] = buffers
+    memory["total"] = sum(memory[k] for k in MEMORY_TERMS)
+    off = M.offloaded_bytes_per_gpu(params, plan)
+
+    tokens = job.tokens_per_step
+    flops_model = model.model_flops_per_token(job.seq_len) * tokens
+    attn_fwd = model.layers * model.attention_flops_per_token_per_layer(job.seq_len) * tokens
+    full_fwd = model.layers * (model.matmul_flops_per_token_per_layer()
+                               + model.attention_flops_per_token_per_layer(job.seq_len)) * tokens
+    rc = np.asarray(plan.recompute_code)
+    flops_hw = flops_model + np.where(rc == C.RECOMPUTE_FULL, full_fwd,
+                                      np.where(rc == C.RECOMPUTE_SELECTIVE, attn_fwd, 0.0))
+    return {"time": time, "step": step, "memory": memory, "host_per_gpu": off["host"], "nvme_per_gpu": off["nvme"],
+            "micro_batches": m, "flops_model": flops_model, "flops_hardware": flops_hw,
+            "dp_comm_total": dp_total, "last_stage_is_peak": last_is_peak,
+            "bubble_fraction": bubble_fraction(plan, m)}
+
+
+def _f(x) -> float:
+    return float(np.asarray(x))
+
+
+def estimate(model, job, cluster, plan: Plan, *, curves=None, max_memory_fraction: float = 1.0) -> Estimate:
+    """Predict one plan. Raises ConfigError for a plan that does not match the model, job or cluster;
+    a plan that does not fit in memory comes back with ``feasible=False`` and the reason."""
+    plan = check_plan(plan, model, job, cluster)
+    curves = curves or analytical_curves(cluster.accelerator)
+    terms = step_terms(model, job, cluster, plan, curves)
+    n = cluster.num_gpus
+    step = _f(terms["step"])
+    tokens_per_s = job.tokens_per_step / step
+    peak = cluster.accelerator.peak(plan.dtype)
+    memory = {k: _f(v) for k, v in terms["memory"].items()}
+    g = cluster.gpus_per_node
+    host = _f(terms["host_per_gpu"]) * g
+    nvme = _f(terms["nvme_per_gpu"]) * g
+    reason = infeasibility(memory["total"], host, nvme, cluster, max_memory_fraction)
+    return Estimate(
+        model=model.name, cluster=cluster.name, num_gpus=n, seq_len=job.seq_len, global_batch=job.global_batch,
+        plan=plan, feasible=reason is None, infeasible_reason=reason, step_time_s=step,
+        tokens_per_s=tokens_per_s, tokens_per_s_per_gpu=tokens_per_s / n,
+        model_tflops_per_gpu=_f(terms["flops_model"]) / step / n / 1e12,
+        mfu=_f(terms["flops_model"]) / step / n / peak, hfu=_f(terms["flops_hardware"]) / step / n / peak,
+        time_breakdown_s={k: _f(v) for k, v in terms["time"].items()}, memory_bytes_per_gpu=memory,
+        host_memory_bytes_per_node=host, nvme_bytes_per_node=nvme,
+        details={"micro_batches_per_step": _f(terms["micro_batches"]),
+                 "bubble_fraction": _f(terms["bubble_fraction"]),
+                 "dp_comm_total_s": _f(terms["dp_comm_total"]),
+                 "peak_memory_stage": "last" if bool(terms["last_stage_is_peak"]) else "first",
+                 "gpu_memory_bytes": cluster.accelerator.memory_bytes,
+                 "model_params": model.num_params},
+        efficiency_curves=curves.describe())
+
+
+def infeasibility(gpu_total, host_per_node, nvme_per_node, cluster, max_memory_fraction=1.0) -> str | None:
+    """Why a plan does not fit (GPU memory, host memory, NVMe), with the overflow in GiB; None if it fits."""
+    gib = 2**30
+    reasons = []
+    cap = cluster.accelerator.memory_bytes * max_memory_fraction
+    if gpu_total > cap:
+        reasons.append(f"GPU memory: needs {gpu_total / gib:.1f} GiB per GPU, {cap / gib:.1f} GiB available "
+                       f"(over by {(gpu_total - cap) / gib:.1f} GiB)")
+    host_cap = cluster.system.host_memory_bytes
+    if host_per_node > host_cap:
+        reasons.append(f"host memory: needs {host_per_node / gib:.0f} GiB per node, {host_cap / gib:.0f} GiB "
+                       f"available (over by {(host_per_node - host_cap) / gib:.0f} GiB)")
+    nvme_cap = cluster.system.nvme_capacity_bytes
+    if nvme_per_node > nvme_cap:
+        reasons.append(f"NVMe: needs {nvme_per_node / 1e12:.2f} TB per node, {nvme_cap / 1e12:.2f} TB available")
+    return "; ".join(reasons) if reasons else None
