@@ -21,7 +21,7 @@ from paraplan.hardware.catalog import load_cluster
 from paraplan.planner.plan import Plan
 from paraplan.workloads.transformer import TrainingJob, TransformerModel
 
-DEFAULT_CSV = Path(__file__).resolve().parents[1].parent / "shared" / "reference" / "published_runs_calibration.csv"
+DEFAULT_CSV = Path(__file__).parent / "data" / "published_runs_calibration.csv"  # copy of shared/reference
 THROUGHPUT_METRICS = ("tflops_per_gpu_incl_recompute", "step_time", "tokens_per_sec_per_gpu")
 GPU_TO_SYSTEM = {"A100-80GB": "dgx-a100-80g", "A100-40GB": "dgx-a100-40g", "A100 (DGX-A100)": "dgx-a100-40g",
                  "V100-32GB (DGX-2)": "dgx2-v100"}

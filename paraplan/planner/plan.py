@@ -123,11 +123,17 @@ def check_plan(plan: Plan, model, job, cluster) -> Plan:
     Raises one ConfigError listing every violated rule with its factors.
     """
     gpus = cluster.num_gpus
-    plan = plan.with_dp_for(gpus)
-    t, p, d, c, v, b = plan.tp, plan.pp, plan.dp, plan.cp, plan.vpp, plan.micro_batch
     problems: list[str] = []
-    if t * p * d * c != gpus:
-        problems.append(f"tp({t}) * pp({p}) * dp({d}) * cp({c}) = {t * p * d * c} != gpus({gpus})")
+    if not plan.dp and gpus % plan.model_parallel:
+        problems.append(f"tp({plan.tp}) * pp({plan.pp}) * cp({plan.cp}) = {plan.model_parallel} does not divide "
+                        f"gpus({gpus})")
+        plan = _replace(plan, dp=max(1, gpus // plan.model_parallel))
+    else:
+        plan = plan.with_dp_for(gpus)
+        if plan.tp * plan.pp * plan.dp * plan.cp != gpus:
+            problems.append(f"tp({plan.tp}) * pp({plan.pp}) * dp({plan.dp}) * cp({plan.cp}) = "
+                            f"{plan.tp * plan.pp * plan.dp * plan.cp} != gpus({gpus})")
+    t, p, d, c, v, b = plan.tp, plan.pp, plan.dp, plan.cp, plan.vpp, plan.micro_batch
     if model.heads % t:
         problems.append(f"heads({model.heads}) % tp({t}) = {model.heads % t}, must be 0")
     if model.kv_heads % t and t % model.kv_heads:

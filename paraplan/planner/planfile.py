@@ -1,0 +1,59 @@
+"""Plan files: a plan with its scenario (and the estimate it had), schema-versioned JSON.
+
+Written atomically (temporary file in the same folder, then ``os.replace``) so a reader never
+sees half a file.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from paraplan.errors import ConfigError
+
+PLAN_SCHEMA = "paraplan.plan/1"
+
+
+def write_atomic(path: Path | str, text: str) -> None:
+    """Write text to path whole or not at all."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def plan_document(estimate, model_spec: str, cluster_spec: str) -> dict[str, Any]:
+    return {"schema": PLAN_SCHEMA,
+            "scenario": {"model": model_spec, "cluster": cluster_spec, "gpus": estimate.num_gpus,
+                         "seq_len": estimate.seq_len, "global_batch": estimate.global_batch},
+            "plan": estimate.plan.to_dict(), "estimate": estimate.to_dict()}
+
+
+def write_plan_file(path, estimate, model_spec: str, cluster_spec: str) -> None:
+    write_atomic(path, json.dumps(plan_document(estimate, model_spec, cluster_spec), indent=2) + "\n")
+
+
+def read_plan_file(path) -> dict[str, Any]:
+    p = Path(path)
+    try:
+        data = json.loads(p.read_text())
+    except OSError as e:
+        raise ConfigError("--plan", f"cannot read {p}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError("--plan", f"malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}",
+                          source=str(p)) from None
+    if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
+        raise ConfigError("schema", f"not a paraplan plan file (expected schema {PLAN_SCHEMA!r})", source=str(p))
+    for key in ("scenario", "plan"):
+        if not isinstance(data.get(key), dict):
+            raise ConfigError(key, "missing or not a mapping", source=str(p))
+    return data

@@ -1,0 +1,62 @@
+"""Plain-text rendering of estimates: a breakdown with bars, readable at a glance."""
+from __future__ import annotations
+
+GIB = 2**30
+TIME_LABELS = {"compute": "compute", "recompute": "recomputation", "tp_comm": "tensor-parallel comm",
+               "cp_comm": "context-parallel comm", "pp_comm": "pipeline p2p", "pp_bubble": "pipeline bubble",
+               "dp_comm": "data-parallel comm (exposed)", "optimizer": "optimizer step",
+               "offload": "offload transfers (exposed)"}
+MEMORY_LABELS = {"parameters": "parameters", "gradients": "gradients", "optimizer_states": "optimizer states",
+                 "activations": "activations", "buffers": "buffers & runtime"}
+
+
+def bar(fraction: float, width: int = 30) -> str:
+    n = max(0, min(width, round(fraction * width)))
+    return "█" * n + "·" * (width - n)
+
+
+def fmt_time(s: float) -> str:
+    if s >= 1:
+        return f"{s:8.3f} s "
+    if s >= 1e-3:
+        return f"{s * 1e3:8.2f} ms"
+    return f"{s * 1e6:8.1f} µs"
+
+
+def render_estimate(e) -> str:
+    p = e.plan
+    lines = [
+        f"paraplan estimate — {e.model} on {e.cluster} x {e.num_gpus} GPUs, seq {e.seq_len}, "
+        f"global batch {e.global_batch}",
+        f"plan: tp {p.tp} · pp {p.pp} · dp {p.dp} · cp {p.cp}{' · sp' if p.sp else ''}"
+        f"{f' · vpp {p.vpp}' if p.vpp > 1 else ''} · micro-batch {p.micro_batch} · {p.schedule} · "
+        f"ZeRO-{p.zero} · recompute {p.recompute} · offload {p.offload}"
+        f"{' (+params)' if p.offload_params else ''} · {p.dtype}",
+        "",
+    ]
+    status = "fits" if e.feasible else f"DOES NOT FIT — {e.infeasible_reason}"
+    lines += [
+        f"  step time       {e.step_time_s:10.3f} s      ({e.details['micro_batches_per_step']:.0f} micro-batches, "
+        f"bubble {100 * e.details['bubble_fraction']:.1f}%)",
+        f"  throughput      {e.tokens_per_s:10.0f} tokens/s  ({e.tokens_per_s_per_gpu:.1f} per GPU)",
+        f"  model TFLOP/s   {e.model_tflops_per_gpu:10.1f} per GPU   MFU {100 * e.mfu:.1f}%   HFU {100 * e.hfu:.1f}%",
+        f"  memory          {e.memory_bytes_per_gpu['total'] / GIB:10.1f} GiB per GPU of "
+        f"{e.details['gpu_memory_bytes'] / GIB:.0f} GiB — {status}",
+        "",
+        "  time per step",
+    ]
+    total = e.step_time_s
+    for k, label in TIME_LABELS.items():
+        v = e.time_breakdown_s[k]
+        if v > 0:
+            lines.append(f"    {label:30s} {fmt_time(v)} {100 * v / total:5.1f}%  {bar(v / total)}")
+    lines += ["", f"  memory per GPU ({e.details['peak_memory_stage']} pipeline stage)"]
+    mem_total = e.memory_bytes_per_gpu["total"]
+    for k, label in MEMORY_LABELS.items():
+        v = e.memory_bytes_per_gpu[k]
+        lines.append(f"    {label:30s} {v / GIB:8.2f} GiB {100 * v / mem_total:5.1f}%  {bar(v / mem_total)}")
+    if e.host_memory_bytes_per_node or e.nvme_bytes_per_node:
+        lines.append(f"    host memory per node {e.host_memory_bytes_per_node / GIB:.0f} GiB, "
+                     f"NVMe per node {e.nvme_bytes_per_node / 1e12:.2f} TB")
+    lines += ["", "  FLOP convention: " + e.flop_convention]
+    return "\n".join(lines)

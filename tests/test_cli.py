@@ -1,0 +1,107 @@
+"""The command line: outputs and one-line errors (exit 2, no traceback)."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from paraplan.cli import main
+
+REQUIRED_JSON = {"schema", "plan", "feasible", "infeasible_reason", "step_time_s", "tokens_per_s",
+                 "tokens_per_s_per_gpu", "model_tflops_per_gpu", "mfu", "hfu", "flop_convention",
+                 "time_breakdown_s", "memory_bytes_per_gpu", "host_memory_bytes_per_node", "nvme_bytes_per_node"}
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "paraplan.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_estimate_json_has_the_documented_keys(capsys):
+    assert main(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--tp", "2",
+                 "--global-batch", "64", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert REQUIRED_JSON <= set(out)
+    assert set(out["time_breakdown_s"]) == {"compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "pp_bubble",
+                                            "dp_comm", "optimizer", "offload"}
+    assert set(out["memory_bytes_per_gpu"]) == {"parameters", "gradients", "optimizer_states", "activations",
+                                                "buffers", "total"}
+    assert out["plan"]["dp"] == 4
+    assert sum(out["time_breakdown_s"].values()) == pytest.approx(out["step_time_s"])
+
+
+def test_infeasible_plan_still_prints_its_estimate(capsys):
+    assert main(["estimate", "--model", "llama3-70b", "--cluster", "dgx-a100-40g", "--gpus", "8",
+                 "--global-batch", "8", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["feasible"] is False and "GPU memory" in out["infeasible_reason"] and out["step_time_s"] > 0
+
+
+def test_table_view_shows_the_breakdown(capsys):
+    assert main(["estimate", "--model", "gpt-7.5b", "--cluster", "dgx-a100-80g", "--gpus", "16", "--tp", "4",
+                 "--pp", "2", "--global-batch", "64"]) == 0
+    out = capsys.readouterr().out
+    for word in ("step time", "MFU", "pipeline bubble", "optimizer states", "FLOP convention"):
+        assert word in out
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "lama3-8b", "--cluster", "dgx-h100"], "did you mean 'llama3-8b'"),
+    (["--model", "llama3-8b", "--cluster", "dgx-h101"], "did you mean 'dgx-h100'"),
+    (["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "12"], "not whole nodes"),
+    (["--model", "llama3-8b", "--cluster", "dgx-h100", "--tp", "3"], "tp(3)"),
+    (["--model", "llama3-8b", "--cluster", "dgx-h100", "--tp", "2", "--pp", "3"], "layers(32) % (pp(3)"),
+    (["--model", "llama3-8b", "--cluster", "dgx-h100", "--global-batch", "12", "--micro-batch", "2"],
+     "global_batch(12) % (dp(8) * micro_batch(2))"),
+    (["--model", "llama3-8b", "--cluster", "dgx-h100", "--vpp", "2"], "interleaved schedule needs pp > 1"),
+    (["--model", "llama3-8b", "--cluster", "dgx1-v100", "--dtype", "bf16"], "no bf16"),
+])
+def test_bad_input_is_one_line_exit_2(args, needle):
+    r = run_cli("estimate", *args)
+    assert r.returncode == 2, r.stderr
+    assert "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], r.stderr
+
+
+def test_malformed_cluster_yaml(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("system: dgx-a100-80g\ngpus: [8\n")
+    r = run_cli("estimate", "--model", "gpt-1.7b", "--cluster", str(f))
+    assert r.returncode == 2 and "malformed YAML" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_negative_field_in_cluster_yaml(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("system: dgx-a100-80g\ngpus: -8\n")
+    r = run_cli("estimate", "--model", "gpt-1.7b", "--cluster", str(f))
+    assert r.returncode == 2 and "gpus" in r.stderr and "positive" in r.stderr
+
+
+def test_negative_flag_is_rejected_by_the_parser():
+    r = run_cli("estimate", "--model", "gpt-1.7b", "--cluster", "dgx-h100", "--tp", "-2")
+    assert r.returncode == 2 and "--tp must be a positive integer" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_list_commands(capsys):
+    assert main(["list", "models"]) == 0
+    out = capsys.readouterr().out
+    assert "llama3-405b" in out and "405.85B" in out
+    assert main(["list", "hardware"]) == 0
+    out = capsys.readouterr().out
+    for name in ("dgx2-v100", "h200", "a64fx", "graviton3"):
+        assert name in out
+
+
+def test_plan_file_round_trip(tmp_path, capsys):
+    from paraplan.costmodels.estimate import estimate
+    from paraplan.hardware.catalog import load_cluster
+    from paraplan.planner.plan import Plan
+    from paraplan.planner.planfile import write_plan_file
+    from paraplan.workloads.presets import load_model
+    from paraplan.workloads.transformer import TrainingJob
+    e = estimate(load_model("llama2-7b"), TrainingJob(4096, 64), load_cluster("dgx-h100", 8), Plan(tp=2, zero=1))
+    f = tmp_path / "plan.json"
+    write_plan_file(f, e, "llama2-7b", "dgx-h100")
+    assert main(["estimate", "--plan", str(f), "--format", "json"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["step_time_s"] == pytest.approx(e.step_time_s) and again["plan"] == e.plan.to_dict()
