@@ -1,0 +1,123 @@
+"""``paraplan plan``: rank the fastest layouts that fit."""
+from __future__ import annotations
+
+import io
+import json
+
+import pandas as pd
+
+from paraplan.errors import ConfigError
+
+PLAN_SCHEMA_OUT = "paraplan.plan-search/1"
+
+
+def parse_fix(items) -> dict:
+    fixed = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ConfigError("--fix", f"expected AXIS=VALUE, got {item!r}", accepted="e.g. --fix tp=8 --fix zero=1")
+        key, value = item.split("=", 1)
+        key = key.strip().replace("-", "_")
+        value = value.strip()
+        if key in ("schedule", "recompute", "offload"):
+            fixed[key] = value
+        elif key == "sp":
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ConfigError("--fix sp", f"expected true or false, got {value!r}")
+            fixed[key] = value.lower() in ("true", "1")
+        else:
+            try:
+                fixed[key] = int(value)
+            except ValueError:
+                raise ConfigError(f"--fix {key}", f"expected an integer, got {value!r}") from None
+    from paraplan.planner.plan import OFFLOAD, RECOMPUTE, SCHEDULES
+    for key, accepted in (("schedule", SCHEDULES), ("recompute", RECOMPUTE), ("offload", OFFLOAD)):
+        if key in fixed and fixed[key] not in accepted:
+            raise ConfigError(f"--fix {key}", f"unknown value {fixed[key]!r}", accepted=", ".join(accepted))
+    return fixed
+
+
+def table_rows(estimates) -> pd.DataFrame:
+    rows = []
+    for rank, e in enumerate(estimates, 1):
+        p = e.plan
+        mem = e.memory_bytes_per_gpu["total"]
+        rows.append({"rank": rank, "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "sp": "y" if p.sp else "-",
+                     "vpp": p.vpp, "mb": p.micro_batch, "schedule": p.schedule, "zero": p.zero,
+                     "recompute": p.recompute, "offload": p.offload + ("+p" if p.offload_params else ""),
+                     "step_s": round(e.step_time_s, 4), "tok/s/gpu": round(e.tokens_per_s_per_gpu, 1),
+                     "mfu_%": round(100 * e.mfu, 1), "mem_GiB": round(mem / 2**30, 1),
+                     "headroom_GiB": round((e.details["gpu_memory_bytes"] - mem) / 2**30, 1)})
+    return pd.DataFrame(rows)
+
+
+def cmd_plan(args) -> int:
+    import sys
+
+    from paraplan.cli import scenario_from_args
+    from paraplan.planner.planfile import write_plan_file
+    from paraplan.planner.search import explain_infeasible, search, suggest_feasible, why_best_beats_runner_up
+    from paraplan.planner.space import SpaceOptions
+    from paraplan.reports.text import render_estimate
+    from paraplan.workloads.transformer import TrainingJob
+    if args.top < 1:
+        raise ConfigError("--top", f"must be at least 1, got {args.top}")
+    if not 0 < args.max_memory_fraction <= 1:
+        raise ConfigError("--max-memory-fraction", f"must be in (0, 1], got {args.max_memory_fraction}")
+    model, cluster, seq_len = scenario_from_args(args)
+    gbs = args.global_batch or cluster.num_gpus
+    job = TrainingJob(seq_len, gbs)
+    options = SpaceOptions(fixed=parse_fix(args.fix), allow_offload=not args.no_offload)
+    result = search(model, job, cluster, options=options, top=args.top,
+                    max_memory_fraction=args.max_memory_fraction, progress=args.format != "json")
+    print(f"searched {result.candidates_evaluated:,} candidates in {result.search_time_s:.2f} s", file=sys.stderr)
+    if args.format == "json":
+        doc = {"schema": PLAN_SCHEMA_OUT, "candidates_evaluated": result.candidates_evaluated,
+               "candidates_composed": result.candidates_composed, "rejected_by_reason": result.rejected_by_reason,
+               "search_time_s": result.search_time_s, "plans": [e.to_dict() for e in result.plans]}
+        if not result.plans:
+            doc["infeasible_reason"] = explain_infeasible(result, cluster)
+            doc["suggestions"] = suggest_feasible(model, job, cluster, options, args.max_memory_fraction)
+        print(json.dumps(doc, indent=2))
+    elif args.format == "csv":
+        buf = io.StringIO()
+        table_rows(result.plans).to_csv(buf, index=False)
+        print(buf.getvalue(), end="")
+    else:
+        print(f"paraplan plan — {model.name} on {cluster.name} x {cluster.num_gpus}, seq {seq_len}, "
+              f"global batch {gbs}: {result.candidates_evaluated:,} legal candidates of "
+              f"{result.candidates_composed:,} composed")
+        if result.plans:
+            print(table_rows(result.plans).to_string(index=False))
+            print()
+            print("best plan")
+            print(render_estimate(result.best))
+            if len(result.plans) > 1:
+                print()
+                print("why: " + why_best_beats_runner_up(result.plans[0], result.plans[1]))
+        else:
+            print(explain_infeasible(result, cluster))
+            for s in suggest_feasible(model, job, cluster, options, args.max_memory_fraction):
+                print("  would fit: " + s)
+        print()
+        print("rejected candidates: " + ", ".join(f"{k} {v:,}" for k, v in result.rejected_by_reason.items()))
+    if args.out:
+        if not result.plans:
+            raise ConfigError("--out", "no plan fits, nothing to write")
+        write_plan_file(args.out, result.best, args.model, args.cluster)
+    return 0 if result.plans else 3
+
+
+def register(sub) -> None:
+    from paraplan.cli import add_scenario_args
+    ap = sub.add_parser("plan", help="search the layout space for the fastest plans that fit")
+    add_scenario_args(ap)
+    ap.add_argument("--top", type=int, default=10)
+    ap.add_argument("--max-memory-fraction", type=float, default=1.0,
+                    help="use at most this share of each GPU's memory (default 1.0)")
+    ap.add_argument("--fix", action="append", metavar="AXIS=VALUE",
+                    help="pin an axis: tp, pp, dp, cp, vpp, micro_batch, schedule, sp, zero, recompute, offload")
+    ap.add_argument("--no-offload", action="store_true", help="do not consider CPU/NVMe offload")
+    ap.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    ap.add_argument("--out", help="write the best plan to this plan file (JSON)")
+    ap.set_defaults(func=cmd_plan)

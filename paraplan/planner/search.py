@@ -1,0 +1,169 @@
+"""Search the plan space: score every candidate with the cost formulas over numpy arrays, drop
+what does not fit, rank, and re-score the best exactly with ``estimate``.
+
+The vectorized stage and ``estimate`` share one implementation (``costmodels.estimate.step_terms``).
+Ranking is deterministic: step time, then peak memory, then the candidate's position in the
+composed space (whose order depends only on the inputs).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import numpy as np
+
+from paraplan.costmodels.efficiency import analytical_curves
+from paraplan.costmodels.estimate import TIME_TERMS, Estimate, estimate, step_terms
+from paraplan.errors import InfeasiblePlan
+from paraplan.planner.space import PlanBatch, SpaceOptions, compose
+
+CHUNK = 200_000
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """Ranked plans (best first) and what the search did."""
+    candidates_composed: int
+    candidates_evaluated: int
+    rejected_by_reason: dict
+    search_time_s: float
+    vectorized_rate_per_s: float
+    plans: tuple[Estimate, ...]
+    closest_infeasible: Estimate | None = None
+
+    @property
+    def best(self) -> Estimate | None:
+        return self.plans[0] if self.plans else None
+
+
+class _Progress:
+    """A progress bar on stderr, shown only once the search has run for a second."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.enabled, self.start, self.shown = total, enabled, time.perf_counter(), False
+
+    def update(self, done: int) -> None:
+        if not self.enabled or time.perf_counter() - self.start < 1.0:
+            return
+        self.shown = True
+        frac = done / max(self.total, 1)
+        sys.stderr.write(f"\rscoring {done:>10,}/{self.total:,} [{'#' * int(30 * frac):<30}]")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
+
+
+def score_batch(model, job, cluster, batch: PlanBatch, curves, max_memory_fraction: float):
+    """Vectorized step time, memory and feasibility reasons for every candidate."""
+    terms = step_terms(model, job, cluster, batch, curves)
+    g = cluster.gpus_per_node
+    mem = terms["memory"]["total"]
+    over_gpu = mem > cluster.accelerator.memory_bytes * max_memory_fraction
+    over_host = terms["host_per_gpu"] * g > cluster.system.host_memory_bytes
+    over_nvme = terms["nvme_per_gpu"] * g > cluster.system.nvme_capacity_bytes
+    return np.asarray(terms["step"], float), np.asarray(mem, float), over_gpu, over_host, over_nvme
+
+
+def search(model, job, cluster, *, options: SpaceOptions | None = None, top: int = 10,
+           max_memory_fraction: float = 1.0, curves=None, progress: bool = False,
+           rescore: Callable | None = None) -> SearchResult:
+    """Best plans for the model, job and cluster. ``rescore(plan) -> Estimate`` re-scores survivors
+    (default: ``estimate`` with the same curves)."""
+    t0 = time.perf_counter()
+    curves = curves or analytical_curves(cluster.accelerator)
+    batch, rejected, composed = compose(model, job, cluster, options)
+    n = len(batch)
+    step = np.empty(n)
+    mem = np.empty(n)
+    over_gpu = np.empty(n, bool)
+    over_host = np.empty(n, bool)
+    over_nvme = np.empty(n, bool)
+    bar = _Progress(n, progress)
+    t_vec = time.perf_counter()
+    for lo in range(0, n, CHUNK):
+        hi = min(n, lo + CHUNK)
+        step[lo:hi], mem[lo:hi], over_gpu[lo:hi], over_host[lo:hi], over_nvme[lo:hi] = score_batch(
+            model, job, cluster, batch.take(slice(lo, hi)), curves, max_memory_fraction)
+        bar.update(hi)
+    bar.close()
+    vec_time = time.perf_counter() - t_vec
+    rejected = Counter(rejected)
+    for reason, mask in (("GPU memory exceeded", over_gpu), ("host memory exceeded", over_host & ~over_gpu),
+                         ("NVMe capacity exceeded", over_nvme & ~over_gpu & ~over_host)):
+        if mask.any():
+            rejected[reason] += int(mask.sum())
+    feasible = ~(over_gpu | over_host | over_nvme)
+    index = np.arange(n)
+    order = np.lexsort((index, mem, step))
+    ranked = order[feasible[order]]
+    rescore = rescore or (lambda plan: estimate(model, job, cluster, plan, curves=curves,
+                                                max_memory_fraction=max_memory_fraction))
+    survivors = [rescore(batch.plan(int(i))) for i in ranked[: max(top * 3, top)]]
+    survivors = [e for e in survivors if e.feasible]
+    survivors.sort(key=lambda e: (e.step_time_s, e.memory_bytes_per_gpu["total"]))
+    closest = None
+    if not survivors and n:
+        ratio = mem / (cluster.accelerator.memory_bytes * max_memory_fraction)
+        closest = rescore(batch.plan(int(np.lexsort((index, step, ratio))[0])))
+    return SearchResult(candidates_composed=composed, candidates_evaluated=n, rejected_by_reason=dict(
+        sorted(rejected.items(), key=lambda kv: (-kv[1], kv[0]))), search_time_s=time.perf_counter() - t0,
+        vectorized_rate_per_s=n / vec_time if vec_time > 0 else float("inf"), plans=tuple(survivors[:top]),
+        closest_infeasible=closest)
+
+
+def why_best_beats_runner_up(best: Estimate, runner_up: Estimate) -> str:
+    """Which time terms move most between the two plans."""
+    diffs = {k: runner_up.time_breakdown_s[k] - best.time_breakdown_s[k] for k in TIME_TERMS}
+    gap = runner_up.step_time_s - best.step_time_s
+    moved = sorted(((v, k) for k, v in diffs.items() if abs(v) > 1e-9), key=lambda x: -abs(x[0]))[:3]
+    parts = [f"{k} {'+' if v > 0 else '−'}{abs(v):.3g} s" for v, k in moved]
+    changed = [f"{f}: {getattr(best.plan, f)} vs {getattr(runner_up.plan, f)}"
+               for f in ("tp", "pp", "dp", "cp", "sp", "vpp", "micro_batch", "schedule", "zero", "recompute",
+                         "offload") if getattr(best.plan, f) != getattr(runner_up.plan, f)]
+    return (f"best is {gap:.3g} s ({100 * gap / runner_up.step_time_s:.1f}%) faster than the runner-up "
+            f"({'; '.join(changed) or 'same degrees'}); the runner-up pays {', '.join(parts) or 'nothing more'}")
+
+
+def suggest_feasible(model, job, cluster, options: SpaceOptions | None, max_memory_fraction: float) -> list[str]:
+    """The smallest changes that make the request fit: more GPUs (whole nodes), offload, shorter sequence."""
+    from paraplan.workloads.transformer import TrainingJob
+    out = []
+    g = cluster.system.gpus_per_node
+    options = options or SpaceOptions()
+    if not options.allow_offload:
+        r = search(model, job, cluster, options=replace(options, allow_offload=True), top=1,
+                   max_memory_fraction=max_memory_fraction)
+        if r.best:
+            out.append(f"allow offload: {r.best.plan.label()} ZeRO-{r.best.plan.zero} offload {r.best.plan.offload}"
+                       f" fits at {r.best.step_time_s:.3g} s/step")
+    for factor in (2, 4, 8, 16, 32):
+        n = cluster.num_gpus * factor
+        if n > g and n % g:
+            continue
+        bigger = replace(cluster, num_gpus=n)
+        r = search(model, job, bigger, options=options, top=1, max_memory_fraction=max_memory_fraction)
+        if r.best:
+            out.append(f"more GPUs: {n} ({factor}x) fits, e.g. {r.best.plan.label()} at {r.best.step_time_s:.3g} s/step")
+            break
+    s = job.seq_len // 2
+    while s >= 256:
+        shorter = TrainingJob(seq_len=s, global_batch=job.global_batch)
+        r = search(model, shorter, cluster, options=options, top=1, max_memory_fraction=max_memory_fraction)
+        if r.best:
+            out.append(f"shorter sequence: seq_len {s} fits, e.g. {r.best.plan.label()}")
+            break
+        s //= 2
+    return out
+
+
+def explain_infeasible(result: SearchResult, cluster) -> str:
+    e = result.closest_infeasible
+    if e is None:
+        return "no legal plan: every candidate broke a rule (" + ", ".join(result.rejected_by_reason) + ")"
+    return (f"nothing fits; the closest candidate ({e.plan.label()}, ZeRO-{e.plan.zero}, recompute "
+            f"{e.plan.recompute}, offload {e.plan.offload}) overflows — {e.infeasible_reason}")

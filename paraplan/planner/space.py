@@ -1,0 +1,184 @@
+"""The plan space: legal choices per axis, composed flat into numpy arrays of candidates.
+
+Per axis (each respects what it can see alone): tp divides heads and the GPU count (and KV heads
+divide tp or tp divides them); pp divides layers; cp divides the GPU count and leaves at least
+``min_tokens_per_cp_rank`` tokens per rank; vpp divides layers/pp; micro-batch divides the global
+batch; schedule, sequence parallelism, ZeRO stage, recomputation and offload from their lists.
+Composition is the flat Cartesian product; cross-axis rules (degrees multiply to the GPU count,
+batch divisible by dp·micro-batch, interleaving needs m % pp = 0, …) remove candidates and each
+removal is counted under its reason.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, fields
+from typing import Mapping
+
+import numpy as np
+
+from paraplan.errors import ConfigError
+from paraplan.planner.plan import OFFLOAD, RECOMPUTE, SCHEDULES, Plan
+
+AXES = ("tp", "pp", "cp", "vpp", "micro_batch", "schedule", "sp", "zero", "recompute", "offload", "offload_params")
+OFFLOAD_CHOICES = (("none", False), ("cpu", False), ("nvme", False), ("cpu", True), ("nvme", True))
+
+
+@dataclass(frozen=True)
+class PlanBatch:
+    """Many plans as parallel numpy arrays, with the attribute names the cost formulas read."""
+    tp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    cp: np.ndarray
+    sp: np.ndarray
+    vpp: np.ndarray
+    micro_batch: np.ndarray
+    schedule_code: np.ndarray
+    zero: np.ndarray
+    recompute_code: np.ndarray
+    offload_code: np.ndarray
+    offload_params: np.ndarray
+    flash_attention: np.ndarray
+    overlap_grad_reduce: np.ndarray
+    dtype: str = "bf16"
+
+    def __len__(self) -> int:
+        return len(self.tp)
+
+    def take(self, index) -> "PlanBatch":
+        return PlanBatch(**{f.name: (getattr(self, f.name)[index] if f.name != "dtype" else self.dtype)
+                            for f in fields(self)})
+
+    def plan(self, i: int) -> Plan:
+        return Plan(tp=int(self.tp[i]), pp=int(self.pp[i]), dp=int(self.dp[i]), cp=int(self.cp[i]),
+                    sp=bool(self.sp[i]), vpp=int(self.vpp[i]), micro_batch=int(self.micro_batch[i]),
+                    schedule=SCHEDULES[int(self.schedule_code[i])], zero=int(self.zero[i]),
+                    recompute=RECOMPUTE[int(self.recompute_code[i])], offload=OFFLOAD[int(self.offload_code[i])],
+                    offload_params=bool(self.offload_params[i]), dtype=self.dtype,
+                    flash_attention=bool(self.flash_attention[i]),
+                    overlap_grad_reduce=bool(self.overlap_grad_reduce[i]))
+
+
+@dataclass(frozen=True)
+class SpaceOptions:
+    """What the search may choose. ``fixed`` pins axes (``{"tp": 8}``); the rest are defaults."""
+    fixed: Mapping[str, object] = None
+    max_micro_batch: int = 64
+    max_vpp: int = 8
+    max_tp: int = 64
+    min_tokens_per_cp_rank: int = 1024
+    allow_offload: bool = True
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def axis_choices(model, job, cluster, options: SpaceOptions) -> dict[str, list]:
+    """Legal values per axis, each judged on its own."""
+    gpus = cluster.num_gpus
+    tp = [t for t in divisors(gpus) if t <= options.max_tp and model.heads % t == 0
+          and (model.kv_heads % t == 0 or t % model.kv_heads == 0)]
+    cp = [c for c in divisors(gpus) if job.seq_len % (2 * c) == 0 and job.seq_len // c >= options.min_tokens_per_cp_rank
+          or c == 1]
+    pp = [p for p in divisors(model.layers) if p <= gpus]
+    vpp = [v for v in range(1, options.max_vpp + 1)]
+    mb = [b for b in divisors(job.global_batch) if b <= options.max_micro_batch]
+    dtype_ok = "bf16" in cluster.accelerator.peak_flops
+    choices = {"tp": tp, "pp": pp, "cp": cp, "vpp": vpp, "micro_batch": mb, "schedule": list(range(len(SCHEDULES))),
+               "sp": [False, True], "zero": [0, 1, 2, 3], "recompute": list(range(len(RECOMPUTE))),
+               "offload": list(range(len(OFFLOAD_CHOICES) if options.allow_offload else 1))}
+    fixed = dict(options.fixed or {})
+    for key, value in fixed.items():
+        if key == "dp":
+            continue
+        if key not in choices:
+            raise ConfigError("--fix", f"unknown axis {key!r}", accepted=", ".join(sorted(set(choices) | {'dp'})))
+        if key == "schedule":
+            value = SCHEDULES.index(value)
+        elif key == "recompute":
+            value = RECOMPUTE.index(value)
+        elif key == "offload":
+            value = [i for i, (o, _) in enumerate(OFFLOAD_CHOICES) if o == value]
+        choices[key] = value if isinstance(value, list) else [value]
+    choices["_dtype"] = "bf16" if dtype_ok else "fp16"
+    return choices
+
+
+def _grid(ch: dict, keys) -> dict:
+    grids = np.meshgrid(*[np.asarray(ch[k]) for k in keys], indexing="ij")
+    return {k: g.ravel() for k, g in zip(keys, grids)}
+
+
+def _apply(rules, keep, rejected: Counter, weight: int):
+    """Remove candidates rule by rule; each removal counts ``weight`` full combinations."""
+    for reason, bad in rules:
+        newly = keep & bad
+        n = int(newly.sum())
+        if n:
+            rejected[reason] += n * weight
+        keep &= ~bad
+    return keep
+
+
+def compose(model, job, cluster, options: SpaceOptions | None = None) -> tuple[PlanBatch, Counter, int]:
+    """(legal candidates, rejected counts by reason, total composed).
+
+    The product is formed in two steps with the same result as one flat product: first the degree
+    axes (tp, pp, cp, vpp, micro-batch, schedule), whose rules are checked there and whose
+    rejections count once per combination of the remaining axes; then the survivors times sequence
+    parallelism, ZeRO stage, recomputation and offload.
+    """
+    options = options or SpaceOptions()
+    ch = axis_choices(model, job, cluster, options)
+    dtype = ch.pop("_dtype")
+    gpus = cluster.num_gpus
+    first_keys = ("tp", "pp", "cp", "vpp", "micro_batch", "schedule")
+    second_keys = ("sp", "zero", "recompute", "offload")
+    second_size = int(np.prod([len(ch[k]) for k in second_keys]))
+    a = _grid(ch, first_keys)
+    total = a["tp"].size * second_size
+    mp = a["tp"] * a["pp"] * a["cp"]
+    dp = np.where(gpus % mp == 0, gpus // np.maximum(mp, 1), 0)
+    interleaved = SCHEDULES.index("interleaved")
+    m = np.where(dp > 0, job.global_batch // np.maximum(dp * a["micro_batch"], 1), 0)
+    fixed_dp = (options.fixed or {}).get("dp")
+    n1 = a["tp"].size
+    rules = [
+        ("tp*pp*cp does not divide the GPU count", gpus % mp != 0),
+        ("dp differs from --fix dp", (dp != fixed_dp) if fixed_dp else np.zeros(n1, bool)),
+        ("global batch not divisible by dp*micro_batch",
+         (dp > 0) & (job.global_batch % np.maximum(dp * a["micro_batch"], 1) != 0)),
+        ("layers not divisible by pp*vpp", model.layers % (a["pp"] * a["vpp"]) != 0),
+        ("schedule irrelevant without pipeline (pp=1 keeps 1f1b)", (a["pp"] == 1) & (a["schedule"] != 0)),
+        ("vpp>1 needs the interleaved schedule and vice versa", (a["vpp"] > 1) != (a["schedule"] == interleaved)),
+        ("interleaved needs micro-batches % pp == 0", (a["schedule"] == interleaved) & (m % a["pp"] != 0)),
+    ]
+    rejected: Counter = Counter()
+    keep = _apply(rules, np.ones(n1, bool), rejected, second_size)
+    first = {k: v[keep] for k, v in a.items()}
+    first["dp"] = dp[keep]
+    # expand survivors by the second group of axes
+    b = _grid(ch, second_keys)
+    n_first, n_second = first["tp"].size, b["sp"].size
+    rep = {k: np.repeat(v, n_second) for k, v in first.items()}
+    til = {k: np.tile(v, n_first) for k, v in b.items()}
+    off_dev = np.array([OFFLOAD.index(o) for o, _ in OFFLOAD_CHOICES])[til["offload"]]
+    off_par = np.array([p for _, p in OFFLOAD_CHOICES])[til["offload"]]
+    rules2 = [
+        ("sequence parallelism needs tp>1", til["sp"] & (rep["tp"] == 1)),
+        ("seq_len not divisible by cp*tp under sequence parallelism",
+         til["sp"] & (job.seq_len % (rep["cp"] * rep["tp"]) != 0)),
+        ("offload needs ZeRO>=1, parameter offload ZeRO-3",
+         ((off_dev > 0) & (til["zero"] == 0)) | (off_par & (til["zero"] != 3))),
+    ]
+    keep2 = _apply(rules2, np.ones(rep["tp"].size, bool), rejected, 1)
+    idx = np.nonzero(keep2)[0]
+    n = idx.size
+    batch = PlanBatch(
+        tp=rep["tp"][idx], pp=rep["pp"][idx], dp=rep["dp"][idx], cp=rep["cp"][idx], sp=til["sp"][idx],
+        vpp=rep["vpp"][idx], micro_batch=rep["micro_batch"][idx], schedule_code=rep["schedule"][idx],
+        zero=til["zero"][idx], recompute_code=til["recompute"][idx], offload_code=off_dev[idx],
+        offload_params=off_par[idx], flash_attention=np.ones(n, bool), overlap_grad_reduce=np.ones(n, bool),
+        dtype=dtype)
+    return batch, rejected, total
