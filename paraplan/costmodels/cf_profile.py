@@ -66,6 +66,9 @@ def measure(threads: int = 1, dim: int = 64, max_ws_bytes: int = 128 * 2**20, re
     torch.set_num_threads(threads)
     g = torch.Generator().manual_seed(seed)
     row = 4 * dim
+    warm = torch.randn(1 << 20)
+    for _ in range(20):  # wake the thread pool and the clock before the first timing
+        warm.mul_(1.0)
     ws_list, t_list = [], []
     ws = 16 * 1024
     n_idx = 1 << 15
@@ -138,3 +141,54 @@ def load(path: str | Path) -> CpuProfile:
         raise ConfigError("profile", "ws_bytes and row_time_s must be equal-length lists of 2+ points",
                           source=str(path))
     return CpuProfile(**vals)
+
+
+def _cpu_count_in(lst: str) -> int:
+    n = 0
+    for part in lst.strip().split(","):
+        if not part:
+            continue
+        a, _, b = part.partition("-")
+        n += int(b or a) - int(a) + 1
+    return n
+
+
+def local_cpu(threads: int | None = None):
+    """A :class:`~paraplan.hardware.model.Cpu` for this machine from Linux sysfs (cache sizes, who
+    shares them, line size) and /proc/cpuinfo (clock). Latencies, per-cycle bandwidths and DRAM
+    figures are not exposed by the OS: typical values are used (estimates; the profiled rates
+    replace them in predictions)."""
+    from paraplan.hardware.model import CacheLevel, Cpu
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    typical = {1: (4, 64), 2: (14, 32), 3: (50, 16)}
+    caches = []
+    for idx in sorted(base.glob("index*")) if base.exists() else []:
+        try:
+            if (idx / "type").read_text().strip() == "Instruction":
+                continue
+            level = int((idx / "level").read_text())
+            size = (idx / "size").read_text().strip()
+            mult = {"K": 1024, "M": 2**20, "G": 2**30}.get(size[-1], 1)
+            size_b = int(size.rstrip("KMG")) * mult
+            shared = _cpu_count_in((idx / "shared_cpu_list").read_text())
+            line = int((idx / "coherency_line_size").read_text())
+        except (OSError, ValueError):
+            continue
+        lat, bw = typical.get(level, (80, 8))
+        caches.append(CacheLevel(level, size_b, max(shared, 1), lat, bw, line))
+    if not caches:
+        caches = [CacheLevel(1, 32 * 1024, 1, 4, 64), CacheLevel(2, 1 << 20, 1, 14, 32)]
+    freq = 2.5e9
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("cpu MHz"):
+                freq = float(line.split(":")[1]) * 1e6
+                break
+    except (OSError, ValueError):
+        pass
+    cores = os.cpu_count() or 1
+    return Cpu(name="local", vendor="local", model=platform.processor() or "this machine", cores=cores,
+               threads_per_core=1, frequency_hz=freq, simd_bits=256, fma_units_per_core=2,
+               caches=tuple(sorted(caches, key=lambda c: c.level)),
+               memory_bandwidth_bytes_per_s=20e9 * cores, memory_latency_s=100e-9, memory_channels=1,
+               sources={"caches": "Linux sysfs", "latencies": "typical values (estimate)"})
