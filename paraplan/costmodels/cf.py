@@ -8,7 +8,9 @@ Pure functions. Two sources of machine rates share one step model:
 
 Step time is a non-overlapping sum (ECM-style, reference §3.5, without overlap)::
 
-    t_step = Σ_reads rows·t_row(footprint)/T + FLOPs/F + Σ_passes bytes/BW(tensor) + rng·t_rng + ops·t_op
+    t_step = Σ_reads rows·t_row(footprint)/T + FLOPs/F + Σ_passes bytes/BW(tensor) + rng·t_rng + t_fixed
+
+with t_fixed = ops·t_op (analytical) or the kernel's measured time per step at tiny sizes (profiled).
 
 Where a random row read hits (reference §3.2): for each cache level L the per-thread share S_L is
 the level's size divided by the threads that share one instance (``min(shared_by_cores, T)``,
@@ -37,7 +39,7 @@ from paraplan.workloads.cf import CFModel
 
 MLP_MISSES_PER_CORE = 10.0      # outstanding misses per core (Zen 2 has 22 L1D miss buffers); estimate
 ANALYTICAL_GEMM_EFFICIENCY = 0.4  # achieved/peak of a small fp32 bmm (b×d×N1 with d = 64); estimate
-ANALYTICAL_OP_OVERHEAD_S = 3e-6   # torch eager dispatch of one small op; estimate, profile replaces it
+ANALYTICAL_OP_OVERHEAD_S = 1e-5   # torch eager op incl. allocation and Python; estimate, profile replaces it
 ANALYTICAL_RNG_S_PER_ELEMENT = 4e-9  # torch.randint per int64 (single-threaded Philox/MT); estimate
 TILED_OPS_PER_STEP = 75         # 69 top-level aten ops in tiled_step (torch profiler) + batching/sampling
 BASELINE_OPS_PER_STEP = 110     # forward + autograd backward + optimizer ops in baseline_step (profiler)
@@ -152,6 +154,10 @@ class AnalyticalRates:
     op_overhead_s: float = ANALYTICAL_OP_OVERHEAD_S
     rng_s_per_element: float = ANALYTICAL_RNG_S_PER_ELEMENT
 
+    def fixed_step_s(self, tiled: bool, ops: int) -> float:
+        """Per-step fixed cost: torch ops counted in the kernels × dispatch overhead."""
+        return ops * self.op_overhead_s
+
 
 @dataclass(frozen=True)
 class ProfiledRates:
@@ -200,6 +206,10 @@ class ProfiledRates:
     @property
     def rng_s_per_element(self) -> float:
         return self.profile.rng_s_per_element
+
+    def fixed_step_s(self, tiled: bool, ops: int) -> float:
+        """Measured per-step cost of the kernel at tiny sizes (dispatch, Python, allocation)."""
+        return self.profile.tiled_step_fixed_s if tiled else self.profile.baseline_step_fixed_s
 
 
 # ---------------------------------------------------------------- work per step
@@ -280,7 +290,7 @@ def step_time(model: CFModel, tiling: Tiling | None, rates) -> StepTime:
     for name, nbytes, tensor in w.passes:
         br[name] = nbytes / rates.stream_bytes_per_s(tensor)
     br["random numbers"] = w.rng_elements * rates.rng_s_per_element
-    br["op overhead"] = w.ops * rates.op_overhead_s
+    br["fixed per-step overhead"] = rates.fixed_step_s(tiling is not None, w.ops)
     return StepTime(float(sum(br.values())), br)
 
 

@@ -39,6 +39,8 @@ class CpuProfile:
     stream_bytes_per_s: tuple
     op_overhead_s: float
     rng_s_per_element: float
+    tiled_step_fixed_s: float
+    baseline_step_fixed_s: float
     host: str = ""
     version: int = PROFILE_VERSION
 
@@ -104,8 +106,40 @@ def measure(threads: int = 1, dim: int = 64, max_ws_bytes: int = 128 * 2**20, re
     op = _median_time(tiny, reps) / k
     n_rng = 1 << 18
     rng = (_median_time(lambda: torch.randint(0, 1 << 20, (n_rng,), generator=g), reps) - op) / n_rng
+    tiled_fixed, base_fixed = _fixed_step_costs(threads, reps)
     return CpuProfile(threads, row, tuple(ws_list), tuple(t_list), flops, tuple(sizes), tuple(bws), op,
-                      max(rng, 0.0), host=platform.node())
+                      max(rng, 0.0), tiled_fixed, base_fixed, host=platform.node())
+
+
+def _fixed_step_costs(threads: int, reps: int) -> tuple[float, float]:
+    """Seconds per step of the tiled and baseline kernels at tiny sizes (B = 8·T, n = 1, d = 8,
+    N1 = 8): the implementation's fixed cost (torch dispatch, Python, allocation) per step."""
+    import torch
+    from paraplan.validation.cf_kernels import (TileSampler, baseline_step, init_params,
+                                                make_baseline_optimizer, tiled_step)
+    from paraplan.workloads.cf import CFModel
+    m = CFModel(users=64, items=64, interactions=1024, dim=8, negatives=1, batch=8 * threads, threads=threads)
+    g = torch.Generator().manual_seed(0)
+    users = torch.randint(0, 64, (m.batch,), generator=g)
+    pos = torch.randint(0, 64, (m.batch,), generator=g)
+    steps = 100
+    p = init_params(m)
+    sampler = TileSampler(64, threads, 8, 8, m.per_thread_batch, g)
+
+    def tiled():
+        for _ in range(steps):
+            tiles, local = sampler.next(1)
+            tiled_step(p, users[torch.randperm(m.batch)], pos, None, tiles, local, m)
+    t_tiled = _median_time(tiled, max(3, reps // 2)) / steps
+    q = init_params(m)
+    opt = make_baseline_optimizer(q, m)
+
+    def base():
+        for _ in range(steps):
+            negs = torch.randint(0, 64, (m.batch, 1), generator=g)
+            baseline_step(q, opt, users[torch.randperm(m.batch)], pos, negs, None, m)
+    t_base = _median_time(base, max(3, reps // 2)) / steps
+    return t_tiled, t_base
 
 
 def save(profile: CpuProfile, path: str | Path) -> Path:

@@ -33,26 +33,29 @@ class ValidateOptions:
     dim: int = 64
     negatives: int = 128
     batch: int = 512
-    threads: int = 2
+    threads: int = 1
     learning_rate: float = 40.0
     margin: float = 0.4
     negative_weight: float = 100.0
     epochs: int = 3
     sweep: int = 7
-    repeats: int = 2
+    repeats: int = 3
     seed: int = 0
     cpu: str = "local"
     profile_path: str | None = None
     min_sampling_space: float | None = None
 
 
-def _time_epoch(params_fn, data, model, tiling, seed, repeats) -> float:
+def _time_epochs(params_fn, data, model, tilings, seed, repeats) -> list[float]:
+    """Best-of-``repeats`` epoch time per tiling; repeats go round-robin over the tilings so that
+    a burst of load from other processes does not land on one tiling only."""
     from paraplan.validation.cf_kernels import train_epoch
-    best = float("inf")
+    best = [float("inf")] * len(tilings)
     for r in range(repeats):
-        p = params_fn()
-        train_epoch(p, data, model, tiling=tiling, seed=seed + 100 + r, max_steps=3)  # warm-up
-        best = min(best, train_epoch(p, data, model, tiling=tiling, seed=seed + r).seconds)
+        for k, til in enumerate(tilings):
+            p = params_fn()
+            train_epoch(p, data, model, tiling=til, seed=seed + 100 + r, max_steps=5)  # warm-up
+            best[k] = min(best[k], train_epoch(p, data, model, tiling=til, seed=seed + r).seconds)
     return best
 
 
@@ -100,9 +103,11 @@ def run_validate(opts: ValidateOptions, data: CFData | None = None, log=print) -
     rates = rates_for(model) if rates_for else AnalyticalRates(cpu, model.threads, model.row_bytes)
     init = lambda: init_params(model, opts.seed)  # noqa: E731
     rows = []
-    for c in sorted(sweep, key=lambda c: c.tile_rows):
+    sweep = sorted(sweep, key=lambda c: c.tile_rows)
+    measured = _time_epochs(init, data, model, [(c.tile_rows, c.refresh_iterations) for c in sweep],
+                            opts.seed, opts.repeats)
+    for c, meas in zip(sweep, measured):
         til = (c.tile_rows, c.refresh_iterations)
-        meas = _time_epoch(init, data, model, til, opts.seed, opts.repeats)
         pred = epoch_time(model, Tiling(*til), rates).seconds
         rows.append({"tile_rows": c.tile_rows, "refresh_iterations": c.refresh_iterations,
                      "measured_epoch_s": meas, "predicted_epoch_s": pred, "tile_level": c.tile_level,
