@@ -95,6 +95,11 @@ def synthetic(users: int, items: int, interactions: int, *, seed: int = 0, item_
     extra = int(interactions * 1.15) - base_u.size
     u = np.concatenate([base_u, rng.choice(users, size=max(extra, 0), p=wu)])
     pairs = np.unique(u.astype(np.int64) * items + draw_items(u))
+    for _ in range(10):  # duplicates of popular pairs leave us short: draw more
+        if pairs.size >= interactions:
+            break
+        nu = rng.choice(users, size=int((interactions - pairs.size) * 1.5) + 1, p=wu)
+        pairs = np.unique(np.concatenate([pairs, nu * items + draw_items(nu)]))
     for _ in range(20):  # top up users left short by duplicate pairs
         cnt = np.bincount(pairs // items, minlength=users)
         short = np.flatnonzero(cnt < min_per_user)
@@ -152,8 +157,8 @@ def _make(lists, tu, ti, test, users, items, name) -> CFData:
 def read_lightgcn(path: str | Path) -> dict:
     """Read ``user item item ...`` lines into {user: int64 array}; blank lines are skipped.
 
-    Raises ConfigError naming the file and line for a non-integer or negative token, a repeated
-    user, or a line that is only a user with no items is accepted (LightGCN writes those).
+    Raises ConfigError naming the file and line for a non-integer or negative token or a user
+    repeated on two lines. A line holding only a user id (no items) is accepted: LightGCN writes those.
     """
     path = Path(path)
     try:
