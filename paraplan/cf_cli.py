@@ -29,7 +29,7 @@ def _common_model(p: argparse.ArgumentParser, *, dim=64, negatives=None, batch=5
     p.add_argument("--gate", type=float, default=1.0, help="aggregation gate g (1 = plain MF)")
     p.add_argument("--optimizer", default="sgd", help="sgd or adam")
     p.add_argument("--min-sampling-space", type=float, default=None,
-                   help="minimum (M/N2)·N1 (default max(M/8, items))")
+                   help="minimum (M/N2)·N1 (default max(M/8, 4·items))")
 
 
 def add_cf_parser(subparsers) -> argparse.ArgumentParser:

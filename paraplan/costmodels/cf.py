@@ -41,6 +41,7 @@ MLP_MISSES_PER_CORE = 10.0      # outstanding misses per core (Zen 2 has 22 L1D 
 ANALYTICAL_GEMM_EFFICIENCY = 0.4  # achieved/peak of a small fp32 bmm (b×d×N1 with d = 64); estimate
 ANALYTICAL_OP_OVERHEAD_S = 1e-5   # torch eager op incl. allocation and Python; estimate, profile replaces it
 ANALYTICAL_RNG_S_PER_ELEMENT = 4e-9  # torch.randint per int64 (single-threaded Philox/MT); estimate
+ANALYTICAL_INDEX_S_PER_ELEMENT = 2e-9  # torch gather/scatter_add per scalar element; estimate
 TILED_OPS_PER_STEP = 75         # 69 top-level aten ops in tiled_step (torch profiler) + batching/sampling
 BASELINE_OPS_PER_STEP = 110     # forward + autograd backward + optimizer ops in baseline_step (profiler)
 BASELINE_PASSES_BND = 30        # fp32 tensor passes over the B×n×d copy per step: 18 elementwise ops
@@ -153,6 +154,7 @@ class AnalyticalRates:
 
     op_overhead_s: float = ANALYTICAL_OP_OVERHEAD_S
     rng_s_per_element: float = ANALYTICAL_RNG_S_PER_ELEMENT
+    index_s_per_element: float = ANALYTICAL_INDEX_S_PER_ELEMENT
 
     def fixed_step_s(self, tiled: bool, ops: int) -> float:
         """Per-step fixed cost: torch ops counted in the kernels × dispatch overhead."""
@@ -207,6 +209,10 @@ class ProfiledRates:
     def rng_s_per_element(self) -> float:
         return self.profile.rng_s_per_element
 
+    @property
+    def index_s_per_element(self) -> float:
+        return self.profile.index_s_per_element
+
     def fixed_step_s(self, tiled: bool, ops: int) -> float:
         """Measured per-step cost of the kernel at tiny sizes (dispatch, Python, allocation)."""
         return self.profile.tiled_step_fixed_s if tiled else self.profile.baseline_step_fixed_s
@@ -223,6 +229,7 @@ class StepWork:
     passes: tuple
     rng_elements: float
     ops: int
+    index_elements: float = 0.0
 
 
 def tile_footprint_bytes(model: CFModel, tiling: Tiling) -> float:
@@ -270,7 +277,8 @@ def step_work(model: CFModel, tiling: Tiling | None) -> StepWork:
     passes.append(("B×N1 cosine block", TILED_PASSES_BLOCK * 4.0 * B * N1, 4.0 * B * N1))
     passes.append(("B×n scalars", PASSES_NEG_SCALARS * 4.0 * B * n, 4.0 * B * n))
     ops = TILED_OPS_PER_STEP + (8 if model.optimizer == "adam" else 0)
-    return StepWork(tuple(reads), flops, tuple(passes), B * n + T * N1 * fr, ops)
+    # the negatives' cosines: one gather and one scatter_add of B·n scalars through an index
+    return StepWork(tuple(reads), flops, tuple(passes), B * n + T * N1 * fr, ops, 2.0 * B * n)
 
 
 @dataclass(frozen=True)
@@ -290,6 +298,7 @@ def step_time(model: CFModel, tiling: Tiling | None, rates) -> StepTime:
     for name, nbytes, tensor in w.passes:
         br[name] = nbytes / rates.stream_bytes_per_s(tensor)
     br["random numbers"] = w.rng_elements * rates.rng_s_per_element
+    br["indexed scalars"] = w.index_elements * rates.index_s_per_element
     br["fixed per-step overhead"] = rates.fixed_step_s(tiling is not None, w.ops)
     return StepTime(float(sum(br.values())), br)
 

@@ -41,6 +41,7 @@ class CpuProfile:
     rng_s_per_element: float
     tiled_step_fixed_s: float
     baseline_step_fixed_s: float
+    index_s_per_element: float
     host: str = ""
     version: int = PROFILE_VERSION
 
@@ -107,8 +108,14 @@ def measure(threads: int = 1, dim: int = 64, max_ws_bytes: int = 128 * 2**20, re
     n_rng = 1 << 18
     rng = (_median_time(lambda: torch.randint(0, 1 << 20, (n_rng,), generator=g), reps) - op) / n_rng
     tiled_fixed, base_fixed = _fixed_step_costs(threads, reps)
+    # scalar gather + scatter_add through an index (the negatives' cosines), per element
+    S = torch.randn(threads, 256, 512)
+    ix = torch.randint(0, 512, (threads, 256, 128), generator=g)
+    src = torch.randn(threads, 256, 128)
+    tix = _median_time(lambda: (S.gather(2, ix), torch.zeros_like(S).scatter_add_(2, ix, src)), reps)
+    idx_el = max(tix - 2 * op - 4.0 * S.numel() / bws[0], 0.0) / (2 * ix.numel())
     return CpuProfile(threads, row, tuple(ws_list), tuple(t_list), flops, tuple(sizes), tuple(bws), op,
-                      max(rng, 0.0), tiled_fixed, base_fixed, host=platform.node())
+                      max(rng, 0.0), tiled_fixed, base_fixed, idx_el, host=platform.node())
 
 
 def _fixed_step_costs(threads: int, reps: int) -> tuple[float, float]:
