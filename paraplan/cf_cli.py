@@ -1,0 +1,206 @@
+"""``paraplan cf``: plan HEAT-style tiles for SimpleX training on a CPU, profile, and validate.
+
+    paraplan cf plan --cpu CPU (--dataset FILE | --users U --items I --interactions N)
+                     --dim 64 --negatives 1000 [--threads T] [--format table|json]
+    paraplan cf profile --out FILE.json [--threads T] [--dim D]
+    paraplan cf validate [--cpu local|NAME] [--out DIR] [--threads T] [--users U ...]
+
+``paraplan.cli`` calls :func:`add_cf_parser` and :func:`run_cf`; :func:`main` is a standalone
+entry point for tests.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from paraplan.errors import ParaplanError
+
+
+def _common_model(p: argparse.ArgumentParser, *, dim=64, negatives=None, batch=512) -> None:
+    p.add_argument("--dim", type=int, default=dim, help="embedding dimension d")
+    p.add_argument("--negatives", type=int, default=negatives, required=negatives is None,
+                   help="negatives per positive n")
+    p.add_argument("--batch", type=int, default=batch, help="iterations per step B")
+    p.add_argument("--threads", type=int, default=None, help="threads T (plan: default all cores)")
+    p.add_argument("--margin", type=float, default=0.4)
+    p.add_argument("--negative-weight", type=float, default=None)
+    p.add_argument("--history", type=int, default=0, help="history items averaged by the aggregator")
+    p.add_argument("--gate", type=float, default=1.0, help="aggregation gate g (1 = plain MF)")
+    p.add_argument("--optimizer", default="sgd", help="sgd or adam")
+    p.add_argument("--min-sampling-space", type=float, default=None,
+                   help="minimum (M/N2)·N1 (default max(M/8, 4·items))")
+
+
+def add_cf_parser(subparsers) -> argparse.ArgumentParser:
+    """Add the ``cf`` subcommand (with ``plan``, ``profile``, ``validate``) to a subparsers object."""
+    cf = subparsers.add_parser("cf", help="collaborative filtering on CPUs: HEAT-style tile planning")
+    sub = cf.add_subparsers(dest="cf_command", metavar="{plan,profile,validate}")
+    sub.required = True
+    p = sub.add_parser("plan", help="rank tile sizes N1 and refresh intervals N2 for a CPU")
+    p.add_argument("--cpu", required=True, help="catalogue CPU name, or 'local' for this machine")
+    p.add_argument("--dataset", help="LightGCN train.txt (user item item ...) to take sizes from")
+    p.add_argument("--users", type=int)
+    p.add_argument("--items", type=int)
+    p.add_argument("--interactions", type=int, help="training interactions (iterations per epoch)")
+    p.add_argument("--profile", help="profile JSON from 'cf profile' (use measured rates)")
+    p.add_argument("--cache-level", default=None, help="bound the tile by this level (default last level)")
+    p.add_argument("--top", type=int, default=10, help="rows to show")
+    p.add_argument("--format", choices=("table", "json"), default="table")
+    _common_model(p)
+    q = sub.add_parser("profile", help="measure row-gather time vs working set etc. on this CPU")
+    q.add_argument("--out", required=True, help="JSON file to write")
+    q.add_argument("--threads", type=int, default=1)
+    q.add_argument("--dim", type=int, default=64)
+    q.add_argument("--max-ws-mib", type=int, default=128)
+    v = sub.add_parser("validate", help="run the chosen tiling and a sweep; measured vs predicted")
+    v.add_argument("--cpu", default="local", help="'local' (profiled rates) or a catalogue CPU name")
+    v.add_argument("--out", help="folder for report.json and the figure")
+    v.add_argument("--dataset", help="LightGCN train.txt instead of synthetic data")
+    v.add_argument("--test-dataset", help="LightGCN test.txt (else a per-user split of --dataset)")
+    v.add_argument("--users", type=int, default=2000)
+    v.add_argument("--items", type=int, default=8000)
+    v.add_argument("--interactions", type=int, default=60000, help="synthetic interactions before the split")
+    v.add_argument("--dim", type=int, default=64)
+    v.add_argument("--negatives", type=int, default=128)
+    v.add_argument("--batch", type=int, default=512)
+    v.add_argument("--threads", type=int, default=1)
+    v.add_argument("--lr", type=float, default=40.0, help="SGD learning rate for the batch-mean loss")
+    v.add_argument("--epochs", type=int, default=3, help="training epochs for the quality comparison")
+    v.add_argument("--sweep", type=int, default=7, help="tile sizes to measure, chosen included")
+    v.add_argument("--repeats", type=int, default=3)
+    v.add_argument("--seed", type=int, default=0)
+    v.add_argument("--profile", help="reuse (or write) a profile JSON")
+    v.add_argument("--min-sampling-space", type=float, default=None)
+    return cf
+
+
+def _model_from(args):
+    from paraplan.errors import ConfigError
+    from paraplan.workloads.cf import CFModel
+    if args.dataset:
+        from paraplan.workloads.cf_data import read_lightgcn
+        lists = read_lightgcn(args.dataset)
+        users = max(lists) + 1
+        items = max((int(v.max()) for v in lists.values() if len(v)), default=0) + 1
+        inter = sum(len(v) for v in lists.values())
+    else:
+        missing = [f"--{k}" for k in ("users", "items", "interactions") if getattr(args, k) is None]
+        if missing:
+            raise ConfigError("dataset", f"give --dataset FILE or all of --users --items --interactions "
+                              f"(missing {' '.join(missing)})")
+        users, items, inter = args.users, args.items, args.interactions
+    kw = dict(users=users, items=items, interactions=inter, dim=args.dim, negatives=args.negatives,
+              batch=args.batch, margin=args.margin, history=args.history, gate=args.gate,
+              optimizer=args.optimizer)
+    if args.negative_weight is not None:
+        kw["negative_weight"] = args.negative_weight
+    return CFModel(threads=1, **kw)
+
+
+def _cpu(name: str):
+    if name == "local":
+        from paraplan.costmodels.cf_profile import local_cpu
+        return local_cpu()
+    from paraplan.hardware.catalog import load_part
+    return load_part("cpus", name)
+
+
+def _run_plan(args) -> int:
+    from dataclasses import replace
+
+    from paraplan.costmodels.cf import ProfiledRates
+    from paraplan.errors import ConfigError
+    from paraplan.planner.cf_plan import plan_tiles
+    model = _model_from(args)
+    cpu = _cpu(args.cpu)
+    threads = args.threads
+    if threads is not None and threads < 1:
+        raise ConfigError("threads", f"must be a positive integer, got {threads}")
+    rates_for = None
+    if args.profile:
+        from paraplan.costmodels import cf_profile
+        prof = cf_profile.load(args.profile)
+        rates_for = lambda m: ProfiledRates(prof, m.row_bytes)  # noqa: E731
+        threads = prof.threads
+    if threads is None:
+        threads = cpu.cores
+    if model.batch % threads:
+        raise ConfigError("batch", f"{model.batch} is not a multiple of threads ({threads})")
+    model = replace(model, threads=threads)
+    plan = plan_tiles(model, cpu, rates_for=rates_for, min_sampling_space=args.min_sampling_space,
+                      cache_level=args.cache_level, top=args.top)
+    if args.format == "json":
+        print(json.dumps({"cpu": cpu.name, "rates": plan.rates_name, "threads": threads,
+                          "min_sampling_space": plan.min_sampling_space,
+                          "baseline_epoch_s": plan.baseline_epoch_s, "rejected": plan.rejected,
+                          "choices": [c.as_dict() for c in plan.choices]}, indent=1))
+        return 0
+    print(f"cf plan on {cpu.name} ({plan.rates_name}), {threads} threads, d={model.dim}, n={model.negatives}, "
+          f"M={model.iterations_per_epoch}, min sampling space {plan.min_sampling_space:.0f}")
+    print(f"{'rank':>4} {'N1':>7} {'N2':>8} {'T':>4} {'epoch s':>10} {'space':>12} {'tile KiB':>9} {'level':>5} regime")
+    for c in plan.choices:
+        print(f"{c.rank:>4} {c.tile_rows:>7} {c.refresh_iterations:>8} {c.threads:>4} {c.predicted_epoch_s:>10.3f} "
+              f"{c.sampling_space:>12.0f} {c.footprint_bytes / 1024:>9.1f} {c.tile_level:>5} {c.regime}")
+    print(f"baseline (untiled) predicted epoch: {plan.baseline_epoch_s:.3f} s; rejected: {plan.rejected}")
+    return 0
+
+
+def _run_profile(args) -> int:
+    from paraplan.costmodels import cf_profile
+    prof = cf_profile.measure(threads=args.threads, dim=args.dim, max_ws_bytes=args.max_ws_mib * 2**20)
+    path = cf_profile.save(prof, args.out)
+    for w, t in zip(prof.ws_bytes, prof.row_time_s):
+        print(f"  working set {w / 1024:>10.0f} KiB  {t * 1e9:7.2f} ns/row")
+    print(f"bmm {prof.flops_per_s / 1e9:.1f} GFLOP/s; stream {[round(b / 1e9, 1) for b in prof.stream_bytes_per_s]}"
+          f" GB/s; tiled step fixed {prof.tiled_step_fixed_s * 1e3:.3f} ms; wrote {path}")
+    return 0
+
+
+def _run_validate(args) -> int:
+    from paraplan.validation.cf_validate import ValidateOptions, run_validate, write_report
+    data = None
+    if args.dataset:
+        from paraplan.workloads.cf_data import load_lightgcn
+        data = load_lightgcn(args.dataset, args.test_dataset, seed=args.seed)
+    opts = ValidateOptions(users=args.users, items=args.items, interactions=args.interactions, dim=args.dim,
+                           negatives=args.negatives, batch=args.batch, threads=args.threads,
+                           learning_rate=args.lr, epochs=args.epochs, sweep=args.sweep, repeats=args.repeats,
+                           seed=args.seed, cpu=args.cpu, profile_path=args.profile,
+                           min_sampling_space=args.min_sampling_space)
+    rep = run_validate(opts, data=data)
+    c, b = rep["chosen_tile"], rep["best_measured_tile"]
+    print(f"chosen N1={c['tile_rows']} N2={c['refresh_iterations']} (measured rank {rep['chosen_measured_rank']}"
+          f"/{rep['tiles_measured']}); best measured N1={b['tile_rows']} N2={b['refresh_iterations']}; "
+          f"chosen/best time {rep['chosen_vs_best_time_ratio']:.2f}")
+    print(f"epoch-time MAPE {rep['epoch_time_mape']:.1%}; speedup vs baseline {rep['speedup_vs_baseline']:.1f}x "
+          f"(predicted {rep['speedup_vs_baseline_predicted']:.1f}x)")
+    print(f"recall@20 tiled {rep['recall_at_20_tiled']:.4f} vs untiled {rep['recall_at_20_untiled']:.4f}; "
+          f"ndcg@20 {rep['ndcg_at_20_tiled']:.4f} vs {rep['ndcg_at_20_untiled']:.4f}")
+    if args.out:
+        path, fig = write_report(rep, args.out)
+        print(f"wrote {path} and {fig}")
+    return 0
+
+
+def run_cf(args) -> int:
+    """Run a parsed ``cf`` command; ParaplanError becomes one line on stderr and exit code 2."""
+    try:
+        return {"plan": _run_plan, "profile": _run_profile, "validate": _run_validate}[args.cf_command](args)
+    except ParaplanError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="paraplan")
+    add_cf_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    if args.command != "cf":
+        parser.print_usage(sys.stderr)
+        return 2
+    return run_cf(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,343 @@
+"""Cost model of SimpleX/CCL training steps on a CPU: bytes, FLOPs, where reads hit, epoch time.
+
+Pure functions. Two sources of machine rates share one step model:
+
+* :class:`AnalyticalRates` from a :class:`~paraplan.hardware.model.Cpu` description only;
+* :class:`ProfiledRates` from a measured :class:`~paraplan.costmodels.cf_profile.CpuProfile`
+  (row-gather time vs working-set size, bmm FLOP/s, streaming bandwidth, op overhead).
+
+Step time is a non-overlapping sum (ECM-style, reference §3.5, without overlap)::
+
+    t_step = Σ_reads rows·t_row(footprint)/T + FLOPs/F + Σ_passes bytes/BW(tensor) + rng·t_rng + t_fixed
+
+with t_fixed = ops·t_op (analytical) or the kernel's measured time per step at tiny sizes (profiled).
+
+Where a random row read hits (reference §3.2): for each cache level L the per-thread share S_L is
+the level's size divided by the threads that share one instance (``min(shared_by_cores, T)``,
+so Zen's 16 MB L3 is per 4-core CCX, not per socket). Data private to a thread (its tile) of
+footprint F hits level L with probability min(1, S_L/F); data shared by all threads (the
+embedding tables) is compared undivided with S_L·sharers (one instance's capacity) for shared
+levels and with S_L for private ones. The per-row time is the hit-weighted sum of the level times.
+Each level's row time is the larger of a latency bound ``lines·latency/MLP`` and a bandwidth bound
+``row_bytes/bandwidth`` (reference §3.1: random gathers are usually latency/MLP-bound).
+
+Departures: positive and history reads are charged as uniform over the item table (the Che
+approximation of reference §3.3 for skewed popularity would make them cheaper); the torch
+implementation's elementwise passes and op counts were counted from ``validation/cf_kernels.py``
+and the torch profiler, and are constants of that implementation, not of HEAT's C++.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from paraplan.errors import ConfigError
+from paraplan.hardware.model import Cpu
+from paraplan.workloads.cf import CFModel
+
+MLP_MISSES_PER_CORE = 10.0      # outstanding misses per core (Zen 2 has 22 L1D miss buffers); estimate
+ANALYTICAL_GEMM_EFFICIENCY = 0.4  # achieved/peak of a small fp32 bmm (b×d×N1 with d = 64); estimate
+ANALYTICAL_OP_OVERHEAD_S = 1e-5   # torch eager op incl. allocation and Python; estimate, profile replaces it
+ANALYTICAL_RNG_S_PER_ELEMENT = 4e-9  # torch.randint per int64 (single-threaded Philox/MT); estimate
+ANALYTICAL_INDEX_S_PER_ELEMENT = 2e-9  # torch gather/scatter_add per scalar element; estimate
+TILED_OPS_PER_STEP = 75         # 69 top-level aten ops in tiled_step (torch profiler) + batching/sampling
+BASELINE_OPS_PER_STEP = 110     # forward + autograd backward + optimizer ops in baseline_step (profiler)
+BASELINE_PASSES_BND = 30        # fp32 tensor passes over the B×n×d copy per step: 18 elementwise ops
+                                # on it in forward+backward (profiler), ~1.7 read/write passes each
+TILED_PASSES_TILE = 10          # passes over the T×N1×d tile rows (normalize fwd/bwd)
+TILED_PASSES_BLOCK = 4          # passes over the B×N1 cosine block (write S, zero dS, scatter, read)
+PASSES_NEG_SCALARS = 10         # passes over B×n scalars (gather, relu, mask, scale, scatter, ids)
+PASSES_USER_VECTORS = 30        # passes over B×d vectors (norms, cosines, backward)
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """HEAT's tile: N1 item rows per thread, redrawn every N2 iterations of that thread."""
+    tile_rows: int
+    refresh_iterations: int
+
+    def __post_init__(self):
+        for name in ("tile_rows", "refresh_iterations"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ConfigError(name, f"must be a positive integer, got {v!r}")
+
+
+@dataclass(frozen=True)
+class Level:
+    """One memory level as a thread sees it."""
+    name: str
+    share_bytes: float        # capacity per thread (private) or per instance (shared data)
+    instance_bytes: float
+    row_time_s: float
+    regime: str               # "latency" or "bandwidth"
+    stream_bytes_per_s: float  # all threads together
+
+
+def _check_threads(cpu: Cpu, threads: int) -> None:
+    if threads < 1 or threads > cpu.cores * cpu.threads_per_core:
+        raise ConfigError("threads", f"{threads} is outside 1..{cpu.cores * cpu.threads_per_core} for {cpu.name}")
+
+
+def memory_levels(cpu: Cpu, threads: int, row_bytes: int) -> list[Level]:
+    """Cache levels then DRAM, with per-thread shares and per-row times.
+
+    t_row(L) = max(⌈row/line⌉·latency_L/MLP, row/(bw_L per core)); DRAM: max(lines·t_mem/MLP,
+    row·T/BW_mem) (reference §3.1, §3.4). Private levels (``shared_by_cores`` = 1) give each
+    thread the whole size; a level shared by k cores gives size/min(k, T).
+    """
+    _check_threads(cpu, threads)
+    f = cpu.frequency_hz
+    out = []
+    line = 64
+    for c in cpu.caches:
+        line = c.line_bytes
+        sharers = 1 if c.shared_by_cores <= 1 else min(c.shared_by_cores, threads)
+        lines = math.ceil(row_bytes / c.line_bytes)
+        lat = lines * c.latency_cycles / f / MLP_MISSES_PER_CORE
+        bw = row_bytes / (c.bandwidth_bytes_per_cycle_per_core * f)
+        instances = max(1, math.ceil(threads / max(c.shared_by_cores, 1)))
+        stream = c.bandwidth_bytes_per_cycle_per_core * f * threads
+        out.append(Level(f"L{c.level}", c.size_bytes / sharers, c.size_bytes * min(instances, 1),
+                         max(lat, bw), "latency" if lat >= bw else "bandwidth", stream))
+    lines = math.ceil(row_bytes / line)
+    lat = lines * cpu.memory_latency_s / MLP_MISSES_PER_CORE
+    bw = row_bytes * threads / cpu.memory_bandwidth_bytes_per_s
+    out.append(Level("DRAM", math.inf, math.inf, max(lat, bw), "latency" if lat >= bw else "bandwidth",
+                     min(cpu.memory_bandwidth_bytes_per_s, out[-1].stream_bytes_per_s if out else math.inf)))
+    return out
+
+
+def hit_fractions(levels: list[Level], footprint_bytes: float, shared: bool) -> list[float]:
+    """Fraction of random reads served by each level: h_L − h_{L−1} with h_L = min(1, S_L/F)."""
+    fr, prev = [], 0.0
+    for lv in levels:
+        cap = lv.share_bytes
+        if shared and lv.name != "DRAM" and lv.instance_bytes > cap:
+            cap = lv.instance_bytes
+        h = 1.0 if footprint_bytes <= 0 else min(1.0, cap / footprint_bytes)
+        h = max(h, prev)
+        fr.append(h - prev)
+        prev = h
+    return fr
+
+
+@dataclass(frozen=True)
+class AnalyticalRates:
+    """Rates derived from the CPU description alone."""
+    cpu: Cpu
+    threads: int
+    row_bytes: int
+
+    @property
+    def name(self) -> str:
+        return f"analytical:{self.cpu.name}"
+
+    def levels(self) -> list[Level]:
+        return memory_levels(self.cpu, self.threads, self.row_bytes)
+
+    def row_time_s(self, footprint_bytes: float, shared: bool) -> float:
+        lv = self.levels()
+        return float(sum(h * l.row_time_s for h, l in zip(hit_fractions(lv, footprint_bytes, shared), lv)))
+
+    def stream_bytes_per_s(self, tensor_bytes: float) -> float:
+        for lv in self.levels():
+            if tensor_bytes / self.threads <= lv.share_bytes:
+                return lv.stream_bytes_per_s
+        return self.levels()[-1].stream_bytes_per_s
+
+    @property
+    def gemm_flops_per_s(self) -> float:
+        return self.cpu.peak_fp32_flops * min(self.threads, self.cpu.cores) / self.cpu.cores * ANALYTICAL_GEMM_EFFICIENCY
+
+    op_overhead_s: float = ANALYTICAL_OP_OVERHEAD_S
+    rng_s_per_element: float = ANALYTICAL_RNG_S_PER_ELEMENT
+    index_s_per_element: float = ANALYTICAL_INDEX_S_PER_ELEMENT
+
+    def fixed_step_s(self, tiled: bool, ops: int) -> float:
+        """Per-step fixed cost: torch ops counted in the kernels × dispatch overhead."""
+        return ops * self.op_overhead_s
+
+
+@dataclass(frozen=True)
+class ProfiledRates:
+    """Rates measured on this machine (see :mod:`paraplan.costmodels.cf_profile`).
+
+    The measured row-gather curve t(W) is for one table of W bytes shared by the profile's
+    threads; a private footprint F per thread is looked up at W = F·T. Rows of another size are
+    scaled by the ratio of cache lines.
+    """
+    profile: object
+    row_bytes: int
+
+    @property
+    def threads(self) -> int:
+        return self.profile.threads
+
+    @property
+    def name(self) -> str:
+        return f"profiled:{self.profile.host or 'local'}"
+
+    def row_time_s(self, footprint_bytes: float, shared: bool) -> float:
+        p = self.profile
+        w = footprint_bytes if shared else footprint_bytes * p.threads
+        ws = np.log(np.asarray(p.ws_bytes, float))
+        t = np.log(np.asarray(p.row_time_s, float))
+        # a gather over a working set is no slower than one over any larger set (suffix minimum;
+        # drops warm-up and noise outliers at the small end)
+        t = np.minimum.accumulate(t[::-1])[::-1]
+        scale = math.ceil(self.row_bytes / 64) / math.ceil(p.row_bytes / 64)
+        # the profile measured all threads gathering together; per-row thread time is ×T
+        return float(np.exp(np.interp(math.log(max(w, 1.0)), ws, t))) * scale * p.threads
+
+    def stream_bytes_per_s(self, tensor_bytes: float) -> float:
+        p = self.profile
+        return float(np.exp(np.interp(math.log(max(tensor_bytes, 1.0)), np.log(p.stream_sizes_bytes),
+                                      np.log(p.stream_bytes_per_s))))
+
+    @property
+    def gemm_flops_per_s(self) -> float:
+        return self.profile.flops_per_s
+
+    @property
+    def op_overhead_s(self) -> float:
+        return self.profile.op_overhead_s
+
+    @property
+    def rng_s_per_element(self) -> float:
+        return self.profile.rng_s_per_element
+
+    @property
+    def index_s_per_element(self) -> float:
+        return self.profile.index_s_per_element
+
+    def fixed_step_s(self, tiled: bool, ops: int) -> float:
+        """Measured per-step cost of the kernel at tiny sizes (dispatch, Python, allocation)."""
+        return self.profile.tiled_step_fixed_s if tiled else self.profile.baseline_step_fixed_s
+
+
+# ---------------------------------------------------------------- work per step
+
+@dataclass(frozen=True)
+class StepWork:
+    """What one step does: random row accesses (name, rows, footprint bytes, shared?), FLOPs,
+    streamed passes (name, bytes, tensor bytes), random numbers drawn, torch ops."""
+    reads: tuple
+    flops: float
+    passes: tuple
+    rng_elements: float
+    ops: int
+    index_elements: float = 0.0
+
+
+def tile_footprint_bytes(model: CFModel, tiling: Tiling) -> float:
+    """F = N1·(embedding row + gradient row) = N1·8d bytes (reference §3.2)."""
+    return 2.0 * tiling.tile_rows * model.row_bytes
+
+
+def refresh_fraction(model: CFModel, tiling: Tiling) -> float:
+    """Share of steps on which a thread's tile is redrawn: min(1, b/N2)."""
+    return min(1.0, model.per_thread_batch / tiling.refresh_iterations)
+
+
+def sampling_space(model: CFModel, tiling: Tiling) -> float:
+    """HEAT §4.2 negative sampling space per epoch: (M/N2)·N1."""
+    return model.iterations_per_epoch / tiling.refresh_iterations * tiling.tile_rows
+
+
+def step_work(model: CFModel, tiling: Tiling | None) -> StepWork:
+    """Work of one step of B iterations; ``tiling=None`` is the baseline kernel."""
+    B, n, d, h, T = model.batch, model.negatives, model.dim, model.history, model.threads
+    row = model.row_bytes
+    user_tab, item_tab = model.users * row, model.items * row
+    agg = model.uses_aggregation
+    reads = [("user rows", 2 * B, user_tab, True), ("positive rows", 2 * B, item_tab, True)]
+    if agg:
+        reads.append(("history rows", 2 * B * h, item_tab, True))
+    flops = 6.0 * B * d * d if agg else 0.0
+    passes = [("user vectors", PASSES_USER_VECTORS * 4.0 * B * d, 4.0 * B * d)]
+    if tiling is None:
+        reads.append(("negative rows", 2 * B * n, item_tab, True))
+        flops += 6.0 * B * n * d
+        passes.append(("B×n×d negative copy", BASELINE_PASSES_BND * 4.0 * B * n * d, 4.0 * B * n * d))
+        passes.append(("B×n scalars", PASSES_NEG_SCALARS * 4.0 * B * n, 4.0 * B * n))
+        dense = 4.0 * (model.users + model.items) * d
+        opt_passes = 4 if model.optimizer == "sgd" else 8
+        passes.append(("dense grads + optimizer", opt_passes * dense, dense))
+        return StepWork(tuple(reads), flops, tuple(passes), B * n, BASELINE_OPS_PER_STEP)
+    N1 = tiling.tile_rows
+    fr = refresh_fraction(model, tiling)
+    F = tile_footprint_bytes(model, tiling)
+    reads.append(("tile rows (resident)", T * N1 * (2 - fr), F, False))
+    reads.append(("tile rows (refresh)", T * N1 * fr, item_tab, True))
+    flops += 6.0 * B * N1 * d
+    passes.append(("tile normalize", TILED_PASSES_TILE * 4.0 * T * N1 * d, 4.0 * T * N1 * d))
+    passes.append(("B×N1 cosine block", TILED_PASSES_BLOCK * 4.0 * B * N1, 4.0 * B * N1))
+    passes.append(("B×n scalars", PASSES_NEG_SCALARS * 4.0 * B * n, 4.0 * B * n))
+    ops = TILED_OPS_PER_STEP + (8 if model.optimizer == "adam" else 0)
+    # the negatives' cosines: one gather and one scatter_add of B·n scalars through an index
+    return StepWork(tuple(reads), flops, tuple(passes), B * n + T * N1 * fr, ops, 2.0 * B * n)
+
+
+@dataclass(frozen=True)
+class StepTime:
+    seconds: float
+    breakdown: dict = field(hash=False)
+
+
+def step_time(model: CFModel, tiling: Tiling | None, rates) -> StepTime:
+    """Predicted seconds of one step: the sum at the top of this module, term by term."""
+    w = step_work(model, tiling)
+    T = model.threads
+    br = {}
+    for name, rows, foot, shared in w.reads:
+        br[name] = rows * rates.row_time_s(foot, shared) / T
+    br["compute (bmm/matmul)"] = w.flops / rates.gemm_flops_per_s
+    for name, nbytes, tensor in w.passes:
+        br[name] = nbytes / rates.stream_bytes_per_s(tensor)
+    br["random numbers"] = w.rng_elements * rates.rng_s_per_element
+    br["indexed scalars"] = w.index_elements * rates.index_s_per_element
+    br["fixed per-step overhead"] = rates.fixed_step_s(tiling is not None, w.ops)
+    return StepTime(float(sum(br.values())), br)
+
+
+@dataclass(frozen=True)
+class EpochEstimate:
+    seconds: float
+    step_seconds: float
+    steps: int
+    breakdown: dict = field(hash=False)
+
+
+def epoch_time(model: CFModel, tiling: Tiling | None, rates) -> EpochEstimate:
+    """Epoch time = ⌈M/B⌉ · t_step."""
+    st = step_time(model, tiling, rates)
+    steps = model.steps_per_epoch
+    return EpochEstimate(st.seconds * steps, st.seconds, steps, {k: v * steps for k, v in st.breakdown.items()})
+
+
+def bytes_per_iteration(model: CFModel) -> float:
+    """Reference §3.1 (from HEAT's matrix_factorization.cpp): rows of embedding and gradient read
+    and written for user, positive and n negatives, plus h history reads:
+    B_iter = 4d·(4(n + 2) + h) bytes if nothing hits in cache."""
+    return 4.0 * model.dim * (4 * (model.negatives + 2) + (model.history if model.uses_aggregation else 0))
+
+
+def flops_per_iteration(model: CFModel) -> float:
+    """Reference §3.1: d·(21n + 12) for CCL, plus 5d² + hd with the aggregation layer."""
+    d, n = model.dim, model.negatives
+    f = d * (21 * n + 12)
+    if model.uses_aggregation:
+        f += 5 * d * d + model.history * d
+    return float(f)
+
+
+def tile_level(cpu: Cpu, model: CFModel, tiling: Tiling) -> Level:
+    """The smallest level whose per-thread share holds the tile footprint (DRAM if none)."""
+    F = tile_footprint_bytes(model, tiling)
+    for lv in memory_levels(cpu, model.threads, model.row_bytes):
+        if F <= lv.share_bytes:
+            return lv
+    raise AssertionError("DRAM has infinite share")

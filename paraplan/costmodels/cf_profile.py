@@ -1,0 +1,235 @@
+"""Measure, on this CPU with torch, what the CF cost model needs; store and load it as JSON.
+
+Measured (each a median of a few repetitions, a few seconds in all):
+
+* row-gather time vs working-set size: ``index_select`` of random rows from a table of W bytes,
+  W from 16 KiB to ``max_ws_bytes`` (the curve that shows L1/L2/L3/DRAM);
+* achieved FLOP/s of the tiled kernel's ``bmm`` shape;
+* elementwise streaming bandwidth for a small (in-cache) and a large tensor;
+* the fixed cost of one small torch op (dispatch overhead) and of one random integer.
+
+The JSON file goes where the user says; the main project may later keep profiles in SQLite.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from paraplan.errors import ConfigError
+
+PROFILE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class CpuProfile:
+    """Measured rates of this machine at ``threads`` torch threads (SI units)."""
+    threads: int
+    row_bytes: int
+    ws_bytes: tuple
+    row_time_s: tuple
+    flops_per_s: float
+    stream_sizes_bytes: tuple
+    stream_bytes_per_s: tuple
+    op_overhead_s: float
+    rng_s_per_element: float
+    tiled_step_fixed_s: float
+    baseline_step_fixed_s: float
+    index_s_per_element: float
+    host: str = ""
+    version: int = PROFILE_VERSION
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+def _median_time(fn, reps: int) -> float:
+    fn()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return float(np.percentile(ts, 25))  # low quantile: robust to other processes on shared cores
+
+
+def measure(threads: int = 1, dim: int = 64, max_ws_bytes: int = 128 * 2**20, reps: int = 7,
+            seed: int = 0) -> CpuProfile:
+    """Profile this CPU with torch at ``threads`` threads; rows of 4·dim bytes."""
+    import torch
+    if threads < 1 or dim < 1 or max_ws_bytes < 2**16:
+        raise ConfigError("profile", f"threads {threads}, dim {dim}, max_ws_bytes {max_ws_bytes} out of range")
+    torch.set_num_threads(threads)
+    g = torch.Generator().manual_seed(seed)
+    row = 4 * dim
+    warm = torch.randn(1 << 20)
+    for _ in range(20):  # wake the thread pool and the clock before the first timing
+        warm.mul_(1.0)
+    ws_list, t_list = [], []
+    ws = 16 * 1024
+    n_idx = 1 << 15
+    while ws <= max_ws_bytes:
+        rows = max(ws // row, 1)
+        table = torch.randn(rows, dim)
+        idx = torch.randint(0, rows, (n_idx,), generator=g)
+        out = torch.empty(n_idx, dim)
+        t = _median_time(lambda: torch.index_select(table, 0, idx, out=out), reps)
+        ws_list.append(float(rows * row))
+        t_list.append(t / n_idx)
+        ws *= 4
+        del table
+    b, d, n1 = 256, dim, 512
+    A = torch.randn(threads, b, d)
+    Bm = torch.randn(threads, d, n1)
+    t = _median_time(lambda: torch.bmm(A, Bm), reps)
+    flops = 2.0 * threads * b * d * n1 / t
+    sizes, bws = [], []
+    for nbytes in (256 * 1024, 64 * 2**20):
+        x = torch.randn(nbytes // 4)
+        y = torch.randn(nbytes // 4)
+        z = torch.empty_like(x)
+        t = _median_time(lambda: torch.mul(x, y, out=z), reps)
+        sizes.append(float(nbytes))
+        bws.append(3.0 * nbytes / t)
+    one = torch.ones(4)
+    k = 2000
+
+    def tiny():
+        for _ in range(k):
+            torch.add(one, one)
+    op = _median_time(tiny, reps) / k
+    n_rng = 1 << 18
+    rng = (_median_time(lambda: torch.randint(0, 1 << 20, (n_rng,), generator=g), reps) - op) / n_rng
+    tiled_fixed, base_fixed = _fixed_step_costs(threads, reps)
+    # scalar gather + scatter_add through an index (the negatives' cosines), per element
+    S = torch.randn(threads, 256, 512)
+    ix = torch.randint(0, 512, (threads, 256, 128), generator=g)
+    src = torch.randn(threads, 256, 128)
+    tix = _median_time(lambda: (S.gather(2, ix), torch.zeros_like(S).scatter_add_(2, ix, src)), reps)
+    idx_el = max(tix - 2 * op - 4.0 * S.numel() / bws[0], 0.0) / (2 * ix.numel())
+    return CpuProfile(threads, row, tuple(ws_list), tuple(t_list), flops, tuple(sizes), tuple(bws), op,
+                      max(rng, 0.0), tiled_fixed, base_fixed, idx_el, host=platform.node())
+
+
+def _fixed_step_costs(threads: int, reps: int) -> tuple[float, float]:
+    """Seconds per step of the tiled and baseline kernels at tiny sizes (B = 8·T, n = 1, d = 8,
+    N1 = 8): the implementation's fixed cost (torch dispatch, Python, allocation) per step."""
+    import torch
+    from paraplan.validation.cf_kernels import (TileSampler, baseline_step, init_params,
+                                                make_baseline_optimizer, tiled_step)
+    from paraplan.workloads.cf import CFModel
+    m = CFModel(users=64, items=64, interactions=1024, dim=8, negatives=1, batch=8 * threads, threads=threads)
+    g = torch.Generator().manual_seed(0)
+    users = torch.randint(0, 64, (m.batch,), generator=g)
+    pos = torch.randint(0, 64, (m.batch,), generator=g)
+    steps = 100
+    p = init_params(m)
+    sampler = TileSampler(64, threads, 8, 8, m.per_thread_batch, g)
+
+    def tiled():
+        for _ in range(steps):
+            tiles, local = sampler.next(1)
+            tiled_step(p, users[torch.randperm(m.batch)], pos, None, tiles, local, m)
+    t_tiled = _median_time(tiled, max(3, reps // 2)) / steps
+    q = init_params(m)
+    opt = make_baseline_optimizer(q, m)
+
+    def base():
+        for _ in range(steps):
+            negs = torch.randint(0, 64, (m.batch, 1), generator=g)
+            baseline_step(q, opt, users[torch.randperm(m.batch)], pos, negs, None, m)
+    t_base = _median_time(base, max(3, reps // 2)) / steps
+    return t_tiled, t_base
+
+
+def save(profile: CpuProfile, path: str | Path) -> Path:
+    """Write atomically: a temp file in the same folder, then os.replace."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".profile-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(profile.to_json(), f, indent=1)
+    os.replace(tmp, path)
+    return path
+
+
+def load(path: str | Path) -> CpuProfile:
+    """Read a profile written by :func:`save`; ConfigError if missing or malformed."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise ConfigError("profile", f"cannot read {path}: {e.strerror or e}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError("profile", f"malformed JSON at line {e.lineno}", source=str(path)) from None
+    fields = CpuProfile.__dataclass_fields__
+    missing = [k for k in fields if k not in data and fields[k].default is fields[k].default_factory]
+    missing = [k for k in missing if k not in ("host", "version")]
+    if missing:
+        raise ConfigError("profile", f"missing fields {', '.join(missing)}", source=str(path))
+    if data.get("version") != PROFILE_VERSION:
+        raise ConfigError("profile", f"version {data.get('version')} is not {PROFILE_VERSION}; re-run cf profile",
+                          source=str(path))
+    vals = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in fields}
+    if len(vals["ws_bytes"]) != len(vals["row_time_s"]) or len(vals["ws_bytes"]) < 2:
+        raise ConfigError("profile", "ws_bytes and row_time_s must be equal-length lists of 2+ points",
+                          source=str(path))
+    return CpuProfile(**vals)
+
+
+def _cpu_count_in(lst: str) -> int:
+    n = 0
+    for part in lst.strip().split(","):
+        if not part:
+            continue
+        a, _, b = part.partition("-")
+        n += int(b or a) - int(a) + 1
+    return n
+
+
+def local_cpu(threads: int | None = None):
+    """A :class:`~paraplan.hardware.model.Cpu` for this machine from Linux sysfs (cache sizes, who
+    shares them, line size) and /proc/cpuinfo (clock). Latencies, per-cycle bandwidths and DRAM
+    figures are not exposed by the OS: typical values are used (estimates; the profiled rates
+    replace them in predictions)."""
+    from paraplan.hardware.model import CacheLevel, Cpu
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    typical = {1: (4, 64), 2: (14, 32), 3: (50, 16)}
+    caches = []
+    for idx in sorted(base.glob("index*")) if base.exists() else []:
+        try:
+            if (idx / "type").read_text().strip() == "Instruction":
+                continue
+            level = int((idx / "level").read_text())
+            size = (idx / "size").read_text().strip()
+            mult = {"K": 1024, "M": 2**20, "G": 2**30}.get(size[-1], 1)
+            size_b = int(size.rstrip("KMG")) * mult
+            shared = _cpu_count_in((idx / "shared_cpu_list").read_text())
+            line = int((idx / "coherency_line_size").read_text())
+        except (OSError, ValueError):
+            continue
+        lat, bw = typical.get(level, (80, 8))
+        caches.append(CacheLevel(level, size_b, max(shared, 1), lat, bw, line))
+    if not caches:
+        caches = [CacheLevel(1, 32 * 1024, 1, 4, 64), CacheLevel(2, 1 << 20, 1, 14, 32)]
+    freq = 2.5e9
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("cpu MHz"):
+                freq = float(line.split(":")[1]) * 1e6
+                break
+    except (OSError, ValueError):
+        pass
+    cores = os.cpu_count() or 1
+    return Cpu(name="local", vendor="local", model=platform.processor() or "this machine", cores=cores,
+               threads_per_core=1, frequency_hz=freq, simd_bits=256, fma_units_per_core=2,
+               caches=tuple(sorted(caches, key=lambda c: c.level)),
+               memory_bandwidth_bytes_per_s=20e9 * cores, memory_latency_s=100e-9, memory_channels=1,
+               sources={"caches": "Linux sysfs", "latencies": "typical values (estimate)"})

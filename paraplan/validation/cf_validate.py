@@ -1,0 +1,199 @@
+"""Prove a tile choice by running it: plan, sweep alternatives, compare measured with predicted.
+
+Steps: profile this CPU (or load a profile), plan (N1, N2) with the profiled rates, time one
+epoch of the chosen tiling and of a sweep of other tile sizes (each with the planner's best
+refresh interval for that size), train tiled and untiled (baseline kernel, uniform negatives)
+from the same initial parameters for a few epochs and compare recall@20 / NDCG@20 on the
+held-out split. Writes ``report.json`` (atomically) and a PNG figure when given a folder.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+
+from paraplan.costmodels import cf_profile
+from paraplan.costmodels.cf import AnalyticalRates, ProfiledRates, Tiling, epoch_time
+from paraplan.errors import ConfigError
+from paraplan.planner.cf_plan import plan_tiles
+from paraplan.workloads.cf import CFModel
+from paraplan.workloads.cf_data import CFData, synthetic
+
+
+@dataclass(frozen=True)
+class ValidateOptions:
+    users: int = 2000
+    items: int = 8000
+    interactions: int = 60000
+    dim: int = 64
+    negatives: int = 128
+    batch: int = 512
+    threads: int = 1
+    learning_rate: float = 40.0
+    margin: float = 0.4
+    negative_weight: float = 100.0
+    epochs: int = 3
+    sweep: int = 7
+    repeats: int = 3
+    seed: int = 0
+    cpu: str = "local"
+    profile_path: str | None = None
+    min_sampling_space: float | None = None
+
+
+def _time_epochs(params_fn, data, model, tilings, seed, repeats) -> list[float]:
+    """Best-of-``repeats`` epoch time per tiling; repeats go round-robin over the tilings so that
+    a burst of load from other processes does not land on one tiling only."""
+    from paraplan.validation.cf_kernels import train_epoch
+    best = [float("inf")] * len(tilings)
+    for r in range(repeats):
+        for k, til in enumerate(tilings):
+            p = params_fn()
+            train_epoch(p, data, model, tiling=til, seed=seed + 100 + r, max_steps=5)  # warm-up
+            best[k] = min(best[k], train_epoch(p, data, model, tiling=til, seed=seed + r).seconds)
+    return best
+
+
+def run_validate(opts: ValidateOptions, data: CFData | None = None, log=print) -> dict:
+    """Run the validation and return the report dictionary."""
+    import torch
+    from paraplan.validation.cf_kernels import evaluate, init_params, train_epoch
+    if opts.threads > (os.cpu_count() or 1):
+        raise ConfigError("threads", f"{opts.threads} exceeds this machine's {os.cpu_count()} CPUs")
+    if opts.epochs < 1 or opts.sweep < 1 or opts.repeats < 1:
+        raise ConfigError("epochs/sweep/repeats", "must be positive integers")
+    t_start = time.perf_counter()
+    data = data or synthetic(opts.users, opts.items, opts.interactions, seed=opts.seed)
+    model = CFModel(users=data.users, items=data.items, interactions=data.train_interactions, dim=opts.dim,
+                    negatives=opts.negatives, batch=opts.batch, threads=opts.threads,
+                    learning_rate=opts.learning_rate, margin=opts.margin, negative_weight=opts.negative_weight)
+    torch.set_num_threads(opts.threads)
+    if opts.profile_path and Path(opts.profile_path).exists():
+        prof = cf_profile.load(opts.profile_path)
+        if prof.threads != opts.threads:
+            raise ConfigError("profile", f"was measured at {prof.threads} threads, validate runs {opts.threads}")
+    else:
+        prof = cf_profile.measure(threads=opts.threads, dim=opts.dim)
+        if opts.profile_path:
+            cf_profile.save(prof, opts.profile_path)
+    if opts.cpu == "local":
+        cpu = cf_profile.local_cpu()
+        rates_for = lambda m: ProfiledRates(prof, m.row_bytes)  # noqa: E731
+    else:
+        from paraplan.hardware.catalog import load_part
+        cpu = load_part("cpus", opts.cpu)
+        rates_for = None
+    log(f"data {data.name}: {data.users} users, {data.items} items, {data.train_interactions} train")
+    plan = plan_tiles(model, cpu, rates_for=rates_for, min_sampling_space=opts.min_sampling_space)
+    chosen = plan.best
+    # sweep: the chosen tile plus, per other tile size, the planner's best refresh interval
+    per_n1 = {}
+    for c in plan.choices:
+        per_n1.setdefault(c.tile_rows, c)
+    sizes = sorted(per_n1)
+    others = [s for s in sizes if s != chosen.tile_rows]
+    pick = [others[int(i)] for i in np.unique(np.linspace(0, len(others) - 1, max(opts.sweep - 1, 0)).round())] \
+        if others and opts.sweep > 1 else []
+    sweep = [chosen] + [per_n1[s] for s in pick]
+    rates = rates_for(model) if rates_for else AnalyticalRates(cpu, model.threads, model.row_bytes)
+    init = lambda: init_params(model, opts.seed)  # noqa: E731
+    rows = []
+    sweep = sorted(sweep, key=lambda c: c.tile_rows)
+    measured = _time_epochs(init, data, model, [(c.tile_rows, c.refresh_iterations) for c in sweep],
+                            opts.seed, opts.repeats)
+    for c, meas in zip(sweep, measured):
+        til = (c.tile_rows, c.refresh_iterations)
+        pred = epoch_time(model, Tiling(*til), rates).seconds
+        rows.append({"tile_rows": c.tile_rows, "refresh_iterations": c.refresh_iterations,
+                     "measured_epoch_s": meas, "predicted_epoch_s": pred, "tile_level": c.tile_level,
+                     "chosen": c is chosen})
+        log(f"  tile N1={c.tile_rows:5d} N2={c.refresh_iterations:6d}  measured {meas:7.3f} s  predicted "
+            f"{pred:7.3f} s{'  <- chosen' if c is chosen else ''}")
+    best = min(rows, key=lambda r: r["measured_epoch_s"])
+    ch = next(r for r in rows if r["chosen"])
+    ranked = sorted(rows, key=lambda r: r["measured_epoch_s"])
+    mape = float(np.mean([abs(r["predicted_epoch_s"] - r["measured_epoch_s"]) / r["measured_epoch_s"] for r in rows]))
+    # quality: tiled (chosen) vs untiled baseline, same init, same epochs
+    quality = {}
+    times = {}
+    for label, til in (("tiled", (chosen.tile_rows, chosen.refresh_iterations)), ("untiled", None)):
+        p = init_params(model, opts.seed)
+        ts = [train_epoch(p, data, model, tiling=til, seed=opts.seed + e).seconds for e in range(opts.epochs)]
+        times[label] = ts
+        quality[label] = evaluate(p, data, model)
+        log(f"  {label:8s} epochs {', '.join(f'{t:.2f}' for t in ts)} s  recall@20 "
+            f"{quality[label]['recall_at_20']:.4f}  ndcg@20 {quality[label]['ndcg_at_20']:.4f}")
+    base_meas = min(times["untiled"])
+    tiled_meas = min(ch["measured_epoch_s"], min(times["tiled"]))
+    base_pred = epoch_time(model, None, rates).seconds
+    report = {
+        "cpu": opts.cpu, "rates": rates.name, "threads": model.threads,
+        "data": {"name": data.name, "users": data.users, "items": data.items,
+                 "train_interactions": data.train_interactions, "test_users": len(data.test)},
+        "model": {k: getattr(model, k) for k in ("dim", "negatives", "batch", "margin", "negative_weight",
+                                                  "optimizer", "learning_rate")},
+        "min_sampling_space": plan.min_sampling_space,
+        "chosen_tile": {"tile_rows": chosen.tile_rows, "refresh_iterations": chosen.refresh_iterations,
+                        "predicted_epoch_s": chosen.predicted_epoch_s, "tile_level": chosen.tile_level},
+        "best_measured_tile": {"tile_rows": best["tile_rows"], "refresh_iterations": best["refresh_iterations"],
+                               "measured_epoch_s": best["measured_epoch_s"]},
+        "chosen_measured_rank": ranked.index(ch) + 1,
+        "tiles_measured": len(rows),
+        "chosen_vs_best_time_ratio": ch["measured_epoch_s"] / best["measured_epoch_s"],
+        "epoch_time_mape": mape,
+        "sweep": rows,
+        "baseline_epoch_s_measured": base_meas,
+        "baseline_epoch_s_predicted": base_pred,
+        "tiled_epoch_s_measured": tiled_meas,
+        "speedup_vs_baseline": base_meas / tiled_meas,
+        "speedup_vs_baseline_predicted": base_pred / chosen.predicted_epoch_s,
+        "epochs_trained": opts.epochs,
+        "recall_at_20_tiled": quality["tiled"]["recall_at_20"],
+        "recall_at_20_untiled": quality["untiled"]["recall_at_20"],
+        "ndcg_at_20_tiled": quality["tiled"]["ndcg_at_20"],
+        "ndcg_at_20_untiled": quality["untiled"]["ndcg_at_20"],
+        "profile": prof.to_json(),
+        "wall_s": time.perf_counter() - t_start,
+    }
+    return report
+
+
+def write_report(report: dict, out_dir: str | Path) -> tuple[Path, Path]:
+    """Write DIR/report.json atomically and DIR/cf_tiles.png (predicted and measured vs N1)."""
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError("out", f"cannot create {out}: {e.strerror or e}") from None
+    fig_path = out / "cf_tiles.png"
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    rows = sorted(report["sweep"], key=lambda r: r["tile_rows"])
+    x = [r["tile_rows"] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(x, [r["measured_epoch_s"] for r in rows], "o-", label="measured")
+    ax.plot(x, [r["predicted_epoch_s"] for r in rows], "s--", label="predicted")
+    c = report["chosen_tile"]
+    ax.axvline(c["tile_rows"], color="gray", lw=0.8, ls=":", label=f"chosen N1={c['tile_rows']}")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("tile rows per thread N1 (N2 = planner's best for that N1)")
+    ax.set_ylabel("epoch time (s)")
+    ax.set_title(f"SimpleX tiled epoch time, MAPE {report['epoch_time_mape']:.0%}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(fig_path, dpi=100)
+    plt.close(fig)
+    report = dict(report, figure=fig_path.name)
+    fd, tmp = tempfile.mkstemp(dir=out, prefix=".report-", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(report, f, indent=1)
+    os.replace(tmp, out / "report.json")
+    return out / "report.json", fig_path
+
+
