@@ -202,5 +202,11 @@ def main(argv=None) -> int:
     return run_cf(args)
 
 
+
+def register(subparsers) -> None:
+    """Hook for the main ``paraplan`` parser."""
+    add_cf_parser(subparsers).set_defaults(func=run_cf)
+
+
 if __name__ == "__main__":
     sys.exit(main())
