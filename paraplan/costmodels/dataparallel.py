@@ -9,9 +9,10 @@ over N_d = dp·cp ranks (the replicas of a parameter):
   stage 3    every micro-batch: all-gather forward, all-gather backward, reduce-scatter (3Ψ)
 Overlap (bucketed, as Megatron's --overlap-grad-reduce, DeepSpeed overlap_comm and FSDP do;
 off with ``plan.overlap_grad_reduce = False``, as in Megatron-LM's 2020-21 "local" DDP):
-gradient reduction runs under the backward of the last micro-batch and only its excess is
-exposed; ZeRO-3's gathers are prefetched under each micro-batch's compute; the final parameter
-all-gather of stages 1-2 is exposed.
+gradient reduction runs under the backward of the last micro-batch, the parameter all-gather of
+stages 1-2 under the next step's first forward (Megatron --overlap-param-gather), ZeRO-3's
+gathers are prefetched under each micro-batch's compute; only the excess is exposed, and the
+hidden part slows the compute beneath it by OVERLAP_CONTENTION of its duration.
 """
 from __future__ import annotations
 
@@ -19,6 +20,18 @@ import numpy as np
 
 from paraplan.costmodels.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time, ranks_per_node
 from paraplan.costmodels.compute import BYTES
+
+# Share of an overlapped collective's duration that it costs the compute beneath it (NCCL kernels
+# occupy SMs and HBM bandwidth). calculon models the same effect as ``processor_usage``: 0.15 of
+# the processor while NVLink traffic runs, 0.02 for InfiniBand (calculon-ai/calculon @ caa4b11,
+# systems/a100_80g.json); 0.1 sits between them for collectives that use both tiers.
+OVERLAP_CONTENTION = 0.1
+
+
+def hidden_under(comm, window):
+    """Exposed part of a collective overlapped with ``window`` seconds of compute, plus the slowdown
+    its hidden part inflicts on that compute."""
+    return np.maximum(0.0, comm - window) + OVERLAP_CONTENTION * np.minimum(comm, window)
 
 
 def dp_group(plan, cluster):
@@ -36,12 +49,14 @@ def dp_exposed_time(params, plan, cluster, m, t_micro_fwd, t_micro_bwd):
     rs = collective_time(REDUCE_SCATTER, size, n, k, intra, inter)
     ag = collective_time(ALL_GATHER, size, n, k, intra, inter)
     z = np.asarray(plan.zero)
-    window = np.where(np.asarray(plan.overlap_grad_reduce, dtype=bool), t_micro_bwd, 0.0)
-    stage0 = np.maximum(0.0, ar - window)
-    stage1 = np.maximum(0.0, rs - window) + ag
-    stage2 = m * np.maximum(0.0, rs - window) + ag
+    overlap = np.asarray(plan.overlap_grad_reduce, dtype=bool)
+    bwd = np.where(overlap, t_micro_bwd, 0.0)
+    fwd = np.where(overlap, t_micro_fwd, 0.0)
+    stage0 = hidden_under(ar, bwd)
+    stage1 = hidden_under(rs, bwd) + hidden_under(ag, fwd)
+    stage2 = m * hidden_under(rs, bwd) + hidden_under(ag, fwd)
     per_micro3 = 2 * ag + rs
-    stage3 = m * np.maximum(0.0, per_micro3 - (t_micro_fwd + t_micro_bwd))
+    stage3 = m * hidden_under(per_micro3, t_micro_fwd + t_micro_bwd)
     exposed = np.where(z == 0, stage0, np.where(z == 1, stage1, np.where(z == 2, stage2, stage3)))
     total = np.where(z == 0, ar, np.where(z == 1, rs + ag, np.where(z == 2, m * rs + ag, m * per_micro3)))
     return np.where(n > 1, exposed, 0.0), np.where(n > 1, total, 0.0)
