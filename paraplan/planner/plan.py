@@ -15,6 +15,8 @@ RECOMPUTE = ("none", "selective", "full")
 OFFLOAD = ("none", "cpu", "nvme")
 DTYPES = ("bf16", "fp16")
 ZERO_STAGES = (0, 1, 2, 3)
+CP_MODES = ("ring", "ulysses")
+OPTIMIZERS = ("adam", "onebit-adam", "zero-one-adam", "onebit-lamb")
 
 
 @dataclass(frozen=True)
@@ -35,15 +37,21 @@ class Plan:
     dtype: str = "bf16"
     flash_attention: bool = True
     overlap_grad_reduce: bool = True
+    ep: int = 1
+    etp: int = 1
+    cp_mode: str = "ring"
+    optimizer: str = "adam"
+    delayed_update: bool = False
 
     def __post_init__(self):
-        for key in ("tp", "pp", "cp", "vpp", "micro_batch"):
+        for key in ("tp", "pp", "cp", "vpp", "micro_batch", "ep", "etp"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 raise ConfigError(key.replace("_", "-"), f"must be a positive integer, got {v!r}")
         if isinstance(self.dp, bool) or not isinstance(self.dp, int) or self.dp < 0:
             raise ConfigError("dp", f"must be a positive integer (or 0 for 'what is left'), got {self.dp!r}")
-        choices = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "offload": OFFLOAD, "dtype": DTYPES}
+        choices = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "offload": OFFLOAD, "dtype": DTYPES,
+                   "cp_mode": CP_MODES, "optimizer": OPTIMIZERS}
         for key, accepted in choices.items():
             if getattr(self, key) not in accepted:
                 raise ConfigError(key, f"unknown value {getattr(self, key)!r}", accepted=", ".join(accepted))
@@ -61,6 +69,14 @@ class Plan:
                               "ZeRO-2)", accepted="--zero 1, 2 or 3 with --offload cpu|nvme")
         if self.sp and self.tp == 1:
             raise ConfigError("sp", "Megatron sequence parallelism needs tp > 1")
+        if self.tp % self.etp:
+            raise ConfigError("etp", f"expert tensor parallelism etp({self.etp}) must divide tp({self.tp})")
+        if self.optimizer != "adam" and self.zero > 0:
+            raise ConfigError("optimizer", f"{self.optimizer} compresses the plain data-parallel all-reduce and "
+                              "does not combine with ZeRO (DeepSpeed)", accepted="--zero 0")
+        if self.delayed_update and self.offload != "cpu":
+            raise ConfigError("delayed_update", "the one-step delayed parameter update (ZeRO-Offload DPU) needs "
+                              "--offload cpu")
 
     # --- numeric codes for vectorized formulas ----------------------------------------------------
     @property
@@ -74,6 +90,14 @@ class Plan:
     @property
     def offload_code(self) -> int:
         return OFFLOAD.index(self.offload)
+
+    @property
+    def cp_mode_code(self) -> int:
+        return CP_MODES.index(self.cp_mode)
+
+    @property
+    def optimizer_code(self) -> int:
+        return OPTIMIZERS.index(self.optimizer)
 
     @property
     def model_parallel(self) -> int:
@@ -152,10 +176,22 @@ def check_plan(plan: Plan, model, job, cluster) -> Plan:
     if job.seq_len % shard:
         what = f"cp({c}) * tp({t})" if plan.sp else f"cp({c})"
         problems.append(f"seq_len({job.seq_len}) % {what} = {job.seq_len % shard}, must be 0")
-    if c > 1 and job.seq_len % (2 * c):
+    if c > 1 and plan.cp_mode == "ring" and job.seq_len % (2 * c):
         problems.append(f"seq_len({job.seq_len}) % (2 * cp({c})) must be 0 (load-balanced causal chunks)")
     if plan.dtype == "bf16" and "bf16" not in cluster.accelerator.peak_flops:
         problems.append(f"{cluster.accelerator.name} has no bf16 support; use --dtype fp16")
+    if plan.ep > 1:
+        if model.moe is None:
+            problems.append(f"ep({plan.ep}) needs a mixture-of-experts model; {model.name} is dense")
+        else:
+            if d % plan.ep:
+                problems.append(f"dp({d}) % ep({plan.ep}) = {d % plan.ep}, must be 0 (expert parallelism is "
+                                "carved from data parallelism)")
+            if model.moe.experts % plan.ep:
+                problems.append(f"experts({model.moe.experts}) % ep({plan.ep}) = {model.moe.experts % plan.ep}, "
+                                "must be 0")
+    if plan.cp_mode == "ulysses" and c > 1 and (model.heads // t) % c:
+        problems.append(f"Ulysses splits heads: heads/tp ({model.heads // t}) % cp({c}) must be 0")
     if problems:
         raise ConfigError("plan", "; ".join(problems))
     return plan

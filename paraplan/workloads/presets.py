@@ -10,11 +10,12 @@ import yaml
 
 from paraplan.errors import ConfigError, unknown_name
 from paraplan.hardware.catalog import _Fields, read_yaml
-from paraplan.workloads.transformer import ACTIVATIONS, TransformerModel
+from paraplan.workloads.transformer import ACTIVATIONS, MoESpec, TransformerModel
 
 MODELS_FILE = Path(__file__).parent / "catalog" / "models.yaml"
 MODEL_FILE_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation",
-                   "tied_embeddings", "norm", "bias", "learned_positions", "max_positions")
+                   "tied_embeddings", "norm", "bias", "learned_positions", "max_positions", "moe")
+MOE_KEYS = ("experts", "top_k", "expert_ffn_hidden", "shared_experts", "every", "first_dense", "capacity_factor")
 
 
 @functools.lru_cache(maxsize=1)
@@ -51,7 +52,9 @@ def model_from_mapping(data: Mapping[str, Any], source: str) -> TransformerModel
         raise ConfigError("activation", f"unknown activation {activation!r}", accepted=", ".join(ACTIVATIONS),
                           source=source)
     hidden = f.integer("hidden")
+    moe = moe_from_mapping(f.mapping("moe"), source) if f.has("moe") else None
     return TransformerModel(
+        moe=moe,
         name=f.string("name", Path(source).stem), layers=f.integer("layers"), hidden=hidden,
         heads=f.integer("heads"), vocab=f.integer("vocab"),
         kv_heads=f.integer("kv_heads") if f.has("kv_heads") else None,
@@ -60,6 +63,33 @@ def model_from_mapping(data: Mapping[str, Any], source: str) -> TransformerModel
         norm=f.string("norm", "layernorm"), bias=_bool(f, "bias", True),
         learned_positions=_bool(f, "learned_positions", False),
         max_positions=f.integer("max_positions", 0, positive=False))
+
+
+def moe_from_mapping(f: _Fields, source: str) -> MoESpec:
+    """The ``moe:`` block of a model file."""
+    unknown = sorted(set(f.data) - set(MOE_KEYS))
+    if unknown:
+        raise ConfigError(f"moe.{unknown[0]}", "unknown key", accepted=", ".join(MOE_KEYS), source=source)
+    cf = f.number("capacity_factor", None) if f.has("capacity_factor") else None
+    return MoESpec(experts=f.integer("experts"), top_k=f.integer("top_k", 1),
+                   expert_ffn_hidden=f.integer("expert_ffn_hidden"),
+                   shared_experts=f.integer("shared_experts", 0, positive=False), every=f.integer("every", 1),
+                   first_dense=f.integer("first_dense", 0, positive=False), capacity_factor=cf)
+
+
+def _hf_moe(data: Mapping[str, Any], source: str) -> MoESpec | None:
+    """MoE fields of Hugging Face configs (Mixtral: num_local_experts; DeepSeek/Qwen: n_routed_experts
+    or num_experts, moe_intermediate_size, n_shared_experts, first_k_dense_replace, moe_layer_freq)."""
+    experts = data.get("num_local_experts") or data.get("n_routed_experts") or data.get("num_experts")
+    if not experts:
+        return None
+    width = data.get("moe_intermediate_size") or data.get("intermediate_size")
+    if not width:
+        raise ConfigError("moe_intermediate_size", "an MoE config needs the expert width", source=source)
+    return MoESpec(experts=int(experts), top_k=int(data.get("num_experts_per_tok") or 1),
+                   expert_ffn_hidden=int(width), shared_experts=int(data.get("n_shared_experts") or 0),
+                   every=int(data.get("moe_layer_freq") or data.get("decoder_sparse_step") or 1),
+                   first_dense=int(data.get("first_k_dense_replace") or 0))
 
 
 # Hugging Face activation names: gated (GLU) families use three MLP matrices.
@@ -86,7 +116,8 @@ def model_from_hf_config(data: Mapping[str, Any], source: str) -> TransformerMod
         norm="rmsnorm" if llama_like else "layernorm",
         bias=bool(data.get("attention_bias", not llama_like)),
         learned_positions=data.get("model_type") in ("gpt2", "opt", "gpt_neo"),
-        max_positions=int(data.get("max_position_embeddings") or data.get("n_positions") or 0))
+        max_positions=int(data.get("max_position_embeddings") or data.get("n_positions") or 0),
+        moe=_hf_moe(data, source))
 
 
 def load_model(spec: str) -> TransformerModel:

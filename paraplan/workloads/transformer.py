@@ -19,6 +19,36 @@ ACTIVATIONS = ("gelu", "swiglu", "relu")
 
 
 @dataclass(frozen=True)
+class MoESpec:
+    """Mixture-of-Experts MLPs: ``experts`` routed experts of width ``expert_ffn_hidden``, each token
+    sent to ``top_k`` of them, plus ``shared_experts`` every token uses. An MoE layer replaces the MLP
+    of every ``every``-th layer after ``first_dense`` dense layers (DeepSpeed-MoE uses every other
+    layer; DeepSeek-V3 keeps its first three dense). ``capacity_factor`` pads each expert's tokens to
+    capacity_factor x the balanced share; None means dropless."""
+    experts: int
+    top_k: int
+    expert_ffn_hidden: int
+    shared_experts: int = 0
+    every: int = 1
+    first_dense: int = 0
+    capacity_factor: float | None = None
+
+    def __post_init__(self):
+        for key in ("experts", "top_k", "expert_ffn_hidden", "every"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ConfigError(f"moe.{key}", f"must be a positive integer, got {v!r}")
+        for key in ("shared_experts", "first_dense"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(f"moe.{key}", f"must be a non-negative integer, got {v!r}")
+        if self.top_k > self.experts:
+            raise ConfigError("moe.top_k", f"top_k ({self.top_k}) exceeds experts ({self.experts})")
+        if self.capacity_factor is not None and self.capacity_factor < 1:
+            raise ConfigError("moe.capacity_factor", f"must be >= 1 (or absent for dropless), got {self.capacity_factor}")
+
+
+@dataclass(frozen=True)
 class TransformerModel:
     """Shape of a decoder-only transformer. ``ffn_hidden`` is the MLP's inner width."""
     name: str
@@ -34,6 +64,7 @@ class TransformerModel:
     bias: bool = True
     learned_positions: bool = False
     max_positions: int = 0
+    moe: MoESpec | None = None
 
     def __post_init__(self):
         for key in ("layers", "hidden", "heads", "vocab"):
@@ -96,7 +127,42 @@ class TransformerModel:
 
     @property
     def params_per_layer(self) -> int:
+        """Parameters of a dense layer."""
         return self.attention_params_per_layer + self.mlp_params_per_layer + self.norm_params_per_layer
+
+    # --- mixture of experts -------------------------------------------------------------------------
+    @property
+    def moe_layers(self) -> int:
+        """Layers whose MLP is a mixture of experts (0 for a dense model)."""
+        if self.moe is None:
+            return 0
+        return max(0, self.layers - self.moe.first_dense) // self.moe.every
+
+    @property
+    def dense_layers(self) -> int:
+        return self.layers - self.moe_layers
+
+    @property
+    def expert_mlp_params(self) -> int:
+        """One expert's MLP weights (and biases)."""
+        h, f = self.hidden, self.moe.expert_ffn_hidden
+        return self.mlp_matrices * h * f + ((f * (self.mlp_matrices - 1) + h) if self.bias else 0)
+
+    @property
+    def router_params(self) -> int:
+        return self.hidden * self.moe.experts if self.moe else 0
+
+    @property
+    def routed_expert_params_per_moe_layer(self) -> int:
+        return self.moe.experts * self.expert_mlp_params if self.moe else 0
+
+    @property
+    def params_per_moe_layer(self) -> int:
+        """Attention, norms, router, routed and shared experts of one MoE layer."""
+        if not self.moe:
+            return 0
+        return (self.attention_params_per_layer + self.norm_params_per_layer + self.router_params
+                + (self.moe.experts + self.moe.shared_experts) * self.expert_mlp_params)
 
     @property
     def embedding_params(self) -> int:
@@ -111,13 +177,31 @@ class TransformerModel:
 
     @property
     def num_params(self) -> int:
-        return self.layers * self.params_per_layer + self.embedding_params + self.lm_head_params
+        return (self.dense_layers * self.params_per_layer + self.moe_layers * self.params_per_moe_layer
+                + self.embedding_params + self.lm_head_params)
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token passes through (top-k and shared experts only)."""
+        if not self.moe:
+            return self.num_params
+        moe_active = (self.attention_params_per_layer + self.norm_params_per_layer + self.router_params
+                      + (self.moe.top_k + self.moe.shared_experts) * self.expert_mlp_params)
+        return (self.dense_layers * self.params_per_layer + self.moe_layers * moe_active
+                + self.embedding_params + self.lm_head_params)
 
     # --- FLOPs ------------------------------------------------------------------------------------
-    def matmul_flops_per_token_per_layer(self) -> int:
-        """Forward FLOPs per token of one layer's weight GEMMs: 2 · (weights in GEMMs)."""
+    def matmul_flops_per_token_per_layer(self) -> float:
+        """Forward FLOPs per token of a layer's weight GEMMs, 2 · (weights a token meets), averaged
+        over dense and MoE layers (an MoE layer counts its router, top-k and shared experts)."""
         h, hkv, f = self.hidden, self.kv_hidden, self.ffn_hidden
-        return 2 * (h * (h + 2 * hkv) + h * h + self.mlp_matrices * h * f)
+        attention = h * (h + 2 * hkv) + h * h
+        dense = 2 * (attention + self.mlp_matrices * h * f)
+        if not self.moe:
+            return dense
+        e = self.moe
+        moe = 2 * (attention + h * e.experts + (e.top_k + e.shared_experts) * self.mlp_matrices * h * e.expert_ffn_hidden)
+        return (self.dense_layers * dense + self.moe_layers * moe) / self.layers
 
     def attention_flops_per_token_per_layer(self, seq_len: int, causal_halved: bool = False) -> float:
         """Forward FLOPs per token of QKᵀ and PV: 2 · 2 · s · h (halved if causal masking is counted)."""
@@ -139,22 +223,33 @@ class TransformerModel:
 
     def describe(self) -> str:
         kv = f", kv_heads {self.kv_heads}" if self.kv_heads != self.heads else ""
+        moe = ""
+        if self.moe:
+            e = self.moe
+            moe = (f", MoE {e.experts}x{e.expert_ffn_hidden} top-{e.top_k}"
+                   f"{f' +{e.shared_experts} shared' if e.shared_experts else ''} in {self.moe_layers} layers, "
+                   f"{self.active_params / 1e9:.2f}B active")
         return (f"{self.name}: {self.num_params / 1e9:.2f}B params, {self.layers} layers, hidden {self.hidden}, "
                 f"{self.heads} heads{kv}, ffn {self.ffn_hidden} ({self.activation}), vocab {self.vocab}"
-                f"{', tied' if self.tied_embeddings else ''}")
+                f"{', tied' if self.tied_embeddings else ''}{moe}")
 
 
 @dataclass(frozen=True)
 class TrainingJob:
-    """What one optimizer step processes: sequence length and global batch (in sequences)."""
+    """What one optimizer step processes: sequence length and global batch (in sequences).
+    ``moe_imbalance`` is the busiest expert's tokens over the balanced share (1.0 = balanced)."""
     seq_len: int
     global_batch: int
+    moe_imbalance: float = 1.0
 
     def __post_init__(self):
         for key in ("seq_len", "global_batch"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ConfigError(key.replace("_", "-"), f"must be a positive integer, got {v!r}")
+        if not isinstance(self.moe_imbalance, (int, float)) or self.moe_imbalance < 1:
+            raise ConfigError("moe-imbalance", f"must be >= 1.0 (1.0 = perfectly balanced experts), "
+                              f"got {self.moe_imbalance!r}")
 
     @property
     def tokens_per_step(self) -> int:
