@@ -130,7 +130,7 @@ def plot_breakdown(measured: dict, predicted: dict | None, path: str) -> None:
 
 def build_report(plan: dict, results: list[dict], out_dir: str, *,
                  predicted: dict | None = None, reference_check: dict | None = None,
-                 model: dict | None = None) -> dict:
+                 model: dict | None = None, extra: dict | None = None) -> dict:
     """Write ``report.json``, ``report.txt`` and ``breakdown.png`` into ``out_dir``.
 
     Parameters
@@ -143,6 +143,8 @@ def build_report(plan: dict, results: list[dict], out_dir: str, *,
         ``{"step_time_s", "memory_bytes_per_rank", "time_breakdown_s": {term: s}}``.
     reference_check : dict or None
         From :func:`paraplan.validation.reference.compare_to_reference`.
+    extra : dict or None
+        More top-level keys (e.g. the machine fingerprint).
 
     Returns
     -------
@@ -169,6 +171,7 @@ def build_report(plan: dict, results: list[dict], out_dir: str, *,
         else reference_check["matches"],
         "reference_check": reference_check,
         "losses": next((r["losses"] for r in results if r["is_last_stage"]), None),
+        **(extra or {}),
     }
     os.makedirs(out_dir, exist_ok=True)
     _atomic_write_text(os.path.join(out_dir, "report.json"),
