@@ -82,7 +82,16 @@ def run_torchrun(opts: LaunchOptions, module: str, args: list[str], log_path: st
     if rc != 0:
         with open(log_path, errors="replace") as f:
             lines = [ln.rstrip() for ln in f if "USDT:" not in ln and "Warning" not in ln]
-        raise WorkerFailed(rc, cmd, "\n".join(lines[-25:]))
+        raise WorkerFailed(rc, cmd, "\n".join(_worker_tail(lines)))
+
+
+def _worker_tail(lines: list[str], n: int = 15) -> list[str]:
+    """The workers' own last lines (torchrun prefixes them ``[rankN]:``), else the log's end."""
+    ranked = [ln for ln in lines if ln.startswith("[rank")]
+    if not ranked:
+        return lines[-25:]
+    first = ranked[0].split("]", 1)[0]  # one rank's traceback is enough
+    return [ln for ln in ranked if ln.startswith(first)][-n:]
 
 
 def launch_worker(spec: dict, out_dir: str, opts: LaunchOptions) -> list[dict]:
@@ -114,6 +123,33 @@ def launch_worker(spec: dict, out_dir: str, opts: LaunchOptions) -> list[dict]:
     finally:
         os.remove(spec_path)
     return gather_results(out_dir)
+
+
+def launch_worker_batch(specs: list[dict], out_dir: str, opts: LaunchOptions) -> dict:
+    """Run several plans of the same world size in one torchrun launch (saves start-up time).
+
+    ``specs`` are single-run specs each with a unique ``name``; returns name -> rank results,
+    each run's files under ``out_dir/<name>``.
+    """
+    from paraplan.validation.worker import RunPlan
+    names = [s.get("name") for s in specs]
+    if None in names or len(set(names)) != len(names):
+        raise ConfigError("specs", "every spec needs a unique 'name'")
+    for s in specs:
+        plan = RunPlan.from_dict(dict(s.get("plan", {})))
+        if plan.world_size != opts.world_size:
+            raise ConfigError(f"specs[{s['name']}].plan", f"world size {plan.world_size} != "
+                              f"{opts.world_size} processes")
+    os.makedirs(out_dir, exist_ok=True)
+    fd, spec_path = tempfile.mkstemp(prefix="spec-", suffix=".json", dir=out_dir)
+    with os.fdopen(fd, "w") as f:
+        json.dump({"runs": specs}, f)
+    try:
+        run_torchrun(opts, WORKER_MODULE, [spec_path, "--out", out_dir],
+                     os.path.join(out_dir, "torchrun.log"))
+    finally:
+        os.remove(spec_path)
+    return {n: gather_results(os.path.join(out_dir, n)) for n in names}
 
 
 def gather_results(out_dir: str) -> list[dict]:

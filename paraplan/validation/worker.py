@@ -262,20 +262,9 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
     return result
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("spec", help="JSON file with model, plan and dump_grads")
-    ap.add_argument("--out", required=True, help="directory for rank<N>.json")
-    args = ap.parse_args(argv)
-    with open(args.spec) as f:
-        spec = json.load(f)
+def _run_one(spec: dict, out_dir: str, cuda: bool, local_rank: int) -> None:
     cfg = GPTConfig(**spec.get("model", {}))
     plan = RunPlan.from_dict(spec.get("plan", {}))
-    cuda = torch.cuda.is_available()
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if cuda:
-        torch.cuda.set_device(local_rank)
-    dist.init_process_group("nccl" if cuda else "gloo")
     if dist.get_world_size() != plan.world_size:
         raise ConfigError("nproc", f"world size {dist.get_world_size()} != tp({plan.tp}) * "
                           f"pp({plan.pp}) * dp({plan.dp}) = {plan.world_size}")
@@ -284,16 +273,44 @@ def main(argv=None) -> int:
     groups = make_groups(plan, "cuda" if cuda else "cpu")
     result = run_training(cfg, plan, groups, device, bool(spec.get("dump_grads")))
     grads = result.pop("grads", None)
-    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(out_dir, exist_ok=True)
     r = groups.rank
     if grads is not None and groups.tp_rank == 0 and groups.dp_rank == 0:
-        torch.save({k: v.cpu() for k, v in grads.items()}, os.path.join(args.out, f"grads_rank{r}.pt"))
-    tmp = os.path.join(args.out, f".rank{r}.json.tmp")
+        torch.save({k: v.cpu() for k, v in grads.items()},
+                   os.path.join(out_dir, f"grads_rank{r}.pt"))
+    tmp = os.path.join(out_dir, f".rank{r}.json.tmp")
     with open(tmp, "w") as f:
         json.dump(result, f, indent=1)
-    os.replace(tmp, os.path.join(args.out, f"rank{r}.json"))
+    os.replace(tmp, os.path.join(out_dir, f"rank{r}.json"))
     dist.barrier()
-    dist.destroy_process_group()
+
+
+def main(argv=None) -> int:
+    """torchrun entry: ``worker SPEC.json --out DIR``.
+
+    SPEC is one run (``{"model", "plan", "dump_grads"}``) written to DIR, or
+    ``{"runs": [{"name", "model", "plan", "dump_grads"}, ...]}``: several plans of the same
+    world size in one launch, each written to DIR/<name>.
+    """
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("spec", help="JSON file with model, plan and dump_grads (or runs)")
+    ap.add_argument("--out", required=True, help="directory for rank<N>.json")
+    args = ap.parse_args(argv)
+    with open(args.spec) as f:
+        spec = json.load(f)
+    cuda = torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        if "runs" in spec:
+            for run in spec["runs"]:
+                _run_one(run, os.path.join(args.out, run["name"]), cuda, local_rank)
+        else:
+            _run_one(spec, args.out, cuda, local_rank)
+    finally:
+        dist.destroy_process_group()
     return 0
 
 
