@@ -27,7 +27,7 @@ from paraplan.validation import comm
 from paraplan.validation.apply_pp import PipelineRunner, interleaved_1f1b, stage_layers
 from paraplan.validation.apply_tp import make_tp_context, sync_sequence_parallel_grads
 from paraplan.validation.apply_zero import (ZERO_STAGES, FsdpOptimizer, ZeroOptimizer,
-                                            apply_fsdp)
+                                            apply_fsdp, optimizer_state_bytes)
 from paraplan.validation.memory import SavedActivationCounter
 from paraplan.validation.model import (RECOMPUTE_CHOICES, GPTConfig, Stage, param_specs,
                                        synthetic_batch)
@@ -209,6 +209,10 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
         dp_before_step = comm.TIMERS.get("dp_comm", 0.0)
         t3 = time.perf_counter()
         opt.step()
+        if record and "optimizer_states_after_step" not in memory:
+            # AdamW creates its states lazily in the first step: count them after it
+            memory["optimizer_states"] = optimizer_state_bytes(opt.opt)
+            memory["optimizer_states_after_step"] = True
         opt.zero_grad()
         if cuda:
             torch.cuda.synchronize()
@@ -243,6 +247,7 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
             one_step(plan.warmup + plan.steps, record=False)
         losses[:] = keep
         ops = _op_times(prof)
+    memory.pop("optimizer_states_after_step", None)
     memory["activations_peak"] = counter.peak_bytes
     memory["total"] = sum(memory.values())
     mean_bd = {k: sum(b[k] for b in breakdowns) / len(breakdowns) for k in breakdowns[0]}
