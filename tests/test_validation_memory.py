@@ -77,3 +77,13 @@ def test_bad_plans_raise_config_errors():
         stage_layers(4, 3)
     with pytest.raises(ConfigError, match="interleaved"):
         interleaved_1f1b(0, 2, 3, 2)
+
+
+def test_torchrun_command_passes_multinode_flags():
+    from paraplan.validation.launch import LaunchOptions, torchrun_command
+    cmd = torchrun_command(LaunchOptions(nproc_per_node=8, nnodes=2, node_rank=1,
+                                         rdzv_endpoint="node0:29500"), "m", ["a"])
+    assert "--nproc-per-node=8" in cmd and "--nnodes=2" in cmd and "--node-rank=1" in cmd
+    assert "--rdzv-endpoint=node0:29500" in cmd and cmd[-3:] == ["-m", "m", "a"]
+    with pytest.raises(ConfigError, match="rdzv"):
+        LaunchOptions(nproc_per_node=8, nnodes=2)

@@ -61,7 +61,7 @@ def add_profile_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small grid (about a minute or less)")
     p.add_argument("--db", default=None, help="SQLite file (default ~/.cache/paraplan/profiles.sqlite)")
     p.add_argument("--world-sizes", type=int, nargs="+", default=None,
-                   help="collective world sizes (default 2 quick, 2 4 full)")
+                   help="collective world sizes (default 2 4)")
     p.add_argument("--no-collectives", action="store_true", help="skip the torchrun part")
     p.set_defaults(func=run_profile)
     return p

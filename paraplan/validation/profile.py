@@ -41,8 +41,8 @@ class ProfileOptions:
     gemm_dtypes: tuple = ("float32", "bfloat16")
     sdpa_shapes: tuple = ((1, 8, 256, 64), (4, 8, 512, 64))  # (batch, heads, seq, head_dim)
     copy_bytes: int = 64 << 20
-    world_sizes: tuple = (2,)
-    collective_bytes: tuple = (4 << 10, 64 << 10, 1 << 20)
+    world_sizes: tuple = (2, 4)
+    collective_bytes: tuple = (4 << 10, 64 << 10, 1 << 20, 4 << 20)
     min_time_s: float = 0.15
     mode: str = "quick"
 

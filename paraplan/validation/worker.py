@@ -8,6 +8,18 @@ step's gradients (unsharded over tp and dp) are saved to ``grads_rank<N>.pt`` by
 tp_rank = dp_rank = 0, so a test can compare them with a single-process run.
 
 :func:`run_training` with ``groups=None`` is that single-process reference run.
+
+Time breakdown per step (seconds, wall clock of the rank): ``tp_comm`` tp/SP collectives
+(forward, backward and the SP LayerNorm-gradient all-reduce), ``pp_comm`` time blocked in
+pipeline receives plus the final wait on sends (so it contains the pipeline bubble),
+``dp_comm`` gradient all-reduce / reduce-scatter and the ZeRO parameter all-gather (FSDP2's
+own collectives under ZeRO-3 are inside ``compute``), ``optimizer`` the AdamW update,
+``compute`` the rest of forward+backward, ``other`` what remains of the step.
+
+Memory per rank (bytes): ``parameters``, ``gradients`` (held after the dp sync),
+``optimizer_states`` (after the first step creates them) and ``activations_peak`` (peak of
+live tensors saved for backward, see :mod:`paraplan.validation.memory`); on CUDA also
+``torch.cuda.max_memory_allocated``.
 """
 from __future__ import annotations
 
