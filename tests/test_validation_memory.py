@@ -19,7 +19,7 @@ def test_full_recompute_saves_fewer_activation_bytes_than_none():
     none, sel, full = (_mem(r) for r in ("none", "selective", "full"))
     a = {k: r["memory_bytes"]["activations_peak"] for k, r in
          (("none", none), ("selective", sel), ("full", full))}
-    assert a["full"] < a["selective"] <= a["none"]
+    assert a["full"] < a["selective"] < a["none"]  # math attention: selective drops s^2 terms
     assert a["full"] < 0.5 * a["none"]
     # recomputation changes memory, never the numbers
     assert none["losses"] == full["losses"] == sel["losses"]

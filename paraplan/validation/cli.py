@@ -43,6 +43,8 @@ def add_validate_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--seq-len", type=int, default=32)
     g.add_argument("--vocab", type=int, default=256)
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--attention", default="math", choices=["math", "sdpa"],
+                   help="materialised softmax (default) or fused SDPA")
     g = p.add_argument_group("report")
     g.add_argument("--predicted", default=None, help="JSON file with step_time_s, "
                    "memory_bytes_per_rank, time_breakdown_s")
@@ -106,7 +108,8 @@ def run_validate(args) -> int:
                                                reference_run)
     from paraplan.validation.store import machine_fingerprint
     cfg = GPTConfig(vocab_size=args.vocab, seq_len=args.seq_len, hidden=args.hidden,
-                    heads=args.heads, layers=args.layers, seed=args.seed)
+                    heads=args.heads, layers=args.layers, seed=args.seed,
+                    attention=args.attention)
     plan, opts = _plan_and_launch(args)
     predicted = None
     if args.predicted:

@@ -40,11 +40,16 @@ class GPTConfig:
     layers: int = 4
     mlp_ratio: int = 4
     seed: int = 0
+    attention: str = "math"  # "math": softmax(QK^T)V materialised (as in Korthikanti et al.
+    #                          2022's activation count); "sdpa": fused scaled_dot_product_attention
 
     def __post_init__(self):
         for name in ("vocab_size", "seq_len", "hidden", "heads", "layers", "mlp_ratio"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"model.{name}", f"must be >= 1, got {getattr(self, name)}")
+        if self.attention not in ("math", "sdpa"):
+            raise ConfigError("model.attention", f"unknown value {self.attention!r}",
+                              accepted="math, sdpa")
         if self.hidden % self.heads:
             raise ConfigError("model.hidden", f"hidden({self.hidden}) is not divisible by "
                               f"heads({self.heads})")
@@ -168,7 +173,12 @@ class Block(nn.Module):
         return comm.reduce_from_tp(y, ctx.tp_group)
 
     def _core_attention(self, q, k, v):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        if self.cfg.attention == "sdpa":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        s = q.shape[-2]
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+        mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+        return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
 
     def _attention(self, x):
         a = self.attn
