@@ -1,0 +1,15 @@
+"""Validation harness: run a plan on real torch under torchrun and compare with the estimate.
+
+Entry points
+------------
+* :func:`paraplan.validation.launch.launch_worker` / ``launch_worker_batch`` -- run plans
+  (:class:`paraplan.validation.worker.RunPlan`) on a GPT-style model
+  (:class:`paraplan.validation.model.GPTConfig`) under torchrun, return per-rank results.
+* :func:`paraplan.validation.reference.compare_to_reference` -- loss/gradient agreement with
+  the single-process run (:func:`~paraplan.validation.reference.reference_run`).
+* :func:`paraplan.validation.compare.build_report` -- report.json, table and figure, with the
+  prediction passed in as a plain dict.
+* :func:`paraplan.validation.profile.run_profile` and ``measured_tables`` -- micro-benchmarks
+  into the SQLite store (:class:`paraplan.validation.store.ProfileStore`) and back out.
+* :mod:`paraplan.validation.cli` -- ``paraplan validate`` / ``paraplan profile``.
+"""

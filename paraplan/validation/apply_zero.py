@@ -1,0 +1,213 @@
+"""Data parallelism with ZeRO sharding (Rajbhandari et al. 2020, "ZeRO", sec. 5).
+
+* stage 0: plain DP, gradients all-reduced (averaged) over dp, every rank runs AdamW on all
+  of its parameters.
+* stage 1 (P_os): parameters live in one flat buffer; gradients are all-reduced, each dp rank
+  keeps AdamW states for its 1/dp slice only, updates that slice and all-gathers the buffer.
+* stage 2 (P_os+g): as stage 1 but gradients are reduce-scattered, so a rank holds only its
+  gradient slice after the sync.
+* stage 3 (P_os+g+p): parameters sharded too, via FSDP2 ``fully_shard`` per block (parameters
+  all-gathered before each block's forward and backward, gradients reduce-scattered).
+
+Memory accounting reports bytes held by this rank: parameters, gradients after the
+data-parallel sync (full gradients that exist transiently during backward under stage 2 are
+not counted) and optimizer states.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from paraplan.errors import ConfigError
+from paraplan.validation import comm
+
+ZERO_STAGES = (0, 1, 2, 3)
+
+
+def local_nbytes(t) -> int:
+    """Bytes of the local part of a tensor (DTensor-aware)."""
+    if t is None:
+        return 0
+    if hasattr(t, "to_local"):
+        t = t.to_local()
+    return t.numel() * t.element_size()
+
+
+def make_adamw(params, lr: float = 1e-3, weight_decay: float = 0.01):
+    """The one AdamW configuration used by both the reference and the parallel runs."""
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), eps=1e-8,
+                             weight_decay=weight_decay, foreach=False)
+
+
+class ZeroOptimizer:
+    """Gradient sync over ``dp_group`` plus AdamW for ZeRO stages 0, 1 and 2.
+
+    Parameters
+    ----------
+    named_params : list of (str, Parameter)
+        This rank's parameters (tp shards of this pipeline stage) in a fixed order.
+    dp_group : ProcessGroup or None
+    stage : int
+        0, 1 or 2 (stage 3 uses :func:`apply_fsdp` and a plain AdamW).
+    """
+
+    def __init__(self, named_params, dp_group, stage: int, lr: float = 1e-3,
+                 weight_decay: float = 0.01):
+        if stage not in (0, 1, 2):
+            raise ConfigError("zero", f"ZeroOptimizer handles stages 0-2, got {stage}",
+                              accepted="0, 1, 2")
+        self.named = list(named_params)
+        self.params = [p for _, p in self.named]
+        self.group = dp_group
+        self.dp = 1 if dp_group is None else dist.get_world_size(dp_group)
+        self.rank = 0 if dp_group is None else dist.get_rank(dp_group)
+        self.stage = stage
+        self.grad_shard = None
+        if stage == 0:
+            self.opt = make_adamw(self.params, lr, weight_decay)
+            return
+        numel = sum(p.numel() for p in self.params)
+        self.shard_numel = -(-numel // self.dp)
+        dtype = self.params[0].dtype
+        self.flat = torch.zeros(self.shard_numel * self.dp, dtype=dtype,
+                                device=self.params[0].device)
+        off = 0
+        for p in self.params:  # params become views into the flat buffer (no copy kept)
+            n = p.numel()
+            self.flat[off:off + n].copy_(p.data.reshape(-1))
+            p.data = self.flat[off:off + n].view_as(p)
+            off += n
+        self.numel = numel
+        lo = self.rank * self.shard_numel
+        self.shard = nn.Parameter(self.flat[lo:lo + self.shard_numel])
+        self.opt = make_adamw([self.shard], lr, weight_decay)
+
+    def _flat_grad(self) -> torch.Tensor:
+        g = torch.zeros_like(self.flat) if self.stage else None
+        if g is None:
+            return torch.cat([p.grad.reshape(-1) for p in self.params])
+        off = 0
+        for p in self.params:
+            g[off:off + p.numel()].copy_(p.grad.reshape(-1))
+            off += p.numel()
+        return g
+
+    def sync_grads(self) -> None:
+        """Average gradients over dp: all-reduce (stages 0, 1) or reduce-scatter (stage 2)."""
+        flat = self._flat_grad()
+        lo = self.rank * getattr(self, "shard_numel", 0)
+        with comm.timed("dp_comm"):
+            if self.stage == 2 and self.dp > 1:
+                out = torch.empty(self.shard_numel, dtype=flat.dtype, device=flat.device)
+                dist.reduce_scatter_tensor(out, flat, group=self.group)
+                flat = None
+            elif self.dp > 1:
+                dist.all_reduce(flat, group=self.group)
+                out = flat
+            else:
+                out = flat
+        if self.dp > 1:
+            out.div_(self.dp)
+        if self.stage == 0:
+            off = 0
+            for p in self.params:
+                p.grad.copy_(out[off:off + p.numel()].view_as(p))
+                off += p.numel()
+            return
+        if self.stage == 2 and self.dp > 1:
+            self.grad_shard = out
+        else:
+            self.grad_shard = out[lo:lo + self.shard_numel].clone()
+        if self.stage == 2:
+            for p in self.params:  # only the slice is kept
+                p.grad = None
+
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        """Averaged gradient of every local parameter, unsharded over dp (debug/testing)."""
+        if self.stage == 0:
+            return {n: p.grad.detach().clone() for n, p in self.named}
+        full = torch.empty_like(self.flat)
+        if self.dp > 1:
+            dist.all_gather_into_tensor(full, self.grad_shard.contiguous(), group=self.group)
+        else:
+            full.copy_(self.grad_shard)
+        out, off = {}, 0
+        for n, p in self.named:
+            out[n] = full[off:off + p.numel()].view_as(p).clone()
+            off += p.numel()
+        return out
+
+    def step(self) -> None:
+        """AdamW on this rank's parameters (stage 0) or slice, then all-gather (stages 1, 2)."""
+        if self.stage == 0:
+            self.opt.step()
+            return
+        self.shard.grad = self.grad_shard
+        self.opt.step()
+        self.shard.grad = None
+        self.grad_shard = None
+        if self.dp > 1:
+            with comm.timed("dp_comm"):
+                dist.all_gather_into_tensor(self.flat, self.shard.detach().clone(),
+                                            group=self.group)
+
+    def zero_grad(self) -> None:
+        for p in self.params:
+            p.grad = None
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes this rank holds: parameters, gradients (after sync), optimizer states."""
+        params = sum(local_nbytes(p) for p in self.params)
+        if self.stage == 0:
+            grads = sum(local_nbytes(p.grad) for p in self.params)
+        elif self.stage == 1:
+            grads = sum(p.numel() * p.element_size() for p in self.params)
+        else:
+            grads = local_nbytes(self.grad_shard) if self.grad_shard is not None else \
+                self.shard_numel * self.flat.element_size()
+        return {"parameters": params, "gradients": grads,
+                "optimizer_states": optimizer_state_bytes(self.opt)}
+
+
+def optimizer_state_bytes(opt) -> int:
+    """Bytes of every tensor in an optimizer's state (exp_avg, exp_avg_sq, step)."""
+    return sum(local_nbytes(v) for st in opt.state.values() for v in st.values()
+               if torch.is_tensor(v))
+
+
+def apply_fsdp(stage_module: nn.Module, dp_mesh) -> nn.Module:
+    """ZeRO-3: ``fully_shard`` every block and then the stage (root) over ``dp_mesh``."""
+    from torch.distributed.fsdp import fully_shard
+    for block in stage_module.blocks.values():
+        fully_shard(block, mesh=dp_mesh)
+    fully_shard(stage_module, mesh=dp_mesh)
+    return stage_module
+
+
+class FsdpOptimizer:
+    """ZeRO-3 counterpart of :class:`ZeroOptimizer` (FSDP2 does the gradient sync)."""
+
+    stage = 3
+
+    def __init__(self, named_params, lr: float = 1e-3, weight_decay: float = 0.01):
+        self.named = list(named_params)
+        self.params = [p for _, p in self.named]
+        self.opt = make_adamw(self.params, lr, weight_decay)
+
+    def sync_grads(self) -> None:
+        """Nothing to do: FSDP2 reduce-scattered the gradients in backward."""
+
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        return {n: p.grad.full_tensor().detach().clone() for n, p in self.named}
+
+    def step(self) -> None:
+        self.opt.step()
+
+    def zero_grad(self) -> None:
+        self.opt.zero_grad(set_to_none=True)
+
+    def memory_bytes(self) -> dict[str, int]:
+        return {"parameters": sum(local_nbytes(p) for p in self.params),
+                "gradients": sum(local_nbytes(p.grad) for p in self.params),
+                "optimizer_states": optimizer_state_bytes(self.opt)}

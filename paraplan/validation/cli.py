@@ -1,0 +1,183 @@
+"""Command-line front ends: ``paraplan validate`` and ``paraplan profile``.
+
+``add_validate_parser`` / ``add_profile_parser`` attach the subcommands to the project CLI's
+subparsers; ``main(argv)`` is a stand-alone entry point with just these two (used by tests).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from paraplan.errors import ConfigError, ParaplanError
+
+
+def add_validate_parser(subparsers) -> argparse.ArgumentParser:
+    """``validate``: run a plan on real torch under torchrun and report measured vs predicted."""
+    p = subparsers.add_parser("validate", help="run a plan on real torch and compare with the "
+                              "prediction", description=add_validate_parser.__doc__)
+    g = p.add_argument_group("launch")
+    g.add_argument("--nproc-per-node", type=int, default=None,
+                   help="processes on this node (default: tp*pp*dp / nnodes)")
+    g.add_argument("--nnodes", type=int, default=1)
+    g.add_argument("--node-rank", type=int, default=0)
+    g.add_argument("--rdzv-endpoint", default=None, help="host:port (multi-node)")
+    g.add_argument("--timeout", type=float, default=900.0, help="seconds before giving up")
+    g = p.add_argument_group("plan")
+    g.add_argument("--tp", type=int, default=1)
+    g.add_argument("--pp", type=int, default=1)
+    g.add_argument("--dp", type=int, default=None, help="default: world / (tp*pp)")
+    g.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3])
+    g.add_argument("--micro-batch", type=int, default=1)
+    g.add_argument("--global-batch", type=int, default=0, help="default: micro*dp*pp")
+    g.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
+    g.add_argument("--sequence-parallel", action="store_true")
+    g.add_argument("--virtual-stages", type=int, default=1, help="interleaved 1F1B chunks")
+    g.add_argument("--steps", type=int, default=3, help="timed steps")
+    g.add_argument("--warmup", type=int, default=1, help="warm-up steps (not timed)")
+    g = p.add_argument_group("model")
+    g.add_argument("--layers", type=int, default=4)
+    g.add_argument("--hidden", type=int, default=64)
+    g.add_argument("--heads", type=int, default=4)
+    g.add_argument("--seq-len", type=int, default=32)
+    g.add_argument("--vocab", type=int, default=256)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--attention", default="math", choices=["math", "sdpa"],
+                   help="materialised softmax (default) or fused SDPA")
+    g = p.add_argument_group("report")
+    g.add_argument("--predicted", default=None, help="JSON file with step_time_s, "
+                   "memory_bytes_per_rank, time_breakdown_s")
+    g.add_argument("--db", default=None, help="profile database (default under ~/.cache)")
+    g.add_argument("--no-reference", action="store_true",
+                   help="skip the single-process correctness check")
+    g.add_argument("--out", required=True, help="directory for report.json and figures")
+    p.set_defaults(func=run_validate)
+    return p
+
+
+def add_profile_parser(subparsers) -> argparse.ArgumentParser:
+    """``profile``: micro-benchmark this machine into the SQLite profile store."""
+    p = subparsers.add_parser("profile", help="measure GEMMs, attention, memory and "
+                              "collectives on this machine", description=add_profile_parser.__doc__)
+    p.add_argument("--quick", action="store_true", help="small grid (about a minute or less)")
+    p.add_argument("--db", default=None, help="SQLite file (default ~/.cache/paraplan/profiles.sqlite)")
+    p.add_argument("--world-sizes", type=int, nargs="+", default=None,
+                   help="collective world sizes (default 2 4)")
+    p.add_argument("--no-collectives", action="store_true", help="skip the torchrun part")
+    p.set_defaults(func=run_profile)
+    return p
+
+
+def _plan_and_launch(args):
+    from paraplan.validation.launch import LaunchOptions
+    from paraplan.validation.worker import RunPlan
+    nnodes = args.nnodes
+    if args.nproc_per_node is None and args.dp is None:
+        dp = 1
+    elif args.dp is None:
+        world = args.nproc_per_node * nnodes
+        if world % (args.tp * args.pp):
+            raise ConfigError("nproc_per_node", f"world {world} is not divisible by tp({args.tp})"
+                              f" * pp({args.pp})")
+        dp = world // (args.tp * args.pp)
+    else:
+        dp = args.dp
+    plan = RunPlan(tp=args.tp, pp=args.pp, dp=dp, zero=args.zero, micro_batch=args.micro_batch,
+                   global_batch=args.global_batch, recompute=args.recompute,
+                   sequence_parallel=args.sequence_parallel, virtual_stages=args.virtual_stages,
+                   steps=args.steps, warmup=args.warmup)
+    nproc = args.nproc_per_node
+    if nproc is None:
+        if plan.world_size % nnodes:
+            raise ConfigError("nnodes", f"world {plan.world_size} not divisible by {nnodes}")
+        nproc = plan.world_size // nnodes
+    opts = LaunchOptions(nproc_per_node=nproc, nnodes=nnodes, node_rank=args.node_rank,
+                         rdzv_endpoint=args.rdzv_endpoint, timeout_s=args.timeout)
+    return plan, opts
+
+
+def run_validate(args) -> int:
+    """Launch the plan, check it against a single-process run, write the report. 0 = match."""
+    from dataclasses import asdict
+
+    from paraplan.validation.compare import build_report, format_table, comparison_rows
+    from paraplan.validation.launch import launch_worker
+    from paraplan.validation.model import GPTConfig
+    from paraplan.validation.reference import (compare_to_reference, load_parallel_grads,
+                                               reference_run)
+    from paraplan.validation.store import machine_fingerprint
+    cfg = GPTConfig(vocab_size=args.vocab, seq_len=args.seq_len, hidden=args.hidden,
+                    heads=args.heads, layers=args.layers, seed=args.seed,
+                    attention=args.attention)
+    plan, opts = _plan_and_launch(args)
+    predicted = None
+    if args.predicted:
+        try:
+            with open(args.predicted) as f:
+                predicted = json.load(f)
+        except (OSError, json.JSONDecodeError) as e:
+            raise ConfigError("predicted", f"cannot read {args.predicted}: {e}") from e
+    check_ref = not args.no_reference and opts.nnodes == 1
+    spec = {"model": asdict(cfg), "plan": asdict(plan), "dump_grads": check_ref}
+    results = launch_worker(spec, args.out, opts)
+    ref_check = None
+    if check_ref:
+        ref = reference_run(cfg, plan)
+        ref_check = compare_to_reference(results, ref, load_parallel_grads(args.out))
+        ref_check.pop("parallel_losses", None)
+    report = build_report(asdict(plan), results, args.out, predicted=predicted,
+                          reference_check=ref_check, model=asdict(cfg),
+                          extra={"machine": machine_fingerprint(), "profile_db": args.db})
+    print(format_table(comparison_rows(report["measured"], predicted)), end="")
+    if predicted is None:
+        print("predicted: not available (pass --predicted FILE; the estimator is wired in by "
+              "the project CLI)")
+    if ref_check is not None:
+        print(f"loss matches single-process reference: {ref_check['matches']} "
+              f"(loss rel.err {ref_check['loss_rel_err']:.2e} <= {ref_check['loss_rtol']:g}, "
+              f"grad rel.err {ref_check['grad_rel_err']:.2e} <= {ref_check['grad_rtol']:g})")
+    print(f"report: {os.path.join(args.out, 'report.json')}")
+    return 0 if ref_check is None or ref_check["matches"] else 1
+
+
+def run_profile(args) -> int:
+    """Run the micro-benchmarks and store them; prints a short summary."""
+    from dataclasses import replace
+
+    from paraplan.validation.profile import ProfileOptions
+    from paraplan.validation.profile import run_profile as _run
+    from paraplan.validation.store import ProfileStore
+    opts = ProfileOptions.quick() if args.quick else ProfileOptions.full()
+    if args.world_sizes:
+        bad = [w for w in args.world_sizes if w < 2]
+        if bad:
+            raise ConfigError("world_sizes", f"collectives need >= 2 processes, got {bad}")
+        opts = replace(opts, world_sizes=tuple(args.world_sizes))
+    run_id, rows = _run(opts, db=args.db, collectives=not args.no_collectives)
+    path = ProfileStore(args.db).path
+    for r in rows:
+        rate = (f"{r['flops_per_s'] / 1e9:8.1f} GFLOP/s" if r["flops_per_s"] else
+                f"{(r['bus_bandwidth_bytes_per_s'] or r['bandwidth_bytes_per_s']) / 1e9:8.3f} GB/s")
+        print(f"{r['kind']:<10} {r['op']:<16} {str(r['dtype']):<9} n={r['world_size']:<2} "
+              f"{json.dumps(r['shape']):<48} {rate}")
+    print(f"stored run {run_id} ({len(rows)} rows) in {path}")
+    return 0
+
+
+def main(argv=None) -> int:
+    """Stand-alone ``validate`` / ``profile`` CLI; ParaplanError -> one line, exit code 2."""
+    ap = argparse.ArgumentParser(prog="paraplan")
+    sub = ap.add_subparsers(dest="command", required=True)
+    add_validate_parser(sub)
+    add_profile_parser(sub)
+    args = ap.parse_args(argv)
+    try:
+        return args.func(args)
+    except ParaplanError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""Collectives for hand-written tensor/sequence parallelism, as explicit autograd functions.
+
+Megatron-LM's conjugate pairs (Shoeybi et al. 2019, fig. 3; Korthikanti et al. 2022, fig. 5):
+
+=========================  ====================  ======================
+function                   forward               backward
+=========================  ====================  ======================
+copy_to_tp                 identity              all-reduce
+reduce_from_tp             all-reduce            identity
+gather_seq_reduce_scatter  all-gather (seq)      reduce-scatter (seq)
+reduce_scatter_seq         reduce-scatter (seq)  all-gather (seq)
+split_seq                  keep own seq chunk    all-gather (seq)
+gather_seq_split_grad      all-gather (seq)      keep own seq chunk
+=========================  ====================  ======================
+
+With ``group=None`` (a single process) every function is the identity. Wall time spent in
+collectives is added to ``TIMERS`` by category so the worker can report a time breakdown.
+"""
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+
+SEQ_DIM = 1  # activations are [batch, seq, hidden]
+TIMERS: dict[str, float] = defaultdict(float)
+
+
+@contextmanager
+def timed(category: str):
+    """Add the wall time of the block to ``TIMERS[category]`` (synchronising CUDA first)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        TIMERS[category] += time.perf_counter() - t0
+
+
+def _size(group) -> int:
+    return 1 if group is None else dist.get_world_size(group)
+
+
+def all_reduce(x: torch.Tensor, group, category: str = "tp_comm") -> torch.Tensor:
+    """Sum ``x`` over ``group`` (returns a new tensor)."""
+    if _size(group) == 1:
+        return x
+    x = x.contiguous().clone()
+    with timed(category):
+        dist.all_reduce(x, group=group)
+    return x
+
+
+def all_gather_seq(x: torch.Tensor, group) -> torch.Tensor:
+    """Concatenate every rank's ``x`` along the sequence dim."""
+    n = _size(group)
+    if n == 1:
+        return x
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(n)]
+    with timed("tp_comm"):
+        dist.all_gather(parts, x, group=group)
+    return torch.cat(parts, dim=SEQ_DIM)
+
+
+def reduce_scatter_seq_raw(x: torch.Tensor, group) -> torch.Tensor:
+    """Sum ``x`` over ``group`` and keep this rank's chunk along the sequence dim."""
+    n = _size(group)
+    if n == 1:
+        return x
+    chunks = [c.contiguous() for c in x.chunk(n, dim=SEQ_DIM)]
+    out = torch.empty_like(chunks[0])
+    with timed("tp_comm"):
+        dist.reduce_scatter(out, chunks, group=group)
+    return out
+
+
+def own_seq_chunk(x: torch.Tensor, group) -> torch.Tensor:
+    n = _size(group)
+    if n == 1:
+        return x
+    return x.chunk(n, dim=SEQ_DIM)[dist.get_rank(group)].contiguous()
+
+
+class _CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return all_reduce(g, ctx.group), None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        return all_reduce(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+class _GatherSeqReduceScatterGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return all_gather_seq(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return reduce_scatter_seq_raw(g, ctx.group), None
+
+
+class _ReduceScatterSeq(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return reduce_scatter_seq_raw(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return all_gather_seq(g, ctx.group), None
+
+
+class _SplitSeq(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return own_seq_chunk(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return all_gather_seq(g, ctx.group), None
+
+
+class _GatherSeqSplitGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return all_gather_seq(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return own_seq_chunk(g, ctx.group), None
+
+
+def _wrap(fn):
+    def apply(x, group):
+        if _size(group) == 1:
+            return x
+        return fn.apply(x, group)
+    apply.__doc__ = fn.__name__
+    return apply
+
+
+copy_to_tp = _wrap(_CopyToTP)
+reduce_from_tp = _wrap(_ReduceFromTP)
+gather_seq_reduce_scatter_grad = _wrap(_GatherSeqReduceScatterGrad)
+reduce_scatter_seq = _wrap(_ReduceScatterSeq)
+split_seq = _wrap(_SplitSeq)
+gather_seq_split_grad = _wrap(_GatherSeqSplitGrad)

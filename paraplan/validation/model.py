@@ -1,0 +1,265 @@
+"""A small GPT-style decoder for the validation harness, tensor/sequence/pipeline-parallel aware.
+
+Token + learned position embedding, ``L`` pre-LN blocks (causal self-attention, GELU MLP),
+final LayerNorm and an untied LM head. Every full weight is initialised from the config seed
+and the parameter's name, so each rank of a parallel run slices exactly the tensor a
+single-process run holds. The vocabulary is not split (embedding and head are replicated
+across tp); tied embeddings are not used so pipeline stages need no shared-weight sync.
+
+The tensor-parallel layout is Megatron-LM's (Shoeybi et al. 2019, sec. 3): q/k/v and the first
+MLP linear are column-parallel (heads split across tp), the attention output and second MLP
+linear row-parallel. With sequence parallelism (Korthikanti et al. 2022, sec. 4.2.2) the
+activations between blocks are split along the sequence and the tp all-reduce becomes an
+all-gather before, and a reduce-scatter after, each parallel region.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from paraplan.errors import ConfigError
+from paraplan.validation import comm
+
+RECOMPUTE_CHOICES = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    """Size of the validation model (tiny by default so CPU runs take seconds)."""
+
+    vocab_size: int = 256
+    seq_len: int = 32
+    hidden: int = 64
+    heads: int = 4
+    layers: int = 4
+    mlp_ratio: int = 4
+    seed: int = 0
+    attention: str = "math"  # "math": softmax(QK^T)V materialised (as in Korthikanti et al.
+    #                          2022's activation count); "sdpa": fused scaled_dot_product_attention
+
+    def __post_init__(self):
+        for name in ("vocab_size", "seq_len", "hidden", "heads", "layers", "mlp_ratio"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"model.{name}", f"must be >= 1, got {getattr(self, name)}")
+        if self.attention not in ("math", "sdpa"):
+            raise ConfigError("model.attention", f"unknown value {self.attention!r}",
+                              accepted="math, sdpa")
+        if self.hidden % self.heads:
+            raise ConfigError("model.hidden", f"hidden({self.hidden}) is not divisible by "
+                              f"heads({self.heads})")
+
+    @property
+    def ffn(self) -> int:
+        return self.mlp_ratio * self.hidden
+
+
+@dataclass
+class ParallelContext:
+    """Where this rank sits: tp group and sequence parallelism (None groups = single process)."""
+
+    tp_group: object = None
+    tp_size: int = 1
+    tp_rank: int = 0
+    sequence_parallel: bool = False
+    recompute: str = "none"
+    stats: dict = field(default_factory=dict)
+
+
+def param_specs(cfg: GPTConfig) -> list[tuple[str, tuple[int, ...], int | None, str]]:
+    """(name, full shape, tp-split dim or None, init kind) for every parameter of the model."""
+    h, f, V, S = cfg.hidden, cfg.ffn, cfg.vocab_size, cfg.seq_len
+    specs = [("tok_emb", (V, h), None, "normal"), ("pos_emb", (S, h), None, "normal")]
+    for i in range(cfg.layers):
+        p = f"blocks.{i}."
+        specs += [
+            (p + "ln1.weight", (h,), None, "ones"), (p + "ln1.bias", (h,), None, "zeros"),
+            (p + "attn.q.weight", (h, h), 0, "normal"), (p + "attn.q.bias", (h,), 0, "zeros"),
+            (p + "attn.k.weight", (h, h), 0, "normal"), (p + "attn.k.bias", (h,), 0, "zeros"),
+            (p + "attn.v.weight", (h, h), 0, "normal"), (p + "attn.v.bias", (h,), 0, "zeros"),
+            (p + "attn.o.weight", (h, h), 1, "proj"), (p + "attn.o.bias", (h,), None, "zeros"),
+            (p + "ln2.weight", (h,), None, "ones"), (p + "ln2.bias", (h,), None, "zeros"),
+            (p + "mlp.fc1.weight", (f, h), 0, "normal"), (p + "mlp.fc1.bias", (f,), 0, "zeros"),
+            (p + "mlp.fc2.weight", (h, f), 1, "proj"), (p + "mlp.fc2.bias", (h,), None, "zeros"),
+        ]
+    specs += [("ln_f.weight", (h,), None, "ones"), ("ln_f.bias", (h,), None, "zeros"),
+              ("head.weight", (V, h), None, "normal")]
+    return specs
+
+
+def full_init(cfg: GPTConfig, name: str, shape, kind: str) -> torch.Tensor:
+    """The unsharded initial value of one parameter: depends only on (seed, name)."""
+    if kind == "ones":
+        return torch.ones(shape)
+    if kind == "zeros":
+        # small non-zero biases so their gradients and sharding are exercised too
+        g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + zlib.crc32(name.encode()))
+        return 0.01 * torch.randn(shape, generator=g)
+    g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + zlib.crc32(name.encode()))
+    std = 0.02 / math.sqrt(2 * cfg.layers) if kind == "proj" else 0.02
+    return std * torch.randn(shape, generator=g)
+
+
+def shard(t: torch.Tensor, dim: int | None, rank: int, size: int) -> torch.Tensor:
+    """This tp rank's contiguous slice of ``t`` along ``dim`` (the whole tensor if dim is None)."""
+    if dim is None or size == 1:
+        return t.clone()
+    return t.chunk(size, dim=dim)[rank].clone()
+
+
+def synthetic_batch(cfg: GPTConfig, global_batch: int, step: int,
+                    data_seed: int = 1234) -> tuple[torch.Tensor, torch.Tensor]:
+    """Deterministic token batch for ``step``: (inputs, targets), each [global_batch, seq_len]."""
+    g = torch.Generator().manual_seed(data_seed * 7919 + step)
+    tokens = torch.randint(0, cfg.vocab_size, (global_batch, cfg.seq_len + 1), generator=g)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+class _SaveInput(torch.autograd.Function):
+    """Identity that saves its input, so activation accounting sees a checkpointed block's input."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g
+
+
+class Block(nn.Module):
+    """One pre-LN transformer block holding this tp rank's shard of every weight."""
+
+    def __init__(self, cfg: GPTConfig, index: int, ctx: ParallelContext):
+        super().__init__()
+        self.cfg, self.ctx, self.index = cfg, ctx, index
+        self.local_heads = cfg.heads // ctx.tp_size
+        self.head_dim = cfg.hidden // cfg.heads
+        self.ln1 = nn.LayerNorm(cfg.hidden)
+        self.ln2 = nn.LayerNorm(cfg.hidden)
+        self.attn = nn.Module()
+        for n in ("q", "k", "v", "o"):
+            self.attn.add_module(n, nn.Module())
+        self.mlp = nn.Module()
+        for n in ("fc1", "fc2"):
+            self.mlp.add_module(n, nn.Module())
+        prefix = f"blocks.{index}."
+        for name, shape, dim, kind in param_specs(cfg):
+            if not name.startswith(prefix):
+                continue
+            value = shard(full_init(cfg, name, shape, kind), dim, ctx.tp_rank, ctx.tp_size)
+            owner_path, leaf = name[len(prefix):].rsplit(".", 1)
+            param = nn.Parameter(value)
+            # replicated params that see only a sequence shard need a tp all-reduce of grads
+            param.sp_partial = dim is None and ctx.sequence_parallel
+            setattr(self.get_submodule(owner_path), leaf, param)
+
+    def _enter_parallel(self, x):
+        ctx = self.ctx
+        if ctx.sequence_parallel:
+            return comm.gather_seq_reduce_scatter_grad(x, ctx.tp_group)
+        return comm.copy_to_tp(x, ctx.tp_group)
+
+    def _exit_parallel(self, y):
+        ctx = self.ctx
+        if ctx.sequence_parallel:
+            return comm.reduce_scatter_seq(y, ctx.tp_group)
+        return comm.reduce_from_tp(y, ctx.tp_group)
+
+    def _core_attention(self, q, k, v):
+        if self.cfg.attention == "sdpa":
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        s = q.shape[-2]
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+        mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+        return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
+
+    def _attention(self, x):
+        a = self.attn
+        x = self._enter_parallel(self.ln1(x))
+        b, s, _ = x.shape
+        def heads(t):
+            return t.view(b, s, self.local_heads, self.head_dim).transpose(1, 2)
+        q = heads(F.linear(x, a.q.weight, a.q.bias))
+        k = heads(F.linear(x, a.k.weight, a.k.bias))
+        v = heads(F.linear(x, a.v.weight, a.v.bias))
+        if self.ctx.recompute == "selective":
+            o = checkpoint(self._core_attention, _SaveInput.apply(q), _SaveInput.apply(k),
+                           _SaveInput.apply(v), use_reentrant=False)
+        else:
+            o = self._core_attention(q, k, v)
+        o = o.transpose(1, 2).reshape(b, s, self.local_heads * self.head_dim)
+        return self._exit_parallel(F.linear(o, a.o.weight)) + a.o.bias
+
+    def _mlp(self, x):
+        m = self.mlp
+        x = self._enter_parallel(self.ln2(x))
+        y = F.gelu(F.linear(x, m.fc1.weight, m.fc1.bias))
+        return self._exit_parallel(F.linear(y, m.fc2.weight)) + m.fc2.bias
+
+    def _body(self, x):
+        x = x + self._attention(x)
+        return x + self._mlp(x)
+
+    def forward(self, x):
+        if self.ctx.recompute == "full":
+            return checkpoint(self._body, _SaveInput.apply(x), use_reentrant=False)
+        return self._body(x)
+
+
+class Stage(nn.Module):
+    """A contiguous run of blocks; the first stage owns the embeddings, the last the LM head.
+
+    ``forward`` takes token ids on the first stage (else hidden states) and returns hidden
+    states, or on the last stage the mean cross-entropy loss against ``targets``.
+    """
+
+    def __init__(self, cfg: GPTConfig, ctx: ParallelContext, layer_ids: list[int],
+                 first: bool, last: bool):
+        super().__init__()
+        self.cfg, self.ctx, self.first, self.last = cfg, ctx, first, last
+        self.layer_ids = list(layer_ids)
+        specs = {n: (s, d, k) for n, s, d, k in param_specs(cfg)}
+        def make(name):
+            s, d, k = specs[name]
+            p = nn.Parameter(shard(full_init(cfg, name, s, k), d, ctx.tp_rank, ctx.tp_size))
+            p.sp_partial = d is None and ctx.sequence_parallel and name.startswith("ln_f")
+            return p
+        if first:
+            self.tok_emb = make("tok_emb")
+            self.pos_emb = make("pos_emb")
+        self.blocks = nn.ModuleDict({str(i): Block(cfg, i, ctx) for i in layer_ids})
+        if last:
+            self.ln_f = nn.LayerNorm(cfg.hidden)
+            self.ln_f.weight = make("ln_f.weight")
+            self.ln_f.bias = make("ln_f.bias")
+            self.head = nn.Module()
+            self.head.weight = make("head.weight")
+
+    def forward(self, x, targets=None):
+        ctx = self.ctx
+        if self.first:
+            s = x.shape[1]
+            x = F.embedding(x, self.tok_emb) + self.pos_emb[:s]
+            if ctx.sequence_parallel:
+                x = comm.split_seq(x, ctx.tp_group)
+        for i in self.layer_ids:
+            x = self.blocks[str(i)](x)
+        if not self.last:
+            return x
+        x = self.ln_f(x)
+        if ctx.sequence_parallel:
+            x = comm.gather_seq_split_grad(x, ctx.tp_group)
+        logits = F.linear(x, self.head.weight)
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+
+
+def build_full_model(cfg: GPTConfig, recompute: str = "none") -> Stage:
+    """The single-process reference model (all layers, no parallelism)."""
+    return Stage(cfg, ParallelContext(recompute=recompute), list(range(cfg.layers)), True, True)

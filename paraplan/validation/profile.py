@@ -1,0 +1,301 @@
+"""``paraplan profile``: micro-benchmarks of this machine, stored in the SQLite profile store.
+
+Measured: GEMMs over a grid of shapes and dtypes (achieved FLOP/s, 2 m n k FLOPs per op),
+causal ``scaled_dot_product_attention`` (4 b h s^2 d FLOPs forward, halved for causal),
+memory bandwidth of a large device copy (read + write bytes), host<->device copies when CUDA
+is present, and collectives (all-reduce, all-gather, reduce-scatter, all-to-all, send/recv)
+through torch.distributed under torchrun, one launch per world size (gloo on CPU, NCCL on GPU).
+
+Collective sizes and bus bandwidth follow the nccl-tests convention (PERFORMANCE.md): ``bytes``
+is the full buffer (the all-gather output, the reduce-scatter input), algorithm bandwidth is
+bytes / time and bus bandwidth multiplies it by 2(n-1)/n for all-reduce, (n-1)/n for
+all-gather, reduce-scatter and all-to-all, and 1 for send/recv (one-way, half a ping-pong).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+import torch
+
+from paraplan.errors import ConfigError
+from paraplan.validation.store import ProfileStore, machine_fingerprint
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+              "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
+              "send_recv": lambda n: 1.0}
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    """What to measure; ``quick()`` / ``full()`` give the two standard sets."""
+
+    gemm_shapes: tuple = ((256, 256, 256), (512, 512, 512), (1024, 1024, 1024))
+    gemm_dtypes: tuple = ("float32", "bfloat16")
+    sdpa_shapes: tuple = ((1, 8, 256, 64), (4, 8, 512, 64))  # (batch, heads, seq, head_dim)
+    copy_bytes: int = 64 << 20
+    world_sizes: tuple = (2, 4)
+    collective_bytes: tuple = (4 << 10, 64 << 10, 1 << 20, 4 << 20)
+    min_time_s: float = 0.15
+    mode: str = "quick"
+
+    @classmethod
+    def quick(cls) -> "ProfileOptions":
+        return cls()
+
+    @classmethod
+    def full(cls) -> "ProfileOptions":
+        return cls(gemm_shapes=tuple((n, n, n) for n in (128, 256, 512, 1024, 2048)) +
+                   ((4096, 1024, 1024), (1024, 4096, 1024)),
+                   gemm_dtypes=("float32", "bfloat16", "float16"),
+                   sdpa_shapes=((1, 8, 256, 64), (4, 8, 512, 64), (2, 16, 1024, 64)),
+                   copy_bytes=256 << 20, world_sizes=(2, 4),
+                   collective_bytes=tuple(1 << k for k in range(10, 25, 2)),
+                   min_time_s=0.5, mode="full")
+
+
+def _sync(device):
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def bench(fn, device="cpu", min_time_s: float = 0.15, max_iters: int = 1000) -> float:
+    """Median seconds per call of ``fn`` after one warm-up, over at least ``min_time_s``."""
+    fn()
+    _sync(device)
+    samples, start = [], time.perf_counter()
+    while len(samples) < max_iters and (time.perf_counter() - start < min_time_s or len(samples) < 3):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+def _row(kind, op, device, dtype=None, world_size=1, shape=None, nbytes=None, flops=None,
+         time_s=None, bus_factor=None):
+    return {"kind": kind, "op": op, "device": str(device), "dtype": dtype,
+            "world_size": world_size, "shape": shape, "bytes": nbytes, "flops": flops,
+            "time_s": time_s,
+            "flops_per_s": flops / time_s if flops and time_s else None,
+            "bandwidth_bytes_per_s": nbytes / time_s if nbytes and time_s else None,
+            "bus_bandwidth_bytes_per_s": nbytes / time_s * bus_factor
+            if nbytes and time_s and bus_factor is not None else None}
+
+
+def gemm_rows(opts: ProfileOptions, device="cpu") -> list[dict]:
+    """Achieved FLOP/s of ``a @ b`` ([m, k] x [k, n]) per shape and dtype."""
+    rows = []
+    for name in opts.gemm_dtypes:
+        dtype = getattr(torch, name)
+        for m, n, k in opts.gemm_shapes:
+            a = torch.randn(m, k, device=device).to(dtype)
+            b = torch.randn(k, n, device=device).to(dtype)
+            t = bench(lambda: a @ b, device, opts.min_time_s)
+            rows.append(_row("gemm", "matmul", device, name, shape={"m": m, "n": n, "k": k},
+                             flops=2.0 * m * n * k, time_s=t,
+                             nbytes=(m * k + k * n + m * n) * a.element_size()))
+    return rows
+
+
+def sdpa_rows(opts: ProfileOptions, device="cpu") -> list[dict]:
+    """Causal SDPA forward; FLOPs 4 b h s^2 d / 2 (causal half counted)."""
+    rows = []
+    dtype = "float32" if str(device) == "cpu" else "bfloat16"
+    for b, h, s, d in opts.sdpa_shapes:
+        q, k, v = (torch.randn(b, h, s, d, device=device, dtype=getattr(torch, dtype))
+                   for _ in range(3))
+        fn = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        t = bench(fn, device, opts.min_time_s)
+        rows.append(_row("sdpa", "sdpa_causal_fwd", device, dtype,
+                         shape={"batch": b, "heads": h, "seq": s, "head_dim": d},
+                         flops=4.0 * b * h * s * s * d / 2, time_s=t))
+    return rows
+
+
+def memory_rows(opts: ProfileOptions, device="cpu") -> list[dict]:
+    """Device copy bandwidth (bytes read + written) and, on CUDA, pinned H2D / D2H copies."""
+    n = opts.copy_bytes // 4
+    src = torch.ones(n, device=device)
+    dst = torch.empty_like(src)
+    t = bench(lambda: dst.copy_(src), device, opts.min_time_s)
+    rows = [_row("memcpy", "copy", device, "float32", shape={"bytes": opts.copy_bytes},
+                 nbytes=2 * opts.copy_bytes, time_s=t)]
+    if str(device).startswith("cuda"):
+        host = torch.ones(n, pin_memory=True)
+        t = bench(lambda: src.copy_(host, non_blocking=True), device, opts.min_time_s)
+        rows.append(_row("h2d", "copy", device, "float32", shape={"bytes": opts.copy_bytes},
+                         nbytes=opts.copy_bytes, time_s=t))
+        t = bench(lambda: host.copy_(src, non_blocking=True), device, opts.min_time_s)
+        rows.append(_row("d2h", "copy", device, "float32", shape={"bytes": opts.copy_bytes},
+                         nbytes=opts.copy_bytes, time_s=t))
+    return rows
+
+
+# ---------------------------------------------------------------- collectives (under torchrun)
+
+def _collective_case(op, nbytes, world, rank, device):
+    import torch.distributed as dist
+    n = max(world, nbytes // 4 // world * world)  # float32 elements, divisible by world
+    full = torch.ones(n, device=device)
+    part = torch.ones(n // world, device=device)
+    if op == "all_reduce":
+        return lambda: dist.all_reduce(full)
+    if op == "all_gather":
+        return lambda: dist.all_gather_into_tensor(full, part)
+    if op == "reduce_scatter":
+        return lambda: dist.reduce_scatter_tensor(part, full)
+    if op == "all_to_all":
+        out = torch.empty_like(full)
+        return lambda: dist.all_to_all_single(out, full)
+    if op == "send_recv":  # ping-pong between ranks 0 and 1
+        def pingpong():
+            if rank == 0:
+                dist.send(full, 1)
+                dist.recv(full, 1)
+            elif rank == 1:
+                dist.recv(full, 0)
+                dist.send(full, 0)
+        return pingpong
+    raise ValueError(op)
+
+
+def collective_worker(sizes: list[int], out_path: str, min_time_s: float) -> None:
+    """Runs on every torchrun rank; rank 0 writes the rows (max time over ranks) to JSON."""
+    import torch.distributed as dist
+    cuda = torch.cuda.is_available()
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    if cuda:
+        torch.cuda.set_device(local)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = f"cuda:{local}" if cuda else "cpu"
+    rows = []
+    for op in COLLECTIVES:
+        for nbytes in sizes:
+            fn = _collective_case(op, nbytes, world, rank, device)
+            fn()
+            dist.barrier()
+            iters = 0
+            t0 = time.perf_counter()
+            # every rank runs the same count: decided by rank 0's clock, broadcast each round
+            while True:
+                fn()
+                iters += 1
+                flag = torch.tensor([time.perf_counter() - t0 < min_time_s and iters < 200],
+                                    dtype=torch.int32, device=device)
+                dist.broadcast(flag, 0)
+                if not flag.item():
+                    break
+            _sync(device)
+            elapsed = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64,
+                                   device=device)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            t = float(elapsed)
+            if op == "send_recv":
+                t /= 2  # one way
+            n_el = max(world, nbytes // 4 // world * world)
+            rows.append(_row("collective", op, "cuda" if cuda else "cpu", "float32", world,
+                             shape={"bytes": n_el * 4}, nbytes=n_el * 4, time_s=t,
+                             bus_factor=BUS_FACTOR[op](world)))
+    if rank == 0:
+        tmp = out_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(rows, f)
+        os.replace(tmp, out_path)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def collective_rows(opts: ProfileOptions) -> list[dict]:
+    """Launch one torchrun per world size and collect the collective rows."""
+    from paraplan.validation.launch import LaunchOptions, run_torchrun
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="paraplan-profile-") as d:
+        for world in opts.world_sizes:
+            out = os.path.join(d, f"coll{world}.json")
+            args = ["--collectives-worker", "--out", out, "--min-time", str(opts.min_time_s),
+                    "--sizes", *[str(s) for s in opts.collective_bytes]]
+            run_torchrun(LaunchOptions(nproc_per_node=world), "paraplan.validation.profile",
+                         args, os.path.join(d, f"torchrun{world}.log"))
+            with open(out) as f:
+                rows += json.load(f)
+    return rows
+
+
+def run_profile(opts: ProfileOptions, db: str | None = None,
+                collectives: bool = True) -> tuple[int, list[dict]]:
+    """Run every benchmark on the local devices and store one run; returns (run_id, rows)."""
+    started = time.time()
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    rows = []
+    for dev in devices:
+        rows += gemm_rows(opts, dev) + sdpa_rows(opts, dev) + memory_rows(opts, dev)
+    if collectives:
+        rows += collective_rows(opts)
+    store = ProfileStore(db)
+    run_id = store.add_run(machine_fingerprint(), opts.mode, rows, started=started)
+    return run_id, rows
+
+
+def measured_tables(db: str | None = None, fingerprint_id: str | None = None) -> dict:
+    """The latest profile of a machine (default: this one) as plain lists for the estimator.
+
+    Returns
+    -------
+    dict
+        ``fingerprint``, ``run_id`` and per kind: ``gemm`` = [{device, dtype, m, n, k, flops,
+        flops_per_s}], ``sdpa`` = [{device, dtype, flops, flops_per_s, shape}],
+        ``memory_bandwidth`` = {device: bytes/s}, ``h2d`` / ``d2h`` = bytes/s or None,
+        ``collectives`` = {op: {world_size: [(bytes, bus_bandwidth_bytes_per_s, time_s)]}}.
+    """
+    store = ProfileStore(db)
+    fid = fingerprint_id or machine_fingerprint()["id"]
+    run_id = store.latest_run(fid)
+    if run_id is None:
+        raise ConfigError("profile", f"no profile stored for machine {fid} in {store.path}",
+                          accepted="run `paraplan profile` first")
+    rows = store.measurements(run_id)
+    out = {"fingerprint": fid, "run_id": run_id, "gemm": [], "sdpa": [],
+           "memory_bandwidth": {}, "h2d": None, "d2h": None, "collectives": {}}
+    for r in rows:
+        k = r["kind"]
+        if k == "gemm":
+            out["gemm"].append({"device": r["device"], "dtype": r["dtype"], **r["shape"],
+                                "flops": r["flops"], "flops_per_s": r["flops_per_s"]})
+        elif k == "sdpa":
+            out["sdpa"].append({"device": r["device"], "dtype": r["dtype"], "shape": r["shape"],
+                                "flops": r["flops"], "flops_per_s": r["flops_per_s"]})
+        elif k == "memcpy":
+            out["memory_bandwidth"][r["device"]] = r["bandwidth_bytes_per_s"]
+        elif k in ("h2d", "d2h"):
+            out[k] = r["bandwidth_bytes_per_s"]
+        elif k == "collective":
+            per = out["collectives"].setdefault(r["op"], {}).setdefault(r["world_size"], [])
+            per.append((r["bytes"], r["bus_bandwidth_bytes_per_s"], r["time_s"]))
+    for per_op in out["collectives"].values():
+        for lst in per_op.values():
+            lst.sort()
+    return out
+
+
+def _worker_main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--collectives-worker", action="store_true", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--min-time", type=float, default=0.15)
+    ap.add_argument("--sizes", type=int, nargs="+", required=True)
+    a = ap.parse_args(argv)
+    collective_worker(a.sizes, a.out, a.min_time)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_worker_main())

@@ -1,0 +1,159 @@
+"""On-disk SQLite store of profiling results, keyed by a machine fingerprint.
+
+One database file (default ``~/.cache/paraplan/profiles.sqlite``, or ``$PARAPLAN_PROFILE_DB``,
+or ``$XDG_CACHE_HOME/paraplan/profiles.sqlite``). Safe for concurrent writers: WAL journal, a
+busy timeout, and each profiling run is written in one ``BEGIN IMMEDIATE`` transaction so a
+run's rows land all together or not at all.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import socket
+import sqlite3
+import time
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS machines (
+    fingerprint   TEXT PRIMARY KEY,
+    hostname      TEXT, cpu_model TEXT, cpu_cores INTEGER, torch_version TEXT, gpus TEXT,
+    first_seen    REAL
+);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id        INTEGER PRIMARY KEY AUTOINCREMENT,
+    fingerprint   TEXT NOT NULL REFERENCES machines(fingerprint),
+    mode          TEXT, started REAL, finished REAL
+);
+CREATE TABLE IF NOT EXISTS measurements (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    run_id        INTEGER NOT NULL REFERENCES runs(run_id),
+    kind          TEXT NOT NULL,      -- gemm, sdpa, memcpy, h2d, d2h, collective
+    op            TEXT NOT NULL,      -- e.g. matmul, all_reduce
+    device        TEXT, dtype TEXT, world_size INTEGER,
+    shape         TEXT,               -- JSON of the sizes that define the case
+    bytes         INTEGER, flops REAL, time_s REAL,
+    flops_per_s   REAL, bandwidth_bytes_per_s REAL, bus_bandwidth_bytes_per_s REAL
+);
+CREATE INDEX IF NOT EXISTS measurements_run ON measurements(run_id, kind);
+"""
+
+COLUMNS = ("kind", "op", "device", "dtype", "world_size", "shape", "bytes", "flops", "time_s",
+           "flops_per_s", "bandwidth_bytes_per_s", "bus_bandwidth_bytes_per_s")
+
+
+def default_db_path() -> str:
+    """``$PARAPLAN_PROFILE_DB``, else ``<cache dir>/paraplan/profiles.sqlite``."""
+    if os.environ.get("PARAPLAN_PROFILE_DB"):
+        return os.environ["PARAPLAN_PROFILE_DB"]
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(cache, "paraplan", "profiles.sqlite")
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine_fingerprint() -> dict:
+    """Hostname, CPU model, core count, torch version and GPU names, plus a short hash ``id``."""
+    import torch
+    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
+        if torch.cuda.is_available() else []
+    fp = {"hostname": socket.gethostname(), "cpu_model": _cpu_model(),
+          "cpu_cores": os.cpu_count() or 1, "torch_version": torch.__version__, "gpus": gpus}
+    fp["id"] = hashlib.sha256(json.dumps(fp, sort_keys=True).encode()).hexdigest()[:16]
+    return fp
+
+
+class ProfileStore:
+    """The profile database at ``path`` (created with its schema on first use)."""
+
+    def __init__(self, path: str | None = None, timeout_s: float = 60.0):
+        self.path = path or default_db_path()
+        self.timeout_s = timeout_s
+        d = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(d, exist_ok=True)
+        with self._connect() as con:
+            con.executescript(SCHEMA)
+
+    def _connect(self) -> sqlite3.Connection:
+        con = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None)
+        con.execute(f"PRAGMA busy_timeout = {int(self.timeout_s * 1000)}")
+        con.execute("PRAGMA journal_mode = WAL")
+        con.row_factory = sqlite3.Row
+        return con
+
+    def add_run(self, fingerprint: dict, mode: str, rows: list[dict],
+                started: float | None = None) -> int:
+        """Insert one profiling run and its measurement rows atomically; returns ``run_id``."""
+        now = time.time()
+        con = self._connect()
+        try:
+            con.execute("BEGIN IMMEDIATE")
+            con.execute("INSERT OR IGNORE INTO machines VALUES (?,?,?,?,?,?,?)",
+                        (fingerprint["id"], fingerprint["hostname"], fingerprint["cpu_model"],
+                         fingerprint["cpu_cores"], fingerprint["torch_version"],
+                         json.dumps(fingerprint["gpus"]), now))
+            cur = con.execute("INSERT INTO runs (fingerprint, mode, started, finished) "
+                              "VALUES (?,?,?,?)", (fingerprint["id"], mode, started or now, now))
+            run_id = cur.lastrowid
+            con.executemany(
+                f"INSERT INTO measurements (run_id, {', '.join(COLUMNS)}) "
+                f"VALUES (?, {', '.join('?' * len(COLUMNS))})",
+                [(run_id, *[json.dumps(r[c]) if c == "shape" else r.get(c) for c in COLUMNS])
+                 for r in rows])
+            con.execute("COMMIT")
+            return run_id
+        except BaseException:
+            if con.in_transaction:
+                con.execute("ROLLBACK")
+            raise
+        finally:
+            con.close()
+
+    def latest_run(self, fingerprint_id: str, kind: str | None = None) -> int | None:
+        """Newest run id for a machine (that has rows of ``kind`` if given)."""
+        con = self._connect()
+        try:
+            q = ("SELECT MAX(r.run_id) FROM runs r JOIN measurements m ON m.run_id = r.run_id "
+                 "WHERE r.fingerprint = ?" + (" AND m.kind = ?" if kind else ""))
+            row = con.execute(q, (fingerprint_id, kind) if kind else (fingerprint_id,)).fetchone()
+            return row[0]
+        finally:
+            con.close()
+
+    def measurements(self, run_id: int | None = None, kind: str | None = None) -> list[dict]:
+        """Rows as dicts (``shape`` decoded), optionally for one run and/or kind."""
+        where, args = [], []
+        if run_id is not None:
+            where.append("run_id = ?")
+            args.append(run_id)
+        if kind is not None:
+            where.append("kind = ?")
+            args.append(kind)
+        q = "SELECT * FROM measurements" + (" WHERE " + " AND ".join(where) if where else "")
+        con = self._connect()
+        try:
+            out = [dict(r) for r in con.execute(q + " ORDER BY id", args)]
+        finally:
+            con.close()
+        for r in out:
+            r["shape"] = json.loads(r["shape"]) if r["shape"] else None
+        return out
+
+    def count(self, table: str = "measurements") -> int:
+        if table not in ("machines", "runs", "measurements"):
+            raise ValueError(table)
+        con = self._connect()
+        try:
+            return con.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0]
+        finally:
+            con.close()

@@ -1,0 +1,335 @@
+"""The per-rank training program that ``torchrun`` starts (``python -m paraplan.validation.worker``).
+
+It reads one JSON spec (``{"model": {...}, "plan": {...}, "dump_grads": bool}``), builds this
+rank's share of the model for the plan, runs warm-up and timed AdamW steps and writes
+``rank<N>.json`` into the output directory: loss per step, step times, a time breakdown,
+per-op times from ``torch.profiler`` and memory by category. With ``dump_grads`` the first
+step's gradients (unsharded over tp and dp) are saved to ``grads_rank<N>.pt`` by the ranks with
+tp_rank = dp_rank = 0, so a test can compare them with a single-process run.
+
+:func:`run_training` with ``groups=None`` is that single-process reference run.
+
+Time breakdown per step (seconds, wall clock of the rank): ``tp_comm`` tp/SP collectives
+(forward, backward and the SP LayerNorm-gradient all-reduce), ``pp_comm`` time blocked in
+pipeline receives plus the final wait on sends (so it contains the pipeline bubble),
+``dp_comm`` gradient all-reduce / reduce-scatter and the ZeRO parameter all-gather (FSDP2's
+own collectives under ZeRO-3 are inside ``compute``), ``optimizer`` the AdamW update,
+``compute`` the rest of forward+backward, ``other`` what remains of the step.
+
+Memory per rank (bytes): ``parameters``, ``gradients`` (held after the dp sync),
+``optimizer_states`` (after the first step creates them) and ``activations_peak`` (peak of
+live tensors saved for backward, see :mod:`paraplan.validation.memory`); on CUDA also
+``torch.cuda.max_memory_allocated``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass, fields
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from paraplan.errors import ConfigError
+from paraplan.validation import comm
+from paraplan.validation.apply_pp import PipelineRunner, interleaved_1f1b, stage_layers
+from paraplan.validation.apply_tp import make_tp_context, sync_sequence_parallel_grads
+from paraplan.validation.apply_zero import (ZERO_STAGES, FsdpOptimizer, ZeroOptimizer,
+                                            apply_fsdp, optimizer_state_bytes)
+from paraplan.validation.memory import SavedActivationCounter
+from paraplan.validation.model import (RECOMPUTE_CHOICES, GPTConfig, Stage, param_specs,
+                                       synthetic_batch)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A parallel layout plus the run length; validated when built."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    zero: int = 0
+    micro_batch: int = 1
+    global_batch: int = 0  # 0: micro_batch * dp * pp (enough micro-batches to fill the pipe)
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    virtual_stages: int = 1
+    steps: int = 3
+    warmup: int = 1
+    lr: float = 1e-3
+    profile_ops: bool = True
+
+    def __post_init__(self):
+        for name in ("tp", "pp", "dp", "micro_batch", "virtual_stages", "steps"):
+            if getattr(self, name) < 1:
+                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
+        if self.warmup < 0:
+            raise ConfigError("warmup", f"must be >= 0, got {self.warmup}")
+        if self.zero not in ZERO_STAGES:
+            raise ConfigError("zero", f"unknown ZeRO stage {self.zero}", accepted="0, 1, 2, 3")
+        if self.recompute not in RECOMPUTE_CHOICES:
+            raise ConfigError("recompute", f"unknown value {self.recompute!r}",
+                              accepted=", ".join(RECOMPUTE_CHOICES))
+        if self.global_batch == 0:
+            object.__setattr__(self, "global_batch", self.micro_batch * self.dp * self.pp)
+        if self.global_batch % (self.micro_batch * self.dp):
+            raise ConfigError("global_batch", f"global_batch({self.global_batch}) is not "
+                              f"divisible by micro_batch({self.micro_batch}) * dp({self.dp})")
+        if self.zero == 3 and self.pp > 1:
+            raise ConfigError("zero", "ZeRO-3 with pp > 1 is not supported by this harness",
+                              accepted="zero 0-2 with pp > 1")
+        if self.virtual_stages > 1 and self.pp == 1:
+            raise ConfigError("virtual_stages", "interleaving needs pp > 1")
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def micro_batches(self) -> int:
+        return self.global_batch // (self.micro_batch * self.dp)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunPlan":
+        known = {f.name for f in fields(cls)}
+        extra = set(d) - known
+        if extra:
+            raise ConfigError("plan", f"unknown keys {sorted(extra)}", accepted=", ".join(sorted(known)))
+        return cls(**d)
+
+
+@dataclass
+class Groups:
+    """This rank's coordinates and process groups (rank = (pp_rank*dp + dp_rank)*tp + tp_rank)."""
+
+    rank: int
+    tp_rank: int
+    dp_rank: int
+    pp_rank: int
+    tp_group: object
+    dp_group: object
+    dp_mesh: object
+    pp_ranks: list
+
+
+def make_groups(plan: RunPlan, device_type: str) -> Groups:
+    """Create tp/dp groups with a (pp, dp, tp) DeviceMesh; tp is the fastest-varying axis."""
+    from torch.distributed.device_mesh import init_device_mesh
+    rank = dist.get_rank()
+    tp, dp = plan.tp, plan.dp
+    mesh = init_device_mesh(device_type, (plan.pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
+    tp_rank, dp_rank, pp_rank = rank % tp, (rank // tp) % dp, rank // (tp * dp)
+    pp_ranks = [s * tp * dp + dp_rank * tp + tp_rank for s in range(plan.pp)]
+    return Groups(rank, tp_rank, dp_rank, pp_rank,
+                  mesh.get_group("tp") if tp > 1 else None,
+                  mesh.get_group("dp") if dp > 1 else None, mesh["dp"], pp_ranks)
+
+
+def _micro_split(t: torch.Tensor, plan: RunPlan, dp_rank: int, device) -> list[torch.Tensor]:
+    rows = plan.global_batch // plan.dp
+    mine = t[dp_rank * rows:(dp_rank + 1) * rows].to(device)
+    return list(mine.split(plan.micro_batch))
+
+
+def _gather_tp(name: str, g: torch.Tensor, dim, tp_group) -> torch.Tensor:
+    if dim is None or tp_group is None:
+        return g
+    parts = [torch.empty_like(g) for _ in range(dist.get_world_size(tp_group))]
+    dist.all_gather(parts, g.contiguous(), group=tp_group)
+    return torch.cat(parts, dim=dim)
+
+
+def _op_times(prof, top: int = 40) -> dict:
+    rows = []
+    for e in prof.key_averages():
+        dev = getattr(e, "self_device_time_total", 0) or 0
+        rows.append((e.key, {"count": e.count, "self_cpu_time_s": e.self_cpu_time_total * 1e-6,
+                             "cpu_time_total_s": e.cpu_time_total * 1e-6,
+                             "self_device_time_s": dev * 1e-6}))
+    rows.sort(key=lambda kv: -(kv[1]["self_cpu_time_s"] + kv[1]["self_device_time_s"]))
+    return dict(rows[:top])
+
+
+def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
+                 device: str = "cpu", dump_grads: bool = False) -> dict:
+    """Train ``plan.warmup + plan.steps`` steps; returns this rank's results dict.
+
+    With ``groups=None`` this is the single-process reference (plan must have tp=pp=dp=1
+    semantics; its global batch, micro-batch size and recompute are used).
+    """
+    single = groups is None
+    if single:
+        plan = RunPlan(micro_batch=plan.micro_batch, global_batch=plan.global_batch,
+                       recompute=plan.recompute, steps=plan.steps, warmup=plan.warmup,
+                       lr=plan.lr, profile_ops=plan.profile_ops)
+        groups = Groups(0, 0, 0, 0, None, None, None, [0])
+    ctx = make_tp_context(cfg, groups.tp_group, sequence_parallel=plan.sequence_parallel,
+                          recompute=plan.recompute)
+    layer_sets = stage_layers(cfg.layers, plan.pp, plan.virtual_stages)
+    n_chunks = plan.pp * plan.virtual_stages
+    chunks = []
+    for j in range(plan.virtual_stages):
+        g = j * plan.pp + groups.pp_rank
+        chunks.append(Stage(cfg, ctx, layer_sets[g], g == 0, g == n_chunks - 1).to(device))
+    model = nn.ModuleList(chunks)
+    named = [(n.split(".", 1)[1], p) for n, p in model.named_parameters()]
+    if plan.zero == 3:
+        apply_fsdp(chunks[0], groups.dp_mesh)
+        named = [(n.split(".", 1)[1], p) for n, p in model.named_parameters()]
+        opt = FsdpOptimizer(named, lr=plan.lr)
+        before_backward = chunks[0].set_requires_gradient_sync
+    else:
+        opt = ZeroOptimizer(named, groups.dp_group, plan.zero, lr=plan.lr)
+        before_backward = None
+    seq_local = cfg.seq_len // ctx.tp_size if ctx.sequence_parallel else cfg.seq_len
+    runner = PipelineRunner(chunks, groups.pp_ranks, groups.pp_rank,
+                            (plan.micro_batch, seq_local, cfg.hidden), device=device)
+    schedule = interleaved_1f1b(groups.pp_rank, plan.pp, plan.micro_batches, plan.virtual_stages)
+    is_last = groups.pp_rank == plan.pp - 1
+    counter = SavedActivationCounter()
+    cuda = device.startswith("cuda")
+
+    losses, times, breakdowns, grads, memory = [], [], [], None, None
+
+    def one_step(step: int, record: bool):
+        nonlocal grads, memory
+        inputs, targets = synthetic_batch(cfg, plan.global_batch, step)
+        mi = _micro_split(inputs, plan, groups.dp_rank, device)
+        mt = _micro_split(targets, plan, groups.dp_rank, device)
+        comm.TIMERS.clear()
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with counter:
+            loss = runner.run(mi, mt, schedule, before_backward)
+        t1 = time.perf_counter()
+        at_t1 = dict(comm.TIMERS)
+        for c in chunks:
+            sync_sequence_parallel_grads(c, ctx)
+        opt.sync_grads()
+        t2 = time.perf_counter()
+        if dump_grads and step == 0:
+            specs = {n: d for n, _, d, _ in param_specs(cfg)}
+            full = opt.full_grads()
+            grads = {n: _gather_tp(n, g, specs[n], groups.tp_group) for n, g in full.items()}
+        if record and memory is None:
+            memory = dict(opt.memory_bytes())
+        dp_before_step = comm.TIMERS.get("dp_comm", 0.0)
+        t3 = time.perf_counter()
+        opt.step()
+        if record and "optimizer_states_after_step" not in memory:
+            # AdamW creates its states lazily in the first step: count them after it
+            memory["optimizer_states"] = optimizer_state_bytes(opt.opt)
+            memory["optimizer_states_after_step"] = True
+        opt.zero_grad()
+        if cuda:
+            torch.cuda.synchronize()
+        t4 = time.perf_counter()
+        loss_t = torch.tensor([loss], dtype=torch.float64, device=device)
+        if groups.dp_group is not None:
+            dist.all_reduce(loss_t, group=groups.dp_group)
+            loss_t /= plan.dp
+        losses.append(float(loss_t) if is_last else None)
+        if record:
+            timers = dict(comm.TIMERS)
+            step_s = (t2 - t0) + (t4 - t3)
+            tp_c, pp_c, dp_c = (timers.get(k, 0.0) for k in ("tp_comm", "pp_comm", "dp_comm"))
+            compute = (t1 - t0) - at_t1.get("tp_comm", 0.0) - at_t1.get("pp_comm", 0.0)
+            opt_s = (t4 - t3) - (dp_c - dp_before_step)
+            parts = {"compute": compute, "tp_comm": tp_c, "pp_comm": pp_c, "dp_comm": dp_c,
+                     "optimizer": opt_s}
+            parts["other"] = max(0.0, step_s - sum(parts.values()))
+            breakdowns.append(parts)
+            times.append(step_s)
+
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+    for step in range(plan.warmup + plan.steps):
+        one_step(step, record=step >= plan.warmup)
+    ops = {}
+    if plan.profile_ops:
+        from torch.profiler import ProfilerActivity, profile
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        keep = list(losses)
+        with profile(activities=acts) as prof:
+            one_step(plan.warmup + plan.steps, record=False)
+        losses[:] = keep
+        ops = _op_times(prof)
+    memory.pop("optimizer_states_after_step", None)
+    memory["activations_peak"] = counter.peak_bytes
+    memory["total"] = sum(memory.values())
+    mean_bd = {k: sum(b[k] for b in breakdowns) / len(breakdowns) for k in breakdowns[0]}
+    result = {
+        "rank": groups.rank, "tp_rank": groups.tp_rank, "dp_rank": groups.dp_rank,
+        "pp_rank": groups.pp_rank, "is_last_stage": is_last,
+        "plan": asdict(plan), "model": asdict(cfg), "device": device,
+        "backend": dist.get_backend() if dist.is_initialized() else None,
+        "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+        "losses": losses, "step_times_s": times, "time_breakdown_s": mean_bd,
+        "memory_bytes": memory,
+        "cuda_max_memory_allocated": torch.cuda.max_memory_allocated() if cuda else None,
+        "op_times_s": ops,
+    }
+    if dump_grads:
+        result["grads"] = grads
+    return result
+
+
+def _run_one(spec: dict, out_dir: str, cuda: bool, local_rank: int) -> None:
+    cfg = GPTConfig(**spec.get("model", {}))
+    plan = RunPlan.from_dict(spec.get("plan", {}))
+    if dist.get_world_size() != plan.world_size:
+        raise ConfigError("nproc", f"world size {dist.get_world_size()} != tp({plan.tp}) * "
+                          f"pp({plan.pp}) * dp({plan.dp}) = {plan.world_size}")
+    device = f"cuda:{local_rank}" if cuda else "cpu"
+    torch.manual_seed(cfg.seed)
+    groups = make_groups(plan, "cuda" if cuda else "cpu")
+    result = run_training(cfg, plan, groups, device, bool(spec.get("dump_grads")))
+    grads = result.pop("grads", None)
+    os.makedirs(out_dir, exist_ok=True)
+    r = groups.rank
+    if grads is not None and groups.tp_rank == 0 and groups.dp_rank == 0:
+        torch.save({k: v.cpu() for k, v in grads.items()},
+                   os.path.join(out_dir, f"grads_rank{r}.pt"))
+    tmp = os.path.join(out_dir, f".rank{r}.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(result, f, indent=1)
+    os.replace(tmp, os.path.join(out_dir, f"rank{r}.json"))
+    dist.barrier()
+
+
+def main(argv=None) -> int:
+    """torchrun entry: ``worker SPEC.json --out DIR``.
+
+    SPEC is one run (``{"model", "plan", "dump_grads"}``) written to DIR, or
+    ``{"runs": [{"name", "model", "plan", "dump_grads"}, ...]}``: several plans of the same
+    world size in one launch, each written to DIR/<name>.
+    """
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("spec", help="JSON file with model, plan and dump_grads (or runs)")
+    ap.add_argument("--out", required=True, help="directory for rank<N>.json")
+    args = ap.parse_args(argv)
+    with open(args.spec) as f:
+        spec = json.load(f)
+    cuda = torch.cuda.is_available()
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    if cuda:
+        torch.cuda.set_device(local_rank)
+    dist.init_process_group("nccl" if cuda else "gloo")
+    try:
+        if "runs" in spec:
+            for run in spec["runs"]:
+                _run_one(run, os.path.join(args.out, run["name"]), cuda, local_rank)
+        else:
+            _run_one(spec, args.out, cuda, local_rank)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

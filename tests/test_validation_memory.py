@@ -1,0 +1,89 @@
+"""Memory and time accounting of the validation worker (single process, no torchrun needed)."""
+import pytest
+
+from paraplan.errors import ConfigError
+from paraplan.validation.apply_pp import interleaved_1f1b, one_f_one_b, stage_layers
+from paraplan.validation.model import GPTConfig
+from paraplan.validation.worker import RunPlan, run_training
+
+CFG = GPTConfig(layers=2, hidden=64, heads=4, seq_len=64)
+
+
+def _mem(recompute):
+    plan = RunPlan(micro_batch=2, global_batch=2, recompute=recompute, steps=1, warmup=0,
+                   profile_ops=False)
+    return run_training(CFG, plan)
+
+
+def test_full_recompute_saves_fewer_activation_bytes_than_none():
+    none, sel, full = (_mem(r) for r in ("none", "selective", "full"))
+    a = {k: r["memory_bytes"]["activations_peak"] for k, r in
+         (("none", none), ("selective", sel), ("full", full))}
+    assert a["full"] < a["selective"] < a["none"]  # math attention: selective drops s^2 terms
+    assert a["full"] < 0.5 * a["none"]
+    # recomputation changes memory, never the numbers
+    assert none["losses"] == full["losses"] == sel["losses"]
+
+
+def test_activation_bytes_scale_with_micro_batch():
+    small = _mem("none")["memory_bytes"]["activations_peak"]
+    plan = RunPlan(micro_batch=4, global_batch=4, steps=1, warmup=0, profile_ops=False)
+    big = run_training(CFG, plan)["memory_bytes"]["activations_peak"]
+    assert 1.8 < big / small < 2.2
+
+
+def test_model_state_bytes_single_process():
+    r = _mem("none")
+    m = r["memory_bytes"]
+    n_params = m["parameters"] // 4
+    assert m["gradients"] == m["parameters"]
+    # AdamW: exp_avg + exp_avg_sq per parameter (+ a scalar step per tensor)
+    assert 2 * 4 * n_params <= m["optimizer_states"] < 2 * 4 * n_params + 1024
+    assert m["total"] == sum(v for k, v in m.items() if k != "total")
+
+
+def test_results_carry_times_and_op_profile():
+    plan = RunPlan(micro_batch=2, global_batch=2, steps=2, warmup=1, profile_ops=True)
+    r = run_training(CFG, plan)
+    assert len(r["step_times_s"]) == 2 and all(t > 0 for t in r["step_times_s"])
+    assert len(r["losses"]) == 3
+    assert set(r["time_breakdown_s"]) == {"compute", "tp_comm", "pp_comm", "dp_comm",
+                                          "optimizer", "other"}
+    assert any(k.startswith("aten::") for k in r["op_times_s"])
+
+
+def test_schedules_run_every_forward_before_its_backward():
+    for p, m, v in [(2, 4, 1), (4, 8, 1), (2, 4, 2), (4, 8, 2), (2, 2, 3)]:
+        for rank in range(p):
+            acts = interleaved_1f1b(rank, p, m, v)
+            assert len(acts) == 2 * m * v
+            seen = set()
+            for a in acts:
+                if a.kind == "F":
+                    seen.add((a.chunk, a.micro))
+                else:
+                    assert (a.chunk, a.micro) in seen
+    assert one_f_one_b(0, 4, 8)[:4] == interleaved_1f1b(0, 4, 8, 1)[:4]
+
+
+def test_bad_plans_raise_config_errors():
+    with pytest.raises(ConfigError, match="zero"):
+        RunPlan(zero=4)
+    with pytest.raises(ConfigError, match="global_batch"):
+        RunPlan(dp=2, micro_batch=2, global_batch=6)
+    with pytest.raises(ConfigError, match="recompute"):
+        RunPlan(recompute="some")
+    with pytest.raises(ConfigError, match="not divisible"):
+        stage_layers(4, 3)
+    with pytest.raises(ConfigError, match="interleaved"):
+        interleaved_1f1b(0, 2, 3, 2)
+
+
+def test_torchrun_command_passes_multinode_flags():
+    from paraplan.validation.launch import LaunchOptions, torchrun_command
+    cmd = torchrun_command(LaunchOptions(nproc_per_node=8, nnodes=2, node_rank=1,
+                                         rdzv_endpoint="node0:29500"), "m", ["a"])
+    assert "--nproc-per-node=8" in cmd and "--nnodes=2" in cmd and "--node-rank=1" in cmd
+    assert "--rdzv-endpoint=node0:29500" in cmd and cmd[-3:] == ["-m", "m", "a"]
+    with pytest.raises(ConfigError, match="rdzv"):
+        LaunchOptions(nproc_per_node=8, nnodes=2)

@@ -1,0 +1,109 @@
+"""Parallel layouts compute what a single process computes (real torchrun runs, gloo on CPU).
+
+For the same seed and data, every plan's loss per step must match the single-process run within
+``LOSS_RTOL`` (1e-5 relative) and its first-step gradients, unsharded over tp and dp and joined
+over pipeline stages, within ``GRAD_RTOL`` (1e-4 of the tensor's largest reference entry).
+Plans of one world size share a torchrun launch to save start-up time.
+"""
+import pytest
+
+from paraplan.validation.launch import LaunchOptions, WorkerFailed, launch_worker, launch_worker_batch
+from paraplan.validation.model import GPTConfig
+from paraplan.validation.reference import (GRAD_RTOL, LOSS_RTOL, compare_to_reference,
+                                           load_parallel_grads, reference_run)
+from paraplan.validation.worker import RunPlan
+
+CFG = GPTConfig(vocab_size=256, seq_len=32, hidden=64, heads=4, layers=4, seed=3)
+RUN = dict(steps=2, warmup=1, profile_ops=False)
+
+WORLD2 = {
+    "tp2": dict(tp=2, micro_batch=2, global_batch=4),
+    "tp2_sp": dict(tp=2, micro_batch=2, global_batch=4, sequence_parallel=True),
+    "pp2_1f1b": dict(pp=2, micro_batch=1, global_batch=4),
+    "pp2_interleaved": dict(pp=2, virtual_stages=2, micro_batch=1, global_batch=4),
+    "dp2_zero0": dict(dp=2, zero=0, micro_batch=1, global_batch=4),
+    "dp2_zero1": dict(dp=2, zero=1, micro_batch=1, global_batch=4),
+    "dp2_zero2": dict(dp=2, zero=2, micro_batch=1, global_batch=4),
+    "dp2_zero3": dict(dp=2, zero=3, micro_batch=1, global_batch=4),
+}
+WORLD4 = {
+    "tp2_dp2_zero1_sp": dict(tp=2, dp=2, zero=1, micro_batch=1, global_batch=4,
+                             sequence_parallel=True),
+    "tp2_pp2_fullrecompute": dict(tp=2, pp=2, micro_batch=1, global_batch=4, recompute="full"),
+    "pp2_dp2_zero2_interleaved": dict(pp=2, dp=2, zero=2, virtual_stages=2, micro_batch=1,
+                                      global_batch=8),
+    "tp2_dp2_zero3_selective": dict(tp=2, dp=2, zero=3, micro_batch=1, global_batch=4,
+                                    recompute="selective"),
+}
+
+
+def _batch(tmp_path_factory, plans, world):
+    out = tmp_path_factory.mktemp(f"world{world}")
+    specs = [{"name": n, "model": CFG.__dict__, "plan": dict(p, **RUN), "dump_grads": True}
+             for n, p in plans.items()]
+    results = launch_worker_batch(specs, str(out), LaunchOptions(nproc_per_node=world))
+    return out, results
+
+
+@pytest.fixture(scope="module")
+def world2(tmp_path_factory):
+    return _batch(tmp_path_factory, WORLD2, 2)
+
+
+@pytest.fixture(scope="module")
+def world4(tmp_path_factory):
+    return _batch(tmp_path_factory, WORLD4, 4)
+
+
+def _check(out, results, name, plan):
+    plan = RunPlan.from_dict(dict(plan, **RUN))
+    ref = reference_run(CFG, plan)
+    c = compare_to_reference(results[name], ref, load_parallel_grads(str(out / name)))
+    assert not c["missing_grads"], c["missing_grads"]
+    assert c["loss_rel_err"] <= LOSS_RTOL, c
+    assert c["grad_rel_err"] <= GRAD_RTOL, (c["worst_grad"], c["grad_rel_err"])
+    assert c["matches"]
+    assert len(results[name]) == plan.world_size
+
+
+@pytest.mark.parametrize("name", list(WORLD2))
+def test_world2_matches_single_process(world2, name):
+    out, results = world2
+    _check(out, results, name, WORLD2[name])
+
+
+@pytest.mark.parametrize("name", list(WORLD4))
+def test_world4_matches_single_process(world4, name):
+    out, results = world4
+    _check(out, results, name, WORLD4[name])
+
+
+def test_zero1_optimizer_states_are_sharded(world2):
+    _, results = world2
+    full = results["dp2_zero0"][0]["memory_bytes"]["optimizer_states"]
+    for r in results["dp2_zero1"]:
+        ratio = r["memory_bytes"]["optimizer_states"] / full
+        assert abs(ratio - 0.5) < 0.01, ratio
+
+
+def test_zero_stages_shard_gradients_and_parameters(world2):
+    _, results = world2
+    mem = {z: results[f"dp2_zero{z}"][0]["memory_bytes"] for z in range(4)}
+    assert mem[1]["gradients"] == mem[0]["gradients"]
+    assert abs(mem[2]["gradients"] / mem[0]["gradients"] - 0.5) < 0.01
+    assert abs(mem[3]["parameters"] / mem[0]["parameters"] - 0.5) < 0.01
+    assert abs(mem[3]["optimizer_states"] / mem[0]["optimizer_states"] - 0.5) < 0.01
+
+
+def test_tp_shards_parameters(world2):
+    _, results = world2
+    p_tp = results["tp2"][0]["memory_bytes"]["parameters"]
+    p_dp = results["dp2_zero0"][0]["memory_bytes"]["parameters"]
+    assert p_tp < 0.7 * p_dp  # blocks halve; embeddings and head stay replicated
+
+
+def test_worker_failure_is_reported_with_its_stderr(tmp_path):
+    spec = {"model": dict(CFG.__dict__, layers=3), "plan": dict(pp=2, **RUN)}
+    with pytest.raises(WorkerFailed) as e:
+        launch_worker(spec, str(tmp_path), LaunchOptions(nproc_per_node=2))
+    assert "layers(3) is not divisible by pp(2)" in str(e.value)
