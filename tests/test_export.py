@@ -151,6 +151,7 @@ def test_megatron_zero3_offload_and_full_recompute():
     _, f = parse_megatron(text)
     assert f["--recompute-granularity"] == "full" and f["--recompute-method"] == "uniform"
     assert f["--use-distributed-optimizer"] is True and f["--optimizer-cpu-offload"] is True
+    assert f["--use-precision-aware-optimizer"] is True
     notes = comments(text)
     assert "ZeRO-3 has no exact Megatron-LM equivalent" in notes and "optim_grads_params" in notes
     assert "NVMe offload has no Megatron-LM flag" in notes and "parameter offload" in notes
@@ -251,8 +252,7 @@ def test_deepspeed_batch_arithmetic(name):
 @pytest.mark.parametrize("name", list(PLANS))
 def test_megatron_batch_arithmetic(name):
     s = scenario(name)
-    _, f = parse_megatron(ex.to_megatron(PLANS[name]))
-    torchrun, _ = parse_megatron(ex.to_megatron(PLANS[name]))
+    torchrun, f = parse_megatron(ex.to_megatron(PLANS[name]))
     assert int(torchrun["--nnodes"]) * int(torchrun["--nproc-per-node"]) == s.gpus
     world = s.gpus
     mp = int(f["--tensor-model-parallel-size"]) * int(f["--pipeline-model-parallel-size"]) * \
@@ -370,3 +370,49 @@ def test_main_cli_has_export(tmp_path, capsys):
     assert tomllib.loads(capsys.readouterr().out)["parallelism"]["tensor_parallel_degree"] == 2
     assert main(["export", str(tmp_path / "missing.json"), "--to", "torchtitan"]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+# --- property: any legal plan exports to documented names, or says why it cannot ----------------------
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@st.composite
+def legal_plans(draw):
+    tp, pp, cp = draw(st.sampled_from([1, 2, 4])), draw(st.sampled_from([1, 2, 4])), draw(st.sampled_from([1, 2]))
+    gpus = 32
+    dp = gpus // (tp * pp * cp)
+    schedule = draw(st.sampled_from(["1f1b", "gpipe", "zb-h1"] + (["interleaved"] if pp > 1 else [])))
+    vpp = draw(st.sampled_from([1, 2])) if schedule == "interleaved" else 1
+    zero = draw(st.integers(0, 3))
+    offload = draw(st.sampled_from(["none", "cpu", "nvme"])) if zero else "none"
+    micro = draw(st.sampled_from([1, 2]))
+    plan = dict(tp=tp, pp=pp, cp=cp, dp=dp, vpp=vpp, schedule=schedule, zero=zero, offload=offload,
+                offload_params=draw(st.booleans()) if zero == 3 and offload != "none" else False,
+                micro_batch=micro, sp=draw(st.booleans()) if tp > 1 else False,
+                recompute=draw(st.sampled_from(["none", "selective", "full"])),
+                dtype=draw(st.sampled_from(["bf16", "fp16"])), flash_attention=draw(st.booleans()),
+                overlap_grad_reduce=draw(st.booleans()))
+    return doc("llama3-8b", "dgx-h100", gpus, 4096, dp * micro * pp * 4, **plan)
+
+
+@settings(max_examples=150, deadline=None)
+@given(legal_plans())
+def test_any_legal_plan_exports_documented_names(d):
+    _, flags = parse_megatron(ex.to_megatron(d))              # Megatron-LM expresses every plan
+    assert set(flags) <= set(OPTIONS["megatron"]["flags"])
+    try:
+        cfg = json.loads(ex.to_deepspeed(d))
+    except ConfigError as e:
+        assert e.field in {"cp", "sp", "tp", "zero", "schedule", "offload"}
+    else:
+        documented = set(OPTIONS["deepspeed"]["keys"]) | set(OPTIONS["deepspeed_pipeline"]["keys"])
+        assert set(dotted_keys(cfg)) <= documented
+        assert cfg["train_batch_size"] == (cfg["train_micro_batch_size_per_gpu"]
+                                           * cfg["gradient_accumulation_steps"] * d["plan"]["dp"])
+    try:
+        toml = tomllib.loads(ex.to_torchtitan(d))
+    except ConfigError as e:
+        assert e.field in {"dtype", "offload"}
+    else:
+        keys = {f"{s}.{k}" for s, items in toml.items() for k in items}
+        assert keys <= set(OPTIONS["torchtitan"]["keys"])

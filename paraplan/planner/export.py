@@ -160,7 +160,8 @@ def build_megatron(s: Scenario) -> Export:
                      "--use-megatron-fsdp --data-parallel-sharding-strategy "
                      f"{'optim_grads' if p.zero == 2 else 'optim_grads_params'}")
     if p.offload != "none":
-        args.append(("--optimizer-cpu-offload",))
+        # validate_args requires the precision-aware optimizer for the hybrid CPU/GPU optimizer
+        args += [("--optimizer-cpu-offload",), ("--use-precision-aware-optimizer",)]
         if p.offload == "nvme":
             notes.append("NVMe offload has no Megatron-LM flag; --optimizer-cpu-offload keeps the optimizer "
                          "states in host memory instead (check that they fit)")
