@@ -201,6 +201,13 @@ def test_deepspeed_pipeline_fp16():
     assert any("PipelineModule" in n and "gpipe" in n for n in notes)
 
 
+def test_deepspeed_launch_note_uses_documented_launcher_flags():
+    note = next(n for n in ex.export_notes(PLANS["llama8b-zero3-nvme"], "deepspeed") if n.startswith("launch:"))
+    flags = set(re.findall(r"(?<!\S)--\w+", note))
+    assert flags and flags <= set(OPTIONS["deepspeed_launcher"]["flags"])
+    assert "--num_nodes 2" in note and "--num_gpus 8" in note
+
+
 def test_deepspeed_autotp_and_cpu_offload():
     cfg = json.loads(ex.to_deepspeed(PLANS["llama8b-autotp-cpu"]))
     assert cfg["tensor_parallel"]["autotp_size"] == 2

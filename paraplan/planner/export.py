@@ -277,7 +277,7 @@ def build_deepspeed(s: Scenario) -> Export:
         notes.append("flash attention is chosen by the model code (e.g. attn_implementation='flash_attention_2'), "
                      "not by the DeepSpeed config")
     notes.append(f"launch: deepspeed --num_nodes {s.nodes} --num_gpus {s.gpus_per_node} --hostfile HOSTFILE "
-                 "train.py --deepspeed --deepspeed_config ds_config.json")
+                 "train.py, where train.py passes this file to deepspeed.initialize(config=...)")
     return Export("deepspeed", json.dumps(cfg, indent=2) + "\n", notes)
 
 

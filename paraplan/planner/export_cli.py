@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from paraplan.errors import ParaplanError
@@ -13,7 +14,7 @@ def add_export_args(ap: argparse.ArgumentParser) -> None:
     # validated in cmd_export (not argparse choices) so an unknown engine is a one-line ConfigError
     ap.add_argument("--to", dest="engine", required=True, metavar="|".join(ENGINES),
                     help="which engine's launch config to write")
-    ap.add_argument("--out", help="write to this file (atomically) instead of stdout")
+    ap.add_argument("--out", metavar="FILE", help="write to this file (atomically) instead of stdout")
 
 
 def cmd_export(args) -> int:
@@ -23,8 +24,7 @@ def cmd_export(args) -> int:
     result = export(doc, args.engine, source=args.plan_file)
     if args.out:
         write_atomic(args.out, result.text)
-        if result.text.startswith("#!"):
-            import os
+        if result.text.startswith("#!"):          # the Megatron-LM script: make it executable
             os.chmod(args.out, 0o755)
     else:
         sys.stdout.write(result.text)
