@@ -160,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _optional_commands():
     """Subcommands that live in their own modules (planner, reports, validation, CF)."""
     out = []
-    for module, attr in (("paraplan.planner.cli", "register"), ("paraplan.reports.cli", "register"),
+    for module, attr in (("paraplan.planner.cli", "register"), ("paraplan.planner.export_cli", "register"),
+                         ("paraplan.reports.cli", "register"),
                          ("paraplan.validation.cli", "register"), ("paraplan.cf_cli", "register")):
         try:
             mod = __import__(module, fromlist=[attr])

@@ -1,0 +1,411 @@
+"""Launch configs from a plan file: Megatron-LM (bash + torchrun), DeepSpeed (config JSON), torchtitan (TOML).
+
+Each exporter is a pure function of a plan document (the dict ``read_plan_file`` returns) and returns
+text. Choices an engine cannot express exactly are handled one of two ways, always visibly:
+
+* **closest supported setting plus a note** when the job still runs with the same layout and only a
+  secondary property changes (e.g. ``zb-h1`` runs as 1F1B on stock Megatron-LM; ZeRO-2/3 runs as
+  Megatron's distributed optimizer). Notes appear as ``# NOTE:`` comments in bash and TOML output;
+  JSON has no comments, so DeepSpeed notes come back from :func:`export_notes` (the CLI prints
+  them on stderr).
+* **ConfigError** when the engine would run a different layout than the plan (e.g. DeepSpeed with
+  context parallelism, or ZeRO-2/3 together with DeepSpeed pipeline parallelism, which its
+  PipelineEngine rejects; torchtitan with fp16 or NVMe offload).
+
+Option names come from the engines' own sources, recorded with their commits in
+``tests/data/engine_options.yaml``; ``tests/test_export.py`` checks every emitted name against it.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from paraplan.errors import ConfigError
+from paraplan.planner.plan import Plan, check_plan
+from paraplan.planner.planfile import PLAN_SCHEMA
+
+ENGINES = ("megatron", "deepspeed", "torchtitan")
+RDZV_PORT = 29500
+NVME_PLACEHOLDER = "/CHANGE_ME/local_nvme"     # DeepSpeed's documented default is /local_nvme
+TRAIN_ITERS = 100                              # a smoke-test length; override on the command line
+LEARNING_RATE = 1.0e-4
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """What an exporter needs: the checked plan (dp filled) and the job around it."""
+    plan: Plan
+    model: Any                      # TransformerModel
+    model_spec: str
+    cluster_spec: str
+    gpus: int
+    nodes: int
+    gpus_per_node: int
+    seq_len: int
+    global_batch: int
+
+    @property
+    def grad_accum(self) -> int:
+        """Micro-batches per data-parallel rank per optimizer step."""
+        return self.global_batch // (self.plan.dp * self.plan.micro_batch)
+
+
+@dataclass
+class Export:
+    """Text for one engine and the notes on what was approximated."""
+    engine: str
+    text: str
+    notes: list[str] = field(default_factory=list)
+
+
+# --- reading the document ---------------------------------------------------------------------------
+def load_scenario(doc: Mapping[str, Any], source: str = "plan") -> Scenario:
+    """Validate a plan document and resolve its model and cluster (ConfigError on any problem)."""
+    from paraplan.hardware.catalog import load_cluster
+    from paraplan.workloads.presets import load_model
+    from paraplan.workloads.transformer import TrainingJob
+
+    if not isinstance(doc, Mapping) or doc.get("schema") != PLAN_SCHEMA:
+        raise ConfigError("schema", f"not a paraplan plan document (expected schema {PLAN_SCHEMA!r})",
+                          source=source)
+    sc, raw_plan = doc.get("scenario"), doc.get("plan")
+    for key, value in (("scenario", sc), ("plan", raw_plan)):
+        if not isinstance(value, Mapping):
+            raise ConfigError(key, "missing or not a mapping", source=source)
+    missing = [k for k in ("model", "cluster", "gpus", "seq_len", "global_batch") if sc.get(k) in (None, "")]
+    if missing:
+        raise ConfigError(f"scenario.{missing[0]}", "missing", source=source,
+                          accepted="scenario with model, cluster, gpus, seq_len, global_batch")
+    for key in ("gpus", "seq_len", "global_batch"):
+        v = sc[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"scenario.{key}", f"must be a positive integer, got {v!r}", source=source)
+    model = load_model(str(sc["model"]))
+    cluster = load_cluster(str(sc["cluster"]), sc["gpus"])
+    plan = check_plan(Plan.from_dict(raw_plan, source=source), model,
+                      TrainingJob(sc["seq_len"], sc["global_batch"]), cluster)
+    return Scenario(plan=plan, model=model, model_spec=str(sc["model"]), cluster_spec=str(sc["cluster"]),
+                    gpus=cluster.num_gpus, nodes=cluster.num_nodes, gpus_per_node=cluster.gpus_per_node,
+                    seq_len=sc["seq_len"], global_batch=sc["global_batch"])
+
+
+def _headline(s: Scenario) -> str:
+    p = s.plan
+    return (f"{s.model_spec} on {s.gpus} x {s.cluster_spec} ({s.nodes} node(s) x {s.gpus_per_node} GPUs): "
+            f"{p.label()}, schedule {p.schedule}, ZeRO {p.zero}, recompute {p.recompute}, offload {p.offload}"
+            f"{' +params' if p.offload_params else ''}, {p.dtype}; seq {s.seq_len}, global batch {s.global_batch}")
+
+
+# --- Megatron-LM -------------------------------------------------------------------------------------
+def _torchrun_args(s: Scenario) -> list[str]:
+    return ["--nnodes", str(s.nodes), "--nproc-per-node", str(s.gpus_per_node),
+            "--rdzv-id", "paraplan", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"${{MASTER_ADDR}}:${{MASTER_PORT}}"]
+
+
+def build_megatron(s: Scenario) -> Export:
+    """pretrain_gpt.py flags (NVIDIA/Megatron-LM megatron/training/arguments.py) behind torchrun."""
+    p, m, notes = s.plan, s.model, []
+    args: list[tuple[str, ...]] = [
+        ("--num-layers", str(m.layers)), ("--hidden-size", str(m.hidden)),
+        ("--ffn-hidden-size", str(m.ffn_hidden)), ("--num-attention-heads", str(m.heads)),
+    ]
+    if m.kv_heads != m.heads:
+        args += [("--group-query-attention",), ("--num-query-groups", str(m.kv_heads))]
+    args += [("--seq-length", str(s.seq_len)),
+             ("--max-position-embeddings", str(max(s.seq_len, m.max_positions or 0))),
+             ("--position-embedding-type", "learned_absolute" if m.learned_positions else "rope"),
+             ("--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm")]
+    if m.activation == "swiglu":
+        args.append(("--swiglu",))
+    elif m.activation == "relu":
+        notes.append("the model uses ReLU; Megatron-LM has no plain-ReLU flag (--squared-relu is a different "
+                     "function), so this script keeps Megatron's default GELU (same shapes and FLOPs)")
+    if not m.bias:
+        args.append(("--disable-bias-linear",))
+    if not m.tied_embeddings:
+        args.append(("--untie-embeddings-and-output-weights",))
+    args += [("--vocab-size", str(m.vocab)), ("--tokenizer-type", "NullTokenizer"), ("--mock-data",)]
+
+    # parallel layout
+    args += [("--tensor-model-parallel-size", str(p.tp)), ("--pipeline-model-parallel-size", str(p.pp)),
+             ("--context-parallel-size", str(p.cp))]
+    if p.sp:
+        args.append(("--sequence-parallel",))
+    if p.schedule == "interleaved":
+        args.append(("--num-layers-per-virtual-pipeline-stage", str(m.layers // (p.pp * p.vpp))))
+    elif p.schedule == "zb-h1" and p.pp > 1:
+        notes.append("schedule zb-h1 (zero-bubble H1, Qi et al. 2023) needs a zero-bubble fork of Megatron-LM "
+                     "(sail-sg/zero-bubble-pipeline-parallelism); stock Megatron-LM runs its closest schedule, "
+                     "non-interleaved 1F1B, with a larger bubble than the estimate assumed")
+    elif p.schedule == "gpipe" and p.pp > 1:
+        notes.append("schedule gpipe has no Megatron-LM flag; Megatron-LM runs 1F1B, which has the same "
+                     "bubble and keeps at most pp micro-batches of activations in flight")
+    args += [("--micro-batch-size", str(p.micro_batch)), ("--global-batch-size", str(s.global_batch))]
+
+    # memory
+    if p.recompute == "full":
+        args += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
+                 ("--recompute-num-layers", "1")]
+    elif p.recompute == "selective":
+        args.append(("--recompute-granularity", "selective"))
+    if p.zero >= 1:
+        args.append(("--use-distributed-optimizer",))
+    if p.zero >= 2:
+        notes.append(f"ZeRO-{p.zero} has no exact Megatron-LM equivalent: --use-distributed-optimizer shards "
+                     "optimizer states (ZeRO-1) and reduce-scatters gradients, but keeps full parameters "
+                     "and gradient buffers on every rank. The nearest match is Megatron FSDP: "
+                     "--use-megatron-fsdp --data-parallel-sharding-strategy "
+                     f"{'optim_grads' if p.zero == 2 else 'optim_grads_params'}")
+    if p.offload != "none":
+        # validate_args requires the precision-aware optimizer for the hybrid CPU/GPU optimizer
+        args += [("--optimizer-cpu-offload",), ("--use-precision-aware-optimizer",)]
+        if p.offload == "nvme":
+            notes.append("NVMe offload has no Megatron-LM flag; --optimizer-cpu-offload keeps the optimizer "
+                         "states in host memory instead (check that they fit)")
+    if p.offload_params:
+        notes.append("parameter offload (ZeRO-Infinity) has no Megatron-LM equivalent; parameters stay on GPU")
+    if p.overlap_grad_reduce:
+        args.append(("--overlap-grad-reduce",))
+    args.append(("--bf16",) if p.dtype == "bf16" else ("--fp16",))
+    if p.flash_attention:
+        args.append(("--use-flash-attn",))
+    args += [("--train-iters", str(TRAIN_ITERS)), ("--lr", f"{LEARNING_RATE:g}")]
+
+    lines = ["#!/usr/bin/env bash",
+             "# Megatron-LM launch script written by `paraplan export --to megatron`.",
+             f"# Plan: {_headline(s)}",
+             "# Run the same script on every node with NODE_RANK unset (c10d rendezvous assigns ranks);",
+             "# MASTER_ADDR is the host of the rendezvous (any one node). Extra arguments are passed to",
+             "# pretrain_gpt.py, e.g. --data-path ... --tokenizer-type ... to replace the mock data.",
+             *(f"# NOTE: {n}" for n in notes),
+             "set -euo pipefail",
+             ': "${MEGATRON_LM:=/path/to/Megatron-LM}"',
+             ': "${MASTER_ADDR:=localhost}"',
+             f': "${{MASTER_PORT:={RDZV_PORT}}}"',
+             "",
+             "torchrun " + " ".join(_quote(a) for a in _torchrun_args(s)) + " \\",
+             '  "${MEGATRON_LM}/pretrain_gpt.py" \\']
+    lines += ["  " + " ".join(_quote(a) for a in group) + " \\" for group in args]
+    lines.append('  "$@"')
+    return Export("megatron", "\n".join(lines) + "\n", notes)
+
+
+def _quote(arg: str) -> str:
+    """shlex.quote, but keep ${VAR} references expandable (double quotes)."""
+    return f'"{arg}"' if "${" in arg else shlex.quote(arg)
+
+
+# --- DeepSpeed ---------------------------------------------------------------------------------------
+def build_deepspeed(s: Scenario) -> Export:
+    """A DeepSpeed config JSON (keys from deepspeed.ai/docs/config-json and deepspeed/runtime/config.py).
+
+    Raises ConfigError for layouts a DeepSpeed config cannot express: context parallelism, Megatron
+    sequence parallelism, TP together with PP (3D parallelism needs Megatron-DeepSpeed), ZeRO-2/3
+    with PP (DeepSpeed's PipelineEngine asserts stage < 2), the interleaved schedule, and NVMe
+    optimizer offload below ZeRO-3.
+    """
+    p, notes = s.plan, []
+    if p.cp > 1:
+        raise ConfigError("cp", f"DeepSpeed's config has no context-parallel setting (cp={p.cp}); use "
+                          "Megatron-DeepSpeed (--ds-sequence-parallel-size, Ulysses) or export to megatron/torchtitan",
+                          accepted="--to megatron or --to torchtitan")
+    if p.sp:
+        raise ConfigError("sp", "Megatron sequence parallelism is not a DeepSpeed config option; it needs "
+                          "Megatron-DeepSpeed", accepted="--to megatron, or a plan without --sp")
+    if p.tp > 1 and p.pp > 1:
+        raise ConfigError("tp", f"tp={p.tp} with pp={p.pp} (3D parallelism) cannot be set from a DeepSpeed config; "
+                          "it needs Megatron-DeepSpeed", accepted="--to megatron, or a plan with tp=1 or pp=1")
+    if p.pp > 1 and p.zero >= 2:
+        raise ConfigError("zero", f"DeepSpeed's PipelineEngine rejects ZeRO-{p.zero} with pipeline parallelism "
+                          "(ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism)",
+                          accepted="--zero 0 or 1 with pp > 1")
+    if p.schedule == "interleaved":
+        raise ConfigError("schedule", "DeepSpeed's pipeline engine has no interleaved (virtual-stage) schedule",
+                          accepted="1f1b with pp > 1, or --to megatron / --to torchtitan")
+    if p.offload == "nvme" and p.zero < 3:
+        raise ConfigError("offload", f"DeepSpeed offloads optimizer states to NVMe only with ZeRO-3 (plan has "
+                          f"ZeRO-{p.zero})", accepted="--offload cpu, or --zero 3 --offload nvme")
+
+    cfg: dict[str, Any] = {
+        "train_batch_size": s.global_batch,
+        "train_micro_batch_size_per_gpu": p.micro_batch,
+        "gradient_accumulation_steps": s.grad_accum,
+        "gradient_clipping": 1.0,
+        "steps_per_print": 10,
+        "wall_clock_breakdown": False,
+    }
+    cfg["bf16" if p.dtype == "bf16" else "fp16"] = ({"enabled": True} if p.dtype == "bf16"
+                                                    else {"enabled": True, "loss_scale": 0})
+    zero: dict[str, Any] = {"stage": p.zero}
+    if p.zero >= 1:
+        zero.update(overlap_comm=p.overlap_grad_reduce, contiguous_gradients=True)
+    if p.offload != "none":
+        off = {"device": p.offload, "pin_memory": True}
+        if p.offload == "nvme":
+            off["nvme_path"] = NVME_PLACEHOLDER
+        zero["offload_optimizer"] = off
+        if p.offload_params:
+            zero["offload_param"] = dict(off)
+    cfg["zero_optimization"] = zero
+    if p.offload == "nvme":
+        notes.append(f"set zero_optimization.*.nvme_path (now {NVME_PLACEHOLDER!r}) to a directory on a local "
+                     "NVMe drive on every node")
+    if p.recompute != "none":
+        cfg["activation_checkpointing"] = {"partition_activations": False, "cpu_checkpointing": False,
+                                           "contiguous_memory_optimization": False,
+                                           "synchronize_checkpoint_boundary": False, "profile": False}
+        notes.append("activation_checkpointing only configures deepspeed.checkpointing; the model code must "
+                     "wrap its layers with deepspeed.checkpointing.checkpoint"
+                     + (" (per layer for full recomputation)" if p.recompute == "full" else
+                        "; selective recomputation means checkpointing only the attention core "
+                        "(softmax/dropout), which the model code has to choose"))
+    if p.pp > 1:
+        cfg["pipeline"] = {"stages": p.pp, "partition": "parameters",
+                           "activation_checkpoint_interval": 1 if p.recompute == "full" else 0}
+        notes.append(f"pipeline parallelism needs the model built as deepspeed.pipe.PipelineModule(num_stages={p.pp}) "
+                     "and trained with engine.train_batch(); DeepSpeed runs its own 1F1B-style TrainSchedule"
+                     + (f" (the plan's {p.schedule} schedule is not available)" if p.schedule != "1f1b" else ""))
+    if p.tp > 1:
+        cfg["tensor_parallel"] = {"autotp_size": p.tp}
+        notes.append(f"tp={p.tp} maps to DeepSpeed AutoTP training (tensor_parallel.autotp_size, recent DeepSpeed "
+                     "releases, Hugging Face-style models); for Megatron-style tensor parallelism use "
+                     "Megatron-DeepSpeed or --to megatron")
+    if p.flash_attention:
+        notes.append("flash attention is chosen by the model code (e.g. attn_implementation='flash_attention_2'), "
+                     "not by the DeepSpeed config")
+    notes.append(f"launch: deepspeed --num_nodes {s.nodes} --num_gpus {s.gpus_per_node} --hostfile HOSTFILE "
+                 "train.py, where train.py passes this file to deepspeed.initialize(config=...)")
+    return Export("deepspeed", json.dumps(cfg, indent=2) + "\n", notes)
+
+
+# --- torchtitan --------------------------------------------------------------------------------------
+_TITAN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B", "zb-h1": "1F1B"}
+_TITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3-405b": ("llama3", "405B")}
+
+
+def build_torchtitan(s: Scenario) -> Export:
+    """A torchtitan TOML job config (sections and keys of torchtitan/config/job_config.py, TOML era).
+
+    Data parallelism maps by ZeRO stage: 0 -> DDP (data_parallel_replicate_degree) when dp is the only
+    axis, 1-3 -> FSDP2 (data_parallel_shard_degree). Raises ConfigError for fp16 (torchtitan trains
+    in bf16 or fp32 only) and for NVMe offload (torchtitan offloads to CPU memory only).
+    """
+    p, m, notes = s.plan, s.model, []
+    if p.dtype != "bf16":
+        raise ConfigError("dtype", "torchtitan has no fp16 mixed precision (training.mixed_precision_param "
+                          "accepts bfloat16 or float32)", accepted="--dtype bf16")
+    if p.offload == "nvme":
+        raise ConfigError("offload", "torchtitan offloads to CPU memory only (training.enable_cpu_offload)",
+                          accepted="--offload cpu or none")
+
+    name, flavor = _TITAN_FLAVORS.get(s.model_spec, ("llama3", None))
+    if flavor is None:
+        flavor = "paraplan-" + "".join(c if c.isalnum() else "-" for c in m.name)
+        notes.append(f"torchtitan has no flavor for this model; register {flavor!r} in torchtitan's "
+                     f"{name} model args with dim={m.hidden}, n_layers={m.layers}, n_heads={m.heads}, "
+                     f"n_kv_heads={m.kv_heads}, vocab_size={m.vocab}, FFN width {m.ffn_hidden}")
+    if (m.activation, m.norm, m.learned_positions) != ("swiglu", "rmsnorm", False):
+        notes.append(f"torchtitan's {name} architecture is SwiGLU/RMSNorm/RoPE; this model is "
+                     f"{m.activation}/{m.norm}{'/learned positions' if m.learned_positions else ''}, so "
+                     "the layout carries over but the model code must be adapted")
+
+    mp = p.tp * p.pp * p.cp
+    if p.zero == 0 and mp == 1:
+        replicate, shard, reshard = p.dp, 1, None
+    else:
+        replicate, shard = 1, p.dp
+        reshard = "default" if p.zero == 3 else "never"
+        if p.zero == 0:
+            notes.append("ZeRO-0 with tp/pp/cp: torchtitan's DDP path supports only 1-D data parallelism, so "
+                         "data parallelism uses FSDP (parameters sharded, less memory than planned)")
+        elif p.zero in (1, 2):
+            notes.append(f"ZeRO-{p.zero} maps to FSDP with reshard_after_forward=never (parameters gathered once "
+                         "per step, ZeRO-2-like); FSDP also shards the stored parameters")
+    if p.tp > 1 and not p.sp:
+        notes.append("torchtitan's tensor-parallel plan always applies sequence parallelism to norms/dropout")
+    if p.schedule == "zb-h1" and p.pp > 1:
+        notes.append("zb-h1 needs one stage per rank; torch.distributed.pipelining's zero-bubble schedules "
+                     "(InterleavedZeroBubble, ZBVZeroBubble) need several, so this runs 1F1B")
+    if p.offload == "cpu":
+        notes.append("training.enable_cpu_offload offloads parameters, gradients and optimizer states (FSDP "
+                     "CPU offload), more than optimizer-only offload")
+    if p.recompute == "selective":
+        notes.append("selective recomputation uses torchtitan's per-op policy (selective_ac_option='op'), which "
+                     "differs in detail from Megatron's attention-core recomputation")
+
+    if p.pp > 1:      # one pipeline step holds all micro-batches of the DP rank: no gradient accumulation
+        local_batch = s.global_batch // p.dp
+    else:             # no pipeline: local batch is the micro-batch, the rest is gradient accumulation
+        local_batch = p.micro_batch
+    sections: list[tuple[str, list[tuple[str, Any]]]] = [
+        ("job", [("description", f"paraplan export: {s.model_spec} {p.label()}"), ("dump_folder", "./outputs")]),
+        ("model", [("name", name), ("flavor", flavor)]),
+        ("training", [("local_batch_size", local_batch), ("global_batch_size", s.global_batch),
+                      ("seq_len", s.seq_len), ("steps", TRAIN_ITERS), ("mixed_precision_param", "bfloat16")]
+         + ([("enable_cpu_offload", True)] if p.offload == "cpu" else [])),
+        ("parallelism", [("data_parallel_replicate_degree", replicate), ("data_parallel_shard_degree", shard)]
+         + ([("fsdp_reshard_after_forward", reshard)] if reshard else [])
+         + [("tensor_parallel_degree", p.tp), ("pipeline_parallel_degree", p.pp),
+            ("context_parallel_degree", p.cp)]
+         + ([("pipeline_parallel_schedule", _TITAN_SCHEDULES[p.schedule]),
+             ("pipeline_parallel_microbatch_size", p.micro_batch),
+             ("pipeline_parallel_layers_per_stage", m.layers // (p.pp * p.vpp))] if p.pp > 1 else [])),
+        ("activation_checkpoint", [("mode", p.recompute)]
+         + ([("selective_ac_option", "op")] if p.recompute == "selective" else [])),
+    ]
+    head = ["# torchtitan job config written by `paraplan export --to torchtitan`.",
+            f"# Plan: {_headline(s)}",
+            "# Targets the TOML job config of torchtitan/config/job_config.py; launch on every node with",
+            f"#   torchrun --nnodes {s.nodes} --nproc-per-node {s.gpus_per_node} --rdzv-backend c10d "
+            f"--rdzv-endpoint $MASTER_ADDR:{RDZV_PORT} -m torchtitan.train --job.config_file THIS_FILE",
+            *(f"# NOTE: {n}" for n in notes)]
+    body = []
+    for title, items in sections:
+        body.append(f"\n[{title}]")
+        body += [f"{k} = {_toml_value(v)}" for k, v in items]
+    return Export("torchtitan", "\n".join(head + body) + "\n", notes)
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)          # a JSON string is a valid TOML basic string
+    raise TypeError(f"no TOML form for {v!r}")
+
+
+# --- public API ---------------------------------------------------------------------------------------
+_BUILDERS: dict[str, Callable[[Scenario], Export]] = {
+    "megatron": build_megatron, "deepspeed": build_deepspeed, "torchtitan": build_torchtitan}
+
+
+def export(doc: Mapping[str, Any], engine: str, source: str = "plan") -> Export:
+    """Export a plan document for one engine (ConfigError for unknown engines or inexpressible plans)."""
+    if engine not in _BUILDERS:
+        raise ConfigError("--to", f"unknown engine {engine!r}", accepted=", ".join(ENGINES))
+    return _BUILDERS[engine](load_scenario(doc, source))
+
+
+def to_megatron(doc: Mapping[str, Any]) -> str:
+    """A bash script: torchrun + Megatron-LM pretrain_gpt.py with the plan's flags."""
+    return export(doc, "megatron").text
+
+
+def to_deepspeed(doc: Mapping[str, Any]) -> str:
+    """A DeepSpeed config JSON (no comments; see :func:`export_notes` for what it leaves to the user)."""
+    return export(doc, "deepspeed").text
+
+
+def to_torchtitan(doc: Mapping[str, Any]) -> str:
+    """A torchtitan TOML job config."""
+    return export(doc, "torchtitan").text
+
+
+def export_notes(doc: Mapping[str, Any], engine: str) -> list[str]:
+    """What the export approximates or leaves to the user, one sentence each."""
+    return export(doc, engine).notes

@@ -1,0 +1,55 @@
+"""`paraplan export PLAN.json --to megatron|deepspeed|torchtitan [--out FILE]`."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from paraplan.errors import ParaplanError
+
+
+def add_export_args(ap: argparse.ArgumentParser) -> None:
+    from paraplan.planner.export import ENGINES
+    ap.add_argument("plan_file", metavar="PLAN.json", help="a plan file written by `paraplan plan --out`")
+    # validated in cmd_export (not argparse choices) so an unknown engine is a one-line ConfigError
+    ap.add_argument("--to", dest="engine", required=True, metavar="|".join(ENGINES),
+                    help="which engine's launch config to write")
+    ap.add_argument("--out", metavar="FILE", help="write to this file (atomically) instead of stdout")
+
+
+def cmd_export(args) -> int:
+    from paraplan.planner.export import export
+    from paraplan.planner.planfile import read_plan_file, write_atomic
+    doc = read_plan_file(args.plan_file)
+    result = export(doc, args.engine, source=args.plan_file)
+    if args.out:
+        write_atomic(args.out, result.text)
+        if result.text.startswith("#!"):          # the Megatron-LM script: make it executable
+            os.chmod(args.out, 0o755)
+    else:
+        sys.stdout.write(result.text)
+    for note in result.notes if args.engine == "deepspeed" else ():   # the others carry them as comments
+        print(f"paraplan: note: {note}", file=sys.stderr)
+    return 0
+
+
+def register(subparsers) -> None:
+    ex = subparsers.add_parser("export", help="write a plan as a Megatron-LM, DeepSpeed or torchtitan launch config")
+    add_export_args(ex)
+    ex.set_defaults(func=cmd_export)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `export` on its own (used by tests); errors print one line and return 2."""
+    ap = argparse.ArgumentParser(prog="paraplan export")
+    add_export_args(ap)
+    args = ap.parse_args(argv)
+    try:
+        return cmd_export(args)
+    except ParaplanError as e:
+        print(f"paraplan: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
