@@ -179,5 +179,11 @@ def main(argv=None) -> int:
         return 2
 
 
+def register(subparsers) -> None:
+    """Hook for the main ``paraplan`` parser."""
+    add_validate_parser(subparsers).set_defaults(func=run_validate)
+    add_profile_parser(subparsers).set_defaults(func=run_profile)
+
+
 if __name__ == "__main__":
     sys.exit(main())
