@@ -263,7 +263,7 @@ def route(graph: nx.Graph, src: int, dst: int) -> list[tuple]:
     ``(src + dst) % spines``.
     """
     f = _fabric(graph)
-    _check_members(f, [src, dst])
+    _check_members(f, {src, dst})
     hops = _hops(f, src, dst)
     if not hops:
         return [("gpu", src)]
