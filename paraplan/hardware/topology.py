@@ -324,20 +324,26 @@ def _check_members(f: Fabric, members: Iterable[int]) -> list[int]:
     return ms
 
 
-def fabric_loads(graph: nx.Graph, groups: Iterable[Sequence[int]], *,
-                 pattern: str = "hierarchical") -> dict[tuple, float]:
+def fabric_loads(graph: nx.Graph, groups: Iterable[Sequence[int]], *, pattern: str = "hierarchical",
+                 phase: str = "spanning") -> dict[tuple, float]:
     """Flows on every directed edge when all ``groups`` run a collective of ``pattern`` at once.
 
-    Keys are directed edges ``(u, v)`` of the graph, except that a leaf's spine uplink (all its
-    leaf—spine links, ideal ECMP) is ``(leaf, SPINES)`` and its downlink ``(SPINES, leaf)``.
+    ``phase``: "spanning" (the flows of the tier the groups span: all flows of a ring or p2p, the
+    inter-node rings of a hierarchical collective) or "intra" (the intra-node rings of a
+    hierarchical collective that spans nodes; they run before and after the inter-node phase, so
+    the two phases never share an edge's load). Keys are directed edges ``(u, v)`` of the graph,
+    except that a leaf's spine uplink (all its leaf—spine links, ideal ECMP) is ``(leaf, SPINES)``
+    and its downlink ``(SPINES, leaf)``.
     """
     f = _fabric(graph)
     if pattern not in PATTERNS:
         raise ConfigError("pattern", f"unknown pattern {pattern!r}", accepted=", ".join(PATTERNS))
+    if phase not in ("spanning", "intra"):
+        raise ConfigError("phase", f"unknown phase {phase!r}", accepted="spanning, intra")
     loads: dict[tuple, float] = {}
     for grp in groups:
         intra, inter = _flows(f, _check_members(f, grp), pattern)
-        for a, b in intra + inter:
+        for a, b in (inter if phase == "spanning" else intra):
             for e in _hops(f, a, b):
                 loads[e] = loads.get(e, 0.0) + 1.0
     return loads
@@ -413,11 +419,17 @@ def group_bandwidth(graph: nx.Graph, members: Sequence[int], *, pattern: str = "
     """
     f = _fabric(graph)
     ms = sorted(_check_members(f, members))
-    return _group_link(graph, f, ms, pattern, fabric_loads(graph, [ms, *concurrent], pattern=pattern))
+    groups = [ms, *concurrent]
+    return _group_link(graph, f, ms, pattern, fabric_loads(graph, groups, pattern=pattern),
+                       lambda: fabric_loads(graph, groups, pattern=pattern, phase="intra"))
 
 
-def _group_link(graph: nx.Graph, f: Fabric, ms: list[int], pattern: str, loads: Mapping[tuple, float]) -> GroupLink:
-    """GroupLink of the sorted group ms given the loads of everything running at once."""
+def _group_link(graph: nx.Graph, f: Fabric, ms: list[int], pattern: str, loads: Mapping[tuple, float],
+                intra_loads) -> GroupLink:
+    """GroupLink of the sorted group ms given the loads of everything running at once.
+
+    ``loads``: spanning-phase loads; ``intra_loads()``: the intra-node phase's (computed on demand).
+    """
     nodes = sorted({f.node(m) for m in ms})
     per_node = max(sum(1 for m in ms if f.node(m) == n) for n in nodes)
     intra, inter = _flows(f, ms, pattern)
@@ -428,7 +440,7 @@ def _group_link(graph: nx.Graph, f: Fabric, ms: list[int], pattern: str, loads: 
     tier = "network" if len(nodes) > 1 else "nvlink"
     ibw = ilat = None
     if intra:
-        ibw, ilat, _ = _tier_figures(graph, f, intra, loads)
+        ibw, ilat, _ = _tier_figures(graph, f, intra, intra_loads())
     return GroupLink(bandwidth_bytes_per_s=bw, latency_s=lat, tier=tier, bottleneck=neck, size=len(ms),
                      nodes=len(nodes), members_per_node=per_node,
                      intra_bandwidth_bytes_per_s=ibw, intra_latency_s=ilat)
@@ -488,7 +500,8 @@ def _slowest(graph: nx.Graph, f: Fabric, groups: list[list[int]], pattern: str) 
             bw = min(_capacity(graph, f, e) / loads[e] for a, b in inter for e in _hops(f, a, b))
             if bw < worst_bw - 1e-6 * worst_bw:
                 worst, worst_bw = grp, bw
-    return _group_link(graph, f, sorted(worst), pattern, loads)
+    return _group_link(graph, f, sorted(worst), pattern, loads,
+                       lambda: fabric_loads(graph, groups, pattern=pattern, phase="intra"))
 
 
 class TierLinks(NamedTuple):
