@@ -50,6 +50,12 @@ bus bandwidth, reference §2.8). Patterns:
   reverse directions of the same edges and, in 1F1B, a stage trades with one neighbour at a time,
   so they give the same figure and are not added.
 
+The intra-node and inter-node phases of a hierarchical collective run one after the other, so
+their loads are counted separately. Groups of the shape Megatron's order makes (the same local
+GPUs on every node they touch) are rail-aligned; in ragged groups (GPUs 3..15, say) the j-th
+members of two nodes sit on different rails, the flow crosses NVLink to a proxy GPU (PXN) and may
+share that GPU's NIC, so there adding a member can realign the rails and raise the figure.
+
 The group's ``tier`` is "network" when it spans nodes, and its ``bandwidth_bytes_per_s`` /
 ``latency_s`` are those of that tier; the intra-node figures come alongside.
 """
