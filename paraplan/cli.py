@@ -27,6 +27,10 @@ def add_scenario_args(ap: argparse.ArgumentParser, *, require: bool = True) -> N
     ap.add_argument("--seq-len", type=_positive_int("--seq-len"), default=None, help="tokens per sequence (default 2048)")
     ap.add_argument("--global-batch", type=_positive_int("--global-batch"), default=None,
                     help="sequences per optimizer step (default: 1 per data-parallel rank x micro-batch)")
+    ap.add_argument("--network", choices=("rail", "flat"), default=None,
+                    help="place groups on a networkx model of the fabric: rail-optimized or flat leaves")
+    ap.add_argument("--oversubscription", type=float, default=None,
+                    help="leaf-to-spine oversubscription of the fabric (e.g. 2 for 2:1); implies --network rail")
 
 
 def add_plan_args(ap: argparse.ArgumentParser) -> None:
@@ -75,6 +79,14 @@ def scenario_from_args(args):
     return model, cluster, args.seq_len or 2048
 
 
+def topology_from_args(args) -> dict | None:
+    if args.network is None and args.oversubscription is None:
+        return None
+    if args.oversubscription is not None and args.oversubscription < 1:
+        raise ConfigError("--oversubscription", f"must be >= 1 (1 = non-blocking), got {args.oversubscription}")
+    return {"rail_optimized": args.network != "flat", "oversubscription": args.oversubscription}
+
+
 def cmd_estimate(args) -> int:
     from paraplan.costmodels.estimate import estimate
     from paraplan.reports.text import render_estimate
@@ -91,6 +103,10 @@ def cmd_estimate(args) -> int:
     plan = plan_from_args(args)
     dp = plan.dp or max(1, cluster.num_gpus // plan.model_parallel)
     gbs = args.global_batch or dp * plan.micro_batch
+    topology = topology_from_args(args)
+    if topology:
+        from paraplan.planner.search import with_topology
+        cluster = with_topology(cluster, plan.with_dp_for(cluster.num_gpus), topology)
     e = estimate(model, TrainingJob(seq_len, gbs), cluster, plan)
     if args.format == "json":
         print(json.dumps(e.to_dict(), indent=2))

@@ -142,3 +142,18 @@ def test_nothing_fits_explains_and_suggests():
 def test_bad_fix_is_one_line(fix, needle):
     r = _run("plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--fix", fix)
     assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr
+
+
+def test_an_oversubscribed_flat_network_changes_the_answer():
+    """Groups placed on the networkx fabric: an 8:1 oversubscribed, non-rail network slows the
+    data-parallel traffic of a communication-bound job that a non-blocking rail fabric carries at
+    full NIC speed."""
+    model, cluster, job = load_model("llama3-8b"), load_cluster("dgx-h100", 256), TrainingJob(4096, 256)
+    opts = SpaceOptions(allow_offload=False)
+    rail = search(model, job, cluster, options=opts, top=3, topology={"rail_optimized": True}).best
+    flat = search(model, job, cluster, options=opts, top=3,
+                  topology={"rail_optimized": False, "oversubscription": 8.0}).best
+    closed_form = search(model, job, cluster, options=opts, top=3).best
+    assert rail.step_time_s == pytest.approx(closed_form.step_time_s, rel=0.01)
+    assert flat.step_time_s > rail.step_time_s * 1.03
+    assert flat.time_breakdown_s["dp_comm"] > rail.time_breakdown_s["dp_comm"]

@@ -83,8 +83,8 @@ def tp_allreduce_time(model, job, plan, cluster):
     """One tensor-parallel all-reduce (or reduce-scatter + all-gather with SP) of T·h activations."""
     T = tokens_per_rank(job, plan)
     k = ranks_per_node(plan.tp, 1, cluster.gpus_per_node)
-    return collective_time(ALL_REDUCE, T * model.hidden * BYTES, plan.tp, k,
-                           cluster.system.intra_node, cluster.inter_node)
+    intra, inter = cluster.links("tp")
+    return collective_time(ALL_REDUCE, T * model.hidden * BYTES, plan.tp, k, intra, inter)
 
 
 def cp_exposed_time(model, job, plan, cluster, attn_fwd, attn_bwd):
@@ -96,8 +96,8 @@ def cp_exposed_time(model, job, plan, cluster, attn_fwd, attn_bwd):
     chunk = 2 * T * model.kv_hidden / np.asarray(plan.tp, dtype=float) * BYTES
     k = ranks_per_node(plan.cp, plan.tp, cluster.gpus_per_node)
     across_nodes = k < c
-    step = np.where(across_nodes, ring_time(SEND_RECV, chunk, 2, cluster.inter_node),
-                    ring_time(SEND_RECV, chunk, 2, cluster.system.intra_node))
+    intra, inter = cluster.links("cp")
+    step = np.where(across_nodes, ring_time(SEND_RECV, chunk, 2, inter), ring_time(SEND_RECV, chunk, 2, intra))
     fwd = (c - 1) * step
     bwd = 2 * (c - 1) * step
     exposed = np.maximum(0.0, fwd - attn_fwd) + np.maximum(0.0, bwd - attn_bwd)
@@ -142,5 +142,5 @@ def p2p_time(model, job, plan, cluster):
     size = T * model.hidden * BYTES / np.asarray(plan.tp, dtype=float)
     span = np.asarray(plan.tp) * plan.cp * plan.dp * plan.pp
     inside = span <= cluster.gpus_per_node
-    return np.where(inside, ring_time(SEND_RECV, size, 2, cluster.system.intra_node),
-                    ring_time(SEND_RECV, size, 2, cluster.inter_node))
+    intra, inter = cluster.links("pp")
+    return np.where(inside, ring_time(SEND_RECV, size, 2, intra), ring_time(SEND_RECV, size, 2, inter))

@@ -43,7 +43,7 @@ def dp_group(plan, cluster):
 def dp_exposed_time(params, plan, cluster, m, t_micro_fwd, t_micro_bwd):
     """Exposed seconds of data-parallel / ZeRO communication per step."""
     n, k = dp_group(plan, cluster)
-    intra, inter = cluster.system.intra_node, cluster.inter_node
+    intra, inter = cluster.links("dp")
     size = BYTES * params
     ar = collective_time(ALL_REDUCE, size, n, k, intra, inter)
     rs = collective_time(REDUCE_SCATTER, size, n, k, intra, inter)

@@ -160,6 +160,7 @@ class Cluster:
     system: System
     num_gpus: int
     inter_node_oversubscription: float = 1.0
+    axis_links: Mapping[str, tuple] | None = field(default=None, compare=False)
 
     def __post_init__(self):
         from paraplan.errors import ConfigError
@@ -190,6 +191,13 @@ class Cluster:
         if self.inter_node_oversubscription == 1:
             return self.system.inter_node
         return self.system.inter_node.scaled(1 / self.inter_node_oversubscription)
+
+    def links(self, axis: str) -> tuple["Link", "Link"]:
+        """(intra-node, inter-node) links a group of ``axis`` (tp, cp, dp, pp, ep) sees: from the
+        topology placement when attached (``axis_links``), else the system's tiers."""
+        if self.axis_links and axis in self.axis_links:
+            return tuple(self.axis_links[axis])
+        return self.system.intra_node, self.inter_node
 
     def with_system(self, **changes) -> "Cluster":
         return replace(self, system=replace(self.system, **changes))

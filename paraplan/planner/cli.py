@@ -68,8 +68,10 @@ def cmd_plan(args) -> int:
     gbs = args.global_batch or cluster.num_gpus
     job = TrainingJob(seq_len, gbs)
     options = SpaceOptions(fixed=parse_fix(args.fix), allow_offload=not args.no_offload)
+    from paraplan.cli import topology_from_args
     result = search(model, job, cluster, options=options, top=args.top,
-                    max_memory_fraction=args.max_memory_fraction, progress=args.format != "json")
+                    max_memory_fraction=args.max_memory_fraction, progress=args.format != "json",
+                    topology=topology_from_args(args))
     print(f"searched {result.candidates_evaluated:,} candidates in {result.search_time_s:.2f} s", file=sys.stderr)
     if args.format == "json":
         doc = {"schema": PLAN_SCHEMA_OUT, "candidates_evaluated": result.candidates_evaluated,

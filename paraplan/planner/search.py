@@ -69,11 +69,22 @@ def score_batch(model, job, cluster, batch: PlanBatch, curves, max_memory_fracti
     return np.asarray(terms["step"], float), np.asarray(mem, float), over_gpu, over_host, over_nvme
 
 
+def with_topology(cluster, plan, topology: dict):
+    """The cluster with the links each axis's groups get from the networkx placement
+    (:func:`paraplan.hardware.topology.links_for_plan`)."""
+    from paraplan.hardware.topology import links_for_plan
+    links = links_for_plan(cluster, plan.tp, plan.cp, plan.dp, plan.pp, **topology)
+    axis_links = {axis: (tl.intra_node, tl.inter_node) for axis, tl in links.items()}
+    axis_links.setdefault("ep", axis_links.get("dp"))
+    return replace(cluster, axis_links=axis_links)
+
+
 def search(model, job, cluster, *, options: SpaceOptions | None = None, top: int = 10,
            max_memory_fraction: float = 1.0, curves=None, progress: bool = False,
-           rescore: Callable | None = None) -> SearchResult:
+           rescore: Callable | None = None, topology: dict | None = None) -> SearchResult:
     """Best plans for the model, job and cluster. ``rescore(plan) -> Estimate`` re-scores survivors
-    (default: ``estimate`` with the same curves)."""
+    (default: ``estimate`` with the same curves). With ``topology`` (``rail_optimized``,
+    ``oversubscription``) the re-score places each plan's groups on the networkx fabric."""
     t0 = time.perf_counter()
     curves = curves or analytical_curves(cluster.accelerator)
     batch, rejected, composed = compose(model, job, cluster, options)
@@ -101,8 +112,10 @@ def search(model, job, cluster, *, options: SpaceOptions | None = None, top: int
     index = np.arange(n)
     order = np.lexsort((index, mem, step))
     ranked = order[feasible[order]]
-    rescore = rescore or (lambda plan: estimate(model, job, cluster, plan, curves=curves,
-                                                max_memory_fraction=max_memory_fraction))
+    if rescore is None:
+        def rescore(plan):
+            c = with_topology(cluster, plan.with_dp_for(cluster.num_gpus), topology) if topology else cluster
+            return estimate(model, job, c, plan, curves=curves, max_memory_fraction=max_memory_fraction)
     survivors = [rescore(batch.plan(int(i))) for i in ranked[: max(top * 3, top)]]
     survivors = [e for e in survivors if e.feasible]
     survivors.sort(key=lambda e: (e.step_time_s, e.memory_bytes_per_gpu["total"]))
