@@ -22,7 +22,10 @@ def _in_space(batch, plan: Plan) -> np.ndarray:
     return ((batch.tp == plan.tp) & (batch.pp == plan.pp) & (batch.dp == plan.dp) & (batch.cp == plan.cp)
             & (batch.sp == plan.sp) & (batch.vpp == plan.vpp) & (batch.micro_batch == plan.micro_batch)
             & (batch.schedule_code == plan.schedule_code) & (batch.zero == plan.zero)
-            & (batch.recompute_code == plan.recompute_code) & (batch.offload_code == plan.offload_code))
+            & (batch.recompute_code == plan.recompute_code) & (batch.offload_code == plan.offload_code)
+            & (batch.ep == plan.ep) & (batch.etp == plan.etp) & (batch.cp_mode_code == plan.cp_mode_code)
+            & (batch.optimizer_code == plan.optimizer_code) & (batch.delayed_update == plan.delayed_update)
+            & (batch.offload_params == plan.offload_params))
 
 
 def _distinct_published():
@@ -87,7 +90,8 @@ def test_zero3_beats_zero1_only_when_memory_binds():
         z3 = np.nonzero(batch.zero == 3)[0]
         # pair each ZeRO-3 candidate with its ZeRO-1 twin (same everything else)
         key = lambda i: (batch.tp[i], batch.pp[i], batch.cp[i], batch.sp[i], batch.vpp[i], batch.micro_batch[i],
-                         batch.schedule_code[i], batch.recompute_code[i])
+                         batch.schedule_code[i], batch.recompute_code[i], batch.cp_mode_code[i], batch.ep[i],
+                         batch.etp[i], batch.delayed_update[i])
         twin = {key(i): i for i in z1}
         for i in z3:
             j = twin[key(i)]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from paraplan.costmodels.comm import ALL_REDUCE, SEND_RECV, collective_time, ranks_per_node, ring_time
+from paraplan.costmodels.comm import ALL_REDUCE, ALL_TO_ALL, SEND_RECV, collective_time, ranks_per_node, ring_time
 
 BYTES = 2  # 16-bit activations and weights (bf16 / fp16)
 RECOMPUTE_SELECTIVE, RECOMPUTE_FULL = 1, 2
@@ -32,16 +32,54 @@ def tokens_per_rank(job, plan):
     return plan.micro_batch * job.seq_len / np.asarray(plan.cp, dtype=float)
 
 
-def gemm_forward_time(model, job, plan, curves):
-    """Forward time of one layer's weight GEMMs for one micro-batch."""
+def _dtype(plan) -> str:
+    return plan.dtype if isinstance(plan.dtype, str) else "bf16"
+
+
+def attention_gemm_forward_time(model, job, plan, curves):
+    """Forward time of the QKV and output projections for one micro-batch."""
     T = tokens_per_rank(job, plan)
     t = np.asarray(plan.tp, dtype=float)
-    h, hkv, f, g = model.hidden, model.kv_hidden, model.ffn_hidden, model.mlp_matrices - 1
-    dt = plan.dtype if isinstance(plan.dtype, str) else "bf16"
-    return (curves.gemm_time(T, (h + 2 * hkv) / t, h, dt)
-            + curves.gemm_time(T, h, h / t, dt)
-            + curves.gemm_time(T, g * f / t, h, dt)
-            + curves.gemm_time(T, h, f / t, dt))
+    h, hkv, dt = model.hidden, model.kv_hidden, _dtype(plan)
+    return curves.gemm_time(T, (h + 2 * hkv) / t, h, dt) + curves.gemm_time(T, h, h / t, dt)
+
+
+def mlp_gemm_forward_time(model, job, plan, curves, width=None):
+    """Forward time of a tensor-parallel MLP of inner width ``width`` (default the dense ffn)."""
+    T = tokens_per_rank(job, plan)
+    t = np.asarray(plan.tp, dtype=float)
+    f = model.ffn_hidden if width is None else width
+    h, g, dt = model.hidden, model.mlp_matrices - 1, _dtype(plan)
+    return curves.gemm_time(T, g * f / t, h, dt) + curves.gemm_time(T, h, f / t, dt)
+
+
+def expert_token_factor(model, job) -> float:
+    """Tokens the busiest expert processes over the balanced share: the capacity factor when tokens
+    are padded to capacity, else the routed imbalance (dropless: the busiest expert sets the pace)."""
+    cf = model.moe.capacity_factor
+    return cf if cf else job.moe_imbalance
+
+
+def moe_mlp_forward_time(model, job, plan, curves):
+    """Forward time of an MoE layer's MLP on one GPU: router, routed experts and shared experts.
+
+    ep ranks share E experts (E/ep each), each split over etp ranks; the tp/etp ranks of an expert
+    shard split its tokens. Per expert GEMM: m = T·k·f·ep/E·etp/tp tokens (f: expert_token_factor),
+    n = width/etp; E/ep of them per GPU — the per-GPU work, 2·g·h·width·T·k·f/tp, does not depend
+    on ep or etp (DeepSpeed-TED, Singh et al. 2023, §3)."""
+    e = model.moe
+    T = tokens_per_rank(job, plan)
+    t = np.asarray(plan.tp, dtype=float)
+    ep = np.asarray(plan.ep, dtype=float)
+    etp = np.asarray(plan.etp, dtype=float)
+    h, g, fe, dt = model.hidden, model.mlp_matrices - 1, e.expert_ffn_hidden, _dtype(plan)
+    m = T * e.top_k * expert_token_factor(model, job) * ep / e.experts * etp / t
+    local = e.experts / ep
+    routed = (curves.gemm_time(m, g * fe / etp, h, dt, count=local)
+              + curves.gemm_time(m, h, fe / etp, dt, count=local))
+    shared = mlp_gemm_forward_time(model, job, plan, curves, width=e.shared_experts * fe) if e.shared_experts else 0.0
+    router = curves.gemm_time(T, e.experts, h, dt)
+    return routed + shared + router
 
 
 def attention_core_times(model, job, plan, curves):
@@ -66,17 +104,56 @@ def attention_core_times(model, job, plan, curves):
     return np.where(flash, fused_f, unfused_f), np.where(flash, fused_b, unfused_b)
 
 
-def elementwise_forward_time(model, job, plan, curves):
+def mlp_activation_bytes_per_token(model, job, moe: bool) -> float:
+    """Bytes the MLP's activation function streams per token (GELU 4f, SwiGLU 6f); an MoE layer's
+    routed experts see top_k x factor tokens, its shared experts all, and permuting tokens to and
+    from the experts copies 2 x 2h bytes per routed token."""
+    per_width = 6 if model.activation == "swiglu" else 4
+    if not moe:
+        return per_width * model.ffn_hidden
+    e = model.moe
+    routed = e.top_k * expert_token_factor(model, job)
+    return per_width * e.expert_ffn_hidden * (routed + e.shared_experts) + routed * 4 * model.hidden
+
+
+def elementwise_forward_time(model, job, plan, curves, moe: bool = False):
     """Forward time of a layer's memory-bound kernels (norms, activations, residual adds)."""
     T = tokens_per_rank(job, plan)
     t = np.asarray(plan.tp, dtype=float)
     sp = np.asarray(plan.sp, dtype=bool)
-    h, hkv, f = model.hidden, model.kv_hidden, model.ffn_hidden
-    act = (6 if model.activation == "swiglu" else 4) * f
+    h, hkv = model.hidden, model.kv_hidden
+    act = mlp_activation_bytes_per_token(model, job, moe)
     replicated = 22 * h
     unfused_extra = np.where(np.asarray(plan.flash_attention, dtype=bool), 0.0, 8 * (h + hkv))
     per_token = replicated / np.where(sp, t, 1.0) + (act + unfused_extra) / t
-    return curves.memory_time(T * per_token, kernels=8)
+    return curves.memory_time(T * per_token, kernels=8 + (4 if moe else 0))
+
+
+def ep_alltoall_time(model, job, plan, cluster):
+    """One expert-parallel all-to-all (dispatch or combine): each GPU sends its T·k·f/tp routed
+    token copies of h values across the ep group, which is carved from data parallelism (stride
+    tp·cp in the rank order). DeepSpeed-MoE (Rajbhandari et al. 2022) §5; shared/reference §2.10."""
+    if model.moe is None:
+        return 0.0
+    T = tokens_per_rank(job, plan)
+    size = T * model.moe.top_k * expert_token_factor(model, job) * model.hidden * BYTES / np.asarray(plan.tp, float)
+    k = ranks_per_node(plan.ep, np.asarray(plan.tp) * plan.cp, cluster.gpus_per_node)
+    intra, inter = cluster.links("ep")
+    return collective_time(ALL_TO_ALL, size, plan.ep, k, intra, inter)
+
+
+def ulysses_alltoall_time(model, job, plan, cluster):
+    """DeepSpeed-Ulysses (Jacobs et al. 2023, arXiv:2309.14509): per layer forward, an all-to-all of
+    Q, K, V ((h + 2h_kv) wide) before attention and one of the context (h wide) after it, over the
+    cp group; each GPU holds s/cp tokens, so its bytes are b·(s/cp)·(2h + 2h_kv)·e/tp and the per-link
+    volume stays constant when s and cp grow together."""
+    T = tokens_per_rank(job, plan)
+    t = np.asarray(plan.tp, dtype=float)
+    k = ranks_per_node(plan.cp, plan.tp, cluster.gpus_per_node)
+    intra, inter = cluster.links("cp")
+    qkv = collective_time(ALL_TO_ALL, T * (model.hidden + 2 * model.kv_hidden) * BYTES / t, plan.cp, k, intra, inter)
+    out = collective_time(ALL_TO_ALL, T * model.hidden * BYTES / t, plan.cp, k, intra, inter)
+    return qkv + out
 
 
 def tp_allreduce_time(model, job, plan, cluster):
@@ -87,17 +164,31 @@ def tp_allreduce_time(model, job, plan, cluster):
     return collective_time(ALL_REDUCE, T * model.hidden * BYTES, plan.tp, k, intra, inter)
 
 
-def cp_exposed_time(model, job, plan, cluster, attn_fwd, attn_bwd):
-    """Ring attention (context parallel): K/V chunks pass around the cp ring, overlapped with the
-    attention core; only the excess is exposed. Forward moves K and V (cp−1) times; backward moves
-    K, V and their gradients. Megatron-LM docs/user-guide/features/context_parallel.md."""
-    c = np.asarray(plan.cp, dtype=float)
+def ring_attention_step_time(model, job, plan, cluster):
+    """One ring-attention step: a K and V chunk of s/cp tokens to the next cp rank."""
     T = tokens_per_rank(job, plan)
     chunk = 2 * T * model.kv_hidden / np.asarray(plan.tp, dtype=float) * BYTES
     k = ranks_per_node(plan.cp, plan.tp, cluster.gpus_per_node)
-    across_nodes = k < c
     intra, inter = cluster.links("cp")
-    step = np.where(across_nodes, ring_time(SEND_RECV, chunk, 2, inter), ring_time(SEND_RECV, chunk, 2, intra))
+    return np.where(k < np.asarray(plan.cp), ring_time(SEND_RECV, chunk, 2, inter), ring_time(SEND_RECV, chunk, 2, intra))
+
+
+def cp_exposed_time(model, job, plan, cluster, attn_fwd, attn_bwd):
+    """Context parallelism per layer and micro-batch, exposed part.
+
+    Ring attention (Liu et al. 2023; Megatron-LM context_parallel.md): K/V chunks pass around the
+    cp ring, overlapped with the attention core; only the excess is exposed. Forward moves K and V
+    (cp−1) times; backward moves K, V and their gradients. Ulysses: its all-to-alls sit on the
+    critical path (forward 2, backward 2)."""
+    ulysses = 2 * ulysses_alltoall_time(model, job, plan, cluster)
+    ring = _ring_exposed(model, job, plan, cluster, attn_fwd, attn_bwd)
+    c = np.asarray(plan.cp, dtype=float)
+    return np.where(c > 1, np.where(np.asarray(plan.cp_mode_code) == 1, ulysses, ring), 0.0)
+
+
+def _ring_exposed(model, job, plan, cluster, attn_fwd, attn_bwd):
+    c = np.asarray(plan.cp, dtype=float)
+    step = ring_attention_step_time(model, job, plan, cluster)
     fwd = (c - 1) * step
     bwd = 2 * (c - 1) * step
     exposed = np.maximum(0.0, fwd - attn_fwd) + np.maximum(0.0, bwd - attn_bwd)
@@ -105,19 +196,33 @@ def cp_exposed_time(model, job, plan, cluster, attn_fwd, attn_bwd):
 
 
 def layer_times(model, job, plan, curves, cluster) -> dict:
-    """Per-layer, per-micro-batch times on one GPU, by term (seconds)."""
-    gemm_f = gemm_forward_time(model, job, plan, curves)
+    """Per-layer, per-micro-batch times on one GPU, by term (seconds), averaged over the model's
+    dense and MoE layers (weights: their counts)."""
+    attn_gemm = attention_gemm_forward_time(model, job, plan, curves)
     attn_f, attn_b = attention_core_times(model, job, plan, curves)
-    elem_f = elementwise_forward_time(model, job, plan, curves)
+    dense_f = attn_gemm + mlp_gemm_forward_time(model, job, plan, curves) + attn_f \
+        + elementwise_forward_time(model, job, plan, curves)
+    dense_gemm = attn_gemm + mlp_gemm_forward_time(model, job, plan, curves)
+    dense_b = 2 * dense_gemm + attn_b + 2 * elementwise_forward_time(model, job, plan, curves)
+    share_moe = model.moe_layers / model.layers
+    if share_moe:
+        moe_gemm = attn_gemm + moe_mlp_forward_time(model, job, plan, curves)
+        moe_elem = elementwise_forward_time(model, job, plan, curves, moe=True)
+        moe_f = moe_gemm + attn_f + moe_elem
+        moe_b = 2 * moe_gemm + attn_b + 2 * moe_elem
+        fwd = (1 - share_moe) * dense_f + share_moe * moe_f
+        bwd = (1 - share_moe) * dense_b + share_moe * moe_b
+    else:
+        fwd, bwd = dense_f, dense_b
     ar = tp_allreduce_time(model, job, plan, cluster)
-    fwd = gemm_f + attn_f + elem_f
-    bwd = 2 * gemm_f + attn_b + 2 * elem_f
     rc = np.asarray(plan.recompute_code)
     recompute = np.where(rc == RECOMPUTE_FULL, fwd, np.where(rc == RECOMPUTE_SELECTIVE, attn_f, 0.0))
     tp_comm = ar * np.where(rc == RECOMPUTE_FULL, 6, 4)
     cp_comm = cp_exposed_time(model, job, plan, cluster, attn_f, attn_b)
+    a2a = ep_alltoall_time(model, job, plan, cluster)
+    ep_comm = share_moe * a2a * np.where(rc == RECOMPUTE_FULL, 6, 4)   # dispatch + combine, fwd and bwd
     return {"forward": fwd, "backward": bwd, "recompute": recompute, "tp_comm": tp_comm, "cp_comm": cp_comm,
-            "tp_allreduce": ar}
+            "ep_comm": ep_comm, "tp_allreduce": ar}
 
 
 def head_times(model, job, plan, curves, cluster) -> dict:

@@ -34,17 +34,43 @@ def hidden_under(comm, window):
     return np.maximum(0.0, comm - window) + OVERLAP_CONTENTION * np.minimum(comm, window)
 
 
-def dp_group(plan, cluster):
-    """(ranks, ranks per node) of the group that holds replicas of a parameter (cp and dp)."""
+# Compressed-communication optimizers: (share of steps in the uncompressed warm-up, bytes per element
+# sent in the compressed phase relative to 16-bit). The compressed phase sends 1 bit per element
+# (1/16 of fp16) through a compressed all-reduce. Warm-up shares follow from each paper's end-to-end
+# volume reduction r with a 1/16 compressed phase: w + (1 − w)/16 = 1/r.
+#   1-bit Adam (Tang et al. 2021, arXiv:2102.02888): "up to 5x less communication volume" → w ≈ 0.15
+#   0/1 Adam (Lu et al. 2022, arXiv:2202.06009): "up to 87% less data volume" → w ≈ 0.07
+#   1-bit LAMB (Li et al. 2021, arXiv:2104.06069): "up to 4.6x less communication volume" → w ≈ 0.16
+COMPRESSED_OPTIMIZERS = {1: (0.15, 1 / 16), 2: (0.07, 1 / 16), 3: (0.16, 1 / 16)}
+
+
+def dp_group(plan, cluster, experts: bool = False):
+    """(ranks, ranks per node) of the group that holds replicas of a parameter: dp·cp ranks at
+    stride tp; for routed experts the expert-data-parallel group, dp·cp/ep ranks at stride tp·cp·ep."""
     n = np.asarray(plan.dp, dtype=float) * plan.cp
+    if experts:
+        ep = np.asarray(plan.ep, dtype=float)
+        return n / ep, ranks_per_node(n / ep, np.asarray(plan.tp) * plan.cp * ep, cluster.gpus_per_node)
     return n, ranks_per_node(n, plan.tp, cluster.gpus_per_node)
 
 
-def dp_exposed_time(params, plan, cluster, m, t_micro_fwd, t_micro_bwd):
-    """Exposed seconds of data-parallel / ZeRO communication per step."""
-    n, k = dp_group(plan, cluster)
-    intra, inter = cluster.links("dp")
-    size = BYTES * params
+def compressed_phase_factor(plan):
+    """(warm-up share, compressed volume factor) of the plan's optimizer; (1, 1) for Adam."""
+    code = np.asarray(plan.optimizer_code)
+    warm = np.ones(np.shape(code))
+    factor = np.ones(np.shape(code))
+    for c, (w, f) in COMPRESSED_OPTIMIZERS.items():
+        warm = np.where(code == c, w, warm)
+        factor = np.where(code == c, f, factor)
+    return warm, factor
+
+
+def dp_exposed_time(params, plan, cluster, m, t_micro_fwd, t_micro_bwd, *, experts: bool = False,
+                    volume_factor=1.0):
+    """Exposed seconds of data-parallel / ZeRO communication per step (and the total traffic time)."""
+    n, k = dp_group(plan, cluster, experts)
+    intra, inter = cluster.links("ep" if experts else "dp")
+    size = BYTES * params * volume_factor
     ar = collective_time(ALL_REDUCE, size, n, k, intra, inter)
     rs = collective_time(REDUCE_SCATTER, size, n, k, intra, inter)
     ag = collective_time(ALL_GATHER, size, n, k, intra, inter)

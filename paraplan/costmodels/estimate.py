@@ -16,15 +16,15 @@ import numpy as np
 
 from paraplan.costmodels import compute as C
 from paraplan.costmodels import memory as M
-from paraplan.costmodels.dataparallel import dp_exposed_time
+from paraplan.costmodels.dataparallel import compressed_phase_factor, dp_exposed_time
 from paraplan.costmodels.efficiency import analytical_curves
-from paraplan.costmodels.offload import offload_exposed_time, optimizer_time
+from paraplan.costmodels.offload import optimizer_and_offload
 from paraplan.costmodels.pipeline import bubble_factor, bubble_fraction, p2p_messages_on_critical_path
 from paraplan.planner.plan import Plan, check_plan
 
 SCHEMA = "paraplan.estimate/1"
-TIME_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "pp_comm", "pp_bubble", "dp_comm", "optimizer",
-              "offload")
+TIME_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "pp_bubble", "dp_comm",
+              "optimizer", "offload")
 MEMORY_TERMS = ("parameters", "gradients", "optimizer_states", "activations", "buffers")
 RUNTIME_RESERVED_BYTES = 1.5 * 2**30
 FLOP_CONVENTION = ("model FLOPs = 3 x forward FLOPs (2 per multiply-add) of all weight GEMMs, attention "
@@ -96,7 +96,8 @@ def step_terms(model, job, cluster, plan, curves) -> dict:
     recompute_mid = layers * lt["recompute"]
     tp_mid = layers * lt["tp_comm"]
     cp_mid = layers * lt["cp_comm"]
-    t_mid = compute_mid + recompute_mid + tp_mid + cp_mid
+    ep_mid = layers * lt["ep_comm"]
+    t_mid = compute_mid + recompute_mid + tp_mid + cp_mid + ep_mid
     head_compute = ht["head"] + np.where(p == 1, ht["embedding"], 0.0)
     head_tp = ht["tp_comm"]
     t_micro_fwd = layers * lt["forward"]
@@ -104,23 +105,42 @@ def step_terms(model, job, cluster, plan, curves) -> dict:
 
     first_params, last_params = M.stage_params(model, plan)
     params = np.maximum(first_params, last_params)
-    dp_exposed, dp_total = dp_exposed_time(params, plan, cluster, m, t_micro_fwd, t_micro_bwd)
+    experts = M.expert_params_per_gpu(model, plan)
+    n_dp = np.asarray(plan.dp, dtype=float) * plan.cp
+    n_edp = n_dp / np.asarray(plan.ep, dtype=float)
+    warm, factor = compressed_phase_factor(plan)
+    dp_args = (plan, cluster, m, t_micro_fwd, t_micro_bwd)
+    dp_warm, dp_total = dp_exposed_time(params, *dp_args)
+    dp_comp, _ = dp_exposed_time(params, *dp_args, volume_factor=factor)
+    if model.moe is not None:
+        e_warm, e_total = dp_exposed_time(experts, *dp_args, experts=True)
+        e_comp, _ = dp_exposed_time(experts, *dp_args, experts=True, volume_factor=factor)
+        dp_warm, dp_comp, dp_total = dp_warm + e_warm, dp_comp + e_comp, dp_total + e_total
+    dp_avg = warm * dp_warm + (1 - warm) * dp_comp
+
+    z1 = np.asarray(plan.zero) >= 1
+    shard = np.where(z1, params / n_dp, params) + np.where(z1, experts / n_edp, experts)
+    compute_step = m * (t_mid + head_compute + head_tp)
+    optimizer, offload = optimizer_and_offload(shard, plan, cluster, curves, m, t_micro_fwd, t_micro_bwd,
+                                               compute_step)
     time = {
         "compute": m * (compute_mid + head_compute),
         "recompute": m * recompute_mid,
         "tp_comm": m * (tp_mid + head_tp),
         "cp_comm": m * cp_mid,
+        "ep_comm": m * ep_mid,
         "pp_comm": p2p_messages_on_critical_path(plan, m) * C.p2p_time(model, job, plan, cluster),
         "pp_bubble": (p - 1) * t_mid * bubble_factor(plan),
-        "dp_comm": dp_exposed,
-        "optimizer": optimizer_time(params, plan, cluster, curves),
-        "offload": offload_exposed_time(params, plan, cluster, m, t_micro_fwd, t_micro_bwd),
+        "dp_comm": dp_avg,
+        "optimizer": optimizer,
+        "offload": offload,
     }
     step = sum(time.values())
 
     acts = M.activation_bytes(model, job, plan)
-    states_first = M.model_state_bytes(first_params, plan)
-    states_last = M.model_state_bytes(last_params, plan)
+    expert_states = M.model_state_bytes(experts, plan, shard_degree=n_edp)
+    states_first = {k: v + expert_states[k] for k, v in M.model_state_bytes(first_params, plan).items()}
+    states_last = {k: v + expert_states[k] for k, v in M.model_state_bytes(last_params, plan).items()}
     total_first = sum(states_first.values()) + acts["first"]
     total_last = sum(states_last.values()) + acts["last"]
     last_is_peak = total_last > total_first
@@ -129,7 +149,7 @@ def step_terms(model, job, cluster, plan, curves) -> dict:
     memory["activations"] = np.where(last_is_peak, acts["last"], acts["first"])
     memory["buffers"] = buffers
     memory["total"] = sum(memory[k] for k in MEMORY_TERMS)
-    off = M.offloaded_bytes_per_gpu(params, plan)
+    off = M.offloaded_bytes_per_gpu(shard, plan)
 
     tokens = job.tokens_per_step
     flops_model = model.model_flops_per_token(job.seq_len) * tokens
@@ -142,7 +162,9 @@ def step_terms(model, job, cluster, plan, curves) -> dict:
     return {"time": time, "step": step, "memory": memory, "host_per_gpu": off["host"], "nvme_per_gpu": off["nvme"],
             "micro_batches": m, "flops_model": flops_model, "flops_hardware": flops_hw,
             "dp_comm_total": dp_total, "last_stage_is_peak": last_is_peak,
-            "bubble_fraction": bubble_fraction(plan, m)}
+            "bubble_fraction": bubble_fraction(plan, m), "warmup_share": warm,
+            "step_warmup": step - dp_avg + dp_warm, "step_compressed": step - dp_avg + dp_comp,
+            "dp_comm_warmup": dp_warm, "dp_comm_compressed": dp_comp}
 
 
 def _f(x) -> float:
@@ -177,7 +199,12 @@ def estimate(model, job, cluster, plan: Plan, *, curves=None, max_memory_fractio
                  "dp_comm_total_s": _f(terms["dp_comm_total"]),
                  "peak_memory_stage": "last" if bool(terms["last_stage_is_peak"]) else "first",
                  "gpu_memory_bytes": cluster.accelerator.memory_bytes,
-                 "model_params": model.num_params},
+                 "model_params": model.num_params, "active_params": model.active_params,
+                 **({"optimizer_warmup_share": _f(terms["warmup_share"]),
+                     "step_time_warmup_s": _f(terms["step_warmup"]),
+                     "step_time_compressed_s": _f(terms["step_compressed"]),
+                     "dp_comm_warmup_s": _f(terms["dp_comm_warmup"]),
+                     "dp_comm_compressed_s": _f(terms["dp_comm_compressed"])} if plan.optimizer != "adam" else {})},
         efficiency_curves=curves.describe())
 
 

@@ -20,19 +20,32 @@ from __future__ import annotations
 
 import numpy as np
 
-from paraplan.costmodels.compute import BYTES, RECOMPUTE_FULL, RECOMPUTE_SELECTIVE, tokens_per_rank
+from paraplan.costmodels.compute import (BYTES, RECOMPUTE_FULL, RECOMPUTE_SELECTIVE, expert_token_factor,
+                                         tokens_per_rank)
 
 OPTIMIZER_BYTES_PER_PARAM = 12   # fp32 master weights, momentum, variance (K in the ZeRO paper)
 SCHEDULE_1F1B, SCHEDULE_INTERLEAVED, SCHEDULE_GPIPE, SCHEDULE_ZB_H1 = 0, 1, 2, 3
 OFFLOAD_NONE, OFFLOAD_CPU, OFFLOAD_NVME = 0, 1, 2
 
 
+def expert_params_per_gpu(model, plan):
+    """Routed-expert parameters on one GPU: the stage's MoE layers' E experts split over ep·etp."""
+    if model.moe is None:
+        return 0.0
+    p = np.asarray(plan.pp, dtype=float)
+    return model.moe_layers / p * model.routed_expert_params_per_moe_layer / (
+        np.asarray(plan.ep, dtype=float) * plan.etp)
+
+
 def stage_params(model, plan):
-    """(first-stage, last-stage) parameters per GPU: layers / pp, split by tp; the embedding sits on
-    the first stage, the LM head (a copy of a tied embedding when pp > 1) on the last."""
+    """(first-stage, last-stage) non-expert parameters per GPU: layers / pp, split by tp; the
+    embedding sits on the first stage, the LM head (a copy of a tied embedding when pp > 1) on the
+    last. Routed experts are counted apart (:func:`expert_params_per_gpu`)."""
     t = np.asarray(plan.tp, dtype=float)
     p = np.asarray(plan.pp, dtype=float)
-    layers = model.layers / p * model.params_per_layer / t
+    non_expert = model.num_params - model.embedding_params - model.lm_head_params \
+        - model.moe_layers * model.routed_expert_params_per_moe_layer
+    layers = non_expert / p / t
     emb = model.embedding_params / t
     head = model.lm_head_params / t
     tied_copy = np.where(model.tied_embeddings & (p > 1), model.vocab * model.hidden / t, 0.0)
@@ -41,11 +54,11 @@ def stage_params(model, plan):
     return first, last
 
 
-def model_state_bytes(params, plan) -> dict:
-    """Parameters, gradients and optimizer states on one GPU for Ψ = ``params`` (ZeRO table above);
-    offload moves optimizer states and fp32 gradients off the GPU, parameter offload moves the
-    16-bit parameters too."""
-    n = np.asarray(plan.dp, dtype=float) * plan.cp
+def model_state_bytes(params, plan, shard_degree=None) -> dict:
+    """Parameters, gradients and optimizer states on one GPU for Ψ = ``params`` (ZeRO table above),
+    sharded over ``shard_degree`` ranks (default dp·cp; routed experts: dp·cp/ep); offload moves
+    optimizer states and fp32 gradients off the GPU, parameter offload the 16-bit parameters too."""
+    n = np.asarray(plan.dp, dtype=float) * plan.cp if shard_degree is None else shard_degree
     z = np.asarray(plan.zero)
     off = np.asarray(plan.offload_code) != OFFLOAD_NONE
     off_params = np.asarray(plan.offload_params, dtype=bool)
@@ -58,7 +71,11 @@ def model_state_bytes(params, plan) -> dict:
 
 
 def activation_bytes_per_layer(model, job, plan, recompute_code=None):
-    """Bytes one layer keeps for backward for one micro-batch (generalized Korthikanti Table 2)."""
+    """Bytes one layer keeps for backward for one micro-batch (generalized Korthikanti Table 2),
+    averaged over dense and MoE layers. An MoE layer keeps, instead of the dense MLP's (4 or 6)·f
+    bytes per token, the experts' (4 or 6)·f_e per routed token copy (top_k x expert_token_factor)
+    and per shared expert, the permuted inputs and outputs (2 x 2h per routed copy) and fp32
+    router logits (4E)."""
     rc = np.asarray(plan.recompute_code if recompute_code is None else recompute_code)
     b = plan.micro_batch
     T = tokens_per_rank(job, plan)                 # b · s / cp
@@ -67,7 +84,14 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
     sp = np.asarray(plan.sp, dtype=bool)
     h, hkv, f, a = model.hidden, model.kv_hidden, model.ffn_hidden, model.heads
     unsharded = 10 * h * T / np.where(sp, t, 1.0)                 # norms, block inputs, dropout masks
-    mlp = (6 if model.activation == "swiglu" else 4) * f
+    per_width = 6 if model.activation == "swiglu" else 4
+    mlp = per_width * f
+    if model.moe is not None:
+        e = model.moe
+        routed = e.top_k * expert_token_factor(model, job)
+        moe_mlp = per_width * e.expert_ffn_hidden * (routed + e.shared_experts) + routed * 4 * h + 4 * e.experts
+        share = model.moe_layers / model.layers
+        mlp = (1 - share) * mlp + share * moe_mlp
     sharded = (4 * h + 4 * hkv + mlp) * T / t                      # Q, K, V, out-proj input, MLP
     s_l = T / b
     scores = np.where(np.asarray(plan.flash_attention, dtype=bool), 4.0 * a * s_l * b,   # fp32 stats
@@ -123,17 +147,20 @@ def buffer_bytes(model, plan, runtime_reserved_bytes):
     return runtime_reserved_bytes + np.where(z3, gathered, 0.0)
 
 
-def offloaded_bytes_per_gpu(params, plan) -> dict:
-    """Host-memory and NVMe bytes each GPU's shard uses under offload (ZeRO-Offload keeps fp32
-    master weights, momentum, variance and fp32 gradients on the host: 16Ψ/N_d; with NVMe the 12Ψ/N_d
-    optimizer states go to the drives; offloaded parameters add 2Ψ/N_d)."""
-    n = np.asarray(plan.dp, dtype=float) * plan.cp
-    shard = params / n
+NVME_STAGING_PARAMS = 1e9   # DeepSpeed ZeRO-Infinity sub_group_size default (elements staged on the host)
+
+
+def offloaded_bytes_per_gpu(shard, plan) -> dict:
+    """Host-memory and NVMe bytes of one GPU's shard of ``shard`` parameters under offload.
+
+    ZeRO-Offload (cpu) keeps fp32 master weights, momentum, variance and fp32 gradients on the host:
+    16 bytes per shard parameter, + 2 for offloaded 16-bit parameters. ZeRO-Infinity (nvme) keeps all
+    of them on the drives and stages one sub-group at a time through pinned host buffers
+    (sub_group_size, default 1e9 elements, 16 bytes each)."""
     oc = np.asarray(plan.offload_code)
     off_params = np.asarray(plan.offload_params, dtype=bool)
-    optim = OPTIMIZER_BYTES_PER_PARAM * shard
-    grads32 = 4 * shard
-    p16 = np.where(off_params, BYTES * shard, 0.0)
-    host = np.where(oc == OFFLOAD_CPU, optim + grads32 + p16, np.where(oc == OFFLOAD_NVME, grads32, 0.0))
-    nvme = np.where(oc == OFFLOAD_NVME, optim + p16, 0.0)
+    states = (OPTIMIZER_BYTES_PER_PARAM + 4) * shard + np.where(off_params, BYTES * shard, 0.0)
+    staging = 16 * np.minimum(shard, NVME_STAGING_PARAMS)
+    host = np.where(oc == OFFLOAD_CPU, states, np.where(oc == OFFLOAD_NVME, staging, 0.0))
+    nvme = np.where(oc == OFFLOAD_NVME, states, 0.0)
     return {"host": host, "nvme": nvme}

@@ -1,13 +1,20 @@
 """Optimizer step and offload transfers (ZeRO-Offload, ZeRO-Infinity).
 
-* GPU Adam: memory-bound, ~28 bytes touched per parameter of the local optimizer shard
-  (shared/reference §1.6) at the HBM's achieved bandwidth.
+All functions take ``shard``: the parameters whose optimizer states one GPU owns (Ψ/N_d under
+ZeRO ≥ 1, Ψ otherwise; routed experts shard over N_d/ep).
+
+* GPU Adam: memory-bound, ~28 bytes touched per parameter (shared/reference §1.6) at the HBM's
+  achieved bandwidth. The 1-bit optimizers add their error-feedback pass (read and write an fp32
+  error buffer, pack signs: ~12 bytes per parameter).
 * CPU-Adam (ZeRO-Offload, Ren et al. 2021 §4): the host runs the update for all GPUs of the node,
   memory-bound on host DRAM at the curve's CPU-Adam efficiency.
-* PCIe (ZeRO-Offload): 16-bit gradients GPU→host (2Ψ/N_d, overlapped with the last backward) and
-  updated 16-bit parameters host→GPU (2Ψ/N_d, exposed): 4Ψ/N_d per GPU per step.
-* NVMe (ZeRO-Infinity, Rajbhandari et al. 2021): optimizer states read and written every step
-  (12Ψ/N_d each way per GPU, shared by the node's drives), not overlapped.
+* PCIe (ZeRO-Offload): 16-bit gradients GPU→host (2 bytes per shard parameter, overlapped with the
+  last backward) and updated 16-bit parameters host→GPU (2 bytes, exposed): 4Ψ/N_d per GPU per step.
+  With the one-step delayed parameter update (ZeRO-Offload §5, DPU) the CPU step and the upload run
+  under the next step's forward and backward.
+* NVMe (ZeRO-Infinity, Rajbhandari et al. 2021 §5-6): the optimizer step reads fp32 weights,
+  momentum, variance and gradients (16 bytes per parameter) and writes back 12, through the node's
+  drives, not overlapped (the SC21 slides: "Optimizer states: no overlap").
 * Offloaded parameters (ZeRO-Infinity, bandwidth-centric partitioning): each GPU fetches its own
   shard forward and backward every micro-batch over its PCIe link (and the node's drives for NVMe),
   prefetched under the micro-batch's compute.
@@ -19,37 +26,53 @@ import numpy as np
 from paraplan.costmodels.compute import BYTES
 from paraplan.costmodels.memory import OFFLOAD_CPU, OFFLOAD_NONE, OFFLOAD_NVME, OPTIMIZER_BYTES_PER_PARAM
 
+ERROR_FEEDBACK_BYTES_PER_PARAM = 12
 
-def optimizer_time(params, plan, cluster, curves):
-    """Seconds of the optimizer step on the GPU or on the host CPUs."""
-    n = np.asarray(plan.dp, dtype=float) * plan.cp
-    shard = np.where(np.asarray(plan.zero) >= 1, params / n, params)
-    bytes_touched = curves.gpu_adam_bytes_per_param * shard
-    gpu = curves.memory_time(bytes_touched, kernels=4)
+
+def cpu_adam_time(shard, cluster, curves):
+    """CPU-Adam for every GPU of the node, memory-bound on the host's DRAM."""
     sysm = cluster.system
     host_bw = sysm.host_cpu.memory_bandwidth_bytes_per_s * sysm.host_cpu_sockets * curves.cpu_adam_memory_efficiency
-    cpu = bytes_touched * cluster.gpus_per_node / host_bw
-    return np.where(np.asarray(plan.offload_code) == OFFLOAD_NONE, gpu, cpu)
+    return curves.gpu_adam_bytes_per_param * shard * cluster.gpus_per_node / host_bw
 
 
-def offload_exposed_time(params, plan, cluster, m, t_micro_fwd, t_micro_bwd):
-    """Exposed seconds of PCIe and NVMe traffic per step under offload (0 without)."""
-    n = np.asarray(plan.dp, dtype=float) * plan.cp
-    shard = params / n
+def optimizer_time(shard, plan, cluster, curves):
+    """Seconds of the optimizer step on the GPU or on the host CPUs (before any overlap)."""
+    compressed = np.asarray(plan.optimizer_code) != 0
+    per_param = curves.gpu_adam_bytes_per_param + np.where(compressed, ERROR_FEEDBACK_BYTES_PER_PARAM, 0)
+    gpu = curves.memory_time(per_param * shard, kernels=4)
+    return np.where(np.asarray(plan.offload_code) == OFFLOAD_NONE, gpu, cpu_adam_time(shard, cluster, curves))
+
+
+def offload_transfer_times(shard, plan, cluster, m, t_micro_fwd, t_micro_bwd) -> dict:
+    """Exposed PCIe and NVMe seconds per step under offload, by stream (0 without offload)."""
     sysm = cluster.system
     g = cluster.gpus_per_node
     pcie = sysm.pcie_bandwidth_bytes_per_s
     oc = np.asarray(plan.offload_code)
-    grads_down = BYTES * shard / pcie
+    off = oc != OFFLOAD_NONE
+    grads_down = np.maximum(0.0, BYTES * shard / pcie - t_micro_bwd)
     params_up = BYTES * shard / pcie
-    optimizer_pcie = np.maximum(0.0, grads_down - t_micro_bwd) + params_up
-    nvme_states = OPTIMIZER_BYTES_PER_PARAM * shard * g * (1 / sysm.nvme_read_bytes_per_s
-                                                           + 1 / sysm.nvme_write_bytes_per_s)
+    nvme_states = shard * g * ((OPTIMIZER_BYTES_PER_PARAM + 4) / sysm.nvme_read_bytes_per_s
+                               + OPTIMIZER_BYTES_PER_PARAM / sysm.nvme_write_bytes_per_s)
     fetch_pcie = 2 * BYTES * shard / pcie
     fetch_nvme = 2 * BYTES * shard * g / sysm.nvme_read_bytes_per_s
     fetch = np.where(oc == OFFLOAD_NVME, np.maximum(fetch_pcie, fetch_nvme), fetch_pcie)
     param_fetch = m * np.maximum(0.0, fetch - (t_micro_fwd + t_micro_bwd))
-    total = (np.where(oc != OFFLOAD_NONE, optimizer_pcie, 0.0)
-             + np.where(oc == OFFLOAD_NVME, nvme_states, 0.0)
-             + np.where((oc != OFFLOAD_NONE) & np.asarray(plan.offload_params, dtype=bool), param_fetch, 0.0))
-    return total
+    return {"grads_to_host": np.where(off, grads_down, 0.0),
+            "params_to_gpu": np.where(off, params_up, 0.0),
+            "nvme_optimizer_states": np.where(oc == OFFLOAD_NVME, nvme_states, 0.0),
+            "param_fetch": np.where(off & np.asarray(plan.offload_params, dtype=bool), param_fetch, 0.0)}
+
+
+def optimizer_and_offload(shard, plan, cluster, curves, m, t_micro_fwd, t_micro_bwd, t_step_compute):
+    """(optimizer seconds, exposed offload seconds) per step, with the delayed update's overlap."""
+    opt = optimizer_time(shard, plan, cluster, curves)
+    streams = offload_transfer_times(shard, plan, cluster, m, t_micro_fwd, t_micro_bwd)
+    delayed = np.asarray(plan.delayed_update, dtype=bool)
+    # DPU: CPU step + parameter upload hide under the next step's compute
+    hidden = np.maximum(0.0, opt + streams["params_to_gpu"] - t_step_compute)
+    opt_exposed = np.where(delayed, hidden, opt)
+    upload = np.where(delayed, 0.0, streams["params_to_gpu"])
+    offload = streams["grads_to_host"] + upload + streams["nvme_optimizer_states"] + streams["param_fetch"]
+    return opt_exposed, offload
