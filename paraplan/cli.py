@@ -27,6 +27,8 @@ def add_scenario_args(ap: argparse.ArgumentParser, *, require: bool = True) -> N
     ap.add_argument("--seq-len", type=_positive_int("--seq-len"), default=None, help="tokens per sequence (default 2048)")
     ap.add_argument("--global-batch", type=_positive_int("--global-batch"), default=None,
                     help="sequences per optimizer step (default: 1 per data-parallel rank x micro-batch)")
+    ap.add_argument("--moe-imbalance", type=float, default=1.0,
+                    help="busiest expert's tokens over the balanced share (1.0 = balanced)")
     ap.add_argument("--network", choices=("rail", "flat"), default=None,
                     help="place groups on a networkx model of the fabric: rail-optimized or flat leaves")
     ap.add_argument("--oversubscription", type=float, default=None,
@@ -34,11 +36,16 @@ def add_scenario_args(ap: argparse.ArgumentParser, *, require: bool = True) -> N
 
 
 def add_plan_args(ap: argparse.ArgumentParser) -> None:
-    from paraplan.planner.plan import DTYPES, OFFLOAD, RECOMPUTE, SCHEDULES
+    from paraplan.planner.plan import DTYPES, OFFLOAD, OPTIMIZERS, RECOMPUTE, SCHEDULES
     g = ap.add_argument_group("plan")
     g.add_argument("--plan", help="a plan file written by `paraplan plan --out` (flags below override it)")
-    for name in ("tp", "pp", "cp", "vpp", "micro-batch"):
+    for name in ("tp", "pp", "cp", "vpp", "micro-batch", "ep", "etp"):
         g.add_argument(f"--{name}", type=_positive_int(f"--{name}"))
+    g.add_argument("--sp-mode", choices=("megatron", "ulysses", "ring"),
+                   help="sequence parallelism: megatron (with tp), or ulysses / ring over --cp ranks")
+    g.add_argument("--optimizer", choices=OPTIMIZERS)
+    g.add_argument("--delayed-update", action="store_true", default=None,
+                   help="ZeRO-Offload's one-step delayed parameter update (with --offload cpu)")
     g.add_argument("--dp", type=_positive_int("--dp"), help="default: what the GPU count leaves")
     g.add_argument("--sp", action="store_true", default=None, help="Megatron sequence parallelism (needs tp > 1)")
     g.add_argument("--schedule", choices=SCHEDULES)
@@ -52,7 +59,8 @@ def add_plan_args(ap: argparse.ArgumentParser) -> None:
 
 
 PLAN_FLAGS = ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "sp", "schedule", "zero", "recompute", "offload",
-              "offload_params", "dtype", "flash_attention", "overlap_grad_reduce")
+              "offload_params", "dtype", "flash_attention", "overlap_grad_reduce", "ep", "etp", "optimizer",
+              "delayed_update")
 
 
 def plan_from_args(args):
@@ -67,6 +75,11 @@ def plan_from_args(args):
             base[k] = v
     if base.get("vpp", 1) > 1 and "schedule" not in base:
         base["schedule"] = "interleaved"
+    mode = getattr(args, "sp_mode", None)
+    if mode == "megatron":
+        base["sp"] = True
+    elif mode in ("ulysses", "ring"):
+        base["cp_mode"] = mode
     return Plan.from_dict(base, source=getattr(args, "plan", None) or "flags")
 
 
@@ -107,7 +120,7 @@ def cmd_estimate(args) -> int:
     if topology:
         from paraplan.planner.search import with_topology
         cluster = with_topology(cluster, plan.with_dp_for(cluster.num_gpus), topology)
-    e = estimate(model, TrainingJob(seq_len, gbs), cluster, plan)
+    e = estimate(model, TrainingJob(seq_len, gbs, moe_imbalance=args.moe_imbalance), cluster, plan)
     if args.format == "json":
         print(json.dumps(e.to_dict(), indent=2))
     else:

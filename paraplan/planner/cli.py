@@ -66,7 +66,7 @@ def cmd_plan(args) -> int:
         raise ConfigError("--max-memory-fraction", f"must be in (0, 1], got {args.max_memory_fraction}")
     model, cluster, seq_len = scenario_from_args(args)
     gbs = args.global_batch or cluster.num_gpus
-    job = TrainingJob(seq_len, gbs)
+    job = TrainingJob(seq_len, gbs, moe_imbalance=args.moe_imbalance)
     options = SpaceOptions(fixed=parse_fix(args.fix), allow_offload=not args.no_offload)
     from paraplan.cli import topology_from_args
     result = search(model, job, cluster, options=options, top=args.top,

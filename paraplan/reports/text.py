@@ -3,7 +3,8 @@ from __future__ import annotations
 
 GIB = 2**30
 TIME_LABELS = {"compute": "compute", "recompute": "recomputation", "tp_comm": "tensor-parallel comm",
-               "cp_comm": "context-parallel comm", "pp_comm": "pipeline p2p", "pp_bubble": "pipeline bubble",
+               "cp_comm": "context-parallel comm", "ep_comm": "expert-parallel all-to-all",
+               "pp_comm": "pipeline p2p", "pp_bubble": "pipeline bubble",
                "dp_comm": "data-parallel comm (exposed)", "optimizer": "optimizer step",
                "offload": "offload transfers (exposed)"}
 MEMORY_LABELS = {"parameters": "parameters", "gradients": "gradients", "optimizer_states": "optimizer states",
@@ -31,7 +32,9 @@ def render_estimate(e) -> str:
         f"plan: tp {p.tp} · pp {p.pp} · dp {p.dp} · cp {p.cp}{' · sp' if p.sp else ''}"
         f"{f' · vpp {p.vpp}' if p.vpp > 1 else ''} · micro-batch {p.micro_batch} · {p.schedule} · "
         f"ZeRO-{p.zero} · recompute {p.recompute} · offload {p.offload}"
-        f"{' (+params)' if p.offload_params else ''} · {p.dtype}",
+        f"{' (+params)' if p.offload_params else ''}{' · delayed update' if p.delayed_update else ''} · {p.dtype}"
+        f"{f' · ep {p.ep}' if p.ep > 1 else ''}{f' · etp {p.etp}' if p.etp > 1 else ''}"
+        f"{f' · {p.cp_mode}' if p.cp > 1 else ''}{f' · {p.optimizer}' if p.optimizer != 'adam' else ''}",
         "",
     ]
     status = "fits" if e.feasible else f"DOES NOT FIT — {e.infeasible_reason}"
@@ -58,5 +61,11 @@ def render_estimate(e) -> str:
     if e.host_memory_bytes_per_node or e.nvme_bytes_per_node:
         lines.append(f"    host memory per node {e.host_memory_bytes_per_node / GIB:.0f} GiB, "
                      f"NVMe per node {e.nvme_bytes_per_node / 1e12:.2f} TB")
+    if "step_time_warmup_s" in e.details:
+        d = e.details
+        lines += ["", f"  {p.optimizer}: warm-up ({100 * d['optimizer_warmup_share']:.0f}% of steps, uncompressed) "
+                  f"{d['step_time_warmup_s']:.3f} s/step, compressed phase {d['step_time_compressed_s']:.3f} s/step "
+                  f"(data-parallel comm {fmt_time(d['dp_comm_warmup_s']).strip()} -> "
+                  f"{fmt_time(d['dp_comm_compressed_s']).strip()}); the step time above is their average"]
     lines += ["", "  FLOP convention: " + e.flop_convention]
     return "\n".join(lines)
