@@ -138,13 +138,22 @@ def activation_bytes(model, job, plan) -> dict:
     return {"first": first, "last": np.where(p == 1, first, last)}
 
 
+# DeepSpeed ZeRO communication buckets (elements), its documented defaults (docs/_pages/config-json.md:
+# reduce_bucket_size 5e8, allgather_bucket_size 5e8); ZeRO-Offload double-buffers the reduce bucket
+# while it copies gradients to the host.
+DEEPSPEED_REDUCE_BUCKET = 5e8
+DEEPSPEED_ALLGATHER_BUCKET = 5e8
+
+
 def buffer_bytes(model, plan, runtime_reserved_bytes):
-    """Runtime reserve (CUDA context, NCCL and cuBLAS workspaces) plus ZeRO-3's gathered layers
-    (the current and the prefetched one) and parameter-offload staging."""
+    """Runtime reserve (CUDA context, NCCL and cuBLAS workspaces), ZeRO-3's gathered layers (the
+    current and the prefetched one), and under offload DeepSpeed's gradient and parameter buckets."""
     t = np.asarray(plan.tp, dtype=float)
     gathered = 2 * BYTES * model.params_per_layer / t
     z3 = np.asarray(plan.zero) >= 3
-    return runtime_reserved_bytes + np.where(z3, gathered, 0.0)
+    offload = np.asarray(plan.offload_code) != OFFLOAD_NONE
+    buckets = BYTES * (2 * DEEPSPEED_REDUCE_BUCKET + DEEPSPEED_ALLGATHER_BUCKET)
+    return runtime_reserved_bytes + np.where(z3, gathered, 0.0) + np.where(offload, buckets, 0.0)
 
 
 NVME_STAGING_PARAMS = 1e9   # DeepSpeed ZeRO-Infinity sub_group_size default (elements staged on the host)

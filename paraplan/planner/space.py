@@ -115,6 +115,9 @@ def axis_choices(model, job, cluster, options: SpaceOptions) -> dict[str, list]:
         if key == "etp":
             choices["etp_is_tp"] = [value != 1]
             continue
+        if key == "offload_params":
+            choices["offload"] = [i for i in choices["offload"] if OFFLOAD_CHOICES[i][1] == bool(value)]
+            continue
         if key not in choices:
             raise ConfigError("--fix", f"unknown axis {key!r}", accepted=", ".join(sorted(set(choices) | {'dp', 'etp'})))
         if key == "schedule":
@@ -126,7 +129,8 @@ def axis_choices(model, job, cluster, options: SpaceOptions) -> dict[str, list]:
         elif key == "optimizer":
             value = OPTIMIZERS.index(value)
         elif key == "offload":
-            value = [i for i, (o, _) in enumerate(OFFLOAD_CHOICES) if o == value]
+            params = fixed.get("offload_params")
+            value = [i for i, (o, p) in enumerate(OFFLOAD_CHOICES) if o == value and (params is None or p == params)]
         choices[key] = value if isinstance(value, list) else [value]
     choices["_dtype"] = "bf16" if dtype_ok else "fp16"
     return choices
