@@ -38,7 +38,7 @@ def points_table(results, scenario) -> pd.DataFrame:
         c = p.cluster
         row = {"point": p.index}
         for var in sweep_vars:
-            row[var if var not in ("gpus", "seq_len", "global_batch") else f"sweep_{var}"] = p.values[var]
+            row[_col(var)] = p.values[var]
         row["label"] = " / ".join(format_value(var, p.values[var]) for var in sweep_vars)
         row.update({"model": p.model.name, "cluster": p.cluster_spec, "gpus": c.num_gpus, "seq_len": p.job.seq_len,
                     "global_batch": p.job.global_batch, "tokens_per_step": p.job.tokens_per_step,
@@ -84,7 +84,8 @@ def _groups(df: pd.DataFrame, scenario, x_var: str):
 
 
 def _col(var: str) -> str:
-    return f"sweep_{var}" if var in ("gpus", "seq_len", "global_batch") else var
+    """Column of a swept value (``sweep_offload``: the plan's own ``offload`` column is separate)."""
+    return f"sweep_{var}"
 
 
 def scaling_data(df: pd.DataFrame, scenario) -> pd.DataFrame:
