@@ -31,7 +31,7 @@ def _si_axis(axis) -> None:
 
 
 def _bar_width_for(n: int) -> float:
-    return min(11.0, max(6.0, 0.45 * n + 3))
+    return min(16.0, max(6.0, (0.45 if n <= 16 else 0.22) * n + 3))
 
 
 def scaling_figure(data, title: str) -> Figure:
@@ -55,7 +55,7 @@ def scaling_figure(data, title: str) -> Figure:
         for _, r in g[~g["feasible"].astype(bool)].iterrows():
             ax.annotate("no plan fits", (r["gpus"], r["ideal_tokens_per_s"]), fontsize=8, color=color,
                         ha="center", textcoords="offset points", xytext=(0, 6))
-    for k, (color, note) in enumerate(reversed(notes)):
+    for k, (color, note) in enumerate(reversed(notes[-3:])):
         ax.text(0.99, 0.03 + 0.055 * k, note, transform=ax.transAxes, ha="right", va="bottom", fontsize=8,
                 color=color, bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
     ax.set_xscale("log", base=2)
@@ -68,18 +68,37 @@ def scaling_figure(data, title: str) -> Figure:
     gpus = sorted(set(data["gpus"]))
     ax.set_xticks(gpus, [str(g) for g in gpus])
     ax.grid(True, which="major", alpha=0.3)
-    h1, l1 = ax.get_legend_handles_labels()
-    h2, l2 = mfu_ax.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper left")
+    series = list(dict.fromkeys(data["series"]))
+    if len(series) > 1:
+        from matplotlib.lines import Line2D
+        handles = [Line2D([], [], color=SERIES_COLORS[i % len(SERIES_COLORS)], linewidth=3, label=s)
+                   for i, s in enumerate(series)]
+        handles += [Line2D([], [], color="black", marker="o", label="predicted tokens/s"),
+                    Line2D([], [], color="black", linestyle="--", alpha=0.6, label="ideal linear"),
+                    Line2D([], [], color="black", linestyle=":", marker="s", markersize=4, label="MFU (right axis)")]
+        ax.legend(handles=handles, fontsize=8, loc="upper left")
+    else:
+        h1, l1 = ax.get_legend_handles_labels()
+        h2, l2 = mfu_ax.get_legend_handles_labels()
+        ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper left")
     ax.set_title(title, fontsize=11)
     return fig
+
+
+def _seconds(v: float) -> str:
+    return f"{v:,.0f} s" if v >= 100 else f"{v:.3g} s"
 
 
 def breakdown_figure(data, title: str) -> Figure:
     """Stacked bars of the step-time terms per point (bar height = step time), and their shares."""
     n = len(data)
-    fig = _figure(max(9.0, 2 * _bar_width_for(n) - 2), 4.8)
-    ax, share = fig.subplots(1, 2, gridspec_kw={"width_ratios": (3, 2)})
+    many = n > 16
+    if many:
+        fig = _figure(min(16.0, 4 + 0.22 * n), 8)
+        ax, share = fig.subplots(2, 1, gridspec_kw={"height_ratios": (3, 2)})
+    else:
+        fig = _figure(max(9.0, 2 * _bar_width_for(n) - 2), 4.8)
+        ax, share = fig.subplots(1, 2, gridspec_kw={"width_ratios": (3, 2)})
     x = np.arange(n)
     bottom = np.zeros(n)
     step = data["step_time_s"].to_numpy(float)
@@ -95,19 +114,19 @@ def breakdown_figure(data, title: str) -> Figure:
         share_bottom += frac
     for i, r in data.iterrows():
         if np.isnan(r["step_time_s"]):
-            ax.text(x[i], 0, "no plan\nfits", ha="center", va="bottom", fontsize=7, color="#c44e52")
-        else:
-            ax.text(x[i], r["step_time_s"], f"{r['step_time_s']:.3g} s" + ("" if r["feasible"] else "\n(no fit)"),
+            ax.text(x[i], 0, "×" if many else "no plan\nfits", ha="center", va="bottom", fontsize=7, color="#c44e52")
+        elif not many:
+            ax.text(x[i], r["step_time_s"], _seconds(r["step_time_s"]) + ("" if r["feasible"] else "\n(no fit)"),
                     ha="center", va="bottom", fontsize=7)
     rot = 45 if n > 6 else 0
     for a in (ax, share):
-        a.set_xticks(x, data["label"], rotation=rot, ha="right" if rot else "center")
+        a.set_xticks(x, data["label"], rotation=rot, ha="right" if rot else "center", fontsize=6 if many else None)
     ax.set_ylabel("time per optimizer step (s)")
     ax.set_ylim(0, np.nanmax(np.r_[bottom, 1e-9]) * 1.15)
     share.set_ylabel("share of the step (%)")
     share.set_ylim(0, 100)
     share.set_title("shares", fontsize=9)
-    ax.legend(fontsize=8, loc="upper right")
+    fig.legend(*ax.get_legend_handles_labels(), fontsize=8, loc="outside right upper")
     fig.suptitle(title, fontsize=11)
     return fig
 
@@ -128,12 +147,14 @@ def memory_figure(data, title: str) -> Figure:
                    gid="hbm")
     else:
         ax.hlines(hbm, x - 0.45, x + 0.45, color="black", linestyle="--", linewidth=1.5, label="HBM per GPU", gid="hbm")
+    many = len(data) > 16
     for i, r in data.iterrows():
         if np.isnan(r["total"]):
-            ax.text(x[i], 0, "no plan\nfits", ha="center", va="bottom", fontsize=7, color="#c44e52")
-        else:
+            ax.text(x[i], 0, "×" if many else "no plan\nfits", ha="center", va="bottom", fontsize=7, color="#c44e52")
+        elif not many:
             ax.text(x[i], r["total"], f"{r['total']:.0f}", ha="center", va="bottom", fontsize=7)
-    ax.set_xticks(x, data["label"], rotation=45 if len(data) > 6 else 0, ha="right" if len(data) > 6 else "center")
+    ax.set_xticks(x, data["label"], rotation=45 if len(data) > 6 else 0, ha="right" if len(data) > 6 else "center",
+                  fontsize=6 if many else None)
     ax.set_ylabel("memory per GPU (GiB), peak pipeline stage")
     ax.set_ylim(0, max(np.nanmax(np.r_[bottom, 0]), np.nanmax(hbm)) * 1.15)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
@@ -211,8 +232,9 @@ def pareto_figure(data, title: str, *, per_train: bool, price: float | None) -> 
         ax.step(front2["time_h"] * scale, front2["gpu_hours"], where="post", color="black", alpha=0.4, linewidth=1,
                 label="time-cost front", gid="front2d")
     for _, r in data.iterrows():
-        ax.annotate(r["label"], (r["time_h"] * scale, r["gpu_hours"]), textcoords="offset points", xytext=(6, 5),
-                    fontsize=7)
+        if len(data) <= 12 or r["pareto"]:
+            ax.annotate(r["label"], (r["time_h"] * scale, r["gpu_hours"]), textcoords="offset points",
+                        xytext=(6, 5), fontsize=7)
     unit = "to train" if per_train else "per 1B tokens"
     ax.set_xlabel(f"wall-clock {'days' if per_train else 'hours'} {unit}")
     ax.set_ylabel(f"GPU-hours {unit}")
@@ -282,7 +304,7 @@ def throughput_figure(data, title: str, xlabel: str) -> Figure:
         ax.plot(pos, g["tokens_per_s"], "o-", color=color, label=f"tokens/s{name}", gid="tokens")
         mfu_ax.plot(pos, 100 * g["mfu"], "s:", color=color, alpha=0.7, markersize=4, label=f"MFU{name}", gid="mfu")
         for p, (_, r) in zip(pos, g.iterrows()):
-            if r["feasible"]:
+            if r["feasible"] and data["series"].nunique() <= 2:
                 ax.annotate(r["plan"], (p, r["tokens_per_s"]), textcoords="offset points", xytext=(0, 7),
                             ha="center", fontsize=6, color=color)
             else:
