@@ -1,7 +1,6 @@
 """``paraplan whatif``: sweep one or two scenario variables, write figures, CSV and an HTML report."""
 from __future__ import annotations
 
-import sys
 
 from paraplan.errors import ConfigError
 
