@@ -1,0 +1,105 @@
+"""``paraplan whatif``: sweep one or two scenario variables, write figures, CSV and an HTML report."""
+from __future__ import annotations
+
+
+from paraplan.errors import ConfigError
+
+EPILOG = """sweep variables: gpus, seq_len, global_batch, cluster, inter_node_bandwidth (GB/s per GPU),
+intra_node_bandwidth (GB/s per GPU), hbm (GiB), offload (none, cpu, nvme, auto).
+values: lists 64,128,256; ranges 2k..128k (the ends and every power of two between, k = 1024);
+multipliers x0.5,x1,x2 (of the base value). Example:
+  paraplan whatif --model gpt3-175b --cluster dgx-a100-80g --seq-len 2048 --global-batch 1536 \\
+      --sweep gpus=64..4096 --price-per-gpu-hour 2 --train-tokens 300e9 --out report-gpt3"""
+
+
+def _float(name: str):
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise ConfigError(name, f"expected a number, got {text!r}") from None
+        if not v > 0:
+            raise ConfigError(name, f"must be positive, got {text!r}")
+        return v
+    return parse
+
+
+def scenario_from_cli(args):
+    """Scenario from --scenario FILE (flags given on the command line override its keys) or flags."""
+    from paraplan.cli import PLAN_FLAGS
+    from paraplan.planner.cli import parse_fix
+    from paraplan.reports.sweep import load_scenario, parse_sweep
+    import dataclasses
+    plan_given = bool(getattr(args, "plan", None)) or any(
+        getattr(args, k, None) is not None for k in PLAN_FLAGS)
+    plan = None
+    if plan_given:
+        from paraplan.cli import plan_from_args
+        plan = {k: v for k, v in plan_from_args(args).to_dict().items() if k != "dp"}
+    overrides = {k: v for k, v in {
+        "model": args.model, "cluster": args.cluster, "gpus": args.gpus, "seq_len": args.seq_len,
+        "global_batch": args.global_batch, "price_per_gpu_hour": args.price_per_gpu_hour,
+        "train_tokens": args.train_tokens}.items() if v is not None}
+    if args.sweep:
+        overrides["sweeps"] = tuple(parse_sweep(s) for s in args.sweep)
+    if args.fix:
+        overrides["fixed"] = parse_fix(args.fix)
+    if plan is not None:
+        overrides["plan"] = plan
+    if args.no_offload:
+        overrides["allow_offload"] = False
+    if args.no_heatmap:
+        overrides["heatmap"] = False
+    if args.max_memory_fraction is not None:
+        overrides["max_memory_fraction"] = args.max_memory_fraction
+    if args.scenario:
+        return dataclasses.replace(load_scenario(args.scenario), **overrides)
+    from paraplan.reports.sweep import Scenario
+    for key in ("model", "cluster"):
+        if key not in overrides:
+            raise ConfigError(f"--{key}", "required (or --scenario FILE.yaml)")
+    if "sweeps" not in overrides:
+        raise ConfigError("--sweep", "give one or two --sweep VAR=VALUES (or --scenario FILE.yaml)")
+    return Scenario(**overrides)
+
+
+def cmd_whatif(args) -> int:
+    from paraplan.reports.report import whatif
+    scenario = scenario_from_cli(args)
+    r = whatif(scenario=scenario, progress=not args.quiet)
+    out = r.write(args.out)
+    df = r.table
+    print(f"paraplan whatif — {scenario.model} on {scenario.cluster}: {len(df)} points "
+          f"({int(df['feasible'].sum())} fit) in {r.seconds:.1f} s")
+    cols = [c for c in ("label", "gpus", "plan", "step_time_s", "tokens_per_s", "mfu", "mem_total_gib", "feasible")
+            if c in df]
+    view = df[cols].copy()
+    view["mfu"] = (100 * view["mfu"]).round(1)
+    print(view.rename(columns={"mfu": "mfu_%"}).to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    print(f"figures: {', '.join(r.figures)}")
+    for name, why in r.skipped.items():
+        print(f"skipped {name}: {why}")
+    print(f"wrote {out}/report.html, {out}/points.csv, {out}/figures/ (PNG + SVG), {out}/scenario.yaml")
+    return 0 if df["feasible"].any() else 3
+
+
+def register(sub) -> None:
+    import argparse
+
+    from paraplan.cli import add_plan_args, add_scenario_args
+    ap = sub.add_parser("whatif", help="sweep scenario variables: figures, CSV and an HTML report",
+                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_scenario_args(ap, require=False)
+    ap.add_argument("--scenario", help="a YAML file with the scenario and sweeps (flags override its keys)")
+    ap.add_argument("--sweep", action="append", metavar="VAR=VALUES", help="a swept variable (once or twice)")
+    ap.add_argument("--fix", action="append", metavar="AXIS=VALUE",
+                    help="pin an axis of the search at every point (as in paraplan plan)")
+    ap.add_argument("--no-offload", action="store_true", help="do not consider CPU/NVMe offload")
+    ap.add_argument("--max-memory-fraction", type=float, default=None)
+    ap.add_argument("--price-per-gpu-hour", type=_float("--price-per-gpu-hour"), help="US$ per GPU-hour")
+    ap.add_argument("--train-tokens", type=_float("--train-tokens"), help="tokens to train, e.g. 300e9")
+    ap.add_argument("--no-heatmap", action="store_true", help="skip the tp x pp heat-map")
+    ap.add_argument("--out", required=True, help="report folder (written atomically)")
+    ap.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_plan_args(ap)
+    ap.set_defaults(func=cmd_whatif)

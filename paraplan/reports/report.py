@@ -1,0 +1,236 @@
+"""What-if reports: run a sweep, build the figures that make sense for it, write them atomically.
+
+Python API (notebooks)::
+
+    from paraplan.reports import whatif
+    r = whatif("llama3-70b", "dgx-h100", gpus=64, seq_len=8192, global_batch=512,
+               sweep={"cluster": ["dgx-h100", "dgx-h200"]}, price_per_gpu_hour=2.5, train_tokens=15e12)
+    r.table                 # pandas DataFrame, one row per point
+    r.figures["breakdown"]  # matplotlib Figure
+    r.data["breakdown"]     # the numbers that figure draws
+    r.skipped               # figures not drawn for this sweep, and why
+    r.write("report-dir")   # PNG + SVG figures, points.csv, report.html (atomic)
+"""
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import pandas as pd
+import yaml
+
+from paraplan.errors import ConfigError
+from paraplan.reports import data as D
+from paraplan.reports import figures as F
+from paraplan.reports.sweep import (LABELS, Point, PointResult, Scenario, base_point, parse_sweep, resolve_points,
+                                    run_points, scenario_from_mapping)
+
+FIGURE_ORDER = ("scaling", "throughput", "breakdown", "memory", "heatmap", "pareto", "cost", "efficiency")
+FIGURE_TITLES = {"scaling": "Scaling curve", "throughput": "Throughput across the sweep",
+                 "breakdown": "Step-time breakdown", "memory": "Memory per GPU",
+                 "heatmap": "tp × pp heat-map (base scenario)", "pareto": "Pareto front: time, cost, memory",
+                 "cost": "Cost to train", "efficiency": "Efficiency curves used"}
+
+
+@dataclass
+class WhatIfResult:
+    """A finished sweep: points, the table, the figures, the data behind each figure."""
+    scenario: Scenario
+    points: list[PointResult]
+    table: pd.DataFrame
+    figures: dict[str, Any] = field(default_factory=dict)
+    data: dict[str, pd.DataFrame] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    heatmap_point: Point | None = None
+    seconds: float = 0.0
+
+    def write(self, out_dir) -> Path:
+        """Write the report folder atomically (see ``write_report``)."""
+        return write_report(self, out_dir)
+
+
+def _scenario_from_kwargs(model, cluster, scenario, sweep, **kw) -> Scenario:
+    if scenario is not None:
+        if isinstance(scenario, Scenario):
+            return scenario
+        if isinstance(scenario, Mapping):
+            return scenario_from_mapping(scenario)
+        from paraplan.reports.sweep import load_scenario
+        return load_scenario(scenario)
+    if model is None or cluster is None:
+        raise ConfigError("model/cluster", "both are required (or a scenario)")
+    if isinstance(sweep, str):
+        sweep = [sweep]
+    if isinstance(sweep, Mapping):
+        sweep = [f"{k}={','.join(map(str, v)) if isinstance(v, (list, tuple)) else v}" for k, v in sweep.items()]
+    return Scenario(model=model, cluster=cluster, sweeps=tuple(parse_sweep(s) for s in (sweep or ())), **kw)
+
+
+def whatif(model: str | None = None, cluster: str | None = None, *, sweep=None, gpus: int | None = None,
+           seq_len: int | None = None, global_batch: int | None = None, fix: Mapping | None = None,
+           plan: Mapping | None = None, allow_offload: bool = True, max_memory_fraction: float = 1.0,
+           price_per_gpu_hour: float | None = None, train_tokens: float | None = None, heatmap: bool = True,
+           scenario=None, progress: bool = False) -> WhatIfResult:
+    """Run a what-if sweep and build its figures.
+
+    Parameters
+    ----------
+    model, cluster : preset names or files (as ``paraplan plan``).
+    sweep : ``"gpus=64..4096"``, a list of one or two such strings, or a mapping
+        ``{"cluster": ["dgx-h100", "dgx-h200"]}`` (values as lists or in the string syntax).
+    gpus, seq_len, global_batch : the base scenario.
+    fix : axes pinned for the search (``{"tp": 8}``); plan : a whole plan (Plan fields), re-estimated
+        at each point instead of re-planned.
+    price_per_gpu_hour, train_tokens : for the Pareto and cost-to-train figures.
+    scenario : a Scenario, a mapping or a YAML path instead of the arguments above.
+
+    Returns
+    -------
+    WhatIfResult with ``table`` (DataFrame), ``figures`` and ``data`` (dicts by figure name) and
+    ``skipped`` (figure name -> why it was not drawn).
+    """
+    sc = _scenario_from_kwargs(model, cluster, scenario, sweep, gpus=gpus, seq_len=seq_len,
+                               global_batch=global_batch, fixed=dict(fix or {}),
+                               plan=dict(plan) if plan is not None else None, allow_offload=allow_offload,
+                               max_memory_fraction=max_memory_fraction, price_per_gpu_hour=price_per_gpu_hour,
+                               train_tokens=train_tokens, heatmap=heatmap)
+    t0 = time.perf_counter()
+    points = resolve_points(sc)
+    results = run_points(points, sc, progress=progress)
+    table = D.points_table(results, sc)
+    out = WhatIfResult(scenario=sc, points=results, table=table)
+    build_figures(out)
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+def _title(sc: Scenario, results, what: str) -> str:
+    p = results[0].point
+    fixed_vars = [v for v in ("seq_len", "global_batch", "gpus", "cluster") if v not in {s.var for s in sc.sweeps}]
+    bits = {"seq_len": f"seq {p.job.seq_len}", "global_batch": f"global batch {p.job.global_batch}",
+            "gpus": f"{p.cluster.num_gpus} GPUs", "cluster": p.cluster_spec}
+    mode = "best plan per point" if sc.replans else "fixed plan"
+    return f"{what}\n{p.model.name}, " + ", ".join(bits[v] for v in fixed_vars) + f" ({mode})"
+
+
+def build_figures(r: WhatIfResult) -> None:
+    """Fill ``r.figures``, ``r.data`` and ``r.skipped`` with what makes sense for the sweep."""
+    sc, df = r.scenario, r.table
+    swept = [s.var for s in sc.sweeps]
+    any_estimate = df["step_time_s"].notna().any()
+    n_feasible = int(df["feasible"].sum())
+
+    if "gpus" in swept:
+        d = D.scaling_data(df, sc)
+        if len(d):
+            r.data["scaling"] = d
+            r.figures["scaling"] = F.scaling_figure(d, _title(sc, r.points, "Throughput scaling"))
+        else:
+            r.skipped["scaling"] = "no point of the GPU sweep has a plan that fits"
+    else:
+        r.skipped["scaling"] = "needs a gpus sweep (e.g. --sweep gpus=64..4096)"
+
+    if swept[0] != "gpus":
+        d = D.throughput_data(df, sc)
+        r.data["throughput"] = d
+        r.figures["throughput"] = F.throughput_figure(
+            d, _title(sc, r.points, f"Throughput vs {LABELS[swept[0]]}"), sc.sweeps[0].label)
+    else:
+        r.skipped["throughput"] = "the scaling curve shows throughput against GPUs"
+
+    if any_estimate:
+        r.data["breakdown"] = D.breakdown_data(df)
+        r.figures["breakdown"] = F.breakdown_figure(r.data["breakdown"], _title(sc, r.points, "Step time"))
+        r.data["memory"] = D.memory_data(df)
+        r.figures["memory"] = F.memory_figure(r.data["memory"], _title(sc, r.points, "Memory per GPU"))
+    else:
+        r.skipped["breakdown"] = r.skipped["memory"] = "no point has a plan (nothing fits anywhere)"
+
+    if not sc.heatmap:
+        r.skipped["heatmap"] = "turned off (--no-heatmap)"
+    elif {"tp", "pp"} <= set(sc.fixed):
+        r.skipped["heatmap"] = "tp and pp are both fixed"
+    else:
+        bp = base_point(sc)
+        r.heatmap_point = bp
+        d = D.heatmap_data(bp, sc)
+        r.data["heatmap"] = d
+        r.figures["heatmap"] = F.heatmap_figure(d, "Best predicted tokens/s per (tp, pp), best over the other axes\n"
+                                              + D.describe_point(bp))
+
+    if n_feasible >= 2:
+        d = D.pareto_data(df, sc)
+        r.data["pareto"] = d
+        r.figures["pareto"] = F.pareto_figure(d, _title(sc, r.points, "Time vs cost vs memory"),
+                                              per_train=bool(sc.train_tokens), price=sc.price_per_gpu_hour)
+    else:
+        r.skipped["pareto"] = f"needs at least two points with a plan that fits ({n_feasible} here)"
+
+    if not sc.train_tokens:
+        r.skipped["cost"] = "needs --train-tokens (and --price-per-gpu-hour for dollars)"
+    elif n_feasible == 0:
+        r.skipped["cost"] = "no point has a plan that fits"
+    else:
+        d = D.cost_data(df, sc)
+        r.data["cost"] = d
+        r.figures["cost"] = F.cost_figure(
+            d, _title(sc, r.points, f"Cost to train {D.tokens(sc.train_tokens)} tokens"), price=sc.price_per_gpu_hour)
+
+    from paraplan.costmodels.efficiency import analytical_curves
+    acc = r.points[0].point.cluster.accelerator
+    r.figures["efficiency"] = F.efficiency_figure(analytical_curves(acc), f"Efficiency curves — {acc.name} (analytical)")
+
+
+def figure_bytes(fig, fmt: str) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format=fmt, **({"metadata": {"Date": None}} if fmt == "svg" else {}))
+    return buf.getvalue()
+
+
+def write_report(r: WhatIfResult, out_dir) -> Path:
+    """Write ``figures/*.png|svg``, ``data/*.csv``, ``points.csv``, ``scenario.yaml`` and ``report.html``
+    into a temporary sibling folder, then rename it into place; an existing folder is replaced only
+    once the new one is complete, and a failure leaves nothing behind."""
+    from paraplan.reports.html import render_html
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError("--out", f"{out} exists and is not a folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    try:
+        os.chmod(tmp, 0o777 & ~umask)
+        (tmp / "figures").mkdir()
+        (tmp / "data").mkdir()
+        images = {}
+        for name in FIGURE_ORDER:
+            fig = r.figures.get(name)
+            if fig is None:
+                continue
+            png = figure_bytes(fig, "png")
+            (tmp / "figures" / f"{name}.png").write_bytes(png)
+            (tmp / "figures" / f"{name}.svg").write_bytes(figure_bytes(fig, "svg"))
+            images[name] = png
+        for name, d in r.data.items():
+            d.to_csv(tmp / "data" / f"{name}.csv", index=False)
+        r.table.to_csv(tmp / "points.csv", index=False)
+        (tmp / "scenario.yaml").write_text(yaml.safe_dump(r.scenario.to_dict(), sort_keys=False))
+        (tmp / "report.html").write_text(render_html(r, images), encoding="utf-8")
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, old / out.name)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

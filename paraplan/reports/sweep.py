@@ -1,0 +1,421 @@
+"""What-if sweeps: a base scenario, one or two swept variables, one estimate per point.
+
+A point is the base scenario with the swept variables set. At each point the planner searches
+for the best plan (``search``) or, when the scenario fixes a whole plan, the plan is re-estimated
+(``estimate``). Value syntaxes for ``--sweep VAR=VALUES`` (items separated by commas, mixed freely):
+
+* a number: ``64``, ``8k`` (k = 1024), ``0.5`` (bandwidths in GB/s per GPU, HBM in GiB);
+* a range ``LO..HI``: LO, every power of two strictly between, HI (``2k..128k`` gives 2048 … 131072);
+* a multiplier ``xF``: F times the base value (``x0.5,x1,x2``);
+* a name for ``cluster`` (a system preset or cluster file) and ``offload`` (none, cpu, nvme, auto).
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from itertools import product
+from pathlib import Path
+from typing import Any, Mapping
+
+from paraplan.errors import ConfigError
+
+VARIABLES = ("gpus", "seq_len", "global_batch", "cluster", "inter_node_bandwidth", "intra_node_bandwidth", "hbm",
+             "offload")
+INTEGER_VARS = ("gpus", "seq_len", "global_batch")
+FLOAT_VARS = ("inter_node_bandwidth", "intra_node_bandwidth", "hbm")
+UNITS = {"gpus": "GPUs", "seq_len": "tokens", "global_batch": "sequences", "inter_node_bandwidth": "GB/s per GPU",
+         "intra_node_bandwidth": "GB/s per GPU", "hbm": "GiB", "cluster": "", "offload": ""}
+LABELS = {"gpus": "GPUs", "seq_len": "sequence length", "global_batch": "global batch",
+          "cluster": "cluster", "inter_node_bandwidth": "inter-node bandwidth",
+          "intra_node_bandwidth": "intra-node bandwidth", "hbm": "HBM per GPU", "offload": "offload"}
+OFFLOAD_VALUES = ("none", "cpu", "nvme", "auto")
+GIB = 2**30
+
+
+def _number(text: str, field_name: str) -> float:
+    t = text.strip().lower()
+    scale = 1
+    if t.endswith("k"):
+        t, scale = t[:-1], 1024
+    try:
+        v = float(t) * scale
+    except ValueError:
+        raise ConfigError(field_name, f"not a number: {text!r}",
+                          accepted="numbers (8k = 8192), ranges LO..HI, multipliers xF") from None
+    if not math.isfinite(v) or v <= 0:
+        raise ConfigError(field_name, f"must be positive, got {text!r}")
+    return v
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One swept variable: its name and the raw items, resolved against the base by ``values``."""
+    var: str
+    items: tuple
+
+    @property
+    def label(self) -> str:
+        unit = UNITS[self.var]
+        return LABELS[self.var] + (f" ({unit})" if unit else "")
+
+
+def parse_sweep(text: str) -> Sweep:
+    """``VAR=VALUES`` → Sweep (values checked for syntax here, resolved against the base later)."""
+    if "=" not in text:
+        raise ConfigError("--sweep", f"expected VAR=VALUES, got {text!r}", accepted=", ".join(VARIABLES))
+    var, values = text.split("=", 1)
+    var = var.strip().replace("-", "_")
+    if var not in VARIABLES:
+        raise ConfigError("--sweep", f"unknown variable {var!r}", accepted=", ".join(VARIABLES))
+    items = tuple(v.strip() for v in values.split(",") if v.strip())
+    if not items:
+        raise ConfigError(f"--sweep {var}", "no values given", accepted="e.g. 64,128,256 or 64..4096 or x0.5,x1,x2")
+    sweep = Sweep(var, items)
+    sweep_values(sweep, base=None)  # syntax check now; multipliers need the base later
+    return sweep
+
+
+def sweep_values(sweep: Sweep, base) -> list:
+    """The values of a sweep; multipliers scale ``base`` (None: syntax check only)."""
+    var, field_name = sweep.var, f"--sweep {sweep.var}"
+    out: list = []
+    for item in sweep.items:
+        low = item.lower()
+        if var == "cluster":
+            if low.startswith("x") or ".." in low:
+                raise ConfigError(field_name, f"{item!r}: clusters are named, not scaled or ranged",
+                                  accepted="system presets (e.g. dgx-h100) or cluster YAML files")
+            out.append(item)
+            continue
+        if var == "offload":
+            if low not in OFFLOAD_VALUES:
+                raise ConfigError(field_name, f"unknown value {item!r}", accepted=", ".join(OFFLOAD_VALUES))
+            out.append(low)
+            continue
+        if low.startswith("x"):
+            factor = _number(low[1:], field_name)
+            if base is None:
+                out.append(None)
+                continue
+            v = base * factor
+        elif ".." in low:
+            lo_s, hi_s = low.split("..", 1)
+            lo, hi = _number(lo_s, field_name), _number(hi_s, field_name)
+            if hi < lo:
+                raise ConfigError(field_name, f"range {item!r} runs backwards")
+            vals = [lo] + [2.0**e for e in range(math.floor(math.log2(lo)) + 1, math.ceil(math.log2(hi)))
+                           if lo < 2.0**e < hi] + ([hi] if hi != lo else [])
+            out.extend(_as_type(var, v, field_name, item) for v in vals)
+            continue
+        else:
+            v = _number(low, field_name)
+        out.append(_as_type(var, v, field_name, item))
+    if base is not None:
+        seen, unique = set(), []
+        for v in out:
+            if v not in seen:
+                seen.add(v)
+                unique.append(v)
+        out = unique
+    return out
+
+
+def _as_type(var: str, v: float, field_name: str, item: str):
+    if var in INTEGER_VARS:
+        if abs(v - round(v)) > 1e-9:
+            raise ConfigError(field_name, f"{item!r} gives {v:g}, not a whole number")
+        return int(round(v))
+    return float(v)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Everything a what-if report needs; what ``--scenario FILE.yaml`` holds.
+
+    ``fixed`` pins plan axes for the search (like ``paraplan plan --fix``); ``plan`` (a dict of
+    Plan fields) fixes the whole plan, which is then re-estimated at each point instead of re-planned.
+    """
+    model: str
+    cluster: str
+    gpus: int | None = None
+    seq_len: int | None = None
+    global_batch: int | None = None
+    sweeps: tuple[Sweep, ...] = ()
+    fixed: Mapping[str, Any] = field(default_factory=dict)
+    plan: Mapping[str, Any] | None = None
+    allow_offload: bool = True
+    max_memory_fraction: float = 1.0
+    price_per_gpu_hour: float | None = None
+    train_tokens: float | None = None
+    heatmap: bool = True
+
+    def __post_init__(self):
+        if not 1 <= len(self.sweeps) <= 2:
+            raise ConfigError("--sweep", f"give one or two sweeps, got {len(self.sweeps)}")
+        if len(self.sweeps) == 2 and self.sweeps[0].var == self.sweeps[1].var:
+            raise ConfigError("--sweep", f"{self.sweeps[0].var} is swept twice")
+        if self.price_per_gpu_hour is not None and not self.price_per_gpu_hour > 0:
+            raise ConfigError("--price-per-gpu-hour", f"must be positive, got {self.price_per_gpu_hour}")
+        if self.train_tokens is not None and not self.train_tokens > 0:
+            raise ConfigError("--train-tokens", f"must be positive, got {self.train_tokens}")
+        if not 0 < self.max_memory_fraction <= 1:
+            raise ConfigError("max_memory_fraction", f"must be in (0, 1], got {self.max_memory_fraction}")
+
+    @property
+    def replans(self) -> bool:
+        return self.plan is None
+
+    def to_dict(self) -> dict:
+        d = {"model": self.model, "cluster": self.cluster, "gpus": self.gpus, "seq_len": self.seq_len,
+             "global_batch": self.global_batch,
+             "sweep": {s.var: ",".join(s.items) for s in self.sweeps}, "fix": dict(self.fixed),
+             "plan": dict(self.plan) if self.plan is not None else None, "allow_offload": self.allow_offload,
+             "max_memory_fraction": self.max_memory_fraction, "price_per_gpu_hour": self.price_per_gpu_hour,
+             "train_tokens": self.train_tokens, "heatmap": self.heatmap}
+        return {k: v for k, v in d.items() if v is not None and v != {}}
+
+
+SCENARIO_KEYS = ("model", "cluster", "gpus", "seq_len", "global_batch", "sweep", "fix", "plan", "allow_offload",
+                 "max_memory_fraction", "price_per_gpu_hour", "train_tokens", "heatmap")
+
+
+def scenario_from_mapping(data: Mapping[str, Any], source: str = "scenario") -> Scenario:
+    """A Scenario from a YAML mapping (the keys of ``Scenario.to_dict``)."""
+    if not isinstance(data, Mapping):
+        raise ConfigError("scenario", "expected a mapping at the top level", source=source)
+    unknown = sorted(set(data) - set(SCENARIO_KEYS))
+    if unknown:
+        raise ConfigError(unknown[0], "unknown scenario key", accepted=", ".join(SCENARIO_KEYS), source=source)
+    for key in ("model", "cluster"):
+        if not isinstance(data.get(key), str):
+            raise ConfigError(key, "required (a preset name or a file)", source=source)
+    raw = data.get("sweep") or {}
+    if isinstance(raw, Mapping):
+        texts = [f"{k}={','.join(map(str, v)) if isinstance(v, (list, tuple)) else v}" for k, v in raw.items()]
+    elif isinstance(raw, (list, tuple)):
+        texts = [str(x) for x in raw]
+    else:
+        raise ConfigError("sweep", "expected a mapping VAR: VALUES or a list of 'VAR=VALUES'", source=source)
+    ints = {}
+    for key in ("gpus", "seq_len", "global_batch"):
+        v = data.get(key)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ConfigError(key, f"must be a positive integer, got {v!r}", source=source)
+        ints[key] = v
+    fix = data.get("fix") or {}
+    if isinstance(fix, (list, tuple)):
+        from paraplan.planner.cli import parse_fix
+        fix = parse_fix(fix)
+    plan = data.get("plan")
+    if plan is not None:
+        from paraplan.planner.plan import Plan
+        if not isinstance(plan, Mapping):
+            raise ConfigError("plan", "expected a mapping of plan fields (tp, pp, zero, ...)", source=source)
+        Plan.from_dict(plan, source=source)
+    return Scenario(model=data["model"], cluster=data["cluster"], sweeps=tuple(parse_sweep(t) for t in texts),
+                    fixed=dict(fix), plan=dict(plan) if plan is not None else None,
+                    allow_offload=bool(data.get("allow_offload", True)),
+                    max_memory_fraction=float(data.get("max_memory_fraction", 1.0)),
+                    price_per_gpu_hour=_opt_float(data, "price_per_gpu_hour", source),
+                    train_tokens=_opt_float(data, "train_tokens", source), heatmap=bool(data.get("heatmap", True)),
+                    **ints)
+
+
+def _opt_float(data, key, source):
+    v = data.get(key)
+    if v is None:
+        return None
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        raise ConfigError(key, f"expected a number, got {v!r}", source=source) from None
+
+
+def load_scenario(path) -> Scenario:
+    from paraplan.hardware.catalog import read_yaml
+    return scenario_from_mapping(read_yaml(Path(path), "--scenario"), source=str(path))
+
+
+# --- points ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Point:
+    """One resolved point: the swept values and the model/job/cluster/search options it means."""
+    index: int
+    values: Mapping[str, Any]
+    model: Any
+    job: Any
+    cluster: Any
+    cluster_spec: str
+    fixed: Mapping[str, Any]
+    allow_offload: bool
+
+
+@dataclass(frozen=True)
+class PointResult:
+    point: Point
+    estimate: Any            # Estimate or None (nothing fits / plan does not apply)
+    reason: str | None       # why there is no feasible estimate
+    candidates: int
+    seconds: float
+
+    @property
+    def feasible(self) -> bool:
+        return self.estimate is not None and self.estimate.feasible
+
+
+def base_values(scenario: Scenario) -> dict:
+    """Base value of every variable (before multipliers): flags, else defaults."""
+    from paraplan.hardware.catalog import load_cluster
+    cluster = load_cluster(scenario.cluster, scenario.gpus)
+    return {"gpus": cluster.num_gpus, "seq_len": scenario.seq_len or 2048, "global_batch": scenario.global_batch,
+            "cluster": scenario.cluster,
+            "inter_node_bandwidth": cluster.system.inter_node.bandwidth_bytes_per_s / 1e9,
+            "intra_node_bandwidth": cluster.system.intra_node.bandwidth_bytes_per_s / 1e9,
+            "hbm": cluster.accelerator.memory_bytes / GIB,
+            "offload": str((scenario.fixed or {}).get("offload") or (scenario.plan or {}).get("offload") or "auto")}
+
+
+def resolve_points(scenario: Scenario) -> list[Point]:
+    """Every point of the sweep grid (first sweep outer), built and checked before anything runs."""
+    from paraplan.workloads.presets import load_model
+    model = load_model(scenario.model)
+    base = base_values(scenario)
+    axes = []
+    for s in scenario.sweeps:
+        b = base[s.var]
+        if b is None and any(i.lower().startswith("x") for i in s.items):
+            raise ConfigError(f"--sweep {s.var}", "a multiplier needs a base value", accepted=f"--{s.var.replace('_', '-')} N")
+        if (s.var in FLOAT_VARS and any(i.lower().startswith("x") for i in s.items)
+                and any(o.var == "cluster" for o in scenario.sweeps)):
+            raise ConfigError(f"--sweep {s.var}", "multipliers are ambiguous when the cluster is swept too",
+                              accepted="absolute values (GB/s per GPU, or GiB for hbm)")
+        axes.append(sweep_values(s, b))
+    points = []
+    for i, combo in enumerate(product(*axes)):
+        values = dict(zip((s.var for s in scenario.sweeps), combo))
+        points.append(_point(i, scenario, model, base, values))
+    return points
+
+
+def _point(index, scenario, model, base, values) -> Point:
+    from paraplan.hardware.catalog import load_cluster
+    from paraplan.workloads.transformer import TrainingJob
+    v = {**base, **values}
+    spec = v["cluster"]
+    gpus = v["gpus"] if ("gpus" in values or spec == scenario.cluster) else (scenario.gpus or None)
+    try:
+        cluster = load_cluster(spec, gpus)
+    except ConfigError as e:
+        where = ", ".join(f"{k}={x}" for k, x in values.items())
+        raise ConfigError(e.field, f"at sweep point {where}: {e.problem}", accepted=e.accepted) from None
+    sysv = cluster.system
+    if "inter_node_bandwidth" in values:
+        cluster = cluster.with_system(inter_node=replace(sysv.inter_node,
+                                                         bandwidth_bytes_per_s=v["inter_node_bandwidth"] * 1e9))
+    if "intra_node_bandwidth" in values:
+        cluster = cluster.with_system(intra_node=replace(cluster.system.intra_node,
+                                                         bandwidth_bytes_per_s=v["intra_node_bandwidth"] * 1e9))
+    if "hbm" in values:
+        cluster = cluster.with_system(accelerator=replace(cluster.accelerator, memory_bytes=v["hbm"] * GIB))
+    fixed = dict(scenario.fixed or {})
+    allow_offload = scenario.allow_offload
+    if "offload" in values:
+        fixed.pop("offload", None)
+        if values["offload"] != "auto":
+            fixed["offload"] = values["offload"]
+        allow_offload = True
+    gbs = v["global_batch"]
+    if gbs is None:
+        if scenario.plan is not None:
+            from paraplan.planner.plan import Plan
+            p = Plan.from_dict(_plan_fields(scenario.plan))
+            gbs = max(1, cluster.num_gpus // p.model_parallel) * p.micro_batch
+        else:
+            gbs = cluster.num_gpus
+    job = TrainingJob(int(v["seq_len"]), int(gbs))
+    return Point(index=index, values=dict(values), model=model, job=job, cluster=cluster, cluster_spec=spec,
+                 fixed=fixed, allow_offload=allow_offload)
+
+
+def _plan_fields(plan: Mapping) -> dict:
+    d = {k: v for k, v in plan.items() if k != "dp"}
+    if d.get("vpp", 1) > 1 and "schedule" not in d:
+        d["schedule"] = "interleaved"
+    return d
+
+
+def evaluate_point(point: Point, scenario: Scenario, curves_cache: dict | None = None) -> PointResult:
+    """Best plan (search) or the fixed plan re-estimated, for one point."""
+    from paraplan.costmodels.efficiency import analytical_curves
+    from paraplan.costmodels.estimate import estimate
+    from paraplan.planner.plan import Plan
+    from paraplan.planner.search import explain_infeasible, search
+    from paraplan.planner.space import SpaceOptions
+    t0 = time.perf_counter()
+    curves = analytical_curves(point.cluster.accelerator)
+    if scenario.plan is not None:
+        fields_ = _plan_fields(scenario.plan)
+        if "offload" in point.values and point.values["offload"] != "auto":
+            fields_["offload"] = point.values["offload"]
+            if fields_["offload"] == "none":
+                fields_.pop("offload_params", None)
+        try:
+            e = estimate(point.model, point.job, point.cluster, Plan.from_dict(fields_), curves=curves,
+                         max_memory_fraction=scenario.max_memory_fraction)
+        except ConfigError as err:
+            return PointResult(point, None, f"plan does not apply: {err}", 0, time.perf_counter() - t0)
+        return PointResult(point, e, e.infeasible_reason, 1, time.perf_counter() - t0)
+    options = SpaceOptions(fixed=dict(point.fixed), allow_offload=point.allow_offload)
+    r = search(point.model, point.job, point.cluster, options=options, top=1,
+               max_memory_fraction=scenario.max_memory_fraction, curves=curves)
+    reason = None if r.best else explain_infeasible(r, point.cluster)
+    return PointResult(point, r.best, reason, r.candidates_evaluated, time.perf_counter() - t0)
+
+
+class Progress:
+    """``[####......] 12/50 points`` on stderr, redrawn in place."""
+
+    def __init__(self, total: int, enabled: bool = True, stream=None):
+        self.total, self.enabled, self.stream = total, enabled, stream or sys.stderr
+        self.start = time.perf_counter()
+
+    def update(self, done: int, label: str = "") -> None:
+        if not self.enabled:
+            return
+        frac = done / max(self.total, 1)
+        elapsed = time.perf_counter() - self.start
+        self.stream.write(f"\rwhat-if {done:>4}/{self.total} points [{'#' * int(30 * frac):<30}] "
+                          f"{elapsed:6.1f} s {label[:40]:<40}")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def run_points(points, scenario: Scenario, progress: bool = False) -> list[PointResult]:
+    bar = Progress(len(points), progress)
+    out = []
+    for i, p in enumerate(points):
+        bar.update(i, ", ".join(f"{k}={v}" for k, v in p.values.items()))
+        out.append(evaluate_point(p, scenario))
+    bar.update(len(points))
+    bar.close()
+    return out
+
+
+def base_point(scenario: Scenario) -> Point:
+    """The base scenario as a point: the flags' values; a swept variable the flags leave out
+    (``--gpus``, ``--seq-len``, ``--global-batch``) takes its first swept value."""
+    from paraplan.workloads.presets import load_model
+    base = base_values(scenario)
+    flags = {"gpus": scenario.gpus, "seq_len": scenario.seq_len, "global_batch": scenario.global_batch}
+    values = {}
+    for s in scenario.sweeps:
+        if s.var in flags and flags[s.var] is None and not any(i.lower().startswith("x") for i in s.items):
+            values[s.var] = sweep_values(s, base[s.var])[0]
+    return _point(-1, scenario, load_model(scenario.model), base, values)
