@@ -1,0 +1,168 @@
+"""Uneven pipeline stages and per-stage recomputation for a chosen plan, with the ILPs of ilp.py.
+
+The closed-form estimate splits layers evenly. Real models are not even: the embedding sits on the
+first stage, the LM head (and the loss over the vocabulary) on the last, MoE layers weigh more than
+dense ones, and under 1F1B stage s holds min(m, p − s) micro-batches. Here every layer becomes an
+``ilp.LayerCost`` built from the same cost model (forward + backward + the plan's recomputation and
+tensor/context/expert communication, model-state bytes after tp/ep/ZeRO, activation bytes per
+micro-batch), the partition ILP balances the slowest stage under the memory cap, and the
+recomputation ILP then picks how many layers each stage recomputes (Megatron's
+--recompute-num-layers, per stage) so every stage fits at the least added time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from paraplan.costmodels import compute as C
+from paraplan.costmodels import memory as M
+from paraplan.costmodels.efficiency import analytical_curves
+from paraplan.costmodels.estimate import RUNTIME_RESERVED_BYTES
+from paraplan.planner.ilp import (LayerCost, PipelineSpec, StageRecomputeCost, in_flight_per_stage,
+                                  partition_from_boundaries, partition_stages, plan_recompute)
+from paraplan.planner.plan import Plan
+
+
+@dataclass(frozen=True)
+class StageLayout:
+    """Uniform and ILP-balanced splits of one plan, and the per-stage recomputation."""
+    layer_names: tuple[str, ...]
+    uniform_boundaries: tuple[int, ...]
+    uniform_bottleneck_s: float
+    boundaries: tuple[int, ...]
+    bottleneck_s: float
+    stage_time_s: tuple[float, ...]
+    stage_memory_bytes: tuple[float, ...]
+    partition_status: str
+    recompute_layers: tuple[int, ...] | None
+    recompute_status: str | None
+    pipeline_time_uniform_s: float
+    pipeline_time_balanced_s: float
+
+    def to_dict(self) -> dict:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items() if k != "layer_names"}
+
+
+def _f(x) -> float:
+    return float(np.asarray(x))
+
+
+def _variant(model, moe_layer: bool):
+    """The model with every layer dense, or every layer MoE (for per-layer costs)."""
+    if not moe_layer:
+        return replace(model, moe=None)
+    return replace(model, moe=replace(model.moe, every=1, first_dense=0))
+
+
+def layer_costs(model, job, cluster, plan: Plan, curves=None, recompute: str | None = None) -> list[LayerCost]:
+    """Embedding, each transformer layer, LM head as ``LayerCost`` under the plan."""
+    curves = curves or analytical_curves(cluster.accelerator)
+    p = replace(plan, pp=1, vpp=1, schedule="1f1b", **({"recompute": recompute} if recompute else {}))
+    n_dp = plan.dp * plan.cp
+
+    def one_layer(moe_layer: bool) -> LayerCost:
+        m = _variant(model, moe_layer)
+        lt = C.layer_times(m, job, p, curves, cluster)
+        t = lt["forward"] + lt["backward"] + lt["recompute"] + lt["tp_comm"] + lt["cp_comm"] + lt["ep_comm"]
+        params = (m.params_per_moe_layer - m.routed_expert_params_per_moe_layer if moe_layer else m.params_per_layer)
+        states = sum(M.model_state_bytes(params / plan.tp, p).values())
+        if moe_layer:
+            experts = m.routed_expert_params_per_moe_layer / (plan.ep * plan.etp)
+            states += sum(M.model_state_bytes(experts, p, shard_degree=n_dp / plan.ep).values())
+        acts = M.activation_bytes_per_layer(m, job, p)
+        return LayerCost("moe" if moe_layer else "dense", _f(t), _f(states), _f(acts))
+
+    dense = one_layer(False)
+    moe = one_layer(True) if model.moe else None
+    moe_start = model.moe.first_dense if model.moe else model.layers
+    every = model.moe.every if model.moe else 1
+    ht = C.head_times(model, job, p, curves, cluster)
+    T = _f(C.tokens_per_rank(job, p))
+    emb_states = sum(M.model_state_bytes(model.embedding_params / plan.tp, p).values())
+    head_params = model.lm_head_params + (model.vocab * model.hidden if model.tied_embeddings else 0)
+    head_states = sum(M.model_state_bytes(head_params / plan.tp, p).values())
+    out = [LayerCost("embedding", _f(ht["embedding"]), _f(emb_states), 3 * T * model.hidden)]
+    for i in range(model.layers):
+        is_moe = moe is not None and i >= moe_start and (i - moe_start) % every == every - 1
+        out.append(replace(moe if is_moe else dense, name=f"{'moe' if is_moe else 'dense'}-{i}"))
+    out.append(LayerCost("lm_head", _f(ht["head"] + ht["tp_comm"]), _f(head_states),
+                         4.0 * T * model.vocab / plan.tp + 2 * T * model.hidden))
+    return out
+
+
+def _pipeline_time(stage_times, m: int) -> float:
+    """1F1B with unequal stages: (m − 1)·t_max + Σ t_i (pipeline.py)."""
+    return (m - 1) * max(stage_times) + sum(stage_times)
+
+
+def stage_layout(model, job, cluster, plan: Plan, *, curves=None, max_memory_fraction: float = 1.0,
+                 time_limit_s: float = 5.0) -> StageLayout | None:
+    """Balanced stages and per-stage recomputation for a plan with pp > 1 (None for pp = 1)."""
+    plan = plan.with_dp_for(cluster.num_gpus)
+    if plan.pp == 1:
+        return None
+    m = job.global_batch // (plan.dp * plan.micro_batch)
+    cap = cluster.accelerator.memory_bytes * max_memory_fraction
+    fixed = _f(M.buffer_bytes(model, plan, RUNTIME_RESERVED_BYTES))
+    schedule = "gpipe" if plan.schedule == "gpipe" else "1f1b"
+    spec = PipelineSpec(stages=plan.pp, micro_batches=m, schedule=schedule, memory_cap_bytes=cap,
+                        fixed_bytes_per_stage=fixed)
+    layers = layer_costs(model, job, cluster, plan, curves)
+    per = model.layers // plan.pp
+    uniform_b = tuple([0] + [1 + per * s for s in range(1, plan.pp)])
+    free = PipelineSpec(stages=plan.pp, micro_batches=m, schedule=schedule, memory_cap_bytes=float("inf"),
+                        fixed_bytes_per_stage=fixed)
+    uniform = partition_from_boundaries(layers, free, uniform_b)
+    part = partition_stages(layers, spec, time_limit_s=time_limit_s)
+    rec_layers = rec_status = None
+    if plan.recompute != "full":
+        # per-stage recompute on the balanced split: recompute whole layers only where memory needs it
+        full = layer_costs(model, job, cluster, plan, curves, recompute="full")
+        none = layer_costs(model, job, cluster, plan, curves, recompute="none")
+        inflight = in_flight_per_stage(plan.pp, m, schedule)
+        b = list(part.boundaries) + [len(layers)]
+        stages = []
+        for s in range(plan.pp):
+            seg = range(b[s], b[s + 1])
+            body = [i for i in seg if none[i].name.startswith(("dense", "moe"))]
+            ends = [i for i in seg if i not in body]
+            n = max(1, len(body))
+            stages.append(StageRecomputeCost(
+                layers=len(body), base_time_s=sum(none[i].time_s for i in seg),
+                static_bytes=fixed + sum(none[i].weight_bytes for i in seg)
+                + inflight[s] * sum(none[i].activation_bytes for i in ends),
+                in_flight=inflight[s],
+                activation_bytes_per_layer=sum(none[i].activation_bytes for i in body) / n,
+                recomputed_activation_bytes_per_layer=sum(full[i].activation_bytes for i in body) / n,
+                recompute_time_per_layer_s=sum(full[i].time_s - none[i].time_s for i in body) / n))
+        try:
+            rp = plan_recompute(stages, cap, time_limit_s=time_limit_s)
+            rec_layers, rec_status = rp.layers_recomputed, rp.status
+        except Exception as e:       # InfeasiblePlan: report, keep the partition
+            rec_status = f"infeasible: {e}"
+    return StageLayout(
+        layer_names=tuple(l.name for l in layers), uniform_boundaries=uniform_b,
+        uniform_bottleneck_s=uniform.bottleneck_time_s, boundaries=part.boundaries,
+        bottleneck_s=part.bottleneck_time_s, stage_time_s=part.stage_time_s,
+        stage_memory_bytes=part.stage_memory_bytes, partition_status=part.status,
+        recompute_layers=rec_layers, recompute_status=rec_status,
+        pipeline_time_uniform_s=_pipeline_time(uniform.stage_time_s, m),
+        pipeline_time_balanced_s=_pipeline_time(part.stage_time_s, m))
+
+
+def describe_layout(layout: StageLayout, n_layers_total: int) -> str:
+    b = list(layout.boundaries) + [n_layers_total]
+    counts = [b[i + 1] - b[i] for i in range(len(b) - 1)]
+    u = list(layout.uniform_boundaries) + [n_layers_total]
+    ucounts = [u[i + 1] - u[i] for i in range(len(u) - 1)]
+    lines = [f"stage layout (pulp/CBC, {layout.partition_status}): items per stage {counts} "
+             f"(embedding and LM head count as items; uniform {ucounts})",
+             f"  slowest stage {layout.bottleneck_s * 1e3:.1f} ms vs {layout.uniform_bottleneck_s * 1e3:.1f} ms uniform;"
+             f" pipeline {layout.pipeline_time_balanced_s:.3f} s vs {layout.pipeline_time_uniform_s:.3f} s"]
+    if layout.recompute_layers is not None:
+        lines.append(f"  per-stage recomputation ({layout.recompute_status}): layers recomputed per stage "
+                     f"{list(layout.recompute_layers)} (Megatron --recompute-num-layers per stage)")
+    elif layout.recompute_status:
+        lines.append(f"  per-stage recomputation: {layout.recompute_status}")
+    return "\n".join(lines)
