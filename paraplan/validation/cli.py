@@ -157,8 +157,11 @@ def run_profile(args) -> int:
     run_id, rows = _run(opts, db=args.db, collectives=not args.no_collectives)
     path = ProfileStore(args.db).path
     for r in rows:
+        if r["kind"] == "device":
+            continue
+        bw = r["bus_bandwidth_bytes_per_s"] or r["bandwidth_bytes_per_s"]
         rate = (f"{r['flops_per_s'] / 1e9:8.1f} GFLOP/s" if r["flops_per_s"] else
-                f"{(r['bus_bandwidth_bytes_per_s'] or r['bandwidth_bytes_per_s']) / 1e9:8.3f} GB/s")
+                f"{bw / 1e9:8.3f} GB/s" if bw else f"{r['time_s'] * 1e6:8.2f} us")
         print(f"{r['kind']:<10} {r['op']:<16} {str(r['dtype']):<9} n={r['world_size']:<2} "
               f"{json.dumps(r['shape']):<48} {rate}")
     print(f"stored run {run_id} ({len(rows)} rows) in {path}")
