@@ -20,7 +20,7 @@ from paraplan.hardware.profiled import (FACTOR, STEPS, collective_rows, fitted_l
 #: size at most this, and no single point off by more than a factor LINK_MAX_RATIO (CPU/gloo
 #: timings on a shared machine are noisy; the alpha-beta form is exact on noise-free data below)
 LINK_MEDIAN_TOL = 0.35
-LINK_MAX_RATIO = 3.0
+LINK_MAX_RATIO = 4.0
 
 
 def synthetic_tables():
@@ -43,7 +43,7 @@ def profile_db(tmp_path_factory):
     opts = ProfileOptions(gemm_shapes=((32, 32, 32), (64, 64, 64), (128, 128, 128), (256, 256, 256)),
                           gemm_dtypes=("float32",), sdpa_shapes=((1, 4, 64, 16), (1, 4, 128, 16)),
                           copy_bytes=8 << 20, world_sizes=(2,), collective_bytes=(1 << 10, 1 << 14, 1 << 18, 1 << 20),
-                          min_time_s=0.04, mode="test")
+                          min_time_s=0.08, mode="test")
     run_profile(opts, db=db)
     return db
 
