@@ -22,7 +22,10 @@ def _positive_int(name: str):
 
 def add_scenario_args(ap: argparse.ArgumentParser, *, require: bool = True) -> None:
     ap.add_argument("--model", required=require, help="preset name, model YAML/JSON file, or a Hugging Face config.json")
-    ap.add_argument("--cluster", required=require, help="system preset (e.g. dgx-a100-80g) or a cluster YAML file")
+    ap.add_argument("--cluster", required=require, help="system preset (e.g. dgx-a100-80g), a cluster YAML file, "
+                    "'local' (this machine's measured profile) or 'profile:NAME' (fingerprint id or hostname)")
+    ap.add_argument("--db", default=None, help="profile database for --cluster local/profile:NAME "
+                    "(default $PARAPLAN_PROFILE_DB or ~/.cache/paraplan/profiles.sqlite)")
     ap.add_argument("--gpus", type=_positive_int("--gpus"), help="GPU count (default: one node, or the file's)")
     ap.add_argument("--seq-len", type=_positive_int("--seq-len"), default=None, help="tokens per sequence (default 2048)")
     ap.add_argument("--global-batch", type=_positive_int("--global-batch"), default=None,
@@ -88,7 +91,7 @@ def scenario_from_args(args):
     from paraplan.workloads.presets import load_model
     from paraplan.workloads.transformer import TrainingJob
     model = load_model(args.model)
-    cluster = load_cluster(args.cluster, args.gpus)
+    cluster = load_cluster(args.cluster, args.gpus, db=getattr(args, "db", None))
     return model, cluster, args.seq_len or 2048
 
 

@@ -2,7 +2,8 @@
 
 Ring collectives on one tier (nccl-tests doc/PERFORMANCE.md bus-bandwidth factors; NCCL
 src/graph/tuning.cc step counts), n ranks, S bytes (the full, unsharded buffer), link bandwidth
-B and efficiency η, per-step latency α:
+B and efficiency η, per-step latency α (a link fitted from a profile may carry its own α and
+η·B per collective, :meth:`paraplan.hardware.model.Link.alpha_beta`):
 
   all-reduce          T = 2(n−1)·α + 2(n−1)/n · S/(η·B)
   reduce-scatter      T =  (n−1)·α +  (n−1)/n · S/(η·B)      (all-gather the same)
@@ -31,13 +32,13 @@ def ring_time(kind: str, size_bytes, n, link: Link):
     """Seconds for one collective on a single tier (flat ring); 0 when n == 1."""
     n = np.asarray(n, dtype=float)
     s = np.asarray(size_bytes, dtype=float)
-    bw = link.bandwidth_bytes_per_s * link.efficiency
+    alpha, bw = link.alpha_beta(kind)
     if kind == SEND_RECV:
-        return link.latency_s + s / bw
+        return alpha + s / bw
     if kind == ALL_REDUCE:
-        t = 2 * (n - 1) * link.latency_s + 2 * (n - 1) / n * s / bw
+        t = 2 * (n - 1) * alpha + 2 * (n - 1) / n * s / bw
     elif kind in (REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL):
-        t = (n - 1) * link.latency_s + (n - 1) / n * s / bw
+        t = (n - 1) * alpha + (n - 1) / n * s / bw
     else:
         raise ValueError(f"unknown collective {kind}")
     return np.where(n > 1, t, 0.0)
@@ -54,8 +55,10 @@ def collective_time(kind: str, size_bytes, n, k, intra: Link, inter: Link):
     s = np.asarray(size_bytes, dtype=float)
     if kind == ALL_TO_ALL:
         # Each rank keeps 1/n, sends (k-1)/n inside the node and (n-k)/n out through its NIC.
-        t_intra = (k - 1) * intra.latency_s + (k - 1) / n * s / intra.effective_bandwidth_bytes_per_s
-        t_inter = (nodes - 1) * inter.latency_s + (n - k) / n * s / inter.effective_bandwidth_bytes_per_s
+        a_in, b_in = intra.alpha_beta(ALL_TO_ALL)
+        a_out, b_out = inter.alpha_beta(ALL_TO_ALL)
+        t_intra = (k - 1) * a_in + (k - 1) / n * s / b_in
+        t_inter = (nodes - 1) * a_out + (n - k) / n * s / b_out
         return np.where(n > 1, t_intra + t_inter, 0.0)
     if kind == SEND_RECV:
         return np.where(nodes > 1, ring_time(kind, s, 2, inter), ring_time(kind, s, 2, intra))

@@ -15,6 +15,8 @@ Per layer, with T = b·s/cp tokens on the rank, t = tp:
   residual adds 7h each, the MLP activation 4f (GELU) or 6f (SwiGLU), and for unfused attention
   the q, k, v and context transposes 4(h + h_kv)·2; replicated across tp unless sequence
   parallel, f-wide and attention parts split by tp. Backward streams twice the bytes.
+  With ``dtype = fp32`` (the CPU validation runs) every activation, weight and message byte count
+  doubles (:func:`element_bytes`); the memory-bound byte counts are the 16-bit ones × 2.
 Recomputation (Korthikanti et al. 2022): selective re-runs the attention core forward, full
 re-runs the whole layer forward (and its tensor-parallel all-reduces).
 """
@@ -25,6 +27,11 @@ import numpy as np
 from paraplan.costmodels.comm import ALL_REDUCE, ALL_TO_ALL, SEND_RECV, collective_time, ranks_per_node, ring_time
 
 BYTES = 2  # 16-bit activations and weights (bf16 / fp16)
+
+
+def element_bytes(plan):
+    """Bytes per activation / weight element: 2 for bf16 and fp16, 4 for fp32 (``plan.dtype``)."""
+    return 4 if plan.dtype == "fp32" else BYTES
 RECOMPUTE_SELECTIVE, RECOMPUTE_FULL = 1, 2
 
 
@@ -98,8 +105,9 @@ def attention_core_times(model, job, plan, curves):
     qk = curves.gemm_time(s_l * heads_rank, s, d, dt)
     pv = curves.gemm_time(s_l * heads_rank, d, s, dt)
     scores = heads_rank * s_l * s
-    unfused_f = qk + pv + curves.memory_time(9 * scores, kernels=2)
-    unfused_b = 2 * (qk + pv) + curves.memory_time(11 * scores, kernels=2)
+    wide = element_bytes(plan) / BYTES
+    unfused_f = qk + pv + curves.memory_time(9 * wide * scores, kernels=2)
+    unfused_b = 2 * (qk + pv) + curves.memory_time(11 * wide * scores, kernels=2)
     flash = np.asarray(plan.flash_attention, dtype=bool)
     return np.where(flash, fused_f, unfused_f), np.where(flash, fused_b, unfused_b)
 
@@ -126,7 +134,7 @@ def elementwise_forward_time(model, job, plan, curves, moe: bool = False):
     replicated = 22 * h
     unfused_extra = np.where(np.asarray(plan.flash_attention, dtype=bool), 0.0, 8 * (h + hkv))
     per_token = replicated / np.where(sp, t, 1.0) + (act + unfused_extra) / t
-    return curves.memory_time(T * per_token, kernels=8 + (4 if moe else 0))
+    return curves.memory_time(T * per_token * element_bytes(plan) / BYTES, kernels=8 + (4 if moe else 0))
 
 
 def ep_alltoall_time(model, job, plan, cluster):
@@ -136,7 +144,7 @@ def ep_alltoall_time(model, job, plan, cluster):
     if model.moe is None:
         return 0.0
     T = tokens_per_rank(job, plan)
-    size = T * model.moe.top_k * expert_token_factor(model, job) * model.hidden * BYTES / np.asarray(plan.tp, float)
+    size = T * model.moe.top_k * expert_token_factor(model, job) * model.hidden * element_bytes(plan) / np.asarray(plan.tp, float)
     k = ranks_per_node(plan.ep, np.asarray(plan.tp) * plan.cp, cluster.gpus_per_node)
     intra, inter = cluster.links("ep")
     return collective_time(ALL_TO_ALL, size, plan.ep, k, intra, inter)
@@ -151,8 +159,8 @@ def ulysses_alltoall_time(model, job, plan, cluster):
     t = np.asarray(plan.tp, dtype=float)
     k = ranks_per_node(plan.cp, plan.tp, cluster.gpus_per_node)
     intra, inter = cluster.links("cp")
-    qkv = collective_time(ALL_TO_ALL, T * (model.hidden + 2 * model.kv_hidden) * BYTES / t, plan.cp, k, intra, inter)
-    out = collective_time(ALL_TO_ALL, T * model.hidden * BYTES / t, plan.cp, k, intra, inter)
+    qkv = collective_time(ALL_TO_ALL, T * (model.hidden + 2 * model.kv_hidden) * element_bytes(plan) / t, plan.cp, k, intra, inter)
+    out = collective_time(ALL_TO_ALL, T * model.hidden * element_bytes(plan) / t, plan.cp, k, intra, inter)
     return qkv + out
 
 
@@ -161,13 +169,13 @@ def tp_allreduce_time(model, job, plan, cluster):
     T = tokens_per_rank(job, plan)
     k = ranks_per_node(plan.tp, 1, cluster.gpus_per_node)
     intra, inter = cluster.links("tp")
-    return collective_time(ALL_REDUCE, T * model.hidden * BYTES, plan.tp, k, intra, inter)
+    return collective_time(ALL_REDUCE, T * model.hidden * element_bytes(plan), plan.tp, k, intra, inter)
 
 
 def ring_attention_step_time(model, job, plan, cluster):
     """One ring-attention step: a K and V chunk of s/cp tokens to the next cp rank."""
     T = tokens_per_rank(job, plan)
-    chunk = 2 * T * model.kv_hidden / np.asarray(plan.tp, dtype=float) * BYTES
+    chunk = 2 * T * model.kv_hidden / np.asarray(plan.tp, dtype=float) * element_bytes(plan)
     k = ranks_per_node(plan.cp, plan.tp, cluster.gpus_per_node)
     intra, inter = cluster.links("cp")
     return np.where(k < np.asarray(plan.cp), ring_time(SEND_RECV, chunk, 2, inter), ring_time(SEND_RECV, chunk, 2, intra))
@@ -235,7 +243,7 @@ def head_times(model, job, plan, curves, cluster) -> dict:
     logits = curves.gemm_time(T, V / t, h, dt)
     cross_entropy = curves.memory_time(T * V / t * 4 * 3, kernels=4)      # fp32 logits, ~3 passes
     head = 3 * logits + cross_entropy
-    embedding = curves.memory_time(T * h * BYTES * 3, kernels=2)
+    embedding = curves.memory_time(T * h * element_bytes(plan) * 3, kernels=2)
     ar = tp_allreduce_time(model, job, plan, cluster)
     return {"head": head, "embedding": embedding, "tp_comm": 2 * ar}   # embedding fwd + head grad all-reduce
 
@@ -244,7 +252,7 @@ def p2p_time(model, job, plan, cluster):
     """One pipeline send/recv of a micro-batch's boundary activation b·(s/cp)·h, split over tp
     (Megatron's scatter-gather optimisation). Intra-node only when the whole pipeline fits in a node."""
     T = tokens_per_rank(job, plan)
-    size = T * model.hidden * BYTES / np.asarray(plan.tp, dtype=float)
+    size = T * model.hidden * element_bytes(plan) / np.asarray(plan.tp, dtype=float)
     span = np.asarray(plan.tp) * plan.cp * plan.dp * plan.pp
     inside = span <= cluster.gpus_per_node
     intra, inter = cluster.links("pp")

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from paraplan.costmodels.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time, ranks_per_node
-from paraplan.costmodels.compute import BYTES
+from paraplan.costmodels.compute import element_bytes
 
 # Share of an overlapped collective's duration that it costs the compute beneath it (NCCL kernels
 # occupy SMs and HBM bandwidth). calculon models the same effect as ``processor_usage``: 0.15 of
@@ -70,7 +70,7 @@ def dp_exposed_time(params, plan, cluster, m, t_micro_fwd, t_micro_bwd, *, exper
     """Exposed seconds of data-parallel / ZeRO communication per step (and the total traffic time)."""
     n, k = dp_group(plan, cluster, experts)
     intra, inter = cluster.links("ep" if experts else "dp")
-    size = BYTES * params * volume_factor
+    size = element_bytes(plan) * params * volume_factor
     ar = collective_time(ALL_REDUCE, size, n, k, intra, inter)
     rs = collective_time(REDUCE_SCATTER, size, n, k, intra, inter)
     ag = collective_time(ALL_GATHER, size, n, k, intra, inter)

@@ -95,3 +95,12 @@ def analytical_curves(accelerator: Accelerator) -> AnalyticalCurves:
         cpu_adam_memory_efficiency=entry["cpu_adam_memory_efficiency"],
         gpu_adam_bytes_per_param=entry["gpu_adam_bytes_per_param"],
         gemm_sustained_fraction=entry.get("gemm_sustained_fraction", 1.0), sources=sources)
+
+
+def curves_for(cluster_or_accelerator):
+    """The curves the estimator uses by default: the measured ones a profiled device carries
+    (:mod:`paraplan.costmodels.profiled`, attached by ``load_cluster('local' | 'profile:NAME')``),
+    else the analytical ones of curves.yaml."""
+    acc = getattr(cluster_or_accelerator, "accelerator", cluster_or_accelerator)
+    measured = getattr(acc, "measured_curves", None)
+    return measured if measured is not None else analytical_curves(acc)

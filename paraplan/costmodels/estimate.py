@@ -17,7 +17,7 @@ import numpy as np
 from paraplan.costmodels import compute as C
 from paraplan.costmodels import memory as M
 from paraplan.costmodels.dataparallel import compressed_phase_factor, dp_exposed_time
-from paraplan.costmodels.efficiency import analytical_curves
+from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.offload import optimizer_and_offload
 from paraplan.costmodels.pipeline import bubble_factor, bubble_fraction, p2p_messages_on_critical_path
 from paraplan.planner.plan import Plan, check_plan
@@ -27,6 +27,14 @@ TIME_TERMS = ("compute", "recompute", "tp_comm", "cp_comm", "ep_comm", "pp_comm"
               "optimizer", "offload")
 MEMORY_TERMS = ("parameters", "gradients", "optimizer_states", "activations", "buffers")
 RUNTIME_RESERVED_BYTES = 1.5 * 2**30
+
+
+def runtime_reserved_bytes(cluster) -> float:
+    """The per-GPU runtime reserve: none for a profiled CPU device (no CUDA context or NCCL)."""
+    measured = getattr(cluster.accelerator, "measured_curves", None)
+    if measured is not None and getattr(measured, "device", "") == "cpu":
+        return 0.0
+    return RUNTIME_RESERVED_BYTES
 FLOP_CONVENTION = ("model FLOPs = 3 x forward FLOPs (2 per multiply-add) of all weight GEMMs, attention "
                    "scores QK^T and PV counted in full (causal mask not halved) and the logits; recomputation "
                    "excluded (PaLM App. B, Korthikanti et al. 2022). HFU adds the recomputed forward FLOPs. "
@@ -38,7 +46,8 @@ ASSUMPTIONS = (
     "tensor-parallel collectives are exposed (no TP comm overlap); backward = 2 x forward GEMM time",
     "data-parallel gradient reduction is bucketed and overlaps the last micro-batch's backward; ZeRO-3 gathers are "
     "prefetched under each micro-batch's compute",
-    "1 GiB-class runtime reserve (CUDA context, NCCL, cuBLAS workspaces) of 1.5 GiB per GPU",
+    "1 GiB-class runtime reserve (CUDA context, NCCL, cuBLAS workspaces) of 1.5 GiB per GPU (none on a profiled "
+    "CPU device)",
     "fused attention: causal mask halves the executed attention work; unfused: full score matrix plus softmax and "
     "dropout traffic",
 )
@@ -144,7 +153,7 @@ def step_terms(model, job, cluster, plan, curves) -> dict:
     total_first = sum(states_first.values()) + acts["first"]
     total_last = sum(states_last.values()) + acts["last"]
     last_is_peak = total_last > total_first
-    buffers = M.buffer_bytes(model, plan, RUNTIME_RESERVED_BYTES)
+    buffers = M.buffer_bytes(model, plan, runtime_reserved_bytes(cluster))
     memory = {k: np.where(last_is_peak, states_last[k], states_first[k]) for k in states_first}
     memory["activations"] = np.where(last_is_peak, acts["last"], acts["first"])
     memory["buffers"] = buffers
@@ -175,7 +184,7 @@ def estimate(model, job, cluster, plan: Plan, *, curves=None, max_memory_fractio
     """Predict one plan. Raises ConfigError for a plan that does not match the model, job or cluster;
     a plan that does not fit in memory comes back with ``feasible=False`` and the reason."""
     plan = check_plan(plan, model, job, cluster)
-    curves = curves or analytical_curves(cluster.accelerator)
+    curves = curves or curves_for(cluster)
     terms = step_terms(model, job, cluster, plan, curves)
     n = cluster.num_gpus
     step = _f(terms["step"])

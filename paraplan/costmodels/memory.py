@@ -12,7 +12,9 @@ Activations per layer per micro-batch (Korthikanti et al. 2022, arXiv:2205.05198
   s·b·h·(34/t + 5as/(ht)) with sequence parallel, selective recompute drops the 5as/h term,
   full recompute keeps 2sbh (÷t with SP). Generalized here for GQA (K and V are h_kv wide),
   SwiGLU (6f instead of 4f bytes per token for the MLP) and fused attention (the s² score term
-  becomes fp32 softmax statistics, 4·a·s bytes per sample).
+  becomes fp32 softmax statistics, 4·a·s bytes per sample). ``dtype = fp32`` (CPU validation):
+  weights and gradients 4Ψ each, K = 8 (Adam momentum and variance, no master copy) and the
+  activation bytes above doubled (an approximation: masks and statistics are not 16-bit).
 In-flight micro-batches on the first stage: 1F1B and ZB-H1 min(m, p); interleaved
 p·(1 + (p−1)/(p·v)) (NVIDIA/Megatron-LM theoretical_memory_usage.py); GPipe m.
 """
@@ -20,10 +22,16 @@ from __future__ import annotations
 
 import numpy as np
 
-from paraplan.costmodels.compute import (BYTES, RECOMPUTE_FULL, RECOMPUTE_SELECTIVE, expert_token_factor,
-                                         tokens_per_rank)
+from paraplan.costmodels.compute import (BYTES, RECOMPUTE_FULL, RECOMPUTE_SELECTIVE, element_bytes,
+                                         expert_token_factor, tokens_per_rank)
 
 OPTIMIZER_BYTES_PER_PARAM = 12   # fp32 master weights, momentum, variance (K in the ZeRO paper)
+FP32_OPTIMIZER_BYTES_PER_PARAM = 8   # plain fp32 Adam: momentum and variance, no master copy
+
+
+def optimizer_bytes_per_param(plan):
+    """K: 12 with 16-bit training (fp32 master weights, momentum, variance), 8 in plain fp32."""
+    return FP32_OPTIMIZER_BYTES_PER_PARAM if plan.dtype == "fp32" else OPTIMIZER_BYTES_PER_PARAM
 SCHEDULE_1F1B, SCHEDULE_INTERLEAVED, SCHEDULE_GPIPE, SCHEDULE_ZB_H1 = 0, 1, 2, 3
 OFFLOAD_NONE, OFFLOAD_CPU, OFFLOAD_NVME = 0, 1, 2
 
@@ -62,9 +70,10 @@ def model_state_bytes(params, plan, shard_degree=None) -> dict:
     z = np.asarray(plan.zero)
     off = np.asarray(plan.offload_code) != OFFLOAD_NONE
     off_params = np.asarray(plan.offload_params, dtype=bool)
-    weights = np.where(z >= 3, BYTES * params / n, BYTES * params)
-    grads = np.where(z >= 2, BYTES * params / n, BYTES * params)
-    optim = np.where(z >= 1, OPTIMIZER_BYTES_PER_PARAM * params / n, OPTIMIZER_BYTES_PER_PARAM * params)
+    eb, k = element_bytes(plan), optimizer_bytes_per_param(plan)
+    weights = np.where(z >= 3, eb * params / n, eb * params)
+    grads = np.where(z >= 2, eb * params / n, eb * params)
+    optim = np.where(z >= 1, k * params / n, k * params)
     return {"parameters": np.where(off_params, 0.0, weights),
             "gradients": np.where(off, 0.0, grads),
             "optimizer_states": np.where(off, 0.0, optim)}
@@ -96,9 +105,10 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
     s_l = T / b
     scores = np.where(np.asarray(plan.flash_attention, dtype=bool), 4.0 * a * s_l * b,   # fp32 stats
                       5.0 * a * s_l * s * b) / t
-    none = unsharded + sharded + scores
-    selective = unsharded + sharded
-    full = BYTES * h * T / np.where(sp, t, 1.0)
+    wide = element_bytes(plan) / BYTES         # fp32 activations: twice the 16-bit bytes
+    none = wide * (unsharded + sharded + scores)
+    selective = wide * (unsharded + sharded)
+    full = element_bytes(plan) * h * T / np.where(sp, t, 1.0)
     return np.where(rc == RECOMPUTE_FULL, full, np.where(rc == RECOMPUTE_SELECTIVE, selective, none))
 
 
@@ -129,8 +139,8 @@ def activation_bytes(model, job, plan) -> dict:
     # full recompute rematerializes one layer at a time during backward
     working = np.where(np.asarray(plan.recompute_code) == RECOMPUTE_FULL,
                        activation_bytes_per_layer(model, job, plan, recompute_code=0), 0.0)
-    embedding_out = 3 * T * model.hidden / np.where(sp, t, 1.0)     # 16-bit output + dropout mask
-    logits = 4.0 * T * model.vocab / t + BYTES * T * model.hidden  # fp32 logits for the loss
+    embedding_out = (element_bytes(plan) + 1) * T * model.hidden / np.where(sp, t, 1.0)  # output + dropout mask
+    logits = 4.0 * T * model.vocab / t + element_bytes(plan) * T * model.hidden  # fp32 logits for the loss
     inflight = in_flight_micro_batches(job, plan)
     first = layers * per_layer * inflight + embedding_out * inflight + working
     last = layers * per_layer + logits + working
@@ -149,7 +159,7 @@ def buffer_bytes(model, plan, runtime_reserved_bytes):
     """Runtime reserve (CUDA context, NCCL and cuBLAS workspaces), ZeRO-3's gathered layers (the
     current and the prefetched one), and under offload DeepSpeed's gradient and parameter buckets."""
     t = np.asarray(plan.tp, dtype=float)
-    gathered = 2 * BYTES * model.params_per_layer / t
+    gathered = 2 * element_bytes(plan) * model.params_per_layer / t
     z3 = np.asarray(plan.zero) >= 3
     offload = np.asarray(plan.offload_code) != OFFLOAD_NONE
     buckets = BYTES * (2 * DEEPSPEED_REDUCE_BUCKET + DEEPSPEED_ALLGATHER_BUCKET)

@@ -195,12 +195,18 @@ def raw_entry(kind: str, name: str) -> dict:
     return read_yaml(CATALOG_DIR / kind / f"{name}.yaml")
 
 
-def load_cluster(spec: str, gpus: int | None = None, *, inter_node_oversubscription: float = 1.0) -> Cluster:
-    """A cluster from a system preset name and a GPU count, or from a YAML file.
+def load_cluster(spec: str, gpus: int | None = None, *, inter_node_oversubscription: float = 1.0,
+                 db: str | None = None) -> Cluster:
+    """A cluster from a system preset name and a GPU count, or from a YAML file, or from a
+    measured profile: ``local`` (this machine) or ``profile:NAME`` in the profile database ``db``
+    (default ``$PARAPLAN_PROFILE_DB``), see :mod:`paraplan.hardware.profiled`.
 
     YAML keys: ``system`` (a preset name or an inline system mapping), ``gpus``, optional
     ``name`` and ``inter_node_oversubscription``. ``gpus`` given here overrides the file's.
     """
+    from paraplan.hardware.profiled import is_profile_spec, load_profiled_cluster
+    if is_profile_spec(spec):
+        return load_profiled_cluster(spec, gpus, db)
     path = Path(spec)
     if spec.endswith((".yaml", ".yml", ".json")) or path.is_file():
         data = read_yaml(path, "cluster")

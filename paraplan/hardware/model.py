@@ -90,6 +90,9 @@ class Accelerator:
     gemm_plateau_efficiency: float
     streaming_multiprocessors: int
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    #: measured efficiency curves (a :class:`paraplan.costmodels.profiled.ProfiledCurves`) for a
+    #: device described by a profile; None for catalogue parts (analytical curves)
+    measured_curves: object = field(default=None, compare=False, repr=False)
 
     def peak(self, dtype: str) -> float:
         v = self.peak_flops.get(dtype)
@@ -106,18 +109,30 @@ class Link:
 
     ``efficiency`` is achieved ring bus bandwidth / line rate for large messages;
     ``latency_s`` is the per-step latency α of the alpha-beta model.
+    ``per_op`` optionally overrides (α seconds, effective bandwidth bytes/s) per collective
+    (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``, ``send_recv``): a link
+    fitted from measured collectives (:mod:`paraplan.hardware.profiled`) carries one fit per op.
     """
     name: str
     bandwidth_bytes_per_s: float
     efficiency: float
     latency_s: float
+    per_op: Mapping[str, tuple[float, float]] = field(default_factory=dict, compare=False)
 
     @property
     def effective_bandwidth_bytes_per_s(self) -> float:
         return self.bandwidth_bytes_per_s * self.efficiency
 
+    def alpha_beta(self, op: str) -> tuple[float, float]:
+        """(latency α in s, effective bandwidth in bytes/s) for collective ``op``."""
+        fit = self.per_op.get(op)
+        if fit is not None:
+            return fit
+        return self.latency_s, self.effective_bandwidth_bytes_per_s
+
     def scaled(self, factor: float) -> "Link":
-        return replace(self, bandwidth_bytes_per_s=self.bandwidth_bytes_per_s * factor)
+        return replace(self, bandwidth_bytes_per_s=self.bandwidth_bytes_per_s * factor,
+                       per_op={k: (a, b * factor) for k, (a, b) in self.per_op.items()})
 
 
 @dataclass(frozen=True)

@@ -388,7 +388,10 @@ def export(doc: Mapping[str, Any], engine: str, source: str = "plan") -> Export:
     """Export a plan document for one engine (ConfigError for unknown engines or inexpressible plans)."""
     if engine not in _BUILDERS:
         raise ConfigError("--to", f"unknown engine {engine!r}", accepted=", ".join(ENGINES))
-    return _BUILDERS[engine](load_scenario(doc, source))
+    scenario = load_scenario(doc, source)
+    if scenario.plan.dtype == "fp32":
+        raise ConfigError("dtype", "fp32 plans (validation on CPU) are not exported", accepted="bf16, fp16")
+    return _BUILDERS[engine](scenario)
 
 
 def to_megatron(doc: Mapping[str, Any]) -> str:

@@ -13,7 +13,7 @@ from paraplan.errors import ConfigError
 SCHEDULES = ("1f1b", "interleaved", "gpipe", "zb-h1")
 RECOMPUTE = ("none", "selective", "full")
 OFFLOAD = ("none", "cpu", "nvme")
-DTYPES = ("bf16", "fp16")
+DTYPES = ("bf16", "fp16", "fp32")  # fp32: plain fp32 training (the CPU validation runs)
 ZERO_STAGES = (0, 1, 2, 3)
 CP_MODES = ("ring", "ulysses")
 OPTIMIZERS = ("adam", "onebit-adam", "zero-one-adam", "onebit-lamb")

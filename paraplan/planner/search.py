@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from paraplan.costmodels.efficiency import analytical_curves
+from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.estimate import TIME_TERMS, Estimate, estimate, step_terms
 from paraplan.errors import InfeasiblePlan
 from paraplan.planner.space import PlanBatch, SpaceOptions, compose
@@ -86,7 +86,7 @@ def search(model, job, cluster, *, options: SpaceOptions | None = None, top: int
     (default: ``estimate`` with the same curves). With ``topology`` (``rail_optimized``,
     ``oversubscription``) the re-score places each plan's groups on the networkx fabric."""
     t0 = time.perf_counter()
-    curves = curves or analytical_curves(cluster.accelerator)
+    curves = curves or curves_for(cluster)
     batch, rejected, composed = compose(model, job, cluster, options)
     n = len(batch)
     step = np.empty(n)

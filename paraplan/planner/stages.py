@@ -17,7 +17,7 @@ import numpy as np
 
 from paraplan.costmodels import compute as C
 from paraplan.costmodels import memory as M
-from paraplan.costmodels.efficiency import analytical_curves
+from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.estimate import RUNTIME_RESERVED_BYTES
 from paraplan.planner.ilp import (LayerCost, PipelineSpec, StageRecomputeCost, in_flight_per_stage,
                                   partition_from_boundaries, partition_stages, plan_recompute)
@@ -57,7 +57,7 @@ def _variant(model, moe_layer: bool):
 
 def layer_costs(model, job, cluster, plan: Plan, curves=None, recompute: str | None = None) -> list[LayerCost]:
     """Embedding, each transformer layer, LM head as ``LayerCost`` under the plan."""
-    curves = curves or analytical_curves(cluster.accelerator)
+    curves = curves or curves_for(cluster)
     p = replace(plan, pp=1, vpp=1, schedule="1f1b", **({"recompute": recompute} if recompute else {}))
     n_dp = plan.dp * plan.cp
 

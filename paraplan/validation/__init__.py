@@ -11,5 +11,9 @@ Entry points
   prediction passed in as a plain dict.
 * :func:`paraplan.validation.profile.run_profile` and ``measured_tables`` -- micro-benchmarks
   into the SQLite store (:class:`paraplan.validation.store.ProfileStore`) and back out.
+* :func:`paraplan.validation.predict.predict_run` -- the prediction: ``estimate`` of the same
+  model and plan on ``load_cluster('local')``, this machine's profile as a cluster
+  (:mod:`paraplan.hardware.profiled`, :class:`paraplan.costmodels.profiled.ProfiledCurves`),
+  profiling first when the database has none.
 * :mod:`paraplan.validation.cli` -- ``paraplan validate`` / ``paraplan profile``.
 """

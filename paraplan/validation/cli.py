@@ -48,7 +48,10 @@ def add_validate_parser(subparsers) -> argparse.ArgumentParser:
     g = p.add_argument_group("report")
     g.add_argument("--predicted", default=None, help="JSON file with step_time_s, "
                    "memory_bytes_per_rank, time_breakdown_s")
-    g.add_argument("--db", default=None, help="profile database (default under ~/.cache)")
+    g.add_argument("--db", default=None, help="profile database (default under ~/.cache); without "
+                   "--predicted the plan is predicted by `estimate` on this machine's profile in it")
+    g.add_argument("--no-profile", action="store_true",
+                   help="do not profile this machine when the database has no profile of it (error)")
     g.add_argument("--no-reference", action="store_true",
                    help="skip the single-process correctness check")
     g.add_argument("--out", required=True, help="directory for report.json and figures")
@@ -111,13 +114,17 @@ def run_validate(args) -> int:
                     heads=args.heads, layers=args.layers, seed=args.seed,
                     attention=args.attention)
     plan, opts = _plan_and_launch(args)
-    predicted = None
+    predicted, estimate_dict = None, None
     if args.predicted:
         try:
             with open(args.predicted) as f:
                 predicted = json.load(f)
         except (OSError, json.JSONDecodeError) as e:
             raise ConfigError("predicted", f"cannot read {args.predicted}: {e}") from e
+    else:
+        from paraplan.validation.predict import predict_run
+        predicted, est = predict_run(cfg, plan, args.db, allow_profiling=not args.no_profile)
+        estimate_dict = est.to_dict()
     check_ref = not args.no_reference and opts.nnodes == 1
     spec = {"model": asdict(cfg), "plan": asdict(plan), "dump_grads": check_ref}
     results = launch_worker(spec, args.out, opts)
@@ -128,11 +135,9 @@ def run_validate(args) -> int:
         ref_check.pop("parallel_losses", None)
     report = build_report(asdict(plan), results, args.out, predicted=predicted,
                           reference_check=ref_check, model=asdict(cfg),
-                          extra={"machine": machine_fingerprint(), "profile_db": args.db})
+                          extra={"machine": machine_fingerprint(), "profile_db": args.db,
+                                 "estimate": estimate_dict})
     print(format_table(comparison_rows(report["measured"], predicted)), end="")
-    if predicted is None:
-        print("predicted: not available (pass --predicted FILE; the estimator is wired in by "
-              "the project CLI)")
     if ref_check is not None:
         print(f"loss matches single-process reference: {ref_check['matches']} "
               f"(loss rel.err {ref_check['loss_rel_err']:.2e} <= {ref_check['loss_rtol']:g}, "
@@ -157,8 +162,11 @@ def run_profile(args) -> int:
     run_id, rows = _run(opts, db=args.db, collectives=not args.no_collectives)
     path = ProfileStore(args.db).path
     for r in rows:
+        if r["kind"] == "device":
+            continue
+        bw = r["bus_bandwidth_bytes_per_s"] or r["bandwidth_bytes_per_s"]
         rate = (f"{r['flops_per_s'] / 1e9:8.1f} GFLOP/s" if r["flops_per_s"] else
-                f"{(r['bus_bandwidth_bytes_per_s'] or r['bandwidth_bytes_per_s']) / 1e9:8.3f} GB/s")
+                f"{bw / 1e9:8.3f} GB/s" if bw else f"{r['time_s'] * 1e6:8.2f} us")
         print(f"{r['kind']:<10} {r['op']:<16} {str(r['dtype']):<9} n={r['world_size']:<2} "
               f"{json.dumps(r['shape']):<48} {rate}")
     print(f"stored run {run_id} ({len(rows)} rows) in {path}")

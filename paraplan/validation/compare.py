@@ -4,7 +4,8 @@ The measured side is summarised from the per-rank worker results: step time and 
 breakdown are those of the slowest rank (the step ends when it does), memory is the largest
 per-rank total with its categories. The predicted side is a plain dict (from the analytical
 estimator, wired in by the caller) with ``step_time_s``, ``memory_bytes_per_rank`` and
-``time_breakdown_s``; without one the report says so and has no errors rather than made-up
+``time_breakdown_s`` (optionally ``memory_breakdown_bytes``, compared per category too); without
+one the report says so and has no errors rather than made-up
 numbers. Relative error is ``(predicted - measured) / measured``.
 """
 from __future__ import annotations
@@ -73,6 +74,10 @@ def comparison_rows(measured: dict, predicted: dict | None) -> list[dict]:
     for term in list(measured["time_breakdown_s"]) + [t for t in pb if t not in measured["time_breakdown_s"]]:
         rows.append({"term": f"time.{term}", "measured": measured["time_breakdown_s"].get(term),
                      "predicted": pb.get(term)})
+    pm = p.get("memory_breakdown_bytes") or {}
+    mm = measured.get("memory_breakdown_bytes") or {}
+    for term in pm:
+        rows.append({"term": f"memory.{term}", "measured": mm.get(term), "predicted": pm[term]})
     for r in rows:
         r["relative_error"] = rel_err(r["predicted"], r["measured"])
     return rows

@@ -2,8 +2,9 @@
 
 Measured: GEMMs over a grid of shapes and dtypes (achieved FLOP/s, 2 m n k FLOPs per op),
 causal ``scaled_dot_product_attention`` (4 b h s^2 d FLOPs forward, halved for causal),
-memory bandwidth of a large device copy (read + write bytes), host<->device copies when CUDA
-is present, and collectives (all-reduce, all-gather, reduce-scatter, all-to-all, send/recv)
+memory bandwidth of a large device copy (read + write bytes), the launch overhead of a tiny
+op (``launch``: a 1-element add, the per-kernel cost the estimator charges), host<->device copies
+when CUDA is present, and collectives (all-reduce, all-gather, reduce-scatter, all-to-all, send/recv)
 through torch.distributed under torchrun, one launch per world size (gloo on CPU, NCCL on GPU).
 
 Collective sizes and bus bandwidth follow the nccl-tests convention (PERFORMANCE.md): ``bytes``
@@ -37,7 +38,8 @@ BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (
 class ProfileOptions:
     """What to measure; ``quick()`` / ``full()`` give the two standard sets."""
 
-    gemm_shapes: tuple = ((256, 256, 256), (512, 512, 512), (1024, 1024, 1024))
+    gemm_shapes: tuple = ((64, 64, 64), (128, 128, 128), (256, 256, 256), (512, 512, 512),
+                          (1024, 1024, 1024))
     gemm_dtypes: tuple = ("float32", "bfloat16")
     sdpa_shapes: tuple = ((1, 8, 256, 64), (4, 8, 512, 64))  # (batch, heads, seq, head_dim)
     copy_bytes: int = 64 << 20
@@ -52,7 +54,7 @@ class ProfileOptions:
 
     @classmethod
     def full(cls) -> "ProfileOptions":
-        return cls(gemm_shapes=tuple((n, n, n) for n in (128, 256, 512, 1024, 2048)) +
+        return cls(gemm_shapes=tuple((n, n, n) for n in (64, 128, 256, 512, 1024, 2048)) +
                    ((4096, 1024, 1024), (1024, 4096, 1024)),
                    gemm_dtypes=("float32", "bfloat16", "float16"),
                    sdpa_shapes=((1, 8, 256, 64), (4, 8, 512, 64), (2, 16, 1024, 64)),
@@ -118,6 +120,40 @@ def sdpa_rows(opts: ProfileOptions, device="cpu") -> list[dict]:
                          shape={"batch": b, "heads": h, "seq": s, "head_dim": d},
                          flops=4.0 * b * h * s * s * d / 2, time_s=t))
     return rows
+
+
+def launch_rows(opts: ProfileOptions, device="cpu") -> list[dict]:
+    """Seconds per call of a 1-element add: the fixed cost of one op (dispatch, launch)."""
+    a = torch.ones(1, device=device)
+    b = torch.ones(1, device=device)
+    t = bench(lambda: torch.add(a, b), device, opts.min_time_s, max_iters=20000)
+    return [_row("launch", "add_1", device, "float32", shape={"numel": 1}, time_s=t)]
+
+
+def device_memory_bytes(device="cpu") -> int | None:
+    """Physical RAM for the CPU, total memory for a CUDA device."""
+    if str(device).startswith("cuda"):
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def device_rows(device="cpu") -> list[dict]:
+    """The device's memory capacity (not a benchmark; what a profiled cluster needs)."""
+    mem = device_memory_bytes(device)
+    return [_row("device", "memory", device, shape={"threads": torch.get_num_threads()},
+                 nbytes=mem)] if mem else []
+
+
+def per_rank_threads() -> int:
+    """Intra-op threads of one validation rank: the launcher's OMP_NUM_THREADS (default 1)."""
+    from paraplan.validation.launch import worker_env
+    try:
+        return max(1, int(worker_env().get("OMP_NUM_THREADS", "1")))
+    except ValueError:
+        return 1
 
 
 def memory_rows(opts: ProfileOptions, device="cpu") -> list[dict]:
@@ -236,8 +272,15 @@ def run_profile(opts: ProfileOptions, db: str | None = None,
     started = time.time()
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     rows = []
-    for dev in devices:
-        rows += gemm_rows(opts, dev) + sdpa_rows(opts, dev) + memory_rows(opts, dev)
+    threads = torch.get_num_threads()
+    # a CPU "device" is one rank as the harness runs it: its intra-op thread count
+    torch.set_num_threads(per_rank_threads())
+    try:
+        for dev in devices:
+            rows += (gemm_rows(opts, dev) + sdpa_rows(opts, dev) + memory_rows(opts, dev)
+                     + launch_rows(opts, dev) + device_rows(dev))
+    finally:
+        torch.set_num_threads(threads)
     if collectives:
         rows += collective_rows(opts)
     store = ProfileStore(db)
@@ -253,7 +296,8 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
     dict
         ``fingerprint``, ``run_id`` and per kind: ``gemm`` = [{device, dtype, m, n, k, flops,
         flops_per_s}], ``sdpa`` = [{device, dtype, flops, flops_per_s, shape}],
-        ``memory_bandwidth`` = {device: bytes/s}, ``h2d`` / ``d2h`` = bytes/s or None,
+        ``memory_bandwidth`` = {device: bytes/s}, ``launch`` = {device: seconds per tiny op}
+        and ``device_memory`` = {device: bytes} (both absent in older profiles), ``h2d`` / ``d2h`` = bytes/s or None,
         ``collectives`` = {op: {world_size: [(bytes, bus_bandwidth_bytes_per_s, time_s)]}}.
     """
     store = ProfileStore(db)
@@ -264,7 +308,7 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
                           accepted="run `paraplan profile` first")
     rows = store.measurements(run_id)
     out = {"fingerprint": fid, "run_id": run_id, "gemm": [], "sdpa": [],
-           "memory_bandwidth": {}, "h2d": None, "d2h": None, "collectives": {}}
+           "memory_bandwidth": {}, "launch": {}, "device_memory": {}, "h2d": None, "d2h": None, "collectives": {}}
     for r in rows:
         k = r["kind"]
         if k == "gemm":
@@ -275,6 +319,10 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
                                 "flops": r["flops"], "flops_per_s": r["flops_per_s"]})
         elif k == "memcpy":
             out["memory_bandwidth"][r["device"]] = r["bandwidth_bytes_per_s"]
+        elif k == "device":
+            out["device_memory"][r["device"]] = r["bytes"]
+        elif k == "launch":
+            out["launch"][r["device"]] = r["time_s"]
         elif k in ("h2d", "d2h"):
             out[k] = r["bandwidth_bytes_per_s"]
         elif k == "collective":

@@ -130,6 +130,25 @@ class ProfileStore:
         finally:
             con.close()
 
+    def machines(self) -> list[dict]:
+        """Every machine with a stored run: fingerprint, hostname, cpu_model, gpus, runs."""
+        con = self._connect()
+        try:
+            q = ("SELECT m.fingerprint, m.hostname, m.cpu_model, m.gpus, COUNT(r.run_id) AS runs "
+                 "FROM machines m JOIN runs r ON r.fingerprint = m.fingerprint GROUP BY m.fingerprint")
+            return [dict(r) for r in con.execute(q)]
+        finally:
+            con.close()
+
+    def resolve(self, name: str) -> list[str]:
+        """Fingerprint ids matching ``name``: an id, a unique id prefix, or a hostname."""
+        ms = self.machines()
+        exact = [m["fingerprint"] for m in ms if m["fingerprint"] == name]
+        if exact:
+            return exact
+        return [m["fingerprint"] for m in ms
+                if m["fingerprint"].startswith(name) or m["hostname"] == name]
+
     def measurements(self, run_id: int | None = None, kind: str | None = None) -> list[dict]:
         """Rows as dicts (``shape`` decoded), optionally for one run and/or kind."""
         where, args = [], []

@@ -1,0 +1,200 @@
+"""Measured efficiency curves: the tables of ``paraplan profile`` behind the AnalyticalCurves interface.
+
+Built from :func:`paraplan.validation.profile.measured_tables` (plain lists; this module does
+not import torch). Same methods and attributes as
+:class:`paraplan.costmodels.efficiency.AnalyticalCurves`, over numpy arrays as well as scalars:
+
+* kernel overhead ``t0``: the measured time of a 1-element op (``launch`` rows); for older
+  profiles without it, the intercept of the line through the two smallest GEMMs
+  (``t = t0 + F/R``), clamped to ``[0, t_smallest / 2]``.
+* GEMM ``t = t0 + F / R(F)``, F = 2mnk: the measured time minus ``t0`` is interpolated
+  linearly in log-log over the FLOPs per op (shapes with equal FLOPs averaged, a running
+  maximum keeps it non-decreasing), so the curve is exact at the measured points; outside
+  the measured range the rate ``R`` is held at the nearest end's (clamped). A dtype without
+  measurements uses the nearest measured one (listed in ``describe()['dtype_fallbacks']``).
+* memory-bound kernels ``t = kernels · t0 + bytes / BW`` with BW the measured device copy
+  bandwidth (read + write bytes per second, efficiency 1 since BW is measured).
+* attention ``t = kernels · t0 + F / R_sdpa(F)``, R_sdpa interpolated over the measured causal
+  SDPA forwards the same way (their FLOPs count the causal half, as the estimator does).
+* CPU-Adam efficiency and Adam bytes per parameter are not measured: curves.yaml's defaults.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+import numpy as np
+
+from paraplan.errors import ConfigError
+
+#: torch dtype names in the profile -> the estimator's names
+DTYPE_NAMES = {"float32": "fp32", "tfloat32": "tf32", "bfloat16": "bf16", "float16": "fp16",
+               "fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16"}
+#: nearest dtype first (same width, then the other 16-bit one, then wider/narrower)
+NEAREST = {"bf16": ("fp16", "fp32", "tf32"), "fp16": ("bf16", "fp32", "tf32"),
+           "fp32": ("tf32", "bf16", "fp16"), "tf32": ("fp32", "bf16", "fp16"),
+           "fp8": ("bf16", "fp16", "fp32", "tf32")}
+
+
+@dataclass(frozen=True)
+class LogLogCurve:
+    """Excess time ``t - t0`` over FLOPs, piecewise linear in log-log; constant rate outside."""
+    flops: tuple[float, ...]          # increasing
+    excess_s: tuple[float, ...]       # non-decreasing, > 0
+
+    @classmethod
+    def from_points(cls, points, t0: float) -> "LogLogCurve":
+        """``points`` = [(flops, time_s)]; equal FLOPs averaged, then made non-decreasing."""
+        by_f: dict[float, list[float]] = {}
+        for f, t in points:
+            if f and t and f > 0 and t > 0:
+                by_f.setdefault(float(f), []).append(float(t))
+        if not by_f:
+            raise ConfigError("profile", "no usable measurements for a curve")
+        fs = sorted(by_f)
+        ts = np.maximum.accumulate([float(np.mean(by_f[f])) for f in fs])
+        floor = 1e-3 * ts  # t0 may exceed a point's time by noise: keep a positive excess
+        excess = np.maximum(ts - t0, floor)
+        excess = np.maximum.accumulate(excess)
+        return cls(tuple(fs), tuple(float(x) for x in excess))
+
+    def __call__(self, flops):
+        f = np.maximum(np.asarray(flops, dtype=float), 1e-30)
+        lf, le = np.log(self.flops), np.log(self.excess_s)
+        x = np.log(f)
+        inside = np.exp(np.interp(x, lf, le))
+        below = f * (self.excess_s[0] / self.flops[0])
+        above = f * (self.excess_s[-1] / self.flops[-1])
+        out = np.where(x < lf[0], below, np.where(x > lf[-1], above, inside))
+        return np.where(np.asarray(flops, dtype=float) > 0, out, 0.0)
+
+    def rate_at(self, flops) -> np.ndarray:
+        f = np.asarray(flops, dtype=float)
+        return f / self(f)
+
+
+def _kernel_overhead(tables: dict, device: str, gemm_points) -> tuple[float, str]:
+    launch = (tables.get("launch") or {}).get(device)
+    if launch:
+        return float(launch), "measured: 1-element add"
+    pts = sorted({float(f): float(t) for f, t in gemm_points}.items())
+    if len(pts) >= 2:
+        (f1, t1), (f2, t2) = pts[:2]
+        t0 = t1 - f1 * (t2 - t1) / (f2 - f1)
+        return float(min(max(t0, 0.0), t1 / 2)), "derived: intercept of the two smallest GEMMs"
+    return 0.0, "not measured (0)"
+
+
+def _device(tables: dict) -> str:
+    devs = {g["device"] for g in tables.get("gemm", [])}
+    for d in sorted(devs):
+        if d.startswith("cuda"):
+            return d
+    if "cpu" in devs:
+        return "cpu"
+    raise ConfigError("profile", f"profile run {tables.get('run_id')} has no GEMM measurements",
+                      accepted="run `paraplan profile --quick` first")
+
+
+@dataclass
+class ProfiledCurves:
+    """Efficiency curves from a measured profile (see the module docstring)."""
+    name: str
+    device: str
+    kernel_overhead_s: float
+    gemm: Mapping[str, LogLogCurve]
+    sdpa: LogLogCurve | None
+    memory_bandwidth_bytes_per_s: float
+    cpu_adam_memory_efficiency: float
+    gpu_adam_bytes_per_param: float
+    sources: Mapping[str, str] = field(default_factory=dict)
+    run_id: int | None = None
+    fingerprint: str | None = None
+
+    kind = "profiled"
+
+    @classmethod
+    def from_tables(cls, tables: dict, name: str = "local") -> "ProfiledCurves":
+        """Build from :func:`paraplan.validation.profile.measured_tables`."""
+        from paraplan.costmodels.efficiency import _curve_table
+        dev = _device(tables)
+        same = lambda d: d == dev or (d.startswith("cuda") and dev.startswith("cuda"))
+        by_dtype: dict[str, list] = {}
+        for g in tables.get("gemm", []):
+            if same(g["device"]):
+                dt = DTYPE_NAMES.get(g["dtype"], g["dtype"])
+                by_dtype.setdefault(dt, []).append((g["flops"], g["flops"] / g["flops_per_s"]))
+        all_points = [p for pts in by_dtype.values() for p in pts]
+        best = max(by_dtype, key=lambda d: max(f / t for f, t in by_dtype[d]))
+        t0, t0_source = _kernel_overhead(tables, dev, by_dtype.get("fp32") or by_dtype[best] or all_points)
+        gemm = {dt: LogLogCurve.from_points(pts, t0) for dt, pts in by_dtype.items()}
+        sd = [(s["flops"], s["flops"] / s["flops_per_s"]) for s in tables.get("sdpa", [])
+              if same(s["device"]) and s.get("flops_per_s")]
+        bw = (tables.get("memory_bandwidth") or {}).get(dev)
+        if not bw:
+            bw = next(iter((tables.get("memory_bandwidth") or {}).values()), None)
+        if not bw:
+            raise ConfigError("profile", "the profile has no memory-bandwidth measurement",
+                              accepted="run `paraplan profile --quick` first")
+        default = _curve_table()["default"]
+        return cls(
+            name=name, device=dev, kernel_overhead_s=t0, gemm=gemm,
+            sdpa=LogLogCurve.from_points(sd, t0) if sd else None,
+            memory_bandwidth_bytes_per_s=float(bw),
+            cpu_adam_memory_efficiency=default["cpu_adam_memory_efficiency"],
+            gpu_adam_bytes_per_param=default["gpu_adam_bytes_per_param"],
+            sources={"kernel_overhead_s": t0_source,
+                     "gemm": "measured GEMM time per FLOPs, log-log interpolation, rate clamped at the ends",
+                     "attention": "measured causal SDPA forward" if sd else
+                     "no SDPA measurement: the GEMM curve of the dtype",
+                     "memory": "measured device copy bandwidth (read + write bytes)",
+                     "cpu_adam_memory_efficiency": "curves.yaml default (not measured)",
+                     "gpu_adam_bytes_per_param": "curves.yaml default (not measured)"},
+            run_id=tables.get("run_id"), fingerprint=tables.get("fingerprint"))
+
+    # ------------------------------------------------------------------ lookups
+    def resolve_dtype(self, dtype: str) -> str:
+        """The measured dtype used for ``dtype`` (itself, or the nearest measured one)."""
+        if dtype in self.gemm:
+            return dtype
+        for alt in NEAREST.get(dtype, ()):
+            if alt in self.gemm:
+                return alt
+        return next(iter(self.gemm))
+
+    def peak_flops(self, dtype: str) -> float:
+        """Best achieved GEMM FLOP/s measured for ``dtype`` (t0 included, as measured)."""
+        c = self.gemm[self.resolve_dtype(dtype)]
+        f = np.asarray(c.flops)
+        return float(np.max(f / (np.asarray(c.excess_s) + self.kernel_overhead_s)))
+
+    # ------------------------------------------------------------------ AnalyticalCurves interface
+    def gemm_time(self, m, n, k, dtype: str = "bf16", count=1):
+        """Seconds for ``count`` GEMMs of shape (m x k) @ (k x n)."""
+        m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
+        flops = 2.0 * m * n * k
+        curve = self.gemm[self.resolve_dtype(dtype)]
+        return count * (self.kernel_overhead_s + curve(flops))
+
+    def memory_time(self, nbytes, kernels=1):
+        """Seconds to stream ``nbytes`` through device memory in ``kernels`` launches."""
+        return kernels * self.kernel_overhead_s + np.asarray(nbytes, dtype=float) / self.memory_bandwidth_bytes_per_s
+
+    def flash_attention_time(self, flops, dtype: str = "bf16", kernels=1):
+        """Seconds for fused attention executing ``flops`` (measured SDPA rate)."""
+        curve = self.sdpa if self.sdpa is not None else self.gemm[self.resolve_dtype(dtype)]
+        return kernels * self.kernel_overhead_s + curve(flops)
+
+    def describe(self) -> dict:
+        fallbacks = {d: self.resolve_dtype(d) for d in ("fp32", "bf16", "fp16")
+                     if self.resolve_dtype(d) != d}
+        return {"kind": self.kind, "accelerator": self.name, "device": self.device,
+                "profile_run": self.run_id, "fingerprint": self.fingerprint,
+                "kernel_overhead_us": self.kernel_overhead_s * 1e6,
+                "gemm_dtypes_measured": sorted(self.gemm),
+                "dtype_fallbacks": fallbacks,
+                "gemm_best_gflops": {d: self.peak_flops(d) / 1e9 for d in sorted(self.gemm)},
+                "memory_bandwidth_gb_per_s": self.memory_bandwidth_bytes_per_s / 1e9,
+                "sdpa_measured": self.sdpa is not None,
+                "cpu_adam_memory_efficiency": self.cpu_adam_memory_efficiency,
+                "sources": dict(self.sources)}

@@ -1,0 +1,197 @@
+"""A measured profile as a cluster: ``load_cluster('local' | 'profile:NAME', gpus)``.
+
+The profile (``paraplan profile``, SQLite store; ``$PARAPLAN_PROFILE_DB`` or ``db=`` picks the
+file) becomes one node of ``gpus`` ranks:
+
+* :class:`~paraplan.hardware.model.Accelerator` for the profiled device: peak FLOP/s per dtype =
+  the best measured GEMM rate (so ``gemm_plateau_efficiency`` = 1), memory = the device's
+  capacity (physical RAM for a CPU, as recorded by the profile, else read here), bandwidth = the
+  measured copy bandwidth; it carries the :class:`~paraplan.costmodels.profiled.ProfiledCurves`
+  the estimator then uses by default (:func:`paraplan.costmodels.efficiency.curves_for`).
+* the intra-node :class:`~paraplan.hardware.model.Link` fitted to the measured collectives:
+  per op, α and β = 1/B of ``T = steps(n)·α + factor(n)·S·β`` by non-negative least squares on
+  the relative error over every message size and world size (all-reduce: 2(n−1) steps, factor
+  2(n−1)/n; reduce-scatter, all-gather, all-to-all: n−1 and (n−1)/n; send/recv: 1 and 1);
+  efficiency 1.0 since B is measured. The link's own α and B are the fit over all ops pooled;
+  each op's fit rides in ``Link.per_op``. The inter-node link is the same (one node).
+* Host CPU, PCIe and NVMe: the measured host copy bandwidth where there is one; figures that
+  are not measured are placeholders, named as such in ``sources``.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from paraplan.errors import ConfigError
+from paraplan.hardware.model import (GIB, Accelerator, CacheLevel, Cluster, Cpu, Link, Nvme, System,
+                                     _frozen_map)
+
+PROFILE_PREFIX = "profile:"
+HINT = "run `paraplan profile --quick` first"
+STEPS = {"all_reduce": lambda n: 2 * (n - 1), "all_gather": lambda n: n - 1,
+         "reduce_scatter": lambda n: n - 1, "all_to_all": lambda n: n - 1, "send_recv": lambda n: 1}
+FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
+          "reduce_scatter": lambda n: (n - 1) / n, "all_to_all": lambda n: (n - 1) / n,
+          "send_recv": lambda n: 1.0}
+DTYPES = {"float32": "fp32", "tfloat32": "tf32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+def is_profile_spec(spec: str) -> bool:
+    return spec == "local" or spec.startswith(PROFILE_PREFIX)
+
+
+def _nnls2(a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Least squares ``a x ≈ y`` with x ≥ 0 for two unknowns (active set by enumeration)."""
+    best, best_res = np.zeros(2), float(np.sum(y ** 2))
+    cands = [np.linalg.lstsq(a, y, rcond=None)[0]]
+    for j in range(2):
+        col = a[:, j]
+        x = np.zeros(2)
+        x[j] = max(0.0, float(col @ y) / float(col @ col)) if col @ col > 0 else 0.0
+        cands.append(x)
+    for x in cands:
+        if np.all(x >= 0):
+            res = float(np.sum((a @ x - y) ** 2))
+            if res < best_res:
+                best, best_res = x, res
+    return best
+
+
+def fit_alpha_beta(op_rows) -> tuple[float, float]:
+    """(α s, B bytes/s) from [(op, n, bytes, time_s)], minimizing the relative error."""
+    a = np.array([[STEPS[op](n) / t, FACTOR[op](n) * s / t] for op, n, s, t in op_rows], dtype=float)
+    alpha, beta = _nnls2(a, np.ones(len(op_rows)))
+    if beta <= 0:  # latency-bound everywhere: bandwidth not resolved by the sizes measured
+        beta = 1e-15
+    return float(alpha), float(1.0 / beta)
+
+
+def collective_rows(collectives: dict) -> dict[str, list]:
+    """{op: [(op, n, bytes, time_s)]} from ``measured_tables()['collectives']``."""
+    out = {}
+    for op, per_world in collectives.items():
+        if op not in STEPS:
+            continue
+        rows = [(op, int(n), float(s), float(t)) for n, lst in per_world.items() for s, _, t in lst
+                if t and t > 0 and int(n) >= 2]
+        if rows:
+            out[op] = rows
+    return out
+
+
+def predicted_collective_time(link: Link, op: str, n: int, nbytes: float) -> float:
+    alpha, bw = link.alpha_beta(op)
+    return STEPS[op](n) * alpha + FACTOR[op](n) * nbytes / bw
+
+
+def fitted_link(collectives: dict, name: str = "measured") -> Link:
+    """The α-β link of the measured collectives (see the module docstring)."""
+    rows = collective_rows(collectives)
+    if not rows:
+        raise ConfigError("profile", "the profile has no collective measurements",
+                          accepted="run `paraplan profile --quick` (without --no-collectives) first")
+    per_op = {op: fit_alpha_beta(r) for op, r in rows.items()}
+    alpha, bw = fit_alpha_beta([x for r in rows.values() for x in r])
+    return Link(name=name, bandwidth_bytes_per_s=bw, efficiency=1.0, latency_s=alpha,
+                per_op=per_op)
+
+
+def _resolve(spec: str, db: str | None) -> tuple[str, str]:
+    """(fingerprint id, label) of the machine a spec names; ConfigError when there is none."""
+    from paraplan.validation.store import ProfileStore, default_db_path
+    path = db or default_db_path()
+    if not os.path.exists(path):
+        raise ConfigError("cluster", f"{spec}: no profile database at {path}", accepted=HINT)
+    store = ProfileStore(path)
+    if spec == "local":
+        from paraplan.validation.store import machine_fingerprint
+        fp = machine_fingerprint()
+        if store.latest_run(fp["id"]) is None:
+            raise ConfigError("cluster", f"local: no profile of this machine ({fp['id']}, "
+                              f"{fp['hostname']}) in {path}", accepted=HINT)
+        return fp["id"], "local"
+    name = spec[len(PROFILE_PREFIX):]
+    ids = store.resolve(name)
+    if not ids:
+        known = ", ".join(f"{m['fingerprint']} ({m['hostname']})" for m in store.machines()) or "none"
+        raise ConfigError("cluster", f"{spec}: no profile named {name!r} in {path} (profiles: {known})",
+                          accepted=HINT)
+    if len(ids) > 1:
+        raise ConfigError("cluster", f"{spec}: {name!r} matches {len(ids)} machines ({', '.join(ids)})",
+                          accepted="a fingerprint id")
+    return ids[0], name
+
+
+def _ram_bytes() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 16.0 * GIB
+
+
+def cluster_from_tables(tables: dict, gpus: int | None = None, label: str = "local") -> Cluster:
+    """The one-node cluster a profile describes (see the module docstring)."""
+    from paraplan.costmodels.profiled import ProfiledCurves
+    curves = ProfiledCurves.from_tables(tables, name=f"profiled-{label}")
+    dev = curves.device
+    cuda = dev.startswith("cuda")
+    peaks = {}
+    for dt in curves.gemm:
+        peaks[dt] = curves.peak_flops(dt)
+    mem = (tables.get("device_memory") or {}).get(dev)
+    mem_source = "profile: device capacity recorded by `paraplan profile`"
+    if not mem:
+        mem = _ram_bytes() if not cuda else None
+        mem_source = "read on this machine (the profile predates the device row)"
+    if not mem:
+        raise ConfigError("profile", "the profile records no device memory", accepted=HINT)
+    acc = Accelerator(
+        name=curves.name, vendor="measured", model=f"{dev} ({tables.get('fingerprint')})",
+        memory_bytes=float(mem), memory_bandwidth_bytes_per_s=curves.memory_bandwidth_bytes_per_s,
+        peak_flops=_frozen_map(peaks), scale_up_bandwidth_bytes_per_s=0.0,
+        gemm_plateau_efficiency=1.0, streaming_multiprocessors=1,
+        sources=_frozen_map({"peak_flops": "best measured GEMM FLOP/s per dtype",
+                             "memory_bytes": mem_source,
+                             "memory_bandwidth_bytes_per_s": "measured device copy (read + write)"}),
+        measured_curves=curves)
+    link = fitted_link(tables.get("collectives") or {}, name=f"measured collectives ({label})")
+    acc = _with(acc, scale_up_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s)
+    worlds = [int(n) for per in (tables.get("collectives") or {}).values() for n in per]
+    n = int(gpus) if gpus is not None else max(worlds or [1])
+    host_bw = (tables.get("memory_bandwidth") or {}).get("cpu") or curves.memory_bandwidth_bytes_per_s
+    cores = os.cpu_count() or 1
+    cpu = Cpu(name="profiled-host", vendor="measured", model="host of the profile", cores=cores,
+              threads_per_core=1, frequency_hz=1e9, simd_bits=256, fma_units_per_core=1,
+              caches=(CacheLevel(level=3, size_bytes=32 << 20, shared_by_cores=cores, latency_cycles=40,
+                                 bandwidth_bytes_per_cycle_per_core=16),),
+              memory_bandwidth_bytes_per_s=float(host_bw), memory_latency_s=100e-9, memory_channels=1,
+              sources=_frozen_map({"memory_bandwidth_bytes_per_s": "measured CPU copy",
+                                   "*": "placeholders (not measured): frequency, SIMD, caches"}))
+    pcie = tables.get("h2d") or host_bw
+    nvme = Nvme(name="unmeasured", model="not measured", read_bytes_per_s=1e9, write_bytes_per_s=1e9,
+                capacity_bytes=0.0, sources=_frozen_map({"*": "placeholder: NVMe is not profiled"}))
+    system = System(
+        name=f"profile:{label}", description=f"measured profile run {tables.get('run_id')} of "
+        f"{tables.get('fingerprint')} ({dev})", accelerator=acc, gpus_per_node=n, intra_node=link,
+        inter_node=link, nics_per_node=1, nic_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s,
+        pcie_gen=0, pcie_bandwidth_bytes_per_s=float(pcie), host_cpu=cpu, host_cpu_sockets=1,
+        host_memory_bytes=_ram_bytes() if cuda else float(mem), nvme=nvme, nvme_drives=1,
+        sources=_frozen_map({"intra_node": "alpha-beta fit of the measured collectives",
+                             "pcie_bandwidth_bytes_per_s": "measured H2D copy" if tables.get("h2d")
+                             else "host memory (CPU device: host and device memory are one)"}))
+    return Cluster(name=f"profile:{label}" if label != "local" else "local", system=system, num_gpus=n)
+
+
+def _with(acc: Accelerator, **changes) -> Accelerator:
+    from dataclasses import replace
+    return replace(acc, **changes)
+
+
+def load_profiled_cluster(spec: str, gpus: int | None = None, db: str | None = None) -> Cluster:
+    """``local`` (this machine's latest profile) or ``profile:NAME`` (fingerprint id, unique id
+    prefix or hostname) in the profile database ``db`` (default ``$PARAPLAN_PROFILE_DB`` or the
+    cache); ConfigError pointing at ``paraplan profile --quick`` when there is none."""
+    fid, label = _resolve(spec, db)
+    from paraplan.validation.profile import measured_tables
+    return cluster_from_tables(measured_tables(db, fid), gpus, label)

@@ -1,0 +1,106 @@
+"""The prediction side of ``paraplan validate``: the same ``estimate`` on this machine's profile.
+
+:func:`predict_run` maps the harness model and plan onto the estimator's types and runs
+:func:`paraplan.costmodels.estimate.estimate` on ``load_cluster('local', world)`` (the measured
+profile as a cluster, :mod:`paraplan.hardware.profiled`), profiling first (quick mode) when the
+database holds no profile of this machine.
+
+Mapping (what the harness runs -> what the estimator is told):
+
+* :class:`~paraplan.validation.model.GPTConfig` -> ``TransformerModel``: learned positions
+  (``max_positions = seq_len``), untied embeddings, GELU MLP of ``mlp_ratio · hidden``,
+  biases, LayerNorm, MHA.
+* :class:`~paraplan.validation.worker.RunPlan` -> ``Plan``: tp, pp, dp, zero, micro_batch,
+  recompute, sp, vpp (``interleaved`` when > 1, else ``1f1b``); ``dtype = fp32`` (the harness
+  trains in fp32); ``flash_attention`` only for ``--attention sdpa``; ``overlap_grad_reduce``
+  off below ZeRO-3 (the harness reduces gradients after the backward, not under it) and on for
+  ZeRO-3 (FSDP2 prefetches).
+* Terms, estimator -> harness names: compute + recompute -> ``compute`` (the harness times
+  recomputation inside compute), tp_comm + cp_comm -> ``tp_comm``, pp_comm + pp_bubble ->
+  ``pp_comm`` (the harness's pipeline receives include the bubble), dp_comm, optimizer +
+  offload -> ``optimizer``; the harness's ``other`` has no prediction.
+* Memory per rank: parameters + gradients + optimizer states + activations (the estimator's
+  runtime buffers are left out; the harness does not count them).
+
+Known approximations: the harness replicates the vocabulary over tp while the estimator splits
+the embedding and LM head over tp (Megatron), so with tp > 1 head time and its memory are
+under-predicted; fp32 activation bytes are the 16-bit formulas doubled.
+"""
+from __future__ import annotations
+
+import sys
+
+from paraplan.errors import ConfigError
+
+TERM_MAP = {"compute": ("compute", "recompute"), "tp_comm": ("tp_comm", "cp_comm"),
+            "pp_comm": ("pp_comm", "pp_bubble"), "dp_comm": ("dp_comm",),
+            "optimizer": ("optimizer", "offload")}
+MEMORY_MAP = {"parameters": "parameters", "gradients": "gradients",
+              "optimizer_states": "optimizer_states", "activations_peak": "activations"}
+NOTES = ("estimate on this machine's measured profile (paraplan profile, ProfiledCurves + fitted "
+         "collective link)",
+         "terms mapped: compute = compute + recompute, tp_comm = tp_comm + cp_comm, pp_comm = pp_comm + "
+         "pp_bubble, optimizer = optimizer + offload; 'other' is not predicted",
+         "memory per rank = parameters + gradients + optimizer states + activations (no runtime buffers)",
+         "the harness replicates the vocabulary over tp, the estimator splits it: head time and memory "
+         "under-predicted for tp > 1",
+         "fp32: activation bytes of the 16-bit formulas doubled")
+
+
+def estimator_model(cfg):
+    from paraplan.workloads.transformer import TransformerModel
+    return TransformerModel(name="validation-gpt", layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads,
+                            vocab=cfg.vocab_size, ffn_hidden=cfg.ffn, activation="gelu",
+                            tied_embeddings=False, norm="layernorm", bias=True,
+                            learned_positions=True, max_positions=cfg.seq_len)
+
+
+def estimator_plan(cfg, run):
+    from paraplan.planner.plan import Plan
+    return Plan(tp=run.tp, pp=run.pp, dp=run.dp, sp=run.sequence_parallel, vpp=run.virtual_stages,
+                micro_batch=run.micro_batch,
+                schedule="interleaved" if run.virtual_stages > 1 else "1f1b",
+                zero=run.zero, recompute=run.recompute, dtype="fp32",
+                flash_attention=cfg.attention == "sdpa", overlap_grad_reduce=run.zero == 3)
+
+
+def ensure_profile(db: str | None, world_size: int, allow_profiling: bool = True) -> None:
+    """Profile this machine (quick mode) when ``db`` holds no profile of it."""
+    from paraplan.validation.store import ProfileStore, machine_fingerprint
+    store = ProfileStore(db)
+    fp = machine_fingerprint()
+    if store.latest_run(fp["id"]) is not None:
+        return
+    if not allow_profiling:
+        raise ConfigError("profile", f"no profile of this machine ({fp['id']}) in {store.path}",
+                          accepted="run `paraplan profile --quick` first")
+    from dataclasses import replace
+
+    from paraplan.validation.profile import ProfileOptions, run_profile
+    worlds = (2,) if world_size <= 2 else (2, world_size)
+    print(f"no profile of this machine in {store.path}: running `paraplan profile --quick` "
+          f"(collectives at world sizes {', '.join(map(str, worlds))})", file=sys.stderr)
+    run_profile(replace(ProfileOptions.quick(), world_sizes=worlds), db=db)
+
+
+def to_predicted(e) -> dict:
+    """The report's ``predicted`` dict from an Estimate (harness term names, see the docstring)."""
+    tb = e.time_breakdown_s
+    mem = e.memory_bytes_per_gpu
+    breakdown = {k: sum(tb[x] for x in xs) for k, xs in TERM_MAP.items()}
+    memory = {k: mem[v] for k, v in MEMORY_MAP.items()}
+    return {"step_time_s": e.step_time_s, "memory_bytes_per_rank": sum(memory.values()),
+            "time_breakdown_s": breakdown, "memory_breakdown_bytes": memory,
+            "source": "estimate --cluster local", "notes": list(NOTES)}
+
+
+def predict_run(cfg, run, db: str | None = None, allow_profiling: bool = True):
+    """(predicted dict, Estimate) for a harness model and run plan on this machine's profile."""
+    from paraplan.costmodels.estimate import estimate
+    from paraplan.hardware.catalog import load_cluster
+    from paraplan.workloads.transformer import TrainingJob
+    ensure_profile(db, run.world_size, allow_profiling)
+    cluster = load_cluster("local", run.world_size, db=db)
+    e = estimate(estimator_model(cfg), TrainingJob(cfg.seq_len, run.global_batch), cluster,
+                 estimator_plan(cfg, run))
+    return to_predicted(e), e
