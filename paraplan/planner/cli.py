@@ -73,10 +73,15 @@ def cmd_plan(args) -> int:
                     max_memory_fraction=args.max_memory_fraction, progress=args.format != "json",
                     topology=topology_from_args(args))
     print(f"searched {result.candidates_evaluated:,} candidates in {result.search_time_s:.2f} s", file=sys.stderr)
+    layout = None
+    if result.best is not None and result.best.plan.pp > 1 and not args.no_stage_ilp:
+        from paraplan.planner.stages import stage_layout
+        layout = stage_layout(model, job, cluster, result.best.plan, max_memory_fraction=args.max_memory_fraction)
     if args.format == "json":
         doc = {"schema": PLAN_SCHEMA_OUT, "candidates_evaluated": result.candidates_evaluated,
                "candidates_composed": result.candidates_composed, "rejected_by_reason": result.rejected_by_reason,
-               "search_time_s": result.search_time_s, "plans": [e.to_dict() for e in result.plans]}
+               "search_time_s": result.search_time_s, "plans": [e.to_dict() for e in result.plans],
+               "best_stage_layout": layout.to_dict() if layout else None}
         if not result.plans:
             doc["infeasible_reason"] = explain_infeasible(result, cluster)
             doc["suggestions"] = suggest_feasible(model, job, cluster, options, args.max_memory_fraction)
@@ -97,6 +102,10 @@ def cmd_plan(args) -> int:
             if len(result.plans) > 1:
                 print()
                 print("why: " + why_best_beats_runner_up(result.plans[0], result.plans[1]))
+            if layout:
+                from paraplan.planner.stages import describe_layout
+                print()
+                print(describe_layout(layout, len(layout.layer_names)))
         else:
             print(explain_infeasible(result, cluster))
             for s in suggest_feasible(model, job, cluster, options, args.max_memory_fraction):
@@ -120,6 +129,8 @@ def register(sub) -> None:
     ap.add_argument("--fix", action="append", metavar="AXIS=VALUE",
                     help="pin an axis: tp, pp, dp, cp, vpp, micro_batch, schedule, sp, zero, recompute, offload")
     ap.add_argument("--no-offload", action="store_true", help="do not consider CPU/NVMe offload")
+    ap.add_argument("--no-stage-ilp", action="store_true",
+                    help="skip the pulp stage-partition and per-stage recompute ILPs for the best plan")
     ap.add_argument("--format", choices=("table", "json", "csv"), default="table")
     ap.add_argument("--out", help="write the best plan to this plan file (JSON)")
     ap.set_defaults(func=cmd_plan)

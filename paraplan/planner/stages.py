@@ -21,6 +21,7 @@ from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.estimate import RUNTIME_RESERVED_BYTES
 from paraplan.planner.ilp import (LayerCost, PipelineSpec, StageRecomputeCost, in_flight_per_stage,
                                   partition_from_boundaries, partition_stages, plan_recompute)
+from paraplan.errors import InfeasiblePlan
 from paraplan.planner.plan import Plan
 
 
@@ -109,12 +110,22 @@ def stage_layout(model, job, cluster, plan: Plan, *, curves=None, max_memory_fra
     spec = PipelineSpec(stages=plan.pp, micro_batches=m, schedule=schedule, memory_cap_bytes=cap,
                         fixed_bytes_per_stage=fixed)
     layers = layer_costs(model, job, cluster, plan, curves)
+    if plan.recompute != "full":
+        # partition on the plan's time with each layer's most frugal memory (its input only, as under
+        # full recomputation); the recompute ILP below then decides where recomputing is needed
+        frugal = layer_costs(model, job, cluster, plan, curves, recompute="full")
+        layers = [replace(l, activation_bytes=f.activation_bytes) for l, f in zip(layers, frugal)]
     per = model.layers // plan.pp
     uniform_b = tuple([0] + [1 + per * s for s in range(1, plan.pp)])
     free = PipelineSpec(stages=plan.pp, micro_batches=m, schedule=schedule, memory_cap_bytes=float("inf"),
                         fixed_bytes_per_stage=fixed)
     uniform = partition_from_boundaries(layers, free, uniform_b)
-    part = partition_stages(layers, spec, time_limit_s=time_limit_s)
+    try:
+        part = partition_stages(layers, spec, time_limit_s=time_limit_s)
+    except InfeasiblePlan as e:
+        return StageLayout(tuple(l.name for l in layers), uniform_b, uniform.bottleneck_time_s, (), float("nan"),
+                           (), (), f"infeasible: {e}", None, None, _pipeline_time(uniform.stage_time_s, m),
+                           float("nan"))
     rec_layers = rec_status = None
     if plan.recompute != "full":
         # per-stage recompute on the balanced split: recompute whole layers only where memory needs it
@@ -139,7 +150,7 @@ def stage_layout(model, job, cluster, plan: Plan, *, curves=None, max_memory_fra
         try:
             rp = plan_recompute(stages, cap, time_limit_s=time_limit_s)
             rec_layers, rec_status = rp.layers_recomputed, rp.status
-        except Exception as e:       # InfeasiblePlan: report, keep the partition
+        except InfeasiblePlan as e:
             rec_status = f"infeasible: {e}"
     return StageLayout(
         layer_names=tuple(l.name for l in layers), uniform_boundaries=uniform_b,
@@ -152,6 +163,8 @@ def stage_layout(model, job, cluster, plan: Plan, *, curves=None, max_memory_fra
 
 
 def describe_layout(layout: StageLayout, n_layers_total: int) -> str:
+    if not layout.boundaries:
+        return f"stage layout (pulp/CBC): {layout.partition_status}"
     b = list(layout.boundaries) + [n_layers_total]
     counts = [b[i + 1] - b[i] for i in range(len(b) - 1)]
     u = list(layout.uniform_boundaries) + [n_layers_total]
