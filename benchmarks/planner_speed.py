@@ -34,7 +34,8 @@ def main() -> int:
         best = r.best
         print(f"{model} / {gpus} x {cluster} s{seq} B{gbs}".ljust(45),
               f"{r.candidates_composed:11,d} {r.candidates_evaluated:10,d} {wall:9.3f} {r.vectorized_rate_per_s:14,.0f}  "
-              f"{best.plan.label()} {best.plan.schedule} ZeRO-{best.plan.zero} {best.plan.recompute} "
+              f"{best.plan.label()} {best.plan.schedule} ZeRO-{best.plan.zero} recompute {best.plan.recompute} "
+              f"offload {best.plan.offload} "
               f"{best.step_time_s:.2f} s MFU {100 * best.mfu:.1f}%")
     return 0
 

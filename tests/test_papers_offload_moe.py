@@ -183,3 +183,25 @@ def test_deepspeed_moe_processes_several_times_more_samples_than_the_dense_6_7b(
     ratio = d.step_time_s / m.step_time_s
     assert 2.5 <= ratio <= 6, ratio
     assert m.time_breakdown_s["ep_comm"] > 0 and m.plan.ep > 1
+
+
+def test_offload_moves_gradients_off_the_gpu_only_from_zero_2():
+    """ZeRO-Offload builds on ZeRO-2 (Ren et al. 2021 §4): reduced gradient buckets stream to the host.
+    ZeRO-1 accumulates whole 16-bit gradients on the GPU across micro-batches, so they stay there."""
+    from paraplan.costmodels.memory import model_state_bytes
+    psi = 1e9
+    z1 = model_state_bytes(psi, Plan(dp=8, zero=1, offload="cpu"))
+    z2 = model_state_bytes(psi, Plan(dp=8, zero=2, offload="cpu"))
+    assert float(z1["gradients"]) == 2 * psi and float(z2["gradients"]) == 0
+    assert float(z1["optimizer_states"]) == float(z2["optimizer_states"]) == 0
+
+
+def test_delayed_update_is_opt_in_for_the_planner():
+    """The one-step delayed update trains on one-step-stale weights (ZeRO-Offload §5 enables it after a
+    warm-up): the planner considers it only when asked."""
+    v100, job = load_cluster("dgx2-v100", 1), TrainingJob(1024, 16)
+    default = search(GPT_10B, job, v100, options=SpaceOptions(fixed={"offload": "cpu"}), top=1).best
+    allowed = search(GPT_10B, job, v100, options=SpaceOptions(fixed={"offload": "cpu"}, allow_delayed_update=True),
+                     top=1).best
+    assert not default.plan.delayed_update
+    assert allowed.plan.delayed_update and allowed.step_time_s < default.step_time_s

@@ -74,8 +74,10 @@ def model_state_bytes(params, plan, shard_degree=None) -> dict:
     weights = np.where(z >= 3, eb * params / n, eb * params)
     grads = np.where(z >= 2, eb * params / n, eb * params)
     optim = np.where(z >= 1, k * params / n, k * params)
+    # ZeRO-2/3 stream each reduced gradient bucket to the host; ZeRO-1 accumulates whole 16-bit
+    # gradients on the GPU across micro-batches before its single reduction, so they stay.
     return {"parameters": np.where(off_params, 0.0, weights),
-            "gradients": np.where(off, 0.0, grads),
+            "gradients": np.where(off & (z >= 2), 0.0, grads),
             "optimizer_states": np.where(off, 0.0, optim)}
 
 

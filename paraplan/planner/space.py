@@ -83,6 +83,7 @@ class SpaceOptions:
     min_tokens_per_cp_rank: int = 1024
     allow_offload: bool = True
     allow_compression: bool = True
+    allow_delayed_update: bool = False     # changes training semantics (one-step-stale weights): opt-in
 
 
 def divisors(n: int) -> list[int]:
@@ -106,7 +107,7 @@ def axis_choices(model, job, cluster, options: SpaceOptions) -> dict[str, list]:
                "sp": [False, True], "zero": [0, 1, 2, 3], "recompute": list(range(len(RECOMPUTE))),
                "offload": list(range(len(OFFLOAD_CHOICES) if options.allow_offload else 1)),
                "optimizer": list(range(len(OPTIMIZERS))) if options.allow_compression else [0],
-               "delayed_update": [False, True] if options.allow_offload else [False],
+               "delayed_update": [False, True] if options.allow_offload and options.allow_delayed_update else [False],
                "etp_is_tp": [False, True] if model.moe else [False]}
     fixed = dict(options.fixed or {})
     for key, value in fixed.items():
