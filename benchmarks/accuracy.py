@@ -13,7 +13,7 @@ import sys
 
 import pandas as pd
 
-from paraplan.calibration import DEFAULT_CSV, load_cases, mape_by_source, score
+from paraplan.calibration import DEFAULT_CSV, korthikanti_table, load_cases, mape_by_source, score
 from paraplan.costmodels.estimate import estimate
 
 
@@ -34,6 +34,12 @@ def main(argv=None) -> int:
         print(f"  skipped {n:3d}  {reason}")
     print()
     print(mape_by_source(df).round(1).to_string())
+    print()
+    k = korthikanti_table()
+    print("held out: Korthikanti et al. 2022, Table 5 step time and Fig. 1 activation memory")
+    print(k.round(2).to_string(index=False))
+    print(f"step time MAPE {k['step_error_%'].abs().mean():.1f}% over {k['step_error_%'].notna().sum()} rows; "
+          f"activation memory MAPE {k['act_error_%'].abs().mean():.1f}% over {k['act_error_%'].notna().sum()} rows")
     return 0
 
 
