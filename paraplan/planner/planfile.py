@@ -16,14 +16,15 @@ from paraplan.errors import ConfigError
 PLAN_SCHEMA = "paraplan.plan/1"
 
 
-def write_atomic(path: Path | str, text: str) -> None:
-    """Write text to path whole or not at all."""
+def write_atomic(path: Path | str, data: str | bytes) -> None:
+    """Write text or bytes to path whole or not at all (temporary file in the same folder, then
+    ``os.replace``; the temporary file is removed if anything fails)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

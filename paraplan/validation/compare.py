@@ -10,12 +10,13 @@ numbers. Relative error is ``(predicted - measured) / measured``.
 """
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
-import tempfile
 
 from paraplan.errors import ConfigError
+from paraplan.planner.planfile import write_atomic
 
 PREDICTED_KEYS = ("step_time_s", "memory_bytes_per_rank", "time_breakdown_s")
 
@@ -97,11 +98,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 def _atomic_write_text(path: str, text: str) -> None:
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=d)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    write_atomic(path, text)
 
 
 def plot_breakdown(measured: dict, predicted: dict | None, path: str) -> None:
@@ -125,12 +122,10 @@ def plot_breakdown(measured: dict, predicted: dict | None, path: str) -> None:
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
-    d = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".png", dir=d)
-    os.close(fd)
-    fig.savefig(tmp, dpi=100)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
-    os.replace(tmp, path)
+    write_atomic(path, buf.getvalue())
 
 
 def build_report(plan: dict, results: list[dict], out_dir: str, *,
