@@ -42,14 +42,21 @@ ANALYTICAL_GEMM_EFFICIENCY = 0.4  # achieved/peak of a small fp32 bmm (b×d×N1 
 ANALYTICAL_OP_OVERHEAD_S = 1e-5   # torch eager op incl. allocation and Python; estimate, profile replaces it
 ANALYTICAL_RNG_S_PER_ELEMENT = 4e-9  # torch.randint per int64 (single-threaded Philox/MT); estimate
 ANALYTICAL_INDEX_S_PER_ELEMENT = 2e-9  # torch gather/scatter_add per scalar element; estimate
-TILED_OPS_PER_STEP = 75         # 69 top-level aten ops in tiled_step (torch profiler) + batching/sampling
-BASELINE_OPS_PER_STEP = 110     # forward + autograd backward + optimizer ops in baseline_step (profiler)
-BASELINE_PASSES_BND = 30        # fp32 tensor passes over the B×n×d copy per step: 18 elementwise ops
-                                # on it in forward+backward (profiler), ~1.7 read/write passes each
-TILED_PASSES_TILE = 10          # passes over the T×N1×d tile rows (normalize fwd/bwd)
-TILED_PASSES_BLOCK = 4          # passes over the B×N1 cosine block (write S, zero dS, scatter, read)
-PASSES_NEG_SCALARS = 10         # passes over B×n scalars (gather, relu, mask, scale, scatter, ids)
-PASSES_USER_VECTORS = 30        # passes over B×d vectors (norms, cosines, backward)
+# Op counts per step by tensor-size class, counted with torch.profiler(record_shapes=True) on the
+# kernels of validation/cf_kernels.py (top-level aten ops; views and transposes cost no data pass).
+# They are constants of this torch implementation, not of HEAT's C++, and were counted, not fitted.
+TILED_OPS_PER_STEP = 76         # top-level aten ops of one tiled step (profiler: 76.25 incl. batching)
+BASELINE_OPS_PER_STEP = 106     # forward + autograd backward + optimizer (profiler: 106.25)
+TILED_EW_OPS_TILE = 5           # on G×N1×d: div ×2, mul ×2, sub ×1 (normalize fwd and bwd)
+TILED_RED_OPS_TILE = 2          # on G×N1×d: norm, sum
+TILED_EW_OPS_BLOCK = 1          # on B×N1: zeros_like (the bmm outputs are in the bmm times)
+TILED_EW_OPS_BN = 4             # on B×n: sub, relu, gt, to/mul (gather/scatter_add are indexed scalars)
+EW_OPS_BD_TILED = 14            # on B×d: mul ×7, div ×4, sub ×2, add ×1
+EW_OPS_BD_BASELINE = 26         # on B×d: div ×10, mul ×7, neg ×2, masked_fill ×2, add_ ×2, add, ...
+RED_OPS_BD = 5                  # on B×d: norm ×2, sum ×3
+BASELINE_EW_OPS_BND = 10        # on B×n×d: div ×5, mul ×2, neg, masked_fill_, add_ (grad accumulation)
+BASELINE_RED_OPS_BND = 4        # on B×n×d: norm, sum, 2 matrix-vector bmm (read the copy once each)
+BASELINE_EW_OPS_BN = 9          # on B×n: clamp_min, sub, relu, threshold_backward, ge, where, eq, ...
 
 
 @dataclass(frozen=True)
@@ -160,6 +167,24 @@ class AnalyticalRates:
         """Per-step fixed cost: torch ops counted in the kernels × dispatch overhead."""
         return ops * self.op_overhead_s
 
+    def ew_s(self, nbytes: float) -> float:
+        """One out-of-place elementwise op: read two operands, write one, at the streaming rate
+        of the level that holds them (dispatch overhead is in :meth:`fixed_step_s`)."""
+        return 3.0 * nbytes / self.stream_bytes_per_s(3.0 * nbytes)
+
+    def red_s(self, nbytes: float) -> float:
+        return nbytes / self.stream_bytes_per_s(nbytes)
+
+    def bmm_s(self, form: str, G: int, m: int, k: int, n: int) -> float:
+        """G products m×k·k×n at the analytical GEMM rate, or at the streaming rate of their
+        operands when that is slower (skinny products are memory-bound)."""
+        nbytes = 4.0 * G * (m * k + k * n + m * n)
+        return max(2.0 * G * m * k * n / self.gemm_flops_per_s, nbytes / self.stream_bytes_per_s(nbytes))
+
+    def index_add_row_s(self, table_bytes: float) -> float:
+        """Read-modify-write of one random row: twice a row read."""
+        return 2.0 * self.row_time_s(table_bytes, True)
+
 
 @dataclass(frozen=True)
 class ProfiledRates:
@@ -217,16 +242,70 @@ class ProfiledRates:
         """Measured per-step cost of the kernel at tiny sizes (dispatch, Python, allocation)."""
         return self.profile.tiled_step_fixed_s if tiled else self.profile.baseline_step_fixed_s
 
+    def _curve(self, sizes, per_byte, nbytes: float) -> float:
+        """Seconds for ``nbytes`` from a measured per-byte curve, less the op dispatch overhead
+        that :meth:`fixed_step_s` already counts (log-log interpolation, clamped at the ends)."""
+        p = self.profile
+        t = np.asarray(per_byte, float) * np.asarray(sizes, float) - p.op_overhead_s
+        t = np.maximum(t, 1e-3 * np.asarray(per_byte, float) * np.asarray(sizes, float))
+        r = np.log(t / np.asarray(sizes, float))
+        return float(np.exp(np.interp(math.log(max(nbytes, 1.0)), np.log(sizes), r))) * nbytes
+
+    def ew_s(self, nbytes: float) -> float:
+        """One out-of-place elementwise op writing ``nbytes``: measured ``torch.mul`` time at
+        that output size (allocation and first touch included)."""
+        return self._curve(self.profile.ew_sizes_bytes, self.profile.ew_s_per_byte, nbytes)
+
+    def red_s(self, nbytes: float) -> float:
+        """A row-wise reduction over ``nbytes``: measured ``norm(dim=-1)``."""
+        return self._curve(self.profile.ew_sizes_bytes, self.profile.red_s_per_byte, nbytes)
+
+    def bmm_s(self, form: str, G: int, m: int, k: int, n: int) -> float:
+        """G products at the measured seconds per FLOP of that form, bilinear in (log m, log N1)
+        over the profile's grid (N1 is n for U·Xᵀ, k for the two backward forms), clamped at the
+        grid's edges; the grid was measured at k = d and is rescaled to other d by FLOPs."""
+        p = self.profile
+        mm, nn = (m, n) if form == "u_xT" else (m, k) if form == "dS_x" else (k, n)
+        # for dST_u = (N1×m)·(m×d), the grid's (m, N1) is (k, m)
+        if form == "dST_u":
+            mm, nn = k, m
+        grid = np.log(np.asarray(p.bmm_s_per_flop[form], float))
+        lm, ln = np.log(np.asarray(p.bmm_m, float)), np.log(np.asarray(p.bmm_n, float))
+        x, y = math.log(max(mm, 1)), math.log(max(nn, 1))
+        col = np.array([np.interp(y, ln, grid[i]) for i in range(len(lm))])
+        return float(np.exp(np.interp(x, lm, col))) * 2.0 * G * m * k * n
+
+    def index_add_row_s(self, table_bytes: float) -> float:
+        """index_add_ of one random row into a table of that size (measured, same curve sizes as
+        the gather); ×T as for :meth:`row_time_s`."""
+        p = self.profile
+        ws = np.log(np.asarray(p.ws_bytes, float))
+        t = np.log(np.asarray(p.index_add_row_time_s, float))
+        t = np.minimum.accumulate(t[::-1])[::-1]
+        scale = math.ceil(self.row_bytes / 64) / math.ceil(p.row_bytes / 64)
+        return float(np.exp(np.interp(math.log(max(table_bytes, 1.0)), ws, t))) * scale * p.threads
+
 
 # ---------------------------------------------------------------- work per step
 
 @dataclass(frozen=True)
 class StepWork:
-    """What one step does: random row accesses (name, rows, footprint bytes, shared?), FLOPs,
-    streamed passes (name, bytes, tensor bytes), random numbers drawn, torch ops."""
+    """What one step does, op class by op class (counted from the kernels with the torch
+    profiler, ``record_shapes``; see the constants at the top of this module):
+
+    reads: (name, rows, footprint bytes, shared?) random row gathers;
+    elementwise: (name, ops, output bytes) out-of-place elementwise ops;
+    reductions: (name, ops, input bytes) row-wise reductions (norm, sum over d);
+    bmms: (form, G, m, k, n) batched products of G groups, m×k·k×n;
+    index_adds: (name, rows, table bytes) row scatters into a table (sparse update);
+    rng_elements, index_elements (scalar gather/scatter through an index), ops (top-level aten ops).
+    """
     reads: tuple
     flops: float
-    passes: tuple
+    elementwise: tuple
+    reductions: tuple
+    bmms: tuple
+    index_adds: tuple
     rng_elements: float
     ops: int
     index_elements: float = 0.0
@@ -242,6 +321,13 @@ def refresh_fraction(model: CFModel, tiling: Tiling) -> float:
     return min(1.0, model.per_thread_batch / tiling.refresh_iterations)
 
 
+def tile_groups(model: CFModel, tiling: Tiling) -> int:
+    """Tiles used per step: T when N2 ≥ b; T·b/N2 when N2 < b (each thread's b iterations are
+    b/N2 refresh windows, each with its own tile)."""
+    b, N2 = model.per_thread_batch, tiling.refresh_iterations
+    return model.threads * (b // N2 if N2 < b else 1)
+
+
 def sampling_space(model: CFModel, tiling: Tiling) -> float:
     """HEAT §4.2 negative sampling space per epoch: (M/N2)·N1."""
     return model.iterations_per_epoch / tiling.refresh_iterations * tiling.tile_rows
@@ -253,32 +339,50 @@ def step_work(model: CFModel, tiling: Tiling | None) -> StepWork:
     row = model.row_bytes
     user_tab, item_tab = model.users * row, model.items * row
     agg = model.uses_aggregation
-    reads = [("user rows", 2 * B, user_tab, True), ("positive rows", 2 * B, item_tab, True)]
+    reads = [("user rows", B, user_tab, True), ("positive rows", B, item_tab, True)]
+    ew = [("B×d user/positive vectors", EW_OPS_BD_TILED if tiling else EW_OPS_BD_BASELINE, 4.0 * B * d)]
+    red = [("B×d norms/sums", RED_OPS_BD, 4.0 * B * d)]
     if agg:
-        reads.append(("history rows", 2 * B * h, item_tab, True))
+        reads.append(("history rows", B * h, item_tab, True))
     flops = 6.0 * B * d * d if agg else 0.0
-    passes = [("user vectors", PASSES_USER_VECTORS * 4.0 * B * d, 4.0 * B * d)]
+    rng = float(B * n)
     if tiling is None:
-        reads.append(("negative rows", 2 * B * n, item_tab, True))
-        flops += 6.0 * B * n * d
-        passes.append(("B×n×d negative copy", BASELINE_PASSES_BND * 4.0 * B * n * d, 4.0 * B * n * d))
-        passes.append(("B×n scalars", PASSES_NEG_SCALARS * 4.0 * B * n, 4.0 * B * n))
-        dense = 4.0 * (model.users + model.items) * d
-        opt_passes = 4 if model.optimizer == "sgd" else 8
-        passes.append(("dense grads + optimizer", opt_passes * dense, dense))
-        return StepWork(tuple(reads), flops, tuple(passes), B * n, BASELINE_OPS_PER_STEP)
+        E = 4.0 * B * n * d
+        reads.append(("negative rows", B * n, item_tab, True))
+        flops += 4.0 * B * n * d
+        ew.append(("B×n×d negative copy", BASELINE_EW_OPS_BND, E))
+        red.append(("B×n×d norm, sum, matrix-vector bmm", BASELINE_RED_OPS_BND, E))
+        ew.append(("B×n scalars", BASELINE_EW_OPS_BN, 4.0 * B * n))
+        opt = 2 if model.optimizer == "sgd" else 6   # zero + add_ (SGD); Adam: + moments, sqrt, div
+        ew.append(("dense user grad + optimizer", opt, 4.0 * model.users * d))
+        ew.append(("dense item grad + optimizer", opt, 4.0 * model.items * d))
+        ia = (("user grad rows", B, user_tab), ("item grad rows (positives, negatives)", B * (n + 1), item_tab))
+        return StepWork(tuple(reads), flops, tuple(ew), tuple(red), (), ia, rng, BASELINE_OPS_PER_STEP)
     N1 = tiling.tile_rows
-    fr = refresh_fraction(model, tiling)
-    F = tile_footprint_bytes(model, tiling)
-    reads.append(("tile rows (resident)", T * N1 * (2 - fr), F, False))
-    reads.append(("tile rows (refresh)", T * N1 * fr, item_tab, True))
+    G = tile_groups(model, tiling)
+    m = B // G
+    Et = 4.0 * G * N1 * d
+    if tiling.refresh_iterations < model.per_thread_batch:
+        reads.append(("tile rows (fresh each step)", G * N1, item_tab, True))
+        fresh = G * N1
+    else:
+        fr = refresh_fraction(model, tiling)
+        reads.append(("tile rows (resident)", T * N1 * (1 - fr), tile_footprint_bytes(model, tiling), False))
+        reads.append(("tile rows (refresh)", T * N1 * fr, item_tab, True))
+        fresh = T * N1 * fr
+    rng += fresh
     flops += 6.0 * B * N1 * d
-    passes.append(("tile normalize", TILED_PASSES_TILE * 4.0 * T * N1 * d, 4.0 * T * N1 * d))
-    passes.append(("B×N1 cosine block", TILED_PASSES_BLOCK * 4.0 * B * N1, 4.0 * B * N1))
-    passes.append(("B×n scalars", PASSES_NEG_SCALARS * 4.0 * B * n, 4.0 * B * n))
+    ew.append(("G×N1×d tile normalize fwd/bwd", TILED_EW_OPS_TILE, Et))
+    red.append(("G×N1×d tile norms", TILED_RED_OPS_TILE, Et))
+    ew.append(("B×N1 cosine-gradient block (zeros)", TILED_EW_OPS_BLOCK, 4.0 * B * N1))
+    ew.append(("B×n scalars", TILED_EW_OPS_BN, 4.0 * B * n))
+    red.append(("B×n sum", 1, 4.0 * B * n))
+    ew.append(("cat of item gradient rows", 1, 4.0 * (B + G * N1) * d))
+    bmms = (("u_xT", G, m, d, N1), ("dS_x", G, m, N1, d), ("dST_u", G, N1, m, d))
+    ia = (("user rows", B, user_tab), ("item rows (positives, tile)", B + G * N1, item_tab))
     ops = TILED_OPS_PER_STEP + (8 if model.optimizer == "adam" else 0)
     # the negatives' cosines: one gather and one scatter_add of B·n scalars through an index
-    return StepWork(tuple(reads), flops, tuple(passes), B * n + T * N1 * fr, ops, 2.0 * B * n)
+    return StepWork(tuple(reads), flops, tuple(ew), tuple(red), bmms, ia, rng, ops, 2.0 * B * n)
 
 
 @dataclass(frozen=True)
@@ -294,9 +398,17 @@ def step_time(model: CFModel, tiling: Tiling | None, rates) -> StepTime:
     br = {}
     for name, rows, foot, shared in w.reads:
         br[name] = rows * rates.row_time_s(foot, shared) / T
-    br["compute (bmm/matmul)"] = w.flops / rates.gemm_flops_per_s
-    for name, nbytes, tensor in w.passes:
-        br[name] = nbytes / rates.stream_bytes_per_s(tensor)
+    if w.bmms:
+        for form, G, m, k, n in w.bmms:
+            br[f"bmm {form}"] = rates.bmm_s(form, G, m, k, n)
+    else:
+        br["compute (bmm/matmul)"] = w.flops / rates.gemm_flops_per_s
+    for name, ops, nbytes in w.elementwise:
+        br[name] = br.get(name, 0.0) + ops * rates.ew_s(nbytes)
+    for name, ops, nbytes in w.reductions:
+        br[name] = br.get(name, 0.0) + ops * rates.red_s(nbytes)
+    for name, rows, table in w.index_adds:
+        br[f"index_add {name}"] = rows * rates.index_add_row_s(table) / T
     br["random numbers"] = w.rng_elements * rates.rng_s_per_element
     br["indexed scalars"] = w.index_elements * rates.index_s_per_element
     br["fixed per-step overhead"] = rates.fixed_step_s(tiling is not None, w.ops)

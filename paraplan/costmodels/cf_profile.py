@@ -24,7 +24,7 @@ import numpy as np
 
 from paraplan.errors import ConfigError
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -42,12 +42,69 @@ class CpuProfile:
     tiled_step_fixed_s: float
     baseline_step_fixed_s: float
     index_s_per_element: float
+    # v2: out-of-place elementwise op time per output byte vs size (allocation and first touch of
+    # the fresh output included, as torch's eager ops do); bmm time per FLOP over a (rows m,
+    # columns N1) grid at k = d for the three product forms of the tiled kernel; index_add_ time
+    # per row vs table size (same sizes as the gather curve)
+    ew_sizes_bytes: tuple = ()
+    ew_s_per_byte: tuple = ()
+    red_s_per_byte: tuple = ()     # row-wise reduction (norm over d) per input byte, same sizes
+    bmm_m: tuple = ()
+    bmm_n: tuple = ()
+    bmm_s_per_flop: dict = None
+    index_add_row_time_s: tuple = ()
     host: str = ""
     version: int = PROFILE_VERSION
 
     def to_json(self) -> dict:
         d = asdict(self)
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+BMM_FORMS = ("u_xT", "dS_x", "dST_u")  # S = U·Xᵀ (m×d·d×N1); dU = dS·X (m×N1·N1×d); dX = dSᵀ·U (N1×m·m×d)
+BMM_M_GRID = (8, 32, 128, 512)
+BMM_N_GRID = (8, 32, 128, 512, 2048, 8192)
+
+
+def _bmm_grid(dim: int, reps: int, g) -> dict:
+    """Seconds per FLOP of each bmm form over the (m, N1) grid, k = d, with enough groups G that
+    one call does at least ~4 MFLOP (the kernel batches G = B/m groups)."""
+    import torch
+    out = {f: [] for f in BMM_FORMS}
+    for m in BMM_M_GRID:
+        rows = {f: [] for f in BMM_FORMS}
+        for n in BMM_N_GRID:
+            G = max(1, min(512, (1 << 21) // (m * n * dim) + 1))
+            U = torch.randn(G, m, dim)
+            X = torch.randn(G, n, dim)
+            dS = torch.randn(G, m, n)
+            fl = 2.0 * G * m * n * dim
+            fns = {"u_xT": lambda: torch.bmm(U, X.transpose(1, 2)),
+                   "dS_x": lambda: torch.bmm(dS, X),
+                   "dST_u": lambda: torch.bmm(dS.transpose(1, 2), U)}
+            for f in BMM_FORMS:
+                rows[f].append(_median_time(fns[f], reps) / fl)
+        for f in BMM_FORMS:
+            out[f].append(rows[f])
+    return out
+
+
+def _elementwise_curve(reps: int, dim: int):
+    """Out-of-place ``torch.mul(x, y)`` seconds per output byte, and row-wise ``norm`` over d per
+    input byte, at sizes 16 KiB .. 64 MiB."""
+    import torch
+    sizes, rates, red = [], [], []
+    nbytes = 16 * 1024
+    while nbytes <= 64 * 2**20:
+        x = torch.randn(nbytes // 4)
+        y = torch.randn(nbytes // 4)
+        t = _median_time(lambda: torch.mul(x, y), reps)
+        sizes.append(float(nbytes))
+        rates.append(t / nbytes)
+        xv = x.view(-1, dim) if x.numel() % dim == 0 else x.view(-1, 1)
+        red.append(_median_time(lambda: xv.norm(dim=-1, keepdim=True), reps) / nbytes)
+        nbytes *= 4
+    return tuple(sizes), tuple(rates), tuple(red)
 
 
 def _median_time(fn, reps: int) -> float:
@@ -57,7 +114,9 @@ def _median_time(fn, reps: int) -> float:
         t0 = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t0)
-    return float(np.percentile(ts, 25))  # low quantile: robust to other processes on shared cores
+    # the median, the same statistic the validation takes of the kernels' step times; a low
+    # quantile here (as before) made every rate optimistic on a shared machine
+    return float(np.median(ts))
 
 
 def measure(threads: int = 1, dim: int = 64, max_ws_bytes: int = 128 * 2**20, reps: int = 7,
@@ -72,7 +131,7 @@ def measure(threads: int = 1, dim: int = 64, max_ws_bytes: int = 128 * 2**20, re
     warm = torch.randn(1 << 20)
     for _ in range(20):  # wake the thread pool and the clock before the first timing
         warm.mul_(1.0)
-    ws_list, t_list = [], []
+    ws_list, t_list, ia_list = [], [], []
     ws = 16 * 1024
     n_idx = 1 << 15
     while ws <= max_ws_bytes:
@@ -80,9 +139,11 @@ def measure(threads: int = 1, dim: int = 64, max_ws_bytes: int = 128 * 2**20, re
         table = torch.randn(rows, dim)
         idx = torch.randint(0, rows, (n_idx,), generator=g)
         out = torch.empty(n_idx, dim)
-        t = _median_time(lambda: torch.index_select(table, 0, idx, out=out), reps)
+        t = _median_time(lambda: table[idx], reps)  # aten::index, allocating its output as the kernels do
         ws_list.append(float(rows * row))
         t_list.append(t / n_idx)
+        t = _median_time(lambda: table.index_add_(0, idx, out, alpha=-1e-9), reps)
+        ia_list.append(t / n_idx)
         ws *= 4
         del table
     b, d, n1 = 256, dim, 512
@@ -114,8 +175,10 @@ def measure(threads: int = 1, dim: int = 64, max_ws_bytes: int = 128 * 2**20, re
     src = torch.randn(threads, 256, 128)
     tix = _median_time(lambda: (S.gather(2, ix), torch.zeros_like(S).scatter_add_(2, ix, src)), reps)
     idx_el = max(tix - 2 * op - 4.0 * S.numel() / bws[0], 0.0) / (2 * ix.numel())
+    ew_sizes, ew_rates, red_rates = _elementwise_curve(reps, dim)
     return CpuProfile(threads, row, tuple(ws_list), tuple(t_list), flops, tuple(sizes), tuple(bws), op,
-                      max(rng, 0.0), tiled_fixed, base_fixed, idx_el, host=platform.node())
+                      max(rng, 0.0), tiled_fixed, base_fixed, idx_el, ew_sizes, ew_rates, red_rates,
+                      BMM_M_GRID, BMM_N_GRID, _bmm_grid(dim, reps, g), tuple(ia_list), host=platform.node())
 
 
 def _fixed_step_costs(threads: int, reps: int) -> tuple[float, float]:

@@ -236,7 +236,22 @@ class TileSampler:
         self.refreshes = 0
 
     def next(self, negatives: int):
-        """(tiles T×N1, local negative indices T·b×n) for the next step."""
+        """(tiles G×N1, local negative indices T·b×n) for the next step.
+
+        N2 ≥ b: G = T, one tile per thread, kept across steps until N2 iterations have used it.
+        N2 < b (N2 must divide b): each thread's b iterations are c = b/N2 refresh windows of N2
+        iterations, each with a fresh tile, so G = T·c tiles are drawn every step; group g is rows
+        g·N2 .. (g+1)·N2 − 1 of the batch (thread t owns groups t·c .. (t+1)·c − 1).
+        """
+        if self.N2 < self.b:
+            if self.b % self.N2:
+                raise ValueError(f"refresh interval {self.N2} must divide the per-thread batch {self.b}")
+            c = self.b // self.N2
+            self.tiles = torch.randint(0, self.items, (self.T * c, self.N1), generator=self.g)
+            self.refreshes += c
+            self.window = -1
+            self.done += self.b
+            return self.tiles, torch.randint(0, self.N1, (self.T * self.b, negatives), generator=self.g)
         if self.done // self.N2 != self.window:
             self.window = self.done // self.N2
             self.tiles = torch.randint(0, self.items, (self.T, self.N1), generator=self.g)
@@ -254,16 +269,19 @@ class EpochResult:
     mean_loss: float
 
 
-def _batches(data: CFData, model: CFModel, gen: torch.Generator, max_steps: int | None):
+def _batches(data: CFData, model: CFModel, gen: torch.Generator, max_steps: int | None, multiple: int | None = None):
+    """Shuffled batches of B interactions; a short last batch is cut to a multiple of ``multiple``
+    (default T; the tiled kernel with N2 < b needs T·N2 so every refresh window is full)."""
     M = data.train_interactions
     perm = torch.randperm(M, generator=gen)
     tu = torch.from_numpy(data.train_users)
     ti = torch.from_numpy(data.train_items)
     B, T = model.batch, model.threads
+    q = multiple or T
     steps = 0
     for s in range(0, M, B):
         idx = perm[s:s + B]
-        idx = idx[: (idx.numel() // T) * T]
+        idx = idx[: (idx.numel() // q) * q]
         if idx.numel() == 0 or (max_steps is not None and steps >= max_steps):
             break
         steps += 1
@@ -291,7 +309,13 @@ def train_epoch(params: CFParams, data: CFData, model: CFModel, *, tiling: tuple
         sampler = TileSampler(model.items, model.threads, tiling[0], tiling[1], model.per_thread_batch, gen)
     t0 = time.perf_counter()
     steps = 0
-    for users, pos in _batches(data, model, gen, max_steps):
+    multiple = model.threads
+    if tiling is not None and tiling[1] < model.per_thread_batch:
+        if model.per_thread_batch % tiling[1]:
+            raise ValueError(f"refresh interval {tiling[1]} must divide the per-thread batch "
+                             f"{model.per_thread_batch} when it is smaller")
+        multiple = model.threads * tiling[1]
+    for users, pos in _batches(data, model, gen, max_steps, multiple):
         hist = hist_all[users] if hist_all is not None else None
         if tiling is None:
             negs = torch.randint(0, model.items, (users.numel(), model.negatives), generator=gen)
