@@ -56,6 +56,12 @@ EW_OPS_BD_BASELINE = 26         # on B×d: div ×10, mul ×7, neg ×2, masked_fi
 RED_OPS_BD = 5                  # on B×d: norm ×2, sum ×3
 BASELINE_EW_OPS_BND = 10        # on B×n×d: div ×5, mul ×2, neg, masked_fill_, add_ (grad accumulation)
 BASELINE_RED_OPS_BND = 4        # on B×n×d: norm, sum, 2 matrix-vector bmm (read the copy once each)
+BASELINE_LIVE_BND = 5           # B×n×d tensors live at the step's peak: the gathered copy and its
+                                # normalized form saved by autograd + 3 temporaries of the normalize backward
+GLIBC_MMAP_THRESHOLD_MAX = 32 * 2**20  # mallopt(3): dynamic mmap threshold grows to the largest freed
+                                       # chunk, at most 32 MiB on 64-bit; the trim threshold is twice it
+GLIBC_MMAP_THRESHOLD_MIN = 128 * 1024
+ANALYTICAL_FAULT_S_PER_BYTE = 1.5e-6 / 4096   # ~1.5 µs per 4 KiB page fault; estimate, profile replaces it
 BASELINE_EW_OPS_BN = 9          # on B×n: clamp_min, sub, relu, threshold_backward, ge, where, eq, ...
 
 
@@ -162,6 +168,11 @@ class AnalyticalRates:
     op_overhead_s: float = ANALYTICAL_OP_OVERHEAD_S
     rng_s_per_element: float = ANALYTICAL_RNG_S_PER_ELEMENT
     index_s_per_element: float = ANALYTICAL_INDEX_S_PER_ELEMENT
+    fault_s_per_byte: float = ANALYTICAL_FAULT_S_PER_BYTE
+
+    @property
+    def perm_s_per_element(self) -> float:
+        return 2.0 * self.rng_s_per_element
 
     def fixed_step_s(self, tiled: bool, ops: int) -> float:
         """Per-step fixed cost: torch ops counted in the kernels × dispatch overhead."""
@@ -237,6 +248,14 @@ class ProfiledRates:
     @property
     def index_s_per_element(self) -> float:
         return self.profile.index_s_per_element
+
+    @property
+    def fault_s_per_byte(self) -> float:
+        return self.profile.fault_s_per_byte
+
+    @property
+    def perm_s_per_element(self) -> float:
+        return self.profile.perm_s_per_element
 
     def fixed_step_s(self, tiled: bool, ops: int) -> float:
         """Measured per-step cost of the kernel at tiny sizes (dispatch, Python, allocation)."""
@@ -385,6 +404,32 @@ def step_work(model: CFModel, tiling: Tiling | None) -> StepWork:
     return StepWork(tuple(reads), flops, tuple(ew), tuple(red), bmms, ia, rng, ops, 2.0 * B * n)
 
 
+def fresh_bytes_per_step(model: CFModel, tiling: Tiling | None) -> float:
+    """Bytes per step first-touched from the OS (page faults) because glibc returned them at the
+    end of the previous step.
+
+    glibc (mallopt(3)) serves a chunk above the mmap threshold by mmap; freeing one raises the
+    threshold to its size (≤ 32 MiB) and the heap-trim threshold to twice that. Each step
+    allocates and frees the same tensors, so in steady state the heap keeps up to the trim
+    threshold and every step re-faults the rest of its peak of live large tensors:
+    max(0, peak − 2·min(largest, 32 MiB)). Peak live bytes, counted from the kernels:
+    baseline 5 B×n×d tensors (BASELINE_LIVE_BND) + the dense user and item gradients autograd
+    allocates every step; tiled: S and dS (B×N1 each) + X, x̂, dx̂, dX (G×N1×d each).
+    """
+    B, n, d = model.batch, model.negatives, model.dim
+    if tiling is None:
+        E = 4.0 * B * n * d
+        grads = 4.0 * d * (model.users + model.items)
+        peak, largest = BASELINE_LIVE_BND * E + grads, max(E, 4.0 * d * max(model.users, model.items))
+    else:
+        G, N1 = tile_groups(model, tiling), tiling.tile_rows
+        blk, tile = 4.0 * B * N1, 4.0 * G * N1 * d
+        peak, largest = 2 * blk + 4 * tile, max(blk, tile)
+    if largest < GLIBC_MMAP_THRESHOLD_MIN:
+        return 0.0
+    return max(0.0, peak - 2.0 * min(largest, GLIBC_MMAP_THRESHOLD_MAX))
+
+
 @dataclass(frozen=True)
 class StepTime:
     seconds: float
@@ -411,6 +456,7 @@ def step_time(model: CFModel, tiling: Tiling | None, rates) -> StepTime:
         br[f"index_add {name}"] = rows * rates.index_add_row_s(table) / T
     br["random numbers"] = w.rng_elements * rates.rng_s_per_element
     br["indexed scalars"] = w.index_elements * rates.index_s_per_element
+    br["page faults (memory fresh from the OS)"] = fresh_bytes_per_step(model, tiling) * rates.fault_s_per_byte
     br["fixed per-step overhead"] = rates.fixed_step_s(tiling is not None, w.ops)
     return StepTime(float(sum(br.values())), br)
 
@@ -424,10 +470,12 @@ class EpochEstimate:
 
 
 def epoch_time(model: CFModel, tiling: Tiling | None, rates) -> EpochEstimate:
-    """Epoch time = ⌈M/B⌉ · t_step."""
+    """Epoch time = ⌈M/B⌉ · t_step + the epoch's shuffle (M · t_randperm)."""
     st = step_time(model, tiling, rates)
     steps = model.steps_per_epoch
-    return EpochEstimate(st.seconds * steps, st.seconds, steps, {k: v * steps for k, v in st.breakdown.items()})
+    br = {k: v * steps for k, v in st.breakdown.items()}
+    br["shuffle (per epoch)"] = model.iterations_per_epoch * rates.perm_s_per_element
+    return EpochEstimate(st.seconds * steps + br["shuffle (per epoch)"], st.seconds, steps, br)
 
 
 def bytes_per_iteration(model: CFModel) -> float:

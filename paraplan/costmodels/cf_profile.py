@@ -53,6 +53,8 @@ class CpuProfile:
     bmm_n: tuple = ()
     bmm_s_per_flop: dict = None
     index_add_row_time_s: tuple = ()
+    fault_s_per_byte: float = 0.0   # first touch of memory fresh from the OS (page faults), per byte
+    perm_s_per_element: float = 0.0  # torch.randperm (the epoch's shuffle), per element
     host: str = ""
     version: int = PROFILE_VERSION
 
@@ -87,6 +89,18 @@ def _bmm_grid(dim: int, reps: int, g) -> dict:
         for f in BMM_FORMS:
             out[f].append(rows[f])
     return out
+
+
+def _fault_rate(reps: int) -> float:
+    """Seconds per byte of first-touching memory fresh from the OS: ``torch.empty(64 MiB).fill_``
+    (above glibc's largest dynamic mmap threshold, 32 MiB, so every allocation is a new mmap)
+    minus ``fill_`` of memory already mapped."""
+    import torch
+    n = 64 * 2**20 // 4
+    warm = torch.empty(n)
+    t_fresh = _median_time(lambda: torch.empty(n).fill_(1.0), reps)
+    t_warm = _median_time(lambda: warm.fill_(1.0), reps)
+    return max(t_fresh - t_warm, 0.0) / (4.0 * n)
 
 
 def _elementwise_curve(reps: int, dim: int):
@@ -178,7 +192,9 @@ def measure(threads: int = 1, dim: int = 64, max_ws_bytes: int = 128 * 2**20, re
     ew_sizes, ew_rates, red_rates = _elementwise_curve(reps, dim)
     return CpuProfile(threads, row, tuple(ws_list), tuple(t_list), flops, tuple(sizes), tuple(bws), op,
                       max(rng, 0.0), tiled_fixed, base_fixed, idx_el, ew_sizes, ew_rates, red_rates,
-                      BMM_M_GRID, BMM_N_GRID, _bmm_grid(dim, reps, g), tuple(ia_list), host=platform.node())
+                      BMM_M_GRID, BMM_N_GRID, _bmm_grid(dim, reps, g), tuple(ia_list), _fault_rate(reps),
+                      _median_time(lambda: torch.randperm(1 << 19, generator=g), reps) / (1 << 19),
+                      host=platform.node())
 
 
 def _fixed_step_costs(threads: int, reps: int) -> tuple[float, float]:

@@ -264,16 +264,25 @@ class TileSampler:
 
 @dataclass(frozen=True)
 class EpochResult:
+    """``seconds`` = the whole loop: the epoch's shuffle plus the steps; ``shuffle_seconds`` is
+    the shuffle alone (a per-epoch cost, so per-step times from short runs subtract it)."""
     seconds: float
     steps: int
     mean_loss: float
+    shuffle_seconds: float = 0.0
+
+    @property
+    def step_seconds(self) -> float:
+        return (self.seconds - self.shuffle_seconds) / max(self.steps, 1)
 
 
 def _batches(data: CFData, model: CFModel, gen: torch.Generator, max_steps: int | None, multiple: int | None = None):
     """Shuffled batches of B interactions; a short last batch is cut to a multiple of ``multiple``
     (default T; the tiled kernel with N2 < b needs T·N2 so every refresh window is full)."""
     M = data.train_interactions
+    t0 = time.perf_counter()
     perm = torch.randperm(M, generator=gen)
+    yield time.perf_counter() - t0   # first item: the shuffle's seconds
     tu = torch.from_numpy(data.train_users)
     ti = torch.from_numpy(data.train_items)
     B, T = model.batch, model.threads
@@ -315,7 +324,9 @@ def train_epoch(params: CFParams, data: CFData, model: CFModel, *, tiling: tuple
             raise ValueError(f"refresh interval {tiling[1]} must divide the per-thread batch "
                              f"{model.per_thread_batch} when it is smaller")
         multiple = model.threads * tiling[1]
-    for users, pos in _batches(data, model, gen, max_steps, multiple):
+    batches = _batches(data, model, gen, max_steps, multiple)
+    shuffle_s = next(batches)
+    for users, pos in batches:
         hist = hist_all[users] if hist_all is not None else None
         if tiling is None:
             negs = torch.randint(0, model.items, (users.numel(), model.negatives), generator=gen)
@@ -326,7 +337,7 @@ def train_epoch(params: CFParams, data: CFData, model: CFModel, *, tiling: tuple
             losses.append(tiled_step(params, users, pos, hist, tiles, neg_local, model))
         steps += 1
     dt = time.perf_counter() - t0
-    return EpochResult(dt, steps, float(np.mean(losses)) if losses else float("nan"))
+    return EpochResult(dt, steps, float(np.mean(losses)) if losses else float("nan"), shuffle_s)
 
 
 @torch.no_grad()
