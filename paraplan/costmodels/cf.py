@@ -271,8 +271,8 @@ class ProfiledRates:
         return float(np.exp(np.interp(math.log(max(nbytes, 1.0)), np.log(sizes), r))) * nbytes
 
     def ew_s(self, nbytes: float) -> float:
-        """One out-of-place elementwise op writing ``nbytes``: measured ``torch.mul`` time at
-        that output size (allocation and first touch included)."""
+        """One elementwise op writing ``nbytes``: measured ``torch.mul`` time at that size (page
+        faults of fresh output memory are :func:`fresh_bytes_per_step`'s)."""
         return self._curve(self.profile.ew_sizes_bytes, self.profile.ew_s_per_byte, nbytes)
 
     def red_s(self, nbytes: float) -> float:

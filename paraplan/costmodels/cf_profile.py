@@ -42,8 +42,8 @@ class CpuProfile:
     tiled_step_fixed_s: float
     baseline_step_fixed_s: float
     index_s_per_element: float
-    # v2: out-of-place elementwise op time per output byte vs size (allocation and first touch of
-    # the fresh output included, as torch's eager ops do); bmm time per FLOP over a (rows m,
+    # v2: elementwise op time per output byte vs size (into mapped memory; page faults of fresh
+    # memory are a separate measured rate, fault_s_per_byte); bmm time per FLOP over a (rows m,
     # columns N1) grid at k = d for the three product forms of the tiled kernel; index_add_ time
     # per row vs table size (same sizes as the gather curve)
     ew_sizes_bytes: tuple = ()
@@ -68,27 +68,29 @@ BMM_M_GRID = (8, 32, 128, 512)
 BMM_N_GRID = (8, 32, 128, 512, 2048, 8192)
 
 
-def _bmm_grid(dim: int, reps: int, g) -> dict:
+def _bmm_grid(dim: int, reps: int, g, rounds: int = 3) -> dict:
     """Seconds per FLOP of each bmm form over the (m, N1) grid, k = d, with enough groups G that
-    one call does at least ~4 MFLOP (the kernel batches G = B/m groups)."""
+    one call does at least ~8 MFLOP (the kernel batches G = B/m groups). Outputs are written into
+    preallocated tensors (``out=``): allocation and first touch are the page-fault term's. The grid
+    is measured ``rounds`` times, round-robin, and the elementwise median kept, so that a burst
+    of load from another process spikes one round of one point, not the result."""
     import torch
-    out = {f: [] for f in BMM_FORMS}
-    for m in BMM_M_GRID:
-        rows = {f: [] for f in BMM_FORMS}
-        for n in BMM_N_GRID:
-            G = max(1, min(512, (1 << 21) // (m * n * dim) + 1))
-            U = torch.randn(G, m, dim)
-            X = torch.randn(G, n, dim)
-            dS = torch.randn(G, m, n)
-            fl = 2.0 * G * m * n * dim
-            fns = {"u_xT": lambda: torch.bmm(U, X.transpose(1, 2)),
-                   "dS_x": lambda: torch.bmm(dS, X),
-                   "dST_u": lambda: torch.bmm(dS.transpose(1, 2), U)}
-            for f in BMM_FORMS:
-                rows[f].append(_median_time(fns[f], reps) / fl)
-        for f in BMM_FORMS:
-            out[f].append(rows[f])
-    return out
+    res = {f: np.zeros((rounds, len(BMM_M_GRID), len(BMM_N_GRID))) for f in BMM_FORMS}
+    for r in range(rounds):
+        for i, m in enumerate(BMM_M_GRID):
+            for j, n in enumerate(BMM_N_GRID):
+                G = max(1, min(512, (1 << 22) // (m * n * dim) + 1))
+                U = torch.randn(G, m, dim)
+                X = torch.randn(G, n, dim)
+                dS = torch.randn(G, m, n)
+                oS, oU, oX = torch.empty(G, m, n), torch.empty(G, m, dim), torch.empty(G, n, dim)
+                fl = 2.0 * G * m * n * dim
+                fns = {"u_xT": lambda: torch.bmm(U, X.transpose(1, 2), out=oS),
+                       "dS_x": lambda: torch.bmm(dS, X, out=oU),
+                       "dST_u": lambda: torch.bmm(dS.transpose(1, 2), U, out=oX)}
+                for f in BMM_FORMS:
+                    res[f][r, i, j] = _median_time(fns[f], reps) / fl
+    return {f: np.median(res[f], axis=0).tolist() for f in BMM_FORMS}
 
 
 def _fault_rate(reps: int) -> float:
@@ -104,15 +106,16 @@ def _fault_rate(reps: int) -> float:
 
 
 def _elementwise_curve(reps: int, dim: int):
-    """Out-of-place ``torch.mul(x, y)`` seconds per output byte, and row-wise ``norm`` over d per
-    input byte, at sizes 16 KiB .. 64 MiB."""
+    """``torch.mul(x, y, out=z)`` seconds per output byte (the output already mapped: fresh memory
+    is the page-fault term's), and row-wise ``norm`` over d per input byte, at 16 KiB .. 64 MiB."""
     import torch
     sizes, rates, red = [], [], []
     nbytes = 16 * 1024
     while nbytes <= 64 * 2**20:
         x = torch.randn(nbytes // 4)
         y = torch.randn(nbytes // 4)
-        t = _median_time(lambda: torch.mul(x, y), reps)
+        z = torch.empty_like(x)
+        t = _median_time(lambda: torch.mul(x, y, out=z), reps)
         sizes.append(float(nbytes))
         rates.append(t / nbytes)
         xv = x.view(-1, dim) if x.numel() % dim == 0 else x.view(-1, 1)

@@ -270,10 +270,19 @@ class EpochResult:
     steps: int
     mean_loss: float
     shuffle_seconds: float = 0.0
+    step_times: tuple = ()
 
     @property
     def step_seconds(self) -> float:
         return (self.seconds - self.shuffle_seconds) / max(self.steps, 1)
+
+    @property
+    def robust_seconds(self) -> float:
+        """Median step time × steps + shuffle: the epoch time without the share of it that other
+        processes on a shared machine took (short intervals, like the profile's medians)."""
+        if not self.step_times:
+            return self.seconds
+        return float(np.median(self.step_times)) * self.steps + self.shuffle_seconds
 
 
 def _batches(data: CFData, model: CFModel, gen: torch.Generator, max_steps: int | None, multiple: int | None = None):
@@ -326,6 +335,8 @@ def train_epoch(params: CFParams, data: CFData, model: CFModel, *, tiling: tuple
         multiple = model.threads * tiling[1]
     batches = _batches(data, model, gen, max_steps, multiple)
     shuffle_s = next(batches)
+    step_times = []
+    ts = time.perf_counter()
     for users, pos in batches:
         hist = hist_all[users] if hist_all is not None else None
         if tiling is None:
@@ -336,8 +347,11 @@ def train_epoch(params: CFParams, data: CFData, model: CFModel, *, tiling: tuple
             tiles, neg_local = sampler.next(model.negatives)
             losses.append(tiled_step(params, users, pos, hist, tiles, neg_local, model))
         steps += 1
+        te = time.perf_counter()
+        step_times.append(te - ts)
+        ts = te
     dt = time.perf_counter() - t0
-    return EpochResult(dt, steps, float(np.mean(losses)) if losses else float("nan"), shuffle_s)
+    return EpochResult(dt, steps, float(np.mean(losses)) if losses else float("nan"), shuffle_s, tuple(step_times))
 
 
 @torch.no_grad()
