@@ -133,16 +133,25 @@ def _run_plan(args) -> int:
     if args.format == "json":
         print(json.dumps({"cpu": cpu.name, "rates": plan.rates_name, "threads": threads,
                           "min_sampling_space": plan.min_sampling_space,
+                          "ranking": "predicted epoch time, fastest first",
                           "baseline_epoch_s": plan.baseline_epoch_s, "rejected": plan.rejected,
                           "choices": [c.as_dict() for c in plan.choices]}, indent=1))
         return 0
     print(f"cf plan on {cpu.name} ({plan.rates_name}), {threads} threads, d={model.dim}, n={model.negatives}, "
           f"M={model.iterations_per_epoch}, min sampling space {plan.min_sampling_space:.0f}")
+    print("ranked by predicted epoch time, fastest first (space = negative sampling space (M/N2)·N1, "
+          "larger is closer to uniform sampling)")
     print(f"{'rank':>4} {'N1':>7} {'N2':>8} {'T':>4} {'epoch s':>10} {'space':>12} {'tile KiB':>9} {'level':>5} regime")
     for c in plan.choices:
         print(f"{c.rank:>4} {c.tile_rows:>7} {c.refresh_iterations:>8} {c.threads:>4} {c.predicted_epoch_s:>10.3f} "
               f"{c.sampling_space:>12.0f} {c.footprint_bytes / 1024:>9.1f} {c.tile_level:>5} {c.regime}")
     print(f"baseline (untiled) predicted epoch: {plan.baseline_epoch_s:.3f} s; rejected: {plan.rejected}")
+    try:
+        from paraplan.planner.cf_plan import heat_tile_rows
+        print(f"HEAT Algorithm 1 capacity rule (T·N1 rows of 4d bytes in the aggregate L2; for HEAT's C++ "
+              f"kernel): N1 = {heat_tile_rows(cpu, threads, model.dim)}")
+    except ParaplanError:
+        pass
     return 0
 
 

@@ -56,8 +56,10 @@ EW_OPS_BD_BASELINE = 26         # on B×d: div ×10, mul ×7, neg ×2, masked_fi
 RED_OPS_BD = 5                  # on B×d: norm ×2, sum ×3
 BASELINE_EW_OPS_BND = 10        # on B×n×d: div ×5, mul ×2, neg, masked_fill_, add_ (grad accumulation)
 BASELINE_RED_OPS_BND = 4        # on B×n×d: norm, sum, 2 matrix-vector bmm (read the copy once each)
-BASELINE_LIVE_BND = 5           # B×n×d tensors live at the step's peak: the gathered copy and its
-                                # normalized form saved by autograd + 3 temporaries of the normalize backward
+BASELINE_LIVE_BND = 7           # B×n×d tensors live at the step's peak, read off the autograd graph of
+                                # baseline_step: the gathered copy and its normalized form (saved), the
+                                # bmm's outer-product gradient, and in DivBackward grad/denom, −grad,
+                                # −grad·x, and NormBackward's x·(grad/‖x‖) before the two are summed
 GLIBC_MMAP_THRESHOLD_MAX = 32 * 2**20  # mallopt(3): dynamic mmap threshold grows to the largest freed
                                        # chunk, at most 32 MiB on 64-bit; the trim threshold is twice it
 GLIBC_MMAP_THRESHOLD_MIN = 128 * 1024
@@ -409,10 +411,11 @@ def fresh_bytes_per_step(model: CFModel, tiling: Tiling | None) -> float:
     end of the previous step.
 
     glibc (mallopt(3)) serves a chunk above the mmap threshold by mmap; freeing one raises the
-    threshold to its size (≤ 32 MiB) and the heap-trim threshold to twice that. Each step
-    allocates and frees the same tensors, so in steady state the heap keeps up to the trim
-    threshold and every step re-faults the rest of its peak of live large tensors:
-    max(0, peak − 2·min(largest, 32 MiB)). Peak live bytes, counted from the kernels:
+    threshold to its size, up to 32 MiB, and the heap-trim threshold to twice that. A training
+    process has freed chunks of ≥ 32 MiB before its steady state (data generation, the epoch's
+    shuffle, the profile do here), so the heap keeps up to 64 MiB free and every step re-faults
+    the rest of its peak of live tensors: max(0, peak − 64 MiB). Peak live bytes, counted from the
+    kernels:
     baseline 5 B×n×d tensors (BASELINE_LIVE_BND) + the dense user and item gradients autograd
     allocates every step; tiled: S and dS (B×N1 each) + X, x̂, dx̂, dX (G×N1×d each).
     """
@@ -427,7 +430,7 @@ def fresh_bytes_per_step(model: CFModel, tiling: Tiling | None) -> float:
         peak, largest = 2 * blk + 4 * tile, max(blk, tile)
     if largest < GLIBC_MMAP_THRESHOLD_MIN:
         return 0.0
-    return max(0.0, peak - 2.0 * min(largest, GLIBC_MMAP_THRESHOLD_MAX))
+    return max(0.0, peak - 2.0 * GLIBC_MMAP_THRESHOLD_MAX)
 
 
 @dataclass(frozen=True)

@@ -140,3 +140,29 @@ def plan_tiles(model: CFModel, cpu: Cpu, *, rates_for=None, threads: int | None 
     T0 = choices[0].threads
     m0 = replace(model, threads=T0)
     return CFPlan(choices, dict(rejected), smin, epoch_time(m0, None, rates_for(m0)).seconds, rates_for(m0).name)
+
+
+def heat_tile_rows(cpu: Cpu, threads: int, dim: int, level: int = 2) -> int:
+    """HEAT's capacity rule for the tile size (ICS'23 Algorithm 1, N1 = f_a(s_l2, s_l3, T, d):
+    "num_threads·N1 embeddings can be held in the L2 cache"): the largest power of two N1 with
+    T·N1·4d ≤ the aggregate L2 of the cores the T threads run on.
+
+    The aggregate is per-instance size × instances covering ``min(T, cores)`` cores (HEAT §5.1
+    counts the EPYC 7742's L2 as "32 MB": 64 × 512 KiB). This is the paper's rule for its C++
+    kernel, where per-iteration work does not grow with N1; :func:`plan_tiles` instead prices the
+    torch kernel, whose similarity block does.
+    """
+    c = next((c for c in cpu.caches if c.level == level), None)
+    if c is None:
+        raise ConfigError("level", f"{cpu.name} has no L{level}")
+    if threads < 1 or dim < 1:
+        raise ConfigError("threads", f"threads {threads} and dim {dim} must be positive")
+    cores = min(threads, cpu.cores)
+    instances = -(-cores // max(c.shared_by_cores, 1))
+    budget = c.size_bytes * instances / (threads * 4 * dim)
+    if budget < 1:
+        raise InfeasiblePlan(f"one row per thread does not fit the L{level} of {cpu.name}")
+    n1 = 1
+    while n1 * 2 <= budget:
+        n1 *= 2
+    return n1
