@@ -188,6 +188,9 @@ class AnalyticalRates:
     def red_s(self, nbytes: float) -> float:
         return nbytes / self.stream_bytes_per_s(nbytes)
 
+    def zeros_s(self, nbytes: float) -> float:
+        return nbytes / self.stream_bytes_per_s(nbytes)
+
     def bmm_s(self, form: str, G: int, m: int, k: int, n: int) -> float:
         """G products m×k·k×n at the analytical GEMM rate, or at the streaming rate of their
         operands when that is slower (skinny products are memory-bound)."""
@@ -277,6 +280,10 @@ class ProfiledRates:
         faults of fresh output memory are :func:`fresh_bytes_per_step`'s)."""
         return self._curve(self.profile.ew_sizes_bytes, self.profile.ew_s_per_byte, nbytes)
 
+    def zeros_s(self, nbytes: float) -> float:
+        """``zeros_like`` of ``nbytes``: measured ``torch.zeros`` (allocation + zero fill)."""
+        return self._curve(self.profile.ew_sizes_bytes, self.profile.zeros_s_per_byte, nbytes)
+
     def red_s(self, nbytes: float) -> float:
         """A row-wise reduction over ``nbytes``: measured ``norm(dim=-1)``."""
         return self._curve(self.profile.ew_sizes_bytes, self.profile.red_s_per_byte, nbytes)
@@ -330,6 +337,7 @@ class StepWork:
     rng_elements: float
     ops: int
     index_elements: float = 0.0
+    zeros: tuple = ()   # (name, ops, bytes) freshly allocated zero-filled tensors
 
 
 def tile_footprint_bytes(model: CFModel, tiling: Tiling) -> float:
@@ -395,7 +403,7 @@ def step_work(model: CFModel, tiling: Tiling | None) -> StepWork:
     flops += 6.0 * B * N1 * d
     ew.append(("G×N1×d tile normalize fwd/bwd", TILED_EW_OPS_TILE, Et))
     red.append(("G×N1×d tile norms", TILED_RED_OPS_TILE, Et))
-    ew.append(("B×N1 cosine-gradient block (zeros)", TILED_EW_OPS_BLOCK, 4.0 * B * N1))
+    zeros = (("B×N1 cosine-gradient block (zeros_like)", TILED_EW_OPS_BLOCK, 4.0 * B * N1),)
     ew.append(("B×n scalars", TILED_EW_OPS_BN, 4.0 * B * n))
     red.append(("B×n sum", 1, 4.0 * B * n))
     ew.append(("cat of item gradient rows", 1, 4.0 * (B + G * N1) * d))
@@ -403,7 +411,7 @@ def step_work(model: CFModel, tiling: Tiling | None) -> StepWork:
     ia = (("user rows", B, user_tab), ("item rows (positives, tile)", B + G * N1, item_tab))
     ops = TILED_OPS_PER_STEP + (8 if model.optimizer == "adam" else 0)
     # the negatives' cosines: one gather and one scatter_add of B·n scalars through an index
-    return StepWork(tuple(reads), flops, tuple(ew), tuple(red), bmms, ia, rng, ops, 2.0 * B * n)
+    return StepWork(tuple(reads), flops, tuple(ew), tuple(red), bmms, ia, rng, ops, 2.0 * B * n, zeros)
 
 
 def fresh_bytes_per_step(model: CFModel, tiling: Tiling | None) -> float:
@@ -411,9 +419,9 @@ def fresh_bytes_per_step(model: CFModel, tiling: Tiling | None) -> float:
     end of the previous step.
 
     glibc (mallopt(3)) serves a chunk above the mmap threshold by mmap; freeing one raises the
-    threshold to its size, up to 32 MiB, and the heap-trim threshold to twice that. A training
-    process has freed chunks of ≥ 32 MiB before its steady state (data generation, the epoch's
-    shuffle, the profile do here), so the heap keeps up to 64 MiB free and every step re-faults
+    threshold to its size, up to 32 MiB, and the heap-trim threshold to twice that. A long-running
+    training process has freed such a chunk before its steady state (the harness makes sure:
+    ``cf_kernels.warm_allocator`` before every epoch and the profile), so the heap keeps up to 64 MiB free and every step re-faults
     the rest of its peak of live tensors: max(0, peak − 64 MiB). Peak live bytes, counted from the
     kernels:
     baseline 5 B×n×d tensors (BASELINE_LIVE_BND) + the dense user and item gradients autograd
@@ -453,6 +461,8 @@ def step_time(model: CFModel, tiling: Tiling | None, rates) -> StepTime:
         br["compute (bmm/matmul)"] = w.flops / rates.gemm_flops_per_s
     for name, ops, nbytes in w.elementwise:
         br[name] = br.get(name, 0.0) + ops * rates.ew_s(nbytes)
+    for name, ops, nbytes in w.zeros:
+        br[name] = br.get(name, 0.0) + ops * rates.zeros_s(nbytes)
     for name, ops, nbytes in w.reductions:
         br[name] = br.get(name, 0.0) + ops * rates.red_s(nbytes)
     for name, rows, table in w.index_adds:

@@ -49,6 +49,7 @@ class CpuProfile:
     ew_sizes_bytes: tuple = ()
     ew_s_per_byte: tuple = ()
     red_s_per_byte: tuple = ()     # row-wise reduction (norm over d) per input byte, same sizes
+    zeros_s_per_byte: tuple = ()   # torch.zeros (allocate + zero-fill, as zeros_like) per byte, same sizes
     bmm_m: tuple = ()
     bmm_n: tuple = ()
     bmm_s_per_flop: dict = None
@@ -109,7 +110,7 @@ def _elementwise_curve(reps: int, dim: int):
     """``torch.mul(x, y, out=z)`` seconds per output byte (the output already mapped: fresh memory
     is the page-fault term's), and row-wise ``norm`` over d per input byte, at 16 KiB .. 64 MiB."""
     import torch
-    sizes, rates, red = [], [], []
+    sizes, rates, red, zer = [], [], [], []
     nbytes = 16 * 1024
     while nbytes <= 64 * 2**20:
         x = torch.randn(nbytes // 4)
@@ -120,8 +121,11 @@ def _elementwise_curve(reps: int, dim: int):
         rates.append(t / nbytes)
         xv = x.view(-1, dim) if x.numel() % dim == 0 else x.view(-1, 1)
         red.append(_median_time(lambda: xv.norm(dim=-1, keepdim=True), reps) / nbytes)
+        keep = [torch.randn(nbytes // 4) for _ in range(2)]  # other live tensors, as in a step
+        zer.append(_median_time(lambda: torch.zeros(nbytes // 4), reps) / nbytes)
+        del keep
         nbytes *= 4
-    return tuple(sizes), tuple(rates), tuple(red)
+    return tuple(sizes), tuple(rates), tuple(red), tuple(zer)
 
 
 def _median_time(fn, reps: int) -> float:
@@ -142,7 +146,9 @@ def measure(threads: int = 1, dim: int = 64, max_ws_bytes: int = 128 * 2**20, re
     import torch
     if threads < 1 or dim < 1 or max_ws_bytes < 2**16:
         raise ConfigError("profile", f"threads {threads}, dim {dim}, max_ws_bytes {max_ws_bytes} out of range")
+    from paraplan.validation.cf_kernels import warm_allocator
     torch.set_num_threads(threads)
+    warm_allocator()  # the allocator state the kernels run in (see warm_allocator)
     g = torch.Generator().manual_seed(seed)
     row = 4 * dim
     warm = torch.randn(1 << 20)
@@ -192,9 +198,9 @@ def measure(threads: int = 1, dim: int = 64, max_ws_bytes: int = 128 * 2**20, re
     src = torch.randn(threads, 256, 128)
     tix = _median_time(lambda: (S.gather(2, ix), torch.zeros_like(S).scatter_add_(2, ix, src)), reps)
     idx_el = max(tix - 2 * op - 4.0 * S.numel() / bws[0], 0.0) / (2 * ix.numel())
-    ew_sizes, ew_rates, red_rates = _elementwise_curve(reps, dim)
+    ew_sizes, ew_rates, red_rates, zero_rates = _elementwise_curve(reps, dim)
     return CpuProfile(threads, row, tuple(ws_list), tuple(t_list), flops, tuple(sizes), tuple(bws), op,
-                      max(rng, 0.0), tiled_fixed, base_fixed, idx_el, ew_sizes, ew_rates, red_rates,
+                      max(rng, 0.0), tiled_fixed, base_fixed, idx_el, ew_sizes, ew_rates, red_rates, zero_rates,
                       BMM_M_GRID, BMM_N_GRID, _bmm_grid(dim, reps, g), tuple(ia_list), _fault_rate(reps),
                       _median_time(lambda: torch.randperm(1 << 19, generator=g), reps) / (1 << 19),
                       host=platform.node())

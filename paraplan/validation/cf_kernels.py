@@ -262,6 +262,18 @@ class TileSampler:
 
 # ---------------------------------------------------------------- epochs and evaluation
 
+ALLOCATOR_WARM_BYTES = 31 * 2**20
+
+
+def warm_allocator() -> None:
+    """Put glibc's malloc into the state of a long-running training process: free one chunk just
+    under its 32 MiB dynamic mmap-threshold ceiling (mallopt(3)), which raises the mmap threshold
+    to ~32 MiB and the heap-trim threshold to ~64 MiB for the rest of the process. Without it the
+    allocator's state, hence whether a kernel's multi-MiB tensors are re-faulted from the OS every
+    step, depends on what the process happened to free earlier. Costs one untouched mmap/munmap."""
+    t = torch.empty(ALLOCATOR_WARM_BYTES // 4)
+    del t
+
 @dataclass(frozen=True)
 class EpochResult:
     """``seconds`` = the whole loop: the epoch's shuffle plus the steps; ``shuffle_seconds`` is
@@ -314,6 +326,7 @@ def train_epoch(params: CFParams, data: CFData, model: CFModel, *, tiling: tuple
     Returns wall time of the training loop only (data shuffle included, evaluation excluded).
     """
     torch.set_num_threads(model.threads)
+    warm_allocator()
     gen = torch.Generator().manual_seed(seed)
     hist_all = None
     if model.uses_aggregation:

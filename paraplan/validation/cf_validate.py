@@ -27,11 +27,11 @@ from paraplan.workloads.cf_data import CFData, synthetic
 
 @dataclass(frozen=True)
 class ValidateOptions:
-    users: int = 2000
-    items: int = 8000
-    interactions: int = 60000
+    users: int = 4000
+    items: int = 16000
+    interactions: int = 160000
     dim: int = 64
-    negatives: int = 32
+    negatives: int = 64
     batch: int = 512
     threads: int = 1
     learning_rate: float = 40.0
