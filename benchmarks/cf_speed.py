@@ -5,9 +5,11 @@ thread scaling of both from 1 to 2 (or more) threads; optionally a tile sweep, m
                                   [--dim 64 --negatives 128 --batch 512] [--threads 1,2]
                                   [--steps 10 --repeats 5] [--sweep] [--json FILE]
 
-Timing: per-step wall time of ``train_epoch(max_steps=...)`` after a 2-step warm-up, the kernels
-interleaved round-robin ``--repeats`` times so that load from other processes on a shared
-machine spreads over all of them; the median of the repeats is reported. Epoch-equivalent times
+Timing: the median step time of ``train_epoch(max_steps=...)`` after a 2-step warm-up, the
+kernels interleaved round-robin ``--repeats`` times so that load from other processes on a shared
+machine spreads over all of them; the median over the repeats is reported (min and max beside it).
+Medians of short intervals are what the profile's rates are too, so predicted and measured compare
+like for like on a machine shared with other processes. Epoch-equivalent times
 are per-step × ⌈M/B⌉. The tile is the planner's choice from a profile of this CPU measured at 1
 thread (the same N1, N2 are used at every thread count, so only T changes).
 """
@@ -44,7 +46,7 @@ def time_kernels(data, cases, steps, repeats, seed=0):
             p = init_params(model, seed)
             train_epoch(p, data, model, tiling=til, seed=seed + 100 + r, max_steps=2)
             res = train_epoch(p, data, model, tiling=til, seed=seed + r, max_steps=steps)
-            out[label].append(res.step_seconds)
+            out[label].append(float(np.median(res.step_times)))
     return out
 
 
@@ -104,25 +106,34 @@ def main(argv=None) -> int:
             res["thread_scaling"][k] = sc
             print(f"thread scaling {k} {t_lo}->{t_hi}: {sc:.2f}x (parallel efficiency {sc / (t_hi / t_lo):.0%})")
     if a.sweep:
+        # every tile size with its best N2, including those below the planner's rows-per-negative
+        # quality bound (L1-sized tiles), to test the time model across cache levels
         per = {}
         for c in plan.choices:
             per.setdefault(c.tile_rows, c)
+        feasible = set(per)
+        for c in plan_tiles(m1, cf_profile.local_cpu(), rates_for=lambda m: ProfiledRates(prof, m.row_bytes),
+                            min_tile_per_negative=0).choices:
+            per.setdefault(c.tile_rows, c)
         tils = [(n1, per[n1].refresh_iterations) for n1 in sorted(per)]
-        sw = time_kernels(data, {t: (m1, t) for t in tils}, a.steps, max(3, a.repeats // 2))
+        sw = time_kernels(data, {t: (m1, t) for t in tils}, a.steps, a.repeats)
         rows, errs = [], []
         print(f"\n{'N1':>6}{'N2':>6}{'measured ms':>13}{'predicted ms':>14}{'error':>8}")
         for t in tils:
             mm = float(np.median(sw[t]))
             p = step_time(m1, Tiling(*t), rates).seconds
             errs.append(abs(p - mm) / mm)
-            rows.append({"tile_rows": t[0], "refresh_iterations": t[1], "measured_ms": mm * 1e3, "predicted_ms": p * 1e3})
-            print(f"{t[0]:>6}{t[1]:>6}{mm * 1e3:>13.2f}{p * 1e3:>14.2f}{(p - mm) / mm:>8.0%}")
-        best = min(rows, key=lambda r: r["measured_ms"])
+            rows.append({"tile_rows": t[0], "refresh_iterations": t[1], "measured_ms": mm * 1e3, "predicted_ms": p * 1e3,
+                         "feasible": t[0] in feasible, "level": per[t[0]].tile_level})
+            print(f"{t[0]:>6}{t[1]:>6}{mm * 1e3:>13.2f}{p * 1e3:>14.2f}{(p - mm) / mm:>8.0%}  {per[t[0]].tile_level}"
+                  f"{'' if t[0] in feasible else '  (below rows/negative bound)'}")
+        best = min((r for r in rows if r["feasible"]), key=lambda r: r["measured_ms"])
         chosen = next(r for r in rows if (r["tile_rows"], r["refresh_iterations"]) == til)
         res.update(sweep=rows, sweep_mape=float(np.mean(errs)),
                    chosen_vs_best=chosen["measured_ms"] / best["measured_ms"])
         print(f"MAPE {np.mean(errs):.1%} over {len(rows)} tiles; chosen N1={til[0]} is "
-              f"{chosen['measured_ms'] / best['measured_ms']:.2f}x the best measured (N1={best['tile_rows']})")
+              f"{chosen['measured_ms'] / best['measured_ms']:.2f}x the best measured feasible tile "
+              f"(N1={best['tile_rows']})")
     print(f"\ntotal {time.perf_counter() - t0:.0f} s")
     if a.json:
         with open(a.json, "w") as f:
