@@ -6,11 +6,19 @@ Pure functions. Two sources of machine rates share one step model:
 * :class:`ProfiledRates` from a measured :class:`~paraplan.costmodels.cf_profile.CpuProfile`
   (row-gather time vs working-set size, bmm FLOP/s, streaming bandwidth, op overhead).
 
-Step time is a non-overlapping sum (ECM-style, reference §3.5, without overlap)::
+Step time is a non-overlapping sum (ECM-style, reference §3.5, without overlap), op class by op
+class as counted from the torch kernels with the profiler::
 
-    t_step = Σ_reads rows·t_row(footprint)/T + FLOPs/F + Σ_passes bytes/BW(tensor) + rng·t_rng + t_fixed
+    t_step = Σ_reads rows·t_row(footprint)/T + Σ_bmm t_bmm(form, G, m, k, n) + Σ_ew ops·t_ew(bytes)
+             + Σ_red ops·t_red(bytes) + t_zeros(B·N1) + Σ_index_add rows·t_ia(table)/T
+             + rng·t_rng + scalars·t_index + fresh_bytes·t_fault + t_fixed
+    t_epoch = ⌈M/B⌉·t_step + M·t_randperm
 
-with t_fixed = ops·t_op (analytical) or the kernel's measured time per step at tiny sizes (profiled).
+t_fixed = ops·t_op (analytical) or the kernel's measured time per step at tiny sizes (profiled);
+t_bmm comes from a measured (m, N1) grid per product form, so the similarity block's FLOPs that
+grow with N1 are priced at the rate of their shape; fresh_bytes are the page faults of memory
+glibc hands back to the OS every step (:func:`fresh_bytes_per_step`). No term is fitted to the
+kernels' own timings: every rate is a microbenchmark of one primitive on random tensors.
 
 Where a random row read hits (reference §3.2): for each cache level L the per-thread share S_L is
 the level's size divided by the threads that share one instance (``min(shared_by_cores, T)``,
