@@ -25,7 +25,7 @@ def per_step(data, model, tiling, steps, repeats=3) -> float:
         p = init_params(model, 0)
         train_epoch(p, data, model, tiling=tiling, seed=100 + r, max_steps=3)
         res = train_epoch(p, data, model, tiling=tiling, seed=r, max_steps=steps)
-        best = min(best, res.seconds / res.steps)
+        best = min(best, res.step_seconds)
     return best
 
 

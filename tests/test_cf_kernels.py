@@ -94,3 +94,25 @@ def test_tiny_training_learns_above_random():
         train_epoch(p, d, m, tiling=(64, 256), seed=e)
     after = evaluate(p, d, m)["recall_at_20"]
     assert after > before + 0.02
+
+
+def test_tile_sampler_short_refresh_draws_a_tile_per_window():
+    # N2 = 4 < b = 6 is not allowed (must divide); N2 = 3 < b = 6: two windows per thread per step
+    g = torch.Generator().manual_seed(0)
+    s = TileSampler(items=100, threads=2, tile_rows=5, refresh_iterations=3, per_thread_batch=6, generator=g)
+    tiles, local = s.next(4)
+    assert tiles.shape == (4, 5) and local.shape == (12, 4) and s.refreshes == 2
+    tiles2, _ = s.next(4)
+    assert not torch.equal(tiles, tiles2)
+    bad = TileSampler(items=100, threads=1, tile_rows=5, refresh_iterations=4, per_thread_batch=6, generator=g)
+    with pytest.raises(ValueError):
+        bad.next(4)
+
+
+def test_short_refresh_epoch_runs_whole_windows():
+    d = synthetic(100, 300, 2500, seed=2)
+    m = CFModel(users=d.users, items=d.items, interactions=d.train_interactions, dim=8, negatives=4,
+                batch=64, threads=2, learning_rate=1.0)
+    res = train_epoch(init_params(m), d, m, tiling=(16, 8), seed=0)
+    assert res.steps == -(-d.train_interactions // 64) or res.steps == d.train_interactions // 64
+    assert math.isfinite(res.mean_loss)

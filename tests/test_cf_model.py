@@ -124,9 +124,10 @@ def test_planner_respects_capacity_and_sampling_space(cpu, threads):
     for c in pl.choices:
         assert c.footprint_bytes <= last.share_bytes
         assert sampling_space(m, Tiling(c.tile_rows, c.refresh_iterations)) >= 500_000
-        assert c.refresh_iterations >= m.per_thread_batch
+        b, N2 = m.per_thread_batch, c.refresh_iterations
+        assert N2 >= 8 and (N2 % b == 0 if N2 >= b else b % N2 == 0)  # whole refresh windows per step
     times = [c.predicted_epoch_s for c in pl.choices]
-    assert pl.best.predicted_epoch_s <= min(times) * 1.01 + 1e-12
+    assert times == sorted(times)  # rank 1 is the fastest; no slower plan above a faster one
 
 
 def test_planner_infeasible_is_an_error_not_a_crash():

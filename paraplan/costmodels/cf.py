@@ -6,11 +6,19 @@ Pure functions. Two sources of machine rates share one step model:
 * :class:`ProfiledRates` from a measured :class:`~paraplan.costmodels.cf_profile.CpuProfile`
   (row-gather time vs working-set size, bmm FLOP/s, streaming bandwidth, op overhead).
 
-Step time is a non-overlapping sum (ECM-style, reference §3.5, without overlap)::
+Step time is a non-overlapping sum (ECM-style, reference §3.5, without overlap), op class by op
+class as counted from the torch kernels with the profiler::
 
-    t_step = Σ_reads rows·t_row(footprint)/T + FLOPs/F + Σ_passes bytes/BW(tensor) + rng·t_rng + t_fixed
+    t_step = Σ_reads rows·t_row(footprint)/T + Σ_bmm t_bmm(form, G, m, k, n) + Σ_ew ops·t_ew(bytes)
+             + Σ_red ops·t_red(bytes) + t_zeros(B·N1) + Σ_index_add rows·t_ia(table)/T
+             + rng·t_rng + scalars·t_index + fresh_bytes·t_fault + t_fixed
+    t_epoch = ⌈M/B⌉·t_step + M·t_randperm
 
-with t_fixed = ops·t_op (analytical) or the kernel's measured time per step at tiny sizes (profiled).
+t_fixed = ops·t_op (analytical) or the kernel's measured time per step at tiny sizes (profiled);
+t_bmm comes from a measured (m, N1) grid per product form, so the similarity block's FLOPs that
+grow with N1 are priced at the rate of their shape; fresh_bytes are the page faults of memory
+glibc hands back to the OS every step (:func:`fresh_bytes_per_step`). No term is fitted to the
+kernels' own timings: every rate is a microbenchmark of one primitive on random tensors.
 
 Where a random row read hits (reference §3.2): for each cache level L the per-thread share S_L is
 the level's size divided by the threads that share one instance (``min(shared_by_cores, T)``,
@@ -42,14 +50,29 @@ ANALYTICAL_GEMM_EFFICIENCY = 0.4  # achieved/peak of a small fp32 bmm (b×d×N1 
 ANALYTICAL_OP_OVERHEAD_S = 1e-5   # torch eager op incl. allocation and Python; estimate, profile replaces it
 ANALYTICAL_RNG_S_PER_ELEMENT = 4e-9  # torch.randint per int64 (single-threaded Philox/MT); estimate
 ANALYTICAL_INDEX_S_PER_ELEMENT = 2e-9  # torch gather/scatter_add per scalar element; estimate
-TILED_OPS_PER_STEP = 75         # 69 top-level aten ops in tiled_step (torch profiler) + batching/sampling
-BASELINE_OPS_PER_STEP = 110     # forward + autograd backward + optimizer ops in baseline_step (profiler)
-BASELINE_PASSES_BND = 30        # fp32 tensor passes over the B×n×d copy per step: 18 elementwise ops
-                                # on it in forward+backward (profiler), ~1.7 read/write passes each
-TILED_PASSES_TILE = 10          # passes over the T×N1×d tile rows (normalize fwd/bwd)
-TILED_PASSES_BLOCK = 4          # passes over the B×N1 cosine block (write S, zero dS, scatter, read)
-PASSES_NEG_SCALARS = 10         # passes over B×n scalars (gather, relu, mask, scale, scatter, ids)
-PASSES_USER_VECTORS = 30        # passes over B×d vectors (norms, cosines, backward)
+# Op counts per step by tensor-size class, counted with torch.profiler(record_shapes=True) on the
+# kernels of validation/cf_kernels.py (top-level aten ops; views and transposes cost no data pass).
+# They are constants of this torch implementation, not of HEAT's C++, and were counted, not fitted.
+TILED_OPS_PER_STEP = 76         # top-level aten ops of one tiled step (profiler: 76.25 incl. batching)
+BASELINE_OPS_PER_STEP = 106     # forward + autograd backward + optimizer (profiler: 106.25)
+TILED_EW_OPS_TILE = 5           # on G×N1×d: div ×2, mul ×2, sub ×1 (normalize fwd and bwd)
+TILED_RED_OPS_TILE = 2          # on G×N1×d: norm, sum
+TILED_EW_OPS_BLOCK = 1          # on B×N1: zeros_like (the bmm outputs are in the bmm times)
+TILED_EW_OPS_BN = 4             # on B×n: sub, relu, gt, to/mul (gather/scatter_add are indexed scalars)
+EW_OPS_BD_TILED = 14            # on B×d: mul ×7, div ×4, sub ×2, add ×1
+EW_OPS_BD_BASELINE = 26         # on B×d: div ×10, mul ×7, neg ×2, masked_fill ×2, add_ ×2, add, ...
+RED_OPS_BD = 5                  # on B×d: norm ×2, sum ×3
+BASELINE_EW_OPS_BND = 10        # on B×n×d: div ×5, mul ×2, neg, masked_fill_, add_ (grad accumulation)
+BASELINE_RED_OPS_BND = 4        # on B×n×d: norm, sum, 2 matrix-vector bmm (read the copy once each)
+BASELINE_LIVE_BND = 7           # B×n×d tensors live at the step's peak, read off the autograd graph of
+                                # baseline_step: the gathered copy and its normalized form (saved), the
+                                # bmm's outer-product gradient, and in DivBackward grad/denom, −grad,
+                                # −grad·x, and NormBackward's x·(grad/‖x‖) before the two are summed
+GLIBC_MMAP_THRESHOLD_MAX = 32 * 2**20  # mallopt(3): dynamic mmap threshold grows to the largest freed
+                                       # chunk, at most 32 MiB on 64-bit; the trim threshold is twice it
+GLIBC_MMAP_THRESHOLD_MIN = 128 * 1024
+ANALYTICAL_FAULT_S_PER_BYTE = 1.5e-6 / 4096   # ~1.5 µs per 4 KiB page fault; estimate, profile replaces it
+BASELINE_EW_OPS_BN = 9          # on B×n: clamp_min, sub, relu, threshold_backward, ge, where, eq, ...
 
 
 @dataclass(frozen=True)
@@ -155,10 +178,36 @@ class AnalyticalRates:
     op_overhead_s: float = ANALYTICAL_OP_OVERHEAD_S
     rng_s_per_element: float = ANALYTICAL_RNG_S_PER_ELEMENT
     index_s_per_element: float = ANALYTICAL_INDEX_S_PER_ELEMENT
+    fault_s_per_byte: float = ANALYTICAL_FAULT_S_PER_BYTE
+
+    @property
+    def perm_s_per_element(self) -> float:
+        return 2.0 * self.rng_s_per_element
 
     def fixed_step_s(self, tiled: bool, ops: int) -> float:
         """Per-step fixed cost: torch ops counted in the kernels × dispatch overhead."""
         return ops * self.op_overhead_s
+
+    def ew_s(self, nbytes: float) -> float:
+        """One out-of-place elementwise op: read two operands, write one, at the streaming rate
+        of the level that holds them (dispatch overhead is in :meth:`fixed_step_s`)."""
+        return 3.0 * nbytes / self.stream_bytes_per_s(3.0 * nbytes)
+
+    def red_s(self, nbytes: float) -> float:
+        return nbytes / self.stream_bytes_per_s(nbytes)
+
+    def zeros_s(self, nbytes: float) -> float:
+        return nbytes / self.stream_bytes_per_s(nbytes)
+
+    def bmm_s(self, form: str, G: int, m: int, k: int, n: int) -> float:
+        """G products m×k·k×n at the analytical GEMM rate, or at the streaming rate of their
+        operands when that is slower (skinny products are memory-bound)."""
+        nbytes = 4.0 * G * (m * k + k * n + m * n)
+        return max(2.0 * G * m * k * n / self.gemm_flops_per_s, nbytes / self.stream_bytes_per_s(nbytes))
+
+    def index_add_row_s(self, table_bytes: float) -> float:
+        """Read-modify-write of one random row: twice a row read."""
+        return 2.0 * self.row_time_s(table_bytes, True)
 
 
 @dataclass(frozen=True)
@@ -213,23 +262,90 @@ class ProfiledRates:
     def index_s_per_element(self) -> float:
         return self.profile.index_s_per_element
 
+    @property
+    def fault_s_per_byte(self) -> float:
+        return self.profile.fault_s_per_byte
+
+    @property
+    def perm_s_per_element(self) -> float:
+        return self.profile.perm_s_per_element
+
     def fixed_step_s(self, tiled: bool, ops: int) -> float:
         """Measured per-step cost of the kernel at tiny sizes (dispatch, Python, allocation)."""
         return self.profile.tiled_step_fixed_s if tiled else self.profile.baseline_step_fixed_s
+
+    def _curve(self, sizes, per_byte, nbytes: float) -> float:
+        """Seconds for ``nbytes`` from a measured per-byte curve, less the op dispatch overhead
+        that :meth:`fixed_step_s` already counts (log-log interpolation, clamped at the ends)."""
+        p = self.profile
+        t = np.asarray(per_byte, float) * np.asarray(sizes, float) - p.op_overhead_s
+        t = np.maximum(t, 1e-3 * np.asarray(per_byte, float) * np.asarray(sizes, float))
+        r = np.log(t / np.asarray(sizes, float))
+        return float(np.exp(np.interp(math.log(max(nbytes, 1.0)), np.log(sizes), r))) * nbytes
+
+    def ew_s(self, nbytes: float) -> float:
+        """One elementwise op writing ``nbytes``: measured ``torch.mul`` time at that size (page
+        faults of fresh output memory are :func:`fresh_bytes_per_step`'s)."""
+        return self._curve(self.profile.ew_sizes_bytes, self.profile.ew_s_per_byte, nbytes)
+
+    def zeros_s(self, nbytes: float) -> float:
+        """``zeros_like`` of ``nbytes``: measured ``torch.zeros`` (allocation + zero fill)."""
+        return self._curve(self.profile.ew_sizes_bytes, self.profile.zeros_s_per_byte, nbytes)
+
+    def red_s(self, nbytes: float) -> float:
+        """A row-wise reduction over ``nbytes``: measured ``norm(dim=-1)``."""
+        return self._curve(self.profile.ew_sizes_bytes, self.profile.red_s_per_byte, nbytes)
+
+    def bmm_s(self, form: str, G: int, m: int, k: int, n: int) -> float:
+        """G products at the measured seconds per FLOP of that form, bilinear in (log m, log N1)
+        over the profile's grid (N1 is n for U·Xᵀ, k for the two backward forms), clamped at the
+        grid's edges; the grid was measured at k = d and is rescaled to other d by FLOPs."""
+        p = self.profile
+        mm, nn = (m, n) if form == "u_xT" else (m, k) if form == "dS_x" else (k, n)
+        # for dST_u = (N1×m)·(m×d), the grid's (m, N1) is (k, m)
+        if form == "dST_u":
+            mm, nn = k, m
+        grid = np.log(np.asarray(p.bmm_s_per_flop[form], float))
+        lm, ln = np.log(np.asarray(p.bmm_m, float)), np.log(np.asarray(p.bmm_n, float))
+        x, y = math.log(max(mm, 1)), math.log(max(nn, 1))
+        col = np.array([np.interp(y, ln, grid[i]) for i in range(len(lm))])
+        return float(np.exp(np.interp(x, lm, col))) * 2.0 * G * m * k * n
+
+    def index_add_row_s(self, table_bytes: float) -> float:
+        """index_add_ of one random row into a table of that size (measured, same curve sizes as
+        the gather); ×T as for :meth:`row_time_s`."""
+        p = self.profile
+        ws = np.log(np.asarray(p.ws_bytes, float))
+        t = np.log(np.asarray(p.index_add_row_time_s, float))
+        t = np.minimum.accumulate(t[::-1])[::-1]
+        scale = math.ceil(self.row_bytes / 64) / math.ceil(p.row_bytes / 64)
+        return float(np.exp(np.interp(math.log(max(table_bytes, 1.0)), ws, t))) * scale * p.threads
 
 
 # ---------------------------------------------------------------- work per step
 
 @dataclass(frozen=True)
 class StepWork:
-    """What one step does: random row accesses (name, rows, footprint bytes, shared?), FLOPs,
-    streamed passes (name, bytes, tensor bytes), random numbers drawn, torch ops."""
+    """What one step does, op class by op class (counted from the kernels with the torch
+    profiler, ``record_shapes``; see the constants at the top of this module):
+
+    reads: (name, rows, footprint bytes, shared?) random row gathers;
+    elementwise: (name, ops, output bytes) out-of-place elementwise ops;
+    reductions: (name, ops, input bytes) row-wise reductions (norm, sum over d);
+    bmms: (form, G, m, k, n) batched products of G groups, m×k·k×n;
+    index_adds: (name, rows, table bytes) row scatters into a table (sparse update);
+    rng_elements, index_elements (scalar gather/scatter through an index), ops (top-level aten ops).
+    """
     reads: tuple
     flops: float
-    passes: tuple
+    elementwise: tuple
+    reductions: tuple
+    bmms: tuple
+    index_adds: tuple
     rng_elements: float
     ops: int
     index_elements: float = 0.0
+    zeros: tuple = ()   # (name, ops, bytes) freshly allocated zero-filled tensors
 
 
 def tile_footprint_bytes(model: CFModel, tiling: Tiling) -> float:
@@ -240,6 +356,13 @@ def tile_footprint_bytes(model: CFModel, tiling: Tiling) -> float:
 def refresh_fraction(model: CFModel, tiling: Tiling) -> float:
     """Share of steps on which a thread's tile is redrawn: min(1, b/N2)."""
     return min(1.0, model.per_thread_batch / tiling.refresh_iterations)
+
+
+def tile_groups(model: CFModel, tiling: Tiling) -> int:
+    """Tiles used per step: T when N2 ≥ b; T·b/N2 when N2 < b (each thread's b iterations are
+    b/N2 refresh windows, each with its own tile)."""
+    b, N2 = model.per_thread_batch, tiling.refresh_iterations
+    return model.threads * (b // N2 if N2 < b else 1)
 
 
 def sampling_space(model: CFModel, tiling: Tiling) -> float:
@@ -253,32 +376,77 @@ def step_work(model: CFModel, tiling: Tiling | None) -> StepWork:
     row = model.row_bytes
     user_tab, item_tab = model.users * row, model.items * row
     agg = model.uses_aggregation
-    reads = [("user rows", 2 * B, user_tab, True), ("positive rows", 2 * B, item_tab, True)]
+    reads = [("user rows", B, user_tab, True), ("positive rows", B, item_tab, True)]
+    ew = [("B×d user/positive vectors", EW_OPS_BD_TILED if tiling else EW_OPS_BD_BASELINE, 4.0 * B * d)]
+    red = [("B×d norms/sums", RED_OPS_BD, 4.0 * B * d)]
     if agg:
-        reads.append(("history rows", 2 * B * h, item_tab, True))
+        reads.append(("history rows", B * h, item_tab, True))
     flops = 6.0 * B * d * d if agg else 0.0
-    passes = [("user vectors", PASSES_USER_VECTORS * 4.0 * B * d, 4.0 * B * d)]
+    rng = float(B * n)
     if tiling is None:
-        reads.append(("negative rows", 2 * B * n, item_tab, True))
-        flops += 6.0 * B * n * d
-        passes.append(("B×n×d negative copy", BASELINE_PASSES_BND * 4.0 * B * n * d, 4.0 * B * n * d))
-        passes.append(("B×n scalars", PASSES_NEG_SCALARS * 4.0 * B * n, 4.0 * B * n))
-        dense = 4.0 * (model.users + model.items) * d
-        opt_passes = 4 if model.optimizer == "sgd" else 8
-        passes.append(("dense grads + optimizer", opt_passes * dense, dense))
-        return StepWork(tuple(reads), flops, tuple(passes), B * n, BASELINE_OPS_PER_STEP)
+        E = 4.0 * B * n * d
+        reads.append(("negative rows", B * n, item_tab, True))
+        flops += 4.0 * B * n * d
+        ew.append(("B×n×d negative copy", BASELINE_EW_OPS_BND, E))
+        red.append(("B×n×d norm, sum, matrix-vector bmm", BASELINE_RED_OPS_BND, E))
+        ew.append(("B×n scalars", BASELINE_EW_OPS_BN, 4.0 * B * n))
+        opt = 2 if model.optimizer == "sgd" else 6   # zero + add_ (SGD); Adam: + moments, sqrt, div
+        ew.append(("dense user grad + optimizer", opt, 4.0 * model.users * d))
+        ew.append(("dense item grad + optimizer", opt, 4.0 * model.items * d))
+        ia = (("user grad rows", B, user_tab), ("item grad rows (positives, negatives)", B * (n + 1), item_tab))
+        return StepWork(tuple(reads), flops, tuple(ew), tuple(red), (), ia, rng, BASELINE_OPS_PER_STEP)
     N1 = tiling.tile_rows
-    fr = refresh_fraction(model, tiling)
-    F = tile_footprint_bytes(model, tiling)
-    reads.append(("tile rows (resident)", T * N1 * (2 - fr), F, False))
-    reads.append(("tile rows (refresh)", T * N1 * fr, item_tab, True))
+    G = tile_groups(model, tiling)
+    m = B // G
+    Et = 4.0 * G * N1 * d
+    if tiling.refresh_iterations < model.per_thread_batch:
+        reads.append(("tile rows (fresh each step)", G * N1, item_tab, True))
+        fresh = G * N1
+    else:
+        fr = refresh_fraction(model, tiling)
+        reads.append(("tile rows (resident)", T * N1 * (1 - fr), tile_footprint_bytes(model, tiling), False))
+        reads.append(("tile rows (refresh)", T * N1 * fr, item_tab, True))
+        fresh = T * N1 * fr
+    rng += fresh
     flops += 6.0 * B * N1 * d
-    passes.append(("tile normalize", TILED_PASSES_TILE * 4.0 * T * N1 * d, 4.0 * T * N1 * d))
-    passes.append(("B×N1 cosine block", TILED_PASSES_BLOCK * 4.0 * B * N1, 4.0 * B * N1))
-    passes.append(("B×n scalars", PASSES_NEG_SCALARS * 4.0 * B * n, 4.0 * B * n))
+    ew.append(("G×N1×d tile normalize fwd/bwd", TILED_EW_OPS_TILE, Et))
+    red.append(("G×N1×d tile norms", TILED_RED_OPS_TILE, Et))
+    zeros = (("B×N1 cosine-gradient block (zeros_like)", TILED_EW_OPS_BLOCK, 4.0 * B * N1),)
+    ew.append(("B×n scalars", TILED_EW_OPS_BN, 4.0 * B * n))
+    red.append(("B×n sum", 1, 4.0 * B * n))
+    ew.append(("cat of item gradient rows", 1, 4.0 * (B + G * N1) * d))
+    bmms = (("u_xT", G, m, d, N1), ("dS_x", G, m, N1, d), ("dST_u", G, N1, m, d))
+    ia = (("user rows", B, user_tab), ("item rows (positives, tile)", B + G * N1, item_tab))
     ops = TILED_OPS_PER_STEP + (8 if model.optimizer == "adam" else 0)
     # the negatives' cosines: one gather and one scatter_add of B·n scalars through an index
-    return StepWork(tuple(reads), flops, tuple(passes), B * n + T * N1 * fr, ops, 2.0 * B * n)
+    return StepWork(tuple(reads), flops, tuple(ew), tuple(red), bmms, ia, rng, ops, 2.0 * B * n, zeros)
+
+
+def fresh_bytes_per_step(model: CFModel, tiling: Tiling | None) -> float:
+    """Bytes per step first-touched from the OS (page faults) because glibc returned them at the
+    end of the previous step.
+
+    glibc (mallopt(3)) serves a chunk above the mmap threshold by mmap; freeing one raises the
+    threshold to its size, up to 32 MiB, and the heap-trim threshold to twice that. A long-running
+    training process has freed such a chunk before its steady state (the harness makes sure:
+    ``cf_kernels.warm_allocator`` before every epoch and the profile), so the heap keeps up to 64 MiB free and every step re-faults
+    the rest of its peak of live tensors: max(0, peak − 64 MiB). Peak live bytes, counted from the
+    kernels:
+    baseline 5 B×n×d tensors (BASELINE_LIVE_BND) + the dense user and item gradients autograd
+    allocates every step; tiled: S and dS (B×N1 each) + X, x̂, dx̂, dX (G×N1×d each).
+    """
+    B, n, d = model.batch, model.negatives, model.dim
+    if tiling is None:
+        E = 4.0 * B * n * d
+        grads = 4.0 * d * (model.users + model.items)
+        peak, largest = BASELINE_LIVE_BND * E + grads, max(E, 4.0 * d * max(model.users, model.items))
+    else:
+        G, N1 = tile_groups(model, tiling), tiling.tile_rows
+        blk, tile = 4.0 * B * N1, 4.0 * G * N1 * d
+        peak, largest = 2 * blk + 4 * tile, max(blk, tile)
+    if largest < GLIBC_MMAP_THRESHOLD_MIN:
+        return 0.0
+    return max(0.0, peak - 2.0 * GLIBC_MMAP_THRESHOLD_MAX)
 
 
 @dataclass(frozen=True)
@@ -294,11 +462,22 @@ def step_time(model: CFModel, tiling: Tiling | None, rates) -> StepTime:
     br = {}
     for name, rows, foot, shared in w.reads:
         br[name] = rows * rates.row_time_s(foot, shared) / T
-    br["compute (bmm/matmul)"] = w.flops / rates.gemm_flops_per_s
-    for name, nbytes, tensor in w.passes:
-        br[name] = nbytes / rates.stream_bytes_per_s(tensor)
+    if w.bmms:
+        for form, G, m, k, n in w.bmms:
+            br[f"bmm {form}"] = rates.bmm_s(form, G, m, k, n)
+    else:
+        br["compute (bmm/matmul)"] = w.flops / rates.gemm_flops_per_s
+    for name, ops, nbytes in w.elementwise:
+        br[name] = br.get(name, 0.0) + ops * rates.ew_s(nbytes)
+    for name, ops, nbytes in w.zeros:
+        br[name] = br.get(name, 0.0) + ops * rates.zeros_s(nbytes)
+    for name, ops, nbytes in w.reductions:
+        br[name] = br.get(name, 0.0) + ops * rates.red_s(nbytes)
+    for name, rows, table in w.index_adds:
+        br[f"index_add {name}"] = rows * rates.index_add_row_s(table) / T
     br["random numbers"] = w.rng_elements * rates.rng_s_per_element
     br["indexed scalars"] = w.index_elements * rates.index_s_per_element
+    br["page faults (memory fresh from the OS)"] = fresh_bytes_per_step(model, tiling) * rates.fault_s_per_byte
     br["fixed per-step overhead"] = rates.fixed_step_s(tiling is not None, w.ops)
     return StepTime(float(sum(br.values())), br)
 
@@ -312,10 +491,12 @@ class EpochEstimate:
 
 
 def epoch_time(model: CFModel, tiling: Tiling | None, rates) -> EpochEstimate:
-    """Epoch time = ⌈M/B⌉ · t_step."""
+    """Epoch time = ⌈M/B⌉ · t_step + the epoch's shuffle (M · t_randperm)."""
     st = step_time(model, tiling, rates)
     steps = model.steps_per_epoch
-    return EpochEstimate(st.seconds * steps, st.seconds, steps, {k: v * steps for k, v in st.breakdown.items()})
+    br = {k: v * steps for k, v in st.breakdown.items()}
+    br["shuffle (per epoch)"] = model.iterations_per_epoch * rates.perm_s_per_element
+    return EpochEstimate(st.seconds * steps + br["shuffle (per epoch)"], st.seconds, steps, br)
 
 
 def bytes_per_iteration(model: CFModel) -> float:

@@ -24,7 +24,7 @@ import numpy as np
 
 from paraplan.errors import ConfigError
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -42,12 +42,109 @@ class CpuProfile:
     tiled_step_fixed_s: float
     baseline_step_fixed_s: float
     index_s_per_element: float
+    # v2: elementwise op time per output byte vs size (into mapped memory; page faults of fresh
+    # memory are a separate measured rate, fault_s_per_byte); bmm time per FLOP over a (rows m,
+    # columns N1) grid at k = d for the three product forms of the tiled kernel; index_add_ time
+    # per row vs table size (same sizes as the gather curve)
+    ew_sizes_bytes: tuple = ()
+    ew_s_per_byte: tuple = ()
+    red_s_per_byte: tuple = ()     # row-wise reduction (norm over d) per input byte, same sizes
+    zeros_s_per_byte: tuple = ()   # torch.zeros (allocate + zero-fill, as zeros_like) per byte, same sizes
+    bmm_m: tuple = ()
+    bmm_n: tuple = ()
+    bmm_s_per_flop: dict = None
+    index_add_row_time_s: tuple = ()
+    fault_s_per_byte: float = 0.0   # first touch of memory fresh from the OS (page faults), per byte
+    perm_s_per_element: float = 0.0  # torch.randperm (the epoch's shuffle), per element
     host: str = ""
     version: int = PROFILE_VERSION
 
     def to_json(self) -> dict:
         d = asdict(self)
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
+
+
+COLD_BYTES = 64 * 2**20   # more than this machine's and the catalogue CPUs' last-level cache per socket share
+BMM_FORMS = ("u_xT", "dS_x", "dST_u")  # S = U·Xᵀ (m×d·d×N1); dU = dS·X (m×N1·N1×d); dX = dSᵀ·U (N1×m·m×d)
+BMM_M_GRID = (8, 32, 128, 512)
+BMM_N_GRID = (8, 32, 128, 512, 2048, 8192)
+
+
+def _bmm_grid(dim: int, reps: int, g, rounds: int = 3) -> dict:
+    """Seconds per FLOP of each bmm form over the (m, N1) grid, k = d, with enough groups G that
+    one call does at least ~8 MFLOP (the kernel batches G = B/m groups). Outputs are written into
+    preallocated tensors (``out=``): allocation and first touch are the page-fault term's. The grid
+    is measured ``rounds`` times, round-robin, and the elementwise median kept, so that a burst
+    of load from another process spikes one round of one point, not the result."""
+    import torch
+    res = {f: np.zeros((rounds, len(BMM_M_GRID), len(BMM_N_GRID))) for f in BMM_FORMS}
+    for r in range(rounds):
+        for i, m in enumerate(BMM_M_GRID):
+            for j, n in enumerate(BMM_N_GRID):
+                G = max(1, min(512, (1 << 22) // (m * n * dim) + 1))
+                # k operand/output sets used in turn, k·bytes ≥ COLD_BYTES: each call finds its
+                # operands and output out of cache, as in the kernel where a step's other tensors
+                # (tables, S, dS, the B×n scalars) pass through the caches between the products
+                set_bytes = 4.0 * G * (2 * m * n + 2 * m * dim + 2 * n * dim)
+                k = int(min(32, max(1, -(-COLD_BYTES // set_bytes))))
+                sets = [(torch.randn(G, m, dim), torch.randn(G, n, dim), torch.randn(G, m, n), torch.empty(G, m, n),
+                         torch.empty(G, m, dim), torch.empty(G, n, dim)) for _ in range(k)]
+                fl = 2.0 * G * m * n * dim
+                cnt = [0]
+
+                def nxt():
+                    cnt[0] += 1
+                    return sets[cnt[0] % k]
+
+                def f_u():
+                    U, X, dS, oS, oU, oX = nxt()
+                    torch.bmm(U, X.transpose(1, 2), out=oS)
+
+                def f_d():
+                    U, X, dS, oS, oU, oX = nxt()
+                    torch.bmm(dS, X, out=oU)
+
+                def f_t():
+                    U, X, dS, oS, oU, oX = nxt()
+                    torch.bmm(dS.transpose(1, 2), U, out=oX)
+                for f, fn in zip(BMM_FORMS, (f_u, f_d, f_t)):
+                    res[f][r, i, j] = _median_time(fn, reps) / fl
+                del sets
+    return {f: np.median(res[f], axis=0).tolist() for f in BMM_FORMS}
+
+
+def _fault_rate(reps: int) -> float:
+    """Seconds per byte of first-touching memory fresh from the OS: ``torch.empty(64 MiB).fill_``
+    (above glibc's largest dynamic mmap threshold, 32 MiB, so every allocation is a new mmap)
+    minus ``fill_`` of memory already mapped."""
+    import torch
+    n = 64 * 2**20 // 4
+    warm = torch.empty(n)
+    t_fresh = _median_time(lambda: torch.empty(n).fill_(1.0), reps)
+    t_warm = _median_time(lambda: warm.fill_(1.0), reps)
+    return max(t_fresh - t_warm, 0.0) / (4.0 * n)
+
+
+def _elementwise_curve(reps: int, dim: int):
+    """``torch.mul(x, y, out=z)`` seconds per output byte (the output already mapped: fresh memory
+    is the page-fault term's), and row-wise ``norm`` over d per input byte, at 16 KiB .. 64 MiB."""
+    import torch
+    sizes, rates, red, zer = [], [], [], []
+    nbytes = 16 * 1024
+    while nbytes <= 64 * 2**20:
+        x = torch.randn(nbytes // 4)
+        y = torch.randn(nbytes // 4)
+        z = torch.empty_like(x)
+        t = _median_time(lambda: torch.mul(x, y, out=z), reps)
+        sizes.append(float(nbytes))
+        rates.append(t / nbytes)
+        xv = x.view(-1, dim) if x.numel() % dim == 0 else x.view(-1, 1)
+        red.append(_median_time(lambda: xv.norm(dim=-1, keepdim=True), reps) / nbytes)
+        keep = [torch.randn(nbytes // 4) for _ in range(2)]  # other live tensors, as in a step
+        zer.append(_median_time(lambda: torch.zeros(nbytes // 4), reps) / nbytes)
+        del keep
+        nbytes *= 4
+    return tuple(sizes), tuple(rates), tuple(red), tuple(zer)
 
 
 def _median_time(fn, reps: int) -> float:
@@ -57,7 +154,9 @@ def _median_time(fn, reps: int) -> float:
         t0 = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t0)
-    return float(np.percentile(ts, 25))  # low quantile: robust to other processes on shared cores
+    # the median, the same statistic the validation takes of the kernels' step times; a low
+    # quantile here (as before) made every rate optimistic on a shared machine
+    return float(np.median(ts))
 
 
 def measure(threads: int = 1, dim: int = 64, max_ws_bytes: int = 128 * 2**20, reps: int = 7,
@@ -66,13 +165,15 @@ def measure(threads: int = 1, dim: int = 64, max_ws_bytes: int = 128 * 2**20, re
     import torch
     if threads < 1 or dim < 1 or max_ws_bytes < 2**16:
         raise ConfigError("profile", f"threads {threads}, dim {dim}, max_ws_bytes {max_ws_bytes} out of range")
+    from paraplan.validation.cf_kernels import warm_allocator
     torch.set_num_threads(threads)
+    warm_allocator()  # the allocator state the kernels run in (see warm_allocator)
     g = torch.Generator().manual_seed(seed)
     row = 4 * dim
     warm = torch.randn(1 << 20)
     for _ in range(20):  # wake the thread pool and the clock before the first timing
         warm.mul_(1.0)
-    ws_list, t_list = [], []
+    ws_list, t_list, ia_list = [], [], []
     ws = 16 * 1024
     n_idx = 1 << 15
     while ws <= max_ws_bytes:
@@ -80,9 +181,11 @@ def measure(threads: int = 1, dim: int = 64, max_ws_bytes: int = 128 * 2**20, re
         table = torch.randn(rows, dim)
         idx = torch.randint(0, rows, (n_idx,), generator=g)
         out = torch.empty(n_idx, dim)
-        t = _median_time(lambda: torch.index_select(table, 0, idx, out=out), reps)
+        t = _median_time(lambda: table[idx], reps)  # aten::index, allocating its output as the kernels do
         ws_list.append(float(rows * row))
         t_list.append(t / n_idx)
+        t = _median_time(lambda: table.index_add_(0, idx, out, alpha=-1e-9), reps)
+        ia_list.append(t / n_idx)
         ws *= 4
         del table
     b, d, n1 = 256, dim, 512
@@ -114,8 +217,12 @@ def measure(threads: int = 1, dim: int = 64, max_ws_bytes: int = 128 * 2**20, re
     src = torch.randn(threads, 256, 128)
     tix = _median_time(lambda: (S.gather(2, ix), torch.zeros_like(S).scatter_add_(2, ix, src)), reps)
     idx_el = max(tix - 2 * op - 4.0 * S.numel() / bws[0], 0.0) / (2 * ix.numel())
+    ew_sizes, ew_rates, red_rates, zero_rates = _elementwise_curve(reps, dim)
     return CpuProfile(threads, row, tuple(ws_list), tuple(t_list), flops, tuple(sizes), tuple(bws), op,
-                      max(rng, 0.0), tiled_fixed, base_fixed, idx_el, host=platform.node())
+                      max(rng, 0.0), tiled_fixed, base_fixed, idx_el, ew_sizes, ew_rates, red_rates, zero_rates,
+                      BMM_M_GRID, BMM_N_GRID, _bmm_grid(dim, reps, g), tuple(ia_list), _fault_rate(reps),
+                      _median_time(lambda: torch.randperm(1 << 19, generator=g), reps) / (1 << 19),
+                      host=platform.node())
 
 
 def _fixed_step_costs(threads: int, reps: int) -> tuple[float, float]:

@@ -236,7 +236,22 @@ class TileSampler:
         self.refreshes = 0
 
     def next(self, negatives: int):
-        """(tiles T×N1, local negative indices T·b×n) for the next step."""
+        """(tiles G×N1, local negative indices T·b×n) for the next step.
+
+        N2 ≥ b: G = T, one tile per thread, kept across steps until N2 iterations have used it.
+        N2 < b (N2 must divide b): each thread's b iterations are c = b/N2 refresh windows of N2
+        iterations, each with a fresh tile, so G = T·c tiles are drawn every step; group g is rows
+        g·N2 .. (g+1)·N2 − 1 of the batch (thread t owns groups t·c .. (t+1)·c − 1).
+        """
+        if self.N2 < self.b:
+            if self.b % self.N2:
+                raise ValueError(f"refresh interval {self.N2} must divide the per-thread batch {self.b}")
+            c = self.b // self.N2
+            self.tiles = torch.randint(0, self.items, (self.T * c, self.N1), generator=self.g)
+            self.refreshes += c
+            self.window = -1
+            self.done += self.b
+            return self.tiles, torch.randint(0, self.N1, (self.T * self.b, negatives), generator=self.g)
         if self.done // self.N2 != self.window:
             self.window = self.done // self.N2
             self.tiles = torch.randint(0, self.items, (self.T, self.N1), generator=self.g)
@@ -247,23 +262,56 @@ class TileSampler:
 
 # ---------------------------------------------------------------- epochs and evaluation
 
+ALLOCATOR_WARM_BYTES = 31 * 2**20
+
+
+def warm_allocator() -> None:
+    """Put glibc's malloc into the state of a long-running training process: free one chunk just
+    under its 32 MiB dynamic mmap-threshold ceiling (mallopt(3)), which raises the mmap threshold
+    to ~32 MiB and the heap-trim threshold to ~64 MiB for the rest of the process. Without it the
+    allocator's state, hence whether a kernel's multi-MiB tensors are re-faulted from the OS every
+    step, depends on what the process happened to free earlier. Costs one untouched mmap/munmap."""
+    t = torch.empty(ALLOCATOR_WARM_BYTES // 4)
+    del t
+
 @dataclass(frozen=True)
 class EpochResult:
+    """``seconds`` = the whole loop: the epoch's shuffle plus the steps; ``shuffle_seconds`` is
+    the shuffle alone (a per-epoch cost, so per-step times from short runs subtract it)."""
     seconds: float
     steps: int
     mean_loss: float
+    shuffle_seconds: float = 0.0
+    step_times: tuple = ()
+
+    @property
+    def step_seconds(self) -> float:
+        return (self.seconds - self.shuffle_seconds) / max(self.steps, 1)
+
+    @property
+    def robust_seconds(self) -> float:
+        """Median step time × steps + shuffle: the epoch time without the share of it that other
+        processes on a shared machine took (short intervals, like the profile's medians)."""
+        if not self.step_times:
+            return self.seconds
+        return float(np.median(self.step_times)) * self.steps + self.shuffle_seconds
 
 
-def _batches(data: CFData, model: CFModel, gen: torch.Generator, max_steps: int | None):
+def _batches(data: CFData, model: CFModel, gen: torch.Generator, max_steps: int | None, multiple: int | None = None):
+    """Shuffled batches of B interactions; a short last batch is cut to a multiple of ``multiple``
+    (default T; the tiled kernel with N2 < b needs T·N2 so every refresh window is full)."""
     M = data.train_interactions
+    t0 = time.perf_counter()
     perm = torch.randperm(M, generator=gen)
+    yield time.perf_counter() - t0   # first item: the shuffle's seconds
     tu = torch.from_numpy(data.train_users)
     ti = torch.from_numpy(data.train_items)
     B, T = model.batch, model.threads
+    q = multiple or T
     steps = 0
     for s in range(0, M, B):
         idx = perm[s:s + B]
-        idx = idx[: (idx.numel() // T) * T]
+        idx = idx[: (idx.numel() // q) * q]
         if idx.numel() == 0 or (max_steps is not None and steps >= max_steps):
             break
         steps += 1
@@ -278,6 +326,7 @@ def train_epoch(params: CFParams, data: CFData, model: CFModel, *, tiling: tuple
     Returns wall time of the training loop only (data shuffle included, evaluation excluded).
     """
     torch.set_num_threads(model.threads)
+    warm_allocator()
     gen = torch.Generator().manual_seed(seed)
     hist_all = None
     if model.uses_aggregation:
@@ -291,7 +340,17 @@ def train_epoch(params: CFParams, data: CFData, model: CFModel, *, tiling: tuple
         sampler = TileSampler(model.items, model.threads, tiling[0], tiling[1], model.per_thread_batch, gen)
     t0 = time.perf_counter()
     steps = 0
-    for users, pos in _batches(data, model, gen, max_steps):
+    multiple = model.threads
+    if tiling is not None and tiling[1] < model.per_thread_batch:
+        if model.per_thread_batch % tiling[1]:
+            raise ValueError(f"refresh interval {tiling[1]} must divide the per-thread batch "
+                             f"{model.per_thread_batch} when it is smaller")
+        multiple = model.threads * tiling[1]
+    batches = _batches(data, model, gen, max_steps, multiple)
+    shuffle_s = next(batches)
+    step_times = []
+    ts = time.perf_counter()
+    for users, pos in batches:
         hist = hist_all[users] if hist_all is not None else None
         if tiling is None:
             negs = torch.randint(0, model.items, (users.numel(), model.negatives), generator=gen)
@@ -301,8 +360,11 @@ def train_epoch(params: CFParams, data: CFData, model: CFModel, *, tiling: tuple
             tiles, neg_local = sampler.next(model.negatives)
             losses.append(tiled_step(params, users, pos, hist, tiles, neg_local, model))
         steps += 1
+        te = time.perf_counter()
+        step_times.append(te - ts)
+        ts = te
     dt = time.perf_counter() - t0
-    return EpochResult(dt, steps, float(np.mean(losses)) if losses else float("nan"))
+    return EpochResult(dt, steps, float(np.mean(losses)) if losses else float("nan"), shuffle_s, tuple(step_times))
 
 
 @torch.no_grad()
