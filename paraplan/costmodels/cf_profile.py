@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -257,13 +256,10 @@ def _fixed_step_costs(threads: int, reps: int) -> tuple[float, float]:
 
 
 def save(profile: CpuProfile, path: str | Path) -> Path:
-    """Write atomically: a temp file in the same folder, then os.replace."""
+    """Write atomically (whole or not at all)."""
+    from paraplan.planner.planfile import write_atomic
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".profile-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(profile.to_json(), f, indent=1)
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(profile.to_json(), indent=1))
     return path
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
+from paraplan.planner.planfile import write_atomic
 from paraplan.costmodels import cf_profile
 from paraplan.costmodels.cf import AnalyticalRates, ProfiledRates, Tiling, epoch_time
 from paraplan.errors import ConfigError, InfeasiblePlan
@@ -218,10 +218,7 @@ def write_report(report: dict, out_dir: str | Path) -> tuple[Path, Path]:
     fig.savefig(fig_path, dpi=100)
     plt.close(fig)
     report = dict(report, figure=fig_path.name)
-    fd, tmp = tempfile.mkstemp(dir=out, prefix=".report-", suffix=".json")
-    with os.fdopen(fd, "w") as f:
-        json.dump(report, f, indent=1)
-    os.replace(tmp, out / "report.json")
+    write_atomic(out / "report.json", json.dumps(report, indent=1))
     return out / "report.json", fig_path
 
 
