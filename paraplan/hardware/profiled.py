@@ -133,7 +133,9 @@ def _ram_bytes() -> float:
 def cluster_from_tables(tables: dict, gpus: int | None = None, label: str = "local") -> Cluster:
     """The one-node cluster a profile describes (see the module docstring)."""
     from paraplan.costmodels.profiled import ProfiledCurves
-    curves = ProfiledCurves.from_tables(tables, name=f"profiled-{label}")
+    worlds = [int(n) for per in (tables.get("collectives") or {}).values() for n in per]
+    n = int(gpus) if gpus is not None else max(worlds or [1])
+    curves = ProfiledCurves.from_tables(tables, name=f"profiled-{label}", world_size=n)
     dev = curves.device
     cuda = dev.startswith("cuda")
     peaks = {}
@@ -157,8 +159,6 @@ def cluster_from_tables(tables: dict, gpus: int | None = None, label: str = "loc
         measured_curves=curves)
     link = fitted_link(tables.get("collectives") or {}, name=f"measured collectives ({label})")
     acc = _with(acc, scale_up_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s)
-    worlds = [int(n) for per in (tables.get("collectives") or {}).values() for n in per]
-    n = int(gpus) if gpus is not None else max(worlds or [1])
     host_bw = (tables.get("memory_bandwidth") or {}).get("cpu") or curves.memory_bandwidth_bytes_per_s
     cores = os.cpu_count() or 1
     cpu = Cpu(name="profiled-host", vendor="measured", model="host of the profile", cores=cores,

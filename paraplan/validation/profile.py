@@ -3,9 +3,24 @@
 Measured: GEMMs over a grid of shapes and dtypes (achieved FLOP/s, 2 m n k FLOPs per op),
 causal ``scaled_dot_product_attention`` (4 b h s^2 d FLOPs forward, halved for causal),
 memory bandwidth of a large device copy (read + write bytes), the launch overhead of a tiny
-op (``launch``: a 1-element add, the per-kernel cost the estimator charges), host<->device copies
-when CUDA is present, and collectives (all-reduce, all-gather, reduce-scatter, all-to-all, send/recv)
-through torch.distributed under torchrun, one launch per world size (gloo on CPU, NCCL on GPU).
+op (``launch``: a 1-element add, no autograd), host<->device copies when CUDA is present, and
+collectives (all-reduce, all-gather, reduce-scatter, all-to-all, send/recv) through
+torch.distributed under torchrun, one launch per world size (gloo on CPU, NCCL on GPU), each rank
+with the validation workers' intra-op thread count (``OMP_NUM_THREADS``, default 1).
+
+What a training step pays beyond the kernels' arithmetic (``training_rows``), measured alone
+(world size 1) and again on every rank at once inside each collective launch (world size n: the
+ranks share the machine's cores, as the validation workers do):
+
+* ``autograd``: forward + backward of tiny Linear, LayerNorm, GELU, softmax and batched-matmul
+  ops under autograd, each divided by the kernels it runs (Linear with bias 4: addmm, then mm,
+  mm and a bias sum; the others 2, batched matmul 3); their median is the per-kernel cost of an
+  eager training step (dispatch, autograd graph, engine) that the profiled curves charge per
+  kernel.
+* ``contention``: a 128^3 fp32 GEMM; its time at world size n over its time alone is the compute
+  slowdown of n ranks sharing the machine.
+* ``optimizer``: ``torch.optim.AdamW`` (``foreach=False``, as the harness) over 64 tensors of 64
+  elements and over one tensor of 2^20 elements: the per-tensor and per-parameter cost of a step.
 
 Collective sizes and bus bandwidth follow the nccl-tests convention (PERFORMANCE.md): ``bytes``
 is the full buffer (the all-gather output, the reduce-scatter input), algorithm bandwidth is
@@ -81,6 +96,19 @@ def bench(fn, device="cpu", min_time_s: float = 0.15, max_iters: int = 1000) -> 
     return statistics.median(samples)
 
 
+def bench_throughput(fn, device="cpu", min_time_s: float = 0.15, max_iters: int = 20000) -> float:
+    """Mean seconds per call of ``fn`` (wall clock over at least ``min_time_s`` after a warm-up):
+    unlike the median it keeps the time slices lost to other processes sharing the cores."""
+    fn()
+    _sync(device)
+    iters, start = 0, time.perf_counter()
+    while iters < max_iters and (time.perf_counter() - start < min_time_s or iters < 3):
+        fn()
+        iters += 1
+    _sync(device)
+    return (time.perf_counter() - start) / iters
+
+
 def _row(kind, op, device, dtype=None, world_size=1, shape=None, nbytes=None, flops=None,
          time_s=None, bus_factor=None):
     return {"kind": kind, "op": op, "device": str(device), "dtype": dtype,
@@ -128,6 +156,69 @@ def launch_rows(opts: ProfileOptions, device="cpu") -> list[dict]:
     b = torch.ones(1, device=device)
     t = bench(lambda: torch.add(a, b), device, opts.min_time_s, max_iters=20000)
     return [_row("launch", "add_1", device, "float32", shape={"numel": 1}, time_s=t)]
+
+
+#: (op, kernels it runs forward + backward) of the autograd micro-benchmarks
+AUTOGRAD_OPS = (("linear", 4), ("layer_norm", 2), ("gelu", 2), ("softmax", 2), ("bmm", 3))
+ADAM_SMALL = (64, 64)          # tensors, elements each
+ADAM_LARGE = (1, 1 << 20)
+
+
+def _autograd_case(op, device):
+    import torch.nn.functional as F
+    x = torch.randn(1, 4, 8, device=device, requires_grad=True)
+    if op == "linear":
+        w = torch.randn(8, 8, device=device, requires_grad=True)
+        b = torch.randn(8, device=device, requires_grad=True)
+        f = lambda: F.linear(x, w, b)
+    elif op == "layer_norm":
+        w = torch.ones(8, device=device, requires_grad=True)
+        b = torch.zeros(8, device=device, requires_grad=True)
+        f = lambda: F.layer_norm(x, (8,), w, b)
+    elif op == "gelu":
+        f = lambda: F.gelu(x)
+    elif op == "softmax":
+        f = lambda: torch.softmax(x, dim=-1)
+    elif op == "bmm":
+        y = torch.randn(1, 8, 4, device=device, requires_grad=True)
+        f = lambda: x @ y
+    else:
+        raise ValueError(op)
+    g = None
+
+    def step():
+        nonlocal g
+        out = f()
+        if g is None:
+            g = torch.ones_like(out)
+        out.backward(g)
+    return step
+
+
+def training_rows(opts: ProfileOptions, device="cpu", world_size: int = 1) -> list[dict]:
+    """Per-kernel autograd cost, compute contention reference and AdamW step (module docstring)."""
+    rows = []
+    t_min = max(0.1, opts.min_time_s)
+    for op, kernels in AUTOGRAD_OPS:
+        t = bench_throughput(_autograd_case(op, device), device, t_min)
+        rows.append(_row("autograd", op, device, "float32", world_size,
+                         shape={"numel": 32, "kernels": kernels}, time_s=t))
+    a = torch.randn(128, 128, device=device)
+    b = torch.randn(128, 128, device=device)
+    t = bench_throughput(lambda: a @ b, device, t_min)
+    rows.append(_row("contention", "gemm", device, "float32", world_size,
+                     shape={"m": 128, "n": 128, "k": 128}, flops=2.0 * 128 ** 3, time_s=t))
+    from paraplan.validation.apply_zero import make_adamw
+    for tensors, numel in (ADAM_SMALL, ADAM_LARGE):
+        params = [torch.nn.Parameter(torch.randn(numel, device=device)) for _ in range(tensors)]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        opt = make_adamw(params)
+        t = bench_throughput(opt.step, device, t_min)
+        rows.append(_row("optimizer", "adamw", device, "float32", world_size,
+                         shape={"tensors": tensors, "numel": numel}, nbytes=4 * tensors * numel,
+                         time_s=t))
+    return rows
 
 
 def device_memory_bytes(device="cpu") -> int | None:
@@ -203,8 +294,12 @@ def _collective_case(op, nbytes, world, rank, device):
     raise ValueError(op)
 
 
-def collective_worker(sizes: list[int], out_path: str, min_time_s: float) -> None:
-    """Runs on every torchrun rank; rank 0 writes the rows (max time over ranks) to JSON."""
+def collective_worker(sizes: list[int], out_path: str, min_time_s: float,
+                      with_training: bool = True) -> None:
+    """Runs on every torchrun rank; rank 0 writes the rows (max time over ranks) to JSON.
+
+    With ``with_training`` every rank first runs :func:`training_rows` at the same time (rows
+    at this world size, mean over ranks): what one rank pays while all of them compute."""
     import torch.distributed as dist
     cuda = torch.cuda.is_available()
     local = int(os.environ.get("LOCAL_RANK", 0))
@@ -214,22 +309,37 @@ def collective_worker(sizes: list[int], out_path: str, min_time_s: float) -> Non
     rank, world = dist.get_rank(), dist.get_world_size()
     device = f"cuda:{local}" if cuda else "cpu"
     rows = []
+    if with_training:
+        dist.barrier()
+        mine = training_rows(ProfileOptions(min_time_s=min_time_s), device, world)
+        every = [None] * world
+        dist.all_gather_object(every, [r["time_s"] for r in mine])
+        for i, r in enumerate(mine):  # the mean over the ranks that ran concurrently
+            r.update(_row(r["kind"], r["op"], "cuda" if cuda else "cpu", r["dtype"], world,
+                          shape=r["shape"], nbytes=r["bytes"], flops=r["flops"],
+                          time_s=statistics.mean(e[i] for e in every)))
+        rows += mine
     for op in COLLECTIVES:
         for nbytes in sizes:
             fn = _collective_case(op, nbytes, world, rank, device)
             fn()
+            # every rank runs the same count, decided up front by rank 0 from two timed calls,
+            # then back to back with nothing else in the loop (a per-call agreement, a broadcast
+            # say, would add its own latency to every sample)
             dist.barrier()
-            iters = 0
             t0 = time.perf_counter()
-            # every rank runs the same count: decided by rank 0's clock, broadcast each round
-            while True:
+            fn()
+            fn()
+            _sync(device)
+            per = (time.perf_counter() - t0) / 2
+            count = torch.tensor([max(3, min(200, int(min_time_s / max(per, 1e-7))))],
+                                 dtype=torch.int32, device=device)
+            dist.broadcast(count, 0)
+            iters = int(count.item())
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
                 fn()
-                iters += 1
-                flag = torch.tensor([time.perf_counter() - t0 < min_time_s and iters < 200],
-                                    dtype=torch.int32, device=device)
-                dist.broadcast(flag, 0)
-                if not flag.item():
-                    break
             _sync(device)
             elapsed = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64,
                                    device=device)
@@ -278,7 +388,7 @@ def run_profile(opts: ProfileOptions, db: str | None = None,
     try:
         for dev in devices:
             rows += (gemm_rows(opts, dev) + sdpa_rows(opts, dev) + memory_rows(opts, dev)
-                     + launch_rows(opts, dev) + device_rows(dev))
+                     + launch_rows(opts, dev) + device_rows(dev) + training_rows(opts, dev))
     finally:
         torch.set_num_threads(threads)
     if collectives:
@@ -298,6 +408,8 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
         flops_per_s}], ``sdpa`` = [{device, dtype, flops, flops_per_s, shape}],
         ``memory_bandwidth`` = {device: bytes/s}, ``launch`` = {device: seconds per tiny op}
         and ``device_memory`` = {device: bytes} (both absent in older profiles), ``h2d`` / ``d2h`` = bytes/s or None,
+        ``training`` = {device: {world_size: {"autograd": {op: (seconds, kernels)}, "contention_s": seconds of
+        the reference GEMM, "adamw": [(tensors, numel, seconds)]}}} (absent in older profiles),
         ``collectives`` = {op: {world_size: [(bytes, bus_bandwidth_bytes_per_s, time_s)]}}.
     """
     store = ProfileStore(db)
@@ -308,7 +420,8 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
                           accepted="run `paraplan profile` first")
     rows = store.measurements(run_id)
     out = {"fingerprint": fid, "run_id": run_id, "gemm": [], "sdpa": [],
-           "memory_bandwidth": {}, "launch": {}, "device_memory": {}, "h2d": None, "d2h": None, "collectives": {}}
+           "memory_bandwidth": {}, "launch": {}, "device_memory": {}, "h2d": None, "d2h": None, "collectives": {},
+           "training": {}}
     for r in rows:
         k = r["kind"]
         if k == "gemm":
@@ -325,6 +438,15 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
             out["launch"][r["device"]] = r["time_s"]
         elif k in ("h2d", "d2h"):
             out[k] = r["bandwidth_bytes_per_s"]
+        elif k in ("autograd", "contention", "optimizer"):
+            w = out["training"].setdefault(r["device"], {}).setdefault(
+                int(r["world_size"]), {"autograd": {}, "contention_s": None, "adamw": []})
+            if k == "autograd":
+                w["autograd"][r["op"]] = (r["time_s"], r["shape"]["kernels"])
+            elif k == "contention":
+                w["contention_s"] = r["time_s"]
+            else:
+                w["adamw"].append((r["shape"]["tensors"], r["shape"]["numel"], r["time_s"]))
         elif k == "collective":
             per = out["collectives"].setdefault(r["op"], {}).setdefault(r["world_size"], [])
             per.append((r["bytes"], r["bus_bandwidth_bytes_per_s"], r["time_s"]))
@@ -340,8 +462,9 @@ def _worker_main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--min-time", type=float, default=0.15)
     ap.add_argument("--sizes", type=int, nargs="+", required=True)
+    ap.add_argument("--no-training", action="store_true")
     a = ap.parse_args(argv)
-    collective_worker(a.sizes, a.out, a.min_time)
+    collective_worker(a.sizes, a.out, a.min_time, with_training=not a.no_training)
     return 0
 
 
