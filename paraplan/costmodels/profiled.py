@@ -25,7 +25,7 @@ not import torch). Same methods and attributes as
   AdamW step and ``compute_slowdown`` = reference GEMM time with n ranks busy / alone (≥ 1),
   which scales every GEMM, attention and memory-bound time (n ranks sharing the cores).
 * AdamW step: ``adam_step_time(params, tensors) = tensors · a + params · b`` solved from the two
-  measured steps (64 tensors of 64 elements, one of 2^20), when measured; otherwise the
+  measured steps (64 tensors of 64 elements, 16 of 2^16), when measured; otherwise the
   estimator's memory-bound formula with curves.yaml's bytes per parameter.
 * CPU-Adam efficiency and Adam bytes per parameter are not measured: curves.yaml's defaults.
 """
@@ -192,7 +192,7 @@ class ProfiledCurves:
                              f"backward under autograd, {train['world']} rank(s) busy",
                              "launch_overhead_s": t0_source,
                              "compute_slowdown": f"measured: 128^3 GEMM with {train['world']} rank(s) busy / alone",
-                             "adam": "measured: AdamW (foreach=False) steps of 64 x 64 and 1 x 2^20 elements"}
+                             "adam": "measured: AdamW (foreach=False) steps of 64 x 64 and 16 x 2^16 elements"}
         return cls(
             name=name, device=dev, kernel_overhead_s=t0, gemm=gemm,
             launch_overhead_s=launch, compute_slowdown=train.get("slowdown", 1.0),

@@ -17,7 +17,10 @@ from paraplan.validation.model import RECOMPUTE_CHOICES, GPTConfig, ParallelCont
 
 
 def check_tp(cfg: GPTConfig, tp: int, sequence_parallel: bool) -> None:
-    """Raise ConfigError unless heads, ffn (and sequence, with SP) divide by ``tp``."""
+    """Raise ConfigError unless heads, ffn, the vocabulary (and sequence, with SP) divide by ``tp``."""
+    if cfg.vocab_size % tp:
+        raise ConfigError("tp", f"vocab_size({cfg.vocab_size}) is not divisible by tp({tp}) "
+                          f"(the vocabulary is split over tp)")
     if cfg.heads % tp:
         raise ConfigError("tp", f"heads({cfg.heads}) is not divisible by tp({tp})")
     if cfg.ffn % tp:

@@ -22,9 +22,9 @@ Mapping (what the harness runs -> what the estimator is told):
 * Memory per rank: parameters + gradients + optimizer states + activations (the estimator's
   runtime buffers are left out; the harness does not count them).
 
-Known approximations: the harness replicates the vocabulary over tp while the estimator splits
-the embedding and LM head over tp (Megatron), so with tp > 1 head time and its memory are
-under-predicted; fp32 activation bytes are the 16-bit formulas doubled.
+Both sides split the vocabulary over tp (Megatron's vocabulary-parallel embedding, LM head and
+cross-entropy); the estimator does not count the cross-entropy's two small all-reduces. Known
+approximation: fp32 activation bytes are the 16-bit formulas doubled.
 """
 from __future__ import annotations
 
@@ -42,8 +42,8 @@ NOTES = ("estimate on this machine's measured profile (paraplan profile, Profile
          "terms mapped: compute = compute + recompute, tp_comm = tp_comm + cp_comm, pp_comm = pp_comm + "
          "pp_bubble, optimizer = optimizer + offload; 'other' is not predicted",
          "memory per rank = parameters + gradients + optimizer states + activations (no runtime buffers)",
-         "the harness replicates the vocabulary over tp, the estimator splits it: head time and memory "
-         "under-predicted for tp > 1",
+         "vocabulary split over tp on both sides (Megatron); the cross-entropy's two small all-reduces "
+         "are not predicted",
          "fp32: activation bytes of the 16-bit formulas doubled")
 
 

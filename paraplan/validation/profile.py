@@ -20,7 +20,8 @@ ranks share the machine's cores, as the validation workers do):
 * ``contention``: a 128^3 fp32 GEMM; its time at world size n over its time alone is the compute
   slowdown of n ranks sharing the machine.
 * ``optimizer``: ``torch.optim.AdamW`` (``foreach=False``, as the harness) over 64 tensors of 64
-  elements and over one tensor of 2^20 elements: the per-tensor and per-parameter cost of a step.
+  elements and over 16 tensors of 2^16 elements (a small layer's weight matrix): the per-tensor
+  and per-parameter cost of a step.
 
 Collective sizes and bus bandwidth follow the nccl-tests convention (PERFORMANCE.md): ``bytes``
 is the full buffer (the all-gather output, the reduce-scatter input), algorithm bandwidth is
@@ -161,7 +162,7 @@ def launch_rows(opts: ProfileOptions, device="cpu") -> list[dict]:
 #: (op, kernels it runs forward + backward) of the autograd micro-benchmarks
 AUTOGRAD_OPS = (("linear", 4), ("layer_norm", 2), ("gelu", 2), ("softmax", 2), ("bmm", 3))
 ADAM_SMALL = (64, 64)          # tensors, elements each
-ADAM_LARGE = (1, 1 << 20)
+ADAM_LARGE = (16, 1 << 16)     # a layer's weight matrices are of this order (256 KiB each)
 
 
 def _autograd_case(op, device):
@@ -195,30 +196,35 @@ def _autograd_case(op, device):
     return step
 
 
-def training_rows(opts: ProfileOptions, device="cpu", world_size: int = 1) -> list[dict]:
-    """Per-kernel autograd cost, compute contention reference and AdamW step (module docstring)."""
-    rows = []
-    t_min = max(0.1, opts.min_time_s)
-    for op, kernels in AUTOGRAD_OPS:
-        t = bench_throughput(_autograd_case(op, device), device, t_min)
-        rows.append(_row("autograd", op, device, "float32", world_size,
-                         shape={"numel": 32, "kernels": kernels}, time_s=t))
+def training_rows(opts: ProfileOptions, device="cpu", world_size: int = 1, rounds: int = 5) -> list[dict]:
+    """Per-kernel autograd cost, compute contention reference and AdamW step (module docstring).
+
+    Every case runs in ``rounds`` short rounds interleaved with the others and keeps the median
+    round: a burst of load from another process on a shared machine spoils one round, not the
+    figure."""
+    import torch.nn as nn
+
+    from paraplan.validation.apply_zero import make_adamw
+    t_round = max(0.1, opts.min_time_s) / rounds
+    cases = [("autograd", op, {"numel": 32, "kernels": k}, None, None, _autograd_case(op, device))
+             for op, k in AUTOGRAD_OPS]
     a = torch.randn(128, 128, device=device)
     b = torch.randn(128, 128, device=device)
-    t = bench_throughput(lambda: a @ b, device, t_min)
-    rows.append(_row("contention", "gemm", device, "float32", world_size,
-                     shape={"m": 128, "n": 128, "k": 128}, flops=2.0 * 128 ** 3, time_s=t))
-    from paraplan.validation.apply_zero import make_adamw
+    cases.append(("contention", "gemm", {"m": 128, "n": 128, "k": 128}, 2.0 * 128 ** 3, None,
+                  lambda: a @ b))
     for tensors, numel in (ADAM_SMALL, ADAM_LARGE):
-        params = [torch.nn.Parameter(torch.randn(numel, device=device)) for _ in range(tensors)]
+        params = [nn.Parameter(torch.randn(numel, device=device)) for _ in range(tensors)]
         for p in params:
             p.grad = torch.randn_like(p)
-        opt = make_adamw(params)
-        t = bench_throughput(opt.step, device, t_min)
-        rows.append(_row("optimizer", "adamw", device, "float32", world_size,
-                         shape={"tensors": tensors, "numel": numel}, nbytes=4 * tensors * numel,
-                         time_s=t))
-    return rows
+        cases.append(("optimizer", "adamw", {"tensors": tensors, "numel": numel}, None,
+                      4 * tensors * numel, make_adamw(params).step))
+    samples = [[] for _ in cases]
+    for _ in range(rounds):
+        for i, case in enumerate(cases):
+            samples[i].append(bench_throughput(case[-1], device, t_round))
+    return [_row(kind, op, device, "float32", world_size, shape=shape, flops=flops, nbytes=nbytes,
+                 time_s=statistics.median(ts))
+            for (kind, op, shape, flops, nbytes, _), ts in zip(cases, samples)]
 
 
 def device_memory_bytes(device="cpu") -> int | None:
