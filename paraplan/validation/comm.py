@@ -66,10 +66,11 @@ def all_gather_seq(x: torch.Tensor, group) -> torch.Tensor:
     if n == 1:
         return x
     x = x.contiguous()
-    parts = [torch.empty_like(x) for _ in range(n)]
+    # the single-buffer collective (Megatron's _all_gather_base), the one `paraplan profile` times
+    out = torch.empty((n * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     with timed("tp_comm"):
-        dist.all_gather(parts, x, group=group)
-    return torch.cat(parts, dim=SEQ_DIM)
+        dist.all_gather_into_tensor(out, x, group=group)
+    return torch.cat(out.chunk(n, dim=0), dim=SEQ_DIM)
 
 
 def reduce_scatter_seq_raw(x: torch.Tensor, group) -> torch.Tensor:
@@ -77,10 +78,10 @@ def reduce_scatter_seq_raw(x: torch.Tensor, group) -> torch.Tensor:
     n = _size(group)
     if n == 1:
         return x
-    chunks = [c.contiguous() for c in x.chunk(n, dim=SEQ_DIM)]
-    out = torch.empty_like(chunks[0])
+    stacked = torch.cat(x.chunk(n, dim=SEQ_DIM), dim=0)   # rank r's chunk at rows r·b .. (r+1)·b
+    out = torch.empty((x.shape[0],) + tuple(stacked.shape[1:]), dtype=x.dtype, device=x.device)
     with timed("tp_comm"):
-        dist.reduce_scatter(out, chunks, group=group)
+        dist.reduce_scatter_tensor(out, stacked, group=group)   # Megatron's _reduce_scatter_base
     return out
 
 
