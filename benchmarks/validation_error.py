@@ -4,12 +4,14 @@ Runs a sweep of parallel layouts (world sizes 1, 2 and 4: tp, sp, pp, dp with Ze
 recomputation, micro-batch) through the validation harness (``launch_worker_batch``: one torchrun
 launch per world size, gloo on CPU, one intra-op thread per rank), predicts each with
 :func:`paraplan.validation.predict.predict_run` on this machine's latest profile (``paraplan
-profile``; run first with ``--profile`` or when the database has none), and prints per layout the
+profile``; with ``--profile`` a quick profile runs before every repeat and predicts that repeat,
+since the load of a shared machine drifts; profiled too when the database has none), and prints per layout the
 measured and predicted step time and memory per rank with their relative errors, then the median
 and worst absolute errors and the Spearman rank correlation of predicted vs measured step time.
 
 Measured step time: per rank the median over the timed steps, then the slowest rank; ``--repeats``
-launches the whole sweep several times and takes the median per layout. Nothing here is fitted to
+launches the whole sweep several times and takes the median per layout of the measured and of the
+predicted values. Nothing here is fitted to
 the sweep: the prediction uses only the profile's micro-benchmarks.
 
 Usage: ``python benchmarks/validation_error.py [--db FILE] [--profile] [--repeats N] [--json OUT]``
@@ -92,36 +94,41 @@ def run_sweep(out_dir: str, worlds) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--db", default=None, help="profile database (default $PARAPLAN_PROFILE_DB or the cache)")
-    ap.add_argument("--profile", action="store_true", help="run `paraplan profile --quick` first")
+    ap.add_argument("--profile", action="store_true", help="run `paraplan profile --quick` before each repeat")
     ap.add_argument("--repeats", type=int, default=1, help="launch the sweep N times, median per layout")
     ap.add_argument("--worlds", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--json", default=None, help="write the rows here")
     args = ap.parse_args(argv)
-    if args.profile:
-        from paraplan.validation.profile import ProfileOptions, run_profile
-        from dataclasses import replace
-        run_profile(replace(ProfileOptions.quick(), world_sizes=tuple(w for w in (2, 4) if w in args.worlds)
-                            or (2,)), db=args.db)
     plans = {n: RunPlan.from_dict(dict(p, **RUN)) for w in args.worlds for n, p in LAYOUTS[w].items()}
-    predicted = {n: predict_run(CFG, plan, args.db)[0] for n, plan in plans.items()}
+    profile_worlds = tuple(w for w in (2, 4) if w in args.worlds) or (2,)
     t0 = time.time()
-    reps = []
+    reps, preds = [], []
     with tempfile.TemporaryDirectory(prefix="paraplan-valerr-") as d:
         for i in range(args.repeats):
+            if args.profile:   # profiled right before the runs it predicts (the load of a shared machine drifts)
+                from dataclasses import replace
+
+                from paraplan.validation.profile import ProfileOptions, run_profile
+                run_profile(replace(ProfileOptions.quick(), world_sizes=profile_worlds), db=args.db)
+            if args.profile or i == 0:
+                preds.append({n: predict_run(CFG, plan, args.db)[0] for n, plan in plans.items()})
             reps.append(run_sweep(os.path.join(d, f"rep{i}"), args.worlds))
     rows = []
     for n, plan in plans.items():
         ms = statistics.median(r[n]["step_time_s"] for r in reps)
         mm = statistics.median(r[n]["memory_bytes"] for r in reps)
         bd = {k: statistics.median(r[n]["breakdown"][k] for r in reps) for k in reps[0][n]["breakdown"]}
-        p = predicted[n]
+        ps = statistics.median(q[n]["step_time_s"] for q in preds)
+        pm = statistics.median(q[n]["memory_bytes_per_rank"] for q in preds)
+        pb = {k: statistics.median(q[n]["time_breakdown_s"][k] for q in preds)
+              for k in preds[0][n]["time_breakdown_s"]}
         rows.append({"layout": n, "world": plan.world_size, "measured_step_s": ms,
-                     "predicted_step_s": p["step_time_s"], "step_err": p["step_time_s"] / ms - 1,
-                     "measured_mem_bytes": mm, "predicted_mem_bytes": p["memory_bytes_per_rank"],
-                     "mem_err": p["memory_bytes_per_rank"] / mm - 1,
-                     "measured_breakdown_s": bd, "predicted_breakdown_s": p["time_breakdown_s"]})
+                     "predicted_step_s": ps, "step_err": ps / ms - 1,
+                     "measured_mem_bytes": mm, "predicted_mem_bytes": pm, "mem_err": pm / mm - 1,
+                     "measured_breakdown_s": bd, "predicted_breakdown_s": pb})
     print(f"model: {asdict(CFG)}; {RUN['steps']} timed steps after {RUN['warmup']} warm-up, "
-          f"{args.repeats} repeat(s), sweep {time.time() - t0:.0f} s")
+          f"{args.repeats} repeat(s){' each profiled first' if args.profile else ''}, "
+          f"{time.time() - t0:.0f} s; medians over repeats")
     hdr = (f"{'layout':<20}{'n':>2} {'meas ms':>9} {'pred ms':>9} {'err':>7}  {'meas MiB':>9} "
            f"{'pred MiB':>9} {'err':>7}   compute/tp/pp/dp/opt ms measured | predicted")
     print(hdr)
