@@ -22,7 +22,8 @@ not import torch). Same methods and attributes as
   recording, the autograd engine), the launch figure stays ``launch_overhead_s`` (the GEMM curves
   are measured without autograd, so their excess is taken over it). Measured at the world size
   of the cluster (nearest measured one; all ranks running at once): the per-kernel cost, the
-  AdamW step and ``compute_slowdown`` = reference GEMM time with n ranks busy / alone (≥ 1),
+  AdamW step and ``compute_slowdown`` = the reference (a transformer block forward + backward)
+  time with n ranks busy / alone (≥ 1),
   which scales every GEMM, attention and memory-bound time (n ranks sharing the cores).
 * AdamW step: ``adam_step_time(params, tensors) = tensors · a + params · b`` solved from the two
   measured steps (64 tensors of 64 elements, 16 of 2^16), when measured; otherwise the
@@ -191,7 +192,7 @@ class ProfiledCurves:
             sources_train = {"kernel_overhead_s": f"measured: median per-kernel cost of tiny ops forward + "
                              f"backward under autograd, {train['world']} rank(s) busy",
                              "launch_overhead_s": t0_source,
-                             "compute_slowdown": f"measured: 128^3 GEMM with {train['world']} rank(s) busy / alone",
+                             "compute_slowdown": f"measured: transformer block fwd+bwd with {train['world']} rank(s) busy / alone",
                              "adam": "measured: AdamW (foreach=False) steps of 64 x 64 and 16 x 2^16 elements"}
         return cls(
             name=name, device=dev, kernel_overhead_s=t0, gemm=gemm,
