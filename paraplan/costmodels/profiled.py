@@ -7,7 +7,9 @@ not import torch). Same methods and attributes as
 * kernel overhead ``t0``: the measured time of a 1-element op (``launch`` rows); for older
   profiles without it, the intercept of the line through the two smallest GEMMs
   (``t = t0 + F/R``), clamped to ``[0, t_smallest / 2]``.
-* GEMM ``t = t0 + F / R(F)``, F = 2mnk: the measured time minus ``t0`` is interpolated
+* GEMM ``t = t0 + F / R(F)``, F = 2mnk, from the training-layout GEMMs of a Linear (forward
+  x·Wᵀ, input gradient g·W, weight gradient gᵀ·x: ``gemm_linear``) when the profile has them,
+  else from square ``a @ b``: the measured time minus ``t0`` is interpolated
   linearly in log-log over the FLOPs per op (shapes with equal FLOPs averaged, a running
   maximum keeps it non-decreasing), so the curve is exact at the measured points; outside
   the measured range the rate ``R`` is held at the nearest end's (clamped). A dtype without
@@ -167,7 +169,10 @@ class ProfiledCurves:
         dev = _device(tables)
         same = lambda d: d == dev or (d.startswith("cuda") and dev.startswith("cuda"))
         by_dtype: dict[str, list] = {}
-        for g in tables.get("gemm", []):
+        # the training layouts of a Linear (forward, input and weight gradients) when measured:
+        # the rate a training step's GEMMs get; else square a @ b
+        linear = [g for g in tables.get("gemm_linear", []) if same(g["device"]) and g.get("flops_per_s")]
+        for g in linear or tables.get("gemm", []):
             if same(g["device"]):
                 dt = DTYPE_NAMES.get(g["dtype"], g["dtype"])
                 by_dtype.setdefault(dt, []).append((g["flops"], g["flops"] / g["flops_per_s"]))
@@ -204,7 +209,8 @@ class ProfiledCurves:
             cpu_adam_memory_efficiency=default["cpu_adam_memory_efficiency"],
             gpu_adam_bytes_per_param=default["gpu_adam_bytes_per_param"],
             sources={"kernel_overhead_s": t0_source,
-                     "gemm": "measured GEMM time per FLOPs, log-log interpolation, rate clamped at the ends",
+                     "gemm": ("measured training-layout GEMMs (x Wt, g W, gt x)" if linear else "measured GEMM")
+                     + " time per FLOPs, log-log interpolation, rate clamped at the ends",
                      "attention": "measured causal SDPA forward" if sd else
                      "no SDPA measurement: the GEMM curve of the dtype",
                      "memory": "measured device copy bandwidth (read + write bytes)",

@@ -1,6 +1,8 @@
 """``paraplan profile``: micro-benchmarks of this machine, stored in the SQLite profile store.
 
-Measured: GEMMs over a grid of shapes and dtypes (achieved FLOP/s, 2 m n k FLOPs per op),
+Measured: GEMMs over a grid of shapes and dtypes (achieved FLOP/s, 2 m n k FLOPs per op), the
+three GEMMs of a Linear's forward and backward in their layouts (``gemm_linear``: x·Wᵀ, g·W,
+gᵀ·x, per GEMM),
 causal ``scaled_dot_product_attention`` (4 b h s^2 d FLOPs forward, halved for causal),
 memory bandwidth of a large device copy (read + write bytes), the launch overhead of a tiny
 op (``launch``: a 1-element add, no autograd), host<->device copies when CUDA is present, and
@@ -134,6 +136,45 @@ def gemm_rows(opts: ProfileOptions, device="cpu") -> list[dict]:
             rows.append(_row("gemm", "matmul", device, name, shape={"m": m, "n": n, "k": k},
                              flops=2.0 * m * n * k, time_s=t,
                              nbytes=(m * k + k * n + m * n) * a.element_size()))
+    return rows
+
+
+#: (tokens m, in k, out n) of the training-layout GEMMs: a Linear's forward x·Wᵀ, input gradient
+#: g·W and weight gradient gᵀ·x, from the validation model's sizes up to 1024^3
+COLD_BYTES = 64 << 20
+LINEAR_SHAPES = ((64, 128, 128), (128, 128, 512), (256, 512, 128), (256, 256, 256), (512, 512, 512),
+                 (1024, 1024, 1024))
+
+
+def linear_rows(opts: ProfileOptions, device="cpu") -> list[dict]:
+    """The three GEMMs of a Linear's forward and backward in their layouts (x @ W.t(), g @ W,
+    g.t() @ x), timed together over operand sets that do not fit in the caches; the row is per
+    GEMM (2mnk FLOPs, a third of the time): the rate a training step's GEMMs get, whose operands
+    were last touched by other ops, unlike a square ``a @ b`` repeated on hot operands."""
+    rows = []
+    for name in opts.gemm_dtypes:
+        dtype = getattr(torch, name)
+        for m, k, n in LINEAR_SHAPES:
+            # operands rotate over sets that together exceed the caches (COLD_BYTES): in a step a
+            # GEMM's inputs were written by other ops in between, not by the previous call
+            size = (m * k + n * k + m * n) * torch.tensor([], dtype=dtype).element_size()
+            sets = [tuple(torch.randn(*shape, device=device).to(dtype) for shape in ((m, k), (n, k), (m, n)))
+                    for _ in range(max(1, min(256, -(-COLD_BYTES // size))))]
+            it = iter(())
+
+            def three():
+                nonlocal it
+                try:
+                    x, w, g = next(it)
+                except StopIteration:
+                    it = iter(sets)
+                    x, w, g = next(it)
+                x @ w.t()
+                g @ w
+                g.t() @ x
+            t = bench(three, device, opts.min_time_s) / 3
+            rows.append(_row("gemm_linear", "linear_fwd_bwd", device, name, shape={"m": m, "n": n, "k": k},
+                             flops=2.0 * m * n * k, time_s=t))
     return rows
 
 
@@ -412,7 +453,7 @@ def run_profile(opts: ProfileOptions, db: str | None = None,
     torch.set_num_threads(per_rank_threads())
     try:
         for dev in devices:
-            rows += (gemm_rows(opts, dev) + sdpa_rows(opts, dev) + memory_rows(opts, dev)
+            rows += (gemm_rows(opts, dev) + linear_rows(opts, dev) + sdpa_rows(opts, dev) + memory_rows(opts, dev)
                      + launch_rows(opts, dev) + device_rows(dev) + training_rows(opts, dev))
     finally:
         torch.set_num_threads(threads)
@@ -430,7 +471,7 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
     -------
     dict
         ``fingerprint``, ``run_id`` and per kind: ``gemm`` = [{device, dtype, m, n, k, flops,
-        flops_per_s}], ``sdpa`` = [{device, dtype, flops, flops_per_s, shape}],
+        flops_per_s}], ``gemm_linear`` the same for the training-layout GEMMs (absent in older profiles), ``sdpa`` = [{device, dtype, flops, flops_per_s, shape}],
         ``memory_bandwidth`` = {device: bytes/s}, ``launch`` = {device: seconds per tiny op}
         and ``device_memory`` = {device: bytes} (both absent in older profiles), ``h2d`` / ``d2h`` = bytes/s or None,
         ``training`` = {device: {world_size: {"autograd": {op: (seconds, kernels)}, "contention_s": seconds of
@@ -444,12 +485,15 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
         raise ConfigError("profile", f"no profile stored for machine {fid} in {store.path}",
                           accepted="run `paraplan profile` first")
     rows = store.measurements(run_id)
-    out = {"fingerprint": fid, "run_id": run_id, "gemm": [], "sdpa": [],
+    out = {"fingerprint": fid, "run_id": run_id, "gemm": [], "gemm_linear": [], "sdpa": [],
            "memory_bandwidth": {}, "launch": {}, "device_memory": {}, "h2d": None, "d2h": None, "collectives": {},
            "training": {}}
     for r in rows:
         k = r["kind"]
-        if k == "gemm":
+        if k == "gemm_linear":
+            out["gemm_linear"].append({"device": r["device"], "dtype": r["dtype"], **r["shape"],
+                                       "flops": r["flops"], "flops_per_s": r["flops_per_s"]})
+        elif k == "gemm":
             out["gemm"].append({"device": r["device"], "dtype": r["dtype"], **r["shape"],
                                 "flops": r["flops"], "flops_per_s": r["flops_per_s"]})
         elif k == "sdpa":
