@@ -86,12 +86,17 @@ def test_real_profile_curves_exact_at_measured_points(profile_db):
     from paraplan.validation.profile import measured_tables
     t = measured_tables(profile_db)
     c = ProfiledCurves.from_tables(t)
-    times = sorted((g["flops"], g["flops"] / g["flops_per_s"]) for g in t["gemm"])
-    running = np.maximum.accumulate([x for _, x in times])   # the curve never decreases
-    for (f, _), want in zip(times, running):
-        n = round((f / 2) ** (1 / 3))
+    pts = t["gemm_linear"]          # the training-layout GEMMs are preferred over square a @ b
+    assert pts and "training-layout" in c.sources["gemm"]
+    by_f = {}
+    for g in pts:
+        by_f.setdefault(g["flops"], []).append((g["flops"] / g["flops_per_s"], (g["m"], g["n"], g["k"])))
+    flops = sorted(by_f)
+    running = np.maximum.accumulate([np.mean([x for x, _ in by_f[f]]) for f in flops])  # never decreases
+    for f, want in zip(flops, running):
+        m, n, k = by_f[f][0][1]
         # GEMMs are timed without autograd: exact when charged the launch, not the training-step, cost
-        untrained = c.gemm_time(n, n, n, "fp32") - c.kernel_overhead_s + c.launch_overhead_s
+        untrained = c.gemm_time(m, n, k, "fp32") - c.kernel_overhead_s + c.launch_overhead_s
         assert untrained == pytest.approx(want, rel=1e-6)
     assert 0 < c.kernel_overhead_s < 1e-3
 
