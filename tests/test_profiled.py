@@ -86,12 +86,98 @@ def test_real_profile_curves_exact_at_measured_points(profile_db):
     from paraplan.validation.profile import measured_tables
     t = measured_tables(profile_db)
     c = ProfiledCurves.from_tables(t)
-    times = sorted((g["flops"], g["flops"] / g["flops_per_s"]) for g in t["gemm"])
-    running = np.maximum.accumulate([x for _, x in times])   # the curve never decreases
-    for (f, _), want in zip(times, running):
-        n = round((f / 2) ** (1 / 3))
-        assert c.gemm_time(n, n, n, "fp32") == pytest.approx(want, rel=1e-6)
+    pts = t["gemm_linear"]          # the training-layout GEMMs are preferred over square a @ b
+    assert pts and "training-layout" in c.sources["gemm"]
+    by_f = {}
+    for g in pts:
+        by_f.setdefault(g["flops"], []).append((g["flops"] / g["flops_per_s"], (g["m"], g["n"], g["k"])))
+    flops = sorted(by_f)
+    running = np.maximum.accumulate([np.mean([x for x, _ in by_f[f]]) for f in flops])  # never decreases
+    for f, want in zip(flops, running):
+        m, n, k = by_f[f][0][1]
+        # GEMMs are timed without autograd: exact when charged the launch, not the training-step, cost
+        untrained = c.gemm_time(m, n, k, "fp32") - c.kernel_overhead_s + c.launch_overhead_s
+        assert untrained == pytest.approx(want, rel=1e-6)
     assert 0 < c.kernel_overhead_s < 1e-3
+
+
+def training_tables():
+    """synthetic_tables() plus training-step rows at world sizes 1 and 2."""
+    t = synthetic_tables()
+    def world(scale):
+        return {"autograd": {"linear": (scale * 80e-6, 4), "layer_norm": (scale * 40e-6, 2),
+                             "gelu": (scale * 30e-6, 2), "softmax": (scale * 50e-6, 2), "bmm": (scale * 90e-6, 3)},
+                "contention_s": scale * 50e-6,
+                # AdamW: 30 us per tensor + 2 ns per parameter
+                "adamw": [(64, 64, 64 * 30e-6 + 4096 * 2e-9), (16, 65536, 16 * 30e-6 + 16 * 65536 * 2e-9)]}
+    t["training"] = {"cpu": {1: world(1.0), 2: world(1.5)}}
+    return t
+
+
+def test_training_rows_are_stored_and_read_back(profile_db):
+    from paraplan.validation.profile import AUTOGRAD_OPS, measured_tables
+    tr = measured_tables(profile_db)["training"]["cpu"]
+    assert set(tr) == {1, 2}            # alone, and on every rank of the 2-rank collective launch
+    for w in tr.values():
+        assert set(w["autograd"]) == {op for op, _ in AUTOGRAD_OPS}
+        assert all(t > 0 and k >= 2 for t, k in w["autograd"].values())
+        assert w["contention_s"] > 0
+        assert sorted((n, e) for n, e, _ in w["adamw"]) == [(16, 65536), (64, 64)]
+    c = load_cluster("local", 2, db=profile_db).accelerator.measured_curves
+    per_kernel = [t / k for t, k in tr[2]["autograd"].values()]
+    assert c.world_size == 2 and c.kernel_overhead_s == pytest.approx(np.median(per_kernel))
+    assert c.launch_overhead_s == pytest.approx(measured_tables(profile_db)["launch"]["cpu"])
+    assert c.compute_slowdown >= 1.0 and c.adam_step_time(1e6, 10) > 0
+    assert "autograd" in c.sources["kernel_overhead_s"]
+
+
+def test_profiled_curves_use_training_measurements():
+    t = training_tables()
+    alone = ProfiledCurves.from_tables(t, world_size=1)
+    two = ProfiledCurves.from_tables(t, world_size=2)
+    # per-kernel cost: median over ops of time / kernels (20, 20, 15, 25, 30 us)
+    assert alone.kernel_overhead_s == pytest.approx(20e-6) and two.kernel_overhead_s == pytest.approx(30e-6)
+    assert alone.launch_overhead_s == 2e-6 and alone.compute_slowdown == 1.0
+    assert two.compute_slowdown == pytest.approx(1.5)
+    # GEMM: training-step kernel cost + measured excess (over the launch) x the slowdown
+    assert alone.gemm_time(64, 64, 64, "fp32") == pytest.approx(20e-6 + (2e-5 - 2e-6))
+    assert two.gemm_time(64, 64, 64, "fp32") == pytest.approx(30e-6 + 1.5 * (2e-5 - 2e-6))
+    assert two.memory_time(20e9, kernels=2) == pytest.approx(60e-6 + 1.5)
+    # the accelerator's peak stays the measured GEMM rate (launch cost, no autograd)
+    assert alone.peak_flops("fp32") == ProfiledCurves.from_tables(synthetic_tables()).peak_flops("fp32")
+    # AdamW solved exactly from the two measured steps
+    assert alone.adam_time_per_tensor_s == pytest.approx(30e-6) and alone.adam_time_per_param_s == pytest.approx(2e-9)
+    assert alone.adam_step_time(1e6, 70) == pytest.approx(70 * 30e-6 + 1e6 * 2e-9)
+    # a world size not measured takes the nearest measured one; older profiles keep the launch figure
+    assert ProfiledCurves.from_tables(t, world_size=4).world_size == 2
+    old = ProfiledCurves.from_tables(synthetic_tables())
+    assert old.kernel_overhead_s == 2e-6 and old.adam_step_time(1e6, 70) is None
+
+
+def test_estimate_charges_measured_optimizer_per_tensor():
+    from dataclasses import replace
+
+    from paraplan.costmodels.estimate import estimate
+    from paraplan.costmodels.offload import param_tensors
+    from paraplan.hardware.profiled import cluster_from_tables
+    from paraplan.validation.model import GPTConfig, param_specs
+    from paraplan.validation.predict import estimator_model, estimator_plan
+    from paraplan.validation.worker import RunPlan
+    from paraplan.workloads.transformer import TrainingJob
+    cfg = GPTConfig(layers=2)
+    cluster = cluster_from_tables(training_tables(), 2)
+    model, job = estimator_model(cfg), TrainingJob(cfg.seq_len, 4)
+    # the harness's tensors: 16 per block, token + position embedding, final norm (2) and head
+    plan0 = estimator_plan(cfg, RunPlan(dp=2, zero=0, micro_batch=2, global_batch=4), cpu=True)
+    assert float(param_tensors(model, plan0)) == 2 * 16 + 2 + 3 == len(param_specs(cfg))
+    c = cluster.accelerator.measured_curves
+    e0 = estimate(model, job, cluster, plan0)
+    assert e0.time_breakdown_s["optimizer"] == pytest.approx(c.adam_step_time(model.num_params, 37))
+    e1 = estimate(model, job, cluster, replace(plan0, zero=1))   # one flat shard of half the parameters
+    assert e1.time_breakdown_s["optimizer"] == pytest.approx(c.adam_step_time(model.num_params / 2, 1))
+    # a catalogue GPU keeps the analytical memory-bound optimizer
+    assert estimate(model, job, load_cluster("dgx-a100-80g", 2), replace(plan0, dtype="bf16")).time_breakdown_s[
+        "optimizer"] < e0.time_breakdown_s["optimizer"] / 100
 
 
 # ---------------------------------------------------------------- fitted link

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from paraplan.costmodels.comm import ALL_REDUCE, ALL_TO_ALL, SEND_RECV, collective_time, ranks_per_node, ring_time
+from paraplan.costmodels.comm import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SEND_RECV, collective_time,
+                                      ranks_per_node, ring_time)
 
 BYTES = 2  # 16-bit activations and weights (bf16 / fp16)
 
@@ -165,11 +166,22 @@ def ulysses_alltoall_time(model, job, plan, cluster):
 
 
 def tp_allreduce_time(model, job, plan, cluster):
-    """One tensor-parallel all-reduce (or reduce-scatter + all-gather with SP) of T·h activations."""
+    """One tensor-parallel all-reduce (or reduce-scatter + all-gather with SP) of T·h activations.
+
+    With SP the two halves are priced as themselves: on a ring link (one α and bandwidth for all
+    collectives) RS + AG equals the all-reduce exactly; a link fitted per collective from a
+    profile (gloo on a CPU, say) prices them apart."""
     T = tokens_per_rank(job, plan)
     k = ranks_per_node(plan.tp, 1, cluster.gpus_per_node)
     intra, inter = cluster.links("tp")
-    return collective_time(ALL_REDUCE, T * model.hidden * element_bytes(plan), plan.tp, k, intra, inter)
+    size = T * model.hidden * element_bytes(plan)
+    ar = collective_time(ALL_REDUCE, size, plan.tp, k, intra, inter)
+    sp = np.asarray(plan.sp, dtype=bool)
+    if not np.any(sp) or not (intra.per_op or inter.per_op):
+        return ar
+    rs_ag = (collective_time(REDUCE_SCATTER, size, plan.tp, k, intra, inter)
+             + collective_time(ALL_GATHER, size, plan.tp, k, intra, inter))
+    return np.where(sp, rs_ag, ar)
 
 
 def ring_attention_step_time(model, job, plan, cluster):

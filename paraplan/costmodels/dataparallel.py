@@ -11,8 +11,9 @@ Overlap (bucketed, as Megatron's --overlap-grad-reduce, DeepSpeed overlap_comm a
 off with ``plan.overlap_grad_reduce = False``, as in Megatron-LM's 2020-21 "local" DDP):
 gradient reduction runs under the backward of the last micro-batch, the parameter all-gather of
 stages 1-2 under the next step's first forward (Megatron --overlap-param-gather), ZeRO-3's
-gathers are prefetched under each micro-batch's compute; only the excess is exposed, and the
-hidden part slows the compute beneath it by OVERLAP_CONTENTION of its duration.
+gathers are prefetched under each micro-batch's compute (also off with
+``overlap_grad_reduce = False``); only the excess is exposed, and the hidden part slows the
+compute beneath it by OVERLAP_CONTENTION of its duration.
 """
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def dp_exposed_time(params, plan, cluster, m, t_micro_fwd, t_micro_bwd, *, exper
     stage1 = hidden_under(rs, bwd) + hidden_under(ag, fwd)
     stage2 = m * hidden_under(rs, bwd) + hidden_under(ag, fwd)
     per_micro3 = 2 * ag + rs
-    stage3 = m * hidden_under(per_micro3, t_micro_fwd + t_micro_bwd)
+    stage3 = m * hidden_under(per_micro3, np.where(overlap, t_micro_fwd + t_micro_bwd, 0.0))
     exposed = np.where(z == 0, stage0, np.where(z == 1, stage1, np.where(z == 2, stage2, stage3)))
     total = np.where(z == 0, ar, np.where(z == 1, rs + ag, np.where(z == 2, m * rs + ag, m * per_micro3)))
     return np.where(n > 1, exposed, 0.0), np.where(n > 1, total, 0.0)

@@ -18,7 +18,7 @@ from paraplan.costmodels import compute as C
 from paraplan.costmodels import memory as M
 from paraplan.costmodels.dataparallel import compressed_phase_factor, dp_exposed_time
 from paraplan.costmodels.efficiency import curves_for
-from paraplan.costmodels.offload import optimizer_and_offload
+from paraplan.costmodels.offload import optimizer_and_offload, param_tensors
 from paraplan.costmodels.pipeline import bubble_factor, bubble_fraction, p2p_messages_on_critical_path
 from paraplan.planner.plan import Plan, check_plan
 
@@ -131,7 +131,7 @@ def step_terms(model, job, cluster, plan, curves) -> dict:
     shard = np.where(z1, params / n_dp, params) + np.where(z1, experts / n_edp, experts)
     compute_step = m * (t_mid + head_compute + head_tp)
     optimizer, offload = optimizer_and_offload(shard, plan, cluster, curves, m, t_micro_fwd, t_micro_bwd,
-                                               compute_step)
+                                               compute_step, tensors=param_tensors(model, plan))
     time = {
         "compute": m * (compute_mid + head_compute),
         "recompute": m * recompute_mid,

@@ -4,7 +4,12 @@ All functions take ``shard``: the parameters whose optimizer states one GPU owns
 ZeRO ≥ 1, Ψ otherwise; routed experts shard over N_d/ep).
 
 * GPU Adam: memory-bound, ~28 bytes touched per parameter (shared/reference §1.6) at the HBM's
-  achieved bandwidth. The 1-bit optimizers add their error-feedback pass (read and write an fp32
+  achieved bandwidth. Curves that measured the optimizer step (a profiled CPU device,
+  ``curves.adam_step_time``) charge it per tensor and per parameter instead: PyTorch AdamW
+  (``foreach=False``) loops over the parameter tensors, so on an eager CPU run the per-tensor
+  cost dominates. Tensors per GPU (:func:`param_tensors`): the stage's weights, biases and norm
+  parameters (Q, K, V and the output projection as 4 tensors), or one flat buffer under ZeRO-1/2
+  (the harness and DeepSpeed flatten the shard). The 1-bit optimizers add their error-feedback pass (read and write an fp32
   error buffer, pack signs: ~12 bytes per parameter).
 * CPU-Adam (ZeRO-Offload, Ren et al. 2021 §4): the host runs the update for all GPUs of the node,
   memory-bound on host DRAM at the curve's CPU-Adam efficiency.
@@ -29,6 +34,23 @@ from paraplan.costmodels.memory import OFFLOAD_CPU, OFFLOAD_NONE, OFFLOAD_NVME, 
 ERROR_FEEDBACK_BYTES_PER_PARAM = 12
 
 
+def param_tensors(model, plan):
+    """Parameter tensors the optimizer of one GPU loops over (the larger pipeline stage): per layer
+    the norms (2 with a LayerNorm bias), Q, K, V, output and MLP weights and their biases; the
+    token (and learned position) embedding on the first stage, final norm and untied head on the
+    last; one flat tensor under ZeRO-1/2."""
+    p = np.asarray(plan.pp, dtype=float)
+    bias = 2 if model.bias else 1
+    norm = 2 if model.norm == "layernorm" else 1
+    per_layer = 2 * norm + 4 * bias + model.mlp_matrices + (model.mlp_matrices if model.bias else 0)
+    layers = model.layers / p * per_layer
+    emb = 1 + (1 if model.learned_positions else 0)
+    head = norm + (0 if model.tied_embeddings else 1)
+    tensors = np.where(p > 1, layers + np.maximum(emb, head), layers + emb + head)
+    z = np.asarray(plan.zero)
+    return np.where((z == 1) | (z == 2), 1.0, tensors)
+
+
 def cpu_adam_time(shard, cluster, curves):
     """CPU-Adam for every GPU of the node, memory-bound on the host's DRAM."""
     sysm = cluster.system
@@ -36,11 +58,18 @@ def cpu_adam_time(shard, cluster, curves):
     return curves.gpu_adam_bytes_per_param * shard * cluster.gpus_per_node / host_bw
 
 
-def optimizer_time(shard, plan, cluster, curves):
-    """Seconds of the optimizer step on the GPU or on the host CPUs (before any overlap)."""
+def optimizer_time(shard, plan, cluster, curves, tensors=None):
+    """Seconds of the optimizer step on the GPU or on the host CPUs (before any overlap);
+    ``tensors`` (:func:`param_tensors`) is used only by curves that measured the step."""
     compressed = np.asarray(plan.optimizer_code) != 0
     per_param = curves.gpu_adam_bytes_per_param + np.where(compressed, ERROR_FEEDBACK_BYTES_PER_PARAM, 0)
     gpu = curves.memory_time(per_param * shard, kernels=4)
+    measured = getattr(curves, "adam_step_time", None)
+    if measured is not None and tensors is not None:
+        t = measured(shard, tensors)
+        if t is not None:
+            gpu = t + curves.memory_time(np.where(compressed, ERROR_FEEDBACK_BYTES_PER_PARAM, 0) * shard,
+                                         kernels=0)
     return np.where(np.asarray(plan.offload_code) == OFFLOAD_NONE, gpu, cpu_adam_time(shard, cluster, curves))
 
 
@@ -65,9 +94,10 @@ def offload_transfer_times(shard, plan, cluster, m, t_micro_fwd, t_micro_bwd) ->
             "param_fetch": np.where(off & np.asarray(plan.offload_params, dtype=bool), param_fetch, 0.0)}
 
 
-def optimizer_and_offload(shard, plan, cluster, curves, m, t_micro_fwd, t_micro_bwd, t_step_compute):
+def optimizer_and_offload(shard, plan, cluster, curves, m, t_micro_fwd, t_micro_bwd, t_step_compute,
+                          tensors=None):
     """(optimizer seconds, exposed offload seconds) per step, with the delayed update's overlap."""
-    opt = optimizer_time(shard, plan, cluster, curves)
+    opt = optimizer_time(shard, plan, cluster, curves, tensors)
     streams = offload_transfer_times(shard, plan, cluster, m, t_micro_fwd, t_micro_bwd)
     delayed = np.asarray(plan.delayed_update, dtype=bool)
     # DPU: CPU step + parameter upload hide under the next step's compute

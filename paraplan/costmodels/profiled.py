@@ -7,7 +7,9 @@ not import torch). Same methods and attributes as
 * kernel overhead ``t0``: the measured time of a 1-element op (``launch`` rows); for older
   profiles without it, the intercept of the line through the two smallest GEMMs
   (``t = t0 + F/R``), clamped to ``[0, t_smallest / 2]``.
-* GEMM ``t = t0 + F / R(F)``, F = 2mnk: the measured time minus ``t0`` is interpolated
+* GEMM ``t = t0 + F / R(F)``, F = 2mnk, from the training-layout GEMMs of a Linear (forward
+  x·Wᵀ, input gradient g·W, weight gradient gᵀ·x: ``gemm_linear``) when the profile has them,
+  else from square ``a @ b``: the measured time minus ``t0`` is interpolated
   linearly in log-log over the FLOPs per op (shapes with equal FLOPs averaged, a running
   maximum keeps it non-decreasing), so the curve is exact at the measured points; outside
   the measured range the rate ``R`` is held at the nearest end's (clamped). A dtype without
@@ -16,6 +18,18 @@ not import torch). Same methods and attributes as
   bandwidth (read + write bytes per second, efficiency 1 since BW is measured).
 * attention ``t = kernels · t0 + F / R_sdpa(F)``, R_sdpa interpolated over the measured causal
   SDPA forwards the same way (their FLOPs count the causal half, as the estimator does).
+* what a *training step* pays per kernel (profiles with ``training`` rows, :func:`training_rows
+  <paraplan.validation.profile.training_rows>`): ``kernel_overhead_s`` becomes the median
+  per-kernel cost of tiny ops run forward + backward under autograd (eager dispatch, graph
+  recording, the autograd engine), the launch figure stays ``launch_overhead_s`` (the GEMM curves
+  are measured without autograd, so their excess is taken over it). Measured at the world size
+  of the cluster (nearest measured one; all ranks running at once): the per-kernel cost, the
+  AdamW step and ``compute_slowdown`` = the reference (a transformer block forward + backward)
+  time with n ranks busy / alone (≥ 1),
+  which scales every GEMM, attention and memory-bound time (n ranks sharing the cores).
+* AdamW step: ``adam_step_time(params, tensors) = tensors · a + params · b`` solved from the two
+  measured steps (64 tensors of 64 elements, 16 of 2^16), when measured; otherwise the
+  estimator's memory-bound formula with curves.yaml's bytes per parameter.
 * CPU-Adam efficiency and Adam bytes per parameter are not measured: curves.yaml's defaults.
 """
 from __future__ import annotations
@@ -85,6 +99,35 @@ def _kernel_overhead(tables: dict, device: str, gemm_points) -> tuple[float, str
     return 0.0, "not measured (0)"
 
 
+def training_measurements(tables: dict, device: str, world_size: int | None = None) -> dict:
+    """Per-kernel autograd cost, compute slowdown and AdamW fit at the nearest measured world size
+    (``{}`` for profiles without training rows); see the module docstring."""
+    per_dev = (tables.get("training") or {})
+    per_dev = per_dev.get(device) or next((v for d, v in per_dev.items()
+                                           if d.startswith("cuda") and device.startswith("cuda")), None)
+    if not per_dev:
+        return {}
+    worlds = sorted(int(w) for w in per_dev)
+    want = int(world_size or 1)
+    world = min(worlds, key=lambda w: (abs(np.log(w / want)), -w))
+    m = per_dev[world] if world in per_dev else per_dev[str(world)]
+    out = {"world": world}
+    per_kernel = [t / k for t, k in m.get("autograd", {}).values() if t and k]
+    if per_kernel:
+        out["kernel_s"] = float(np.median(per_kernel))
+    alone = (per_dev.get(1) or per_dev.get("1") or {}).get("contention_s")
+    if alone and m.get("contention_s"):
+        out["slowdown"] = max(1.0, float(m["contention_s"]) / float(alone))
+    adam = sorted(m.get("adamw", []), key=lambda r: r[1])   # by elements per tensor
+    if len(adam) >= 2:
+        (n1, e1, t1), (n2, e2, t2) = adam[0], adam[-1]
+        a = np.array([[n1, n1 * e1], [n2, n2 * e2]], dtype=float)
+        per_tensor, per_param = np.linalg.solve(a, [t1, t2])
+        out["adam_tensor_s"] = float(max(per_tensor, 0.0))
+        out["adam_param_s"] = float(max(per_param, 0.0))
+    return out
+
+
 def _device(tables: dict) -> str:
     devs = {g["device"] for g in tables.get("gemm", [])}
     for d in sorted(devs):
@@ -110,17 +153,26 @@ class ProfiledCurves:
     sources: Mapping[str, str] = field(default_factory=dict)
     run_id: int | None = None
     fingerprint: str | None = None
+    launch_overhead_s: float | None = None
+    compute_slowdown: float = 1.0
+    adam_time_per_tensor_s: float | None = None
+    adam_time_per_param_s: float | None = None
+    world_size: int | None = None
 
     kind = "profiled"
 
     @classmethod
-    def from_tables(cls, tables: dict, name: str = "local") -> "ProfiledCurves":
-        """Build from :func:`paraplan.validation.profile.measured_tables`."""
+    def from_tables(cls, tables: dict, name: str = "local", world_size: int | None = None) -> "ProfiledCurves":
+        """Build from :func:`paraplan.validation.profile.measured_tables`; ``world_size`` picks the
+        training-step measurements taken with that many ranks busy (nearest measured)."""
         from paraplan.costmodels.efficiency import _curve_table
         dev = _device(tables)
         same = lambda d: d == dev or (d.startswith("cuda") and dev.startswith("cuda"))
         by_dtype: dict[str, list] = {}
-        for g in tables.get("gemm", []):
+        # the training layouts of a Linear (forward, input and weight gradients) when measured:
+        # the rate a training step's GEMMs get; else square a @ b
+        linear = [g for g in tables.get("gemm_linear", []) if same(g["device"]) and g.get("flops_per_s")]
+        for g in linear or tables.get("gemm", []):
             if same(g["device"]):
                 dt = DTYPE_NAMES.get(g["dtype"], g["dtype"])
                 by_dtype.setdefault(dt, []).append((g["flops"], g["flops"] / g["flops_per_s"]))
@@ -137,19 +189,33 @@ class ProfiledCurves:
             raise ConfigError("profile", "the profile has no memory-bandwidth measurement",
                               accepted="run `paraplan profile --quick` first")
         default = _curve_table()["default"]
+        train = training_measurements(tables, dev, world_size)
+        launch = t0
+        sources_train = {}
+        if train.get("kernel_s"):
+            t0 = train["kernel_s"]
+            sources_train = {"kernel_overhead_s": f"measured: median per-kernel cost of tiny ops forward + "
+                             f"backward under autograd, {train['world']} rank(s) busy",
+                             "launch_overhead_s": t0_source,
+                             "compute_slowdown": f"measured: transformer block fwd+bwd with {train['world']} rank(s) busy / alone",
+                             "adam": "measured: AdamW (foreach=False) steps of 64 x 64 and 16 x 2^16 elements"}
         return cls(
             name=name, device=dev, kernel_overhead_s=t0, gemm=gemm,
+            launch_overhead_s=launch, compute_slowdown=train.get("slowdown", 1.0),
+            adam_time_per_tensor_s=train.get("adam_tensor_s"), adam_time_per_param_s=train.get("adam_param_s"),
+            world_size=train.get("world"),
             sdpa=LogLogCurve.from_points(sd, t0) if sd else None,
             memory_bandwidth_bytes_per_s=float(bw),
             cpu_adam_memory_efficiency=default["cpu_adam_memory_efficiency"],
             gpu_adam_bytes_per_param=default["gpu_adam_bytes_per_param"],
             sources={"kernel_overhead_s": t0_source,
-                     "gemm": "measured GEMM time per FLOPs, log-log interpolation, rate clamped at the ends",
+                     "gemm": ("measured training-layout GEMMs (x Wt, g W, gt x)" if linear else "measured GEMM")
+                     + " time per FLOPs, log-log interpolation, rate clamped at the ends",
                      "attention": "measured causal SDPA forward" if sd else
                      "no SDPA measurement: the GEMM curve of the dtype",
                      "memory": "measured device copy bandwidth (read + write bytes)",
                      "cpu_adam_memory_efficiency": "curves.yaml default (not measured)",
-                     "gpu_adam_bytes_per_param": "curves.yaml default (not measured)"},
+                     "gpu_adam_bytes_per_param": "curves.yaml default (not measured)", **sources_train},
             run_id=tables.get("run_id"), fingerprint=tables.get("fingerprint"))
 
     # ------------------------------------------------------------------ lookups
@@ -166,7 +232,8 @@ class ProfiledCurves:
         """Best achieved GEMM FLOP/s measured for ``dtype`` (t0 included, as measured)."""
         c = self.gemm[self.resolve_dtype(dtype)]
         f = np.asarray(c.flops)
-        return float(np.max(f / (np.asarray(c.excess_s) + self.kernel_overhead_s)))
+        t0 = self.kernel_overhead_s if self.launch_overhead_s is None else self.launch_overhead_s
+        return float(np.max(f / (np.asarray(c.excess_s) + t0)))
 
     # ------------------------------------------------------------------ AnalyticalCurves interface
     def gemm_time(self, m, n, k, dtype: str = "bf16", count=1):
@@ -174,16 +241,25 @@ class ProfiledCurves:
         m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
         flops = 2.0 * m * n * k
         curve = self.gemm[self.resolve_dtype(dtype)]
-        return count * (self.kernel_overhead_s + curve(flops))
+        return count * (self.kernel_overhead_s + self.compute_slowdown * curve(flops))
 
     def memory_time(self, nbytes, kernels=1):
         """Seconds to stream ``nbytes`` through device memory in ``kernels`` launches."""
-        return kernels * self.kernel_overhead_s + np.asarray(nbytes, dtype=float) / self.memory_bandwidth_bytes_per_s
+        return kernels * self.kernel_overhead_s + \
+            self.compute_slowdown * np.asarray(nbytes, dtype=float) / self.memory_bandwidth_bytes_per_s
 
     def flash_attention_time(self, flops, dtype: str = "bf16", kernels=1):
         """Seconds for fused attention executing ``flops`` (measured SDPA rate)."""
         curve = self.sdpa if self.sdpa is not None else self.gemm[self.resolve_dtype(dtype)]
-        return kernels * self.kernel_overhead_s + curve(flops)
+        return kernels * self.kernel_overhead_s + self.compute_slowdown * curve(flops)
+
+    def adam_step_time(self, params, tensors):
+        """Seconds of an AdamW step over ``params`` elements in ``tensors`` tensors (measured);
+        None when the profile has no optimizer measurement (the estimator's formula applies)."""
+        if self.adam_time_per_tensor_s is None:
+            return None
+        return (np.asarray(tensors, dtype=float) * self.adam_time_per_tensor_s
+                + np.asarray(params, dtype=float) * self.adam_time_per_param_s)
 
     def describe(self) -> dict:
         fallbacks = {d: self.resolve_dtype(d) for d in ("fp32", "bf16", "fp16")
@@ -191,6 +267,12 @@ class ProfiledCurves:
         return {"kind": self.kind, "accelerator": self.name, "device": self.device,
                 "profile_run": self.run_id, "fingerprint": self.fingerprint,
                 "kernel_overhead_us": self.kernel_overhead_s * 1e6,
+                "launch_overhead_us": None if self.launch_overhead_s is None else self.launch_overhead_s * 1e6,
+                "compute_slowdown": self.compute_slowdown, "training_world_size": self.world_size,
+                "adam_us_per_tensor": None if self.adam_time_per_tensor_s is None
+                else self.adam_time_per_tensor_s * 1e6,
+                "adam_ns_per_param": None if self.adam_time_per_param_s is None
+                else self.adam_time_per_param_s * 1e9,
                 "gemm_dtypes_measured": sorted(self.gemm),
                 "dtype_fallbacks": fallbacks,
                 "gemm_best_gflops": {d: self.peak_flops(d) / 1e9 for d in sorted(self.gemm)},

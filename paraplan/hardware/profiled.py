@@ -13,7 +13,10 @@ file) becomes one node of ``gpus`` ranks:
   the relative error over every message size and world size (all-reduce: 2(n−1) steps, factor
   2(n−1)/n; reduce-scatter, all-gather, all-to-all: n−1 and (n−1)/n; send/recv: 1 and 1);
   efficiency 1.0 since B is measured. The link's own α and B are the fit over all ops pooled;
-  each op's fit rides in ``Link.per_op``. The inter-node link is the same (one node).
+  each op's fit rides in ``Link.per_op``. The inter-node link is the same (one node). A cluster
+  of n ranks fits only the launch with n ranks (the nearest measured world size): ranks that
+  share a CPU's cores run their collectives slower per byte as more of them are busy, which one
+  α-β pair over every world size cannot express.
 * Host CPU, PCIe and NVMe: the measured host copy bandwidth where there is one; figures that
   are not measured are placeholders, named as such in ``sources``.
 """
@@ -85,8 +88,15 @@ def predicted_collective_time(link: Link, op: str, n: int, nbytes: float) -> flo
     return STEPS[op](n) * alpha + FACTOR[op](n) * nbytes / bw
 
 
-def fitted_link(collectives: dict, name: str = "measured") -> Link:
-    """The α-β link of the measured collectives (see the module docstring)."""
+def fitted_link(collectives: dict, name: str = "measured", world_size: int | None = None) -> Link:
+    """The α-β link of the measured collectives (see the module docstring); with ``world_size``
+    only the launch with that many ranks (the nearest measured one) is fitted."""
+    if world_size is not None:
+        worlds = sorted({int(n) for per in collectives.values() for n in per if int(n) >= 2})
+        if worlds:
+            pick = min(worlds, key=lambda w: (abs(np.log(w / max(int(world_size), 2))), -w))
+            collectives = {op: {n: v for n, v in per.items() if int(n) == pick}
+                           for op, per in collectives.items()}
     rows = collective_rows(collectives)
     if not rows:
         raise ConfigError("profile", "the profile has no collective measurements",
@@ -133,7 +143,9 @@ def _ram_bytes() -> float:
 def cluster_from_tables(tables: dict, gpus: int | None = None, label: str = "local") -> Cluster:
     """The one-node cluster a profile describes (see the module docstring)."""
     from paraplan.costmodels.profiled import ProfiledCurves
-    curves = ProfiledCurves.from_tables(tables, name=f"profiled-{label}")
+    worlds = [int(n) for per in (tables.get("collectives") or {}).values() for n in per]
+    n = int(gpus) if gpus is not None else max(worlds or [1])
+    curves = ProfiledCurves.from_tables(tables, name=f"profiled-{label}", world_size=n)
     dev = curves.device
     cuda = dev.startswith("cuda")
     peaks = {}
@@ -155,10 +167,8 @@ def cluster_from_tables(tables: dict, gpus: int | None = None, label: str = "loc
                              "memory_bytes": mem_source,
                              "memory_bandwidth_bytes_per_s": "measured device copy (read + write)"}),
         measured_curves=curves)
-    link = fitted_link(tables.get("collectives") or {}, name=f"measured collectives ({label})")
+    link = fitted_link(tables.get("collectives") or {}, name=f"measured collectives ({label})", world_size=n)
     acc = _with(acc, scale_up_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s)
-    worlds = [int(n) for per in (tables.get("collectives") or {}).values() for n in per]
-    n = int(gpus) if gpus is not None else max(worlds or [1])
     host_bw = (tables.get("memory_bandwidth") or {}).get("cpu") or curves.memory_bandwidth_bytes_per_s
     cores = os.cpu_count() or 1
     cpu = Cpu(name="profiled-host", vendor="measured", model="host of the profile", cores=cores,

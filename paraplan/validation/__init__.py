@@ -16,4 +16,6 @@ Entry points
   (:mod:`paraplan.hardware.profiled`, :class:`paraplan.costmodels.profiled.ProfiledCurves`),
   profiling first when the database has none.
 * :mod:`paraplan.validation.cli` -- ``paraplan validate`` / ``paraplan profile``.
+* ``benchmarks/validation_error.py`` -- a sweep of layouts through the harness: measured vs
+  predicted step time and memory, median / worst errors, Spearman of step times.
 """

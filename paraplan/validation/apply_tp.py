@@ -8,6 +8,7 @@ sequence shard under sequence parallelism (LayerNorms and row-parallel biases).
 """
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -17,7 +18,10 @@ from paraplan.validation.model import RECOMPUTE_CHOICES, GPTConfig, ParallelCont
 
 
 def check_tp(cfg: GPTConfig, tp: int, sequence_parallel: bool) -> None:
-    """Raise ConfigError unless heads, ffn (and sequence, with SP) divide by ``tp``."""
+    """Raise ConfigError unless heads, ffn, the vocabulary (and sequence, with SP) divide by ``tp``."""
+    if cfg.vocab_size % tp:
+        raise ConfigError("tp", f"vocab_size({cfg.vocab_size}) is not divisible by tp({tp}) "
+                          f"(the vocabulary is split over tp)")
     if cfg.heads % tp:
         raise ConfigError("tp", f"heads({cfg.heads}) is not divisible by tp({tp})")
     if cfg.ffn % tp:
@@ -41,12 +45,22 @@ def make_tp_context(cfg: GPTConfig, tp_group, *, sequence_parallel: bool = False
 
 
 def sync_sequence_parallel_grads(module: nn.Module, ctx: ParallelContext) -> None:
-    """Sum the grads of replicated params that saw one sequence shard each (SP only)."""
+    """Sum the grads of replicated params that saw one sequence shard each (SP only), in one
+    all-reduce of their concatenation (Megatron-LM's ``_allreduce_layernorm_grads`` coalesces
+    them the same way)."""
     if not ctx.sequence_parallel:
         return
+    grads = []
     for p in module.parameters():
         if getattr(p, "sp_partial", False) and p.grad is not None:
             g = p.grad
-            local = g.to_local() if hasattr(g, "to_local") else g
-            with comm.timed("tp_comm"):
-                dist.all_reduce(local, group=ctx.tp_group)
+            grads.append(g.to_local() if hasattr(g, "to_local") else g)
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    with comm.timed("tp_comm"):
+        dist.all_reduce(flat, group=ctx.tp_group)
+    off = 0
+    for g in grads:
+        g.copy_(flat[off:off + g.numel()].view_as(g))
+        off += g.numel()

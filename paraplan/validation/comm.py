@@ -13,6 +13,9 @@ split_seq                  keep own seq chunk    all-gather (seq)
 gather_seq_split_grad      all-gather (seq)      keep own seq chunk
 =========================  ====================  ======================
 
+The vocabulary is split over tp as in Megatron-LM: :func:`vocab_parallel_embedding` and
+:func:`vocab_parallel_cross_entropy` (the LM head is column-parallel over the vocabulary).
+
 With ``group=None`` (a single process) every function is the identity. Wall time spent in
 collectives is added to ``TIMERS`` by category so the worker can report a time breakdown.
 """
@@ -63,10 +66,11 @@ def all_gather_seq(x: torch.Tensor, group) -> torch.Tensor:
     if n == 1:
         return x
     x = x.contiguous()
-    parts = [torch.empty_like(x) for _ in range(n)]
+    # the single-buffer collective (Megatron's _all_gather_base), the one `paraplan profile` times
+    out = torch.empty((n * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     with timed("tp_comm"):
-        dist.all_gather(parts, x, group=group)
-    return torch.cat(parts, dim=SEQ_DIM)
+        dist.all_gather_into_tensor(out, x, group=group)
+    return torch.cat(out.chunk(n, dim=0), dim=SEQ_DIM)
 
 
 def reduce_scatter_seq_raw(x: torch.Tensor, group) -> torch.Tensor:
@@ -74,10 +78,10 @@ def reduce_scatter_seq_raw(x: torch.Tensor, group) -> torch.Tensor:
     n = _size(group)
     if n == 1:
         return x
-    chunks = [c.contiguous() for c in x.chunk(n, dim=SEQ_DIM)]
-    out = torch.empty_like(chunks[0])
+    stacked = torch.cat(x.chunk(n, dim=SEQ_DIM), dim=0)   # rank r's chunk at rows r·b .. (r+1)·b
+    out = torch.empty((x.shape[0],) + tuple(stacked.shape[1:]), dtype=x.dtype, device=x.device)
     with timed("tp_comm"):
-        dist.reduce_scatter(out, chunks, group=group)
+        dist.reduce_scatter_tensor(out, stacked, group=group)   # Megatron's _reduce_scatter_base
     return out
 
 
@@ -160,6 +164,54 @@ def _wrap(fn):
         return fn.apply(x, group)
     apply.__doc__ = fn.__name__
     return apply
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Cross-entropy over logits split along the vocabulary (Megatron-LM's
+    ``vocab_parallel_cross_entropy``, Shoeybi et al. 2019 sec. 3): the row max all-reduced (MAX),
+    then the target logit and the sum of exponentials all-reduced together (SUM); the softmax of
+    the local vocabulary slice is kept for backward."""
+
+    @staticmethod
+    def forward(ctx, logits, target, start, group):
+        n_local = logits.shape[-1]
+        row_max = logits.max(dim=-1).values
+        with timed("tp_comm"):
+            dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
+        z = logits - row_max.unsqueeze(-1)
+        outside = (target < start) | (target >= start + n_local)
+        local_t = (target - start).masked_fill(outside, 0)
+        picked = z.gather(-1, local_t.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
+        exp = z.exp()
+        both = torch.stack([picked, exp.sum(dim=-1)])
+        with timed("tp_comm"):
+            dist.all_reduce(both, group=group)
+        picked, sum_exp = both[0], both[1]
+        exp.div_(sum_exp.unsqueeze(-1))
+        ctx.save_for_backward(exp, outside, local_t)
+        return sum_exp.log() - picked
+
+    @staticmethod
+    def backward(ctx, g):
+        softmax, outside, local_t = ctx.saved_tensors
+        grad = softmax.clone()
+        grad.scatter_add_(-1, local_t.unsqueeze(-1), -(~outside).to(grad.dtype).unsqueeze(-1))
+        return grad * g.unsqueeze(-1), None, None, None
+
+
+def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, start: int,
+                                 group) -> torch.Tensor:
+    """Per-token loss of ``logits`` [N, V/t] holding vocabulary ids ``start .. start + V/t``."""
+    return _VocabParallelCrossEntropy.apply(logits, target, start, group)
+
+
+def vocab_parallel_embedding(ids: torch.Tensor, weight: torch.Tensor, start: int, group) -> torch.Tensor:
+    """Rows ``start .. start + V/t`` of the embedding on this rank: look up the ids it holds,
+    zeros elsewhere, all-reduce over tp (identity backward: each rank's slice gets its rows)."""
+    outside = (ids < start) | (ids >= start + weight.shape[0])
+    out = torch.nn.functional.embedding((ids - start).masked_fill(outside, 0), weight)
+    out = out.masked_fill(outside.unsqueeze(-1), 0.0)
+    return reduce_from_tp(out, group)
 
 
 copy_to_tp = _wrap(_CopyToTP)

@@ -3,8 +3,11 @@
 Token + learned position embedding, ``L`` pre-LN blocks (causal self-attention, GELU MLP),
 final LayerNorm and an untied LM head. Every full weight is initialised from the config seed
 and the parameter's name, so each rank of a parallel run slices exactly the tensor a
-single-process run holds. The vocabulary is not split (embedding and head are replicated
-across tp); tied embeddings are not used so pipeline stages need no shared-weight sync.
+single-process run holds. The vocabulary is split over tp as in Megatron-LM (Shoeybi et al.
+2019, sec. 3): each tp rank holds V/t rows of the token embedding (lookups outside its rows
+are zero, then all-reduced) and of the LM head (column-parallel: logits of its V/t ids), and
+the loss is the vocabulary-parallel cross-entropy; positions stay replicated. Tied embeddings
+are not used so pipeline stages need no shared-weight sync.
 
 The tensor-parallel layout is Megatron-LM's (Shoeybi et al. 2019, sec. 3): q/k/v and the first
 MLP linear are column-parallel (heads split across tp), the attention output and second MLP
@@ -74,7 +77,7 @@ class ParallelContext:
 def param_specs(cfg: GPTConfig) -> list[tuple[str, tuple[int, ...], int | None, str]]:
     """(name, full shape, tp-split dim or None, init kind) for every parameter of the model."""
     h, f, V, S = cfg.hidden, cfg.ffn, cfg.vocab_size, cfg.seq_len
-    specs = [("tok_emb", (V, h), None, "normal"), ("pos_emb", (S, h), None, "normal")]
+    specs = [("tok_emb", (V, h), 0, "normal"), ("pos_emb", (S, h), None, "normal")]
     for i in range(cfg.layers):
         p = f"blocks.{i}."
         specs += [
@@ -88,7 +91,7 @@ def param_specs(cfg: GPTConfig) -> list[tuple[str, tuple[int, ...], int | None, 
             (p + "mlp.fc2.weight", (h, f), 1, "proj"), (p + "mlp.fc2.bias", (h,), None, "zeros"),
         ]
     specs += [("ln_f.weight", (h,), None, "ones"), ("ln_f.bias", (h,), None, "zeros"),
-              ("head.weight", (V, h), None, "normal")]
+              ("head.weight", (V, h), 0, "normal")]
     return specs
 
 
@@ -246,7 +249,12 @@ class Stage(nn.Module):
         ctx = self.ctx
         if self.first:
             s = x.shape[1]
-            x = F.embedding(x, self.tok_emb) + self.pos_emb[:s]
+            if ctx.tp_size > 1:
+                x = comm.vocab_parallel_embedding(x, self.tok_emb, ctx.tp_rank * self.tok_emb.shape[0],
+                                                  ctx.tp_group)
+            else:
+                x = F.embedding(x, self.tok_emb)
+            x = x + self.pos_emb[:s]
             if ctx.sequence_parallel:
                 x = comm.split_seq(x, ctx.tp_group)
         for i in self.layer_ids:
@@ -254,10 +262,16 @@ class Stage(nn.Module):
         if not self.last:
             return x
         x = self.ln_f(x)
-        if ctx.sequence_parallel:
-            x = comm.gather_seq_split_grad(x, ctx.tp_group)
+        if ctx.sequence_parallel:   # the head is vocabulary-parallel: its input grads are partial
+            x = comm.gather_seq_reduce_scatter_grad(x, ctx.tp_group)
+        else:
+            x = comm.copy_to_tp(x, ctx.tp_group)
         logits = F.linear(x, self.head.weight)
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+        logits = logits.reshape(-1, logits.shape[-1]).float()
+        if ctx.tp_size > 1:
+            start = ctx.tp_rank * self.head.weight.shape[0]
+            return comm.vocab_parallel_cross_entropy(logits, targets.reshape(-1), start, ctx.tp_group).mean()
+        return F.cross_entropy(logits, targets.reshape(-1))
 
 
 def build_full_model(cfg: GPTConfig, recompute: str = "none") -> Stage:

@@ -14,7 +14,8 @@ Mapping (what the harness runs -> what the estimator is told):
   recompute, sp, vpp (``interleaved`` when > 1, else ``1f1b``); ``dtype = fp32`` (the harness
   trains in fp32); ``flash_attention`` only for ``--attention sdpa``; ``overlap_grad_reduce``
   off below ZeRO-3 (the harness reduces gradients after the backward, not under it) and on for
-  ZeRO-3 (FSDP2 prefetches).
+  ZeRO-3 (FSDP2 prefetches) except on a CPU device, where gloo's collectives run on the same
+  cores as the ranks' compute and hide nothing.
 * Terms, estimator -> harness names: compute + recompute -> ``compute`` (the harness times
   recomputation inside compute), tp_comm + cp_comm -> ``tp_comm``, pp_comm + pp_bubble ->
   ``pp_comm`` (the harness's pipeline receives include the bubble), dp_comm, optimizer +
@@ -22,9 +23,9 @@ Mapping (what the harness runs -> what the estimator is told):
 * Memory per rank: parameters + gradients + optimizer states + activations (the estimator's
   runtime buffers are left out; the harness does not count them).
 
-Known approximations: the harness replicates the vocabulary over tp while the estimator splits
-the embedding and LM head over tp (Megatron), so with tp > 1 head time and its memory are
-under-predicted; fp32 activation bytes are the 16-bit formulas doubled.
+Both sides split the vocabulary over tp (Megatron's vocabulary-parallel embedding, LM head and
+cross-entropy); the estimator does not count the cross-entropy's two small all-reduces. Known
+approximation: fp32 activation bytes are the 16-bit formulas doubled.
 """
 from __future__ import annotations
 
@@ -42,8 +43,8 @@ NOTES = ("estimate on this machine's measured profile (paraplan profile, Profile
          "terms mapped: compute = compute + recompute, tp_comm = tp_comm + cp_comm, pp_comm = pp_comm + "
          "pp_bubble, optimizer = optimizer + offload; 'other' is not predicted",
          "memory per rank = parameters + gradients + optimizer states + activations (no runtime buffers)",
-         "the harness replicates the vocabulary over tp, the estimator splits it: head time and memory "
-         "under-predicted for tp > 1",
+         "vocabulary split over tp on both sides (Megatron); the cross-entropy's two small all-reduces "
+         "are not predicted",
          "fp32: activation bytes of the 16-bit formulas doubled")
 
 
@@ -55,13 +56,13 @@ def estimator_model(cfg):
                             learned_positions=True, max_positions=cfg.seq_len)
 
 
-def estimator_plan(cfg, run):
+def estimator_plan(cfg, run, cpu: bool = False):
     from paraplan.planner.plan import Plan
     return Plan(tp=run.tp, pp=run.pp, dp=run.dp, sp=run.sequence_parallel, vpp=run.virtual_stages,
                 micro_batch=run.micro_batch,
                 schedule="interleaved" if run.virtual_stages > 1 else "1f1b",
                 zero=run.zero, recompute=run.recompute, dtype="fp32",
-                flash_attention=cfg.attention == "sdpa", overlap_grad_reduce=run.zero == 3)
+                flash_attention=cfg.attention == "sdpa", overlap_grad_reduce=run.zero == 3 and not cpu)
 
 
 def ensure_profile(db: str | None, world_size: int, allow_profiling: bool = True) -> None:
@@ -101,6 +102,8 @@ def predict_run(cfg, run, db: str | None = None, allow_profiling: bool = True):
     from paraplan.workloads.transformer import TrainingJob
     ensure_profile(db, run.world_size, allow_profiling)
     cluster = load_cluster("local", run.world_size, db=db)
+    curves = getattr(cluster.accelerator, "measured_curves", None)
+    cpu = curves is not None and curves.device == "cpu"
     e = estimate(estimator_model(cfg), TrainingJob(cfg.seq_len, run.global_batch), cluster,
-                 estimator_plan(cfg, run))
+                 estimator_plan(cfg, run, cpu))
     return to_predicted(e), e

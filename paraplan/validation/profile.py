@@ -1,11 +1,30 @@
 """``paraplan profile``: micro-benchmarks of this machine, stored in the SQLite profile store.
 
-Measured: GEMMs over a grid of shapes and dtypes (achieved FLOP/s, 2 m n k FLOPs per op),
+Measured: GEMMs over a grid of shapes and dtypes (achieved FLOP/s, 2 m n k FLOPs per op), the
+three GEMMs of a Linear's forward and backward in their layouts (``gemm_linear``: x·Wᵀ, g·W,
+gᵀ·x, per GEMM),
 causal ``scaled_dot_product_attention`` (4 b h s^2 d FLOPs forward, halved for causal),
 memory bandwidth of a large device copy (read + write bytes), the launch overhead of a tiny
-op (``launch``: a 1-element add, the per-kernel cost the estimator charges), host<->device copies
-when CUDA is present, and collectives (all-reduce, all-gather, reduce-scatter, all-to-all, send/recv)
-through torch.distributed under torchrun, one launch per world size (gloo on CPU, NCCL on GPU).
+op (``launch``: a 1-element add, no autograd), host<->device copies when CUDA is present, and
+collectives (all-reduce, all-gather, reduce-scatter, all-to-all, send/recv) through
+torch.distributed under torchrun, one launch per world size (gloo on CPU, NCCL on GPU), each rank
+with the validation workers' intra-op thread count (``OMP_NUM_THREADS``, default 1).
+
+What a training step pays beyond the kernels' arithmetic (``training_rows``), measured alone
+(world size 1) and again on every rank at once inside each collective launch (world size n: the
+ranks share the machine's cores, as the validation workers do):
+
+* ``autograd``: forward + backward of tiny Linear, LayerNorm, GELU, softmax and batched-matmul
+  ops under autograd, each divided by the kernels it runs (Linear with bias 4: addmm, then mm,
+  mm and a bias sum; the others 2, batched matmul 3); their median is the per-kernel cost of an
+  eager training step (dispatch, autograd graph, engine) that the profiled curves charge per
+  kernel.
+* ``contention``: the validation model's transformer block (hidden 128, seq 64) forward +
+  backward, and a 128^3 fp32 GEMM; the block's time at world size n over its time alone is the
+  compute slowdown of n ranks sharing the machine (cores, caches and memory bandwidth).
+* ``optimizer``: ``torch.optim.AdamW`` (``foreach=False``, as the harness) over 64 tensors of 64
+  elements and over 16 tensors of 2^16 elements (a small layer's weight matrix): the per-tensor
+  and per-parameter cost of a step.
 
 Collective sizes and bus bandwidth follow the nccl-tests convention (PERFORMANCE.md): ``bytes``
 is the full buffer (the all-gather output, the reduce-scatter input), algorithm bandwidth is
@@ -81,6 +100,19 @@ def bench(fn, device="cpu", min_time_s: float = 0.15, max_iters: int = 1000) -> 
     return statistics.median(samples)
 
 
+def bench_throughput(fn, device="cpu", min_time_s: float = 0.15, max_iters: int = 20000) -> float:
+    """Mean seconds per call of ``fn`` (wall clock over at least ``min_time_s`` after a warm-up):
+    unlike the median it keeps the time slices lost to other processes sharing the cores."""
+    fn()
+    _sync(device)
+    iters, start = 0, time.perf_counter()
+    while iters < max_iters and (time.perf_counter() - start < min_time_s or iters < 3):
+        fn()
+        iters += 1
+    _sync(device)
+    return (time.perf_counter() - start) / iters
+
+
 def _row(kind, op, device, dtype=None, world_size=1, shape=None, nbytes=None, flops=None,
          time_s=None, bus_factor=None):
     return {"kind": kind, "op": op, "device": str(device), "dtype": dtype,
@@ -107,6 +139,45 @@ def gemm_rows(opts: ProfileOptions, device="cpu") -> list[dict]:
     return rows
 
 
+#: (tokens m, in k, out n) of the training-layout GEMMs: a Linear's forward x·Wᵀ, input gradient
+#: g·W and weight gradient gᵀ·x, from the validation model's sizes up to 1024^3
+COLD_BYTES = 64 << 20
+LINEAR_SHAPES = ((64, 128, 128), (128, 128, 512), (256, 512, 128), (256, 256, 256), (512, 512, 512),
+                 (1024, 1024, 1024))
+
+
+def linear_rows(opts: ProfileOptions, device="cpu") -> list[dict]:
+    """The three GEMMs of a Linear's forward and backward in their layouts (x @ W.t(), g @ W,
+    g.t() @ x), timed together over operand sets that do not fit in the caches; the row is per
+    GEMM (2mnk FLOPs, a third of the time): the rate a training step's GEMMs get, whose operands
+    were last touched by other ops, unlike a square ``a @ b`` repeated on hot operands."""
+    rows = []
+    for name in opts.gemm_dtypes:
+        dtype = getattr(torch, name)
+        for m, k, n in LINEAR_SHAPES:
+            # operands rotate over sets that together exceed the caches (COLD_BYTES): in a step a
+            # GEMM's inputs were written by other ops in between, not by the previous call
+            size = (m * k + n * k + m * n) * torch.tensor([], dtype=dtype).element_size()
+            sets = [tuple(torch.randn(*shape, device=device).to(dtype) for shape in ((m, k), (n, k), (m, n)))
+                    for _ in range(max(1, min(256, -(-COLD_BYTES // size))))]
+            it = iter(())
+
+            def three():
+                nonlocal it
+                try:
+                    x, w, g = next(it)
+                except StopIteration:
+                    it = iter(sets)
+                    x, w, g = next(it)
+                x @ w.t()
+                g @ w
+                g.t() @ x
+            t = bench(three, device, opts.min_time_s) / 3
+            rows.append(_row("gemm_linear", "linear_fwd_bwd", device, name, shape={"m": m, "n": n, "k": k},
+                             flops=2.0 * m * n * k, time_s=t))
+    return rows
+
+
 def sdpa_rows(opts: ProfileOptions, device="cpu") -> list[dict]:
     """Causal SDPA forward; FLOPs 4 b h s^2 d / 2 (causal half counted)."""
     rows = []
@@ -128,6 +199,92 @@ def launch_rows(opts: ProfileOptions, device="cpu") -> list[dict]:
     b = torch.ones(1, device=device)
     t = bench(lambda: torch.add(a, b), device, opts.min_time_s, max_iters=20000)
     return [_row("launch", "add_1", device, "float32", shape={"numel": 1}, time_s=t)]
+
+
+#: (op, kernels it runs forward + backward) of the autograd micro-benchmarks
+AUTOGRAD_OPS = (("linear", 4), ("layer_norm", 2), ("gelu", 2), ("softmax", 2), ("bmm", 3))
+ADAM_SMALL = (64, 64)          # tensors, elements each
+ADAM_LARGE = (16, 1 << 16)     # a layer's weight matrices are of this order (256 KiB each)
+
+
+def _autograd_case(op, device):
+    import torch.nn.functional as F
+    x = torch.randn(1, 4, 8, device=device, requires_grad=True)
+    if op == "linear":
+        w = torch.randn(8, 8, device=device, requires_grad=True)
+        b = torch.randn(8, device=device, requires_grad=True)
+        f = lambda: F.linear(x, w, b)
+    elif op == "layer_norm":
+        w = torch.ones(8, device=device, requires_grad=True)
+        b = torch.zeros(8, device=device, requires_grad=True)
+        f = lambda: F.layer_norm(x, (8,), w, b)
+    elif op == "gelu":
+        f = lambda: F.gelu(x)
+    elif op == "softmax":
+        f = lambda: torch.softmax(x, dim=-1)
+    elif op == "bmm":
+        y = torch.randn(1, 8, 4, device=device, requires_grad=True)
+        f = lambda: x @ y
+    else:
+        raise ValueError(op)
+    g = None
+
+    def step():
+        nonlocal g
+        out = f()
+        if g is None:
+            g = torch.ones_like(out)
+        out.backward(g)
+    return step
+
+
+#: the validation model's transformer block timed forward + backward for the contention figure:
+#: a working set of a few MiB and the op mix of a real step, unlike one cache-resident GEMM
+CONTENTION_BLOCK = {"hidden": 128, "heads": 4, "seq": 64, "batch": 1}
+
+
+def _block_case(device):
+    from paraplan.validation.model import Block, GPTConfig, ParallelContext
+    c = CONTENTION_BLOCK
+    cfg = GPTConfig(vocab_size=256, seq_len=c["seq"], hidden=c["hidden"], heads=c["heads"], layers=1)
+    block = Block(cfg, 0, ParallelContext()).to(device)
+    x = torch.randn(c["batch"], c["seq"], c["hidden"], device=device, requires_grad=True)
+
+    def step():
+        block(x).sum().backward()
+    return step
+
+
+def training_rows(opts: ProfileOptions, device="cpu", world_size: int = 1, rounds: int = 5) -> list[dict]:
+    """Per-kernel autograd cost, compute contention reference and AdamW step (module docstring).
+
+    Every case runs in ``rounds`` short rounds interleaved with the others and keeps the median
+    round: a burst of load from another process on a shared machine spoils one round, not the
+    figure."""
+    import torch.nn as nn
+
+    from paraplan.validation.apply_zero import make_adamw
+    t_round = max(0.1, opts.min_time_s) / rounds
+    cases = [("autograd", op, {"numel": 32, "kernels": k}, None, None, _autograd_case(op, device))
+             for op, k in AUTOGRAD_OPS]
+    a = torch.randn(128, 128, device=device)
+    b = torch.randn(128, 128, device=device)
+    cases.append(("contention", "gemm", {"m": 128, "n": 128, "k": 128}, 2.0 * 128 ** 3, None,
+                  lambda: a @ b))
+    cases.append(("contention", "block", dict(CONTENTION_BLOCK), None, None, _block_case(device)))
+    for tensors, numel in (ADAM_SMALL, ADAM_LARGE):
+        params = [nn.Parameter(torch.randn(numel, device=device)) for _ in range(tensors)]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        cases.append(("optimizer", "adamw", {"tensors": tensors, "numel": numel}, None,
+                      4 * tensors * numel, make_adamw(params).step))
+    samples = [[] for _ in cases]
+    for _ in range(rounds):
+        for i, case in enumerate(cases):
+            samples[i].append(bench_throughput(case[-1], device, t_round))
+    return [_row(kind, op, device, "float32", world_size, shape=shape, flops=flops, nbytes=nbytes,
+                 time_s=statistics.median(ts))
+            for (kind, op, shape, flops, nbytes, _), ts in zip(cases, samples)]
 
 
 def device_memory_bytes(device="cpu") -> int | None:
@@ -203,8 +360,12 @@ def _collective_case(op, nbytes, world, rank, device):
     raise ValueError(op)
 
 
-def collective_worker(sizes: list[int], out_path: str, min_time_s: float) -> None:
-    """Runs on every torchrun rank; rank 0 writes the rows (max time over ranks) to JSON."""
+def collective_worker(sizes: list[int], out_path: str, min_time_s: float,
+                      with_training: bool = True) -> None:
+    """Runs on every torchrun rank; rank 0 writes the rows (max time over ranks) to JSON.
+
+    With ``with_training`` every rank first runs :func:`training_rows` at the same time (rows
+    at this world size, mean over ranks): what one rank pays while all of them compute."""
     import torch.distributed as dist
     cuda = torch.cuda.is_available()
     local = int(os.environ.get("LOCAL_RANK", 0))
@@ -214,22 +375,37 @@ def collective_worker(sizes: list[int], out_path: str, min_time_s: float) -> Non
     rank, world = dist.get_rank(), dist.get_world_size()
     device = f"cuda:{local}" if cuda else "cpu"
     rows = []
+    if with_training:
+        dist.barrier()
+        mine = training_rows(ProfileOptions(min_time_s=min_time_s), device, world)
+        every = [None] * world
+        dist.all_gather_object(every, [r["time_s"] for r in mine])
+        for i, r in enumerate(mine):  # the mean over the ranks that ran concurrently
+            r.update(_row(r["kind"], r["op"], "cuda" if cuda else "cpu", r["dtype"], world,
+                          shape=r["shape"], nbytes=r["bytes"], flops=r["flops"],
+                          time_s=statistics.mean(e[i] for e in every)))
+        rows += mine
     for op in COLLECTIVES:
         for nbytes in sizes:
             fn = _collective_case(op, nbytes, world, rank, device)
             fn()
+            # every rank runs the same count, decided up front by rank 0 from two timed calls,
+            # then back to back with nothing else in the loop (a per-call agreement, a broadcast
+            # say, would add its own latency to every sample)
             dist.barrier()
-            iters = 0
             t0 = time.perf_counter()
-            # every rank runs the same count: decided by rank 0's clock, broadcast each round
-            while True:
+            fn()
+            fn()
+            _sync(device)
+            per = (time.perf_counter() - t0) / 2
+            count = torch.tensor([max(3, min(200, int(min_time_s / max(per, 1e-7))))],
+                                 dtype=torch.int32, device=device)
+            dist.broadcast(count, 0)
+            iters = int(count.item())
+            dist.barrier()
+            t0 = time.perf_counter()
+            for _ in range(iters):
                 fn()
-                iters += 1
-                flag = torch.tensor([time.perf_counter() - t0 < min_time_s and iters < 200],
-                                    dtype=torch.int32, device=device)
-                dist.broadcast(flag, 0)
-                if not flag.item():
-                    break
             _sync(device)
             elapsed = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64,
                                    device=device)
@@ -277,8 +453,8 @@ def run_profile(opts: ProfileOptions, db: str | None = None,
     torch.set_num_threads(per_rank_threads())
     try:
         for dev in devices:
-            rows += (gemm_rows(opts, dev) + sdpa_rows(opts, dev) + memory_rows(opts, dev)
-                     + launch_rows(opts, dev) + device_rows(dev))
+            rows += (gemm_rows(opts, dev) + linear_rows(opts, dev) + sdpa_rows(opts, dev) + memory_rows(opts, dev)
+                     + launch_rows(opts, dev) + device_rows(dev) + training_rows(opts, dev))
     finally:
         torch.set_num_threads(threads)
     if collectives:
@@ -295,9 +471,11 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
     -------
     dict
         ``fingerprint``, ``run_id`` and per kind: ``gemm`` = [{device, dtype, m, n, k, flops,
-        flops_per_s}], ``sdpa`` = [{device, dtype, flops, flops_per_s, shape}],
+        flops_per_s}], ``gemm_linear`` the same for the training-layout GEMMs (absent in older profiles), ``sdpa`` = [{device, dtype, flops, flops_per_s, shape}],
         ``memory_bandwidth`` = {device: bytes/s}, ``launch`` = {device: seconds per tiny op}
         and ``device_memory`` = {device: bytes} (both absent in older profiles), ``h2d`` / ``d2h`` = bytes/s or None,
+        ``training`` = {device: {world_size: {"autograd": {op: (seconds, kernels)}, "contention_s": seconds of
+        the reference GEMM, "adamw": [(tensors, numel, seconds)]}}} (absent in older profiles),
         ``collectives`` = {op: {world_size: [(bytes, bus_bandwidth_bytes_per_s, time_s)]}}.
     """
     store = ProfileStore(db)
@@ -307,11 +485,15 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
         raise ConfigError("profile", f"no profile stored for machine {fid} in {store.path}",
                           accepted="run `paraplan profile` first")
     rows = store.measurements(run_id)
-    out = {"fingerprint": fid, "run_id": run_id, "gemm": [], "sdpa": [],
-           "memory_bandwidth": {}, "launch": {}, "device_memory": {}, "h2d": None, "d2h": None, "collectives": {}}
+    out = {"fingerprint": fid, "run_id": run_id, "gemm": [], "gemm_linear": [], "sdpa": [],
+           "memory_bandwidth": {}, "launch": {}, "device_memory": {}, "h2d": None, "d2h": None, "collectives": {},
+           "training": {}}
     for r in rows:
         k = r["kind"]
-        if k == "gemm":
+        if k == "gemm_linear":
+            out["gemm_linear"].append({"device": r["device"], "dtype": r["dtype"], **r["shape"],
+                                       "flops": r["flops"], "flops_per_s": r["flops_per_s"]})
+        elif k == "gemm":
             out["gemm"].append({"device": r["device"], "dtype": r["dtype"], **r["shape"],
                                 "flops": r["flops"], "flops_per_s": r["flops_per_s"]})
         elif k == "sdpa":
@@ -325,6 +507,16 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
             out["launch"][r["device"]] = r["time_s"]
         elif k in ("h2d", "d2h"):
             out[k] = r["bandwidth_bytes_per_s"]
+        elif k in ("autograd", "contention", "optimizer"):
+            w = out["training"].setdefault(r["device"], {}).setdefault(
+                int(r["world_size"]), {"autograd": {}, "contention_s": None, "adamw": []})
+            if k == "autograd":
+                w["autograd"][r["op"]] = (r["time_s"], r["shape"]["kernels"])
+            elif k == "contention":   # the block when measured (older profiles: the GEMM)
+                if r["op"] == "block" or w["contention_s"] is None:
+                    w["contention_s"] = r["time_s"]
+            else:
+                w["adamw"].append((r["shape"]["tensors"], r["shape"]["numel"], r["time_s"]))
         elif k == "collective":
             per = out["collectives"].setdefault(r["op"], {}).setdefault(r["world_size"], [])
             per.append((r["bytes"], r["bus_bandwidth_bytes_per_s"], r["time_s"]))
@@ -340,8 +532,9 @@ def _worker_main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--min-time", type=float, default=0.15)
     ap.add_argument("--sizes", type=int, nargs="+", required=True)
+    ap.add_argument("--no-training", action="store_true")
     a = ap.parse_args(argv)
-    collective_worker(a.sizes, a.out, a.min_time)
+    collective_worker(a.sizes, a.out, a.min_time, with_training=not a.no_training)
     return 0
 
 
