@@ -194,12 +194,8 @@ def _run_validate(args) -> int:
 
 
 def run_cf(args) -> int:
-    """Run a parsed ``cf`` command; ParaplanError becomes one line on stderr and exit code 2."""
-    try:
-        return {"plan": _run_plan, "profile": _run_profile, "validate": _run_validate}[args.cf_command](args)
-    except ParaplanError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    """Run a parsed ``cf`` command (errors are turned into one line by ``paraplan.cli.run_command``)."""
+    return {"plan": _run_plan, "profile": _run_profile, "validate": _run_validate}[args.cf_command](args)
 
 
 def main(argv=None) -> int:
@@ -209,7 +205,8 @@ def main(argv=None) -> int:
     if args.command != "cf":
         parser.print_usage(sys.stderr)
         return 2
-    return run_cf(args)
+    from paraplan.cli import run_command
+    return run_command(run_cf, args)
 
 
 

@@ -89,7 +89,6 @@ def plan_from_args(args):
 def scenario_from_args(args):
     from paraplan.hardware.catalog import load_cluster
     from paraplan.workloads.presets import load_model
-    from paraplan.workloads.transformer import TrainingJob
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus, db=getattr(args, "db", None))
     return model, cluster, args.seq_len or 2048
@@ -133,9 +132,8 @@ def cmd_estimate(args) -> int:
 
 def cmd_list(args) -> int:
     from paraplan.hardware.catalog import load_part, preset_names
-    from paraplan.workloads.presets import load_model, model_names, preset_source
+    from paraplan.workloads.presets import load_model, model_names
     what = args.what
-    rows = []
     if what in ("hardware", "accelerators"):
         print("accelerators")
         for n in preset_names("accelerators"):
@@ -205,16 +203,20 @@ def _optional_commands():
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = build_parser()
-    args = ap.parse_args(argv)
+def run_command(func, args) -> int:
+    """Run a parsed command: a ParaplanError becomes one line on stderr and exit code 2."""
     try:
-        return args.func(args)
+        return func(args)
     except ParaplanError as e:
         print(f"paraplan: error: {e}", file=sys.stderr)
         return 2
     except BrokenPipeError:
         return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_command(args.func, args)
 
 
 if __name__ == "__main__":

@@ -49,4 +49,4 @@ def test_bad_input_exits_2_with_one_line(capsys, tmp_path):
     rc = main(["validate", "--nproc-per-node", "2", "--tp", "3", "--out", str(tmp_path)])
     assert rc == 2
     err = capsys.readouterr().err
-    assert err.startswith("error: ") and "Traceback" not in err
+    assert err.startswith("paraplan: error: ") and "Traceback" not in err

@@ -5,7 +5,6 @@ import argparse
 import os
 import sys
 
-from paraplan.errors import ParaplanError
 
 
 def add_export_args(ap: argparse.ArgumentParser) -> None:
@@ -44,11 +43,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="paraplan export")
     add_export_args(ap)
     args = ap.parse_args(argv)
-    try:
-        return cmd_export(args)
-    except ParaplanError as e:
-        print(f"paraplan: error: {e}", file=sys.stderr)
-        return 2
+    from paraplan.cli import run_command
+    return run_command(cmd_export, args)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import json
 import os
 import sys
 
-from paraplan.errors import ConfigError, ParaplanError
+from paraplan.errors import ConfigError
 
 
 def add_validate_parser(subparsers) -> argparse.ArgumentParser:
@@ -180,11 +180,8 @@ def main(argv=None) -> int:
     add_validate_parser(sub)
     add_profile_parser(sub)
     args = ap.parse_args(argv)
-    try:
-        return args.func(args)
-    except ParaplanError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    from paraplan.cli import run_command
+    return run_command(args.func, args)
 
 
 def register(subparsers) -> None:
