@@ -220,20 +220,20 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     dense and MoE layers (weights: their counts)."""
     attn_gemm = attention_gemm_forward_time(model, job, plan, curves)
     attn_f, attn_b = attention_core_times(model, job, plan, curves)
-    dense_f = attn_gemm + mlp_gemm_forward_time(model, job, plan, curves) + attn_f \
-        + elementwise_forward_time(model, job, plan, curves)
-    dense_gemm = attn_gemm + mlp_gemm_forward_time(model, job, plan, curves)
-    dense_b = 2 * dense_gemm + attn_b + 2 * elementwise_forward_time(model, job, plan, curves)
+
+    def fwd_bwd(mlp_gemm, elem):
+        """A layer's forward and backward: backward runs every GEMM twice and streams twice the bytes."""
+        gemm = attn_gemm + mlp_gemm
+        return gemm + attn_f + elem, 2 * gemm + attn_b + 2 * elem
+
+    fwd, bwd = fwd_bwd(mlp_gemm_forward_time(model, job, plan, curves),
+                       elementwise_forward_time(model, job, plan, curves))
     share_moe = model.moe_layers / model.layers
     if share_moe:
-        moe_gemm = attn_gemm + moe_mlp_forward_time(model, job, plan, curves)
-        moe_elem = elementwise_forward_time(model, job, plan, curves, moe=True)
-        moe_f = moe_gemm + attn_f + moe_elem
-        moe_b = 2 * moe_gemm + attn_b + 2 * moe_elem
-        fwd = (1 - share_moe) * dense_f + share_moe * moe_f
-        bwd = (1 - share_moe) * dense_b + share_moe * moe_b
-    else:
-        fwd, bwd = dense_f, dense_b
+        moe_f, moe_b = fwd_bwd(moe_mlp_forward_time(model, job, plan, curves),
+                               elementwise_forward_time(model, job, plan, curves, moe=True))
+        fwd = (1 - share_moe) * fwd + share_moe * moe_f
+        bwd = (1 - share_moe) * bwd + share_moe * moe_b
     ar = tp_allreduce_time(model, job, plan, cluster)
     rc = np.asarray(plan.recompute_code)
     recompute = np.where(rc == RECOMPUTE_FULL, fwd, np.where(rc == RECOMPUTE_SELECTIVE, attn_f, 0.0))

@@ -120,10 +120,11 @@ def step_terms(model, job, cluster, plan, curves) -> dict:
     warm, factor = compressed_phase_factor(plan)
     dp_args = (plan, cluster, m, t_micro_fwd, t_micro_bwd)
     dp_warm, dp_total = dp_exposed_time(params, *dp_args)
-    dp_comp, _ = dp_exposed_time(params, *dp_args, volume_factor=factor)
+    compressed = bool(np.any(factor != 1))      # else the compressed phase is the warm-up phase
+    dp_comp = dp_exposed_time(params, *dp_args, volume_factor=factor)[0] if compressed else dp_warm
     if model.moe is not None:
         e_warm, e_total = dp_exposed_time(experts, *dp_args, experts=True)
-        e_comp, _ = dp_exposed_time(experts, *dp_args, experts=True, volume_factor=factor)
+        e_comp = dp_exposed_time(experts, *dp_args, experts=True, volume_factor=factor)[0] if compressed else e_warm
         dp_warm, dp_comp, dp_total = dp_warm + e_warm, dp_comp + e_comp, dp_total + e_total
     dp_avg = warm * dp_warm + (1 - warm) * dp_comp
 

@@ -5,7 +5,7 @@ run over numpy arrays of plans (``paraplan.planner.search``) as well as over one
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Mapping
 
 from paraplan.errors import ConfigError
@@ -111,7 +111,7 @@ class Plan:
         if gpus % mp:
             raise ConfigError("gpus", f"tp({self.tp}) * pp({self.pp}) * cp({self.cp}) = {mp} does not divide "
                               f"gpus({gpus})", accepted=f"a GPU count that is a multiple of {mp}")
-        return _replace(self, dp=gpus // mp)
+        return replace(self, dp=gpus // mp)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -136,11 +136,6 @@ class Plan:
         return " ".join(parts)
 
 
-def _replace(plan: Plan, **changes) -> Plan:
-    from dataclasses import replace
-    return replace(plan, **changes)
-
-
 def check_plan(plan: Plan, model, job, cluster) -> Plan:
     """Check a plan against the model, the job and the cluster; return it with dp filled.
 
@@ -151,7 +146,7 @@ def check_plan(plan: Plan, model, job, cluster) -> Plan:
     if not plan.dp and gpus % plan.model_parallel:
         problems.append(f"tp({plan.tp}) * pp({plan.pp}) * cp({plan.cp}) = {plan.model_parallel} does not divide "
                         f"gpus({gpus})")
-        plan = _replace(plan, dp=max(1, gpus // plan.model_parallel))
+        plan = replace(plan, dp=max(1, gpus // plan.model_parallel))
     else:
         plan = plan.with_dp_for(gpus)
         if plan.tp * plan.pp * plan.dp * plan.cp != gpus:
