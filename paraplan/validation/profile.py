@@ -10,6 +10,9 @@ collectives (all-reduce, all-gather, reduce-scatter, all-to-all, send/recv) thro
 torch.distributed under torchrun, one launch per world size (gloo on CPU, NCCL on GPU), each rank
 with the validation workers' intra-op thread count (``OMP_NUM_THREADS``, default 1).
 
+The per-device benchmarks run in a fresh process with the validation ranks' environment
+(:func:`device_benchmark_rows`), so they see the runtime a rank sees.
+
 What a training step pays beyond the kernels' arithmetic (``training_rows``), measured alone
 (world size 1) and again on every rank at once inside each collective launch (world size n: the
 ranks share the machine's cores, as the validation workers do):
@@ -255,7 +258,7 @@ def _block_case(device):
     return step
 
 
-def training_rows(opts: ProfileOptions, device="cpu", world_size: int = 1, rounds: int = 5) -> list[dict]:
+def training_rows(opts: ProfileOptions, device="cpu", world_size: int = 1, rounds: int = 7) -> list[dict]:
     """Per-kernel autograd cost, compute contention reference and AdamW step (module docstring).
 
     Every case runs in ``rounds`` short rounds interleaved with the others and keeps the median
@@ -264,7 +267,7 @@ def training_rows(opts: ProfileOptions, device="cpu", world_size: int = 1, round
     import torch.nn as nn
 
     from paraplan.validation.apply_zero import make_adamw
-    t_round = max(0.1, opts.min_time_s) / rounds
+    t_round = max(0.35, opts.min_time_s) / rounds
     cases = [("autograd", op, {"numel": 32, "kernels": k}, None, None, _autograd_case(op, device))
              for op, k in AUTOGRAD_OPS]
     a = torch.randn(128, 128, device=device)
@@ -442,10 +445,9 @@ def collective_rows(opts: ProfileOptions) -> list[dict]:
     return rows
 
 
-def run_profile(opts: ProfileOptions, db: str | None = None,
-                collectives: bool = True) -> tuple[int, list[dict]]:
-    """Run every benchmark on the local devices and store one run; returns (run_id, rows)."""
-    started = time.time()
+def _device_rows_here(opts: ProfileOptions) -> list[dict]:
+    """Every per-device benchmark (GEMMs, Linear layouts, SDPA, copies, launch, training rows)
+    on the local devices, in this process."""
     devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     rows = []
     threads = torch.get_num_threads()
@@ -457,6 +459,46 @@ def run_profile(opts: ProfileOptions, db: str | None = None,
                      + launch_rows(opts, dev) + device_rows(dev) + training_rows(opts, dev))
     finally:
         torch.set_num_threads(threads)
+    return rows
+
+
+def _options_from_json(d: dict) -> ProfileOptions:
+    def tup(v):
+        return tuple(tup(x) for x in v) if isinstance(v, list) else v
+    return ProfileOptions(**{k: tup(v) for k, v in d.items()})
+
+
+def device_benchmark_rows(opts: ProfileOptions) -> list[dict]:
+    """The per-device benchmarks, run in a fresh process with the validation ranks' environment
+    (:func:`paraplan.validation.launch.worker_env`: ``OMP_NUM_THREADS`` set before torch starts).
+
+    Why not in this process: a rank starts with one intra-op thread, while this process may have
+    started its thread pool wider and then narrowed it (``torch.set_num_threads``), and it holds
+    whatever the caller imported. Measured on the 2-core development machine, the per-kernel
+    autograd cost came out about 25 % higher in the calling process than in a fresh one with
+    ``OMP_NUM_THREADS=1``, which made the world-size-1 figures slower than the same figures
+    taken with two ranks busy."""
+    import subprocess
+    from dataclasses import asdict
+
+    from paraplan.validation.launch import worker_env
+    with tempfile.TemporaryDirectory(prefix="paraplan-profile-") as d:
+        out = os.path.join(d, "device.json")
+        cmd = [sys.executable, "-m", "paraplan.validation.profile", "--device-worker", "--out", out,
+               "--options", json.dumps(asdict(opts))]
+        proc = subprocess.run(cmd, env=worker_env(), capture_output=True, text=True)
+        if proc.returncode != 0 or not os.path.exists(out):
+            tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+            raise ConfigError("profile", f"the device benchmarks failed (exit {proc.returncode}):\n{tail}")
+        with open(out) as f:
+            return json.load(f)
+
+
+def run_profile(opts: ProfileOptions, db: str | None = None,
+                collectives: bool = True) -> tuple[int, list[dict]]:
+    """Run every benchmark on the local devices and store one run; returns (run_id, rows)."""
+    started = time.time()
+    rows = device_benchmark_rows(opts)
     if collectives:
         rows += collective_rows(opts)
     store = ProfileStore(db)
@@ -528,12 +570,24 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
 
 def _worker_main(argv=None) -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--collectives-worker", action="store_true", required=True)
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--collectives-worker", action="store_true")
+    mode.add_argument("--device-worker", action="store_true")
     ap.add_argument("--out", required=True)
     ap.add_argument("--min-time", type=float, default=0.15)
-    ap.add_argument("--sizes", type=int, nargs="+", required=True)
+    ap.add_argument("--sizes", type=int, nargs="+")
     ap.add_argument("--no-training", action="store_true")
+    ap.add_argument("--options", help="ProfileOptions as JSON (--device-worker)")
     a = ap.parse_args(argv)
+    if a.device_worker:
+        rows = _device_rows_here(_options_from_json(json.loads(a.options)))
+        tmp = a.out + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(rows, f)
+        os.replace(tmp, a.out)
+        return 0
+    if not a.sizes:
+        ap.error("--collectives-worker needs --sizes")
     collective_worker(a.sizes, a.out, a.min_time, with_training=not a.no_training)
     return 0
 
