@@ -161,3 +161,13 @@ def test_an_oversubscribed_flat_network_changes_the_answer():
     assert rail.step_time_s == pytest.approx(closed_form.step_time_s, rel=0.01)
     assert flat.step_time_s > rail.step_time_s * 1.03
     assert flat.time_breakdown_s["dp_comm"] > rail.time_breakdown_s["dp_comm"]
+
+
+def test_planner_uses_fused_attention_only_where_the_accelerator_runs_it():
+    """FlashAttention needs Turing/Ampere or newer (Dao-AILab/flash-attention README); on V100 the
+    candidates all run unfused attention, on A100 all fused."""
+    job = TrainingJob(2048, 64)
+    model = load_model("gpt-1.7b")
+    v100, _, _ = compose(model, job, load_cluster("dgx1-v100", 8))
+    a100, _, _ = compose(model, job, load_cluster("dgx-a100-80g", 8))
+    assert not v100.flash_attention.any() and a100.flash_attention.all()

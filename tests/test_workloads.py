@@ -44,7 +44,9 @@ def test_hugging_face_config(tmp_path):
                                         ("layers: 2\nhidden: 65\nheads: 4\nvocab: 10\n", "hidden"),
                                         ("layers: 2\nhidden: 64\nheads: 4\nvocab: 10\nactivation: tanh\n", "activation"),
                                         ("layers: 2\nhidden: 64\nheads: 4\nvocab: 10\ncolour: red\n", "colour"),
-                                        ("layers: [2\n", "model")])
+                                        ("layers: [2\n", "model"),
+                                        ("layers: 2\nhidden: 64\nheads: 4\nvocab: 10\n"
+                                         "moe: {experts: 4, expert_ffn_hidden: 64, dispatch: gather}\n", "moe.dispatch")])
 def test_bad_model_files_name_the_field(tmp_path, body, field):
     f = tmp_path / "bad.yaml"
     f.write_text(body)
@@ -57,3 +59,12 @@ def test_unknown_preset_suggests_close_names():
     with pytest.raises(ConfigError) as e:
         load_model("llama3-7b")
     assert "did you mean" in str(e.value) and "llama3-8b" in str(e.value)
+
+
+def test_moe_dispatch_defaults_to_permute_and_reads_einsum(tmp_path):
+    f = tmp_path / "m.yaml"
+    f.write_text("name: m\nlayers: 2\nhidden: 64\nheads: 4\nvocab: 10\n"
+                 "moe: {experts: 4, expert_ffn_hidden: 64, dispatch: einsum}\n")
+    assert load_model(str(f)).moe.dispatch == "einsum"
+    assert load_model("mixtral-8x7b").moe.dispatch == "permute"
+    assert load_model("ted-6.7b-16e").moe.dispatch == "einsum"     # DeepSpeed-MoE's MOELayer

@@ -90,6 +90,43 @@ def moe_mlp_forward_time(model, job, plan, curves):
     return routed + shared + router
 
 
+def einsum_dispatch_slots(model, job, plan):
+    """S and E·C of DeepSpeed-MoE's einsum dispatch on one GPU: S = b·s/cp tokens (the gate runs on
+    every tp rank's full copy of the micro-batch), E·C = S·top_k·factor capacity slots
+    (C = ceil(k·S/E·capacity_factor) in ``top1gating``/``top2gating``; dropless: the busiest
+    expert's count, here S/E·k·moe_imbalance)."""
+    S = tokens_per_rank(job, plan)
+    return S, S * model.moe.top_k * expert_token_factor(model, job)
+
+
+def moe_einsum_dispatch_times(model, job, plan, curves):
+    """(forward, backward) seconds of GShard-style einsum dispatch and combine in one MoE layer.
+
+    DeepSpeed-MoE ``MOELayer.forward`` (deepspeed/moe/sharded_moe.py, the implementation DeepSpeed-
+    MoE and DeepSpeed-TED ran; Lepikhin et al. 2020, GShard §2.2 for the formulation):
+    ``dispatched = einsum("sec,sm->ecm", dispatch_mask, x)`` and
+    ``out = einsum("sec,ecm->sm", combine_weights, expert_out)``; DeepSpeed evaluates both as one
+    dense GEMM each, (E·C × S)·(S × h) and (S × E·C)·(E·C × h), 2·S·E·C·h FLOPs apiece with
+    E·C = S·k·factor (:func:`einsum_dispatch_slots`), so the cost grows with the square of the
+    tokens per micro-batch and does not shrink with tp. Backward: the gradient of x through the
+    dispatch GEMM, and of expert_out and of the combine weights through the combine GEMM (3 GEMMs;
+    the boolean dispatch mask takes none). Memory traffic: the S x E x C combine weights are built in
+    fp32 (the gate runs in fp32), cast to a boolean mask and to two 16-bit GEMM operands: about
+    4 + 1 + 2 + 2 bytes written and as many read per slot forward (18 bytes), twice that backward.
+    Returns 0 for ``dispatch = "permute"`` (its copies are priced in
+    :func:`mlp_activation_bytes_per_token`)."""
+    if model.moe is None or model.moe.dispatch != "einsum":
+        return 0.0, 0.0
+    S, slots = einsum_dispatch_slots(model, job, plan)
+    h, dt = model.hidden, _dtype(plan)
+    dispatch = curves.gemm_time(slots, h, S, dt)        # (E·C x S) @ (S x h)
+    combine = curves.gemm_time(S, h, slots, dt)         # (S x E·C) @ (E·C x h)
+    grad_weights = curves.gemm_time(S, slots, h, dt)    # d(combine weights) = d(out) @ expert_outᵀ
+    wide = element_bytes(plan) / BYTES
+    stream = curves.memory_time(18 * wide * S * slots, kernels=4)
+    return dispatch + combine + stream, dispatch + combine + grad_weights + 2 * stream
+
+
 def attention_core_times(model, job, plan, curves):
     """(forward, backward) time of the attention core (QKᵀ, softmax, PV) for one micro-batch."""
     b, s = plan.micro_batch, job.seq_len
@@ -232,6 +269,8 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     if share_moe:
         moe_f, moe_b = fwd_bwd(moe_mlp_forward_time(model, job, plan, curves),
                                elementwise_forward_time(model, job, plan, curves, moe=True))
+        einsum_f, einsum_b = moe_einsum_dispatch_times(model, job, plan, curves)
+        moe_f, moe_b = moe_f + einsum_f, moe_b + einsum_b
         fwd = (1 - share_moe) * fwd + share_moe * moe_f
         bwd = (1 - share_moe) * bwd + share_moe * moe_b
     ar = tp_allreduce_time(model, job, plan, cluster)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 
 from paraplan.costmodels.compute import (BYTES, RECOMPUTE_FULL, RECOMPUTE_SELECTIVE, element_bytes,
-                                         expert_token_factor, tokens_per_rank)
+                                         einsum_dispatch_slots, expert_token_factor, tokens_per_rank)
 
 OPTIMIZER_BYTES_PER_PARAM = 12   # fp32 master weights, momentum, variance (K in the ZeRO paper)
 FP32_OPTIMIZER_BYTES_PER_PARAM = 8   # plain fp32 Adam: momentum and variance, no master copy
@@ -104,6 +104,11 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
         share = model.moe_layers / model.layers
         mlp = (1 - share) * mlp + share * moe_mlp
     sharded = (4 * h + 4 * hkv + mlp) * T / t                      # Q, K, V, out-proj input, MLP
+    if model.moe is not None and model.moe.dispatch == "einsum":
+        # the 16-bit dispatch mask and combine weights (S x E·C each) saved for the einsum GEMMs'
+        # backward, on every tp rank (compute.moe_einsum_dispatch_times)
+        S, slots = einsum_dispatch_slots(model, job, plan)
+        unsharded = unsharded + model.moe_layers / model.layers * 4 * S * slots
     s_l = T / b
     scores = np.where(np.asarray(plan.flash_attention, dtype=bool), 4.0 * a * s_l * b,   # fp32 stats
                       5.0 * a * s_l * s * b) / t

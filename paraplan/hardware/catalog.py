@@ -115,8 +115,16 @@ def parse_accelerator(f: _Fields) -> Accelerator:
         scale_up_bandwidth_bytes_per_s=f.number("scale_up_bandwidth_gb_per_s") * GB,
         gemm_plateau_efficiency=f.number("gemm_plateau_efficiency", at_most=1.0),
         streaming_multiprocessors=f.integer("streaming_multiprocessors"),
+        flash_attention=_flag(f, "flash_attention", True),
         sources=f.sources(),
     )
+
+
+def _flag(f: _Fields, key: str, default: bool) -> bool:
+    v = f.raw(key, default)
+    if not isinstance(v, bool):
+        raise ConfigError(f._name(key), f"expected true or false, got {v!r}", source=f.source)
+    return v
 
 
 def parse_cpu(f: _Fields) -> Cpu:

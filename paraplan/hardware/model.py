@@ -78,7 +78,8 @@ class Accelerator:
 
     ``peak_flops`` maps dtype (fp32, tf32, fp16, bf16, fp8) to dense peak FLOP/s (no sparsity).
     ``gemm_plateau_efficiency`` is the best achieved/peak of a large GEMM (MAMF), the ceiling of the
-    GEMM efficiency curve.
+    GEMM efficiency curve. ``flash_attention`` says whether fused (FlashAttention) kernels run on the
+    part; where they do not (Volta), the planner only considers unfused attention.
     """
     name: str
     vendor: str
@@ -89,6 +90,7 @@ class Accelerator:
     scale_up_bandwidth_bytes_per_s: float
     gemm_plateau_efficiency: float
     streaming_multiprocessors: int
+    flash_attention: bool = True
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     #: measured efficiency curves (a :class:`paraplan.costmodels.profiled.ProfiledCurves`) for a
     #: device described by a profile; None for catalogue parts (analytical curves)

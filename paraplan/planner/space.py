@@ -227,7 +227,7 @@ def compose(model, job, cluster, options: SpaceOptions | None = None) -> tuple[P
         tp=rep["tp"][idx], pp=rep["pp"][idx], dp=rep["dp"][idx], cp=rep["cp"][idx], sp=til["sp"][idx],
         vpp=rep["vpp"][idx], micro_batch=rep["micro_batch"][idx], schedule_code=rep["schedule"][idx],
         zero=til["zero"][idx], recompute_code=til["recompute"][idx], offload_code=til["off_dev"][idx],
-        offload_params=til["off_par"][idx], flash_attention=np.ones(n, bool), overlap_grad_reduce=np.ones(n, bool),
+        offload_params=til["off_par"][idx], flash_attention=np.full(n, cluster.accelerator.flash_attention), overlap_grad_reduce=np.ones(n, bool),
         ep=rep["ep"][idx], etp=np.where(til["etp_is_tp"][idx], rep["tp"][idx], 1),
         cp_mode_code=rep["cp_mode"][idx], optimizer_code=til["optimizer"][idx],
         delayed_update=til["delayed_update"][idx], dtype=dtype)

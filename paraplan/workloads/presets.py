@@ -10,12 +10,13 @@ import yaml
 
 from paraplan.errors import ConfigError, unknown_name
 from paraplan.hardware.catalog import _Fields, read_yaml
-from paraplan.workloads.transformer import ACTIVATIONS, MoESpec, TransformerModel
+from paraplan.workloads.transformer import ACTIVATIONS, MOE_DISPATCH, MoESpec, TransformerModel
 
 MODELS_FILE = Path(__file__).parent / "catalog" / "models.yaml"
 MODEL_FILE_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation",
                    "tied_embeddings", "norm", "bias", "learned_positions", "max_positions", "moe")
-MOE_KEYS = ("experts", "top_k", "expert_ffn_hidden", "shared_experts", "every", "first_dense", "capacity_factor")
+MOE_KEYS = ("experts", "top_k", "expert_ffn_hidden", "shared_experts", "every", "first_dense", "capacity_factor",
+            "dispatch")
 
 
 @functools.lru_cache(maxsize=1)
@@ -74,7 +75,17 @@ def moe_from_mapping(f: _Fields, source: str) -> MoESpec:
     return MoESpec(experts=f.integer("experts"), top_k=f.integer("top_k", 1),
                    expert_ffn_hidden=f.integer("expert_ffn_hidden"),
                    shared_experts=f.integer("shared_experts", 0, positive=False), every=f.integer("every", 1),
-                   first_dense=f.integer("first_dense", 0, positive=False), capacity_factor=cf)
+                   first_dense=f.integer("first_dense", 0, positive=False), capacity_factor=cf,
+                   dispatch=_moe_dispatch(f, source))
+
+
+def _moe_dispatch(f: _Fields, source: str) -> str:
+    """``moe.dispatch``: permute (default) or einsum (DeepSpeed-MoE's GShard-style dispatch)."""
+    value = f.string("dispatch", "permute")
+    if value not in MOE_DISPATCH:
+        raise ConfigError("moe.dispatch", f"unknown dispatch {value!r}", accepted=", ".join(MOE_DISPATCH),
+                          source=source)
+    return value
 
 
 def _hf_moe(data: Mapping[str, Any], source: str) -> MoESpec | None:

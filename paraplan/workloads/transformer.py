@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from paraplan.errors import ConfigError
 
 ACTIVATIONS = ("gelu", "swiglu", "relu")
+MOE_DISPATCH = ("permute", "einsum")
 
 
 @dataclass(frozen=True)
@@ -24,7 +25,19 @@ class MoESpec:
     sent to ``top_k`` of them, plus ``shared_experts`` every token uses. An MoE layer replaces the MLP
     of every ``every``-th layer after ``first_dense`` dense layers (DeepSpeed-MoE uses every other
     layer; DeepSeek-V3 keeps its first three dense). ``capacity_factor`` pads each expert's tokens to
-    capacity_factor x the balanced share; None means dropless."""
+    capacity_factor x the balanced share; None means dropless.
+
+    ``dispatch`` is how routed tokens reach their experts on each GPU:
+
+    - ``"permute"`` (default): tokens are gathered/scattered by index (Megatron-Core, MegaBlocks,
+      Tutel); memory-bound, priced with the other elementwise kernels.
+    - ``"einsum"``: the GShard formulation that DeepSpeed-MoE's ``MOELayer`` runs (deepspeed/moe/
+      sharded_moe.py, 2021-2023): the gate builds an S x E x C combine-weight tensor (S tokens on the
+      GPU, E experts, C capacity per expert), dispatch is ``einsum("sec,sm->ecm")`` and combine
+      ``einsum("sec,ecm->sm")``: two dense GEMMs of 2·S·(E·C)·h FLOPs each with E·C = S·top_k·factor,
+      i.e. work quadratic in the tokens per micro-batch (see
+      :func:`paraplan.costmodels.compute.moe_einsum_dispatch_times`).
+    """
     experts: int
     top_k: int
     expert_ffn_hidden: int
@@ -32,6 +45,7 @@ class MoESpec:
     every: int = 1
     first_dense: int = 0
     capacity_factor: float | None = None
+    dispatch: str = "permute"
 
     def __post_init__(self):
         for key in ("experts", "top_k", "expert_ffn_hidden", "every"):
@@ -46,6 +60,8 @@ class MoESpec:
             raise ConfigError("moe.top_k", f"top_k ({self.top_k}) exceeds experts ({self.experts})")
         if self.capacity_factor is not None and self.capacity_factor < 1:
             raise ConfigError("moe.capacity_factor", f"must be >= 1 (or absent for dropless), got {self.capacity_factor}")
+        if self.dispatch not in MOE_DISPATCH:
+            raise ConfigError("moe.dispatch", f"unknown dispatch {self.dispatch!r}", accepted=", ".join(MOE_DISPATCH))
 
 
 @dataclass(frozen=True)
