@@ -3,13 +3,15 @@ thread scaling of both from 1 to 2 (or more) threads; optionally a tile sweep, m
 
     python benchmarks/cf_speed.py [--users 50000 --items 20000 --interactions 600000]
                                   [--dim 64 --negatives 128 --batch 512] [--threads 1,2]
-                                  [--steps 10 --repeats 5] [--sweep] [--json FILE]
+                                  [--steps 10 --repeats 5] [--sweep [--one-profile]] [--json FILE]
 
 Timing: the median step time of ``train_epoch(max_steps=...)`` after a 2-step warm-up, the
 kernels interleaved round-robin ``--repeats`` times so that load from other processes on a shared
 machine spreads over all of them; the median over the repeats is reported (min and max beside it).
 Medians of short intervals are what the profile's rates are too, so predicted and measured compare
-like for like on a machine shared with other processes. Epoch-equivalent times
+like for like on a machine shared with other processes. The sweep re-profiles the CPU before each
+round and predicts that round from it (``--one-profile``: from the start's profile only): on the
+shared development VM the same kernel ran 1.7x slower in one run than in the next, minutes apart. Epoch-equivalent times
 are per-step × ⌈M/B⌉. The tile is the planner's choice from a profile of this CPU measured at 1
 thread (the same N1, N2 are used at every thread count, so only T changes).
 """
@@ -37,10 +39,13 @@ def _model(data, a, threads):
                    negative_weight=100.0)
 
 
-def time_kernels(data, cases, steps, repeats, seed=0):
-    """cases: {label: (model, tiling or None)} -> {label: [seconds per step, one per repeat]}."""
+def time_kernels(data, cases, steps, repeats, seed=0, before_round=None):
+    """cases: {label: (model, tiling or None)} -> {label: [seconds per step, one per repeat]};
+    ``before_round(r)`` runs before each round (a fresh profile, say)."""
     out = {k: [] for k in cases}
     for r in range(repeats):
+        if before_round is not None:
+            before_round(r)
         for label, (model, til) in cases.items():
             torch.set_num_threads(model.threads)
             p = init_params(model, seed)
@@ -63,6 +68,8 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--sweep", action="store_true", help="also time every tile size the planner ranks (1 thread)")
     ap.add_argument("--json", help="write the figures to this JSON file")
+    ap.add_argument("--one-profile", dest="profile_each_round", action="store_false",
+                    help="predict the sweep from the start's profile only (default: re-profile before each round)")
     a = ap.parse_args(argv)
     threads = [int(t) for t in a.threads.split(",")]
     t0 = time.perf_counter()
@@ -120,12 +127,24 @@ def main(argv=None) -> int:
                             min_tile_per_negative=0).choices:
             per.setdefault(c.tile_rows, c)
         tils = [(n1, per[n1].refresh_iterations) for n1 in sorted(per)]
-        sw = time_kernels(data, {t: (m1, t) for t in tils}, a.steps, a.repeats)
+        # the machine's speed drifts by tens of percent over minutes when it is shared (a VM's
+        # neighbours): each round of the sweep is predicted from a profile taken right before it,
+        # and measured and predicted are both the median over the rounds
+        preds = {t: [] for t in tils}
+
+        def reprofile(r):
+            pr = ProfiledRates(cf_profile.measure(threads=1, dim=a.dim), m1.row_bytes)
+            for t in tils:
+                preds[t].append(step_time(m1, Tiling(*t), pr).seconds)
+            torch.set_num_threads(1)
+        sw = time_kernels(data, {t: (m1, t) for t in tils}, a.steps, a.repeats,
+                          before_round=reprofile if a.profile_each_round else None)
         rows, errs = [], []
-        print(f"\n{'N1':>6}{'N2':>6}{'measured ms':>13}{'predicted ms':>14}{'error':>8}")
+        print(f"\n{'N1':>6}{'N2':>6}{'measured ms':>13}{'predicted ms':>14}{'error':>8}"
+              f"   ({'each round predicted from a profile taken just before it' if a.profile_each_round else 'one profile, taken at the start'})")
         for t in tils:
             mm = float(np.median(sw[t]))
-            p = step_time(m1, Tiling(*t), rates).seconds
+            p = float(np.median(preds[t])) if a.profile_each_round else step_time(m1, Tiling(*t), rates).seconds
             errs.append(abs(p - mm) / mm)
             rows.append({"tile_rows": t[0], "refresh_iterations": t[1], "measured_ms": mm * 1e3, "predicted_ms": p * 1e3,
                          "feasible": t[0] in feasible, "level": per[t[0]].tile_level})
@@ -133,7 +152,7 @@ def main(argv=None) -> int:
                   f"{'' if t[0] in feasible else '  (below rows/negative bound)'}")
         best = min((r for r in rows if r["feasible"]), key=lambda r: r["measured_ms"])
         chosen = next(r for r in rows if (r["tile_rows"], r["refresh_iterations"]) == til)
-        res.update(sweep=rows, sweep_mape=float(np.mean(errs)),
+        res.update(sweep=rows, sweep_mape=float(np.mean(errs)), profile_each_round=a.profile_each_round,
                    chosen_vs_best=chosen["measured_ms"] / best["measured_ms"])
         print(f"MAPE {np.mean(errs):.1%} over {len(rows)} tiles; chosen N1={til[0]} is "
               f"{chosen['measured_ms'] / best['measured_ms']:.2f}x the best measured feasible tile "
