@@ -286,3 +286,31 @@ def test_validate_without_profile_and_no_profile_flag_is_one_line(tmp_path, caps
                "--db", str(tmp_path / "empty.sqlite"), "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "paraplan profile --quick" in err
+
+
+def test_elementwise_rate_from_two_sizes_replaces_copy_bandwidth():
+    """Memory-bound kernels stream at the measured elementwise rate: per kernel the bytes difference
+    over the time difference of its two sizes (a fixed per-call cost cancels), median over kernels,
+    capped by the copy bandwidth; without the rows the copy bandwidth stays."""
+    from paraplan.costmodels.profiled import elementwise_bandwidth
+    t = synthetic_tables()
+    assert ProfiledCurves.from_tables(t).memory_bound_bytes_per_s == 20e9
+    # three kernels at 4, 5 and 6 GB/s with a 50 us fixed cost each
+    t["elementwise"] = {"cpu": {op: [(n, 24 * n, 50e-6 + 24 * n / r) for n in (1 << 14, 1 << 17)]
+                                for op, r in (("gelu", 4e9), ("layer_norm", 5e9), ("cross_entropy", 6e9))}}
+    assert elementwise_bandwidth(t, "cpu") == pytest.approx(5e9)
+    c = ProfiledCurves.from_tables(t)
+    assert c.memory_bound_bytes_per_s == pytest.approx(5e9)
+    assert c.memory_time(10e9, kernels=0) == pytest.approx(2.0)
+    assert "elementwise" in c.sources["memory"] and c.describe()["elementwise_gb_per_s"] == pytest.approx(5.0)
+    t["elementwise"] = {"cpu": {"gelu": [(1 << 14, 1e9, 1e-3), (1 << 17, 1e12, 2e-3)]}}   # faster than a copy: capped
+    assert ProfiledCurves.from_tables(t).memory_bound_bytes_per_s == 20e9
+    t["elementwise"] = {"cpu": {"gelu": [(1 << 14, 1, 2e-3), (1 << 17, 8, 1e-3)]}}   # noise: no positive slope
+    assert elementwise_bandwidth(t, "cpu") is None
+
+
+def test_real_profile_has_elementwise_rows(profile_db):
+    from paraplan.validation.profile import ELEMENTWISE_OPS, measured_tables
+    ew = measured_tables(profile_db)["elementwise"]["cpu"]
+    assert set(ew) == set(ELEMENTWISE_OPS)
+    assert all(len(pts) == 2 and all(tm > 0 for _, _, tm in pts) for pts in ew.values())

@@ -14,8 +14,12 @@ not import torch). Same methods and attributes as
   maximum keeps it non-decreasing), so the curve is exact at the measured points; outside
   the measured range the rate ``R`` is held at the nearest end's (clamped). A dtype without
   measurements uses the nearest measured one (listed in ``describe()['dtype_fallbacks']``).
-* memory-bound kernels ``t = kernels · t0 + bytes / BW`` with BW the measured device copy
-  bandwidth (read + write bytes per second, efficiency 1 since BW is measured).
+* memory-bound kernels ``t = kernels · t0 + bytes / BW``: BW the rate eager elementwise kernels
+  (GELU, LayerNorm, scale-mask-softmax, cross-entropy, forward + backward) achieve in the
+  estimator's byte accounting, from the time difference of two sizes (:func:`elementwise_bandwidth`),
+  capped by the measured device copy bandwidth; profiles without those rows use the copy
+  bandwidth. On a CPU core the erf and exp make these kernels compute-bound, several times below
+  the copy bandwidth.
 * attention ``t = kernels · t0 + F / R_sdpa(F)``, R_sdpa interpolated over the measured causal
   SDPA forwards the same way (their FLOPs count the causal half, as the estimator does).
 * what a *training step* pays per kernel (profiles with ``training`` rows, :func:`training_rows
@@ -99,6 +103,24 @@ def _kernel_overhead(tables: dict, device: str, gemm_points) -> tuple[float, str
     return 0.0, "not measured (0)"
 
 
+def elementwise_bandwidth(tables: dict, device: str) -> float | None:
+    """Bytes per second eager elementwise kernels achieve, in the estimator's byte accounting:
+    per kernel (GELU, LayerNorm, scale-mask-softmax, cross-entropy; forward + backward) the bytes
+    difference over the time difference of its two measured sizes (fixed per-call costs cancel),
+    then the median over kernels. None when not measured or when no difference is positive."""
+    per_op = (tables.get("elementwise") or {}).get(device)
+    if not per_op and device.startswith("cuda"):
+        per_op = next((v for d, v in (tables.get("elementwise") or {}).items() if d.startswith("cuda")), None)
+    rates = []
+    for pts in (per_op or {}).values():
+        pts = sorted(pts)
+        if len(pts) >= 2:
+            (_, b1, t1), (_, b2, t2) = pts[0], pts[-1]
+            if t2 > t1 and b2 > b1:
+                rates.append((b2 - b1) / (t2 - t1))
+    return float(np.median(rates)) if rates else None
+
+
 def training_measurements(tables: dict, device: str, world_size: int | None = None) -> dict:
     """Per-kernel autograd cost, compute slowdown and AdamW fit at the nearest measured world size
     (``{}`` for profiles without training rows); see the module docstring."""
@@ -158,6 +180,7 @@ class ProfiledCurves:
     adam_time_per_tensor_s: float | None = None
     adam_time_per_param_s: float | None = None
     world_size: int | None = None
+    elementwise_bandwidth_bytes_per_s: float | None = None
 
     kind = "profiled"
 
@@ -189,6 +212,7 @@ class ProfiledCurves:
             raise ConfigError("profile", "the profile has no memory-bandwidth measurement",
                               accepted="run `paraplan profile --quick` first")
         default = _curve_table()["default"]
+        ew = elementwise_bandwidth(tables, dev)
         train = training_measurements(tables, dev, world_size)
         launch = t0
         sources_train = {}
@@ -203,7 +227,7 @@ class ProfiledCurves:
             name=name, device=dev, kernel_overhead_s=t0, gemm=gemm,
             launch_overhead_s=launch, compute_slowdown=train.get("slowdown", 1.0),
             adam_time_per_tensor_s=train.get("adam_tensor_s"), adam_time_per_param_s=train.get("adam_param_s"),
-            world_size=train.get("world"),
+            world_size=train.get("world"), elementwise_bandwidth_bytes_per_s=ew,
             sdpa=LogLogCurve.from_points(sd, t0) if sd else None,
             memory_bandwidth_bytes_per_s=float(bw),
             cpu_adam_memory_efficiency=default["cpu_adam_memory_efficiency"],
@@ -213,7 +237,10 @@ class ProfiledCurves:
                      + " time per FLOPs, log-log interpolation, rate clamped at the ends",
                      "attention": "measured causal SDPA forward" if sd else
                      "no SDPA measurement: the GEMM curve of the dtype",
-                     "memory": "measured device copy bandwidth (read + write bytes)",
+                     "memory": ("measured eager elementwise kernels (GELU, LayerNorm, scale-mask-softmax, "
+                                "cross-entropy; forward + backward, the estimator's bytes per element), "
+                                "capped by the device copy bandwidth") if ew else
+                     "measured device copy bandwidth (read + write bytes)",
                      "cpu_adam_memory_efficiency": "curves.yaml default (not measured)",
                      "gpu_adam_bytes_per_param": "curves.yaml default (not measured)", **sources_train},
             run_id=tables.get("run_id"), fingerprint=tables.get("fingerprint"))
@@ -243,10 +270,19 @@ class ProfiledCurves:
         curve = self.gemm[self.resolve_dtype(dtype)]
         return count * (self.kernel_overhead_s + self.compute_slowdown * curve(flops))
 
+    @property
+    def memory_bound_bytes_per_s(self) -> float:
+        """The rate memory-bound kernels stream at: the measured elementwise rate when the profile
+        has it, never above the copy bandwidth; else the copy bandwidth."""
+        bw = self.memory_bandwidth_bytes_per_s
+        ew = self.elementwise_bandwidth_bytes_per_s
+        return min(bw, ew) if ew else bw
+
     def memory_time(self, nbytes, kernels=1):
-        """Seconds to stream ``nbytes`` through device memory in ``kernels`` launches."""
+        """Seconds for memory-bound kernels moving ``nbytes`` (the estimator's accounting) in
+        ``kernels`` launches, at :attr:`memory_bound_bytes_per_s`."""
         return kernels * self.kernel_overhead_s + \
-            self.compute_slowdown * np.asarray(nbytes, dtype=float) / self.memory_bandwidth_bytes_per_s
+            self.compute_slowdown * np.asarray(nbytes, dtype=float) / self.memory_bound_bytes_per_s
 
     def flash_attention_time(self, flops, dtype: str = "bf16", kernels=1):
         """Seconds for fused attention executing ``flops`` (measured SDPA rate)."""
@@ -277,6 +313,8 @@ class ProfiledCurves:
                 "dtype_fallbacks": fallbacks,
                 "gemm_best_gflops": {d: self.peak_flops(d) / 1e9 for d in sorted(self.gemm)},
                 "memory_bandwidth_gb_per_s": self.memory_bandwidth_bytes_per_s / 1e9,
+                "elementwise_gb_per_s": None if self.elementwise_bandwidth_bytes_per_s is None
+                else self.elementwise_bandwidth_bytes_per_s / 1e9,
                 "sdpa_measured": self.sdpa is not None,
                 "cpu_adam_memory_efficiency": self.cpu_adam_memory_efficiency,
                 "sources": dict(self.sources)}

@@ -204,6 +204,60 @@ def launch_rows(opts: ProfileOptions, device="cpu") -> list[dict]:
     return [_row("launch", "add_1", device, "float32", shape={"numel": 1}, time_s=t)]
 
 
+#: eager elementwise kernels timed forward + backward, with the bytes the estimator charges them per
+#: element (fp32, forward + backward; paraplan.costmodels.compute): GELU and LayerNorm 4 B forward
+#: and twice that backward in 16-bit; scale-mask-softmax 9 + 11 B per score; cross-entropy 3 passes
+#: over fp32 logits (4 B each)
+ELEMENTWISE_OPS = {"gelu": 24.0, "layer_norm": 24.0, "scale_mask_softmax": 40.0, "cross_entropy": 12.0}
+#: element counts of the two sizes whose time difference gives the rate (per-op costs cancel)
+ELEMENTWISE_SIZES = {"cpu": (1 << 14, 1 << 17), "cuda": (1 << 20, 1 << 23)}
+
+
+def _elementwise_case(op, numel, device):
+    import torch.nn.functional as F
+    if op == "gelu":
+        x = torch.randn(numel // 256, 256, device=device, requires_grad=True)
+        f = lambda: F.gelu(x)
+    elif op == "layer_norm":
+        x = torch.randn(numel // 128, 128, device=device, requires_grad=True)
+        w = torch.ones(128, device=device, requires_grad=True)
+        b = torch.zeros(128, device=device, requires_grad=True)
+        f = lambda: F.layer_norm(x, (128,), w, b)
+    elif op == "scale_mask_softmax":
+        x = torch.randn(numel // 64, 64, device=device, requires_grad=True)
+        mask = torch.ones(64, 64, dtype=torch.bool, device=device).triu(1).repeat(numel // 4096 or 1, 1)
+        f = lambda: torch.softmax((x * 0.125).masked_fill(mask, float("-inf")), dim=-1)
+    elif op == "cross_entropy":
+        x = torch.randn(numel // 1024, 1024, device=device, requires_grad=True)
+        t = torch.randint(0, 1024, (numel // 1024,), device=device)
+        f = lambda: F.cross_entropy(x, t)
+    else:
+        raise ValueError(op)
+    g = None
+
+    def step():
+        nonlocal g
+        out = f()
+        if g is None:
+            g = torch.ones_like(out)
+        out.backward(g)
+    return step
+
+
+def elementwise_rows(opts: ProfileOptions, device="cpu") -> list[dict]:
+    """Eager elementwise kernels forward + backward at two sizes (``ELEMENTWISE_SIZES``); ``bytes``
+    is what the estimator charges them (``ELEMENTWISE_OPS``). On a CPU core GELU's erf and the
+    softmax's exp make these compute-bound, several times below the copy bandwidth."""
+    sizes = ELEMENTWISE_SIZES["cuda" if str(device).startswith("cuda") else "cpu"]
+    rows = []
+    for op, per_el in ELEMENTWISE_OPS.items():
+        for n in sizes:
+            t = bench(_elementwise_case(op, n, device), device, opts.min_time_s / 2)
+            rows.append(_row("elementwise", op, device, "float32", shape={"numel": n},
+                             nbytes=int(per_el * n), time_s=t))
+    return rows
+
+
 #: (op, kernels it runs forward + backward) of the autograd micro-benchmarks
 AUTOGRAD_OPS = (("linear", 4), ("layer_norm", 2), ("gelu", 2), ("softmax", 2), ("bmm", 3))
 ADAM_SMALL = (64, 64)          # tensors, elements each
@@ -456,7 +510,8 @@ def _device_rows_here(opts: ProfileOptions) -> list[dict]:
     try:
         for dev in devices:
             rows += (gemm_rows(opts, dev) + linear_rows(opts, dev) + sdpa_rows(opts, dev) + memory_rows(opts, dev)
-                     + launch_rows(opts, dev) + device_rows(dev) + training_rows(opts, dev))
+                     + launch_rows(opts, dev) + device_rows(dev) + elementwise_rows(opts, dev)
+                     + training_rows(opts, dev))
     finally:
         torch.set_num_threads(threads)
     return rows
@@ -528,7 +583,7 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
                           accepted="run `paraplan profile` first")
     rows = store.measurements(run_id)
     out = {"fingerprint": fid, "run_id": run_id, "gemm": [], "gemm_linear": [], "sdpa": [],
-           "memory_bandwidth": {}, "launch": {}, "device_memory": {}, "h2d": None, "d2h": None, "collectives": {},
+           "memory_bandwidth": {}, "launch": {}, "elementwise": {}, "device_memory": {}, "h2d": None, "d2h": None, "collectives": {},
            "training": {}}
     for r in rows:
         k = r["kind"]
@@ -547,6 +602,9 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
             out["device_memory"][r["device"]] = r["bytes"]
         elif k == "launch":
             out["launch"][r["device"]] = r["time_s"]
+        elif k == "elementwise":
+            out["elementwise"].setdefault(r["device"], {}).setdefault(r["op"], []).append(
+                (r["shape"]["numel"], r["bytes"], r["time_s"]))
         elif k in ("h2d", "d2h"):
             out[k] = r["bandwidth_bytes_per_s"]
         elif k in ("autograd", "contention", "optimizer"):
