@@ -136,7 +136,6 @@ def main(argv=None) -> int:
             pr = ProfiledRates(cf_profile.measure(threads=1, dim=a.dim), m1.row_bytes)
             for t in tils:
                 preds[t].append(step_time(m1, Tiling(*t), pr).seconds)
-            torch.set_num_threads(1)
         sw = time_kernels(data, {t: (m1, t) for t in tils}, a.steps, a.repeats,
                           before_round=reprofile if a.profile_each_round else None)
         rows, errs = [], []

@@ -103,14 +103,18 @@ def _kernel_overhead(tables: dict, device: str, gemm_points) -> tuple[float, str
     return 0.0, "not measured (0)"
 
 
+def _device_entry(by_device: dict, device: str):
+    """``by_device[device]``; for a CUDA device whose index differs, any CUDA device's entry."""
+    return by_device.get(device) or next((v for d, v in by_device.items()
+                                          if d.startswith("cuda") and device.startswith("cuda")), None)
+
+
 def elementwise_bandwidth(tables: dict, device: str) -> float | None:
     """Bytes per second eager elementwise kernels achieve, in the estimator's byte accounting:
     per kernel (GELU, LayerNorm, scale-mask-softmax, cross-entropy; forward + backward) the bytes
     difference over the time difference of its two measured sizes (fixed per-call costs cancel),
     then the median over kernels. None when not measured or when no difference is positive."""
-    per_op = (tables.get("elementwise") or {}).get(device)
-    if not per_op and device.startswith("cuda"):
-        per_op = next((v for d, v in (tables.get("elementwise") or {}).items() if d.startswith("cuda")), None)
+    per_op = _device_entry(tables.get("elementwise") or {}, device)
     rates = []
     for pts in (per_op or {}).values():
         pts = sorted(pts)
@@ -124,9 +128,7 @@ def elementwise_bandwidth(tables: dict, device: str) -> float | None:
 def training_measurements(tables: dict, device: str, world_size: int | None = None) -> dict:
     """Per-kernel autograd cost, compute slowdown and AdamW fit at the nearest measured world size
     (``{}`` for profiles without training rows); see the module docstring."""
-    per_dev = (tables.get("training") or {})
-    per_dev = per_dev.get(device) or next((v for d, v in per_dev.items()
-                                           if d.startswith("cuda") and device.startswith("cuda")), None)
+    per_dev = _device_entry(tables.get("training") or {}, device)
     if not per_dev:
         return {}
     worlds = sorted(int(w) for w in per_dev)

@@ -213,6 +213,19 @@ ELEMENTWISE_OPS = {"gelu": 24.0, "layer_norm": 24.0, "scale_mask_softmax": 40.0,
 ELEMENTWISE_SIZES = {"cpu": (1 << 14, 1 << 17), "cuda": (1 << 20, 1 << 23)}
 
 
+def _forward_backward(f):
+    """A step running ``f()`` forward and backward with a ones gradient (made once, on the first call)."""
+    g = None
+
+    def step():
+        nonlocal g
+        out = f()
+        if g is None:
+            g = torch.ones_like(out)
+        out.backward(g)
+    return step
+
+
 def _elementwise_case(op, numel, device):
     import torch.nn.functional as F
     if op == "gelu":
@@ -233,15 +246,7 @@ def _elementwise_case(op, numel, device):
         f = lambda: F.cross_entropy(x, t)
     else:
         raise ValueError(op)
-    g = None
-
-    def step():
-        nonlocal g
-        out = f()
-        if g is None:
-            g = torch.ones_like(out)
-        out.backward(g)
-    return step
+    return _forward_backward(f)
 
 
 def elementwise_rows(opts: ProfileOptions, device="cpu") -> list[dict]:
@@ -284,15 +289,7 @@ def _autograd_case(op, device):
         f = lambda: x @ y
     else:
         raise ValueError(op)
-    g = None
-
-    def step():
-        nonlocal g
-        out = f()
-        if g is None:
-            g = torch.ones_like(out)
-        out.backward(g)
-    return step
+    return _forward_backward(f)
 
 
 #: the validation model's transformer block timed forward + backward for the contention figure:
