@@ -87,9 +87,27 @@ class ProfileStore:
     def _connect(self) -> sqlite3.Connection:
         con = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None)
         con.execute(f"PRAGMA busy_timeout = {int(self.timeout_s * 1000)}")
-        con.execute("PRAGMA journal_mode = WAL")
+        if con.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+            self._switch_to_wal(con)
         con.row_factory = sqlite3.Row
         return con
+
+    def _switch_to_wal(self, con: sqlite3.Connection) -> None:
+        """Put the file in WAL mode (persistent, so once per database).
+
+        The switch needs the file to itself and SQLite answers ``database is locked`` at once,
+        without its busy handler, while another connection holds it (two first profiles at the same
+        moment): retry until ``timeout_s``.
+        """
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                con.execute("PRAGMA journal_mode = WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
 
     def add_run(self, fingerprint: dict, mode: str, rows: list[dict],
                 started: float | None = None) -> int:
