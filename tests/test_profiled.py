@@ -109,13 +109,16 @@ def training_tables():
                              "gelu": (scale * 30e-6, 2), "softmax": (scale * 50e-6, 2), "bmm": (scale * 90e-6, 3)},
                 "contention_s": scale * 50e-6,
                 # AdamW: 30 us per tensor + 2 ns per parameter
-                "adamw": [(64, 64, 64 * 30e-6 + 4096 * 2e-9), (16, 65536, 16 * 30e-6 + 16 * 65536 * 2e-9)]}
+                "adamw": [(64, 64, 64 * 30e-6 + 4096 * 2e-9), (16, 65536, 16 * 30e-6 + 16 * 65536 * 2e-9)],
+                # checkpointing: 200 us per region + 20 us per op beyond plain fwd+bwd and the forward
+                "checkpoint": {n: {"plain": n * 30e-6, "forward": n * 10e-6,
+                                   "checkpointed": n * 40e-6 + scale * (200e-6 + n * 20e-6)} for n in (4, 16)}}
     t["training"] = {"cpu": {1: world(1.0), 2: world(1.5)}}
     return t
 
 
 def test_training_rows_are_stored_and_read_back(profile_db):
-    from paraplan.validation.profile import AUTOGRAD_OPS, measured_tables
+    from paraplan.validation.profile import AUTOGRAD_OPS, CHECKPOINT_REGION_OPS, measured_tables
     tr = measured_tables(profile_db)["training"]["cpu"]
     assert set(tr) == {1, 2}            # alone, and on every rank of the 2-rank collective launch
     for w in tr.values():
@@ -123,7 +126,12 @@ def test_training_rows_are_stored_and_read_back(profile_db):
         assert all(t > 0 and k >= 2 for t, k in w["autograd"].values())
         assert w["contention_s"] > 0
         assert sorted((n, e) for n, e, _ in w["adamw"]) == [(16, 65536), (64, 64)]
+        assert set(w["checkpoint"]) == set(CHECKPOINT_REGION_OPS)
+        for v in w["checkpoint"].values():
+            # recomputing a region costs more than running its forward once more
+            assert v["checkpointed"] > v["plain"] + v["forward"] > 0
     c = load_cluster("local", 2, db=profile_db).accelerator.measured_curves
+    assert c.recompute_overhead_time(16) > c.recompute_overhead_time(4) > 0
     per_kernel = [t / k for t, k in tr[2]["autograd"].values()]
     assert c.world_size == 2 and c.kernel_overhead_s == pytest.approx(np.median(per_kernel))
     assert c.launch_overhead_s == pytest.approx(measured_tables(profile_db)["launch"]["cpu"])
@@ -152,6 +160,51 @@ def test_profiled_curves_use_training_measurements():
     assert ProfiledCurves.from_tables(t, world_size=4).world_size == 2
     old = ProfiledCurves.from_tables(synthetic_tables())
     assert old.kernel_overhead_s == 2e-6 and old.adam_step_time(1e6, 70) is None
+    # checkpointing's overhead solved from the two region sizes; none measured, none charged
+    assert alone.checkpoint_region_s == pytest.approx(200e-6) and alone.checkpoint_kernel_s == pytest.approx(20e-6)
+    assert two.recompute_overhead_time(10) == pytest.approx(1.5 * (200e-6 + 10 * 20e-6))
+    assert old.recompute_overhead_time(10) == 0.0
+
+
+def test_checkpoint_fit_needs_two_complete_regions():
+    from paraplan.costmodels.profiled import checkpoint_overhead_fit
+    full = {"plain": 1e-4, "forward": 3e-5, "checkpointed": 5e-4}
+    assert checkpoint_overhead_fit({4: full}) is None
+    assert checkpoint_overhead_fit({4: full, 16: {"plain": 1e-4, "forward": 3e-5}}) is None
+    # an overhead that does not grow with the ops is all per region
+    region, per_op = checkpoint_overhead_fit({4: full, 16: dict(full)})
+    assert per_op == 0.0 and region == pytest.approx(5e-4 - 1e-4 - 3e-5)
+
+
+def test_recompute_pays_the_measured_checkpoint_overhead_per_layer():
+    """Full recomputation re-runs a layer's forward and pays one region of its 16 forward kernels
+    (4 projections, unfused attention core 4, 8 memory-bound); selective the core's 4."""
+    from dataclasses import replace
+
+    from paraplan.costmodels.compute import layer_times
+    from paraplan.hardware.profiled import cluster_from_tables
+    from paraplan.validation.model import GPTConfig
+    from paraplan.validation.predict import estimator_model, estimator_plan
+    from paraplan.validation.worker import RunPlan
+    from paraplan.workloads.transformer import TrainingJob
+    cfg = GPTConfig(layers=2)
+    cluster = cluster_from_tables(training_tables(), 1)
+    c = cluster.accelerator.measured_curves
+    model, job = estimator_model(cfg), TrainingJob(cfg.seq_len, 4)
+    base = estimator_plan(cfg, RunPlan(micro_batch=2, global_batch=4), cpu=True)
+    none = layer_times(model, job, base, c, cluster)
+    full = layer_times(model, job, replace(base, recompute="full"), c, cluster)
+    sel = layer_times(model, job, replace(base, recompute="selective"), c, cluster)
+    assert float(none["recompute"]) == 0.0
+    assert float(full["recompute"]) == pytest.approx(float(none["forward"]) + 200e-6 + 16 * 20e-6)
+    assert float(sel["recompute"]) > 200e-6 + 4 * 20e-6
+    # the analytical GPU curves charge the recomputed kernels only
+    gpu = load_cluster("dgx-a100-80g", 8)
+    from paraplan.costmodels.efficiency import analytical_curves
+    g = analytical_curves(gpu.accelerator)
+    gplan = replace(base, dtype="bf16")
+    assert float(layer_times(model, job, replace(gplan, recompute="full"), g, gpu)["recompute"]) == \
+        pytest.approx(float(layer_times(model, job, gplan, g, gpu)["forward"]))
 
 
 def test_estimate_charges_measured_optimizer_per_tensor():

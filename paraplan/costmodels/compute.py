@@ -18,7 +18,12 @@ Per layer, with T = b·s/cp tokens on the rank, t = tp:
   With ``dtype = fp32`` (the CPU validation runs) every activation, weight and message byte count
   doubles (:func:`element_bytes`); the memory-bound byte counts are the 16-bit ones × 2.
 Recomputation (Korthikanti et al. 2022): selective re-runs the attention core forward, full
-re-runs the whole layer forward (and its tensor-parallel all-reduces).
+re-runs the whole layer forward (and its tensor-parallel all-reduces); each recomputed region
+also pays the curves' ``recompute_overhead_time`` for its forward kernels (0 on the analytical
+GPU curves; measured on a profiled CPU, where checkpointing's bookkeeping costs several times
+an op's own time). Forward kernels counted as the terms above charge them: a layer runs 4
+projection GEMMs, its attention core (unfused 4: QKᵀ, PV and two memory-bound kernels; fused 1)
+and 8 memory-bound kernels (12 in an MoE layer).
 """
 from __future__ import annotations
 
@@ -275,7 +280,11 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
         bwd = (1 - share_moe) * bwd + share_moe * moe_b
     ar = tp_allreduce_time(model, job, plan, cluster)
     rc = np.asarray(plan.recompute_code)
-    recompute = np.where(rc == RECOMPUTE_FULL, fwd, np.where(rc == RECOMPUTE_SELECTIVE, attn_f, 0.0))
+    core_kernels = np.where(np.asarray(plan.flash_attention, dtype=bool), 1.0, 4.0)
+    layer_kernels = 4 + core_kernels + 8 + 4 * share_moe
+    replay = curves.recompute_overhead_time(np.where(rc == RECOMPUTE_FULL, layer_kernels, core_kernels))
+    recompute = np.where(rc == RECOMPUTE_FULL, fwd, np.where(rc == RECOMPUTE_SELECTIVE, attn_f, 0.0)) \
+        + np.where(rc > 0, replay, 0.0)
     tp_comm = ar * np.where(rc == RECOMPUTE_FULL, 6, 4)
     cp_comm = cp_exposed_time(model, job, plan, cluster, attn_f, attn_b)
     a2a = ep_alltoall_time(model, job, plan, cluster)

@@ -64,6 +64,12 @@ class AnalyticalCurves:
         peak = self.accelerator.peak(dtype) * self.flash_attention_efficiency
         return kernels * self.kernel_overhead_s + np.asarray(flops, dtype=float) / peak
 
+    def recompute_overhead_time(self, kernels):
+        """Seconds activation checkpointing adds per recomputed region beyond the recomputed
+        kernels: 0 here. On a GPU the host-side bookkeeping of the replay overlaps the device's
+        kernels (a CPU device pays it: the profiled curves measure it)."""
+        return np.zeros_like(np.asarray(kernels, dtype=float))
+
     def describe(self) -> dict:
         acc = self.accelerator
         return {"kind": self.kind, "accelerator": acc.name,

@@ -34,6 +34,11 @@ not import torch). Same methods and attributes as
 * AdamW step: ``adam_step_time(params, tensors) = tensors · a + params · b`` solved from the two
   measured steps (64 tensors of 64 elements, 16 of 2^16), when measured; otherwise the
   estimator's memory-bound formula with curves.yaml's bytes per parameter.
+* recomputation overhead (profiles with ``checkpoint`` rows): what non-reentrant
+  ``torch.utils.checkpoint`` adds to a recomputed region beyond re-running its forward (saved-tensor
+  hooks, region bookkeeping, the replay), ``region + kernels · per_kernel`` from two measured
+  region sizes (:func:`checkpoint_overhead_fit`); on this 2-core machine about 0.2 ms per region
+  and 20 µs per op, several times an op's own cost.
 * CPU-Adam efficiency and Adam bytes per parameter are not measured: curves.yaml's defaults.
 """
 from __future__ import annotations
@@ -125,6 +130,20 @@ def elementwise_bandwidth(tables: dict, device: str) -> float | None:
     return float(np.median(rates)) if rates else None
 
 
+def checkpoint_overhead_fit(regions: Mapping) -> tuple[float, float] | None:
+    """(seconds per checkpointed region, seconds per op in it) that recomputation costs beyond
+    re-running the forward: ``overhead(n) = checkpointed − plain − forward`` of the two measured
+    regions of n ops (``{n: {"plain", "forward", "checkpointed": seconds}}``), solved as
+    ``region + n · op`` (both clamped at 0); None without two complete regions."""
+    pts = sorted((int(n), v["checkpointed"] - v["plain"] - v["forward"]) for n, v in regions.items()
+                 if all(v.get(k) for k in ("plain", "forward", "checkpointed")))
+    if len(pts) < 2 or pts[-1][0] == pts[0][0]:
+        return None
+    (n1, o1), (n2, o2) = pts[0], pts[-1]
+    per_op = max(0.0, (o2 - o1) / (n2 - n1))
+    return max(0.0, o1 - n1 * per_op), per_op
+
+
 def training_measurements(tables: dict, device: str, world_size: int | None = None) -> dict:
     """Per-kernel autograd cost, compute slowdown and AdamW fit at the nearest measured world size
     (``{}`` for profiles without training rows); see the module docstring."""
@@ -142,6 +161,9 @@ def training_measurements(tables: dict, device: str, world_size: int | None = No
     alone = (per_dev.get(1) or per_dev.get("1") or {}).get("contention_s")
     if alone and m.get("contention_s"):
         out["slowdown"] = max(1.0, float(m["contention_s"]) / float(alone))
+    ck = checkpoint_overhead_fit(m.get("checkpoint") or {})
+    if ck:
+        out["checkpoint_region_s"], out["checkpoint_kernel_s"] = ck
     adam = sorted(m.get("adamw", []), key=lambda r: r[1])   # by elements per tensor
     if len(adam) >= 2:
         (n1, e1, t1), (n2, e2, t2) = adam[0], adam[-1]
@@ -183,6 +205,8 @@ class ProfiledCurves:
     adam_time_per_param_s: float | None = None
     world_size: int | None = None
     elementwise_bandwidth_bytes_per_s: float | None = None
+    checkpoint_region_s: float = 0.0
+    checkpoint_kernel_s: float = 0.0
 
     kind = "profiled"
 
@@ -225,11 +249,17 @@ class ProfiledCurves:
                              "launch_overhead_s": t0_source,
                              "compute_slowdown": f"measured: transformer block fwd+bwd with {train['world']} rank(s) busy / alone",
                              "adam": "measured: AdamW (foreach=False) steps of 64 x 64 and 16 x 2^16 elements"}
+            if "checkpoint_kernel_s" in train:
+                sources_train["recompute_overhead"] = (
+                    "measured: regions of 4 and 16 tiny ops under non-reentrant torch.utils.checkpoint "
+                    "minus plain forward + backward minus forward")
         return cls(
             name=name, device=dev, kernel_overhead_s=t0, gemm=gemm,
             launch_overhead_s=launch, compute_slowdown=train.get("slowdown", 1.0),
             adam_time_per_tensor_s=train.get("adam_tensor_s"), adam_time_per_param_s=train.get("adam_param_s"),
             world_size=train.get("world"), elementwise_bandwidth_bytes_per_s=ew,
+            checkpoint_region_s=train.get("checkpoint_region_s", 0.0),
+            checkpoint_kernel_s=train.get("checkpoint_kernel_s", 0.0),
             sdpa=LogLogCurve.from_points(sd, t0) if sd else None,
             memory_bandwidth_bytes_per_s=float(bw),
             cpu_adam_memory_efficiency=default["cpu_adam_memory_efficiency"],
@@ -299,6 +329,12 @@ class ProfiledCurves:
         return (np.asarray(tensors, dtype=float) * self.adam_time_per_tensor_s
                 + np.asarray(params, dtype=float) * self.adam_time_per_param_s)
 
+    def recompute_overhead_time(self, kernels):
+        """Seconds activation checkpointing adds to one recomputed region of ``kernels`` forward
+        kernels beyond re-running them (measured: per region + per kernel; 0 for profiles
+        without checkpoint rows)."""
+        return self.checkpoint_region_s + np.asarray(kernels, dtype=float) * self.checkpoint_kernel_s
+
     def describe(self) -> dict:
         fallbacks = {d: self.resolve_dtype(d) for d in ("fp32", "bf16", "fp16")
                      if self.resolve_dtype(d) != d}
@@ -311,6 +347,8 @@ class ProfiledCurves:
                 else self.adam_time_per_tensor_s * 1e6,
                 "adam_ns_per_param": None if self.adam_time_per_param_s is None
                 else self.adam_time_per_param_s * 1e9,
+                "checkpoint_us_per_region": self.checkpoint_region_s * 1e6,
+                "checkpoint_us_per_kernel": self.checkpoint_kernel_s * 1e6,
                 "gemm_dtypes_measured": sorted(self.gemm),
                 "dtype_fallbacks": fallbacks,
                 "gemm_best_gflops": {d: self.peak_flops(d) / 1e9 for d in sorted(self.gemm)},

@@ -27,7 +27,11 @@ ranks share the machine's cores, as the validation workers do):
   compute slowdown of n ranks sharing the machine (cores, caches and memory bandwidth).
 * ``optimizer``: ``torch.optim.AdamW`` (``foreach=False``, as the harness) over 64 tensors of 64
   elements and over 16 tensors of 2^16 elements (a small layer's weight matrix): the per-tensor
-  and per-parameter cost of a step.
+  and per-parameter cost of a step, taken cold (fresh gradients and the caches overwritten
+  before every step, untimed), as it runs after a forward and backward.
+* ``checkpoint``: regions of 4 and 16 tiny ops run forward + backward plainly, forward alone, and
+  forward + backward under non-reentrant ``torch.utils.checkpoint``: what recomputation costs
+  beyond re-running the forward, per region and per op.
 
 Collective sizes and bus bandwidth follow the nccl-tests convention (PERFORMANCE.md): ``bytes``
 is the full buffer (the all-gather output, the reduce-scatter input), algorithm bandwidth is
@@ -114,6 +118,24 @@ def bench_throughput(fn, device="cpu", min_time_s: float = 0.15, max_iters: int 
         iters += 1
     _sync(device)
     return (time.perf_counter() - start) / iters
+
+
+def bench_prepared(fn, prepare, device="cpu", min_time_s: float = 0.15, max_iters: int = 2000) -> float:
+    """Mean seconds per call of ``fn`` with ``prepare()`` run untimed before every call (a warm-up
+    call first); the time of ``fn`` alone adds up to at least ``min_time_s``."""
+    prepare()
+    fn()
+    _sync(device)
+    iters, spent = 0, 0.0
+    while iters < max_iters and (spent < min_time_s or iters < 3):
+        prepare()
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        spent += time.perf_counter() - t0
+        iters += 1
+    return spent / iters
 
 
 def _row(kind, op, device, dtype=None, world_size=1, shape=None, nbytes=None, flops=None,
@@ -267,6 +289,9 @@ def elementwise_rows(opts: ProfileOptions, device="cpu") -> list[dict]:
 AUTOGRAD_OPS = (("linear", 4), ("layer_norm", 2), ("gelu", 2), ("softmax", 2), ("bmm", 3))
 ADAM_SMALL = (64, 64)          # tensors, elements each
 ADAM_LARGE = (16, 1 << 16)     # a layer's weight matrices are of this order (256 KiB each)
+#: ops in the regions timed with and without activation checkpointing (two sizes separate the
+#: per-region cost from the per-op one)
+CHECKPOINT_REGION_OPS = (4, 16)
 
 
 def _autograd_case(op, device):
@@ -292,6 +317,26 @@ def _autograd_case(op, device):
     return _forward_backward(f)
 
 
+def _checkpoint_cases(ops: int, device) -> dict:
+    """A region of ``ops`` tiny ops (GELU, a matmul, softmax, LayerNorm, repeated) as three steps:
+    ``plain`` forward + backward, ``forward`` alone and ``checkpointed`` forward + backward under
+    ``torch.utils.checkpoint`` (non-reentrant, as the harness). checkpointed − plain − forward is
+    what recomputing the region costs beyond re-running its forward: the saved-tensor hooks, the
+    region's bookkeeping and the replay under autograd."""
+    import torch.nn.functional as F
+    from torch.utils.checkpoint import checkpoint
+    x = torch.randn(4, 32, device=device, requires_grad=True)
+    w = torch.randn(32, 32, device=device, requires_grad=True)
+
+    def region(a):
+        for _ in range(ops // 4):
+            a = F.layer_norm(torch.softmax(F.gelu(a) @ w, dim=-1), (32,))
+        return a
+
+    return {"plain": lambda: region(x).sum().backward(), "forward": lambda: region(x),
+            "checkpointed": lambda: checkpoint(region, x, use_reentrant=False).sum().backward()}
+
+
 #: the validation model's transformer block timed forward + backward for the contention figure:
 #: a working set of a few MiB and the op mix of a real step, unlike one cache-resident GEMM
 CONTENTION_BLOCK = {"hidden": 128, "heads": 4, "seq": 64, "batch": 1}
@@ -309,36 +354,56 @@ def _block_case(device):
     return step
 
 
+def _adamw_case(tensors: int, numel: int, device):
+    """(step, prepare) of an AdamW step over ``tensors`` x ``numel`` elements as a training step
+    finds it: ``prepare`` gives every parameter a freshly allocated gradient (backward makes new
+    ones after ``zero_grad``) and writes a buffer larger than the caches (COLD_BYTES), as the
+    forward and backward between two steps do, so the step reads parameters and states cold.
+    Measured on the 2-core development machine for the validation model's 69 tensors (1.06 M
+    elements): 2.9 ms back to back, 4.3 ms so prepared, 4.3-4.7 ms after a real forward+backward."""
+    import torch.nn as nn
+
+    from paraplan.validation.apply_zero import make_adamw
+    params = [nn.Parameter(torch.randn(numel, device=device)) for _ in range(tensors)]
+    flush = torch.empty(COLD_BYTES // 4, device=device)
+
+    def prepare():
+        for p in params:
+            p.grad = torch.randn_like(p)
+        flush.fill_(1.0)
+    return make_adamw(params).step, prepare
+
+
 def training_rows(opts: ProfileOptions, device="cpu", world_size: int = 1, rounds: int = 7) -> list[dict]:
-    """Per-kernel autograd cost, compute contention reference and AdamW step (module docstring).
+    """Per-kernel autograd cost, compute contention reference, AdamW step and activation
+    checkpointing's overhead (module docstring).
 
     Every case runs in ``rounds`` short rounds interleaved with the others and keeps the median
     round: a burst of load from another process on a shared machine spoils one round, not the
     figure."""
-    import torch.nn as nn
-
-    from paraplan.validation.apply_zero import make_adamw
     t_round = max(0.35, opts.min_time_s) / rounds
-    cases = [("autograd", op, {"numel": 32, "kernels": k}, None, None, _autograd_case(op, device))
+    # (kind, op, shape, flops, bytes, fn, prepare or None)
+    cases = [("autograd", op, {"numel": 32, "kernels": k}, None, None, _autograd_case(op, device), None)
              for op, k in AUTOGRAD_OPS]
     a = torch.randn(128, 128, device=device)
     b = torch.randn(128, 128, device=device)
     cases.append(("contention", "gemm", {"m": 128, "n": 128, "k": 128}, 2.0 * 128 ** 3, None,
-                  lambda: a @ b))
-    cases.append(("contention", "block", dict(CONTENTION_BLOCK), None, None, _block_case(device)))
+                  lambda: a @ b, None))
+    cases.append(("contention", "block", dict(CONTENTION_BLOCK), None, None, _block_case(device), None))
     for tensors, numel in (ADAM_SMALL, ADAM_LARGE):
-        params = [nn.Parameter(torch.randn(numel, device=device)) for _ in range(tensors)]
-        for p in params:
-            p.grad = torch.randn_like(p)
         cases.append(("optimizer", "adamw", {"tensors": tensors, "numel": numel}, None,
-                      4 * tensors * numel, make_adamw(params).step))
+                      4 * tensors * numel, *_adamw_case(tensors, numel, device)))
+    for ops in CHECKPOINT_REGION_OPS:
+        cases += [("checkpoint", variant, {"ops": ops}, None, None, fn, None)
+                  for variant, fn in _checkpoint_cases(ops, device).items()]
     samples = [[] for _ in cases]
     for _ in range(rounds):
-        for i, case in enumerate(cases):
-            samples[i].append(bench_throughput(case[-1], device, t_round))
+        for i, (*_, fn, prepare) in enumerate(cases):
+            samples[i].append(bench_throughput(fn, device, t_round) if prepare is None
+                              else bench_prepared(fn, prepare, device, t_round))
     return [_row(kind, op, device, "float32", world_size, shape=shape, flops=flops, nbytes=nbytes,
                  time_s=statistics.median(ts))
-            for (kind, op, shape, flops, nbytes, _), ts in zip(cases, samples)]
+            for (kind, op, shape, flops, nbytes, _, _), ts in zip(cases, samples)]
 
 
 def device_memory_bytes(device="cpu") -> int | None:
@@ -569,7 +634,8 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
         ``memory_bandwidth`` = {device: bytes/s}, ``launch`` = {device: seconds per tiny op}
         and ``device_memory`` = {device: bytes} (both absent in older profiles), ``h2d`` / ``d2h`` = bytes/s or None,
         ``training`` = {device: {world_size: {"autograd": {op: (seconds, kernels)}, "contention_s": seconds of
-        the reference GEMM, "adamw": [(tensors, numel, seconds)]}}} (absent in older profiles),
+        the reference GEMM, "adamw": [(tensors, numel, seconds)], "checkpoint": {ops: {"plain" |
+        "forward" | "checkpointed": seconds}}}}} (absent in older profiles),
         ``collectives`` = {op: {world_size: [(bytes, bus_bandwidth_bytes_per_s, time_s)]}}.
     """
     store = ProfileStore(db)
@@ -604,10 +670,12 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
                 (r["shape"]["numel"], r["bytes"], r["time_s"]))
         elif k in ("h2d", "d2h"):
             out[k] = r["bandwidth_bytes_per_s"]
-        elif k in ("autograd", "contention", "optimizer"):
+        elif k in ("autograd", "contention", "optimizer", "checkpoint"):
             w = out["training"].setdefault(r["device"], {}).setdefault(
-                int(r["world_size"]), {"autograd": {}, "contention_s": None, "adamw": []})
-            if k == "autograd":
+                int(r["world_size"]), {"autograd": {}, "contention_s": None, "adamw": [], "checkpoint": {}})
+            if k == "checkpoint":
+                w["checkpoint"].setdefault(int(r["shape"]["ops"]), {})[r["op"]] = r["time_s"]
+            elif k == "autograd":
                 w["autograd"][r["op"]] = (r["time_s"], r["shape"]["kernels"])
             elif k == "contention":   # the block when measured (older profiles: the GEMM)
                 if r["op"] == "block" or w["contention_s"] is None:
