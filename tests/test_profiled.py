@@ -272,6 +272,11 @@ def test_local_cluster_from_profile(profile_db, monkeypatch):
     assert acc.peak("fp32") == pytest.approx(curves_for(c).peak_flops("fp32"))
     assert acc.memory_bytes > 2**28 and acc.memory_bandwidth_bytes_per_s > 1e8
     assert c.system.intra_node.efficiency == 1.0 and set(c.system.intra_node.per_op) == set(STEPS)
+    # the link is fitted to the collectives as a step issues them (after compute), not back to back
+    from paraplan.validation.profile import measured_tables
+    assert "in step" in c.system.sources["intra_node"]
+    assert dict(c.system.intra_node.per_op) == dict(
+        fitted_link(measured_tables(profile_db)["collectives_in_step"], world_size=2).per_op)
     fp = machine_fingerprint()
     by_id = load_cluster(f"profile:{fp['id'][:8]}", 2, db=profile_db)
     monkeypatch.setenv("PARAPLAN_PROFILE_DB", profile_db)

@@ -65,7 +65,8 @@ def test_tiny_profile_run_yields_tables(tmp_path):
     assert t["memory_bandwidth"]["cpu"] > 0
     assert set(t["collectives"]) == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all",
                                      "send_recv"}
-    for per_world in t["collectives"].values():
+    assert set(t["collectives_in_step"]) == set(t["collectives"])
+    for per_world in (*t["collectives"].values(), *t["collectives_in_step"].values()):
         sizes = [b for b, bw, _ in per_world[2]]
         assert sizes == sorted(sizes) and len(sizes) == 2
         assert all(bw > 0 for _, bw, _ in per_world[2])

@@ -8,7 +8,9 @@ file) becomes one node of ``gpus`` ranks:
   capacity (physical RAM for a CPU, as recorded by the profile, else read here), bandwidth = the
   measured copy bandwidth; it carries the :class:`~paraplan.costmodels.profiled.ProfiledCurves`
   the estimator then uses by default (:func:`paraplan.costmodels.efficiency.curves_for`).
-* the intra-node :class:`~paraplan.hardware.model.Link` fitted to the measured collectives:
+* the intra-node :class:`~paraplan.hardware.model.Link` fitted to the measured collectives (the
+  in-step ones, each issued after about a millisecond of compute as in a training step, when the
+  profile has them; else the back-to-back ones):
   per op, α and β = 1/B of ``T = steps(n)·α + factor(n)·S·β`` by non-negative least squares on
   the relative error over every message size and world size (all-reduce: 2(n−1) steps, factor
   2(n−1)/n; reduce-scatter, all-gather, all-to-all: n−1 and (n−1)/n; send/recv: 1 and 1);
@@ -167,7 +169,9 @@ def cluster_from_tables(tables: dict, gpus: int | None = None, label: str = "loc
                              "memory_bytes": mem_source,
                              "memory_bandwidth_bytes_per_s": "measured device copy (read + write)"}),
         measured_curves=curves)
-    link = fitted_link(tables.get("collectives") or {}, name=f"measured collectives ({label})", world_size=n)
+    in_step = tables.get("collectives_in_step") or {}
+    link = fitted_link(in_step or tables.get("collectives") or {}, world_size=n,
+                       name=f"measured collectives{' in step' if in_step else ''} ({label})")
     acc = _with(acc, scale_up_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s)
     host_bw = (tables.get("memory_bandwidth") or {}).get("cpu") or curves.memory_bandwidth_bytes_per_s
     cores = os.cpu_count() or 1
@@ -187,7 +191,8 @@ def cluster_from_tables(tables: dict, gpus: int | None = None, label: str = "loc
         inter_node=link, nics_per_node=1, nic_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s,
         pcie_gen=0, pcie_bandwidth_bytes_per_s=float(pcie), host_cpu=cpu, host_cpu_sockets=1,
         host_memory_bytes=_ram_bytes() if cuda else float(mem), nvme=nvme, nvme_drives=1,
-        sources=_frozen_map({"intra_node": "alpha-beta fit of the measured collectives",
+        sources=_frozen_map({"intra_node": "alpha-beta fit of the measured collectives" +
+                             (", each issued after ~1 ms of compute (in step)" if in_step else ", back to back"),
                              "pcie_bandwidth_bytes_per_s": "measured H2D copy" if tables.get("h2d")
                              else "host memory (CPU device: host and device memory are one)"}))
     return Cluster(name=f"profile:{label}" if label != "local" else "local", system=system, num_gpus=n)

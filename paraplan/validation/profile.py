@@ -33,6 +33,10 @@ ranks share the machine's cores, as the validation workers do):
   forward + backward under non-reentrant ``torch.utils.checkpoint``: what recomputation costs
   beyond re-running the forward, per region and per op.
 
+Every collective is timed twice: back to back, and in step (issued right after about a
+millisecond of GEMMs on every rank, minus the GEMMs alone: :func:`_in_step_time`), which is what a
+training step pays for it; the profiled cluster's link is fitted to the in-step figures.
+
 Collective sizes and bus bandwidth follow the nccl-tests convention (PERFORMANCE.md): ``bytes``
 is the full buffer (the all-gather output, the reduce-scatter input), algorithm bandwidth is
 bytes / time and bus bandwidth multiplies it by 2(n-1)/n for all-reduce, (n-1)/n for
@@ -479,6 +483,59 @@ def _collective_case(op, nbytes, world, rank, device):
     raise ValueError(op)
 
 
+#: compute a collective follows in the in-step measurement: about what a training step runs
+#: between two of its collectives (a tensor-parallel half layer, a backward before the gradient sync)
+IN_STEP_COMPUTE_S = 1e-3
+
+
+def _compute_burst(device):
+    """About IN_STEP_COMPUTE_S of 128^3 GEMMs on this rank, the same count on every rank (rank 0
+    times them and broadcasts the count)."""
+    import torch.distributed as dist
+    a = torch.randn(128, 128, device=device)
+    b = torch.randn(128, 128, device=device)
+    per = bench(lambda: a @ b, device, 0.05)
+    count = torch.tensor([max(1, int(IN_STEP_COMPUTE_S / max(per, 1e-9)))], dtype=torch.int32, device=device)
+    dist.broadcast(count, 0)
+    n = int(count.item())
+
+    def burst():
+        for _ in range(n):
+            a @ b
+    return burst
+
+
+def _in_step_time(fn, burst, device, min_time_s: float) -> float:
+    """Seconds a collective adds when issued right after a burst of compute, as in a training step:
+    the loop (burst, collective) minus the loop of bursts alone, per iteration, slowest rank.
+
+    On a shared-core CPU this is well above the back-to-back figure: while a rank computes, the
+    communication threads of its process group sleep and must be woken and scheduled when the
+    collective starts (measured on the 2-core development machine, gloo, 64 KiB all-reduce, 2
+    ranks: 0.57 ms back to back, 0.76-0.85 ms after 0.5-1 ms of compute)."""
+    import torch.distributed as dist
+
+    def loop(body, iters):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            body()
+        _sync(device)
+        return (time.perf_counter() - t0) / iters
+
+    def both():
+        burst()
+        fn()
+    per = loop(both, 2)
+    count = torch.tensor([max(3, min(200, int(min_time_s / max(per, 1e-7))))], dtype=torch.int32, device=device)
+    dist.broadcast(count, 0)
+    iters = int(count.item())
+    alone, paired = loop(burst, iters), loop(both, iters)
+    extra = torch.tensor([max(paired - alone, 1e-9)], dtype=torch.float64, device=device)
+    dist.all_reduce(extra, op=dist.ReduceOp.MAX)
+    return float(extra)
+
+
 def collective_worker(sizes: list[int], out_path: str, min_time_s: float,
                       with_training: bool = True) -> None:
     """Runs on every torchrun rank; rank 0 writes the rows (max time over ranks) to JSON.
@@ -504,6 +561,7 @@ def collective_worker(sizes: list[int], out_path: str, min_time_s: float,
                           shape=r["shape"], nbytes=r["bytes"], flops=r["flops"],
                           time_s=statistics.mean(e[i] for e in every)))
         rows += mine
+    burst = _compute_burst(device)
     for op in COLLECTIVES:
         for nbytes in sizes:
             fn = _collective_case(op, nbytes, world, rank, device)
@@ -536,6 +594,12 @@ def collective_worker(sizes: list[int], out_path: str, min_time_s: float,
             rows.append(_row("collective", op, "cuda" if cuda else "cpu", "float32", world,
                              shape={"bytes": n_el * 4}, nbytes=n_el * 4, time_s=t,
                              bus_factor=BUS_FACTOR[op](world)))
+            t = _in_step_time(fn, burst, device, min_time_s)
+            if op == "send_recv":
+                t /= 2
+            rows.append(_row("collective", op, "cuda" if cuda else "cpu", "float32", world,
+                             shape={"bytes": n_el * 4, "after_compute_s": IN_STEP_COMPUTE_S},
+                             nbytes=n_el * 4, time_s=t, bus_factor=BUS_FACTOR[op](world)))
     if rank == 0:
         tmp = out_path + ".tmp"
         with open(tmp, "w") as f:
@@ -636,7 +700,9 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
         ``training`` = {device: {world_size: {"autograd": {op: (seconds, kernels)}, "contention_s": seconds of
         the reference GEMM, "adamw": [(tensors, numel, seconds)], "checkpoint": {ops: {"plain" |
         "forward" | "checkpointed": seconds}}}}} (absent in older profiles),
-        ``collectives`` = {op: {world_size: [(bytes, bus_bandwidth_bytes_per_s, time_s)]}}.
+        ``collectives`` = {op: {world_size: [(bytes, bus_bandwidth_bytes_per_s, time_s)]}} timed back to
+        back, ``collectives_in_step`` the same issued after IN_STEP_COMPUTE_S of compute (absent in
+        older profiles).
     """
     store = ProfileStore(db)
     fid = fingerprint_id or machine_fingerprint()["id"]
@@ -646,7 +712,7 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
                           accepted="run `paraplan profile` first")
     rows = store.measurements(run_id)
     out = {"fingerprint": fid, "run_id": run_id, "gemm": [], "gemm_linear": [], "sdpa": [],
-           "memory_bandwidth": {}, "launch": {}, "elementwise": {}, "device_memory": {}, "h2d": None, "d2h": None, "collectives": {},
+           "memory_bandwidth": {}, "launch": {}, "elementwise": {}, "device_memory": {}, "h2d": None, "d2h": None, "collectives": {}, "collectives_in_step": {},
            "training": {}}
     for r in rows:
         k = r["kind"]
@@ -683,9 +749,10 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
             else:
                 w["adamw"].append((r["shape"]["tensors"], r["shape"]["numel"], r["time_s"]))
         elif k == "collective":
-            per = out["collectives"].setdefault(r["op"], {}).setdefault(r["world_size"], [])
+            key = "collectives_in_step" if "after_compute_s" in (r["shape"] or {}) else "collectives"
+            per = out[key].setdefault(r["op"], {}).setdefault(r["world_size"], [])
             per.append((r["bytes"], r["bus_bandwidth_bytes_per_s"], r["time_s"]))
-    for per_op in out["collectives"].values():
+    for per_op in (*out["collectives"].values(), *out["collectives_in_step"].values()):
         for lst in per_op.values():
             lst.sort()
     return out
