@@ -488,16 +488,21 @@ def _collective_case(op, nbytes, world, rank, device):
 IN_STEP_COMPUTE_S = 1e-3
 
 
+def _rank0_count(count: int, device) -> int:
+    """Rank 0's ``count``, on every rank (each decides from its own timing; all must loop alike)."""
+    import torch.distributed as dist
+    t = torch.tensor([count], dtype=torch.int32, device=device)
+    dist.broadcast(t, 0)
+    return int(t.item())
+
+
 def _compute_burst(device):
     """About IN_STEP_COMPUTE_S of 128^3 GEMMs on this rank, the same count on every rank (rank 0
     times them and broadcasts the count)."""
-    import torch.distributed as dist
     a = torch.randn(128, 128, device=device)
     b = torch.randn(128, 128, device=device)
     per = bench(lambda: a @ b, device, 0.05)
-    count = torch.tensor([max(1, int(IN_STEP_COMPUTE_S / max(per, 1e-9)))], dtype=torch.int32, device=device)
-    dist.broadcast(count, 0)
-    n = int(count.item())
+    n = _rank0_count(max(1, int(IN_STEP_COMPUTE_S / max(per, 1e-9))), device)
 
     def burst():
         for _ in range(n):
@@ -527,9 +532,7 @@ def _in_step_time(fn, burst, device, min_time_s: float) -> float:
         burst()
         fn()
     per = loop(both, 2)
-    count = torch.tensor([max(3, min(200, int(min_time_s / max(per, 1e-7))))], dtype=torch.int32, device=device)
-    dist.broadcast(count, 0)
-    iters = int(count.item())
+    iters = _rank0_count(max(3, min(200, int(min_time_s / max(per, 1e-7)))), device)
     alone, paired = loop(burst, iters), loop(both, iters)
     extra = torch.tensor([max(paired - alone, 1e-9)], dtype=torch.float64, device=device)
     dist.all_reduce(extra, op=dist.ReduceOp.MAX)
@@ -575,10 +578,7 @@ def collective_worker(sizes: list[int], out_path: str, min_time_s: float,
             fn()
             _sync(device)
             per = (time.perf_counter() - t0) / 2
-            count = torch.tensor([max(3, min(200, int(min_time_s / max(per, 1e-7))))],
-                                 dtype=torch.int32, device=device)
-            dist.broadcast(count, 0)
-            iters = int(count.item())
+            iters = _rank0_count(max(3, min(200, int(min_time_s / max(per, 1e-7)))), device)
             dist.barrier()
             t0 = time.perf_counter()
             for _ in range(iters):
