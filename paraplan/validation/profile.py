@@ -496,6 +496,30 @@ def _rank0_count(count: int, device) -> int:
     return int(t.item())
 
 
+def _per_iteration(body, iters: int, device) -> float:
+    """Seconds per call of ``body`` over ``iters`` calls, every rank starting together (barrier)."""
+    import torch.distributed as dist
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        body()
+    _sync(device)
+    return (time.perf_counter() - t0) / iters
+
+
+def _loop_count(body, device, min_time_s: float) -> int:
+    """Calls of ``body`` that fill ``min_time_s`` (3 to 200), from two timed calls on rank 0."""
+    per = _per_iteration(body, 2, device)
+    return _rank0_count(max(3, min(200, int(min_time_s / max(per, 1e-7)))), device)
+
+
+def _slowest_rank(seconds: float, device) -> float:
+    import torch.distributed as dist
+    t = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
 def _compute_burst(device):
     """About IN_STEP_COMPUTE_S of 128^3 GEMMs on this rank, the same count on every rank (rank 0
     times them and broadcasts the count)."""
@@ -518,25 +542,12 @@ def _in_step_time(fn, burst, device, min_time_s: float) -> float:
     communication threads of its process group sleep and must be woken and scheduled when the
     collective starts (measured on the 2-core development machine, gloo, 64 KiB all-reduce, 2
     ranks: 0.57 ms back to back, 0.76-0.85 ms after 0.5-1 ms of compute)."""
-    import torch.distributed as dist
-
-    def loop(body, iters):
-        dist.barrier()
-        t0 = time.perf_counter()
-        for _ in range(iters):
-            body()
-        _sync(device)
-        return (time.perf_counter() - t0) / iters
-
     def both():
         burst()
         fn()
-    per = loop(both, 2)
-    iters = _rank0_count(max(3, min(200, int(min_time_s / max(per, 1e-7)))), device)
-    alone, paired = loop(burst, iters), loop(both, iters)
-    extra = torch.tensor([max(paired - alone, 1e-9)], dtype=torch.float64, device=device)
-    dist.all_reduce(extra, op=dist.ReduceOp.MAX)
-    return float(extra)
+    iters = _loop_count(both, device, min_time_s)
+    alone, paired = _per_iteration(burst, iters, device), _per_iteration(both, iters, device)
+    return _slowest_rank(max(paired - alone, 1e-9), device)
 
 
 def collective_worker(sizes: list[int], out_path: str, min_time_s: float,
@@ -572,34 +583,15 @@ def collective_worker(sizes: list[int], out_path: str, min_time_s: float,
             # every rank runs the same count, decided up front by rank 0 from two timed calls,
             # then back to back with nothing else in the loop (a per-call agreement, a broadcast
             # say, would add its own latency to every sample)
-            dist.barrier()
-            t0 = time.perf_counter()
-            fn()
-            fn()
-            _sync(device)
-            per = (time.perf_counter() - t0) / 2
-            iters = _rank0_count(max(3, min(200, int(min_time_s / max(per, 1e-7)))), device)
-            dist.barrier()
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            _sync(device)
-            elapsed = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64,
-                                   device=device)
-            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
-            t = float(elapsed)
-            if op == "send_recv":
-                t /= 2  # one way
+            back_to_back = _slowest_rank(_per_iteration(fn, _loop_count(fn, device, min_time_s), device), device)
+            in_step = _in_step_time(fn, burst, device, min_time_s)
             n_el = max(world, nbytes // 4 // world * world)
-            rows.append(_row("collective", op, "cuda" if cuda else "cpu", "float32", world,
-                             shape={"bytes": n_el * 4}, nbytes=n_el * 4, time_s=t,
-                             bus_factor=BUS_FACTOR[op](world)))
-            t = _in_step_time(fn, burst, device, min_time_s)
-            if op == "send_recv":
-                t /= 2
-            rows.append(_row("collective", op, "cuda" if cuda else "cpu", "float32", world,
-                             shape={"bytes": n_el * 4, "after_compute_s": IN_STEP_COMPUTE_S},
-                             nbytes=n_el * 4, time_s=t, bus_factor=BUS_FACTOR[op](world)))
+            for t, extra in ((back_to_back, {}), (in_step, {"after_compute_s": IN_STEP_COMPUTE_S})):
+                if op == "send_recv":
+                    t /= 2  # one way
+                rows.append(_row("collective", op, "cuda" if cuda else "cpu", "float32", world,
+                                 shape={"bytes": n_el * 4, **extra}, nbytes=n_el * 4, time_s=t,
+                                 bus_factor=BUS_FACTOR[op](world)))
     if rank == 0:
         tmp = out_path + ".tmp"
         with open(tmp, "w") as f:
