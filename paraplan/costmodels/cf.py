@@ -9,11 +9,15 @@ Pure functions. Two sources of machine rates share one step model:
 Step time is a non-overlapping sum (ECM-style, reference §3.5, without overlap), op class by op
 class as counted from the torch kernels with the profiler::
 
-    t_step = Σ_reads rows·t_row(footprint)/T + Σ_bmm t_bmm(form, G, m, k, n) + Σ_ew ops·t_ew(bytes)
-             + Σ_red ops·t_red(bytes) + t_zeros(B·N1) + Σ_index_add rows·t_ia(table)/T
+    t_step = Σ_reads rows·t_row(footprint, X)/T + Σ_bmm t_bmm(form, G, m, k, n) + Σ_ew ops·t_ew(bytes)
+             + Σ_bool ops·t_bool(bytes) + Σ_red ops·t_red(bytes) + t_zeros(B·N1)
+             + Σ_index_add rows·t_ia(table, X)/T
              + rng·t_rng + scalars·t_index + fresh_bytes·t_fault + t_fixed
     t_epoch = ⌈M/B⌉·t_step + M·t_randperm
 
+X is the step's traffic (:func:`step_traffic_bytes`, the bytes it writes besides the tables): a
+row the step gathers was last touched a step ago and is updated at the step's end, with X bytes
+of other data through the caches in between, so row times are looked up at (footprint, X);
 t_fixed = ops·t_op (analytical) or the kernel's measured time per step at tiny sizes (profiled);
 t_bmm comes from a measured (m, N1) grid per product form, so the similarity block's FLOPs that
 grow with N1 are priced at the rate of their shape; fresh_bytes are the page faults of memory
@@ -58,7 +62,8 @@ BASELINE_OPS_PER_STEP = 106     # forward + autograd backward + optimizer (profi
 TILED_EW_OPS_TILE = 5           # on G×N1×d: div ×2, mul ×2, sub ×1 (normalize fwd and bwd)
 TILED_RED_OPS_TILE = 2          # on G×N1×d: norm, sum
 TILED_EW_OPS_BLOCK = 1          # on B×N1: zeros_like (the bmm outputs are in the bmm times)
-TILED_EW_OPS_BN = 4             # on B×n: sub, relu, gt, to/mul (gather/scatter_add are indexed scalars)
+TILED_EW_OPS_BN = 3             # on B×n: sub, relu, mul (gather/scatter_add are indexed scalars)
+TILED_BOOL_OPS_BN = 1           # on B×n: gt then to(float), a comparison and a cast (profiled as one)
 EW_OPS_BD_TILED = 14            # on B×d: mul ×7, div ×4, sub ×2, add ×1
 EW_OPS_BD_BASELINE = 26         # on B×d: div ×10, mul ×7, neg ×2, masked_fill ×2, add_ ×2, add, ...
 RED_OPS_BD = 5                  # on B×d: norm ×2, sum ×3
@@ -133,14 +138,23 @@ def memory_levels(cpu: Cpu, threads: int, row_bytes: int) -> list[Level]:
     return out
 
 
-def hit_fractions(levels: list[Level], footprint_bytes: float, shared: bool) -> list[float]:
-    """Fraction of random reads served by each level: h_L − h_{L−1} with h_L = min(1, S_L/F)."""
+def hit_fractions(levels: list[Level], footprint_bytes: float, shared: bool,
+                  traffic_per_thread_bytes: float = 0.0) -> list[float]:
+    """Fraction of random reads served by each level: h_L − h_{L−1} with h_L = min(1, S_L/(F + x_L)).
+
+    x_L is the other data that passes through the level between two visits to the footprint
+    (reuse distance): each thread writes ``traffic_per_thread_bytes`` per step, and a level
+    instance sees the traffic of every thread sharing it when the footprint is compared with the
+    whole instance (shared data at a shared level)."""
     fr, prev = [], 0.0
     for lv in levels:
         cap = lv.share_bytes
+        extra = traffic_per_thread_bytes
         if shared and lv.name != "DRAM" and lv.instance_bytes > cap:
+            extra = traffic_per_thread_bytes * lv.instance_bytes / cap
             cap = lv.instance_bytes
-        h = 1.0 if footprint_bytes <= 0 else min(1.0, cap / footprint_bytes)
+        foot = footprint_bytes + extra
+        h = 1.0 if foot <= 0 else min(1.0, cap / foot)
         h = max(h, prev)
         fr.append(h - prev)
         prev = h
@@ -161,9 +175,13 @@ class AnalyticalRates:
     def levels(self) -> list[Level]:
         return memory_levels(self.cpu, self.threads, self.row_bytes)
 
-    def row_time_s(self, footprint_bytes: float, shared: bool) -> float:
+    def row_time_s(self, footprint_bytes: float, shared: bool, traffic_bytes: float = 0.0,
+                   call_rows: float = 512) -> float:
+        """Hit-weighted row time; ``traffic_bytes``: what all threads write per step besides
+        (the call size is not modelled analytically)."""
         lv = self.levels()
-        return float(sum(h * l.row_time_s for h, l in zip(hit_fractions(lv, footprint_bytes, shared), lv)))
+        fr = hit_fractions(lv, footprint_bytes, shared, traffic_bytes / self.threads)
+        return float(sum(h * l.row_time_s for h, l in zip(fr, lv)))
 
     def stream_bytes_per_s(self, tensor_bytes: float) -> float:
         for lv in self.levels():
@@ -184,8 +202,9 @@ class AnalyticalRates:
     def perm_s_per_element(self) -> float:
         return 2.0 * self.rng_s_per_element
 
-    def fixed_step_s(self, tiled: bool, ops: int) -> float:
-        """Per-step fixed cost: torch ops counted in the kernels × dispatch overhead."""
+    def fixed_step_s(self, tiled: bool, ops: int, traffic_bytes: float = 0.0) -> float:
+        """Per-step fixed cost: torch ops counted in the kernels × dispatch overhead (the
+        traffic's effect on it is not modelled analytically)."""
         return ops * self.op_overhead_s
 
     def ew_s(self, nbytes: float) -> float:
@@ -199,15 +218,19 @@ class AnalyticalRates:
     def zeros_s(self, nbytes: float) -> float:
         return nbytes / self.stream_bytes_per_s(nbytes)
 
-    def bmm_s(self, form: str, G: int, m: int, k: int, n: int) -> float:
+    def bmm_s(self, form: str, G: int, m: int, k: int, n: int, traffic_bytes: float = 0.0) -> float:
         """G products m×k·k×n at the analytical GEMM rate, or at the streaming rate of their
         operands when that is slower (skinny products are memory-bound)."""
         nbytes = 4.0 * G * (m * k + k * n + m * n)
         return max(2.0 * G * m * k * n / self.gemm_flops_per_s, nbytes / self.stream_bytes_per_s(nbytes))
 
-    def index_add_row_s(self, table_bytes: float) -> float:
+    def index_add_row_s(self, table_bytes: float, traffic_bytes: float = 0.0, call_rows: float = 512) -> float:
         """Read-modify-write of one random row: twice a row read."""
-        return 2.0 * self.row_time_s(table_bytes, True)
+        return 2.0 * self.row_time_s(table_bytes, True, traffic_bytes)
+
+    def bool_s(self, nbytes: float) -> float:
+        """``(x > c).to(float)`` writing ``nbytes``: two passes (estimate: twice an elementwise op)."""
+        return 2.0 * self.ew_s(nbytes)
 
 
 @dataclass(frozen=True)
@@ -229,17 +252,36 @@ class ProfiledRates:
     def name(self) -> str:
         return f"profiled:{self.profile.host or 'local'}"
 
-    def row_time_s(self, footprint_bytes: float, shared: bool) -> float:
+    def _row_grid_time(self, grid, w: float, traffic_bytes: float, call_rows: float) -> float:
+        """Per-row seconds from a measured (rows per call × table bytes × traffic bytes) grid:
+        log-log in W and in rows per call (clamped), linear in log2(1 + X/MiB); each traffic
+        column made non-increasing in W from the top (a gather over a working set is no slower
+        than over any larger one: drops noise at the small end) and each W row non-decreasing in
+        X (more traffic never warms a cache)."""
         p = self.profile
-        w = footprint_bytes if shared else footprint_bytes * p.threads
         ws = np.log(np.asarray(p.ws_bytes, float))
-        t = np.log(np.asarray(p.row_time_s, float))
-        # a gather over a working set is no slower than one over any larger set (suffix minimum;
-        # drops warm-up and noise outliers at the small end)
-        t = np.minimum.accumulate(t[::-1])[::-1]
+        xs = np.log2(1.0 + np.asarray(p.traffic_bytes, float) / 2**20)
+        x = math.log2(1.0 + max(traffic_bytes, 0.0) / 2**20)
+        per_r = []
+        for sl in grid:
+            t = np.log(np.asarray(sl, float))                       # [W][X]
+            t = np.minimum.accumulate(t[::-1], axis=0)[::-1]
+            t = np.maximum.accumulate(t, axis=1)
+            col = np.array([np.interp(x, xs, t[i]) for i in range(len(ws))])
+            per_r.append(np.interp(math.log(max(w, 1.0)), ws, col))
+        rs = np.log(np.asarray(p.gather_call_rows, float))
+        lt = np.interp(math.log(max(call_rows, 1.0)), rs, per_r)
         scale = math.ceil(self.row_bytes / 64) / math.ceil(p.row_bytes / 64)
         # the profile measured all threads gathering together; per-row thread time is ×T
-        return float(np.exp(np.interp(math.log(max(w, 1.0)), ws, t))) * scale * p.threads
+        return float(np.exp(lt)) * scale * p.threads
+
+    def row_time_s(self, footprint_bytes: float, shared: bool, traffic_bytes: float = 0.0,
+                   call_rows: float = 512) -> float:
+        """Measured gather time per row at working set W (the table when shared; F·T for a
+        footprint F private to each of T threads) after ``traffic_bytes`` of other writes, in
+        calls of ``call_rows`` rows."""
+        w = footprint_bytes if shared else footprint_bytes * self.profile.threads
+        return self._row_grid_time(self.profile.row_time_traffic_s, w, traffic_bytes, call_rows)
 
     def stream_bytes_per_s(self, tensor_bytes: float) -> float:
         p = self.profile
@@ -270,9 +312,14 @@ class ProfiledRates:
     def perm_s_per_element(self) -> float:
         return self.profile.perm_s_per_element
 
-    def fixed_step_s(self, tiled: bool, ops: int) -> float:
-        """Measured per-step cost of the kernel at tiny sizes (dispatch, Python, allocation)."""
-        return self.profile.tiled_step_fixed_s if tiled else self.profile.baseline_step_fixed_s
+    def fixed_step_s(self, tiled: bool, ops: int, traffic_bytes: float = 0.0) -> float:
+        """Measured per-step cost of the kernel at tiny sizes (dispatch, Python, allocation) with
+        ``traffic_bytes`` of other writes between steps (linear in log2(1 + X/MiB))."""
+        p = self.profile
+        ys = p.tiled_step_fixed_traffic_s if tiled else p.baseline_step_fixed_traffic_s
+        xs = np.log2(1.0 + np.asarray(p.traffic_bytes, float) / 2**20)
+        ys = np.maximum.accumulate(np.asarray(ys, float))
+        return float(np.interp(math.log2(1.0 + max(traffic_bytes, 0.0) / 2**20), xs, ys))
 
     def _curve(self, sizes, per_byte, nbytes: float) -> float:
         """Seconds for ``nbytes`` from a measured per-byte curve, less the op dispatch overhead
@@ -296,30 +343,32 @@ class ProfiledRates:
         """A row-wise reduction over ``nbytes``: measured ``norm(dim=-1)``."""
         return self._curve(self.profile.ew_sizes_bytes, self.profile.red_s_per_byte, nbytes)
 
-    def bmm_s(self, form: str, G: int, m: int, k: int, n: int) -> float:
-        """G products at the measured seconds per FLOP of that form, bilinear in (log m, log N1)
-        over the profile's grid (N1 is n for U·Xᵀ, k for the two backward forms), clamped at the
-        grid's edges; the grid was measured at k = d and is rescaled to other d by FLOPs."""
+    def bmm_s(self, form: str, G: int, m: int, k: int, n: int, traffic_bytes: float = 0.0) -> float:
+        """G products at the measured seconds per FLOP of that form, interpolated in (log2(1 +
+        X/MiB), log m, log N1) over the profile's grid (N1 is n for U·Xᵀ, k for the two backward
+        forms), clamped at the grid's edges; the grid was measured at k = d and is rescaled to
+        other d by FLOPs. X: the step's traffic before the product."""
         p = self.profile
         mm, nn = (m, n) if form == "u_xT" else (m, k) if form == "dS_x" else (k, n)
         # for dST_u = (N1×m)·(m×d), the grid's (m, N1) is (k, m)
         if form == "dST_u":
             mm, nn = k, m
-        grid = np.log(np.asarray(p.bmm_s_per_flop[form], float))
+        grid = np.log(np.asarray(p.bmm_s_per_flop[form], float))   # [X][m][N1]
         lm, ln = np.log(np.asarray(p.bmm_m, float)), np.log(np.asarray(p.bmm_n, float))
-        x, y = math.log(max(mm, 1)), math.log(max(nn, 1))
-        col = np.array([np.interp(y, ln, grid[i]) for i in range(len(lm))])
-        return float(np.exp(np.interp(x, lm, col))) * 2.0 * G * m * k * n
+        xs = np.log2(1.0 + np.asarray(p.bmm_traffic_bytes, float) / 2**20)
+        x, y, z = math.log(max(mm, 1)), math.log(max(nn, 1)), math.log2(1.0 + max(traffic_bytes, 0.0) / 2**20)
+        per_x = [np.interp(x, lm, [np.interp(y, ln, g[i]) for i in range(len(lm))]) for g in grid]
+        return float(np.exp(np.interp(z, xs, per_x))) * 2.0 * G * m * k * n
 
-    def index_add_row_s(self, table_bytes: float) -> float:
-        """index_add_ of one random row into a table of that size (measured, same curve sizes as
-        the gather); ×T as for :meth:`row_time_s`."""
-        p = self.profile
-        ws = np.log(np.asarray(p.ws_bytes, float))
-        t = np.log(np.asarray(p.index_add_row_time_s, float))
-        t = np.minimum.accumulate(t[::-1])[::-1]
-        scale = math.ceil(self.row_bytes / 64) / math.ceil(p.row_bytes / 64)
-        return float(np.exp(np.interp(math.log(max(table_bytes, 1.0)), ws, t))) * scale * p.threads
+    def index_add_row_s(self, table_bytes: float, traffic_bytes: float = 0.0, call_rows: float = 512) -> float:
+        """index_add_ of one random row into a table of that size after ``traffic_bytes`` of
+        other writes, in calls of ``call_rows`` rows (measured, same grid as the gather)."""
+        return self._row_grid_time(self.profile.index_add_row_time_traffic_s, table_bytes, traffic_bytes,
+                                   call_rows)
+
+    def bool_s(self, nbytes: float) -> float:
+        """``(x > c).to(float)`` writing ``nbytes``: measured (comparison + cast)."""
+        return self._curve(self.profile.ew_sizes_bytes, self.profile.bool_s_per_byte, nbytes)
 
 
 # ---------------------------------------------------------------- work per step
@@ -329,11 +378,11 @@ class StepWork:
     """What one step does, op class by op class (counted from the kernels with the torch
     profiler, ``record_shapes``; see the constants at the top of this module):
 
-    reads: (name, rows, footprint bytes, shared?) random row gathers;
+    reads: (name, rows, footprint bytes, shared?, rows per call) random row gathers;
     elementwise: (name, ops, output bytes) out-of-place elementwise ops;
     reductions: (name, ops, input bytes) row-wise reductions (norm, sum over d);
     bmms: (form, G, m, k, n) batched products of G groups, m×k·k×n;
-    index_adds: (name, rows, table bytes) row scatters into a table (sparse update);
+    index_adds: (name, rows, table bytes, rows per call) row scatters into a table (sparse update);
     rng_elements, index_elements (scalar gather/scatter through an index), ops (top-level aten ops).
     """
     reads: tuple
@@ -346,6 +395,28 @@ class StepWork:
     ops: int
     index_elements: float = 0.0
     zeros: tuple = ()   # (name, ops, bytes) freshly allocated zero-filled tensors
+    bools: tuple = ()   # (name, ops, bytes) comparison + cast to float, bytes of the float output
+    row_bytes: int = 0  # bytes of one embedding row (the gathers' output per row)
+
+    @property
+    def traffic_bytes(self) -> float:
+        """Bytes the step writes besides the embedding tables: elementwise and zero-filled
+        outputs, bmm outputs, the gathered rows (:func:`step_traffic_bytes`)."""
+        return step_traffic_bytes(self)
+
+
+def step_traffic_bytes(work: "StepWork", row_bytes: int | None = None) -> float:
+    """X = Σ_ew ops·bytes + Σ_zeros + Σ_bool + Σ_bmm 4·G·m·n + Σ_reads rows·row: what passes
+    through the caches between two visits of a step to the same table rows (the rows a step
+    gathers at its start and updates at its end, and the next step's fresh rows). Reads of a
+    tensor just written are cache hits and are not counted; row gathers count their output.
+    ``row_bytes`` defaults to the gathered rows' size recorded in the work (``row_bytes``)."""
+    row = row_bytes if row_bytes is not None else work.row_bytes
+    x = sum(ops * nb for _, ops, nb in work.elementwise)
+    x += sum(ops * nb for _, ops, nb in work.zeros) + sum(ops * nb for _, ops, nb in work.bools)
+    x += sum(4.0 * G * m * n for _, G, m, k, n in work.bmms)
+    x += sum(r[1] for r in work.reads) * row
+    return float(x)
 
 
 def tile_footprint_bytes(model: CFModel, tiling: Tiling) -> float:
@@ -376,16 +447,16 @@ def step_work(model: CFModel, tiling: Tiling | None) -> StepWork:
     row = model.row_bytes
     user_tab, item_tab = model.users * row, model.items * row
     agg = model.uses_aggregation
-    reads = [("user rows", B, user_tab, True), ("positive rows", B, item_tab, True)]
+    reads = [("user rows", B, user_tab, True, B), ("positive rows", B, item_tab, True, B)]
     ew = [("B×d user/positive vectors", EW_OPS_BD_TILED if tiling else EW_OPS_BD_BASELINE, 4.0 * B * d)]
     red = [("B×d norms/sums", RED_OPS_BD, 4.0 * B * d)]
     if agg:
-        reads.append(("history rows", B * h, item_tab, True))
+        reads.append(("history rows", B * h, item_tab, True, B * h))
     flops = 6.0 * B * d * d if agg else 0.0
     rng = float(B * n)
     if tiling is None:
         E = 4.0 * B * n * d
-        reads.append(("negative rows", B * n, item_tab, True))
+        reads.append(("negative rows", B * n, item_tab, True, B * n))
         flops += 4.0 * B * n * d
         ew.append(("B×n×d negative copy", BASELINE_EW_OPS_BND, E))
         red.append(("B×n×d norm, sum, matrix-vector bmm", BASELINE_RED_OPS_BND, E))
@@ -393,19 +464,21 @@ def step_work(model: CFModel, tiling: Tiling | None) -> StepWork:
         opt = 2 if model.optimizer == "sgd" else 6   # zero + add_ (SGD); Adam: + moments, sqrt, div
         ew.append(("dense user grad + optimizer", opt, 4.0 * model.users * d))
         ew.append(("dense item grad + optimizer", opt, 4.0 * model.items * d))
-        ia = (("user grad rows", B, user_tab), ("item grad rows (positives, negatives)", B * (n + 1), item_tab))
-        return StepWork(tuple(reads), flops, tuple(ew), tuple(red), (), ia, rng, BASELINE_OPS_PER_STEP)
+        ia = (("user grad rows", B, user_tab, B),
+              ("item grad rows (positives, negatives)", B * (n + 1), item_tab, B * (n + 1)))
+        return StepWork(tuple(reads), flops, tuple(ew), tuple(red), (), ia, rng, BASELINE_OPS_PER_STEP,
+                        row_bytes=row)
     N1 = tiling.tile_rows
     G = tile_groups(model, tiling)
     m = B // G
     Et = 4.0 * G * N1 * d
     if tiling.refresh_iterations < model.per_thread_batch:
-        reads.append(("tile rows (fresh each step)", G * N1, item_tab, True))
+        reads.append(("tile rows (fresh each step)", G * N1, item_tab, True, G * N1))
         fresh = G * N1
     else:
         fr = refresh_fraction(model, tiling)
-        reads.append(("tile rows (resident)", T * N1 * (1 - fr), tile_footprint_bytes(model, tiling), False))
-        reads.append(("tile rows (refresh)", T * N1 * fr, item_tab, True))
+        reads.append(("tile rows (resident)", T * N1 * (1 - fr), tile_footprint_bytes(model, tiling), False, G * N1))
+        reads.append(("tile rows (refresh)", T * N1 * fr, item_tab, True, G * N1))
         fresh = T * N1 * fr
     rng += fresh
     flops += 6.0 * B * N1 * d
@@ -416,10 +489,11 @@ def step_work(model: CFModel, tiling: Tiling | None) -> StepWork:
     red.append(("B×n sum", 1, 4.0 * B * n))
     ew.append(("cat of item gradient rows", 1, 4.0 * (B + G * N1) * d))
     bmms = (("u_xT", G, m, d, N1), ("dS_x", G, m, N1, d), ("dST_u", G, N1, m, d))
-    ia = (("user rows", B, user_tab), ("item rows (positives, tile)", B + G * N1, item_tab))
+    ia = (("user rows", B, user_tab, B), ("item rows (positives, tile)", B + G * N1, item_tab, B + G * N1))
     ops = TILED_OPS_PER_STEP + (8 if model.optimizer == "adam" else 0)
     # the negatives' cosines: one gather and one scatter_add of B·n scalars through an index
-    return StepWork(tuple(reads), flops, tuple(ew), tuple(red), bmms, ia, rng, ops, 2.0 * B * n, zeros)
+    bools = (("B×n negative-margin mask", TILED_BOOL_OPS_BN, 4.0 * B * n),)
+    return StepWork(tuple(reads), flops, tuple(ew), tuple(red), bmms, ia, rng, ops, 2.0 * B * n, zeros, bools, row)
 
 
 def fresh_bytes_per_step(model: CFModel, tiling: Tiling | None) -> float:
@@ -429,24 +503,28 @@ def fresh_bytes_per_step(model: CFModel, tiling: Tiling | None) -> float:
     glibc (mallopt(3)) serves a chunk above the mmap threshold by mmap; freeing one raises the
     threshold to its size, up to 32 MiB, and the heap-trim threshold to twice that. A long-running
     training process has freed such a chunk before its steady state (the harness makes sure:
-    ``cf_kernels.warm_allocator`` before every epoch and the profile), so the heap keeps up to 64 MiB free and every step re-faults
-    the rest of its peak of live tensors: max(0, peak − 64 MiB). Peak live bytes, counted from the
-    kernels:
-    baseline 5 B×n×d tensors (BASELINE_LIVE_BND) + the dense user and item gradients autograd
-    allocates every step; tiled: S and dS (B×N1 each) + X, x̂, dx̂, dX (G×N1×d each).
+    ``cf_kernels.warm_allocator`` before every epoch and the profile), so
+    * a tensor of 32 MiB or more is above any threshold glibc will set: it is mmapped, faulted
+      in and unmapped every step, all of it;
+    * the rest come from the heap, which keeps up to 64 MiB free, so every step re-faults the part
+      of their peak beyond it: max(0, peak − 64 MiB).
+    Live tensors at the peak, counted from the kernels: baseline 5 B×n×d tensors
+    (BASELINE_LIVE_BND) + the dense user and item gradients autograd allocates every step;
+    tiled: S and dS (B×N1 each) + X, x̂, dx̂, dX (G×N1×d each).
     """
     B, n, d = model.batch, model.negatives, model.dim
     if tiling is None:
         E = 4.0 * B * n * d
-        grads = 4.0 * d * (model.users + model.items)
-        peak, largest = BASELINE_LIVE_BND * E + grads, max(E, 4.0 * d * max(model.users, model.items))
+        live = [E] * BASELINE_LIVE_BND + [4.0 * d * model.users, 4.0 * d * model.items]
     else:
         G, N1 = tile_groups(model, tiling), tiling.tile_rows
         blk, tile = 4.0 * B * N1, 4.0 * G * N1 * d
-        peak, largest = 2 * blk + 4 * tile, max(blk, tile)
-    if largest < GLIBC_MMAP_THRESHOLD_MIN:
+        live = [blk] * 2 + [tile] * 4
+    if max(live) < GLIBC_MMAP_THRESHOLD_MIN:
         return 0.0
-    return max(0.0, peak - 2.0 * GLIBC_MMAP_THRESHOLD_MAX)
+    mapped = sum(t for t in live if t >= GLIBC_MMAP_THRESHOLD_MAX)
+    heap = sum(t for t in live if t < GLIBC_MMAP_THRESHOLD_MAX)
+    return mapped + max(0.0, heap - 2.0 * GLIBC_MMAP_THRESHOLD_MAX)
 
 
 @dataclass(frozen=True)
@@ -459,26 +537,29 @@ def step_time(model: CFModel, tiling: Tiling | None, rates) -> StepTime:
     """Predicted seconds of one step: the sum at the top of this module, term by term."""
     w = step_work(model, tiling)
     T = model.threads
+    X = w.traffic_bytes
     br = {}
-    for name, rows, foot, shared in w.reads:
-        br[name] = rows * rates.row_time_s(foot, shared) / T
+    for name, rows, foot, shared, call in w.reads:
+        br[name] = rows * rates.row_time_s(foot, shared, X, call) / T
     if w.bmms:
         for form, G, m, k, n in w.bmms:
-            br[f"bmm {form}"] = rates.bmm_s(form, G, m, k, n)
+            br[f"bmm {form}"] = rates.bmm_s(form, G, m, k, n, X)
     else:
         br["compute (bmm/matmul)"] = w.flops / rates.gemm_flops_per_s
     for name, ops, nbytes in w.elementwise:
         br[name] = br.get(name, 0.0) + ops * rates.ew_s(nbytes)
     for name, ops, nbytes in w.zeros:
         br[name] = br.get(name, 0.0) + ops * rates.zeros_s(nbytes)
+    for name, ops, nbytes in w.bools:
+        br[name] = br.get(name, 0.0) + ops * rates.bool_s(nbytes)
     for name, ops, nbytes in w.reductions:
         br[name] = br.get(name, 0.0) + ops * rates.red_s(nbytes)
-    for name, rows, table in w.index_adds:
-        br[f"index_add {name}"] = rows * rates.index_add_row_s(table) / T
+    for name, rows, table, call in w.index_adds:
+        br[f"index_add {name}"] = rows * rates.index_add_row_s(table, X, call) / T
     br["random numbers"] = w.rng_elements * rates.rng_s_per_element
     br["indexed scalars"] = w.index_elements * rates.index_s_per_element
     br["page faults (memory fresh from the OS)"] = fresh_bytes_per_step(model, tiling) * rates.fault_s_per_byte
-    br["fixed per-step overhead"] = rates.fixed_step_s(tiling is not None, w.ops)
+    br["fixed per-step overhead"] = rates.fixed_step_s(tiling is not None, w.ops, X)
     return StepTime(float(sum(br.values())), br)
 
 

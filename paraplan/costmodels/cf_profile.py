@@ -2,8 +2,11 @@
 
 Measured (each a median of a few repetitions, a few seconds in all):
 
-* row-gather time vs working-set size: ``index_select`` of random rows from a table of W bytes,
-  W from 16 KiB to ``max_ws_bytes`` (the curve that shows L1/L2/L3/DRAM);
+* row-gather and ``index_add_`` time vs working-set size and traffic: batches of ``GATHER_ROWS``
+  fresh random rows from a table of W bytes, W from 16 KiB to ``max_ws_bytes`` (the curve that
+  shows L1/L2/L3/DRAM), each batch preceded by a copy of X bytes of other data, X in
+  ``TRAFFIC_GRID`` (a training step writes its other tensors between two visits to a table: the
+  rows it gathers and later updates have been pushed out of the caches by them);
 * achieved FLOP/s of the tiled kernel's ``bmm`` shape;
 * elementwise streaming bandwidth for a small (in-cache) and a large tensor;
 * the fixed cost of one small torch op (dispatch overhead) and of one random integer.
@@ -23,7 +26,9 @@ import numpy as np
 
 from paraplan.errors import ConfigError
 
-PROFILE_VERSION = 2
+PROFILE_VERSION = 3
+GATHER_ROWS = (512, 16384)   # rows per measured gather / index_add_ call: a batch, a large tile
+TRAFFIC_GRID = (0, 2**20, 4 * 2**20, 16 * 2**20, 64 * 2**20)  # bytes copied between two calls
 
 
 @dataclass(frozen=True)
@@ -51,10 +56,22 @@ class CpuProfile:
     zeros_s_per_byte: tuple = ()   # torch.zeros (allocate + zero-fill, as zeros_like) per byte, same sizes
     bmm_m: tuple = ()
     bmm_n: tuple = ()
-    bmm_s_per_flop: dict = None
+    bmm_s_per_flop: dict = None    # form -> [traffic][m][N1] (v3; v2 had no traffic axis)
     index_add_row_time_s: tuple = ()
     fault_s_per_byte: float = 0.0   # first touch of memory fresh from the OS (page faults), per byte
     perm_s_per_element: float = 0.0  # torch.randperm (the epoch's shuffle), per element
+    # v3: the gather and index_add_ per-row times over gather_call_rows × ws_bytes × traffic_bytes
+    # (row_time_s and index_add_row_time_s are their first-call-size, traffic-0 column), the fixed step costs over traffic_bytes
+    # (the scalars above are their traffic-0 entries); bool_s_per_byte: ``(x > c).to(float)``
+    # (a comparison and a cast, two passes with a 1-byte intermediate) per output byte, ew sizes
+    traffic_bytes: tuple = ()
+    bmm_traffic_bytes: tuple = ()
+    gather_call_rows: tuple = ()
+    row_time_traffic_s: tuple = ()             # [rows per call][W][X]
+    index_add_row_time_traffic_s: tuple = ()   # [rows per call][W][X]
+    bool_s_per_byte: tuple = ()
+    tiled_step_fixed_traffic_s: tuple = ()     # tiled_step_fixed_s over traffic_bytes
+    baseline_step_fixed_traffic_s: tuple = ()  # baseline_step_fixed_s over traffic_bytes
     host: str = ""
     version: int = PROFILE_VERSION
 
@@ -67,48 +84,43 @@ COLD_BYTES = 64 * 2**20   # more than this machine's and the catalogue CPUs' las
 BMM_FORMS = ("u_xT", "dS_x", "dST_u")  # S = U·Xᵀ (m×d·d×N1); dU = dS·X (m×N1·N1×d); dX = dSᵀ·U (N1×m·m×d)
 BMM_M_GRID = (8, 32, 128, 512)
 BMM_N_GRID = (8, 32, 128, 512, 2048, 8192)
+BMM_TRAFFIC_GRID = (0, 16 * 2**20)   # bytes copied before each timed product
 
 
 def _bmm_grid(dim: int, reps: int, g, rounds: int = 3) -> dict:
-    """Seconds per FLOP of each bmm form over the (m, N1) grid, k = d, with enough groups G that
-    one call does at least ~8 MFLOP (the kernel batches G = B/m groups). Outputs are written into
-    preallocated tensors (``out=``): allocation and first touch are the page-fault term's. The grid
+    """Seconds per FLOP of each bmm form over (traffic X, rows m, columns N1), k = d, with enough
+    groups G that one call does at least ~8 MFLOP (the kernel batches G = B/m groups).
+
+    As in the kernel: the operands and the output are the same tensors call after call (the
+    operands were just written by the op before; the output reuses the chunk the allocator
+    freed a step ago), and before each call X bytes of other data are copied (untimed): the
+    step's traffic between two visits. On the development VM a 512×64·64×1024 product took
+    343 us with nothing in between, 394 us after 16 MiB, 385 us inside the kernel, and 677 us
+    when the output rotated over 14 cold buffers (what v2 of this profile measured). The grid
     is measured ``rounds`` times, round-robin, and the elementwise median kept, so that a burst
     of load from another process spikes one round of one point, not the result."""
     import torch
-    res = {f: np.zeros((rounds, len(BMM_M_GRID), len(BMM_N_GRID))) for f in BMM_FORMS}
+    shape = (rounds, len(BMM_TRAFFIC_GRID), len(BMM_M_GRID), len(BMM_N_GRID))
+    res = {f: np.zeros(shape) for f in BMM_FORMS}
+    big = max(BMM_TRAFFIC_GRID)
+    src, dst = torch.ones(max(big // 4, 1)), torch.empty(max(big // 4, 1))
     for r in range(rounds):
         for i, m in enumerate(BMM_M_GRID):
             for j, n in enumerate(BMM_N_GRID):
                 G = max(1, min(512, (1 << 22) // (m * n * dim) + 1))
-                # k operand/output sets used in turn, k·bytes ≥ COLD_BYTES: each call finds its
-                # operands and output out of cache, as in the kernel where a step's other tensors
-                # (tables, S, dS, the B×n scalars) pass through the caches between the products
-                set_bytes = 4.0 * G * (2 * m * n + 2 * m * dim + 2 * n * dim)
-                k = int(min(32, max(1, -(-COLD_BYTES // set_bytes))))
-                sets = [(torch.randn(G, m, dim), torch.randn(G, n, dim), torch.randn(G, m, n), torch.empty(G, m, n),
-                         torch.empty(G, m, dim), torch.empty(G, n, dim)) for _ in range(k)]
+                U, X, dS = torch.randn(G, m, dim), torch.randn(G, n, dim), torch.randn(G, m, n)
+                oS, oU, oX = torch.empty(G, m, n), torch.empty(G, m, dim), torch.empty(G, n, dim)
                 fl = 2.0 * G * m * n * dim
-                cnt = [0]
+                calls = (lambda: torch.bmm(U, X.transpose(1, 2), out=oS), lambda: torch.bmm(dS, X, out=oU),
+                         lambda: torch.bmm(dS.transpose(1, 2), U, out=oX))
+                for x, traffic in enumerate(BMM_TRAFFIC_GRID):
+                    nx = traffic // 4
 
-                def nxt():
-                    cnt[0] += 1
-                    return sets[cnt[0] % k]
-
-                def f_u():
-                    U, X, dS, oS, oU, oX = nxt()
-                    torch.bmm(U, X.transpose(1, 2), out=oS)
-
-                def f_d():
-                    U, X, dS, oS, oU, oX = nxt()
-                    torch.bmm(dS, X, out=oU)
-
-                def f_t():
-                    U, X, dS, oS, oU, oX = nxt()
-                    torch.bmm(dS.transpose(1, 2), U, out=oX)
-                for f, fn in zip(BMM_FORMS, (f_u, f_d, f_t)):
-                    res[f][r, i, j] = _median_time(fn, reps) / fl
-                del sets
+                    def prep():
+                        if nx:
+                            torch.mul(src[:nx], 1.0, out=dst[:nx])
+                    for f, fn in zip(BMM_FORMS, calls):
+                        res[f][r, x, i, j] = _median_time(fn, reps, prep) / fl
     return {f: np.median(res[f], axis=0).tolist() for f in BMM_FORMS}
 
 
@@ -128,7 +140,7 @@ def _elementwise_curve(reps: int, dim: int):
     """``torch.mul(x, y, out=z)`` seconds per output byte (the output already mapped: fresh memory
     is the page-fault term's), and row-wise ``norm`` over d per input byte, at 16 KiB .. 64 MiB."""
     import torch
-    sizes, rates, red, zer = [], [], [], []
+    sizes, rates, red, zer, cmp = [], [], [], [], []
     nbytes = 16 * 1024
     while nbytes <= 64 * 2**20:
         x = torch.randn(nbytes // 4)
@@ -142,14 +154,71 @@ def _elementwise_curve(reps: int, dim: int):
         keep = [torch.randn(nbytes // 4) for _ in range(2)]  # other live tensors, as in a step
         zer.append(_median_time(lambda: torch.zeros(nbytes // 4), reps) / nbytes)
         del keep
+        cmp.append(_median_time(lambda: (x > 0.4).to(torch.float32), reps) / nbytes)
         nbytes *= 4
-    return tuple(sizes), tuple(rates), tuple(red), tuple(zer)
+    return tuple(sizes), tuple(rates), tuple(red), tuple(zer), tuple(cmp)
 
 
-def _median_time(fn, reps: int) -> float:
+def _row_curves(dim: int, max_ws_bytes: int, reps: int, g):
+    """Seconds per row of ``table[idx]`` and of ``table.index_add_(0, idx, rows)`` for a table
+    of W bytes (16 KiB, ×4, .. ``max_ws_bytes``), R fresh random ids per call (R in
+    ``GATHER_ROWS``), after copying X bytes of other data (X in ``TRAFFIC_GRID``, untimed).
+    Returns (W list, gather[R][W][X], index_add[R][W][X]); the median over the calls per point.
+
+    Why batches of fresh ids after traffic: on the development VM (2 cores, 2 MiB L2 each) 512
+    fresh rows from a 12 MiB table took 84 ns/row with nothing in between and 259 ns/row after
+    4 MiB of copying (the kernels' own steps, measured line by line, showed ~250 ns/row), while
+    32768 rows at the same ids over and over (the profile before v3) took 78 ns/row. Why two
+    call sizes: after the copy the first lines a gather brings in evict dirty ones; a large call
+    pays that once for many rows (4.9 MiB table after 64 MiB: 356 ns/row at 512 rows, 82 at
+    32768)."""
+    import torch
+    row = 4 * dim
+    big = max(TRAFFIC_GRID)
+    src, dst = torch.ones(max(big // 4, 1)), torch.empty(max(big // 4, 1))
+    ws_sizes = []
+    ws = 16 * 1024
+    while ws <= max_ws_bytes:
+        ws_sizes.append(ws)
+        ws *= 4
+    gather = [[[0.0] * len(TRAFFIC_GRID) for _ in ws_sizes] for _ in GATHER_ROWS]
+    index_add = [[[0.0] * len(TRAFFIC_GRID) for _ in ws_sizes] for _ in GATHER_ROWS]
+    ws_list = []
+    for w, ws in enumerate(ws_sizes):
+        rows = max(ws // row, 1)
+        table = torch.randn(rows, dim)
+        ws_list.append(float(rows * row))
+        for r, n_rows in enumerate(GATHER_ROWS):
+            upd = torch.randn(n_rows, dim) * 1e-9
+            calls = reps if n_rows <= 1024 else max(3, reps // 2)
+            for x, traffic in enumerate(TRAFFIC_GRID):
+                n = traffic // 4
+                tg, ti = [], []
+                for c in range(2 * calls + 2):
+                    idx = torch.randint(0, rows, (n_rows,), generator=g)
+                    if n:
+                        torch.mul(src[:n], 1.0, out=dst[:n])
+                    t0 = time.perf_counter()
+                    if c % 2 == 0:
+                        table[idx]
+                        tg.append(time.perf_counter() - t0)
+                    else:
+                        table.index_add_(0, idx, upd, alpha=-1.0)
+                        ti.append(time.perf_counter() - t0)
+                gather[r][w][x] = float(np.median(tg[1:])) / n_rows
+                index_add[r][w][x] = float(np.median(ti[1:])) / n_rows
+        del table
+    return ws_list, gather, index_add
+
+
+def _median_time(fn, reps: int, prepare=None) -> float:
+    """Median seconds of ``fn()`` over ``reps`` calls after one untimed call; ``prepare()``, when
+    given, runs untimed before every call."""
     fn()
     ts = []
     for _ in range(reps):
+        if prepare is not None:
+            prepare()
         t0 = time.perf_counter()
         fn()
         ts.append(time.perf_counter() - t0)
@@ -172,21 +241,9 @@ def measure(threads: int = 1, dim: int = 64, max_ws_bytes: int = 128 * 2**20, re
     warm = torch.randn(1 << 20)
     for _ in range(20):  # wake the thread pool and the clock before the first timing
         warm.mul_(1.0)
-    ws_list, t_list, ia_list = [], [], []
-    ws = 16 * 1024
-    n_idx = 1 << 15
-    while ws <= max_ws_bytes:
-        rows = max(ws // row, 1)
-        table = torch.randn(rows, dim)
-        idx = torch.randint(0, rows, (n_idx,), generator=g)
-        out = torch.empty(n_idx, dim)
-        t = _median_time(lambda: table[idx], reps)  # aten::index, allocating its output as the kernels do
-        ws_list.append(float(rows * row))
-        t_list.append(t / n_idx)
-        t = _median_time(lambda: table.index_add_(0, idx, out, alpha=-1e-9), reps)
-        ia_list.append(t / n_idx)
-        ws *= 4
-        del table
+    ws_list, gather, index_add = _row_curves(dim, max_ws_bytes, reps, g)
+    t_list = [r[0] for r in gather[0]]
+    ia_list = [r[0] for r in index_add[0]]
     b, d, n1 = 256, dim, 512
     A = torch.randn(threads, b, d)
     Bm = torch.randn(threads, d, n1)
@@ -216,17 +273,25 @@ def measure(threads: int = 1, dim: int = 64, max_ws_bytes: int = 128 * 2**20, re
     src = torch.randn(threads, 256, 128)
     tix = _median_time(lambda: (S.gather(2, ix), torch.zeros_like(S).scatter_add_(2, ix, src)), reps)
     idx_el = max(tix - 2 * op - 4.0 * S.numel() / bws[0], 0.0) / (2 * ix.numel())
-    ew_sizes, ew_rates, red_rates, zero_rates = _elementwise_curve(reps, dim)
+    ew_sizes, ew_rates, red_rates, zero_rates, bool_rates = _elementwise_curve(reps, dim)
     return CpuProfile(threads, row, tuple(ws_list), tuple(t_list), flops, tuple(sizes), tuple(bws), op,
-                      max(rng, 0.0), tiled_fixed, base_fixed, idx_el, ew_sizes, ew_rates, red_rates, zero_rates,
+                      max(rng, 0.0), tiled_fixed[0], base_fixed[0], idx_el, ew_sizes, ew_rates, red_rates, zero_rates,
                       BMM_M_GRID, BMM_N_GRID, _bmm_grid(dim, reps, g), tuple(ia_list), _fault_rate(reps),
                       _median_time(lambda: torch.randperm(1 << 19, generator=g), reps) / (1 << 19),
-                      host=platform.node())
+                      TRAFFIC_GRID, BMM_TRAFFIC_GRID, GATHER_ROWS, gather, index_add,
+                      bool_rates, tuple(tiled_fixed), tuple(base_fixed), host=platform.node())
 
 
-def _fixed_step_costs(threads: int, reps: int) -> tuple[float, float]:
+def _fixed_step_costs(threads: int, reps: int) -> tuple[list[float], list[float]]:
     """Seconds per step of the tiled and baseline kernels at tiny sizes (B = 8·T, n = 1, d = 8,
-    N1 = 8): the implementation's fixed cost (torch dispatch, Python, allocation) per step."""
+    N1 = 8): the implementation's fixed cost (torch dispatch, Python, allocation) per step, with
+    X bytes of other data copied (untimed) before every step, X in ``TRAFFIC_GRID``.
+
+    Why the traffic: a real step writes megabytes between two runs of each of its ops, and what
+    it evicts includes the code and data of those ops' own paths. On the development VM a
+    512-element ``relu(1 − x)`` took 3.4 us back to back, 23 us after a 4 MiB copy and 81 us
+    after 64 MiB, and the same line inside the kernel at B = 512 took 19 us the first time in a
+    step and 4 us run again right after."""
     import torch
     from paraplan.validation.cf_kernels import (TileSampler, baseline_step, init_params,
                                                 make_baseline_optimizer, tiled_step)
@@ -235,24 +300,40 @@ def _fixed_step_costs(threads: int, reps: int) -> tuple[float, float]:
     g = torch.Generator().manual_seed(0)
     users = torch.randint(0, 64, (m.batch,), generator=g)
     pos = torch.randint(0, 64, (m.batch,), generator=g)
-    steps = 100
     p = init_params(m)
     sampler = TileSampler(64, threads, 8, 8, m.per_thread_batch, g)
-
-    def tiled():
-        for _ in range(steps):
-            tiles, local = sampler.next(1)
-            tiled_step(p, users[torch.randperm(m.batch)], pos, None, tiles, local, m)
-    t_tiled = _median_time(tiled, max(3, reps // 2)) / steps
     q = init_params(m)
     opt = make_baseline_optimizer(q, m)
+    big = max(TRAFFIC_GRID)
+    src, dst = torch.ones(max(big // 4, 1)), torch.empty(max(big // 4, 1))
+
+    def tiled():
+        tiles, local = sampler.next(1)
+        tiled_step(p, users[torch.randperm(m.batch)], pos, None, tiles, local, m)
 
     def base():
-        for _ in range(steps):
-            negs = torch.randint(0, 64, (m.batch, 1), generator=g)
-            baseline_step(q, opt, users[torch.randperm(m.batch)], pos, negs, None, m)
-    t_base = _median_time(base, max(3, reps // 2)) / steps
-    return t_tiled, t_base
+        negs = torch.randint(0, 64, (m.batch, 1), generator=g)
+        baseline_step(q, opt, users[torch.randperm(m.batch)], pos, negs, None, m)
+    out_t, out_b = [], []
+    for x in TRAFFIC_GRID:
+        nx = x // 4
+        steps = 100 if nx == 0 else 20
+
+        def timed(fn):
+            def loop():
+                total = 0.0
+                for _ in range(steps):
+                    if nx:
+                        torch.mul(src[:nx], 1.0, out=dst[:nx])
+                    t0 = time.perf_counter()
+                    fn()
+                    total += time.perf_counter() - t0
+                return total
+            loop()
+            return float(np.median([loop() for _ in range(max(3, reps // 2))])) / steps
+        out_t.append(timed(tiled))
+        out_b.append(timed(base))
+    return out_t, out_b
 
 
 def save(profile: CpuProfile, path: str | Path) -> Path:
