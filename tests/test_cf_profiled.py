@@ -32,7 +32,9 @@ def _profile(**over) -> cf_profile.CpuProfile:
               fault_s_per_byte=1e-10, perm_s_per_element=1e-9, traffic_bytes=TRAFFIC, bmm_traffic_bytes=(0, 16 * MiB),
               gather_call_rows=CALLS, row_time_traffic_s=g, index_add_row_time_traffic_s=g,
               bool_s_per_byte=(2e-10, 2e-10), tiled_step_fixed_traffic_s=(1e-4, 2e-4, 4e-4),
-              baseline_step_fixed_traffic_s=(2e-4, 3e-4, 5e-4))
+              baseline_step_fixed_traffic_s=(2e-4, 3e-4, 5e-4), index_block_bytes=(512 * 1024.0, 32.0 * MiB),
+              index_s_per_element_by_block=(1e-9, 8e-9), ew_traffic_bytes=(0, 64 * MiB),
+              ew_traffic_s_per_byte={op: [[1e-10, 1e-10], [3e-10, 3e-10]] for op in cf_profile.EW_OPS})
     kw.update(over)
     return cf_profile.CpuProfile(**kw)
 
@@ -67,6 +69,13 @@ def test_bmm_and_fixed_cost_interpolate_in_traffic():
     assert r.fixed_step_s(True, 76, 0) == pytest.approx(1e-4)
     assert r.fixed_step_s(True, 76, MiB) == pytest.approx(2e-4)
     assert r.fixed_step_s(False, 106, 16 * MiB) == pytest.approx(5e-4)
+    # elementwise: per byte, less the dispatch overhead (1 us) counted in the fixed cost
+    nb = 64 * MiB
+    assert r.ew_s(nb) == pytest.approx(1e-10 * nb - 1e-6)
+    assert r.zeros_s(nb, traffic_bytes=64 * MiB) == pytest.approx(3e-10 * nb - 1e-6)
+    # indexed scalars: log-log over the block size (8× the time over 64× the bytes: ×2 per ×4)
+    assert r.index_s(2 * MiB) == pytest.approx(2e-9)
+    assert r.index_s(1e12) == pytest.approx(8e-9)
 
 
 def _m(**kw):

@@ -198,6 +198,10 @@ class AnalyticalRates:
     index_s_per_element: float = ANALYTICAL_INDEX_S_PER_ELEMENT
     fault_s_per_byte: float = ANALYTICAL_FAULT_S_PER_BYTE
 
+    def index_s(self, block_bytes: float) -> float:
+        """Seconds per indexed scalar (estimate; the block size is not modelled analytically)."""
+        return self.index_s_per_element
+
     @property
     def perm_s_per_element(self) -> float:
         return 2.0 * self.rng_s_per_element
@@ -207,15 +211,15 @@ class AnalyticalRates:
         traffic's effect on it is not modelled analytically)."""
         return ops * self.op_overhead_s
 
-    def ew_s(self, nbytes: float) -> float:
+    def ew_s(self, nbytes: float, traffic_bytes: float = 0.0) -> float:
         """One out-of-place elementwise op: read two operands, write one, at the streaming rate
         of the level that holds them (dispatch overhead is in :meth:`fixed_step_s`)."""
         return 3.0 * nbytes / self.stream_bytes_per_s(3.0 * nbytes)
 
-    def red_s(self, nbytes: float) -> float:
+    def red_s(self, nbytes: float, traffic_bytes: float = 0.0) -> float:
         return nbytes / self.stream_bytes_per_s(nbytes)
 
-    def zeros_s(self, nbytes: float) -> float:
+    def zeros_s(self, nbytes: float, traffic_bytes: float = 0.0) -> float:
         return nbytes / self.stream_bytes_per_s(nbytes)
 
     def bmm_s(self, form: str, G: int, m: int, k: int, n: int, traffic_bytes: float = 0.0) -> float:
@@ -228,7 +232,7 @@ class AnalyticalRates:
         """Read-modify-write of one random row: twice a row read."""
         return 2.0 * self.row_time_s(table_bytes, True, traffic_bytes)
 
-    def bool_s(self, nbytes: float) -> float:
+    def bool_s(self, nbytes: float, traffic_bytes: float = 0.0) -> float:
         """``(x > c).to(float)`` writing ``nbytes``: two passes (estimate: twice an elementwise op)."""
         return 2.0 * self.ew_s(nbytes)
 
@@ -304,6 +308,13 @@ class ProfiledRates:
     def index_s_per_element(self) -> float:
         return self.profile.index_s_per_element
 
+    def index_s(self, block_bytes: float) -> float:
+        """Seconds per scalar gathered from / scattered into a cosine block of ``block_bytes``
+        (measured over block sizes, log-log, clamped at the ends)."""
+        p = self.profile
+        return float(np.exp(np.interp(math.log(max(block_bytes, 1.0)), np.log(p.index_block_bytes),
+                                      np.log(p.index_s_per_element_by_block))))
+
     @property
     def fault_s_per_byte(self) -> float:
         return self.profile.fault_s_per_byte
@@ -321,27 +332,35 @@ class ProfiledRates:
         ys = np.maximum.accumulate(np.asarray(ys, float))
         return float(np.interp(math.log2(1.0 + max(traffic_bytes, 0.0) / 2**20), xs, ys))
 
-    def _curve(self, sizes, per_byte, nbytes: float) -> float:
-        """Seconds for ``nbytes`` from a measured per-byte curve, less the op dispatch overhead
-        that :meth:`fixed_step_s` already counts (log-log interpolation, clamped at the ends)."""
+    def _curve(self, op: str, nbytes: float, traffic_bytes: float = 0.0) -> float:
+        """Seconds for ``nbytes`` of a measured elementwise op (``mul``, ``norm``, ``zeros``,
+        ``bool``) after ``traffic_bytes`` of other writes, less the op dispatch overhead that
+        :meth:`fixed_step_s` already counts: log-log in size, linear in log2(1 + X/MiB), clamped
+        at the ends, non-decreasing in X."""
         p = self.profile
-        t = np.asarray(per_byte, float) * np.asarray(sizes, float) - p.op_overhead_s
-        t = np.maximum(t, 1e-3 * np.asarray(per_byte, float) * np.asarray(sizes, float))
-        r = np.log(t / np.asarray(sizes, float))
-        return float(np.exp(np.interp(math.log(max(nbytes, 1.0)), np.log(sizes), r))) * nbytes
+        sizes = np.asarray(p.ew_sizes_bytes, float)
+        xs = np.log2(1.0 + np.asarray(p.ew_traffic_bytes, float) / 2**20)
+        per_x = []
+        for per_byte in p.ew_traffic_s_per_byte[op]:
+            t = np.asarray(per_byte, float) * sizes - p.op_overhead_s
+            t = np.maximum(t, 1e-3 * np.asarray(per_byte, float) * sizes)
+            per_x.append(np.interp(math.log(max(nbytes, 1.0)), np.log(sizes), np.log(t / sizes)))
+        per_x = np.maximum.accumulate(per_x)
+        x = math.log2(1.0 + max(traffic_bytes, 0.0) / 2**20)
+        return float(np.exp(np.interp(x, xs, per_x))) * nbytes
 
-    def ew_s(self, nbytes: float) -> float:
+    def ew_s(self, nbytes: float, traffic_bytes: float = 0.0) -> float:
         """One elementwise op writing ``nbytes``: measured ``torch.mul`` time at that size (page
         faults of fresh output memory are :func:`fresh_bytes_per_step`'s)."""
-        return self._curve(self.profile.ew_sizes_bytes, self.profile.ew_s_per_byte, nbytes)
+        return self._curve("mul", nbytes, traffic_bytes)
 
-    def zeros_s(self, nbytes: float) -> float:
+    def zeros_s(self, nbytes: float, traffic_bytes: float = 0.0) -> float:
         """``zeros_like`` of ``nbytes``: measured ``torch.zeros`` (allocation + zero fill)."""
-        return self._curve(self.profile.ew_sizes_bytes, self.profile.zeros_s_per_byte, nbytes)
+        return self._curve("zeros", nbytes, traffic_bytes)
 
-    def red_s(self, nbytes: float) -> float:
+    def red_s(self, nbytes: float, traffic_bytes: float = 0.0) -> float:
         """A row-wise reduction over ``nbytes``: measured ``norm(dim=-1)``."""
-        return self._curve(self.profile.ew_sizes_bytes, self.profile.red_s_per_byte, nbytes)
+        return self._curve("norm", nbytes, traffic_bytes)
 
     def bmm_s(self, form: str, G: int, m: int, k: int, n: int, traffic_bytes: float = 0.0) -> float:
         """G products at the measured seconds per FLOP of that form, interpolated in (log2(1 +
@@ -366,9 +385,9 @@ class ProfiledRates:
         return self._row_grid_time(self.profile.index_add_row_time_traffic_s, table_bytes, traffic_bytes,
                                    call_rows)
 
-    def bool_s(self, nbytes: float) -> float:
+    def bool_s(self, nbytes: float, traffic_bytes: float = 0.0) -> float:
         """``(x > c).to(float)`` writing ``nbytes``: measured (comparison + cast)."""
-        return self._curve(self.profile.ew_sizes_bytes, self.profile.bool_s_per_byte, nbytes)
+        return self._curve("bool", nbytes, traffic_bytes)
 
 
 # ---------------------------------------------------------------- work per step
@@ -397,6 +416,7 @@ class StepWork:
     zeros: tuple = ()   # (name, ops, bytes) freshly allocated zero-filled tensors
     bools: tuple = ()   # (name, ops, bytes) comparison + cast to float, bytes of the float output
     row_bytes: int = 0  # bytes of one embedding row (the gathers' output per row)
+    index_block_bytes: float = 0.0  # bytes of the block the indexed scalars are read from / added to
 
     @property
     def traffic_bytes(self) -> float:
@@ -493,7 +513,8 @@ def step_work(model: CFModel, tiling: Tiling | None) -> StepWork:
     ops = TILED_OPS_PER_STEP + (8 if model.optimizer == "adam" else 0)
     # the negatives' cosines: one gather and one scatter_add of B·n scalars through an index
     bools = (("B×n negative-margin mask", TILED_BOOL_OPS_BN, 4.0 * B * n),)
-    return StepWork(tuple(reads), flops, tuple(ew), tuple(red), bmms, ia, rng, ops, 2.0 * B * n, zeros, bools, row)
+    return StepWork(tuple(reads), flops, tuple(ew), tuple(red), bmms, ia, rng, ops, 2.0 * B * n, zeros, bools, row,
+                    4.0 * B * N1)
 
 
 def fresh_bytes_per_step(model: CFModel, tiling: Tiling | None) -> float:
@@ -546,18 +567,23 @@ def step_time(model: CFModel, tiling: Tiling | None, rates) -> StepTime:
             br[f"bmm {form}"] = rates.bmm_s(form, G, m, k, n, X)
     else:
         br["compute (bmm/matmul)"] = w.flops / rates.gemm_flops_per_s
+    # a size class of k tensors per step has its memory recycled k times a step: each op of the
+    # class finds its memory (and its input's) after X/k of other writes
+    per_size = {}
+    for _, ops, nbytes in w.elementwise + w.zeros + w.bools + w.reductions:
+        per_size[nbytes] = per_size.get(nbytes, 0) + ops
     for name, ops, nbytes in w.elementwise:
-        br[name] = br.get(name, 0.0) + ops * rates.ew_s(nbytes)
+        br[name] = br.get(name, 0.0) + ops * rates.ew_s(nbytes, X / per_size[nbytes])
     for name, ops, nbytes in w.zeros:
-        br[name] = br.get(name, 0.0) + ops * rates.zeros_s(nbytes)
+        br[name] = br.get(name, 0.0) + ops * rates.zeros_s(nbytes, X / per_size[nbytes])
     for name, ops, nbytes in w.bools:
-        br[name] = br.get(name, 0.0) + ops * rates.bool_s(nbytes)
+        br[name] = br.get(name, 0.0) + ops * rates.bool_s(nbytes, X / per_size[nbytes])
     for name, ops, nbytes in w.reductions:
-        br[name] = br.get(name, 0.0) + ops * rates.red_s(nbytes)
+        br[name] = br.get(name, 0.0) + ops * rates.red_s(nbytes, X / per_size[nbytes])
     for name, rows, table, call in w.index_adds:
         br[f"index_add {name}"] = rows * rates.index_add_row_s(table, X, call) / T
     br["random numbers"] = w.rng_elements * rates.rng_s_per_element
-    br["indexed scalars"] = w.index_elements * rates.index_s_per_element
+    br["indexed scalars"] = w.index_elements * rates.index_s(w.index_block_bytes)
     br["page faults (memory fresh from the OS)"] = fresh_bytes_per_step(model, tiling) * rates.fault_s_per_byte
     br["fixed per-step overhead"] = rates.fixed_step_s(tiling is not None, w.ops, X)
     return StepTime(float(sum(br.values())), br)

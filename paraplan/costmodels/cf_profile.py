@@ -1,15 +1,21 @@
 """Measure, on this CPU with torch, what the CF cost model needs; store and load it as JSON.
 
-Measured (each a median of a few repetitions, a few seconds in all):
+Measured (each a median of a few repetitions; about 16 s in all on the 2-core development VM).
+A training step writes megabytes between two visits to the same table rows and between two runs
+of each of its ops, so most figures are taken after X bytes of other writes (an untimed copy),
+and the cost model reads them at the step's own traffic (``cf.step_traffic_bytes``):
 
-* row-gather and ``index_add_`` time vs working-set size and traffic: batches of ``GATHER_ROWS``
-  fresh random rows from a table of W bytes, W from 16 KiB to ``max_ws_bytes`` (the curve that
-  shows L1/L2/L3/DRAM), each batch preceded by a copy of X bytes of other data, X in
-  ``TRAFFIC_GRID`` (a training step writes its other tensors between two visits to a table: the
-  rows it gathers and later updates have been pushed out of the caches by them);
-* achieved FLOP/s of the tiled kernel's ``bmm`` shape;
-* elementwise streaming bandwidth for a small (in-cache) and a large tensor;
-* the fixed cost of one small torch op (dispatch overhead) and of one random integer.
+* row-gather and ``index_add_`` per row over (rows per call ``GATHER_ROWS``) × (table bytes W,
+  16 KiB .. ``max_ws_bytes``: the curve that shows L1/L2/L3/DRAM) × (X in ``TRAFFIC_GRID``),
+  fresh random ids every call;
+* ``bmm`` seconds per FLOP of the three product forms over (X in ``BMM_TRAFFIC_GRID``) × (rows m)
+  × (tile columns N1), on the same tensors call after call, as the kernel's are;
+* elementwise ``mul``, row ``norm``, ``zeros`` and compare-and-cast per byte, 16 KiB .. 64 MiB,
+  after X in ``EW_TRAFFIC_GRID``;
+* the negatives' indexed scalars (gather + scatter_add) over cosine-block sizes;
+* the tiled and baseline kernels' fixed cost per step at tiny sizes, after X in ``TRAFFIC_GRID``;
+* page faults of fresh memory, ``randperm`` and ``randint`` per element, the cost of a tiny op,
+  the ``bmm`` FLOP/s of one shape and the streaming bandwidth of two sizes.
 
 The JSON file goes where the user says; the main project may later keep profiles in SQLite.
 """
@@ -72,6 +78,10 @@ class CpuProfile:
     bool_s_per_byte: tuple = ()
     tiled_step_fixed_traffic_s: tuple = ()     # tiled_step_fixed_s over traffic_bytes
     baseline_step_fixed_traffic_s: tuple = ()  # baseline_step_fixed_s over traffic_bytes
+    index_block_bytes: tuple = ()              # bytes of the cosine block S the scalars index
+    index_s_per_element_by_block: tuple = ()   # index_s_per_element over index_block_bytes
+    ew_traffic_bytes: tuple = ()
+    ew_traffic_s_per_byte: dict = None         # op (mul, norm, zeros, bool) -> [traffic][ew size]
     host: str = ""
     version: int = PROFILE_VERSION
 
@@ -85,6 +95,8 @@ BMM_FORMS = ("u_xT", "dS_x", "dST_u")  # S = U·Xᵀ (m×d·d×N1); dU = dS·X (
 BMM_M_GRID = (8, 32, 128, 512)
 BMM_N_GRID = (8, 32, 128, 512, 2048, 8192)
 BMM_TRAFFIC_GRID = (0, 16 * 2**20)   # bytes copied before each timed product
+EW_TRAFFIC_GRID = (0, 4 * 2**20, 64 * 2**20)   # bytes copied before each timed elementwise op
+EW_OPS = ("mul", "norm", "zeros", "bool")
 
 
 def _bmm_grid(dim: int, reps: int, g, rounds: int = 3) -> dict:
@@ -137,26 +149,41 @@ def _fault_rate(reps: int) -> float:
 
 
 def _elementwise_curve(reps: int, dim: int):
-    """``torch.mul(x, y, out=z)`` seconds per output byte (the output already mapped: fresh memory
-    is the page-fault term's), and row-wise ``norm`` over d per input byte, at 16 KiB .. 64 MiB."""
+    """Seconds per byte, at 16 KiB .. 64 MiB and after X bytes of other writes (X in
+    ``EW_TRAFFIC_GRID``; the input rewritten just before, untimed, as the op before it in a step
+    leaves it): ``torch.mul(x, y, out=z)`` per output byte (the output already mapped: fresh
+    memory is the page-fault term's), row-wise ``norm`` over d per input byte, ``torch.zeros``
+    per byte, and ``(x > c).to(float)`` per output byte. Returns (sizes, {op: [X][size]}).
+
+    On the development VM a 16 MiB ``torch.zeros`` took 0.6 ms back to back and 1.9 ms after a
+    64 MiB copy; a step writes tens of MiB between two runs of the same op."""
     import torch
-    sizes, rates, red, zer, cmp = [], [], [], [], []
+    big = max(EW_TRAFFIC_GRID)
+    src, dst = torch.ones(max(big // 4, 1)), torch.empty(max(big // 4, 1))
+    sizes = []
+    out = {op: [[] for _ in EW_TRAFFIC_GRID] for op in EW_OPS}
     nbytes = 16 * 1024
     while nbytes <= 64 * 2**20:
         x = torch.randn(nbytes // 4)
         y = torch.randn(nbytes // 4)
         z = torch.empty_like(x)
-        t = _median_time(lambda: torch.mul(x, y, out=z), reps)
-        sizes.append(float(nbytes))
-        rates.append(t / nbytes)
         xv = x.view(-1, dim) if x.numel() % dim == 0 else x.view(-1, 1)
-        red.append(_median_time(lambda: xv.norm(dim=-1, keepdim=True), reps) / nbytes)
         keep = [torch.randn(nbytes // 4) for _ in range(2)]  # other live tensors, as in a step
-        zer.append(_median_time(lambda: torch.zeros(nbytes // 4), reps) / nbytes)
+        calls = {"mul": lambda: torch.mul(x, y, out=z), "norm": lambda: xv.norm(dim=-1, keepdim=True),
+                 "zeros": lambda: torch.zeros(nbytes // 4), "bool": lambda: (x > 0.4).to(torch.float32)}
+        sizes.append(float(nbytes))
+        for i, traffic in enumerate(EW_TRAFFIC_GRID):
+            n = traffic // 4
+
+            def prep():
+                if n:
+                    torch.mul(src[:n], 1.0, out=dst[:n])
+                x.mul_(1.0)
+            for op in EW_OPS:
+                out[op][i].append(_median_time(calls[op], reps, prep) / nbytes)
         del keep
-        cmp.append(_median_time(lambda: (x > 0.4).to(torch.float32), reps) / nbytes)
         nbytes *= 4
-    return tuple(sizes), tuple(rates), tuple(red), tuple(zer), tuple(cmp)
+    return tuple(sizes), out
 
 
 def _row_curves(dim: int, max_ws_bytes: int, reps: int, g):
@@ -209,6 +236,33 @@ def _row_curves(dim: int, max_ws_bytes: int, reps: int, g):
                 index_add[r][w][x] = float(np.median(ti[1:])) / n_rows
         del table
     return ws_list, gather, index_add
+
+
+INDEX_BLOCK_COLUMNS = (512, 4096, 32768)   # N1 of the measured cosine blocks (T × 256 × N1)
+
+
+def _index_curve(threads: int, reps: int, g) -> tuple[tuple, tuple]:
+    """Seconds per scalar of the negatives' cosines, ``S.gather(2, ix)`` plus
+    ``dS.scatter_add_(2, ix, src)`` with 128 random columns per row, over cosine blocks S of
+    T × 256 × N1 (N1 in ``INDEX_BLOCK_COLUMNS``), S and dS written just before each call
+    (untimed), as the kernel's bmm and zeros_like leave them. Returns (block bytes, s/element).
+    A block larger than the caches makes every scalar a miss: on the development VM the kernel's
+    gather from a 16 MiB block took 431 us for 65536 scalars where the 512 KiB block of the
+    profile before v3 predicted 60 us."""
+    import torch
+    blocks, rates = [], []
+    for n1 in INDEX_BLOCK_COLUMNS:
+        S, dS = torch.randn(threads, 256, n1), torch.zeros(threads, 256, n1)
+        ix = torch.randint(0, n1, (threads, 256, 128), generator=g)
+        src = torch.randn(threads, 256, 128)
+
+        def prep():
+            S.mul_(1.0)
+            dS.zero_()
+        t = _median_time(lambda: (S.gather(2, ix), dS.scatter_add_(2, ix, src)), reps, prep)
+        blocks.append(4.0 * S.numel())
+        rates.append(t / (2 * ix.numel()))
+    return tuple(blocks), tuple(rates)
 
 
 def _median_time(fn, reps: int, prepare=None) -> float:
@@ -267,19 +321,17 @@ def measure(threads: int = 1, dim: int = 64, max_ws_bytes: int = 128 * 2**20, re
     n_rng = 1 << 18
     rng = (_median_time(lambda: torch.randint(0, 1 << 20, (n_rng,), generator=g), reps) - op) / n_rng
     tiled_fixed, base_fixed = _fixed_step_costs(threads, reps)
-    # scalar gather + scatter_add through an index (the negatives' cosines), per element
-    S = torch.randn(threads, 256, 512)
-    ix = torch.randint(0, 512, (threads, 256, 128), generator=g)
-    src = torch.randn(threads, 256, 128)
-    tix = _median_time(lambda: (S.gather(2, ix), torch.zeros_like(S).scatter_add_(2, ix, src)), reps)
-    idx_el = max(tix - 2 * op - 4.0 * S.numel() / bws[0], 0.0) / (2 * ix.numel())
-    ew_sizes, ew_rates, red_rates, zero_rates, bool_rates = _elementwise_curve(reps, dim)
+    index_blocks, index_rates = _index_curve(threads, reps, g)
+    idx_el = index_rates[0]
+    ew_sizes, ew = _elementwise_curve(reps, dim)
+    ew_rates, red_rates, zero_rates, bool_rates = (tuple(ew[op][0]) for op in EW_OPS)
     return CpuProfile(threads, row, tuple(ws_list), tuple(t_list), flops, tuple(sizes), tuple(bws), op,
                       max(rng, 0.0), tiled_fixed[0], base_fixed[0], idx_el, ew_sizes, ew_rates, red_rates, zero_rates,
                       BMM_M_GRID, BMM_N_GRID, _bmm_grid(dim, reps, g), tuple(ia_list), _fault_rate(reps),
                       _median_time(lambda: torch.randperm(1 << 19, generator=g), reps) / (1 << 19),
                       TRAFFIC_GRID, BMM_TRAFFIC_GRID, GATHER_ROWS, gather, index_add,
-                      bool_rates, tuple(tiled_fixed), tuple(base_fixed), host=platform.node())
+                      bool_rates, tuple(tiled_fixed), tuple(base_fixed), index_blocks, index_rates,
+                      EW_TRAFFIC_GRID, ew, host=platform.node())
 
 
 def _fixed_step_costs(threads: int, reps: int) -> tuple[list[float], list[float]]:
