@@ -1,6 +1,6 @@
 """Tensor (and Megatron sequence) parallelism for the validation model.
 
-The layers in :mod:`paraplan.validation.model` hold tp shards directly (q/k/v/fc1 split by
+The layers in :mod:`paraplan.validation.model` hold tp shards directly (fused qkv/fc1 split by
 output rows, o/fc2 by input columns, heads split across tp) and call the conjugate collectives
 of :mod:`paraplan.validation.comm`. This module builds the per-rank context, checks that the
 model divides, and all-reduces the gradients of replicated parameters that only saw a

@@ -9,9 +9,12 @@ are zero, then all-reduced) and of the LM head (column-parallel: logits of its V
 the loss is the vocabulary-parallel cross-entropy; positions stay replicated. Tied embeddings
 are not used so pipeline stages need no shared-weight sync.
 
-The tensor-parallel layout is Megatron-LM's (Shoeybi et al. 2019, sec. 3): q/k/v and the first
-MLP linear are column-parallel (heads split across tp), the attention output and second MLP
-linear row-parallel. With sequence parallelism (Korthikanti et al. 2022, sec. 4.2.2) the
+The tensor-parallel layout is Megatron-LM's (Shoeybi et al. 2019, sec. 3): the fused QKV
+projection (one GEMM, rows ordered by head) and the first MLP linear are column-parallel (heads
+split across tp), the attention output and second MLP linear row-parallel. As in Megatron-LM and
+nanoGPT, QKV is one GEMM and the causal mask is built once, not per forward: the estimator
+models that layout, and separate q/k/v GEMMs and a per-call mask cost the eager CPU step ~25 %
+of its forward at micro-batch 1. With sequence parallelism (Korthikanti et al. 2022, sec. 4.2.2) the
 activations between blocks are split along the sequence and the tp all-reduce becomes an
 all-gather before, and a reduce-scatter after, each parallel region.
 """
@@ -82,9 +85,9 @@ def param_specs(cfg: GPTConfig) -> list[tuple[str, tuple[int, ...], int | None, 
         p = f"blocks.{i}."
         specs += [
             (p + "ln1.weight", (h,), None, "ones"), (p + "ln1.bias", (h,), None, "zeros"),
-            (p + "attn.q.weight", (h, h), 0, "normal"), (p + "attn.q.bias", (h,), 0, "zeros"),
-            (p + "attn.k.weight", (h, h), 0, "normal"), (p + "attn.k.bias", (h,), 0, "zeros"),
-            (p + "attn.v.weight", (h, h), 0, "normal"), (p + "attn.v.bias", (h,), 0, "zeros"),
+            # fused QKV as Megatron-LM lays it out: rows ordered (head, q/k/v, head_dim), so a
+            # contiguous tp slice of rows holds whole heads with their q, k and v
+            (p + "attn.qkv.weight", (3 * h, h), 0, "normal"), (p + "attn.qkv.bias", (3 * h,), 0, "zeros"),
             (p + "attn.o.weight", (h, h), 1, "proj"), (p + "attn.o.bias", (h,), None, "zeros"),
             (p + "ln2.weight", (h,), None, "ones"), (p + "ln2.bias", (h,), None, "zeros"),
             (p + "mlp.fc1.weight", (f, h), 0, "normal"), (p + "mlp.fc1.bias", (f,), 0, "zeros"),
@@ -147,7 +150,8 @@ class Block(nn.Module):
         self.ln1 = nn.LayerNorm(cfg.hidden)
         self.ln2 = nn.LayerNorm(cfg.hidden)
         self.attn = nn.Module()
-        for n in ("q", "k", "v", "o"):
+        self._causal_masks = {}
+        for n in ("qkv", "o"):
             self.attn.add_module(n, nn.Module())
         self.mlp = nn.Module()
         for n in ("fc1", "fc2"):
@@ -180,18 +184,22 @@ class Block(nn.Module):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         s = q.shape[-2]
         scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-        mask = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
-        return torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1) @ v
+        return torch.softmax(scores.masked_fill(self._causal_mask(s, q.device), float("-inf")), dim=-1) @ v
+
+    def _causal_mask(self, s: int, device) -> torch.Tensor:
+        """The s×s upper-triangle mask, built once per (s, device) and kept (as nanoGPT and
+        Megatron-LM keep theirs), not rebuilt in every forward."""
+        key = (s, str(device))
+        if key not in self._causal_masks:
+            self._causal_masks[key] = torch.ones(s, s, dtype=torch.bool, device=device).triu(1)
+        return self._causal_masks[key]
 
     def _attention(self, x):
         a = self.attn
         x = self._enter_parallel(self.ln1(x))
         b, s, _ = x.shape
-        def heads(t):
-            return t.view(b, s, self.local_heads, self.head_dim).transpose(1, 2)
-        q = heads(F.linear(x, a.q.weight, a.q.bias))
-        k = heads(F.linear(x, a.k.weight, a.k.bias))
-        v = heads(F.linear(x, a.v.weight, a.v.bias))
+        qkv = F.linear(x, a.qkv.weight, a.qkv.bias).view(b, s, self.local_heads, 3, self.head_dim)
+        q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)    # each [b, local heads, s, head_dim]
         if self.ctx.recompute == "selective":
             o = checkpoint(self._core_attention, _SaveInput.apply(q), _SaveInput.apply(k),
                            _SaveInput.apply(v), use_reentrant=False)
