@@ -59,6 +59,11 @@ class AnalyticalCurves:
         bw = self.accelerator.memory_bandwidth_bytes_per_s * self.memory_efficiency
         return kernels * self.kernel_overhead_s + np.asarray(nbytes, dtype=float) / bw
 
+    def streaming_time(self, nbytes, kernels=1):
+        """Seconds for plain streaming kernels (an add, a copy: no transcendental work) moving
+        ``nbytes``; on a GPU the same HBM-bound rate as :meth:`memory_time`."""
+        return self.memory_time(nbytes, kernels)
+
     def flash_attention_time(self, flops, dtype: str = "bf16", kernels=1):
         """Seconds for fused attention executing ``flops``."""
         peak = self.accelerator.peak(dtype) * self.flash_attention_efficiency

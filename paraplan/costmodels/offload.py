@@ -34,21 +34,27 @@ from paraplan.costmodels.memory import OFFLOAD_CPU, OFFLOAD_NONE, OFFLOAD_NVME, 
 ERROR_FEEDBACK_BYTES_PER_PARAM = 12
 
 
-def param_tensors(model, plan):
-    """Parameter tensors the optimizer of one GPU loops over (the larger pipeline stage): per layer
-    the norms (2 with a LayerNorm bias), Q, K, V, output and MLP weights and their biases; the
-    token (and learned position) embedding on the first stage, final norm and untied head on the
-    last; one flat tensor under ZeRO-1/2."""
+def stage_param_tensors(model, plan):
+    """Parameter tensors of one GPU's larger pipeline stage: per layer the norms (2 with a
+    LayerNorm bias), the fused QKV and output projections and the two MLP matrices (Megatron-LM's
+    linear_qkv, linear_proj, linear_fc1 with a fused gate, linear_fc2), each with its bias when
+    the model has biases; the token (and learned position) embedding on the first stage, final
+    norm and untied head on the last."""
     p = np.asarray(plan.pp, dtype=float)
     bias = 2 if model.bias else 1
     norm = 2 if model.norm == "layernorm" else 1
-    per_layer = 2 * norm + 4 * bias + model.mlp_matrices + (model.mlp_matrices if model.bias else 0)
+    per_layer = 2 * norm + 4 * bias
     layers = model.layers / p * per_layer
     emb = 1 + (1 if model.learned_positions else 0)
     head = norm + (0 if model.tied_embeddings else 1)
-    tensors = np.where(p > 1, layers + np.maximum(emb, head), layers + emb + head)
+    return np.where(p > 1, layers + np.maximum(emb, head), layers + emb + head)
+
+
+def param_tensors(model, plan):
+    """Tensors the optimizer of one GPU loops over: :func:`stage_param_tensors`, or one flat
+    tensor under ZeRO-1/2."""
     z = np.asarray(plan.zero)
-    return np.where((z == 1) | (z == 2), 1.0, tensors)
+    return np.where((z == 1) | (z == 2), 1.0, stage_param_tensors(model, plan))
 
 
 def cpu_adam_time(shard, cluster, curves):

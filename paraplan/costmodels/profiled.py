@@ -316,6 +316,14 @@ class ProfiledCurves:
         return kernels * self.kernel_overhead_s + \
             self.compute_slowdown * np.asarray(nbytes, dtype=float) / self.memory_bound_bytes_per_s
 
+    def streaming_time(self, nbytes, kernels=1):
+        """Seconds for plain streaming kernels (an in-place add, a copy) moving ``nbytes``: the
+        measured copy bandwidth and the 1-element op's launch cost per kernel (no autograd: what
+        ``AccumulateGrad`` runs). Unlike :meth:`memory_time` they do no erf/exp work, which on a
+        CPU core makes GELU, softmax and the norms several times slower per byte."""
+        t0 = self.kernel_overhead_s if self.launch_overhead_s is None else self.launch_overhead_s
+        return kernels * t0 + self.compute_slowdown * np.asarray(nbytes, dtype=float) / self.memory_bandwidth_bytes_per_s
+
     def flash_attention_time(self, flops, dtype: str = "bf16", kernels=1):
         """Seconds for fused attention executing ``flops`` (measured SDPA rate)."""
         curve = self.sdpa if self.sdpa is not None else self.gemm[self.resolve_dtype(dtype)]

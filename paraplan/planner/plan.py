@@ -42,6 +42,10 @@ class Plan:
     cp_mode: str = "ring"
     optimizer: str = "adam"
     delayed_update: bool = False
+    # gradient accumulation over micro-batches fused into the weight-gradient GEMMs (Megatron-LM's
+    # gradient_accumulation_fusion writes into main_grad with beta = 1); False: every micro-batch
+    # after the first adds its gradients with separate kernels (plain PyTorch, DDP no_sync, FSDP)
+    grad_accumulation_fusion: bool = True
 
     def __post_init__(self):
         for key in ("tp", "pp", "cp", "vpp", "micro_batch", "ep", "etp"):

@@ -45,12 +45,13 @@ class PlanBatch:
     cp_mode_code: np.ndarray = None
     optimizer_code: np.ndarray = None
     delayed_update: np.ndarray = None
+    grad_accumulation_fusion: np.ndarray = None
     dtype: str = "bf16"
 
     def __post_init__(self):
         n = len(self.tp)
         for name, default in (("ep", 1), ("etp", 1), ("cp_mode_code", 0), ("optimizer_code", 0),
-                              ("delayed_update", False)):
+                              ("delayed_update", False), ("grad_accumulation_fusion", True)):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, np.full(n, default))
 
@@ -70,7 +71,8 @@ class PlanBatch:
                     flash_attention=bool(self.flash_attention[i]),
                     overlap_grad_reduce=bool(self.overlap_grad_reduce[i]), ep=int(self.ep[i]), etp=int(self.etp[i]),
                     cp_mode=CP_MODES[int(self.cp_mode_code[i])], optimizer=OPTIMIZERS[int(self.optimizer_code[i])],
-                    delayed_update=bool(self.delayed_update[i]))
+                    delayed_update=bool(self.delayed_update[i]),
+                    grad_accumulation_fusion=bool(self.grad_accumulation_fusion[i]))
 
 
 @dataclass(frozen=True)

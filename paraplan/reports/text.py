@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 GIB = 2**30
-TIME_LABELS = {"compute": "compute", "recompute": "recomputation", "tp_comm": "tensor-parallel comm",
+TIME_LABELS = {"compute": "compute", "recompute": "recomputation",
+               "grad_accumulation": "gradient accumulation (unfused)", "tp_comm": "tensor-parallel comm",
                "cp_comm": "context-parallel comm", "ep_comm": "expert-parallel all-to-all",
                "pp_comm": "pipeline p2p", "pp_bubble": "pipeline bubble",
                "dp_comm": "data-parallel comm (exposed)", "optimizer": "optimizer step",

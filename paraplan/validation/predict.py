@@ -15,9 +15,10 @@ Mapping (what the harness runs -> what the estimator is told):
   trains in fp32); ``flash_attention`` only for ``--attention sdpa``; ``overlap_grad_reduce``
   off below ZeRO-3 (the harness reduces gradients after the backward, not under it) and on for
   ZeRO-3 (FSDP2 prefetches) except on a CPU device, where gloo's collectives run on the same
-  cores as the ranks' compute and hide nothing.
-* Terms, estimator -> harness names: compute + recompute -> ``compute`` (the harness times
-  recomputation inside compute), tp_comm + cp_comm -> ``tp_comm``, pp_comm + pp_bubble ->
+  cores as the ranks' compute and hide nothing; ``grad_accumulation_fusion = False`` (autograd
+  adds each micro-batch's gradients into ``.grad`` with separate kernels).
+* Terms, estimator -> harness names: compute + recompute + grad_accumulation -> ``compute`` (the
+  harness times recomputation and the accumulation inside compute), tp_comm + cp_comm -> ``tp_comm``, pp_comm + pp_bubble ->
   ``pp_comm`` (the harness's pipeline receives include the bubble), dp_comm, optimizer +
   offload -> ``optimizer``; the harness's ``other`` has no prediction.
 * Memory per rank: parameters + gradients + optimizer states + activations (the estimator's
@@ -33,14 +34,14 @@ import sys
 
 from paraplan.errors import ConfigError
 
-TERM_MAP = {"compute": ("compute", "recompute"), "tp_comm": ("tp_comm", "cp_comm"),
+TERM_MAP = {"compute": ("compute", "recompute", "grad_accumulation"), "tp_comm": ("tp_comm", "cp_comm"),
             "pp_comm": ("pp_comm", "pp_bubble"), "dp_comm": ("dp_comm",),
             "optimizer": ("optimizer", "offload")}
 MEMORY_MAP = {"parameters": "parameters", "gradients": "gradients",
               "optimizer_states": "optimizer_states", "activations_peak": "activations"}
 NOTES = ("estimate on this machine's measured profile (paraplan profile, ProfiledCurves + fitted "
          "collective link)",
-         "terms mapped: compute = compute + recompute, tp_comm = tp_comm + cp_comm, pp_comm = pp_comm + "
+         "terms mapped: compute = compute + recompute + grad_accumulation, tp_comm = tp_comm + cp_comm, pp_comm = pp_comm + "
          "pp_bubble, optimizer = optimizer + offload; 'other' is not predicted",
          "memory per rank = parameters + gradients + optimizer states + activations (no runtime buffers)",
          "vocabulary split over tp on both sides (Megatron); the cross-entropy's two small all-reduces "
@@ -62,7 +63,8 @@ def estimator_plan(cfg, run, cpu: bool = False):
                 micro_batch=run.micro_batch,
                 schedule="interleaved" if run.virtual_stages > 1 else "1f1b",
                 zero=run.zero, recompute=run.recompute, dtype="fp32",
-                flash_attention=cfg.attention == "sdpa", overlap_grad_reduce=run.zero == 3 and not cpu)
+                flash_attention=cfg.attention == "sdpa", overlap_grad_reduce=run.zero == 3 and not cpu,
+                grad_accumulation_fusion=False)
 
 
 def ensure_profile(db: str | None, world_size: int, allow_profiling: bool = True) -> None:
