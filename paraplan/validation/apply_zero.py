@@ -84,17 +84,19 @@ class ZeroOptimizer:
         self.opt = make_adamw([self.shard], lr, weight_decay)
 
     def _flat_grad(self) -> torch.Tensor:
-        g = torch.zeros_like(self.flat) if self.stage else None
-        if g is None:
-            return torch.cat([p.grad.reshape(-1) for p in self.params])
-        off = 0
-        for p in self.params:
-            g[off:off + p.numel()].copy_(p.grad.reshape(-1))
-            off += p.numel()
-        return g
+        """Every local gradient in one flat tensor (padded to dp equal slices under stages 1-2):
+        one pass over the gradients, the copy DDP makes into its buckets."""
+        grads = [p.grad.reshape(-1) for p in self.params]
+        pad = self.shard_numel * self.dp - self.numel if self.stage else 0
+        if pad:
+            grads.append(grads[0].new_zeros(pad))
+        return torch.cat(grads)
 
     def sync_grads(self) -> None:
-        """Average gradients over dp: all-reduce (stages 0, 1) or reduce-scatter (stage 2)."""
+        """Average gradients over dp: all-reduce (stages 0, 1) or reduce-scatter (stage 2) of the
+        flat gradient, scaled by 1/dp in place; parameters' gradients (stage 0) and the rank's
+        slice (stages 1, 2) become views of the result, not copies (as DDP's
+        ``gradient_as_bucket_view``)."""
         flat = self._flat_grad()
         lo = self.rank * getattr(self, "shard_numel", 0)
         with comm.timed("dp_comm"):
@@ -112,13 +114,13 @@ class ZeroOptimizer:
         if self.stage == 0:
             off = 0
             for p in self.params:
-                p.grad.copy_(out[off:off + p.numel()].view_as(p))
+                p.grad = out[off:off + p.numel()].view_as(p)
                 off += p.numel()
             return
         if self.stage == 2 and self.dp > 1:
             self.grad_shard = out
         else:
-            self.grad_shard = out[lo:lo + self.shard_numel].clone()
+            self.grad_shard = out[lo:lo + self.shard_numel]
         if self.stage == 2:
             for p in self.params:  # only the slice is kept
                 p.grad = None
