@@ -5,7 +5,8 @@ storage is counted once while any saved reference to it is alive (a saved tensor
 when backward frees the graph), parameters and views of parameters are skipped, and the peak of
 the live total is kept. Inside ``torch.utils.checkpoint`` regions the checkpoint's own hooks win,
 so recomputed activations are (correctly) not counted; the model saves the checkpoint's inputs
-through an identity op so they are.
+through an identity op so they are, only while a counter is active (``SavedActivationCounter.
+active``): the identity is a Python autograd Function, which timed steps should not pay.
 """
 from __future__ import annotations
 
@@ -27,7 +28,11 @@ class _Held:
 
 
 class SavedActivationCounter:
-    """Context manager tracking live and peak bytes of saved activations (``peak_bytes``)."""
+    """Context manager tracking live and peak bytes of saved activations (``peak_bytes``).
+    ``SavedActivationCounter.active`` counts the counters entered (the model's checkpoint-input
+    marks run only while it is positive)."""
+
+    active = 0
 
     def __init__(self):
         self.live: dict[int, list[int]] = {}  # storage ptr -> [nbytes, refs]
@@ -71,8 +76,10 @@ class SavedActivationCounter:
     def __enter__(self):
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
+        SavedActivationCounter.active += 1
         return self
 
     def __exit__(self, *exc):
+        SavedActivationCounter.active -= 1
         self._hooks.__exit__(*exc)
         return False

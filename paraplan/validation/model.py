@@ -127,7 +127,8 @@ def synthetic_batch(cfg: GPTConfig, global_batch: int, step: int,
 
 
 class _SaveInput(torch.autograd.Function):
-    """Identity that saves its input, so activation accounting sees a checkpointed block's input."""
+    """Identity that saves its input, so activation accounting sees a checkpointed block's input.
+    Applied through :func:`_mark_checkpoint_input` only while activations are being counted."""
 
     @staticmethod
     def forward(ctx, x):
@@ -137,6 +138,14 @@ class _SaveInput(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return g
+
+
+def _mark_checkpoint_input(x):
+    """``_SaveInput.apply(x)`` while a SavedActivationCounter is active, else ``x`` unchanged:
+    the mark is instrumentation (a Python autograd Function, tens of us forward and backward on a
+    CPU), and a timed step carries none."""
+    from paraplan.validation.memory import SavedActivationCounter
+    return _SaveInput.apply(x) if SavedActivationCounter.active else x
 
 
 class Block(nn.Module):
@@ -201,8 +210,8 @@ class Block(nn.Module):
         qkv = F.linear(x, a.qkv.weight, a.qkv.bias).view(b, s, self.local_heads, 3, self.head_dim)
         q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)    # each [b, local heads, s, head_dim]
         if self.ctx.recompute == "selective":
-            o = checkpoint(self._core_attention, _SaveInput.apply(q), _SaveInput.apply(k),
-                           _SaveInput.apply(v), use_reentrant=False)
+            o = checkpoint(self._core_attention, _mark_checkpoint_input(q), _mark_checkpoint_input(k),
+                           _mark_checkpoint_input(v), use_reentrant=False)
         else:
             o = self._core_attention(q, k, v)
         o = o.transpose(1, 2).reshape(b, s, self.local_heads * self.head_dim)
@@ -220,7 +229,7 @@ class Block(nn.Module):
 
     def forward(self, x):
         if self.ctx.recompute == "full":
-            return checkpoint(self._body, _SaveInput.apply(x), use_reentrant=False)
+            return checkpoint(self._body, _mark_checkpoint_input(x), use_reentrant=False)
         return self._body(x)
 
 
