@@ -237,6 +237,12 @@ class AnalyticalRates:
         return 2.0 * self.ew_s(nbytes)
 
 
+def _traffic_axis(nbytes):
+    """Where traffic X sits on the profile's traffic axes: log2(1 + X/MiB) (0 for none, then
+    roughly log-spaced); interpolation over X is linear in this."""
+    return np.log2(1.0 + np.maximum(np.asarray(nbytes, float), 0.0) / 2**20)
+
+
 @dataclass(frozen=True)
 class ProfiledRates:
     """Rates measured on this machine (see :mod:`paraplan.costmodels.cf_profile`).
@@ -264,8 +270,7 @@ class ProfiledRates:
         X (more traffic never warms a cache)."""
         p = self.profile
         ws = np.log(np.asarray(p.ws_bytes, float))
-        xs = np.log2(1.0 + np.asarray(p.traffic_bytes, float) / 2**20)
-        x = math.log2(1.0 + max(traffic_bytes, 0.0) / 2**20)
+        xs, x = _traffic_axis(p.traffic_bytes), _traffic_axis(traffic_bytes)
         per_r = []
         for sl in grid:
             t = np.log(np.asarray(sl, float))                       # [W][X]
@@ -328,9 +333,8 @@ class ProfiledRates:
         ``traffic_bytes`` of other writes between steps (linear in log2(1 + X/MiB))."""
         p = self.profile
         ys = p.tiled_step_fixed_traffic_s if tiled else p.baseline_step_fixed_traffic_s
-        xs = np.log2(1.0 + np.asarray(p.traffic_bytes, float) / 2**20)
         ys = np.maximum.accumulate(np.asarray(ys, float))
-        return float(np.interp(math.log2(1.0 + max(traffic_bytes, 0.0) / 2**20), xs, ys))
+        return float(np.interp(_traffic_axis(traffic_bytes), _traffic_axis(p.traffic_bytes), ys))
 
     def _curve(self, op: str, nbytes: float, traffic_bytes: float = 0.0) -> float:
         """Seconds for ``nbytes`` of a measured elementwise op (``mul``, ``norm``, ``zeros``,
@@ -339,15 +343,13 @@ class ProfiledRates:
         at the ends, non-decreasing in X."""
         p = self.profile
         sizes = np.asarray(p.ew_sizes_bytes, float)
-        xs = np.log2(1.0 + np.asarray(p.ew_traffic_bytes, float) / 2**20)
         per_x = []
         for per_byte in p.ew_traffic_s_per_byte[op]:
             t = np.asarray(per_byte, float) * sizes - p.op_overhead_s
             t = np.maximum(t, 1e-3 * np.asarray(per_byte, float) * sizes)
             per_x.append(np.interp(math.log(max(nbytes, 1.0)), np.log(sizes), np.log(t / sizes)))
         per_x = np.maximum.accumulate(per_x)
-        x = math.log2(1.0 + max(traffic_bytes, 0.0) / 2**20)
-        return float(np.exp(np.interp(x, xs, per_x))) * nbytes
+        return float(np.exp(np.interp(_traffic_axis(traffic_bytes), _traffic_axis(p.ew_traffic_bytes), per_x))) * nbytes
 
     def ew_s(self, nbytes: float, traffic_bytes: float = 0.0) -> float:
         """One elementwise op writing ``nbytes``: measured ``torch.mul`` time at that size (page
@@ -374,10 +376,10 @@ class ProfiledRates:
             mm, nn = k, m
         grid = np.log(np.asarray(p.bmm_s_per_flop[form], float))   # [X][m][N1]
         lm, ln = np.log(np.asarray(p.bmm_m, float)), np.log(np.asarray(p.bmm_n, float))
-        xs = np.log2(1.0 + np.asarray(p.bmm_traffic_bytes, float) / 2**20)
-        x, y, z = math.log(max(mm, 1)), math.log(max(nn, 1)), math.log2(1.0 + max(traffic_bytes, 0.0) / 2**20)
+        x, y = math.log(max(mm, 1)), math.log(max(nn, 1))
         per_x = [np.interp(x, lm, [np.interp(y, ln, g[i]) for i in range(len(lm))]) for g in grid]
-        return float(np.exp(np.interp(z, xs, per_x))) * 2.0 * G * m * k * n
+        z = np.interp(_traffic_axis(traffic_bytes), _traffic_axis(p.bmm_traffic_bytes), per_x)
+        return float(np.exp(z)) * 2.0 * G * m * k * n
 
     def index_add_row_s(self, table_bytes: float, traffic_bytes: float = 0.0, call_rows: float = 512) -> float:
         """index_add_ of one random row into a table of that size after ``traffic_bytes`` of

@@ -99,6 +99,22 @@ EW_TRAFFIC_GRID = (0, 4 * 2**20, 64 * 2**20)   # bytes copied before each timed 
 EW_OPS = ("mul", "norm", "zeros", "bool")
 
 
+class _Traffic:
+    """Writes X bytes of other data (untimed) between timed calls, as a training step writes its
+    other tensors between two visits to the same memory: ``write(X)`` copies X bytes from one
+    buffer to another (one pair of buffers of the grid's largest X, made once)."""
+
+    def __init__(self, grid):
+        import torch
+        n = max(max(grid) // 4, 1)
+        self.src, self.dst, self._mul = torch.ones(n), torch.empty(n), torch.mul
+
+    def write(self, nbytes: int) -> None:
+        n = nbytes // 4
+        if n:
+            self._mul(self.src[:n], 1.0, out=self.dst[:n])
+
+
 def _bmm_grid(dim: int, reps: int, g, rounds: int = 3) -> dict:
     """Seconds per FLOP of each bmm form over (traffic X, rows m, columns N1), k = d, with enough
     groups G that one call does at least ~8 MFLOP (the kernel batches G = B/m groups).
@@ -114,8 +130,7 @@ def _bmm_grid(dim: int, reps: int, g, rounds: int = 3) -> dict:
     import torch
     shape = (rounds, len(BMM_TRAFFIC_GRID), len(BMM_M_GRID), len(BMM_N_GRID))
     res = {f: np.zeros(shape) for f in BMM_FORMS}
-    big = max(BMM_TRAFFIC_GRID)
-    src, dst = torch.ones(max(big // 4, 1)), torch.empty(max(big // 4, 1))
+    other = _Traffic(BMM_TRAFFIC_GRID)
     for r in range(rounds):
         for i, m in enumerate(BMM_M_GRID):
             for j, n in enumerate(BMM_N_GRID):
@@ -126,13 +141,8 @@ def _bmm_grid(dim: int, reps: int, g, rounds: int = 3) -> dict:
                 calls = (lambda: torch.bmm(U, X.transpose(1, 2), out=oS), lambda: torch.bmm(dS, X, out=oU),
                          lambda: torch.bmm(dS.transpose(1, 2), U, out=oX))
                 for x, traffic in enumerate(BMM_TRAFFIC_GRID):
-                    nx = traffic // 4
-
-                    def prep():
-                        if nx:
-                            torch.mul(src[:nx], 1.0, out=dst[:nx])
                     for f, fn in zip(BMM_FORMS, calls):
-                        res[f][r, x, i, j] = _median_time(fn, reps, prep) / fl
+                        res[f][r, x, i, j] = _median_time(fn, reps, lambda: other.write(traffic)) / fl
     return {f: np.median(res[f], axis=0).tolist() for f in BMM_FORMS}
 
 
@@ -158,8 +168,7 @@ def _elementwise_curve(reps: int, dim: int):
     On the development VM a 16 MiB ``torch.zeros`` took 0.6 ms back to back and 1.9 ms after a
     64 MiB copy; a step writes tens of MiB between two runs of the same op."""
     import torch
-    big = max(EW_TRAFFIC_GRID)
-    src, dst = torch.ones(max(big // 4, 1)), torch.empty(max(big // 4, 1))
+    other = _Traffic(EW_TRAFFIC_GRID)
     sizes = []
     out = {op: [[] for _ in EW_TRAFFIC_GRID] for op in EW_OPS}
     nbytes = 16 * 1024
@@ -173,11 +182,9 @@ def _elementwise_curve(reps: int, dim: int):
                  "zeros": lambda: torch.zeros(nbytes // 4), "bool": lambda: (x > 0.4).to(torch.float32)}
         sizes.append(float(nbytes))
         for i, traffic in enumerate(EW_TRAFFIC_GRID):
-            n = traffic // 4
 
             def prep():
-                if n:
-                    torch.mul(src[:n], 1.0, out=dst[:n])
+                other.write(traffic)
                 x.mul_(1.0)
             for op in EW_OPS:
                 out[op][i].append(_median_time(calls[op], reps, prep) / nbytes)
@@ -201,8 +208,7 @@ def _row_curves(dim: int, max_ws_bytes: int, reps: int, g):
     32768)."""
     import torch
     row = 4 * dim
-    big = max(TRAFFIC_GRID)
-    src, dst = torch.ones(max(big // 4, 1)), torch.empty(max(big // 4, 1))
+    other = _Traffic(TRAFFIC_GRID)
     ws_sizes = []
     ws = 16 * 1024
     while ws <= max_ws_bytes:
@@ -219,12 +225,10 @@ def _row_curves(dim: int, max_ws_bytes: int, reps: int, g):
             upd = torch.randn(n_rows, dim) * 1e-9
             calls = reps if n_rows <= 1024 else max(3, reps // 2)
             for x, traffic in enumerate(TRAFFIC_GRID):
-                n = traffic // 4
                 tg, ti = [], []
                 for c in range(2 * calls + 2):
                     idx = torch.randint(0, rows, (n_rows,), generator=g)
-                    if n:
-                        torch.mul(src[:n], 1.0, out=dst[:n])
+                    other.write(traffic)
                     t0 = time.perf_counter()
                     if c % 2 == 0:
                         table[idx]
@@ -356,8 +360,7 @@ def _fixed_step_costs(threads: int, reps: int) -> tuple[list[float], list[float]
     sampler = TileSampler(64, threads, 8, 8, m.per_thread_batch, g)
     q = init_params(m)
     opt = make_baseline_optimizer(q, m)
-    big = max(TRAFFIC_GRID)
-    src, dst = torch.ones(max(big // 4, 1)), torch.empty(max(big // 4, 1))
+    other = _Traffic(TRAFFIC_GRID)
 
     def tiled():
         tiles, local = sampler.next(1)
@@ -368,15 +371,13 @@ def _fixed_step_costs(threads: int, reps: int) -> tuple[list[float], list[float]
         baseline_step(q, opt, users[torch.randperm(m.batch)], pos, negs, None, m)
     out_t, out_b = [], []
     for x in TRAFFIC_GRID:
-        nx = x // 4
-        steps = 100 if nx == 0 else 20
+        steps = 100 if x == 0 else 20
 
         def timed(fn):
             def loop():
                 total = 0.0
                 for _ in range(steps):
-                    if nx:
-                        torch.mul(src[:nx], 1.0, out=dst[:nx])
+                    other.write(x)
                     t0 = time.perf_counter()
                     fn()
                     total += time.perf_counter() - t0
