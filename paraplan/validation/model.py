@@ -31,6 +31,7 @@ from torch.utils.checkpoint import checkpoint
 
 from paraplan.errors import ConfigError
 from paraplan.validation import comm
+from paraplan.validation.memory import SavedActivationCounter
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
 
@@ -144,7 +145,6 @@ def _mark_checkpoint_input(x):
     """``_SaveInput.apply(x)`` while a SavedActivationCounter is active, else ``x`` unchanged:
     the mark is instrumentation (a Python autograd Function, tens of us forward and backward on a
     CPU), and a timed step carries none."""
-    from paraplan.validation.memory import SavedActivationCounter
     return _SaveInput.apply(x) if SavedActivationCounter.active else x
 
 
