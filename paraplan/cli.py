@@ -59,11 +59,14 @@ def add_plan_args(ap: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", choices=DTYPES)
     g.add_argument("--no-flash-attention", dest="flash_attention", action="store_false", default=None)
     g.add_argument("--no-overlap-grad-reduce", dest="overlap_grad_reduce", action="store_false", default=None)
+    g.add_argument("--no-grad-accumulation-fusion", dest="grad_accumulation_fusion", action="store_false",
+                   default=None, help="every micro-batch after the first adds its gradients with separate "
+                   "kernels (plain PyTorch, DDP no_sync, FSDP); default: fused into the wgrad GEMM (Megatron-LM)")
 
 
 PLAN_FLAGS = ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "sp", "schedule", "zero", "recompute", "offload",
               "offload_params", "dtype", "flash_attention", "overlap_grad_reduce", "ep", "etp", "optimizer",
-              "delayed_update")
+              "delayed_update", "grad_accumulation_fusion")
 
 
 def plan_from_args(args):

@@ -27,6 +27,17 @@ def test_estimate_json_has_the_documented_keys(capsys):
                                                 "buffers", "total"}
     assert out["plan"]["dp"] == 4
     assert sum(out["time_breakdown_s"].values()) == pytest.approx(out["step_time_s"])
+    assert out["time_breakdown_s"]["grad_accumulation"] == 0.0   # fused (Megatron-LM) by default
+
+
+def test_unfused_grad_accumulation_flag(capsys):
+    """64 sequences over dp 4 at micro-batch 1: 16 micro-batches, 15 of them add their gradients."""
+    assert main(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--tp", "2",
+                 "--global-batch", "64", "--no-grad-accumulation-fusion", "--format", "json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["plan"]["grad_accumulation_fusion"] is False
+    assert out["time_breakdown_s"]["grad_accumulation"] > 0
+    assert sum(out["time_breakdown_s"].values()) == pytest.approx(out["step_time_s"])
 
 
 def test_infeasible_plan_still_prints_its_estimate(capsys):

@@ -166,6 +166,17 @@ def test_megatron_zb_h1_runs_1f1b_with_a_comment():
     assert "zero-bubble fork" in comments(text) and "1F1B" in comments(text)
 
 
+def test_megatron_unfused_grad_accumulation_flag():
+    _, fused = parse_megatron(ex.to_megatron(PLANS["gpt7.5b-ddp"]))
+    assert "--no-gradient-accumulation-fusion" not in fused
+    unfused = doc("gpt-7.5b", "dgx-a100-80g", 8, 2048, 32, micro_batch=4, grad_accumulation_fusion=False)
+    _, flags = parse_megatron(ex.to_megatron(unfused))
+    assert "--no-gradient-accumulation-fusion" in flags
+    # engines that never fuse it say so when the estimate assumed it fused
+    assert any("--no-grad-accumulation-fusion" in n for n in ex.export(PLANS["gpt7.5b-ddp"], "deepspeed").notes)
+    assert not any("--no-grad-accumulation-fusion" in n for n in ex.export(unfused, "deepspeed").notes)
+
+
 def test_megatron_gpt_layout_and_fp16():
     _, f = parse_megatron(ex.to_megatron(PLANS["gpt1.7b-pp-fp16"]))
     assert f["--fp16"] is True and "--bf16" not in f

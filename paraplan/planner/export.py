@@ -29,6 +29,9 @@ from paraplan.planner.planfile import PLAN_SCHEMA
 ENGINES = ("megatron", "deepspeed", "torchtitan")
 RDZV_PORT = 29500
 NVME_PLACEHOLDER = "/CHANGE_ME/local_nvme"     # DeepSpeed's documented default is /local_nvme
+UNFUSED_ACCUMULATION_NOTE = ("the plan's estimate assumed gradient accumulation fused into the weight-gradient "
+                             "GEMMs (Megatron-LM); {engine} adds each micro-batch's gradients with separate "
+                             "kernels: re-estimate with --no-grad-accumulation-fusion for its step time")
 TRAIN_ITERS = 100                              # a smoke-test length; override on the command line
 LEARNING_RATE = 1.0e-4
 
@@ -169,6 +172,8 @@ def build_megatron(s: Scenario) -> Export:
         notes.append("parameter offload (ZeRO-Infinity) has no Megatron-LM equivalent; parameters stay on GPU")
     if p.overlap_grad_reduce:
         args.append(("--overlap-grad-reduce",))
+    if not p.grad_accumulation_fusion:
+        args.append(("--no-gradient-accumulation-fusion",))
     args.append(("--bf16",) if p.dtype == "bf16" else ("--fp16",))
     if p.flash_attention:
         args.append(("--use-flash-attn",))
@@ -276,6 +281,8 @@ def build_deepspeed(s: Scenario) -> Export:
     if p.flash_attention:
         notes.append("flash attention is chosen by the model code (e.g. attn_implementation='flash_attention_2'), "
                      "not by the DeepSpeed config")
+    if p.grad_accumulation_fusion:
+        notes.append(UNFUSED_ACCUMULATION_NOTE.format(engine="DeepSpeed"))
     notes.append(f"launch: deepspeed --num_nodes {s.nodes} --num_gpus {s.gpus_per_node} --hostfile HOSTFILE "
                  "train.py, where train.py passes this file to deepspeed.initialize(config=...)")
     return Export("deepspeed", json.dumps(cfg, indent=2) + "\n", notes)
@@ -332,6 +339,8 @@ def build_torchtitan(s: Scenario) -> Export:
     if p.offload == "cpu":
         notes.append("training.enable_cpu_offload offloads parameters, gradients and optimizer states (FSDP "
                      "CPU offload), more than optimizer-only offload")
+    if p.grad_accumulation_fusion:
+        notes.append(UNFUSED_ACCUMULATION_NOTE.format(engine="torchtitan"))
     if p.recompute == "selective":
         notes.append("selective recomputation uses torchtitan's per-op policy (selective_ac_option='op'), which "
                      "differs in detail from Megatron's attention-core recomputation")
