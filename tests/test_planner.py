@@ -171,3 +171,18 @@ def test_planner_uses_fused_attention_only_where_the_accelerator_runs_it():
     v100, _, _ = compose(model, job, load_cluster("dgx1-v100", 8))
     a100, _, _ = compose(model, job, load_cluster("dgx-a100-80g", 8))
     assert not v100.flash_attention.any() and a100.flash_attention.all()
+
+
+def test_unfused_grad_accumulation_is_priced_in_the_search():
+    """With the engine's accumulation unfused, every ranked plan carries the flag and plans with
+    several micro-batches per step pay the grad_accumulation term; fused (default) they pay none."""
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", 8)
+    job = TrainingJob(4096, 64)
+    fused = search(model, job, cluster, top=3)
+    unfused = search(model, job, cluster, options=SpaceOptions(grad_accumulation_fusion=False), top=3)
+    assert all(e.plan.grad_accumulation_fusion for e in fused.plans)
+    assert all(e.time_breakdown_s["grad_accumulation"] == 0.0 for e in fused.plans)
+    assert all(not e.plan.grad_accumulation_fusion for e in unfused.plans)
+    for e in unfused.plans:
+        m = 64 // (e.plan.micro_batch * e.plan.dp)
+        assert (e.time_breakdown_s["grad_accumulation"] > 0) == (m > 1)

@@ -68,7 +68,8 @@ def cmd_plan(args) -> int:
     gbs = args.global_batch or cluster.num_gpus
     job = TrainingJob(seq_len, gbs, moe_imbalance=args.moe_imbalance)
     options = SpaceOptions(fixed=parse_fix(args.fix), allow_offload=not args.no_offload,
-                           allow_delayed_update=args.allow_delayed_update)
+                           allow_delayed_update=args.allow_delayed_update,
+                           grad_accumulation_fusion=not args.no_grad_accumulation_fusion)
     from paraplan.cli import topology_from_args
     result = search(model, job, cluster, options=options, top=args.top,
                     max_memory_fraction=args.max_memory_fraction, progress=args.format != "json",
@@ -132,6 +133,9 @@ def register(sub) -> None:
     ap.add_argument("--no-offload", action="store_true", help="do not consider CPU/NVMe offload")
     ap.add_argument("--allow-delayed-update", action="store_true",
                     help="consider ZeRO-Offload's one-step delayed parameter update (weights one step stale)")
+    ap.add_argument("--no-grad-accumulation-fusion", action="store_true",
+                    help="price unfused gradient accumulation (DeepSpeed, FSDP, plain PyTorch) instead of "
+                         "Megatron-LM's fused wgrad accumulation")
     ap.add_argument("--no-stage-ilp", action="store_true",
                     help="skip the pulp stage-partition and per-stage recompute ILPs for the best plan")
     ap.add_argument("--format", choices=("table", "json", "csv"), default="table")

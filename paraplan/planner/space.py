@@ -86,6 +86,7 @@ class SpaceOptions:
     allow_offload: bool = True
     allow_compression: bool = True
     allow_delayed_update: bool = False     # changes training semantics (one-step-stale weights): opt-in
+    grad_accumulation_fusion: bool = True  # False: the engine adds micro-batch gradients unfused
 
 
 def divisors(n: int) -> list[int]:
@@ -232,5 +233,6 @@ def compose(model, job, cluster, options: SpaceOptions | None = None) -> tuple[P
         offload_params=til["off_par"][idx], flash_attention=np.full(n, cluster.accelerator.flash_attention), overlap_grad_reduce=np.ones(n, bool),
         ep=rep["ep"][idx], etp=np.where(til["etp_is_tp"][idx], rep["tp"][idx], 1),
         cp_mode_code=rep["cp_mode"][idx], optimizer_code=til["optimizer"][idx],
-        delayed_update=til["delayed_update"][idx], dtype=dtype)
+        delayed_update=til["delayed_update"][idx], grad_accumulation_fusion=np.full(n, options.grad_accumulation_fusion),
+        dtype=dtype)
     return batch, rejected, total
