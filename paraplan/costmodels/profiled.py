@@ -37,8 +37,8 @@ not import torch). Same methods and attributes as
 * recomputation overhead (profiles with ``checkpoint`` rows): what non-reentrant
   ``torch.utils.checkpoint`` adds to a recomputed region beyond re-running its forward (saved-tensor
   hooks, region bookkeeping, the replay), ``region + kernels · per_kernel`` from two measured
-  region sizes (:func:`checkpoint_overhead_fit`); on this 2-core machine about 0.2 ms per region
-  and 20 µs per op, several times an op's own cost.
+  regions (the attention core and a whole block, :func:`checkpoint_overhead_fit`); on this 2-core
+  machine about 0.34 ms per region and 18 µs per kernel, several times a kernel's own cost.
 * CPU-Adam efficiency and Adam bytes per parameter are not measured: curves.yaml's defaults.
 """
 from __future__ import annotations

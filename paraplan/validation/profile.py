@@ -29,9 +29,11 @@ ranks share the machine's cores, as the validation workers do):
   elements and over 16 tensors of 2^16 elements (a small layer's weight matrix): the per-tensor
   and per-parameter cost of a step, taken cold (fresh gradients and the caches overwritten
   before every step, untimed), as it runs after a forward and backward.
-* ``checkpoint``: regions of 4 and 16 tiny ops run forward + backward plainly, forward alone, and
-  forward + backward under non-reentrant ``torch.utils.checkpoint``: what recomputation costs
-  beyond re-running the forward, per region and per op.
+* ``checkpoint``: the two regions recomputation checkpoints, the attention core (QKᵀ, scale, mask,
+  softmax, PV: 4 of the estimator's kernels) and a whole pre-LN block (16), at the contention
+  block's size, run forward + backward plainly, forward alone, and forward + backward under
+  non-reentrant ``torch.utils.checkpoint``: what recomputation costs beyond re-running the
+  forward, per region and per kernel.
 
 Every collective is timed twice: back to back, and in step (issued right after about a
 millisecond of GEMMs on every rank, minus the GEMMs alone: :func:`_in_step_time`), which is what a
@@ -293,8 +295,9 @@ def elementwise_rows(opts: ProfileOptions, device="cpu") -> list[dict]:
 AUTOGRAD_OPS = (("linear", 4), ("layer_norm", 2), ("gelu", 2), ("softmax", 2), ("bmm", 3))
 ADAM_SMALL = (64, 64)          # tensors, elements each
 ADAM_LARGE = (16, 1 << 16)     # a layer's weight matrices are of this order (256 KiB each)
-#: ops in the regions timed with and without activation checkpointing (two sizes separate the
-#: per-region cost from the per-op one)
+#: estimator kernels in the regions timed with and without activation checkpointing: the unfused
+#: attention core (selective recomputation) and a whole layer (full); two sizes separate the
+#: per-region cost from the per-kernel one (compute.layer_times charges the same counts)
 CHECKPOINT_REGION_OPS = (4, 16)
 
 
@@ -322,23 +325,34 @@ def _autograd_case(op, device):
 
 
 def _checkpoint_cases(ops: int, device) -> dict:
-    """A region of ``ops`` tiny ops (GELU, a matmul, softmax, LayerNorm, repeated) as three steps:
-    ``plain`` forward + backward, ``forward`` alone and ``checkpointed`` forward + backward under
-    ``torch.utils.checkpoint`` (non-reentrant, as the harness). checkpointed − plain − forward is
-    what recomputing the region costs beyond re-running its forward: the saved-tensor hooks, the
-    region's bookkeeping and the replay under autograd."""
-    import torch.nn.functional as F
+    """The region recomputation checkpoints that runs ``ops`` of the estimator's kernels (4: the
+    attention core of a :class:`~paraplan.validation.model.Block` on q, k, v; 16: the block's
+    whole body) at the contention block's size, as three steps: ``plain`` forward + backward,
+    ``forward`` alone and ``checkpointed`` forward + backward under ``torch.utils.checkpoint``
+    (non-reentrant, as the harness). checkpointed − plain − forward is what recomputing the
+    region costs beyond re-running its forward: the saved-tensor hooks, the region's bookkeeping
+    and the replay under autograd. Measured on the development VM: attention core 0.45 ms and
+    block 0.69 ms per region at batch 1, where regions of 4 and 16 tiny ops (the profile before)
+    gave 0.28 and 0.51 ms; in a real step the core region cost ~0.6 ms."""
     from torch.utils.checkpoint import checkpoint
-    x = torch.randn(4, 32, device=device, requires_grad=True)
-    w = torch.randn(32, 32, device=device, requires_grad=True)
 
-    def region(a):
-        for _ in range(ops // 4):
-            a = F.layer_norm(torch.softmax(F.gelu(a) @ w, dim=-1), (32,))
-        return a
+    from paraplan.validation.model import Block, GPTConfig, ParallelContext
+    if ops not in CHECKPOINT_REGION_OPS:
+        raise ValueError(f"no checkpoint region of {ops} kernels; have {CHECKPOINT_REGION_OPS}")
+    c = CONTENTION_BLOCK
+    cfg = GPTConfig(vocab_size=256, seq_len=c["seq"], hidden=c["hidden"], heads=c["heads"], layers=1)
+    block = Block(cfg, 0, ParallelContext()).to(device)
+    if ops == 4:
+        hd = c["hidden"] // c["heads"]
+        inputs = tuple(torch.randn(c["batch"], c["heads"], c["seq"], hd, device=device, requires_grad=True)
+                       for _ in range(3))
+        region = block._core_attention
+    else:
+        inputs = (torch.randn(c["batch"], c["seq"], c["hidden"], device=device, requires_grad=True),)
+        region = block._body
 
-    return {"plain": lambda: region(x).sum().backward(), "forward": lambda: region(x),
-            "checkpointed": lambda: checkpoint(region, x, use_reentrant=False).sum().backward()}
+    return {"plain": lambda: region(*inputs).sum().backward(), "forward": lambda: region(*inputs),
+            "checkpointed": lambda: checkpoint(region, *inputs, use_reentrant=False).sum().backward()}
 
 
 #: the validation model's transformer block timed forward + backward for the contention figure:
