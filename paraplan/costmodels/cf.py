@@ -309,10 +309,6 @@ class ProfiledRates:
     def rng_s_per_element(self) -> float:
         return self.profile.rng_s_per_element
 
-    @property
-    def index_s_per_element(self) -> float:
-        return self.profile.index_s_per_element
-
     def index_s(self, block_bytes: float) -> float:
         """Seconds per scalar gathered from / scattered into a cosine block of ``block_bytes``
         (measured over block sizes, log-log, clamped at the ends)."""
@@ -427,17 +423,16 @@ class StepWork:
         return step_traffic_bytes(self)
 
 
-def step_traffic_bytes(work: "StepWork", row_bytes: int | None = None) -> float:
+def step_traffic_bytes(work: "StepWork") -> float:
     """X = Σ_ew ops·bytes + Σ_zeros + Σ_bool + Σ_bmm 4·G·m·n + Σ_reads rows·row: what passes
     through the caches between two visits of a step to the same table rows (the rows a step
     gathers at its start and updates at its end, and the next step's fresh rows). Reads of a
-    tensor just written are cache hits and are not counted; row gathers count their output.
-    ``row_bytes`` defaults to the gathered rows' size recorded in the work (``row_bytes``)."""
-    row = row_bytes if row_bytes is not None else work.row_bytes
+    tensor just written are cache hits and are not counted; row gathers count their output
+    (``work.row_bytes`` per row)."""
     x = sum(ops * nb for _, ops, nb in work.elementwise)
     x += sum(ops * nb for _, ops, nb in work.zeros) + sum(ops * nb for _, ops, nb in work.bools)
     x += sum(4.0 * G * m * n for _, G, m, k, n in work.bmms)
-    x += sum(r[1] for r in work.reads) * row
+    x += sum(r[1] for r in work.reads) * work.row_bytes
     return float(x)
 
 

@@ -90,7 +90,6 @@ class CpuProfile:
         return {k: list(v) if isinstance(v, tuple) else v for k, v in d.items()}
 
 
-COLD_BYTES = 64 * 2**20   # more than this machine's and the catalogue CPUs' last-level cache per socket share
 BMM_FORMS = ("u_xT", "dS_x", "dST_u")  # S = U·Xᵀ (m×d·d×N1); dU = dS·X (m×N1·N1×d); dX = dSᵀ·U (N1×m·m×d)
 BMM_M_GRID = (8, 32, 128, 512)
 BMM_N_GRID = (8, 32, 128, 512, 2048, 8192)

@@ -291,8 +291,13 @@ class ProfiledCurves:
         """Best achieved GEMM FLOP/s measured for ``dtype`` (t0 included, as measured)."""
         c = self.gemm[self.resolve_dtype(dtype)]
         f = np.asarray(c.flops)
-        t0 = self.kernel_overhead_s if self.launch_overhead_s is None else self.launch_overhead_s
-        return float(np.max(f / (np.asarray(c.excess_s) + t0)))
+        return float(np.max(f / (np.asarray(c.excess_s) + self.launch_s)))
+
+    @property
+    def launch_s(self) -> float:
+        """Seconds to launch one op without autograd: the measured 1-element add, else the
+        per-kernel cost."""
+        return self.kernel_overhead_s if self.launch_overhead_s is None else self.launch_overhead_s
 
     # ------------------------------------------------------------------ AnalyticalCurves interface
     def gemm_time(self, m, n, k, dtype: str = "bf16", count=1):
@@ -321,8 +326,7 @@ class ProfiledCurves:
         measured copy bandwidth and the 1-element op's launch cost per kernel (no autograd: what
         ``AccumulateGrad`` runs). Unlike :meth:`memory_time` they do no erf/exp work, which on a
         CPU core makes GELU, softmax and the norms several times slower per byte."""
-        t0 = self.kernel_overhead_s if self.launch_overhead_s is None else self.launch_overhead_s
-        return kernels * t0 + self.compute_slowdown * np.asarray(nbytes, dtype=float) / self.memory_bandwidth_bytes_per_s
+        return kernels * self.launch_s + self.compute_slowdown * np.asarray(nbytes, dtype=float) / self.memory_bandwidth_bytes_per_s
 
     def flash_attention_time(self, flops, dtype: str = "bf16", kernels=1):
         """Seconds for fused attention executing ``flops`` (measured SDPA rate)."""
