@@ -13,7 +13,7 @@ import sys
 
 import pandas as pd
 
-from paraplan.calibration import DEFAULT_CSV, korthikanti_table, load_cases, mape_by_source, score
+from paraplan.costmodels.calibration import DEFAULT_CSV, korthikanti_table, load_cases, mape_by_source, score
 from paraplan.costmodels.estimate import estimate
 
 

@@ -21,7 +21,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from paraplan.calibration import load_cases
+from paraplan.costmodels.calibration import load_cases
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import estimate
 

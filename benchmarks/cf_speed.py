@@ -25,12 +25,12 @@ import time
 import numpy as np
 import torch
 
-from paraplan.costmodels import cf_profile
-from paraplan.costmodels.cf import ProfiledRates, Tiling, step_time
-from paraplan.planner.cf_plan import plan_tiles
-from paraplan.validation.cf_kernels import init_params, train_epoch
-from paraplan.workloads.cf import CFModel
-from paraplan.workloads.cf_data import synthetic
+from paraplan.cf import profile as cf_profile
+from paraplan.cf.cost import ProfiledRates, Tiling, step_time
+from paraplan.cf.plan import plan_tiles
+from paraplan.cf.kernels import init_params, train_epoch
+from paraplan.cf.model import CFModel
+from paraplan.cf.data import synthetic
 
 
 def _model(data, a, threads):

@@ -1,7 +1,7 @@
 """Accuracy against published runs: the issue's targets, with the held-out split reported separately."""
 import pytest
 
-from paraplan.calibration import load_cases, mape_by_source, score
+from paraplan.costmodels.calibration import load_cases, mape_by_source, score
 from paraplan.costmodels.estimate import estimate
 
 

@@ -1,7 +1,7 @@
 """End-to-end: `cf plan`, `cf profile` and a tiny `cf validate` write complete, sane outputs."""
 import json
 
-from paraplan.cf_cli import main
+from paraplan.cli.cf import main
 
 REQUIRED = ("chosen_tile", "best_measured_tile", "chosen_vs_best_time_ratio", "epoch_time_mape",
             "speedup_vs_baseline", "recall_at_20_tiled", "recall_at_20_untiled")

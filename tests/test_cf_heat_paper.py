@@ -8,11 +8,11 @@ the L2 cache"; sampling space (M/N2)·N1), Table 6 (chosen tile N1 and interval 
 """
 import pytest
 
-from paraplan.costmodels.cf import Tiling, sampling_space
+from paraplan.cf.cost import Tiling, sampling_space
 from paraplan.hardware.catalog import load_part
-from paraplan.planner.cf_plan import (MIN_TILE_PER_NEGATIVE, default_min_sampling_space, heat_tile_rows,
+from paraplan.cf.plan import (MIN_TILE_PER_NEGATIVE, default_min_sampling_space, heat_tile_rows,
                                       plan_tiles)
-from paraplan.workloads.cf import CFModel
+from paraplan.cf.model import CFModel
 
 EPYC = load_part("cpus", "epyc-7742")
 A64FX = load_part("cpus", "a64fx")

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 import torch
 
-from paraplan.validation.cf_kernels import (CFParams, TileSampler, ccl_loss, init_params, reference_loss,
+from paraplan.cf.kernels import (CFParams, TileSampler, ccl_loss, init_params, reference_loss,
                                             tiled_forward_backward, tiled_step, train_epoch, evaluate)
-from paraplan.workloads.cf import CFModel
-from paraplan.workloads.cf_data import synthetic
+from paraplan.cf.model import CFModel
+from paraplan.cf.data import synthetic
 
 torch.set_num_threads(1)
 

@@ -5,14 +5,14 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from paraplan.costmodels.cf import (AnalyticalRates, Tiling, bytes_per_iteration, epoch_time, flops_per_iteration,
+from paraplan.cf.cost import (AnalyticalRates, Tiling, bytes_per_iteration, epoch_time, flops_per_iteration,
                                     hit_fractions, memory_levels, sampling_space, step_time, tile_footprint_bytes)
 from paraplan.errors import ConfigError, InfeasiblePlan
 from paraplan.hardware.catalog import load_part
 from paraplan.hardware.model import CacheLevel, Cpu
-from paraplan.planner.cf_plan import plan_tiles
-from paraplan.workloads.cf import CFModel
-from paraplan.workloads.cf_data import load_lightgcn, read_lightgcn, synthetic, write_lightgcn
+from paraplan.cf.plan import plan_tiles
+from paraplan.cf.model import CFModel
+from paraplan.cf.data import load_lightgcn, read_lightgcn, synthetic, write_lightgcn
 
 EPYC = load_part("cpus", "epyc-7742")
 A64FX = Cpu(name="a64fx", vendor="Fujitsu", model="A64FX", cores=48, threads_per_core=1, frequency_hz=2.0e9,

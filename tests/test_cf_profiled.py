@@ -4,10 +4,10 @@ import math
 
 import pytest
 
-from paraplan.costmodels import cf_profile
-from paraplan.costmodels.cf import (GLIBC_MMAP_THRESHOLD_MAX, ProfiledRates, Tiling, fresh_bytes_per_step,
+from paraplan.cf import profile as cf_profile
+from paraplan.cf.cost import (GLIBC_MMAP_THRESHOLD_MAX, ProfiledRates, Tiling, fresh_bytes_per_step,
                                     step_time, step_traffic_bytes, step_work)
-from paraplan.workloads.cf import CFModel
+from paraplan.cf.model import CFModel
 
 MiB = 2**20
 WS = (16 * 1024.0, 1.0 * MiB, 64.0 * MiB)

@@ -106,8 +106,8 @@ def test_list_commands(capsys):
 def test_plan_file_round_trip(tmp_path, capsys):
     from paraplan.costmodels.estimate import estimate
     from paraplan.hardware.catalog import load_cluster
-    from paraplan.planner.plan import Plan
-    from paraplan.planner.planfile import write_plan_file
+    from paraplan.plan import Plan
+    from paraplan.planfile import write_plan_file
     from paraplan.workloads.presets import load_model
     from paraplan.workloads.transformer import TrainingJob
     e = estimate(load_model("llama2-7b"), TrainingJob(4096, 64), load_cluster("dgx-h100", 8), Plan(tp=2, zero=1))

@@ -15,8 +15,8 @@ import yaml
 
 from paraplan.errors import ConfigError
 from paraplan.planner import export as ex
-from paraplan.planner.export_cli import main as export_main
-from paraplan.planner.planfile import PLAN_SCHEMA
+from paraplan.cli.export import main as export_main
+from paraplan.planfile import PLAN_SCHEMA
 
 OPTIONS = yaml.safe_load((Path(__file__).parent / "data" / "engine_options.yaml").read_text())
 

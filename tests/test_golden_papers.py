@@ -6,7 +6,7 @@ from paraplan.costmodels.estimate import estimate, step_terms
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.pipeline import bubble_fraction
 from paraplan.hardware.catalog import load_cluster
-from paraplan.planner.plan import Plan
+from paraplan.plan import Plan
 from paraplan.workloads.transformer import TrainingJob
 
 from conftest import gpt

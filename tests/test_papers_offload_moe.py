@@ -7,7 +7,7 @@ from paraplan.costmodels.dataparallel import dp_exposed_time
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import estimate
 from paraplan.hardware.catalog import load_cluster
-from paraplan.planner.plan import Plan
+from paraplan.plan import Plan
 from paraplan.planner.search import search
 from paraplan.planner.space import SpaceOptions
 from paraplan.workloads.presets import load_model

@@ -7,11 +7,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from paraplan.calibration import load_cases
+from paraplan.costmodels.calibration import load_cases
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import estimate
 from paraplan.hardware.catalog import load_cluster
-from paraplan.planner.plan import Plan
+from paraplan.plan import Plan
 from paraplan.planner.search import score_batch, search
 from paraplan.planner.space import SpaceOptions, compose
 from paraplan.workloads.presets import load_model

@@ -11,9 +11,9 @@ import pytest
 from paraplan.costmodels.efficiency import AnalyticalCurves, curves_for
 from paraplan.costmodels.profiled import ProfiledCurves
 from paraplan.errors import ConfigError
-from paraplan.hardware.catalog import load_cluster
+from paraplan.scenario import load_cluster
 from paraplan.hardware.model import Link
-from paraplan.hardware.profiled import (FACTOR, STEPS, collective_rows, fitted_link,
+from paraplan.profiles.cluster import (FACTOR, STEPS, collective_rows, fitted_link,
                                         predicted_collective_time)
 
 #: fitted link vs the measured collectives: median |relative error| over every op, size and world
@@ -83,7 +83,7 @@ def test_dtype_fallback_memory_and_attention():
 
 
 def test_real_profile_curves_exact_at_measured_points(profile_db):
-    from paraplan.validation.profile import measured_tables
+    from paraplan.profiles.store import measured_tables
     t = measured_tables(profile_db)
     c = ProfiledCurves.from_tables(t)
     pts = t["gemm_linear"]          # the training-layout GEMMs are preferred over square a @ b
@@ -118,7 +118,8 @@ def training_tables():
 
 
 def test_training_rows_are_stored_and_read_back(profile_db):
-    from paraplan.validation.profile import AUTOGRAD_OPS, CHECKPOINT_REGION_OPS, measured_tables
+    from paraplan.profiles.store import measured_tables
+    from paraplan.validation.profile import AUTOGRAD_OPS, CHECKPOINT_REGION_OPS
     tr = measured_tables(profile_db)["training"]["cpu"]
     assert set(tr) == {1, 2}            # alone, and on every rank of the 2-rank collective launch
     for w in tr.values():
@@ -182,7 +183,7 @@ def test_recompute_pays_the_measured_checkpoint_overhead_per_layer():
     from dataclasses import replace
 
     from paraplan.costmodels.compute import layer_times
-    from paraplan.hardware.profiled import cluster_from_tables
+    from paraplan.profiles.cluster import cluster_from_tables
     from paraplan.validation.model import GPTConfig
     from paraplan.validation.predict import estimator_model, estimator_plan
     from paraplan.validation.worker import RunPlan
@@ -212,7 +213,7 @@ def test_estimate_charges_measured_optimizer_per_tensor():
 
     from paraplan.costmodels.estimate import estimate
     from paraplan.costmodels.offload import param_tensors
-    from paraplan.hardware.profiled import cluster_from_tables
+    from paraplan.profiles.cluster import cluster_from_tables
     from paraplan.validation.model import GPTConfig, param_specs
     from paraplan.validation.predict import estimator_model, estimator_plan
     from paraplan.validation.worker import RunPlan
@@ -245,7 +246,7 @@ def test_link_fit_recovers_alpha_beta_on_exact_data():
 
 
 def test_fitted_link_reproduces_measured_collectives(profile_db):
-    from paraplan.validation.profile import measured_tables
+    from paraplan.profiles.store import measured_tables
     coll = measured_tables(profile_db)["collectives"]
     link = fitted_link(coll)
     ratios = [predicted_collective_time(link, op, n, s) / t
@@ -265,7 +266,7 @@ def test_comm_model_uses_per_op_fit():
 # ---------------------------------------------------------------- profile as a cluster
 
 def test_local_cluster_from_profile(profile_db, monkeypatch):
-    from paraplan.validation.store import ProfileStore, machine_fingerprint
+    from paraplan.profiles.store import ProfileStore, machine_fingerprint
     c = load_cluster("local", 2, db=profile_db)
     acc = c.accelerator
     assert c.num_gpus == 2 and c.gpus_per_node == 2 and c.num_nodes == 1
@@ -274,7 +275,7 @@ def test_local_cluster_from_profile(profile_db, monkeypatch):
     assert acc.memory_bytes > 2**28 and acc.memory_bandwidth_bytes_per_s > 1e8
     assert c.system.intra_node.efficiency == 1.0 and set(c.system.intra_node.per_op) == set(STEPS)
     # the link is fitted to the collectives as a step issues them (after compute), not back to back
-    from paraplan.validation.profile import measured_tables
+    from paraplan.profiles.store import measured_tables
     assert "in step" in c.system.sources["intra_node"]
     assert dict(c.system.intra_node.per_op) == dict(
         fitted_link(measured_tables(profile_db)["collectives_in_step"], world_size=2).per_op)
@@ -340,7 +341,7 @@ def test_validate_predicts_with_local_profile(profile_db, tmp_path, capsys):
 
 
 def test_validate_without_profile_and_no_profile_flag_is_one_line(tmp_path, capsys):
-    from paraplan.validation.cli import main
+    from paraplan.cli.validate import main
     rc = main(["validate", "--nproc-per-node", "2", "--tp", "2", "--no-profile",
                "--db", str(tmp_path / "empty.sqlite"), "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
@@ -369,7 +370,8 @@ def test_elementwise_rate_from_two_sizes_replaces_copy_bandwidth():
 
 
 def test_real_profile_has_elementwise_rows(profile_db):
-    from paraplan.validation.profile import ELEMENTWISE_OPS, measured_tables
+    from paraplan.profiles.store import measured_tables
+    from paraplan.validation.profile import ELEMENTWISE_OPS
     ew = measured_tables(profile_db)["elementwise"]["cpu"]
     assert set(ew) == set(ELEMENTWISE_OPS)
     assert all(len(pts) == 2 and all(tm > 0 for _, _, tm in pts) for pts in ew.values())
@@ -383,7 +385,7 @@ def test_unfused_gradient_accumulation_is_charged_per_extra_micro_batch():
 
     from paraplan.costmodels.estimate import estimate
     from paraplan.costmodels.offload import stage_param_tensors
-    from paraplan.hardware.profiled import cluster_from_tables
+    from paraplan.profiles.cluster import cluster_from_tables
     from paraplan.validation.model import GPTConfig
     from paraplan.validation.predict import estimator_model, estimator_plan
     from paraplan.validation.worker import RunPlan

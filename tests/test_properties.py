@@ -9,7 +9,7 @@ from paraplan.costmodels import memory as M
 from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
-from paraplan.planner.plan import Plan, check_plan
+from paraplan.plan import Plan, check_plan
 from paraplan.workloads.transformer import TrainingJob, TransformerModel
 
 pow2 = st.sampled_from([1, 2, 4, 8])

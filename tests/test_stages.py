@@ -4,7 +4,7 @@ from dataclasses import replace
 import pytest
 
 from paraplan.hardware.catalog import load_cluster
-from paraplan.planner.plan import Plan
+from paraplan.plan import Plan
 from paraplan.planner.stages import layer_costs, stage_layout
 from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import TrainingJob

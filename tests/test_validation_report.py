@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from paraplan.validation.cli import main
+from paraplan.cli.validate import main
 from paraplan.validation.compare import rel_err
 
 REQUIRED = ("plan", "world_size", "backend", "measured", "predicted", "relative_error",

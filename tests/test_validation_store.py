@@ -2,8 +2,9 @@
 import multiprocessing as mp
 import sqlite3
 
-from paraplan.validation.profile import ProfileOptions, measured_tables, run_profile
-from paraplan.validation.store import ProfileStore, default_db_path, machine_fingerprint
+from paraplan.profiles.store import measured_tables
+from paraplan.validation.profile import ProfileOptions, run_profile
+from paraplan.profiles.store import ProfileStore, default_db_path, machine_fingerprint
 
 RUNS, ROWS = 25, 20
 

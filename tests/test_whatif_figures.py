@@ -225,7 +225,7 @@ def test_fixed_plan_is_re_estimated_not_re_planned():
     assert df.loc[2, "feasible"] == False and "plan does not apply" in df.loc[2, "reason"]  # noqa: E712
     from paraplan.costmodels.estimate import estimate
     from paraplan.hardware.catalog import load_cluster
-    from paraplan.planner.plan import Plan
+    from paraplan.plan import Plan
     from paraplan.workloads.presets import load_model
     from paraplan.workloads.transformer import TrainingJob
     e = estimate(load_model("llama3-8b"), TrainingJob(4096, 64), load_cluster("dgx-h100", 16),

@@ -21,7 +21,7 @@ from paraplan.costmodels.dataparallel import compressed_phase_factor, dp_exposed
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.offload import optimizer_and_offload, param_tensors, stage_param_tensors
 from paraplan.costmodels.pipeline import bubble_factor, bubble_fraction, p2p_messages_on_critical_path
-from paraplan.planner.plan import Plan, check_plan
+from paraplan.plan import Plan, check_plan
 
 SCHEMA = "paraplan.estimate/1"
 TIME_TERMS = ("compute", "recompute", "grad_accumulation", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "pp_bubble",

@@ -1,6 +1,6 @@
 """Measured efficiency curves: the tables of ``paraplan profile`` behind the AnalyticalCurves interface.
 
-Built from :func:`paraplan.validation.profile.measured_tables` (plain lists; this module does
+Built from :func:`paraplan.profiles.store.measured_tables` (plain lists; this module does
 not import torch). Same methods and attributes as
 :class:`paraplan.costmodels.efficiency.AnalyticalCurves`, over numpy arrays as well as scalars:
 
@@ -212,7 +212,7 @@ class ProfiledCurves:
 
     @classmethod
     def from_tables(cls, tables: dict, name: str = "local", world_size: int | None = None) -> "ProfiledCurves":
-        """Build from :func:`paraplan.validation.profile.measured_tables`; ``world_size`` picks the
+        """Build from :func:`paraplan.profiles.store.measured_tables`; ``world_size`` picks the
         training-step measurements taken with that many ranks busy (nearest measured)."""
         from paraplan.costmodels.efficiency import _curve_table
         dev = _device(tables)

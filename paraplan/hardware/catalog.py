@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
-import yaml
 
 from paraplan.errors import ConfigError, unknown_name
+from paraplan.io import FieldReader, read_yaml
 from paraplan.hardware.model import (GB, GIB, Accelerator, CacheLevel, Cluster, Cpu, Link, Nvme,
                                      System, _frozen_map)
 
@@ -20,82 +20,7 @@ CATALOG_DIR = Path(__file__).parent / "catalog"
 KINDS = ("accelerators", "systems", "cpus", "nvme")
 
 
-def read_yaml(path: Path | str, field: str = "file") -> dict:
-    """Read a YAML/JSON mapping, turning every failure into a ConfigError that names the file."""
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError(field, f"cannot read {path}: {e.strerror or e}") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigError(field, f"malformed YAML/JSON{where}: {getattr(e, 'problem', e)}",
-                          source=str(path)) from None
-    if not isinstance(data, dict):
-        raise ConfigError(field, "expected a mapping of keys to values at the top level", source=str(path))
-    return data
-
-
-class _Fields:
-    """Typed access to a mapping's fields with errors that name the field and the file."""
-
-    def __init__(self, data: Mapping[str, Any], source: str, prefix: str = ""):
-        self.data, self.source, self.prefix = data, source, prefix
-
-    def _name(self, key: str) -> str:
-        return f"{self.prefix}{key}"
-
-    def has(self, key: str) -> bool:
-        return self.data.get(key) is not None
-
-    def raw(self, key: str, default: Any = ...) -> Any:
-        if key not in self.data or self.data[key] is None:
-            if default is ...:
-                raise ConfigError(self._name(key), "missing required field", source=self.source)
-            return default
-        return self.data[key]
-
-    def string(self, key: str, default: Any = ...) -> str:
-        v = self.raw(key, default)
-        if not isinstance(v, str):
-            raise ConfigError(self._name(key), f"expected text, got {v!r}", source=self.source)
-        return v
-
-    def number(self, key: str, default: Any = ..., *, positive: bool = True, integer: bool = False,
-               at_most: float | None = None) -> float:
-        v = self.raw(key, default)
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ConfigError(self._name(key), f"expected a number, got {v!r}", source=self.source)
-        if integer and int(v) != v:
-            raise ConfigError(self._name(key), f"expected an integer, got {v!r}", source=self.source)
-        if positive and v <= 0:
-            raise ConfigError(self._name(key), f"must be positive, got {v!r}", source=self.source)
-        if not positive and v < 0:
-            raise ConfigError(self._name(key), f"must not be negative, got {v!r}", source=self.source)
-        if at_most is not None and v > at_most:
-            raise ConfigError(self._name(key), f"must be at most {at_most}, got {v!r}", source=self.source)
-        return int(v) if integer else float(v)
-
-    def integer(self, key: str, default: Any = ..., *, positive: bool = True) -> int:
-        return int(self.number(key, default, positive=positive, integer=True))
-
-    def mapping(self, key: str, default: Any = ...) -> "_Fields":
-        v = self.raw(key, default)
-        if not isinstance(v, dict):
-            raise ConfigError(self._name(key), f"expected a mapping, got {v!r}", source=self.source)
-        return _Fields(v, self.source, f"{self._name(key)}.")
-
-    def sources(self) -> Mapping[str, str]:
-        s = self.data.get("sources") or {}
-        if not isinstance(s, dict):
-            raise ConfigError(self._name("sources"), "expected a mapping of field -> source", source=self.source)
-        return _frozen_map({str(k): str(v) for k, v in s.items()})
-
-
-def parse_link(f: _Fields) -> Link:
+def parse_link(f: FieldReader) -> Link:
     return Link(
         name=f.string("name"),
         bandwidth_bytes_per_s=f.number("bandwidth_gb_per_s") * GB,
@@ -104,7 +29,7 @@ def parse_link(f: _Fields) -> Link:
     )
 
 
-def parse_accelerator(f: _Fields) -> Accelerator:
+def parse_accelerator(f: FieldReader) -> Accelerator:
     peaks = f.mapping("peak_tflops")
     peak_flops = {k: peaks.number(k) * 1e12 for k, v in peaks.data.items() if v is not None}
     return Accelerator(
@@ -120,14 +45,14 @@ def parse_accelerator(f: _Fields) -> Accelerator:
     )
 
 
-def _flag(f: _Fields, key: str, default: bool) -> bool:
+def _flag(f: FieldReader, key: str, default: bool) -> bool:
     v = f.raw(key, default)
     if not isinstance(v, bool):
         raise ConfigError(f._name(key), f"expected true or false, got {v!r}", source=f.source)
     return v
 
 
-def parse_cpu(f: _Fields) -> Cpu:
+def parse_cpu(f: FieldReader) -> Cpu:
     levels = f.raw("caches")
     if not isinstance(levels, list) or not levels:
         raise ConfigError(f._name("caches"), "expected a non-empty list of cache levels", source=f.source)
@@ -135,7 +60,7 @@ def parse_cpu(f: _Fields) -> Cpu:
     for i, lv in enumerate(levels):
         if not isinstance(lv, dict):
             raise ConfigError(f"{f._name('caches')}[{i}]", "expected a mapping", source=f.source)
-        c = _Fields(lv, f.source, f"{f._name('caches')}[{i}].")
+        c = FieldReader(lv, f.source, f"{f._name('caches')}[{i}].")
         caches.append(CacheLevel(
             level=c.integer("level"), size_bytes=int(c.number("size_kib") * 1024),
             shared_by_cores=c.integer("shared_by_cores"), latency_cycles=c.number("latency_cycles"),
@@ -151,14 +76,14 @@ def parse_cpu(f: _Fields) -> Cpu:
         memory_channels=f.integer("memory_channels"), sources=f.sources())
 
 
-def parse_nvme(f: _Fields) -> Nvme:
+def parse_nvme(f: FieldReader) -> Nvme:
     return Nvme(name=f.string("name"), model=f.string("model"),
                 read_bytes_per_s=f.number("read_gb_per_s") * GB,
                 write_bytes_per_s=f.number("write_gb_per_s") * GB,
                 capacity_bytes=f.number("capacity_tb") * 1e12, sources=f.sources())
 
 
-def _part(kind: str, f: _Fields, key: str):
+def _part(kind: str, f: FieldReader, key: str):
     """A part given by preset name or inline mapping."""
     v = f.raw(key)
     if isinstance(v, str):
@@ -166,7 +91,7 @@ def _part(kind: str, f: _Fields, key: str):
     return _PARSERS[kind](f.mapping(key))
 
 
-def parse_system(f: _Fields) -> System:
+def parse_system(f: FieldReader) -> System:
     nvme = f.mapping("nvme")
     return System(
         name=f.string("name"), description=f.string("description", ""),
@@ -182,7 +107,7 @@ def parse_system(f: _Fields) -> System:
         sources=f.sources())
 
 
-_PARSERS: dict[str, Callable[[_Fields], Any]] = {
+_PARSERS: dict[str, Callable[[FieldReader], Any]] = {
     "accelerators": parse_accelerator, "systems": parse_system, "cpus": parse_cpu, "nvme": parse_nvme}
 
 
@@ -196,29 +121,24 @@ def load_part(kind: str, name: str):
     path = CATALOG_DIR / kind / f"{name}.yaml"
     if not path.exists():
         raise unknown_name(kind.rstrip("s") if kind != "nvme" else "nvme", name, preset_names(kind))
-    return _PARSERS[kind](_Fields(read_yaml(path), str(path)))
+    return _PARSERS[kind](FieldReader(read_yaml(path), str(path)))
 
 
 def raw_entry(kind: str, name: str) -> dict:
     return read_yaml(CATALOG_DIR / kind / f"{name}.yaml")
 
 
-def load_cluster(spec: str, gpus: int | None = None, *, inter_node_oversubscription: float = 1.0,
-                 db: str | None = None) -> Cluster:
-    """A cluster from a system preset name and a GPU count, or from a YAML file, or from a
-    measured profile: ``local`` (this machine) or ``profile:NAME`` in the profile database ``db``
-    (default ``$PARAPLAN_PROFILE_DB``), see :mod:`paraplan.hardware.profiled`.
+def load_cluster(spec: str, gpus: int | None = None, *, inter_node_oversubscription: float = 1.0) -> Cluster:
+    """A cluster from a system preset name and a GPU count, or from a YAML file (a measured
+    profile, ``local`` or ``profile:NAME``, is loaded by :func:`paraplan.scenario.load_cluster`).
 
     YAML keys: ``system`` (a preset name or an inline system mapping), ``gpus``, optional
     ``name`` and ``inter_node_oversubscription``. ``gpus`` given here overrides the file's.
     """
-    from paraplan.hardware.profiled import is_profile_spec, load_profiled_cluster
-    if is_profile_spec(spec):
-        return load_profiled_cluster(spec, gpus, db)
     path = Path(spec)
     if spec.endswith((".yaml", ".yml", ".json")) or path.is_file():
         data = read_yaml(path, "cluster")
-        f = _Fields(data, str(path))
+        f = FieldReader(data, str(path))
         system = _part("systems", f, "system")
         n = gpus if gpus is not None else f.integer("gpus")
         return Cluster(name=f.string("name", path.stem), system=system, num_gpus=int(n),

@@ -113,7 +113,7 @@ class Link:
     ``latency_s`` is the per-step latency α of the alpha-beta model.
     ``per_op`` optionally overrides (α seconds, effective bandwidth bytes/s) per collective
     (``all_reduce``, ``all_gather``, ``reduce_scatter``, ``all_to_all``, ``send_recv``): a link
-    fitted from measured collectives (:mod:`paraplan.hardware.profiled`) carries one fit per op.
+    fitted from measured collectives (:mod:`paraplan.profiles.cluster`) carries one fit per op.
     """
     name: str
     bandwidth_bytes_per_s: float

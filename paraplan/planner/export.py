@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from paraplan.errors import ConfigError
-from paraplan.planner.plan import Plan, check_plan
-from paraplan.planner.planfile import PLAN_SCHEMA
+from paraplan.plan import Plan, check_plan
+from paraplan.planfile import PLAN_SCHEMA
 
 ENGINES = ("megatron", "deepspeed", "torchtitan")
 RDZV_PORT = 29500
@@ -66,7 +66,7 @@ class Export:
 # --- reading the document ---------------------------------------------------------------------------
 def load_scenario(doc: Mapping[str, Any], source: str = "plan") -> Scenario:
     """Validate a plan document and resolve its model and cluster (ConfigError on any problem)."""
-    from paraplan.hardware.catalog import load_cluster
+    from paraplan.scenario import load_cluster
     from paraplan.workloads.presets import load_model
     from paraplan.workloads.transformer import TrainingJob
 

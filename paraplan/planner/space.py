@@ -17,7 +17,7 @@ from typing import Mapping
 import numpy as np
 
 from paraplan.errors import ConfigError
-from paraplan.planner.plan import CP_MODES, OFFLOAD, OPTIMIZERS, RECOMPUTE, SCHEDULES, Plan
+from paraplan.plan import CP_MODES, OFFLOAD, OPTIMIZERS, RECOMPUTE, SCHEDULES, Plan
 
 AXES = ("tp", "pp", "cp", "vpp", "micro_batch", "schedule", "sp", "zero", "recompute", "offload", "offload_params")
 OFFLOAD_CHOICES = (("none", False), ("cpu", False), ("nvme", False), ("cpu", True), ("nvme", True))

@@ -22,7 +22,7 @@ from paraplan.costmodels.estimate import RUNTIME_RESERVED_BYTES
 from paraplan.planner.ilp import (LayerCost, PipelineSpec, StageRecomputeCost, in_flight_per_stage,
                                   partition_from_boundaries, partition_stages, plan_recompute)
 from paraplan.errors import InfeasiblePlan
-from paraplan.planner.plan import Plan
+from paraplan.plan import Plan
 
 
 @dataclass(frozen=True)

@@ -206,11 +206,11 @@ def scenario_from_mapping(data: Mapping[str, Any], source: str = "scenario") -> 
         ints[key] = v
     fix = data.get("fix") or {}
     if isinstance(fix, (list, tuple)):
-        from paraplan.planner.cli import parse_fix
+        from paraplan.cli.plan import parse_fix
         fix = parse_fix(fix)
     plan = data.get("plan")
     if plan is not None:
-        from paraplan.planner.plan import Plan
+        from paraplan.plan import Plan
         if not isinstance(plan, Mapping):
             raise ConfigError("plan", "expected a mapping of plan fields (tp, pp, zero, ...)", source=source)
         Plan.from_dict(plan, source=source)
@@ -234,7 +234,7 @@ def _opt_float(data, key, source):
 
 
 def load_scenario(path) -> Scenario:
-    from paraplan.hardware.catalog import read_yaml
+    from paraplan.io import read_yaml
     return scenario_from_mapping(read_yaml(Path(path), "--scenario"), source=str(path))
 
 
@@ -268,7 +268,7 @@ class PointResult:
 
 def base_values(scenario: Scenario) -> dict:
     """Base value of every variable (before multipliers): flags, else defaults."""
-    from paraplan.hardware.catalog import load_cluster
+    from paraplan.scenario import load_cluster
     cluster = load_cluster(scenario.cluster, scenario.gpus)
     return {"gpus": cluster.num_gpus, "seq_len": scenario.seq_len or 2048, "global_batch": scenario.global_batch,
             "cluster": scenario.cluster,
@@ -301,7 +301,7 @@ def resolve_points(scenario: Scenario) -> list[Point]:
 
 
 def _point(index, scenario, model, base, values) -> Point:
-    from paraplan.hardware.catalog import load_cluster
+    from paraplan.scenario import load_cluster
     from paraplan.workloads.transformer import TrainingJob
     v = {**base, **values}
     spec = v["cluster"]
@@ -330,7 +330,7 @@ def _point(index, scenario, model, base, values) -> Point:
     gbs = v["global_batch"]
     if gbs is None:
         if scenario.plan is not None:
-            from paraplan.planner.plan import Plan
+            from paraplan.plan import Plan
             p = Plan.from_dict(_plan_fields(scenario.plan))
             gbs = max(1, cluster.num_gpus // p.model_parallel) * p.micro_batch
         else:
@@ -351,7 +351,7 @@ def evaluate_point(point: Point, scenario: Scenario, curves_cache: dict | None =
     """Best plan (search) or the fixed plan re-estimated, for one point."""
     from paraplan.costmodels.efficiency import analytical_curves
     from paraplan.costmodels.estimate import estimate
-    from paraplan.planner.plan import Plan
+    from paraplan.plan import Plan
     from paraplan.planner.search import explain_infeasible, search
     from paraplan.planner.space import SpaceOptions
     t0 = time.perf_counter()

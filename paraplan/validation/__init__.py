@@ -9,13 +9,13 @@ Entry points
   the single-process run (:func:`~paraplan.validation.reference.reference_run`).
 * :func:`paraplan.validation.compare.build_report` -- report.json, table and figure, with the
   prediction passed in as a plain dict.
-* :func:`paraplan.validation.profile.run_profile` and ``measured_tables`` -- micro-benchmarks
-  into the SQLite store (:class:`paraplan.validation.store.ProfileStore`) and back out.
+* :func:`paraplan.validation.profile.run_profile` and :func:`paraplan.profiles.store.measured_tables` -- micro-benchmarks
+  into the SQLite store (:class:`paraplan.profiles.store.ProfileStore`) and back out.
 * :func:`paraplan.validation.predict.predict_run` -- the prediction: ``estimate`` of the same
   model and plan on ``load_cluster('local')``, this machine's profile as a cluster
-  (:mod:`paraplan.hardware.profiled`, :class:`paraplan.costmodels.profiled.ProfiledCurves`),
+  (:mod:`paraplan.profiles.cluster`, :class:`paraplan.costmodels.profiled.ProfiledCurves`),
   profiling first when the database has none.
-* :mod:`paraplan.validation.cli` -- ``paraplan validate`` / ``paraplan profile``.
+* :mod:`paraplan.cli.validate` -- ``paraplan validate`` / ``paraplan profile``.
 * ``benchmarks/validation_error.py`` -- a sweep of layouts through the harness: measured vs
   predicted step time and memory, median / worst errors, Spearman of step times.
 """

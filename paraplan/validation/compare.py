@@ -16,7 +16,7 @@ import math
 import os
 
 from paraplan.errors import ConfigError
-from paraplan.planner.planfile import write_atomic
+from paraplan.io import write_atomic
 
 PREDICTED_KEYS = ("step_time_s", "memory_bytes_per_rank", "time_breakdown_s")
 

@@ -2,7 +2,7 @@
 
 :func:`predict_run` maps the harness model and plan onto the estimator's types and runs
 :func:`paraplan.costmodels.estimate.estimate` on ``load_cluster('local', world)`` (the measured
-profile as a cluster, :mod:`paraplan.hardware.profiled`), profiling first (quick mode) when the
+profile as a cluster, :mod:`paraplan.profiles.cluster`), profiling first (quick mode) when the
 database holds no profile of this machine.
 
 Mapping (what the harness runs -> what the estimator is told):
@@ -58,7 +58,7 @@ def estimator_model(cfg):
 
 
 def estimator_plan(cfg, run, cpu: bool = False):
-    from paraplan.planner.plan import Plan
+    from paraplan.plan import Plan
     return Plan(tp=run.tp, pp=run.pp, dp=run.dp, sp=run.sequence_parallel, vpp=run.virtual_stages,
                 micro_batch=run.micro_batch,
                 schedule="interleaved" if run.virtual_stages > 1 else "1f1b",
@@ -69,7 +69,7 @@ def estimator_plan(cfg, run, cpu: bool = False):
 
 def ensure_profile(db: str | None, world_size: int, allow_profiling: bool = True) -> None:
     """Profile this machine (quick mode) when ``db`` holds no profile of it."""
-    from paraplan.validation.store import ProfileStore, machine_fingerprint
+    from paraplan.profiles.store import ProfileStore, machine_fingerprint
     store = ProfileStore(db)
     fp = machine_fingerprint()
     if store.latest_run(fp["id"]) is not None:
@@ -100,7 +100,7 @@ def to_predicted(e) -> dict:
 def predict_run(cfg, run, db: str | None = None, allow_profiling: bool = True):
     """(predicted dict, Estimate) for a harness model and run plan on this machine's profile."""
     from paraplan.costmodels.estimate import estimate
-    from paraplan.hardware.catalog import load_cluster
+    from paraplan.scenario import load_cluster
     from paraplan.workloads.transformer import TrainingJob
     ensure_profile(db, run.world_size, allow_profiling)
     cluster = load_cluster("local", run.world_size, db=db)

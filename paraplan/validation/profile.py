@@ -58,7 +58,7 @@ from dataclasses import dataclass
 import torch
 
 from paraplan.errors import ConfigError
-from paraplan.validation.store import ProfileStore, machine_fingerprint
+from paraplan.profiles.store import ProfileStore, machine_fingerprint
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
@@ -691,77 +691,6 @@ def run_profile(opts: ProfileOptions, db: str | None = None,
     store = ProfileStore(db)
     run_id = store.add_run(machine_fingerprint(), opts.mode, rows, started=started)
     return run_id, rows
-
-
-def measured_tables(db: str | None = None, fingerprint_id: str | None = None) -> dict:
-    """The latest profile of a machine (default: this one) as plain lists for the estimator.
-
-    Returns
-    -------
-    dict
-        ``fingerprint``, ``run_id`` and per kind: ``gemm`` = [{device, dtype, m, n, k, flops,
-        flops_per_s}], ``gemm_linear`` the same for the training-layout GEMMs (absent in older profiles), ``sdpa`` = [{device, dtype, flops, flops_per_s, shape}],
-        ``memory_bandwidth`` = {device: bytes/s}, ``launch`` = {device: seconds per tiny op}
-        and ``device_memory`` = {device: bytes} (both absent in older profiles), ``h2d`` / ``d2h`` = bytes/s or None,
-        ``training`` = {device: {world_size: {"autograd": {op: (seconds, kernels)}, "contention_s": seconds of
-        the reference GEMM, "adamw": [(tensors, numel, seconds)], "checkpoint": {ops: {"plain" |
-        "forward" | "checkpointed": seconds}}}}} (absent in older profiles),
-        ``collectives`` = {op: {world_size: [(bytes, bus_bandwidth_bytes_per_s, time_s)]}} timed back to
-        back, ``collectives_in_step`` the same issued after IN_STEP_COMPUTE_S of compute (absent in
-        older profiles).
-    """
-    store = ProfileStore(db)
-    fid = fingerprint_id or machine_fingerprint()["id"]
-    run_id = store.latest_run(fid)
-    if run_id is None:
-        raise ConfigError("profile", f"no profile stored for machine {fid} in {store.path}",
-                          accepted="run `paraplan profile` first")
-    rows = store.measurements(run_id)
-    out = {"fingerprint": fid, "run_id": run_id, "gemm": [], "gemm_linear": [], "sdpa": [],
-           "memory_bandwidth": {}, "launch": {}, "elementwise": {}, "device_memory": {}, "h2d": None, "d2h": None, "collectives": {}, "collectives_in_step": {},
-           "training": {}}
-    for r in rows:
-        k = r["kind"]
-        if k == "gemm_linear":
-            out["gemm_linear"].append({"device": r["device"], "dtype": r["dtype"], **r["shape"],
-                                       "flops": r["flops"], "flops_per_s": r["flops_per_s"]})
-        elif k == "gemm":
-            out["gemm"].append({"device": r["device"], "dtype": r["dtype"], **r["shape"],
-                                "flops": r["flops"], "flops_per_s": r["flops_per_s"]})
-        elif k == "sdpa":
-            out["sdpa"].append({"device": r["device"], "dtype": r["dtype"], "shape": r["shape"],
-                                "flops": r["flops"], "flops_per_s": r["flops_per_s"]})
-        elif k == "memcpy":
-            out["memory_bandwidth"][r["device"]] = r["bandwidth_bytes_per_s"]
-        elif k == "device":
-            out["device_memory"][r["device"]] = r["bytes"]
-        elif k == "launch":
-            out["launch"][r["device"]] = r["time_s"]
-        elif k == "elementwise":
-            out["elementwise"].setdefault(r["device"], {}).setdefault(r["op"], []).append(
-                (r["shape"]["numel"], r["bytes"], r["time_s"]))
-        elif k in ("h2d", "d2h"):
-            out[k] = r["bandwidth_bytes_per_s"]
-        elif k in ("autograd", "contention", "optimizer", "checkpoint"):
-            w = out["training"].setdefault(r["device"], {}).setdefault(
-                int(r["world_size"]), {"autograd": {}, "contention_s": None, "adamw": [], "checkpoint": {}})
-            if k == "checkpoint":
-                w["checkpoint"].setdefault(int(r["shape"]["ops"]), {})[r["op"]] = r["time_s"]
-            elif k == "autograd":
-                w["autograd"][r["op"]] = (r["time_s"], r["shape"]["kernels"])
-            elif k == "contention":   # the block when measured (older profiles: the GEMM)
-                if r["op"] == "block" or w["contention_s"] is None:
-                    w["contention_s"] = r["time_s"]
-            else:
-                w["adamw"].append((r["shape"]["tensors"], r["shape"]["numel"], r["time_s"]))
-        elif k == "collective":
-            key = "collectives_in_step" if "after_compute_s" in (r["shape"] or {}) else "collectives"
-            per = out[key].setdefault(r["op"], {}).setdefault(r["world_size"], [])
-            per.append((r["bytes"], r["bus_bandwidth_bytes_per_s"], r["time_s"]))
-    for per_op in (*out["collectives"].values(), *out["collectives_in_step"].values()):
-        for lst in per_op.values():
-            lst.sort()
-    return out
 
 
 def _worker_main(argv=None) -> int:

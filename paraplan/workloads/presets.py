@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import yaml
 
 from paraplan.errors import ConfigError, unknown_name
-from paraplan.hardware.catalog import _Fields, read_yaml
+from paraplan.io import FieldReader, read_yaml
 from paraplan.workloads.transformer import ACTIVATIONS, MOE_DISPATCH, MoESpec, TransformerModel
 
 MODELS_FILE = Path(__file__).parent / "catalog" / "models.yaml"
@@ -34,7 +34,7 @@ def preset_source(name: str) -> str:
     return _preset_table()[name].get("source", "")
 
 
-def _bool(f: _Fields, key: str, default: bool) -> bool:
+def _bool(f: FieldReader, key: str, default: bool) -> bool:
     v = f.raw(key, default)
     if not isinstance(v, bool):
         raise ConfigError(f._name(key), f"expected true or false, got {v!r}", source=f.source)
@@ -47,7 +47,7 @@ def model_from_mapping(data: Mapping[str, Any], source: str) -> TransformerModel
     unknown = sorted(set(data) - set(MODEL_FILE_KEYS) - {"source"})
     if unknown:
         raise ConfigError(unknown[0], "unknown key", accepted=", ".join(MODEL_FILE_KEYS), source=source)
-    f = _Fields(data, source)
+    f = FieldReader(data, source)
     activation = f.string("activation", "gelu")
     if activation not in ACTIVATIONS:
         raise ConfigError("activation", f"unknown activation {activation!r}", accepted=", ".join(ACTIVATIONS),
@@ -66,7 +66,7 @@ def model_from_mapping(data: Mapping[str, Any], source: str) -> TransformerModel
         max_positions=f.integer("max_positions", 0, positive=False))
 
 
-def moe_from_mapping(f: _Fields, source: str) -> MoESpec:
+def moe_from_mapping(f: FieldReader, source: str) -> MoESpec:
     """The ``moe:`` block of a model file."""
     unknown = sorted(set(f.data) - set(MOE_KEYS))
     if unknown:
@@ -79,7 +79,7 @@ def moe_from_mapping(f: _Fields, source: str) -> MoESpec:
                    dispatch=_moe_dispatch(f, source))
 
 
-def _moe_dispatch(f: _Fields, source: str) -> str:
+def _moe_dispatch(f: FieldReader, source: str) -> str:
     """``moe.dispatch``: permute (default) or einsum (DeepSpeed-MoE's GShard-style dispatch)."""
     value = f.string("dispatch", "permute")
     if value not in MOE_DISPATCH:
@@ -111,7 +111,7 @@ _HF_GATED_MODEL_TYPES = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "q
 def model_from_hf_config(data: Mapping[str, Any], source: str) -> TransformerModel:
     """Read a Hugging Face ``config.json`` (num_hidden_layers, hidden_size, num_attention_heads,
     num_key_value_heads, intermediate_size, vocab_size, hidden_act, tie_word_embeddings)."""
-    f = _Fields(data, source)
+    f = FieldReader(data, source)
     act = str(data.get("hidden_act") or data.get("hidden_activation") or "gelu")
     gated = data.get("model_type") in _HF_GATED_MODEL_TYPES or act in ("silu", "swish", "swiglu")
     llama_like = gated

@@ -18,7 +18,8 @@ def add_export_args(ap: argparse.ArgumentParser) -> None:
 
 def cmd_export(args) -> int:
     from paraplan.planner.export import export
-    from paraplan.planner.planfile import read_plan_file, write_atomic
+    from paraplan.io import write_atomic
+    from paraplan.planfile import read_plan_file
     doc = read_plan_file(args.plan_file)
     result = export(doc, args.engine, source=args.plan_file)
     if args.out:
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="paraplan export")
     add_export_args(ap)
     args = ap.parse_args(argv)
-    from paraplan.cli import run_command
+    from paraplan.cli.common import run_command
     return run_command(cmd_export, args)
 
 

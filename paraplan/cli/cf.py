@@ -77,9 +77,9 @@ def add_cf_parser(subparsers) -> argparse.ArgumentParser:
 
 def _model_from(args):
     from paraplan.errors import ConfigError
-    from paraplan.workloads.cf import CFModel
+    from paraplan.cf.model import CFModel
     if args.dataset:
-        from paraplan.workloads.cf_data import read_lightgcn
+        from paraplan.cf.data import read_lightgcn
         lists = read_lightgcn(args.dataset)
         users = max(lists) + 1
         items = max((int(v.max()) for v in lists.values() if len(v)), default=0) + 1
@@ -100,7 +100,7 @@ def _model_from(args):
 
 def _cpu(name: str):
     if name == "local":
-        from paraplan.costmodels.cf_profile import local_cpu
+        from paraplan.cf.profile import local_cpu
         return local_cpu()
     from paraplan.hardware.catalog import load_part
     return load_part("cpus", name)
@@ -109,9 +109,9 @@ def _cpu(name: str):
 def _run_plan(args) -> int:
     from dataclasses import replace
 
-    from paraplan.costmodels.cf import ProfiledRates
+    from paraplan.cf.cost import ProfiledRates
     from paraplan.errors import ConfigError
-    from paraplan.planner.cf_plan import plan_tiles
+    from paraplan.cf.plan import plan_tiles
     model = _model_from(args)
     cpu = _cpu(args.cpu)
     threads = args.threads
@@ -119,7 +119,7 @@ def _run_plan(args) -> int:
         raise ConfigError("threads", f"must be a positive integer, got {threads}")
     rates_for = None
     if args.profile:
-        from paraplan.costmodels import cf_profile
+        from paraplan.cf import profile as cf_profile
         prof = cf_profile.load(args.profile)
         rates_for = lambda m: ProfiledRates(prof, m.row_bytes)  # noqa: E731
         threads = prof.threads
@@ -147,7 +147,7 @@ def _run_plan(args) -> int:
               f"{c.sampling_space:>12.0f} {c.footprint_bytes / 1024:>9.1f} {c.tile_level:>5} {c.regime}")
     print(f"baseline (untiled) predicted epoch: {plan.baseline_epoch_s:.3f} s; rejected: {plan.rejected}")
     try:
-        from paraplan.planner.cf_plan import heat_tile_rows
+        from paraplan.cf.plan import heat_tile_rows
         print(f"HEAT Algorithm 1 capacity rule (T·N1 rows of 4d bytes in the aggregate L2; for HEAT's C++ "
               f"kernel): N1 = {heat_tile_rows(cpu, threads, model.dim)}")
     except ParaplanError:
@@ -156,7 +156,7 @@ def _run_plan(args) -> int:
 
 
 def _run_profile(args) -> int:
-    from paraplan.costmodels import cf_profile
+    from paraplan.cf import profile as cf_profile
     prof = cf_profile.measure(threads=args.threads, dim=args.dim, max_ws_bytes=args.max_ws_mib * 2**20)
     path = cf_profile.save(prof, args.out)
     for w, t in zip(prof.ws_bytes, prof.row_time_s):
@@ -167,10 +167,10 @@ def _run_profile(args) -> int:
 
 
 def _run_validate(args) -> int:
-    from paraplan.validation.cf_validate import ValidateOptions, run_validate, write_report
+    from paraplan.cf.validate import ValidateOptions, run_validate, write_report
     data = None
     if args.dataset:
-        from paraplan.workloads.cf_data import load_lightgcn
+        from paraplan.cf.data import load_lightgcn
         data = load_lightgcn(args.dataset, args.test_dataset, seed=args.seed)
     opts = ValidateOptions(users=args.users, items=args.items, interactions=args.interactions, dim=args.dim,
                            negatives=args.negatives, batch=args.batch, threads=args.threads,
@@ -205,7 +205,7 @@ def main(argv=None) -> int:
     if args.command != "cf":
         parser.print_usage(sys.stderr)
         return 2
-    from paraplan.cli import run_command
+    from paraplan.cli.common import run_command
     return run_command(run_cf, args)
 
 

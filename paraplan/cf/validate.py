@@ -16,13 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
-from paraplan.planner.planfile import write_atomic
-from paraplan.costmodels import cf_profile
-from paraplan.costmodels.cf import AnalyticalRates, ProfiledRates, Tiling, epoch_time
+from paraplan.io import write_atomic
+from paraplan.cf import profile as cf_profile
+from paraplan.cf.cost import AnalyticalRates, ProfiledRates, Tiling, epoch_time
 from paraplan.errors import ConfigError, InfeasiblePlan
-from paraplan.planner.cf_plan import plan_tiles
-from paraplan.workloads.cf import CFModel
-from paraplan.workloads.cf_data import CFData, synthetic
+from paraplan.cf.plan import plan_tiles
+from paraplan.cf.model import CFModel
+from paraplan.cf.data import CFData, synthetic
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ def _time_epochs(params_fn, data, model, tilings, seed, repeats) -> tuple[list[f
     shuffle, median wall time of the whole epoch). The profile's rates are medians of short
     intervals, so the robust time is the like-for-like comparison on a machine shared with other
     processes; the wall time is reported beside it. Repeats go round-robin over the tilings."""
-    from paraplan.validation.cf_kernels import train_epoch
+    from paraplan.cf.kernels import train_epoch
     rob, wall = [[] for _ in tilings], [[] for _ in tilings]
     for r in range(repeats):
         for k, til in enumerate(tilings):
@@ -66,7 +66,7 @@ def _time_epochs(params_fn, data, model, tilings, seed, repeats) -> tuple[list[f
 def run_validate(opts: ValidateOptions, data: CFData | None = None, log=print) -> dict:
     """Run the validation and return the report dictionary."""
     import torch
-    from paraplan.validation.cf_kernels import evaluate, init_params, train_epoch
+    from paraplan.cf.kernels import evaluate, init_params, train_epoch
     if opts.threads > (os.cpu_count() or 1):
         raise ConfigError("threads", f"{opts.threads} exceeds this machine's {os.cpu_count()} CPUs")
     if opts.epochs < 1 or opts.sweep < 1 or opts.repeats < 1:

@@ -26,15 +26,15 @@ def _float(name: str):
 
 def scenario_from_cli(args):
     """Scenario from --scenario FILE (flags given on the command line override its keys) or flags."""
-    from paraplan.cli import PLAN_FLAGS
-    from paraplan.planner.cli import parse_fix
+    from paraplan.cli.common import PLAN_FLAGS
+    from paraplan.cli.plan import parse_fix
     from paraplan.reports.sweep import load_scenario, parse_sweep
     import dataclasses
     plan_given = bool(getattr(args, "plan", None)) or any(
         getattr(args, k, None) is not None for k in PLAN_FLAGS)
     plan = None
     if plan_given:
-        from paraplan.cli import plan_from_args
+        from paraplan.cli.common import plan_from_args
         plan = {k: v for k, v in plan_from_args(args).to_dict().items() if k != "dp"}
     overrides = {k: v for k, v in {
         "model": args.model, "cluster": args.cluster, "gpus": args.gpus, "seq_len": args.seq_len,
@@ -86,7 +86,7 @@ def cmd_whatif(args) -> int:
 def register(sub) -> None:
     import argparse
 
-    from paraplan.cli import add_plan_args, add_scenario_args
+    from paraplan.cli.common import add_plan_args, add_scenario_args
     ap = sub.add_parser("whatif", help="sweep scenario variables: figures, CSV and an HTML report",
                         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_scenario_args(ap, require=False)

@@ -111,13 +111,13 @@ def fitted_link(collectives: dict, name: str = "measured", world_size: int | Non
 
 def _resolve(spec: str, db: str | None) -> tuple[str, str]:
     """(fingerprint id, label) of the machine a spec names; ConfigError when there is none."""
-    from paraplan.validation.store import ProfileStore, default_db_path
+    from paraplan.profiles.store import ProfileStore, default_db_path
     path = db or default_db_path()
     if not os.path.exists(path):
         raise ConfigError("cluster", f"{spec}: no profile database at {path}", accepted=HINT)
     store = ProfileStore(path)
     if spec == "local":
-        from paraplan.validation.store import machine_fingerprint
+        from paraplan.profiles.store import machine_fingerprint
         fp = machine_fingerprint()
         if store.latest_run(fp["id"]) is None:
             raise ConfigError("cluster", f"local: no profile of this machine ({fp['id']}, "
@@ -208,5 +208,5 @@ def load_profiled_cluster(spec: str, gpus: int | None = None, db: str | None = N
     prefix or hostname) in the profile database ``db`` (default ``$PARAPLAN_PROFILE_DB`` or the
     cache); ConfigError pointing at ``paraplan profile --quick`` when there is none."""
     fid, label = _resolve(spec, db)
-    from paraplan.validation.profile import measured_tables
+    from paraplan.profiles.store import measured_tables
     return cluster_from_tables(measured_tables(db, fid), gpus, label)

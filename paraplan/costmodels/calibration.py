@@ -18,7 +18,7 @@ from pathlib import Path
 import pandas as pd
 
 from paraplan.hardware.catalog import load_cluster
-from paraplan.planner.plan import Plan
+from paraplan.plan import Plan
 from paraplan.workloads.transformer import TrainingJob, TransformerModel
 
 DEFAULT_CSV = Path(__file__).parent / "data" / "published_runs_calibration.csv"  # copy of shared/reference

@@ -290,7 +290,7 @@ def measure(threads: int = 1, dim: int = 64, max_ws_bytes: int = 128 * 2**20, re
     import torch
     if threads < 1 or dim < 1 or max_ws_bytes < 2**16:
         raise ConfigError("profile", f"threads {threads}, dim {dim}, max_ws_bytes {max_ws_bytes} out of range")
-    from paraplan.validation.cf_kernels import warm_allocator
+    from paraplan.cf.kernels import warm_allocator
     torch.set_num_threads(threads)
     warm_allocator()  # the allocator state the kernels run in (see warm_allocator)
     g = torch.Generator().manual_seed(seed)
@@ -348,9 +348,9 @@ def _fixed_step_costs(threads: int, reps: int) -> tuple[list[float], list[float]
     after 64 MiB, and the same line inside the kernel at B = 512 took 19 us the first time in a
     step and 4 us run again right after."""
     import torch
-    from paraplan.validation.cf_kernels import (TileSampler, baseline_step, init_params,
+    from paraplan.cf.kernels import (TileSampler, baseline_step, init_params,
                                                 make_baseline_optimizer, tiled_step)
-    from paraplan.workloads.cf import CFModel
+    from paraplan.cf.model import CFModel
     m = CFModel(users=64, items=64, interactions=1024, dim=8, negatives=1, batch=8 * threads, threads=threads)
     g = torch.Generator().manual_seed(0)
     users = torch.randint(0, 64, (m.batch,), generator=g)
@@ -390,7 +390,7 @@ def _fixed_step_costs(threads: int, reps: int) -> tuple[list[float], list[float]
 
 def save(profile: CpuProfile, path: str | Path) -> Path:
     """Write atomically (whole or not at all)."""
-    from paraplan.planner.planfile import write_atomic
+    from paraplan.io import write_atomic
     path = Path(path)
     write_atomic(path, json.dumps(profile.to_json(), indent=1))
     return path

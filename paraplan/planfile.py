@@ -6,30 +6,13 @@ sees half a file.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from paraplan.errors import ConfigError
+from paraplan.io import write_atomic
 
 PLAN_SCHEMA = "paraplan.plan/1"
-
-
-def write_atomic(path: Path | str, data: str | bytes) -> None:
-    """Write text or bytes to path whole or not at all (temporary file in the same folder, then
-    ``os.replace``; the temporary file is removed if anything fails)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def plan_document(estimate, model_spec: str, cluster_spec: str) -> dict[str, Any]:

@@ -109,7 +109,7 @@ def run_validate(args) -> int:
     from paraplan.validation.model import GPTConfig
     from paraplan.validation.reference import (compare_to_reference, load_parallel_grads,
                                                reference_run)
-    from paraplan.validation.store import machine_fingerprint
+    from paraplan.profiles.store import machine_fingerprint
     cfg = GPTConfig(vocab_size=args.vocab, seq_len=args.seq_len, hidden=args.hidden,
                     heads=args.heads, layers=args.layers, seed=args.seed,
                     attention=args.attention)
@@ -152,7 +152,7 @@ def run_profile(args) -> int:
 
     from paraplan.validation.profile import ProfileOptions
     from paraplan.validation.profile import run_profile as _run
-    from paraplan.validation.store import ProfileStore
+    from paraplan.profiles.store import ProfileStore
     opts = ProfileOptions.quick() if args.quick else ProfileOptions.full()
     if args.world_sizes:
         bad = [w for w in args.world_sizes if w < 2]
@@ -180,7 +180,7 @@ def main(argv=None) -> int:
     add_validate_parser(sub)
     add_profile_parser(sub)
     args = ap.parse_args(argv)
-    from paraplan.cli import run_command
+    from paraplan.cli.common import run_command
     return run_command(args.func, args)
 
 

@@ -3,7 +3,7 @@
 Pure functions. Two sources of machine rates share one step model:
 
 * :class:`AnalyticalRates` from a :class:`~paraplan.hardware.model.Cpu` description only;
-* :class:`ProfiledRates` from a measured :class:`~paraplan.costmodels.cf_profile.CpuProfile`
+* :class:`ProfiledRates` from a measured :class:`~paraplan.cf.profile.CpuProfile`
   (row-gather time vs working-set size, bmm FLOP/s, streaming bandwidth, op overhead).
 
 Step time is a non-overlapping sum (ECM-style, reference §3.5, without overlap), op class by op
@@ -47,7 +47,7 @@ import numpy as np
 
 from paraplan.errors import ConfigError
 from paraplan.hardware.model import Cpu
-from paraplan.workloads.cf import CFModel
+from paraplan.cf.model import CFModel
 
 MLP_MISSES_PER_CORE = 10.0      # outstanding misses per core (Zen 2 has 22 L1D miss buffers); estimate
 ANALYTICAL_GEMM_EFFICIENCY = 0.4  # achieved/peak of a small fp32 bmm (b×d×N1 with d = 64); estimate
@@ -245,7 +245,7 @@ def _traffic_axis(nbytes):
 
 @dataclass(frozen=True)
 class ProfiledRates:
-    """Rates measured on this machine (see :mod:`paraplan.costmodels.cf_profile`).
+    """Rates measured on this machine (see :mod:`paraplan.cf.profile`).
 
     The measured row-gather curve t(W) is for one table of W bytes shared by the profile's
     threads; a private footprint F per thread is looked up at W = F·T. Rows of another size are

@@ -30,7 +30,7 @@ def parse_fix(items) -> dict:
                 fixed[key] = int(value)
             except ValueError:
                 raise ConfigError(f"--fix {key}", f"expected an integer, got {value!r}") from None
-    from paraplan.planner.plan import OFFLOAD, RECOMPUTE, SCHEDULES
+    from paraplan.plan import OFFLOAD, RECOMPUTE, SCHEDULES
     for key, accepted in (("schedule", SCHEDULES), ("recompute", RECOMPUTE), ("offload", OFFLOAD)):
         if key in fixed and fixed[key] not in accepted:
             raise ConfigError(f"--fix {key}", f"unknown value {fixed[key]!r}", accepted=", ".join(accepted))
@@ -54,8 +54,8 @@ def table_rows(estimates) -> pd.DataFrame:
 def cmd_plan(args) -> int:
     import sys
 
-    from paraplan.cli import scenario_from_args
-    from paraplan.planner.planfile import write_plan_file
+    from paraplan.cli.common import scenario_from_args
+    from paraplan.planfile import write_plan_file
     from paraplan.planner.search import explain_infeasible, search, suggest_feasible, why_best_beats_runner_up
     from paraplan.planner.space import SpaceOptions
     from paraplan.reports.text import render_estimate
@@ -70,7 +70,7 @@ def cmd_plan(args) -> int:
     options = SpaceOptions(fixed=parse_fix(args.fix), allow_offload=not args.no_offload,
                            allow_delayed_update=args.allow_delayed_update,
                            grad_accumulation_fusion=not args.no_grad_accumulation_fusion)
-    from paraplan.cli import topology_from_args
+    from paraplan.cli.common import topology_from_args
     result = search(model, job, cluster, options=options, top=args.top,
                     max_memory_fraction=args.max_memory_fraction, progress=args.format != "json",
                     topology=topology_from_args(args))
@@ -122,7 +122,7 @@ def cmd_plan(args) -> int:
 
 
 def register(sub) -> None:
-    from paraplan.cli import add_scenario_args
+    from paraplan.cli.common import add_scenario_args
     ap = sub.add_parser("plan", help="search the layout space for the fastest plans that fit")
     add_scenario_args(ap)
     ap.add_argument("--top", type=int, default=10)

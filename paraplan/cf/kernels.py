@@ -28,8 +28,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from paraplan.workloads.cf import CFModel
-from paraplan.workloads.cf_data import CFData, user_histories
+from paraplan.cf.model import CFModel
+from paraplan.cf.data import CFData, user_histories
 
 ADAM_BETAS = (0.9, 0.999)
 ADAM_EPS = 1e-8

@@ -2,7 +2,7 @@
 
 Exact enumeration (the space is small: powers of two)::
 
-    minimize    epoch_time(model, N1, N2, T)                     (paraplan.costmodels.cf)
+    minimize    epoch_time(model, N1, N2, T)                     (paraplan.cf.cost)
     subject to  tile footprint 8d·N1 ≤ per-thread share of the target cache level  [capacity]
                 (M/N2)·N1 ≥ S_min                                 [sampling space, HEAT §4.2]
                 N1 ≥ r_min·n                                      [negatives per tile, HEAT Table 6]
@@ -30,11 +30,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from paraplan.costmodels.cf import (AnalyticalRates, Tiling, epoch_time, memory_levels, sampling_space,
+from paraplan.cf.cost import (AnalyticalRates, Tiling, epoch_time, memory_levels, sampling_space,
                                     tile_footprint_bytes, tile_level)
 from paraplan.errors import ConfigError, InfeasiblePlan
 from paraplan.hardware.model import Cpu
-from paraplan.workloads.cf import CFModel
+from paraplan.cf.model import CFModel
 
 MIN_REFRESH = 8   # smallest refresh interval N2 considered (iterations per tile)
 MIN_TILE_PER_NEGATIVE = 8   # N1 ≥ 8·n (HEAT Table 6: 512/64 is the smallest accuracy-safe ratio)

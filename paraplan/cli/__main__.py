@@ -1,0 +1,5 @@
+import sys
+
+from paraplan.cli import main
+
+sys.exit(main())

@@ -1,0 +1,46 @@
+"""``paraplan list``: the built-in hardware and model presets."""
+from __future__ import annotations
+
+
+def cmd_list(args) -> int:
+    from paraplan.hardware.catalog import load_part, preset_names
+    from paraplan.workloads.presets import load_model, model_names
+    what = args.what
+    if what in ("hardware", "accelerators"):
+        print("accelerators")
+        for n in preset_names("accelerators"):
+            a = load_part("accelerators", n)
+            peak = a.peak_flops.get("bf16") or a.peak_flops.get("fp16")
+            print(f"  {n:12s} {a.model:28s} {a.memory_bytes / 2**30:6.0f} GiB  {a.memory_bandwidth_bytes_per_s / 1e12:5.2f} TB/s"
+                  f"  {peak / 1e12:7.1f} TFLOP/s 16-bit")
+    if what in ("hardware", "systems"):
+        print("systems (use as --cluster NAME --gpus N)")
+        for n in preset_names("systems"):
+            s = load_part("systems", n)
+            print(f"  {n:14s} {s.gpus_per_node:2d} x {s.accelerator.name:9s} intra {s.intra_node.bandwidth_bytes_per_s / 1e9:5.0f} GB/s"
+                  f"  inter {s.inter_node.bandwidth_bytes_per_s / 1e9:6.2f} GB/s/GPU  PCIe{s.pcie_gen}"
+                  f"  host {s.host_cpu_sockets} x {s.host_cpu.name}, {s.host_memory_bytes / 2**30:.0f} GiB")
+    if what in ("hardware", "cpus"):
+        print("CPUs")
+        for n in preset_names("cpus"):
+            c = load_part("cpus", n)
+            caches = " ".join(f"L{x.level} {x.size_bytes // 1024} KiB/{x.shared_by_cores}c" for x in c.caches)
+            print(f"  {n:15s} {c.cores:3d} cores {c.frequency_hz / 1e9:.2f} GHz SIMD {c.simd_bits:3d}b  {caches}"
+                  f"  DRAM {c.memory_bandwidth_bytes_per_s / 1e9:.0f} GB/s")
+    if what in ("hardware", "nvme"):
+        print("NVMe drives")
+        for n in preset_names("nvme"):
+            d = load_part("nvme", n)
+            print(f"  {n:15s} read {d.read_bytes_per_s / 1e9:.1f} GB/s write {d.write_bytes_per_s / 1e9:.1f} GB/s"
+                  f"  {d.capacity_bytes / 1e12:.2f} TB")
+    if what == "models":
+        print("models (use as --model NAME)")
+        for n in model_names():
+            print("  " + load_model(n).describe().replace(f"{n}:", f"{n:12s}", 1))
+    return 0
+
+
+def register(sub) -> None:
+    ls = sub.add_parser("list", help="show presets")
+    ls.add_argument("what", choices=("hardware", "models", "accelerators", "systems", "cpus", "nvme"))
+    ls.set_defaults(func=cmd_list)

@@ -1,0 +1,43 @@
+"""``paraplan estimate``: one plan -> step time, throughput and memory with their breakdowns."""
+from __future__ import annotations
+
+import json
+
+from paraplan.cli.common import add_plan_args, add_scenario_args, plan_from_args, scenario_from_args, topology_from_args
+from paraplan.errors import ConfigError
+
+
+def cmd_estimate(args) -> int:
+    from paraplan.costmodels.estimate import estimate
+    from paraplan.reports.text import render_estimate
+    from paraplan.workloads.transformer import TrainingJob
+    if getattr(args, "plan", None) and not (args.model and args.cluster):
+        from paraplan.planfile import read_plan_file
+        scenario = read_plan_file(args.plan)["scenario"]
+        for key in ("model", "cluster", "gpus", "seq_len", "global_batch"):
+            if getattr(args, key, None) is None:
+                setattr(args, key, scenario[key])
+    if not args.model or not args.cluster:
+        raise ConfigError("--model/--cluster", "both are required (or --plan FILE that names them)")
+    model, cluster, seq_len = scenario_from_args(args)
+    plan = plan_from_args(args)
+    dp = plan.dp or max(1, cluster.num_gpus // plan.model_parallel)
+    gbs = args.global_batch or dp * plan.micro_batch
+    topology = topology_from_args(args)
+    if topology:
+        from paraplan.planner.search import with_topology
+        cluster = with_topology(cluster, plan.with_dp_for(cluster.num_gpus), topology)
+    e = estimate(model, TrainingJob(seq_len, gbs, moe_imbalance=args.moe_imbalance), cluster, plan)
+    if args.format == "json":
+        print(json.dumps(e.to_dict(), indent=2))
+    else:
+        print(render_estimate(e))
+    return 0
+
+
+def register(sub) -> None:
+    est = sub.add_parser("estimate", help="predict step time, throughput and memory of one plan")
+    add_scenario_args(est, require=False)
+    add_plan_args(est)
+    est.add_argument("--format", choices=("table", "json"), default="table")
+    est.set_defaults(func=cmd_estimate)

@@ -1,0 +1,104 @@
+"""Reading and writing files: YAML/JSON mappings with errors that name the field and the file,
+typed field access, and whole-or-nothing writes."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+import yaml
+
+from paraplan.errors import ConfigError
+
+
+def read_yaml(path: Path | str, field: str = "file") -> dict:
+    """Read a YAML/JSON mapping, turning every failure into a ConfigError that names the file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(field, f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(field, f"malformed YAML/JSON{where}: {getattr(e, 'problem', e)}",
+                          source=str(path)) from None
+    if not isinstance(data, dict):
+        raise ConfigError(field, "expected a mapping of keys to values at the top level", source=str(path))
+    return data
+
+
+class FieldReader:
+    """Typed access to a mapping's fields with errors that name the field and the file."""
+
+    def __init__(self, data: Mapping[str, Any], source: str, prefix: str = ""):
+        self.data, self.source, self.prefix = data, source, prefix
+
+    def _name(self, key: str) -> str:
+        return f"{self.prefix}{key}"
+
+    def has(self, key: str) -> bool:
+        return self.data.get(key) is not None
+
+    def raw(self, key: str, default: Any = ...) -> Any:
+        if key not in self.data or self.data[key] is None:
+            if default is ...:
+                raise ConfigError(self._name(key), "missing required field", source=self.source)
+            return default
+        return self.data[key]
+
+    def string(self, key: str, default: Any = ...) -> str:
+        v = self.raw(key, default)
+        if not isinstance(v, str):
+            raise ConfigError(self._name(key), f"expected text, got {v!r}", source=self.source)
+        return v
+
+    def number(self, key: str, default: Any = ..., *, positive: bool = True, integer: bool = False,
+               at_most: float | None = None) -> float:
+        v = self.raw(key, default)
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ConfigError(self._name(key), f"expected a number, got {v!r}", source=self.source)
+        if integer and int(v) != v:
+            raise ConfigError(self._name(key), f"expected an integer, got {v!r}", source=self.source)
+        if positive and v <= 0:
+            raise ConfigError(self._name(key), f"must be positive, got {v!r}", source=self.source)
+        if not positive and v < 0:
+            raise ConfigError(self._name(key), f"must not be negative, got {v!r}", source=self.source)
+        if at_most is not None and v > at_most:
+            raise ConfigError(self._name(key), f"must be at most {at_most}, got {v!r}", source=self.source)
+        return int(v) if integer else float(v)
+
+    def integer(self, key: str, default: Any = ..., *, positive: bool = True) -> int:
+        return int(self.number(key, default, positive=positive, integer=True))
+
+    def mapping(self, key: str, default: Any = ...) -> "FieldReader":
+        v = self.raw(key, default)
+        if not isinstance(v, dict):
+            raise ConfigError(self._name(key), f"expected a mapping, got {v!r}", source=self.source)
+        return FieldReader(v, self.source, f"{self._name(key)}.")
+
+    def sources(self) -> Mapping[str, str]:
+        s = self.data.get("sources") or {}
+        if not isinstance(s, dict):
+            raise ConfigError(self._name("sources"), "expected a mapping of field -> source", source=self.source)
+        return MappingProxyType({str(k): str(v) for k, v in s.items()})
+
+
+def write_atomic(path: Path | str, data: str | bytes) -> None:
+    """Write text or bytes to path whole or not at all (temporary file in the same folder, then
+    ``os.replace``; the temporary file is removed if anything fails)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

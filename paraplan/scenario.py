@@ -1,0 +1,57 @@
+"""A scenario: what is trained (model), how (job: sequence, batch), and where (cluster), loaded
+once with every default in one place. The commands, the what-if sweeps and the validation
+harness build their model, job and cluster here.
+
+A cluster spec is a system preset, a cluster YAML file (:func:`paraplan.hardware.catalog.load_cluster`),
+or a measured profile: ``local`` (this machine) or ``profile:NAME`` in the profile database
+(:func:`paraplan.profiles.cluster.load_profiled_cluster`; no torch needed to read one).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paraplan.hardware import catalog
+from paraplan.hardware.model import Cluster
+from paraplan.profiles.cluster import is_profile_spec, load_profiled_cluster
+from paraplan.workloads.presets import load_model
+from paraplan.workloads.transformer import TrainingJob, TransformerModel
+
+DEFAULT_SEQ_LEN = 2048
+DEFAULT_MOE_IMBALANCE = 1.0
+
+
+def load_cluster(spec: str, gpus: int | None = None, *, inter_node_oversubscription: float = 1.0,
+                 db: str | None = None) -> Cluster:
+    """A cluster from a preset, a YAML file, ``local`` or ``profile:NAME`` (``db``: the profile
+    database, default ``$PARAPLAN_PROFILE_DB`` or the cache)."""
+    if is_profile_spec(spec):
+        return load_profiled_cluster(spec, gpus, db)
+    return catalog.load_cluster(spec, gpus, inter_node_oversubscription=inter_node_oversubscription)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """The model, the cluster and the sequence length of a request; the global batch and the job
+    follow from the plan (estimate) or the cluster (plan) when the user gave none."""
+    model: TransformerModel
+    cluster: Cluster
+    seq_len: int = DEFAULT_SEQ_LEN
+    global_batch: int | None = None
+    moe_imbalance: float = DEFAULT_MOE_IMBALANCE
+
+    def job_for_plan(self, dp: int, micro_batch: int) -> TrainingJob:
+        """The job of one plan: default global batch one micro-batch per data-parallel rank."""
+        return TrainingJob(self.seq_len, self.global_batch or dp * micro_batch, moe_imbalance=self.moe_imbalance)
+
+    def job_for_search(self) -> TrainingJob:
+        """The job a search ranks plans for: default global batch one sequence per GPU."""
+        return TrainingJob(self.seq_len, self.global_batch or self.cluster.num_gpus,
+                           moe_imbalance=self.moe_imbalance)
+
+
+def load_scenario(model: str, cluster: str, *, gpus: int | None = None, seq_len: int | None = None,
+                  global_batch: int | None = None, moe_imbalance: float = DEFAULT_MOE_IMBALANCE,
+                  db: str | None = None) -> Scenario:
+    """Load a model spec (preset, YAML/JSON file, Hugging Face config.json) and a cluster spec."""
+    return Scenario(model=load_model(model), cluster=load_cluster(cluster, gpus, db=db),
+                    seq_len=seq_len or DEFAULT_SEQ_LEN, global_batch=global_batch, moe_imbalance=moe_imbalance)
