@@ -15,3 +15,12 @@ assert main(['list', 'models']) == 0
 def test_estimate_and_plan_run_without_torch():
     r = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_costmodels_planner_and_profiles_import_without_torch():
+    code = ("import sys\nsys.modules['torch'] = None\n"
+            "import paraplan.costmodels.estimate, paraplan.planner, paraplan.planner.search, "
+            "paraplan.planner.space, paraplan.planner.stages, paraplan.planner.export, paraplan.profiles.store, "
+            "paraplan.profiles.cluster, paraplan.scenario, paraplan.cf.plan, paraplan.cf.cost\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]

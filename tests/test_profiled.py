@@ -406,3 +406,26 @@ def test_unfused_gradient_accumulation_is_charged_per_extra_micro_batch():
     assert z3 < 3 * per_mb
     assert z3 == pytest.approx(3 * c.streaming_time(3.0 * model.num_params / 2 * 4, kernels=float(
         stage_param_tensors(model, plan))))
+
+
+def test_stored_profile_is_read_without_torch(profile_db, tmp_path):
+    """``--cluster profile:NAME`` on a machine without torch: the profile was measured elsewhere
+    (here: by the fixture, with torch), reading it must not import torch."""
+    import subprocess
+    import sys
+
+    from paraplan.profiles.store import machine_fingerprint
+    model = tmp_path / "m.yaml"
+    model.write_text("name: tiny\nlayers: 2\nhidden: 64\nheads: 4\nvocab: 256\n"
+                     "learned_positions: true\nmax_positions: 32\n")
+    spec = f"profile:{machine_fingerprint()['id'][:8]}"
+    code = (
+        "import sys\nsys.modules['torch'] = None\nfrom paraplan.cli import main\n"
+        f"common = ['--model', {str(model)!r}, '--cluster', {spec!r}, '--gpus', '2', '--seq-len', '32', "
+        f"'--db', {profile_db!r}]\n"
+        "assert main(['estimate', *common, '--tp', '2', '--dtype', 'fp32', '--no-flash-attention', "
+        "'--format', 'json']) == 0\n"
+        "assert main(['plan', *common, '--global-batch', '4', '--top', '2', '--format', 'csv']) == 0\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert '"cluster": "profile:' in r.stdout

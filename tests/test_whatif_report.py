@@ -135,11 +135,11 @@ def test_failed_run_leaves_no_partial_folder(tmp_path, monkeypatch, capsys):
     assert not out.exists() and _siblings(out) == []
 
     # a failure while writing (after the figures are on disk) removes the temporary folder
-    import paraplan.reports.html as H
+    import paraplan.reports.report as R  # where write_report looks render_html up
 
     def boom(*a, **k):
         raise RuntimeError("disk full")
-    monkeypatch.setattr(H, "render_html", boom)
+    monkeypatch.setattr(R, "render_html", boom)
     with pytest.raises(RuntimeError):
         main(BASE + ["--gpus", "16", "--sweep", "hbm=x1", "--no-heatmap", "--out", str(out)])
     assert not out.exists() and _siblings(out) == []

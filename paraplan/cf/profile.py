@@ -30,7 +30,10 @@ from pathlib import Path
 
 import numpy as np
 
+from paraplan.cf.model import CFModel
 from paraplan.errors import ConfigError
+from paraplan.hardware.model import CacheLevel, Cpu
+from paraplan.io import write_atomic
 
 PROFILE_VERSION = 3
 GATHER_ROWS = (512, 16384)   # rows per measured gather / index_add_ call: a batch, a large tile
@@ -350,7 +353,6 @@ def _fixed_step_costs(threads: int, reps: int) -> tuple[list[float], list[float]
     import torch
     from paraplan.cf.kernels import (TileSampler, baseline_step, init_params,
                                                 make_baseline_optimizer, tiled_step)
-    from paraplan.cf.model import CFModel
     m = CFModel(users=64, items=64, interactions=1024, dim=8, negatives=1, batch=8 * threads, threads=threads)
     g = torch.Generator().manual_seed(0)
     users = torch.randint(0, 64, (m.batch,), generator=g)
@@ -390,7 +392,6 @@ def _fixed_step_costs(threads: int, reps: int) -> tuple[list[float], list[float]
 
 def save(profile: CpuProfile, path: str | Path) -> Path:
     """Write atomically (whole or not at all)."""
-    from paraplan.io import write_atomic
     path = Path(path)
     write_atomic(path, json.dumps(profile.to_json(), indent=1))
     return path
@@ -435,7 +436,6 @@ def local_cpu(threads: int | None = None):
     shares them, line size) and /proc/cpuinfo (clock). Latencies, per-cycle bandwidths and DRAM
     figures are not exposed by the OS: typical values are used (estimates; the profiled rates
     replace them in predictions)."""
-    from paraplan.hardware.model import CacheLevel, Cpu
     base = Path("/sys/devices/system/cpu/cpu0/cache")
     typical = {1: (4, 64), 2: (14, 32), 3: (50, 16)}
     caches = []

@@ -16,13 +16,14 @@ from pathlib import Path
 
 import numpy as np
 
-from paraplan.io import write_atomic
 from paraplan.cf import profile as cf_profile
 from paraplan.cf.cost import AnalyticalRates, ProfiledRates, Tiling, epoch_time
-from paraplan.errors import ConfigError, InfeasiblePlan
-from paraplan.cf.plan import plan_tiles
-from paraplan.cf.model import CFModel
 from paraplan.cf.data import CFData, synthetic
+from paraplan.cf.model import CFModel
+from paraplan.cf.plan import plan_tiles
+from paraplan.errors import ConfigError, InfeasiblePlan
+from paraplan.hardware.catalog import load_part
+from paraplan.io import write_atomic
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,6 @@ def run_validate(opts: ValidateOptions, data: CFData | None = None, log=print) -
         cpu = cf_profile.local_cpu()
         rates_for = lambda m: ProfiledRates(prof, m.row_bytes)  # noqa: E731
     else:
-        from paraplan.hardware.catalog import load_part
         cpu = load_part("cpus", opts.cpu)
         rates_for = None
     log(f"data {data.name}: {data.users} users, {data.items} items, {data.train_interactions} train")

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pandas as pd
 
+from paraplan.costmodels.estimate import estimate
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan
+from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import TrainingJob, TransformerModel
 
 DEFAULT_CSV = Path(__file__).parent / "data" / "published_runs_calibration.csv"  # copy of shared/reference
@@ -178,7 +180,6 @@ KORTHIKANTI_FIG1_ACTIVATIONS_GIB = {"22B": (59.25, 9.5625), "175B": (66.84375, 1
 
 def korthikanti_estimate(name: str, estimate_fn, **plan):
     """Estimate one Korthikanti setup with extra plan fields (recompute, sp)."""
-    from paraplan.workloads.presets import load_model
     model, gpus, gbs, layout = KORTHIKANTI_SETUPS[name]
     model = load_model(model) if isinstance(model, str) else model
     return estimate_fn(model, TrainingJob(2048, gbs), load_cluster("dgx-a100-80g", gpus),
@@ -187,7 +188,6 @@ def korthikanti_estimate(name: str, estimate_fn, **plan):
 
 def korthikanti_table() -> pd.DataFrame:
     """Predicted vs measured for the held-out Korthikanti rows (step time and activation memory)."""
-    from paraplan.costmodels.estimate import estimate
     rows = []
     for name in KORTHIKANTI_SETUPS:
         for mode, extra, step, act in (

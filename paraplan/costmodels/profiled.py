@@ -48,6 +48,7 @@ from typing import Mapping
 
 import numpy as np
 
+from paraplan.costmodels.efficiency import _curve_table
 from paraplan.errors import ConfigError
 
 #: torch dtype names in the profile -> the estimator's names
@@ -214,7 +215,6 @@ class ProfiledCurves:
     def from_tables(cls, tables: dict, name: str = "local", world_size: int | None = None) -> "ProfiledCurves":
         """Build from :func:`paraplan.profiles.store.measured_tables`; ``world_size`` picks the
         training-step measurements taken with that many ranks busy (nearest measured)."""
-        from paraplan.costmodels.efficiency import _curve_table
         dev = _device(tables)
         same = lambda d: d == dev or (d.startswith("cuda") and dev.startswith("cuda"))
         by_dtype: dict[str, list] = {}

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Mapping
 
+from paraplan.errors import ConfigError
+
 GB = 1e9
 GIB = 2**30
 
@@ -180,7 +182,6 @@ class Cluster:
     axis_links: Mapping[str, tuple] | None = field(default=None, compare=False)
 
     def __post_init__(self):
-        from paraplan.errors import ConfigError
         g = self.system.gpus_per_node
         if self.num_gpus < 1:
             raise ConfigError("gpus", f"must be a positive integer, got {self.num_gpus}")

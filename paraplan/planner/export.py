@@ -25,6 +25,9 @@ from typing import Any, Callable, Mapping
 from paraplan.errors import ConfigError
 from paraplan.plan import Plan, check_plan
 from paraplan.planfile import PLAN_SCHEMA
+from paraplan.scenario import load_cluster
+from paraplan.workloads.presets import load_model
+from paraplan.workloads.transformer import TrainingJob
 
 ENGINES = ("megatron", "deepspeed", "torchtitan")
 RDZV_PORT = 29500
@@ -66,9 +69,6 @@ class Export:
 # --- reading the document ---------------------------------------------------------------------------
 def load_scenario(doc: Mapping[str, Any], source: str = "plan") -> Scenario:
     """Validate a plan document and resolve its model and cluster (ConfigError on any problem)."""
-    from paraplan.scenario import load_cluster
-    from paraplan.workloads.presets import load_model
-    from paraplan.workloads.transformer import TrainingJob
 
     if not isinstance(doc, Mapping) or doc.get("schema") != PLAN_SCHEMA:
         raise ConfigError("schema", f"not a paraplan plan document (expected schema {PLAN_SCHEMA!r})",

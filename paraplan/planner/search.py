@@ -16,9 +16,11 @@ from typing import Callable
 import numpy as np
 
 from paraplan.costmodels.efficiency import curves_for
-from paraplan.costmodels.estimate import TIME_TERMS, Estimate, estimate, step_terms
+from paraplan.costmodels.estimate import Estimate, TIME_TERMS, estimate, step_terms
 from paraplan.errors import InfeasiblePlan
+from paraplan.hardware.topology import links_for_plan
 from paraplan.planner.space import PlanBatch, SpaceOptions, compose
+from paraplan.workloads.transformer import TrainingJob
 
 CHUNK = 200_000
 
@@ -72,7 +74,6 @@ def score_batch(model, job, cluster, batch: PlanBatch, curves, max_memory_fracti
 def with_topology(cluster, plan, topology: dict):
     """The cluster with the links each axis's groups get from the networkx placement
     (:func:`paraplan.hardware.topology.links_for_plan`)."""
-    from paraplan.hardware.topology import links_for_plan
     links = links_for_plan(cluster, plan.tp, plan.cp, plan.dp, plan.pp, **topology)
     axis_links = {axis: (tl.intra_node, tl.inter_node) for axis, tl in links.items()}
     axis_links.setdefault("ep", axis_links.get("dp"))
@@ -144,7 +145,6 @@ def why_best_beats_runner_up(best: Estimate, runner_up: Estimate) -> str:
 
 def suggest_feasible(model, job, cluster, options: SpaceOptions | None, max_memory_fraction: float) -> list[str]:
     """The smallest changes that make the request fit: more GPUs (whole nodes), offload, shorter sequence."""
-    from paraplan.workloads.transformer import TrainingJob
     out = []
     g = cluster.system.gpus_per_node
     options = options or SpaceOptions()

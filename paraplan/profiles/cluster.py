@@ -28,9 +28,11 @@ import os
 
 import numpy as np
 
+from paraplan.costmodels.profiled import ProfiledCurves
 from paraplan.errors import ConfigError
-from paraplan.hardware.model import (GIB, Accelerator, CacheLevel, Cluster, Cpu, Link, Nvme, System,
+from paraplan.hardware.model import (Accelerator, CacheLevel, Cluster, Cpu, GIB, Link, Nvme, System,
                                      _frozen_map)
+from paraplan.profiles.store import ProfileStore, default_db_path, machine_fingerprint, measured_tables
 
 PROFILE_PREFIX = "profile:"
 HINT = "run `paraplan profile --quick` first"
@@ -111,13 +113,11 @@ def fitted_link(collectives: dict, name: str = "measured", world_size: int | Non
 
 def _resolve(spec: str, db: str | None) -> tuple[str, str]:
     """(fingerprint id, label) of the machine a spec names; ConfigError when there is none."""
-    from paraplan.profiles.store import ProfileStore, default_db_path
     path = db or default_db_path()
     if not os.path.exists(path):
         raise ConfigError("cluster", f"{spec}: no profile database at {path}", accepted=HINT)
     store = ProfileStore(path)
     if spec == "local":
-        from paraplan.profiles.store import machine_fingerprint
         fp = machine_fingerprint()
         if store.latest_run(fp["id"]) is None:
             raise ConfigError("cluster", f"local: no profile of this machine ({fp['id']}, "
@@ -144,7 +144,6 @@ def _ram_bytes() -> float:
 
 def cluster_from_tables(tables: dict, gpus: int | None = None, label: str = "local") -> Cluster:
     """The one-node cluster a profile describes (see the module docstring)."""
-    from paraplan.costmodels.profiled import ProfiledCurves
     worlds = [int(n) for per in (tables.get("collectives") or {}).values() for n in per]
     n = int(gpus) if gpus is not None else max(worlds or [1])
     curves = ProfiledCurves.from_tables(tables, name=f"profiled-{label}", world_size=n)
@@ -208,5 +207,4 @@ def load_profiled_cluster(spec: str, gpus: int | None = None, db: str | None = N
     prefix or hostname) in the profile database ``db`` (default ``$PARAPLAN_PROFILE_DB`` or the
     cache); ConfigError pointing at ``paraplan profile --quick`` when there is none."""
     fid, label = _resolve(spec, db)
-    from paraplan.profiles.store import measured_tables
     return cluster_from_tables(measured_tables(db, fid), gpus, label)

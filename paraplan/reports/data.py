@@ -9,7 +9,10 @@ import math
 import numpy as np
 import pandas as pd
 
-from paraplan.costmodels.estimate import MEMORY_TERMS, TIME_TERMS
+from paraplan.costmodels.efficiency import analytical_curves
+from paraplan.costmodels.estimate import MEMORY_TERMS, TIME_TERMS, estimate
+from paraplan.planner.search import score_batch
+from paraplan.planner.space import SpaceOptions, axis_choices, compose
 from paraplan.reports.sweep import GIB, LABELS
 
 PLAN_COLUMNS = ("tp", "pp", "dp", "cp", "vpp", "sp", "micro_batch", "schedule", "zero", "recompute", "offload",
@@ -182,10 +185,6 @@ def heatmap_data(point, scenario) -> pd.DataFrame:
     ``status``: ``fits`` (a plan), ``does not fit`` (legal layouts, none in memory),
     ``no legal layout`` (no candidate with that tp and pp).
     """
-    from paraplan.costmodels.efficiency import analytical_curves
-    from paraplan.costmodels.estimate import estimate
-    from paraplan.planner.search import score_batch
-    from paraplan.planner.space import SpaceOptions, axis_choices, compose
     model, job, cluster = point.model, point.job, point.cluster
     fixed = {k: v for k, v in dict(point.fixed).items() if k not in ("tp", "pp", "dp")}
     options = SpaceOptions(fixed=fixed, allow_offload=point.allow_offload)

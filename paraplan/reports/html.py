@@ -13,9 +13,15 @@ import json
 import yaml
 
 from paraplan.costmodels.estimate import MEMORY_TERMS, TIME_TERMS
-from paraplan.reports.data import format_value, si
+from paraplan.reports.data import describe_point, format_value, si
 from paraplan.reports.sweep import GIB, LABELS
 from paraplan.reports.text import MEMORY_LABELS, TIME_LABELS
+
+FIGURE_ORDER = ("scaling", "throughput", "breakdown", "memory", "heatmap", "pareto", "cost", "efficiency")
+FIGURE_TITLES = {"scaling": "Scaling curve", "throughput": "Throughput across the sweep",
+                 "breakdown": "Step-time breakdown", "memory": "Memory per GPU",
+                 "heatmap": "tp × pp heat-map (base scenario)", "pareto": "Pareto front: time, cost, memory",
+                 "cost": "Cost to train", "efficiency": "Efficiency curves used"}
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:2em auto;max-width:1100px;color:#222;
@@ -139,7 +145,6 @@ def _assumptions(r) -> str:
 
 def render_html(r, images: dict[str, bytes]) -> str:
     """The report page; ``images`` maps figure name to PNG bytes."""
-    from paraplan.reports.report import FIGURE_ORDER, FIGURE_TITLES
     sc = r.scenario
     df = r.table
     figs = "".join(_img(n, images[n], FIGURE_TITLES[n]) for n in FIGURE_ORDER if n in images and n != "efficiency")
@@ -149,7 +154,6 @@ def render_html(r, images: dict[str, bytes]) -> str:
     sweeps = "; ".join(f"{_e(s.label)}: {_e(', '.join(s.items))}" for s in sc.sweeps)
     heat = ""
     if r.heatmap_point is not None:
-        from paraplan.reports.data import describe_point
         heat = f"<p>Heat-map scenario: {_e(describe_point(r.heatmap_point))}.</p>"
     eff = _img("efficiency", images["efficiency"], FIGURE_TITLES["efficiency"]) if "efficiency" in images else ""
     return f"""<!DOCTYPE html>

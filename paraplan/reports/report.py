@@ -25,17 +25,14 @@ from typing import Any, Mapping
 import pandas as pd
 import yaml
 
+from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.errors import ConfigError
 from paraplan.reports import data as D
 from paraplan.reports import figures as F
-from paraplan.reports.sweep import (LABELS, Point, PointResult, Scenario, base_point, parse_sweep, resolve_points,
-                                    run_points, scenario_from_mapping)
+from paraplan.reports.html import FIGURE_ORDER, FIGURE_TITLES, render_html
+from paraplan.reports.sweep import (LABELS, Point, PointResult, Scenario, base_point, load_scenario,
+                                    parse_sweep, resolve_points, run_points, scenario_from_mapping)
 
-FIGURE_ORDER = ("scaling", "throughput", "breakdown", "memory", "heatmap", "pareto", "cost", "efficiency")
-FIGURE_TITLES = {"scaling": "Scaling curve", "throughput": "Throughput across the sweep",
-                 "breakdown": "Step-time breakdown", "memory": "Memory per GPU",
-                 "heatmap": "tp × pp heat-map (base scenario)", "pareto": "Pareto front: time, cost, memory",
-                 "cost": "Cost to train", "efficiency": "Efficiency curves used"}
 
 
 @dataclass
@@ -61,7 +58,6 @@ def _scenario_from_kwargs(model, cluster, scenario, sweep, **kw) -> Scenario:
             return scenario
         if isinstance(scenario, Mapping):
             return scenario_from_mapping(scenario)
-        from paraplan.reports.sweep import load_scenario
         return load_scenario(scenario)
     if model is None or cluster is None:
         raise ConfigError("model/cluster", "both are required (or a scenario)")
@@ -182,7 +178,6 @@ def build_figures(r: WhatIfResult) -> None:
         r.figures["cost"] = F.cost_figure(
             d, _title(sc, r.points, f"Cost to train {D.tokens(sc.train_tokens)} tokens"), price=sc.price_per_gpu_hour)
 
-    from paraplan.costmodels.efficiency import analytical_curves
     acc = r.points[0].point.cluster.accelerator
     r.figures["efficiency"] = F.efficiency_figure(analytical_curves(acc), f"Efficiency curves — {acc.name} (analytical)")
 
@@ -197,7 +192,6 @@ def write_report(r: WhatIfResult, out_dir) -> Path:
     """Write ``figures/*.png|svg``, ``data/*.csv``, ``points.csv``, ``scenario.yaml`` and ``report.html``
     into a temporary sibling folder, then rename it into place; an existing folder is replaced only
     once the new one is complete, and a failure leaves nothing behind."""
-    from paraplan.reports.html import render_html
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ConfigError("--out", f"{out} exists and is not a folder")

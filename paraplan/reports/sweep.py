@@ -19,7 +19,17 @@ from itertools import product
 from pathlib import Path
 from typing import Any, Mapping
 
+from paraplan.cli.plan import parse_fix
+from paraplan.costmodels.efficiency import analytical_curves
+from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError
+from paraplan.io import read_yaml
+from paraplan.plan import Plan
+from paraplan.planner.search import explain_infeasible, search
+from paraplan.planner.space import SpaceOptions
+from paraplan.scenario import load_cluster
+from paraplan.workloads.presets import load_model
+from paraplan.workloads.transformer import TrainingJob
 
 VARIABLES = ("gpus", "seq_len", "global_batch", "cluster", "inter_node_bandwidth", "intra_node_bandwidth", "hbm",
              "offload")
@@ -206,11 +216,9 @@ def scenario_from_mapping(data: Mapping[str, Any], source: str = "scenario") -> 
         ints[key] = v
     fix = data.get("fix") or {}
     if isinstance(fix, (list, tuple)):
-        from paraplan.cli.plan import parse_fix
         fix = parse_fix(fix)
     plan = data.get("plan")
     if plan is not None:
-        from paraplan.plan import Plan
         if not isinstance(plan, Mapping):
             raise ConfigError("plan", "expected a mapping of plan fields (tp, pp, zero, ...)", source=source)
         Plan.from_dict(plan, source=source)
@@ -234,7 +242,6 @@ def _opt_float(data, key, source):
 
 
 def load_scenario(path) -> Scenario:
-    from paraplan.io import read_yaml
     return scenario_from_mapping(read_yaml(Path(path), "--scenario"), source=str(path))
 
 
@@ -268,7 +275,6 @@ class PointResult:
 
 def base_values(scenario: Scenario) -> dict:
     """Base value of every variable (before multipliers): flags, else defaults."""
-    from paraplan.scenario import load_cluster
     cluster = load_cluster(scenario.cluster, scenario.gpus)
     return {"gpus": cluster.num_gpus, "seq_len": scenario.seq_len or 2048, "global_batch": scenario.global_batch,
             "cluster": scenario.cluster,
@@ -280,7 +286,6 @@ def base_values(scenario: Scenario) -> dict:
 
 def resolve_points(scenario: Scenario) -> list[Point]:
     """Every point of the sweep grid (first sweep outer), built and checked before anything runs."""
-    from paraplan.workloads.presets import load_model
     model = load_model(scenario.model)
     base = base_values(scenario)
     axes = []
@@ -301,8 +306,6 @@ def resolve_points(scenario: Scenario) -> list[Point]:
 
 
 def _point(index, scenario, model, base, values) -> Point:
-    from paraplan.scenario import load_cluster
-    from paraplan.workloads.transformer import TrainingJob
     v = {**base, **values}
     spec = v["cluster"]
     gpus = v["gpus"] if ("gpus" in values or spec == scenario.cluster) else (scenario.gpus or None)
@@ -330,7 +333,6 @@ def _point(index, scenario, model, base, values) -> Point:
     gbs = v["global_batch"]
     if gbs is None:
         if scenario.plan is not None:
-            from paraplan.plan import Plan
             p = Plan.from_dict(_plan_fields(scenario.plan))
             gbs = max(1, cluster.num_gpus // p.model_parallel) * p.micro_batch
         else:
@@ -349,11 +351,6 @@ def _plan_fields(plan: Mapping) -> dict:
 
 def evaluate_point(point: Point, scenario: Scenario, curves_cache: dict | None = None) -> PointResult:
     """Best plan (search) or the fixed plan re-estimated, for one point."""
-    from paraplan.costmodels.efficiency import analytical_curves
-    from paraplan.costmodels.estimate import estimate
-    from paraplan.plan import Plan
-    from paraplan.planner.search import explain_infeasible, search
-    from paraplan.planner.space import SpaceOptions
     t0 = time.perf_counter()
     curves = analytical_curves(point.cluster.accelerator)
     if scenario.plan is not None:
@@ -411,7 +408,6 @@ def run_points(points, scenario: Scenario, progress: bool = False) -> list[Point
 def base_point(scenario: Scenario) -> Point:
     """The base scenario as a point: the flags' values; a swept variable the flags leave out
     (``--gpus``, ``--seq-len``, ``--global-batch``) takes its first swept value."""
-    from paraplan.workloads.presets import load_model
     base = base_values(scenario)
     flags = {"gpus": scenario.gpus, "seq_len": scenario.seq_len, "global_batch": scenario.global_batch}
     values = {}

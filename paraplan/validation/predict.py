@@ -32,7 +32,12 @@ from __future__ import annotations
 
 import sys
 
+from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError
+from paraplan.plan import Plan
+from paraplan.profiles.store import ProfileStore, machine_fingerprint
+from paraplan.scenario import load_cluster
+from paraplan.workloads.transformer import TrainingJob, TransformerModel
 
 TERM_MAP = {"compute": ("compute", "recompute", "grad_accumulation"), "tp_comm": ("tp_comm", "cp_comm"),
             "pp_comm": ("pp_comm", "pp_bubble"), "dp_comm": ("dp_comm",),
@@ -50,7 +55,6 @@ NOTES = ("estimate on this machine's measured profile (paraplan profile, Profile
 
 
 def estimator_model(cfg):
-    from paraplan.workloads.transformer import TransformerModel
     return TransformerModel(name="validation-gpt", layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads,
                             vocab=cfg.vocab_size, ffn_hidden=cfg.ffn, activation="gelu",
                             tied_embeddings=False, norm="layernorm", bias=True,
@@ -58,7 +62,6 @@ def estimator_model(cfg):
 
 
 def estimator_plan(cfg, run, cpu: bool = False):
-    from paraplan.plan import Plan
     return Plan(tp=run.tp, pp=run.pp, dp=run.dp, sp=run.sequence_parallel, vpp=run.virtual_stages,
                 micro_batch=run.micro_batch,
                 schedule="interleaved" if run.virtual_stages > 1 else "1f1b",
@@ -69,7 +72,6 @@ def estimator_plan(cfg, run, cpu: bool = False):
 
 def ensure_profile(db: str | None, world_size: int, allow_profiling: bool = True) -> None:
     """Profile this machine (quick mode) when ``db`` holds no profile of it."""
-    from paraplan.profiles.store import ProfileStore, machine_fingerprint
     store = ProfileStore(db)
     fp = machine_fingerprint()
     if store.latest_run(fp["id"]) is not None:
@@ -99,9 +101,6 @@ def to_predicted(e) -> dict:
 
 def predict_run(cfg, run, db: str | None = None, allow_profiling: bool = True):
     """(predicted dict, Estimate) for a harness model and run plan on this machine's profile."""
-    from paraplan.costmodels.estimate import estimate
-    from paraplan.scenario import load_cluster
-    from paraplan.workloads.transformer import TrainingJob
     ensure_profile(db, run.world_size, allow_profiling)
     cluster = load_cluster("local", run.world_size, db=db)
     curves = getattr(cluster.accelerator, "measured_curves", None)

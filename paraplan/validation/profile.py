@@ -59,6 +59,9 @@ import torch
 
 from paraplan.errors import ConfigError
 from paraplan.profiles.store import ProfileStore, machine_fingerprint
+from paraplan.validation.apply_zero import make_adamw
+from paraplan.validation.launch import LaunchOptions, run_torchrun, worker_env
+from paraplan.validation.model import Block, GPTConfig, ParallelContext
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 BUS_FACTOR = {"all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
@@ -336,7 +339,6 @@ def _checkpoint_cases(ops: int, device) -> dict:
     gave 0.28 and 0.51 ms; in a real step the core region cost ~0.6 ms."""
     from torch.utils.checkpoint import checkpoint
 
-    from paraplan.validation.model import Block, GPTConfig, ParallelContext
     if ops not in CHECKPOINT_REGION_OPS:
         raise ValueError(f"no checkpoint region of {ops} kernels; have {CHECKPOINT_REGION_OPS}")
     c = CONTENTION_BLOCK
@@ -361,7 +363,6 @@ CONTENTION_BLOCK = {"hidden": 128, "heads": 4, "seq": 64, "batch": 1}
 
 
 def _block_case(device):
-    from paraplan.validation.model import Block, GPTConfig, ParallelContext
     c = CONTENTION_BLOCK
     cfg = GPTConfig(vocab_size=256, seq_len=c["seq"], hidden=c["hidden"], heads=c["heads"], layers=1)
     block = Block(cfg, 0, ParallelContext()).to(device)
@@ -381,7 +382,6 @@ def _adamw_case(tensors: int, numel: int, device):
     elements): 2.9 ms back to back, 4.3 ms so prepared, 4.3-4.7 ms after a real forward+backward."""
     import torch.nn as nn
 
-    from paraplan.validation.apply_zero import make_adamw
     params = [nn.Parameter(torch.randn(numel, device=device)) for _ in range(tensors)]
     flush = torch.empty(COLD_BYTES // 4, device=device)
 
@@ -443,7 +443,6 @@ def device_rows(device="cpu") -> list[dict]:
 
 def per_rank_threads() -> int:
     """Intra-op threads of one validation rank: the launcher's OMP_NUM_THREADS (default 1)."""
-    from paraplan.validation.launch import worker_env
     try:
         return max(1, int(worker_env().get("OMP_NUM_THREADS", "1")))
     except ValueError:
@@ -617,7 +616,6 @@ def collective_worker(sizes: list[int], out_path: str, min_time_s: float,
 
 def collective_rows(opts: ProfileOptions) -> list[dict]:
     """Launch one torchrun per world size and collect the collective rows."""
-    from paraplan.validation.launch import LaunchOptions, run_torchrun
     rows = []
     with tempfile.TemporaryDirectory(prefix="paraplan-profile-") as d:
         for world in opts.world_sizes:
@@ -668,7 +666,6 @@ def device_benchmark_rows(opts: ProfileOptions) -> list[dict]:
     import subprocess
     from dataclasses import asdict
 
-    from paraplan.validation.launch import worker_env
     with tempfile.TemporaryDirectory(prefix="paraplan-profile-") as d:
         out = os.path.join(d, "device.json")
         cmd = [sys.executable, "-m", "paraplan.validation.profile", "--device-worker", "--out", out,
