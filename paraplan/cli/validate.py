@@ -9,8 +9,14 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import asdict, replace
 
+from paraplan.cli.common import run_command
 from paraplan.errors import ConfigError
+from paraplan.profiles.store import ProfileStore, machine_fingerprint
+from paraplan.validation.compare import build_report, comparison_rows, format_table
+from paraplan.validation.launch import LaunchOptions, launch_worker
+from paraplan.validation.predict import predict_run
 
 
 def add_validate_parser(subparsers) -> argparse.ArgumentParser:
@@ -73,8 +79,8 @@ def add_profile_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _plan_and_launch(args):
-    from paraplan.validation.launch import LaunchOptions
-    from paraplan.validation.worker import RunPlan
+    """The RunPlan and the torchrun options the flags describe."""
+    from paraplan.validation.worker import RunPlan   # torch: only when a run is launched
     nnodes = args.nnodes
     if args.nproc_per_node is None and args.dp is None:
         dp = 1
@@ -102,14 +108,8 @@ def _plan_and_launch(args):
 
 def run_validate(args) -> int:
     """Launch the plan, check it against a single-process run, write the report. 0 = match."""
-    from dataclasses import asdict
-
-    from paraplan.validation.compare import build_report, format_table, comparison_rows
-    from paraplan.validation.launch import launch_worker
-    from paraplan.validation.model import GPTConfig
-    from paraplan.validation.reference import (compare_to_reference, load_parallel_grads,
-                                               reference_run)
-    from paraplan.profiles.store import machine_fingerprint
+    from paraplan.validation.model import GPTConfig   # torch: only when a run is launched
+    from paraplan.validation.reference import compare_to_reference, load_parallel_grads, reference_run
     cfg = GPTConfig(vocab_size=args.vocab, seq_len=args.seq_len, hidden=args.hidden,
                     heads=args.heads, layers=args.layers, seed=args.seed,
                     attention=args.attention)
@@ -122,7 +122,6 @@ def run_validate(args) -> int:
         except (OSError, json.JSONDecodeError) as e:
             raise ConfigError("predicted", f"cannot read {args.predicted}: {e}") from e
     else:
-        from paraplan.validation.predict import predict_run
         predicted, est = predict_run(cfg, plan, args.db, allow_profiling=not args.no_profile)
         estimate_dict = est.to_dict()
     check_ref = not args.no_reference and opts.nnodes == 1
@@ -148,11 +147,7 @@ def run_validate(args) -> int:
 
 def run_profile(args) -> int:
     """Run the micro-benchmarks and store them; prints a short summary."""
-    from dataclasses import replace
-
-    from paraplan.validation.profile import ProfileOptions
-    from paraplan.validation.profile import run_profile as _run
-    from paraplan.profiles.store import ProfileStore
+    from paraplan.validation.profile import ProfileOptions, run_profile as _run   # torch
     opts = ProfileOptions.quick() if args.quick else ProfileOptions.full()
     if args.world_sizes:
         bad = [w for w in args.world_sizes if w < 2]
@@ -180,7 +175,6 @@ def main(argv=None) -> int:
     add_validate_parser(sub)
     add_profile_parser(sub)
     args = ap.parse_args(argv)
-    from paraplan.cli.common import run_command
     return run_command(args.func, args)
 
 

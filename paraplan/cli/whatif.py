@@ -1,8 +1,13 @@
 """``paraplan whatif``: sweep one or two scenario variables, write figures, CSV and an HTML report."""
 from __future__ import annotations
 
+import argparse
+import dataclasses
 
+from paraplan.cli.common import add_plan_args, add_scenario_args, plan_flags_given, plan_from_args
+from paraplan.cli.plan import parse_fix
 from paraplan.errors import ConfigError
+from paraplan.reports.sweep import Scenario, load_scenario, parse_sweep
 
 EPILOG = """sweep variables: gpus, seq_len, global_batch, cluster, inter_node_bandwidth (GB/s per GPU),
 intra_node_bandwidth (GB/s per GPU), hbm (GiB), offload (none, cpu, nvme, auto).
@@ -13,6 +18,7 @@ multipliers x0.5,x1,x2 (of the base value). Example:
 
 
 def _float(name: str):
+    """An argparse type for a positive number (a ConfigError names the flag)."""
     def parse(text: str) -> float:
         try:
             v = float(text)
@@ -25,16 +31,13 @@ def _float(name: str):
 
 
 def scenario_from_cli(args):
-    """Scenario from --scenario FILE (flags given on the command line override its keys) or flags."""
-    from paraplan.cli.common import PLAN_FLAGS
-    from paraplan.cli.plan import parse_fix
-    from paraplan.reports.sweep import load_scenario, parse_sweep
-    import dataclasses
-    plan_given = bool(getattr(args, "plan", None)) or any(
-        getattr(args, k, None) is not None for k in PLAN_FLAGS)
+    """Scenario from --scenario FILE (flags given on the command line override its keys) or flags.
+
+    Plan flags fix a whole plan, re-estimated at every point; ``--no-grad-accumulation-fusion`` alone
+    keeps the search and restricts it to unfused plans (the flag's meaning on ``plan`` too).
+    """
     plan = None
-    if plan_given:
-        from paraplan.cli.common import plan_from_args
+    if plan_flags_given(args, search_constraints=False):
         plan = {k: v for k, v in plan_from_args(args).to_dict().items() if k != "dp"}
     overrides = {k: v for k, v in {
         "model": args.model, "cluster": args.cluster, "gpus": args.gpus, "seq_len": args.seq_len,
@@ -48,13 +51,14 @@ def scenario_from_cli(args):
         overrides["plan"] = plan
     if args.no_offload:
         overrides["allow_offload"] = False
+    if args.grad_accumulation_fusion is False:
+        overrides["grad_accumulation_fusion"] = False
     if args.no_heatmap:
         overrides["heatmap"] = False
     if args.max_memory_fraction is not None:
         overrides["max_memory_fraction"] = args.max_memory_fraction
     if args.scenario:
         return dataclasses.replace(load_scenario(args.scenario), **overrides)
-    from paraplan.reports.sweep import Scenario
     for key in ("model", "cluster"):
         if key not in overrides:
             raise ConfigError(f"--{key}", "required (or --scenario FILE.yaml)")
@@ -64,7 +68,8 @@ def scenario_from_cli(args):
 
 
 def cmd_whatif(args) -> int:
-    from paraplan.reports.report import whatif
+    """Evaluate the sweep, write the report folder, print the points; 3 if no point fits."""
+    from paraplan.reports.report import whatif   # matplotlib: only when a report is written
     scenario = scenario_from_cli(args)
     r = whatif(scenario=scenario, progress=not args.quiet)
     out = r.write(args.out)
@@ -84,9 +89,7 @@ def cmd_whatif(args) -> int:
 
 
 def register(sub) -> None:
-    import argparse
-
-    from paraplan.cli.common import add_plan_args, add_scenario_args
+    """Add ``whatif`` to the subparsers."""
     ap = sub.add_parser("whatif", help="sweep scenario variables: figures, CSV and an HTML report",
                         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_scenario_args(ap, require=False)
