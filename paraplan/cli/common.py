@@ -17,7 +17,7 @@ from paraplan.scenario import load_cluster
 from paraplan.workloads.presets import load_model
 
 
-def _positive_int(name: str):
+def positive_int(name: str):
     """An argparse type that accepts integers >= 1 and names the flag in its error."""
     def parse(text: str) -> int:
         try:
@@ -37,9 +37,9 @@ def add_scenario_args(ap: argparse.ArgumentParser, *, require: bool = True) -> N
                     "'local' (this machine's measured profile) or 'profile:NAME' (fingerprint id or hostname)")
     ap.add_argument("--db", default=None, help="profile database for --cluster local/profile:NAME "
                     "(default $PARAPLAN_PROFILE_DB or ~/.cache/paraplan/profiles.sqlite)")
-    ap.add_argument("--gpus", type=_positive_int("--gpus"), help="GPU count (default: one node, or the file's)")
-    ap.add_argument("--seq-len", type=_positive_int("--seq-len"), default=None, help="tokens per sequence (default 2048)")
-    ap.add_argument("--global-batch", type=_positive_int("--global-batch"), default=None,
+    ap.add_argument("--gpus", type=positive_int("--gpus"), help="GPU count (default: one node, or the file's)")
+    ap.add_argument("--seq-len", type=positive_int("--seq-len"), default=None, help="tokens per sequence (default 2048)")
+    ap.add_argument("--global-batch", type=positive_int("--global-batch"), default=None,
                     help="sequences per optimizer step (default: 1 per data-parallel rank x micro-batch)")
     ap.add_argument("--moe-imbalance", type=float, default=1.0,
                     help="busiest expert's tokens over the balanced share (1.0 = balanced)")
@@ -94,7 +94,7 @@ def plan_flag_kwargs(f: Field) -> tuple[str, dict]:
         choices = PLAN_FLAG_CHOICES[f.name]
         return flag, {**kw, "choices": choices, **({} if isinstance(choices[0], str) else {"type": int})}
     if isinstance(default, int):
-        return flag, {**kw, "type": _positive_int(flag)}
+        return flag, {**kw, "type": positive_int(flag)}
     raise TypeError(f"Plan.{f.name}: no rule for a flag of type {f.type}")
 
 
@@ -107,6 +107,16 @@ def add_plan_args(ap: argparse.ArgumentParser) -> None:
         g.add_argument(flag, **kw)
     g.add_argument("--sp-mode", choices=("megatron", *CP_MODES),
                    help="sequence parallelism: megatron (with tp), or ulysses / ring over --cp ranks")
+
+
+def add_search_args(ap: argparse.ArgumentParser, *, max_memory_fraction: float | None) -> None:
+    """The search options ``plan`` and ``whatif`` share: --fix, --no-offload, --max-memory-fraction."""
+    ap.add_argument("--fix", action="append", metavar="AXIS=VALUE", help="pin an axis of the search "
+                    "(at every point, for whatif): tp, pp, dp, cp, vpp, micro_batch, schedule, sp, zero, "
+                    "recompute, offload")
+    ap.add_argument("--no-offload", action="store_true", help="do not consider CPU/NVMe offload")
+    ap.add_argument("--max-memory-fraction", type=float, default=max_memory_fraction,
+                    help="use at most this share of each GPU's memory (default 1.0)")
 
 
 def add_plan_flag(ap, name: str) -> None:

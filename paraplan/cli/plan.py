@@ -7,7 +7,8 @@ import sys
 
 import pandas as pd
 
-from paraplan.cli.common import add_plan_flag, add_scenario_args, scenario_from_args, topology_from_args
+from paraplan.cli.common import (add_plan_flag, add_scenario_args, add_search_args, scenario_from_args,
+                                 topology_from_args)
 from paraplan.errors import ConfigError
 from paraplan.planfile import write_plan_file
 from paraplan.planner.search import explain_infeasible, search, suggest_feasible, why_best_beats_runner_up
@@ -125,11 +126,7 @@ def register(sub) -> None:
     ap = sub.add_parser("plan", help="search the layout space for the fastest plans that fit")
     add_scenario_args(ap)
     ap.add_argument("--top", type=int, default=10)
-    ap.add_argument("--max-memory-fraction", type=float, default=1.0,
-                    help="use at most this share of each GPU's memory (default 1.0)")
-    ap.add_argument("--fix", action="append", metavar="AXIS=VALUE",
-                    help="pin an axis: tp, pp, dp, cp, vpp, micro_batch, schedule, sp, zero, recompute, offload")
-    ap.add_argument("--no-offload", action="store_true", help="do not consider CPU/NVMe offload")
+    add_search_args(ap, max_memory_fraction=1.0)
     ap.add_argument("--allow-delayed-update", action="store_true",
                     help="consider ZeRO-Offload's one-step delayed parameter update (weights one step stale)")
     add_plan_flag(ap, "grad_accumulation_fusion")

@@ -11,8 +11,9 @@ import os
 import sys
 from dataclasses import asdict, replace
 
-from paraplan.cli.common import run_command
+from paraplan.cli.common import positive_int, run_command
 from paraplan.errors import ConfigError
+from paraplan.plan import RECOMPUTE
 from paraplan.profiles.store import ProfileStore, machine_fingerprint
 from paraplan.validation.compare import build_report, comparison_rows, format_table
 from paraplan.validation.launch import LaunchOptions, launch_worker
@@ -31,13 +32,14 @@ def add_validate_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--rdzv-endpoint", default=None, help="host:port (multi-node)")
     g.add_argument("--timeout", type=float, default=900.0, help="seconds before giving up")
     g = p.add_argument_group("plan")
-    g.add_argument("--tp", type=int, default=1)
-    g.add_argument("--pp", type=int, default=1)
-    g.add_argument("--dp", type=int, default=None, help="default: world / (tp*pp)")
-    g.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3])
-    g.add_argument("--micro-batch", type=int, default=1)
-    g.add_argument("--global-batch", type=int, default=0, help="default: micro*dp*pp")
-    g.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
+    g.add_argument("--tp", type=positive_int("--tp"), default=1)
+    g.add_argument("--pp", type=positive_int("--pp"), default=1)
+    g.add_argument("--dp", type=positive_int("--dp"), default=None, help="default: world / (tp*pp)")
+    g.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
+    g.add_argument("--micro-batch", type=positive_int("--micro-batch"), default=1)
+    g.add_argument("--global-batch", type=positive_int("--global-batch"), default=0,
+                   help="default: micro*dp*pp")
+    g.add_argument("--recompute", default="none", choices=RECOMPUTE)
     g.add_argument("--sequence-parallel", action="store_true")
     g.add_argument("--virtual-stages", type=int, default=1, help="interleaved 1F1B chunks")
     g.add_argument("--steps", type=int, default=3, help="timed steps")
@@ -46,7 +48,7 @@ def add_validate_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--layers", type=int, default=4)
     g.add_argument("--hidden", type=int, default=64)
     g.add_argument("--heads", type=int, default=4)
-    g.add_argument("--seq-len", type=int, default=32)
+    g.add_argument("--seq-len", type=positive_int("--seq-len"), default=32)
     g.add_argument("--vocab", type=int, default=256)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--attention", default="math", choices=["math", "sdpa"],

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from paraplan.cli.common import add_plan_args, add_scenario_args, plan_flags_given, plan_from_args
+from paraplan.cli.common import add_plan_args, add_scenario_args, add_search_args, plan_flags_given, plan_from_args
 from paraplan.cli.plan import parse_fix
 from paraplan.errors import ConfigError
 from paraplan.reports.sweep import Scenario, load_scenario, parse_sweep
@@ -95,10 +95,7 @@ def register(sub) -> None:
     add_scenario_args(ap, require=False)
     ap.add_argument("--scenario", help="a YAML file with the scenario and sweeps (flags override its keys)")
     ap.add_argument("--sweep", action="append", metavar="VAR=VALUES", help="a swept variable (once or twice)")
-    ap.add_argument("--fix", action="append", metavar="AXIS=VALUE",
-                    help="pin an axis of the search at every point (as in paraplan plan)")
-    ap.add_argument("--no-offload", action="store_true", help="do not consider CPU/NVMe offload")
-    ap.add_argument("--max-memory-fraction", type=float, default=None)
+    add_search_args(ap, max_memory_fraction=None)   # None: the --scenario file's, else 1.0
     ap.add_argument("--price-per-gpu-hour", type=_float("--price-per-gpu-hour"), help="US$ per GPU-hour")
     ap.add_argument("--train-tokens", type=_float("--train-tokens"), help="tokens to train, e.g. 300e9")
     ap.add_argument("--no-heatmap", action="store_true", help="skip the tp x pp heat-map")
