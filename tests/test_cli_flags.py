@@ -138,6 +138,15 @@ def test_whatif_other_plan_flags_still_fix_the_plan(tmp_path):
     assert scenario.plan["tp"] == 2 and scenario.plan["grad_accumulation_fusion"] is False
 
 
+def test_whatif_flag_unfuses_a_plan_from_the_scenario_file(tmp_path):
+    (tmp_path / "s.yaml").write_text("model: gpt-1.7b\ncluster: dgx-a100-80g\nsweep: {gpus: '8,16'}\n"
+                                     "plan: {tp: 2}\n")
+    args = build_parser().parse_args(["whatif", "--scenario", str(tmp_path / "s.yaml"),
+                                      "--no-grad-accumulation-fusion", "--out", str(tmp_path / "r")])
+    scenario = scenario_from_cli(args)
+    assert scenario.plan == {"tp": 2, "grad_accumulation_fusion": False}
+
+
 NO_HEAVY_IMPORTS = """
 import sys
 import paraplan.cli

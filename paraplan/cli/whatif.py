@@ -58,13 +58,20 @@ def scenario_from_cli(args):
     if args.max_memory_fraction is not None:
         overrides["max_memory_fraction"] = args.max_memory_fraction
     if args.scenario:
-        return dataclasses.replace(load_scenario(args.scenario), **overrides)
+        return _unfused_plan(dataclasses.replace(load_scenario(args.scenario), **overrides))
     for key in ("model", "cluster"):
         if key not in overrides:
             raise ConfigError(f"--{key}", "required (or --scenario FILE.yaml)")
     if "sweeps" not in overrides:
         raise ConfigError("--sweep", "give one or two --sweep VAR=VALUES (or --scenario FILE.yaml)")
     return Scenario(**overrides)
+
+
+def _unfused_plan(scenario: Scenario) -> Scenario:
+    """With --no-grad-accumulation-fusion and a whole plan from the scenario file, that plan is unfused too."""
+    if scenario.grad_accumulation_fusion or scenario.plan is None:
+        return scenario
+    return dataclasses.replace(scenario, plan={**scenario.plan, "grad_accumulation_fusion": False})
 
 
 def cmd_whatif(args) -> int:
