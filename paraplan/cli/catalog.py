@@ -1,10 +1,12 @@
 """``paraplan list``: the built-in hardware and model presets."""
 from __future__ import annotations
 
+from paraplan.hardware.catalog import load_part, preset_names
+from paraplan.workloads.presets import load_model, model_names
+
 
 def cmd_list(args) -> int:
-    from paraplan.hardware.catalog import load_part, preset_names
-    from paraplan.workloads.presets import load_model, model_names
+    """Print the presets of one kind (or all hardware)."""
     what = args.what
     if what in ("hardware", "accelerators"):
         print("accelerators")
@@ -41,6 +43,7 @@ def cmd_list(args) -> int:
 
 
 def register(sub) -> None:
+    """Add ``list`` to the subparsers."""
     ls = sub.add_parser("list", help="show presets")
     ls.add_argument("what", choices=("hardware", "models", "accelerators", "systems", "cpus", "nvme"))
     ls.set_defaults(func=cmd_list)

@@ -13,8 +13,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
-from paraplan.errors import ParaplanError
+from paraplan.cf import profile as cf_profile
+from paraplan.cf.cost import ProfiledRates
+from paraplan.cf.data import load_lightgcn, read_lightgcn
+from paraplan.cf.model import CFModel
+from paraplan.cf.plan import heat_tile_rows, plan_tiles
+from paraplan.cf.validate import ValidateOptions, run_validate, write_report
+from paraplan.cli.common import run_command
+from paraplan.errors import ConfigError, ParaplanError
+from paraplan.hardware.catalog import load_part
 
 
 def _common_model(p: argparse.ArgumentParser, *, dim=64, negatives=None, batch=512) -> None:
@@ -76,10 +85,8 @@ def add_cf_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _model_from(args):
-    from paraplan.errors import ConfigError
-    from paraplan.cf.model import CFModel
+    """The CF model from --dataset or --users/--items/--interactions and the model flags."""
     if args.dataset:
-        from paraplan.cf.data import read_lightgcn
         lists = read_lightgcn(args.dataset)
         users = max(lists) + 1
         items = max((int(v.max()) for v in lists.values() if len(v)), default=0) + 1
@@ -99,19 +106,14 @@ def _model_from(args):
 
 
 def _cpu(name: str):
+    """This machine's CPU for 'local', else a catalogue CPU."""
     if name == "local":
-        from paraplan.cf.profile import local_cpu
-        return local_cpu()
-    from paraplan.hardware.catalog import load_part
+        return cf_profile.local_cpu()
     return load_part("cpus", name)
 
 
 def _run_plan(args) -> int:
-    from dataclasses import replace
-
-    from paraplan.cf.cost import ProfiledRates
-    from paraplan.errors import ConfigError
-    from paraplan.cf.plan import plan_tiles
+    """``cf plan``: rank tilings for the CPU and print them (table or JSON)."""
     model = _model_from(args)
     cpu = _cpu(args.cpu)
     threads = args.threads
@@ -119,7 +121,6 @@ def _run_plan(args) -> int:
         raise ConfigError("threads", f"must be a positive integer, got {threads}")
     rates_for = None
     if args.profile:
-        from paraplan.cf import profile as cf_profile
         prof = cf_profile.load(args.profile)
         rates_for = lambda m: ProfiledRates(prof, m.row_bytes)  # noqa: E731
         threads = prof.threads
@@ -147,7 +148,6 @@ def _run_plan(args) -> int:
               f"{c.sampling_space:>12.0f} {c.footprint_bytes / 1024:>9.1f} {c.tile_level:>5} {c.regime}")
     print(f"baseline (untiled) predicted epoch: {plan.baseline_epoch_s:.3f} s; rejected: {plan.rejected}")
     try:
-        from paraplan.cf.plan import heat_tile_rows
         print(f"HEAT Algorithm 1 capacity rule (T·N1 rows of 4d bytes in the aggregate L2; for HEAT's C++ "
               f"kernel): N1 = {heat_tile_rows(cpu, threads, model.dim)}")
     except ParaplanError:
@@ -156,7 +156,7 @@ def _run_plan(args) -> int:
 
 
 def _run_profile(args) -> int:
-    from paraplan.cf import profile as cf_profile
+    """``cf profile``: measure this CPU and write the profile JSON."""
     prof = cf_profile.measure(threads=args.threads, dim=args.dim, max_ws_bytes=args.max_ws_mib * 2**20)
     path = cf_profile.save(prof, args.out)
     for w, t in zip(prof.ws_bytes, prof.row_time_s):
@@ -167,10 +167,9 @@ def _run_profile(args) -> int:
 
 
 def _run_validate(args) -> int:
-    from paraplan.cf.validate import ValidateOptions, run_validate, write_report
+    """``cf validate``: run the chosen tiling and a sweep, print measured vs predicted."""
     data = None
     if args.dataset:
-        from paraplan.cf.data import load_lightgcn
         data = load_lightgcn(args.dataset, args.test_dataset, seed=args.seed)
     opts = ValidateOptions(users=args.users, items=args.items, interactions=args.interactions, dim=args.dim,
                            negatives=args.negatives, batch=args.batch, threads=args.threads,
@@ -199,15 +198,14 @@ def run_cf(args) -> int:
 
 
 def main(argv=None) -> int:
+    """Stand-alone ``cf`` CLI (used by tests); ParaplanError -> one line, exit code 2."""
     parser = argparse.ArgumentParser(prog="paraplan")
     add_cf_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(argv)
     if args.command != "cf":
         parser.print_usage(sys.stderr)
         return 2
-    from paraplan.cli.common import run_command
     return run_command(run_cf, args)
-
 
 
 def register(subparsers) -> None:

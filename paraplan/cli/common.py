@@ -1,14 +1,24 @@
 """Flags and helpers every command shares: scenario and plan flags, turning them into objects, and
-running a command so that a user's error prints one line and exits 2."""
+running a command so that a user's error prints one line and exits 2.
+
+The plan flags are generated from the fields of :class:`paraplan.plan.Plan`, so a field and its
+flag cannot drift apart, and each flag means the same on every command that has it.
+"""
 from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import MISSING, Field, fields
 
 from paraplan.errors import ConfigError, ParaplanError
+from paraplan.plan import CP_MODES, DTYPES, OFFLOAD, OPTIMIZERS, RECOMPUTE, SCHEDULES, Plan
+from paraplan.planfile import read_plan_file
+from paraplan.scenario import load_cluster
+from paraplan.workloads.presets import load_model
 
 
-def _positive_int(name: str):
+def positive_int(name: str):
+    """An argparse type that accepts integers >= 1 and names the flag in its error."""
     def parse(text: str) -> int:
         try:
             v = int(text)
@@ -21,14 +31,15 @@ def _positive_int(name: str):
 
 
 def add_scenario_args(ap: argparse.ArgumentParser, *, require: bool = True) -> None:
+    """--model, --cluster and what else pins the model, the job and the cluster."""
     ap.add_argument("--model", required=require, help="preset name, model YAML/JSON file, or a Hugging Face config.json")
     ap.add_argument("--cluster", required=require, help="system preset (e.g. dgx-a100-80g), a cluster YAML file, "
                     "'local' (this machine's measured profile) or 'profile:NAME' (fingerprint id or hostname)")
     ap.add_argument("--db", default=None, help="profile database for --cluster local/profile:NAME "
                     "(default $PARAPLAN_PROFILE_DB or ~/.cache/paraplan/profiles.sqlite)")
-    ap.add_argument("--gpus", type=_positive_int("--gpus"), help="GPU count (default: one node, or the file's)")
-    ap.add_argument("--seq-len", type=_positive_int("--seq-len"), default=None, help="tokens per sequence (default 2048)")
-    ap.add_argument("--global-batch", type=_positive_int("--global-batch"), default=None,
+    ap.add_argument("--gpus", type=positive_int("--gpus"), help="GPU count (default: one node, or the file's)")
+    ap.add_argument("--seq-len", type=positive_int("--seq-len"), default=None, help="tokens per sequence (default 2048)")
+    ap.add_argument("--global-batch", type=positive_int("--global-batch"), default=None,
                     help="sequences per optimizer step (default: 1 per data-parallel rank x micro-batch)")
     ap.add_argument("--moe-imbalance", type=float, default=1.0,
                     help="busiest expert's tokens over the balanced share (1.0 = balanced)")
@@ -38,42 +49,94 @@ def add_scenario_args(ap: argparse.ArgumentParser, *, require: bool = True) -> N
                     help="leaf-to-spine oversubscription of the fabric (e.g. 2 for 2:1); implies --network rail")
 
 
+# Help text of the plan flags, keyed by Plan field name (fields not listed get no help line).
+PLAN_FLAG_HELP = {
+    "dp": "default: what the GPU count leaves",
+    "sp": "Megatron sequence parallelism (needs tp > 1)",
+    "delayed_update": "ZeRO-Offload's one-step delayed parameter update (with --offload cpu)",
+    "grad_accumulation_fusion": "every micro-batch after the first adds its gradients with separate kernels "
+                                "(plain PyTorch, DDP no_sync, FSDP); default: fused into the wgrad GEMM "
+                                "(Megatron-LM). On plan and whatif without a fixed plan: search unfused plans",
+}
+# Accepted values of the categorical plan fields (the flag's argparse choices).
+PLAN_FLAG_CHOICES = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "offload": OFFLOAD, "dtype": DTYPES,
+                     "optimizer": OPTIMIZERS, "zero": (0, 1, 2, 3)}
+# Plan fields without a flag of their own, and the flag that sets them instead.
+PLAN_FIELDS_WITHOUT_FLAG = {"cp_mode": "--sp-mode"}
+# Plan fields whose flag, given without any other plan flag, constrains a search (plan, whatif)
+# instead of fixing a whole plan to re-estimate.
+SEARCH_CONSTRAINT_FLAGS = ("grad_accumulation_fusion",)
+
+
+def _plan_fields() -> list[Field]:
+    """The Plan fields that have a flag of their own, in declaration order."""
+    return [f for f in fields(Plan) if f.name not in PLAN_FIELDS_WITHOUT_FLAG]
+
+
+PLAN_FLAGS = tuple(f.name for f in _plan_fields())
+
+
+def plan_flag_kwargs(f: Field) -> tuple[str, dict]:
+    """The option string and add_argument keywords of one Plan field's flag.
+
+    Every flag defaults to None ("not given"), so a plan file or the Plan default fills it.
+    """
+    default = f.default if f.default is not MISSING else None
+    flag = "--" + f.name.replace("_", "-")
+    kw: dict = {"dest": f.name, "default": None}
+    if f.name in PLAN_FLAG_HELP:
+        kw["help"] = PLAN_FLAG_HELP[f.name]
+    if isinstance(default, bool):
+        if default:
+            return "--no-" + flag[2:], {**kw, "action": "store_false"}
+        return flag, {**kw, "action": "store_true"}
+    if f.name in PLAN_FLAG_CHOICES:
+        choices = PLAN_FLAG_CHOICES[f.name]
+        return flag, {**kw, "choices": choices, **({} if isinstance(choices[0], str) else {"type": int})}
+    if isinstance(default, int):
+        return flag, {**kw, "type": positive_int(flag)}
+    raise TypeError(f"Plan.{f.name}: no rule for a flag of type {f.type}")
+
+
 def add_plan_args(ap: argparse.ArgumentParser) -> None:
-    from paraplan.plan import DTYPES, OFFLOAD, OPTIMIZERS, RECOMPUTE, SCHEDULES
+    """``--plan FILE``, one flag per Plan field, and the ``--sp-mode`` shorthand."""
     g = ap.add_argument_group("plan")
     g.add_argument("--plan", help="a plan file written by `paraplan plan --out` (flags below override it)")
-    for name in ("tp", "pp", "cp", "vpp", "micro-batch", "ep", "etp"):
-        g.add_argument(f"--{name}", type=_positive_int(f"--{name}"))
-    g.add_argument("--sp-mode", choices=("megatron", "ulysses", "ring"),
+    for f in _plan_fields():
+        flag, kw = plan_flag_kwargs(f)
+        g.add_argument(flag, **kw)
+    g.add_argument("--sp-mode", choices=("megatron", *CP_MODES),
                    help="sequence parallelism: megatron (with tp), or ulysses / ring over --cp ranks")
-    g.add_argument("--optimizer", choices=OPTIMIZERS)
-    g.add_argument("--delayed-update", action="store_true", default=None,
-                   help="ZeRO-Offload's one-step delayed parameter update (with --offload cpu)")
-    g.add_argument("--dp", type=_positive_int("--dp"), help="default: what the GPU count leaves")
-    g.add_argument("--sp", action="store_true", default=None, help="Megatron sequence parallelism (needs tp > 1)")
-    g.add_argument("--schedule", choices=SCHEDULES)
-    g.add_argument("--zero", type=int, choices=(0, 1, 2, 3))
-    g.add_argument("--recompute", choices=RECOMPUTE)
-    g.add_argument("--offload", choices=OFFLOAD)
-    g.add_argument("--offload-params", action="store_true", default=None)
-    g.add_argument("--dtype", choices=DTYPES)
-    g.add_argument("--no-flash-attention", dest="flash_attention", action="store_false", default=None)
-    g.add_argument("--no-overlap-grad-reduce", dest="overlap_grad_reduce", action="store_false", default=None)
-    g.add_argument("--no-grad-accumulation-fusion", dest="grad_accumulation_fusion", action="store_false",
-                   default=None, help="every micro-batch after the first adds its gradients with separate "
-                   "kernels (plain PyTorch, DDP no_sync, FSDP); default: fused into the wgrad GEMM (Megatron-LM)")
 
 
-PLAN_FLAGS = ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "sp", "schedule", "zero", "recompute", "offload",
-              "offload_params", "dtype", "flash_attention", "overlap_grad_reduce", "ep", "etp", "optimizer",
-              "delayed_update", "grad_accumulation_fusion")
+def add_search_args(ap: argparse.ArgumentParser, *, max_memory_fraction: float | None) -> None:
+    """The search options ``plan`` and ``whatif`` share: --fix, --no-offload, --max-memory-fraction."""
+    ap.add_argument("--fix", action="append", metavar="AXIS=VALUE", help="pin an axis of the search "
+                    "(at every point, for whatif): tp, pp, dp, cp, vpp, micro_batch, schedule, sp, zero, "
+                    "recompute, offload")
+    ap.add_argument("--no-offload", action="store_true", help="do not consider CPU/NVMe offload")
+    ap.add_argument("--max-memory-fraction", type=float, default=max_memory_fraction,
+                    help="use at most this share of each GPU's memory (default 1.0)")
 
 
-def plan_from_args(args):
-    from paraplan.plan import Plan
+def add_plan_flag(ap, name: str) -> None:
+    """Just one Plan field's flag, defined as add_plan_args defines it (same dest, same meaning)."""
+    flag, kw = plan_flag_kwargs(next(f for f in _plan_fields() if f.name == name))
+    ap.add_argument(flag, **kw)
+
+
+def plan_flags_given(args, *, search_constraints: bool = True) -> bool:
+    """Whether ``--plan`` or any plan flag was given; ``search_constraints=False`` leaves out the
+    flags that also make sense as a constraint on a search (SEARCH_CONSTRAINT_FLAGS)."""
+    names = [k for k in PLAN_FLAGS if search_constraints or k not in SEARCH_CONSTRAINT_FLAGS]
+    return bool(getattr(args, "plan", None)) or getattr(args, "sp_mode", None) is not None or any(
+        getattr(args, k, None) is not None for k in names)
+
+
+def plan_from_args(args) -> Plan:
+    """The plan the flags describe: ``--plan FILE`` if given, each given flag overriding it."""
     base: dict = {}
     if getattr(args, "plan", None):
-        from paraplan.planfile import read_plan_file
         base = read_plan_file(args.plan)["plan"]
     for k in PLAN_FLAGS:
         v = getattr(args, k, None)
@@ -84,20 +147,19 @@ def plan_from_args(args):
     mode = getattr(args, "sp_mode", None)
     if mode == "megatron":
         base["sp"] = True
-    elif mode in ("ulysses", "ring"):
+    elif mode in CP_MODES:
         base["cp_mode"] = mode
     return Plan.from_dict(base, source=getattr(args, "plan", None) or "flags")
 
 
 def scenario_from_args(args):
-    from paraplan.scenario import load_cluster
-    from paraplan.workloads.presets import load_model
+    """(model, cluster, seq_len) from --model, --cluster, --gpus, --db and --seq-len."""
     model = load_model(args.model)
     cluster = load_cluster(args.cluster, args.gpus, db=getattr(args, "db", None))
     return model, cluster, args.seq_len or 2048
 
-
 def topology_from_args(args) -> dict | None:
+    """The --network/--oversubscription fabric model, or None when neither is given."""
     if args.network is None and args.oversubscription is None:
         return None
     if args.oversubscription is not None and args.oversubscription < 1:

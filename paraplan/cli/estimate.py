@@ -4,15 +4,17 @@ from __future__ import annotations
 import json
 
 from paraplan.cli.common import add_plan_args, add_scenario_args, plan_from_args, scenario_from_args, topology_from_args
+from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError
+from paraplan.planfile import read_plan_file
+from paraplan.planner.search import with_topology
+from paraplan.reports.text import render_estimate
+from paraplan.workloads.transformer import TrainingJob
 
 
 def cmd_estimate(args) -> int:
-    from paraplan.costmodels.estimate import estimate
-    from paraplan.reports.text import render_estimate
-    from paraplan.workloads.transformer import TrainingJob
+    """Estimate the plan the flags (or --plan FILE) describe and print it as a table or JSON."""
     if getattr(args, "plan", None) and not (args.model and args.cluster):
-        from paraplan.planfile import read_plan_file
         scenario = read_plan_file(args.plan)["scenario"]
         for key in ("model", "cluster", "gpus", "seq_len", "global_batch"):
             if getattr(args, key, None) is None:
@@ -25,7 +27,6 @@ def cmd_estimate(args) -> int:
     gbs = args.global_batch or dp * plan.micro_batch
     topology = topology_from_args(args)
     if topology:
-        from paraplan.planner.search import with_topology
         cluster = with_topology(cluster, plan.with_dp_for(cluster.num_gpus), topology)
     e = estimate(model, TrainingJob(seq_len, gbs, moe_imbalance=args.moe_imbalance), cluster, plan)
     if args.format == "json":
@@ -36,6 +37,7 @@ def cmd_estimate(args) -> int:
 
 
 def register(sub) -> None:
+    """Add ``estimate`` to the subparsers."""
     est = sub.add_parser("estimate", help="predict step time, throughput and memory of one plan")
     add_scenario_args(est, require=False)
     add_plan_args(est)

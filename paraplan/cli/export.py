@@ -5,10 +5,14 @@ import argparse
 import os
 import sys
 
+from paraplan.cli.common import run_command
+from paraplan.io import write_atomic
+from paraplan.planfile import read_plan_file
+from paraplan.planner.export import ENGINES, export
 
 
 def add_export_args(ap: argparse.ArgumentParser) -> None:
-    from paraplan.planner.export import ENGINES
+    """The plan file, --to ENGINE and --out FILE."""
     ap.add_argument("plan_file", metavar="PLAN.json", help="a plan file written by `paraplan plan --out`")
     # validated in cmd_export (not argparse choices) so an unknown engine is a one-line ConfigError
     ap.add_argument("--to", dest="engine", required=True, metavar="|".join(ENGINES),
@@ -17,9 +21,7 @@ def add_export_args(ap: argparse.ArgumentParser) -> None:
 
 
 def cmd_export(args) -> int:
-    from paraplan.planner.export import export
-    from paraplan.io import write_atomic
-    from paraplan.planfile import read_plan_file
+    """Write the plan file as the engine's launch config (to --out or stdout); notes go to stderr."""
     doc = read_plan_file(args.plan_file)
     result = export(doc, args.engine, source=args.plan_file)
     if args.out:
@@ -34,6 +36,7 @@ def cmd_export(args) -> int:
 
 
 def register(subparsers) -> None:
+    """Add ``export`` to the subparsers."""
     ex = subparsers.add_parser("export", help="write a plan as a Megatron-LM, DeepSpeed or torchtitan launch config")
     add_export_args(ex)
     ex.set_defaults(func=cmd_export)
@@ -44,7 +47,6 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="paraplan export")
     add_export_args(ap)
     args = ap.parse_args(argv)
-    from paraplan.cli.common import run_command
     return run_command(cmd_export, args)
 
 

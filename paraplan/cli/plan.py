@@ -3,10 +3,19 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 
 import pandas as pd
 
+from paraplan.cli.common import (add_plan_flag, add_scenario_args, add_search_args, scenario_from_args,
+                                 topology_from_args)
 from paraplan.errors import ConfigError
+from paraplan.planfile import write_plan_file
+from paraplan.planner.search import explain_infeasible, search, suggest_feasible, why_best_beats_runner_up
+from paraplan.planner.space import SpaceOptions
+from paraplan.planner.stages import describe_layout, stage_layout
+from paraplan.reports.text import render_estimate
+from paraplan.workloads.transformer import TrainingJob
 
 PLAN_SCHEMA_OUT = "paraplan.plan-search/1"
 
@@ -38,6 +47,7 @@ def parse_fix(items) -> dict:
 
 
 def table_rows(estimates) -> pd.DataFrame:
+    """One row per ranked plan: degrees, schedule, memory and speed, for the table and CSV views."""
     rows = []
     for rank, e in enumerate(estimates, 1):
         p = e.plan
@@ -52,14 +62,7 @@ def table_rows(estimates) -> pd.DataFrame:
 
 
 def cmd_plan(args) -> int:
-    import sys
-
-    from paraplan.cli.common import scenario_from_args
-    from paraplan.planfile import write_plan_file
-    from paraplan.planner.search import explain_infeasible, search, suggest_feasible, why_best_beats_runner_up
-    from paraplan.planner.space import SpaceOptions
-    from paraplan.reports.text import render_estimate
-    from paraplan.workloads.transformer import TrainingJob
+    """Search, print the ranked plans (table, JSON or CSV), write the best to --out; 3 if none fits."""
     if args.top < 1:
         raise ConfigError("--top", f"must be at least 1, got {args.top}")
     if not 0 < args.max_memory_fraction <= 1:
@@ -69,15 +72,13 @@ def cmd_plan(args) -> int:
     job = TrainingJob(seq_len, gbs, moe_imbalance=args.moe_imbalance)
     options = SpaceOptions(fixed=parse_fix(args.fix), allow_offload=not args.no_offload,
                            allow_delayed_update=args.allow_delayed_update,
-                           grad_accumulation_fusion=not args.no_grad_accumulation_fusion)
-    from paraplan.cli.common import topology_from_args
+                           grad_accumulation_fusion=args.grad_accumulation_fusion is not False)
     result = search(model, job, cluster, options=options, top=args.top,
                     max_memory_fraction=args.max_memory_fraction, progress=args.format != "json",
                     topology=topology_from_args(args))
     print(f"searched {result.candidates_evaluated:,} candidates in {result.search_time_s:.2f} s", file=sys.stderr)
     layout = None
     if result.best is not None and result.best.plan.pp > 1 and not args.no_stage_ilp:
-        from paraplan.planner.stages import stage_layout
         layout = stage_layout(model, job, cluster, result.best.plan, max_memory_fraction=args.max_memory_fraction)
     if args.format == "json":
         doc = {"schema": PLAN_SCHEMA_OUT, "candidates_evaluated": result.candidates_evaluated,
@@ -105,7 +106,6 @@ def cmd_plan(args) -> int:
                 print()
                 print("why: " + why_best_beats_runner_up(result.plans[0], result.plans[1]))
             if layout:
-                from paraplan.planner.stages import describe_layout
                 print()
                 print(describe_layout(layout, len(layout.layer_names)))
         else:
@@ -122,20 +122,14 @@ def cmd_plan(args) -> int:
 
 
 def register(sub) -> None:
-    from paraplan.cli.common import add_scenario_args
+    """Add ``plan`` to the subparsers."""
     ap = sub.add_parser("plan", help="search the layout space for the fastest plans that fit")
     add_scenario_args(ap)
     ap.add_argument("--top", type=int, default=10)
-    ap.add_argument("--max-memory-fraction", type=float, default=1.0,
-                    help="use at most this share of each GPU's memory (default 1.0)")
-    ap.add_argument("--fix", action="append", metavar="AXIS=VALUE",
-                    help="pin an axis: tp, pp, dp, cp, vpp, micro_batch, schedule, sp, zero, recompute, offload")
-    ap.add_argument("--no-offload", action="store_true", help="do not consider CPU/NVMe offload")
+    add_search_args(ap, max_memory_fraction=1.0)
     ap.add_argument("--allow-delayed-update", action="store_true",
                     help="consider ZeRO-Offload's one-step delayed parameter update (weights one step stale)")
-    ap.add_argument("--no-grad-accumulation-fusion", action="store_true",
-                    help="price unfused gradient accumulation (DeepSpeed, FSDP, plain PyTorch) instead of "
-                         "Megatron-LM's fused wgrad accumulation")
+    add_plan_flag(ap, "grad_accumulation_fusion")
     ap.add_argument("--no-stage-ilp", action="store_true",
                     help="skip the pulp stage-partition and per-stage recompute ILPs for the best plan")
     ap.add_argument("--format", choices=("table", "json", "csv"), default="table")

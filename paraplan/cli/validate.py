@@ -9,8 +9,15 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import asdict, replace
 
+from paraplan.cli.common import positive_int, run_command
 from paraplan.errors import ConfigError
+from paraplan.plan import RECOMPUTE
+from paraplan.profiles.store import ProfileStore, machine_fingerprint
+from paraplan.validation.compare import build_report, comparison_rows, format_table
+from paraplan.validation.launch import LaunchOptions, launch_worker
+from paraplan.validation.predict import predict_run
 
 
 def add_validate_parser(subparsers) -> argparse.ArgumentParser:
@@ -25,13 +32,14 @@ def add_validate_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--rdzv-endpoint", default=None, help="host:port (multi-node)")
     g.add_argument("--timeout", type=float, default=900.0, help="seconds before giving up")
     g = p.add_argument_group("plan")
-    g.add_argument("--tp", type=int, default=1)
-    g.add_argument("--pp", type=int, default=1)
-    g.add_argument("--dp", type=int, default=None, help="default: world / (tp*pp)")
-    g.add_argument("--zero", type=int, default=0, choices=[0, 1, 2, 3])
-    g.add_argument("--micro-batch", type=int, default=1)
-    g.add_argument("--global-batch", type=int, default=0, help="default: micro*dp*pp")
-    g.add_argument("--recompute", default="none", choices=["none", "selective", "full"])
+    g.add_argument("--tp", type=positive_int("--tp"), default=1)
+    g.add_argument("--pp", type=positive_int("--pp"), default=1)
+    g.add_argument("--dp", type=positive_int("--dp"), default=None, help="default: world / (tp*pp)")
+    g.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
+    g.add_argument("--micro-batch", type=positive_int("--micro-batch"), default=1)
+    g.add_argument("--global-batch", type=positive_int("--global-batch"), default=0,
+                   help="default: micro*dp*pp")
+    g.add_argument("--recompute", default="none", choices=RECOMPUTE)
     g.add_argument("--sequence-parallel", action="store_true")
     g.add_argument("--virtual-stages", type=int, default=1, help="interleaved 1F1B chunks")
     g.add_argument("--steps", type=int, default=3, help="timed steps")
@@ -40,7 +48,7 @@ def add_validate_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--layers", type=int, default=4)
     g.add_argument("--hidden", type=int, default=64)
     g.add_argument("--heads", type=int, default=4)
-    g.add_argument("--seq-len", type=int, default=32)
+    g.add_argument("--seq-len", type=positive_int("--seq-len"), default=32)
     g.add_argument("--vocab", type=int, default=256)
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--attention", default="math", choices=["math", "sdpa"],
@@ -73,8 +81,8 @@ def add_profile_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def _plan_and_launch(args):
-    from paraplan.validation.launch import LaunchOptions
-    from paraplan.validation.worker import RunPlan
+    """The RunPlan and the torchrun options the flags describe."""
+    from paraplan.validation.worker import RunPlan   # torch: only when a run is launched
     nnodes = args.nnodes
     if args.nproc_per_node is None and args.dp is None:
         dp = 1
@@ -102,14 +110,8 @@ def _plan_and_launch(args):
 
 def run_validate(args) -> int:
     """Launch the plan, check it against a single-process run, write the report. 0 = match."""
-    from dataclasses import asdict
-
-    from paraplan.validation.compare import build_report, format_table, comparison_rows
-    from paraplan.validation.launch import launch_worker
-    from paraplan.validation.model import GPTConfig
-    from paraplan.validation.reference import (compare_to_reference, load_parallel_grads,
-                                               reference_run)
-    from paraplan.profiles.store import machine_fingerprint
+    from paraplan.validation.model import GPTConfig   # torch: only when a run is launched
+    from paraplan.validation.reference import compare_to_reference, load_parallel_grads, reference_run
     cfg = GPTConfig(vocab_size=args.vocab, seq_len=args.seq_len, hidden=args.hidden,
                     heads=args.heads, layers=args.layers, seed=args.seed,
                     attention=args.attention)
@@ -122,7 +124,6 @@ def run_validate(args) -> int:
         except (OSError, json.JSONDecodeError) as e:
             raise ConfigError("predicted", f"cannot read {args.predicted}: {e}") from e
     else:
-        from paraplan.validation.predict import predict_run
         predicted, est = predict_run(cfg, plan, args.db, allow_profiling=not args.no_profile)
         estimate_dict = est.to_dict()
     check_ref = not args.no_reference and opts.nnodes == 1
@@ -148,11 +149,7 @@ def run_validate(args) -> int:
 
 def run_profile(args) -> int:
     """Run the micro-benchmarks and store them; prints a short summary."""
-    from dataclasses import replace
-
-    from paraplan.validation.profile import ProfileOptions
-    from paraplan.validation.profile import run_profile as _run
-    from paraplan.profiles.store import ProfileStore
+    from paraplan.validation.profile import ProfileOptions, run_profile as _run   # torch
     opts = ProfileOptions.quick() if args.quick else ProfileOptions.full()
     if args.world_sizes:
         bad = [w for w in args.world_sizes if w < 2]
@@ -180,7 +177,6 @@ def main(argv=None) -> int:
     add_validate_parser(sub)
     add_profile_parser(sub)
     args = ap.parse_args(argv)
-    from paraplan.cli.common import run_command
     return run_command(args.func, args)
 
 

@@ -1,8 +1,13 @@
 """``paraplan whatif``: sweep one or two scenario variables, write figures, CSV and an HTML report."""
 from __future__ import annotations
 
+import argparse
+import dataclasses
 
+from paraplan.cli.common import add_plan_args, add_scenario_args, add_search_args, plan_flags_given, plan_from_args
+from paraplan.cli.plan import parse_fix
 from paraplan.errors import ConfigError
+from paraplan.reports.sweep import Scenario, load_scenario, parse_sweep
 
 EPILOG = """sweep variables: gpus, seq_len, global_batch, cluster, inter_node_bandwidth (GB/s per GPU),
 intra_node_bandwidth (GB/s per GPU), hbm (GiB), offload (none, cpu, nvme, auto).
@@ -13,6 +18,7 @@ multipliers x0.5,x1,x2 (of the base value). Example:
 
 
 def _float(name: str):
+    """An argparse type for a positive number (a ConfigError names the flag)."""
     def parse(text: str) -> float:
         try:
             v = float(text)
@@ -25,16 +31,13 @@ def _float(name: str):
 
 
 def scenario_from_cli(args):
-    """Scenario from --scenario FILE (flags given on the command line override its keys) or flags."""
-    from paraplan.cli.common import PLAN_FLAGS
-    from paraplan.cli.plan import parse_fix
-    from paraplan.reports.sweep import load_scenario, parse_sweep
-    import dataclasses
-    plan_given = bool(getattr(args, "plan", None)) or any(
-        getattr(args, k, None) is not None for k in PLAN_FLAGS)
+    """Scenario from --scenario FILE (flags given on the command line override its keys) or flags.
+
+    Plan flags fix a whole plan, re-estimated at every point; ``--no-grad-accumulation-fusion`` alone
+    keeps the search and restricts it to unfused plans (the flag's meaning on ``plan`` too).
+    """
     plan = None
-    if plan_given:
-        from paraplan.cli.common import plan_from_args
+    if plan_flags_given(args, search_constraints=False):
         plan = {k: v for k, v in plan_from_args(args).to_dict().items() if k != "dp"}
     overrides = {k: v for k, v in {
         "model": args.model, "cluster": args.cluster, "gpus": args.gpus, "seq_len": args.seq_len,
@@ -48,13 +51,14 @@ def scenario_from_cli(args):
         overrides["plan"] = plan
     if args.no_offload:
         overrides["allow_offload"] = False
+    if args.grad_accumulation_fusion is False:
+        overrides["grad_accumulation_fusion"] = False
     if args.no_heatmap:
         overrides["heatmap"] = False
     if args.max_memory_fraction is not None:
         overrides["max_memory_fraction"] = args.max_memory_fraction
     if args.scenario:
-        return dataclasses.replace(load_scenario(args.scenario), **overrides)
-    from paraplan.reports.sweep import Scenario
+        return _unfused_plan(dataclasses.replace(load_scenario(args.scenario), **overrides))
     for key in ("model", "cluster"):
         if key not in overrides:
             raise ConfigError(f"--{key}", "required (or --scenario FILE.yaml)")
@@ -63,8 +67,16 @@ def scenario_from_cli(args):
     return Scenario(**overrides)
 
 
+def _unfused_plan(scenario: Scenario) -> Scenario:
+    """With --no-grad-accumulation-fusion and a whole plan from the scenario file, that plan is unfused too."""
+    if scenario.grad_accumulation_fusion or scenario.plan is None:
+        return scenario
+    return dataclasses.replace(scenario, plan={**scenario.plan, "grad_accumulation_fusion": False})
+
+
 def cmd_whatif(args) -> int:
-    from paraplan.reports.report import whatif
+    """Evaluate the sweep, write the report folder, print the points; 3 if no point fits."""
+    from paraplan.reports.report import whatif   # matplotlib: only when a report is written
     scenario = scenario_from_cli(args)
     r = whatif(scenario=scenario, progress=not args.quiet)
     out = r.write(args.out)
@@ -84,18 +96,13 @@ def cmd_whatif(args) -> int:
 
 
 def register(sub) -> None:
-    import argparse
-
-    from paraplan.cli.common import add_plan_args, add_scenario_args
+    """Add ``whatif`` to the subparsers."""
     ap = sub.add_parser("whatif", help="sweep scenario variables: figures, CSV and an HTML report",
                         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_scenario_args(ap, require=False)
     ap.add_argument("--scenario", help="a YAML file with the scenario and sweeps (flags override its keys)")
     ap.add_argument("--sweep", action="append", metavar="VAR=VALUES", help="a swept variable (once or twice)")
-    ap.add_argument("--fix", action="append", metavar="AXIS=VALUE",
-                    help="pin an axis of the search at every point (as in paraplan plan)")
-    ap.add_argument("--no-offload", action="store_true", help="do not consider CPU/NVMe offload")
-    ap.add_argument("--max-memory-fraction", type=float, default=None)
+    add_search_args(ap, max_memory_fraction=None)   # None: the --scenario file's, else 1.0
     ap.add_argument("--price-per-gpu-hour", type=_float("--price-per-gpu-hour"), help="US$ per GPU-hour")
     ap.add_argument("--train-tokens", type=_float("--train-tokens"), help="tokens to train, e.g. 300e9")
     ap.add_argument("--no-heatmap", action="store_true", help="skip the tp x pp heat-map")

@@ -187,7 +187,8 @@ def heatmap_data(point, scenario) -> pd.DataFrame:
     """
     model, job, cluster = point.model, point.job, point.cluster
     fixed = {k: v for k, v in dict(point.fixed).items() if k not in ("tp", "pp", "dp")}
-    options = SpaceOptions(fixed=fixed, allow_offload=point.allow_offload)
+    options = SpaceOptions(fixed=fixed, allow_offload=point.allow_offload,
+                           grad_accumulation_fusion=scenario.grad_accumulation_fusion)
     curves = analytical_curves(cluster.accelerator)
     choices = axis_choices(model, job, cluster, options)
     batch, _, _ = compose(model, job, cluster, options)

@@ -156,6 +156,7 @@ class Scenario:
     fixed: Mapping[str, Any] = field(default_factory=dict)
     plan: Mapping[str, Any] | None = None
     allow_offload: bool = True
+    grad_accumulation_fusion: bool = True   # False: search only unfused plans (no effect with ``plan``)
     max_memory_fraction: float = 1.0
     price_per_gpu_hour: float | None = None
     train_tokens: float | None = None
@@ -182,12 +183,14 @@ class Scenario:
              "global_batch": self.global_batch,
              "sweep": {s.var: ",".join(s.items) for s in self.sweeps}, "fix": dict(self.fixed),
              "plan": dict(self.plan) if self.plan is not None else None, "allow_offload": self.allow_offload,
+             "grad_accumulation_fusion": None if self.grad_accumulation_fusion else False,
              "max_memory_fraction": self.max_memory_fraction, "price_per_gpu_hour": self.price_per_gpu_hour,
              "train_tokens": self.train_tokens, "heatmap": self.heatmap}
         return {k: v for k, v in d.items() if v is not None and v != {}}
 
 
 SCENARIO_KEYS = ("model", "cluster", "gpus", "seq_len", "global_batch", "sweep", "fix", "plan", "allow_offload",
+                 "grad_accumulation_fusion",
                  "max_memory_fraction", "price_per_gpu_hour", "train_tokens", "heatmap")
 
 
@@ -225,6 +228,7 @@ def scenario_from_mapping(data: Mapping[str, Any], source: str = "scenario") -> 
     return Scenario(model=data["model"], cluster=data["cluster"], sweeps=tuple(parse_sweep(t) for t in texts),
                     fixed=dict(fix), plan=dict(plan) if plan is not None else None,
                     allow_offload=bool(data.get("allow_offload", True)),
+                    grad_accumulation_fusion=bool(data.get("grad_accumulation_fusion", True)),
                     max_memory_fraction=float(data.get("max_memory_fraction", 1.0)),
                     price_per_gpu_hour=_opt_float(data, "price_per_gpu_hour", source),
                     train_tokens=_opt_float(data, "train_tokens", source), heatmap=bool(data.get("heatmap", True)),
@@ -365,7 +369,8 @@ def evaluate_point(point: Point, scenario: Scenario, curves_cache: dict | None =
         except ConfigError as err:
             return PointResult(point, None, f"plan does not apply: {err}", 0, time.perf_counter() - t0)
         return PointResult(point, e, e.infeasible_reason, 1, time.perf_counter() - t0)
-    options = SpaceOptions(fixed=dict(point.fixed), allow_offload=point.allow_offload)
+    options = SpaceOptions(fixed=dict(point.fixed), allow_offload=point.allow_offload,
+                           grad_accumulation_fusion=scenario.grad_accumulation_fusion)
     r = search(point.model, point.job, point.cluster, options=options, top=1,
                max_memory_fraction=scenario.max_memory_fraction, curves=curves)
     reason = None if r.best else explain_infeasible(r, point.cluster)
