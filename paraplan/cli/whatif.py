@@ -27,7 +27,7 @@ def _float(name: str):
 def scenario_from_cli(args):
     """Scenario from --scenario FILE (flags given on the command line override its keys) or flags."""
     from paraplan.cli.common import PLAN_FLAGS
-    from paraplan.cli.plan import parse_fix
+    from paraplan.planner.space import parse_fix
     from paraplan.reports.sweep import load_scenario, parse_sweep
     import dataclasses
     plan_given = bool(getattr(args, "plan", None)) or any(

@@ -18,7 +18,8 @@ import numpy as np
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.estimate import TIME_TERMS, Estimate, estimate, step_terms
 from paraplan.errors import InfeasiblePlan
-from paraplan.planner.space import PlanBatch, SpaceOptions, compose
+from paraplan.plan import PlanBatch
+from paraplan.planner.space import SpaceOptions, compose
 
 CHUNK = 200_000
 

@@ -206,7 +206,7 @@ def scenario_from_mapping(data: Mapping[str, Any], source: str = "scenario") -> 
         ints[key] = v
     fix = data.get("fix") or {}
     if isinstance(fix, (list, tuple)):
-        from paraplan.cli.plan import parse_fix
+        from paraplan.planner.space import parse_fix
         fix = parse_fix(fix)
     plan = data.get("plan")
     if plan is not None:
