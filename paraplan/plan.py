@@ -1,22 +1,149 @@
 """A parallelism plan: degrees, micro-batch, schedule, ZeRO, recomputation, offload, dtype.
 
-Categorical choices are strings for people and small integer codes for the cost formulas, which
-run over numpy arrays of plans (``paraplan.planner.search``) as well as over one plan.
+Categorical choices are :class:`Mode` enums: a user-facing label (the string a ``Plan`` holds and
+JSON shows) and an integer code (its position) that the cost formulas read, over numpy arrays of
+plans (:class:`PlanBatch`) as well as over one plan. The legality rules that tie several fields
+together live in one table, :data:`RULES`, read by ``Plan`` itself, by :func:`check_plan` and by
+the search's vectorized mask (``paraplan.planner.space.compose``).
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Mapping
+from enum import IntEnum
+from types import SimpleNamespace
+from typing import Any, Callable, Mapping, NamedTuple, Sequence
+
+import numpy as np
 
 from paraplan.errors import ConfigError
 
-SCHEDULES = ("1f1b", "interleaved", "gpipe", "zb-h1")
-RECOMPUTE = ("none", "selective", "full")
-OFFLOAD = ("none", "cpu", "nvme")
-DTYPES = ("bf16", "fp16", "fp32")  # fp32: plain fp32 training (the CPU validation runs)
+
+class Mode(IntEnum):
+    """A categorical plan choice: its integer code (declaration order) and its user-facing label."""
+
+    def __new__(cls, label: str):
+        code = len(cls.__members__)
+        obj = int.__new__(cls, code)
+        obj._value_ = code
+        obj.label = label
+        return obj
+
+    @classmethod
+    def labels(cls) -> tuple[str, ...]:
+        """The labels in code order (what ``--schedule`` and friends accept)."""
+        return tuple(m.label for m in cls)
+
+    @classmethod
+    def parse(cls, value, field: str | None = None) -> "Mode":
+        """The member for a label (or a member); ConfigError naming the field and the labels otherwise."""
+        if isinstance(value, cls):
+            return value
+        for m in cls:
+            if isinstance(value, str) and value == m.label:
+                return m
+        raise ConfigError(field or MODE_FIELD_NAMES[cls], f"unknown value {value!r}", accepted=", ".join(cls.labels()))
+
+
+class Schedule(Mode):
+    """Pipeline schedule."""
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"
+    GPIPE = "gpipe"
+    ZB_H1 = "zb-h1"
+
+
+class Recompute(Mode):
+    """Activation recomputation."""
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
+class Offload(Mode):
+    """Where optimizer states (and with ``offload_params`` the parameters) live."""
+    NONE = "none"
+    CPU = "cpu"
+    NVME = "nvme"
+
+
+class Dtype(Mode):
+    """Training precision; fp32 is plain fp32 training (the CPU validation runs)."""
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+
+
+class CpMode(Mode):
+    """Context-parallel attention: ring (load-balanced causal chunks) or Ulysses (all-to-all over heads)."""
+    RING = "ring"
+    ULYSSES = "ulysses"
+
+
+class Optimizer(Mode):
+    """Adam, or a communication-compressing variant (DeepSpeed) that needs ZeRO-0."""
+    ADAM = "adam"
+    ONEBIT_ADAM = "onebit-adam"
+    ZERO_ONE_ADAM = "zero-one-adam"
+    ONEBIT_LAMB = "onebit-lamb"
+
+
+MODES: dict[str, type[Mode]] = {"schedule": Schedule, "recompute": Recompute, "offload": Offload, "dtype": Dtype,
+                                "cp_mode": CpMode, "optimizer": Optimizer}
+MODE_FIELD_NAMES = {cls: name for name, cls in MODES.items()}
+SCHEDULES = Schedule.labels()
+RECOMPUTE = Recompute.labels()
+OFFLOAD = Offload.labels()
+DTYPES = Dtype.labels()
+CP_MODES = CpMode.labels()
+OPTIMIZERS = Optimizer.labels()
 ZERO_STAGES = (0, 1, 2, 3)
-CP_MODES = ("ring", "ulysses")
-OPTIMIZERS = ("adam", "onebit-adam", "zero-one-adam", "onebit-lamb")
+POSITIVE_INT_FIELDS = ("tp", "pp", "cp", "vpp", "micro_batch", "ep", "etp")
+BOOL_FIELDS = ("sp", "offload_params", "flash_attention", "overlap_grad_reduce", "delayed_update",
+               "grad_accumulation_fusion")
+
+
+def validate_field(name: str, value, where: str | None = None):
+    """Check one plan field on its own (type and range); return the value (a Mode for modes).
+
+    ``where`` names the field in the error (default: the field, as ``Plan`` reports it)."""
+    if name in POSITIVE_INT_FIELDS:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ConfigError(where or name.replace("_", "-"), f"must be a positive integer, got {value!r}")
+    elif name == "dp":
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ConfigError(where or "dp", f"must be a positive integer (or 0 for 'what is left'), got {value!r}")
+    elif name == "zero":
+        if isinstance(value, bool) or value not in ZERO_STAGES:
+            raise ConfigError(where or "zero", f"unknown ZeRO stage {value!r}", accepted="0, 1, 2, 3")
+    elif name in MODES:
+        return MODES[name].parse(value, where)
+    elif name in BOOL_FIELDS:
+        if not isinstance(value, (bool, np.bool_)):
+            raise ConfigError(where or name, f"expected true or false, got {value!r}")
+    return value
+
+
+def parse_field(name: str, text, where: str | None = None):
+    """A plan field's value from text (``"8"``, ``"adam"``, ``"true"``) or an already typed value,
+    validated with :func:`validate_field`; modes come back as their labels."""
+    where = where or name
+    if isinstance(text, str):
+        if name in POSITIVE_INT_FIELDS or name in ("dp", "zero"):
+            try:
+                text = int(text.strip())
+            except ValueError:
+                raise ConfigError(where, f"expected an integer, got {text!r}") from None
+        elif name in BOOL_FIELDS:
+            low = text.strip().lower()
+            if low not in ("true", "false", "1", "0"):
+                raise ConfigError(where, f"expected true or false (or 1 or 0), got {text!r}")
+            text = low in ("true", "1")
+        else:
+            text = text.strip()
+    elif name in BOOL_FIELDS and isinstance(text, (int, np.integer)) and text in (0, 1):
+        text = bool(text)
+    value = validate_field(name, text, where)
+    return value.label if isinstance(value, Mode) else value
 
 
 @dataclass(frozen=True)
@@ -48,60 +175,33 @@ class Plan:
     grad_accumulation_fusion: bool = True
 
     def __post_init__(self):
-        for key in ("tp", "pp", "cp", "vpp", "micro_batch", "ep", "etp"):
-            v = getattr(self, key)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ConfigError(key.replace("_", "-"), f"must be a positive integer, got {v!r}")
-        if isinstance(self.dp, bool) or not isinstance(self.dp, int) or self.dp < 0:
-            raise ConfigError("dp", f"must be a positive integer (or 0 for 'what is left'), got {self.dp!r}")
-        choices = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "offload": OFFLOAD, "dtype": DTYPES,
-                   "cp_mode": CP_MODES, "optimizer": OPTIMIZERS}
-        for key, accepted in choices.items():
-            if getattr(self, key) not in accepted:
-                raise ConfigError(key, f"unknown value {getattr(self, key)!r}", accepted=", ".join(accepted))
-        if self.zero not in ZERO_STAGES:
-            raise ConfigError("zero", f"unknown ZeRO stage {self.zero!r}", accepted="0, 1, 2, 3")
-        if self.vpp > 1 and self.schedule != "interleaved":
-            raise ConfigError("vpp", f"vpp={self.vpp} needs --schedule interleaved (got {self.schedule})")
-        if self.schedule == "interleaved" and self.pp == 1:
-            raise ConfigError("schedule", "the interleaved schedule needs pp > 1")
-        if self.offload_params and (self.offload == "none" or self.zero != 3):
-            raise ConfigError("offload_params", "parameter offload (ZeRO-Infinity) needs --zero 3 and "
-                              "--offload cpu or nvme")
-        if self.offload != "none" and self.zero == 0:
-            raise ConfigError("offload", "optimizer offload needs a ZeRO stage >= 1 (ZeRO-Offload builds on "
-                              "ZeRO-2)", accepted="--zero 1, 2 or 3 with --offload cpu|nvme")
-        if self.sp and self.tp == 1:
-            raise ConfigError("sp", "Megatron sequence parallelism needs tp > 1")
-        if self.tp % self.etp:
-            raise ConfigError("etp", f"expert tensor parallelism etp({self.etp}) must divide tp({self.tp})")
-        if self.optimizer != "adam" and self.zero > 0:
-            raise ConfigError("optimizer", f"{self.optimizer} compresses the plain data-parallel all-reduce and "
-                              "does not combine with ZeRO (DeepSpeed)", accepted="--zero 0")
-        if self.delayed_update and self.offload != "cpu":
-            raise ConfigError("delayed_update", "the one-step delayed parameter update (ZeRO-Offload DPU) needs "
-                              "--offload cpu")
+        for key in (*POSITIVE_INT_FIELDS, "dp", *MODES, "zero"):
+            validate_field(key, getattr(self, key))
+        view = PlanBatch.from_plans([self])
+        for rule in RULES:
+            if rule.kind == ILLEGAL and not rule.uses_scene and rule.bad(view, None)[0]:
+                raise ConfigError(rule.field, rule.explain(view, None), accepted=rule.accepted)
 
     # --- numeric codes for vectorized formulas ----------------------------------------------------
     @property
-    def schedule_code(self) -> int:
-        return SCHEDULES.index(self.schedule)
+    def schedule_code(self) -> Schedule:
+        return Schedule.parse(self.schedule)
 
     @property
-    def recompute_code(self) -> int:
-        return RECOMPUTE.index(self.recompute)
+    def recompute_code(self) -> Recompute:
+        return Recompute.parse(self.recompute)
 
     @property
-    def offload_code(self) -> int:
-        return OFFLOAD.index(self.offload)
+    def offload_code(self) -> Offload:
+        return Offload.parse(self.offload)
 
     @property
-    def cp_mode_code(self) -> int:
-        return CP_MODES.index(self.cp_mode)
+    def cp_mode_code(self) -> CpMode:
+        return CpMode.parse(self.cp_mode)
 
     @property
-    def optimizer_code(self) -> int:
-        return OPTIMIZERS.index(self.optimizer)
+    def optimizer_code(self) -> Optimizer:
+        return Optimizer.parse(self.optimizer)
 
     @property
     def model_parallel(self) -> int:
@@ -140,57 +240,286 @@ class Plan:
         return " ".join(parts)
 
 
+PLAN_FIELDS = tuple(f.name for f in fields(Plan))
+
+
+@dataclass(frozen=True)
+class PlanBatch:
+    """Many plans as parallel numpy arrays, with the attribute names the cost formulas read."""
+    tp: np.ndarray
+    pp: np.ndarray
+    dp: np.ndarray
+    cp: np.ndarray
+    sp: np.ndarray
+    vpp: np.ndarray
+    micro_batch: np.ndarray
+    schedule_code: np.ndarray
+    zero: np.ndarray
+    recompute_code: np.ndarray
+    offload_code: np.ndarray
+    offload_params: np.ndarray
+    flash_attention: np.ndarray
+    overlap_grad_reduce: np.ndarray
+    ep: np.ndarray = None
+    etp: np.ndarray = None
+    cp_mode_code: np.ndarray = None
+    optimizer_code: np.ndarray = None
+    delayed_update: np.ndarray = None
+    grad_accumulation_fusion: np.ndarray = None
+    dtype: str = "bf16"
+
+    def __post_init__(self):
+        n = len(self.tp)
+        for name, default in (("ep", 1), ("etp", 1), ("cp_mode_code", CpMode.RING), ("optimizer_code", Optimizer.ADAM),
+                              ("delayed_update", False), ("grad_accumulation_fusion", True)):
+            if getattr(self, name) is None:
+                object.__setattr__(self, name, np.full(n, int(default) if isinstance(default, Mode) else default))
+
+    @classmethod
+    def from_plans(cls, plans: Sequence[Plan]) -> "PlanBatch":
+        """Plans (one dtype) as a batch; ``from_plans([plan])`` is the one-plan view the rules read."""
+        names = [f.name for f in fields(cls) if f.name != "dtype"]
+        return cls(**{name: np.array([getattr(p, name) for p in plans]) for name in names},
+                   dtype=plans[0].dtype if plans else "bf16")
+
+    def __len__(self) -> int:
+        return len(self.tp)
+
+    def take(self, index) -> "PlanBatch":
+        return PlanBatch(**{f.name: (getattr(self, f.name)[index] if f.name != "dtype" else self.dtype)
+                            for f in fields(self)})
+
+    def plan(self, i: int) -> Plan:
+        return Plan(tp=int(self.tp[i]), pp=int(self.pp[i]), dp=int(self.dp[i]), cp=int(self.cp[i]),
+                    sp=bool(self.sp[i]), vpp=int(self.vpp[i]), micro_batch=int(self.micro_batch[i]),
+                    schedule=Schedule(int(self.schedule_code[i])).label, zero=int(self.zero[i]),
+                    recompute=Recompute(int(self.recompute_code[i])).label,
+                    offload=Offload(int(self.offload_code[i])).label,
+                    offload_params=bool(self.offload_params[i]), dtype=self.dtype,
+                    flash_attention=bool(self.flash_attention[i]),
+                    overlap_grad_reduce=bool(self.overlap_grad_reduce[i]), ep=int(self.ep[i]), etp=int(self.etp[i]),
+                    cp_mode=CpMode(int(self.cp_mode_code[i])).label,
+                    optimizer=Optimizer(int(self.optimizer_code[i])).label,
+                    delayed_update=bool(self.delayed_update[i]),
+                    grad_accumulation_fusion=bool(self.grad_accumulation_fusion[i]))
+
+
+# --- legality rules --------------------------------------------------------------------------------
+ILLEGAL = "illegal"  # no such plan may run: Plan / check_plan reject it, the search removes it
+PRUNE = "prune"      # legal but a duplicate of a plan the search keeps: only the search removes it
+
+
+class Scene(NamedTuple):
+    """What the rules that look beyond the plan read: the model, the job, the cluster, and a dp the
+    user gave (``--fix dp`` or a plan's explicit dp; None when dp is what the GPU count leaves)."""
+    model: Any
+    job: Any
+    cluster: Any
+    fixed_dp: int | None = None
+
+    @property
+    def gpus(self) -> int:
+        return self.cluster.num_gpus
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One named legality rule, vectorized: ``bad(P, scene)`` is a boolean per plan of ``P`` (a
+    :class:`PlanBatch`, or any object with its attribute names as arrays); ``message(p, scene)``
+    explains it for one plan ``p`` (the same attributes as Python scalars).
+
+    ``reason`` is the key the search counts removals under (rules may share one); ``axes`` the
+    attributes ``bad`` reads (the search applies a rule in the earliest stage that has them all);
+    ``field`` and ``accepted`` what ``Plan`` names when the rule needs no scene (``uses_scene``).
+    Prune rules may read the search's own ``etp_is_tp`` (expert TP equal to TP)."""
+    name: str
+    reason: str
+    kind: str
+    axes: frozenset
+    bad: Callable[[Any, Scene | None], Any]
+    message: Callable[[Any, Scene | None], str]
+    field: str = "plan"
+    accepted: str | None = None
+    uses_scene: bool = True
+
+    def mask(self, P, scene: Scene | None) -> np.ndarray:
+        """``bad`` as a boolean array with one entry per plan of ``P``."""
+        return np.broadcast_to(np.asarray(self.bad(P, scene), bool), (_rows(P),))
+
+    def explain(self, P, scene: Scene | None) -> str:
+        """The message for the first plan of ``P``."""
+        return self.message(_first(P), scene)
+
+
+def _rows(P) -> int:
+    """How many plans ``P`` holds (its longest array attribute)."""
+    return max((np.size(v) for v in vars(P).values() if isinstance(v, np.ndarray)), default=1)
+
+
+def _first(P) -> SimpleNamespace:
+    """The first plan of ``P`` as Python scalars."""
+    return SimpleNamespace(**{k: (np.ravel(v)[0].item() if isinstance(v, np.ndarray) else v)
+                              for k, v in vars(P).items()})
+
+
+def _mp(P):
+    return P.tp * P.pp * P.cp
+
+
+def _degrees_message(p, s: Scene) -> str:
+    mp = p.tp * p.pp * p.cp
+    if s.fixed_dp:
+        return (f"tp({p.tp}) * pp({p.pp}) * dp({s.fixed_dp}) * cp({p.cp}) = {mp * s.fixed_dp} != "
+                f"gpus({s.gpus})")
+    return f"tp({p.tp}) * pp({p.pp}) * cp({p.cp}) = {mp} does not divide gpus({s.gpus})"
+
+
+def _batch_ok(P, s: Scene):
+    return (P.dp > 0) & (s.job.global_batch % np.maximum(P.dp * P.micro_batch, 1) == 0)
+
+
+def _micro_batches(P, s: Scene):
+    return np.where(_batch_ok(P, s), s.job.global_batch // np.maximum(P.dp * P.micro_batch, 1), 0)
+
+
+def _seq_shard_message(p, s: Scene) -> str:
+    sp = getattr(p, "sp", False)
+    shard = p.cp * (p.tp if sp else 1)
+    what = f"cp({p.cp}) * tp({p.tp})" if sp else f"cp({p.cp})"
+    return f"seq_len({s.job.seq_len}) % {what} = {s.job.seq_len % shard}, must be 0"
+
+
+def _moe(s: Scene) -> bool:
+    return s.model.moe is not None
+
+
+def _experts_message(p, s: Scene) -> str:
+    e = s.model.moe.experts
+    return f"experts({e}) % ep({p.ep}) = {e % p.ep}, must be 0"
+
+
+def _r(name, reason, kind, axes, bad, message, **kw) -> Rule:
+    return Rule(name, reason, kind, frozenset(axes), bad, message, **kw)
+
+
+RULES: tuple[Rule, ...] = (
+    _r("degrees-divide-gpus", "tp*pp*cp does not divide the GPU count", ILLEGAL, ("tp", "pp", "cp"),
+       lambda P, s: s.gpus % _mp(P) != 0, _degrees_message),
+    _r("dp-matches-degrees", "dp differs from --fix dp", ILLEGAL, ("tp", "pp", "cp"),
+       lambda P, s: bool(s.fixed_dp) & (s.gpus % _mp(P) == 0) & (_mp(P) * (s.fixed_dp or 0) != s.gpus),
+       _degrees_message),
+    _r("tp-splits-heads", "tp does not divide the attention heads", ILLEGAL, ("tp",),
+       lambda P, s: s.model.heads % P.tp != 0,
+       lambda p, s: f"heads({s.model.heads}) % tp({p.tp}) = {s.model.heads % p.tp}, must be 0"),
+    _r("tp-kv-heads", "tp and the KV heads do not divide one another", ILLEGAL, ("tp",),
+       lambda P, s: (s.model.kv_heads % P.tp != 0) & (P.tp % s.model.kv_heads != 0),
+       lambda p, s: f"kv_heads({s.model.kv_heads}) and tp({p.tp}) must divide one another"),
+    _r("batch-divisible", "global batch not divisible by dp*micro_batch", ILLEGAL, ("dp", "micro_batch"),
+       lambda P, s: (P.dp > 0) & ~_batch_ok(P, s),
+       lambda p, s: (f"global_batch({s.job.global_batch}) % (dp({p.dp}) * micro_batch({p.micro_batch})) = "
+                     f"{s.job.global_batch % (p.dp * p.micro_batch)}, must be 0")),
+    _r("layers-divisible", "layers not divisible by pp*vpp", ILLEGAL, ("pp", "vpp"),
+       lambda P, s: s.model.layers % (P.pp * P.vpp) != 0,
+       lambda p, s: (f"layers({s.model.layers}) % (pp({p.pp}) * vpp({p.vpp})) = "
+                     f"{s.model.layers % (p.pp * p.vpp)}, must be 0")),
+    _r("schedule-needs-pipeline", "schedule irrelevant without pipeline (pp=1 keeps 1f1b)", PRUNE,
+       ("pp", "schedule_code"), lambda P, s: (P.pp == 1) & (P.schedule_code != Schedule.ONE_F_ONE_B),
+       lambda p, s: "without a pipeline (pp=1) every schedule runs alike; the search keeps 1f1b", uses_scene=False),
+    _r("interleaved-needs-pp", "the interleaved schedule needs pp > 1", ILLEGAL, ("pp", "schedule_code"),
+       lambda P, s: (P.pp == 1) & (P.schedule_code == Schedule.INTERLEAVED),
+       lambda p, s: "the interleaved schedule needs pp > 1", field="schedule", uses_scene=False),
+    _r("vpp-needs-interleaved", "vpp>1 needs the interleaved schedule and vice versa", ILLEGAL,
+       ("vpp", "schedule_code"), lambda P, s: (P.vpp > 1) & (P.schedule_code != Schedule.INTERLEAVED),
+       lambda p, s: f"vpp={p.vpp} needs --schedule interleaved (got {Schedule(p.schedule_code).label})",
+       field="vpp", uses_scene=False),
+    _r("interleaved-needs-vpp", "vpp>1 needs the interleaved schedule and vice versa", PRUNE,
+       ("vpp", "schedule_code"), lambda P, s: (P.vpp == 1) & (P.schedule_code == Schedule.INTERLEAVED),
+       lambda p, s: "interleaved with vpp=1 runs as 1f1b; the search keeps 1f1b", uses_scene=False),
+    _r("interleaved-micro-batches", "interleaved needs micro-batches % pp == 0", ILLEGAL,
+       ("schedule_code", "dp", "micro_batch", "pp"),
+       lambda P, s: (P.schedule_code == Schedule.INTERLEAVED) & _batch_ok(P, s) & (_micro_batches(P, s) % P.pp != 0),
+       lambda p, s: (lambda m: f"micro-batches per step ({m}) % pp({p.pp}) = {m % p.pp}; the interleaved "
+                               "schedule needs a multiple of pp")(s.job.global_batch // (p.dp * p.micro_batch))),
+    _r("seq-splits-over-cp", "seq_len not divisible by cp", ILLEGAL, ("cp",),
+       lambda P, s: s.job.seq_len % P.cp != 0, _seq_shard_message),
+    _r("ring-balanced-chunks", "ring attention needs seq_len divisible by 2*cp", ILLEGAL, ("cp", "cp_mode_code"),
+       lambda P, s: (P.cp > 1) & (P.cp_mode_code == CpMode.RING) & (s.job.seq_len % (2 * P.cp) != 0),
+       lambda p, s: f"seq_len({s.job.seq_len}) % (2 * cp({p.cp})) must be 0 (load-balanced causal chunks)"),
+    _r("bf16-supported", "no bf16 support on this accelerator", ILLEGAL, ("dtype",),
+       lambda P, s: (P.dtype == Dtype.BF16.label) and Dtype.BF16.label not in s.cluster.accelerator.peak_flops,
+       lambda p, s: f"{s.cluster.accelerator.name} has no bf16 support; use --dtype fp16"),
+    _r("ep-needs-moe", "expert parallelism needs a mixture-of-experts model", ILLEGAL, ("ep",),
+       lambda P, s: (P.ep > 1) & (not _moe(s)),
+       lambda p, s: f"ep({p.ep}) needs a mixture-of-experts model; {s.model.name} is dense"),
+    _r("ep-divides-dp", "ep must divide dp", ILLEGAL, ("ep", "dp"),
+       lambda P, s: (P.dp > 0) & (P.dp % P.ep != 0) & _moe(s),
+       lambda p, s: (f"dp({p.dp}) % ep({p.ep}) = {p.dp % p.ep}, must be 0 (expert parallelism is carved from "
+                     "data parallelism)")),
+    _r("ep-divides-experts", "ep does not divide the experts", ILLEGAL, ("ep",),
+       lambda P, s: _moe(s) and (s.model.moe.experts % P.ep != 0), _experts_message),
+    _r("cp-mode-needs-cp", "cp mode irrelevant without context parallelism", PRUNE, ("cp", "cp_mode_code"),
+       lambda P, s: (P.cp == 1) & (P.cp_mode_code != CpMode.RING),
+       lambda p, s: "without context parallelism (cp=1) the cp mode changes nothing; the search keeps ring",
+       uses_scene=False),
+    _r("ulysses-splits-heads", "Ulysses needs heads/tp divisible by cp", ILLEGAL, ("cp_mode_code", "tp", "cp"),
+       lambda P, s: (P.cp_mode_code == CpMode.ULYSSES) & ((s.model.heads // P.tp) % P.cp != 0),
+       lambda p, s: f"Ulysses splits heads: heads/tp ({s.model.heads // p.tp}) % cp({p.cp}) must be 0"),
+    _r("offload-params-needs-zero3", "offload needs ZeRO>=1, parameter offload ZeRO-3", ILLEGAL,
+       ("offload_params", "offload_code", "zero"),
+       lambda P, s: P.offload_params & ((P.offload_code == Offload.NONE) | (P.zero != 3)),
+       lambda p, s: "parameter offload (ZeRO-Infinity) needs --zero 3 and --offload cpu or nvme",
+       field="offload_params", uses_scene=False),
+    _r("offload-needs-zero", "offload needs ZeRO>=1, parameter offload ZeRO-3", ILLEGAL, ("offload_code", "zero"),
+       lambda P, s: (P.offload_code != Offload.NONE) & (P.zero == 0),
+       lambda p, s: "optimizer offload needs a ZeRO stage >= 1 (ZeRO-Offload builds on ZeRO-2)",
+       field="offload", accepted="--zero 1, 2 or 3 with --offload cpu|nvme", uses_scene=False),
+    _r("compression-needs-zero0", "compressed optimizers need ZeRO-0", ILLEGAL, ("optimizer_code", "zero"),
+       lambda P, s: (P.optimizer_code != Optimizer.ADAM) & (P.zero != 0),
+       lambda p, s: (f"{Optimizer(p.optimizer_code).label} compresses the plain data-parallel all-reduce and "
+                     "does not combine with ZeRO (DeepSpeed)"),
+       field="optimizer", accepted="--zero 0", uses_scene=False),
+    _r("delayed-update-needs-cpu-offload", "delayed update needs CPU offload", ILLEGAL,
+       ("delayed_update", "offload_code"), lambda P, s: P.delayed_update & (P.offload_code != Offload.CPU),
+       lambda p, s: "the one-step delayed parameter update (ZeRO-Offload DPU) needs --offload cpu",
+       field="delayed_update", uses_scene=False),
+    _r("sp-needs-tp", "sequence parallelism needs tp>1", ILLEGAL, ("sp", "tp"),
+       lambda P, s: P.sp & (P.tp == 1), lambda p, s: "Megatron sequence parallelism needs tp > 1",
+       field="sp", uses_scene=False),
+    _r("seq-splits-over-cp-tp", "seq_len not divisible by cp*tp under sequence parallelism", ILLEGAL,
+       ("sp", "cp", "tp"),
+       lambda P, s: P.sp & (s.job.seq_len % P.cp == 0) & (s.job.seq_len % (P.cp * P.tp) != 0),
+       _seq_shard_message),
+    _r("etp-equal-tp-needs-tp", "expert tensor parallelism needs tp>1", PRUNE, ("etp_is_tp", "tp"),
+       lambda P, s: P.etp_is_tp & (P.tp == 1),
+       lambda p, s: "with tp=1, expert TP equal to TP is expert TP 1; the search keeps that", uses_scene=False),
+    _r("etp-divides-tp", "etp must divide tp", ILLEGAL, ("tp", "etp"),
+       lambda P, s: P.tp % P.etp != 0,
+       lambda p, s: f"expert tensor parallelism etp({p.etp}) must divide tp({p.tp})", field="etp",
+       uses_scene=False),
+)
+RULES_BY_NAME = {r.name: r for r in RULES}
+
+
+def failed_rules(P, scene: Scene | None, kinds=(ILLEGAL,), available=None) -> list[Rule]:
+    """The rules of the given kinds that reject the first plan of ``P``; with ``available`` (attribute
+    names) only the rules that read nothing else."""
+    return [r for r in RULES if r.kind in kinds and (available is None or r.axes <= set(available))
+            and r.mask(P, scene)[0]]
+
+
 def check_plan(plan: Plan, model, job, cluster) -> Plan:
     """Check a plan against the model, the job and the cluster; return it with dp filled.
 
-    Raises one ConfigError listing every violated rule with its factors.
+    Raises one ConfigError listing every violated rule (of :data:`RULES`) with its factors.
     """
     gpus = cluster.num_gpus
-    problems: list[str] = []
-    if not plan.dp and gpus % plan.model_parallel:
-        problems.append(f"tp({plan.tp}) * pp({plan.pp}) * cp({plan.cp}) = {plan.model_parallel} does not divide "
-                        f"gpus({gpus})")
-        plan = replace(plan, dp=max(1, gpus // plan.model_parallel))
+    scene = Scene(model, job, cluster, plan.dp or None)
+    if plan.dp:
+        filled = plan
     else:
-        plan = plan.with_dp_for(gpus)
-        if plan.tp * plan.pp * plan.dp * plan.cp != gpus:
-            problems.append(f"tp({plan.tp}) * pp({plan.pp}) * dp({plan.dp}) * cp({plan.cp}) = "
-                            f"{plan.tp * plan.pp * plan.dp * plan.cp} != gpus({gpus})")
-    t, p, d, c, v, b = plan.tp, plan.pp, plan.dp, plan.cp, plan.vpp, plan.micro_batch
-    if model.heads % t:
-        problems.append(f"heads({model.heads}) % tp({t}) = {model.heads % t}, must be 0")
-    if model.kv_heads % t and t % model.kv_heads:
-        problems.append(f"kv_heads({model.kv_heads}) and tp({t}) must divide one another")
-    if model.layers % (p * v):
-        problems.append(f"layers({model.layers}) % (pp({p}) * vpp({v})) = {model.layers % (p * v)}, must be 0")
-    if job.global_batch % (d * b):
-        problems.append(f"global_batch({job.global_batch}) % (dp({d}) * micro_batch({b})) = "
-                        f"{job.global_batch % (d * b)}, must be 0")
-    else:
-        m = job.global_batch // (d * b)
-        if plan.schedule == "interleaved" and m % p:
-            problems.append(f"micro-batches per step ({m}) % pp({p}) = {m % p}; the interleaved schedule "
-                            "needs a multiple of pp")
-    shard = c * (t if plan.sp else 1)
-    if job.seq_len % shard:
-        what = f"cp({c}) * tp({t})" if plan.sp else f"cp({c})"
-        problems.append(f"seq_len({job.seq_len}) % {what} = {job.seq_len % shard}, must be 0")
-    if c > 1 and plan.cp_mode == "ring" and job.seq_len % (2 * c):
-        problems.append(f"seq_len({job.seq_len}) % (2 * cp({c})) must be 0 (load-balanced causal chunks)")
-    if plan.dtype == "bf16" and "bf16" not in cluster.accelerator.peak_flops:
-        problems.append(f"{cluster.accelerator.name} has no bf16 support; use --dtype fp16")
-    if plan.ep > 1:
-        if model.moe is None:
-            problems.append(f"ep({plan.ep}) needs a mixture-of-experts model; {model.name} is dense")
-        else:
-            if d % plan.ep:
-                problems.append(f"dp({d}) % ep({plan.ep}) = {d % plan.ep}, must be 0 (expert parallelism is "
-                                "carved from data parallelism)")
-            if model.moe.experts % plan.ep:
-                problems.append(f"experts({model.moe.experts}) % ep({plan.ep}) = {model.moe.experts % plan.ep}, "
-                                "must be 0")
-    if plan.cp_mode == "ulysses" and c > 1 and (model.heads // t) % c:
-        problems.append(f"Ulysses splits heads: heads/tp ({model.heads // t}) % cp({c}) must be 0")
+        filled = replace(plan, dp=max(1, gpus // plan.model_parallel))
+    view = PlanBatch.from_plans([filled])
+    problems = [r.explain(view, scene) for r in failed_rules(view, scene)]
     if problems:
         raise ConfigError("plan", "; ".join(problems))
-    return plan
+    return filled

@@ -111,9 +111,10 @@ def add_plan_args(ap: argparse.ArgumentParser) -> None:
 
 def add_search_args(ap: argparse.ArgumentParser, *, max_memory_fraction: float | None) -> None:
     """The search options ``plan`` and ``whatif`` share: --fix, --no-offload, --max-memory-fraction."""
-    ap.add_argument("--fix", action="append", metavar="AXIS=VALUE", help="pin an axis of the search "
-                    "(at every point, for whatif): tp, pp, dp, cp, vpp, micro_batch, schedule, sp, zero, "
-                    "recompute, offload")
+    ap.add_argument("--fix", action="append", metavar="AXIS=VALUE", help="pin an axis or mode of the search "
+                    "(at every point, for whatif), by name: any plan field, e.g. tp=8, zero=1, "
+                    "schedule=interleaved, recompute=selective, optimizer=adam, cp_mode=ulysses, dtype=bf16, "
+                    "flash_attention=false")
     ap.add_argument("--no-offload", action="store_true", help="do not consider CPU/NVMe offload")
     ap.add_argument("--max-memory-fraction", type=float, default=max_memory_fraction,
                     help="use at most this share of each GPU's memory (default 1.0)")

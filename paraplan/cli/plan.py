@@ -12,38 +12,12 @@ from paraplan.cli.common import (add_plan_flag, add_scenario_args, add_search_ar
 from paraplan.errors import ConfigError
 from paraplan.planfile import write_plan_file
 from paraplan.planner.search import explain_infeasible, search, suggest_feasible, why_best_beats_runner_up
-from paraplan.planner.space import SpaceOptions
+from paraplan.planner.space import SpaceOptions, parse_fix
 from paraplan.planner.stages import describe_layout, stage_layout
 from paraplan.reports.text import render_estimate
 from paraplan.workloads.transformer import TrainingJob
 
 PLAN_SCHEMA_OUT = "paraplan.plan-search/1"
-
-
-def parse_fix(items) -> dict:
-    fixed = {}
-    for item in items or []:
-        if "=" not in item:
-            raise ConfigError("--fix", f"expected AXIS=VALUE, got {item!r}", accepted="e.g. --fix tp=8 --fix zero=1")
-        key, value = item.split("=", 1)
-        key = key.strip().replace("-", "_")
-        value = value.strip()
-        if key in ("schedule", "recompute", "offload"):
-            fixed[key] = value
-        elif key == "sp":
-            if value.lower() not in ("true", "false", "1", "0"):
-                raise ConfigError("--fix sp", f"expected true or false, got {value!r}")
-            fixed[key] = value.lower() in ("true", "1")
-        else:
-            try:
-                fixed[key] = int(value)
-            except ValueError:
-                raise ConfigError(f"--fix {key}", f"expected an integer, got {value!r}") from None
-    from paraplan.plan import OFFLOAD, RECOMPUTE, SCHEDULES
-    for key, accepted in (("schedule", SCHEDULES), ("recompute", RECOMPUTE), ("offload", OFFLOAD)):
-        if key in fixed and fixed[key] not in accepted:
-            raise ConfigError(f"--fix {key}", f"unknown value {fixed[key]!r}", accepted=", ".join(accepted))
-    return fixed
 
 
 def table_rows(estimates) -> pd.DataFrame:

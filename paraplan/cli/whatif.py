@@ -5,7 +5,7 @@ import argparse
 import dataclasses
 
 from paraplan.cli.common import add_plan_args, add_scenario_args, add_search_args, plan_flags_given, plan_from_args
-from paraplan.cli.plan import parse_fix
+from paraplan.planner.space import parse_fix
 from paraplan.errors import ConfigError
 from paraplan.reports.sweep import Scenario, load_scenario, parse_sweep
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from paraplan.costmodels.comm import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SEND_RECV, collective_time,
                                       ranks_per_node, ring_time)
+from paraplan.plan import CpMode, Recompute
 
 BYTES = 2  # 16-bit activations and weights (bf16 / fp16)
 
@@ -38,7 +39,6 @@ BYTES = 2  # 16-bit activations and weights (bf16 / fp16)
 def element_bytes(plan):
     """Bytes per activation / weight element: 2 for bf16 and fp16, 4 for fp32 (``plan.dtype``)."""
     return 4 if plan.dtype == "fp32" else BYTES
-RECOMPUTE_SELECTIVE, RECOMPUTE_FULL = 1, 2
 
 
 def tokens_per_rank(job, plan):
@@ -245,7 +245,7 @@ def cp_exposed_time(model, job, plan, cluster, attn_fwd, attn_bwd):
     ulysses = 2 * ulysses_alltoall_time(model, job, plan, cluster)
     ring = _ring_exposed(model, job, plan, cluster, attn_fwd, attn_bwd)
     c = np.asarray(plan.cp, dtype=float)
-    return np.where(c > 1, np.where(np.asarray(plan.cp_mode_code) == 1, ulysses, ring), 0.0)
+    return np.where(c > 1, np.where(np.asarray(plan.cp_mode_code) == CpMode.ULYSSES, ulysses, ring), 0.0)
 
 
 def _ring_exposed(model, job, plan, cluster, attn_fwd, attn_bwd):
@@ -282,13 +282,13 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     rc = np.asarray(plan.recompute_code)
     core_kernels = np.where(np.asarray(plan.flash_attention, dtype=bool), 1.0, 4.0)
     layer_kernels = 4 + core_kernels + 8 + 4 * share_moe
-    replay = curves.recompute_overhead_time(np.where(rc == RECOMPUTE_FULL, layer_kernels, core_kernels))
-    recompute = np.where(rc == RECOMPUTE_FULL, fwd, np.where(rc == RECOMPUTE_SELECTIVE, attn_f, 0.0)) \
+    replay = curves.recompute_overhead_time(np.where(rc == Recompute.FULL, layer_kernels, core_kernels))
+    recompute = np.where(rc == Recompute.FULL, fwd, np.where(rc == Recompute.SELECTIVE, attn_f, 0.0)) \
         + np.where(rc > 0, replay, 0.0)
-    tp_comm = ar * np.where(rc == RECOMPUTE_FULL, 6, 4)
+    tp_comm = ar * np.where(rc == Recompute.FULL, 6, 4)
     cp_comm = cp_exposed_time(model, job, plan, cluster, attn_f, attn_b)
     a2a = ep_alltoall_time(model, job, plan, cluster)
-    ep_comm = share_moe * a2a * np.where(rc == RECOMPUTE_FULL, 6, 4)   # dispatch + combine, fwd and bwd
+    ep_comm = share_moe * a2a * np.where(rc == Recompute.FULL, 6, 4)   # dispatch + combine, fwd and bwd
     return {"forward": fwd, "backward": bwd, "recompute": recompute, "tp_comm": tp_comm, "cp_comm": cp_comm,
             "ep_comm": ep_comm, "tp_allreduce": ar}
 

@@ -21,6 +21,7 @@ import numpy as np
 
 from paraplan.costmodels.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time, ranks_per_node
 from paraplan.costmodels.compute import element_bytes
+from paraplan.plan import Optimizer
 
 # Share of an overlapped collective's duration that it costs the compute beneath it (NCCL kernels
 # occupy SMs and HBM bandwidth). calculon models the same effect as ``processor_usage``: 0.15 of
@@ -42,7 +43,8 @@ def hidden_under(comm, window):
 #   1-bit Adam (Tang et al. 2021, arXiv:2102.02888): "up to 5x less communication volume" → w ≈ 0.15
 #   0/1 Adam (Lu et al. 2022, arXiv:2202.06009): "up to 87% less data volume" → w ≈ 0.07
 #   1-bit LAMB (Li et al. 2021, arXiv:2104.06069): "up to 4.6x less communication volume" → w ≈ 0.16
-COMPRESSED_OPTIMIZERS = {1: (0.15, 1 / 16), 2: (0.07, 1 / 16), 3: (0.16, 1 / 16)}
+COMPRESSED_OPTIMIZERS = {Optimizer.ONEBIT_ADAM: (0.15, 1 / 16), Optimizer.ZERO_ONE_ADAM: (0.07, 1 / 16),
+                         Optimizer.ONEBIT_LAMB: (0.16, 1 / 16)}
 
 
 def dp_group(plan, cluster, experts: bool = False):

@@ -21,7 +21,7 @@ from paraplan.costmodels.dataparallel import compressed_phase_factor, dp_exposed
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.offload import optimizer_and_offload, param_tensors, stage_param_tensors
 from paraplan.costmodels.pipeline import bubble_factor, bubble_fraction, p2p_messages_on_critical_path
-from paraplan.plan import Plan, check_plan
+from paraplan.plan import Plan, Recompute, check_plan
 
 SCHEMA = "paraplan.estimate/1"
 TIME_TERMS = ("compute", "recompute", "grad_accumulation", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "pp_bubble",
@@ -169,8 +169,8 @@ def step_terms(model, job, cluster, plan, curves) -> dict:
     full_fwd = model.layers * (model.matmul_flops_per_token_per_layer()
                                + model.attention_flops_per_token_per_layer(job.seq_len)) * tokens
     rc = np.asarray(plan.recompute_code)
-    flops_hw = flops_model + np.where(rc == C.RECOMPUTE_FULL, full_fwd,
-                                      np.where(rc == C.RECOMPUTE_SELECTIVE, attn_fwd, 0.0))
+    flops_hw = flops_model + np.where(rc == Recompute.FULL, full_fwd,
+                                      np.where(rc == Recompute.SELECTIVE, attn_fwd, 0.0))
     return {"time": time, "step": step, "memory": memory, "host_per_gpu": off["host"], "nvme_per_gpu": off["nvme"],
             "micro_batches": m, "flops_model": flops_model, "flops_hardware": flops_hw,
             "dp_comm_total": dp_total, "last_stage_is_peak": last_is_peak,

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from paraplan.costmodels.compute import (BYTES, RECOMPUTE_FULL, RECOMPUTE_SELECTIVE, element_bytes,
-                                         einsum_dispatch_slots, expert_token_factor, tokens_per_rank)
+from paraplan.costmodels.compute import (BYTES, element_bytes, einsum_dispatch_slots, expert_token_factor,
+                                         tokens_per_rank)
+from paraplan.plan import Offload, Recompute, Schedule
 
 OPTIMIZER_BYTES_PER_PARAM = 12   # fp32 master weights, momentum, variance (K in the ZeRO paper)
 FP32_OPTIMIZER_BYTES_PER_PARAM = 8   # plain fp32 Adam: momentum and variance, no master copy
@@ -32,8 +33,6 @@ FP32_OPTIMIZER_BYTES_PER_PARAM = 8   # plain fp32 Adam: momentum and variance, n
 def optimizer_bytes_per_param(plan):
     """K: 12 with 16-bit training (fp32 master weights, momentum, variance), 8 in plain fp32."""
     return FP32_OPTIMIZER_BYTES_PER_PARAM if plan.dtype == "fp32" else OPTIMIZER_BYTES_PER_PARAM
-SCHEDULE_1F1B, SCHEDULE_INTERLEAVED, SCHEDULE_GPIPE, SCHEDULE_ZB_H1 = 0, 1, 2, 3
-OFFLOAD_NONE, OFFLOAD_CPU, OFFLOAD_NVME = 0, 1, 2
 
 
 def expert_params_per_gpu(model, plan):
@@ -68,7 +67,7 @@ def model_state_bytes(params, plan, shard_degree=None) -> dict:
     optimizer states and fp32 gradients off the GPU, parameter offload the 16-bit parameters too."""
     n = np.asarray(plan.dp, dtype=float) * plan.cp if shard_degree is None else shard_degree
     z = np.asarray(plan.zero)
-    off = np.asarray(plan.offload_code) != OFFLOAD_NONE
+    off = np.asarray(plan.offload_code) != Offload.NONE
     off_params = np.asarray(plan.offload_params, dtype=bool)
     eb, k = element_bytes(plan), optimizer_bytes_per_param(plan)
     weights = np.where(z >= 3, eb * params / n, eb * params)
@@ -116,7 +115,7 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
     none = wide * (unsharded + sharded + scores)
     selective = wide * (unsharded + sharded)
     full = element_bytes(plan) * h * T / np.where(sp, t, 1.0)
-    return np.where(rc == RECOMPUTE_FULL, full, np.where(rc == RECOMPUTE_SELECTIVE, selective, none))
+    return np.where(rc == Recompute.FULL, full, np.where(rc == Recompute.SELECTIVE, selective, none))
 
 
 def micro_batches(job, plan):
@@ -131,8 +130,8 @@ def in_flight_micro_batches(job, plan):
     sc = np.asarray(plan.schedule_code)
     one_f_one_b = np.minimum(m, p)
     interleaved = p * (1 + (p - 1) / (p * v))
-    return np.where(p == 1, 1.0, np.where(sc == SCHEDULE_GPIPE, m,
-                                          np.where(sc == SCHEDULE_INTERLEAVED, interleaved, one_f_one_b)))
+    return np.where(p == 1, 1.0, np.where(sc == Schedule.GPIPE, m,
+                                          np.where(sc == Schedule.INTERLEAVED, interleaved, one_f_one_b)))
 
 
 def activation_bytes(model, job, plan) -> dict:
@@ -144,8 +143,8 @@ def activation_bytes(model, job, plan) -> dict:
     per_layer = activation_bytes_per_layer(model, job, plan)
     layers = model.layers / p
     # full recompute rematerializes one layer at a time during backward
-    working = np.where(np.asarray(plan.recompute_code) == RECOMPUTE_FULL,
-                       activation_bytes_per_layer(model, job, plan, recompute_code=0), 0.0)
+    working = np.where(np.asarray(plan.recompute_code) == Recompute.FULL,
+                       activation_bytes_per_layer(model, job, plan, recompute_code=Recompute.NONE), 0.0)
     embedding_out = (element_bytes(plan) + 1) * T * model.hidden / np.where(sp, t, 1.0)  # output + dropout mask
     logits = 4.0 * T * model.vocab / t + element_bytes(plan) * T * model.hidden  # fp32 logits for the loss
     inflight = in_flight_micro_batches(job, plan)
@@ -168,7 +167,7 @@ def buffer_bytes(model, plan, runtime_reserved_bytes):
     t = np.asarray(plan.tp, dtype=float)
     gathered = 2 * element_bytes(plan) * model.params_per_layer / t
     z3 = np.asarray(plan.zero) >= 3
-    offload = np.asarray(plan.offload_code) != OFFLOAD_NONE
+    offload = np.asarray(plan.offload_code) != Offload.NONE
     buckets = BYTES * (2 * DEEPSPEED_REDUCE_BUCKET + DEEPSPEED_ALLGATHER_BUCKET)
     return runtime_reserved_bytes + np.where(z3, gathered, 0.0) + np.where(offload, buckets, 0.0)
 
@@ -187,6 +186,6 @@ def offloaded_bytes_per_gpu(shard, plan) -> dict:
     off_params = np.asarray(plan.offload_params, dtype=bool)
     states = (OPTIMIZER_BYTES_PER_PARAM + 4) * shard + np.where(off_params, BYTES * shard, 0.0)
     staging = 16 * np.minimum(shard, NVME_STAGING_PARAMS)
-    host = np.where(oc == OFFLOAD_CPU, states, np.where(oc == OFFLOAD_NVME, staging, 0.0))
-    nvme = np.where(oc == OFFLOAD_NVME, states, 0.0)
+    host = np.where(oc == Offload.CPU, states, np.where(oc == Offload.NVME, staging, 0.0))
+    nvme = np.where(oc == Offload.NVME, states, 0.0)
     return {"host": host, "nvme": nvme}

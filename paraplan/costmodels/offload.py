@@ -29,7 +29,8 @@ from __future__ import annotations
 import numpy as np
 
 from paraplan.costmodels.compute import BYTES
-from paraplan.costmodels.memory import OFFLOAD_CPU, OFFLOAD_NONE, OFFLOAD_NVME, OPTIMIZER_BYTES_PER_PARAM
+from paraplan.costmodels.memory import OPTIMIZER_BYTES_PER_PARAM
+from paraplan.plan import Offload, Optimizer
 
 ERROR_FEEDBACK_BYTES_PER_PARAM = 12
 
@@ -67,7 +68,7 @@ def cpu_adam_time(shard, cluster, curves):
 def optimizer_time(shard, plan, cluster, curves, tensors=None):
     """Seconds of the optimizer step on the GPU or on the host CPUs (before any overlap);
     ``tensors`` (:func:`param_tensors`) is used only by curves that measured the step."""
-    compressed = np.asarray(plan.optimizer_code) != 0
+    compressed = np.asarray(plan.optimizer_code) != Optimizer.ADAM
     per_param = curves.gpu_adam_bytes_per_param + np.where(compressed, ERROR_FEEDBACK_BYTES_PER_PARAM, 0)
     gpu = curves.memory_time(per_param * shard, kernels=4)
     measured = getattr(curves, "adam_step_time", None)
@@ -76,7 +77,7 @@ def optimizer_time(shard, plan, cluster, curves, tensors=None):
         if t is not None:
             gpu = t + curves.memory_time(np.where(compressed, ERROR_FEEDBACK_BYTES_PER_PARAM, 0) * shard,
                                          kernels=0)
-    return np.where(np.asarray(plan.offload_code) == OFFLOAD_NONE, gpu, cpu_adam_time(shard, cluster, curves))
+    return np.where(np.asarray(plan.offload_code) == Offload.NONE, gpu, cpu_adam_time(shard, cluster, curves))
 
 
 def offload_transfer_times(shard, plan, cluster, m, t_micro_fwd, t_micro_bwd) -> dict:
@@ -85,18 +86,18 @@ def offload_transfer_times(shard, plan, cluster, m, t_micro_fwd, t_micro_bwd) ->
     g = cluster.gpus_per_node
     pcie = sysm.pcie_bandwidth_bytes_per_s
     oc = np.asarray(plan.offload_code)
-    off = oc != OFFLOAD_NONE
+    off = oc != Offload.NONE
     grads_down = np.maximum(0.0, BYTES * shard / pcie - t_micro_bwd)
     params_up = BYTES * shard / pcie
     nvme_states = shard * g * ((OPTIMIZER_BYTES_PER_PARAM + 4) / sysm.nvme_read_bytes_per_s
                                + OPTIMIZER_BYTES_PER_PARAM / sysm.nvme_write_bytes_per_s)
     fetch_pcie = 2 * BYTES * shard / pcie
     fetch_nvme = 2 * BYTES * shard * g / sysm.nvme_read_bytes_per_s
-    fetch = np.where(oc == OFFLOAD_NVME, np.maximum(fetch_pcie, fetch_nvme), fetch_pcie)
+    fetch = np.where(oc == Offload.NVME, np.maximum(fetch_pcie, fetch_nvme), fetch_pcie)
     param_fetch = m * np.maximum(0.0, fetch - (t_micro_fwd + t_micro_bwd))
     return {"grads_to_host": np.where(off, grads_down, 0.0),
             "params_to_gpu": np.where(off, params_up, 0.0),
-            "nvme_optimizer_states": np.where(oc == OFFLOAD_NVME, nvme_states, 0.0),
+            "nvme_optimizer_states": np.where(oc == Offload.NVME, nvme_states, 0.0),
             "param_fetch": np.where(off & np.asarray(plan.offload_params, dtype=bool), param_fetch, 0.0)}
 
 

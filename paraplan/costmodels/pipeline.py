@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from paraplan.costmodels.memory import SCHEDULE_INTERLEAVED, SCHEDULE_ZB_H1
+from paraplan.plan import Schedule
 
 
 def bubble_factor(plan):
     """Multiplier on the (p − 1)·t bubble: 1 (GPipe, 1F1B), 1/v (interleaved), 1/3 (ZB-H1)."""
     sc = np.asarray(plan.schedule_code)
     v = np.asarray(plan.vpp, dtype=float)
-    return np.where(sc == SCHEDULE_INTERLEAVED, 1 / v, np.where(sc == SCHEDULE_ZB_H1, 1 / 3, 1.0))
+    return np.where(sc == Schedule.INTERLEAVED, 1 / v, np.where(sc == Schedule.ZB_H1, 1 / 3, 1.0))
 
 
 def bubble_fraction(plan, m):

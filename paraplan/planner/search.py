@@ -19,7 +19,8 @@ from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.estimate import Estimate, TIME_TERMS, estimate, step_terms
 from paraplan.errors import InfeasiblePlan
 from paraplan.hardware.topology import links_for_plan
-from paraplan.planner.space import PlanBatch, SpaceOptions, compose
+from paraplan.plan import PlanBatch
+from paraplan.planner.space import SpaceOptions, compose
 from paraplan.workloads.transformer import TrainingJob
 
 CHUNK = 200_000

@@ -29,7 +29,7 @@ from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.errors import ConfigError
 from paraplan.reports import data as D
 from paraplan.reports import figures as F
-from paraplan.reports.html import FIGURE_ORDER, FIGURE_TITLES, render_html
+from paraplan.reports.html import FIGURE_ORDER, render_html
 from paraplan.reports.sweep import (LABELS, Point, PointResult, Scenario, base_point, load_scenario,
                                     parse_sweep, resolve_points, run_points, scenario_from_mapping)
 

@@ -19,14 +19,13 @@ from itertools import product
 from pathlib import Path
 from typing import Any, Mapping
 
-from paraplan.cli.plan import parse_fix
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError
 from paraplan.io import read_yaml
 from paraplan.plan import Plan
 from paraplan.planner.search import explain_infeasible, search
-from paraplan.planner.space import SpaceOptions
+from paraplan.planner.space import SpaceOptions, parse_fix
 from paraplan.scenario import load_cluster
 from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import TrainingJob
