@@ -131,7 +131,7 @@ def test_training_rows_are_stored_and_read_back(profile_db):
         for v in w["checkpoint"].values():
             # recomputing a region costs more than running its forward once more
             assert v["checkpointed"] > v["plain"] + v["forward"] > 0
-    c = load_cluster("local", 2, db=profile_db).accelerator.measured_curves
+    c = curves_for(load_cluster("local", 2, db=profile_db))
     assert c.recompute_overhead_time(16) > c.recompute_overhead_time(4) > 0
     per_kernel = [t / k for t, k in tr[2]["autograd"].values()]
     assert c.world_size == 2 and c.kernel_overhead_s == pytest.approx(np.median(per_kernel))
@@ -190,7 +190,7 @@ def test_recompute_pays_the_measured_checkpoint_overhead_per_layer():
     from paraplan.workloads.transformer import TrainingJob
     cfg = GPTConfig(layers=2)
     cluster = cluster_from_tables(training_tables(), 1)
-    c = cluster.accelerator.measured_curves
+    c = curves_for(cluster)
     model, job = estimator_model(cfg), TrainingJob(cfg.seq_len, 4)
     base = estimator_plan(cfg, RunPlan(micro_batch=2, global_batch=4), cpu=True)
     none = layer_times(model, job, base, c, cluster)
@@ -225,7 +225,7 @@ def test_estimate_charges_measured_optimizer_per_tensor():
     # bias), token + position embedding, final norm (2) and head
     plan0 = estimator_plan(cfg, RunPlan(dp=2, zero=0, micro_batch=2, global_batch=4), cpu=True)
     assert float(param_tensors(model, plan0)) == 2 * 12 + 2 + 3 == len(param_specs(cfg))
-    c = cluster.accelerator.measured_curves
+    c = curves_for(cluster)
     e0 = estimate(model, job, cluster, plan0)
     assert e0.time_breakdown_s["optimizer"] == pytest.approx(c.adam_step_time(model.num_params, 29))
     e1 = estimate(model, job, cluster, replace(plan0, zero=1))   # one flat shard of half the parameters
@@ -392,7 +392,7 @@ def test_unfused_gradient_accumulation_is_charged_per_extra_micro_batch():
     from paraplan.workloads.transformer import TrainingJob
     cfg = GPTConfig(layers=2)
     cluster = cluster_from_tables(training_tables(), 2)
-    c = cluster.accelerator.measured_curves
+    c = curves_for(cluster)
     model, job = estimator_model(cfg), TrainingJob(cfg.seq_len, 8)
     plan = estimator_plan(cfg, RunPlan(dp=2, zero=0, micro_batch=1, global_batch=8), cpu=True)
     assert not plan.grad_accumulation_fusion

@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Mapping
 
 import numpy as np
-import yaml
 
-from paraplan.hardware.model import Accelerator
+from paraplan.costmodels.curvefile import curve_table
+from paraplan.costmodels.profiled import ProfiledCurves
+from paraplan.hardware.model import Accelerator, MeasuredProfile
 
-CURVES_FILE = Path(__file__).parent / "curves.yaml"
 
 
 @dataclass(frozen=True)
@@ -86,14 +85,9 @@ class AnalyticalCurves:
                 "cpu_adam_memory_efficiency": self.cpu_adam_memory_efficiency}
 
 
-@functools.lru_cache(maxsize=1)
-def _curve_table() -> dict:
-    return yaml.safe_load(CURVES_FILE.read_text())
-
-
 def analytical_curves(accelerator: Accelerator) -> AnalyticalCurves:
     """The analytical curves for an accelerator: its entry in curves.yaml over the default."""
-    table = _curve_table()
+    table = curve_table()
     entry = dict(table["default"])
     specific = table.get(accelerator.name) or {}
     sources = {**entry.pop("sources", {}), **specific.get("sources", {})}
@@ -109,9 +103,15 @@ def analytical_curves(accelerator: Accelerator) -> AnalyticalCurves:
 
 
 def curves_for(cluster_or_accelerator):
-    """The curves the estimator uses by default: the measured ones a profiled device carries
-    (:mod:`paraplan.costmodels.profiled`, attached by ``load_cluster('local' | 'profile:NAME')``),
-    else the analytical ones of curves.yaml."""
+    """The curves the estimator uses by default: those of the profile a measured device carries
+    (:class:`~paraplan.hardware.model.MeasuredProfile`, attached by ``load_cluster('local' |
+    'profile:NAME')``), else the analytical ones of curves.yaml."""
     acc = getattr(cluster_or_accelerator, "accelerator", cluster_or_accelerator)
-    measured = getattr(acc, "measured_curves", None)
-    return measured if measured is not None else analytical_curves(acc)
+    measured = getattr(acc, "measured", None)
+    return measured_curves(measured) if measured is not None else analytical_curves(acc)
+
+
+@functools.lru_cache(maxsize=16)
+def measured_curves(profile: MeasuredProfile) -> ProfiledCurves:
+    """The efficiency curves of a measured profile (built once per profile object)."""
+    return ProfiledCurves.from_tables(profile.tables, name=profile.name, world_size=profile.world_size)

@@ -32,8 +32,8 @@ RUNTIME_RESERVED_BYTES = 1.5 * 2**30
 
 def runtime_reserved_bytes(cluster) -> float:
     """The per-GPU runtime reserve: none for a profiled CPU device (no CUDA context or NCCL)."""
-    measured = getattr(cluster.accelerator, "measured_curves", None)
-    if measured is not None and getattr(measured, "device", "") == "cpu":
+    measured = cluster.accelerator.measured
+    if measured is not None and measured.device == "cpu":
         return 0.0
     return RUNTIME_RESERVED_BYTES
 FLOP_CONVENTION = ("model FLOPs = 3 x forward FLOPs (2 per multiply-add) of all weight GEMMs, attention "

@@ -48,7 +48,7 @@ from typing import Mapping
 
 import numpy as np
 
-from paraplan.costmodels.efficiency import _curve_table
+from paraplan.costmodels.curvefile import curve_table
 from paraplan.errors import ConfigError
 
 #: torch dtype names in the profile -> the estimator's names
@@ -175,7 +175,8 @@ def training_measurements(tables: dict, device: str, world_size: int | None = No
     return out
 
 
-def _device(tables: dict) -> str:
+def measured_device(tables: dict) -> str:
+    """The device a profile measured: its CUDA device when it has one, else the CPU."""
     devs = {g["device"] for g in tables.get("gemm", [])}
     for d in sorted(devs):
         if d.startswith("cuda"):
@@ -215,7 +216,7 @@ class ProfiledCurves:
     def from_tables(cls, tables: dict, name: str = "local", world_size: int | None = None) -> "ProfiledCurves":
         """Build from :func:`paraplan.profiles.store.measured_tables`; ``world_size`` picks the
         training-step measurements taken with that many ranks busy (nearest measured)."""
-        dev = _device(tables)
+        dev = measured_device(tables)
         same = lambda d: d == dev or (d.startswith("cuda") and dev.startswith("cuda"))
         by_dtype: dict[str, list] = {}
         # the training layouts of a Linear (forward, input and weight gradients) when measured:
@@ -237,7 +238,7 @@ class ProfiledCurves:
         if not bw:
             raise ConfigError("profile", "the profile has no memory-bandwidth measurement",
                               accepted="run `paraplan profile --quick` first")
-        default = _curve_table()["default"]
+        default = curve_table()["default"]
         ew = elementwise_bandwidth(tables, dev)
         train = training_measurements(tables, dev, world_size)
         launch = t0

@@ -19,6 +19,18 @@ def _frozen_map(m: Mapping | None) -> Mapping:
     return MappingProxyType(dict(m or {}))
 
 
+@dataclass(frozen=True, eq=False)
+class MeasuredProfile:
+    """What ``paraplan profile`` measured on one device, as plain tables
+    (:func:`paraplan.profiles.store.measured_tables`), with the device and the number of ranks the
+    cluster was loaded for. Hardware data only: the cost models read their curves from it
+    (:func:`paraplan.costmodels.efficiency.curves_for`). Compared and hashed by identity."""
+    name: str
+    device: str
+    world_size: int
+    tables: Mapping = field(repr=False)
+
+
 @dataclass(frozen=True)
 class CacheLevel:
     """One level of a CPU's cache hierarchy.
@@ -94,9 +106,8 @@ class Accelerator:
     streaming_multiprocessors: int
     flash_attention: bool = True
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
-    #: measured efficiency curves (a :class:`paraplan.costmodels.profiled.ProfiledCurves`) for a
-    #: device described by a profile; None for catalogue parts (analytical curves)
-    measured_curves: object = field(default=None, compare=False, repr=False)
+    #: what a profile measured on this device (None for catalogue parts: analytical curves)
+    measured: "MeasuredProfile | None" = field(default=None, compare=False, repr=False)
 
     def peak(self, dtype: str) -> float:
         v = self.peak_flops.get(dtype)

@@ -17,9 +17,8 @@ import numpy as np
 
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.estimate import Estimate, TIME_TERMS, estimate, step_terms
-from paraplan.errors import InfeasiblePlan
 from paraplan.hardware.topology import links_for_plan
-from paraplan.plan import PlanBatch
+from paraplan.plan import PLAN_FIELDS, PlanBatch
 from paraplan.planner.space import SpaceOptions, compose
 from paraplan.workloads.transformer import TrainingJob
 
@@ -138,10 +137,9 @@ def why_best_beats_runner_up(best: Estimate, runner_up: Estimate) -> str:
     moved = sorted(((v, k) for k, v in diffs.items() if abs(v) > 1e-9), key=lambda x: -abs(x[0]))[:3]
     parts = [f"{k} {'+' if v > 0 else '−'}{abs(v):.3g} s" for v, k in moved]
     changed = [f"{f}: {getattr(best.plan, f)} vs {getattr(runner_up.plan, f)}"
-               for f in ("tp", "pp", "dp", "cp", "sp", "vpp", "micro_batch", "schedule", "zero", "recompute",
-                         "offload") if getattr(best.plan, f) != getattr(runner_up.plan, f)]
+               for f in PLAN_FIELDS if getattr(best.plan, f) != getattr(runner_up.plan, f)]
     return (f"best is {gap:.3g} s ({100 * gap / runner_up.step_time_s:.1f}%) faster than the runner-up "
-            f"({'; '.join(changed) or 'same degrees'}); the runner-up pays {', '.join(parts) or 'nothing more'}")
+            f"({'; '.join(changed) or 'same plan'}); the runner-up pays {', '.join(parts) or 'nothing more'}")
 
 
 def suggest_feasible(model, job, cluster, options: SpaceOptions | None, max_memory_fraction: float) -> list[str]:

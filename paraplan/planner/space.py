@@ -25,7 +25,6 @@ from paraplan.errors import ConfigError
 from paraplan.plan import (MODES, PLAN_FIELDS, RULES, CpMode, Dtype, Offload, Optimizer, PlanBatch,
                            Recompute, Scene, Schedule, failed_rules, parse_field)
 
-AXES = ("tp", "pp", "cp", "vpp", "micro_batch", "schedule", "sp", "zero", "recompute", "offload", "offload_params")
 OFFLOAD_CHOICES = ((Offload.NONE, False), (Offload.CPU, False), (Offload.NVME, False), (Offload.CPU, True),
                    (Offload.NVME, True))
 FIX_AXES = PLAN_FIELDS  # every plan field can be pinned by name

@@ -6,8 +6,8 @@ file) becomes one node of ``gpus`` ranks:
 * :class:`~paraplan.hardware.model.Accelerator` for the profiled device: peak FLOP/s per dtype =
   the best measured GEMM rate (so ``gemm_plateau_efficiency`` = 1), memory = the device's
   capacity (physical RAM for a CPU, as recorded by the profile, else read here), bandwidth = the
-  measured copy bandwidth; it carries the :class:`~paraplan.costmodels.profiled.ProfiledCurves`
-  the estimator then uses by default (:func:`paraplan.costmodels.efficiency.curves_for`).
+  measured copy bandwidth; it carries the :class:`~paraplan.hardware.model.MeasuredProfile` whose
+  :class:`~paraplan.costmodels.profiled.ProfiledCurves` the estimator then uses by default (:func:`paraplan.costmodels.efficiency.curves_for`).
 * the intra-node :class:`~paraplan.hardware.model.Link` fitted to the measured collectives (the
   in-step ones, each issued after about a millisecond of compute as in a training step, when the
   profile has them; else the back-to-back ones):
@@ -28,10 +28,11 @@ import os
 
 import numpy as np
 
-from paraplan.costmodels.profiled import ProfiledCurves
+from paraplan.costmodels.efficiency import measured_curves
+from paraplan.costmodels.profiled import measured_device
 from paraplan.errors import ConfigError
-from paraplan.hardware.model import (Accelerator, CacheLevel, Cluster, Cpu, GIB, Link, Nvme, System,
-                                     _frozen_map)
+from paraplan.hardware.model import (GIB, Accelerator, CacheLevel, Cluster, Cpu, Link, MeasuredProfile, Nvme,
+                                     System, _frozen_map)
 from paraplan.profiles.store import ProfileStore, default_db_path, machine_fingerprint, measured_tables
 
 PROFILE_PREFIX = "profile:"
@@ -146,7 +147,8 @@ def cluster_from_tables(tables: dict, gpus: int | None = None, label: str = "loc
     """The one-node cluster a profile describes (see the module docstring)."""
     worlds = [int(n) for per in (tables.get("collectives") or {}).values() for n in per]
     n = int(gpus) if gpus is not None else max(worlds or [1])
-    curves = ProfiledCurves.from_tables(tables, name=f"profiled-{label}", world_size=n)
+    profile = MeasuredProfile(name=f"profiled-{label}", device=measured_device(tables), world_size=n, tables=tables)
+    curves = measured_curves(profile)
     dev = curves.device
     cuda = dev.startswith("cuda")
     peaks = {}
@@ -167,7 +169,7 @@ def cluster_from_tables(tables: dict, gpus: int | None = None, label: str = "loc
         sources=_frozen_map({"peak_flops": "best measured GEMM FLOP/s per dtype",
                              "memory_bytes": mem_source,
                              "memory_bandwidth_bytes_per_s": "measured device copy (read + write)"}),
-        measured_curves=curves)
+        measured=profile)
     in_step = tables.get("collectives_in_step") or {}
     link = fitted_link(in_step or tables.get("collectives") or {}, world_size=n,
                        name=f"measured collectives{' in step' if in_step else ''} ({label})")

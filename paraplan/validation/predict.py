@@ -103,8 +103,8 @@ def predict_run(cfg, run, db: str | None = None, allow_profiling: bool = True):
     """(predicted dict, Estimate) for a harness model and run plan on this machine's profile."""
     ensure_profile(db, run.world_size, allow_profiling)
     cluster = load_cluster("local", run.world_size, db=db)
-    curves = getattr(cluster.accelerator, "measured_curves", None)
-    cpu = curves is not None and curves.device == "cpu"
+    measured = cluster.accelerator.measured
+    cpu = measured is not None and measured.device == "cpu"
     e = estimate(estimator_model(cfg), TrainingJob(cfg.seq_len, run.global_batch), cluster,
                  estimator_plan(cfg, run, cpu))
     return to_predicted(e), e

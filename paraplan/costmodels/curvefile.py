@@ -1,0 +1,16 @@
+"""The efficiency-curve parameters of ``curves.yaml`` (per accelerator, over a default), read once.
+Both the analytical curves and the measured ones (for what a profile does not measure) start here."""
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+
+import yaml
+
+CURVES_FILE = Path(__file__).parent / "curves.yaml"
+
+
+@functools.lru_cache(maxsize=1)
+def curve_table() -> dict:
+    """``curves.yaml`` as a mapping: ``default`` and one entry per accelerator name."""
+    return yaml.safe_load(CURVES_FILE.read_text())
