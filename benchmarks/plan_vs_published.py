@@ -15,7 +15,7 @@ import numpy as np
 
 from paraplan.costmodels.calibration import load_cases
 from paraplan.costmodels.efficiency import analytical_curves
-from paraplan.costmodels.estimate import estimate, step_terms
+from paraplan.costmodels.estimate import estimate
 from paraplan.planner.search import score_batch, search
 from paraplan.planner.space import SpaceOptions, compose
 

@@ -54,9 +54,9 @@ def test_megatron_flops_per_iteration_with_full_recompute():
     plan = Plan(tp=8, pp=35, dp=9, micro_batch=1, recompute="full", flash_attention=False)
     terms = step_terms(model, job, cluster, plan, analytical_curves(cluster.accelerator))
     expected = 96 * B * s * L * h**2 * (1 + s / (6 * h) + V / (16 * L * h))
-    assert float(terms["flops_hardware"]) == pytest.approx(expected, rel=1e-12)
+    assert float(terms.flops_hardware) == pytest.approx(expected, rel=1e-12)
     # and model FLOPs (no recompute) are the k = 3 form, 72·B·s·L·h²·(1 + s/(6h) + V/(12·L·h))
-    assert float(terms["flops_model"]) == pytest.approx(72 * B * s * L * h**2 * (1 + s / (6 * h) + V / (12 * L * h)),
+    assert float(terms.flops_model) == pytest.approx(72 * B * s * L * h**2 * (1 + s / (6 * h) + V / (12 * L * h)),
                                                         rel=1e-12)
 
 

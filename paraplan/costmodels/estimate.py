@@ -11,7 +11,7 @@ and the last pipeline stage (memory.py). Every term and the assumptions travel w
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Union
 
 import numpy as np
 
@@ -95,7 +95,32 @@ class Estimate:
         }
 
 
-def step_terms(model, job, cluster, plan, curves) -> dict:
+Number = Union[float, np.ndarray]
+
+
+@dataclass(frozen=True)
+class StepTerms:
+    """Every term of one plan's step, or of a batch of plans' (then each number is a numpy array
+    with one entry per plan). Seconds per step, bytes per GPU, FLOPs per step."""
+    time: Mapping[str, Number]          # TIME_TERMS -> seconds; they add up to ``step``
+    step: Number
+    memory: Mapping[str, Number]        # MEMORY_TERMS and "total" -> bytes on the peak stage's GPU
+    host_per_gpu: Number                # bytes offloaded to host memory, per GPU
+    nvme_per_gpu: Number                # bytes offloaded to NVMe, per GPU
+    micro_batches: Number
+    flops_model: Number                 # MFU's FLOPs (no recomputation)
+    flops_hardware: Number              # HFU's FLOPs (with recomputation)
+    dp_comm_total: Number               # data-parallel communication before overlap
+    last_stage_is_peak: Number          # the last pipeline stage holds the most memory
+    bubble_fraction: Number
+    warmup_share: Number                # compressed optimizers: share of steps in the uncompressed warm-up
+    step_warmup: Number
+    step_compressed: Number
+    dp_comm_warmup: Number
+    dp_comm_compressed: Number
+
+
+def step_terms(model, job, cluster, plan, curves) -> StepTerms:
     """All time and memory terms for a plan or for a batch of plans (numpy arrays in the fields)."""
     p = np.asarray(plan.pp, dtype=float)
     m = M.micro_batches(job, plan)
@@ -171,12 +196,12 @@ def step_terms(model, job, cluster, plan, curves) -> dict:
     rc = np.asarray(plan.recompute_code)
     flops_hw = flops_model + np.where(rc == Recompute.FULL, full_fwd,
                                       np.where(rc == Recompute.SELECTIVE, attn_fwd, 0.0))
-    return {"time": time, "step": step, "memory": memory, "host_per_gpu": off["host"], "nvme_per_gpu": off["nvme"],
-            "micro_batches": m, "flops_model": flops_model, "flops_hardware": flops_hw,
-            "dp_comm_total": dp_total, "last_stage_is_peak": last_is_peak,
-            "bubble_fraction": bubble_fraction(plan, m), "warmup_share": warm,
-            "step_warmup": step - dp_avg + dp_warm, "step_compressed": step - dp_avg + dp_comp,
-            "dp_comm_warmup": dp_warm, "dp_comm_compressed": dp_comp}
+    return StepTerms(time=time, step=step, memory=memory, host_per_gpu=off["host"], nvme_per_gpu=off["nvme"],
+                     micro_batches=m, flops_model=flops_model, flops_hardware=flops_hw,
+                     dp_comm_total=dp_total, last_stage_is_peak=last_is_peak,
+                     bubble_fraction=bubble_fraction(plan, m), warmup_share=warm,
+                     step_warmup=step - dp_avg + dp_warm, step_compressed=step - dp_avg + dp_comp,
+                     dp_comm_warmup=dp_warm, dp_comm_compressed=dp_comp)
 
 
 def grad_accumulation_time(model, plan, curves, m, params, n_dp):
@@ -205,33 +230,33 @@ def estimate(model, job, cluster, plan: Plan, *, curves=None, max_memory_fractio
     curves = curves or curves_for(cluster)
     terms = step_terms(model, job, cluster, plan, curves)
     n = cluster.num_gpus
-    step = _f(terms["step"])
+    step = _f(terms.step)
     tokens_per_s = job.tokens_per_step / step
     peak = cluster.accelerator.peak(plan.dtype)
-    memory = {k: _f(v) for k, v in terms["memory"].items()}
+    memory = {k: _f(v) for k, v in terms.memory.items()}
     g = cluster.gpus_per_node
-    host = _f(terms["host_per_gpu"]) * g
-    nvme = _f(terms["nvme_per_gpu"]) * g
+    host = _f(terms.host_per_gpu) * g
+    nvme = _f(terms.nvme_per_gpu) * g
     reason = infeasibility(memory["total"], host, nvme, cluster, max_memory_fraction)
     return Estimate(
         model=model.name, cluster=cluster.name, num_gpus=n, seq_len=job.seq_len, global_batch=job.global_batch,
         plan=plan, feasible=reason is None, infeasible_reason=reason, step_time_s=step,
         tokens_per_s=tokens_per_s, tokens_per_s_per_gpu=tokens_per_s / n,
-        model_tflops_per_gpu=_f(terms["flops_model"]) / step / n / 1e12,
-        mfu=_f(terms["flops_model"]) / step / n / peak, hfu=_f(terms["flops_hardware"]) / step / n / peak,
-        time_breakdown_s={k: _f(v) for k, v in terms["time"].items()}, memory_bytes_per_gpu=memory,
+        model_tflops_per_gpu=_f(terms.flops_model) / step / n / 1e12,
+        mfu=_f(terms.flops_model) / step / n / peak, hfu=_f(terms.flops_hardware) / step / n / peak,
+        time_breakdown_s={k: _f(v) for k, v in terms.time.items()}, memory_bytes_per_gpu=memory,
         host_memory_bytes_per_node=host, nvme_bytes_per_node=nvme,
-        details={"micro_batches_per_step": _f(terms["micro_batches"]),
-                 "bubble_fraction": _f(terms["bubble_fraction"]),
-                 "dp_comm_total_s": _f(terms["dp_comm_total"]),
-                 "peak_memory_stage": "last" if bool(terms["last_stage_is_peak"]) else "first",
+        details={"micro_batches_per_step": _f(terms.micro_batches),
+                 "bubble_fraction": _f(terms.bubble_fraction),
+                 "dp_comm_total_s": _f(terms.dp_comm_total),
+                 "peak_memory_stage": "last" if bool(terms.last_stage_is_peak) else "first",
                  "gpu_memory_bytes": cluster.accelerator.memory_bytes,
                  "model_params": model.num_params, "active_params": model.active_params,
-                 **({"optimizer_warmup_share": _f(terms["warmup_share"]),
-                     "step_time_warmup_s": _f(terms["step_warmup"]),
-                     "step_time_compressed_s": _f(terms["step_compressed"]),
-                     "dp_comm_warmup_s": _f(terms["dp_comm_warmup"]),
-                     "dp_comm_compressed_s": _f(terms["dp_comm_compressed"])} if plan.optimizer != "adam" else {})},
+                 **({"optimizer_warmup_share": _f(terms.warmup_share),
+                     "step_time_warmup_s": _f(terms.step_warmup),
+                     "step_time_compressed_s": _f(terms.step_compressed),
+                     "dp_comm_warmup_s": _f(terms.dp_comm_warmup),
+                     "dp_comm_compressed_s": _f(terms.dp_comm_compressed)} if plan.optimizer != "adam" else {})},
         efficiency_curves=curves.describe())
 
 

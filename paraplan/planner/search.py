@@ -64,11 +64,11 @@ def score_batch(model, job, cluster, batch: PlanBatch, curves, max_memory_fracti
     """Vectorized step time, memory and feasibility reasons for every candidate."""
     terms = step_terms(model, job, cluster, batch, curves)
     g = cluster.gpus_per_node
-    mem = terms["memory"]["total"]
+    mem = terms.memory["total"]
     over_gpu = mem > cluster.accelerator.memory_bytes * max_memory_fraction
-    over_host = terms["host_per_gpu"] * g > cluster.system.host_memory_bytes
-    over_nvme = terms["nvme_per_gpu"] * g > cluster.system.nvme_capacity_bytes
-    return np.asarray(terms["step"], float), np.asarray(mem, float), over_gpu, over_host, over_nvme
+    over_host = terms.host_per_gpu * g > cluster.system.host_memory_bytes
+    over_nvme = terms.nvme_per_gpu * g > cluster.system.nvme_capacity_bytes
+    return np.asarray(terms.step, float), np.asarray(mem, float), over_gpu, over_host, over_nvme
 
 
 def with_topology(cluster, plan, topology: dict):
