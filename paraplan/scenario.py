@@ -8,10 +8,11 @@ or a measured profile: ``local`` (this machine) or ``profile:NAME`` in the profi
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from paraplan.hardware import catalog
 from paraplan.hardware.model import Cluster
+from paraplan.plan import Plan
 from paraplan.profiles.cluster import is_profile_spec, load_profiled_cluster
 from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import TrainingJob, TransformerModel
@@ -29,29 +30,41 @@ def load_cluster(spec: str, gpus: int | None = None, *, inter_node_oversubscript
     return catalog.load_cluster(spec, gpus, inter_node_oversubscription=inter_node_oversubscription)
 
 
+def default_global_batch(cluster: Cluster, plan: Plan | None = None) -> int:
+    """The global batch when the user gives none: one micro-batch per data-parallel rank of a
+    given plan (dp = what the GPU count leaves when the plan does not say), else one sequence per
+    GPU (what a search ranks plans for)."""
+    if plan is None:
+        return cluster.num_gpus
+    dp = plan.dp or max(1, cluster.num_gpus // plan.model_parallel)
+    return dp * plan.micro_batch
+
+
 @dataclass(frozen=True)
 class Scenario:
-    """The model, the cluster and the sequence length of a request; the global batch and the job
-    follow from the plan (estimate) or the cluster (plan) when the user gave none."""
+    """The model, the cluster and the job a request names; the global batch follows from the plan
+    (``estimate``) or from the cluster (``plan``) when the user gave none."""
     model: TransformerModel
     cluster: Cluster
     seq_len: int = DEFAULT_SEQ_LEN
     global_batch: int | None = None
     moe_imbalance: float = DEFAULT_MOE_IMBALANCE
 
-    def job_for_plan(self, dp: int, micro_batch: int) -> TrainingJob:
-        """The job of one plan: default global batch one micro-batch per data-parallel rank."""
-        return TrainingJob(self.seq_len, self.global_batch or dp * micro_batch, moe_imbalance=self.moe_imbalance)
-
-    def job_for_search(self) -> TrainingJob:
-        """The job a search ranks plans for: default global batch one sequence per GPU."""
-        return TrainingJob(self.seq_len, self.global_batch or self.cluster.num_gpus,
+    def job(self, plan: Plan | None = None) -> TrainingJob:
+        """The training job for one plan, or (plan None) the job a search ranks plans for."""
+        return TrainingJob(self.seq_len, self.global_batch or default_global_batch(self.cluster, plan),
                            moe_imbalance=self.moe_imbalance)
+
+    def with_cluster(self, cluster: Cluster) -> "Scenario":
+        """The same request on another cluster (e.g. placed on a modelled fabric)."""
+        return replace(self, cluster=cluster)
 
 
 def load_scenario(model: str, cluster: str, *, gpus: int | None = None, seq_len: int | None = None,
-                  global_batch: int | None = None, moe_imbalance: float = DEFAULT_MOE_IMBALANCE,
+                  global_batch: int | None = None, moe_imbalance: float | None = None,
                   db: str | None = None) -> Scenario:
-    """Load a model spec (preset, YAML/JSON file, Hugging Face config.json) and a cluster spec."""
+    """Load a model spec (preset, YAML/JSON file, Hugging Face config.json) and a cluster spec;
+    unset values take the defaults above."""
     return Scenario(model=load_model(model), cluster=load_cluster(cluster, gpus, db=db),
-                    seq_len=seq_len or DEFAULT_SEQ_LEN, global_batch=global_batch, moe_imbalance=moe_imbalance)
+                    seq_len=seq_len or DEFAULT_SEQ_LEN, global_batch=global_batch,
+                    moe_imbalance=DEFAULT_MOE_IMBALANCE if moe_imbalance is None else moe_imbalance)

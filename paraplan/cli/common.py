@@ -13,8 +13,7 @@ from dataclasses import MISSING, Field, fields
 from paraplan.errors import ConfigError, ParaplanError
 from paraplan.plan import CP_MODES, DTYPES, OFFLOAD, OPTIMIZERS, RECOMPUTE, SCHEDULES, Plan
 from paraplan.planfile import read_plan_file
-from paraplan.scenario import load_cluster
-from paraplan.workloads.presets import load_model
+from paraplan.scenario import Scenario, load_scenario
 
 
 def positive_int(name: str):
@@ -153,11 +152,12 @@ def plan_from_args(args) -> Plan:
     return Plan.from_dict(base, source=getattr(args, "plan", None) or "flags")
 
 
-def scenario_from_args(args):
-    """(model, cluster, seq_len) from --model, --cluster, --gpus, --db and --seq-len."""
-    model = load_model(args.model)
-    cluster = load_cluster(args.cluster, args.gpus, db=getattr(args, "db", None))
-    return model, cluster, args.seq_len or 2048
+def scenario_from_args(args) -> Scenario:
+    """The scenario of --model, --cluster, --gpus, --db, --seq-len, --global-batch, --moe-imbalance."""
+    return load_scenario(args.model, args.cluster, gpus=args.gpus, seq_len=args.seq_len,
+                         global_batch=args.global_batch, moe_imbalance=args.moe_imbalance,
+                         db=getattr(args, "db", None))
+
 
 def topology_from_args(args) -> dict | None:
     """The --network/--oversubscription fabric model, or None when neither is given."""

@@ -9,7 +9,6 @@ from paraplan.errors import ConfigError
 from paraplan.planfile import read_plan_file
 from paraplan.planner.search import with_topology
 from paraplan.reports.text import render_estimate
-from paraplan.workloads.transformer import TrainingJob
 
 
 def cmd_estimate(args) -> int:
@@ -21,14 +20,13 @@ def cmd_estimate(args) -> int:
                 setattr(args, key, scenario[key])
     if not args.model or not args.cluster:
         raise ConfigError("--model/--cluster", "both are required (or --plan FILE that names them)")
-    model, cluster, seq_len = scenario_from_args(args)
+    sc = scenario_from_args(args)
     plan = plan_from_args(args)
-    dp = plan.dp or max(1, cluster.num_gpus // plan.model_parallel)
-    gbs = args.global_batch or dp * plan.micro_batch
+    cluster = sc.cluster
     topology = topology_from_args(args)
     if topology:
         cluster = with_topology(cluster, plan.with_dp_for(cluster.num_gpus), topology)
-    e = estimate(model, TrainingJob(seq_len, gbs, moe_imbalance=args.moe_imbalance), cluster, plan)
+    e = estimate(sc.model, sc.job(plan), cluster, plan)
     if args.format == "json":
         print(json.dumps(e.to_dict(), indent=2))
     else:

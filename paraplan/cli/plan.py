@@ -15,7 +15,6 @@ from paraplan.planner.search import explain_infeasible, search, suggest_feasible
 from paraplan.planner.space import SpaceOptions, parse_fix
 from paraplan.planner.stages import describe_layout, stage_layout
 from paraplan.reports.text import render_estimate
-from paraplan.workloads.transformer import TrainingJob
 
 PLAN_SCHEMA_OUT = "paraplan.plan-search/1"
 
@@ -41,9 +40,9 @@ def cmd_plan(args) -> int:
         raise ConfigError("--top", f"must be at least 1, got {args.top}")
     if not 0 < args.max_memory_fraction <= 1:
         raise ConfigError("--max-memory-fraction", f"must be in (0, 1], got {args.max_memory_fraction}")
-    model, cluster, seq_len = scenario_from_args(args)
-    gbs = args.global_batch or cluster.num_gpus
-    job = TrainingJob(seq_len, gbs, moe_imbalance=args.moe_imbalance)
+    sc = scenario_from_args(args)
+    model, cluster, job = sc.model, sc.cluster, sc.job()
+    seq_len, gbs = job.seq_len, job.global_batch
     options = SpaceOptions(fixed=parse_fix(args.fix), allow_offload=not args.no_offload,
                            allow_delayed_update=args.allow_delayed_update,
                            grad_accumulation_fusion=args.grad_accumulation_fusion is not False)

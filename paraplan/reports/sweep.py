@@ -26,7 +26,7 @@ from paraplan.io import read_yaml
 from paraplan.plan import Plan
 from paraplan.planner.search import explain_infeasible, search
 from paraplan.planner.space import SpaceOptions, parse_fix
-from paraplan.scenario import load_cluster
+from paraplan.scenario import DEFAULT_SEQ_LEN, default_global_batch, load_cluster
 from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import TrainingJob
 
@@ -279,7 +279,7 @@ class PointResult:
 def base_values(scenario: Scenario) -> dict:
     """Base value of every variable (before multipliers): flags, else defaults."""
     cluster = load_cluster(scenario.cluster, scenario.gpus)
-    return {"gpus": cluster.num_gpus, "seq_len": scenario.seq_len or 2048, "global_batch": scenario.global_batch,
+    return {"gpus": cluster.num_gpus, "seq_len": scenario.seq_len or DEFAULT_SEQ_LEN, "global_batch": scenario.global_batch,
             "cluster": scenario.cluster,
             "inter_node_bandwidth": cluster.system.inter_node.bandwidth_bytes_per_s / 1e9,
             "intra_node_bandwidth": cluster.system.intra_node.bandwidth_bytes_per_s / 1e9,
@@ -335,11 +335,7 @@ def _point(index, scenario, model, base, values) -> Point:
         allow_offload = True
     gbs = v["global_batch"]
     if gbs is None:
-        if scenario.plan is not None:
-            p = Plan.from_dict(_plan_fields(scenario.plan))
-            gbs = max(1, cluster.num_gpus // p.model_parallel) * p.micro_batch
-        else:
-            gbs = cluster.num_gpus
+        gbs = default_global_batch(cluster, Plan.from_dict(_plan_fields(scenario.plan)) if scenario.plan else None)
     job = TrainingJob(int(v["seq_len"]), int(gbs))
     return Point(index=index, values=dict(values), model=model, job=job, cluster=cluster, cluster_spec=spec,
                  fixed=fixed, allow_offload=allow_offload)
