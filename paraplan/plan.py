@@ -53,10 +53,14 @@ class Schedule(Mode):
 
 
 class Recompute(Mode):
-    """Activation recomputation."""
+    """Activation recomputation, as a saved-tensor policy: none keeps everything; selective
+    (Megatron-LM) recomputes the attention core; full keeps only each layer's input; op-sac
+    (torchtitan's op-level selective activation checkpointing) keeps every other matmul output and
+    the attention output and recomputes the rest."""
     NONE = "none"
     SELECTIVE = "selective"
     FULL = "full"
+    OP_SAC = "op-sac"
 
 
 class Offload(Mode):
@@ -87,8 +91,21 @@ class Optimizer(Mode):
     ONEBIT_LAMB = "onebit-lamb"
 
 
+class Engine(Mode):
+    """The training engine the plan runs on: it decides which model states are held (and how they
+    are laid out), which buffers exist, and which layouts can be expressed at all.
+
+    generic: the ZeRO paper's accounting, no engine restrictions; megatron: Megatron-LM (fp32
+    main_grad, distributed optimizer); deepspeed: DeepSpeed ZeRO 0-3 with offload; torchtitan:
+    PyTorch FSDP2 + DTensor TP/SP + torch.distributed.pipelining."""
+    GENERIC = "generic"
+    MEGATRON = "megatron"
+    DEEPSPEED = "deepspeed"
+    TORCHTITAN = "torchtitan"
+
+
 MODES: dict[str, type[Mode]] = {"schedule": Schedule, "recompute": Recompute, "offload": Offload, "dtype": Dtype,
-                                "cp_mode": CpMode, "optimizer": Optimizer}
+                                "cp_mode": CpMode, "optimizer": Optimizer, "engine": Engine}
 MODE_FIELD_NAMES = {cls: name for name, cls in MODES.items()}
 SCHEDULES = Schedule.labels()
 RECOMPUTE = Recompute.labels()
@@ -96,10 +113,11 @@ OFFLOAD = Offload.labels()
 DTYPES = Dtype.labels()
 CP_MODES = CpMode.labels()
 OPTIMIZERS = Optimizer.labels()
+ENGINES = Engine.labels()
 ZERO_STAGES = (0, 1, 2, 3)
 POSITIVE_INT_FIELDS = ("tp", "pp", "cp", "vpp", "micro_batch", "ep", "etp")
 BOOL_FIELDS = ("sp", "offload_params", "flash_attention", "overlap_grad_reduce", "delayed_update",
-               "grad_accumulation_fusion")
+               "grad_accumulation_fusion", "fused_elementwise")
 
 
 def validate_field(name: str, value, where: str | None = None):
@@ -173,6 +191,12 @@ class Plan:
     # gradient_accumulation_fusion writes into main_grad with beta = 1); False: every micro-batch
     # after the first adds its gradients with separate kernels (plain PyTorch, DDP no_sync, FSDP)
     grad_accumulation_fusion: bool = True
+    # norms (RMSNorm/LayerNorm) and the MLP's activation (SwiGLU) as fused kernels (Megatron-LM with
+    # Transformer Engine or Apex); False: eager PyTorch ops (the norm's fp32 upcast and four kernels,
+    # SwiGLU as silu and mul), which move more bytes and keep more tensors for backward
+    fused_elementwise: bool = True
+    # the engine that runs the plan (Engine): model-state layout, buffers, layouts on offer
+    engine: str = "generic"
 
     def __post_init__(self):
         for key in (*POSITIVE_INT_FIELDS, "dp", *MODES, "zero"):
@@ -202,6 +226,10 @@ class Plan:
     @property
     def optimizer_code(self) -> Optimizer:
         return Optimizer.parse(self.optimizer)
+
+    @property
+    def engine_code(self) -> Engine:
+        return Engine.parse(self.engine)
 
     @property
     def model_parallel(self) -> int:
@@ -266,12 +294,15 @@ class PlanBatch:
     optimizer_code: np.ndarray = None
     delayed_update: np.ndarray = None
     grad_accumulation_fusion: np.ndarray = None
+    fused_elementwise: np.ndarray = None
+    engine_code: np.ndarray = None
     dtype: str = "bf16"
 
     def __post_init__(self):
         n = len(self.tp)
         for name, default in (("ep", 1), ("etp", 1), ("cp_mode_code", CpMode.RING), ("optimizer_code", Optimizer.ADAM),
-                              ("delayed_update", False), ("grad_accumulation_fusion", True)):
+                              ("delayed_update", False), ("grad_accumulation_fusion", True), ("fused_elementwise", True),
+                              ("engine_code", Engine.GENERIC)):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, np.full(n, int(default) if isinstance(default, Mode) else default))
 
@@ -279,7 +310,8 @@ class PlanBatch:
     def from_plans(cls, plans: Sequence[Plan]) -> "PlanBatch":
         """Plans (one dtype) as a batch; ``from_plans([plan])`` is the one-plan view the rules read."""
         names = [f.name for f in fields(cls) if f.name != "dtype"]
-        return cls(**{name: np.array([getattr(p, name) for p in plans]) for name in names},
+        return cls(**{name: np.array([int(getattr(p, name)) if name.endswith("_code") else getattr(p, name)
+                                      for p in plans]) for name in names},
                    dtype=plans[0].dtype if plans else "bf16")
 
     def __len__(self) -> int:
@@ -301,7 +333,9 @@ class PlanBatch:
                     cp_mode=CpMode(int(self.cp_mode_code[i])).label,
                     optimizer=Optimizer(int(self.optimizer_code[i])).label,
                     delayed_update=bool(self.delayed_update[i]),
-                    grad_accumulation_fusion=bool(self.grad_accumulation_fusion[i]))
+                    grad_accumulation_fusion=bool(self.grad_accumulation_fusion[i]),
+                    fused_elementwise=bool(self.fused_elementwise[i]),
+                    engine=Engine(int(self.engine_code[i])).label)
 
 
 # --- legality rules --------------------------------------------------------------------------------
@@ -496,6 +530,57 @@ RULES: tuple[Rule, ...] = (
        lambda P, s: P.tp % P.etp != 0,
        lambda p, s: f"expert tensor parallelism etp({p.etp}) must divide tp({p.tp})", field="etp",
        uses_scene=False),
+    # --- what each engine runs (Engine) ---------------------------------------------------------
+    _r("engine-zero-stages", "the engine has no such ZeRO stage", ILLEGAL, ("engine_code", "zero"),
+       lambda P, s: ((P.engine_code == Engine.MEGATRON) & (P.zero >= 2))
+       | ((P.engine_code == Engine.TORCHTITAN) & (P.zero == 1)),
+       lambda p, s: (f"--engine {Engine(p.engine_code).label} has no ZeRO-{p.zero}: " + (
+           "Megatron-LM shards optimizer states only (--use-distributed-optimizer, ZeRO-1)"
+           if p.engine_code == Engine.MEGATRON else
+           "torchtitan shards with FSDP2: ZeRO-3 (reshard after forward), ZeRO-2 (no reshard after forward) "
+           "or 0 (replicate)")),
+       field="zero", uses_scene=False),
+    _r("engine-offload", "offload is DeepSpeed's (ZeRO-Offload/Infinity)", ILLEGAL, ("engine_code", "offload_code"),
+       lambda P, s: (P.offload_code != Offload.NONE)
+       & ((P.engine_code == Engine.MEGATRON) | (P.engine_code == Engine.TORCHTITAN)),
+       lambda p, s: (f"--engine {Engine(p.engine_code).label} does not offload optimizer states; CPU/NVMe offload "
+                     "is DeepSpeed's (ZeRO-Offload, ZeRO-Infinity)"),
+       field="offload", accepted="--offload none, or --engine deepspeed", uses_scene=False),
+    _r("deepspeed-pipeline-zero", "DeepSpeed's pipeline engine takes ZeRO-0/1 only", ILLEGAL,
+       ("engine_code", "pp", "zero"),
+       lambda P, s: (P.engine_code == Engine.DEEPSPEED) & (P.pp > 1) & (P.zero >= 2),
+       lambda p, s: f"DeepSpeed's PipelineEngine runs with ZeRO-0 or 1 only, not ZeRO-{p.zero} with pp({p.pp})",
+       field="zero", accepted="0, 1", uses_scene=False),
+    _r("deepspeed-pipeline-schedule", "DeepSpeed's pipeline engine runs 1F1B only", ILLEGAL,
+       ("engine_code", "pp", "schedule_code"),
+       lambda P, s: (P.engine_code == Engine.DEEPSPEED) & (P.pp > 1) & (P.schedule_code != Schedule.ONE_F_ONE_B),
+       lambda p, s: f"DeepSpeed's PipelineEngine runs 1F1B (TrainSchedule) only, not {Schedule(p.schedule_code).label}",
+       field="schedule", accepted="1f1b", uses_scene=False),
+    _r("torchtitan-tp-shards-sequence", "torchtitan's tensor parallelism always shards the sequence", ILLEGAL,
+       ("engine_code", "tp", "sp"),
+       lambda P, s: (P.engine_code == Engine.TORCHTITAN) & (P.tp > 1) & ~np.asarray(P.sp, bool),
+       lambda p, s: "torchtitan's tensor parallelism always shards the sequence (SequenceParallel norms): add --sp",
+       field="sp", uses_scene=False),
+    _r("engine-cp-mode", "the engine has no such context-parallel mode", ILLEGAL, ("engine_code", "cp", "cp_mode_code"),
+       lambda P, s: (P.cp > 1) & (((P.engine_code == Engine.TORCHTITAN) & (P.cp_mode_code != CpMode.RING))
+                                  | ((P.engine_code == Engine.DEEPSPEED) & (P.cp_mode_code != CpMode.ULYSSES))),
+       lambda p, s: ("torchtitan's context parallelism is ring attention (--sp-mode ring)"
+                     if p.engine_code == Engine.TORCHTITAN else
+                     "DeepSpeed's sequence parallelism is Ulysses (--sp-mode ulysses)"),
+       field="cp_mode", uses_scene=False),
+    _r("engine-optimizer", "compressed optimizers are DeepSpeed's", ILLEGAL, ("engine_code", "optimizer_code"),
+       lambda P, s: (P.optimizer_code != Optimizer.ADAM)
+       & ((P.engine_code == Engine.MEGATRON) | (P.engine_code == Engine.TORCHTITAN)),
+       lambda p, s: f"{Optimizer(p.optimizer_code).label} is DeepSpeed's; --engine {Engine(p.engine_code).label} runs adam",
+       field="optimizer", accepted="adam", uses_scene=False),
+    _r("engine-recompute", "the engine has no such recomputation policy", ILLEGAL, ("engine_code", "recompute_code"),
+       lambda P, s: ((P.engine_code == Engine.TORCHTITAN) & (P.recompute_code == Recompute.SELECTIVE))
+       | (((P.engine_code == Engine.MEGATRON) | (P.engine_code == Engine.DEEPSPEED))
+          & (P.recompute_code == Recompute.OP_SAC)),
+       lambda p, s: ("torchtitan's selective checkpointing is op-level: --recompute op-sac (or none, full)"
+                     if p.engine_code == Engine.TORCHTITAN else
+                     f"op-level SAC is torchtitan's; --engine {Engine(p.engine_code).label} offers none, selective, full"),
+       field="recompute", uses_scene=False),
 )
 RULES_BY_NAME = {r.name: r for r in RULES}
 

@@ -24,7 +24,7 @@ def test_estimate_json_has_the_documented_keys(capsys):
     assert set(out["time_breakdown_s"]) == {"compute", "recompute", "grad_accumulation", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "pp_bubble",
                                             "dp_comm", "optimizer", "offload"}
     assert set(out["memory_bytes_per_gpu"]) == {"parameters", "gradients", "optimizer_states", "activations",
-                                                "buffers", "total"}
+                                                "buffers", "allocator", "total"}
     assert out["plan"]["dp"] == 4
     assert sum(out["time_breakdown_s"].values()) == pytest.approx(out["step_time_s"])
     assert out["time_breakdown_s"]["grad_accumulation"] == 0.0   # fused (Megatron-LM) by default

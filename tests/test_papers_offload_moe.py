@@ -44,11 +44,14 @@ def test_zero_offload_largest_model_on_one_v100_is_about_13b():
 
 def test_zero_offload_throughput_of_10b_on_one_v100():
     """The paper reports 40 TFLOP/s for 10B on one V100. Configuration assumed here (the paper's exact
-    batch is not in our references): fp16, activation checkpointing, micro-batch 8 of 1024 tokens,
-    2 micro-batches per step, ZeRO-2 with CPU-Adam on the DGX-2 host. Band: 30-45 TFLOP/s."""
+    batch is not in our references): fp16, activation checkpointing, micro-batch 4 of 1024 tokens,
+    4 micro-batches per step, ZeRO-2 with CPU-Adam on the DGX-2 host, DeepSpeed's buffers. Band: 30-45
+    TFLOP/s. (Micro-batch 8 was assumed before the allocator reserve was modelled; with it, 8 x 1024
+    tokens of unfused attention no longer fit the 32 GB.)"""
     v100 = load_cluster("dgx2-v100", 1)
     e = estimate(GPT_10B, TrainingJob(1024, 16), v100, Plan(zero=2, offload="cpu", recompute="full",
-                                                             micro_batch=8, flash_attention=False, dtype="fp16"))
+                                                             micro_batch=4, flash_attention=False, dtype="fp16",
+                                                             engine="deepspeed"))
     assert e.feasible
     assert 30 <= e.model_tflops_per_gpu <= 45, e.model_tflops_per_gpu
     assert e.time_breakdown_s["optimizer"] > 0 and e.time_breakdown_s["offload"] > 0

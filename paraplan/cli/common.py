@@ -11,7 +11,7 @@ import sys
 from dataclasses import MISSING, Field, fields
 
 from paraplan.errors import ConfigError, ParaplanError
-from paraplan.plan import CP_MODES, DTYPES, OFFLOAD, OPTIMIZERS, RECOMPUTE, SCHEDULES, Plan
+from paraplan.plan import CP_MODES, DTYPES, OFFLOAD, ENGINES, OPTIMIZERS, RECOMPUTE, SCHEDULES, Plan
 from paraplan.planfile import read_plan_file
 from paraplan.scenario import Scenario, load_scenario
 
@@ -56,15 +56,21 @@ PLAN_FLAG_HELP = {
     "grad_accumulation_fusion": "every micro-batch after the first adds its gradients with separate kernels "
                                 "(plain PyTorch, DDP no_sync, FSDP); default: fused into the wgrad GEMM "
                                 "(Megatron-LM). On plan and whatif without a fixed plan: search unfused plans",
+    "engine": "the engine that runs the plan: its model-state layout, buffers and the layouts it offers "
+              "(generic: the ZeRO paper's accounting, no restrictions)",
+    "recompute": "none; selective (Megatron: attention core); full (layer inputs only); op-sac (torchtitan: "
+                 "every other matmul output and the attention output)",
+    "fused_elementwise": "eager PyTorch norms and SwiGLU (fp32 upcast, several kernels, more saved "
+                         "activations) instead of fused kernels (Megatron-LM with Transformer Engine or Apex)",
 }
 # Accepted values of the categorical plan fields (the flag's argparse choices).
 PLAN_FLAG_CHOICES = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "offload": OFFLOAD, "dtype": DTYPES,
-                     "optimizer": OPTIMIZERS, "zero": (0, 1, 2, 3)}
+                     "optimizer": OPTIMIZERS, "zero": (0, 1, 2, 3), "engine": ENGINES}
 # Plan fields without a flag of their own, and the flag that sets them instead.
 PLAN_FIELDS_WITHOUT_FLAG = {"cp_mode": "--sp-mode"}
 # Plan fields whose flag, given without any other plan flag, constrains a search (plan, whatif)
 # instead of fixing a whole plan to re-estimate.
-SEARCH_CONSTRAINT_FLAGS = ("grad_accumulation_fusion",)
+SEARCH_CONSTRAINT_FLAGS = ("grad_accumulation_fusion", "engine")
 
 
 def _plan_fields() -> list[Field]:

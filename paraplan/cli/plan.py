@@ -43,7 +43,10 @@ def cmd_plan(args) -> int:
     sc = scenario_from_args(args)
     model, cluster, job = sc.model, sc.cluster, sc.job()
     seq_len, gbs = job.seq_len, job.global_batch
-    options = SpaceOptions(fixed=parse_fix(args.fix), allow_offload=not args.no_offload,
+    fixed = parse_fix(args.fix)
+    if args.engine is not None:
+        fixed["engine"] = args.engine
+    options = SpaceOptions(fixed=fixed, allow_offload=not args.no_offload,
                            allow_delayed_update=args.allow_delayed_update,
                            grad_accumulation_fusion=args.grad_accumulation_fusion is not False)
     result = search(model, job, cluster, options=options, top=args.top,
@@ -103,6 +106,7 @@ def register(sub) -> None:
     ap.add_argument("--allow-delayed-update", action="store_true",
                     help="consider ZeRO-Offload's one-step delayed parameter update (weights one step stale)")
     add_plan_flag(ap, "grad_accumulation_fusion")
+    add_plan_flag(ap, "engine")
     ap.add_argument("--no-stage-ilp", action="store_true",
                     help="skip the pulp stage-partition and per-stage recompute ILPs for the best plan")
     ap.add_argument("--format", choices=("table", "json", "csv"), default="table")

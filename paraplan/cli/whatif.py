@@ -47,6 +47,8 @@ def scenario_from_cli(args):
         overrides["sweeps"] = tuple(parse_sweep(s) for s in args.sweep)
     if args.fix:
         overrides["fixed"] = parse_fix(args.fix)
+    if plan is None and args.engine is not None:   # --engine alone: the search proposes what that engine runs
+        overrides["fixed"] = {**overrides.get("fixed", {}), "engine": args.engine}
     if plan is not None:
         overrides["plan"] = plan
     if args.no_offload:

@@ -167,6 +167,16 @@ def mlp_activation_bytes_per_token(model, job, moe: bool) -> float:
     return per_width * e.expert_ffn_hidden * (routed + e.shared_experts) + routed * 4 * model.hidden
 
 
+# Eager RMSNorm, per norm and token (16-bit input, fp32 math; bytes read + written): upcast 2h + 4h,
+# pow 4h + 4h, mean 4h, rsqrt-mul 4h + 4h, downcast 4h + 2h, weight-mul 2h + 2h = 40h, against 4h for
+# one fused kernel (read x, write y): 36h more per norm, two norms per layer, and 5 kernels instead of 1.
+UNFUSED_NORM_EXTRA_BYTES_PER_HIDDEN = 2 * 36
+UNFUSED_NORM_EXTRA_KERNELS = 2 * 4
+# Eager SwiGLU: silu reads gate, writes silu(gate) (2f + 2f); mul reads it and up, writes the product
+# (4f + 2f): 10f against 6f for one fused kernel (read gate | up, write the product), one kernel more.
+UNFUSED_SWIGLU_EXTRA_BYTES_PER_FFN = 4
+
+
 def elementwise_forward_time(model, job, plan, curves, moe: bool = False):
     """Forward time of a layer's memory-bound kernels (norms, activations, residual adds)."""
     T = tokens_per_rank(job, plan)
@@ -175,9 +185,14 @@ def elementwise_forward_time(model, job, plan, curves, moe: bool = False):
     h, hkv = model.hidden, model.kv_hidden
     act = mlp_activation_bytes_per_token(model, job, moe)
     replicated = 22 * h
+    unfused = ~np.asarray(getattr(plan, "fused_elementwise", True), dtype=bool)
+    replicated = replicated + np.where(unfused, UNFUSED_NORM_EXTRA_BYTES_PER_HIDDEN * h, 0.0)
+    eager_swiglu = unfused & (model.activation == "swiglu")
+    act = act + np.where(eager_swiglu, UNFUSED_SWIGLU_EXTRA_BYTES_PER_FFN * model.ffn_hidden, 0.0)
     unfused_extra = np.where(np.asarray(plan.flash_attention, dtype=bool), 0.0, 8 * (h + hkv))
     per_token = replicated / np.where(sp, t, 1.0) + (act + unfused_extra) / t
-    return curves.memory_time(T * per_token * element_bytes(plan) / BYTES, kernels=8 + (4 if moe else 0))
+    kernels = 8 + (4 if moe else 0) + np.where(unfused, UNFUSED_NORM_EXTRA_KERNELS + eager_swiglu, 0)
+    return curves.memory_time(T * per_token * element_bytes(plan) / BYTES, kernels=kernels)
 
 
 def ep_alltoall_time(model, job, plan, cluster):
@@ -257,6 +272,15 @@ def _ring_exposed(model, job, plan, cluster, attn_fwd, attn_bwd):
     return np.where(c > 1, exposed, 0.0)
 
 
+def op_sac_recomputed_matmul_share(model) -> float:
+    """Share of a layer's forward matmul FLOPs that torchtitan's op-level SAC recomputes: the
+    matmuls whose outputs it does not save (wk, wo, w3 of wq, wk, wv, wo, w1, w3, w2; wk, wo, fc2 for
+    a GELU MLP), by their weight sizes (see memory.op_sac_saved_bytes_per_token)."""
+    h, hkv, f = model.hidden, model.kv_hidden, model.ffn_hidden
+    mlp_mats = 3 if model.activation == "swiglu" else 2
+    return (hkv + h + f) / (2 * h + 2 * hkv + mlp_mats * f)
+
+
 def layer_times(model, job, plan, curves, cluster) -> dict:
     """Per-layer, per-micro-batch times on one GPU, by term (seconds), averaged over the model's
     dense and MoE layers (weights: their counts)."""
@@ -268,8 +292,10 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
         gemm = attn_gemm + mlp_gemm
         return gemm + attn_f + elem, 2 * gemm + attn_b + 2 * elem
 
-    fwd, bwd = fwd_bwd(mlp_gemm_forward_time(model, job, plan, curves),
-                       elementwise_forward_time(model, job, plan, curves))
+    mlp_gemm = mlp_gemm_forward_time(model, job, plan, curves)
+    elem = elementwise_forward_time(model, job, plan, curves)
+    fwd, bwd = fwd_bwd(mlp_gemm, elem)
+    sac_replay = op_sac_recomputed_matmul_share(model) * (attn_gemm + mlp_gemm) + elem
     share_moe = model.moe_layers / model.layers
     if share_moe:
         moe_f, moe_b = fwd_bwd(moe_mlp_forward_time(model, job, plan, curves),
@@ -283,7 +309,8 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     core_kernels = np.where(np.asarray(plan.flash_attention, dtype=bool), 1.0, 4.0)
     layer_kernels = 4 + core_kernels + 8 + 4 * share_moe
     replay = curves.recompute_overhead_time(np.where(rc == Recompute.FULL, layer_kernels, core_kernels))
-    recompute = np.where(rc == Recompute.FULL, fwd, np.where(rc == Recompute.SELECTIVE, attn_f, 0.0)) \
+    recompute = np.where(rc == Recompute.FULL, fwd, np.where(rc == Recompute.SELECTIVE, attn_f,
+                                                             np.where(rc == Recompute.OP_SAC, sac_replay, 0.0))) \
         + np.where(rc > 0, replay, 0.0)
     tp_comm = ar * np.where(rc == Recompute.FULL, 6, 4)
     cp_comm = cp_exposed_time(model, job, plan, cluster, attn_f, attn_b)

@@ -26,16 +26,21 @@ from paraplan.plan import Plan, Recompute, check_plan
 SCHEMA = "paraplan.estimate/1"
 TIME_TERMS = ("compute", "recompute", "grad_accumulation", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "pp_bubble",
               "dp_comm", "optimizer", "offload")
-MEMORY_TERMS = ("parameters", "gradients", "optimizer_states", "activations", "buffers")
+MEMORY_TERMS = ("parameters", "gradients", "optimizer_states", "activations", "buffers", "allocator")
 RUNTIME_RESERVED_BYTES = 1.5 * 2**30
+
+
+def on_cuda(cluster) -> bool:
+    """Whether the device runs the CUDA runtime and caching allocator (not a profiled CPU)."""
+    measured = cluster.accelerator.measured
+    return not (measured is not None and measured.device == "cpu")
 
 
 def runtime_reserved_bytes(cluster) -> float:
     """The per-GPU runtime reserve: none for a profiled CPU device (no CUDA context or NCCL)."""
-    measured = cluster.accelerator.measured
-    if measured is not None and measured.device == "cpu":
-        return 0.0
-    return RUNTIME_RESERVED_BYTES
+    return RUNTIME_RESERVED_BYTES if on_cuda(cluster) else 0.0
+
+
 FLOP_CONVENTION = ("model FLOPs = 3 x forward FLOPs (2 per multiply-add) of all weight GEMMs, attention "
                    "scores QK^T and PV counted in full (causal mask not halved) and the logits; recomputation "
                    "excluded (PaLM App. B, Korthikanti et al. 2022). HFU adds the recomputed forward FLOPs. "
@@ -185,6 +190,7 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
     memory = {k: np.where(last_is_peak, states_last[k], states_first[k]) for k in states_first}
     memory["activations"] = np.where(last_is_peak, acts["last"], acts["first"])
     memory["buffers"] = buffers
+    memory["allocator"] = M.allocator_bytes(memory, plan, on_cuda(cluster))
     memory["total"] = sum(memory[k] for k in MEMORY_TERMS)
     off = M.offloaded_bytes_per_gpu(shard, plan)
 
@@ -195,7 +201,10 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
                                + model.attention_flops_per_token_per_layer(job.seq_len)) * tokens
     rc = np.asarray(plan.recompute_code)
     flops_hw = flops_model + np.where(rc == Recompute.FULL, full_fwd,
-                                      np.where(rc == Recompute.SELECTIVE, attn_fwd, 0.0))
+                                      np.where(rc == Recompute.SELECTIVE, attn_fwd,
+                                               np.where(rc == Recompute.OP_SAC,
+                                                        C.op_sac_recomputed_matmul_share(model) * (full_fwd - attn_fwd),
+                                                        0.0)))
     return StepTerms(time=time, step=step, memory=memory, host_per_gpu=off["host"], nvme_per_gpu=off["nvme"],
                      micro_batches=m, flops_model=flops_model, flops_hardware=flops_hw,
                      dp_comm_total=dp_total, last_stage_is_peak=last_is_peak,

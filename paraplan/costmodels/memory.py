@@ -15,6 +15,10 @@ Activations per layer per micro-batch (Korthikanti et al. 2022, arXiv:2205.05198
   becomes fp32 softmax statistics, 4·a·s bytes per sample). ``dtype = fp32`` (CPU validation):
   weights and gradients 4Ψ each, K = 8 (Adam momentum and variance, no master copy) and the
   activation bytes above doubled (an approximation: masks and statistics are not 16-bit).
+Kernels the plan chooses change what is kept (constants below, each with its derivation): eager
+(unfused) norms keep an fp32 copy of every norm input; unfused attention materializes the score
+matrix in its backward. The PyTorch caching allocator reserves more than the tensors it holds:
+:func:`allocator_bytes`, calibrated on the fit/OOM outcomes of Hagemann et al. 2023.
 In-flight micro-batches on the first stage: 1F1B and ZB-H1 min(m, p); interleaved
 p·(1 + (p−1)/(p·v)) (NVIDIA/Megatron-LM theoretical_memory_usage.py); GPipe m.
 """
@@ -24,10 +28,29 @@ import numpy as np
 
 from paraplan.costmodels.compute import (BYTES, element_bytes, einsum_dispatch_slots, expert_token_factor,
                                          tokens_per_rank)
-from paraplan.plan import Offload, Recompute, Schedule
+from paraplan.plan import Engine, Offload, Recompute, Schedule
 
 OPTIMIZER_BYTES_PER_PARAM = 12   # fp32 master weights, momentum, variance (K in the ZeRO paper)
 FP32_OPTIMIZER_BYTES_PER_PARAM = 8   # plain fp32 Adam: momentum and variance, no master copy
+# Eager RMSNorm (e.g. Hugging Face LlamaRMSNorm: x.float(); x.pow(2).mean(-1); x * rsqrt(var + eps);
+# weight * x.to(bf16)) saves for backward the fp32 upcast of its input (4 bytes per element, read by
+# pow and mul) besides the 16-bit tensors a fused kernel also keeps: 4h bytes per token per norm,
+# two norms per layer.
+UNFUSED_NORM_SAVED_BYTES_PER_HIDDEN = 2 * 4
+# Eager SwiGLU (silu(gate) * up, then the down projection) keeps silu(gate) for the mul's backward
+# besides the fc1 output (gate | up) and the product a fused kernel keeps too: 2f bytes per token.
+UNFUSED_SWIGLU_SAVED_BYTES_PER_FFN = 2
+# Non-flash attention's backward (Megatron's fused scale-mask-softmax: the probabilities' gradient in,
+# the scores' gradient out, 16-bit) holds two score-sized tensors besides the saved probabilities
+# while one layer runs backward: bytes per element of the rank's b·(a/t)·(s/cp)·s score matrix.
+UNFUSED_ATTENTION_TRANSIENT_BYTES = 4.0
+# The PyTorch caching allocator on a CUDA device reserves more than the tensors it holds (blocks
+# rounded up and split, cached blocks of other sizes): reserved = (1 + FRAGMENTATION) x allocated
+# + RESERVE. Calibrated on the fit/OOM outcomes of Hagemann et al. 2023's sweep (522 runs,
+# shared/reference/hagemann2023_sweep_2k.csv; benchmarks/memory_fit.py) under the constraint that
+# every complete published run of shared/reference/published_runs_calibration.csv fits.
+ALLOCATOR_FRAGMENTATION = 0.16
+ALLOCATOR_RESERVE_BYTES = 0.5 * 2**30
 
 
 def optimizer_bytes_per_param(plan):
@@ -61,22 +84,61 @@ def stage_params(model, plan):
     return first, last
 
 
+def engine_of(plan):
+    """The plan's Engine code(s) (generic for an object without one)."""
+    return np.asarray(getattr(plan, "engine_code", Engine.GENERIC))
+
+
 def model_state_bytes(params, plan, shard_degree=None) -> dict:
-    """Parameters, gradients and optimizer states on one GPU for Ψ = ``params`` (ZeRO table above),
-    sharded over ``shard_degree`` ranks (default dp·cp; routed experts: dp·cp/ep); offload moves
-    optimizer states and fp32 gradients off the GPU, parameter offload the 16-bit parameters too."""
+    """Parameters, gradients and optimizer states on one GPU for Ψ = ``params``, sharded over
+    ``shard_degree`` ranks N (default dp·cp; routed experts: dp·cp/ep), as the plan's engine holds
+    them (16-bit training; K = 12 bytes of fp32 master weights, momentum and variance):
+
+    * generic: the ZeRO paper's table above.
+    * megatron (Megatron-LM, ``megatron/training/theoretical_memory_usage.py``): 16-bit weights, fp32
+      gradient buffer (``main_grad``) and K or K/N with the distributed optimizer:
+      18 bytes/param, or 6 + 12/N.
+    * deepspeed (``deepspeed/runtime/zero/stage_1_and_2.py``, ``stage3.py``; the estimators
+      ``estimate_zero2_model_states_mem_needs`` / ``estimate_zero3_model_states_mem_needs``): besides the
+      16-bit gradients, the optimizer step materializes an fp32 gradient partition (4Ψ/N).
+      Stage 0-1: 2Ψ + 2Ψ + 16Ψ/N (stage 0: N = 1); stage 2 partitions the 16-bit gradients too
+      (2Ψ + 18Ψ/N, under the estimator's 4Ψ + 16Ψ/N bound); stage 3: 18Ψ/N (16-bit parameter
+      partition, fp32 gradient partition, K). Offload keeps only the 16-bit parameters (2Ψ, or the
+      partition 2Ψ/N at stage 3) on the GPU, parameter offload not even those.
+    * torchtitan (PyTorch FSDP2, ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``): the
+      sharded parameters are the fp32 master copy, gradients are fp32 shards, Adam keeps momentum and
+      variance: 16Ψ/N at ZeRO-3 (reshard after forward); ZeRO-2 (no reshard after forward) keeps the
+      unsharded 16-bit parameters from forward to backward (+2Ψ); ZeRO-0 (replicate) 16Ψ.
+    In fp32 training (CPU validation) weights and gradients are 4 bytes and K = 8 (no master copy)."""
     n = np.asarray(plan.dp, dtype=float) * plan.cp if shard_degree is None else shard_degree
     z = np.asarray(plan.zero)
     off = np.asarray(plan.offload_code) != Offload.NONE
     off_params = np.asarray(plan.offload_params, dtype=bool)
+    eng = engine_of(plan)
     eb, k = element_bytes(plan), optimizer_bytes_per_param(plan)
+    # generic: the ZeRO paper
     weights = np.where(z >= 3, eb * params / n, eb * params)
     grads = np.where(z >= 2, eb * params / n, eb * params)
     optim = np.where(z >= 1, k * params / n, k * params)
     # ZeRO-2/3 stream each reduced gradient bucket to the host; ZeRO-1 accumulates whole 16-bit
     # gradients on the GPU across micro-batches before its single reduction, so they stay.
+    grads = np.where(off & (z >= 2), 0.0, grads)
+    # Megatron-LM: fp32 main_grad, never sharded (ZeRO <= 1)
+    grads = np.where(eng == Engine.MEGATRON, 4.0 * params, grads)
+    # DeepSpeed: + the fp32 gradient partition of the optimizer step (on the host under offload)
+    n_ds = np.where(z >= 1, n, 1.0)
+    ds_grads = np.where(z >= 3, 4.0 * params / n, np.where(z >= 2, eb * params / n, eb * params) + 4.0 * params / n_ds)
+    ds_grads = np.where(off, np.where(z >= 2, 0.0, eb * params), ds_grads)
+    grads = np.where(eng == Engine.DEEPSPEED, ds_grads, grads)
+    # torchtitan / FSDP2: fp32 sharded parameters (the master copy) and gradients; Adam's two moments
+    n_tt = np.where(z >= 2, n, 1.0)
+    tt_weights = 4.0 * params / n_tt + np.where(z == 2, eb * params, 0.0)
+    tt = eng == Engine.TORCHTITAN
+    weights = np.where(tt, tt_weights, weights)
+    grads = np.where(tt, 4.0 * params / n_tt, grads)
+    optim = np.where(tt, FP32_OPTIMIZER_BYTES_PER_PARAM * params / n_tt, optim)
     return {"parameters": np.where(off_params, 0.0, weights),
-            "gradients": np.where(off & (z >= 2), 0.0, grads),
+            "gradients": grads,
             "optimizer_states": np.where(off, 0.0, optim)}
 
 
@@ -94,6 +156,10 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
     sp = np.asarray(plan.sp, dtype=bool)
     h, hkv, f, a = model.hidden, model.kv_hidden, model.ffn_hidden, model.heads
     unsharded = 10 * h * T / np.where(sp, t, 1.0)                 # norms, block inputs, dropout masks
+    unfused = ~np.asarray(getattr(plan, "fused_elementwise", True), dtype=bool)
+    unsharded = unsharded + np.where(unfused & (element_bytes(plan) < 4),
+                                     UNFUSED_NORM_SAVED_BYTES_PER_HIDDEN * h * T / np.where(sp, t, 1.0), 0.0)
+    eager_swiglu = unfused & (model.activation == "swiglu")
     per_width = 6 if model.activation == "swiglu" else 4
     mlp = per_width * f
     if model.moe is not None:
@@ -102,6 +168,7 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
         moe_mlp = per_width * e.expert_ffn_hidden * (routed + e.shared_experts) + routed * 4 * h + 4 * e.experts
         share = model.moe_layers / model.layers
         mlp = (1 - share) * mlp + share * moe_mlp
+    mlp = mlp + np.where(eager_swiglu, UNFUSED_SWIGLU_SAVED_BYTES_PER_FFN * f, 0.0)
     sharded = (4 * h + 4 * hkv + mlp) * T / t                      # Q, K, V, out-proj input, MLP
     if model.moe is not None and model.moe.dispatch == "einsum":
         # the 16-bit dispatch mask and combine weights (S x E·C each) saved for the einsum GEMMs'
@@ -115,7 +182,51 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
     none = wide * (unsharded + sharded + scores)
     selective = wide * (unsharded + sharded)
     full = element_bytes(plan) * h * T / np.where(sp, t, 1.0)
-    return np.where(rc == Recompute.FULL, full, np.where(rc == Recompute.SELECTIVE, selective, none))
+    op_sac = wide * op_sac_saved_bytes_per_token(model, plan) * T + np.where(
+        np.asarray(plan.flash_attention, dtype=bool), wide * scores, 0.0)
+    return np.where(rc == Recompute.FULL, full, np.where(rc == Recompute.SELECTIVE, selective,
+                                                         np.where(rc == Recompute.OP_SAC, op_sac, none)))
+
+
+def op_sac_saved_bytes_per_token(model, plan):
+    """16-bit bytes per token one layer keeps under torchtitan's op-level SAC
+    (``torchtitan/models/llama3/infra/parallelize.py``, ``_save_list`` and the "save every other mm"
+    policy): the layer input, the attention output, and the outputs of the 1st, 3rd, 5th and 7th
+    matmuls (wq, wv, w1, w2 for Llama; wq, wv, fc1 for a GELU MLP); everything else (norms, the other
+    matmuls, the activation function) is recomputed. Sharded over tp except the layer input (and the
+    partial-sum w2 output) without sequence parallelism. For Llama 3 8B this is 0.43 of what
+    ``none`` keeps, as measured on torchtitan (issue 14)."""
+    t = np.asarray(plan.tp, dtype=float)
+    sp = np.asarray(plan.sp, dtype=bool)
+    h, hkv, f = model.hidden, model.kv_hidden, model.ffn_hidden
+    w2_out = 2 * h if model.activation == "swiglu" else 0
+    unsharded = (2 * h + w2_out) / np.where(sp, t, 1.0)
+    sharded = (2 * h + 2 * hkv + 2 * h + 2 * f) / t
+    return unsharded + sharded
+
+
+def attention_transient_bytes(model, job, plan):
+    """Bytes unfused attention's backward holds for one layer at a time:
+    UNFUSED_ATTENTION_TRANSIENT_BYTES per element of the rank's b·(a/t)·(s/cp)·s score matrix; 0 with
+    FlashAttention (it recomputes the scores block by block)."""
+    T = tokens_per_rank(job, plan)                 # b · s / cp
+    scores = T * model.heads / np.asarray(plan.tp, dtype=float) * job.seq_len
+    flash = np.asarray(plan.flash_attention, dtype=bool)
+    return np.where(flash, 0.0, UNFUSED_ATTENTION_TRANSIENT_BYTES * scores)
+
+
+def allocator_bytes(memory, plan, on_cuda):
+    """What the caching allocator reserves beyond the allocated tensor bytes (0 off CUDA: a CPU rank
+    allocates with malloc): ALLOCATOR_RESERVE_BYTES + ALLOCATOR_FRAGMENTATION x the bytes that churn.
+    ``memory`` holds the terms parameters, gradients, optimizer_states, activations, buffers. The
+    named engines keep model states in flat buffers allocated once (Megatron-LM's contiguous
+    param/grad buffers, DeepSpeed's flattened groups and partitions, FSDP2's sharded parameters), so
+    only activations and buffers fragment; the generic engine (per-tensor eager code, as in the
+    sweep the constants come from) fragments everything."""
+    churn = np.asarray(memory["activations"]) + np.asarray(memory["buffers"])
+    every = churn + sum(np.asarray(memory[k]) for k in ("parameters", "gradients", "optimizer_states"))
+    frag = np.where(engine_of(plan) == Engine.GENERIC, every, churn)
+    return np.where(on_cuda, ALLOCATOR_RESERVE_BYTES + ALLOCATOR_FRAGMENTATION * frag, 0.0)
 
 
 def micro_batches(job, plan):
@@ -142,9 +253,11 @@ def activation_bytes(model, job, plan) -> dict:
     sp = np.asarray(plan.sp, dtype=bool)
     per_layer = activation_bytes_per_layer(model, job, plan)
     layers = model.layers / p
-    # full recompute rematerializes one layer at a time during backward
+    # full recompute rematerializes one layer at a time during backward; unfused attention's backward
+    # holds the layer's score matrix and its gradients meanwhile
     working = np.where(np.asarray(plan.recompute_code) == Recompute.FULL,
-                       activation_bytes_per_layer(model, job, plan, recompute_code=Recompute.NONE), 0.0)
+                       activation_bytes_per_layer(model, job, plan, recompute_code=Recompute.NONE), 0.0) \
+        + attention_transient_bytes(model, job, plan)
     embedding_out = (element_bytes(plan) + 1) * T * model.hidden / np.where(sp, t, 1.0)  # output + dropout mask
     logits = 4.0 * T * model.vocab / t + element_bytes(plan) * T * model.hidden  # fp32 logits for the loss
     inflight = in_flight_micro_batches(job, plan)
@@ -162,14 +275,27 @@ DEEPSPEED_ALLGATHER_BUCKET = 5e8
 
 
 def buffer_bytes(model, plan, runtime_reserved_bytes):
-    """Runtime reserve (CUDA context, NCCL and cuBLAS workspaces), ZeRO-3's gathered layers (the
-    current and the prefetched one), and under offload DeepSpeed's gradient and parameter buckets."""
+    """Runtime reserve (CUDA context, NCCL and cuBLAS workspaces) and the engine's communication buffers:
+
+    * ZeRO-3's gathered layers, the current and the prefetched one (2 x 16-bit layer parameters);
+    * DeepSpeed's gradient reduce buckets (double-buffered) and all-gather bucket at ZeRO 1-2 (and
+      under offload), one reduce bucket at ZeRO-3 (generic: under offload only);
+    * FSDP2 (torchtitan, ZeRO 2-3): besides the gathered layers, one layer's unsharded 16-bit
+      gradients and their fp32 copy for the reduce-scatter (``reduce_dtype=fp32``).
+    Megatron-LM reduces and gathers in place in its contiguous buffers (counted as model states)."""
     t = np.asarray(plan.tp, dtype=float)
-    gathered = 2 * element_bytes(plan) * model.params_per_layer / t
-    z3 = np.asarray(plan.zero) >= 3
+    eb = element_bytes(plan)
+    layer = model.params_per_layer / t
+    z = np.asarray(plan.zero)
+    eng = engine_of(plan)
     offload = np.asarray(plan.offload_code) != Offload.NONE
+    gathered = np.where((z >= 3) & (eng != Engine.MEGATRON), 2 * eb * layer, 0.0)
+    gathered = np.where((eng == Engine.TORCHTITAN) & (z >= 2), 2 * eb * layer + (eb + 4) * layer, gathered)
     buckets = BYTES * (2 * DEEPSPEED_REDUCE_BUCKET + DEEPSPEED_ALLGATHER_BUCKET)
-    return runtime_reserved_bytes + np.where(z3, gathered, 0.0) + np.where(offload, buckets, 0.0)
+    ds = eng == Engine.DEEPSPEED
+    bucket = np.where(offload | (ds & (z >= 1) & (z <= 2)), buckets,
+                      np.where(ds & (z >= 3), BYTES * DEEPSPEED_REDUCE_BUCKET, 0.0))
+    return runtime_reserved_bytes + gathered + bucket
 
 
 NVME_STAGING_PARAMS = 1e9   # DeepSpeed ZeRO-Infinity sub_group_size default (elements staged on the host)

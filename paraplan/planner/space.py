@@ -22,7 +22,7 @@ from typing import Mapping
 import numpy as np
 
 from paraplan.errors import ConfigError
-from paraplan.plan import (MODES, PLAN_FIELDS, RULES, CpMode, Dtype, Offload, Optimizer, PlanBatch,
+from paraplan.plan import (MODES, PLAN_FIELDS, RULES, CpMode, Dtype, Engine, Offload, Optimizer, PlanBatch,
                            Recompute, Scene, Schedule, failed_rules, parse_field)
 
 OFFLOAD_CHOICES = ((Offload.NONE, False), (Offload.CPU, False), (Offload.NVME, False), (Offload.CPU, True),
@@ -101,7 +101,8 @@ def divisors(n: int) -> list[int]:
 def _pin(choices: dict, fixed: Mapping) -> None:
     """Replace the choices of pinned axes by their pinned value."""
     for key, value in fixed.items():
-        if key in ("dp", "dtype", "flash_attention", "overlap_grad_reduce", "grad_accumulation_fusion"):
+        if key in ("dp", "dtype", "flash_attention", "overlap_grad_reduce", "grad_accumulation_fusion", "fused_elementwise",
+                   "engine"):
             continue  # dp: a rule of the search; the rest: one value for the whole batch
         if key == "etp":
             choices["etp_is_tp"] = [value != 1]
@@ -153,6 +154,7 @@ def axis_choices(model, job, cluster, options: SpaceOptions) -> dict[str, list]:
                "etp_is_tp": [False, True] if model.moe else [False]}
     _pin(choices, fixed)
     choices["_dtype"] = fixed.get("dtype", search_dtype(cluster.accelerator))
+    choices["_engine"] = int(Engine.parse(fixed.get("engine", Engine.GENERIC.label)))
     return choices
 
 
@@ -177,9 +179,11 @@ def _apply(rules, view, scene: Scene, keep, rejected: Counter, weight):
 FIRST_AXES = ("tp", "pp", "cp", "vpp", "micro_batch", "schedule", "ep", "cp_mode")
 SECOND_AXES = ("sp", "zero", "recompute", "offload", "optimizer", "delayed_update", "etp_is_tp")
 # what each stage's view holds, by PlanBatch attribute name (dtype is one value for the batch)
-FIRST_VIEW = frozenset({"tp", "pp", "cp", "vpp", "micro_batch", "schedule_code", "ep", "cp_mode_code", "dp", "dtype"})
+# (dtype and engine_code: one value for the whole batch, in every view)
+FIRST_VIEW = frozenset({"tp", "pp", "cp", "vpp", "micro_batch", "schedule_code", "ep", "cp_mode_code", "dp", "dtype",
+                        "engine_code"})
 SECOND_VIEW = frozenset({"sp", "zero", "recompute_code", "offload_code", "offload_params", "optimizer_code",
-                         "delayed_update", "etp_is_tp", "dtype"})
+                         "delayed_update", "etp_is_tp", "dtype", "engine_code"})
 
 
 def rule_stage(rule) -> int:
@@ -195,28 +199,29 @@ def _stage_rules(stage: int) -> list:
     return [r for r in RULES if rule_stage(r) == stage]
 
 
-def _first_view(a: dict, dp, dtype) -> SimpleNamespace:
+def _first_view(a: dict, dp, dtype, engine) -> SimpleNamespace:
     return SimpleNamespace(tp=a["tp"], pp=a["pp"], cp=a["cp"], vpp=a["vpp"], micro_batch=a["micro_batch"],
-                           schedule_code=a["schedule"], ep=a["ep"], cp_mode_code=a["cp_mode"], dp=dp, dtype=dtype)
+                           schedule_code=a["schedule"], ep=a["ep"], cp_mode_code=a["cp_mode"], dp=dp, dtype=dtype,
+                           engine_code=engine)
 
 
-def _second_view(b: dict, dtype) -> SimpleNamespace:
+def _second_view(b: dict, dtype, engine) -> SimpleNamespace:
     off = np.array([int(o) for o, _ in OFFLOAD_CHOICES])[b["offload"]]
     par = np.array([p for _, p in OFFLOAD_CHOICES])[b["offload"]]
     return SimpleNamespace(sp=b["sp"], zero=b["zero"], recompute_code=b["recompute"], offload_code=off,
                            offload_params=par, optimizer_code=b["optimizer"], delayed_update=b["delayed_update"],
-                           etp_is_tp=b["etp_is_tp"], dtype=dtype)
+                           etp_is_tp=b["etp_is_tp"], dtype=dtype, engine_code=engine)
 
 
 def _cross(first: SimpleNamespace, second: SimpleNamespace, keep1, keep2) -> SimpleNamespace:
     """Survivors of both stages crossed (each degree tuple with each categorical tuple), etp filled."""
-    f = {k: v[keep1] for k, v in vars(first).items() if k != "dtype"}
-    s = {k: v[keep2] for k, v in vars(second).items() if k != "dtype"}
+    f = {k: v[keep1] for k, v in vars(first).items() if k not in ("dtype", "engine_code")}
+    s = {k: v[keep2] for k, v in vars(second).items() if k not in ("dtype", "engine_code")}
     nf, ns = f["tp"].size, s["sp"].size
     both = {k: np.repeat(v, ns) for k, v in f.items()}
     both.update({k: np.tile(v, nf) for k, v in s.items()})
     both["etp"] = np.where(both["etp_is_tp"], both["tp"], 1)
-    return SimpleNamespace(**both, dtype=first.dtype)
+    return SimpleNamespace(**both, dtype=first.dtype, engine_code=first.engine_code)
 
 
 def compose(model, job, cluster, options: SpaceOptions | None = None) -> tuple[PlanBatch, Counter, int]:
@@ -232,6 +237,7 @@ def compose(model, job, cluster, options: SpaceOptions | None = None) -> tuple[P
     fixed = normalize_fix(options.fixed)
     ch = axis_choices(model, job, cluster, options)
     dtype = ch.pop("_dtype")
+    engine = ch.pop("_engine")
     gpus = cluster.num_gpus
     scene = Scene(model, job, cluster, fixed.get("dp") or None)
     a = _grid(ch, FIRST_AXES)
@@ -239,9 +245,9 @@ def compose(model, job, cluster, options: SpaceOptions | None = None) -> tuple[P
     n1, n2 = a["tp"].size, b["sp"].size
     rejected: Counter = Counter()
     mp = a["tp"] * a["pp"] * a["cp"]
-    first = _first_view(a, np.where(gpus % mp == 0, gpus // np.maximum(mp, 1), 0), dtype)
+    first = _first_view(a, np.where(gpus % mp == 0, gpus // np.maximum(mp, 1), 0), dtype, engine)
     keep1 = _apply(_stage_rules(1), first, scene, np.ones(n1, bool), rejected, n2)
-    second = _second_view(b, dtype)
+    second = _second_view(b, dtype, engine)
     keep2 = _apply(_stage_rules(2), second, scene, np.ones(n2, bool), rejected, int(keep1.sum()))
     both = _cross(first, second, keep1, keep2)
     keep3 = _apply(_stage_rules(3), both, scene, np.ones(both.tp.size, bool), rejected, 1)
@@ -252,9 +258,13 @@ def _batch(both: SimpleNamespace, idx, cluster, options: SpaceOptions, fixed: Ma
     """The kept candidates as a PlanBatch; the flags the search does not vary take their pinned
     value or the default."""
     n = idx.size
+    engine = Engine(int(both.engine_code))
+    # only Megatron-LM fuses gradient accumulation into the weight-gradient GEMMs (main_grad)
+    fusion = options.grad_accumulation_fusion and engine in (Engine.GENERIC, Engine.MEGATRON)
     const = {"flash_attention": fixed.get("flash_attention", cluster.accelerator.flash_attention),
              "overlap_grad_reduce": fixed.get("overlap_grad_reduce", True),
-             "grad_accumulation_fusion": fixed.get("grad_accumulation_fusion", options.grad_accumulation_fusion)}
+             "grad_accumulation_fusion": fixed.get("grad_accumulation_fusion", fusion),
+             "fused_elementwise": fixed.get("fused_elementwise", True), "engine_code": int(engine)}
     cols = ("tp", "pp", "dp", "cp", "sp", "vpp", "micro_batch", "schedule_code", "zero", "recompute_code",
             "offload_code", "offload_params", "ep", "etp", "cp_mode_code", "optimizer_code", "delayed_update")
     return PlanBatch(**{k: getattr(both, k)[idx] for k in cols}, **{k: np.full(n, v) for k, v in const.items()},

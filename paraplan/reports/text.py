@@ -9,7 +9,8 @@ TIME_LABELS = {"compute": "compute", "recompute": "recomputation",
                "dp_comm": "data-parallel comm (exposed)", "optimizer": "optimizer step",
                "offload": "offload transfers (exposed)"}
 MEMORY_LABELS = {"parameters": "parameters", "gradients": "gradients", "optimizer_states": "optimizer states",
-                 "activations": "activations", "buffers": "buffers & runtime"}
+                 "activations": "activations", "buffers": "buffers & runtime",
+                 "allocator": "allocator reserve (cached, fragmented)"}
 
 
 def bar(fraction: float, width: int = 30) -> str:

@@ -1,0 +1,183 @@
+"""Model-state memory per engine against each engine's own accounting (golden numbers), the
+engine's legality rules, and the saved-tensor policies.
+
+Sources of the golden formulas:
+* Megatron-LM ``megatron/training/theoretical_memory_usage.py`` (``compute_weight_and_optimizer_memory``:
+  ``num_bytes_per_parameter = 18`` without the distributed optimizer, ``6 + 12 / data_parallel_size``
+  with it) and ``docs/source/api-guide/dist_optimizer.md`` (bf16 parameters, fp32 main gradients).
+* DeepSpeed ``deepspeed/runtime/zero/stage_1_and_2.py`` ``estimate_zero2_model_states_mem_needs``
+  (GPU: ``4 * total_params + 16 * total_params / total_gpus``; with cpu_offload ``2 * total_params``)
+  and ``stage3.py`` ``estimate_zero3_model_states_mem_needs`` (GPU: ``4 * largest_layer_params +
+  18 * total_params / total_gpus``; optimizer offload ``largest + 2 * total_params / total_gpus``;
+  parameter offload too: ``largest``).
+* PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard`` with ``MixedPrecisionPolicy(param_dtype=bf16,
+  reduce_dtype=fp32)``, as torchtitan configures it): every parameter is a DTensor sharded on dim 0
+  over the N data-parallel ranks, fp32; its gradient the same; Adam adds two fp32 moments: 16Ψ/N.
+"""
+from __future__ import annotations
+
+import pytest
+
+from paraplan.costmodels import memory as M
+from paraplan.costmodels.compute import op_sac_recomputed_matmul_share
+from paraplan.costmodels.estimate import estimate
+from paraplan.errors import ConfigError
+from paraplan.hardware.catalog import load_cluster
+from paraplan.plan import Plan, PlanBatch
+from paraplan.planner.search import search
+from paraplan.planner.space import SpaceOptions, compose
+from paraplan.workloads.presets import load_model
+from paraplan.workloads.transformer import TrainingJob
+
+GIB = 2**30
+
+
+def _states(model_name, gpus, plan, cluster="dgx-a100-80g", seq=2048):
+    model = load_model(model_name)
+    e = estimate(model, TrainingJob(seq, 2 * gpus), load_cluster(cluster, gpus), plan)
+    mem = e.memory_bytes_per_gpu
+    return model, e, mem["parameters"] + mem["gradients"] + mem["optimizer_states"]
+
+
+@pytest.mark.parametrize("zero, dp", [(0, 8), (1, 8), (1, 32)])
+def test_megatron_bytes_per_parameter_match_its_theoretical_formula(zero, dp):
+    tp = 2
+    model, e, states = _states("llama1-13b", tp * dp, Plan(tp=tp, sp=True, zero=zero, engine="megatron"))
+    psi = model.num_params / tp                                # pp 1: every weight on the shard, split by tp
+    megatron_bytes_per_param = 18 if zero == 0 else 6 + 12 / dp
+    assert states == pytest.approx(psi * megatron_bytes_per_param, rel=1e-9)
+    assert e.memory_bytes_per_gpu["gradients"] == pytest.approx(4 * psi)      # fp32 main_grad
+
+
+def test_megatron_holds_more_than_the_zero_paper_by_the_fp32_gradients():
+    _, _, generic = _states("llama1-13b", 16, Plan(tp=2, sp=True, zero=1))
+    model, _, megatron = _states("llama1-13b", 16, Plan(tp=2, sp=True, zero=1, engine="megatron"))
+    assert megatron - generic == pytest.approx(2 * model.num_params / 2)
+
+
+@pytest.mark.parametrize("gpus", [8, 64])
+def test_deepspeed_zero1_matches_its_zero2_estimator_and_zero2_stays_under_it(gpus):
+    model = load_model("llama1-13b")
+    total = model.num_params
+    estimator = 4 * total + 16 * total / gpus          # estimate_zero2_model_states_mem_needs, no offload
+    _, _, z1 = _states("llama1-13b", gpus, Plan(zero=1, engine="deepspeed"))
+    _, _, z2 = _states("llama1-13b", gpus, Plan(zero=2, engine="deepspeed"))
+    assert z1 == pytest.approx(estimator, rel=1e-9)
+    assert z2 == pytest.approx(2 * total + 18 * total / gpus, rel=1e-9)
+    assert z2 < estimator
+
+
+def test_deepspeed_zero2_offload_keeps_the_16bit_parameters_only():
+    model, _, states = _states("llama1-13b", 8, Plan(zero=2, offload="cpu", engine="deepspeed"))
+    assert states == pytest.approx(2 * model.num_params, rel=1e-9)   # estimator: gpu_mem = 2 * total_params
+
+
+@pytest.mark.parametrize("offload, offload_params", [("none", False), ("cpu", False), ("cpu", True)])
+def test_deepspeed_zero3_matches_its_estimator(offload, offload_params):
+    gpus = 64
+    model, e, states = _states("llama1-13b", gpus, Plan(zero=3, offload=offload, offload_params=offload_params,
+                                                        engine="deepspeed"))
+    total, largest = model.num_params, model.params_per_layer
+    if offload == "none":
+        estimator = 4 * largest + 18 * total / gpus
+    elif not offload_params:
+        estimator = 4 * largest + 2 * total / gpus
+    else:
+        estimator = 4 * largest
+    # the estimator's 4 x largest layer = the gathered current and prefetched 16-bit layer, a buffer here
+    gathered = 2 * 2 * model.params_per_layer
+    assert states + gathered == pytest.approx(estimator, rel=1e-9)
+    bucket = 2 * M.DEEPSPEED_REDUCE_BUCKET if offload == "none" else 2 * (2 * M.DEEPSPEED_REDUCE_BUCKET
+                                                                          + M.DEEPSPEED_ALLGATHER_BUCKET)
+    assert e.memory_bytes_per_gpu["buffers"] - gathered - bucket == pytest.approx(
+        estimate.__globals__["runtime_reserved_bytes"](load_cluster("dgx-a100-80g", gpus)))
+
+
+@pytest.mark.parametrize("zero", [3, 2, 0])
+def test_torchtitan_fsdp2_sharding_arithmetic(zero):
+    gpus = 16
+    model, e, states = _states("llama3-8b", gpus, Plan(zero=zero, engine="torchtitan"), cluster="dgx-h100")
+    total = model.num_params
+    n = gpus if zero else 1
+    expected = 16 * total / n + (2 * total if zero == 2 else 0)   # + unsharded bf16 kept after forward
+    assert states == pytest.approx(expected, rel=1e-9)
+    if zero:
+        layer = model.params_per_layer
+        # all-gathered current + prefetched layer (bf16) and one layer's gradients, bf16 and fp32
+        assert e.memory_bytes_per_gpu["buffers"] == pytest.approx(
+            estimate.__globals__["runtime_reserved_bytes"](load_cluster("dgx-h100", gpus)) + (2 * 2 + 2 + 4) * layer)
+
+
+def test_every_engine_holds_the_same_bytes_in_fp32_training_except_its_own_layout():
+    """fp32 (CPU validation): generic = 4 + 4 + 8 bytes/param; Megatron the same (main_grad is fp32
+    anyway); FSDP2's 16/N."""
+    for engine in ("generic", "megatron"):
+        model, _, states = _states("llama3-8b", 8, Plan(zero=0, dtype="fp32", engine=engine), cluster="dgx-h100")
+        assert states == pytest.approx(16 * model.num_params, rel=1e-9)
+
+
+@pytest.mark.parametrize("plan_kwargs, field, text", [
+    (dict(engine="megatron", zero=2), "zero", "Megatron-LM shards optimizer states only"),
+    (dict(engine="megatron", zero=1, offload="cpu"), "offload", "DeepSpeed"),
+    (dict(engine="torchtitan", zero=1), "zero", "FSDP2"),
+    (dict(engine="torchtitan", tp=2), "sp", "always shards the sequence"),
+    (dict(engine="torchtitan", recompute="selective"), "recompute", "op-sac"),
+    (dict(engine="megatron", recompute="op-sac"), "recompute", "torchtitan"),
+    (dict(engine="deepspeed", pp=2, zero=2), "zero", "PipelineEngine"),
+    (dict(engine="deepspeed", pp=2, vpp=2, schedule="interleaved"), "schedule", "1F1B"),
+    (dict(engine="megatron", optimizer="onebit-adam"), "optimizer", "DeepSpeed's"),
+    (dict(engine="torchtitan", cp=2, cp_mode="ulysses"), "cp_mode", "ring"),
+])
+def test_engine_rejects_layouts_it_cannot_run(plan_kwargs, field, text):
+    with pytest.raises(ConfigError) as err:
+        Plan(**plan_kwargs)
+    assert err.value.field == field and text in str(err.value)
+
+
+@pytest.mark.parametrize("engine", ["megatron", "deepspeed", "torchtitan"])
+def test_search_proposes_only_what_the_engine_runs(engine):
+    model = load_model("llama3-8b")
+    job = TrainingJob(4096, 128)
+    cluster = load_cluster("dgx-h100", 32)
+    batch, _, _ = compose(model, job, cluster, SpaceOptions(fixed={"engine": engine}))
+    assert len(batch) > 0
+    for i in range(0, len(batch), max(1, len(batch) // 400)):
+        p = batch.plan(i)                                   # Plan() re-checks every scene-free rule
+        assert p.engine == engine
+    if engine == "torchtitan":
+        assert not ((batch.tp > 1) & ~batch.sp).any()
+        assert not (batch.zero == 1).any()
+    if engine == "megatron":
+        assert (batch.zero <= 1).all() and (batch.offload_code == 0).all()
+    if engine == "deepspeed":
+        assert not ((batch.pp > 1) & (batch.zero >= 2)).any()
+    best = search(model, job, cluster, options=SpaceOptions(fixed={"engine": engine}), top=1).best
+    assert best is not None and best.plan.engine == engine
+
+
+def test_op_level_sac_keeps_0_43_of_what_no_recompute_keeps_for_llama3_8b():
+    """torchtitan's op-level SAC on Llama 3 8B: ~0.43x the activations of no recomputation (issue 14's
+    measured figure), between full recompute and none; its recompute time a share of the matmuls."""
+    model = load_model("llama3-8b")
+    job = TrainingJob(8192, 8)
+    plans = {rc: PlanBatch.from_plans([Plan(recompute=rc, engine="torchtitan")]) for rc in ("none", "op-sac", "full")}
+    acts = {rc: float(M.activation_bytes_per_layer(model, job, p)[0]) for rc, p in plans.items()}
+    assert acts["op-sac"] / acts["none"] == pytest.approx(0.43, abs=0.02)
+    assert acts["full"] < acts["op-sac"]
+    assert 0.3 < op_sac_recomputed_matmul_share(model) < 0.5
+    cluster = load_cluster("dgx-h100", 8)
+    t = {rc: estimate(model, job, cluster, Plan(recompute=rc, engine="torchtitan")).time_breakdown_s["recompute"]
+         for rc in ("none", "op-sac", "full")}
+    assert t["none"] == 0 < t["op-sac"] < t["full"]
+
+
+def test_named_engines_do_not_fragment_their_flat_model_state_buffers():
+    model = load_model("llama3-8b")
+    job = TrainingJob(4096, 16)
+    cluster = load_cluster("dgx-h100", 8)
+    for engine in ("generic", "deepspeed"):
+        mem = estimate(model, job, cluster, Plan(zero=1, engine=engine)).memory_bytes_per_gpu
+        churn = mem["activations"] + mem["buffers"]
+        states = mem["parameters"] + mem["gradients"] + mem["optimizer_states"]
+        frag = churn + (states if engine == "generic" else 0.0)
+        assert mem["allocator"] == pytest.approx(M.ALLOCATOR_RESERVE_BYTES + M.ALLOCATOR_FRAGMENTATION * frag)
