@@ -124,6 +124,7 @@ def test_scale_up_link_generations():
 # --- systems ----------------------------------------------------------------------------------
 
 SYSTEMS = preset_names("systems")
+HOST_SMALLER_THAN_HBM = {"gb300-nvl72"}
 
 
 @pytest.mark.parametrize("name", SYSTEMS)
@@ -145,8 +146,10 @@ def test_inter_node_bandwidth_is_the_nics_shared_by_the_gpus(name):
 def test_scale_up_link_matches_accelerator(name):
     s = load_part("systems", name)
     assert s.intra_node.bandwidth_bytes_per_s <= s.accelerator.scale_up_bandwidth_bytes_per_s
-    # Host memory holds at least the GPUs' memory (offload needs room) and PCIe is sensible.
-    assert s.host_memory_bytes >= s.gpus_per_node * s.accelerator.memory_bytes
+    # Host memory holds at least the GPUs' memory (offload needs room) and PCIe is sensible;
+    # GB300 NVL72 is the documented exception (36 x 480 GB LPDDR5X < 72 x 288 GB HBM3e).
+    if name not in HOST_SMALLER_THAN_HBM:
+        assert s.host_memory_bytes >= s.gpus_per_node * s.accelerator.memory_bytes
     assert {3: 12, 4: 25, 5: 50}[s.pcie_gen] * GB == pytest.approx(s.pcie_bandwidth_bytes_per_s)
 
 
@@ -190,6 +193,75 @@ def test_nvswitch_systems_beat_the_cube_mesh():
     switch = load_part("systems", "dgx2-v100").intra_node
     assert mesh.bandwidth_bytes_per_s == switch.bandwidth_bytes_per_s
     assert mesh.efficiency < switch.efficiency
+
+
+# --- variants added for issue 14 (H800, GH200, GB200/GB300 NVL72) -----------------------------
+
+NEW_VARIANTS = {
+    "accelerators": {"h800-sxm", "gh200", "gh200-144g", "gb200", "gb300"},
+    "systems": {"hgx-h800", "gb200-nvl72", "gb300-nvl72"},
+    "cpus": {"grace"},
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NEW_VARIANTS))
+def test_new_variants_exist(kind):
+    assert NEW_VARIANTS[kind] <= set(preset_names(kind))
+
+
+def test_new_accelerators_have_curve_entries():
+    from paraplan.costmodels.curvefile import curve_table
+    table = curve_table()
+    hopper, blackwell = table["h100-sxm"], table["b200"]
+    for name in ("h800-sxm", "gh200", "gh200-144g"):
+        assert table[name] == hopper
+    for name in ("gb200", "gb300"):
+        assert table[name] == blackwell
+
+
+def test_h800_is_an_h100_with_cut_nvlink():
+    h100, h800 = load_part("accelerators", "h100-sxm"), load_part("accelerators", "h800-sxm")
+    assert h800.peak_flops == h100.peak_flops
+    assert h800.memory_bytes == pytest.approx(80 * GIB)
+    assert h800.scale_up_bandwidth_bytes_per_s == pytest.approx(200 * GB)  # 400 GB/s bidirectional
+    node, dgx = load_part("systems", "hgx-h800"), load_part("systems", "dgx-h100")
+    assert node.gpus_per_node == 8
+    assert node.intra_node.bandwidth_bytes_per_s < dgx.intra_node.bandwidth_bytes_per_s
+    assert node.intra_node.effective_bandwidth_bytes_per_s == pytest.approx(160 * GB)  # DeepEP / DeepSeek-V3
+    assert node.inter_node.bandwidth_bytes_per_s == pytest.approx(50 * GB)  # one CX7 400 Gb/s per GPU
+
+
+def test_gh200_figures():
+    small, big, h100 = (load_part("accelerators", n) for n in ("gh200", "gh200-144g", "h100-sxm"))
+    assert small.memory_bytes == pytest.approx(96 * GIB) and big.memory_bytes == pytest.approx(144 * GIB)
+    assert small.memory_bandwidth_bytes_per_s == pytest.approx(4.0e12)
+    assert big.memory_bandwidth_bytes_per_s == pytest.approx(4.9e12)
+    assert small.peak("bf16") == pytest.approx(h100.peak("bf16"), rel=0.01)  # same die; datasheet rounds to 990
+    assert small.memory_bandwidth_bytes_per_s > h100.memory_bandwidth_bytes_per_s
+    assert small.gemm_plateau_efficiency == pytest.approx(0.838)
+    grace = load_part("cpus", "grace")
+    assert grace.cores == 72 and grace.cache(3).size_bytes == 114 * 2**20
+    assert grace.memory_bandwidth_bytes_per_s == pytest.approx(512 * GB)
+
+
+def test_nvl72_systems():
+    gb200, gb300 = load_part("systems", "gb200-nvl72"), load_part("systems", "gb300-nvl72")
+    for s in (gb200, gb300):
+        assert s.gpus_per_node == 72  # one NVLink domain
+        assert s.intra_node.bandwidth_bytes_per_s == pytest.approx(900 * GB)  # 1.8 TB/s bidirectional
+        assert s.host_cpu.name == "grace" and s.host_cpu_sockets == 36
+    assert gb200.accelerator.memory_bytes == pytest.approx(189471 * 2**20, rel=1e-3)  # MLPerf Training v5.1, MiB
+    assert gb300.accelerator.memory_bytes == pytest.approx(284208 * 2**20, rel=1e-3)
+    assert gb300.accelerator.memory_bytes > gb200.accelerator.memory_bytes
+    assert gb200.accelerator.peak("bf16") == pytest.approx(2500e12)
+    assert gb300.accelerator.peak("fp4") > gb200.accelerator.peak("fp4") == pytest.approx(10000e12)
+    assert gb200.accelerator.peak("bf16") > load_part("accelerators", "b200").peak("bf16")  # GB200 clocks higher
+    assert gb200.inter_node.bandwidth_bytes_per_s == pytest.approx(50 * GB)  # CX-7 400 Gb/s per GPU
+    assert gb300.inter_node.bandwidth_bytes_per_s == pytest.approx(100 * GB)  # CX-8 800 Gb/s per GPU
+    assert gb300.host_memory_bytes < gb300.gpus_per_node * gb300.accelerator.memory_bytes
+    c = load_cluster("gb200-nvl72", 144)
+    assert c.num_nodes == 2 and c.gpus_per_node == 72
+    assert load_cluster("gb300-nvl72", 64).num_nodes == 1
 
 
 # --- CPUs -------------------------------------------------------------------------------------
