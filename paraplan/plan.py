@@ -116,6 +116,9 @@ OPTIMIZERS = Optimizer.labels()
 ENGINES = Engine.labels()
 ZERO_STAGES = (0, 1, 2, 3)
 POSITIVE_INT_FIELDS = ("tp", "pp", "cp", "vpp", "micro_batch", "ep", "etp")
+# layers of the first / last pipeline stage, 0 = automatic (Megatron-LM's
+# --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers)
+STAGE_LAYER_FIELDS = ("first_stage_layers", "last_stage_layers")
 BOOL_FIELDS = ("sp", "offload_params", "flash_attention", "overlap_grad_reduce", "delayed_update",
                "grad_accumulation_fusion", "fused_elementwise")
 
@@ -130,6 +133,10 @@ def validate_field(name: str, value, where: str | None = None):
     elif name == "dp":
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
             raise ConfigError(where or "dp", f"must be a positive integer (or 0 for 'what is left'), got {value!r}")
+    elif name in STAGE_LAYER_FIELDS:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ConfigError(where or name.replace("_", "-"),
+                              f"must be a positive integer (or 0 for the automatic split), got {value!r}")
     elif name == "zero":
         if isinstance(value, bool) or value not in ZERO_STAGES:
             raise ConfigError(where or "zero", f"unknown ZeRO stage {value!r}", accepted="0, 1, 2, 3")
@@ -146,7 +153,7 @@ def parse_field(name: str, text, where: str | None = None):
     validated with :func:`validate_field`; modes come back as their labels."""
     where = where or name
     if isinstance(text, str):
-        if name in POSITIVE_INT_FIELDS or name in ("dp", "zero"):
+        if name in POSITIVE_INT_FIELDS or name in ("dp", "zero", *STAGE_LAYER_FIELDS):
             try:
                 text = int(text.strip())
             except ValueError:
@@ -197,9 +204,13 @@ class Plan:
     fused_elementwise: bool = True
     # the engine that runs the plan (Engine): model-state layout, buffers, layouts on offer
     engine: str = "generic"
+    # transformer layers on the first / last pipeline stage; 0 = automatic (:func:`stage_layer_counts`).
+    # Megatron-LM: --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers
+    first_stage_layers: int = 0
+    last_stage_layers: int = 0
 
     def __post_init__(self):
-        for key in (*POSITIVE_INT_FIELDS, "dp", *MODES, "zero"):
+        for key in (*POSITIVE_INT_FIELDS, "dp", *MODES, "zero", *STAGE_LAYER_FIELDS):
             validate_field(key, getattr(self, key))
         view = PlanBatch.from_plans([self])
         for rule in RULES:
@@ -296,13 +307,15 @@ class PlanBatch:
     grad_accumulation_fusion: np.ndarray = None
     fused_elementwise: np.ndarray = None
     engine_code: np.ndarray = None
+    first_stage_layers: np.ndarray = None
+    last_stage_layers: np.ndarray = None
     dtype: str = "bf16"
 
     def __post_init__(self):
         n = len(self.tp)
         for name, default in (("ep", 1), ("etp", 1), ("cp_mode_code", CpMode.RING), ("optimizer_code", Optimizer.ADAM),
                               ("delayed_update", False), ("grad_accumulation_fusion", True), ("fused_elementwise", True),
-                              ("engine_code", Engine.GENERIC)):
+                              ("engine_code", Engine.GENERIC), ("first_stage_layers", 0), ("last_stage_layers", 0)):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, np.full(n, int(default) if isinstance(default, Mode) else default))
 
@@ -335,7 +348,75 @@ class PlanBatch:
                     delayed_update=bool(self.delayed_update[i]),
                     grad_accumulation_fusion=bool(self.grad_accumulation_fusion[i]),
                     fused_elementwise=bool(self.fused_elementwise[i]),
-                    engine=Engine(int(self.engine_code[i])).label)
+                    engine=Engine(int(self.engine_code[i])).label,
+                    first_stage_layers=int(self.first_stage_layers[i]),
+                    last_stage_layers=int(self.last_stage_layers[i]))
+
+
+# --- layers per pipeline stage ---------------------------------------------------------------------
+class StageLayers(NamedTuple):
+    """Transformer layers per pipeline stage, one entry per plan (numpy arrays, or Python ints for
+    one plan): the first stage's, the largest middle stage's (0 without middle stages, pp <= 2),
+    the last stage's and the largest of all. With pp = 1 the one stage is both first and last."""
+    first: Any
+    middle: Any
+    last: Any
+    largest: Any
+
+
+def _stage_split(layers: int, pp, first, last):
+    """(first, extra-per-middle count, base per unset stage, last) of the split; see :func:`stage_layers`."""
+    pp = np.asarray(pp, dtype=np.int64)
+    has_f, has_l = np.asarray(first) > 0, np.asarray(last) > 0
+    unset = np.maximum(pp - has_f - has_l, 1)
+    rest = np.maximum(layers - np.asarray(first) - np.asarray(last), 0)
+    base, extra = rest // unset, rest % unset
+    n_mid = np.maximum(pp - 2, 0)
+    extra_mid = np.minimum(extra, n_mid)
+    left = extra - extra_mid                       # what the middle stages could not take
+    last_extra = ~has_l & (left >= 1)
+    first_extra = ~has_f & (left - last_extra >= 1)
+    f = np.where(has_f, first, base + first_extra)
+    l_ = np.where(pp == 1, f, np.where(has_l, last, base + last_extra))
+    return f, extra_mid, base, l_
+
+
+def stage_layers(layers: int, plan) -> StageLayers:
+    """Layers per pipeline stage for a plan or a :class:`PlanBatch`, vectorized.
+
+    Explicit ``first_stage_layers`` / ``last_stage_layers`` (Megatron-LM's
+    ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers``,
+    megatron/training/arguments.py) are kept; the other stages share what is left. The automatic
+    split gives every unset stage floor(rest / stages) layers and the remainder one more each to
+    the middle stages first, then to the last and then the first: the first stage also holds the
+    embedding, the last the LM head and the loss, so they are the lighter ones (Llama 3 405B,
+    126 layers on pp 16: 7, 8 x 14, 7; BLOOM-176B, 70 layers on pp 12: 5, 6 x 10, 5). Layers that
+    divide evenly give layers / pp everywhere. Floats, so that formulas read them like
+    ``layers / pp`` (exactly equal when the split is even)."""
+    pp = np.asarray(plan.pp)
+    first = np.asarray(getattr(plan, "first_stage_layers", 0))
+    last = np.asarray(getattr(plan, "last_stage_layers", 0))
+    f, extra_mid, base, l_ = _stage_split(layers, pp, first, last)
+    middle = np.where(pp > 2, base + (extra_mid > 0), 0)
+    f, middle, l_ = (np.asarray(x, dtype=float) for x in (f, middle, l_))
+    return StageLayers(f, middle, l_, np.maximum(np.maximum(f, middle), l_))
+
+
+def stage_layer_counts(layers: int, plan) -> list[int]:
+    """Every stage's layer count for one plan, first to last (:func:`stage_layers`); the middle
+    stages that get an extra layer are the earliest ones. With vpp > 1 each stage's count is
+    split evenly over its vpp model chunks."""
+    pp = int(plan.pp)
+    if pp == 1:
+        return [layers]
+    f, extra_mid, base, l_ = (int(x) for x in _stage_split(layers, pp, plan.first_stage_layers,
+                                                             plan.last_stage_layers))
+    return [f] + [base + (i < extra_mid) for i in range(pp - 2)] + [l_]
+
+
+def stage_split_is_even(layers: int, plan) -> bool:
+    """Whether every stage holds the same number of layers."""
+    return len(set(stage_layer_counts(layers, plan))) == 1
 
 
 # --- legality rules --------------------------------------------------------------------------------
@@ -432,6 +513,23 @@ def _experts_message(p, s: Scene) -> str:
     return f"experts({e}) % ep({p.ep}) = {e % p.ep}, must be 0"
 
 
+def _stage_fields_bad(P, layers: int):
+    """Explicit first/last stage layers that leave another stage empty or do not add up."""
+    has_f, has_l = P.first_stage_layers > 0, P.last_stage_layers > 0
+    unset = P.pp - has_f - has_l
+    rest = layers - P.first_stage_layers - P.last_stage_layers
+    return (has_f | has_l) & np.where(unset == 0, rest != 0, rest < unset)
+
+
+def _stage_fields_message(p, s: Scene) -> str:
+    L, f, l_ = s.model.layers, p.first_stage_layers, p.last_stage_layers
+    unset = p.pp - (f > 0) - (l_ > 0)
+    if unset == 0:
+        return f"first_stage_layers({f}) + last_stage_layers({l_}) must equal layers({L}) with pp=2"
+    return (f"first_stage_layers({f}) + last_stage_layers({l_}) = {f + l_} leaves {L - f - l_} layers for "
+            f"{unset} other stages; at most layers - {unset} = {L - unset}")
+
+
 def _r(name, reason, kind, axes, bad, message, **kw) -> Rule:
     return Rule(name, reason, kind, frozenset(axes), bad, message, **kw)
 
@@ -452,10 +550,29 @@ RULES: tuple[Rule, ...] = (
        lambda P, s: (P.dp > 0) & ~_batch_ok(P, s),
        lambda p, s: (f"global_batch({s.job.global_batch}) % (dp({p.dp}) * micro_batch({p.micro_batch})) = "
                      f"{s.job.global_batch % (p.dp * p.micro_batch)}, must be 0")),
-    _r("layers-divisible", "layers not divisible by pp*vpp", ILLEGAL, ("pp", "vpp"),
-       lambda P, s: s.model.layers % (P.pp * P.vpp) != 0,
+    _r("layer-per-stage", "fewer layers than pipeline stages (pp*vpp)", ILLEGAL, ("pp", "vpp"),
+       lambda P, s: s.model.layers < P.pp * P.vpp,
+       lambda p, s: (f"layers({s.model.layers}) < pp({p.pp}) * vpp({p.vpp}) = {p.pp * p.vpp}: every "
+                     "(virtual) pipeline stage needs at least one layer")),
+    _r("interleaved-layers-divisible", "interleaved stages need layers divisible by pp*vpp", ILLEGAL, ("pp", "vpp"),
+       lambda P, s: (P.vpp > 1) & (s.model.layers % (P.pp * P.vpp) != 0),
        lambda p, s: (f"layers({s.model.layers}) % (pp({p.pp}) * vpp({p.vpp})) = "
-                     f"{s.model.layers % (p.pp * p.vpp)}, must be 0")),
+                     f"{s.model.layers % (p.pp * p.vpp)}, must be 0 with interleaved (virtual) stages")),
+    _r("stage-layers-need-pp", "first/last stage layers need pp >= 2", ILLEGAL,
+       ("pp", "first_stage_layers", "last_stage_layers"),
+       lambda P, s: ((P.first_stage_layers > 0) | (P.last_stage_layers > 0)) & (P.pp < 2),
+       lambda p, s: (f"first_stage_layers({p.first_stage_layers}) / last_stage_layers({p.last_stage_layers}) "
+                     f"need a pipeline (pp >= 2, got {p.pp})"),
+       field="first_stage_layers", accepted="0 (automatic) with pp=1", uses_scene=False),
+    _r("stage-layers-not-interleaved", "first/last stage layers not modelled with interleaving", ILLEGAL,
+       ("vpp", "first_stage_layers", "last_stage_layers"),
+       lambda P, s: ((P.first_stage_layers > 0) | (P.last_stage_layers > 0)) & (P.vpp > 1),
+       lambda p, s: (f"first_stage_layers / last_stage_layers with vpp={p.vpp}: uneven interleaved stages are "
+                     "not modelled; use vpp=1 or leave them 0"),
+       field="first_stage_layers", accepted="0 (automatic) with vpp > 1", uses_scene=False),
+    _r("stage-layers-fit", "first/last stage layers leave a stage without layers", ILLEGAL,
+       ("pp", "first_stage_layers", "last_stage_layers"),
+       lambda P, s: (P.pp >= 2) & _stage_fields_bad(P, s.model.layers), _stage_fields_message),
     _r("schedule-needs-pipeline", "schedule irrelevant without pipeline (pp=1 keeps 1f1b)", PRUNE,
        ("pp", "schedule_code"), lambda P, s: (P.pp == 1) & (P.schedule_code != Schedule.ONE_F_ONE_B),
        lambda p, s: "without a pipeline (pp=1) every schedule runs alike; the search keeps 1f1b", uses_scene=False),

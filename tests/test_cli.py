@@ -60,7 +60,7 @@ def test_table_view_shows_the_breakdown(capsys):
     (["--model", "llama3-8b", "--cluster", "dgx-h101"], "did you mean 'dgx-h100'"),
     (["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "12"], "not whole nodes"),
     (["--model", "llama3-8b", "--cluster", "dgx-h100", "--tp", "3"], "tp(3)"),
-    (["--model", "llama3-8b", "--cluster", "dgx-h100", "--tp", "2", "--pp", "3"], "layers(32) % (pp(3)"),
+    (["--model", "llama3-8b", "--cluster", "dgx-h100", "--pp", "8", "--vpp", "8"], "layers(32) < pp(8) * vpp(8)"),
     (["--model", "llama3-8b", "--cluster", "dgx-h100", "--global-batch", "12", "--micro-batch", "2"],
      "global_batch(12) % (dp(8) * micro_batch(2))"),
     (["--model", "llama3-8b", "--cluster", "dgx-h100", "--vpp", "2"], "interleaved schedule needs pp > 1"),

@@ -136,7 +136,8 @@ def test_api_fixed_by_name():
 
 @pytest.mark.parametrize("fixed, field", [({"tp": 3}, "--fix tp"), ({"zero": 5}, "--fix zero"),
                                           ({"optimizer": 0}, "--fix optimizer"), ({"nope": 1}, "--fix"),
-                                          ({"pp": 3, "vpp": 1}, "--fix pp, vpp")])
+                                          ({"pp": 3, "vpp": 2}, "--fix pp, vpp"),
+                                          ({"pp": 64, "vpp": 1}, "--fix pp, vpp")])
 def test_api_fixed_errors(fixed, field):
     model, job, cluster = _llama()
     with pytest.raises(ConfigError) as e:

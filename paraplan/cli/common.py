@@ -11,7 +11,8 @@ import sys
 from dataclasses import MISSING, Field, fields
 
 from paraplan.errors import ConfigError, ParaplanError
-from paraplan.plan import CP_MODES, DTYPES, OFFLOAD, ENGINES, OPTIMIZERS, RECOMPUTE, SCHEDULES, Plan
+from paraplan.plan import (CP_MODES, DTYPES, ENGINES, OFFLOAD, OPTIMIZERS, RECOMPUTE, SCHEDULES, STAGE_LAYER_FIELDS,
+                           Plan)
 from paraplan.planfile import read_plan_file
 from paraplan.scenario import Scenario, load_scenario
 
@@ -25,6 +26,19 @@ def positive_int(name: str):
             raise argparse.ArgumentTypeError(f"{name} must be a positive integer, got {text!r}") from None
         if v < 1:
             raise argparse.ArgumentTypeError(f"{name} must be a positive integer, got {text!r}")
+        return v
+    return parse
+
+
+def non_negative_int(name: str):
+    """An argparse type that accepts integers >= 0 (0: automatic) and names the flag in its error."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            v = -1
+        if v < 0:
+            raise argparse.ArgumentTypeError(f"{name} must be a positive integer or 0 (automatic), got {text!r}")
         return v
     return parse
 
@@ -50,6 +64,10 @@ def add_scenario_args(ap: argparse.ArgumentParser, *, require: bool = True) -> N
 
 # Help text of the plan flags, keyed by Plan field name (fields not listed get no help line).
 PLAN_FLAG_HELP = {
+    "first_stage_layers": "transformer layers on the first pipeline stage (Megatron-LM "
+                          "--decoder-first-pipeline-num-layers); default 0: automatic split",
+    "last_stage_layers": "transformer layers on the last pipeline stage (Megatron-LM "
+                         "--decoder-last-pipeline-num-layers); default 0: automatic split",
     "dp": "default: what the GPU count leaves",
     "sp": "Megatron sequence parallelism (needs tp > 1)",
     "delayed_update": "ZeRO-Offload's one-step delayed parameter update (with --offload cpu)",
@@ -99,7 +117,7 @@ def plan_flag_kwargs(f: Field) -> tuple[str, dict]:
         choices = PLAN_FLAG_CHOICES[f.name]
         return flag, {**kw, "choices": choices, **({} if isinstance(choices[0], str) else {"type": int})}
     if isinstance(default, int):
-        return flag, {**kw, "type": positive_int(flag)}
+        return flag, {**kw, "type": (non_negative_int if f.name in STAGE_LAYER_FIELDS else positive_int)(flag)}
     raise TypeError(f"Plan.{f.name}: no rule for a flag of type {f.type}")
 
 

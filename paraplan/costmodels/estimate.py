@@ -3,10 +3,11 @@
 Puts the cost models together for one plan:
   step = compute + recompute + grad_accumulation + tp_comm + cp_comm + ep_comm + pp_bubble + pp_comm + dp_comm
          + optimizer + offload
-with compute, recompute, tp and cp charged per micro-batch on the slowest (last) stage, the
-bubble from the schedule (pipeline.py), exposed data-parallel/ZeRO traffic (dataparallel.py),
-the optimizer step and offload transfers (offload.py). Memory per GPU is the larger of the first
-and the last pipeline stage (memory.py). Every term and the assumptions travel with the result.
+with compute, recompute, tp and cp charged per micro-batch on the slowest stage (the last with
+the LM head, or with uneven stages a middle one holding more layers: ``paraplan.plan.stage_layers``),
+the bubble from the schedule (pipeline.py) over the largest stage, exposed data-parallel/ZeRO traffic (dataparallel.py),
+the optimizer step and offload transfers (offload.py). Memory per GPU is the largest of the first,
+the largest middle and the last pipeline stage (memory.py). Every term and the assumptions travel with the result.
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from paraplan.costmodels.dataparallel import compressed_phase_factor, dp_exposed
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.offload import optimizer_and_offload, param_tensors, stage_param_tensors
 from paraplan.costmodels.pipeline import bubble_factor, bubble_fraction, p2p_messages_on_critical_path
-from paraplan.plan import Plan, Recompute, check_plan
+from paraplan.plan import Plan, Recompute, StageLayers, check_plan, stage_layer_counts, stage_layers
 
 SCHEMA = "paraplan.estimate/1"
 TIME_TERMS = ("compute", "recompute", "grad_accumulation", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "pp_bubble",
@@ -117,6 +118,9 @@ class StepTerms:
     flops_hardware: Number              # HFU's FLOPs (with recomputation)
     dp_comm_total: Number               # data-parallel communication before overlap
     last_stage_is_peak: Number          # the last pipeline stage holds the most memory
+    peak_stage: Number                  # FIRST, MIDDLE or LAST: the stage that holds the most memory
+    slowest_stage: Number               # FIRST, MIDDLE or LAST: the stage that sets the pace per micro-batch
+    stage_layers: StageLayers           # layers per stage (first, largest middle, last, largest)
     bubble_fraction: Number
     warmup_share: Number                # compressed optimizers: share of steps in the uncompressed warm-up
     step_warmup: Number
@@ -125,26 +129,53 @@ class StepTerms:
     dp_comm_compressed: Number
 
 
+FIRST, MIDDLE, LAST = 0, 1, 2       # pipeline stages as StepTerms names them
+STAGE_NAMES = ("first", "middle", "last")
+
+
+def _layers_time(n, lt):
+    """Seconds per micro-batch of ``n`` layers: forward, backward, recomputation and their collectives."""
+    return (n * (lt["forward"] + lt["backward"]) + n * lt["recompute"] + n * lt["tp_comm"] + n * lt["cp_comm"]
+            + n * lt["ep_comm"])
+
+
+def slowest_stage(sl: StageLayers, p, lt, ht):
+    """The stage that sets the pipeline's pace per micro-batch (pipeline.py: the slowest stage
+    is paid m times): the last (its layers plus the LM head and loss, ties go to it), else the
+    largest middle stage, else the first (its layers plus the embedding)."""
+    last = _layers_time(sl.last, lt) + ht["head"] + ht["tp_comm"]
+    middle = _layers_time(sl.middle, lt)
+    first = _layers_time(sl.first, lt) + np.where(np.asarray(p) > 1, ht["embedding"], 0.0)
+    return np.where((last >= middle) & (last >= first), LAST, np.where(middle >= first, MIDDLE, FIRST))
+
+
 def step_terms(model, job, cluster, plan, curves) -> StepTerms:
     """All time and memory terms for a plan or for a batch of plans (numpy arrays in the fields)."""
     p = np.asarray(plan.pp, dtype=float)
     m = M.micro_batches(job, plan)
     lt = C.layer_times(model, job, plan, curves, cluster)
     ht = C.head_times(model, job, plan, curves, cluster)
-    layers = model.layers / p
+    sl = stage_layers(model.layers, plan)
+    slow = slowest_stage(sl, p, lt, ht)
+    layers = np.where(slow == LAST, sl.last, np.where(slow == MIDDLE, sl.middle, sl.first))
     compute_mid = layers * (lt["forward"] + lt["backward"])
     recompute_mid = layers * lt["recompute"]
     tp_mid = layers * lt["tp_comm"]
     cp_mid = layers * lt["cp_comm"]
     ep_mid = layers * lt["ep_comm"]
     t_mid = compute_mid + recompute_mid + tp_mid + cp_mid + ep_mid
-    head_compute = ht["head"] + np.where(p == 1, ht["embedding"], 0.0)
-    head_tp = ht["tp_comm"]
+    # the slowest stage's extra work: LM head and loss on the last (and the embedding with pp = 1),
+    # the embedding on the first
+    head_compute = np.where(slow == LAST, ht["head"] + np.where(p == 1, ht["embedding"], 0.0),
+                            np.where(slow == FIRST, ht["embedding"], 0.0))
+    head_tp = np.where(slow == LAST, ht["tp_comm"], 0.0)
     t_micro_fwd = layers * lt["forward"]
     t_micro_bwd = layers * lt["backward"] + recompute_mid
+    # the bubble: (p - 1) idle slots of the largest stage's layers
+    t_bubble = _layers_time(sl.largest, lt)
 
-    first_params, last_params = M.stage_params(model, plan)
-    params = np.maximum(first_params, last_params)
+    first_params, middle_params, last_params = M.stage_params(model, plan)
+    params = np.maximum(np.maximum(first_params, last_params), middle_params)
     experts = M.expert_params_per_gpu(model, plan)
     n_dp = np.asarray(plan.dp, dtype=float) * plan.cp
     n_edp = n_dp / np.asarray(plan.ep, dtype=float)
@@ -172,7 +203,7 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
         "cp_comm": m * cp_mid,
         "ep_comm": m * ep_mid,
         "pp_comm": p2p_messages_on_critical_path(plan, m) * C.p2p_time(model, job, plan, cluster),
-        "pp_bubble": (p - 1) * t_mid * bubble_factor(plan),
+        "pp_bubble": (p - 1) * t_bubble * bubble_factor(plan),
         "dp_comm": dp_avg,
         "optimizer": optimizer,
         "offload": offload,
@@ -181,14 +212,20 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
 
     acts = M.activation_bytes(model, job, plan)
     expert_states = M.model_state_bytes(experts, plan, shard_degree=n_edp)
-    states_first = {k: v + expert_states[k] for k, v in M.model_state_bytes(first_params, plan).items()}
-    states_last = {k: v + expert_states[k] for k, v in M.model_state_bytes(last_params, plan).items()}
-    total_first = sum(states_first.values()) + acts["first"]
-    total_last = sum(states_last.values()) + acts["last"]
-    last_is_peak = total_last > total_first
+    stage_states = {name: {k: v + expert_states[k] for k, v in M.model_state_bytes(params_, plan).items()}
+                    for name, params_ in (("first", first_params), ("middle", middle_params), ("last", last_params))}
+    totals = {name: sum(states.values()) + acts[name] for name, states in stage_states.items()}
+    # the peak stage: first unless another holds strictly more (a middle stage only when it has layers)
+    peak = np.where(totals["last"] > totals["first"], LAST, FIRST)
+    peak_total = np.where(peak == LAST, totals["last"], totals["first"])
+    peak = np.where((sl.middle > 0) & (totals["middle"] > peak_total), MIDDLE, peak)
+    last_is_peak = peak == LAST
     buffers = M.buffer_bytes(model, plan, runtime_reserved_bytes(cluster))
-    memory = {k: np.where(last_is_peak, states_last[k], states_first[k]) for k in states_first}
-    memory["activations"] = np.where(last_is_peak, acts["last"], acts["first"])
+
+    def at_peak(values: dict):
+        return np.where(peak == LAST, values["last"], np.where(peak == MIDDLE, values["middle"], values["first"]))
+    memory = {k: at_peak({name: stage_states[name][k] for name in stage_states}) for k in stage_states["first"]}
+    memory["activations"] = at_peak(acts)
     memory["buffers"] = buffers
     memory["allocator"] = M.allocator_bytes(memory, plan, on_cuda(cluster))
     memory["total"] = sum(memory[k] for k in MEMORY_TERMS)
@@ -207,7 +244,8 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
                                                         0.0)))
     return StepTerms(time=time, step=step, memory=memory, host_per_gpu=off["host"], nvme_per_gpu=off["nvme"],
                      micro_batches=m, flops_model=flops_model, flops_hardware=flops_hw,
-                     dp_comm_total=dp_total, last_stage_is_peak=last_is_peak,
+                     dp_comm_total=dp_total, last_stage_is_peak=last_is_peak, peak_stage=peak,
+                     slowest_stage=slow, stage_layers=sl,
                      bubble_fraction=bubble_fraction(plan, m), warmup_share=warm,
                      step_warmup=step - dp_avg + dp_warm, step_compressed=step - dp_avg + dp_comp,
                      dp_comm_warmup=dp_warm, dp_comm_compressed=dp_comp)
@@ -258,7 +296,8 @@ def estimate(model, job, cluster, plan: Plan, *, curves=None, max_memory_fractio
         details={"micro_batches_per_step": _f(terms.micro_batches),
                  "bubble_fraction": _f(terms.bubble_fraction),
                  "dp_comm_total_s": _f(terms.dp_comm_total),
-                 "peak_memory_stage": "last" if bool(terms.last_stage_is_peak) else "first",
+                 "peak_memory_stage": STAGE_NAMES[int(terms.peak_stage)],
+                 "layers_per_stage": stage_layer_counts(model.layers, plan),
                  "gpu_memory_bytes": cluster.accelerator.memory_bytes,
                  "model_params": model.num_params, "active_params": model.active_params,
                  **({"optimizer_warmup_share": _f(terms.warmup_share),

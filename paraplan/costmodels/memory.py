@@ -21,6 +21,9 @@ matrix in its backward. The PyTorch caching allocator reserves more than the ten
 :func:`allocator_bytes`, calibrated on the fit/OOM outcomes of Hagemann et al. 2023.
 In-flight micro-batches on the first stage: 1F1B and ZB-H1 min(m, p); interleaved
 p·(1 + (p−1)/(p·v)) (NVIDIA/Megatron-LM theoretical_memory_usage.py); GPipe m.
+Uneven stages (``paraplan.plan.stage_layers``): each stage's parameters and activations come from
+its own layer count; a middle stage with more layers than the first is evaluated too, with the
+in-flight micro-batches of stage 1 (min(m, p − 1) under 1F1B), a bound for every middle stage.
 """
 from __future__ import annotations
 
@@ -28,7 +31,7 @@ import numpy as np
 
 from paraplan.costmodels.compute import (BYTES, element_bytes, einsum_dispatch_slots, expert_token_factor,
                                          tokens_per_rank)
-from paraplan.plan import Engine, Offload, Recompute, Schedule
+from paraplan.plan import Engine, Offload, Recompute, Schedule, stage_layers
 
 OPTIMIZER_BYTES_PER_PARAM = 12   # fp32 master weights, momentum, variance (K in the ZeRO paper)
 FP32_OPTIMIZER_BYTES_PER_PARAM = 8   # plain fp32 Adam: momentum and variance, no master copy
@@ -58,30 +61,40 @@ def optimizer_bytes_per_param(plan):
     return FP32_OPTIMIZER_BYTES_PER_PARAM if plan.dtype == "fp32" else OPTIMIZER_BYTES_PER_PARAM
 
 
+def _share(total, layers: int, stage):
+    """``total`` spread over ``layers`` layers, the part of ``stage`` layers, written total / (L / n)
+    so that an even split gives exactly total / pp; 0 for a stage with no layers."""
+    n = np.asarray(stage, dtype=float)
+    return np.where(n > 0, total / (layers / np.maximum(n, 1.0)), 0.0)
+
+
 def expert_params_per_gpu(model, plan):
-    """Routed-expert parameters on one GPU: the stage's MoE layers' E experts split over ep·etp."""
+    """Routed-expert parameters on one GPU: the largest stage's share of the MoE layers (their
+    average density over the layers) with E experts each, split over ep·etp."""
     if model.moe is None:
         return 0.0
-    p = np.asarray(plan.pp, dtype=float)
-    return model.moe_layers / p * model.routed_expert_params_per_moe_layer / (
-        np.asarray(plan.ep, dtype=float) * plan.etp)
+    moe_layers = _share(model.moe_layers, model.layers, stage_layers(model.layers, plan).largest)
+    return moe_layers * model.routed_expert_params_per_moe_layer / (np.asarray(plan.ep, dtype=float) * plan.etp)
 
 
 def stage_params(model, plan):
-    """(first-stage, last-stage) non-expert parameters per GPU: layers / pp, split by tp; the
+    """(first-stage, middle-stage, last-stage) non-expert parameters per GPU: each stage's layers
+    (``paraplan.plan.stage_layers``; the largest middle stage, 0 without one) split by tp; the
     embedding sits on the first stage, the LM head (a copy of a tied embedding when pp > 1) on the
     last. Routed experts are counted apart (:func:`expert_params_per_gpu`)."""
     t = np.asarray(plan.tp, dtype=float)
     p = np.asarray(plan.pp, dtype=float)
+    sl = stage_layers(model.layers, plan)
     non_expert = model.num_params - model.embedding_params - model.lm_head_params \
         - model.moe_layers * model.routed_expert_params_per_moe_layer
-    layers = non_expert / p / t
     emb = model.embedding_params / t
     head = model.lm_head_params / t
     tied_copy = np.where(model.tied_embeddings & (p > 1), model.vocab * model.hidden / t, 0.0)
-    first = np.where(p > 1, layers + emb, layers + emb + head)
-    last = np.where(p > 1, layers + head + tied_copy, first)
-    return first, last
+    first_layers = _share(non_expert, model.layers, sl.first) / t
+    first = np.where(p > 1, first_layers + emb, first_layers + emb + head)
+    last = np.where(p > 1, _share(non_expert, model.layers, sl.last) / t + head + tied_copy, first)
+    middle = _share(non_expert, model.layers, sl.middle) / t
+    return first, middle, last
 
 
 def engine_of(plan):
@@ -233,6 +246,17 @@ def micro_batches(job, plan):
     return job.global_batch / (np.asarray(plan.dp, dtype=float) * plan.micro_batch)
 
 
+def in_flight_micro_batches_middle(job, plan):
+    """Micro-batches a middle stage holds at its peak, bounded by stage 1's: min(m, p − 1) under
+    1F1B and ZB-H1, m under GPipe (the interleaved schedule keeps stages even, so its middle
+    stages never exceed the first: the first stage's count)."""
+    m = micro_batches(job, plan)
+    p = np.asarray(plan.pp, dtype=float)
+    sc = np.asarray(plan.schedule_code)
+    return np.where(sc == Schedule.GPIPE, m, np.where(sc == Schedule.INTERLEAVED, in_flight_micro_batches(job, plan),
+                                                      np.minimum(m, np.maximum(p - 1, 1.0))))
+
+
 def in_flight_micro_batches(job, plan):
     """Micro-batches whose activations the first stage holds at its peak."""
     m = micro_batches(job, plan)
@@ -246,13 +270,14 @@ def in_flight_micro_batches(job, plan):
 
 
 def activation_bytes(model, job, plan) -> dict:
-    """Peak activation bytes on the first and on the last stage."""
+    """Peak activation bytes on the first, the largest middle (0 without one) and the last stage,
+    each from its own layer count (``paraplan.plan.stage_layers``)."""
     p = np.asarray(plan.pp, dtype=float)
     T = tokens_per_rank(job, plan)
     t = np.asarray(plan.tp, dtype=float)
     sp = np.asarray(plan.sp, dtype=bool)
     per_layer = activation_bytes_per_layer(model, job, plan)
-    layers = model.layers / p
+    sl = stage_layers(model.layers, plan)
     # full recompute rematerializes one layer at a time during backward; unfused attention's backward
     # holds the layer's score matrix and its gradients meanwhile
     working = np.where(np.asarray(plan.recompute_code) == Recompute.FULL,
@@ -261,10 +286,11 @@ def activation_bytes(model, job, plan) -> dict:
     embedding_out = (element_bytes(plan) + 1) * T * model.hidden / np.where(sp, t, 1.0)  # output + dropout mask
     logits = 4.0 * T * model.vocab / t + element_bytes(plan) * T * model.hidden  # fp32 logits for the loss
     inflight = in_flight_micro_batches(job, plan)
-    first = layers * per_layer * inflight + embedding_out * inflight + working
-    last = layers * per_layer + logits + working
+    first = sl.first * per_layer * inflight + embedding_out * inflight + working
+    last = sl.last * per_layer + logits + working
+    middle = np.where(sl.middle > 0, sl.middle * per_layer * in_flight_micro_batches_middle(job, plan) + working, 0.0)
     first = np.where(p == 1, first + logits, first)
-    return {"first": first, "last": np.where(p == 1, first, last)}
+    return {"first": first, "middle": middle, "last": np.where(p == 1, first, last)}
 
 
 # DeepSpeed ZeRO communication buckets (elements), its documented defaults (docs/_pages/config-json.md:

@@ -30,13 +30,14 @@ import numpy as np
 
 from paraplan.costmodels.compute import BYTES
 from paraplan.costmodels.memory import OPTIMIZER_BYTES_PER_PARAM
-from paraplan.plan import Offload, Optimizer
+from paraplan.plan import Offload, Optimizer, stage_layers
 
 ERROR_FEEDBACK_BYTES_PER_PARAM = 12
 
 
 def stage_param_tensors(model, plan):
-    """Parameter tensors of one GPU's larger pipeline stage: per layer the norms (2 with a
+    """Parameter tensors of one GPU's largest pipeline stage (each stage's own layer count,
+    ``paraplan.plan.stage_layers``): per layer the norms (2 with a
     LayerNorm bias), the fused QKV and output projections and the two MLP matrices (Megatron-LM's
     linear_qkv, linear_proj, linear_fc1 with a fused gate, linear_fc2), each with its bias when
     the model has biases; the token (and learned position) embedding on the first stage, final
@@ -45,10 +46,11 @@ def stage_param_tensors(model, plan):
     bias = 2 if model.bias else 1
     norm = 2 if model.norm == "layernorm" else 1
     per_layer = 2 * norm + 4 * bias
-    layers = model.layers / p * per_layer
+    sl = stage_layers(model.layers, plan)
     emb = 1 + (1 if model.learned_positions else 0)
     head = norm + (0 if model.tied_embeddings else 1)
-    return np.where(p > 1, layers + np.maximum(emb, head), layers + emb + head)
+    staged = np.maximum(np.maximum(sl.first * per_layer + emb, sl.last * per_layer + head), sl.middle * per_layer)
+    return np.where(p > 1, staged, sl.first * per_layer + emb + head)
 
 
 def param_tensors(model, plan):

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from paraplan.errors import ConfigError
-from paraplan.plan import Plan, check_plan
+from paraplan.plan import Plan, check_plan, stage_layer_counts
 from paraplan.planfile import PLAN_SCHEMA
 from paraplan.scenario import load_cluster
 from paraplan.workloads.presets import load_model
@@ -108,6 +108,24 @@ def _torchrun_args(s: Scenario) -> list[str]:
             "--rdzv-endpoint", f"${{MASTER_ADDR}}:${{MASTER_PORT}}"]
 
 
+def _megatron_uneven_stages(s: Scenario, notes: list[str]) -> list[tuple[str, ...]]:
+    """--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers for an uneven split
+    (NVIDIA/Megatron-LM megatron/training/arguments.py; the layers left must divide evenly over the
+    middle stages, megatron/core/transformer/transformer_config.py). A split whose middle stages
+    differ has no such flags: a note says so."""
+    counts = stage_layer_counts(s.model.layers, s.plan)
+    if len(set(counts)) == 1:
+        return []
+    middle = counts[1:-1]
+    if len(set(middle)) > 1:
+        notes.append(f"the plan's layers per stage {counts} have uneven middle stages, which Megatron-LM's "
+                     "--decoder-first/last-pipeline-num-layers cannot express (the other layers must divide "
+                     "evenly over the middle stages); set first/last stage layers in the plan so they do")
+        return []
+    return [("--decoder-first-pipeline-num-layers", str(counts[0])),
+            ("--decoder-last-pipeline-num-layers", str(counts[-1]))]
+
+
 def build_megatron(s: Scenario) -> Export:
     """pretrain_gpt.py flags (NVIDIA/Megatron-LM megatron/training/arguments.py) behind torchrun."""
     p, m, notes = s.plan, s.model, []
@@ -137,6 +155,7 @@ def build_megatron(s: Scenario) -> Export:
              ("--context-parallel-size", str(p.cp))]
     if p.sp:
         args.append(("--sequence-parallel",))
+    args += _megatron_uneven_stages(s, notes)
     if p.schedule == "interleaved":
         args.append(("--num-layers-per-virtual-pipeline-stage", str(m.layers // (p.pp * p.vpp))))
     elif p.schedule == "zb-h1" and p.pp > 1:
@@ -270,6 +289,12 @@ def build_deepspeed(s: Scenario) -> Export:
     if p.pp > 1:
         cfg["pipeline"] = {"stages": p.pp, "partition": "parameters",
                            "activation_checkpoint_interval": 1 if p.recompute == "full" else 0}
+        counts = stage_layer_counts(s.model.layers, p)
+        if len(set(counts)) > 1:
+            notes.append(f"the plan splits the layers unevenly {counts}; build the PipelineModule with "
+                         "partition_method='type:<transformer layer class>' (balances the transformer layers "
+                         "over the stages, DeepSpeed's own rounding) or 'uniform' (balances all layers, the "
+                         "embedding and head included); neither pins the first and last stages' counts")
         notes.append(f"pipeline parallelism needs the model built as deepspeed.pipe.PipelineModule(num_stages={p.pp}) "
                      "and trained with engine.train_batch(); DeepSpeed runs its own 1F1B-style TrainSchedule"
                      + (f" (the plan's {p.schedule} schedule is not available)" if p.schedule != "1f1b" else ""))
@@ -361,7 +386,7 @@ def build_torchtitan(s: Scenario) -> Export:
             ("context_parallel_degree", p.cp)]
          + ([("pipeline_parallel_schedule", _TITAN_SCHEDULES[p.schedule]),
              ("pipeline_parallel_microbatch_size", p.micro_batch),
-             ("pipeline_parallel_layers_per_stage", m.layers // (p.pp * p.vpp))] if p.pp > 1 else [])),
+             _titan_stage_split(m.layers, p)] if p.pp > 1 else [])),
         ("activation_checkpoint", [("mode", p.recompute)]
          + ([("selective_ac_option", "op")] if p.recompute == "selective" else [])),
     ]
@@ -378,7 +403,22 @@ def build_torchtitan(s: Scenario) -> Export:
     return Export("torchtitan", "\n".join(head + body) + "\n", notes)
 
 
+def _titan_stage_split(layers: int, p: Plan) -> tuple[str, Any]:
+    """Layers per (virtual) stage when even; else the split points, the layer each stage after the
+    first begins with ("layers.N", torchtitan/config/job_config.py pipeline_parallel_split_points)."""
+    counts = stage_layer_counts(layers, p)
+    if len(set(counts)) == 1:
+        return ("pipeline_parallel_layers_per_stage", layers // (p.pp * p.vpp))
+    starts, at = [], 0
+    for c in counts[:-1]:
+        at += c
+        starts.append(f"layers.{at}")
+    return ("pipeline_parallel_split_points", starts)
+
+
 def _toml_value(v: Any) -> str:
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):

@@ -1,7 +1,8 @@
 """The plan space: legal choices per axis, composed flat into numpy arrays of candidates.
 
 Per axis (each respects what it can see alone): tp divides heads and the GPU count (and KV heads
-divide tp or tp divides them); pp divides layers; cp divides the GPU count and leaves at least
+divide tp or tp divides them); pp divides the GPU count and is at most the layer count (layers
+that pp does not divide are split unevenly, ``paraplan.plan.stage_layers``); cp divides the GPU count and leaves at least
 ``min_tokens_per_cp_rank`` tokens per rank; vpp divides layers/pp; micro-batch divides the global
 batch; schedule, sequence parallelism, ZeRO stage, recomputation and offload from their lists.
 Composition is the flat Cartesian product; the cross-axis rules of ``paraplan.plan.RULES`` (degrees
@@ -22,8 +23,8 @@ from typing import Mapping
 import numpy as np
 
 from paraplan.errors import ConfigError
-from paraplan.plan import (MODES, PLAN_FIELDS, RULES, CpMode, Dtype, Engine, Offload, Optimizer, PlanBatch,
-                           Recompute, Scene, Schedule, failed_rules, parse_field)
+from paraplan.plan import (MODES, PLAN_FIELDS, RULES, STAGE_LAYER_FIELDS, CpMode, Dtype, Engine, Offload, Optimizer,
+                           PlanBatch, Recompute, Scene, Schedule, failed_rules, parse_field)
 
 OFFLOAD_CHOICES = ((Offload.NONE, False), (Offload.CPU, False), (Offload.NVME, False), (Offload.CPU, True),
                    (Offload.NVME, True))
@@ -102,7 +103,7 @@ def _pin(choices: dict, fixed: Mapping) -> None:
     """Replace the choices of pinned axes by their pinned value."""
     for key, value in fixed.items():
         if key in ("dp", "dtype", "flash_attention", "overlap_grad_reduce", "grad_accumulation_fusion", "fused_elementwise",
-                   "engine"):
+                   "engine", *STAGE_LAYER_FIELDS):
             continue  # dp: a rule of the search; the rest: one value for the whole batch
         if key == "etp":
             choices["etp_is_tp"] = [value != 1]
@@ -141,7 +142,7 @@ def axis_choices(model, job, cluster, options: SpaceOptions) -> dict[str, list]:
           and (model.kv_heads % t == 0 or t % model.kv_heads == 0)]
     cp = [c for c in divisors(gpus) if job.seq_len % (2 * c) == 0 and job.seq_len // c >= options.min_tokens_per_cp_rank
           or c == 1]
-    pp = [p for p in divisors(model.layers) if p <= gpus]
+    pp = [p for p in divisors(gpus) if p <= model.layers]
     vpp = [v for v in range(1, options.max_vpp + 1)]
     mb = [b for b in divisors(job.global_batch) if b <= options.max_micro_batch]
     ep = [e for e in divisors(gpus) if model.moe and model.moe.experts % e == 0] or [1]
@@ -181,7 +182,7 @@ SECOND_AXES = ("sp", "zero", "recompute", "offload", "optimizer", "delayed_updat
 # what each stage's view holds, by PlanBatch attribute name (dtype is one value for the batch)
 # (dtype and engine_code: one value for the whole batch, in every view)
 FIRST_VIEW = frozenset({"tp", "pp", "cp", "vpp", "micro_batch", "schedule_code", "ep", "cp_mode_code", "dp", "dtype",
-                        "engine_code"})
+                        "engine_code", "first_stage_layers", "last_stage_layers"})
 SECOND_VIEW = frozenset({"sp", "zero", "recompute_code", "offload_code", "offload_params", "optimizer_code",
                          "delayed_update", "etp_is_tp", "dtype", "engine_code"})
 
@@ -199,10 +200,13 @@ def _stage_rules(stage: int) -> list:
     return [r for r in RULES if rule_stage(r) == stage]
 
 
-def _first_view(a: dict, dp, dtype, engine) -> SimpleNamespace:
+def _first_view(a: dict, dp, dtype, engine, fixed: Mapping) -> SimpleNamespace:
+    """The degree axes' view; the stage-layer fields are not searched (0, the automatic split,
+    unless pinned)."""
+    n = a["tp"].size
     return SimpleNamespace(tp=a["tp"], pp=a["pp"], cp=a["cp"], vpp=a["vpp"], micro_batch=a["micro_batch"],
                            schedule_code=a["schedule"], ep=a["ep"], cp_mode_code=a["cp_mode"], dp=dp, dtype=dtype,
-                           engine_code=engine)
+                           engine_code=engine, **{k: np.full(n, fixed.get(k, 0)) for k in STAGE_LAYER_FIELDS})
 
 
 def _second_view(b: dict, dtype, engine) -> SimpleNamespace:
@@ -245,7 +249,7 @@ def compose(model, job, cluster, options: SpaceOptions | None = None) -> tuple[P
     n1, n2 = a["tp"].size, b["sp"].size
     rejected: Counter = Counter()
     mp = a["tp"] * a["pp"] * a["cp"]
-    first = _first_view(a, np.where(gpus % mp == 0, gpus // np.maximum(mp, 1), 0), dtype, engine)
+    first = _first_view(a, np.where(gpus % mp == 0, gpus // np.maximum(mp, 1), 0), dtype, engine, fixed)
     keep1 = _apply(_stage_rules(1), first, scene, np.ones(n1, bool), rejected, n2)
     second = _second_view(b, dtype, engine)
     keep2 = _apply(_stage_rules(2), second, scene, np.ones(n2, bool), rejected, int(keep1.sum()))
@@ -266,6 +270,7 @@ def _batch(both: SimpleNamespace, idx, cluster, options: SpaceOptions, fixed: Ma
              "grad_accumulation_fusion": fixed.get("grad_accumulation_fusion", fusion),
              "fused_elementwise": fixed.get("fused_elementwise", True), "engine_code": int(engine)}
     cols = ("tp", "pp", "dp", "cp", "sp", "vpp", "micro_batch", "schedule_code", "zero", "recompute_code",
-            "offload_code", "offload_params", "ep", "etp", "cp_mode_code", "optimizer_code", "delayed_update")
+            "offload_code", "offload_params", "ep", "etp", "cp_mode_code", "optimizer_code", "delayed_update",
+            *STAGE_LAYER_FIELDS)
     return PlanBatch(**{k: getattr(both, k)[idx] for k in cols}, **{k: np.full(n, v) for k, v in const.items()},
                      dtype=both.dtype)

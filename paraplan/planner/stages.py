@@ -22,7 +22,7 @@ from paraplan.costmodels.estimate import RUNTIME_RESERVED_BYTES
 from paraplan.planner.ilp import (LayerCost, PipelineSpec, StageRecomputeCost, in_flight_per_stage,
                                   partition_from_boundaries, partition_stages, plan_recompute)
 from paraplan.errors import InfeasiblePlan
-from paraplan.plan import Plan
+from paraplan.plan import Plan, stage_layer_counts
 
 
 @dataclass(frozen=True)
@@ -115,8 +115,10 @@ def stage_layout(model, job, cluster, plan: Plan, *, curves=None, max_memory_fra
         # full recomputation); the recompute ILP below then decides where recomputing is needed
         frugal = layer_costs(model, job, cluster, plan, curves, recompute="full")
         layers = [replace(l, activation_bytes=f.activation_bytes) for l, f in zip(layers, frugal)]
-    per = model.layers // plan.pp
-    uniform_b = tuple([0] + [1 + per * s for s in range(1, plan.pp)])
+    # the plan's own split (paraplan.plan.stage_layer_counts, uneven when pp does not divide the
+    # layers); the embedding is item 0, so stage s > 0 starts after 1 + the layers before it
+    counts = stage_layer_counts(model.layers, plan)
+    uniform_b = tuple([0] + [1 + sum(counts[:s]) for s in range(1, plan.pp)])
     free = PipelineSpec(stages=plan.pp, micro_batches=m, schedule=schedule, memory_cap_bytes=float("inf"),
                         fixed_bytes_per_stage=fixed)
     uniform = partition_from_boundaries(layers, free, uniform_b)

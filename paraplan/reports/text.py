@@ -26,6 +26,17 @@ def fmt_time(s: float) -> str:
     return f"{s * 1e6:8.1f} µs"
 
 
+def fmt_stage_layers(counts) -> str:
+    """Layers per stage with runs folded: [5, 6, 6, 6, 5] -> "5, 6 x 3, 5"."""
+    runs: list[list[int]] = []
+    for c in counts:
+        if runs and runs[-1][0] == c:
+            runs[-1][1] += 1
+        else:
+            runs.append([c, 1])
+    return ", ".join(f"{c} x {n}" if n > 1 else f"{c}" for c, n in runs)
+
+
 def render_estimate(e) -> str:
     p = e.plan
     lines = [
@@ -47,6 +58,13 @@ def render_estimate(e) -> str:
         f"  model TFLOP/s   {e.model_tflops_per_gpu:10.1f} per GPU   MFU {100 * e.mfu:.1f}%   HFU {100 * e.hfu:.1f}%",
         f"  memory          {e.memory_bytes_per_gpu['total'] / GIB:10.1f} GiB per GPU of "
         f"{e.details['gpu_memory_bytes'] / GIB:.0f} GiB — {status}",
+    ]
+    counts = e.details.get("layers_per_stage")
+    if counts:
+        even = len(set(counts)) == 1
+        lines.append(f"  layers/stage    {fmt_stage_layers(counts)}"
+                     f"{' (even)' if even else ' (uneven: the largest stage sets the pace)'}")
+    lines += [
         "",
         "  time per step",
     ]
