@@ -181,3 +181,52 @@ def test_named_engines_do_not_fragment_their_flat_model_state_buffers():
         states = mem["parameters"] + mem["gradients"] + mem["optimizer_states"]
         frag = churn + (states if engine == "generic" else 0.0)
         assert mem["allocator"] == pytest.approx(M.ALLOCATOR_RESERVE_BYTES + M.ALLOCATOR_FRAGMENTATION * frag)
+
+
+def _doc(model_name, cluster_name, gpus, seq, batch, **plan_kwargs):
+    from paraplan.planfile import plan_document
+    model = load_model(model_name)
+    e = estimate(model, TrainingJob(seq, batch), load_cluster(cluster_name, gpus), Plan(**plan_kwargs))
+    return plan_document(e, model_name, cluster_name)
+
+
+def test_export_re_estimates_the_layout_as_the_target_engine_runs_it():
+    from paraplan.planner.export import export
+    doc = _doc("llama3-8b", "dgx-h100", 16, 2048, 256, zero=1, micro_batch=2)
+    out = export(doc, "deepspeed")
+    note = out.notes[0]
+    assert note.startswith("re-estimated as deepspeed runs it")
+    ds = estimate(load_model("llama3-8b"), TrainingJob(2048, 256), load_cluster("dgx-h100", 16),
+                  Plan(zero=1, micro_batch=2, engine="deepspeed", grad_accumulation_fusion=False))
+    assert f"step {ds.step_time_s:.3f} s" in note
+    assert f"{ds.memory_bytes_per_gpu['total'] / GIB:.1f} of 80.0 GiB" in note
+    # Megatron's script carries the same kind of note as a comment, with Megatron's own numbers
+    text = export(doc, "megatron").text
+    assert "# NOTE: re-estimated as megatron runs it" in text
+
+
+def test_export_of_a_plan_made_for_another_engine_is_checked_not_approximated():
+    from paraplan.planner.export import export
+    megatron_plan = _doc("llama3-8b", "dgx-h100", 16, 2048, 256, tp=2, zero=1, engine="megatron")
+    with pytest.raises(ConfigError) as err:
+        export(megatron_plan, "torchtitan")       # torchtitan: TP implies SP, and it has no ZeRO-1
+    assert "made for engine megatron" in str(err.value) and err.value.field in ("zero", "sp")
+    # a generic plan the engine cannot express is still exported, approximated, and says so
+    generic = _doc("llama3-8b", "dgx-h100", 16, 2048, 256, zero=3)
+    assert export(generic, "megatron").notes[0].startswith("not re-estimated for megatron")
+
+
+def test_export_refuses_a_named_engine_plan_that_overflows_as_the_target_runs_it():
+    """Llama 3 8B on 8 H100, ZeRO-1, micro-batch 2 of 2048: DeepSpeed holds 4 + 16/8 bytes/param plus
+    its buckets (~73.6 GiB), Megatron-LM 6 + 12/8 (fp32 main_grad: ~81.6 GiB): the DeepSpeed plan
+    cannot be launched on Megatron-LM as is."""
+    from paraplan.planner.export import export
+    model, job, cluster = load_model("llama3-8b"), TrainingJob(2048, 32), load_cluster("dgx-h100", 8)
+    kw = dict(zero=1, micro_batch=2)
+    assert estimate(model, job, cluster, Plan(**kw, engine="deepspeed", grad_accumulation_fusion=False)).feasible
+    assert not estimate(model, job, cluster, Plan(**kw, engine="megatron")).feasible
+    ds_plan = _doc("llama3-8b", "dgx-h100", 8, 2048, 32, **kw, engine="deepspeed", grad_accumulation_fusion=False)
+    with pytest.raises(ConfigError) as err:
+        export(ds_plan, "megatron")
+    assert err.value.field == "engine" and "over by" in str(err.value) and "--engine megatron" in str(err.value)
+    assert export(ds_plan, "deepspeed").notes[0].startswith("estimate as deepspeed runs it")

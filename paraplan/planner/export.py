@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import json
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
+from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError
-from paraplan.plan import Plan, check_plan, stage_layer_counts
+from paraplan.plan import Engine, Plan, check_plan, stage_layer_counts
 from paraplan.planfile import PLAN_SCHEMA
 from paraplan.scenario import load_cluster
 from paraplan.workloads.presets import load_model
@@ -440,7 +441,61 @@ def export(doc: Mapping[str, Any], engine: str, source: str = "plan") -> Export:
     scenario = load_scenario(doc, source)
     if scenario.plan.dtype == "fp32":
         raise ConfigError("dtype", "fp32 plans (validation on CPU) are not exported", accepted="bf16, fp16")
-    return _BUILDERS[engine](scenario)
+    scenario, note = as_engine_runs_it(scenario, engine)
+    out = _BUILDERS[engine](scenario)
+    out.notes.insert(0, note)
+    if engine != "deepspeed":          # the script and the TOML carry their notes as comments
+        lines = out.text.split("\n")
+        at = next((i + 1 for i, line in enumerate(lines) if line.startswith("# Plan:")), 1)
+        lines.insert(at, "# NOTE: " + note)
+        out.text = "\n".join(lines)
+    return out
+
+
+def as_engine_runs_it(s: Scenario, engine: str) -> tuple[Scenario, str]:
+    """The scenario with the plan as ``engine`` runs it (its model-state layout and buffers; gradient
+    accumulation fused only on Megatron-LM), re-estimated, and a note comparing that estimate with
+    the plan's own.
+
+    A plan made for another named engine must be runnable and fit as ``engine`` runs it (ConfigError
+    otherwise: the rule's message, or what overflows and by how much). A generic plan (no engine
+    chosen) that the engine cannot express is exported as before, approximated, with the notes the
+    exporter gives and a note that it was not re-estimated; one that does not fit as the engine runs
+    it gets a warning note."""
+    p = s.plan
+    strict = p.engine != Engine.GENERIC.label
+    try:
+        as_run = replace(p, engine=engine,
+                         grad_accumulation_fusion=p.grad_accumulation_fusion and engine == Engine.MEGATRON.label)
+    except ConfigError as err:
+        if strict:
+            raise ConfigError(err.field, f"the plan was made for engine {p.engine}; {engine} cannot run it: "
+                              f"{err.problem}", accepted=err.accepted) from None
+        return s, (f"not re-estimated for {engine}: {err.problem}; the export approximates the layout (notes "
+                   f"below); `paraplan plan --engine {engine}` plans for what {engine} runs")
+    job = TrainingJob(s.seq_len, s.global_batch)
+    cluster = load_cluster(s.cluster_spec, s.gpus)
+    before = estimate(s.model, job, cluster, p)
+    after = estimate(s.model, job, cluster, as_run)
+    gib = 2**30
+    mem_before, mem_after = before.memory_bytes_per_gpu["total"] / gib, after.memory_bytes_per_gpu["total"] / gib
+    hbm = cluster.accelerator.memory_bytes / gib
+    unfused = (" (its own model states and buffers; gradient accumulation unfused, as "
+               "--no-grad-accumulation-fusion estimates it)" if p.grad_accumulation_fusion != as_run.grad_accumulation_fusion
+               else " (its own model states and buffers)")
+    if not after.feasible:
+        text = (f"as {engine} runs it{unfused} the plan needs {mem_after:.1f} GiB per GPU of {hbm:.1f} GiB "
+                f"(plan file, engine {p.engine}: {mem_before:.1f} GiB): {after.infeasible_reason}; "
+                f"re-plan with `paraplan plan --engine {engine}`")
+        if strict:
+            raise ConfigError("engine", text)
+        return replace(s, plan=as_run), "WARNING: " + text
+    if as_run == p:
+        return s, (f"estimate as {engine} runs it: step {after.step_time_s:.3f} s, {mem_after:.1f} of {hbm:.1f} GiB "
+                   f"per GPU (the plan file's)")
+    return replace(s, plan=as_run), (
+        f"re-estimated as {engine} runs it{unfused}: step {after.step_time_s:.3f} s (plan file, engine {p.engine}: "
+        f"{before.step_time_s:.3f} s), {mem_after:.1f} of {hbm:.1f} GiB per GPU (plan file: {mem_before:.1f})")
 
 
 def to_megatron(doc: Mapping[str, Any]) -> str:

@@ -10,7 +10,7 @@ TIME_LABELS = {"compute": "compute", "recompute": "recomputation",
                "offload": "offload transfers (exposed)"}
 MEMORY_LABELS = {"parameters": "parameters", "gradients": "gradients", "optimizer_states": "optimizer states",
                  "activations": "activations", "buffers": "buffers & runtime",
-                 "allocator": "allocator reserve (cached, fragmented)"}
+                 "allocator": "allocator reserve"}
 
 
 def bar(fraction: float, width: int = 30) -> str:
