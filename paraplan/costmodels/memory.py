@@ -242,6 +242,24 @@ def allocator_bytes(memory, plan, on_cuda):
     return np.where(on_cuda, ALLOCATOR_RESERVE_BYTES + ALLOCATOR_FRAGMENTATION * frag, 0.0)
 
 
+# Peak bytes per logit element (tokens x vocabulary / tp) while the loss runs, by engine:
+# generic: one fp32 copy of the logits (the accounting the published runs were checked with);
+# megatron: its fused vocab-parallel cross-entropy keeps the 16-bit logits and an fp32 softmax it
+# overwrites with the gradient in place (2 + 4); deepspeed (Hugging Face models) and torchtitan run
+# plain PyTorch cross-entropy on logits upcast to fp32: 16-bit logits, the fp32 copy and the fp32
+# log-softmax it saves for backward (2 + 4 + 4).
+LOSS_BYTES_PER_LOGIT = {Engine.GENERIC: 4.0, Engine.MEGATRON: 6.0, Engine.DEEPSPEED: 10.0, Engine.TORCHTITAN: 10.0}
+
+
+def loss_bytes_per_logit(plan):
+    """LOSS_BYTES_PER_LOGIT of the plan's engine (per plan of a batch)."""
+    eng = engine_of(plan)
+    out = np.full(np.shape(eng), LOSS_BYTES_PER_LOGIT[Engine.GENERIC])
+    for engine, nbytes in LOSS_BYTES_PER_LOGIT.items():
+        out = np.where(eng == engine, nbytes, out)
+    return out
+
+
 def micro_batches(job, plan):
     return job.global_batch / (np.asarray(plan.dp, dtype=float) * plan.micro_batch)
 
@@ -284,7 +302,7 @@ def activation_bytes(model, job, plan) -> dict:
                        activation_bytes_per_layer(model, job, plan, recompute_code=Recompute.NONE), 0.0) \
         + attention_transient_bytes(model, job, plan)
     embedding_out = (element_bytes(plan) + 1) * T * model.hidden / np.where(sp, t, 1.0)  # output + dropout mask
-    logits = 4.0 * T * model.vocab / t + element_bytes(plan) * T * model.hidden  # fp32 logits for the loss
+    logits = loss_bytes_per_logit(plan) * T * model.vocab / t + element_bytes(plan) * T * model.hidden
     inflight = in_flight_micro_batches(job, plan)
     first = sl.first * per_layer * inflight + embedding_out * inflight + working
     last = sl.last * per_layer + logits + working
