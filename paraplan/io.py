@@ -2,6 +2,7 @@
 typed field access, and whole-or-nothing writes."""
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -30,6 +31,21 @@ def read_yaml(path: Path | str, field: str = "file") -> dict:
     if not isinstance(data, dict):
         raise ConfigError(field, "expected a mapping of keys to values at the top level", source=str(path))
     return data
+
+
+def read_json(path: Path | str, field: str = "file") -> Any:
+    """Read a JSON document, turning a file that cannot be read or parsed into a ConfigError naming
+    ``field`` and the file (line and column of a syntax error). The top-level type is the caller's to check."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(field, f"cannot read {path}: {e.strerror or e}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(field, f"malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}",
+                          source=str(path)) from None
 
 
 class FieldReader:

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from paraplan.errors import ConfigError
-from paraplan.io import write_atomic
+from paraplan.io import read_json, write_atomic
 
 PLAN_SCHEMA = "paraplan.plan/1"
 
@@ -28,13 +28,7 @@ def write_plan_file(path, estimate, model_spec: str, cluster_spec: str) -> None:
 
 def read_plan_file(path) -> dict[str, Any]:
     p = Path(path)
-    try:
-        data = json.loads(p.read_text())
-    except OSError as e:
-        raise ConfigError("--plan", f"cannot read {p}: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError("--plan", f"malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}",
-                          source=str(p)) from None
+    data = read_json(p, "--plan")
     if not isinstance(data, dict) or data.get("schema") != PLAN_SCHEMA:
         raise ConfigError("schema", f"not a paraplan plan file (expected schema {PLAN_SCHEMA!r})", source=str(p))
     for key in ("scenario", "plan"):

@@ -33,7 +33,7 @@ import numpy as np
 from paraplan.cf.model import CFModel
 from paraplan.errors import ConfigError
 from paraplan.hardware.model import CacheLevel, Cpu
-from paraplan.io import write_atomic
+from paraplan.io import read_json, write_atomic
 
 PROFILE_VERSION = 3
 GATHER_ROWS = (512, 16384)   # rows per measured gather / index_add_ call: a batch, a large tile
@@ -400,12 +400,7 @@ def save(profile: CpuProfile, path: str | Path) -> Path:
 def load(path: str | Path) -> CpuProfile:
     """Read a profile written by :func:`save`; ConfigError if missing or malformed."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as e:
-        raise ConfigError("profile", f"cannot read {path}: {e.strerror or e}") from None
-    except json.JSONDecodeError as e:
-        raise ConfigError("profile", f"malformed JSON at line {e.lineno}", source=str(path)) from None
+    data = read_json(path, "profile")
     fields = CpuProfile.__dataclass_fields__
     missing = [k for k in fields if k not in data and fields[k].default is fields[k].default_factory]
     missing = [k for k in missing if k not in ("host", "version")]

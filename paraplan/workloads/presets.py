@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
 
 from paraplan.errors import ConfigError, unknown_name
-from paraplan.io import FieldReader, read_yaml
+from paraplan.io import FieldReader, read_json, read_yaml
 from paraplan.workloads.transformer import ACTIVATIONS, MOE_DISPATCH, MoESpec, TransformerModel
 
 MODELS_FILE = Path(__file__).parent / "catalog" / "models.yaml"
@@ -141,11 +140,7 @@ def load_model(spec: str) -> TransformerModel:
         if not path.is_file():
             raise ConfigError("model", f"no such file: {spec}")
         if path.suffix == ".json":
-            try:
-                data = json.loads(path.read_text())
-            except json.JSONDecodeError as e:
-                raise ConfigError("model", f"malformed JSON at line {e.lineno}, column {e.colno}: {e.msg}",
-                                  source=str(path)) from None
+            data = read_json(path, "model")
             if not isinstance(data, dict):
                 raise ConfigError("model", "expected a JSON object at the top level", source=str(path))
         else:
