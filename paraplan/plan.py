@@ -530,6 +530,11 @@ def _stage_fields_message(p, s: Scene) -> str:
             f"{unset} other stages; at most layers - {unset} = {L - unset}")
 
 
+def _engine_in(P, *engines: "Engine"):
+    """Whether each plan of ``P`` runs on one of ``engines``."""
+    return np.isin(P.engine_code, [int(e) for e in engines])
+
+
 def _r(name, reason, kind, axes, bad, message, **kw) -> Rule:
     return Rule(name, reason, kind, frozenset(axes), bad, message, **kw)
 
@@ -658,8 +663,7 @@ RULES: tuple[Rule, ...] = (
            "or 0 (replicate)")),
        field="zero", uses_scene=False),
     _r("engine-offload", "offload is DeepSpeed's (ZeRO-Offload/Infinity)", ILLEGAL, ("engine_code", "offload_code"),
-       lambda P, s: (P.offload_code != Offload.NONE)
-       & ((P.engine_code == Engine.MEGATRON) | (P.engine_code == Engine.TORCHTITAN)),
+       lambda P, s: (P.offload_code != Offload.NONE) & _engine_in(P, Engine.MEGATRON, Engine.TORCHTITAN),
        lambda p, s: (f"--engine {Engine(p.engine_code).label} does not offload optimizer states; CPU/NVMe offload "
                      "is DeepSpeed's (ZeRO-Offload, ZeRO-Infinity)"),
        field="offload", accepted="--offload none, or --engine deepspeed", uses_scene=False),
@@ -686,14 +690,12 @@ RULES: tuple[Rule, ...] = (
                      "DeepSpeed's sequence parallelism is Ulysses (--sp-mode ulysses)"),
        field="cp_mode", uses_scene=False),
     _r("engine-optimizer", "compressed optimizers are DeepSpeed's", ILLEGAL, ("engine_code", "optimizer_code"),
-       lambda P, s: (P.optimizer_code != Optimizer.ADAM)
-       & ((P.engine_code == Engine.MEGATRON) | (P.engine_code == Engine.TORCHTITAN)),
+       lambda P, s: (P.optimizer_code != Optimizer.ADAM) & _engine_in(P, Engine.MEGATRON, Engine.TORCHTITAN),
        lambda p, s: f"{Optimizer(p.optimizer_code).label} is DeepSpeed's; --engine {Engine(p.engine_code).label} runs adam",
        field="optimizer", accepted="adam", uses_scene=False),
     _r("engine-recompute", "the engine has no such recomputation policy", ILLEGAL, ("engine_code", "recompute_code"),
        lambda P, s: ((P.engine_code == Engine.TORCHTITAN) & (P.recompute_code == Recompute.SELECTIVE))
-       | (((P.engine_code == Engine.MEGATRON) | (P.engine_code == Engine.DEEPSPEED))
-          & (P.recompute_code == Recompute.OP_SAC)),
+       | (_engine_in(P, Engine.MEGATRON, Engine.DEEPSPEED) & (P.recompute_code == Recompute.OP_SAC)),
        lambda p, s: ("torchtitan's selective checkpointing is op-level: --recompute op-sac (or none, full)"
                      if p.engine_code == Engine.TORCHTITAN else
                      f"op-level SAC is torchtitan's; --engine {Engine(p.engine_code).label} offers none, selective, full"),

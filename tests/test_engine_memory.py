@@ -20,7 +20,7 @@ import pytest
 
 from paraplan.costmodels import memory as M
 from paraplan.costmodels.compute import op_sac_recomputed_matmul_share
-from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.estimate import estimate, runtime_reserved_bytes
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan, PlanBatch
@@ -90,7 +90,7 @@ def test_deepspeed_zero3_matches_its_estimator(offload, offload_params):
     bucket = 2 * M.DEEPSPEED_REDUCE_BUCKET if offload == "none" else 2 * (2 * M.DEEPSPEED_REDUCE_BUCKET
                                                                           + M.DEEPSPEED_ALLGATHER_BUCKET)
     assert e.memory_bytes_per_gpu["buffers"] - gathered - bucket == pytest.approx(
-        estimate.__globals__["runtime_reserved_bytes"](load_cluster("dgx-a100-80g", gpus)))
+        runtime_reserved_bytes(load_cluster("dgx-a100-80g", gpus)))
 
 
 @pytest.mark.parametrize("zero", [3, 2, 0])
@@ -105,7 +105,7 @@ def test_torchtitan_fsdp2_sharding_arithmetic(zero):
         layer = model.params_per_layer
         # all-gathered current + prefetched layer (bf16) and one layer's gradients, bf16 and fp32
         assert e.memory_bytes_per_gpu["buffers"] == pytest.approx(
-            estimate.__globals__["runtime_reserved_bytes"](load_cluster("dgx-h100", gpus)) + (2 * 2 + 2 + 4) * layer)
+            runtime_reserved_bytes(load_cluster("dgx-h100", gpus)) + (2 * 2 + 2 + 4) * layer)
 
 
 def test_every_engine_holds_the_same_bytes_in_fp32_training_except_its_own_layout():

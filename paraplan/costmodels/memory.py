@@ -251,13 +251,12 @@ def allocator_bytes(memory, plan, on_cuda):
 LOSS_BYTES_PER_LOGIT = {Engine.GENERIC: 4.0, Engine.MEGATRON: 6.0, Engine.DEEPSPEED: 10.0, Engine.TORCHTITAN: 10.0}
 
 
+_LOSS_BYTES_BY_ENGINE_CODE = np.array([LOSS_BYTES_PER_LOGIT[e] for e in Engine])
+
+
 def loss_bytes_per_logit(plan):
     """LOSS_BYTES_PER_LOGIT of the plan's engine (per plan of a batch)."""
-    eng = engine_of(plan)
-    out = np.full(np.shape(eng), LOSS_BYTES_PER_LOGIT[Engine.GENERIC])
-    for engine, nbytes in LOSS_BYTES_PER_LOGIT.items():
-        out = np.where(eng == engine, nbytes, out)
-    return out
+    return _LOSS_BYTES_BY_ENGINE_CODE[engine_of(plan)]
 
 
 def micro_batches(job, plan):

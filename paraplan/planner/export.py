@@ -47,11 +47,25 @@ class Scenario:
     model: Any                      # TransformerModel
     model_spec: str
     cluster_spec: str
-    gpus: int
-    nodes: int
-    gpus_per_node: int
+    cluster: Any                    # Cluster, resolved from cluster_spec for the plan's GPU count
     seq_len: int
     global_batch: int
+
+    @property
+    def gpus(self) -> int:
+        return self.cluster.num_gpus
+
+    @property
+    def nodes(self) -> int:
+        return self.cluster.num_nodes
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.cluster.gpus_per_node
+
+    @property
+    def job(self) -> TrainingJob:
+        return TrainingJob(self.seq_len, self.global_batch)
 
     @property
     def grad_accum(self) -> int:
@@ -91,7 +105,7 @@ def load_scenario(doc: Mapping[str, Any], source: str = "plan") -> Scenario:
     plan = check_plan(Plan.from_dict(raw_plan, source=source), model,
                       TrainingJob(sc["seq_len"], sc["global_batch"]), cluster)
     return Scenario(plan=plan, model=model, model_spec=str(sc["model"]), cluster_spec=str(sc["cluster"]),
-                    gpus=cluster.num_gpus, nodes=cluster.num_nodes, gpus_per_node=cluster.gpus_per_node,
+                    cluster=cluster,
                     seq_len=sc["seq_len"], global_batch=sc["global_batch"])
 
 
@@ -473,13 +487,11 @@ def as_engine_runs_it(s: Scenario, engine: str) -> tuple[Scenario, str]:
                               f"{err.problem}", accepted=err.accepted) from None
         return s, (f"not re-estimated for {engine}: {err.problem}; the export approximates the layout (notes "
                    f"below); `paraplan plan --engine {engine}` plans for what {engine} runs")
-    job = TrainingJob(s.seq_len, s.global_batch)
-    cluster = load_cluster(s.cluster_spec, s.gpus)
-    before = estimate(s.model, job, cluster, p)
-    after = estimate(s.model, job, cluster, as_run)
+    after = estimate(s.model, s.job, s.cluster, as_run)
+    before = after if as_run == p else estimate(s.model, s.job, s.cluster, p)
     gib = 2**30
     mem_before, mem_after = before.memory_bytes_per_gpu["total"] / gib, after.memory_bytes_per_gpu["total"] / gib
-    hbm = cluster.accelerator.memory_bytes / gib
+    hbm = s.cluster.accelerator.memory_bytes / gib
     unfused = (" (its own model states and buffers; gradient accumulation unfused, as "
                "--no-grad-accumulation-fusion estimates it)" if p.grad_accumulation_fusion != as_run.grad_accumulation_fusion
                else " (its own model states and buffers)")
