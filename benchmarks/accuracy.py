@@ -1,42 +1,162 @@
-"""Score the estimator against published runs (shared/reference/published_runs_calibration.csv).
+"""Score the estimator against published runs, per source and per hardware generation.
 
-Prints per-row predicted vs measured step time and, per source and overall, the mean absolute
-percentage error. One set of hardware-level efficiency curves (paraplan/costmodels/curves.yaml);
-no per-row constants.
+Inputs (one set of efficiency curves per generation, paraplan/costmodels/curves.yaml; no per-row
+constants):
+  * shared/reference/published_runs_calibration.csv      (A100: Megatron-LM, llm-foundry)
+  * shared/reference/published_runs_calibration_h100.csv (H100-class and Blackwell, mostly fp8)
+  * shared/reference/hagemann2023_sweep_2k.csv           (A100: the seed paper's sweep, runs that fit)
+Printed: per-row (``--rows``), per source and per generation the throughput MAPE and bias
+(bias = mean of predicted/measured throughput - 1: positive = optimistic), the sweep's MFU MAPE and
+Spearman rank correlation, the 90 % prediction intervals per generation and their leave-one-source-out
+coverage, and the held-out Korthikanti rows. ``--write-intervals`` stores the intervals that every
+estimate then carries (paraplan/costmodels/data/prediction_intervals.json).
 
-    python benchmarks/accuracy.py [--csv PATH] [--rows]
+    python benchmarks/accuracy.py [--rows] [--write-intervals]
 """
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from paraplan.costmodels.calibration import DEFAULT_CSV, korthikanti_table, load_cases, mape_by_source, score
+from paraplan.costmodels.calibration import (DEFAULT_CSV, H100_CSV, korthikanti_table, load_cases, load_h100_cases,
+                                             score)
 from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.intervals import GENERATION, LEVEL, fit_intervals, quantile_interval, write_intervals
+
+SWEEP_CSV = Path(__file__).resolve().parents[2] / "shared" / "reference" / "hagemann2023_sweep_2k.csv"
+SWEEP_SOURCE = "Hagemann 2023 sweep"
+
+
+def sweep_frame(csv: Path) -> pd.DataFrame:
+    """The sweep's runs that fit, scored: measured and predicted MFU and step time per run."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from memory_fit import CLUSTER, plan_of   # the benchmark's own reading of a sweep row
+    from paraplan.hardware.catalog import load_cluster
+    from paraplan.workloads.presets import load_model
+    from paraplan.workloads.transformer import TrainingJob
+    rows = []
+    table = pd.read_csv(csv)
+    for r in table[table.oom == 0].itertuples():
+        e = estimate(load_model(r.model), TrainingJob(int(r.seq_len), int(r.global_batch_tokens) // int(r.seq_len)),
+                     load_cluster(CLUSTER, int(r.gpus)), plan_of(r))
+        rows.append({"source": SWEEP_SOURCE, "sheet": r.sheet, "case": f"{r.sheet} trial {r.trial}",
+                     "generation": "A100", "measured_s": float(r.measured_step_s), "predicted_s": e.step_time_s,
+                     "measured_mfu": float(r.measured_mfu), "predicted_mfu": e.mfu})
+    df = pd.DataFrame(rows)
+    df["error"] = df.predicted_s / df.measured_s - 1
+    return df
+
+
+def with_throughput_error(df: pd.DataFrame) -> pd.DataFrame:
+    """Adds ``thr_error`` = predicted/measured throughput - 1 and ``log_ratio`` = ln(measured/predicted)."""
+    out = df.copy()
+    out["thr_error"] = out.measured_s / out.predicted_s - 1
+    out["log_ratio"] = np.log(out.predicted_s / out.measured_s)
+    return out
+
+
+def summary(df: pd.DataFrame, by: str) -> pd.DataFrame:
+    g = df.assign(a=df.thr_error.abs()).groupby(by)
+    out = pd.DataFrame({"rows": g.size(), "mape_%": 100 * g.a.mean(), "bias_%": 100 * g.thr_error.mean(),
+                        "worst_%": 100 * g.a.max()})
+    out.loc["OVERALL"] = [len(df), 100 * df.thr_error.abs().mean(), 100 * df.thr_error.mean(),
+                          100 * df.thr_error.abs().max()]
+    return out
+
+
+def spearman(a, b) -> float:
+    return float(pd.Series(list(a)).rank().corr(pd.Series(list(b)).rank()))
+
+
+def loso_coverage(df: pd.DataFrame, level: float = LEVEL):
+    """Leave one source out: each held-out row is judged against the interval fitted on the other
+    sources' rows of its generation (when they number at least 8 from at least 2 sources, as
+    :func:`fit_intervals` requires), else on all other sources pooled. Returns the table per source
+    and the share of all rows covered (%)."""
+    rows = []
+    for src in sorted(df.source.unique()):
+        held, rest = df[df.source == src], df[df.source != src]
+        covered = 0
+        for gen, part in held.groupby("generation"):
+            same = rest[rest.generation == gen]
+            basis = same if len(same) >= 8 and same.source.nunique() >= 2 else rest
+            lo, hi = quantile_interval(basis.log_ratio, level)
+            ratio = np.exp(part.log_ratio)
+            covered += int(((ratio >= lo) & (ratio <= hi)).sum())
+            rows.append({"held out": src, "generation": gen, "rows": len(part), "interval from": len(basis),
+                         "same generation": basis is same, "low": lo, "high": hi,
+                         "covered_%": 100 * ((ratio >= lo) & (ratio <= hi)).mean()})
+    out = pd.DataFrame(rows)
+    total = (out.rows * out["covered_%"]).sum() / out.rows.sum()
+    return out, total
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--csv", default=str(DEFAULT_CSV))
+    ap.add_argument("--csv", default=str(DEFAULT_CSV), help="A100 published runs")
+    ap.add_argument("--h100-csv", default=str(H100_CSV), help="H100-class / Blackwell published runs")
+    ap.add_argument("--sweep-csv", default=str(SWEEP_CSV), help="Hagemann et al. 2023 sweep (skipped if missing)")
     ap.add_argument("--rows", action="store_true", help="print every row")
+    ap.add_argument("--write-intervals", action="store_true",
+                    help="store the per-generation 90%% intervals that estimates carry")
     args = ap.parse_args(argv)
-    cases, skipped = load_cases(args.csv)
-    df = score(cases, estimate)
-    pd.set_option("display.width", 200)
+    pd.set_option("display.width", 220)
     pd.set_option("display.max_rows", 500)
+    pd.set_option("display.max_colwidth", 80)
+
+    frames, inputs = [], []
+    for loader, path in ((load_cases, args.csv), (load_h100_cases, args.h100_csv)):
+        cases, skipped = loader(path)
+        df = score(cases, estimate)
+        df["generation"] = [GENERATION[c.cluster.accelerator.name] for c in cases]
+        frames.append(df)
+        inputs.append(Path(path).name)
+        print(f"{Path(path).name}: {len(cases)} rows scored, {len(skipped)} skipped")
+        for reason, n in pd.Series([f"{s}: {r}" for _, s, r in skipped]).value_counts().items():
+            print(f"  skipped {n:3d}  {reason}")
+    sweep = None
+    if Path(args.sweep_csv).exists():
+        sweep = sweep_frame(Path(args.sweep_csv))
+        frames.append(sweep[["source", "case", "generation", "measured_s", "predicted_s", "error"]])
+        inputs.append(Path(args.sweep_csv).name)
+        print(f"{Path(args.sweep_csv).name}: {len(sweep)} runs that fit scored")
+    else:
+        print(f"{args.sweep_csv} not found: the sweep is left out")
+    df = with_throughput_error(pd.concat(frames, ignore_index=True))
     if args.rows:
-        print(df.assign(error=(100 * df.error).round(1)).to_string(index=False))
-        print()
-    print(f"{len(cases)} rows scored, {len(skipped)} skipped")
-    for reason, n in pd.Series([f"{s}: {r}" for _, s, r in skipped]).value_counts().items():
-        print(f"  skipped {n:3d}  {reason}")
-    print()
-    print(mape_by_source(df).round(1).to_string())
-    print()
+        print(df.assign(thr_error=(100 * df.thr_error).round(1)).drop(columns=["error", "log_ratio"])
+              .to_string(index=False))
+    print("\nthroughput error by source (bias > 0: predicted faster than measured)")
+    print(summary(df, "source").round(1).to_string())
+    print("\nthroughput error by hardware generation")
+    print(summary(df, "generation").round(1).to_string())
+    if sweep is not None:
+        mfu_err = sweep.predicted_mfu / sweep.measured_mfu - 1
+        print(f"\n{SWEEP_SOURCE}: MFU MAPE {100 * mfu_err.abs().mean():.1f}%, bias {100 * mfu_err.mean():+.1f}%, "
+              f"Spearman {spearman(sweep.predicted_mfu, sweep.measured_mfu):.3f} over {len(sweep)} runs")
+        per = sweep.assign(e=mfu_err).groupby("sheet").apply(
+            lambda g: pd.Series({"runs": len(g), "mfu_mape_%": 100 * g.e.abs().mean(), "bias_%": 100 * g.e.mean(),
+                                 "spearman": spearman(g.predicted_mfu, g.measured_mfu)}), include_groups=False)
+        print(per.round(3).to_string())
+
+    residuals = {g: list(zip(d.source, d.log_ratio)) for g, d in df.groupby("generation")}
+    intervals = fit_intervals(residuals)
+    print(f"\n{100 * LEVEL:.0f}% prediction intervals (multipliers on predicted throughput)")
+    for g, iv in sorted(intervals.items()):
+        print(f"  {g:<11} [{iv.low:.3f}, {iv.high:.3f}]  {iv.basis()}")
+    cov, total = loso_coverage(df)
+    print(f"\nleave-one-source-out coverage of the {100 * LEVEL:.0f}% interval: {total:.1f}% of {len(df)} rows")
+    print(cov.round(3).to_string(index=False))
+    if args.write_intervals:
+        write_intervals(intervals, inputs)
+        print("\nwrote paraplan/costmodels/data/prediction_intervals.json")
+
     k = korthikanti_table()
-    print("held out: Korthikanti et al. 2022, Table 5 step time and Fig. 1 activation memory")
+    print("\nheld out: Korthikanti et al. 2022, Table 5 step time and Fig. 1 activation memory")
     print(k.round(2).to_string(index=False))
     print(f"step time MAPE {k['step_error_%'].abs().mean():.1f}% over {k['step_error_%'].notna().sum()} rows; "
           f"activation memory MAPE {k['act_error_%'].abs().mean():.1f}% over {k['act_error_%'].notna().sum()} rows")

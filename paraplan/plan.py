@@ -71,10 +71,48 @@ class Offload(Mode):
 
 
 class Dtype(Mode):
-    """Training precision; fp32 is plain fp32 training (the CPU validation runs)."""
+    """Training precision; fp32 is plain fp32 training (the CPU validation runs).
+
+    The fp8 members are bf16 mixed precision whose linear-layer GEMMs (QKV, output projection, MLP,
+    experts) run in fp8, each with its scaling recipe; attention, embeddings, the LM head, norms and
+    the optimizer stay in bf16/fp32 (Transformer Engine and torchao float8 keep them there):
+      fp8            per-tensor current scaling: an amax pass, then the cast (TE Float8CurrentScaling,
+                     Megatron ``--fp8-recipe tensorwise``, torchtitan float8 default "tensorwise")
+      fp8-delayed    per-tensor delayed scaling from an amax history (TE DelayedScaling, Megatron's
+                     ``--fp8-recipe delayed``): scale known before the cast, amax taken in the same pass
+      fp8-rowwise    one scale per row (torchtitan/torchao ``recipe_name = "rowwise"``)
+      fp8-blockwise  1x128 activation / 128x128 weight blocks (DeepSeek-V3; TE Float8BlockScaling,
+                     Megatron ``--fp8-recipe blockwise``)
+      mxfp8          OCP microscaling, 32-element blocks with e8m0 scales, in the tensor cores of
+                     Blackwell (Megatron ``--fp8-recipe mxfp8``, TE MXFP8BlockScaling)"""
     BF16 = "bf16"
     FP16 = "fp16"
     FP32 = "fp32"
+    FP8 = "fp8"
+    FP8_DELAYED = "fp8-delayed"
+    FP8_ROWWISE = "fp8-rowwise"
+    FP8_BLOCKWISE = "fp8-blockwise"
+    MXFP8 = "mxfp8"
+
+
+FP8_DTYPES = frozenset({Dtype.FP8.label, Dtype.FP8_DELAYED.label, Dtype.FP8_ROWWISE.label,
+                        Dtype.FP8_BLOCKWISE.label, Dtype.MXFP8.label})
+
+
+def is_fp8(dtype: str) -> bool:
+    """Whether the training dtype runs its linear-layer GEMMs in fp8 (any recipe)."""
+    return dtype in FP8_DTYPES
+
+
+def gemm_dtype(dtype: str) -> str:
+    """The number format of the linear-layer GEMMs: ``fp8`` for every fp8 recipe, else the dtype."""
+    return "fp8" if dtype in FP8_DTYPES else dtype
+
+
+def compute_dtype(dtype: str) -> str:
+    """The number format of everything else (attention, embeddings, LM head, the MFU peak): the
+    bf16 that fp8 recipes keep outside the linear layers, else the dtype itself."""
+    return "bf16" if dtype in FP8_DTYPES else dtype
 
 
 class CpMode(Mode):
@@ -535,6 +573,24 @@ def _engine_in(P, *engines: "Engine"):
     return np.isin(P.engine_code, [int(e) for e in engines])
 
 
+# fp8 recipes each engine implements: Megatron-LM ``--fp8-recipe {tensorwise, delayed, blockwise, mxfp8}``
+# (Transformer Engine); torchtitan's float8 converter (torchao: tensorwise, rowwise) and mx converter
+# (mxfp8); DeepSpeed has no fp8 recipe of its own (it runs Transformer Engine modules a user wires in).
+ENGINE_FP8_RECIPES = {
+    Engine.GENERIC: tuple(sorted(FP8_DTYPES)),
+    Engine.MEGATRON: ("fp8", "fp8-delayed", "fp8-blockwise", "mxfp8"),
+    Engine.TORCHTITAN: ("fp8", "fp8-rowwise", "mxfp8"),
+    Engine.DEEPSPEED: (),
+}
+
+
+def _engine_fp8_refused(engine_code, dtype: str):
+    """Per plan: an fp8 dtype the plan's engine does not implement."""
+    if not is_fp8(dtype):
+        return np.zeros(np.shape(engine_code), dtype=bool)
+    return ~np.isin(engine_code, [int(e) for e, recipes in ENGINE_FP8_RECIPES.items() if dtype in recipes])
+
+
 def _r(name, reason, kind, axes, bad, message, **kw) -> Rule:
     return Rule(name, reason, kind, frozenset(axes), bad, message, **kw)
 
@@ -604,6 +660,15 @@ RULES: tuple[Rule, ...] = (
     _r("bf16-supported", "no bf16 support on this accelerator", ILLEGAL, ("dtype",),
        lambda P, s: (P.dtype == Dtype.BF16.label) and Dtype.BF16.label not in s.cluster.accelerator.peak_flops,
        lambda p, s: f"{s.cluster.accelerator.name} has no bf16 support; use --dtype fp16"),
+    _r("fp8-supported", "no fp8 tensor cores on this accelerator", ILLEGAL, ("dtype",),
+       lambda P, s: is_fp8(P.dtype) and "fp8" not in s.cluster.accelerator.peak_flops,
+       lambda p, s: (f"{s.cluster.accelerator.name} has no fp8 tensor cores (fp8 needs Hopper, Ada, Blackwell "
+                     "or MI300); use --dtype bf16"), field="dtype", accepted="bf16, fp16"),
+    _r("mxfp8-needs-microscaling", "mxfp8 needs microscaling tensor cores (Blackwell)", ILLEGAL, ("dtype",),
+       lambda P, s: (P.dtype == Dtype.MXFP8.label) and not s.cluster.accelerator.microscaling,
+       lambda p, s: (f"{s.cluster.accelerator.name} has no microscaling (MX) tensor cores; mxfp8 runs on "
+                     "Blackwell (b200, gb200, gb300); use --dtype fp8 or fp8-blockwise"),
+       field="dtype", accepted="fp8, fp8-delayed, fp8-rowwise, fp8-blockwise"),
     _r("ep-needs-moe", "expert parallelism needs a mixture-of-experts model", ILLEGAL, ("ep",),
        lambda P, s: (P.ep > 1) & (not _moe(s)),
        lambda p, s: f"ep({p.ep}) needs a mixture-of-experts model; {s.model.name} is dense"),
@@ -693,6 +758,11 @@ RULES: tuple[Rule, ...] = (
        lambda P, s: (P.optimizer_code != Optimizer.ADAM) & _engine_in(P, Engine.MEGATRON, Engine.TORCHTITAN),
        lambda p, s: f"{Optimizer(p.optimizer_code).label} is DeepSpeed's; --engine {Engine(p.engine_code).label} runs adam",
        field="optimizer", accepted="adam", uses_scene=False),
+    _r("engine-fp8-recipe", "the engine has no such fp8 recipe", ILLEGAL, ("engine_code", "dtype"),
+       lambda P, s: _engine_fp8_refused(P.engine_code, P.dtype),
+       lambda p, s: (f"--engine {Engine(p.engine_code).label} has no {p.dtype} recipe; it offers "
+                     f"{', '.join(ENGINE_FP8_RECIPES[Engine(p.engine_code)]) or 'no fp8 training of its own'}"),
+       field="dtype", uses_scene=False),
     _r("engine-recompute", "the engine has no such recomputation policy", ILLEGAL, ("engine_code", "recompute_code"),
        lambda P, s: ((P.engine_code == Engine.TORCHTITAN) & (P.recompute_code == Recompute.SELECTIVE))
        | (_engine_in(P, Engine.MEGATRON, Engine.DEEPSPEED) & (P.recompute_code == Recompute.OP_SAC)),
@@ -723,7 +793,9 @@ def check_plan(plan: Plan, model, job, cluster) -> Plan:
     else:
         filled = replace(plan, dp=max(1, gpus // plan.model_parallel))
     view = PlanBatch.from_plans([filled])
-    problems = [r.explain(view, scene) for r in failed_rules(view, scene)]
-    if problems:
-        raise ConfigError("plan", "; ".join(problems))
+    failed = failed_rules(view, scene)
+    if failed:
+        named = {r.field for r in failed}
+        field = named.pop() if len(named) == 1 else "plan"
+        raise ConfigError(field, "; ".join(r.explain(view, scene) for r in failed))
     return filled

@@ -109,7 +109,7 @@ def test_fix_unknown_axis_names_the_accepted(capsys):
 
 
 @pytest.mark.parametrize("item, where", [("sp=maybe", "--fix sp"), ("tp=0", "--fix tp"), ("tp=x", "--fix tp"),
-                                         ("dtype=fp8", "--fix dtype"), ("tp", "--fix")])
+                                         ("dtype=fp4", "--fix dtype"), ("tp", "--fix")])
 def test_parse_fix_rejects_bad_values(item, where):
     with pytest.raises(ConfigError) as e:
         parse_fix([item])

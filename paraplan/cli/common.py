@@ -76,6 +76,9 @@ PLAN_FLAG_HELP = {
                                 "(Megatron-LM). On plan and whatif without a fixed plan: search unfused plans",
     "engine": "the engine that runs the plan: its model-state layout, buffers and the layouts it offers "
               "(generic: the ZeRO paper's accounting, no restrictions)",
+    "dtype": "training precision: bf16, fp16, fp32 (CPU validation), or fp8 linear layers with their scaling "
+             "recipe: fp8 (per-tensor current scaling), fp8-delayed, fp8-rowwise, fp8-blockwise, mxfp8 "
+             "(Blackwell). On plan and whatif without a fixed plan: search plans in that precision",
     "recompute": "none; selective (Megatron: attention core); full (layer inputs only); op-sac (torchtitan: "
                  "every other matmul output and the attention output)",
     "fused_elementwise": "eager PyTorch norms and SwiGLU (fp32 upcast, several kernels, more saved "
@@ -88,7 +91,7 @@ PLAN_FLAG_CHOICES = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "offload": O
 PLAN_FIELDS_WITHOUT_FLAG = {"cp_mode": "--sp-mode"}
 # Plan fields whose flag, given without any other plan flag, constrains a search (plan, whatif)
 # instead of fixing a whole plan to re-estimate.
-SEARCH_CONSTRAINT_FLAGS = ("grad_accumulation_fusion", "engine")
+SEARCH_CONSTRAINT_FLAGS = ("grad_accumulation_fusion", "engine", "dtype")
 
 
 def _plan_fields() -> list[Field]:

@@ -44,8 +44,9 @@ def cmd_plan(args) -> int:
     model, cluster, job = sc.model, sc.cluster, sc.job()
     seq_len, gbs = job.seq_len, job.global_batch
     fixed = parse_fix(args.fix)
-    if args.engine is not None:
-        fixed["engine"] = args.engine
+    for key in ("engine", "dtype"):   # search constraints: the search proposes only plans with them
+        if getattr(args, key) is not None:
+            fixed[key] = getattr(args, key)
     options = SpaceOptions(fixed=fixed, allow_offload=not args.no_offload,
                            allow_delayed_update=args.allow_delayed_update,
                            grad_accumulation_fusion=args.grad_accumulation_fusion is not False)
@@ -107,6 +108,7 @@ def register(sub) -> None:
                     help="consider ZeRO-Offload's one-step delayed parameter update (weights one step stale)")
     add_plan_flag(ap, "grad_accumulation_fusion")
     add_plan_flag(ap, "engine")
+    add_plan_flag(ap, "dtype")
     ap.add_argument("--no-stage-ilp", action="store_true",
                     help="skip the pulp stage-partition and per-stage recompute ILPs for the best plan")
     ap.add_argument("--format", choices=("table", "json", "csv"), default="table")

@@ -47,8 +47,9 @@ def scenario_from_cli(args):
         overrides["sweeps"] = tuple(parse_sweep(s) for s in args.sweep)
     if args.fix:
         overrides["fixed"] = parse_fix(args.fix)
-    if plan is None and args.engine is not None:   # --engine alone: the search proposes what that engine runs
-        overrides["fixed"] = {**overrides.get("fixed", {}), "engine": args.engine}
+    for key in ("engine", "dtype"):   # alone: the search proposes only plans with them
+        if plan is None and getattr(args, key) is not None:
+            overrides["fixed"] = {**overrides.get("fixed", {}), key: getattr(args, key)}
     if plan is not None:
         overrides["plan"] = plan
     if args.no_offload:

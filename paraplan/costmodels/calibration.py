@@ -18,8 +18,10 @@ from pathlib import Path
 import pandas as pd
 
 from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.intervals import GENERATION  # noqa: F401  (re-exported for benchmarks)
+from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
-from paraplan.plan import Plan
+from paraplan.plan import Plan, check_plan
 from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import TrainingJob, TransformerModel
 
@@ -202,3 +204,118 @@ def korthikanti_table() -> pd.DataFrame:
                          "act_measured_GiB": act, "act_predicted_GiB": act_pred,
                          "act_error_%": None if act is None else 100 * (act_pred / act - 1)})
     return pd.DataFrame(rows)
+
+
+# --- H100-class and Blackwell runs (shared/reference/published_runs_calibration_h100.csv) ----------
+H100_CSV = Path(__file__).parent / "data" / "published_runs_calibration_h100.csv"  # copy of shared/reference
+H100_GPU_TO_SYSTEM = {"H100 (DGX-H100)": "dgx-h100", "DGX-H100": "dgx-h100", "DGX-B200": "dgx-b200",
+                      "DGX-GB200": "gb200-nvl72", "DGX-GB300": "gb300-nvl72"}
+H100_MODEL_PRESETS = {"llama 3 8b": "llama3-8b", "llama3-8b": "llama3-8b", "llama 3 70b": "llama3-70b",
+                      "llama3-70b": "llama3-70b", "llama 3.1 405b": "llama3-405b", "gpt3-175b": "gpt3-175b",
+                      "llama2-7b": "llama2-7b", "llama2-13b": "llama2-13b", "llama2-70b": "llama2-70b",
+                      "deepseekv3 (w/o mtp)": "deepseek-v3", "deepseekv3 (dropless)": "deepseek-v3"}
+
+def h100_source(source: str) -> str:
+    s = source.lower()
+    if "torchtitan" in s:
+        return "torchtitan async-TP (H100)"
+    if "megatron-bridge" in s:
+        return "Megatron-Bridge"
+    if "nemo" in s:
+        return "NeMo 24.07"
+    return source
+
+
+def _h100_dtype(precision: str, assumed: list) -> str:
+    """paraplan dtype for the file's precision column: FP8-CS per-tensor current scaling, FP8-MX mxfp8;
+    NeMo 24.07's Transformer Engine default recipe was delayed scaling; an unnamed FP8 recipe is taken
+    as current scaling (the Megatron-Bridge pages' default)."""
+    p = precision.lower()
+    if p.startswith("bf16"):
+        return "bf16"
+    if "fp8-mx" in p:
+        return "mxfp8"
+    if "fp8-cs" in p or "current scaling" in p:
+        return "fp8"
+    if "transformerengine" in p:
+        assumed.append("fp8 recipe = delayed scaling (Transformer Engine's default in NeMo 24.07)")
+        return "fp8-delayed"
+    if p.startswith("fp8"):
+        assumed.append("fp8 recipe = per-tensor current scaling (not stated)")
+        return "fp8"
+    if "float8 tensorwise" in p:
+        return "fp8"
+    if "float8 rowwise" in p:
+        return "fp8-rowwise"
+    return ""
+
+
+def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
+    """A calibration case from the H100/Blackwell file, or the reason the row is skipped. Models come
+    from the presets (the file leaves most architectures out); the engine from the source (NeMo and
+    Megatron-Bridge run Megatron-Core; Megatron FSDP rows run as generic ZeRO-3)."""
+    if r["measured_metric"] not in THROUGHPUT_METRICS:
+        return f"metric {r['measured_metric']} is not a throughput"
+    preset = H100_MODEL_PRESETS.get(str(r["model"]).strip().lower())
+    if preset is None:
+        return "no preset for this model (architecture not in the file)"
+    if r["gpu"] not in H100_GPU_TO_SYSTEM:
+        return f"GPU {r['gpu']!r} has no system preset"
+    missing = [k for k in ("seq_len", "num_gpus", "tp", "pp", "dp", "global_batch", "micro_batch") if _blank(r[k])]
+    if missing:
+        return "configuration incomplete: " + ", ".join(missing) + " blank"
+    assumed: list[str] = []
+    dtype = _h100_dtype(str(r["precision"]), assumed)
+    if not dtype:
+        return f"precision {r['precision']!r} not understood"
+    cpsp = "" if _blank(r["cp_or_sp"]) else str(r["cp_or_sp"]).lower()
+    cp = int(cpsp.split("cp")[1].split(";")[0]) if "cp" in cpsp else 1
+    sp = "sp" in cpsp.replace("cp", "")
+    zero_text = "" if _blank(r["zero_stage"]) else str(r["zero_stage"])
+    zero = int(zero_text[0]) if zero_text[:1].isdigit() else 1
+    if not zero_text:
+        assumed.append("ZeRO-1 (distributed optimizer, Megatron-Core recipes' default; not stated)")
+    engine = "torchtitan" if "torchtitan" in str(r["source"]).lower() else "megatron"
+    if engine == "megatron" and zero >= 2:
+        engine = "generic"
+        assumed.append("Megatron FSDP run as generic ZeRO-3 (paraplan's Megatron engine has ZeRO <= 1)")
+    rec = "none" if _blank(r["recompute"]) else str(r["recompute"]).lower()
+    if _blank(r["recompute"]):
+        assumed.append("no activation recomputation (not stated)")
+    recompute = "full" if rec.startswith("full") else "op-sac" if "sac" in rec else "selective" \
+        if rec.startswith("selective") else "none"
+    vpp = 1 if _blank(r["vpp"]) else _int(r["vpp"])
+    ep = 1 if _blank(r["ep"]) else _int(r["ep"])
+    model = load_model(preset)
+    if model.moe is None and ep > 1:
+        return "ep > 1 on a dense model"
+    n = _int(r["num_gpus"])
+    try:
+        cluster = load_cluster(H100_GPU_TO_SYSTEM[r["gpu"]], n)
+        plan = Plan(tp=_int(r["tp"]), pp=_int(r["pp"]), dp=_int(r["dp"]), cp=cp, sp=sp and _int(r["tp"]) > 1,
+                    vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b", micro_batch=_int(r["micro_batch"]),
+                    zero=zero, recompute=recompute, dtype=dtype, ep=ep, engine=engine,
+                    grad_accumulation_fusion=engine != "torchtitan")
+    except ConfigError as e:
+        return f"layout not expressible: {e}"
+    job = TrainingJob(seq_len=_int(r["seq_len"]), global_batch=_int(r["global_batch"]))
+    try:
+        plan = check_plan(plan, model, job, cluster)
+    except ConfigError as e:
+        return f"layout not expressible: {e}"
+    step = job.global_batch * job.seq_len / (float(r["measured_value"]) * n)
+    label = f"{r['model']} {r['gpu']} x{n} tp{plan.tp} pp{plan.pp} dp{plan.dp} cp{cp} ep{ep} {dtype}"
+    return CalibrationCase(i, h100_source(str(r["source"])), label, model, job, cluster, plan, step, tuple(assumed))
+
+
+def load_h100_cases(csv_path: Path | str = H100_CSV) -> tuple[list[CalibrationCase], list[tuple[int, str, str]]]:
+    """(usable cases, skipped rows as (row, source, reason)) of the H100/Blackwell file."""
+    table = pd.read_csv(csv_path)
+    cases, skipped = [], []
+    for i, r in table.iterrows():
+        c = case_from_h100_row(int(i), r)
+        if isinstance(c, str):
+            skipped.append((int(i), h100_source(str(r["source"])), c))
+        else:
+            cases.append(c)
+    return cases, skipped

@@ -31,7 +31,7 @@ import numpy as np
 
 from paraplan.costmodels.comm import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SEND_RECV, collective_time,
                                       ranks_per_node, ring_time)
-from paraplan.plan import CpMode, Recompute
+from paraplan.plan import CpMode, Engine, Recompute, compute_dtype, gemm_dtype, is_fp8
 
 BYTES = 2  # 16-bit activations and weights (bf16 / fp16)
 
@@ -46,15 +46,84 @@ def tokens_per_rank(job, plan):
 
 
 def _dtype(plan) -> str:
-    return plan.dtype if isinstance(plan.dtype, str) else "bf16"
+    """The format of the non-linear-layer GEMMs (attention core, LM head, router): bf16 under fp8."""
+    return compute_dtype(plan.dtype if isinstance(plan.dtype, str) else "bf16")
+
+
+def _linear_dtype(plan) -> str:
+    """The format of the linear layers' GEMMs (QKV, output projection, MLP, experts): fp8 under fp8."""
+    return gemm_dtype(plan.dtype if isinstance(plan.dtype, str) else "bf16")
+
+
+def linear_gemm_time(curves, m, n, k, plan, count=1):
+    """A linear layer's GEMM: in the plan's GEMM format, slowed under fp8 by the recipe's scaling
+    work inside the GEMM (``fp8_recipe_gemm_efficiency`` of the curves: per-row / per-block scales
+    are applied in the GEMM's main loop or epilogue; per-tensor scales cost nothing there)."""
+    t = curves.gemm_time(m, n, k, _linear_dtype(plan), count=count)
+    if is_fp8(plan.dtype):
+        t = t / fp8_recipe_gemm_efficiency(curves, plan.dtype)
+    return t
+
+
+def fp8_recipe_gemm_efficiency(curves, dtype: str) -> float:
+    """Share of the per-tensor-scaled fp8 GEMM rate a recipe's GEMMs reach (1 where the curves say nothing)."""
+    return float(getattr(curves, "fp8_recipe_gemm_efficiency", {}).get(dtype, 1.0))
+
+
+# Bytes moved per element quantized to fp8, by recipe (read 16-bit = 2, write fp8 = 1):
+#   fp8 (current per-tensor): amax pass 2, cast 2 + 1, transposed fp8 copy for the backward's
+#     TN-only fp8 GEMMs 1                                                                    = 6
+#   fp8-delayed: scale from the amax history, amax taken in the fused cast-transpose pass    = 4
+#   fp8-rowwise / fp8-blockwise: row(block)-wise and column(block)-wise quantizations, each
+#     reading the 16-bit tensor (scales computed in the pass)                                = 6
+#   mxfp8: both block directions written in one pass (Blackwell)                             = 4
+# (Transformer Engine's cast/cast-transpose kernels, torchao float8; shared/reference has no
+# measured figure, so these are byte counts, priced at the curves' memory-bound rate.)
+FP8_CAST_BYTES_PER_ELEMENT = {"fp8": 6, "fp8-delayed": 4, "fp8-rowwise": 6, "fp8-blockwise": 6, "mxfp8": 4}
+FP8_CAST_KERNELS_FORWARD = 8     # 4 GEMM inputs + 4 weights, one launch each (amax and cast fused)
+FP8_CAST_KERNELS_BACKWARD = 4    # 4 output gradients
+
+
+def fp8_cast_elements(model, job, plan):
+    """(forward, backward) elements one layer quantizes to fp8 per micro-batch on one GPU.
+
+    Forward: the inputs of the four linear GEMMs (QKV and MLP-up read the full T x h input on every
+    tp rank, the output projection T x h/tp, MLP-down T x f/tp) and the layer's weights (/tp).
+    Weights: Transformer Engine (Megatron-LM, generic) quantizes them on the first micro-batch of a
+    step and reuses the copy (``is_first_microbatch``), so a micro-batch pays 1/m of them — counted
+    here per micro-batch as weights / m with m the micro-batches per step; torchtitan (torchao
+    float8) recasts them in every forward. Backward: the output gradients of the four GEMMs, the
+    dgrad GEMMs' fp8 operands (T x (h + 2h_kv)/tp, T x h, T x g·f/tp, T x h)."""
+    T = tokens_per_rank(job, plan)
+    t = np.asarray(plan.tp, dtype=float)
+    h, hkv, f, g = model.hidden, model.kv_hidden, model.ffn_hidden, model.mlp_matrices - 1
+    m = job.global_batch / (np.asarray(plan.dp, dtype=float) * plan.micro_batch)
+    cached = np.asarray(getattr(plan, "engine_code", 0)) != Engine.TORCHTITAN
+    weights = model.params_per_layer / t / np.where(cached, np.maximum(m, 1.0), 1.0)
+    fwd = T * (2 * h + h / t + f / t) + weights
+    bwd = T * ((h + 2 * hkv) / t + h + g * f / t + h)
+    return fwd, bwd
+
+
+def fp8_cast_times(model, job, plan, curves):
+    """(forward, backward) seconds of one layer's fp8 quantization kernels (0 outside fp8):
+    elements x FP8_CAST_BYTES_PER_ELEMENT of the recipe, streamed at ``streaming_time`` (plain
+    read-scale-write kernels whose bytes are counted exactly, unlike the fused norm/activation byte
+    counts that ``memory_time``'s calibrated efficiency stands for)."""
+    if not is_fp8(plan.dtype):
+        return 0.0, 0.0
+    per = FP8_CAST_BYTES_PER_ELEMENT[plan.dtype]
+    fwd, bwd = fp8_cast_elements(model, job, plan)
+    return (curves.streaming_time(per * fwd, kernels=FP8_CAST_KERNELS_FORWARD),
+            curves.streaming_time(per * bwd, kernels=FP8_CAST_KERNELS_BACKWARD))
 
 
 def attention_gemm_forward_time(model, job, plan, curves):
     """Forward time of the QKV and output projections for one micro-batch."""
     T = tokens_per_rank(job, plan)
     t = np.asarray(plan.tp, dtype=float)
-    h, hkv, dt = model.hidden, model.kv_hidden, _dtype(plan)
-    return curves.gemm_time(T, (h + 2 * hkv) / t, h, dt) + curves.gemm_time(T, h, h / t, dt)
+    h, hkv = model.hidden, model.kv_hidden
+    return linear_gemm_time(curves, T, (h + 2 * hkv) / t, h, plan) + linear_gemm_time(curves, T, h, h / t, plan)
 
 
 def mlp_gemm_forward_time(model, job, plan, curves, width=None):
@@ -62,8 +131,8 @@ def mlp_gemm_forward_time(model, job, plan, curves, width=None):
     T = tokens_per_rank(job, plan)
     t = np.asarray(plan.tp, dtype=float)
     f = model.ffn_hidden if width is None else width
-    h, g, dt = model.hidden, model.mlp_matrices - 1, _dtype(plan)
-    return curves.gemm_time(T, g * f / t, h, dt) + curves.gemm_time(T, h, f / t, dt)
+    h, g = model.hidden, model.mlp_matrices - 1
+    return linear_gemm_time(curves, T, g * f / t, h, plan) + linear_gemm_time(curves, T, h, f / t, plan)
 
 
 def expert_token_factor(model, job) -> float:
@@ -88,8 +157,8 @@ def moe_mlp_forward_time(model, job, plan, curves):
     h, g, fe, dt = model.hidden, model.mlp_matrices - 1, e.expert_ffn_hidden, _dtype(plan)
     m = T * e.top_k * expert_token_factor(model, job) * ep / e.experts * etp / t
     local = e.experts / ep
-    routed = (curves.gemm_time(m, g * fe / etp, h, dt, count=local)
-              + curves.gemm_time(m, h, fe / etp, dt, count=local))
+    routed = (linear_gemm_time(curves, m, g * fe / etp, h, plan, count=local)
+              + linear_gemm_time(curves, m, h, fe / etp, plan, count=local))
     shared = mlp_gemm_forward_time(model, job, plan, curves, width=e.shared_experts * fe) if e.shared_experts else 0.0
     router = curves.gemm_time(T, e.experts, h, dt)
     return routed + shared + router
@@ -137,7 +206,7 @@ def attention_core_times(model, job, plan, curves):
     b, s = plan.micro_batch, job.seq_len
     s_l = tokens_per_rank(job, plan) / b
     t = np.asarray(plan.tp, dtype=float)
-    dt = plan.dtype if isinstance(plan.dtype, str) else "bf16"
+    dt = _dtype(plan)
     # fused: causal mask halves the executed work
     flops_fwd = 4.0 * b * s_l * s * model.hidden / t / 2
     fused_f = curves.flash_attention_time(flops_fwd, dt)
@@ -304,6 +373,8 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
         moe_f, moe_b = moe_f + einsum_f, moe_b + einsum_b
         fwd = (1 - share_moe) * fwd + share_moe * moe_f
         bwd = (1 - share_moe) * bwd + share_moe * moe_b
+    cast_f, cast_b = fp8_cast_times(model, job, plan, curves)   # dense-layer counts (routed experts: assumed alike)
+    fwd, bwd = fwd + cast_f, bwd + cast_b
     ar = tp_allreduce_time(model, job, plan, cluster)
     rc = np.asarray(plan.recompute_code)
     core_kernels = np.where(np.asarray(plan.flash_attention, dtype=bool), 1.0, 4.0)
@@ -325,7 +396,7 @@ def head_times(model, job, plan, curves, cluster) -> dict:
     forward + backward for one micro-batch. Vocabulary-parallel over tp (Megatron)."""
     T = tokens_per_rank(job, plan)
     t = np.asarray(plan.tp, dtype=float)
-    dt = plan.dtype if isinstance(plan.dtype, str) else "bf16"
+    dt = _dtype(plan)
     V, h = model.vocab, model.hidden
     logits = curves.gemm_time(T, V / t, h, dt)
     cross_entropy = curves.memory_time(T * V / t * 4 * 3, kernels=4)      # fp32 logits, ~3 passes

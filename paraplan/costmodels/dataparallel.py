@@ -21,7 +21,7 @@ import numpy as np
 
 from paraplan.costmodels.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time, ranks_per_node
 from paraplan.costmodels.compute import element_bytes
-from paraplan.plan import Optimizer
+from paraplan.plan import Engine, Optimizer
 
 # Share of an overlapped collective's duration that it costs the compute beneath it (NCCL kernels
 # occupy SMs and HBM bandwidth). calculon models the same effect as ``processor_usage``: 0.15 of
@@ -45,6 +45,14 @@ def hidden_under(comm, window):
 #   1-bit LAMB (Li et al. 2021, arXiv:2104.06069): "up to 4.6x less communication volume" → w ≈ 0.16
 COMPRESSED_OPTIMIZERS = {Optimizer.ONEBIT_ADAM: (0.15, 1 / 16), Optimizer.ZERO_ONE_ADAM: (0.07, 1 / 16),
                          Optimizer.ONEBIT_LAMB: (0.16, 1 / 16)}
+
+
+def fp8_all_gather_factor(plan):
+    """Bytes of a parameter all-gather relative to 16 bit: 1/2 where torchtitan gathers fp8 weights
+    (``float8.enable_fsdp_float8_all_gather`` with per-tensor scaling, which paraplan's export turns
+    on for ``--dtype fp8`` under FSDP: weights are cast before the all-gather), else 1."""
+    fp8_gather = (plan.dtype == "fp8") and element_bytes(plan) == 2
+    return np.where(fp8_gather & (np.asarray(plan.engine_code) == Engine.TORCHTITAN), 0.5, 1.0)
 
 
 def dp_group(plan, cluster, experts: bool = False):
@@ -76,7 +84,7 @@ def dp_exposed_time(params, plan, cluster, m, t_micro_fwd, t_micro_bwd, *, exper
     size = element_bytes(plan) * params * volume_factor
     ar = collective_time(ALL_REDUCE, size, n, k, intra, inter)
     rs = collective_time(REDUCE_SCATTER, size, n, k, intra, inter)
-    ag = collective_time(ALL_GATHER, size, n, k, intra, inter)
+    ag = collective_time(ALL_GATHER, size * fp8_all_gather_factor(plan), n, k, intra, inter)
     z = np.asarray(plan.zero)
     overlap = np.asarray(plan.overlap_grad_reduce, dtype=bool)
     bwd = np.where(overlap, t_micro_bwd, 0.0)

@@ -38,6 +38,8 @@ class AnalyticalCurves:
     cpu_adam_memory_efficiency: float
     gpu_adam_bytes_per_param: float
     gemm_sustained_fraction: float = 1.0
+    fp8_recipe_gemm_efficiency: Mapping[str, float] = field(default_factory=dict)
+    streaming_efficiency: float = 0.5
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     kind = "analytical"
@@ -50,7 +52,7 @@ class AnalyticalCurves:
         waves = tiles / acc.streaming_multiprocessors
         wave_eff = waves / np.ceil(waves)
         flops = 2.0 * m * n * k
-        plateau = acc.gemm_plateau_efficiency * self.gemm_sustained_fraction
+        plateau = acc.plateau(dtype) * self.gemm_sustained_fraction
         return count * (self.kernel_overhead_s + flops / (acc.peak(dtype) * plateau * wave_eff))
 
     def memory_time(self, nbytes, kernels=1):
@@ -59,9 +61,10 @@ class AnalyticalCurves:
         return kernels * self.kernel_overhead_s + np.asarray(nbytes, dtype=float) / bw
 
     def streaming_time(self, nbytes, kernels=1):
-        """Seconds for plain streaming kernels (an add, a copy: no transcendental work) moving
-        ``nbytes``; on a GPU the same HBM-bound rate as :meth:`memory_time`."""
-        return self.memory_time(nbytes, kernels)
+        """Seconds for plain streaming kernels (an add, a copy, an fp8 cast: no transcendental work)
+        moving exactly ``nbytes``: HBM at ``streaming_efficiency`` of its bandwidth."""
+        bw = self.accelerator.memory_bandwidth_bytes_per_s * self.streaming_efficiency
+        return kernels * self.kernel_overhead_s + np.asarray(nbytes, dtype=float) / bw
 
     def flash_attention_time(self, flops, dtype: str = "bf16", kernels=1):
         """Seconds for fused attention executing ``flops``."""
@@ -81,8 +84,12 @@ class AnalyticalCurves:
                 "gemm_sustained_fraction": self.gemm_sustained_fraction,
                 "kernel_overhead_us": self.kernel_overhead_s * 1e6,
                 "memory_efficiency": self.memory_efficiency,
+                "streaming_efficiency": self.streaming_efficiency,
                 "flash_attention_efficiency": self.flash_attention_efficiency,
-                "cpu_adam_memory_efficiency": self.cpu_adam_memory_efficiency}
+                "cpu_adam_memory_efficiency": self.cpu_adam_memory_efficiency,
+                **({"gemm_plateau_efficiency_fp8": acc.plateau("fp8"),
+                    "fp8_recipe_gemm_efficiency": dict(self.fp8_recipe_gemm_efficiency)}
+                   if "fp8" in acc.peak_flops else {})}
 
 
 def analytical_curves(accelerator: Accelerator) -> AnalyticalCurves:
@@ -99,7 +106,9 @@ def analytical_curves(accelerator: Accelerator) -> AnalyticalCurves:
         flash_attention_efficiency=entry["flash_attention_efficiency"],
         cpu_adam_memory_efficiency=entry["cpu_adam_memory_efficiency"],
         gpu_adam_bytes_per_param=entry["gpu_adam_bytes_per_param"],
-        gemm_sustained_fraction=entry.get("gemm_sustained_fraction", 1.0), sources=sources)
+        gemm_sustained_fraction=entry.get("gemm_sustained_fraction", 1.0),
+        fp8_recipe_gemm_efficiency=dict(entry.get("fp8_recipe_gemm_efficiency", {})),
+        streaming_efficiency=entry.get("streaming_efficiency", entry["memory_efficiency"]), sources=sources)
 
 
 def curves_for(cluster_or_accelerator):

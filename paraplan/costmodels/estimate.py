@@ -20,9 +20,11 @@ from paraplan.costmodels import compute as C
 from paraplan.costmodels import memory as M
 from paraplan.costmodels.dataparallel import compressed_phase_factor, dp_exposed_time
 from paraplan.costmodels.efficiency import curves_for
+from paraplan.costmodels.intervals import describe_interval
 from paraplan.costmodels.offload import optimizer_and_offload, param_tensors, stage_param_tensors
 from paraplan.costmodels.pipeline import bubble_factor, bubble_fraction, p2p_messages_on_critical_path
-from paraplan.plan import Plan, Recompute, StageLayers, check_plan, stage_layer_counts, stage_layers
+from paraplan.plan import (Plan, Recompute, StageLayers, check_plan, compute_dtype, is_fp8, stage_layer_counts,
+                           stage_layers)
 
 SCHEMA = "paraplan.estimate/1"
 TIME_TERMS = ("compute", "recompute", "grad_accumulation", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "pp_bubble",
@@ -45,7 +47,17 @@ def runtime_reserved_bytes(cluster) -> float:
 FLOP_CONVENTION = ("model FLOPs = 3 x forward FLOPs (2 per multiply-add) of all weight GEMMs, attention "
                    "scores QK^T and PV counted in full (causal mask not halved) and the logits; recomputation "
                    "excluded (PaLM App. B, Korthikanti et al. 2022). HFU adds the recomputed forward FLOPs. "
-                   "MFU and HFU are against the dense peak of the plan's dtype.")
+                   "MFU and HFU are against the dense peak of the plan's dtype (bf16 for fp8 plans, as NeMo, "
+                   "Megatron-Bridge and torchtitan report them).")
+FP8_ASSUMPTIONS = (
+    "fp8: the linear layers' GEMMs (QKV, output projection, MLP, experts) run in fp8 at the fp8 peak x its MAMF "
+    "plateau x the recipe's GEMM efficiency; attention, embeddings, LM head, norms and the optimizer stay in bf16/fp32",
+    "fp8: every micro-batch quantizes the four GEMM inputs, the layer's weights and, backward, the output gradients "
+    "(bytes per element by recipe: compute.FP8_CAST_BYTES_PER_ELEMENT)",
+    "fp8: saved activations are counted in 16 bit (Transformer Engine saves fp8 GEMM inputs: an upper bound); "
+    "Megatron/generic keep an fp8 copy and transpose of the stage's weights (2 bytes/param), torchtitan casts on "
+    "the fly (the gathered layer's copy only)",
+)
 ASSUMPTIONS = (
     "16-bit weights, gradients and activations; Adam with fp32 master weights, momentum, variance (16 bytes/param "
     "before ZeRO)",
@@ -85,6 +97,9 @@ class Estimate:
     efficiency_curves: Mapping[str, Any] = field(default_factory=dict)
     flop_convention: str = FLOP_CONVENTION
     assumptions: tuple[str, ...] = ASSUMPTIONS
+    #: 90 % prediction interval from the calibration residuals of the hardware generation
+    #: (:mod:`paraplan.costmodels.intervals`); ``basis`` says where it comes from, or that there is none
+    prediction_interval: Mapping[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {
@@ -98,6 +113,7 @@ class Estimate:
             "host_memory_bytes_per_node": self.host_memory_bytes_per_node,
             "nvme_bytes_per_node": self.nvme_bytes_per_node, "details": dict(self.details),
             "efficiency_curves": dict(self.efficiency_curves), "assumptions": list(self.assumptions),
+            "prediction_interval": dict(self.prediction_interval),
         }
 
 
@@ -214,6 +230,9 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
     expert_states = M.model_state_bytes(experts, plan, shard_degree=n_edp)
     stage_states = {name: {k: v + expert_states[k] for k, v in M.model_state_bytes(params_, plan).items()}
                     for name, params_ in (("first", first_params), ("middle", middle_params), ("last", last_params))}
+    for name, params_ in (("first", first_params), ("middle", middle_params), ("last", last_params)):
+        stage_states[name]["parameters"] = (stage_states[name]["parameters"]
+                                            + M.fp8_weight_copy_bytes(model, params_ + experts, plan))
     totals = {name: sum(states.values()) + acts[name] for name, states in stage_states.items()}
     # the peak stage: first unless another holds strictly more (a middle stage only when it has layers)
     peak = np.where(totals["last"] > totals["first"], LAST, FIRST)
@@ -279,7 +298,7 @@ def estimate(model, job, cluster, plan: Plan, *, curves=None, max_memory_fractio
     n = cluster.num_gpus
     step = _f(terms.step)
     tokens_per_s = job.tokens_per_step / step
-    peak = cluster.accelerator.peak(plan.dtype)
+    peak = cluster.accelerator.peak(compute_dtype(plan.dtype))
     memory = {k: _f(v) for k, v in terms.memory.items()}
     g = cluster.gpus_per_node
     host = _f(terms.host_per_gpu) * g
@@ -305,7 +324,10 @@ def estimate(model, job, cluster, plan: Plan, *, curves=None, max_memory_fractio
                      "step_time_compressed_s": _f(terms.step_compressed),
                      "dp_comm_warmup_s": _f(terms.dp_comm_warmup),
                      "dp_comm_compressed_s": _f(terms.dp_comm_compressed)} if plan.optimizer != "adam" else {})},
-        efficiency_curves=curves.describe())
+        efficiency_curves=curves.describe(),
+        assumptions=ASSUMPTIONS + (FP8_ASSUMPTIONS if is_fp8(plan.dtype) else ()),
+        prediction_interval=describe_interval(cluster.accelerator.name, tokens_per_s, step,
+                                              _f(terms.flops_model) / step / n / peak))
 
 
 def infeasibility(gpu_total, host_per_node, nvme_per_node, cluster, max_memory_fraction=1.0) -> str | None:

@@ -31,7 +31,7 @@ import numpy as np
 
 from paraplan.costmodels.compute import (BYTES, element_bytes, einsum_dispatch_slots, expert_token_factor,
                                          tokens_per_rank)
-from paraplan.plan import Engine, Offload, Recompute, Schedule, stage_layers
+from paraplan.plan import Engine, Offload, Recompute, Schedule, is_fp8, stage_layers
 
 OPTIMIZER_BYTES_PER_PARAM = 12   # fp32 master weights, momentum, variance (K in the ZeRO paper)
 FP32_OPTIMIZER_BYTES_PER_PARAM = 8   # plain fp32 Adam: momentum and variance, no master copy
@@ -339,6 +339,28 @@ def buffer_bytes(model, plan, runtime_reserved_bytes):
     bucket = np.where(offload | (ds & (z >= 1) & (z <= 2)), buckets,
                       np.where(ds & (z >= 3), BYTES * DEEPSPEED_REDUCE_BUCKET, 0.0))
     return runtime_reserved_bytes + gathered + bucket
+
+
+FP8_WEIGHT_COPY_BYTES = 2   # an fp8 copy of a weight and its transpose (Hopper's fp8 GEMMs are TN only)
+
+
+def fp8_weight_copy_bytes(model, stage_params, plan):
+    """fp8 copies of the weights that live through a step under an fp8 dtype (0 otherwise):
+
+    * Megatron-LM / generic (Transformer Engine): each linear layer keeps its weight quantized once
+      per step (``is_first_microbatch``) with its transpose, 2 bytes per parameter of the stage
+      (``stage_params``, per GPU); under ZeRO-3 only the gathered layers (current and prefetched);
+    * torchtitan (torchao float8): weights are cast on the fly in each forward and backward, so only
+      the layer in flight has a copy (2 bytes per parameter of one layer).
+    Source: Transformer Engine ``Linear`` (fp8 weight workspace cached across micro-batches),
+    torchao ``Float8Linear`` (casts per call)."""
+    if not is_fp8(plan.dtype):
+        return np.zeros_like(np.asarray(stage_params, dtype=float))
+    layer = model.params_per_layer / np.asarray(plan.tp, dtype=float)
+    eng = engine_of(plan)
+    z3 = np.asarray(plan.zero) >= 3
+    kept = np.where(z3, 2 * layer, np.asarray(stage_params, dtype=float))
+    return FP8_WEIGHT_COPY_BYTES * np.where(eng == Engine.TORCHTITAN, layer, kept)
 
 
 NVME_STAGING_PARAMS = 1e9   # DeepSpeed ZeRO-Infinity sub_group_size default (elements staged on the host)

@@ -41,6 +41,9 @@ def parse_accelerator(f: FieldReader) -> Accelerator:
         gemm_plateau_efficiency=f.number("gemm_plateau_efficiency", at_most=1.0),
         streaming_multiprocessors=f.integer("streaming_multiprocessors"),
         flash_attention=_flag(f, "flash_attention", True),
+        gemm_plateau_efficiency_fp8=(f.number("gemm_plateau_efficiency_fp8", at_most=1.0)
+                                     if f.has("gemm_plateau_efficiency_fp8") else None),
+        microscaling=_flag(f, "microscaling", False),
         sources=f.sources(),
     )
 

@@ -92,7 +92,9 @@ class Accelerator:
 
     ``peak_flops`` maps dtype (fp32, tf32, fp16, bf16, fp8) to dense peak FLOP/s (no sparsity).
     ``gemm_plateau_efficiency`` is the best achieved/peak of a large GEMM (MAMF), the ceiling of the
-    GEMM efficiency curve. ``flash_attention`` says whether fused (FlashAttention) kernels run on the
+    GEMM efficiency curve, ``gemm_plateau_efficiency_fp8`` the same for fp8 GEMMs (None: not
+    measured; the bf16 figure stands in). ``microscaling`` says whether the tensor cores take OCP MX
+    block-scaled formats (MXFP8: Blackwell). ``flash_attention`` says whether fused (FlashAttention) kernels run on the
     part; where they do not (Volta), the planner only considers unfused attention.
     """
     name: str
@@ -105,9 +107,17 @@ class Accelerator:
     gemm_plateau_efficiency: float
     streaming_multiprocessors: int
     flash_attention: bool = True
+    gemm_plateau_efficiency_fp8: float | None = None
+    microscaling: bool = False
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     #: what a profile measured on this device (None for catalogue parts: analytical curves)
     measured: "MeasuredProfile | None" = field(default=None, compare=False, repr=False)
+
+    def plateau(self, dtype: str) -> float:
+        """The GEMM plateau efficiency (MAMF / peak) for GEMMs in ``dtype``."""
+        if dtype == "fp8" and self.gemm_plateau_efficiency_fp8:
+            return self.gemm_plateau_efficiency_fp8
+        return self.gemm_plateau_efficiency
 
     def peak(self, dtype: str) -> float:
         v = self.peak_flops.get(dtype)

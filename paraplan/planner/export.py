@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping
 
 from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError
-from paraplan.plan import Engine, Plan, check_plan, stage_layer_counts
+from paraplan.plan import Engine, Plan, check_plan, is_fp8, stage_layer_counts
 from paraplan.planfile import PLAN_SCHEMA
 from paraplan.scenario import load_cluster
 from paraplan.workloads.presets import load_model
@@ -208,7 +208,12 @@ def build_megatron(s: Scenario) -> Export:
         args.append(("--overlap-grad-reduce",))
     if not p.grad_accumulation_fusion:
         args.append(("--no-gradient-accumulation-fusion",))
-    args.append(("--bf16",) if p.dtype == "bf16" else ("--fp16",))
+    args.append(("--fp16",) if p.dtype == "fp16" else ("--bf16",))
+    if is_fp8(p.dtype):
+        if p.dtype == "fp8-rowwise":
+            raise ConfigError("dtype", "Megatron-LM has no row-wise fp8 recipe (--fp8-recipe accepts tensorwise, "
+                              "delayed, blockwise, mxfp8)", accepted="fp8, fp8-delayed, fp8-blockwise, mxfp8")
+        args += [("--fp8-format", "hybrid"), ("--fp8-recipe", _MEGATRON_FP8_RECIPES[p.dtype])]
     if p.flash_attention:
         args.append(("--use-flash-attn",))
     args += [("--train-iters", str(TRAIN_ITERS)), ("--lr", f"{LEARNING_RATE:g}")]
@@ -276,6 +281,9 @@ def build_deepspeed(s: Scenario) -> Export:
         "steps_per_print": 10,
         "wall_clock_breakdown": False,
     }
+    if is_fp8(p.dtype):
+        raise ConfigError("dtype", "DeepSpeed has no fp8 training recipe of its own (fp8 runs through "
+                          "Transformer Engine modules in the model code)", accepted="bf16, fp16")
     cfg["bf16" if p.dtype == "bf16" else "fp16"] = ({"enabled": True} if p.dtype == "bf16"
                                                     else {"enabled": True, "loss_scale": 0})
     zero: dict[str, Any] = {"stage": p.zero}
@@ -333,6 +341,26 @@ _TITAN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleave
 _TITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3-405b": ("llama3", "405B")}
 
 
+# paraplan fp8 dtype -> (torchtitan model converter, its section, recipe_name or None for the default)
+_TITAN_FP8 = {"fp8": ("float8", "float8", None), "fp8-rowwise": ("float8", "float8", "rowwise"),
+              "mxfp8": ("mx", "mx", "mxfp8")}
+_MEGATRON_FP8_RECIPES = {"fp8": "tensorwise", "fp8-delayed": "delayed", "fp8-blockwise": "blockwise",
+                         "mxfp8": "mxfp8"}
+
+
+def _titan_fp8_sections(p) -> tuple[list[tuple[str, Any]], list[tuple[str, list[tuple[str, Any]]]]]:
+    """torchtitan's fp8 switches: the ``[model]`` section's ``converters`` and the converter's own
+    section (recipe; float8 all-gather under FSDP with per-tensor scaling)."""
+    if p.dtype not in _TITAN_FP8:
+        return [], []
+    converter, section, recipe = _TITAN_FP8[p.dtype]
+    items: list[tuple[str, Any]] = [("recipe_name", recipe)] if recipe else []
+    if p.dtype == "fp8" and p.zero >= 1:
+        items += [("enable_fsdp_float8_all_gather", True), ("precompute_float8_dynamic_scale_for_fsdp", True),
+                  ("force_recompute_fp8_weight_in_bwd", True)]   # recommended with FSDP: no unsharded fp8 weights kept
+    return [("converters", [converter])], [(section, items)]
+
+
 def build_torchtitan(s: Scenario) -> Export:
     """A torchtitan TOML job config (sections and keys of torchtitan/config/job_config.py, TOML era).
 
@@ -341,9 +369,10 @@ def build_torchtitan(s: Scenario) -> Export:
     in bf16 or fp32 only) and for NVMe offload (torchtitan offloads to CPU memory only).
     """
     p, m, notes = s.plan, s.model, []
-    if p.dtype != "bf16":
-        raise ConfigError("dtype", "torchtitan has no fp16 mixed precision (training.mixed_precision_param "
-                          "accepts bfloat16 or float32)", accepted="--dtype bf16")
+    if p.dtype not in ("bf16", *_TITAN_FP8):
+        raise ConfigError("dtype", f"torchtitan has no {p.dtype} mixed precision (training.mixed_precision_param "
+                          "accepts bfloat16 or float32; float8 converters: tensorwise, rowwise, mxfp8)",
+                          accepted="bf16, " + ", ".join(_TITAN_FP8))
     if p.offload == "nvme":
         raise ConfigError("offload", "torchtitan offloads to CPU memory only (training.enable_cpu_offload)",
                           accepted="--offload cpu or none")
@@ -385,13 +414,14 @@ def build_torchtitan(s: Scenario) -> Export:
         notes.append("selective recomputation uses torchtitan's per-op policy (selective_ac_option='op'), which "
                      "differs in detail from Megatron's attention-core recomputation")
 
+    fp8_model, fp8_sections = _titan_fp8_sections(p)
     if p.pp > 1:      # one pipeline step holds all micro-batches of the DP rank: no gradient accumulation
         local_batch = s.global_batch // p.dp
     else:             # no pipeline: local batch is the micro-batch, the rest is gradient accumulation
         local_batch = p.micro_batch
     sections: list[tuple[str, list[tuple[str, Any]]]] = [
         ("job", [("description", f"paraplan export: {s.model_spec} {p.label()}"), ("dump_folder", "./outputs")]),
-        ("model", [("name", name), ("flavor", flavor)]),
+        ("model", [("name", name), ("flavor", flavor), *fp8_model]),
         ("training", [("local_batch_size", local_batch), ("global_batch_size", s.global_batch),
                       ("seq_len", s.seq_len), ("steps", TRAIN_ITERS), ("mixed_precision_param", "bfloat16")]
          + ([("enable_cpu_offload", True)] if p.offload == "cpu" else [])),
@@ -402,6 +432,7 @@ def build_torchtitan(s: Scenario) -> Export:
          + ([("pipeline_parallel_schedule", _TITAN_SCHEDULES[p.schedule]),
              ("pipeline_parallel_microbatch_size", p.micro_batch),
              _titan_stage_split(m.layers, p)] if p.pp > 1 else [])),
+        *fp8_sections,
         ("activation_checkpoint", [("mode", p.recompute)]
          + ([("selective_ac_option", "op")] if p.recompute == "selective" else [])),
     ]

@@ -37,6 +37,17 @@ def fmt_stage_layers(counts) -> str:
     return ", ".join(f"{c} x {n}" if n > 1 else f"{c}" for c, n in runs)
 
 
+def interval_line(e) -> str:
+    """The prediction interval of throughput and MFU, or why there is none."""
+    iv = getattr(e, "prediction_interval", None) or {}
+    if "tokens_per_s" not in iv:
+        return f"  90% interval    none — {iv.get('basis', 'no calibration data')}"
+    lo, hi = iv["tokens_per_s"]
+    mlo, mhi = iv["mfu"]
+    return (f"  {100 * iv['level']:.0f}% interval    {lo / e.num_gpus:.0f}-{hi / e.num_gpus:.0f} tokens/s per GPU, "
+            f"MFU {100 * mlo:.1f}-{100 * mhi:.1f}%  ({iv['basis']})")
+
+
 def render_estimate(e) -> str:
     p = e.plan
     lines = [
@@ -56,6 +67,7 @@ def render_estimate(e) -> str:
         f"bubble {100 * e.details['bubble_fraction']:.1f}%)",
         f"  throughput      {e.tokens_per_s:10.0f} tokens/s  ({e.tokens_per_s_per_gpu:.1f} per GPU)",
         f"  model TFLOP/s   {e.model_tflops_per_gpu:10.1f} per GPU   MFU {100 * e.mfu:.1f}%   HFU {100 * e.hfu:.1f}%",
+        interval_line(e),
         f"  memory          {e.memory_bytes_per_gpu['total'] / GIB:10.1f} GiB per GPU of "
         f"{e.details['gpu_memory_bytes'] / GIB:.0f} GiB — {status}",
     ]

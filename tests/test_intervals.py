@@ -1,0 +1,63 @@
+"""Prediction intervals from calibration residuals per hardware generation."""
+import json
+
+import numpy as np
+import pytest
+
+from paraplan.costmodels import intervals as I
+from paraplan.costmodels.estimate import estimate
+from paraplan.hardware.catalog import load_cluster
+from paraplan.plan import Plan
+from paraplan.workloads.presets import load_model
+from paraplan.workloads.transformer import TrainingJob
+
+
+def test_quantile_interval_is_exp_of_residual_quantiles():
+    r = np.log(np.linspace(0.8, 1.2, 101))
+    lo, hi = I.quantile_interval(r, 0.9)
+    assert lo == pytest.approx(np.exp(np.quantile(r, 0.05))) and hi == pytest.approx(np.exp(np.quantile(r, 0.95)))
+    assert 0.8 < lo < 0.85 and 1.15 < hi < 1.2
+
+
+def test_generation_with_too_few_rows_or_one_source_is_pooled_and_says_so():
+    res = {"A100": [("a", 0.0), ("b", 0.1)] * 5, "Blackwell": [("c", -0.2)] * 20}
+    iv = I.fit_intervals(res)
+    assert not iv["A100"].pooled and iv["A100"].rows == 10
+    assert iv["Blackwell"].pooled and iv["Blackwell"].rows == 30     # one source: all rows pooled
+    assert "pooled" in iv["Blackwell"].basis()
+
+
+def _est(cluster):
+    return estimate(load_model("llama3-8b"), TrainingJob(4096, 64), load_cluster(cluster, 8),
+                    Plan(dp=8, zero=1, recompute="full"))
+
+
+def test_estimates_carry_the_interval_of_their_generation():
+    e = _est("dgx-a100-80g")
+    iv = I.interval_for("a100-80g")
+    assert iv is not None and iv.generation == "A100"
+    lo, hi = e.prediction_interval["tokens_per_s"]
+    assert lo == pytest.approx(e.tokens_per_s * iv.low) and hi == pytest.approx(e.tokens_per_s * iv.high)
+    s_lo, s_hi = e.prediction_interval["step_time_s"]
+    assert s_lo == pytest.approx(e.step_time_s / iv.high) and s_hi == pytest.approx(e.step_time_s / iv.low)
+    assert "A100" in e.prediction_interval["basis"]
+    assert json.loads(json.dumps(e.to_dict()))["prediction_interval"]["level"] == 0.9
+
+
+def test_hardware_without_calibration_says_so():
+    e = _est("mi300x-x8")
+    assert "tokens_per_s" not in e.prediction_interval
+    assert "no calibration data for MI300X" in e.prediction_interval["basis"]
+
+
+def test_interval_is_printed(capsys):
+    from paraplan.cli import main
+    assert main(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--seq-len", "4096",
+                 "--global-batch", "64", "--zero", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "90% interval" in out and "tokens/s per GPU" in out and "H100-class" in out
+
+
+def test_every_accelerator_preset_has_a_generation():
+    from paraplan.hardware.catalog import preset_names
+    assert set(preset_names("accelerators")) <= set(I.GENERATION)
