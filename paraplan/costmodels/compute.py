@@ -246,6 +246,25 @@ UNFUSED_NORM_EXTRA_KERNELS = 2 * 4
 UNFUSED_SWIGLU_EXTRA_BYTES_PER_FFN = 4
 
 
+# Rotary embeddings on q and k, per element (16-bit), forward. Fused (Megatron apply_rope_fusion,
+# Transformer Engine, flash-attn's rotary kernel): read and write once, 4 bytes. Eager (the
+# ``q * cos + rotate_half(q) * sin`` of GPT-NeoX/Llama reference code): mul 4, rotate_half's neg and
+# cat 2 + 4, mul 4, add 6 = 20 bytes in 5 kernels, for q and for k.
+FUSED_ROPE_BYTES_PER_ELEMENT = 4
+EAGER_ROPE_BYTES_PER_ELEMENT = 20
+FUSED_ROPE_KERNELS = 1
+EAGER_ROPE_KERNELS = 10
+
+
+def rope_bytes_per_token(model, unfused):
+    """Bytes the rotary embedding streams per token forward over the q and k heads of all ranks
+    (divided by tp by the caller): (h + h_kv) x bytes per element, fused or eager; 0 without RoPE."""
+    if not model.rotary:
+        return 0.0
+    per = np.where(unfused, EAGER_ROPE_BYTES_PER_ELEMENT, FUSED_ROPE_BYTES_PER_ELEMENT)
+    return per * (model.hidden + model.kv_hidden)
+
+
 def elementwise_forward_time(model, job, plan, curves, moe: bool = False):
     """Forward time of a layer's memory-bound kernels (norms, activations, residual adds)."""
     T = tokens_per_rank(job, plan)
@@ -259,8 +278,10 @@ def elementwise_forward_time(model, job, plan, curves, moe: bool = False):
     eager_swiglu = unfused & (model.activation == "swiglu")
     act = act + np.where(eager_swiglu, UNFUSED_SWIGLU_EXTRA_BYTES_PER_FFN * model.ffn_hidden, 0.0)
     unfused_extra = np.where(np.asarray(plan.flash_attention, dtype=bool), 0.0, 8 * (h + hkv))
-    per_token = replicated / np.where(sp, t, 1.0) + (act + unfused_extra) / t
-    kernels = 8 + (4 if moe else 0) + np.where(unfused, UNFUSED_NORM_EXTRA_KERNELS + eager_swiglu, 0)
+    rope = rope_bytes_per_token(model, unfused)
+    per_token = replicated / np.where(sp, t, 1.0) + (act + unfused_extra + rope) / t
+    kernels = (8 + (4 if moe else 0) + np.where(unfused, UNFUSED_NORM_EXTRA_KERNELS + eager_swiglu, 0)
+               + (np.where(unfused, EAGER_ROPE_KERNELS, FUSED_ROPE_KERNELS) if model.rotary else 0))
     return curves.memory_time(T * per_token * element_bytes(plan) / BYTES, kernels=kernels)
 
 

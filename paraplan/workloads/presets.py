@@ -13,7 +13,8 @@ from paraplan.workloads.transformer import ACTIVATIONS, MOE_DISPATCH, MoESpec, T
 
 MODELS_FILE = Path(__file__).parent / "catalog" / "models.yaml"
 MODEL_FILE_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation",
-                   "tied_embeddings", "norm", "bias", "learned_positions", "max_positions", "moe")
+                   "tied_embeddings", "norm", "bias", "learned_positions", "max_positions", "moe",
+                   "rotary")
 MOE_KEYS = ("experts", "top_k", "expert_ffn_hidden", "shared_experts", "every", "first_dense", "capacity_factor",
             "dispatch")
 
@@ -62,7 +63,7 @@ def model_from_mapping(data: Mapping[str, Any], source: str) -> TransformerModel
         activation=activation, tied_embeddings=_bool(f, "tied_embeddings", False),
         norm=f.string("norm", "layernorm"), bias=_bool(f, "bias", True),
         learned_positions=_bool(f, "learned_positions", False),
-        max_positions=f.integer("max_positions", 0, positive=False))
+        max_positions=f.integer("max_positions", 0, positive=False), rotary=_bool(f, "rotary", False))
 
 
 def moe_from_mapping(f: FieldReader, source: str) -> MoESpec:
@@ -127,7 +128,7 @@ def model_from_hf_config(data: Mapping[str, Any], source: str) -> TransformerMod
         bias=bool(data.get("attention_bias", not llama_like)),
         learned_positions=data.get("model_type") in ("gpt2", "opt", "gpt_neo"),
         max_positions=int(data.get("max_position_embeddings") or data.get("n_positions") or 0),
-        moe=_hf_moe(data, source))
+        moe=_hf_moe(data, source), rotary="rope_theta" in data or "rotary_dim" in data or "rope_scaling" in data)
 
 
 def load_model(spec: str) -> TransformerModel:

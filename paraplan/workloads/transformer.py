@@ -81,6 +81,9 @@ class TransformerModel:
     learned_positions: bool = False
     max_positions: int = 0
     moe: MoESpec | None = None
+    #: rotary position embeddings applied to q and k in every layer (Llama, Mixtral, DeepSeek); False
+    #: for learned absolute positions (GPT) and ALiBi (BLOOM, MPT)
+    rotary: bool = False
 
     def __post_init__(self):
         for key in ("layers", "hidden", "heads", "vocab"):
