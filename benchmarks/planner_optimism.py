@@ -1,0 +1,97 @@
+"""Guard against the planner's optimism: the MFU the planner promises for its top plan next to the best
+MFU published runs reached at that model size, scale and hardware generation.
+
+A planner exploits its model's errors: if the estimator flatters some layouts, the top plan's
+predicted MFU sits above anything measured. For each scenario (the README's examples and every
+calibration setup) this prints the top plan's predicted MFU and its 90 % interval, and the best
+measured MFU among the published runs of the same generation with parameters within 1.5x and GPU
+count within 2x, in the same number format family (fp8 or 16-bit) (measured MFU in paraplan's FLOP convention: the model FLOPs of the run over its
+measured step time and the bf16 dense peak).
+
+    python benchmarks/planner_optimism.py
+"""
+from __future__ import annotations
+
+import sys
+
+import pandas as pd
+
+from paraplan.costmodels.calibration import load_cases, load_h100_cases
+from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.intervals import GENERATION
+from paraplan.hardware.catalog import load_cluster
+from paraplan.plan import is_fp8
+from paraplan.planner.search import search
+from paraplan.planner.space import SpaceOptions
+from paraplan.workloads.presets import load_model
+from paraplan.workloads.transformer import TrainingJob
+
+README_SCENARIOS = [  # (model, cluster, gpus, seq, global batch, fixed axes)
+    ("gpt3-175b", "dgx-a100-80g", 1024, 2048, 1536, {}),
+    ("llama3-70b", "dgx-h100", 64, 8192, 512, {}),
+    ("llama3-70b", "dgx-h100", 64, 8192, 512, {"dtype": "fp8"}),
+]
+
+
+def published_mfus() -> pd.DataFrame:
+    """Every scored published run with its measured MFU (paraplan's FLOP convention, bf16 peak)."""
+    rows = []
+    for loader in (load_cases, load_h100_cases):
+        cases, _ = loader()
+        for c in cases:
+            e = estimate(c.model, c.job, c.cluster, c.plan)
+            rows.append({"source": c.source, "run": c.label, "params": c.model.num_params, "gpus": c.cluster.num_gpus,
+                         "generation": GENERATION[c.cluster.accelerator.name], "fp8": is_fp8(c.plan.dtype),
+                         "measured_mfu": e.mfu * e.step_time_s / c.measured_step_time_s})
+    return pd.DataFrame(rows)
+
+
+def top_plan(model_name, cluster_name, gpus, seq, gbs, fixed):
+    model, cluster = load_model(model_name), load_cluster(cluster_name, gpus)
+    result = search(model, TrainingJob(seq, gbs), cluster, options=SpaceOptions(fixed=fixed), top=1)
+    return model, cluster, result.best
+
+
+def main() -> int:
+    pub = published_mfus()
+    scenarios = list(README_SCENARIOS)
+    for loader in (load_cases, load_h100_cases):
+        seen = set()
+        for c in loader()[0]:
+            key = (c.model.name, c.cluster.name, c.cluster.num_gpus, c.job.seq_len, c.job.global_batch)
+            if key not in seen and c.model.name in _PRESET_OF:
+                seen.add(key)
+                scenarios.append((_PRESET_OF[c.model.name], c.cluster.system.name, c.cluster.num_gpus,
+                                  c.job.seq_len, c.job.global_batch, {"dtype": c.plan.dtype}))
+    rows = []
+    for name, cl, gpus, seq, gbs, fixed in scenarios:
+        model, cluster, best = top_plan(name, cl, gpus, seq, gbs, fixed)
+        gen = GENERATION[cluster.accelerator.name]
+        near = pub[(pub.generation == gen) & (pub.fp8 == is_fp8(fixed.get("dtype", "bf16")))
+                   & (pub.params.between(model.num_params / 1.5, model.num_params * 1.5))
+                   & (pub.gpus.between(gpus / 2, gpus * 2))]
+        ref = near.loc[near.measured_mfu.idxmax()] if len(near) else None
+        iv = best.prediction_interval.get("mfu") if best is not None else None
+        rows.append({"scenario": f"{name} {cl} x{gpus} s{seq} gb{gbs} {fixed.get('dtype', 'bf16')}",
+                     "top plan": best.plan.label() if best else "none fits",
+                     "predicted_mfu_%": 100 * best.mfu if best else None,
+                     "90%_interval": f"{100 * iv[0]:.1f}-{100 * iv[1]:.1f}" if iv else "-",
+                     "best_published_%": 100 * ref.measured_mfu if ref is not None else None,
+                     "published run": f"{ref.source}: {ref.run}" if ref is not None else "none at this size/scale",
+                     "gap_points": (100 * (best.mfu - ref.measured_mfu)) if (best and ref is not None) else None})
+    pd.set_option("display.width", 250)
+    pd.set_option("display.max_colwidth", 70)
+    df = pd.DataFrame(rows)
+    print(df.round(1).to_string(index=False))
+    have = df.dropna(subset=["gap_points"])
+    print(f"\n{len(have)} scenarios with a published run at that size/scale: median gap "
+          f"{have.gap_points.median():+.1f} MFU points, worst {have.gap_points.max():+.1f}; "
+          f"{(have.gap_points.abs() <= 5).sum()} within 5 points")
+    return 0
+
+
+_PRESET_OF = {"llama3-8b": "llama3-8b", "llama3-70b": "llama3-70b", "gpt3-175b": "gpt3-175b",
+              "llama2-7b": "llama2-7b", "llama2-13b": "llama2-13b", "llama2-70b": "llama2-70b"}
+
+if __name__ == "__main__":
+    sys.exit(main())
