@@ -158,7 +158,7 @@ POSITIVE_INT_FIELDS = ("tp", "pp", "cp", "vpp", "micro_batch", "ep", "etp")
 # --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers)
 STAGE_LAYER_FIELDS = ("first_stage_layers", "last_stage_layers")
 BOOL_FIELDS = ("sp", "offload_params", "flash_attention", "overlap_grad_reduce", "delayed_update",
-               "grad_accumulation_fusion", "fused_elementwise")
+               "grad_accumulation_fusion", "fused_elementwise", "tp_comm_overlap")
 
 
 def validate_field(name: str, value, where: str | None = None):
@@ -246,6 +246,10 @@ class Plan:
     # Megatron-LM: --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers
     first_stage_layers: int = 0
     last_stage_layers: int = 0
+    # tensor-parallel collectives overlapped with the GEMMs next to them (Megatron-LM --tp-comm-overlap
+    # with Transformer Engine userbuffers; torchtitan async TP, micro-pipelined all-gather/reduce-scatter
+    # matmuls); False: every TP collective sits on the critical path
+    tp_comm_overlap: bool = False
 
     def __post_init__(self):
         for key in (*POSITIVE_INT_FIELDS, "dp", *MODES, "zero", *STAGE_LAYER_FIELDS):
@@ -344,6 +348,7 @@ class PlanBatch:
     delayed_update: np.ndarray = None
     grad_accumulation_fusion: np.ndarray = None
     fused_elementwise: np.ndarray = None
+    tp_comm_overlap: np.ndarray = None
     engine_code: np.ndarray = None
     first_stage_layers: np.ndarray = None
     last_stage_layers: np.ndarray = None
@@ -352,7 +357,7 @@ class PlanBatch:
     def __post_init__(self):
         n = len(self.tp)
         for name, default in (("ep", 1), ("etp", 1), ("cp_mode_code", CpMode.RING), ("optimizer_code", Optimizer.ADAM),
-                              ("delayed_update", False), ("grad_accumulation_fusion", True), ("fused_elementwise", True),
+                              ("delayed_update", False), ("grad_accumulation_fusion", True), ("fused_elementwise", True), ("tp_comm_overlap", False),
                               ("engine_code", Engine.GENERIC), ("first_stage_layers", 0), ("last_stage_layers", 0)):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, np.full(n, int(default) if isinstance(default, Mode) else default))
@@ -386,6 +391,7 @@ class PlanBatch:
                     delayed_update=bool(self.delayed_update[i]),
                     grad_accumulation_fusion=bool(self.grad_accumulation_fusion[i]),
                     fused_elementwise=bool(self.fused_elementwise[i]),
+                    tp_comm_overlap=bool(self.tp_comm_overlap[i]),
                     engine=Engine(int(self.engine_code[i])).label,
                     first_stage_layers=int(self.first_stage_layers[i]),
                     last_stage_layers=int(self.last_stage_layers[i]))
@@ -758,6 +764,18 @@ RULES: tuple[Rule, ...] = (
        lambda P, s: (P.optimizer_code != Optimizer.ADAM) & _engine_in(P, Engine.MEGATRON, Engine.TORCHTITAN),
        lambda p, s: f"{Optimizer(p.optimizer_code).label} is DeepSpeed's; --engine {Engine(p.engine_code).label} runs adam",
        field="optimizer", accepted="adam", uses_scene=False),
+    _r("tp-comm-overlap-needs-sp", "TP communication overlap needs tp > 1 with sequence parallelism",
+       ILLEGAL, ("tp_comm_overlap", "tp", "sp"),
+       lambda P, s: np.asarray(P.tp_comm_overlap, bool) & ((P.tp == 1) | ~np.asarray(P.sp, bool)),
+       lambda p, s: (f"--tp-comm-overlap overlaps the all-gather / reduce-scatter of sequence parallelism with "
+                     f"the GEMMs; it needs tp > 1 and --sp (tp({p.tp}), sp {bool(p.sp)})"),
+       field="tp_comm_overlap", accepted="--tp N>1 --sp, or no --tp-comm-overlap", uses_scene=False),
+    _r("engine-tp-comm-overlap", "DeepSpeed has no TP communication overlap", ILLEGAL,
+       ("engine_code", "tp_comm_overlap"),
+       lambda P, s: np.asarray(P.tp_comm_overlap, bool) & (P.engine_code == Engine.DEEPSPEED),
+       lambda p, s: "--engine deepspeed does not overlap tensor-parallel communication (Megatron-LM "
+                    "--tp-comm-overlap and torchtitan async TP do)",
+       field="tp_comm_overlap", accepted="--engine megatron, torchtitan or generic", uses_scene=False),
     _r("engine-fp8-recipe", "the engine has no such fp8 recipe", ILLEGAL, ("engine_code", "dtype"),
        lambda P, s: _engine_fp8_refused(P.engine_code, P.dtype),
        lambda p, s: (f"--engine {Engine(p.engine_code).label} has no {p.dtype} recipe; it offers "

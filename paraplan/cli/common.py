@@ -81,6 +81,8 @@ PLAN_FLAG_HELP = {
              "(Blackwell). On plan and whatif without a fixed plan: search plans in that precision",
     "recompute": "none; selective (Megatron: attention core); full (layer inputs only); op-sac (torchtitan: "
                  "every other matmul output and the attention output)",
+    "tp_comm_overlap": "overlap tensor-parallel all-gather/reduce-scatter with the neighbouring GEMMs "
+                       "(Megatron-LM --tp-comm-overlap, torchtitan async TP; needs --sp)",
     "fused_elementwise": "eager PyTorch norms and SwiGLU (fp32 upcast, several kernels, more saved "
                          "activations) instead of fused kernels (Megatron-LM with Transformer Engine or Apex)",
 }

@@ -290,12 +290,16 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     if model.moe is None and ep > 1:
         return "ep > 1 on a dense model"
     n = _int(r["num_gpus"])
+    overlap = engine != "torchtitan" and sp and _int(r["tp"]) > 1
+    if overlap:
+        assumed.append("TP communication overlap on (the NeMo / Megatron-Bridge performance recipes enable "
+                       "tp_comm_overlap with sequence parallelism; not stated per row)")
     try:
         cluster = load_cluster(H100_GPU_TO_SYSTEM[r["gpu"]], n)
         plan = Plan(tp=_int(r["tp"]), pp=_int(r["pp"]), dp=_int(r["dp"]), cp=cp, sp=sp and _int(r["tp"]) > 1,
                     vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b", micro_batch=_int(r["micro_batch"]),
                     zero=zero, recompute=recompute, dtype=dtype, ep=ep, engine=engine,
-                    grad_accumulation_fusion=engine != "torchtitan")
+                    grad_accumulation_fusion=engine != "torchtitan", tp_comm_overlap=overlap)
     except ConfigError as e:
         return f"layout not expressible: {e}"
     job = TrainingJob(seq_len=_int(r["seq_len"]), global_batch=_int(r["global_batch"]))

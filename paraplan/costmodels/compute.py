@@ -371,6 +371,26 @@ def op_sac_recomputed_matmul_share(model) -> float:
     return (hkv + h + f) / (2 * h + 2 * hkv + mlp_mats * f)
 
 
+# Share of an overlapped TP collective's duration that it costs the GEMM beneath it (NCCL or userbuffer
+# copy kernels take SMs and HBM bandwidth): calculon's processor_usage for NVLink traffic, 0.15
+# (calculon-ai/calculon @ caa4b11, systems/a100_80g.json).
+TP_OVERLAP_CONTENTION = 0.15
+
+
+def tp_exposed_time(tp_comm, gemm_forward, full_recompute, plan):
+    """Exposed tensor-parallel communication of one layer and micro-batch.
+
+    Without overlap all of it. With ``plan.tp_comm_overlap`` (Megatron-LM --tp-comm-overlap, torchtitan
+    async TP) each all-gather runs under the GEMM that consumes it and each reduce-scatter under the GEMM
+    that produces it, in chunks: the window is the layer's projection GEMMs, forward once (twice more
+    with full recomputation), backward twice; exposed = max(0, comm - window) + contention x min(comm,
+    window)."""
+    overlap = np.asarray(getattr(plan, "tp_comm_overlap", False), dtype=bool)
+    window = gemm_forward * (1 + 2 + np.where(full_recompute, 1, 0))
+    hidden = np.maximum(0.0, tp_comm - window) + TP_OVERLAP_CONTENTION * np.minimum(tp_comm, window)
+    return np.where(overlap, hidden, tp_comm)
+
+
 def layer_times(model, job, plan, curves, cluster) -> dict:
     """Per-layer, per-micro-batch times on one GPU, by term (seconds), averaged over the model's
     dense and MoE layers (weights: their counts)."""
@@ -404,7 +424,8 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     recompute = np.where(rc == Recompute.FULL, fwd, np.where(rc == Recompute.SELECTIVE, attn_f,
                                                              np.where(rc == Recompute.OP_SAC, sac_replay, 0.0))) \
         + np.where(rc > 0, replay, 0.0)
-    tp_comm = ar * np.where(rc == Recompute.FULL, 6, 4)
+    tp_comm = tp_exposed_time(ar * np.where(rc == Recompute.FULL, 6, 4),
+                              attn_gemm + mlp_gemm, rc == Recompute.FULL, plan)
     cp_comm = cp_exposed_time(model, job, plan, cluster, attn_f, attn_b)
     a2a = ep_alltoall_time(model, job, plan, cluster)
     ep_comm = share_moe * a2a * np.where(rc == Recompute.FULL, 6, 4)   # dispatch + combine, fwd and bwd

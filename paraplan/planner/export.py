@@ -206,6 +206,8 @@ def build_megatron(s: Scenario) -> Export:
         notes.append("parameter offload (ZeRO-Infinity) has no Megatron-LM equivalent; parameters stay on GPU")
     if p.overlap_grad_reduce:
         args.append(("--overlap-grad-reduce",))
+    if p.tp_comm_overlap:
+        args.append(("--tp-comm-overlap",))
     if not p.grad_accumulation_fusion:
         args.append(("--no-gradient-accumulation-fusion",))
     args.append(("--fp16",) if p.dtype == "fp16" else ("--bf16",))
@@ -424,10 +426,13 @@ def build_torchtitan(s: Scenario) -> Export:
         ("model", [("name", name), ("flavor", flavor), *fp8_model]),
         ("training", [("local_batch_size", local_batch), ("global_batch_size", s.global_batch),
                       ("seq_len", s.seq_len), ("steps", TRAIN_ITERS), ("mixed_precision_param", "bfloat16")]
+         + ([("compile", True)] if p.tp_comm_overlap else [])   # async TP is effective only compiled
          + ([("enable_cpu_offload", True)] if p.offload == "cpu" else [])),
         ("parallelism", [("data_parallel_replicate_degree", replicate), ("data_parallel_shard_degree", shard)]
          + ([("fsdp_reshard_after_forward", reshard)] if reshard else [])
-         + [("tensor_parallel_degree", p.tp), ("pipeline_parallel_degree", p.pp),
+         + [("tensor_parallel_degree", p.tp)]
+         + ([("enable_async_tensor_parallel", True)] if p.tp_comm_overlap else [])
+         + [("pipeline_parallel_degree", p.pp),
             ("context_parallel_degree", p.cp)]
          + ([("pipeline_parallel_schedule", _TITAN_SCHEDULES[p.schedule]),
              ("pipeline_parallel_microbatch_size", p.micro_batch),

@@ -103,6 +103,7 @@ def _pin(choices: dict, fixed: Mapping) -> None:
     """Replace the choices of pinned axes by their pinned value."""
     for key, value in fixed.items():
         if key in ("dp", "dtype", "flash_attention", "overlap_grad_reduce", "grad_accumulation_fusion", "fused_elementwise",
+                   "tp_comm_overlap",
                    "engine", *STAGE_LAYER_FIELDS):
             continue  # dp: a rule of the search; the rest: one value for the whole batch
         if key == "etp":
@@ -217,14 +218,16 @@ def _second_view(b: dict, dtype, engine) -> SimpleNamespace:
                            etp_is_tp=b["etp_is_tp"], dtype=dtype, engine_code=engine)
 
 
-def _cross(first: SimpleNamespace, second: SimpleNamespace, keep1, keep2) -> SimpleNamespace:
-    """Survivors of both stages crossed (each degree tuple with each categorical tuple), etp filled."""
+def _cross(first: SimpleNamespace, second: SimpleNamespace, keep1, keep2, fixed: Mapping) -> SimpleNamespace:
+    """Survivors of both stages crossed (each degree tuple with each categorical tuple), etp filled,
+    and the batch-wide flags that rules read (TP communication overlap) as columns."""
     f = {k: v[keep1] for k, v in vars(first).items() if k not in ("dtype", "engine_code")}
     s = {k: v[keep2] for k, v in vars(second).items() if k not in ("dtype", "engine_code")}
     nf, ns = f["tp"].size, s["sp"].size
     both = {k: np.repeat(v, ns) for k, v in f.items()}
     both.update({k: np.tile(v, nf) for k, v in s.items()})
     both["etp"] = np.where(both["etp_is_tp"], both["tp"], 1)
+    both["tp_comm_overlap"] = np.full(nf * ns, bool(fixed.get("tp_comm_overlap", False)))
     return SimpleNamespace(**both, dtype=first.dtype, engine_code=first.engine_code)
 
 
@@ -253,7 +256,7 @@ def compose(model, job, cluster, options: SpaceOptions | None = None) -> tuple[P
     keep1 = _apply(_stage_rules(1), first, scene, np.ones(n1, bool), rejected, n2)
     second = _second_view(b, dtype, engine)
     keep2 = _apply(_stage_rules(2), second, scene, np.ones(n2, bool), rejected, int(keep1.sum()))
-    both = _cross(first, second, keep1, keep2)
+    both = _cross(first, second, keep1, keep2, fixed)
     keep3 = _apply(_stage_rules(3), both, scene, np.ones(both.tp.size, bool), rejected, 1)
     return _batch(both, np.nonzero(keep3)[0], cluster, options, fixed), rejected, n1 * n2
 
@@ -268,7 +271,8 @@ def _batch(both: SimpleNamespace, idx, cluster, options: SpaceOptions, fixed: Ma
     const = {"flash_attention": fixed.get("flash_attention", cluster.accelerator.flash_attention),
              "overlap_grad_reduce": fixed.get("overlap_grad_reduce", True),
              "grad_accumulation_fusion": fixed.get("grad_accumulation_fusion", fusion),
-             "fused_elementwise": fixed.get("fused_elementwise", True), "engine_code": int(engine)}
+             "fused_elementwise": fixed.get("fused_elementwise", True),
+             "tp_comm_overlap": fixed.get("tp_comm_overlap", False), "engine_code": int(engine)}
     cols = ("tp", "pp", "dp", "cp", "sp", "vpp", "micro_batch", "schedule_code", "zero", "recompute_code",
             "offload_code", "offload_params", "ep", "etp", "cp_mode_code", "optimizer_code", "delayed_update",
             *STAGE_LAYER_FIELDS)
