@@ -10,7 +10,7 @@ from paraplan.cf.cost import (AnalyticalRates, Tiling, bytes_per_iteration, epoc
 from paraplan.errors import ConfigError, InfeasiblePlan
 from paraplan.hardware.catalog import load_part
 from paraplan.hardware.model import CacheLevel, Cpu
-from paraplan.cf.plan import plan_tiles
+from paraplan.cf.plan import heat_tile_rows, plan_tiles
 from paraplan.cf.model import CFModel
 from paraplan.cf.data import load_lightgcn, read_lightgcn, synthetic, write_lightgcn
 
@@ -130,11 +130,38 @@ def test_planner_respects_capacity_and_sampling_space(cpu, threads):
     assert times == sorted(times)  # rank 1 is the fastest; no slower plan above a faster one
 
 
-def test_planner_infeasible_is_an_error_not_a_crash():
-    with pytest.raises(InfeasiblePlan):
-        plan_tiles(model(), EPYC, min_sampling_space=1e12)
+def test_unmeetable_bound_is_relaxed_and_named_not_an_error():
+    strict = plan_tiles(model(), EPYC)
+    assert strict.relaxed == ()
+    pl = plan_tiles(model(), EPYC, min_sampling_space=1e12)
+    (r,) = pl.relaxed
+    assert r.bound == "min_sampling_space" and r.flag == "--min-sampling-space"
+    assert r.used == pl.best.sampling_space and r.factor == pytest.approx(1e12 / pl.best.sampling_space) and r.factor > 1
+    # the least relaxation: no admitted plan has a smaller sampling-space shortfall than the best one's
+    assert pl.best.sampling_space == max(c.sampling_space for c in pl.choices)
+    assert "relaxed sampling space" in r.describe() and f"{r.factor:.2f}x below" in r.describe()
     with pytest.raises(ConfigError):
         plan_tiles(model(), EPYC, cache_level="L4")
+    with pytest.raises(InfeasiblePlan):   # HEAT's rule has no tile to relax to
+        heat_tile_rows(EPYC, 64, 1 << 20)
+
+
+def test_rows_per_negative_relaxed_only_as_far_as_needed_and_sampling_space_kept():
+    m = model(negatives=1000, batch=512)   # HEAT's d = 128 with SimpleX's 1000 negatives, 64 threads
+    pl = plan_tiles(m, EPYC)
+    assert [r.bound for r in pl.relaxed] == ["min_rows_per_negative"]
+    share = memory_levels(EPYC, 64, m.row_bytes)[-2].share_bytes
+    largest = max(c for c in (2 ** k for k in range(20)) if 8 * m.dim * c <= share)
+    assert {c.tile_rows for c in pl.choices} == {largest}          # the largest tile in the L3 share
+    assert all(c.sampling_space >= pl.min_sampling_space for c in pl.choices)  # not relaxed on the way
+    assert pl.relaxed[0].used == largest / 1000 and pl.relaxed[0].required == 8
+
+
+def test_tile_larger_than_every_cache_share_relaxes_capacity():
+    m = model(dim=1 << 18, negatives=1)
+    pl = plan_tiles(m, EPYC, top=3)
+    assert [r.bound for r in pl.relaxed] == ["cache_capacity"]
+    assert pl.best.tile_rows == 8 and pl.best.tile_level == "DRAM" and pl.relaxed[0].factor > 1
 
 
 def test_planner_l2_bound_gives_smaller_tiles_than_l3_bound():

@@ -18,6 +18,15 @@ from paraplan.errors import ConfigError
 
 OPTIMIZERS = ("sgd", "adam")
 FP32_BYTES = 4
+DEFAULT_BATCH = 512   # iterations per step B when none is given (HEAT's OpenMP chunk: schedule(dynamic, 512))
+
+
+def default_batch(threads: int, base: int = DEFAULT_BATCH) -> int:
+    """The multiple of ``threads`` nearest to ``base`` (ties up, at least one per thread): every
+    thread takes an equal share b = B/T of a step. 512 at 64 threads stays 512; 40 threads give 520,
+    48 give 528, 96 give 480."""
+    _positive_int("threads", threads)
+    return max(threads, threads * int(base / threads + 0.5))
 
 
 def _positive_int(field: str, v) -> None:

@@ -4,14 +4,19 @@ Steps: profile this CPU (or load a profile), plan (N1, N2) with the profiled rat
 epoch of the chosen tiling and of a sweep of other tile sizes (each with the planner's best
 refresh interval for that size), train tiled and untiled (baseline kernel, uniform negatives)
 from the same initial parameters for a few epochs and compare recall@20 / NDCG@20 on the
-held-out split. Writes ``report.json`` (atomically) and a PNG figure when given a folder.
+held-out split. :func:`prepare_out_dir` checks the output folder before the run;
+:func:`write_report` writes the PNG figure and ``report.json``, each whole or not at all, so a run
+killed at any moment leaves the previous result or the new one. Progress goes through
+:mod:`paraplan.progress` (a bar per timed sweep and training phase, a summary per phase).
 """
 from __future__ import annotations
 
+import io
 import json
 import os
+import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +29,7 @@ from paraplan.cf.plan import plan_tiles
 from paraplan.errors import ConfigError, InfeasiblePlan
 from paraplan.hardware.catalog import load_part
 from paraplan.io import write_atomic
+from paraplan import progress
 
 
 @dataclass(frozen=True)
@@ -54,13 +60,17 @@ def _time_epochs(params_fn, data, model, tilings, seed, repeats) -> tuple[list[f
     processes; the wall time is reported beside it. Repeats go round-robin over the tilings."""
     from paraplan.cf.kernels import train_epoch
     rob, wall = [[] for _ in tilings], [[] for _ in tilings]
-    for r in range(repeats):
-        for k, til in enumerate(tilings):
-            p = params_fn()
-            train_epoch(p, data, model, tiling=til, seed=seed + 100 + r, max_steps=5)  # warm-up
-            res = train_epoch(p, data, model, tiling=til, seed=seed + r)
-            rob[k].append(res.robust_seconds)
-            wall[k].append(res.seconds)
+    t0 = time.perf_counter()
+    with progress.bar(desc="cf validate: timing tiles", total=repeats * len(tilings), unit="epoch") as bar:
+        for r in range(repeats):
+            for k, til in enumerate(tilings):
+                p = params_fn()
+                train_epoch(p, data, model, tiling=til, seed=seed + 100 + r, max_steps=5)  # warm-up
+                res = train_epoch(p, data, model, tiling=til, seed=seed + r)
+                rob[k].append(res.robust_seconds)
+                wall[k].append(res.seconds)
+                bar.update(1)
+    progress.summary(f"cf validate: {len(tilings)} tiles x {repeats} timed epochs in {time.perf_counter() - t0:.1f} s")
     return [float(np.median(t)) for t in rob], [float(np.median(t)) for t in wall]
 
 
@@ -83,7 +93,8 @@ def run_validate(opts: ValidateOptions, data: CFData | None = None, log=print) -
         if prof.threads != opts.threads:
             raise ConfigError("profile", f"was measured at {prof.threads} threads, validate runs {opts.threads}")
     else:
-        prof = cf_profile.measure(threads=opts.threads, dim=opts.dim)
+        with progress.step(f"cf validate: profiling this CPU at {opts.threads} threads"):
+            prof = cf_profile.measure(threads=opts.threads, dim=opts.dim)
         if opts.profile_path:
             cf_profile.save(prof, opts.profile_path)
     if opts.cpu == "local":
@@ -94,6 +105,8 @@ def run_validate(opts: ValidateOptions, data: CFData | None = None, log=print) -
         rates_for = None
     log(f"data {data.name}: {data.users} users, {data.items} items, {data.train_interactions} train")
     plan = plan_tiles(model, cpu, rates_for=rates_for, min_sampling_space=opts.min_sampling_space)
+    for r in plan.relaxed:
+        log(f"  note: {r.describe()}")
     chosen = plan.best
     # sweep: the chosen tile plus, per other tile size, the planner's best refresh interval. Tile
     # sizes below the rows-per-negative bound (small, L1-sized tiles) are timed too, to test the
@@ -144,14 +157,21 @@ def run_validate(opts: ValidateOptions, data: CFData | None = None, log=print) -
     # quality: tiled (chosen) vs untiled baseline, same init, same epochs
     quality = {}
     times = {}
+    t0 = time.perf_counter()
+    bar = progress.bar(desc="cf validate: training tiled and untiled", total=2 * opts.epochs, unit="epoch")
     for label, til in (("tiled", (chosen.tile_rows, chosen.refresh_iterations)), ("untiled", None)):
         p = init_params(model, opts.seed)
-        res = [train_epoch(p, data, model, tiling=til, seed=opts.seed + e) for e in range(opts.epochs)]
+        res = []
+        for e in range(opts.epochs):
+            res.append(train_epoch(p, data, model, tiling=til, seed=opts.seed + e))
+            bar.update(1)
         ts = [r.seconds for r in res]
         times[label] = [r.robust_seconds for r in res]
         quality[label] = evaluate(p, data, model)
         log(f"  {label:8s} epochs {', '.join(f'{t:.2f}' for t in ts)} s  recall@20 "
             f"{quality[label]['recall_at_20']:.4f}  ndcg@20 {quality[label]['ndcg_at_20']:.4f}")
+    bar.close()
+    progress.summary(f"cf validate: {opts.epochs} epochs tiled and untiled in {time.perf_counter() - t0:.1f} s")
     base_meas = float(np.median(times["untiled"]))      # robust epoch times (median step), as the sweep
     tiled_meas = float(np.median(times["tiled"]))
     base_pred = epoch_time(model, None, rates).seconds
@@ -162,6 +182,8 @@ def run_validate(opts: ValidateOptions, data: CFData | None = None, log=print) -
         "model": {k: getattr(model, k) for k in ("dim", "negatives", "batch", "margin", "negative_weight",
                                                   "optimizer", "learning_rate")},
         "min_sampling_space": plan.min_sampling_space,
+        "min_rows_per_negative": plan.min_rows_per_negative,
+        "relaxed": [r.as_dict() for r in plan.relaxed],
         "chosen_tile": {"tile_rows": chosen.tile_rows, "refresh_iterations": chosen.refresh_iterations,
                         "predicted_epoch_s": chosen.predicted_epoch_s, "tile_level": chosen.tile_level},
         "best_measured_tile": {"tile_rows": best["tile_rows"], "refresh_iterations": best["refresh_iterations"],
@@ -191,14 +213,23 @@ def run_validate(opts: ValidateOptions, data: CFData | None = None, log=print) -
     return report
 
 
-def write_report(report: dict, out_dir: str | Path) -> tuple[Path, Path]:
-    """Write DIR/report.json atomically and DIR/cf_tiles.png (predicted and measured vs N1)."""
+def prepare_out_dir(out_dir: str | Path) -> Path:
+    """Create the output folder and prove it writable before any work (ConfigError naming --out)."""
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError("out", f"{out} exists and is not a folder", accepted="a folder (created if missing)")
     try:
         out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".write-check.", dir=out)
+        os.close(fd)
+        os.unlink(probe)
     except OSError as e:
-        raise ConfigError("out", f"cannot create {out}: {e.strerror or e}") from None
-    fig_path = out / "cf_tiles.png"
+        raise ConfigError("out", f"cannot write into {out}: {e.strerror or e}") from None
+    return out
+
+
+def _figure_png(report: dict) -> bytes:
+    """The predicted and measured epoch time vs N1 as PNG bytes (rendered in memory)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -215,10 +246,18 @@ def write_report(report: dict, out_dir: str | Path) -> tuple[Path, Path]:
     ax.set_title(f"SimpleX tiled epoch time, MAPE {report['epoch_time_mape']:.0%}")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(fig_path, dpi=100)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
+    return buf.getvalue()
+
+
+def write_report(report: dict, out_dir: str | Path) -> tuple[Path, Path]:
+    """Write DIR/cf_tiles.png (predicted and measured vs N1), then DIR/report.json that names it,
+    each whole or not at all (:func:`paraplan.io.write_atomic`)."""
+    out = prepare_out_dir(out_dir)
+    fig_path = out / "cf_tiles.png"
+    write_atomic(fig_path, _figure_png(report))
     report = dict(report, figure=fig_path.name)
     write_atomic(out / "report.json", json.dumps(report, indent=1))
     return out / "report.json", fig_path
-
-

@@ -13,24 +13,25 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 
 from paraplan.cf import profile as cf_profile
 from paraplan.cf.cost import ProfiledRates
 from paraplan.cf.data import load_lightgcn, read_lightgcn
-from paraplan.cf.model import CFModel
-from paraplan.cf.plan import heat_tile_rows, plan_tiles
-from paraplan.cf.validate import ValidateOptions, run_validate, write_report
+from paraplan.cf.model import DEFAULT_BATCH, CFModel, default_batch
+from paraplan.cf.plan import MIN_TILE_PER_NEGATIVE, heat_tile_rows, plan_tiles
+from paraplan.cf.validate import ValidateOptions, prepare_out_dir, run_validate, write_report
 from paraplan.cli.common import run_command
 from paraplan.errors import ConfigError, ParaplanError
 from paraplan.hardware.catalog import load_part
 
 
-def _common_model(p: argparse.ArgumentParser, *, dim=64, negatives=None, batch=512) -> None:
+def _common_model(p: argparse.ArgumentParser, *, dim=64, negatives=None) -> None:
     p.add_argument("--dim", type=int, default=dim, help="embedding dimension d")
     p.add_argument("--negatives", type=int, default=negatives, required=negatives is None,
                    help="negatives per positive n")
-    p.add_argument("--batch", type=int, default=batch, help="iterations per step B")
+    p.add_argument("--batch", type=int, default=None,
+                   help=f"iterations per step B, a multiple of threads (default {DEFAULT_BATCH} rounded to the "
+                        "nearest multiple of threads)")
     p.add_argument("--threads", type=int, default=None, help="threads T (plan: default all cores)")
     p.add_argument("--margin", type=float, default=0.4)
     p.add_argument("--negative-weight", type=float, default=None)
@@ -39,6 +40,8 @@ def _common_model(p: argparse.ArgumentParser, *, dim=64, negatives=None, batch=5
     p.add_argument("--optimizer", default="sgd", help="sgd or adam")
     p.add_argument("--min-sampling-space", type=float, default=None,
                    help="minimum (M/N2)·N1 (default max(M/8, 4·items))")
+    p.add_argument("--min-rows-per-negative", type=float, default=MIN_TILE_PER_NEGATIVE,
+                   help=f"minimum tile rows N1 per negative n (default {MIN_TILE_PER_NEGATIVE:g}, HEAT Table 6)")
 
 
 def add_cf_parser(subparsers) -> argparse.ArgumentParser:
@@ -72,7 +75,8 @@ def add_cf_parser(subparsers) -> argparse.ArgumentParser:
     v.add_argument("--interactions", type=int, default=160000, help="synthetic interactions before the split")
     v.add_argument("--dim", type=int, default=64)
     v.add_argument("--negatives", type=int, default=64)
-    v.add_argument("--batch", type=int, default=512)
+    v.add_argument("--batch", type=int, default=None,
+                   help=f"iterations per step (default {DEFAULT_BATCH} rounded to a multiple of threads)")
     v.add_argument("--threads", type=int, default=1)
     v.add_argument("--lr", type=float, default=40.0, help="SGD learning rate for the batch-mean loss")
     v.add_argument("--epochs", type=int, default=3, help="training epochs for the quality comparison")
@@ -84,7 +88,21 @@ def add_cf_parser(subparsers) -> argparse.ArgumentParser:
     return cf
 
 
-def _model_from(args):
+def _resolve_batch(batch: int | None, threads: int) -> tuple[int, str | None]:
+    """--batch as given (a multiple of threads), or the default rounded to one; the note says so."""
+    if batch is None:
+        b = default_batch(threads)
+        note = None if b == DEFAULT_BATCH else (f"batch {b}: the default {DEFAULT_BATCH} rounded to the nearest "
+                                                f"multiple of {threads} threads")
+        return b, note
+    if isinstance(batch, int) and batch >= 1 and batch % threads:
+        lo = max(threads, batch // threads * threads)
+        raise ConfigError("batch", f"{batch} is not a multiple of threads ({threads}); each thread takes an "
+                          "equal share of a step", accepted=f"multiples of {threads}, e.g. {lo} or {lo + threads}")
+    return batch, None
+
+
+def _model_from(args, batch: int, threads: int) -> CFModel:
     """The CF model from --dataset or --users/--items/--interactions and the model flags."""
     if args.dataset:
         lists = read_lightgcn(args.dataset)
@@ -98,11 +116,11 @@ def _model_from(args):
                               f"(missing {' '.join(missing)})")
         users, items, inter = args.users, args.items, args.interactions
     kw = dict(users=users, items=items, interactions=inter, dim=args.dim, negatives=args.negatives,
-              batch=args.batch, margin=args.margin, history=args.history, gate=args.gate,
+              batch=batch, margin=args.margin, history=args.history, gate=args.gate,
               optimizer=args.optimizer)
     if args.negative_weight is not None:
         kw["negative_weight"] = args.negative_weight
-    return CFModel(threads=1, **kw)
+    return CFModel(threads=threads, **kw)
 
 
 def _cpu(name: str):
@@ -113,8 +131,7 @@ def _cpu(name: str):
 
 
 def _run_plan(args) -> int:
-    """``cf plan``: rank tilings for the CPU and print them (table or JSON)."""
-    model = _model_from(args)
+    """``cf plan``: rank tilings for the CPU and print them (table or JSON), saying what was relaxed."""
     cpu = _cpu(args.cpu)
     threads = args.threads
     if threads is not None and threads < 1:
@@ -126,20 +143,25 @@ def _run_plan(args) -> int:
         threads = prof.threads
     if threads is None:
         threads = cpu.cores
-    if model.batch % threads:
-        raise ConfigError("batch", f"{model.batch} is not a multiple of threads ({threads})")
-    model = replace(model, threads=threads)
+    batch, batch_note = _resolve_batch(args.batch, threads)
+    model = _model_from(args, batch, threads)
     plan = plan_tiles(model, cpu, rates_for=rates_for, min_sampling_space=args.min_sampling_space,
-                      cache_level=args.cache_level, top=args.top)
+                      cache_level=args.cache_level, top=args.top, min_tile_per_negative=args.min_rows_per_negative)
+    notes = ([batch_note] if batch_note else []) + [r.describe() for r in plan.relaxed]
     if args.format == "json":
-        print(json.dumps({"cpu": cpu.name, "rates": plan.rates_name, "threads": threads,
+        print(json.dumps({"cpu": cpu.name, "rates": plan.rates_name, "threads": threads, "batch": batch,
                           "min_sampling_space": plan.min_sampling_space,
+                          "min_rows_per_negative": plan.min_rows_per_negative,
+                          "relaxed": [r.as_dict() for r in plan.relaxed], "notes": notes,
                           "ranking": "predicted epoch time, fastest first",
                           "baseline_epoch_s": plan.baseline_epoch_s, "rejected": plan.rejected,
                           "choices": [c.as_dict() for c in plan.choices]}, indent=1))
         return 0
-    print(f"cf plan on {cpu.name} ({plan.rates_name}), {threads} threads, d={model.dim}, n={model.negatives}, "
-          f"M={model.iterations_per_epoch}, min sampling space {plan.min_sampling_space:.0f}")
+    print(f"cf plan on {cpu.name} ({plan.rates_name}), {threads} threads, batch {batch}, d={model.dim}, "
+          f"n={model.negatives}, M={model.iterations_per_epoch}, min sampling space {plan.min_sampling_space:.0f}, "
+          f"min rows per negative {plan.min_rows_per_negative:g}")
+    for note in notes:
+        print(f"note: {note}")
     print("ranked by predicted epoch time, fastest first (space = negative sampling space (M/N2)·N1, "
           "larger is closer to uniform sampling)")
     print(f"{'rank':>4} {'N1':>7} {'N2':>8} {'T':>4} {'epoch s':>10} {'space':>12} {'tile KiB':>9} {'level':>5} regime")
@@ -168,11 +190,14 @@ def _run_profile(args) -> int:
 
 def _run_validate(args) -> int:
     """``cf validate``: run the chosen tiling and a sweep, print measured vs predicted."""
+    if args.out:
+        prepare_out_dir(args.out)   # before the run: a bad --out fails in a second, not after minutes
     data = None
     if args.dataset:
         data = load_lightgcn(args.dataset, args.test_dataset, seed=args.seed)
     opts = ValidateOptions(users=args.users, items=args.items, interactions=args.interactions, dim=args.dim,
-                           negatives=args.negatives, batch=args.batch, threads=args.threads,
+                           negatives=args.negatives, batch=_resolve_batch(args.batch, max(args.threads, 1))[0],
+                           threads=args.threads,
                            learning_rate=args.lr, epochs=args.epochs, sweep=args.sweep, repeats=args.repeats,
                            seed=args.seed, cpu=args.cpu, profile_path=args.profile,
                            min_sampling_space=args.min_sampling_space)

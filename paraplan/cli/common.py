@@ -145,7 +145,8 @@ def add_search_args(ap: argparse.ArgumentParser, *, max_memory_fraction: float |
                     "flash_attention=false")
     ap.add_argument("--no-offload", action="store_true", help="do not consider CPU/NVMe offload")
     ap.add_argument("--max-memory-fraction", type=float, default=max_memory_fraction,
-                    help="use at most this share of each GPU's memory (default 1.0)")
+                    help="use at most this share of each GPU's memory (default "
+                         f"{'1.0' if max_memory_fraction is None else max_memory_fraction})")
 
 
 def add_plan_flag(ap, name: str) -> None:

@@ -120,6 +120,9 @@ def search(model, job, cluster, *, options: SpaceOptions | None = None, top: int
     survivors = [rescore(batch.plan(int(i))) for i in ranked[: max(top * 3, top)]]
     survivors = [e for e in survivors if e.feasible]
     survivors.sort(key=lambda e: (e.step_time_s, e.memory_bytes_per_gpu["total"]))
+    survivors, moot = _collapse_moot_zero(survivors)
+    if moot:
+        rejected[MOOT_ZERO] += moot
     closest = None
     if not survivors and n:
         ratio = mem / (cluster.accelerator.memory_bytes * max_memory_fraction)
@@ -130,14 +133,51 @@ def search(model, job, cluster, *, options: SpaceOptions | None = None, top: int
         closest_infeasible=closest)
 
 
+MOOT_ZERO = "ZeRO stage moot without data parallelism (same plan as a higher-ranked one)"
+
+
+def same_plan_key(plan) -> tuple:
+    """The plan's fields, with the ZeRO stage left out where it shards over nothing.
+
+    ZeRO partitions model states over the data-parallel group, dp·cp ranks (ZeRO paper §5; the
+    generic engine's N = dp·cp): with one rank every stage keeps the whole states, so ZeRO-1, 2 and
+    3 run the same layout (offload still needs a stage >= 1, kept apart by its own fields)."""
+    key = {f: getattr(plan, f) for f in PLAN_FIELDS}
+    if plan.dp * plan.cp == 1 and plan.zero >= 1:
+        key["zero"] = "moot"
+    return tuple(key.items())
+
+
+def _collapse_moot_zero(ranked: list) -> tuple[list, int]:
+    """Keep the first (fastest, then smallest) of plans that differ only in a moot ZeRO stage."""
+    seen, out = set(), []
+    for e in ranked:
+        k = same_plan_key(e.plan)
+        if k not in seen:
+            seen.add(k)
+            out.append(e)
+    return out, len(ranked) - len(out)
+
+
+def plan_differences(a, b) -> list[str]:
+    """'field: a vs b' for every plan field that differs (cp_mode only where cp > 1: with cp = 1 it
+    changes nothing)."""
+    out = []
+    for f in PLAN_FIELDS:
+        va, vb = getattr(a, f), getattr(b, f)
+        if va == vb or (f == "cp_mode" and a.cp == 1 and b.cp == 1):
+            continue
+        out.append(f"{f}: {va} vs {vb}")
+    return out
+
+
 def why_best_beats_runner_up(best: Estimate, runner_up: Estimate) -> str:
     """Which time terms move most between the two plans."""
     diffs = {k: runner_up.time_breakdown_s[k] - best.time_breakdown_s[k] for k in TIME_TERMS}
     gap = runner_up.step_time_s - best.step_time_s
     moved = sorted(((v, k) for k, v in diffs.items() if abs(v) > 1e-9), key=lambda x: -abs(x[0]))[:3]
     parts = [f"{k} {'+' if v > 0 else '−'}{abs(v):.3g} s" for v, k in moved]
-    changed = [f"{f}: {getattr(best.plan, f)} vs {getattr(runner_up.plan, f)}"
-               for f in PLAN_FIELDS if getattr(best.plan, f) != getattr(runner_up.plan, f)]
+    changed = plan_differences(best.plan, runner_up.plan)
     return (f"best is {gap:.3g} s ({100 * gap / runner_up.step_time_s:.1f}%) faster than the runner-up "
             f"({'; '.join(changed) or 'same plan'}); the runner-up pays {', '.join(parts) or 'nothing more'}")
 
