@@ -96,6 +96,7 @@ def scaling_figure(data, title: str, series_label: str = "") -> Figure:
     ax.set_yscale("log")
     _si_axis(ax.yaxis)
     ax.set_ylabel("throughput (tokens/s)")
+    ax.set_xlabel("GPUs")
     mfu_ax.set_xlabel("GPUs")
     mfu_ax.set_ylabel("MFU (%)")
     _zoom_percent(mfu_ax, 100 * data["mfu"])
