@@ -200,3 +200,14 @@ def test_cli_errors_are_one_line(argv, words, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("paraplan: error:") and words in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_heading_names_every_swept_cluster():
+    from types import SimpleNamespace
+
+    from paraplan.reports.html import clusters_text
+    from paraplan.reports.sweep import Scenario, parse_sweep
+    swept = Scenario(model="llama3-70b", cluster="dgx-h100", gpus=64,
+                     sweeps=(parse_sweep("cluster=dgx-h100,dgx-h200"), parse_sweep("seq_len=4k,8k")))
+    assert clusters_text(swept) == "dgx-h100, dgx-h200"
+    assert clusters_text(SimpleNamespace(cluster="dgx-h100", sweeps=(parse_sweep("gpus=8,16"),))) == "dgx-h100"

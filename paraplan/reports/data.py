@@ -257,7 +257,10 @@ def tokens(x: float) -> str:
 
 
 def describe_point(point) -> str:
-    vals = ", ".join(f"{LABELS[k]} {format_value(k, v)}" for k, v in point.values.items())
+    """One line naming a point: model, cluster, GPUs, sequence, batch, then any other swept value
+    (HBM, bandwidth, offload) in brackets; the first four are not repeated there."""
+    stated = ("gpus", "seq_len", "global_batch", "cluster")
+    vals = ", ".join(f"{LABELS[k]} {format_value(k, v)}" for k, v in point.values.items() if k not in stated)
     return (f"{point.model.name} on {point.cluster_spec} x {point.cluster.num_gpus} GPUs, seq {point.job.seq_len}, "
             f"global batch {point.job.global_batch}" + (f" ({vals})" if vals else ""))
 
