@@ -104,17 +104,189 @@ class FieldReader:
         return MappingProxyType({str(k): str(v) for k, v in s.items()})
 
 
-def write_atomic(path: Path | str, data: str | bytes) -> None:
-    """Write text or bytes to path whole or not at all (temporary file in the same folder, then
-    ``os.replace``; the temporary file is removed if anything fails)."""
+def current_umask() -> int:
+    """The process umask, read without changing it where the kernel reports it (Linux ``/proc``),
+    else by the set-and-restore idiom of ``os.umask``."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def file_mode(path: Path | str, executable: bool = False) -> int:
+    """Permission bits a plain ``open(path, "w")`` would leave: an existing file keeps its own,
+    a new one gets 0o666 & ~umask (0o777 & ~umask when ``executable``, as ``chmod +x`` under the umask)."""
+    mask = current_umask()
+    try:
+        mode = os.stat(path).st_mode & 0o7777
+    except FileNotFoundError:
+        mode = 0o666 & ~mask
+    return mode | (0o111 & ~mask) if executable else mode
+
+
+def fsync_dir(path: Path | str) -> None:
+    """Flush a folder's entries (a rename in it) to disk; a no-op where folders cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path | str, data: str | bytes, *, executable: bool = False) -> None:
+    """Write text or bytes to path whole or not at all: a temporary file in the same folder, given
+    the mode a plain write would leave (``file_mode``: the umask for a new file, the old file's own
+    bits otherwise), written and fsynced, then ``os.replace``d over ``path``; the temporary file is
+    removed if anything fails. A reader, or a process killed at any moment, sees the old file or the
+    new one, never a part."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    mode = file_mode(path, executable)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, mode)   # mkstemp creates 0600 whatever the umask
         with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    fsync_dir(path.parent)
+
+
+#: The hidden folder inside an ``--out`` folder that holds the published generations of a report.
+STATE_DIR = ".paraplan"
+
+
+def _link_target(name: str) -> str:
+    return f"{STATE_DIR}/current/{name}"
+
+
+def check_publish_dir(out_dir: Path | str, entries: tuple[str, ...], field: str = "--out") -> None:
+    """Refuse, before any work, an ``--out`` folder that ``publish_folder`` could not write into
+    without removing something it did not write: a file there, or one of ``entries`` taken by
+    anything but the link a previous publish left."""
+    out = Path(out_dir)
+    if not os.path.lexists(out):
+        return
+    if not out.is_dir():
+        raise ConfigError(field, f"{out} exists and is not a folder", accepted="a folder (created if missing)")
+    for name in entries:
+        p = out / name
+        if os.path.lexists(p) and not (p.is_symlink() and os.readlink(p) == _link_target(name)):
+            raise ConfigError(field, f"{p} is in the way: it was not written by this report layout (a report "
+                                     f"from an older paraplan, or your own file), and it is left alone",
+                              accepted="another folder, or move that entry away")
+    state = out / STATE_DIR
+    if os.path.lexists(state) and (state.is_symlink() or not state.is_dir()):
+        raise ConfigError(field, f"{state} is in the way (expected paraplan's own folder)",
+                          accepted="another folder, or move that entry away")
+
+
+def _fsync_tree(root: Path) -> None:
+    """fsync every file and folder under root (before it is published)."""
+    for folder, _, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(folder, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(folder)
+
+
+def _discard(out: Path, entries: tuple[str, ...], gen: Path | None, created: bool) -> None:
+    """Undo an unpublished run: its generation; and where nothing was ever published, the entry
+    links, paraplan's folder and ``out`` itself if this run created it and it is empty."""
+    import shutil
+    if gen is not None:
+        shutil.rmtree(gen, ignore_errors=True)
+    state = out / STATE_DIR
+    if (state / "current").is_symlink():
+        return
+    for name in entries:
+        p = out / name
+        if p.is_symlink() and os.readlink(p) == _link_target(name):
+            p.unlink()
+    for child in state.iterdir():
+        if child.name == "lock" or child.name.startswith((".current-", "gen-")):
+            shutil.rmtree(child, ignore_errors=True) if child.is_dir() and not child.is_symlink() else child.unlink()
+    if not any(state.iterdir()):
+        state.rmdir()
+    if created and not any(out.iterdir()):
+        out.rmdir()
+
+
+def publish_folder(out_dir: Path | str, entries: tuple[str, ...], build, field: str = "--out") -> Path:
+    """Publish a set of files and folders (``entries``, built by ``build(folder)``) into ``out_dir``
+    so that, whatever moment the process is killed at, ``out_dir`` shows the previous complete set
+    or the new complete set, never a mix, never none once there was one; nothing else in ``out_dir``
+    is touched.
+
+    Layout: each entry ``out_dir/NAME`` is a fixed relative link ``.paraplan/current/NAME``;
+    ``.paraplan/current`` links to one complete generation folder ``.paraplan/gen-XXXX``. A run
+    builds a new generation (mode from the umask, every file fsynced), then makes the commit, one
+    ``os.replace`` of the ``current`` link, and only then removes the previous generation. The
+    entry links are created (dangling) before the commit, so the first publish also appears at
+    once. Leftovers of a killed run (an unpublished generation) are removed by the next publish.
+    An ``flock`` on ``.paraplan/lock`` keeps two publishes into one folder apart (POSIX).
+    """
+    import fcntl
+    import shutil
+
+    out = Path(out_dir)
+    check_publish_dir(out, entries, field)
+    created = not os.path.lexists(out)
+    out.mkdir(parents=True, exist_ok=True)          # mode from the umask, as mkdir(1)
+    state = out / STATE_DIR
+    state.mkdir(exist_ok=True)
+    lock = os.open(state / "lock", os.O_CREAT | os.O_RDWR, 0o666)
+    current = state / "current"
+    gen: Path | None = None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        check_publish_dir(out, entries, field)      # again, under the lock
+        live = os.readlink(current) if current.is_symlink() else None
+        for child in state.iterdir():               # what a killed run left: never the live generation
+            if child.name != live and (child.name.startswith("gen-") or child.name.startswith(".current-")):
+                if child.is_dir() and not child.is_symlink():
+                    shutil.rmtree(child, ignore_errors=True)
+                else:
+                    child.unlink(missing_ok=True)
+        gen = Path(tempfile.mkdtemp(prefix="gen-", dir=state))
+        os.chmod(gen, 0o777 & ~current_umask())     # mkdtemp makes 0700
+        build(gen)
+        missing = [n for n in entries if not os.path.lexists(gen / n)]
+        if missing:
+            raise RuntimeError(f"publish_folder: build() did not write {missing}")
+        _fsync_tree(gen)
+        for name in entries:
+            if not os.path.lexists(out / name):
+                os.symlink(_link_target(name), out / name)
+        tmp_link = state / f".current-{gen.name}"
+        os.symlink(gen.name, tmp_link)
+        os.replace(tmp_link, current)               # the commit
+        fsync_dir(state)
+        if live and live != gen.name:
+            shutil.rmtree(state / live, ignore_errors=True)
+    except BaseException:
+        if not (gen is not None and current.is_symlink() and os.readlink(current) == gen.name):
+            _discard(out, entries, gen, created)    # not committed: the previous state stays as it was
+        raise
+    finally:
+        os.close(lock)
+    return out

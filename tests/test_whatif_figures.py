@@ -231,3 +231,81 @@ def test_fixed_plan_is_re_estimated_not_re_planned():
     e = estimate(load_model("llama3-8b"), TrainingJob(4096, 64), load_cluster("dgx-h100", 16),
                  Plan(tp=8, zero=1, recompute="selective"))
     assert df.loc[1, "step_time_s"] == e.step_time_s
+
+
+# --- the defects a tester found in the figures, each held by a check on the drawn figure ---------
+
+def _texts(fig, gid):
+    return [t for ax in fig.axes for t in ax.texts if t.get_gid() == gid]
+
+
+def _throughput_frame(feasible):
+    """Three series (more than the two the plan labels are drawn for) over two clusters."""
+    import pandas as pd
+    rows = []
+    for i, series in enumerate(("4k", "8k", "16k")):
+        for j, x in enumerate(("dgx-h100", "dgx-h200")):
+            ok = feasible[i][j]
+            rows.append({"series": series, "x": x, "x_label": x, "feasible": ok, "plan": "tp2 pp1" if ok else "",
+                         "tokens_per_s": 1e5 - 1e4 * i + 5e3 * j if ok else np.nan,
+                         "mfu": 0.55 + 0.01 * i + 0.05 * j if ok else np.nan})
+    return pd.DataFrame(rows)
+
+
+def test_throughput_marks_no_fit_only_where_nothing_fits():
+    from paraplan.reports.figures import throughput_figure
+    fig = throughput_figure(_throughput_frame([[True, True]] * 3), "t", "cluster", "sequence length")
+    assert _texts(fig, "no-fit") == []                       # was: every point of >2 series said so
+    fig = throughput_figure(_throughput_frame([[False, True], [True, True], [True, False]]), "t", "cluster")
+    assert len(_texts(fig, "no-fit")) == 2 and _texts(fig, "plan") == []   # plans only with <= 2 series
+    mfu_ax = next(ax for ax in fig.axes if any(line.get_gid() == "mfu" for line in ax.get_lines()))
+    tok_ax = next(ax for ax in fig.axes if any(line.get_gid() == "tokens" for line in ax.get_lines()))
+    assert mfu_ax is not tok_ax                              # MFU on its own panel, not over the tokens/s lines
+    lo, hi = mfu_ax.get_ylim()
+    assert 40 < lo and hi < 75                               # zoomed, so 1-point MFU gaps stay apart
+
+
+def test_every_panel_has_an_x_label_and_no_title_is_clipped(scaling, hbm_offload):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    for r in (scaling, hbm_offload):
+        for name, fig in r.figures.items():
+            FigureCanvasAgg(fig)
+            renderer = fig.canvas.get_renderer()
+            fig.draw(renderer)
+            box = fig.bbox
+            for ax in fig.axes:
+                if ax.get_label() == "<colorbar>":
+                    continue
+                assert ax.get_xlabel(), f"{name}: a panel without an x label"
+            titles = [ax.title for ax in fig.axes] + ([fig._suptitle] if fig._suptitle else [])
+            for t in titles:
+                if t.get_text():
+                    e = t.get_window_extent(renderer)
+                    assert box.x0 - 1 <= e.x0 and e.x1 <= box.x1 + 1, f"{name}: title clipped: {t.get_text()!r}"
+
+
+def test_scaling_note_explains_above_linear():
+    import pandas as pd
+    from paraplan.reports.figures import scaling_note
+    g = pd.DataFrame({"gpus": [8, 16], "tokens_per_s": [1e4, 2.6e4], "ideal_tokens_per_s": [1e4, 2e4],
+                      "mfu": [0.40, 0.52], "scaling_efficiency": [1.0, 1.3], "feasible": [True, True],
+                      "plan": ["tp1 pp1 dp4 cp2 (offload)", "tp2 pp1 dp8"]})
+    note = scaling_note(g)
+    assert "130% of linear scaling from 8 GPUs" in note and "above 100%" in note and "52% vs 40%" in note
+    g.loc[1, "scaling_efficiency"] = 0.9
+    assert "above 100%" not in scaling_note(g)
+
+
+def test_efficiency_curves_are_data_and_merged_when_identical(hbm_offload):
+    d = hbm_offload.data["efficiency"]
+    assert set(d.columns) >= {"accelerator", "n", "gemm_percent_of_peak", "attention_percent_of_peak"}
+    assert d["gemm_percent_of_peak"].between(0, 100).all()
+    (gemm,) = _lines(hbm_offload.figures["efficiency"], "gemm")
+    np.testing.assert_allclose(gemm.get_ydata(), d["gemm_percent_of_peak"])
+    from paraplan.costmodels.efficiency import analytical_curves
+    from paraplan.hardware.catalog import load_cluster
+    from paraplan.reports.data import efficiency_data
+    h100, h200 = (load_cluster(s, 8).accelerator for s in ("dgx-h100", "dgx-h200"))
+    a100 = load_cluster("dgx-a100-80g", 8).accelerator
+    both = efficiency_data({a.name: analytical_curves(a) for a in (h100, h200, a100)})
+    assert list(dict.fromkeys(both["accelerator"])) == [f"{h100.name}, {h200.name}", a100.name]

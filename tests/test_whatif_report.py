@@ -36,7 +36,12 @@ def report(tmp_path_factory):
 
 def test_output_folder(report, capsys):
     names = {p.name for p in report.iterdir()}
-    assert names == {"figures", "data", "points.csv", "report.html", "scenario.yaml"}
+    assert names == {"figures", "data", "points.csv", "report.html", "scenario.yaml", ".paraplan"}
+    # each entry is a fixed link through .paraplan/current to one complete generation
+    gens = [p.name for p in (report / ".paraplan").iterdir() if p.name.startswith("gen-")]
+    assert gens == [os.readlink(report / ".paraplan" / "current")]
+    for name in names - {".paraplan"}:
+        assert os.readlink(report / name) == f".paraplan/current/{name}"
     figs = {p.name for p in (report / "figures").iterdir()}
     for name in ("scaling", "breakdown", "memory", "heatmap", "pareto", "cost"):
         assert f"{name}.png" in figs and f"{name}.svg" in figs
@@ -58,13 +63,17 @@ def test_scenario_file_reproduces_the_report(report, tmp_path):
     again = tmp_path / "again"
     assert main(["whatif", "--scenario", str(report / "scenario.yaml"), "--out", str(again), "--quiet"]) == 0
     a, b = pd.read_csv(report / "points.csv"), pd.read_csv(again / "points.csv")
-    pd.testing.assert_frame_equal(a.drop(columns=["search_s"]), b.drop(columns=["search_s"]))
+    pd.testing.assert_frame_equal(a, b)
+    assert "search_s" not in a and (report / "points.csv").read_bytes() == (again / "points.csv").read_bytes()
 
 
-def test_progress_bar_on_stderr(tmp_path, capsys):
+def test_progress_bar_on_stderr(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PARAPLAN_PROGRESS", "1")       # bars off a terminal too (paraplan.progress)
     assert main(BASE[:-1] + ["--gpus", "16", "--sweep", "hbm=x1,x2", "--no-heatmap", "--out", str(tmp_path / "r")]) == 0
     captured = capsys.readouterr()
-    assert "2/2 points [" in captured.err and "points [" not in captured.out
+    assert "what-if: 100%" in captured.err and "2/2" in captured.err and "what-if" not in captured.out
+    assert re.search(r"paraplan whatif: 2 points in [0-9.]+ s", captured.err)    # timing on stderr only
+    assert not re.search(r"[0-9] s\b", captured.out.splitlines()[0])
     assert "skipped heatmap: turned off" in captured.out
 
 
@@ -147,15 +156,37 @@ def test_failed_run_leaves_no_partial_folder(tmp_path, monkeypatch, capsys):
         main(BASE + ["--gpus", "16", "--sweep", "hbm=x1", "--no-heatmap", "--out", str(out)])
     assert not out.exists() and _siblings(out) == []
 
-    # an existing report survives a failed run, and is replaced whole by a good one
+    # the user's files in the folder survive a failed run and a good one; the report is added whole
     out.mkdir()
-    (out / "old.txt").write_text("previous report")
+    (out / "old.txt").write_text("the user's notes")
     with pytest.raises(RuntimeError):
         main(BASE + ["--gpus", "16", "--sweep", "hbm=x1", "--no-heatmap", "--out", str(out)])
-    assert (out / "old.txt").read_text() == "previous report" and _siblings(out) == []
+    assert sorted(p.name for p in out.iterdir()) == ["old.txt"] and _siblings(out) == []
     monkeypatch.undo()
     assert main(BASE + ["--gpus", "16", "--sweep", "hbm=x1", "--no-heatmap", "--out", str(out)]) == 0
-    assert not (out / "old.txt").exists() and (out / "report.html").exists() and _siblings(out) == []
+    assert (out / "old.txt").read_text() == "the user's notes" and (out / "report.html").exists()
+    assert _siblings(out) == []
+    first = (out / "points.csv").read_bytes()
+
+    # a failed re-run leaves the previous report exactly as it was
+    monkeypatch.setattr(R, "render_html", boom)
+    with pytest.raises(RuntimeError):
+        main(BASE + ["--gpus", "16", "--sweep", "hbm=x1,x2", "--no-heatmap", "--out", str(out)])
+    monkeypatch.undo()
+    assert (out / "points.csv").read_bytes() == first and (out / "old.txt").exists()
+    assert len([p for p in (out / ".paraplan").iterdir() if p.name.startswith("gen-")]) == 1
+
+
+def test_out_entries_not_written_by_paraplan_are_refused(tmp_path, capsys):
+    """A folder where a report name is taken by something else (the user's data/ folder, a report of
+    an older paraplan) is refused before the sweep runs, and nothing in it changes."""
+    out = tmp_path / "proj"
+    (out / "data").mkdir(parents=True)
+    (out / "data" / "mine.csv").write_text("a,b\n1,2\n")
+    assert main(BASE + ["--gpus", "16", "--sweep", "hbm=x1", "--no-heatmap", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("paraplan: error: --out") and "data" in err and err.count("\n") == 1
+    assert sorted(p.name for p in out.iterdir()) == ["data"] and (out / "data" / "mine.csv").exists()
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -172,3 +203,14 @@ def test_cli_errors_are_one_line(argv, words, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith("paraplan: error:") and words in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_heading_names_every_swept_cluster():
+    from types import SimpleNamespace
+
+    from paraplan.reports.html import clusters_text
+    from paraplan.reports.sweep import Scenario, parse_sweep
+    swept = Scenario(model="llama3-70b", cluster="dgx-h100", gpus=64,
+                     sweeps=(parse_sweep("cluster=dgx-h100,dgx-h200"), parse_sweep("seq_len=4k,8k")))
+    assert clusters_text(swept) == "dgx-h100, dgx-h200"
+    assert clusters_text(SimpleNamespace(cluster="dgx-h100", sweeps=(parse_sweep("gpus=8,16"),))) == "dgx-h100"

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from paraplan.cli.common import run_command
@@ -25,9 +24,8 @@ def cmd_export(args) -> int:
     doc = read_plan_file(args.plan_file)
     result = export(doc, args.engine, source=args.plan_file)
     if args.out:
-        write_atomic(args.out, result.text)
-        if result.text.startswith("#!"):          # the Megatron-LM script: make it executable
-            os.chmod(args.out, 0o755)
+        # the Megatron-LM script is made executable (x bits under the umask) before it is renamed in
+        write_atomic(args.out, result.text, executable=result.text.startswith("#!"))
     else:
         sys.stdout.write(result.text)
     for note in result.notes if args.engine == "deepspeed" else ():   # the others carry them as comments

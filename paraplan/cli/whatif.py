@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 
 from paraplan.cli.common import add_plan_args, add_scenario_args, add_search_args, plan_flags_given, plan_from_args
 from paraplan.planner.space import parse_fix
@@ -79,13 +80,16 @@ def _unfused_plan(scenario: Scenario) -> Scenario:
 
 def cmd_whatif(args) -> int:
     """Evaluate the sweep, write the report folder, print the points; 3 if no point fits."""
-    from paraplan.reports.report import whatif   # matplotlib: only when a report is written
+    from paraplan.reports.report import check_out_dir, whatif   # matplotlib: only when a report is written
+    from paraplan.reports.html import clusters_text
     scenario = scenario_from_cli(args)
+    check_out_dir(args.out)          # before the sweep: a folder it cannot write into fails at once
     r = whatif(scenario=scenario, progress=not args.quiet)
     out = r.write(args.out)
     df = r.table
-    print(f"paraplan whatif — {scenario.model} on {scenario.cluster}: {len(df)} points "
-          f"({int(df['feasible'].sum())} fit) in {r.seconds:.1f} s")
+    print(f"paraplan whatif: {len(df)} points in {r.seconds:.1f} s", file=sys.stderr)   # timing off stdout
+    print(f"paraplan whatif — {scenario.model} on {clusters_text(scenario)}: {len(df)} points "
+          f"({int(df['feasible'].sum())} fit)")
     cols = [c for c in ("label", "gpus", "plan", "step_time_s", "tokens_per_s", "mfu", "mem_total_gib", "feasible")
             if c in df]
     view = df[cols].copy()

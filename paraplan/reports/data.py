@@ -33,7 +33,8 @@ def format_value(var: str, v) -> str:
 
 
 def points_table(results, scenario) -> pd.DataFrame:
-    """One row per point: swept values, scenario, best plan's degrees, time/memory terms, cost."""
+    """One row per point: swept values, scenario, best plan's degrees, time/memory terms, cost.
+    No wall-clock column: the same sweep gives the same table, byte for byte (timing goes to stderr)."""
     sweep_vars = [s.var for s in scenario.sweeps]
     rows = []
     for r in results:
@@ -48,8 +49,7 @@ def points_table(results, scenario) -> pd.DataFrame:
                     "hbm_gib": c.accelerator.memory_bytes / GIB,
                     "inter_node_gb_per_s": c.system.inter_node.bandwidth_bytes_per_s / 1e9,
                     "intra_node_gb_per_s": c.system.intra_node.bandwidth_bytes_per_s / 1e9,
-                    "feasible": r.feasible, "reason": r.reason or "", "candidates": r.candidates,
-                    "search_s": r.seconds})
+                    "feasible": r.feasible, "reason": r.reason or "", "candidates": r.candidates})
         e = r.estimate
         for k in PLAN_COLUMNS:
             row[k] = getattr(e.plan, k) if e is not None else None
@@ -226,6 +226,28 @@ def heatmap_data(point, scenario) -> pd.DataFrame:
     return out
 
 
+def efficiency_data(curves_by_accelerator) -> pd.DataFrame:
+    """The efficiency curves behind the compute times, per accelerator of the sweep: square bf16
+    GEMMs n = 2^7 .. 2^15 (eighth octaves), ``achieved/peak = 2 n^3 / t(n) / peak``, and the
+    fused-attention plateau. Accelerators whose curves are identical share one ``accelerator``
+    label ("H100, H200") so that the figure draws one line, not two on top of each other."""
+    n = 2.0 ** np.arange(7, 15.01, 0.125)
+    curves_rows: list[tuple[list[str], np.ndarray, float]] = []
+    for name, curves in curves_by_accelerator.items():
+        t = curves.gemm_time(n, n, n)
+        gemm = 100 * 2 * n**3 / t / curves.accelerator.peak("bf16")
+        att = 100 * curves.flash_attention_efficiency
+        for names, g, a in curves_rows:
+            if np.allclose(g, gemm, rtol=1e-9) and a == att:
+                names.append(name)
+                break
+        else:
+            curves_rows.append(([name], gemm, att))
+    return pd.concat([pd.DataFrame({"accelerator": ", ".join(names), "n": n, "gemm_percent_of_peak": g,
+                                    "attention_percent_of_peak": a}) for names, g, a in curves_rows],
+                     ignore_index=True)
+
+
 def tokens(x: float) -> str:
     """300e9 -> '300B' tokens."""
     for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
@@ -235,7 +257,10 @@ def tokens(x: float) -> str:
 
 
 def describe_point(point) -> str:
-    vals = ", ".join(f"{LABELS[k]} {format_value(k, v)}" for k, v in point.values.items())
+    """One line naming a point: model, cluster, GPUs, sequence, batch, then any other swept value
+    (HBM, bandwidth, offload) in brackets; the first four are not repeated there."""
+    stated = ("gpus", "seq_len", "global_batch", "cluster")
+    vals = ", ".join(f"{LABELS[k]} {format_value(k, v)}" for k, v in point.values.items() if k not in stated)
     return (f"{point.model.name} on {point.cluster_spec} x {point.cluster.num_gpus} GPUs, seq {point.job.seq_len}, "
             f"global batch {point.job.global_batch}" + (f" ({vals})" if vals else ""))
 

@@ -20,8 +20,23 @@ assert len(MEMORY_COLORS) == len(MEMORY_TERMS), "one colour per memory term"
 SERIES_COLORS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 
 
-def _figure(width: float, height: float) -> Figure:
-    return Figure(figsize=(width, height), dpi=100, layout="constrained")
+#: Inches per character of an 11 pt title line in DejaVu Sans (measured: ~0.08; a margin added).
+TITLE_INCH_PER_CHAR = 0.085
+
+
+def _figure(width: float, height: float, title: str = "") -> Figure:
+    """A constrained-layout figure at least as wide as the longest line of its title (not clipped)."""
+    longest = max((len(line) for line in title.splitlines()), default=0)
+    return Figure(figsize=(max(width, TITLE_INCH_PER_CHAR * longest + 0.6), height), dpi=100, layout="constrained")
+
+
+def _series_legend(ax, series: list[str], styles: list[tuple[str, dict]], **kw) -> None:
+    """One legend entry per series colour, then one per line style (what each line means)."""
+    from matplotlib.lines import Line2D
+    handles = [Line2D([], [], color=SERIES_COLORS[i % len(SERIES_COLORS)], linewidth=3, label=s)
+               for i, s in enumerate(series)]
+    handles += [Line2D([], [], color="black", label=label, **style) for label, style in styles]
+    ax.legend(handles=handles, fontsize=8, **kw)
 
 
 def _si_axis(axis) -> None:
@@ -36,70 +51,95 @@ def _bar_width_for(n: int) -> float:
     return min(16.0, max(6.0, (0.45 if n <= 16 else 0.22) * n + 3))
 
 
-def scaling_figure(data, title: str) -> Figure:
-    """Tokens/s (log-log) against GPUs with the ideal linear line; MFU on a second axis."""
-    fig = _figure(8, 4.8)
-    ax = fig.add_subplot()
-    mfu_ax = ax.twinx()
+def scaling_note(g) -> str:
+    """What the last fitting point of a series reaches against linear scaling, and why when above it.
+
+    ``% of linear = tokens/s ÷ (tokens/s at the first fitting point × GPUs / its GPUs)``, i.e. the
+    per-GPU rate against the first point's; above 100 % the larger cluster runs a more efficient
+    plan than the first point could (the MFUs of both are given).
+    """
+    ok = g[g["feasible"].astype(bool) & g["tokens_per_s"].notna()]
+    first, last = ok.iloc[0], ok.iloc[-1]
+    eff = 100 * last["scaling_efficiency"]
+    note = (f"at {last['gpus']:.0f} GPUs: {eff:.0f}% of linear scaling from {first['gpus']:.0f} GPUs, "
+            f"MFU {100 * last['mfu']:.0f}%, {last['plan']}")
+    if eff > 100.5:
+        note += (f"\nabove 100%: this plan runs at a higher MFU than the {first['gpus']:.0f}-GPU one "
+                 f"({100 * last['mfu']:.0f}% vs {100 * first['mfu']:.0f}%, {first['plan']})")
+    return note
+
+
+def scaling_figure(data, title: str, series_label: str = "") -> Figure:
+    """Tokens/s (log-log) against GPUs with the ideal linear line; MFU in a panel below."""
+    fig = _figure(8, 6.4, title)
+    ax, mfu_ax = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": (3, 1.3)})
     notes = []
-    for i, (series, g) in enumerate(data.groupby("series", sort=False)):
+    series = list(dict.fromkeys(data["series"]))
+    for i, (name, g) in enumerate(data.groupby("series", sort=False)):
         color = SERIES_COLORS[i % len(SERIES_COLORS)]
-        name = f" {series}" if series else ""
-        ax.plot(g["gpus"], g["tokens_per_s"], "o-", color=color, label=f"predicted tokens/s{name}", gid="tokens")
-        ax.plot(g["gpus"], g["ideal_tokens_per_s"], "--", color=color, alpha=0.55, label=f"ideal linear{name}",
-                gid="ideal")
-        mfu_ax.plot(g["gpus"], 100 * g["mfu"], "s:", color=color, alpha=0.8, markersize=4, label=f"MFU{name}",
-                    gid="mfu")
-        last = g[g["tokens_per_s"].notna()].tail(1)
-        for _, r in last.iterrows():
-            notes.append((color, f"{name.strip() or 'at'} {r['gpus']:.0f} GPUs: {100 * r['scaling_efficiency']:.0f}% "
-                                 f"of linear, MFU {100 * r['mfu']:.0f}%, {r['plan']}"))
+        suffix = f" {name}" if name else ""
+        ax.plot(g["gpus"], g["tokens_per_s"], "o-", color=color, label=f"predicted tokens/s{suffix}", gid="tokens")
+        ax.plot(g["gpus"], g["ideal_tokens_per_s"], "--", color=color, alpha=0.55,
+                label=f"ideal linear{suffix}", gid="ideal")
+        mfu_ax.plot(g["gpus"], 100 * g["mfu"], "s-", color=color, markersize=4, label=f"MFU{suffix}", gid="mfu")
+        if g["tokens_per_s"].notna().any():
+            notes.append((color, (f"{name}: " if name else "") + scaling_note(g)))
         for _, r in g[~g["feasible"].astype(bool)].iterrows():
             ax.annotate("no plan fits", (r["gpus"], r["ideal_tokens_per_s"]), fontsize=8, color=color,
                         ha="center", textcoords="offset points", xytext=(0, 6))
-    for k, (color, note) in enumerate(reversed(notes[-3:])):
-        ax.text(0.99, 0.03 + 0.055 * k, note, transform=ax.transAxes, ha="right", va="bottom", fontsize=8,
-                color=color, bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.8, "pad": 1})
+    y = 0.03
+    for color, note in reversed(notes[-3:]):
+        ax.text(0.99, y, note, transform=ax.transAxes, ha="right", va="bottom", fontsize=7.5, color=color,
+                    bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1})
+        y += 0.06 * (note.count("\n") + 1)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     _si_axis(ax.yaxis)
-    ax.set_xlabel("GPUs")
     ax.set_ylabel("throughput (tokens/s)")
+    ax.set_xlabel("GPUs")
+    mfu_ax.set_xlabel("GPUs")
     mfu_ax.set_ylabel("MFU (%)")
-    mfu_ax.set_ylim(0, 100)
+    _zoom_percent(mfu_ax, 100 * data["mfu"])
     gpus = sorted(set(data["gpus"]))
     ax.set_xticks(gpus, [str(g) for g in gpus])
-    ax.grid(True, which="major", alpha=0.3)
-    series = list(dict.fromkeys(data["series"]))
+    ax.tick_params(labelbottom=True)
+    for a in (ax, mfu_ax):
+        a.grid(True, which="major", alpha=0.3)
+    styles = [("predicted tokens/s", {"marker": "o"}), ("ideal linear (from the first point that fits)",
+                                                         {"linestyle": "--", "alpha": 0.6})]
     if len(series) > 1:
-        from matplotlib.lines import Line2D
-        handles = [Line2D([], [], color=SERIES_COLORS[i % len(SERIES_COLORS)], linewidth=3, label=s)
-                   for i, s in enumerate(series)]
-        handles += [Line2D([], [], color="black", marker="o", label="predicted tokens/s"),
-                    Line2D([], [], color="black", linestyle="--", alpha=0.6, label="ideal linear"),
-                    Line2D([], [], color="black", linestyle=":", marker="s", markersize=4, label="MFU (right axis)")]
-        ax.legend(handles=handles, fontsize=8, loc="upper left")
+        _series_legend(ax, series, styles, loc="upper left", title=series_label or None, title_fontsize=8)
     else:
-        h1, l1 = ax.get_legend_handles_labels()
-        h2, l2 = mfu_ax.get_legend_handles_labels()
-        ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="upper left")
-    ax.set_title(title, fontsize=11)
+        ax.legend(fontsize=8, loc="upper left")
+    fig.suptitle(title, fontsize=11)
     return fig
+
+
+def _zoom_percent(ax, values) -> None:
+    """A percent axis around the values (so close lines separate), at least 10 points tall, within 0-100."""
+    v = np.asarray(values, float)
+    v = v[np.isfinite(v)]
+    if not len(v):
+        ax.set_ylim(0, 100)
+        return
+    lo, hi = float(v.min()), float(v.max())
+    pad = max(2.0, 0.15 * (hi - lo), (10 - (hi - lo)) / 2)
+    ax.set_ylim(max(0.0, lo - pad), min(100.0, hi + pad))
 
 
 def _seconds(v: float) -> str:
     return f"{v:,.0f} s" if v >= 100 else f"{v:.3g} s"
 
 
-def breakdown_figure(data, title: str) -> Figure:
+def breakdown_figure(data, title: str, xlabel: str = "") -> Figure:
     """Stacked bars of the step-time terms per point (bar height = step time), and their shares."""
     n = len(data)
     many = n > 16
     if many:
-        fig = _figure(min(16.0, 4 + 0.22 * n), 8)
+        fig = _figure(min(16.0, 4 + 0.22 * n), 8, title)
         ax, share = fig.subplots(2, 1, gridspec_kw={"height_ratios": (3, 2)})
     else:
-        fig = _figure(max(9.0, 2 * _bar_width_for(n) - 2), 4.8)
+        fig = _figure(max(9.0, 2 * _bar_width_for(n) - 2), 4.8, title)
         ax, share = fig.subplots(1, 2, gridspec_kw={"width_ratios": (3, 2)})
     x = np.arange(n)
     bottom = np.zeros(n)
@@ -123,19 +163,20 @@ def breakdown_figure(data, title: str) -> Figure:
     rot = 45 if n > 6 else 0
     for a in (ax, share):
         a.set_xticks(x, data["label"], rotation=rot, ha="right" if rot else "center", fontsize=6 if many else None)
+        a.set_xlabel(xlabel)
     ax.set_ylabel("time per optimizer step (s)")
     ax.set_ylim(0, np.nanmax(np.r_[bottom, 1e-9]) * 1.15)
     share.set_ylabel("share of the step (%)")
     share.set_ylim(0, 100)
     share.set_title("shares", fontsize=9)
-    fig.legend(*ax.get_legend_handles_labels(), fontsize=8, loc="outside right upper")
+    share.legend(*ax.get_legend_handles_labels(), fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1))
     fig.suptitle(title, fontsize=11)
     return fig
 
 
-def memory_figure(data, title: str) -> Figure:
+def memory_figure(data, title: str, xlabel: str = "") -> Figure:
     """Stacked bars of per-GPU memory terms per point with each point's HBM capacity marked."""
-    fig = _figure(_bar_width_for(len(data)), 4.8)
+    fig = _figure(_bar_width_for(len(data)) + 2, 4.8, title)
     ax = fig.add_subplot()
     x = np.arange(len(data))
     bottom = np.zeros(len(data))
@@ -154,13 +195,15 @@ def memory_figure(data, title: str) -> Figure:
         if np.isnan(r["total"]):
             ax.text(x[i], 0, "×" if many else "no plan\nfits", ha="center", va="bottom", fontsize=7, color="#c44e52")
         elif not many:
-            ax.text(x[i], r["total"], f"{r['total']:.0f}", ha="center", va="bottom", fontsize=7)
+            ax.text(x[i], r["total"], f"{r['total']:.0f}", ha="center", va="bottom", fontsize=7,
+                    bbox={"facecolor": "white", "edgecolor": "none", "pad": 0.5})   # readable over the HBM line
     ax.set_xticks(x, data["label"], rotation=45 if len(data) > 6 else 0, ha="right" if len(data) > 6 else "center",
                   fontsize=6 if many else None)
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("memory per GPU (GiB), peak pipeline stage")
     ax.set_ylim(0, max(np.nanmax(np.r_[bottom, 0]), np.nanmax(hbm)) * 1.15)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    ax.set_title(title, fontsize=11)
+    fig.suptitle(title, fontsize=11)
     return fig
 
 
@@ -268,9 +311,9 @@ def _front_2d(data):
     return pd.DataFrame(keep)
 
 
-def cost_figure(data, title: str, *, price: float | None) -> Figure:
+def cost_figure(data, title: str, *, price: float | None, xlabel: str = "") -> Figure:
     """Two panels per point: days to train and the cost (dollars at the price, else GPU-hours)."""
-    fig = _figure(_bar_width_for(len(data)) + 2, 4.6)
+    fig = _figure(_bar_width_for(len(data)) + 2, 4.6, title)
     ax_t, ax_c = fig.subplots(1, 2)
     x = np.arange(len(data))
     ax_t.bar(x, data["days"], color="#4c72b0", gid="days")
@@ -288,55 +331,68 @@ def cost_figure(data, title: str, *, price: float | None) -> Figure:
     rot = 45 if len(data) > 5 else 0
     for a in (ax_t, ax_c):
         a.set_xticks(x, data["label"], rotation=rot, ha="right" if rot else "center")
+        a.set_xlabel(xlabel)
         a.set_ylim(0, a.get_ylim()[1] * 1.12)
     fig.suptitle(title, fontsize=11)
     return fig
 
 
-def throughput_figure(data, title: str, xlabel: str) -> Figure:
-    """Tokens/s against the swept variable (categorical axis), MFU on a second axis."""
-    fig = _figure(8, 4.6)
-    ax = fig.add_subplot()
-    mfu_ax = ax.twinx()
+def throughput_figure(data, title: str, xlabel: str, series_label: str = "") -> Figure:
+    """Tokens/s against the swept variable (categorical axis), one line per series; MFU in a panel
+    below on its own zoomed axis, so that series with close MFUs stay apart. Points without a plan
+    that fits are gaps marked "no plan fits"; plans are written on the points when two series or fewer."""
+    fig = _figure(8, 6.2, title)
+    ax, mfu_ax = fig.subplots(2, 1, sharex=True, gridspec_kw={"height_ratios": (3, 1.4)})
     labels = list(dict.fromkeys(data["x_label"]))
-    for i, (series, g) in enumerate(data.groupby("series", sort=False)):
+    series = list(dict.fromkeys(data["series"]))
+    few = len(series) <= 2
+    for i, (name, g) in enumerate(data.groupby("series", sort=False)):
         color = SERIES_COLORS[i % len(SERIES_COLORS)]
         pos = [labels.index(v) for v in g["x_label"]]
-        name = f" {series}" if series else ""
-        ax.plot(pos, g["tokens_per_s"], "o-", color=color, label=f"tokens/s{name}", gid="tokens")
-        mfu_ax.plot(pos, 100 * g["mfu"], "s:", color=color, alpha=0.7, markersize=4, label=f"MFU{name}", gid="mfu")
+        suffix = f" {name}" if name else ""
+        ax.plot(pos, g["tokens_per_s"], "o-", color=color, label=f"tokens/s{suffix}", gid="tokens")
+        mfu_ax.plot(pos, 100 * g["mfu"], "s-", color=color, markersize=4, label=f"MFU{suffix}", gid="mfu")
         for p, (_, r) in zip(pos, g.iterrows()):
-            if r["feasible"] and data["series"].nunique() <= 2:
-                ax.annotate(r["plan"], (p, r["tokens_per_s"]), textcoords="offset points", xytext=(0, 7),
-                            ha="center", fontsize=6, color=color)
-            else:
+            if not r["feasible"]:
                 ax.annotate("no plan fits", (p, 0), xycoords=("data", "axes fraction"), textcoords="offset points",
-                            xytext=(0, 5), ha="center", fontsize=7, color=color)
+                            xytext=(0, 5 + 10 * i), ha="center", fontsize=7, color=color, gid="no-fit")
+            elif few:
+                ax.annotate(r["plan"], (p, r["tokens_per_s"]), textcoords="offset points", xytext=(0, 7),
+                            ha="center", fontsize=6, color=color, gid="plan")
     ax.set_xticks(range(len(labels)), labels)
+    ax.tick_params(labelbottom=True)
     ax.set_xlabel(xlabel)
+    mfu_ax.set_xlabel(xlabel)
     ax.set_ylabel("throughput (tokens/s)")
     top = np.nanmax(np.r_[data["tokens_per_s"].to_numpy(float), 1.0])
     ax.set_ylim(0, top * 1.2)
+    _si_axis(ax.yaxis)
     mfu_ax.set_ylabel("MFU (%)")
-    mfu_ax.set_ylim(0, 100)
-    h1, l1 = ax.get_legend_handles_labels()
-    h2, l2 = mfu_ax.get_legend_handles_labels()
-    ax.legend(h1 + h2, l1 + l2, fontsize=8, loc="lower right")
-    ax.grid(True, alpha=0.3)
-    ax.set_title(title, fontsize=11)
+    _zoom_percent(mfu_ax, 100 * data["mfu"])
+    if len(series) > 1:
+        _series_legend(ax, series, [], loc="lower right", title=series_label or None, title_fontsize=8,
+                       ncol=min(4, len(series)))
+    else:
+        ax.legend(fontsize=8, loc="lower right")
+    for a in (ax, mfu_ax):
+        a.grid(True, alpha=0.3)
+        a.set_xlim(-0.4, len(labels) - 0.6)
+    fig.suptitle(title, fontsize=11)
     return fig
 
 
-def efficiency_figure(curves, title: str) -> Figure:
-    """The efficiency curves the estimates used: square GEMM achieved/peak against size."""
-    fig = _figure(6.5, 3.6)
+def efficiency_figure(data, title: str) -> Figure:
+    """The efficiency curves the estimates used (``data.efficiency_data``): square GEMM achieved/peak
+    against size, and the fused-attention plateau."""
+    fig = _figure(6.5, 3.6, title)
     ax = fig.add_subplot()
-    n = 2.0 ** np.arange(7, 15.01, 0.125)
-    t = curves.gemm_time(n, n, n)
-    peak = curves.accelerator.peak("bf16")
-    ax.plot(n, 100 * 2 * n**3 / t / peak, color="#4c72b0", label="GEMM n×n×n, bf16", gid="gemm")
-    ax.axhline(100 * curves.flash_attention_efficiency, color="#dd8452", linestyle="--",
-               label="fused attention (plateau)")
+    groups = list(data.groupby("accelerator", sort=False))
+    for i, (acc, g) in enumerate(groups):
+        color = SERIES_COLORS[i % len(SERIES_COLORS)]
+        who = f" — {acc}" if len(groups) > 1 else ""
+        ax.plot(g["n"], g["gemm_percent_of_peak"], color=color, label=f"GEMM n×n×n, bf16{who}", gid="gemm")
+        ax.plot(g["n"], g["attention_percent_of_peak"], color=color, linestyle="--", alpha=0.7,
+                label=f"fused attention (plateau){who}", gid="attention")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("GEMM size n")
     ax.set_ylabel("achieved / peak (%)")
@@ -345,4 +401,3 @@ def efficiency_figure(curves, title: str) -> Figure:
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=10)
     return fig
-

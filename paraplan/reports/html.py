@@ -55,9 +55,12 @@ CHECK_SCRIPT = """
 
 CAPTIONS = {
     "scaling": "Predicted tokens/s of the best plan at each GPU count (log-log), the ideal linear line from the "
-               "first point that fits, and MFU on the right axis.",
-    "throughput": "Predicted tokens/s and MFU of the best plan at each value of the swept variable; labels give "
-                  "the plan.",
+               "first point that fits, and MFU in the panel below. '% of linear' is tokens/s divided by that "
+               "ideal (the first fitting point's tokens/s times the GPU ratio); it exceeds 100 % when a larger "
+               "cluster allows a plan with a higher MFU than the first point's (its note gives both MFUs).",
+    "throughput": "Predicted tokens/s (top) and MFU (bottom) of the best plan at each value of the swept "
+                  "variable, one line per value of the second swept variable; with two lines or fewer the "
+                  "points are labelled with their plan.",
     "breakdown": "Where each optimizer step goes, stacked; the bar height is the predicted step time.",
     "memory": "Per-GPU memory of the peak pipeline stage, stacked, against the GPU's HBM.",
     "heatmap": "Best predicted tokens/s for each (tp, pp), best over every other axis; hatched cells have legal "
@@ -69,15 +72,25 @@ CAPTIONS = {
 }
 
 
+def clusters_text(sc) -> str:
+    """The cluster(s) of a scenario: the swept ones when ``cluster`` is swept, else the base one."""
+    for s in sc.sweeps:
+        if s.var == "cluster":
+            return ", ".join(s.items)
+    return sc.cluster
+
+
 def _e(x) -> str:
     return html.escape(str(x))
 
 
-def _img(name: str, png: bytes, title: str) -> str:
+def _img(name: str, png: bytes, title: str, has_data: bool) -> str:
+    """A figure with its caption, naming the files the report wrote for it (the CSV only if written)."""
     b64 = base64.b64encode(png).decode("ascii")
+    files = f"figures/{name}.png, .svg" + (f"; data/{name}.csv" if has_data else "")
     return (f'<figure id="fig-{name}"><img alt="{_e(title)}" src="data:image/png;base64,{b64}">'
             f"<figcaption><b>{_e(title)}.</b> {_e(CAPTIONS.get(name, ''))} "
-            f'<span class="muted">(figures/{name}.png, .svg; data/{name}.csv)</span></figcaption></figure>')
+            f'<span class="muted">({files})</span></figcaption></figure>')
 
 
 def _points_table(r) -> str:
@@ -147,7 +160,8 @@ def render_html(r, images: dict[str, bytes]) -> str:
     """The report page; ``images`` maps figure name to PNG bytes."""
     sc = r.scenario
     df = r.table
-    figs = "".join(_img(n, images[n], FIGURE_TITLES[n]) for n in FIGURE_ORDER if n in images and n != "efficiency")
+    figs = "".join(_img(n, images[n], FIGURE_TITLES[n], n in r.data) for n in FIGURE_ORDER
+                   if n in images and n != "efficiency")
     skipped = "".join(f"<li><b>{_e(FIGURE_TITLES[n])}</b>: {_e(why)}</li>" for n, why in r.skipped.items())
     mode = ("re-planned at each point (best plan by search)" if sc.replans
             else "one fixed plan, re-estimated at each point")
@@ -155,18 +169,18 @@ def render_html(r, images: dict[str, bytes]) -> str:
     heat = ""
     if r.heatmap_point is not None:
         heat = f"<p>Heat-map scenario: {_e(describe_point(r.heatmap_point))}.</p>"
-    eff = _img("efficiency", images["efficiency"], FIGURE_TITLES["efficiency"]) if "efficiency" in images else ""
+    eff = (_img("efficiency", images["efficiency"], FIGURE_TITLES["efficiency"], "efficiency" in r.data)
+           if "efficiency" in images else "")
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<title>paraplan what-if — {_e(sc.model)} on {_e(sc.cluster)}</title>
+<title>paraplan what-if — {_e(sc.model)} on {_e(clusters_text(sc))}</title>
 <link rel="icon" href="data:,">
 <style>{CSS}</style>
 <script>{CHECK_SCRIPT}</script>
 </head><body>
-<h1>paraplan what-if report — {_e(sc.model)} on {_e(sc.cluster)}</h1>
-<p>{len(df)} points ({int(df['feasible'].sum())} with a plan that fits), {mode}. Swept: {sweeps}.
-Computed in {r.seconds:.1f} s.</p>
+<h1>paraplan what-if report — {_e(sc.model)} on {_e(clusters_text(sc))}</h1>
+<p>{len(df)} points ({int(df['feasible'].sum())} with a plan that fits), {mode}. Swept: {sweeps}.</p>
 {heat}
 <h2>Figures</h2>
 {figs}

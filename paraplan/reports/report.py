@@ -14,9 +14,6 @@ Python API (notebooks)::
 from __future__ import annotations
 
 import io
-import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +24,7 @@ import yaml
 
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.errors import ConfigError
+from paraplan.io import check_publish_dir, publish_folder
 from paraplan.reports import data as D
 from paraplan.reports import figures as F
 from paraplan.reports.html import FIGURE_ORDER, render_html
@@ -115,10 +113,16 @@ def _title(sc: Scenario, results, what: str) -> str:
     return f"{what}\n{p.model.name}, " + ", ".join(bits[v] for v in fixed_vars) + f" ({mode})"
 
 
+def _other_label(sc: Scenario, var: str) -> str:
+    """Label of the sweep that is not ``var`` (what the series of a two-sweep figure are), else ''."""
+    return next((s.label for s in sc.sweeps if s.var != var), "")
+
+
 def build_figures(r: WhatIfResult) -> None:
     """Fill ``r.figures``, ``r.data`` and ``r.skipped`` with what makes sense for the sweep."""
     sc, df = r.scenario, r.table
     swept = [s.var for s in sc.sweeps]
+    xlabel = " / ".join(s.label for s in sc.sweeps)     # what the bars' labels are
     any_estimate = df["step_time_s"].notna().any()
     n_feasible = int(df["feasible"].sum())
 
@@ -126,7 +130,8 @@ def build_figures(r: WhatIfResult) -> None:
         d = D.scaling_data(df, sc)
         if len(d):
             r.data["scaling"] = d
-            r.figures["scaling"] = F.scaling_figure(d, _title(sc, r.points, "Throughput scaling"))
+            r.figures["scaling"] = F.scaling_figure(d, _title(sc, r.points, "Throughput scaling"),
+                                                    _other_label(sc, "gpus"))
         else:
             r.skipped["scaling"] = "no point of the GPU sweep has a plan that fits"
     else:
@@ -136,15 +141,16 @@ def build_figures(r: WhatIfResult) -> None:
         d = D.throughput_data(df, sc)
         r.data["throughput"] = d
         r.figures["throughput"] = F.throughput_figure(
-            d, _title(sc, r.points, f"Throughput vs {LABELS[swept[0]]}"), sc.sweeps[0].label)
+            d, _title(sc, r.points, f"Throughput vs {LABELS[swept[0]]}"), sc.sweeps[0].label,
+            _other_label(sc, swept[0]))
     else:
         r.skipped["throughput"] = "the scaling curve shows throughput against GPUs"
 
     if any_estimate:
         r.data["breakdown"] = D.breakdown_data(df)
-        r.figures["breakdown"] = F.breakdown_figure(r.data["breakdown"], _title(sc, r.points, "Step time"))
+        r.figures["breakdown"] = F.breakdown_figure(r.data["breakdown"], _title(sc, r.points, "Step time"), xlabel)
         r.data["memory"] = D.memory_data(df)
-        r.figures["memory"] = F.memory_figure(r.data["memory"], _title(sc, r.points, "Memory per GPU"))
+        r.figures["memory"] = F.memory_figure(r.data["memory"], _title(sc, r.points, "Memory per GPU"), xlabel)
     else:
         r.skipped["breakdown"] = r.skipped["memory"] = "no point has a plan (nothing fits anywhere)"
 
@@ -176,55 +182,60 @@ def build_figures(r: WhatIfResult) -> None:
         d = D.cost_data(df, sc)
         r.data["cost"] = d
         r.figures["cost"] = F.cost_figure(
-            d, _title(sc, r.points, f"Cost to train {D.tokens(sc.train_tokens)} tokens"), price=sc.price_per_gpu_hour)
+            d, _title(sc, r.points, f"Cost to train {D.tokens(sc.train_tokens)} tokens"), price=sc.price_per_gpu_hour,
+            xlabel=xlabel)
 
-    acc = r.points[0].point.cluster.accelerator
-    r.figures["efficiency"] = F.efficiency_figure(analytical_curves(acc), f"Efficiency curves — {acc.name} (analytical)")
+    accs = list({pr.point.cluster.accelerator.name: pr.point.cluster.accelerator for pr in r.points}.values())
+    r.data["efficiency"] = D.efficiency_data({a.name: analytical_curves(a) for a in accs})
+    names = ", ".join(dict.fromkeys(r.data["efficiency"]["accelerator"]))
+    r.figures["efficiency"] = F.efficiency_figure(r.data["efficiency"], f"Efficiency curves — {names} (analytical)")
+
+
+#: What a report owns in its ``--out`` folder; anything else there is the user's and left alone.
+REPORT_ENTRIES = ("report.html", "points.csv", "scenario.yaml", "figures", "data")
+
+#: Fixed SVG id salt and no dates: the same figure gives the same bytes in every run.
+SVG_SALT = "paraplan-whatif"
 
 
 def figure_bytes(fig, fmt: str) -> bytes:
+    """A figure as PNG or SVG bytes, identical across runs: matplotlib salts SVG ids with a random
+    uuid unless ``svg.hashsalt`` is set, and stamps a date unless the metadata drops it."""
+    import matplotlib
     buf = io.BytesIO()
-    fig.savefig(buf, format=fmt, **({"metadata": {"Date": None}} if fmt == "svg" else {}))
+    with matplotlib.rc_context({"svg.hashsalt": SVG_SALT}):
+        fig.savefig(buf, format=fmt, metadata={"Date": None} if fmt == "svg" else {"Software": None})
     return buf.getvalue()
 
 
+def _build_report(r: WhatIfResult, folder: Path) -> None:
+    """Every file of the report into a fresh, private folder (published whole by ``write_report``)."""
+    (folder / "figures").mkdir()
+    (folder / "data").mkdir()
+    images = {}
+    for name in FIGURE_ORDER:
+        fig = r.figures.get(name)
+        if fig is None:
+            continue
+        png = figure_bytes(fig, "png")
+        (folder / "figures" / f"{name}.png").write_bytes(png)
+        (folder / "figures" / f"{name}.svg").write_bytes(figure_bytes(fig, "svg"))
+        images[name] = png
+    for name, d in r.data.items():
+        d.to_csv(folder / "data" / f"{name}.csv", index=False)
+    r.table.to_csv(folder / "points.csv", index=False)
+    (folder / "scenario.yaml").write_text(yaml.safe_dump(r.scenario.to_dict(), sort_keys=False))
+    (folder / "report.html").write_text(render_html(r, images), encoding="utf-8")
+
+
+def check_out_dir(out_dir) -> None:
+    """Fail before the sweep if ``--out`` cannot take the report without removing what it did not write."""
+    check_publish_dir(Path(out_dir), REPORT_ENTRIES)
+
+
 def write_report(r: WhatIfResult, out_dir) -> Path:
-    """Write ``figures/*.png|svg``, ``data/*.csv``, ``points.csv``, ``scenario.yaml`` and ``report.html``
-    into a temporary sibling folder, then rename it into place; an existing folder is replaced only
-    once the new one is complete, and a failure leaves nothing behind."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise ConfigError("--out", f"{out} exists and is not a folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        os.chmod(tmp, 0o777 & ~umask)
-        (tmp / "figures").mkdir()
-        (tmp / "data").mkdir()
-        images = {}
-        for name in FIGURE_ORDER:
-            fig = r.figures.get(name)
-            if fig is None:
-                continue
-            png = figure_bytes(fig, "png")
-            (tmp / "figures" / f"{name}.png").write_bytes(png)
-            (tmp / "figures" / f"{name}.svg").write_bytes(figure_bytes(fig, "svg"))
-            images[name] = png
-        for name, d in r.data.items():
-            d.to_csv(tmp / "data" / f"{name}.csv", index=False)
-        r.table.to_csv(tmp / "points.csv", index=False)
-        (tmp / "scenario.yaml").write_text(yaml.safe_dump(r.scenario.to_dict(), sort_keys=False))
-        (tmp / "report.html").write_text(render_html(r, images), encoding="utf-8")
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, old / out.name)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+    """Write ``report.html``, ``points.csv``, ``scenario.yaml``, ``figures/*.png|svg`` and ``data/*.csv``
+    into ``out_dir`` with ``paraplan.io.publish_folder``: the previous report stays complete until
+    the new one is, one rename switches to it (a kill at any moment leaves one or the other, whole),
+    and other files in the folder are never touched; a failure leaves things as they were."""
+    return publish_folder(Path(out_dir), REPORT_ENTRIES, lambda folder: _build_report(r, folder))

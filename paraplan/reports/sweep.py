@@ -12,7 +12,6 @@ for the best plan (``search``) or, when the scenario fixes a whole plan, the pla
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from itertools import product
@@ -24,6 +23,7 @@ from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError
 from paraplan.io import read_yaml
 from paraplan.plan import Plan
+from paraplan.progress import bar
 from paraplan.planner.search import explain_infeasible, search
 from paraplan.planner.space import SpaceOptions, parse_fix
 from paraplan.scenario import DEFAULT_SEQ_LEN, default_global_batch, load_cluster
@@ -67,7 +67,7 @@ class Sweep:
     @property
     def label(self) -> str:
         unit = UNITS[self.var]
-        return LABELS[self.var] + (f" ({unit})" if unit else "")
+        return LABELS[self.var] + (f" ({unit})" if unit and unit != LABELS[self.var] else "")
 
 
 def parse_sweep(text: str) -> Sweep:
@@ -372,36 +372,16 @@ def evaluate_point(point: Point, scenario: Scenario, curves_cache: dict | None =
     return PointResult(point, r.best, reason, r.candidates_evaluated, time.perf_counter() - t0)
 
 
-class Progress:
-    """``[####......] 12/50 points`` on stderr, redrawn in place."""
-
-    def __init__(self, total: int, enabled: bool = True, stream=None):
-        self.total, self.enabled, self.stream = total, enabled, stream or sys.stderr
-        self.start = time.perf_counter()
-
-    def update(self, done: int, label: str = "") -> None:
-        if not self.enabled:
-            return
-        frac = done / max(self.total, 1)
-        elapsed = time.perf_counter() - self.start
-        self.stream.write(f"\rwhat-if {done:>4}/{self.total} points [{'#' * int(30 * frac):<30}] "
-                          f"{elapsed:6.1f} s {label[:40]:<40}")
-        self.stream.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
 def run_points(points, scenario: Scenario, progress: bool = False) -> list[PointResult]:
-    bar = Progress(len(points), progress)
-    out = []
-    for i, p in enumerate(points):
-        bar.update(i, ", ".join(f"{k}={v}" for k, v in p.values.items()))
-        out.append(evaluate_point(p, scenario))
-    bar.update(len(points))
-    bar.close()
+    """Evaluate every point in order; with ``progress``, a bar on stderr (``paraplan.progress``)."""
+    if not progress:
+        return [evaluate_point(p, scenario) for p in points]
+    with bar(total=len(points), desc="what-if", unit="point") as b:
+        out = []
+        for p in points:
+            b.set_postfix_str(", ".join(f"{k}={v}" for k, v in p.values.items()), refresh=False)
+            out.append(evaluate_point(p, scenario))
+            b.update(1)
     return out
 
 
