@@ -135,11 +135,14 @@ class Engine(Mode):
 
     generic: the ZeRO paper's accounting, no engine restrictions; megatron: Megatron-LM (fp32
     main_grad, distributed optimizer); deepspeed: DeepSpeed ZeRO 0-3 with offload; torchtitan:
-    PyTorch FSDP2 + DTensor TP/SP + torch.distributed.pipelining."""
+    PyTorch FSDP2 + DTensor TP/SP + torch.distributed.pipelining; scaling: Aleph Alpha's Scaling
+    (github.com/Aleph-Alpha/scaling; its ZeRO-1 optimizer, Megatron-style TP/SP, DeepSpeed-style 1F1B
+    pipeline), the codebase of Hagemann et al. 2023's layout sweep."""
     GENERIC = "generic"
     MEGATRON = "megatron"
     DEEPSPEED = "deepspeed"
     TORCHTITAN = "torchtitan"
+    SCALING = "scaling"
 
 
 MODES: dict[str, type[Mode]] = {"schedule": Schedule, "recompute": Recompute, "offload": Offload, "dtype": Dtype,
@@ -725,16 +728,18 @@ RULES: tuple[Rule, ...] = (
        uses_scene=False),
     # --- what each engine runs (Engine) ---------------------------------------------------------
     _r("engine-zero-stages", "the engine has no such ZeRO stage", ILLEGAL, ("engine_code", "zero"),
-       lambda P, s: ((P.engine_code == Engine.MEGATRON) & (P.zero >= 2))
+       lambda P, s: (_engine_in(P, Engine.MEGATRON, Engine.SCALING) & (P.zero >= 2))
        | ((P.engine_code == Engine.TORCHTITAN) & (P.zero == 1)),
        lambda p, s: (f"--engine {Engine(p.engine_code).label} has no ZeRO-{p.zero}: " + (
            "Megatron-LM shards optimizer states only (--use-distributed-optimizer, ZeRO-1)"
            if p.engine_code == Engine.MEGATRON else
+           "Scaling shards optimizer states only (optimizer zero: true, ZeRO-1)"
+           if p.engine_code == Engine.SCALING else
            "torchtitan shards with FSDP2: ZeRO-3 (reshard after forward), ZeRO-2 (no reshard after forward) "
            "or 0 (replicate)")),
        field="zero", uses_scene=False),
     _r("engine-offload", "offload is DeepSpeed's (ZeRO-Offload/Infinity)", ILLEGAL, ("engine_code", "offload_code"),
-       lambda P, s: (P.offload_code != Offload.NONE) & _engine_in(P, Engine.MEGATRON, Engine.TORCHTITAN),
+       lambda P, s: (P.offload_code != Offload.NONE) & _engine_in(P, Engine.MEGATRON, Engine.TORCHTITAN, Engine.SCALING),
        lambda p, s: (f"--engine {Engine(p.engine_code).label} does not offload optimizer states; CPU/NVMe offload "
                      "is DeepSpeed's (ZeRO-Offload, ZeRO-Infinity)"),
        field="offload", accepted="--offload none, or --engine deepspeed", uses_scene=False),
@@ -748,6 +753,17 @@ RULES: tuple[Rule, ...] = (
        lambda P, s: (P.engine_code == Engine.DEEPSPEED) & (P.pp > 1) & (P.schedule_code != Schedule.ONE_F_ONE_B),
        lambda p, s: f"DeepSpeed's PipelineEngine runs 1F1B (TrainSchedule) only, not {Schedule(p.schedule_code).label}",
        field="schedule", accepted="1f1b", uses_scene=False),
+    _r("scaling-pipeline-schedule", "Scaling's pipeline runs 1F1B only", ILLEGAL,
+       ("engine_code", "pp", "schedule_code", "vpp"),
+       lambda P, s: (P.engine_code == Engine.SCALING) & (((P.pp > 1) & (P.schedule_code != Schedule.ONE_F_ONE_B))
+                                                         | (P.vpp > 1)),
+       lambda p, s: ("Scaling's pipeline runs 1F1B (PipelineScheduleTrain) without virtual stages, not "
+                     f"{Schedule(p.schedule_code).label} with vpp({p.vpp})"),
+       field="schedule", accepted="1f1b (vpp 1)", uses_scene=False),
+    _r("scaling-no-cp", "Scaling has no context parallelism", ILLEGAL, ("engine_code", "cp"),
+       lambda P, s: (P.engine_code == Engine.SCALING) & (P.cp > 1),
+       lambda p, s: f"Scaling has no context parallelism, not cp({p.cp})", field="cp", accepted="1",
+       uses_scene=False),
     _r("torchtitan-tp-shards-sequence", "torchtitan's tensor parallelism always shards the sequence", ILLEGAL,
        ("engine_code", "tp", "sp"),
        lambda P, s: (P.engine_code == Engine.TORCHTITAN) & (P.tp > 1) & ~np.asarray(P.sp, bool),
@@ -761,7 +777,8 @@ RULES: tuple[Rule, ...] = (
                      "DeepSpeed's sequence parallelism is Ulysses (--sp-mode ulysses)"),
        field="cp_mode", uses_scene=False),
     _r("engine-optimizer", "compressed optimizers are DeepSpeed's", ILLEGAL, ("engine_code", "optimizer_code"),
-       lambda P, s: (P.optimizer_code != Optimizer.ADAM) & _engine_in(P, Engine.MEGATRON, Engine.TORCHTITAN),
+       lambda P, s: (P.optimizer_code != Optimizer.ADAM) & _engine_in(P, Engine.MEGATRON, Engine.TORCHTITAN,
+                                                                       Engine.SCALING),
        lambda p, s: f"{Optimizer(p.optimizer_code).label} is DeepSpeed's; --engine {Engine(p.engine_code).label} runs adam",
        field="optimizer", accepted="adam", uses_scene=False),
     _r("tp-comm-overlap-needs-sp", "TP communication overlap needs tp > 1 with sequence parallelism",
@@ -783,9 +800,12 @@ RULES: tuple[Rule, ...] = (
        field="dtype", uses_scene=False),
     _r("engine-recompute", "the engine has no such recomputation policy", ILLEGAL, ("engine_code", "recompute_code"),
        lambda P, s: ((P.engine_code == Engine.TORCHTITAN) & (P.recompute_code == Recompute.SELECTIVE))
-       | (_engine_in(P, Engine.MEGATRON, Engine.DEEPSPEED) & (P.recompute_code == Recompute.OP_SAC)),
+       | (_engine_in(P, Engine.MEGATRON, Engine.DEEPSPEED) & (P.recompute_code == Recompute.OP_SAC))
+       | ((P.engine_code == Engine.SCALING) & ~np.isin(P.recompute_code, [int(Recompute.NONE), int(Recompute.FULL)])),
        lambda p, s: ("torchtitan's selective checkpointing is op-level: --recompute op-sac (or none, full)"
                      if p.engine_code == Engine.TORCHTITAN else
+                     "Scaling checkpoints every layer or nothing: --recompute full or none"
+                     if p.engine_code == Engine.SCALING else
                      f"op-level SAC is torchtitan's; --engine {Engine(p.engine_code).label} offers none, selective, full"),
        field="recompute", uses_scene=False),
 )

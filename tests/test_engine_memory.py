@@ -127,6 +127,11 @@ def test_every_engine_holds_the_same_bytes_in_fp32_training_except_its_own_layou
     (dict(engine="deepspeed", pp=2, vpp=2, schedule="interleaved"), "schedule", "1F1B"),
     (dict(engine="megatron", optimizer="onebit-adam"), "optimizer", "DeepSpeed's"),
     (dict(engine="torchtitan", cp=2, cp_mode="ulysses"), "cp_mode", "ring"),
+    (dict(engine="scaling", zero=2), "zero", "Scaling shards optimizer states only"),
+    (dict(engine="scaling", zero=1, offload="cpu"), "offload", "DeepSpeed"),
+    (dict(engine="scaling", cp=2), "cp", "no context parallelism"),
+    (dict(engine="scaling", pp=2, vpp=2, schedule="interleaved"), "schedule", "1F1B"),
+    (dict(engine="scaling", recompute="selective"), "recompute", "every layer or nothing"),
 ])
 def test_engine_rejects_layouts_it_cannot_run(plan_kwargs, field, text):
     with pytest.raises(ConfigError) as err:
@@ -134,7 +139,7 @@ def test_engine_rejects_layouts_it_cannot_run(plan_kwargs, field, text):
     assert err.value.field == field and text in str(err.value)
 
 
-@pytest.mark.parametrize("engine", ["megatron", "deepspeed", "torchtitan"])
+@pytest.mark.parametrize("engine", ["megatron", "deepspeed", "torchtitan", "scaling"])
 def test_search_proposes_only_what_the_engine_runs(engine):
     model = load_model("llama3-8b")
     job = TrainingJob(4096, 128)
@@ -151,6 +156,8 @@ def test_search_proposes_only_what_the_engine_runs(engine):
         assert (batch.zero <= 1).all() and (batch.offload_code == 0).all()
     if engine == "deepspeed":
         assert not ((batch.pp > 1) & (batch.zero >= 2)).any()
+    if engine == "scaling":
+        assert (batch.zero <= 1).all() and (batch.cp == 1).all() and (batch.vpp == 1).all()
     best = search(model, job, cluster, options=SpaceOptions(fixed={"engine": engine}), top=1).best
     assert best is not None and best.plan.engine == engine
 
@@ -181,6 +188,18 @@ def test_named_engines_do_not_fragment_their_flat_model_state_buffers():
         states = mem["parameters"] + mem["gradients"] + mem["optimizer_states"]
         frag = churn + (states if engine == "generic" else 0.0)
         assert mem["allocator"] == pytest.approx(M.ALLOCATOR_RESERVE_BYTES + M.ALLOCATOR_FRAGMENTATION * frag)
+
+
+def test_scaling_fragments_its_per_step_gradients_but_not_its_flat_buffers():
+    """Scaling: flat 16-bit parameters and fp32 ZeRO-1 partitions are allocated once; autograd's
+    gradients are allocated every step and churn with the activations and buffers."""
+    model = load_model("llama1-13b")
+    job = TrainingJob(2048, 64)
+    cluster = load_cluster("dgx-a100-80g", 32)
+    mem = estimate(model, job, cluster, Plan(zero=1, engine="scaling")).memory_bytes_per_gpu
+    churn = mem["activations"] + mem["buffers"] + mem["gradients"]
+    assert mem["allocator"] == pytest.approx(M.ALLOCATOR_RESERVE_BYTES + M.SCALING_ALLOCATOR_FRAGMENTATION * churn)
+    assert mem["gradients"] == pytest.approx(2 * model.num_params) and mem["parameters"] == mem["gradients"]
 
 
 def _doc(model_name, cluster_name, gpus, seq, batch, **plan_kwargs):
@@ -245,3 +264,45 @@ def test_loss_peak_follows_the_engines_cross_entropy():
     assert acts["megatron"] - acts["generic"] == pytest.approx(2 * logits)
     assert acts["torchtitan"] - acts["generic"] == pytest.approx(6 * logits)
     assert acts["deepspeed"] == acts["torchtitan"]
+
+
+def test_scaling_gathers_the_logits_over_tp_for_its_plain_cross_entropy():
+    """Aleph Alpha's Scaling (lm_head.py: ColumnParallelLinear without parallel_output; cross_entropy.py:
+    torch cross_entropy on logits.float()): every tp rank holds all V logits, 14 bytes each at the
+    backward peak; the vocabulary-parallel engines hold V/tp."""
+    model = load_model("llama1-13b")
+    job = TrainingJob(2048, 64)
+    logits = {}
+    for engine in ("generic", "scaling"):
+        for tp in (1, 4):
+            plan = PlanBatch.from_plans([Plan(engine=engine, zero=1, tp=tp, micro_batch=4, dp=1)])
+            logits[engine, tp] = float(M.loss_bytes_per_logit(plan)[0] * 4 * 2048 * M.loss_logits_per_token(model, plan)[0])
+    assert logits["scaling", 4] == logits["scaling", 1] == pytest.approx(14 * 4 * 2048 * model.vocab)
+    assert logits["generic", 4] == pytest.approx(logits["generic", 1] / 4)
+    acts = {e: float(M.activation_bytes(model, job, PlanBatch.from_plans([Plan(engine=e, zero=1, tp=4, dp=1)]))["last"][0])
+            for e in ("generic", "scaling")}
+    assert acts["scaling"] > acts["generic"] + 13 * 2048 * model.vocab
+
+
+def test_scaling_keeps_eager_swiglu_the_flash_output_and_the_gathered_inputs_under_sequence_parallelism():
+    """Scaling's SwiGLU is eager PyTorch (mlp.py) whatever the norm kernel: 2f bytes per token more than
+    a fused one; FlashAttention's saved output and the projection's permuted copy are two tensors
+    (attention.py): 2h more; with sequence parallelism its norm all-gathers and the linears keep the
+    gathered input (rms_norm.py): 4h bytes per token on every tp rank instead of 4h / tp."""
+    model = load_model("llama1-13b")
+    job = TrainingJob(2048, 64)
+    h, f, T = model.hidden, model.ffn_hidden, 2048
+
+    def per_layer(**kw):
+        return float(M.activation_bytes_per_layer(model, job, PlanBatch.from_plans([Plan(zero=1, dp=1, **kw)]))[0])
+    assert per_layer(engine="scaling") - per_layer(engine="generic") == pytest.approx((2 * f + 2 * h) * T)
+    assert per_layer(engine="scaling", flash_attention=False) - per_layer(engine="generic", flash_attention=False) \
+        == pytest.approx(2 * f * T)
+    assert per_layer(engine="scaling", fused_elementwise=False, flash_attention=False) == pytest.approx(
+        per_layer(engine="generic", fused_elementwise=False, flash_attention=False))
+    sp_gap = per_layer(engine="scaling", tp=4, sp=True) - per_layer(engine="generic", tp=4, sp=True)
+    assert sp_gap == pytest.approx((2 * f + 2 * h) * T / 4 + 4 * h * T * (1 - 1 / 4))
+    no_sp_gap = per_layer(engine="scaling", tp=4) - per_layer(engine="generic", tp=4)
+    assert no_sp_gap == pytest.approx((2 * f + 2 * h) * T / 4)
+
+

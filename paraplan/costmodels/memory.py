@@ -47,6 +47,40 @@ UNFUSED_SWIGLU_SAVED_BYTES_PER_FFN = 2
 # the scores' gradient out, 16-bit) holds two score-sized tensors besides the saved probabilities
 # while one layer runs backward: bytes per element of the rank's b·(a/t)·(s/cp)·s score matrix.
 UNFUSED_ATTENTION_TRANSIENT_BYTES = 4.0
+# Aleph Alpha's Scaling (engine ``scaling``; github.com/Aleph-Alpha/scaling at 01b9d21, the 2024 release
+# of the codebase Hagemann et al. 2023 ran their layout sweep with), from src/scaling/:
+# * core/nn/mlp.py ParallelSwiGLUMLP computes silu(dense_in(x)) * siglu_weight(x) in eager PyTorch
+#   whatever the norm kernel: silu keeps its input, the mul keeps silu's output and the gate, dense_out
+#   its input: UNFUSED_SWIGLU_SAVED_BYTES_PER_FFN more per token than a fused SwiGLU. (Its eager
+#   RMSNorm, core/nn/norm/rms_norm.py, keeps only the 16-bit normalized output besides x, 2h bytes per
+#   norm; the sweep's "flash_attention2" runs without the RMS kernel OOM as the fp32-upcast form
+#   UNFUSED_NORM_SAVED_BYTES_PER_HIDDEN predicts, so that generic form is kept for the sweep's 2023 code.)
+# * core/nn/norm/rms_norm.py under sequence parallelism all-gathers the norm output
+#   (gather_from_sequence_parallel_region) and the column-parallel linears after it (QKV; dense_in and
+#   siglu_weight share their input) save the gathered tensor: 2 x 2h bytes per token on every tp rank,
+#   where Megatron-LM saves the sequence shard and gathers it again in backward.
+SCALING_SP_GATHERED_SAVED_BYTES_PER_HIDDEN = 2 * 2
+# * core/nn/attention/attention.py flash_attention: flash_attn_varlen_func saves its output for backward,
+#   and the output is rearranged "(b sq) np hn -> (b np) sq hn" (a permuted copy) before the dense
+#   projection, which saves that copy: 2h bytes per token (sharded by tp) besides the projection input
+#   already counted (Megatron-LM's projection input is a view of the kernel's output).
+SCALING_FLASH_OUTPUT_SAVED_BYTES_PER_HIDDEN = 2
+# * transformer/model/layers/lm_head.py: a ColumnParallelLinear with parallel_output=False all-gathers
+#   the logits over tp, and transformer/model/losses/cross_entropy.py runs torch cross_entropy on
+#   logits.float(): every tp rank holds all V logits of its tokens. The peak, in backward: the gathered
+#   16-bit logits (2 bytes), the fp32 log-softmax cross_entropy saved (4), nll_loss's gradient (4) and
+#   log_softmax's input gradient (4); the fp32 copy of the input (4 more in forward) is freed by then.
+SCALING_LOSS_BYTES_PER_LOGIT = 2.0 + 4.0 + 4.0 + 4.0
+# * core/optimizer/parameter_group.py keeps the 16-bit parameters in one flat buffer
+#   (flatten_dense_tensors_aligned) and the fp32 ZeRO-1 partition (and so Adam's moments) as single
+#   tensors, allocated once; the 16-bit gradients are autograd's per-parameter tensors, allocated in the
+#   first backward of every step and freed by zero_grad(set_to_none=True): with the activations and
+#   buffers they are the bytes that churn (allocator_bytes). The fraction is calibrated on the sweep's
+#   fit/OOM outcomes (benchmarks/memory_fit.py): the largest value under which each sheet's fastest
+#   measured runs (13B on 32 GPUs, tp1 pp1 mb1: 16-bit weights and gradients 48 GiB) still fit, so
+#   that the planner can pick them; 0.16 gives false fits 9.3 %, 0.18 7.7 %, 0.20 6.6 % but rejects
+#   that run, 0.28 3.9 % (false OOMs 4.9 %) but rejects the best run of three sheets.
+SCALING_ALLOCATOR_FRAGMENTATION = 0.18
 # The PyTorch caching allocator on a CUDA device reserves more than the tensors it holds (blocks
 # rounded up and split, cached blocks of other sizes): reserved = (1 + FRAGMENTATION) x allocated
 # + RESERVE. Calibrated on the fit/OOM outcomes of Hagemann et al. 2023's sweep (522 runs,
@@ -118,6 +152,9 @@ def model_state_bytes(params, plan, shard_degree=None) -> dict:
       (2Ψ + 18Ψ/N, under the estimator's 4Ψ + 16Ψ/N bound); stage 3: 18Ψ/N (16-bit parameter
       partition, fp32 gradient partition, K). Offload keeps only the 16-bit parameters (2Ψ, or the
       partition 2Ψ/N at stage 3) on the GPU, parameter offload not even those.
+    * scaling (Aleph Alpha's Scaling, ``core/optimizer/parameter_group.py``): the generic ZeRO-0/1
+      accounting, 16-bit weights and gradients and K or K/N (its fp32 partition, ``float_parameter_partition_owned``,
+      and Adam's moments); the fp32 gradient partition exists only inside the optimizer step.
     * torchtitan (PyTorch FSDP2, ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``): the
       sharded parameters are the fp32 master copy, gradients are fp32 shards, Adam keeps momentum and
       variance: 16Ψ/N at ZeRO-3 (reshard after forward); ZeRO-2 (no reshard after forward) keeps the
@@ -170,9 +207,12 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
     h, hkv, f, a = model.hidden, model.kv_hidden, model.ffn_hidden, model.heads
     unsharded = 10 * h * T / np.where(sp, t, 1.0)                 # norms, block inputs, dropout masks
     unfused = ~np.asarray(getattr(plan, "fused_elementwise", True), dtype=bool)
+    scaling = engine_of(plan) == Engine.SCALING
     unsharded = unsharded + np.where(unfused & (element_bytes(plan) < 4),
                                      UNFUSED_NORM_SAVED_BYTES_PER_HIDDEN * h * T / np.where(sp, t, 1.0), 0.0)
-    eager_swiglu = unfused & (model.activation == "swiglu")
+    # Scaling keeps the all-gathered linear inputs under sequence parallelism (shard 1/t counted above)
+    unsharded = unsharded + np.where(scaling & sp, SCALING_SP_GATHERED_SAVED_BYTES_PER_HIDDEN * h * T * (1 - 1 / t), 0.0)
+    eager_swiglu = (unfused | scaling) & (model.activation == "swiglu")
     per_width = 6 if model.activation == "swiglu" else 4
     mlp = per_width * f
     if model.moe is not None:
@@ -183,6 +223,9 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
         mlp = (1 - share) * mlp + share * moe_mlp
     mlp = mlp + np.where(eager_swiglu, UNFUSED_SWIGLU_SAVED_BYTES_PER_FFN * f, 0.0)
     sharded = (4 * h + 4 * hkv + mlp) * T / t                      # Q, K, V, out-proj input, MLP
+    # Scaling: FlashAttention's own saved output besides the projection's input (a permuted copy)
+    sharded = sharded + np.where(scaling & np.asarray(plan.flash_attention, dtype=bool),
+                                 SCALING_FLASH_OUTPUT_SAVED_BYTES_PER_HIDDEN * h * T / t, 0.0)
     if model.moe is not None and model.moe.dispatch == "einsum":
         # the 16-bit dispatch mask and combine weights (S x E·C each) saved for the einsum GEMMs'
         # backward, on every tp rank (compute.moe_einsum_dispatch_times)
@@ -234,12 +277,17 @@ def allocator_bytes(memory, plan, on_cuda):
     ``memory`` holds the terms parameters, gradients, optimizer_states, activations, buffers. The
     named engines keep model states in flat buffers allocated once (Megatron-LM's contiguous
     param/grad buffers, DeepSpeed's flattened groups and partitions, FSDP2's sharded parameters), so
-    only activations and buffers fragment; the generic engine (per-tensor eager code, as in the
-    sweep the constants come from) fragments everything."""
+    only activations and buffers fragment; the generic engine (per-tensor eager code) fragments
+    everything. Scaling keeps flat parameters and optimizer partitions but lets autograd allocate the
+    16-bit gradients every step: activations, buffers and gradients churn, by
+    SCALING_ALLOCATOR_FRAGMENTATION (calibrated on Hagemann et al. 2023's sweep, which ran on it)."""
     churn = np.asarray(memory["activations"]) + np.asarray(memory["buffers"])
     every = churn + sum(np.asarray(memory[k]) for k in ("parameters", "gradients", "optimizer_states"))
-    frag = np.where(engine_of(plan) == Engine.GENERIC, every, churn)
-    return np.where(on_cuda, ALLOCATOR_RESERVE_BYTES + ALLOCATOR_FRAGMENTATION * frag, 0.0)
+    eng = engine_of(plan)
+    frag = np.where(eng == Engine.GENERIC, every,
+                    np.where(eng == Engine.SCALING, churn + np.asarray(memory["gradients"]), churn))
+    fraction = np.where(eng == Engine.SCALING, SCALING_ALLOCATOR_FRAGMENTATION, ALLOCATOR_FRAGMENTATION)
+    return np.where(on_cuda, ALLOCATOR_RESERVE_BYTES + fraction * frag, 0.0)
 
 
 # Peak bytes per logit element (tokens x vocabulary / tp) while the loss runs, by engine:
@@ -248,15 +296,28 @@ def allocator_bytes(memory, plan, on_cuda):
 # overwrites with the gradient in place (2 + 4); deepspeed (Hugging Face models) and torchtitan run
 # plain PyTorch cross-entropy on logits upcast to fp32: 16-bit logits, the fp32 copy and the fp32
 # log-softmax it saves for backward (2 + 4 + 4).
-LOSS_BYTES_PER_LOGIT = {Engine.GENERIC: 4.0, Engine.MEGATRON: 6.0, Engine.DEEPSPEED: 10.0, Engine.TORCHTITAN: 10.0}
+# scaling: SCALING_LOSS_BYTES_PER_LOGIT, and its logits are gathered over tp (LOSS_VOCAB_PARALLEL).
+LOSS_BYTES_PER_LOGIT = {Engine.GENERIC: 4.0, Engine.MEGATRON: 6.0, Engine.DEEPSPEED: 10.0, Engine.TORCHTITAN: 10.0,
+                        Engine.SCALING: SCALING_LOSS_BYTES_PER_LOGIT}
+# Whether each tp rank holds only its vocabulary shard of the logits while the loss runs.
+LOSS_VOCAB_PARALLEL = {Engine.GENERIC: True, Engine.MEGATRON: True, Engine.DEEPSPEED: True, Engine.TORCHTITAN: True,
+                       Engine.SCALING: False}
 
 
 _LOSS_BYTES_BY_ENGINE_CODE = np.array([LOSS_BYTES_PER_LOGIT[e] for e in Engine])
+_LOSS_VOCAB_PARALLEL_BY_ENGINE_CODE = np.array([LOSS_VOCAB_PARALLEL[e] for e in Engine])
 
 
 def loss_bytes_per_logit(plan):
     """LOSS_BYTES_PER_LOGIT of the plan's engine (per plan of a batch)."""
     return _LOSS_BYTES_BY_ENGINE_CODE[engine_of(plan)]
+
+
+def loss_logits_per_token(model, plan):
+    """Logits one GPU holds per token while the loss runs: V / tp for a vocabulary-parallel loss, V
+    where the engine gathers the logits over tp (LOSS_VOCAB_PARALLEL)."""
+    t = np.asarray(plan.tp, dtype=float)
+    return model.vocab / np.where(_LOSS_VOCAB_PARALLEL_BY_ENGINE_CODE[engine_of(plan)], t, 1.0)
 
 
 def micro_batches(job, plan):
@@ -301,7 +362,7 @@ def activation_bytes(model, job, plan) -> dict:
                        activation_bytes_per_layer(model, job, plan, recompute_code=Recompute.NONE), 0.0) \
         + attention_transient_bytes(model, job, plan)
     embedding_out = (element_bytes(plan) + 1) * T * model.hidden / np.where(sp, t, 1.0)  # output + dropout mask
-    logits = loss_bytes_per_logit(plan) * T * model.vocab / t + element_bytes(plan) * T * model.hidden
+    logits = loss_bytes_per_logit(plan) * T * loss_logits_per_token(model, plan) + element_bytes(plan) * T * model.hidden
     inflight = in_flight_micro_batches(job, plan)
     first = sl.first * per_layer * inflight + embedding_out * inflight + working
     last = sl.last * per_layer + logits + working
