@@ -590,6 +590,7 @@ ENGINE_FP8_RECIPES = {
     Engine.MEGATRON: ("fp8", "fp8-delayed", "fp8-blockwise", "mxfp8"),
     Engine.TORCHTITAN: ("fp8", "fp8-rowwise", "mxfp8"),
     Engine.DEEPSPEED: (),
+    Engine.SCALING: (),
 }
 
 
@@ -787,11 +788,11 @@ RULES: tuple[Rule, ...] = (
        lambda p, s: (f"--tp-comm-overlap overlaps the all-gather / reduce-scatter of sequence parallelism with "
                      f"the GEMMs; it needs tp > 1 and --sp (tp({p.tp}), sp {bool(p.sp)})"),
        field="tp_comm_overlap", accepted="--tp N>1 --sp, or no --tp-comm-overlap", uses_scene=False),
-    _r("engine-tp-comm-overlap", "DeepSpeed has no TP communication overlap", ILLEGAL,
+    _r("engine-tp-comm-overlap", "the engine has no TP communication overlap", ILLEGAL,
        ("engine_code", "tp_comm_overlap"),
-       lambda P, s: np.asarray(P.tp_comm_overlap, bool) & (P.engine_code == Engine.DEEPSPEED),
-       lambda p, s: "--engine deepspeed does not overlap tensor-parallel communication (Megatron-LM "
-                    "--tp-comm-overlap and torchtitan async TP do)",
+       lambda P, s: np.asarray(P.tp_comm_overlap, bool) & _engine_in(P, Engine.DEEPSPEED, Engine.SCALING),
+       lambda p, s: (f"--engine {Engine(p.engine_code).label} does not overlap tensor-parallel communication "
+                     "(Megatron-LM --tp-comm-overlap and torchtitan async TP do)"),
        field="tp_comm_overlap", accepted="--engine megatron, torchtitan or generic", uses_scene=False),
     _r("engine-fp8-recipe", "the engine has no such fp8 recipe", ILLEGAL, ("engine_code", "dtype"),
        lambda P, s: _engine_fp8_refused(P.engine_code, P.dtype),

@@ -275,13 +275,16 @@ def elementwise_forward_time(model, job, plan, curves, moe: bool = False):
     replicated = 22 * h
     unfused = ~np.asarray(getattr(plan, "fused_elementwise", True), dtype=bool)
     replicated = replicated + np.where(unfused, UNFUSED_NORM_EXTRA_BYTES_PER_HIDDEN * h, 0.0)
-    eager_swiglu = unfused & (model.activation == "swiglu")
+    # Scaling (Aleph Alpha) fuses at most the norm: its SwiGLU and rotary embedding are eager PyTorch
+    # (scaling/core/nn/mlp.py, rotary.py: q * cos + rotate_half(q) * sin)
+    eager_rest = unfused | (np.asarray(getattr(plan, "engine_code", 0)) == Engine.SCALING)
+    eager_swiglu = eager_rest & (model.activation == "swiglu")
     act = act + np.where(eager_swiglu, UNFUSED_SWIGLU_EXTRA_BYTES_PER_FFN * model.ffn_hidden, 0.0)
     unfused_extra = np.where(np.asarray(plan.flash_attention, dtype=bool), 0.0, 8 * (h + hkv))
-    rope = rope_bytes_per_token(model, unfused)
+    rope = rope_bytes_per_token(model, eager_rest)
     per_token = replicated / np.where(sp, t, 1.0) + (act + unfused_extra + rope) / t
-    kernels = (8 + (4 if moe else 0) + np.where(unfused, UNFUSED_NORM_EXTRA_KERNELS + eager_swiglu, 0)
-               + (np.where(unfused, EAGER_ROPE_KERNELS, FUSED_ROPE_KERNELS) if model.rotary else 0))
+    kernels = (8 + (4 if moe else 0) + np.where(unfused, UNFUSED_NORM_EXTRA_KERNELS, 0) + eager_swiglu
+               + (np.where(eager_rest, EAGER_ROPE_KERNELS, FUSED_ROPE_KERNELS) if model.rotary else 0))
     return curves.memory_time(T * per_token * element_bytes(plan) / BYTES, kernels=kernels)
 
 
