@@ -61,3 +61,18 @@ def test_interval_is_printed(capsys):
 def test_every_accelerator_preset_has_a_generation():
     from paraplan.hardware.catalog import preset_names
     assert set(preset_names("accelerators")) <= set(I.GENERATION)
+
+
+def test_whatif_throughput_figure_draws_the_band_only_where_calibrated():
+    import pandas as pd
+    from paraplan.reports.figures import throughput_figure
+    nan = float("nan")
+    data = pd.DataFrame({"series": ["h100", "h100", "mi300x", "mi300x"], "x": [1, 2, 1, 2],
+                         "x_label": ["1", "2", "1", "2"], "tokens_per_s": [10.0, 20.0, 9.0, 18.0],
+                         "tokens_per_s_lo90": [9.0, 18.0, nan, nan], "tokens_per_s_hi90": [11.0, 22.0, nan, nan],
+                         "mfu": [0.5, 0.5, 0.4, 0.4], "feasible": [True] * 4, "plan": ["a"] * 4})
+    fig = throughput_figure(data, "t", "x", "cluster")
+    bands = [c for c in fig.axes[0].collections if c.get_gid() == "interval90"]
+    assert len(bands) == 1                       # h100 only: mi300x has no calibration data
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert "90 % prediction interval" in labels

@@ -58,6 +58,10 @@ def points_table(results, scenario) -> pd.DataFrame:
         row.update({"step_time_s": e.step_time_s if e else nan, "tokens_per_s": e.tokens_per_s if e else nan,
                     "tokens_per_s_per_gpu": e.tokens_per_s_per_gpu if e else nan, "mfu": e.mfu if e else nan,
                     "hfu": e.hfu if e else nan, "model_tflops_per_gpu": e.model_tflops_per_gpu if e else nan})
+        # the 90 % prediction interval of the hardware generation (NaN where it has no calibration data)
+        iv = (e.prediction_interval if e else {}) or {}
+        lo, hi = iv.get("tokens_per_s", (nan, nan))
+        row.update({"tokens_per_s_lo90": lo, "tokens_per_s_hi90": hi})
         for k in TIME_TERMS:
             row[f"time_{k}_s"] = e.time_breakdown_s[k] if e else nan
         for k in (*MEMORY_TERMS, "total"):
@@ -104,6 +108,7 @@ def scaling_data(df: pd.DataFrame, scenario) -> pd.DataFrame:
         for _, r in g.iterrows():
             ideal = first["tokens_per_s"] * r["gpus"] / first["gpus"]
             out.append({"series": group, "gpus": r["gpus"], "tokens_per_s": r["tokens_per_s"] if r["feasible"] else np.nan,
+                        **_band(r),
                         "ideal_tokens_per_s": ideal, "mfu": r["mfu"] if r["feasible"] else np.nan,
                         "scaling_efficiency": r["tokens_per_s"] / ideal if r["feasible"] else np.nan,
                         "feasible": r["feasible"], "plan": r["plan"]})
@@ -130,9 +135,16 @@ def throughput_data(df: pd.DataFrame, scenario) -> pd.DataFrame:
     for group, g in _groups(df, scenario, var):
         for _, r in g.iterrows():
             out.append({"series": group, "x": r[_col(var)], "x_label": format_value(var, r[_col(var)]),
-                        "tokens_per_s": r["tokens_per_s"] if r["feasible"] else np.nan,
+                        "tokens_per_s": r["tokens_per_s"] if r["feasible"] else np.nan, **_band(r),
                         "mfu": r["mfu"] if r["feasible"] else np.nan, "feasible": r["feasible"], "plan": r["plan"]})
     return pd.DataFrame(out)
+
+
+def _band(r) -> dict:
+    """The row's 90 % throughput interval (NaN for infeasible points or uncalibrated hardware)."""
+    ok = bool(r["feasible"])
+    return {"tokens_per_s_lo90": r.get("tokens_per_s_lo90", np.nan) if ok else np.nan,
+            "tokens_per_s_hi90": r.get("tokens_per_s_hi90", np.nan) if ok else np.nan}
 
 
 def pareto_flags(values: np.ndarray) -> np.ndarray:

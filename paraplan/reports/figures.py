@@ -36,6 +36,9 @@ def _series_legend(ax, series: list[str], styles: list[tuple[str, dict]], **kw) 
     handles = [Line2D([], [], color=SERIES_COLORS[i % len(SERIES_COLORS)], linewidth=3, label=s)
                for i, s in enumerate(series)]
     handles += [Line2D([], [], color="black", label=label, **style) for label, style in styles]
+    if any(c.get_gid() == "interval90" for c in ax.collections):
+        from matplotlib.patches import Patch
+        handles.append(Patch(color="black", alpha=0.15, linewidth=0, label="90 % prediction interval"))
     ax.legend(handles=handles, fontsize=8, **kw)
 
 
@@ -79,6 +82,7 @@ def scaling_figure(data, title: str, series_label: str = "") -> Figure:
         color = SERIES_COLORS[i % len(SERIES_COLORS)]
         suffix = f" {name}" if name else ""
         ax.plot(g["gpus"], g["tokens_per_s"], "o-", color=color, label=f"predicted tokens/s{suffix}", gid="tokens")
+        _interval_band(ax, g["gpus"], g, color)
         ax.plot(g["gpus"], g["ideal_tokens_per_s"], "--", color=color, alpha=0.55,
                 label=f"ideal linear{suffix}", gid="ideal")
         mfu_ax.plot(g["gpus"], 100 * g["mfu"], "s-", color=color, markersize=4, label=f"MFU{suffix}", gid="mfu")
@@ -337,6 +341,15 @@ def cost_figure(data, title: str, *, price: float | None, xlabel: str = "") -> F
     return fig
 
 
+def _interval_band(ax, x, g, color) -> None:
+    """The 90 % prediction interval of a series as a shaded band (nothing where the hardware has no
+    calibration data: the columns are NaN)."""
+    if "tokens_per_s_lo90" not in g or not g["tokens_per_s_lo90"].notna().any():
+        return
+    ax.fill_between(list(x), g["tokens_per_s_lo90"].to_numpy(float), g["tokens_per_s_hi90"].to_numpy(float),
+                    color=color, alpha=0.15, linewidth=0, gid="interval90")
+
+
 def throughput_figure(data, title: str, xlabel: str, series_label: str = "") -> Figure:
     """Tokens/s against the swept variable (categorical axis), one line per series; MFU in a panel
     below on its own zoomed axis, so that series with close MFUs stay apart. Points without a plan
@@ -351,6 +364,7 @@ def throughput_figure(data, title: str, xlabel: str, series_label: str = "") -> 
         pos = [labels.index(v) for v in g["x_label"]]
         suffix = f" {name}" if name else ""
         ax.plot(pos, g["tokens_per_s"], "o-", color=color, label=f"tokens/s{suffix}", gid="tokens")
+        _interval_band(ax, pos, g, color)
         mfu_ax.plot(pos, 100 * g["mfu"], "s-", color=color, markersize=4, label=f"MFU{suffix}", gid="mfu")
         for p, (_, r) in zip(pos, g.iterrows()):
             if not r["feasible"]:
@@ -364,7 +378,8 @@ def throughput_figure(data, title: str, xlabel: str, series_label: str = "") -> 
     ax.set_xlabel(xlabel)
     mfu_ax.set_xlabel(xlabel)
     ax.set_ylabel("throughput (tokens/s)")
-    top = np.nanmax(np.r_[data["tokens_per_s"].to_numpy(float), 1.0])
+    band = data["tokens_per_s_hi90"].to_numpy(float) if "tokens_per_s_hi90" in data else []
+    top = np.nanmax(np.r_[data["tokens_per_s"].to_numpy(float), band, 1.0])
     ax.set_ylim(0, top * 1.2)
     _si_axis(ax.yaxis)
     mfu_ax.set_ylabel("MFU (%)")

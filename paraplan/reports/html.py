@@ -57,10 +57,14 @@ CAPTIONS = {
     "scaling": "Predicted tokens/s of the best plan at each GPU count (log-log), the ideal linear line from the "
                "first point that fits, and MFU in the panel below. '% of linear' is tokens/s divided by that "
                "ideal (the first fitting point's tokens/s times the GPU ratio); it exceeds 100 % when a larger "
-               "cluster allows a plan with a higher MFU than the first point's (its note gives both MFUs).",
+               "cluster allows a plan with a higher MFU than the first point's (its note gives both MFUs)."
+               " The shaded band is the 90 % prediction interval from the calibration residuals of the hardware "
+               "generation (none for hardware without calibration data).",
     "throughput": "Predicted tokens/s (top) and MFU (bottom) of the best plan at each value of the swept "
                   "variable, one line per value of the second swept variable; with two lines or fewer the "
-                  "points are labelled with their plan.",
+                  "points are labelled with their plan."
+                  " The shaded band is the 90 % prediction interval from the calibration residuals of the "
+                  "hardware generation (none for hardware without calibration data).",
     "breakdown": "Where each optimizer step goes, stacked; the bar height is the predicted step time.",
     "memory": "Per-GPU memory of the peak pipeline stage, stacked, against the GPU's HBM.",
     "heatmap": "Best predicted tokens/s for each (tp, pp), best over every other axis; hatched cells have legal "
