@@ -170,8 +170,8 @@ class Scenario:
             raise ConfigError("--price-per-gpu-hour", f"must be positive, got {self.price_per_gpu_hour}")
         if self.train_tokens is not None and not self.train_tokens > 0:
             raise ConfigError("--train-tokens", f"must be positive, got {self.train_tokens}")
-        if not 0 < self.max_memory_fraction <= 1:
-            raise ConfigError("max_memory_fraction", f"must be in (0, 1], got {self.max_memory_fraction}")
+        if not 0.01 <= self.max_memory_fraction <= 1:
+            raise ConfigError("max_memory_fraction", f"must be in [0.01, 1], got {self.max_memory_fraction}")
 
     @property
     def replans(self) -> bool:
