@@ -35,9 +35,9 @@ def test_fuzzed_cli_inputs_end_cleanly_and_name_their_field(monkeypatch):
            if r.verdict != "ok"]
     assert not bad, bad[:5]
     s = fuzz.summarize(results)
-    assert s["tracebacks"] == s["hangs_over_20s"] == s["errors_not_naming_field"] == 0
+    assert s["tracebacks"] == s["hangs"] == s["errors_not_naming_field"] == 0
     assert s["subprocess_cases"] >= 3
-    assert max(r.seconds for r in results) < fuzz.HANG_S
+    assert max(r.cpu_seconds for r in results) < fuzz.HANG_S and max(r.seconds for r in results) < fuzz.WALL_LIMIT_S
     # the sample exercises both outcomes, and every command
     assert s["exit_codes"].get("2", 0) > 100 and s["exit_codes"].get("0", 0) > 10
     assert {c.argv[0] for c in cases} >= {"plan", "estimate", "export", "whatif", "list", "cf", "validate", "profile"}
