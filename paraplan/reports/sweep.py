@@ -253,7 +253,12 @@ def _opt_float(data, key, source):
     v = data.get(key)
     if v is None:
         return None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= MAX_VALUE * 1e18:
+    if isinstance(v, str):            # YAML 1.1 reads 300e9 (no dot) as text
+        try:
+            v = float(v)
+        except ValueError:
+            pass
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= 1e30:
         raise ConfigError(key, f"expected a positive finite number, got {shown(v)}", source=source)
     return float(v)
 
