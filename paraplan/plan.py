@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from paraplan.errors import ConfigError
+from paraplan.errors import ConfigError, shown
 
 
 class Mode(IntEnum):
@@ -41,7 +41,7 @@ class Mode(IntEnum):
         for m in cls:
             if isinstance(value, str) and value == m.label:
                 return m
-        raise ConfigError(field or MODE_FIELD_NAMES[cls], f"unknown value {value!r}", accepted=", ".join(cls.labels()))
+        raise ConfigError(field or MODE_FIELD_NAMES[cls], f"unknown value {shown(value)}", accepted=", ".join(cls.labels()))
 
 
 class Schedule(Mode):
@@ -160,6 +160,7 @@ POSITIVE_INT_FIELDS = ("tp", "pp", "cp", "vpp", "micro_batch", "ep", "etp")
 # layers of the first / last pipeline stage, 0 = automatic (Megatron-LM's
 # --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers)
 STAGE_LAYER_FIELDS = ("first_stage_layers", "last_stage_layers")
+MAX_DEGREE = 2**31 - 1    # degrees, micro-batches and stage sizes past a C int are typos (numpy overflows)
 BOOL_FIELDS = ("sp", "offload_params", "flash_attention", "overlap_grad_reduce", "delayed_update",
                "grad_accumulation_fusion", "fused_elementwise", "tp_comm_overlap")
 
@@ -168,24 +169,27 @@ def validate_field(name: str, value, where: str | None = None):
     """Check one plan field on its own (type and range); return the value (a Mode for modes).
 
     ``where`` names the field in the error (default: the field, as ``Plan`` reports it)."""
+    if name in (*POSITIVE_INT_FIELDS, "dp", *STAGE_LAYER_FIELDS) and isinstance(value, (int, np.integer)) \
+            and not isinstance(value, bool) and value > MAX_DEGREE:
+        raise ConfigError(where or name.replace("_", "-"), f"must be at most {MAX_DEGREE:,}, got {shown(value)}")
     if name in POSITIVE_INT_FIELDS:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ConfigError(where or name.replace("_", "-"), f"must be a positive integer, got {value!r}")
+            raise ConfigError(where or name.replace("_", "-"), f"must be a positive integer, got {shown(value)}")
     elif name == "dp":
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise ConfigError(where or "dp", f"must be a positive integer (or 0 for 'what is left'), got {value!r}")
+            raise ConfigError(where or "dp", f"must be a positive integer (or 0 for 'what is left'), got {shown(value)}")
     elif name in STAGE_LAYER_FIELDS:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
             raise ConfigError(where or name.replace("_", "-"),
-                              f"must be a positive integer (or 0 for the automatic split), got {value!r}")
+                              f"must be a positive integer (or 0 for the automatic split), got {shown(value)}")
     elif name == "zero":
         if isinstance(value, bool) or value not in ZERO_STAGES:
-            raise ConfigError(where or "zero", f"unknown ZeRO stage {value!r}", accepted="0, 1, 2, 3")
+            raise ConfigError(where or "zero", f"unknown ZeRO stage {shown(value)}", accepted="0, 1, 2, 3")
     elif name in MODES:
         return MODES[name].parse(value, where)
     elif name in BOOL_FIELDS:
         if not isinstance(value, (bool, np.bool_)):
-            raise ConfigError(where or name, f"expected true or false, got {value!r}")
+            raise ConfigError(where or name, f"expected true or false, got {shown(value)}")
     return value
 
 
@@ -198,11 +202,11 @@ def parse_field(name: str, text, where: str | None = None):
             try:
                 text = int(text.strip())
             except ValueError:
-                raise ConfigError(where, f"expected an integer, got {text!r}") from None
+                raise ConfigError(where, f"expected an integer, got {shown(text)}") from None
         elif name in BOOL_FIELDS:
             low = text.strip().lower()
             if low not in ("true", "false", "1", "0"):
-                raise ConfigError(where, f"expected true or false (or 1 or 0), got {text!r}")
+                raise ConfigError(where, f"expected true or false (or 1 or 0), got {shown(text)}")
             text = low in ("true", "1")
         else:
             text = text.strip()
@@ -255,7 +259,7 @@ class Plan:
     tp_comm_overlap: bool = False
 
     def __post_init__(self):
-        for key in (*POSITIVE_INT_FIELDS, "dp", *MODES, "zero", *STAGE_LAYER_FIELDS):
+        for key in (*POSITIVE_INT_FIELDS, "dp", *MODES, "zero", *STAGE_LAYER_FIELDS, *BOOL_FIELDS):
             validate_field(key, getattr(self, key))
         view = PlanBatch.from_plans([self])
         for rule in RULES:
@@ -309,8 +313,17 @@ class Plan:
         names = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
-            raise ConfigError(unknown[0], "unknown plan key", accepted=", ".join(sorted(names)), source=source)
-        return cls(**dict(data))
+            raise ConfigError(str(unknown[0])[:60], "unknown plan key", accepted=", ".join(sorted(names)), source=source)
+        try:
+            return cls(**dict(data))
+        except ConfigError as e:
+            # name the field as the user wrote it: the flag (--micro-batch) or the file's key (plan.micro_batch)
+            key = e.field.replace("-", "_")
+            if key not in names or e.source:
+                raise
+            field = f"--{e.field.replace('_', '-')}" if source == "flags" else f"plan.{key}"
+            raise ConfigError(field, e.problem, accepted=e.accepted,
+                              source=None if source == "flags" else source) from None
 
     def label(self) -> str:
         parts = [f"tp{self.tp}", f"pp{self.pp}", f"dp{self.dp}"]
@@ -834,7 +847,10 @@ def check_plan(plan: Plan, model, job, cluster) -> Plan:
     view = PlanBatch.from_plans([filled])
     failed = failed_rules(view, scene)
     if failed:
+        problems = [r.explain(view, scene) for r in failed]
+        if not plan.dp and any("dp" in r.axes for r in failed):
+            problems.append(f"dp({filled.dp}) is what gpus({gpus}) leave: gpus / (tp*pp*cp)")
         named = {r.field for r in failed}
         field = named.pop() if len(named) == 1 else "plan"
-        raise ConfigError(field, "; ".join(r.explain(view, scene) for r in failed))
+        raise ConfigError(field, "; ".join(problems))
     return filled

@@ -94,7 +94,7 @@ def test_validate_checks_out_before_the_run(tmp_path, capsys):
     assert main(["cf", "validate", "--out", str(blocker), *TINY, "--profile", str(prof)]) == 2
     assert time.perf_counter() - t0 < 5 and not prof.exists()
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("paraplan: error: out:") and "not a folder" in err
+    assert err.count("\n") == 1 and err.startswith("paraplan: error: --out:") and "not a folder" in err
     assert main(["cf", "validate", "--out", str(blocker / "sub"), *TINY, "--profile", str(prof)]) == 2
     assert "out:" in capsys.readouterr().err and not prof.exists()
 

@@ -63,7 +63,7 @@ def test_table_view_shows_the_breakdown(capsys):
     (["--model", "llama3-8b", "--cluster", "dgx-h100", "--pp", "8", "--vpp", "8"], "layers(32) < pp(8) * vpp(8)"),
     (["--model", "llama3-8b", "--cluster", "dgx-h100", "--global-batch", "12", "--micro-batch", "2"],
      "global_batch(12) % (dp(8) * micro_batch(2))"),
-    (["--model", "llama3-8b", "--cluster", "dgx-h100", "--vpp", "2"], "interleaved schedule needs pp > 1"),
+    (["--model", "llama3-8b", "--cluster", "dgx-h100", "--vpp", "2"], "--vpp: 2 virtual stages per pipeline stage need --pp > 1"),
     (["--model", "llama3-8b", "--cluster", "dgx1-v100", "--dtype", "bf16"], "no bf16"),
 ])
 def test_bad_input_is_one_line_exit_2(args, needle):

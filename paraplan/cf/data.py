@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from paraplan.errors import ConfigError
+from paraplan.io import read_text
 
 ITEM_SLOPE = 0.65   # mean of Gowalla 0.61, Yelp2018 0.65, Amazon-Book 0.68 (reference §4)
 USER_SLOPE = 0.57   # mean of 0.59, 0.54, 0.60
@@ -154,6 +155,9 @@ def _make(lists, tu, ti, test, users, items, name) -> CFData:
                   np.concatenate(ti) if ti else np.zeros(0, np.int64), test, name)
 
 
+MAX_ID = 2**31 - 1
+
+
 def read_lightgcn(path: str | Path) -> dict:
     """Read ``user item item ...`` lines into {user: int64 array}; blank lines are skipped.
 
@@ -161,10 +165,7 @@ def read_lightgcn(path: str | Path) -> dict:
     repeated on two lines. A line holding only a user id (no items) is accepted: LightGCN writes those.
     """
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise ConfigError("dataset", f"cannot read {path}: {e.strerror or e}") from None
+    text = read_text(path, "dataset")
     lists = {}
     for n, line in enumerate(text.splitlines(), 1):
         tok = line.split()
@@ -179,6 +180,9 @@ def read_lightgcn(path: str | Path) -> dict:
                               source=str(path)) from None
         if min(vals) < 0:
             raise ConfigError("dataset", f"line {n}: negative id {min(vals)}", source=str(path))
+        if max(vals) > MAX_ID:
+            raise ConfigError("dataset", f"line {n}: id {str(max(vals))[:30]} is too large", accepted=f"ids up to {MAX_ID}",
+                              source=str(path))
         if vals[0] in lists:
             raise ConfigError("dataset", f"line {n}: user {vals[0]} appears on an earlier line too",
                               source=str(path))

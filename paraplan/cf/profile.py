@@ -22,6 +22,7 @@ The JSON file goes where the user says; the main project may later keep profiles
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import time
@@ -397,21 +398,47 @@ def save(profile: CpuProfile, path: str | Path) -> Path:
     return path
 
 
+def _check_numbers(value, key: str, source: str, depth: int = 0) -> None:
+    """A profile value: a finite non-negative number, or (nested) lists of them / a mapping of them."""
+    if isinstance(value, bool) or depth > 6:
+        raise ConfigError(key, f"expected numbers, got {value!r}"[:120], source=source)
+    if isinstance(value, (int, float)):
+        if not math.isfinite(value) or value < 0 or value > 1e18:
+            raise ConfigError(key, f"expected a finite number >= 0, got {value!r}"[:120], source=source)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _check_numbers(v, key, source, depth + 1)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            _check_numbers(v, f"{key}.{k}", source, depth + 1)
+    else:
+        raise ConfigError(key, f"expected numbers, got {value!r}"[:120], source=source)
+
+
 def load(path: str | Path) -> CpuProfile:
-    """Read a profile written by :func:`save`; ConfigError if missing or malformed."""
+    """Read a profile written by :func:`save`; ConfigError naming the key if missing or malformed."""
     path = Path(path)
     data = read_json(path, "profile")
+    if not isinstance(data, dict):
+        raise ConfigError("profile", "expected a JSON object written by `paraplan cf profile`", source=str(path))
     fields = CpuProfile.__dataclass_fields__
-    missing = [k for k in fields if k not in data and fields[k].default is fields[k].default_factory]
-    missing = [k for k in missing if k not in ("host", "version")]
+    missing = [k for k in fields if k not in data and k not in ("host", "version")]
     if missing:
-        raise ConfigError("profile", f"missing fields {', '.join(missing)}", source=str(path))
+        raise ConfigError(missing[0], f"missing fields {', '.join(missing)}", source=str(path))
     if data.get("version") != PROFILE_VERSION:
-        raise ConfigError("profile", f"version {data.get('version')} is not {PROFILE_VERSION}; re-run cf profile",
-                          source=str(path))
+        raise ConfigError("profile", f"version {str(data.get('version'))[:40]} is not {PROFILE_VERSION}; "
+                          "re-run cf profile", source=str(path))
+    for k in fields:
+        if k in ("host", "version") or data.get(k) is None and fields[k].default is None:
+            continue
+        _check_numbers(data[k], k, str(path))
+    for k in ("threads", "row_bytes"):
+        if not isinstance(data[k], int) or not 1 <= data[k] <= 1 << 20:
+            raise ConfigError(k, f"expected a positive integer, got {data[k]!r}"[:120], source=str(path))
     vals = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in fields}
-    if len(vals["ws_bytes"]) != len(vals["row_time_s"]) or len(vals["ws_bytes"]) < 2:
-        raise ConfigError("profile", "ws_bytes and row_time_s must be equal-length lists of 2+ points",
+    if not isinstance(vals["ws_bytes"], tuple) or not isinstance(vals["row_time_s"], tuple) or \
+            len(vals["ws_bytes"]) != len(vals["row_time_s"]) or len(vals["ws_bytes"]) < 2:
+        raise ConfigError("ws_bytes", "ws_bytes and row_time_s must be equal-length lists of 2+ points",
                           source=str(path))
     return CpuProfile(**vals)
 

@@ -6,17 +6,16 @@ One module per command (``estimate``, ``list``, ``plan``, ``export``, ``whatif``
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 from paraplan.cli import catalog, cf, estimate, export, plan, validate, whatif
-from paraplan.cli.common import run_command
+from paraplan.cli.common import ParaplanArgumentParser, parse_or_exit_code, run_command
 
 COMMANDS = (estimate, catalog, plan, export, whatif, validate, cf)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="paraplan", description="Simulate and plan parallel training layouts.")
+def build_parser() -> ParaplanArgumentParser:
+    ap = ParaplanArgumentParser(prog="paraplan", description="Simulate and plan parallel training layouts.")
     sub = ap.add_subparsers(dest="command", required=True)
     for command in COMMANDS:
         command.register(sub)
@@ -24,8 +23,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return run_command(args.func, args)
+    args, code = parse_or_exit_code(build_parser(), argv)
+    return code if args is None else run_command(args.func, args)
 
 
 if __name__ == "__main__":

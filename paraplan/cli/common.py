@@ -7,40 +7,194 @@ flag cannot drift apart, and each flag means the same on every command that has 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import difflib
+import math
+import os
+import re
 import sys
 from dataclasses import MISSING, Field, fields
+from pathlib import Path
 
-from paraplan.errors import ConfigError, ParaplanError
+from paraplan.errors import ConfigError, ParaplanError, shown
 from paraplan.plan import (CP_MODES, DTYPES, ENGINES, OFFLOAD, OPTIMIZERS, RECOMPUTE, SCHEDULES, STAGE_LAYER_FIELDS,
                            Plan)
 from paraplan.planfile import read_plan_file
 from paraplan.scenario import Scenario, load_scenario
 
 
-def positive_int(name: str):
-    """An argparse type that accepts integers >= 1 and names the flag in its error."""
+# Counts beyond a C int are refused where they are read (2^31 GPUs, layers, batches ... are never
+# meant; numpy and the solvers overflow or walk for minutes on them).
+MAX_COUNT = 2**31 - 1
+
+
+def _integer(name: str, text: str, low: int, high: int, what: str) -> int:
+    try:
+        v = int(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{name} must be {what}, got {shown(text)}") from None
+    if v < low:
+        raise argparse.ArgumentTypeError(f"{name} must be {what}, got {shown(text)}")
+    if v > high:
+        raise argparse.ArgumentTypeError(f"{name} must be at most {high:,}, got {shown(text)}")
+    return v
+
+
+def positive_int(name: str, maximum: int = MAX_COUNT):
+    """An argparse type that accepts integers 1..maximum and names the flag in its error."""
     def parse(text: str) -> int:
+        return _integer(name, text, 1, maximum, "a positive integer")
+    return parse
+
+
+def non_negative_int(name: str, maximum: int = MAX_COUNT, zero_means: str = "automatic"):
+    """An argparse type that accepts integers 0..maximum (0: ``zero_means``) and names the flag."""
+    def parse(text: str) -> int:
+        return _integer(name, text, 0, maximum, f"a positive integer or 0 ({zero_means})")
+    return parse
+
+
+def number(name: str, *, low: float | None = 0.0, high: float | None = None, low_open: bool = True):
+    """An argparse type for a finite number in (low, high] (``low_open=False``: [low, high]); the
+    error names the flag and the range. NaN, inf and numbers past a double are refused."""
+    span = (f"{'>' if low_open else '>='} {low:g}" if low is not None else "") + \
+        (" and " if low is not None and high is not None else "") + (f"<= {high:g}" if high is not None else "")
+
+    def parse(text: str) -> float:
         try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a positive integer, got {text!r}") from None
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be a positive integer, got {text!r}")
+            v = float(text)
+        except (ValueError, OverflowError):
+            raise argparse.ArgumentTypeError(f"{name} must be a number {span}, got {shown(text)}") from None
+        if not math.isfinite(v) or (low is not None and (v <= low if low_open else v < low)) or \
+                (high is not None and v > high):
+            raise argparse.ArgumentTypeError(f"{name} must be a finite number {span}, got {shown(text)}")
         return v
     return parse
 
 
-def non_negative_int(name: str):
-    """An argparse type that accepts integers >= 0 (0: automatic) and names the flag in its error."""
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            v = -1
-        if v < 0:
-            raise argparse.ArgumentTypeError(f"{name} must be a positive integer or 0 (automatic), got {text!r}")
-        return v
-    return parse
+NAME_MAX_BYTES = 255     # one path component, on every common file system
+
+
+def _too_long_part(path: str) -> str | None:
+    return next((part for part in Path(path).parts if len(os.fsencode(part)) > NAME_MAX_BYTES), None)
+
+
+def check_out_path(flag: str, path: str, *, folder: bool) -> None:
+    """Refuse an output path that cannot be written, before any work: empty, a name over 255 bytes, a
+    folder where a file goes (or a file where a folder goes), or under a file. ConfigError naming ``flag``."""
+    if not path or not path.strip():
+        raise ConfigError(flag, "empty path", accepted="a file name" if not folder else "a folder name")
+    long_part = _too_long_part(path)
+    if long_part:
+        raise ConfigError(flag, f"a name in the path is {len(os.fsencode(long_part))} bytes long",
+                          accepted=f"names of at most {NAME_MAX_BYTES} bytes")
+    p = Path(path)
+    if p.exists():
+        if folder and not p.is_dir():
+            raise ConfigError(flag, f"{path} is a file, not a folder", accepted="a folder (new or existing)")
+        if not folder and p.is_dir():
+            raise ConfigError(flag, f"{path} is a folder", accepted="a file name")
+    for parent in p.absolute().parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise ConfigError(flag, f"{parent} is a file, so {path} cannot be created under it")
+            break
+
+
+def check_in_path(flag: str, path: str) -> None:
+    """Refuse an input path that is empty, too long, missing or a folder. ConfigError naming ``flag``."""
+    if not path or not path.strip():
+        raise ConfigError(flag, "empty path", accepted="an existing file")
+    long_part = _too_long_part(path)
+    if long_part:
+        raise ConfigError(flag, f"a name in the path is {len(os.fsencode(long_part))} bytes long",
+                          accepted=f"names of at most {NAME_MAX_BYTES} bytes")
+    if os.path.isdir(path):
+        raise ConfigError(flag, f"{path} is a folder", accepted="a file")
+
+
+@contextlib.contextmanager
+def writing(flag: str, path: str):
+    """Turn an OSError while writing ``path`` (read-only place, disk full, name too long) into a
+    ConfigError naming ``flag``; nothing half-written stays (the writers are atomic)."""
+    try:
+        yield
+    except OSError as e:
+        raise ConfigError(flag, f"cannot write {path}: {e.strerror or e}") from None
+
+
+class ParaplanArgumentParser(argparse.ArgumentParser):
+    """argparse with one-line errors: the flag, the problem, the accepted values and a did-you-mean
+    for a mistyped flag or choice, then where to look (``--help``), instead of the whole usage."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        self._given = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def error(self, message: str):
+        if message.startswith("the following arguments are required"):
+            # argparse checks required flags before it reports unknown ones: a mistyped required
+            # flag is better reported as the typo it is
+            known = {o for a in self._actions for o in a.option_strings}
+            typos = [w for w in getattr(self, "_given", ()) if w.startswith("--") and w.split("=")[0] not in known
+                     and not any(k.startswith(w.split("=")[0]) for k in known)]
+            if typos:
+                message = f"unrecognized arguments: {typos[0]}"
+        print(f"{self.prog}: error: {friendly_parse_error(message, self)}", file=sys.stderr)
+        print(f"(see: {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _did_you_mean(word: str, known) -> str:
+    close = difflib.get_close_matches(word, list(known), n=2, cutoff=0.6)
+    return f"; did you mean {' or '.join(close)}?" if close else ""
+
+
+def _all_options(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string of a parser and its subcommands (the top level reports a subcommand's
+    unknown flags, so its did-you-mean looks there too)."""
+    out = set()
+    for a in parser._actions:
+        out.update(a.option_strings)
+        if isinstance(a, argparse._SubParsersAction):
+            for sub in a.choices.values():
+                out |= _all_options(sub)
+    return out
+
+
+def friendly_parse_error(message: str, parser: argparse.ArgumentParser) -> str:
+    """argparse's error message as one line that starts with the flag it is about."""
+    m = re.match(r"argument (\S+?): invalid choice: (.*?) \(choose from (.*)\)$", message, re.S)
+    if m:
+        flag, value, choices = m.groups()
+        names = [c.strip().strip("'") for c in choices.split(",")]
+        flag = flag.split("/")[0]
+        if flag.startswith("{"):        # a subcommand shown by its metavar
+            flag = "command"
+        return (f"{flag}: unknown value {shown(value.strip(chr(39)))}{_did_you_mean(value.strip(chr(39)), names)}"
+                f" (accepted: {', '.join(names)})")
+    m = re.match(r"unrecognized arguments: (.*)$", message, re.S)
+    if m:
+        words = m.group(1).split()
+        flags = [w for w in words if w.startswith("-")]
+        word = (flags or words)[0]
+        known = _all_options(parser)
+        return (f"{shown(word.split('=')[0], 60).strip(chr(39))}: unrecognized argument"
+                f"{_did_you_mean(word.split('=')[0], known)}")
+    m = re.match(r"argument (\S+): (.*)$", message, re.S)
+    if m:
+        flag, rest = m.groups()
+        flag = flag.split("/")[0]
+        if rest.startswith(flag):
+            return rest
+        return f"{flag}: {rest}"
+    m = re.match(r"the following arguments are required: (.*)$", message, re.S)
+    if m:
+        return f"{m.group(1)}: required"
+    m = re.match(r"ambiguous option: (\S+?)(=\S*)? could match (.*)$", message, re.S)
+    if m:
+        return f"{m.group(1)}: ambiguous option (could be {m.group(3)})"
+    return message
 
 
 def add_scenario_args(ap: argparse.ArgumentParser, *, require: bool = True) -> None:
@@ -54,11 +208,12 @@ def add_scenario_args(ap: argparse.ArgumentParser, *, require: bool = True) -> N
     ap.add_argument("--seq-len", type=positive_int("--seq-len"), default=None, help="tokens per sequence (default 2048)")
     ap.add_argument("--global-batch", type=positive_int("--global-batch"), default=None,
                     help="sequences per optimizer step (default: 1 per data-parallel rank x micro-batch)")
-    ap.add_argument("--moe-imbalance", type=float, default=1.0,
+    ap.add_argument("--moe-imbalance", type=number("--moe-imbalance", low=1.0, high=1e6, low_open=False), default=1.0,
                     help="busiest expert's tokens over the balanced share (1.0 = balanced)")
     ap.add_argument("--network", choices=("rail", "flat"), default=None,
                     help="place groups on a networkx model of the fabric: rail-optimized or flat leaves")
-    ap.add_argument("--oversubscription", type=float, default=None,
+    ap.add_argument("--oversubscription", type=number("--oversubscription", low=1.0, high=1e6, low_open=False),
+                    default=None,
                     help="leaf-to-spine oversubscription of the fabric (e.g. 2 for 2:1); implies --network rail")
 
 
@@ -144,7 +299,8 @@ def add_search_args(ap: argparse.ArgumentParser, *, max_memory_fraction: float |
                     "schedule=interleaved, recompute=selective, optimizer=adam, cp_mode=ulysses, dtype=bf16, "
                     "flash_attention=false")
     ap.add_argument("--no-offload", action="store_true", help="do not consider CPU/NVMe offload")
-    ap.add_argument("--max-memory-fraction", type=float, default=max_memory_fraction,
+    ap.add_argument("--max-memory-fraction", type=number("--max-memory-fraction", low=0.01, high=1.0, low_open=False),
+                    default=max_memory_fraction,
                     help="use at most this share of each GPU's memory (default "
                          f"{'1.0' if max_memory_fraction is None else max_memory_fraction})")
 
@@ -173,6 +329,9 @@ def plan_from_args(args) -> Plan:
         if v is not None:
             base[k] = v
     if base.get("vpp", 1) > 1 and "schedule" not in base:
+        if base.get("pp", 1) == 1:
+            raise ConfigError("--vpp", f"{base['vpp']} virtual stages per pipeline stage need --pp > 1 "
+                              "(the interleaved schedule)", accepted="--vpp 1, or --pp 2 or more")
         base["schedule"] = "interleaved"
     mode = getattr(args, "sp_mode", None)
     if mode == "megatron":
@@ -189,13 +348,35 @@ def scenario_from_args(args) -> Scenario:
                          db=getattr(args, "db", None))
 
 
-def topology_from_args(args) -> dict | None:
-    """The --network/--oversubscription fabric model, or None when neither is given."""
+# The networkx fabric model builds every node, NIC and switch: about 7 s for 16 384 GPUs on one core
+# and growing faster than linearly, so larger clusters are refused instead of left to run for minutes.
+MAX_FABRIC_GPUS = 16384
+
+
+def topology_from_args(args, gpus: int | None = None) -> dict | None:
+    """The --network/--oversubscription fabric model, or None when neither is given (``gpus``: the
+    cluster's GPU count, checked against what the fabric model handles)."""
     if args.network is None and args.oversubscription is None:
         return None
     if args.oversubscription is not None and args.oversubscription < 1:
         raise ConfigError("--oversubscription", f"must be >= 1 (1 = non-blocking), got {args.oversubscription}")
+    if gpus is not None and gpus > MAX_FABRIC_GPUS:
+        flag = "--network" if args.network is not None else "--oversubscription"
+        raise ConfigError(flag, f"the fabric model places groups on at most {MAX_FABRIC_GPUS:,} GPUs, "
+                          f"this cluster has {gpus:,}", accepted=f"--gpus up to {MAX_FABRIC_GPUS:,}, or no {flag}")
     return {"rail_optimized": args.network != "flat", "oversubscription": args.oversubscription}
+
+
+def parse_or_exit_code(parser: argparse.ArgumentParser, argv):
+    """``(args, None)``, or ``(None, exit code)`` when parsing ends the command (an error: 2, after its
+    one-line message; --help: 0), so in-process callers get a code back instead of SystemExit."""
+    try:
+        return parser.parse_args(argv), None
+    except SystemExit as e:
+        return None, e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except ParaplanError as e:     # a flag's own check that raised a ConfigError
+        print(f"paraplan: error: {e}", file=sys.stderr)
+        return None, 2
 
 
 def run_command(func, args) -> int:

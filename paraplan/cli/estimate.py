@@ -17,13 +17,13 @@ def cmd_estimate(args) -> int:
         scenario = read_plan_file(args.plan)["scenario"]
         for key in ("model", "cluster", "gpus", "seq_len", "global_batch"):
             if getattr(args, key, None) is None:
-                setattr(args, key, scenario[key])
+                setattr(args, key, scenario.get(key))
     if not args.model or not args.cluster:
         raise ConfigError("--model/--cluster", "both are required (or --plan FILE that names them)")
     sc = scenario_from_args(args)
     plan = plan_from_args(args)
     cluster = sc.cluster
-    topology = topology_from_args(args)
+    topology = topology_from_args(args, cluster.num_gpus)
     if topology:
         cluster = with_topology(cluster, plan.with_dp_for(cluster.num_gpus), topology)
     e = estimate(sc.model, sc.job(plan), cluster, plan)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from paraplan.cli.common import run_command
+from paraplan.cli.common import ParaplanArgumentParser, check_out_path, parse_or_exit_code, run_command, writing
 from paraplan.io import write_atomic
 from paraplan.planfile import read_plan_file
 from paraplan.planner.export import ENGINES, export
@@ -21,11 +21,14 @@ def add_export_args(ap: argparse.ArgumentParser) -> None:
 
 def cmd_export(args) -> int:
     """Write the plan file as the engine's launch config (to --out or stdout); notes go to stderr."""
-    doc = read_plan_file(args.plan_file)
+    if args.out is not None:
+        check_out_path("--out", args.out, folder=False)
+    doc = read_plan_file(args.plan_file, "PLAN.json")
     result = export(doc, args.engine, source=args.plan_file)
     if args.out:
         # the Megatron-LM script is made executable (x bits under the umask) before it is renamed in
-        write_atomic(args.out, result.text, executable=result.text.startswith("#!"))
+        with writing("--out", args.out):
+            write_atomic(args.out, result.text, executable=result.text.startswith("#!"))
     else:
         sys.stdout.write(result.text)
     for note in result.notes if args.engine == "deepspeed" else ():   # the others carry them as comments
@@ -42,10 +45,10 @@ def register(subparsers) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run `export` on its own (used by tests); errors print one line and return 2."""
-    ap = argparse.ArgumentParser(prog="paraplan export")
+    ap = ParaplanArgumentParser(prog="paraplan export")
     add_export_args(ap)
-    args = ap.parse_args(argv)
-    return run_command(cmd_export, args)
+    args, code = parse_or_exit_code(ap, argv)
+    return code if args is None else run_command(cmd_export, args)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pandas as pd
 
-from paraplan.cli.common import (add_plan_flag, add_scenario_args, add_search_args, scenario_from_args,
+from paraplan.cli.common import (add_plan_flag, check_out_path, positive_int, writing, add_scenario_args, add_search_args, scenario_from_args,
                                  topology_from_args)
 from paraplan import progress
 from paraplan.errors import ConfigError
@@ -90,8 +90,10 @@ def cmd_plan(args) -> int:
     """Search, print the ranked plans (table, JSON or CSV), write the best to --out; 3 if none fits."""
     if args.top < 1:
         raise ConfigError("--top", f"must be at least 1, got {args.top}")
-    if not 0 < args.max_memory_fraction <= 1:
-        raise ConfigError("--max-memory-fraction", f"must be in (0, 1], got {args.max_memory_fraction}")
+    if not 0.01 <= args.max_memory_fraction <= 1:
+        raise ConfigError("--max-memory-fraction", f"must be in [0.01, 1], got {args.max_memory_fraction}")
+    if args.out is not None:
+        check_out_path("--out", args.out, folder=False)
     sc = scenario_from_args(args)
     model, cluster, job = sc.model, sc.cluster, sc.job()
     seq_len, gbs = job.seq_len, job.global_batch
@@ -105,7 +107,7 @@ def cmd_plan(args) -> int:
                            grad_accumulation_fusion=args.grad_accumulation_fusion is not False)
     result = search(model, job, cluster, options=options, top=args.top,
                     max_memory_fraction=args.max_memory_fraction, progress=args.format != "json",
-                    topology=topology_from_args(args))
+                    topology=topology_from_args(args, cluster.num_gpus))
     print(f"searched {result.candidates_evaluated:,} candidates in {result.search_time_s:.2f} s", file=sys.stderr)
     notes = plan_notes(result.plans, options, compressed_alternative(result, model, job, cluster, options, args))
     layout = None
@@ -152,7 +154,8 @@ def cmd_plan(args) -> int:
     if args.out:
         if not result.plans:
             raise ConfigError("--out", "no plan fits, nothing to write")
-        write_plan_file(args.out, result.best, args.model, args.cluster)
+        with writing("--out", args.out):
+            write_plan_file(args.out, result.best, args.model, args.cluster)
     return 0 if result.plans else 3
 
 
@@ -160,7 +163,8 @@ def register(sub) -> None:
     """Add ``plan`` to the subparsers."""
     ap = sub.add_parser("plan", help="search the layout space for the fastest plans that fit")
     add_scenario_args(ap)
-    ap.add_argument("--top", type=int, default=10)
+    ap.add_argument("--top", type=positive_int("--top", maximum=1000), default=10,
+                    help="plans to rank and show (1-1000)")
     add_search_args(ap, max_memory_fraction=DEFAULT_PLAN_MEMORY_FRACTION)
     ap.add_argument("--allow-compressed-optimizers", action="store_true",
                     help="consider 1-bit Adam, 0/1 Adam and 1-bit LAMB (DeepSpeed; they compress the gradient "

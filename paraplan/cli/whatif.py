@@ -5,7 +5,8 @@ import argparse
 import dataclasses
 import sys
 
-from paraplan.cli.common import add_plan_args, add_scenario_args, add_search_args, plan_flags_given, plan_from_args
+from paraplan.cli.common import (add_plan_args, check_out_path, writing, add_scenario_args, add_search_args, number, plan_flags_given,
+                                 plan_from_args)
 from paraplan.planner.space import parse_fix
 from paraplan.errors import ConfigError
 from paraplan.reports.sweep import Scenario, load_scenario, parse_sweep
@@ -16,19 +17,6 @@ values: lists 64,128,256; ranges 2k..128k (the ends and every power of two betwe
 multipliers x0.5,x1,x2 (of the base value). Example:
   paraplan whatif --model gpt3-175b --cluster dgx-a100-80g --seq-len 2048 --global-batch 1536 \\
       --sweep gpus=64..4096 --price-per-gpu-hour 2 --train-tokens 300e9 --out report-gpt3"""
-
-
-def _float(name: str):
-    """An argparse type for a positive number (a ConfigError names the flag)."""
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            raise ConfigError(name, f"expected a number, got {text!r}") from None
-        if not v > 0:
-            raise ConfigError(name, f"must be positive, got {text!r}")
-        return v
-    return parse
 
 
 def scenario_from_cli(args):
@@ -82,10 +70,12 @@ def cmd_whatif(args) -> int:
     """Evaluate the sweep, write the report folder, print the points; 3 if no point fits."""
     from paraplan.reports.report import check_out_dir, whatif   # matplotlib: only when a report is written
     from paraplan.reports.html import clusters_text
+    check_out_path("--out", args.out, folder=True)
     scenario = scenario_from_cli(args)
     check_out_dir(args.out)          # before the sweep: a folder it cannot write into fails at once
     r = whatif(scenario=scenario, progress=not args.quiet)
-    out = r.write(args.out)
+    with writing("--out", args.out):
+        out = r.write(args.out)
     df = r.table
     print(f"paraplan whatif: {len(df)} points in {r.seconds:.1f} s", file=sys.stderr)   # timing off stdout
     print(f"paraplan whatif — {scenario.model} on {clusters_text(scenario)}: {len(df)} points "
@@ -110,8 +100,8 @@ def register(sub) -> None:
     ap.add_argument("--scenario", help="a YAML file with the scenario and sweeps (flags override its keys)")
     ap.add_argument("--sweep", action="append", metavar="VAR=VALUES", help="a swept variable (once or twice)")
     add_search_args(ap, max_memory_fraction=None)   # None: the --scenario file's, else 1.0
-    ap.add_argument("--price-per-gpu-hour", type=_float("--price-per-gpu-hour"), help="US$ per GPU-hour")
-    ap.add_argument("--train-tokens", type=_float("--train-tokens"), help="tokens to train, e.g. 300e9")
+    ap.add_argument("--price-per-gpu-hour", type=number("--price-per-gpu-hour", high=1e9), help="US$ per GPU-hour")
+    ap.add_argument("--train-tokens", type=number("--train-tokens", high=1e30), help="tokens to train, e.g. 300e9")
     ap.add_argument("--no-heatmap", action="store_true", help="skip the tp x pp heat-map")
     ap.add_argument("--out", required=True, help="report folder (written atomically)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -122,13 +122,21 @@ def preset_names(kind: str) -> list[str]:
 def load_part(kind: str, name: str):
     """Load one catalogue entry by preset name (``load_part('accelerators', 'a100-80g')``)."""
     path = CATALOG_DIR / kind / f"{name}.yaml"
-    if not path.exists():
+    if name not in preset_names(kind):
         raise unknown_name(kind.rstrip("s") if kind != "nvme" else "nvme", name, preset_names(kind))
     return _PARSERS[kind](FieldReader(read_yaml(path), str(path)))
 
 
 def raw_entry(kind: str, name: str) -> dict:
     return read_yaml(CATALOG_DIR / kind / f"{name}.yaml")
+
+
+def _is_file(path: Path) -> bool:
+    """Path.is_file that says False for names the OS cannot look up (over 255 bytes, NUL)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def load_cluster(spec: str, gpus: int | None = None, *, inter_node_oversubscription: float = 1.0) -> Cluster:
@@ -139,7 +147,7 @@ def load_cluster(spec: str, gpus: int | None = None, *, inter_node_oversubscript
     ``name`` and ``inter_node_oversubscription``. ``gpus`` given here overrides the file's.
     """
     path = Path(spec)
-    if spec.endswith((".yaml", ".yml", ".json")) or path.is_file():
+    if spec.endswith((".yaml", ".yml", ".json")) or _is_file(path):
         data = read_yaml(path, "cluster")
         f = FieldReader(data, str(path))
         system = _part("systems", f, "system")

@@ -17,6 +17,8 @@ Option names come from the engines' own sources, recorded with their commits in
 """
 from __future__ import annotations
 
+import difflib
+
 import json
 import shlex
 from dataclasses import dataclass, field, replace
@@ -487,7 +489,9 @@ _BUILDERS: dict[str, Callable[[Scenario], Export]] = {
 def export(doc: Mapping[str, Any], engine: str, source: str = "plan") -> Export:
     """Export a plan document for one engine (ConfigError for unknown engines or inexpressible plans)."""
     if engine not in _BUILDERS:
-        raise ConfigError("--to", f"unknown engine {engine!r}", accepted=", ".join(ENGINES))
+        close = difflib.get_close_matches(engine, ENGINES, n=1, cutoff=0.6)
+        raise ConfigError("--to", f"unknown engine {engine!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
+                          accepted=", ".join(ENGINES))
     scenario = load_scenario(doc, source)
     if scenario.plan.dtype == "fp32":
         raise ConfigError("dtype", "fp32 plans (validation on CPU) are not exported", accepted="bf16, fp16")

@@ -95,8 +95,27 @@ def check_fixed(fixed: Mapping, model, job, cluster) -> None:
         raise ConfigError("--fix " + ", ".join(axes), "; ".join(r.explain(view, scene) for r in failed))
 
 
+def prime_factors(n: int) -> dict[int, int]:
+    """{prime: exponent} of n >= 1 by trial division up to sqrt(n) (2^31 - 1: 46 341 trials, ~5 ms)."""
+    factors: dict[int, int] = {}
+    p = 2
+    while p * p <= n:
+        while n % p == 0:
+            factors[p] = factors.get(p, 0) + 1
+            n //= p
+        p += 1 if p == 2 else 2
+    if n > 1:
+        factors[n] = factors.get(n, 0) + 1
+    return factors
+
+
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of n >= 1 in increasing order, built from its prime factorization (every product
+    p1^e1 ... pk^ek with 0 <= ei <= the exponent of pi), not by trying every integer up to n."""
+    out = [1]
+    for p, e in prime_factors(n).items():
+        out = [d * p**k for d in out for k in range(e + 1)]
+    return sorted(out)
 
 
 def _pin(choices: dict, fixed: Mapping) -> None:

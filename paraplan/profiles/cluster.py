@@ -25,6 +25,7 @@ file) becomes one node of ``gpus`` ranks:
 from __future__ import annotations
 
 import os
+import sqlite3
 
 import numpy as np
 
@@ -208,5 +209,12 @@ def load_profiled_cluster(spec: str, gpus: int | None = None, db: str | None = N
     """``local`` (this machine's latest profile) or ``profile:NAME`` (fingerprint id, unique id
     prefix or hostname) in the profile database ``db`` (default ``$PARAPLAN_PROFILE_DB`` or the
     cache); ConfigError pointing at ``paraplan profile --quick`` when there is none."""
-    fid, label = _resolve(spec, db)
-    return cluster_from_tables(measured_tables(db, fid), gpus, label)
+    try:
+        fid, label = _resolve(spec, db)
+        return cluster_from_tables(measured_tables(db, fid), gpus, label)
+    except (sqlite3.Error, ValueError, KeyError, TypeError, AttributeError, IndexError, ZeroDivisionError) as e:
+        # what the database holds is the user's file: a file that is not a database, another
+        # program's tables, or rows that are not what `paraplan profile` writes
+        path = db or default_db_path()
+        raise ConfigError("--db", f"{path} is not a readable paraplan profile database "
+                          f"({type(e).__name__}: {str(e)[:120]})", accepted=HINT) from None

@@ -20,12 +20,12 @@ from typing import Any, Mapping
 
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import estimate
-from paraplan.errors import ConfigError
+from paraplan.errors import ConfigError, shown
 from paraplan.io import read_yaml
 from paraplan.plan import Plan
 from paraplan.progress import bar
 from paraplan.planner.search import explain_infeasible, search
-from paraplan.planner.space import SpaceOptions, parse_fix
+from paraplan.planner.space import SpaceOptions, normalize_fix, parse_fix
 from paraplan.scenario import DEFAULT_SEQ_LEN, default_global_batch, load_cluster
 from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import TrainingJob
@@ -41,6 +41,8 @@ LABELS = {"gpus": "GPUs", "seq_len": "sequence length", "global_batch": "global 
           "intra_node_bandwidth": "intra-node bandwidth", "hbm": "HBM per GPU", "offload": "offload"}
 OFFLOAD_VALUES = ("none", "cpu", "nvme", "auto")
 GIB = 2**30
+MAX_VALUE = 1e12          # a swept number past this is a typo (bandwidths in GB/s, HBM in GiB, counts)
+MAX_COUNT = 2**31 - 1     # GPUs, tokens, sequences: numpy and the planner count in C longs
 
 
 def _number(text: str, field_name: str) -> float:
@@ -54,7 +56,9 @@ def _number(text: str, field_name: str) -> float:
         raise ConfigError(field_name, f"not a number: {text!r}",
                           accepted="numbers (8k = 8192), ranges LO..HI, multipliers xF") from None
     if not math.isfinite(v) or v <= 0:
-        raise ConfigError(field_name, f"must be positive, got {text!r}")
+        raise ConfigError(field_name, f"must be positive, got {shown(text)}")
+    if v > MAX_VALUE:
+        raise ConfigError(field_name, f"must be at most {MAX_VALUE:g}, got {shown(text)}")
     return v
 
 
@@ -134,7 +138,9 @@ def sweep_values(sweep: Sweep, base) -> list:
 def _as_type(var: str, v: float, field_name: str, item: str):
     if var in INTEGER_VARS:
         if abs(v - round(v)) > 1e-9:
-            raise ConfigError(field_name, f"{item!r} gives {v:g}, not a whole number")
+            raise ConfigError(field_name, f"{shown(item)} gives {v:g}, not a whole number")
+        if v > MAX_COUNT:
+            raise ConfigError(field_name, f"{shown(item)} gives {v:g}", accepted=f"at most {MAX_COUNT:,}")
         return int(round(v))
     return float(v)
 
@@ -170,8 +176,8 @@ class Scenario:
             raise ConfigError("--price-per-gpu-hour", f"must be positive, got {self.price_per_gpu_hour}")
         if self.train_tokens is not None and not self.train_tokens > 0:
             raise ConfigError("--train-tokens", f"must be positive, got {self.train_tokens}")
-        if not 0 < self.max_memory_fraction <= 1:
-            raise ConfigError("max_memory_fraction", f"must be in (0, 1], got {self.max_memory_fraction}")
+        if not 0.01 <= self.max_memory_fraction <= 1:
+            raise ConfigError("max_memory_fraction", f"must be in [0.01, 1], got {self.max_memory_fraction}")
 
     @property
     def replans(self) -> bool:
@@ -213,12 +219,21 @@ def scenario_from_mapping(data: Mapping[str, Any], source: str = "scenario") -> 
     ints = {}
     for key in ("gpus", "seq_len", "global_batch"):
         v = data.get(key)
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise ConfigError(key, f"must be a positive integer, got {v!r}", source=source)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_COUNT):
+            raise ConfigError(key, f"must be a positive integer up to {MAX_COUNT:,}, got {shown(v)}", source=source)
         ints[key] = v
     fix = data.get("fix") or {}
     if isinstance(fix, (list, tuple)):
-        fix = parse_fix(fix)
+        fix = parse_fix([str(x) for x in fix])
+    elif isinstance(fix, Mapping):
+        fix = normalize_fix(fix)
+    else:
+        raise ConfigError("fix", "expected a mapping AXIS: VALUE or a list of 'AXIS=VALUE'", source=source)
+    if not texts:
+        raise ConfigError("sweep", "give one or two sweeps (VAR: VALUES)", source=source)
+    mmf = data.get("max_memory_fraction", 1.0)
+    if isinstance(mmf, bool) or not isinstance(mmf, (int, float)) or not 0.01 <= mmf <= 1:
+        raise ConfigError("max_memory_fraction", f"expected a number in [0.01, 1], got {shown(mmf)}", source=source)
     plan = data.get("plan")
     if plan is not None:
         if not isinstance(plan, Mapping):
@@ -226,11 +241,11 @@ def scenario_from_mapping(data: Mapping[str, Any], source: str = "scenario") -> 
         Plan.from_dict(plan, source=source)
     return Scenario(model=data["model"], cluster=data["cluster"], sweeps=tuple(parse_sweep(t) for t in texts),
                     fixed=dict(fix), plan=dict(plan) if plan is not None else None,
-                    allow_offload=bool(data.get("allow_offload", True)),
-                    grad_accumulation_fusion=bool(data.get("grad_accumulation_fusion", True)),
-                    max_memory_fraction=float(data.get("max_memory_fraction", 1.0)),
+                    allow_offload=_opt_bool(data, "allow_offload", True, source),
+                    grad_accumulation_fusion=_opt_bool(data, "grad_accumulation_fusion", True, source),
+                    max_memory_fraction=float(mmf),
                     price_per_gpu_hour=_opt_float(data, "price_per_gpu_hour", source),
-                    train_tokens=_opt_float(data, "train_tokens", source), heatmap=bool(data.get("heatmap", True)),
+                    train_tokens=_opt_float(data, "train_tokens", source), heatmap=_opt_bool(data, "heatmap", True, source),
                     **ints)
 
 
@@ -238,10 +253,21 @@ def _opt_float(data, key, source):
     v = data.get(key)
     if v is None:
         return None
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        raise ConfigError(key, f"expected a number, got {v!r}", source=source) from None
+    if isinstance(v, str):            # YAML 1.1 reads 300e9 (no dot) as text
+        try:
+            v = float(v)
+        except ValueError:
+            pass
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= 1e30:
+        raise ConfigError(key, f"expected a positive finite number, got {shown(v)}", source=source)
+    return float(v)
+
+
+def _opt_bool(data, key, default: bool, source) -> bool:
+    v = data.get(key, default)
+    if not isinstance(v, bool):
+        raise ConfigError(key, f"expected true or false, got {shown(v)}", source=source)
+    return v
 
 
 def load_scenario(path) -> Scenario:

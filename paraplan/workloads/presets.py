@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
 import yaml
 
 from paraplan.errors import ConfigError, unknown_name
-from paraplan.io import FieldReader, read_json, read_yaml
+from paraplan.io import FieldReader, read_json, read_yaml, shown
 from paraplan.workloads.transformer import ACTIVATIONS, MOE_DISPATCH, MoESpec, TransformerModel
 
 MODELS_FILE = Path(__file__).parent / "catalog" / "models.yaml"
@@ -88,47 +89,113 @@ def _moe_dispatch(f: FieldReader, source: str) -> str:
     return value
 
 
-def _hf_moe(data: Mapping[str, Any], source: str) -> MoESpec | None:
-    """MoE fields of Hugging Face configs (Mixtral: num_local_experts; DeepSeek/Qwen: n_routed_experts
-    or num_experts, moe_intermediate_size, n_shared_experts, first_k_dense_replace, moe_layer_freq)."""
-    experts = data.get("num_local_experts") or data.get("n_routed_experts") or data.get("num_experts")
-    if not experts:
-        return None
-    width = data.get("moe_intermediate_size") or data.get("intermediate_size")
-    if not width:
-        raise ConfigError("moe_intermediate_size", "an MoE config needs the expert width", source=source)
-    return MoESpec(experts=int(experts), top_k=int(data.get("num_experts_per_tok") or 1),
-                   expert_ffn_hidden=int(width), shared_experts=int(data.get("n_shared_experts") or 0),
-                   every=int(data.get("moe_layer_freq") or data.get("decoder_sparse_step") or 1),
-                   first_dense=int(data.get("first_k_dense_replace") or 0))
-
-
+# Hugging Face configs name one field several ways (``attribute_map`` of GPT-2, GPT-J, OPT, T5-style
+# configs): each of our fields and the file keys that give it, in order of preference.
+HF_KEYS = {"hidden": ("hidden_size", "n_embd", "d_model"),
+           "layers": ("num_hidden_layers", "n_layer", "num_layers"),
+           "heads": ("num_attention_heads", "n_head", "num_heads"),
+           "kv_heads": ("num_key_value_heads",),
+           "ffn_hidden": ("intermediate_size", "n_inner", "ffn_dim", "d_ff"),
+           "vocab": ("vocab_size",),
+           "max_positions": ("max_position_embeddings", "n_positions", "n_ctx"),
+           "activation": ("hidden_act", "activation_function", "hidden_activation"),
+           "tied_embeddings": ("tie_word_embeddings",),
+           "bias": ("attention_bias",)}
+HF_MARKERS = tuple(k for keys in HF_KEYS.values() for k in keys if k != "vocab_size") + ("model_type", "architectures")
+# Hugging Face activation names (transformers ``ACT2FN``) by the family the cost model prices.
+HF_ACTIVATIONS = {"gelu": ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_accurate", "gelu_10",
+                           "quick_gelu", "gelu_python", "mish", "tanh", "sigmoid", "linear"),
+                  "relu": ("relu", "relu2", "relu6", "leaky_relu"),
+                  "swiglu": ("silu", "swish", "swiglu")}
 # Hugging Face activation names: gated (GLU) families use three MLP matrices.
 _HF_GATED_MODEL_TYPES = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "gemma", "gemma2",
                          "deepseek_v2", "deepseek_v3", "olmo", "olmo2", "phi3", "granite", "cohere"}
+# model types whose HF config ties the LM head to the embedding unless it says otherwise
+_HF_TIED_BY_DEFAULT = {"gpt2", "gpt_neo", "opt", "bloom", "gptj"}
+
+
+def _hf_key(data: Mapping[str, Any], field: str) -> str:
+    """The file's key that gives ``field`` (the first alias present), else its usual name."""
+    return next((k for k in HF_KEYS[field] if data.get(k) is not None), HF_KEYS[field][0])
+
+
+def _hf_int(f: FieldReader, field: str, default: Any = ..., *, positive: bool = True) -> Any:
+    key = _hf_key(f.data, field)
+    if not f.has(key):
+        if default is not ...:
+            return default
+        raise ConfigError(" / ".join(HF_KEYS[field]), "missing required field (one of these keys)", source=f.source)
+    return f.integer(key, positive=positive)
+
+
+def _hf_moe(f: FieldReader) -> MoESpec | None:
+    """MoE fields of Hugging Face configs (Mixtral: num_local_experts; DeepSeek/Qwen: n_routed_experts
+    or num_experts, moe_intermediate_size, n_shared_experts, first_k_dense_replace, moe_layer_freq)."""
+    key = next((k for k in ("num_local_experts", "n_routed_experts", "num_experts") if f.has(k)), None)
+    if key is None or f.data[key] == 0:
+        return None
+    experts = f.integer(key)
+    width_key = "moe_intermediate_size" if f.has("moe_intermediate_size") else "intermediate_size"
+    if not f.has(width_key):
+        raise ConfigError("moe_intermediate_size", "an MoE config needs the expert width", source=f.source)
+    every_key = "moe_layer_freq" if f.has("moe_layer_freq") else "decoder_sparse_step"
+    top_k = f.integer("num_experts_per_tok", 1)
+    if top_k > experts:
+        raise ConfigError("num_experts_per_tok", f"{top_k} is more than {key} ({experts})", source=f.source)
+    return MoESpec(experts=experts, top_k=top_k, expert_ffn_hidden=f.integer(width_key),
+                   shared_experts=f.integer("n_shared_experts", 0, positive=False),
+                   every=f.integer(every_key, 1), first_dense=f.integer("first_k_dense_replace", 0, positive=False))
+
+
+def _hf_activation(f: FieldReader) -> str:
+    """The activation family of the config's ``hidden_act`` / ``activation_function`` (default gelu)."""
+    key = _hf_key(f.data, "activation")
+    act = f.string(key, "gelu")
+    family = next((fam for fam, names in HF_ACTIVATIONS.items() if act in names), None)
+    if family is None:
+        raise ConfigError(key, f"unknown activation {act!r}",
+                          accepted=", ".join(n for names in HF_ACTIVATIONS.values() for n in names), source=f.source)
+    return family
 
 
 def model_from_hf_config(data: Mapping[str, Any], source: str) -> TransformerModel:
-    """Read a Hugging Face ``config.json`` (num_hidden_layers, hidden_size, num_attention_heads,
-    num_key_value_heads, intermediate_size, vocab_size, hidden_act, tie_word_embeddings)."""
+    """Read a Hugging Face ``config.json``: Llama-style keys (num_hidden_layers, hidden_size,
+    num_attention_heads, num_key_value_heads, intermediate_size, vocab_size, hidden_act,
+    tie_word_embeddings, max_position_embeddings) or their GPT-2 style aliases (n_layer, n_embd, n_head,
+    n_inner, activation_function, n_positions): :data:`HF_KEYS`. Errors name the file's own key."""
     f = FieldReader(data, source)
-    act = str(data.get("hidden_act") or data.get("hidden_activation") or "gelu")
-    gated = data.get("model_type") in _HF_GATED_MODEL_TYPES or act in ("silu", "swish", "swiglu")
-    llama_like = gated
-    hidden = f.integer("hidden_size")
-    heads = f.integer("num_attention_heads")
-    return TransformerModel(
-        name=str(data.get("_name_or_path") or data.get("model_type") or Path(source).parent.name or "hf-model"),
-        layers=f.integer("num_hidden_layers"), hidden=hidden, heads=heads, vocab=f.integer("vocab_size"),
-        kv_heads=f.integer("num_key_value_heads") if f.has("num_key_value_heads") else None,
-        ffn_hidden=f.integer("intermediate_size") if f.has("intermediate_size") else None,
-        activation="swiglu" if gated else ("relu" if act == "relu" else "gelu"),
-        tied_embeddings=_bool(f, "tie_word_embeddings", False),
-        norm="rmsnorm" if llama_like else "layernorm",
-        bias=bool(data.get("attention_bias", not llama_like)),
-        learned_positions=data.get("model_type") in ("gpt2", "opt", "gpt_neo"),
-        max_positions=int(data.get("max_position_embeddings") or data.get("n_positions") or 0),
-        moe=_hf_moe(data, source), rotary="rope_theta" in data or "rotary_dim" in data or "rope_scaling" in data)
+    model_type = f.string("model_type", "")
+    family = _hf_activation(f)
+    gated = model_type in _HF_GATED_MODEL_TYPES or family == "swiglu"
+    name = data.get("_name_or_path") or model_type or Path(source).parent.name or "hf-model"
+    keys = {field: _hf_key(data, field) for field in HF_KEYS}
+    try:
+        return TransformerModel(
+            name=str(name)[:200], layers=_hf_int(f, "layers"), hidden=_hf_int(f, "hidden"), heads=_hf_int(f, "heads"),
+            vocab=_hf_int(f, "vocab"), kv_heads=_hf_int(f, "kv_heads", None), ffn_hidden=_hf_int(f, "ffn_hidden", None),
+            activation="swiglu" if gated else family,
+            tied_embeddings=_bool(f, "tie_word_embeddings", model_type in _HF_TIED_BY_DEFAULT),
+            norm="rmsnorm" if gated else "layernorm", bias=_bool(f, "attention_bias", not gated),
+            learned_positions=model_type in ("gpt2", "opt", "gpt_neo") or "n_positions" in data,
+            max_positions=_hf_int(f, "max_positions", 0, positive=False), moe=_hf_moe(f),
+            rotary="rope_theta" in data or "rotary_dim" in data or "rope_scaling" in data)
+    except ConfigError as e:
+        if e.source == source:
+            raise
+        # the model's own checks name its fields (hidden, kv_heads, moe.top_k): say the file's keys
+        field = keys.get(e.field, e.field)
+        problem = e.problem
+        for ours, theirs in keys.items():
+            problem = re.sub(rf"\b{ours}\b", theirs, problem)
+        raise ConfigError(field, problem, accepted=e.accepted, source=source) from None
+
+
+def _is_file(path: Path) -> bool:
+    """Path.is_file that says False for names the OS cannot even look up (too long, NUL)."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def load_model(spec: str) -> TransformerModel:
@@ -137,16 +204,16 @@ def load_model(spec: str) -> TransformerModel:
     if spec in table:
         return model_from_mapping({**{k: v for k, v in table[spec].items()}, "name": spec}, f"preset {spec}")
     path = Path(spec)
-    if path.suffix in (".yaml", ".yml", ".json") or path.is_file():
-        if not path.is_file():
-            raise ConfigError("model", f"no such file: {spec}")
+    if path.suffix in (".yaml", ".yml", ".json") or _is_file(path):
+        if not _is_file(path):
+            raise ConfigError("model", f"no such file: {shown(spec, 120)}")
         if path.suffix == ".json":
             data = read_json(path, "model")
             if not isinstance(data, dict):
                 raise ConfigError("model", "expected a JSON object at the top level", source=str(path))
         else:
             data = read_yaml(path, "model")
-        if "num_hidden_layers" in data or "hidden_size" in data:
+        if any(k in data for k in HF_MARKERS):
             return model_from_hf_config(data, str(path))
         return model_from_mapping(data, str(path))
     raise unknown_name("model", spec, table)

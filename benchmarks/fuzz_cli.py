@@ -1,0 +1,576 @@
+"""Fuzz the command line and its input files: every case must end in exit code 0, 2 (or 3: no
+plan fits) with no traceback, no warning spill, an error line that names the field, within 20 s.
+
+``python benchmarks/fuzz_cli.py --cases 10000 [--seed 0] [--subprocess 20] [--show 5]``
+
+A case is a valid base invocation of one command (plan, estimate, export, whatif, list, cf plan;
+validate and profile up to their argument checks, never launching torchrun) with one mutation:
+a flag's value replaced by a hostile one (0, negatives, NaN, inf, 5000 digits, 2^31, 2^63, empty,
+text, 300-byte names, ``--out`` a folder / under a file / unwritable), a mistyped flag or choice, a
+required flag dropped, or one of its input files (model YAML/JSON, Hugging Face config.json, cluster
+YAML, plan file JSON, whatif scenario YAML, CF CPU profile JSON, profile SQLite database) changed:
+one key set to a hostile value or removed, an unknown key, or the whole file made empty, non-UTF-8,
+truncated, deeply nested, a list, a folder, or missing. Cases run in-process (``paraplan.cli.main``
+with captured output; a case over 20 s of CPU time, or still running at 60 s, is a hang);
+``--subprocess N`` also runs N of them as real processes.
+``tests/test_fuzz.py`` runs a few hundred of the same cases in the suite.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import random
+import re
+import resource
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+HANG_S = 20.0                 # a case may use at most this much CPU time ...
+WALL_LIMIT_S = 60.0           # ... and this much wall time (on a shared, oversubscribed machine wall time
+#                               runs several times the CPU time; a real hang exceeds both)
+OK_CODES = (0, 2, 3)          # 3: plan/whatif found no plan that fits (a valid answer)
+
+# --- hostile values ------------------------------------------------------------------------------
+BIG_DIGITS = "9" * 5000
+FLAG_VALUES = ("0", "-1", "-7", "nan", "NaN", "inf", "-inf", "1e309", "1e-320", BIG_DIGITS, "2147483648",
+               "4294967297", "9223372036854775808", "18446744073709551617", "", " ", "abc", "1.5", "0x10",
+               "1_000", "2**31", "x" * 300, "ü" * 130, "3", "7", "64", "1024", "1e3", "0.5", "-0")
+# sentinels replaced in the dumped text (values yaml/json cannot dump or that must stay literal)
+S_BIG, S_NAN, S_INF, S_NINF, S_DEEP = "@@BIG@@", "@@NAN@@", "@@INF@@", "@@NINF@@", "@@DEEP@@"
+KEY_VALUES = (None, "", "abc", -1, 0, 1.5, 2**31, 2**63, 2**70, S_BIG, S_NAN, S_INF, S_NINF, S_DEEP, [], {},
+              [1, 2], {"a": 1}, True, False, "8", "x" * 300, "ü" * 130, 3, 7, 1)
+
+
+def _literal(token: str, fmt: str) -> str:
+    return {S_BIG: BIG_DIGITS, S_DEEP: "[" * 3000 + "]" * 3000,
+            S_NAN: ".nan" if fmt == "yaml" else "NaN", S_INF: ".inf" if fmt == "yaml" else "Infinity",
+            S_NINF: "-.inf" if fmt == "yaml" else "-Infinity"}[token]
+
+
+def dump(data, fmt: str) -> str:
+    """YAML or JSON text of ``data`` with the sentinels put in literally."""
+    text = json.dumps(data, indent=1) if fmt == "json" else yaml.safe_dump(data, sort_keys=False)
+    for s in (S_BIG, S_NAN, S_INF, S_NINF, S_DEEP):
+        text = text.replace(json.dumps(s), _literal(s, fmt)).replace(f"'{s}'", _literal(s, fmt)).replace(
+            s, _literal(s, fmt))
+    return text
+
+
+# --- valid base documents ------------------------------------------------------------------------
+MODEL_DOC = {"name": "fz-model", "layers": 8, "hidden": 1024, "heads": 16, "kv_heads": 4, "ffn_hidden": 2816,
+             "vocab": 32000, "activation": "swiglu", "tied_embeddings": False, "norm": "rmsnorm",
+             "max_positions": 4096}
+MOE_MODEL_DOC = {**MODEL_DOC, "name": "fz-moe", "moe": {"experts": 8, "top_k": 2, "expert_ffn_hidden": 1408,
+                                                        "shared_experts": 1, "every": 2, "capacity_factor": 1.25}}
+HF_LLAMA = {"model_type": "llama", "hidden_size": 1024, "num_hidden_layers": 8, "num_attention_heads": 16,
+            "num_key_value_heads": 4, "intermediate_size": 2816, "vocab_size": 32000, "hidden_act": "silu",
+            "max_position_embeddings": 4096, "tie_word_embeddings": False, "rms_norm_eps": 1e-5}
+HF_GPT2 = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024, "n_ctx": 1024,
+           "vocab_size": 50257, "activation_function": "gelu_new", "n_inner": None, "layer_norm_epsilon": 1e-5,
+           "architectures": ["GPT2LMHeadModel"]}
+HF_MIXTRAL = {**HF_LLAMA, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2}
+CLUSTER_DOC = {"name": "fz-cluster", "system": "dgx-h100", "gpus": 16, "inter_node_oversubscription": 2}
+SCENARIO_DOC = {"model": "llama3-8b", "cluster": "dgx-h100", "gpus": 8, "seq_len": 2048, "global_batch": 16,
+                "sweep": {"gpus": "8,16"}, "fix": {"zero": 1}, "heatmap": False, "max_memory_fraction": 0.9}
+
+
+def _plan_doc() -> dict:
+    plan = {"tp": 2, "pp": 1, "dp": 4, "cp": 1, "sp": True, "vpp": 1, "micro_batch": 1, "schedule": "1f1b",
+            "zero": 1, "recompute": "selective", "offload": "none", "offload_params": False, "dtype": "bf16",
+            "flash_attention": True, "overlap_grad_reduce": True, "ep": 1, "etp": 1, "cp_mode": "ring",
+            "optimizer": "adam", "delayed_update": False, "grad_accumulation_fusion": True,
+            "fused_elementwise": True, "engine": "generic", "first_stage_layers": 0, "last_stage_layers": 0}
+    return {"schema": "paraplan.plan/1",
+            "scenario": {"model": "llama3-8b", "cluster": "dgx-h100", "gpus": 8, "seq_len": 2048,
+                         "global_batch": 16},
+            "plan": plan, "estimate": {}}
+
+
+def _cpu_profile_doc() -> dict:
+    """A CF CPU profile as `paraplan cf profile` writes it (made-up rates on its grids)."""
+    from paraplan.cf import profile as cfp
+    mib = 2**20
+    ws, traffic, calls = [16384.0, 1.0 * mib, 64.0 * mib], [0, mib, 16 * mib], [512, 16384]
+    rows = [[[t * f / c for f in (1.0, 1.4, 1.9)] for t in (8e-9, 25e-9, 90e-9)] for c in (1.0, 2.0)]
+    ew = [16384.0, 64.0 * mib]
+    doc = dict(threads=1, row_bytes=256, ws_bytes=ws, row_time_s=[r[0] for r in rows[0]], flops_per_s=8e10,
+               stream_sizes_bytes=ew, stream_bytes_per_s=[9e10, 1.2e10], op_overhead_s=2e-6, rng_s_per_element=1e-9,
+               tiled_step_fixed_s=1e-4, baseline_step_fixed_s=2e-4, index_s_per_element=1e-9, ew_sizes_bytes=ew,
+               ew_s_per_byte=[1e-10, 2e-10], red_s_per_byte=[1e-10, 2e-10], zeros_s_per_byte=[1e-10, 1e-10],
+               bmm_m=list(cfp.BMM_M_GRID), bmm_n=list(cfp.BMM_N_GRID),
+               bmm_s_per_flop={f: [[[1.2e-11] * len(cfp.BMM_N_GRID)] * len(cfp.BMM_M_GRID),
+                                   [[2.5e-11] * len(cfp.BMM_N_GRID)] * len(cfp.BMM_M_GRID)] for f in cfp.BMM_FORMS},
+               index_add_row_time_s=[r[0] for r in rows[0]], fault_s_per_byte=1e-10, perm_s_per_element=1e-9,
+               traffic_bytes=traffic, bmm_traffic_bytes=[0, 16 * mib], gather_call_rows=calls,
+               row_time_traffic_s=rows, index_add_row_time_traffic_s=rows, bool_s_per_byte=[2e-10, 2e-10],
+               tiled_step_fixed_traffic_s=[1e-4, 2e-4, 4e-4], baseline_step_fixed_traffic_s=[2e-4, 3e-4, 5e-4],
+               index_block_bytes=[512 * 1024.0, 32.0 * mib], index_s_per_element_by_block=[1e-9, 8e-9],
+               ew_traffic_bytes=[0, 64 * mib], ew_traffic_s_per_byte={op: [[1e-10, 1e-10], [3e-10, 3e-10]]
+                                                                      for op in cfp.EW_OPS},
+               host="fuzz", version=cfp.PROFILE_VERSION)
+    return doc
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    """An input file a command reads: its name, format, valid document and the flag naming it."""
+    name: str
+    fmt: str                  # yaml | json | sqlite
+    doc: dict | None
+    flag: str                 # the flag or argument that names the file (what file-level errors name)
+    field_names: tuple[str, ...] = ()     # what else an error about the whole file may be called
+
+
+@dataclass
+class Case:
+    """One fuzz case: ``argv`` (``{d}`` stands for the case's folder), the files to create there,
+    the names an error line may give the field by, and how to run it."""
+    cause: str
+    argv: list[str]
+    files: dict[str, object] = field(default_factory=dict)    # name -> str | bytes | DIR | ("sqlite", kind)
+    fields: tuple[str, ...] = ()
+    mode: str = "main"        # main | validate-args | profile-args
+    subprocess: bool = False
+
+
+DIR = object()    # a file entry that is a folder
+
+
+# --- the commands and their flags ----------------------------------------------------------------
+def _bases():
+    """(command, argv, value flags, files) for each base invocation."""
+    model = FileSpec("model.yaml", "yaml", MODEL_DOC, "--model", ("model",))
+    model_json = FileSpec("model.json", "json", MOE_MODEL_DOC, "--model", ("model",))
+    hf = FileSpec("config.json", "json", HF_LLAMA, "--model", ("model",))
+    gpt2 = FileSpec("gpt2/config.json", "json", HF_GPT2, "--model", ("model",))
+    mixtral = FileSpec("mixtral/config.json", "json", HF_MIXTRAL, "--model", ("model",))
+    cluster = FileSpec("cluster.yaml", "yaml", CLUSTER_DOC, "--cluster", ("cluster",))
+    planf = FileSpec("plan.json", "json", _plan_doc(), "--plan", ("plan", "schema"))
+    exportf = FileSpec("plan.json", "json", _plan_doc(), "PLAN.json", ("plan", "schema", "PLAN.json"))
+    scen = FileSpec("scenario.yaml", "yaml", SCENARIO_DOC, "--scenario", ("scenario",))
+    cpuprof = FileSpec("cpuprof.json", "json", _cpu_profile_doc(), "--profile", ("profile",))
+    db = FileSpec("profiles.sqlite", "sqlite", None, "--db", ("db", "cluster"))
+    est = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--seq-len", "2048",
+           "--global-batch", "16", "--tp", "2", "--micro-batch", "1", "--zero", "1", "--format", "json"]
+    plan = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--seq-len", "2048",
+            "--global-batch", "16", "--top", "3", "--no-stage-ilp", "--format", "json"]
+    whatif = ["whatif", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--sweep", "gpus=8,16",
+              "--no-heatmap", "--quiet", "--out", "{d}/report"]
+    cfplan = ["cf", "plan", "--cpu", "epyc-7742", "--users", "5000", "--items", "20000", "--interactions",
+              "200000", "--negatives", "64", "--dim", "64", "--threads", "4", "--top", "3", "--format", "json"]
+    validate = ["validate", "--nproc-per-node", "2", "--tp", "2", "--layers", "2", "--hidden", "32", "--heads", "4",
+                "--seq-len", "16", "--vocab", "64", "--steps", "1", "--warmup", "0", "--timeout", "60",
+                "--out", "{d}/val"]
+    profile = ["profile", "--quick", "--world-sizes", "2", "--db", "{d}/profiles.sqlite"]
+    return [
+        ("estimate", est, ("--gpus", "--seq-len", "--global-batch", "--tp", "--pp", "--cp", "--vpp", "--micro-batch",
+                           "--zero", "--dp", "--ep", "--etp", "--schedule", "--recompute", "--moe-imbalance",
+                           "--oversubscription", "--first-stage-layers", "--last-stage-layers", "--engine",
+                           "--sp-mode", "--dtype", "--offload", "--model", "--cluster", "--format"),
+         (model, model_json, hf, gpt2, mixtral, cluster, planf, db)),
+        ("plan", plan, ("--gpus", "--seq-len", "--global-batch", "--top", "--max-memory-fraction", "--fix",
+                        "--moe-imbalance", "--oversubscription", "--engine", "--model", "--cluster", "--out",
+                        "--format", "--network"),
+         (model, model_json, hf, gpt2, cluster, db)),
+        ("export", ["export", "{d}/plan.json", "--to", "megatron"], ("--to", "--out", "PLAN.json"), (exportf,)),
+        ("whatif", whatif, ("--gpus", "--seq-len", "--global-batch", "--sweep", "--price-per-gpu-hour",
+                            "--train-tokens", "--max-memory-fraction", "--fix", "--out", "--tp", "--model",
+                            "--cluster"),
+         (scen, model, cluster)),
+        ("list", ["list", "models"], (), ()),
+        ("cf plan", cfplan, ("--cpu", "--users", "--items", "--interactions", "--negatives", "--dim", "--threads",
+                             "--top", "--batch", "--margin", "--negative-weight", "--history", "--gate",
+                             "--optimizer", "--min-sampling-space", "--cache-level", "--dataset", "--profile"),
+         (cpuprof,)),
+        ("validate", validate, ("--nproc-per-node", "--nnodes", "--node-rank", "--tp", "--pp", "--dp", "--zero",
+                                "--micro-batch", "--global-batch", "--virtual-stages", "--steps", "--warmup",
+                                "--layers", "--hidden", "--heads", "--seq-len", "--vocab", "--timeout", "--out",
+                                "--recompute", "--attention", "--db", "--predicted"), ()),
+        ("profile", profile, ("--world-sizes", "--db"), ()),
+    ]
+
+
+OUT_VALUES = ("{d}", "{d}/afile/x.json", "/proc/paraplan-fuzz/out", "{d}/" + "n" * 300, "{d}/ok-out", "")
+
+
+def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
+    """argv with ``flag``'s value replaced (or the flag added) — for the positional PLAN.json too."""
+    argv = list(argv)
+    if flag == "PLAN.json":
+        argv[1] = value
+        return argv
+    if flag in argv:
+        argv[argv.index(flag) + 1] = value
+    else:
+        argv += [flag, value]
+    return argv
+
+
+def _typo(rng: random.Random, word: str) -> str:
+    body = word.lstrip("-")
+    prefix = word[:len(word) - len(body)]
+    if len(body) < 3:
+        return word + "x"
+    i = rng.randrange(len(body))
+    op = rng.choice(("drop", "swap", "add"))
+    if op == "drop":
+        body = body[:i] + body[i + 1:]
+    elif op == "swap" and i < len(body) - 1:
+        body = body[:i] + body[i + 1] + body[i] + body[i + 2:]
+    else:
+        body = body[:i] + rng.choice("abcdefghijklmnopqrstuvwxyz") + body[i:]
+    return prefix + body
+
+
+def _mode(command: str) -> str:
+    return {"validate": "validate-args", "profile": "profile-args"}.get(command, "main")
+
+
+def _file_case(rng: random.Random, command: str, argv: list[str], spec: FileSpec) -> Case:
+    """The base command reading ``spec`` with one change to that file."""
+    flag_value = "{d}/" + spec.name
+    argv = _set_flag(argv, spec.flag, flag_value)
+    if spec.flag == "--profile" and "--threads" in argv:       # the profile's threads are used
+        j = argv.index("--threads")
+        argv = argv[:j] + argv[j + 2:]
+    whole = (spec.flag, *spec.field_names)
+    if spec.fmt == "sqlite":
+        argv = _set_flag(argv, "--cluster", rng.choice(("profile:fz-host", "local")))
+        kind = rng.choice(("text", "empty", "dir", "missing", "truncated", "foreign", "schema-only", "bad-rows"))
+        return Case(f"file {spec.name}: {kind}", argv, {spec.name: ("sqlite", kind)}, whole, _mode(command))
+    doc = json.loads(json.dumps(spec.doc))
+    r = rng.random()
+    if r < 0.3:
+        kind = rng.choice(("empty", "non-utf8", "truncated", "deep", "list", "scalar", "dir", "missing", "binary",
+                           "big-number", "anchors", "dup-keys"))
+        text = dump(doc, spec.fmt)
+        content: object = {
+            "empty": "", "non-utf8": b"\xff\xfe\xfa" + text.encode()[:40] + b"\xc3\x28", "truncated": text[:len(text) // 2],
+            "deep": "[" * 50000 + "]" * 50000, "list": dump([doc], spec.fmt), "scalar": "42", "dir": DIR,
+            "missing": None, "binary": bytes(range(256)) * 4, "big-number": BIG_DIGITS,
+            "anchors": "a: &a [1,1,1,1,1,1,1,1,1]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b]\n"
+                       "d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: [*d,*d,*d,*d,*d,*d,*d,*d,*d]\n",
+            "dup-keys": text + ("\nname: again\n" if spec.fmt == "yaml" else "")}[kind]
+        files = {} if content is None else {spec.name: content}
+        return Case(f"file {spec.name}: {kind}", argv, files, whole, _mode(command))
+    # one key: the top level, or one level down (plan file's plan/scenario, a model's moe block)
+    holder, prefix = doc, ""
+    nested = [k for k, v in doc.items() if isinstance(v, dict) and v]
+    if nested and rng.random() < 0.6:
+        sub = rng.choice(nested)
+        holder, prefix = doc[sub], sub + "."
+    key = rng.choice(sorted(holder))
+    r = rng.random()
+    if r < 0.15:
+        del holder[key]
+        what = "removed"
+    elif r < 0.22:
+        holder[_typo(rng, key)] = holder.pop(key)
+        what = "misspelt"
+    else:
+        value = rng.choice(KEY_VALUES)
+        holder[key] = value
+        what = f"= {value!r}"[:40] if value not in (S_BIG, S_NAN, S_INF, S_NINF, S_DEEP) else f"= {value}"
+    fields_ = (key, prefix + key, spec.flag, *spec.field_names)
+    if what == "misspelt":        # the error may name the misspelt key or the one now missing
+        fields_ = tuple(holder) + fields_
+    return Case(f"file {spec.name}: key {prefix}{'*' if what == 'misspelt' else key} {what.split(' ')[0]}",
+                argv, {spec.name: dump(doc, spec.fmt)}, fields_, _mode(command))
+
+
+def make_cases(n: int, seed: int = 0, subprocess_every: int = 0) -> list[Case]:
+    """``n`` cases from ``seed`` (the same list every time)."""
+    rng = random.Random(seed)
+    bases = _bases()
+    weights = {"estimate": 5, "plan": 3, "export": 2, "whatif": 0.6, "list": 1, "cf plan": 2, "validate": 2,
+               "profile": 1}
+    cases = []
+    for i in range(n):
+        command, argv, flags, files = rng.choices(bases, weights=[weights[b[0]] for b in bases])[0]
+        argv = list(argv)
+        base_files = {"plan.json": dump(_plan_doc(), "json")} if command == "export" else {}
+        r = rng.random()
+        if files and r < 0.4:
+            case = _file_case(rng, command, argv, rng.choice(files))
+        elif flags and r < 0.85:
+            flag = rng.choice(flags)
+            value = rng.choice(OUT_VALUES if flag == "--out" and rng.random() < 0.7 else FLAG_VALUES)
+            files_: dict = {}
+            if "afile" in value:
+                files_["afile"] = "a file, not a folder\n"
+            if flag == "--fix":
+                value = rng.choice(("tp", "zero", "schedule", "recompute", "pp", "cp", "bogus", "flash_attention")) + \
+                    "=" + value
+            if flag == "--sweep":
+                value = rng.choice(("gpus", "seq_len", "hbm", "cluster", "offload", "bogus")) + "=" + value
+            case = Case(f"{command} {flag} {_value_class(value)}", _set_flag(argv, flag, value), files_,
+                        (flag, flag.lstrip("-"), flag.lstrip("-").replace("-", "_")), _mode(command))
+        elif r < 0.93:
+            i_flag = [j for j, a in enumerate(argv) if a.startswith("--") and len(a) > 5]
+            if not i_flag:
+                case = Case(f"{command} extra argument", argv + ["--bogus-flag"], {}, ("--bogus-flag",), _mode(command))
+            else:
+                j = rng.choice(i_flag)
+                bad = _typo(rng, argv[j])
+                argv[j] = bad
+                case = Case(f"{command} mistyped flag", argv, {}, (bad, argv[j]), _mode(command))
+        else:
+            choice_flags = {"--format": "json", "--to": "megatron", "--schedule": "1f1b", "--recompute": "selective",
+                            "--zero": "1", "--engine": "megatron", "--cpu": "epyc-7742", "--cluster": "dgx-h100",
+                            "--model": "llama3-8b", "models": "models", "--attention": "math"}
+            present = [f for f in choice_flags if f in argv or f in flags]
+            if not present:
+                case = Case(f"{command} no arguments", argv[:1] if command != "cf plan" else argv[:2], {},
+                            ("required", "--", "command", "cf_command"), _mode(command))
+            else:
+                flag = rng.choice(present)
+                bad = _typo(rng, choice_flags[flag])
+                if flag == "models":
+                    argv[-1] = bad
+                    case = Case(f"{command} mistyped choice", argv, {}, ("what", bad), _mode(command))
+                else:
+                    case = Case(f"{command} mistyped choice {flag}", _set_flag(argv, flag, bad), {},
+                                (flag, flag.lstrip("-"), bad), _mode(command))
+        case.files = {**base_files, **case.files}
+        if subprocess_every and i % subprocess_every == 0 and case.mode == "main":
+            case.subprocess = True
+        cases.append(case)
+    return cases
+
+
+def _value_class(value: str) -> str:
+    """A short label of a hostile value (for counting by cause)."""
+    v = value.split("=", 1)[-1]
+    if len(v) > 100:
+        return "5000 digits" if v.isdigit() else "long text"
+    return repr(v)
+
+
+# --- running -------------------------------------------------------------------------------------
+class CaseTimeout(BaseException):
+    """Raised by the alarm when a case runs past WALL_LIMIT_S."""
+
+
+@dataclass
+class Result:
+    case: Case
+    rc: int | None
+    output: str
+    seconds: float        # wall
+    cpu_seconds: float    # CPU time of this process (in-process) or of the child (subprocess)
+    verdict: str          # ok | traceback | hang | unnamed | warning | exit-code
+
+
+def _make_files(case: Case, d: Path) -> None:
+    for name, content in case.files.items():
+        p = d / name
+        p.parent.mkdir(parents=True, exist_ok=True)
+        if content is DIR:
+            p.mkdir()
+        elif isinstance(content, tuple):
+            _make_db(p, content[1])
+        elif isinstance(content, bytes):
+            p.write_bytes(content)
+        else:
+            p.write_text(content)
+
+
+def _make_db(p: Path, kind: str) -> None:
+    """A profile database that is not one: text, empty, a folder, truncated, another app's, rows broken."""
+    if kind == "missing":
+        return
+    if kind == "dir":
+        p.mkdir()
+        return
+    if kind == "text":
+        p.write_text("not a database\n" * 100)
+        return
+    if kind == "empty":
+        p.write_bytes(b"")
+        return
+    con = sqlite3.connect(p)
+    if kind == "foreign":
+        con.execute("CREATE TABLE measurements (x TEXT)")
+        con.execute("CREATE TABLE machines (y INTEGER)")
+        con.execute("INSERT INTO machines VALUES (1)")
+    else:
+        from paraplan.profiles.store import SCHEMA
+        con.executescript(SCHEMA)
+        if kind == "bad-rows":
+            con.execute("INSERT INTO machines VALUES ('fz00000000000000','fz-host','cpu',2,'2.0','[]',0)")
+            con.execute("INSERT INTO runs (fingerprint, mode, started, finished) VALUES ('fz00000000000000','q',0,0)")
+            for kindname, shape in (("gemm", "{not json"), ("memcpy", "null"), ("collective", "[1,2]"),
+                                    ("autograd", "{}"), ("elementwise", '{"numel": "x"}')):
+                con.execute("INSERT INTO measurements (run_id, kind, op, device, dtype, world_size, shape, bytes, "
+                            "flops, time_s) VALUES (1, ?, 'op', 'cpu', 'fp32', 'two', ?, -1, 'nan', 0)",
+                            (kindname, shape))
+    con.commit()
+    con.close()
+    if kind == "truncated":
+        data = p.read_bytes()
+        p.write_bytes(data[:len(data) // 3])
+
+
+def _expand(argv: list[str], d: Path) -> list[str]:
+    return [a.replace("{d}", str(d)) for a in argv]
+
+
+def _in_process(case: Case, argv: list[str]) -> int:
+    """Run the CLI in this process: ``paraplan.cli.main``, or for validate/profile the parser and the
+    argument checks that run before anything is launched."""
+    from paraplan.cli import build_parser, main
+    if case.mode == "main":
+        return main(argv)
+    from paraplan.cli.common import run_command
+    from paraplan.cli.validate import check_profile_args, check_validate_args
+    args = build_parser().parse_args(argv)
+    check = check_validate_args if case.mode == "validate-args" else check_profile_args
+    return run_command(lambda a: (check(a), 0)[1], args)
+
+
+def _alarm(signum, frame):
+    raise CaseTimeout()
+
+
+def run_case(case: Case) -> Result:
+    """Run one case in a fresh folder and judge what came out."""
+    d = Path(tempfile.mkdtemp(prefix="paraplan-fuzz-"))
+    try:
+        _make_files(case, d)
+        argv = _expand(case.argv, d)
+        cwd = os.getcwd()
+        os.chdir(d)                  # relative outputs land in the case's folder
+        t0 = time.perf_counter()
+        c0 = time.process_time()
+        children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if case.subprocess:
+            try:
+                p = subprocess.run([sys.executable, "-m", "paraplan.cli", *argv], capture_output=True, text=True,
+                                   timeout=WALL_LIMIT_S, env={**os.environ, "PARAPLAN_PROGRESS": "0"}, cwd=d,
+                                   errors="replace")
+                rc, out = p.returncode, p.stdout + p.stderr
+            except subprocess.TimeoutExpired:
+                rc, out = None, ""
+            seconds = time.perf_counter() - t0
+            children = resource.getrusage(resource.RUSAGE_CHILDREN)
+            cpu = (children.ru_utime - children0.ru_utime) + (children.ru_stime - children0.ru_stime)
+        else:
+            buf_out, buf_err = io.StringIO(), io.StringIO()
+            old = signal.signal(signal.SIGALRM, _alarm)
+            signal.setitimer(signal.ITIMER_REAL, WALL_LIMIT_S)
+            rc = None
+            try:
+                with contextlib.redirect_stdout(buf_out), contextlib.redirect_stderr(buf_err):
+                    try:
+                        rc = _in_process(case, argv)
+                    except SystemExit as e:
+                        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+                    except CaseTimeout:
+                        raise
+                    except BaseException:   # noqa: B902 - a traceback is what the fuzz looks for
+                        import traceback
+                        traceback.print_exc(file=buf_err)
+                        rc = 1
+            except CaseTimeout:
+                rc = None
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.signal(signal.SIGALRM, old)
+            seconds = time.perf_counter() - t0
+            cpu = time.process_time() - c0
+            out = buf_out.getvalue() + buf_err.getvalue()
+        return Result(case, rc, out, seconds, cpu, judge(case, rc, out, cpu))
+    finally:
+        os.chdir(cwd)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+INFEASIBLE = re.compile(r"^no tile fits|^one row per thread does not fit|cannot fill \d+ pipeline stages|"
+                        r"^no recomputation fits")
+ERROR_LINE = re.compile(r"^paraplan[\w -]*: error: (.*)$", re.M)
+
+
+def judge(case: Case, rc: int | None, out: str, seconds: float) -> str:
+    """ok, or what went wrong: hang (killed at WALL_LIMIT_S, or ``seconds`` of CPU > HANG_S), traceback,
+    warning (spilled warnings), exit-code (not
+    0/2/3), unnamed (exit 2 without one error line naming the field)."""
+    if rc is None or seconds > HANG_S:
+        return "hang"
+    if "Traceback" in out:
+        return "traceback"
+    if re.search(r"\w*Warning\b", out):
+        return "warning"
+    if rc not in OK_CODES:
+        return "exit-code"
+    if rc == 2:
+        lines = ERROR_LINE.findall(out)
+        if len(lines) != 1:
+            return "unnamed"
+        if INFEASIBLE.search(lines[0]):
+            return "ok"           # a valid answer: nothing fits these (legal) inputs, and it says why
+        low = lines[0].lower()
+        if not any(f and f.lower() in low for f in case.fields):
+            return "unnamed"
+    return "ok"
+
+
+def summarize(results: list[Result]) -> dict:
+    verdicts = Counter(r.verdict for r in results)
+    return {"cases": len(results), "subprocess_cases": sum(r.case.subprocess for r in results),
+            "exit_codes": dict(Counter(str(r.rc) for r in results)),
+            "tracebacks": verdicts["traceback"], "hangs": verdicts["hang"],
+            "errors_not_naming_field": verdicts["unnamed"], "warning_spills": verdicts["warning"],
+            "other_exit_codes": verdicts["exit-code"],
+            "slowest_case_cpu_s": round(max((r.cpu_seconds for r in results), default=0.0), 2),
+            "slowest_case": max(results, key=lambda r: r.cpu_seconds).case.cause if results else None,
+            "slowest_case_wall_s": round(max((r.seconds for r in results), default=0.0), 2),
+            "median_case_wall_s": round(sorted(r.seconds for r in results)[len(results) // 2], 3) if results else None,
+            "by_cause": {f"{v}: {c}": n for (v, c), n in
+                         Counter((r.verdict, r.case.cause) for r in results if r.verdict != "ok").most_common()}}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--cases", type=int, default=10000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--subprocess", type=int, default=20, help="run this many of the cases as real processes")
+    ap.add_argument("--show", type=int, default=3, help="print the output of this many failures")
+    ap.add_argument("--json", help="also write the summary to this file")
+    args = ap.parse_args(argv)
+    os.environ["PARAPLAN_PROGRESS"] = "0"
+    every = max(1, args.cases // args.subprocess) if args.subprocess else 0
+    cases = make_cases(args.cases, args.seed, every)
+    t0 = time.perf_counter()
+    results, shown = [], set()
+    for i, case in enumerate(cases, 1):
+        r = run_case(case)
+        results.append(r)
+        if r.verdict != "ok" and len(shown) < args.show and r.case.cause not in shown:
+            shown.add(r.case.cause)
+            print(f"--- {r.verdict}: {r.case.cause}: {' '.join(r.case.argv)[:300]}\n{r.output[-1500:]}", file=sys.stderr)
+        if i % 500 == 0:
+            print(f"{i} cases, {time.perf_counter() - t0:.0f} s, failures "
+                  f"{sum(x.verdict != 'ok' for x in results)}", file=sys.stderr)
+    s = summarize(results)
+    s["seconds"] = round(time.perf_counter() - t0, 1)
+    print(json.dumps(s, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(s, indent=1) + "\n")
+    return 0 if all(r.verdict == "ok" for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
