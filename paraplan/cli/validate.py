@@ -11,12 +11,13 @@ import os
 import sys
 from dataclasses import asdict, replace
 
+from paraplan import progress
 from paraplan.cli.common import positive_int, run_command
 from paraplan.errors import ConfigError
 from paraplan.plan import RECOMPUTE
 from paraplan.profiles.store import ProfileStore, machine_fingerprint
 from paraplan.validation.compare import build_report, comparison_rows, format_table
-from paraplan.validation.launch import LaunchOptions, launch_worker
+from paraplan.validation.launch import LaunchOptions
 from paraplan.validation.predict import predict_run
 
 
@@ -108,13 +109,74 @@ def _plan_and_launch(args):
     return plan, opts
 
 
+def _model_config(args):
+    """The GPTConfig the model flags describe."""
+    from paraplan.validation.model import GPTConfig   # torch: only when a run is launched
+    return GPTConfig(vocab_size=args.vocab, seq_len=args.seq_len, hidden=args.hidden,
+                     heads=args.heads, layers=args.layers, seed=args.seed,
+                     attention=args.attention)
+
+
+def _run_dir(out: str) -> str:
+    """A fresh folder for this run's rank files under ``out`` (``.validate-<pid>``); folders
+    of earlier runs whose process is gone (killed) are removed first, never read."""
+    import shutil
+    os.makedirs(out, exist_ok=True)
+    for name in os.listdir(out):
+        if name.startswith(".validate-") and name[len(".validate-"):].isdigit():
+            pid = int(name[len(".validate-"):])
+            if pid == os.getpid() or not _alive(pid):
+                shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+    path = os.path.join(out, f".validate-{os.getpid()}")
+    os.makedirs(path)
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _launch_with_progress(spec: dict, run_dir: str, opts, plan) -> list[dict]:
+    """launch_worker with a bar over the steps of the slowest local rank (progress records)."""
+    from paraplan.validation.launch import launch_worker, slowest_progress
+    ranks = range(opts.node_rank * opts.nproc_per_node, (opts.node_rank + 1) * opts.nproc_per_node)
+    total = plan.warmup + plan.steps + (1 if plan.profile_ops else 0)
+    with progress.bar(desc=f"validate: {opts.nproc_per_node} ranks", total=total, unit="step") as b:
+        def poll():
+            done = slowest_progress(run_dir, ranks)
+            if done > b.n:
+                b.update(done - b.n)
+        return launch_worker(spec, run_dir, opts, on_poll=poll,
+                             log_path=os.path.join(os.path.dirname(run_dir), "torchrun.log"))
+
+
+def plan_label(plan) -> str:
+    """Short name of a harness plan: tp2, dp2 zero1, pp2 vpp2, ..."""
+    parts = [f"{k}{v}" for k, v in (("tp", plan.tp), ("pp", plan.pp), ("dp", plan.dp)) if v > 1]
+    if plan.zero:
+        parts.append(f"zero{plan.zero}")
+    if plan.virtual_stages > 1:
+        parts.append(f"vpp{plan.virtual_stages}")
+    if plan.sequence_parallel:
+        parts.append("sp")
+    if plan.recompute != "none":
+        parts.append(f"recompute {plan.recompute}")
+    return " ".join(parts) or "single process"
+
+
 def run_validate(args) -> int:
     """Launch the plan, check it against a single-process run, write the report. 0 = match."""
-    from paraplan.validation.model import GPTConfig   # torch: only when a run is launched
+    import shutil
+    import time
+
     from paraplan.validation.reference import compare_to_reference, load_parallel_grads, reference_run
-    cfg = GPTConfig(vocab_size=args.vocab, seq_len=args.seq_len, hidden=args.hidden,
-                    heads=args.heads, layers=args.layers, seed=args.seed,
-                    attention=args.attention)
+    cfg = _model_config(args)
     plan, opts = _plan_and_launch(args)
     predicted, estimate_dict = None, None
     if args.predicted:
@@ -128,23 +190,44 @@ def run_validate(args) -> int:
         estimate_dict = est.to_dict()
     check_ref = not args.no_reference and opts.nnodes == 1
     spec = {"model": asdict(cfg), "plan": asdict(plan), "dump_grads": check_ref}
-    results = launch_worker(spec, args.out, opts)
-    ref_check = None
-    if check_ref:
-        ref = reference_run(cfg, plan)
-        ref_check = compare_to_reference(results, ref, load_parallel_grads(args.out))
-        ref_check.pop("parallel_losses", None)
-    report = build_report(asdict(plan), results, args.out, predicted=predicted,
-                          reference_check=ref_check, model=asdict(cfg),
-                          extra={"machine": machine_fingerprint(), "profile_db": args.db,
-                                 "estimate": estimate_dict})
+    run_dir = _run_dir(args.out)
+    try:
+        t0 = time.perf_counter()
+        results = _launch_with_progress(spec, run_dir, opts, plan)
+        progress.summary(f"validate: {plan_label(plan)} on {opts.world_size} ranks, "
+                         f"{plan.warmup} warm-up + {plan.steps} timed steps in {time.perf_counter() - t0:.1f} s")
+        ref_check = None
+        if check_ref:
+            with progress.step("validate: single-process reference run"):
+                ref = reference_run(cfg, plan)
+            ref_check = compare_to_reference(results, ref, load_parallel_grads(run_dir))
+            ref_check.pop("parallel_losses", None)
+        report = build_report(asdict(plan), results, args.out, predicted=predicted,
+                              reference_check=ref_check, model=asdict(cfg),
+                              extra={"machine": machine_fingerprint(), "profile_db": args.db,
+                                     "estimate": estimate_dict})
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
     print(format_table(comparison_rows(report["measured"], predicted)), end="")
     if ref_check is not None:
         print(f"loss matches single-process reference: {ref_check['matches']} "
               f"(loss rel.err {ref_check['loss_rel_err']:.2e} <= {ref_check['loss_rtol']:g}, "
               f"grad rel.err {ref_check['grad_rel_err']:.2e} <= {ref_check['grad_rtol']:g})")
+    print(verdict_line(plan, report))
     print(f"report: {os.path.join(args.out, 'report.json')}")
     return 0 if ref_check is None or ref_check["matches"] else 1
+
+
+def verdict_line(plan, report: dict) -> str:
+    """One human line: the plan, measured and predicted step time and the error."""
+    m = report["measured"]["step_time_s"]
+    p = (report.get("predicted") or {}).get("step_time_s")
+    spread = report["measured"].get("step_times_s") or []
+    noise = (f", steps {1e3 * min(spread):.1f}-{1e3 * max(spread):.1f} ms" if len(spread) > 1 else "")
+    if p is None:
+        return f"{plan_label(plan)}: step time measured {1e3 * m:.1f} ms{noise} (no prediction)"
+    return (f"{plan_label(plan)}: step time measured {1e3 * m:.1f} ms{noise}, predicted "
+            f"{1e3 * p:.1f} ms, error {100 * (p - m) / m:+.1f} %")
 
 
 def run_profile(args) -> int:
@@ -170,13 +253,18 @@ def run_profile(args) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    """Stand-alone ``validate`` / ``profile`` CLI; ParaplanError -> one line, exit code 2."""
+def main_parser() -> argparse.ArgumentParser:
+    """A parser with just ``validate`` and ``profile``."""
     ap = argparse.ArgumentParser(prog="paraplan")
     sub = ap.add_subparsers(dest="command", required=True)
     add_validate_parser(sub)
     add_profile_parser(sub)
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    """Stand-alone ``validate`` / ``profile`` CLI; ParaplanError -> one line, exit code 2."""
+    args = main_parser().parse_args(argv)
     return run_command(args.func, args)
 
 
