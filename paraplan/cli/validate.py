@@ -21,6 +21,12 @@ from paraplan.validation.launch import LaunchOptions
 from paraplan.validation.predict import predict_run
 
 
+#: The model ``validate`` builds unless told otherwise.
+DEFAULT_MODEL = {"layers": 4, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 256}
+DEFAULT_WARMUP = 1
+DEFAULT_STEPS = 3
+
+
 def add_validate_parser(subparsers) -> argparse.ArgumentParser:
     """``validate``: run a plan on real torch under torchrun and report measured vs predicted."""
     p = subparsers.add_parser("validate", help="run a plan on real torch and compare with the "
@@ -43,14 +49,14 @@ def add_validate_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--recompute", default="none", choices=RECOMPUTE)
     g.add_argument("--sequence-parallel", action="store_true")
     g.add_argument("--virtual-stages", type=int, default=1, help="interleaved 1F1B chunks")
-    g.add_argument("--steps", type=int, default=3, help="timed steps")
-    g.add_argument("--warmup", type=int, default=1, help="warm-up steps (not timed)")
+    g.add_argument("--steps", type=int, default=DEFAULT_STEPS, help="timed steps")
+    g.add_argument("--warmup", type=int, default=DEFAULT_WARMUP, help="warm-up steps (not timed)")
     g = p.add_argument_group("model")
-    g.add_argument("--layers", type=int, default=4)
-    g.add_argument("--hidden", type=int, default=64)
-    g.add_argument("--heads", type=int, default=4)
-    g.add_argument("--seq-len", type=positive_int("--seq-len"), default=32)
-    g.add_argument("--vocab", type=int, default=256)
+    g.add_argument("--layers", type=int, default=DEFAULT_MODEL["layers"])
+    g.add_argument("--hidden", type=int, default=DEFAULT_MODEL["hidden"])
+    g.add_argument("--heads", type=int, default=DEFAULT_MODEL["heads"])
+    g.add_argument("--seq-len", type=positive_int("--seq-len"), default=DEFAULT_MODEL["seq_len"])
+    g.add_argument("--vocab", type=int, default=DEFAULT_MODEL["vocab"])
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--attention", default="math", choices=["math", "sdpa"],
                    help="materialised softmax (default) or fused SDPA")
@@ -77,6 +83,7 @@ def add_profile_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--world-sizes", type=int, nargs="+", default=None,
                    help="collective world sizes (default 2 4)")
     p.add_argument("--no-collectives", action="store_true", help="skip the torchrun part")
+    p.add_argument("--rows", action="store_true", help="print every measurement, not just the summary")
     p.set_defaults(func=run_profile)
     return p
 
@@ -231,8 +238,10 @@ def verdict_line(plan, report: dict) -> str:
 
 
 def run_profile(args) -> int:
-    """Run the micro-benchmarks and store them; prints a short summary."""
-    from paraplan.validation.profile import ProfileOptions, run_profile as _run   # torch
+    """Run the micro-benchmarks and store them; prints a short summary (every row with --rows)."""
+    from paraplan.profiles.cluster import noisy_profile_warning
+    from paraplan.profiles.store import profile_noise
+    from paraplan.validation.profile import ProfileOptions, run_profile as _run, summarize   # torch
     opts = ProfileOptions.quick() if args.quick else ProfileOptions.full()
     if args.world_sizes:
         bad = [w for w in args.world_sizes if w < 2]
@@ -241,15 +250,22 @@ def run_profile(args) -> int:
         opts = replace(opts, world_sizes=tuple(args.world_sizes))
     run_id, rows = _run(opts, db=args.db, collectives=not args.no_collectives)
     path = ProfileStore(args.db).path
-    for r in rows:
+    for r in rows if args.rows else ():
         if r["kind"] == "device":
             continue
         bw = r["bus_bandwidth_bytes_per_s"] or r["bandwidth_bytes_per_s"]
         rate = (f"{r['flops_per_s'] / 1e9:8.1f} GFLOP/s" if r["flops_per_s"] else
                 f"{bw / 1e9:8.3f} GB/s" if bw else f"{r['time_s'] * 1e6:8.2f} us")
+        sp = "" if r.get("spread") is None else f"  spread {100 * r['spread']:5.1f}%"
         print(f"{r['kind']:<10} {r['op']:<16} {str(r['dtype']):<9} n={r['world_size']:<2} "
-              f"{json.dumps(r['shape']):<48} {rate}")
-    print(f"stored run {run_id} ({len(rows)} rows) in {path}")
+              f"{json.dumps(r['shape']):<48} {rate}{sp}")
+    for line in summarize(rows):
+        print(line)
+    print(f"stored run {run_id} ({len(rows)} measurements) in {path}")
+    warning = noisy_profile_warning({"noise": profile_noise(rows), "run_id": run_id,
+                                     "fingerprint": machine_fingerprint()["id"]})
+    if warning:
+        print(warning, file=sys.stderr)
     return 0
 
 

@@ -25,6 +25,7 @@ file) becomes one node of ``gpus`` ranks:
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 
@@ -209,4 +210,28 @@ def load_profiled_cluster(spec: str, gpus: int | None = None, db: str | None = N
     prefix or hostname) in the profile database ``db`` (default ``$PARAPLAN_PROFILE_DB`` or the
     cache); ConfigError pointing at ``paraplan profile --quick`` when there is none."""
     fid, label = _resolve(spec, db)
-    return cluster_from_tables(measured_tables(db, fid), gpus, label)
+    tables = measured_tables(db, fid)
+    warn_if_noisy(tables)
+    return cluster_from_tables(tables, gpus, label)
+
+
+_WARNED: set = set()
+
+
+def noisy_profile_warning(tables: dict) -> str | None:
+    """The warning for a profile whose repeats spread widely (``ProfileNoise.is_noisy``), else None."""
+    noise = tables.get("noise")
+    if noise is None or not noise.is_noisy:
+        return None
+    return (f"paraplan: warning: profile run {tables.get('run_id')} of machine {tables.get('fingerprint')} "
+            f"was measured on a busy machine ({noise.describe()}); predictions from it are uncertain: "
+            f"run `paraplan profile` again when the machine is quiet")
+
+
+def warn_if_noisy(tables: dict) -> None:
+    """Print :func:`noisy_profile_warning` on stderr, once per profile run and process."""
+    msg = noisy_profile_warning(tables)
+    key = (tables.get("fingerprint"), tables.get("run_id"))
+    if msg and key not in _WARNED:
+        _WARNED.add(key)
+        print(msg, file=sys.stderr)
