@@ -21,10 +21,14 @@ from paraplan.validation.launch import LaunchOptions
 from paraplan.validation.predict import predict_run
 
 
-#: The model ``validate`` builds unless told otherwise.
-DEFAULT_MODEL = {"layers": 4, "hidden": 64, "heads": 4, "seq_len": 32, "vocab": 256}
-DEFAULT_WARMUP = 1
-DEFAULT_STEPS = 3
+#: The model ``validate`` builds unless told otherwise: sized so that compute, not gloo's per-call
+#: latency, makes the step on a CPU (about 3.7 M parameters; 256 tokens per micro-batch). With the
+#: earlier default (hidden 64, sequence 32: 2.3 MB per rank) a step was ~10 ms, mostly collective
+#: latency, and the step-time errors ran to -87 %. Measured errors: benchmarks/validate_defaults.py.
+DEFAULT_MODEL = {"layers": 4, "hidden": 256, "heads": 4, "seq_len": 256, "vocab": 1024}
+#: warm-up steps before the timed ones: a fresh process's first passes run slower (allocator, caches)
+DEFAULT_WARMUP = 3
+DEFAULT_STEPS = 5
 
 
 def add_validate_parser(subparsers) -> argparse.ArgumentParser:
@@ -78,7 +82,7 @@ def add_profile_parser(subparsers) -> argparse.ArgumentParser:
     """``profile``: micro-benchmark this machine into the SQLite profile store."""
     p = subparsers.add_parser("profile", help="measure GEMMs, attention, memory and "
                               "collectives on this machine", description=add_profile_parser.__doc__)
-    p.add_argument("--quick", action="store_true", help="small grid (about a minute or less)")
+    p.add_argument("--quick", action="store_true", help="small grid (one to two minutes on an idle 2-core machine)")
     p.add_argument("--db", default=None, help="SQLite file (default ~/.cache/paraplan/profiles.sqlite)")
     p.add_argument("--world-sizes", type=int, nargs="+", default=None,
                    help="collective world sizes (default 2 4)")
