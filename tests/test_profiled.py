@@ -338,6 +338,20 @@ def test_validate_predicts_with_local_profile(profile_db, tmp_path, capsys):
     assert report["estimate"]["plan"]["dtype"] == "fp32"
     table = capsys.readouterr().out
     assert "time.compute" in table and "%" in table
+    # one human line with the plan, both step times and the error
+    verdict = [ln for ln in table.splitlines() if ln.startswith("tp2: step time measured")]
+    assert len(verdict) == 1 and "predicted" in verdict[0] and "error" in verdict[0]
+    assert not list(out.glob(".validate-*")) and not list(out.glob("rank*.json"))
+
+
+def test_real_profile_stores_the_spread_of_its_repeats(profile_db):
+    from paraplan.profiles.store import ProfileStore, measured_tables
+    rows = ProfileStore(profile_db).measurements()
+    timed = [r for r in rows if r["kind"] != "device"]
+    assert timed and all(r["spread"] is not None and r["spread"] >= 0 for r in timed)
+    kinds = {r["kind"] for r in timed}
+    assert {"gemm", "gemm_linear", "collective", "autograd"} <= kinds
+    assert measured_tables(profile_db)["noise"].measured == len(timed)
 
 
 def test_validate_without_profile_and_no_profile_flag_is_one_line(tmp_path, capsys):

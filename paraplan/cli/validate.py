@@ -11,13 +11,14 @@ import os
 import sys
 from dataclasses import asdict, replace
 
+from paraplan import progress
 from paraplan.cli.common import (ParaplanArgumentParser, check_in_path, check_out_path, non_negative_int, number,
                                  parse_or_exit_code, positive_int, run_command)
 from paraplan.errors import ConfigError
 from paraplan.plan import RECOMPUTE
 from paraplan.profiles.store import ProfileStore, machine_fingerprint
 from paraplan.validation.compare import build_report, comparison_rows, format_table
-from paraplan.validation.launch import LaunchOptions, launch_worker
+from paraplan.validation.launch import LaunchOptions
 from paraplan.validation.predict import predict_run
 
 
@@ -26,6 +27,14 @@ from paraplan.validation.predict import predict_run
 MAX_RANKS = 4096
 MAX_SIZE = 1_000_000
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
+#: The model ``validate`` builds unless told otherwise: sized so that compute, not gloo's per-call
+#: latency, makes the step on a CPU (about 3.7 M parameters; 256 tokens per micro-batch). With the
+#: earlier default (hidden 64, sequence 32: 2.3 MB per rank) a step was ~10 ms, mostly collective
+#: latency, and the step-time errors ran to -87 %. Measured errors: benchmarks/validate_defaults.py.
+DEFAULT_MODEL = {"layers": 4, "hidden": 256, "heads": 4, "seq_len": 256, "vocab": 1024}
+#: warm-up steps before the timed ones: a fresh process's first passes run slower (allocator, caches)
+DEFAULT_WARMUP = 3
+DEFAULT_STEPS = 5
 
 
 def add_validate_parser(subparsers) -> argparse.ArgumentParser:
@@ -52,15 +61,15 @@ def add_validate_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--sequence-parallel", action="store_true")
     g.add_argument("--virtual-stages", type=positive_int("--virtual-stages", MAX_SIZE), default=1,
                    help="interleaved 1F1B chunks")
-    g.add_argument("--steps", type=positive_int("--steps", MAX_SIZE), default=3, help="timed steps")
-    g.add_argument("--warmup", type=non_negative_int("--warmup", MAX_SIZE, "none"), default=1,
+    g.add_argument("--steps", type=positive_int("--steps", MAX_SIZE), default=DEFAULT_STEPS, help="timed steps")
+    g.add_argument("--warmup", type=non_negative_int("--warmup", MAX_SIZE, "none"), default=DEFAULT_WARMUP,
                    help="warm-up steps (not timed)")
     g = p.add_argument_group("model")
-    g.add_argument("--layers", type=positive_int("--layers", MAX_SIZE), default=4)
-    g.add_argument("--hidden", type=positive_int("--hidden", MAX_SIZE), default=64)
-    g.add_argument("--heads", type=positive_int("--heads", MAX_SIZE), default=4)
-    g.add_argument("--seq-len", type=positive_int("--seq-len", MAX_SIZE), default=32)
-    g.add_argument("--vocab", type=positive_int("--vocab", MAX_SIZE), default=256)
+    g.add_argument("--layers", type=positive_int("--layers", MAX_SIZE), default=DEFAULT_MODEL["layers"])
+    g.add_argument("--hidden", type=positive_int("--hidden", MAX_SIZE), default=DEFAULT_MODEL["hidden"])
+    g.add_argument("--heads", type=positive_int("--heads", MAX_SIZE), default=DEFAULT_MODEL["heads"])
+    g.add_argument("--seq-len", type=positive_int("--seq-len", MAX_SIZE), default=DEFAULT_MODEL["seq_len"])
+    g.add_argument("--vocab", type=positive_int("--vocab", MAX_SIZE), default=DEFAULT_MODEL["vocab"])
     g.add_argument("--seed", type=non_negative_int("--seed", 2**32 - 1, "the default seed"), default=0)
     g.add_argument("--attention", default="math", choices=["math", "sdpa"],
                    help="materialised softmax (default) or fused SDPA")
@@ -82,11 +91,12 @@ def add_profile_parser(subparsers) -> argparse.ArgumentParser:
     """``profile``: micro-benchmark this machine into the SQLite profile store."""
     p = subparsers.add_parser("profile", help="measure GEMMs, attention, memory and "
                               "collectives on this machine", description=add_profile_parser.__doc__)
-    p.add_argument("--quick", action="store_true", help="small grid (about a minute or less)")
+    p.add_argument("--quick", action="store_true", help="small grid (one to two minutes on an idle 2-core machine)")
     p.add_argument("--db", default=None, help="SQLite file (default ~/.cache/paraplan/profiles.sqlite)")
     p.add_argument("--world-sizes", type=positive_int("--world-sizes", MAX_RANKS), nargs="+", default=None,
                    help="collective world sizes (default 2 4)")
     p.add_argument("--no-collectives", action="store_true", help="skip the torchrun part")
+    p.add_argument("--rows", action="store_true", help="print every measurement, not just the summary")
     p.set_defaults(func=run_profile)
     return p
 
@@ -168,14 +178,75 @@ def _plan_and_launch(args):
     return plan, opts
 
 
+def _model_config(args):
+    """The GPTConfig the model flags describe."""
+    from paraplan.validation.model import GPTConfig   # torch: only when a run is launched
+    return GPTConfig(vocab_size=args.vocab, seq_len=args.seq_len, hidden=args.hidden,
+                     heads=args.heads, layers=args.layers, seed=args.seed,
+                     attention=args.attention)
+
+
+def _run_dir(out: str) -> str:
+    """A fresh folder for this run's rank files under ``out`` (``.validate-<pid>``); folders
+    of earlier runs whose process is gone (killed) are removed first, never read."""
+    import shutil
+    os.makedirs(out, exist_ok=True)
+    for name in os.listdir(out):
+        if name.startswith(".validate-") and name[len(".validate-"):].isdigit():
+            pid = int(name[len(".validate-"):])
+            if pid == os.getpid() or not _alive(pid):
+                shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+    path = os.path.join(out, f".validate-{os.getpid()}")
+    os.makedirs(path)
+    return path
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _launch_with_progress(spec: dict, run_dir: str, opts, plan) -> list[dict]:
+    """launch_worker with a bar over the steps of the slowest local rank (progress records)."""
+    from paraplan.validation.launch import launch_worker, slowest_progress
+    ranks = range(opts.node_rank * opts.nproc_per_node, (opts.node_rank + 1) * opts.nproc_per_node)
+    total = plan.warmup + plan.steps + (1 if plan.profile_ops else 0)
+    with progress.bar(desc=f"validate: {opts.nproc_per_node} ranks", total=total, unit="step") as b:
+        def poll():
+            done = slowest_progress(run_dir, ranks)
+            if done > b.n:
+                b.update(done - b.n)
+        return launch_worker(spec, run_dir, opts, on_poll=poll,
+                             log_path=os.path.join(os.path.dirname(run_dir), "torchrun.log"))
+
+
+def plan_label(plan) -> str:
+    """Short name of a harness plan: tp2, dp2 zero1, pp2 vpp2, ..."""
+    parts = [f"{k}{v}" for k, v in (("tp", plan.tp), ("pp", plan.pp), ("dp", plan.dp)) if v > 1]
+    if plan.zero:
+        parts.append(f"zero{plan.zero}")
+    if plan.virtual_stages > 1:
+        parts.append(f"vpp{plan.virtual_stages}")
+    if plan.sequence_parallel:
+        parts.append("sp")
+    if plan.recompute != "none":
+        parts.append(f"recompute {plan.recompute}")
+    return " ".join(parts) or "single process"
+
+
 def run_validate(args) -> int:
     """Launch the plan, check it against a single-process run, write the report. 0 = match."""
-    from paraplan.validation.model import GPTConfig   # torch: only when a run is launched
+    import shutil
+    import time
+
     from paraplan.validation.reference import compare_to_reference, load_parallel_grads, reference_run
     check_validate_args(args)
-    cfg = GPTConfig(vocab_size=args.vocab, seq_len=args.seq_len, hidden=args.hidden,
-                    heads=args.heads, layers=args.layers, seed=args.seed,
-                    attention=args.attention)
+    cfg = _model_config(args)
     plan, opts = _plan_and_launch(args)
     predicted, estimate_dict = None, None
     if args.predicted:
@@ -189,53 +260,88 @@ def run_validate(args) -> int:
         estimate_dict = est.to_dict()
     check_ref = not args.no_reference and opts.nnodes == 1
     spec = {"model": asdict(cfg), "plan": asdict(plan), "dump_grads": check_ref}
-    results = launch_worker(spec, args.out, opts)
-    ref_check = None
-    if check_ref:
-        ref = reference_run(cfg, plan)
-        ref_check = compare_to_reference(results, ref, load_parallel_grads(args.out))
-        ref_check.pop("parallel_losses", None)
-    report = build_report(asdict(plan), results, args.out, predicted=predicted,
-                          reference_check=ref_check, model=asdict(cfg),
-                          extra={"machine": machine_fingerprint(), "profile_db": args.db,
-                                 "estimate": estimate_dict})
+    run_dir = _run_dir(args.out)
+    try:
+        t0 = time.perf_counter()
+        results = _launch_with_progress(spec, run_dir, opts, plan)
+        progress.summary(f"validate: {plan_label(plan)} on {opts.world_size} ranks, "
+                         f"{plan.warmup} warm-up + {plan.steps} timed steps in {time.perf_counter() - t0:.1f} s")
+        ref_check = None
+        if check_ref:
+            with progress.step("validate: single-process reference run"):
+                ref = reference_run(cfg, plan)
+            ref_check = compare_to_reference(results, ref, load_parallel_grads(run_dir))
+            ref_check.pop("parallel_losses", None)
+        report = build_report(asdict(plan), results, args.out, predicted=predicted,
+                              reference_check=ref_check, model=asdict(cfg),
+                              extra={"machine": machine_fingerprint(), "profile_db": args.db,
+                                     "estimate": estimate_dict})
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
     print(format_table(comparison_rows(report["measured"], predicted)), end="")
     if ref_check is not None:
         print(f"loss matches single-process reference: {ref_check['matches']} "
               f"(loss rel.err {ref_check['loss_rel_err']:.2e} <= {ref_check['loss_rtol']:g}, "
               f"grad rel.err {ref_check['grad_rel_err']:.2e} <= {ref_check['grad_rtol']:g})")
+    print(verdict_line(plan, report))
     print(f"report: {os.path.join(args.out, 'report.json')}")
     return 0 if ref_check is None or ref_check["matches"] else 1
 
 
+def verdict_line(plan, report: dict) -> str:
+    """One human line: the plan, measured and predicted step time and the error."""
+    m = report["measured"]["step_time_s"]
+    p = (report.get("predicted") or {}).get("step_time_s")
+    spread = report["measured"].get("step_times_s") or []
+    noise = (f", steps {1e3 * min(spread):.1f}-{1e3 * max(spread):.1f} ms" if len(spread) > 1 else "")
+    if p is None:
+        return f"{plan_label(plan)}: step time measured {1e3 * m:.1f} ms{noise} (no prediction)"
+    return (f"{plan_label(plan)}: step time measured {1e3 * m:.1f} ms{noise}, predicted "
+            f"{1e3 * p:.1f} ms, error {100 * (p - m) / m:+.1f} %")
+
+
 def run_profile(args) -> int:
-    """Run the micro-benchmarks and store them; prints a short summary."""
-    from paraplan.validation.profile import ProfileOptions, run_profile as _run   # torch
+    """Run the micro-benchmarks and store them; prints a short summary (every row with --rows)."""
+    from paraplan.profiles.cluster import noisy_profile_warning
+    from paraplan.profiles.store import profile_noise
+    from paraplan.validation.profile import ProfileOptions, run_profile as _run, summarize   # torch
     check_profile_args(args)
     opts = ProfileOptions.quick() if args.quick else ProfileOptions.full()
     if args.world_sizes:
         opts = replace(opts, world_sizes=tuple(args.world_sizes))
     run_id, rows = _run(opts, db=args.db, collectives=not args.no_collectives)
     path = ProfileStore(args.db).path
-    for r in rows:
+    for r in rows if args.rows else ():
         if r["kind"] == "device":
             continue
         bw = r["bus_bandwidth_bytes_per_s"] or r["bandwidth_bytes_per_s"]
         rate = (f"{r['flops_per_s'] / 1e9:8.1f} GFLOP/s" if r["flops_per_s"] else
                 f"{bw / 1e9:8.3f} GB/s" if bw else f"{r['time_s'] * 1e6:8.2f} us")
+        sp = "" if r.get("spread") is None else f"  spread {100 * r['spread']:5.1f}%"
         print(f"{r['kind']:<10} {r['op']:<16} {str(r['dtype']):<9} n={r['world_size']:<2} "
-              f"{json.dumps(r['shape']):<48} {rate}")
-    print(f"stored run {run_id} ({len(rows)} rows) in {path}")
+              f"{json.dumps(r['shape']):<48} {rate}{sp}")
+    for line in summarize(rows):
+        print(line)
+    print(f"stored run {run_id} ({len(rows)} measurements) in {path}")
+    warning = noisy_profile_warning({"noise": profile_noise(rows), "run_id": run_id,
+                                     "fingerprint": machine_fingerprint()["id"]})
+    if warning:
+        print(warning, file=sys.stderr)
     return 0
 
 
-def main(argv=None) -> int:
-    """Stand-alone ``validate`` / ``profile`` CLI; ParaplanError -> one line, exit code 2."""
+def main_parser() -> argparse.ArgumentParser:
+    """A parser with just ``validate`` and ``profile``."""
     ap = ParaplanArgumentParser(prog="paraplan")
     sub = ap.add_subparsers(dest="command", required=True)
     add_validate_parser(sub)
     add_profile_parser(sub)
-    args, code = parse_or_exit_code(ap, argv)
+    return ap
+
+
+def main(argv=None) -> int:
+    """Stand-alone ``validate`` / ``profile`` CLI; ParaplanError -> one line, exit code 2."""
+    args, code = parse_or_exit_code(main_parser(), argv)
     return code if args is None else run_command(args.func, args)
 
 

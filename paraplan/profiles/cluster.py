@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import sys
 
 import numpy as np
 
@@ -211,10 +212,35 @@ def load_profiled_cluster(spec: str, gpus: int | None = None, db: str | None = N
     cache); ConfigError pointing at ``paraplan profile --quick`` when there is none."""
     try:
         fid, label = _resolve(spec, db)
-        return cluster_from_tables(measured_tables(db, fid), gpus, label)
+        tables = measured_tables(db, fid)
+        cluster = cluster_from_tables(tables, gpus, label)
     except (sqlite3.Error, ValueError, KeyError, TypeError, AttributeError, IndexError, ZeroDivisionError) as e:
         # what the database holds is the user's file: a file that is not a database, another
         # program's tables, or rows that are not what `paraplan profile` writes
         path = db or default_db_path()
         raise ConfigError("--db", f"{path} is not a readable paraplan profile database "
                           f"({type(e).__name__}: {str(e)[:120]})", accepted=HINT) from None
+    warn_if_noisy(tables)
+    return cluster
+
+
+_WARNED: set = set()
+
+
+def noisy_profile_warning(tables: dict) -> str | None:
+    """The warning for a profile whose repeats spread widely (``ProfileNoise.is_noisy``), else None."""
+    noise = tables.get("noise")
+    if noise is None or not noise.is_noisy:
+        return None
+    return (f"paraplan: warning: profile run {tables.get('run_id')} of machine {tables.get('fingerprint')} "
+            f"was measured on a busy machine ({noise.describe()}); predictions from it are uncertain: "
+            f"run `paraplan profile` again when the machine is quiet")
+
+
+def warn_if_noisy(tables: dict) -> None:
+    """Print :func:`noisy_profile_warning` on stderr, once per profile run and process."""
+    msg = noisy_profile_warning(tables)
+    key = (tables.get("fingerprint"), tables.get("run_id"))
+    if msg and key not in _WARNED:
+        _WARNED.add(key)
+        print(msg, file=sys.stderr)

@@ -14,6 +14,7 @@ import platform
 import socket
 import sqlite3
 import time
+from dataclasses import dataclass
 
 from paraplan.errors import ConfigError
 
@@ -36,13 +37,79 @@ CREATE TABLE IF NOT EXISTS measurements (
     device        TEXT, dtype TEXT, world_size INTEGER,
     shape         TEXT,               -- JSON of the sizes that define the case
     bytes         INTEGER, flops REAL, time_s REAL,
-    flops_per_s   REAL, bandwidth_bytes_per_s REAL, bus_bandwidth_bytes_per_s REAL
+    flops_per_s   REAL, bandwidth_bytes_per_s REAL, bus_bandwidth_bytes_per_s REAL,
+    spread        REAL                -- (max - min) / median over the repeats; NULL: not repeated
 );
 CREATE INDEX IF NOT EXISTS measurements_run ON measurements(run_id, kind);
 """
 
 COLUMNS = ("kind", "op", "device", "dtype", "world_size", "shape", "bytes", "flops", "time_s",
-           "flops_per_s", "bandwidth_bytes_per_s", "bus_bandwidth_bytes_per_s")
+           "flops_per_s", "bandwidth_bytes_per_s", "bus_bandwidth_bytes_per_s", "spread")
+
+#: a measurement whose repeats spread more than this, (max - min) / median, is noisy
+NOISY_SPREAD = 0.25
+#: a profile with more than this share of noisy measurements is noisy (warned about when used)
+NOISY_SHARE = 0.10
+
+
+@dataclass(frozen=True)
+class ProfileNoise:
+    """How repeatable a profile run's measurements were.
+
+    ``measured``: rows with a spread (older profiles have none); ``noisy``: rows whose spread
+    exceeds NOISY_SPREAD; ``median_spread``; ``worst``: (label, spread) of the widest row."""
+
+    measured: int
+    noisy: int
+    median_spread: float | None
+    worst: tuple[str, float] | None
+
+    @property
+    def is_noisy(self) -> bool:
+        """More than NOISY_SHARE of the measurements spread over NOISY_SPREAD."""
+        return self.measured > 0 and self.noisy > NOISY_SHARE * self.measured
+
+    def describe(self) -> str:
+        """'160 measurements repeated 3x: median spread 4.1 %, 7 above 25 % (worst: ...)'."""
+        if not self.measured:
+            return "spread not measured (profile from an older paraplan)"
+        worst = f" (worst: {self.worst[0]}, {100 * self.worst[1]:.0f} %)" if self.noisy else ""
+        return (f"median spread between repeats {100 * self.median_spread:.1f} %, {self.noisy} of "
+                f"{self.measured} measurements above {100 * NOISY_SPREAD:.0f} %{worst}")
+
+
+def row_label(r: dict) -> str:
+    """A short human name of a measurement row: 'all_reduce 64 KiB n=2 (in step)'."""
+    shape = r.get("shape") or {}
+    parts = [r["op"] if r["kind"] in ("collective", "autograd", "optimizer", "checkpoint",
+                                      "contention", "elementwise") else f"{r['kind']} {r['op']}"]
+    if r["kind"] == "collective":
+        parts.append(_size(shape.get("bytes", 0)))
+    elif {"m", "n", "k"} <= set(shape):
+        parts.append(f"{shape['m']}x{shape['k']}x{shape['n']} {r.get('dtype')}")
+    if (r.get("world_size") or 1) > 1:
+        parts.append(f"n={r['world_size']}")
+    if "after_compute_s" in shape:
+        parts.append("(in step)")
+    return " ".join(parts)
+
+
+def _size(nbytes: float) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes:g} B"
+
+
+def profile_noise(rows: list[dict]) -> ProfileNoise:
+    """The noise summary of a run's rows (those with a ``spread``)."""
+    import statistics
+    spread = [(r["spread"], r) for r in rows if r.get("spread") is not None]
+    if not spread:
+        return ProfileNoise(0, 0, None, None)
+    worst = max(spread, key=lambda x: x[0])
+    return ProfileNoise(len(spread), sum(1 for s, _ in spread if s > NOISY_SPREAD),
+                        statistics.median(s for s, _ in spread), (row_label(worst[1]), worst[0]))
 
 
 def default_db_path() -> str:
@@ -85,6 +152,13 @@ class ProfileStore:
         os.makedirs(d, exist_ok=True)
         with self._connect() as con:
             con.executescript(SCHEMA)
+            cols = {r[1] for r in con.execute("PRAGMA table_info(measurements)")}
+            if "spread" not in cols:   # a database from before the repeats were stored
+                try:
+                    con.execute("ALTER TABLE measurements ADD COLUMN spread REAL")
+                except sqlite3.OperationalError as e:   # another process added it meanwhile
+                    if "duplicate column" not in str(e):
+                        raise
 
     def _connect(self) -> sqlite3.Connection:
         con = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None)
@@ -208,7 +282,7 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
         flops_per_s}], ``gemm_linear`` the same for the training-layout GEMMs (absent in older profiles), ``sdpa`` = [{device, dtype, flops, flops_per_s, shape}],
         ``memory_bandwidth`` = {device: bytes/s}, ``launch`` = {device: seconds per tiny op}
         and ``device_memory`` = {device: bytes} (both absent in older profiles), ``h2d`` / ``d2h`` = bytes/s or None,
-        ``training`` = {device: {world_size: {"autograd": {op: (seconds, kernels)}, "contention_s": seconds of
+        ``noise`` = :class:`ProfileNoise` of the run, ``training`` = {device: {world_size: {"autograd": {op: (seconds, kernels)}, "contention_s": seconds of
         the reference GEMM, "adamw": [(tensors, numel, seconds)], "checkpoint": {ops: {"plain" |
         "forward" | "checkpointed": seconds}}}}} (absent in older profiles),
         ``collectives`` = {op: {world_size: [(bytes, bus_bandwidth_bytes_per_s, time_s)]}} timed back to
@@ -222,7 +296,7 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
         raise ConfigError("profile", f"no profile stored for machine {fid} in {store.path}",
                           accepted="run `paraplan profile` first")
     rows = store.measurements(run_id)
-    out = {"fingerprint": fid, "run_id": run_id, "gemm": [], "gemm_linear": [], "sdpa": [],
+    out = {"fingerprint": fid, "run_id": run_id, "noise": profile_noise(rows), "gemm": [], "gemm_linear": [], "sdpa": [],
            "memory_bandwidth": {}, "launch": {}, "elementwise": {}, "device_memory": {}, "h2d": None, "d2h": None, "collectives": {}, "collectives_in_step": {},
            "training": {}}
     for r in rows:

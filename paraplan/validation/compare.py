@@ -174,8 +174,9 @@ def build_report(plan: dict, results: list[dict], out_dir: str, *,
         **(extra or {}),
     }
     os.makedirs(out_dir, exist_ok=True)
-    _atomic_write_text(os.path.join(out_dir, "report.json"),
-                       json.dumps(report, indent=1, default=float))
+    # each file whole or not at all; report.json, the one tools read, last
     _atomic_write_text(os.path.join(out_dir, "report.txt"), format_table(rows))
     plot_breakdown(measured, predicted, os.path.join(out_dir, "breakdown.png"))
+    _atomic_write_text(os.path.join(out_dir, "report.json"),
+                       json.dumps(report, indent=1, default=float))
     return report

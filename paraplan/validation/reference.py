@@ -41,10 +41,11 @@ def parallel_losses(results: list[dict]) -> list[float]:
 
 
 def load_parallel_grads(out_dir: str) -> dict[str, torch.Tensor]:
-    """Union of the first-step gradients dumped by each pipeline stage."""
+    """Union of the first-step gradients dumped by each pipeline stage (tensors only:
+    ``weights_only=True``, no pickled code runs)."""
     grads = {}
     for path in sorted(glob.glob(os.path.join(out_dir, "grads_rank*.pt"))):
-        grads.update(torch.load(path))
+        grads.update(torch.load(path, weights_only=True))
     return grads
 
 

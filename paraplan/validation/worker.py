@@ -156,8 +156,10 @@ def _op_times(prof, top: int = 40) -> dict:
 
 
 def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
-                 device: str = "cpu", dump_grads: bool = False) -> dict:
+                 device: str = "cpu", dump_grads: bool = False, on_step=None) -> dict:
     """Train ``plan.warmup + plan.steps`` steps; returns this rank's results dict.
+
+    ``on_step(done, total)`` is called after each step (and the profiled one), for progress.
 
     With ``groups=None`` this is the single-process reference (plan must have tp=pp=dp=1
     semantics; its global batch, micro-batch size and recompute are used).
@@ -254,8 +256,11 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
 
     if cuda:
         torch.cuda.reset_peak_memory_stats()
+    total = plan.warmup + plan.steps + (1 if plan.profile_ops else 0)
     for step in range(plan.warmup + plan.steps):
         one_step(step, record=step >= plan.warmup)
+        if on_step is not None:
+            on_step(step + 1, total)
     ops = {}
     if plan.profile_ops:
         from torch.profiler import ProfilerActivity, profile
@@ -265,6 +270,8 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
             one_step(plan.warmup + plan.steps, record=False)
         losses[:] = keep
         ops = _op_times(prof)
+        if on_step is not None:
+            on_step(total, total)
     memory.pop("optimizer_states_after_step", None)
     memory["activations_peak"] = counter.peak_bytes
     memory["total"] = sum(memory.values())
@@ -285,7 +292,26 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
     return result
 
 
-def _run_one(spec: dict, out_dir: str, cuda: bool, local_rank: int) -> None:
+def write_status(status_dir: str, rank: int, **record) -> None:
+    """This rank's progress record (pid, phase, step) for the launcher, replaced atomically."""
+    from paraplan.validation.launch import status_path
+    path = status_path(status_dir, rank)
+    tmp = path + f".{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"pid": os.getpid(), "rank": rank, **record}, f)
+    os.replace(tmp, path)
+
+
+def _clear_own_files(out_dir: str, rank: int) -> None:
+    """Remove this rank's results of an earlier run in ``out_dir`` (never merged into this one)."""
+    for name in (f"rank{rank}.json", f"grads_rank{rank}.pt"):
+        try:
+            os.remove(os.path.join(out_dir, name))
+        except FileNotFoundError:
+            pass
+
+
+def _run_one(spec: dict, out_dir: str, cuda: bool, local_rank: int, status=None) -> None:
     cfg = GPTConfig(**spec.get("model", {}))
     plan = RunPlan.from_dict(spec.get("plan", {}))
     if dist.get_world_size() != plan.world_size:
@@ -294,9 +320,10 @@ def _run_one(spec: dict, out_dir: str, cuda: bool, local_rank: int) -> None:
     device = f"cuda:{local_rank}" if cuda else "cpu"
     torch.manual_seed(cfg.seed)
     groups = make_groups(plan, "cuda" if cuda else "cpu")
-    result = run_training(cfg, plan, groups, device, bool(spec.get("dump_grads")))
-    grads = result.pop("grads", None)
     os.makedirs(out_dir, exist_ok=True)
+    _clear_own_files(out_dir, groups.rank)
+    result = run_training(cfg, plan, groups, device, bool(spec.get("dump_grads")), on_step=status)
+    grads = result.pop("grads", None)
     r = groups.rank
     if grads is not None and groups.tp_rank == 0 and groups.dp_rank == 0:
         torch.save({k: v.cpu() for k, v in grads.items()},
@@ -319,6 +346,11 @@ def main(argv=None) -> int:
     ap.add_argument("spec", help="JSON file with model, plan and dump_grads (or runs)")
     ap.add_argument("--out", required=True, help="directory for rank<N>.json")
     args = ap.parse_args(argv)
+    from paraplan.validation.procs import die_with_parent
+    die_with_parent()   # torchrun killed -> this rank too
+    rank = int(os.environ.get("RANK", 0))
+    os.makedirs(args.out, exist_ok=True)
+    write_status(args.out, rank, phase="rendezvous")
     with open(args.spec) as f:
         spec = json.load(f)
     cuda = torch.cuda.is_available()
@@ -326,14 +358,19 @@ def main(argv=None) -> int:
     if cuda:
         torch.cuda.set_device(local_rank)
     dist.init_process_group("nccl" if cuda else "gloo")
+    runs = spec["runs"] if "runs" in spec else [dict(spec, name=None)]
     try:
-        if "runs" in spec:
-            for run in spec["runs"]:
-                _run_one(run, os.path.join(args.out, run["name"]), cuda, local_rank)
-        else:
-            _run_one(spec, args.out, cuda, local_rank)
+        for i, run in enumerate(runs):
+            phase = "training" if run["name"] is None else f"training {run['name']}"
+
+            def status(done, total, phase=phase, i=i):
+                write_status(args.out, rank, phase=phase, step=done, steps=total, run=i, runs=len(runs))
+            status(0, None)
+            _run_one(run, args.out if run["name"] is None else os.path.join(args.out, run["name"]),
+                     cuda, local_rank, status)
     finally:
         dist.destroy_process_group()
+    write_status(args.out, rank, phase="done", run=len(runs), runs=len(runs))
     return 0
 
 

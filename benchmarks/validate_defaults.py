@@ -1,0 +1,93 @@
+"""Step-time error of ``paraplan validate`` run as typed: its default model and run length.
+
+For each layout (``tp2``, ``dp2`` = what ``--nproc-per-node 2`` runs with no other flag, ``dp2 --zero
+1``, ``dp2 --zero 3``, ``pp2``) the plan is built by the CLI's own parser from those flags
+(:func:`paraplan.cli.validate._plan_and_launch`), predicted with
+:func:`paraplan.validation.predict.predict_run` on this machine's latest profile in ``--db``
+(profiled first, quick mode, when it has none), and run through the harness (one torchrun launch
+of world 2 per repeat holding every layout). Measured step time per repeat: the slowest rank's
+mean over the timed steps, as ``validate`` reports it; the table gives the median over repeats
+and the spread (max - min) / median. Error = (predicted - measured) / measured.
+
+Usage: ``python benchmarks/validate_defaults.py [--db FILE] [--repeats N] [--json OUT] [-- extra validate flags]``
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+
+#: name -> the flags typed after ``paraplan validate --nproc-per-node 2``
+LAYOUTS = {"tp2": ["--tp", "2"], "dp2": [], "dp2_zero1": ["--zero", "1"],
+           "dp2_zero3": ["--zero", "3"], "pp2": ["--pp", "2"]}
+
+
+def plans_as_typed(extra: list[str]):
+    """(GPTConfig, {name: RunPlan}) that ``validate --nproc-per-node 2 <flags> <extra>`` runs."""
+    from paraplan.cli.validate import _model_config, _plan_and_launch, main_parser
+    ap = main_parser()
+    plans, cfg = {}, None
+    for name, flags in LAYOUTS.items():
+        args = ap.parse_args(["validate", "--nproc-per-node", "2", *flags, *extra, "--out", "unused"])
+        cfg = _model_config(args)
+        plans[name] = _plan_and_launch(args)[0]
+    return cfg, plans
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--db", default=None, help="profile database (default $PARAPLAN_PROFILE_DB or the cache)")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", default=None, help="write the rows here")
+    ap.add_argument("extra", nargs="*", help="more validate flags (after --)")
+    args = ap.parse_args(argv)
+    from paraplan.validation.launch import LaunchOptions, launch_worker_batch
+    from paraplan.validation.predict import predict_run
+    cfg, plans = plans_as_typed(args.extra)
+    t0 = time.time()
+    predicted = {n: predict_run(cfg, p, args.db)[0] for n, p in plans.items()}
+    measured = {n: [] for n in plans}
+    breakdowns = {n: [] for n in plans}
+    with tempfile.TemporaryDirectory(prefix="paraplan-defaults-") as d:
+        for i in range(args.repeats):
+            specs = [{"name": n, "model": asdict(cfg), "plan": asdict(p), "dump_grads": False}
+                     for n, p in plans.items()]
+            res = launch_worker_batch(specs, os.path.join(d, f"rep{i}"), LaunchOptions(nproc_per_node=2,
+                                                                                       timeout_s=1800))
+            for n, rs in res.items():
+                slowest = max(rs, key=lambda r: statistics.mean(r["step_times_s"]))
+                measured[n].append(statistics.mean(slowest["step_times_s"]))
+                breakdowns[n].append(slowest["time_breakdown_s"])
+    print(f"model {asdict(cfg)}; run: {plans['tp2'].warmup} warm-up + {plans['tp2'].steps} timed steps; "
+          f"{args.repeats} repeats, {time.time() - t0:.0f} s")
+    print(f"{'plan':<11} {'predicted ms':>12} {'measured ms':>12} {'spread':>7} {'error':>7}   "
+          f"compute/tp/pp/dp/opt ms: predicted | measured")
+    rows = []
+    for n in plans:
+        m = statistics.median(measured[n])
+        p = predicted[n]["step_time_s"]
+        spread = (max(measured[n]) - min(measured[n])) / m
+        bd = predicted[n]["time_breakdown_s"]
+        mb = {k: statistics.median(b[k] for b in breakdowns[n]) for k in breakdowns[n][0]}
+        rows.append({"plan": n, "predicted_s": p, "measured_s": m, "measured_repeats_s": measured[n],
+                     "spread": spread, "error": p / m - 1, "predicted_breakdown_s": bd,
+                     "measured_breakdown_s": mb})
+        keys = ("compute", "tp_comm", "pp_comm", "dp_comm", "optimizer")
+        terms = ("/".join(f"{1e3 * bd[k]:.1f}" for k in keys) + " | "
+                 + "/".join(f"{1e3 * mb.get(k, 0):.1f}" for k in keys))
+        print(f"{n:<11} {1e3 * p:12.1f} {1e3 * m:12.1f} {100 * spread:6.1f}% {100 * (p / m - 1):+6.1f}%   {terms}")
+    worst = max(abs(r["error"]) for r in rows)
+    print(f"worst |error| {100 * worst:.1f}% (target <= 20 %: {'holds' if worst <= 0.20 else 'MISSED'})")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"model": asdict(cfg), "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
