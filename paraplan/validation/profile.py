@@ -22,7 +22,7 @@ ranks share the machine's cores, as the validation workers do):
   mm and a bias sum; the others 2, batched matmul 3); their median is the per-kernel cost of an
   eager training step (dispatch, autograd graph, engine) that the profiled curves charge per
   kernel.
-* ``contention``: the validation model's transformer block (hidden 128, seq 64) forward +
+* ``contention``: the validation model's transformer block (hidden 256, seq 256) forward +
   backward, and a 128^3 fp32 GEMM; the block's time at world size n over its time alone is the
   compute slowdown of n ranks sharing the machine (cores, caches and memory bandwidth).
 * ``optimizer``: ``torch.optim.AdamW`` (``foreach=False``, as the harness) over 64 tensors of 64
@@ -373,7 +373,7 @@ def _autograd_case(op, device):
 def _checkpoint_cases(ops: int, device) -> dict:
     """The region recomputation checkpoints that runs ``ops`` of the estimator's kernels (4: the
     attention core of a :class:`~paraplan.validation.model.Block` on q, k, v; 16: the block's
-    whole body) at the contention block's size, as three steps: ``plain`` forward + backward,
+    whole body) at CHECKPOINT_BLOCK's size (small, so the overhead stands out of the noise), as three steps: ``plain`` forward + backward,
     ``forward`` alone and ``checkpointed`` forward + backward under ``torch.utils.checkpoint``
     (non-reentrant, as the harness). checkpointed − plain − forward is what recomputing the
     region costs beyond re-running its forward: the saved-tensor hooks, the region's bookkeeping
@@ -384,7 +384,7 @@ def _checkpoint_cases(ops: int, device) -> dict:
 
     if ops not in CHECKPOINT_REGION_OPS:
         raise ValueError(f"no checkpoint region of {ops} kernels; have {CHECKPOINT_REGION_OPS}")
-    c = CONTENTION_BLOCK
+    c = CHECKPOINT_BLOCK
     cfg = GPTConfig(vocab_size=256, seq_len=c["seq"], hidden=c["hidden"], heads=c["heads"], layers=1)
     block = Block(cfg, 0, ParallelContext()).to(device)
     if ops == 4:
@@ -402,7 +402,11 @@ def _checkpoint_cases(ops: int, device) -> dict:
 
 #: the validation model's transformer block timed forward + backward for the contention figure:
 #: a working set of a few MiB and the op mix of a real step, unlike one cache-resident GEMM
-CONTENTION_BLOCK = {"hidden": 128, "heads": 4, "seq": 64, "batch": 1}
+#: (the size of ``validate``'s default model, so the slowdown is measured on the working set it runs)
+CONTENTION_BLOCK = {"hidden": 256, "heads": 4, "seq": 256, "batch": 1}
+#: the block whose regions the checkpoint cases time: small, so that recomputation's bookkeeping is a
+#: measurable share of the region (the size these figures were measured at before)
+CHECKPOINT_BLOCK = {"hidden": 128, "heads": 4, "seq": 64, "batch": 1}
 
 
 def _block_case(device):
