@@ -123,11 +123,12 @@ def test_signal_to_validate_kills_torchrun_and_every_rank(tmp_path, pred, sig):
         st = _rank_status(out, 0, proc)
         assert st["pid"] in _procs_mentioning(str(out))
         proc.send_signal(sig)
-        proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode != 0
+    assert "Traceback" not in (err or "")
     assert _none_left(out) == []
 
 

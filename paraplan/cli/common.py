@@ -388,3 +388,6 @@ def run_command(func, args) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:       # Ctrl-C: one line, the shell's 128 + SIGINT, no traceback
+        print("paraplan: interrupted", file=sys.stderr)
+        return 130
