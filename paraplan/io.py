@@ -197,16 +197,47 @@ def fsync_dir(path: Path | str) -> None:
         os.close(fd)
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True
+    return True
+
+
+def remove_stale_temporaries(path: Path) -> None:
+    """Remove the temporary files that a killed :func:`write_atomic` of ``path`` left beside it
+    (``.NAME.PID.XXXX`` whose writing process is gone); a live writer's file is left alone."""
+    prefix = f".{path.name}."
+    try:
+        names = os.listdir(path.parent)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(prefix):
+            continue
+        pid = name[len(prefix):].split(".", 1)[0]
+        if pid.isdigit() and not _pid_alive(int(pid)):
+            try:
+                os.unlink(path.parent / name)
+            except OSError:
+                pass
+
+
 def write_atomic(path: Path | str, data: str | bytes, *, executable: bool = False) -> None:
     """Write text or bytes to path whole or not at all: a temporary file in the same folder, given
     the mode a plain write would leave (``file_mode``: the umask for a new file, the old file's own
     bits otherwise), written and fsynced, then ``os.replace``d over ``path``; the temporary file is
     removed if anything fails. A reader, or a process killed at any moment, sees the old file or the
-    new one, never a part."""
+    new one, never a part; the temporary a killed writer left (its name carries the writer's pid) is
+    removed by the next write of the same file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     mode = file_mode(path, executable)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    remove_stale_temporaries(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{os.getpid()}.", dir=path.parent)
     try:
         os.fchmod(fd, mode)   # mkstemp creates 0600 whatever the umask
         with os.fdopen(fd, "wb" if isinstance(data, bytes) else "w") as f:

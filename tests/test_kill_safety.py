@@ -258,3 +258,21 @@ def test_whatif_out_killed_leaves_old_or_new_report(whatif_runs, tmp_path):
     assert snapshot(out) == new
     assert_user_files(out, mine)
     assert [g.name for g in (out / ".paraplan").glob("gen-*")] == [os.readlink(out / ".paraplan" / "current")]
+
+
+def test_the_next_write_removes_a_killed_writers_temporary(tmp_path):
+    """A SIGKILLed write_atomic leaves .NAME.PID.XXXX; the next write of the file removes it, but
+    not a temporary of a writer that is still alive."""
+    import os
+    import subprocess
+    import sys
+    from paraplan.io import write_atomic
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    stale = tmp_path / f".plan.json.{dead}.abc123"
+    live = tmp_path / f".plan.json.{os.getppid()}.def456"
+    stale.write_text("partial")
+    live.write_text("in progress")
+    write_atomic(tmp_path / "plan.json", "{}")
+    assert (tmp_path / "plan.json").read_text() == "{}"
+    assert not stale.exists() and live.exists()
