@@ -443,3 +443,20 @@ def test_stored_profile_is_read_without_torch(profile_db, tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert '"cluster": "profile:' in r.stdout
+
+
+def test_measured_collective_tables_are_read_inside_their_sizes():
+    """A profiled link reads its measured in-step times (log-log between sizes) at the measured
+    world size, and the α-β fit outside the measured sizes or at another world size."""
+    from paraplan.costmodels.comm import ALL_REDUCE, ring_time
+    from paraplan.hardware.model import Link
+    table = ((4096.0, 1.4e-3), (65536.0, 1.5e-3), (1048576.0, 2.4e-3))
+    link = Link("m", bandwidth_bytes_per_s=1e9, efficiency=1.0, latency_s=1e-4,
+                measured={ALL_REDUCE: table}, measured_world=2)
+    assert float(ring_time(ALL_REDUCE, 65536.0, 2, link)) == pytest.approx(1.5e-3)
+    mid = float(ring_time(ALL_REDUCE, 262144.0, 2, link))            # halfway in log size
+    assert mid == pytest.approx(np.sqrt(1.5e-3 * 2.4e-3), rel=1e-6)
+    fit = 2 * 1e-4 + 2 * 0.5 * 4e6 / 1e9
+    assert float(ring_time(ALL_REDUCE, 4e6, 2, link)) == pytest.approx(fit)         # beyond the table
+    assert float(ring_time(ALL_REDUCE, 65536.0, 4, link)) != pytest.approx(1.5e-3)  # another world size
+    assert link.scaled(2.0).measured == {}                                          # a what-if link: the fit

@@ -34,14 +34,28 @@ def ring_time(kind: str, size_bytes, n, link: Link):
     s = np.asarray(size_bytes, dtype=float)
     alpha, bw = link.alpha_beta(kind)
     if kind == SEND_RECV:
-        return alpha + s / bw
+        return _measured_or(alpha + s / bw, kind, s, 2, link)
     if kind == ALL_REDUCE:
         t = 2 * (n - 1) * alpha + 2 * (n - 1) / n * s / bw
     elif kind in (REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL):
         t = (n - 1) * alpha + (n - 1) / n * s / bw
     else:
         raise ValueError(f"unknown collective {kind}")
+    t = _measured_or(t, kind, s, n, link)
     return np.where(n > 1, t, 0.0)
+
+
+def _measured_or(t, kind: str, s, n, link: Link):
+    """``t`` where the link has no measurement of ``kind`` at ``n`` ranks and size ``s``; inside the
+    measured sizes, the measured time interpolated log-log between its neighbours."""
+    table = (link.measured or {}).get(kind)
+    if not table or len(table) < 2:
+        return t
+    sizes = np.log([b for b, _ in table])
+    times = np.log([x for _, x in table])
+    ls = np.log(np.maximum(s, 1.0))
+    inside = (ls >= sizes[0]) & (ls <= sizes[-1]) & (n == link.measured_world)
+    return np.where(inside, np.exp(np.interp(ls, sizes, times)), t)
 
 
 def collective_time(kind: str, size_bytes, n, k, intra: Link, inter: Link):

@@ -143,6 +143,11 @@ class Link:
     efficiency: float
     latency_s: float
     per_op: Mapping[str, tuple[float, float]] = field(default_factory=dict, compare=False)
+    #: measured times by size at ``measured_world`` ranks, per collective: ((bytes, seconds), ...)
+    #: ascending; inside the measured sizes a collective at that world size reads them (log-log
+    #: interpolation) instead of the α-β fit, which cannot follow a profile's curvature
+    measured: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict, compare=False)
+    measured_world: int = 0
 
     @property
     def effective_bandwidth_bytes_per_s(self) -> float:
@@ -157,7 +162,8 @@ class Link:
 
     def scaled(self, factor: float) -> "Link":
         return replace(self, bandwidth_bytes_per_s=self.bandwidth_bytes_per_s * factor,
-                       per_op={k: (a, b * factor) for k, (a, b) in self.per_op.items()})
+                       per_op={k: (a, b * factor) for k, (a, b) in self.per_op.items()},
+                       measured={}, measured_world=0)   # a what-if link: the fit, not the old measurements
 
 
 @dataclass(frozen=True)

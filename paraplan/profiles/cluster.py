@@ -110,8 +110,11 @@ def fitted_link(collectives: dict, name: str = "measured", world_size: int | Non
                           accepted="run `paraplan profile --quick` (without --no-collectives) first")
     per_op = {op: fit_alpha_beta(r) for op, r in rows.items()}
     alpha, bw = fit_alpha_beta([x for r in rows.values() for x in r])
+    world = max((n for r in rows.values() for _, n, _, _ in r), default=0) if world_size is not None else 0
+    measured = {op: tuple(sorted((s, t) for _, n, s, t in r if n == world)) for op, r in rows.items()} if world else {}
     return Link(name=name, bandwidth_bytes_per_s=bw, efficiency=1.0, latency_s=alpha,
-                per_op=per_op)
+                per_op=per_op, measured={op: tab for op, tab in measured.items() if len(tab) >= 2},
+                measured_world=world)
 
 
 def _resolve(spec: str, db: str | None) -> tuple[str, str]:
