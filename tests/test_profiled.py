@@ -122,6 +122,8 @@ def test_training_rows_are_stored_and_read_back(profile_db):
     from paraplan.validation.profile import AUTOGRAD_OPS, CHECKPOINT_REGION_OPS
     tr = measured_tables(profile_db)["training"]["cpu"]
     assert set(tr) == {1, 2}            # alone, and on every rank of the 2-rank collective launch
+    # FSDP2's own cost per unit is measured where there is a group to shard over
+    assert "fsdp_unit_s" not in tr[1] and tr[2]["fsdp_unit_s"] >= 0
     for w in tr.values():
         assert set(w["autograd"]) == {op for op, _ in AUTOGRAD_OPS}
         assert all(t > 0 and k >= 2 for t, k in w["autograd"].values())
@@ -460,3 +462,27 @@ def test_measured_collective_tables_are_read_inside_their_sizes():
     assert float(ring_time(ALL_REDUCE, 4e6, 2, link)) == pytest.approx(fit)         # beyond the table
     assert float(ring_time(ALL_REDUCE, 65536.0, 4, link)) != pytest.approx(1.5e-3)  # another world size
     assert link.scaled(2.0).measured == {}                                          # a what-if link: the fit
+
+
+def test_fsdp_unit_overhead_is_charged_per_unit_and_micro_batch_under_zero3(profile_db):
+    """ZeRO-3 on a profiled device pays the measured FSDP2 cost per wrapped unit (each layer and the
+    root) and micro-batch; ZeRO-1 does not."""
+    import dataclasses
+    from paraplan.costmodels.estimate import estimate
+    from paraplan.costmodels.profiled import ProfiledCurves
+    from paraplan.profiles.store import measured_tables
+    from paraplan.plan import Plan
+    from paraplan.workloads.transformer import TrainingJob, TransformerModel
+    cluster = load_cluster("local", 2, db=profile_db)
+    curves = ProfiledCurves.from_tables(measured_tables(profile_db), world_size=2)
+    model = TransformerModel("t", layers=4, hidden=256, heads=4, vocab=1024)
+    job = TrainingJob(256, 8)
+    z3 = Plan(dp=2, zero=3, micro_batch=2, dtype="fp32", overlap_grad_reduce=False, grad_accumulation_fusion=False)
+    base = estimate(model, job, cluster, z3, curves=dataclasses.replace(curves, fsdp_unit_overhead_s=0.0))
+    more = estimate(model, job, cluster, z3, curves=dataclasses.replace(curves, fsdp_unit_overhead_s=1e-3))
+    m = job.global_batch // (2 * 2)
+    assert more.time_breakdown_s["dp_comm"] - base.time_breakdown_s["dp_comm"] == pytest.approx(m * (4 + 1) * 1e-3)
+    z1 = dataclasses.replace(z3, zero=1)
+    a = estimate(model, job, cluster, z1, curves=dataclasses.replace(curves, fsdp_unit_overhead_s=0.0))
+    b = estimate(model, job, cluster, z1, curves=dataclasses.replace(curves, fsdp_unit_overhead_s=1e-3))
+    assert a.step_time_s == pytest.approx(b.step_time_s)

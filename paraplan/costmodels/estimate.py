@@ -204,6 +204,12 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
         e_warm, e_total = dp_exposed_time(experts, *dp_args, experts=True)
         e_comp = dp_exposed_time(experts, *dp_args, experts=True, volume_factor=factor)[0] if compressed else e_warm
         dp_warm, dp_comp, dp_total = dp_warm + e_warm, dp_comp + e_comp, dp_total + e_total
+    # FSDP2's own cost per wrapped unit (each layer of the stage and the root) and micro-batch, where the
+    # device's profile measured it (a CPU under gloo: hooks, DTensor bookkeeping, buffer copies)
+    fsdp_unit = float(getattr(curves, "fsdp_unit_overhead_s", 0.0) or 0.0)
+    if fsdp_unit:
+        fsdp_own = np.where(np.asarray(plan.zero) == 3, m * (layers + 1) * fsdp_unit, 0.0)
+        dp_warm, dp_comp, dp_total = dp_warm + fsdp_own, dp_comp + fsdp_own, dp_total + fsdp_own
     dp_avg = warm * dp_warm + (1 - warm) * dp_comp
 
     z1 = np.asarray(plan.zero) >= 1

@@ -162,6 +162,8 @@ def training_measurements(tables: dict, device: str, world_size: int | None = No
     alone = (per_dev.get(1) or per_dev.get("1") or {}).get("contention_s")
     if alone and m.get("contention_s"):
         out["slowdown"] = max(1.0, float(m["contention_s"]) / float(alone))
+    if m.get("fsdp_unit_s") is not None:
+        out["fsdp_unit_s"] = float(m["fsdp_unit_s"])
     ck = checkpoint_overhead_fit(m.get("checkpoint") or {})
     if ck:
         out["checkpoint_region_s"], out["checkpoint_kernel_s"] = ck
@@ -209,6 +211,8 @@ class ProfiledCurves:
     elementwise_bandwidth_bytes_per_s: float | None = None
     checkpoint_region_s: float = 0.0
     checkpoint_kernel_s: float = 0.0
+    #: FSDP2's own cost per wrapped unit and micro-batch (hooks, DTensor bookkeeping, buffer copies)
+    fsdp_unit_overhead_s: float = 0.0
 
     kind = "profiled"
 
@@ -260,6 +264,7 @@ class ProfiledCurves:
             adam_time_per_tensor_s=train.get("adam_tensor_s"), adam_time_per_param_s=train.get("adam_param_s"),
             world_size=train.get("world"), elementwise_bandwidth_bytes_per_s=ew,
             checkpoint_region_s=train.get("checkpoint_region_s", 0.0),
+            fsdp_unit_overhead_s=train.get("fsdp_unit_s", 0.0),
             checkpoint_kernel_s=train.get("checkpoint_kernel_s", 0.0),
             sdpa=LogLogCurve.from_points(sd, t0) if sd else None,
             memory_bandwidth_bytes_per_s=float(bw),
@@ -361,6 +366,7 @@ class ProfiledCurves:
                 "adam_ns_per_param": None if self.adam_time_per_param_s is None
                 else self.adam_time_per_param_s * 1e9,
                 "checkpoint_us_per_region": self.checkpoint_region_s * 1e6,
+                "fsdp_us_per_unit": self.fsdp_unit_overhead_s * 1e6,
                 "checkpoint_us_per_kernel": self.checkpoint_kernel_s * 1e6,
                 "gemm_dtypes_measured": sorted(self.gemm),
                 "dtype_fallbacks": fallbacks,

@@ -81,7 +81,7 @@ class ProfileNoise:
 def row_label(r: dict) -> str:
     """A short human name of a measurement row: 'all_reduce 64 KiB n=2 (in step)'."""
     shape = r.get("shape") or {}
-    parts = [r["op"] if r["kind"] in ("collective", "autograd", "optimizer", "checkpoint",
+    parts = [r["op"] if r["kind"] in ("collective", "autograd", "optimizer", "checkpoint", "fsdp",
                                       "contention", "elementwise") else f"{r['kind']} {r['op']}"]
     if r["kind"] == "collective":
         parts.append(_size(shape.get("bytes", 0)))
@@ -321,13 +321,15 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
                 (r["shape"]["numel"], r["bytes"], r["time_s"]))
         elif k in ("h2d", "d2h"):
             out[k] = r["bandwidth_bytes_per_s"]
-        elif k in ("autograd", "contention", "optimizer", "checkpoint"):
+        elif k in ("autograd", "contention", "optimizer", "checkpoint", "fsdp"):
             w = out["training"].setdefault(r["device"], {}).setdefault(
                 int(r["world_size"]), {"autograd": {}, "contention_s": None, "adamw": [], "checkpoint": {}})
             if k == "checkpoint":
                 w["checkpoint"].setdefault(int(r["shape"]["ops"]), {})[r["op"]] = r["time_s"]
             elif k == "autograd":
                 w["autograd"][r["op"]] = (r["time_s"], r["shape"]["kernels"])
+            elif k == "fsdp":         # FSDP2's own cost per unit and micro-batch (world > 1)
+                w["fsdp_unit_s"] = r["time_s"]
             elif k == "contention":   # the block when measured (older profiles: the GEMM)
                 if r["op"] == "block" or w["contention_s"] is None:
                     w["contention_s"] = r["time_s"]

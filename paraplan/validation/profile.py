@@ -643,6 +643,73 @@ def _in_step_time(fn, burst, device, min_time_s: float) -> tuple[float, float]:
     return best
 
 
+#: iterations of the FSDP2 case (every rank runs the same count: the case holds collectives)
+FSDP_WARMUP, FSDP_ITERS, FSDP_REPEATS = 3, 10, 3
+
+
+def _lockstep_time(fn, iters: int, device) -> float:
+    """Seconds per call of ``fn`` run ``iters`` times on every rank together: the slowest rank's."""
+    import torch.distributed as dist
+    dist.barrier()
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        fn()
+    _sync(device)
+    t = torch.tensor([(time.perf_counter() - t0) / iters], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def fsdp_rows(device, world: int) -> list[dict]:
+    """FSDP2's own cost per wrapped unit and micro-batch, beyond the compute and the collectives it
+    runs: the contention block forward + backward under ``fully_shard`` (the validation harness's
+    ZeRO-3), minus the same block plain, minus its two parameter all-gathers and one gradient
+    reduce-scatter timed alone at the block's size (``all_gather_into_tensor`` /
+    ``reduce_scatter_tensor``). What is left is the hooks, the DTensor bookkeeping and the copies in
+    and out of the flat buffers, which the estimator charges per unit under ZeRO-3 on this device."""
+    import copy
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    c = CONTENTION_BLOCK
+    cfg = GPTConfig(vocab_size=256, seq_len=c["seq"], hidden=c["hidden"], heads=c["heads"], layers=1)
+    torch.manual_seed(0)
+    plain = Block(cfg, 0, ParallelContext()).to(device)
+    sharded = copy.deepcopy(plain)
+    mesh = init_device_mesh("cuda" if str(device).startswith("cuda") else "cpu", (world,))
+    fully_shard(sharded, mesh=mesh)
+    x = torch.randn(c["batch"], c["seq"], c["hidden"], device=device, requires_grad=True)
+    numel = sum(p.numel() for p in plain.parameters())
+    shard = -(-numel // world)
+    ag_in = torch.zeros(shard, device=device)
+    ag_out = torch.zeros(shard * world, device=device)
+    rs_out = torch.zeros(shard, device=device)
+
+    def comm():
+        dist.all_gather_into_tensor(ag_out, ag_in)
+        dist.all_gather_into_tensor(ag_out, ag_in)
+        dist.reduce_scatter_tensor(rs_out, ag_out)
+
+    cases = {"plain": lambda: plain(x).sum().backward(), "fsdp": lambda: sharded(x).sum().backward(),
+             "comm": comm}
+    for fn in cases.values():
+        for _ in range(FSDP_WARMUP):
+            fn()
+    got = {k: [] for k in cases}
+    for _ in range(FSDP_REPEATS):
+        for k, fn in cases.items():
+            got[k].append(_lockstep_time(fn, FSDP_ITERS, device))
+    t = {k: statistics.median(v) for k, v in got.items()}
+    overhead = max(0.0, t["fsdp"] - t["plain"] - t["comm"])
+    spread = (max(got["fsdp"]) - min(got["fsdp"])) / t["fsdp"] if t["fsdp"] > 0 else 0.0
+    dev = "cuda" if str(device).startswith("cuda") else "cpu"
+    return [_row("fsdp", "unit", dev, "float32", world,
+                 shape={**c, "params": numel, "fsdp_s": t["fsdp"], "plain_s": t["plain"], "comm_s": t["comm"]},
+                 time_s=overhead, spread=spread)]
+
+
 def collective_worker(sizes: list[int], out_path: str, min_time_s: float,
                       with_training: bool = True) -> None:
     """Runs on every torchrun rank; rank 0 writes the rows (max time over ranks) to JSON.
@@ -668,6 +735,11 @@ def collective_worker(sizes: list[int], out_path: str, min_time_s: float,
                           shape=r["shape"], nbytes=r["bytes"], flops=r["flops"],
                           time_s=statistics.mean(e[i] for e in every), spread=r["spread"]))
         rows += mine
+        if world > 1:
+            try:
+                rows += fsdp_rows(device, world)
+            except ImportError:       # a torch without FSDP2 (torch.distributed.fsdp.fully_shard): no figure
+                pass
     burst = _compute_burst(device)
     for op in COLLECTIVES:
         for nbytes in sizes:
