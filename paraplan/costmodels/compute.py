@@ -448,7 +448,19 @@ def head_times(model, job, plan, curves, cluster) -> dict:
     head = 3 * logits + cross_entropy
     embedding = curves.memory_time(T * h * element_bytes(plan) * 3, kernels=2)
     ar = tp_allreduce_time(model, job, plan, cluster)
-    return {"head": head, "embedding": embedding, "tp_comm": 2 * ar}   # embedding fwd + head grad all-reduce
+    return {"head": head, "embedding": embedding,
+            "tp_comm": 2 * ar + vocab_parallel_loss_allreduce_time(job, plan, cluster)}   # + embedding fwd, head grad
+
+
+def vocab_parallel_loss_allreduce_time(job, plan, cluster):
+    """The cross-entropy over a vocabulary split across tp (Megatron's vocab-parallel cross-entropy,
+    the validation harness's too) all-reduces three fp32 values per token: the logits' max, the sum
+    of the exponentials and the target's logit. Small messages (4·T bytes), so latency-bound: about
+    3 α per micro-batch (microseconds on NVLink, a millisecond each under gloo). 0 with tp = 1."""
+    T = tokens_per_rank(job, plan)
+    k = ranks_per_node(plan.tp, 1, cluster.gpus_per_node)
+    intra, inter = cluster.links("tp")
+    return 3 * collective_time(ALL_REDUCE, 4.0 * T, plan.tp, k, intra, inter)
 
 
 def p2p_time(model, job, plan, cluster):

@@ -914,7 +914,7 @@ def run_profile(opts: ProfileOptions, db: str | None = None,
     total = len(DEVICE_GROUPS) * len(_local_devices()) + len(worlds)
     with progress.bar(desc=f"profile ({opts.mode})", total=total, unit="group") as b:
         def done(label):
-            b.set_postfix_str(label, refresh=False)
+            b.set_postfix_str(f"{label} done", refresh=False)
             b.update(1)
         rows = device_benchmark_rows(opts, on_group=done)
         if collectives:
