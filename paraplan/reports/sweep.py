@@ -172,8 +172,8 @@ class Scenario:
             raise ConfigError("--sweep", f"give one or two sweeps, got {len(self.sweeps)}")
         if len(self.sweeps) == 2 and self.sweeps[0].var == self.sweeps[1].var:
             raise ConfigError("--sweep", f"{self.sweeps[0].var} is swept twice")
-        if self.price_per_gpu_hour is not None and not self.price_per_gpu_hour > 0:
-            raise ConfigError("--price-per-gpu-hour", f"must be positive, got {self.price_per_gpu_hour}")
+        if self.price_per_gpu_hour is not None and not 1e-8 <= self.price_per_gpu_hour <= 1e9:
+            raise ConfigError("--price-per-gpu-hour", f"must be between 1e-08 and 1e9 US$, got {self.price_per_gpu_hour}")
         if self.train_tokens is not None and not self.train_tokens > 0:
             raise ConfigError("--train-tokens", f"must be positive, got {self.train_tokens}")
         if not 0.01 <= self.max_memory_fraction <= 1:
