@@ -18,7 +18,6 @@ from pathlib import Path
 import pandas as pd
 
 from paraplan.costmodels.estimate import estimate
-from paraplan.costmodels.intervals import GENERATION  # noqa: F401  (re-exported for benchmarks)
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan, check_plan
@@ -130,17 +129,23 @@ def case_from_row(i: int, r: pd.Series) -> CalibrationCase | str:
     return CalibrationCase(i, src, label, model, job, cluster, plan, step, tuple(assumed))
 
 
-def load_cases(csv_path: Path | str = DEFAULT_CSV) -> tuple[list[CalibrationCase], list[tuple[int, str, str]]]:
-    """(usable cases, skipped rows as (row, source, reason))."""
+def _load(csv_path, case_of, source_of) -> tuple[list[CalibrationCase], list[tuple[int, str, str]]]:
+    """(usable cases, skipped rows as (row, source, reason)) of a calibration file: ``case_of(i, row)``
+    gives a case or the reason the row is skipped, ``source_of(source)`` the short source name."""
     table = pd.read_csv(csv_path)
     cases, skipped = [], []
     for i, r in table.iterrows():
-        c = case_from_row(int(i), r)
+        c = case_of(int(i), r)
         if isinstance(c, str):
-            skipped.append((int(i), short_source(r["source"]), c))
+            skipped.append((int(i), source_of(str(r["source"])), c))
         else:
             cases.append(c)
     return cases, skipped
+
+
+def load_cases(csv_path: Path | str = DEFAULT_CSV) -> tuple[list[CalibrationCase], list[tuple[int, str, str]]]:
+    """(usable cases, skipped rows as (row, source, reason)) of the A100 file."""
+    return _load(csv_path, case_from_row, short_source)
 
 
 def score(cases, estimate_fn) -> pd.DataFrame:
@@ -314,12 +319,4 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
 
 def load_h100_cases(csv_path: Path | str = H100_CSV) -> tuple[list[CalibrationCase], list[tuple[int, str, str]]]:
     """(usable cases, skipped rows as (row, source, reason)) of the H100/Blackwell file."""
-    table = pd.read_csv(csv_path)
-    cases, skipped = [], []
-    for i, r in table.iterrows():
-        c = case_from_h100_row(int(i), r)
-        if isinstance(c, str):
-            skipped.append((int(i), h100_source(str(r["source"])), c))
-        else:
-            cases.append(c)
-    return cases, skipped
+    return _load(csv_path, case_from_h100_row, h100_source)

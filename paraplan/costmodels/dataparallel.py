@@ -51,8 +51,7 @@ def fp8_all_gather_factor(plan):
     """Bytes of a parameter all-gather relative to 16 bit: 1/2 where torchtitan gathers fp8 weights
     (``float8.enable_fsdp_float8_all_gather`` with per-tensor scaling, which paraplan's export turns
     on for ``--dtype fp8`` under FSDP: weights are cast before the all-gather), else 1."""
-    fp8_gather = (plan.dtype == "fp8") and element_bytes(plan) == 2
-    return np.where(fp8_gather & (np.asarray(plan.engine_code) == Engine.TORCHTITAN), 0.5, 1.0)
+    return np.where((plan.dtype == "fp8") & (np.asarray(plan.engine_code) == Engine.TORCHTITAN), 0.5, 1.0)
 
 
 def dp_group(plan, cluster, experts: bool = False):

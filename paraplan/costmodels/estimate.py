@@ -234,11 +234,14 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
 
     acts = M.activation_bytes(model, job, plan)
     expert_states = M.model_state_bytes(experts, plan, shard_degree=n_edp)
-    stage_states = {name: {k: v + expert_states[k] for k, v in M.model_state_bytes(params_, plan).items()}
+
+    def states_of(params_):
+        """A stage's model states with its experts' and, under fp8, its fp8 weight copies."""
+        states = {k: v + expert_states[k] for k, v in M.model_state_bytes(params_, plan).items()}
+        states["parameters"] = states["parameters"] + M.fp8_weight_copy_bytes(model, params_ + experts, plan)
+        return states
+    stage_states = {name: states_of(params_)
                     for name, params_ in (("first", first_params), ("middle", middle_params), ("last", last_params))}
-    for name, params_ in (("first", first_params), ("middle", middle_params), ("last", last_params)):
-        stage_states[name]["parameters"] = (stage_states[name]["parameters"]
-                                            + M.fp8_weight_copy_bytes(model, params_ + experts, plan))
     totals = {name: sum(states.values()) + acts[name] for name, states in stage_states.items()}
     # the peak stage: first unless another holds strictly more (a middle stage only when it has layers)
     peak = np.where(totals["last"] > totals["first"], LAST, FIRST)

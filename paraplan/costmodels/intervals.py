@@ -18,6 +18,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from paraplan.io import write_atomic
+
 INTERVALS_JSON = Path(__file__).parent / "data" / "prediction_intervals.json"
 LEVEL = 0.9
 MIN_ROWS = 8
@@ -68,7 +70,6 @@ def fit_intervals(residuals: Mapping[str, Sequence[tuple[str, float]]], level: f
 
 
 def write_intervals(intervals: Mapping[str, Interval], inputs: Sequence[str], path: Path = INTERVALS_JSON) -> None:
-    from paraplan.io import write_atomic
     doc = {"level": LEVEL, "inputs": list(inputs),
            "method": "empirical quantiles of ln(measured/predicted throughput) per generation (benchmarks/accuracy.py)",
            "generations": {g: {"low": round(i.low, 4), "high": round(i.high, 4), "rows": i.rows,
@@ -87,10 +88,11 @@ def _stored() -> dict:
 def interval_for(accelerator_name: str) -> Interval | None:
     """The stored interval of the accelerator's generation, or None (no calibration data)."""
     gen = GENERATION.get(accelerator_name)
-    entry = _stored().get("generations", {}).get(gen) if gen else None
+    stored = _stored()
+    entry = stored.get("generations", {}).get(gen) if gen else None
     if entry is None:
         return None
-    return Interval(gen, float(_stored().get("level", LEVEL)), float(entry["low"]), float(entry["high"]),
+    return Interval(gen, float(stored.get("level", LEVEL)), float(entry["low"]), float(entry["high"]),
                     int(entry["rows"]), tuple(entry["sources"]), bool(entry["pooled"]))
 
 
