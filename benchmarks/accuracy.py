@@ -25,7 +25,7 @@ import pandas as pd
 from paraplan.costmodels.calibration import (DEFAULT_CSV, H100_CSV, korthikanti_table, load_cases, load_h100_cases,
                                              score)
 from paraplan.costmodels.estimate import estimate
-from paraplan.costmodels.intervals import GENERATION, LEVEL, fit_intervals, quantile_interval, write_intervals
+from paraplan.costmodels.intervals import GENERATION, LEVEL, fit_intervals, write_intervals
 
 SWEEP_CSV = Path(__file__).resolve().parents[2] / "shared" / "reference" / "hagemann2023_sweep_2k.csv"
 SWEEP_SOURCE = "Hagemann 2023 sweep"
@@ -73,23 +73,22 @@ def spearman(a, b) -> float:
 
 
 def loso_coverage(df: pd.DataFrame, level: float = LEVEL):
-    """Leave one source out: each held-out row is judged against the interval fitted on the other
-    sources' rows of its generation (when they number at least 8 from at least 2 sources, as
-    :func:`fit_intervals` requires), else on all other sources pooled. Returns the table per source
-    and the share of all rows covered (%)."""
+    """Leave one source out of the whole fit: each held-out row is judged against the interval
+    :func:`fit_intervals` builds from the other sources alone (source weights, the quantile level's
+    own leave-one-source-out calibration and the own-generation-or-pooled choice all redone without
+    it). Returns the table per source and generation and the share of all rows covered (%)."""
     rows = []
     for src in sorted(df.source.unique()):
         held, rest = df[df.source == src], df[df.source != src]
-        covered = 0
+        residuals = {g: list(zip(d.source, d.log_ratio)) for g, d in rest.groupby("generation")}
+        fitted = fit_intervals(residuals, level, generations=sorted(held.generation.unique()))
         for gen, part in held.groupby("generation"):
-            same = rest[rest.generation == gen]
-            basis = same if len(same) >= 8 and same.source.nunique() >= 2 else rest
-            lo, hi = quantile_interval(basis.log_ratio, level)
+            iv = fitted[gen]
             ratio = np.exp(part.log_ratio)
-            covered += int(((ratio >= lo) & (ratio <= hi)).sum())
-            rows.append({"held out": src, "generation": gen, "rows": len(part), "interval from": len(basis),
-                         "same generation": basis is same, "low": lo, "high": hi,
-                         "covered_%": 100 * ((ratio >= lo) & (ratio <= hi)).mean()})
+            inside = (ratio >= iv.low) & (ratio <= iv.high)
+            rows.append({"held out": src, "generation": gen, "rows": len(part), "interval from": iv.rows,
+                         "same generation": not iv.pooled, "quantile level": iv.quantile_level,
+                         "low": iv.low, "high": iv.high, "covered_%": 100 * inside.mean()})
     out = pd.DataFrame(rows)
     total = (out.rows * out["covered_%"]).sum() / out.rows.sum()
     return out, total
@@ -147,7 +146,7 @@ def main(argv=None) -> int:
     intervals = fit_intervals(residuals)
     print(f"\n{100 * LEVEL:.0f}% prediction intervals (multipliers on predicted throughput)")
     for g, iv in sorted(intervals.items()):
-        print(f"  {g:<11} [{iv.low:.3f}, {iv.high:.3f}]  {iv.basis()}")
+        print(f"  {g:<11} [{iv.low:.3f}, {iv.high:.3f}]  {iv.basis()}; quantile level {iv.quantile_level:.2f}")
     cov, total = loso_coverage(df)
     print(f"\nleave-one-source-out coverage of the {100 * LEVEL:.0f}% interval: {total:.1f}% of {len(df)} rows")
     print(cov.round(3).to_string(index=False))

@@ -27,6 +27,44 @@ def test_generation_with_too_few_rows_or_one_source_is_pooled_and_says_so():
     assert "pooled" in iv["Blackwell"].basis()
 
 
+def test_weighted_quantiles_make_every_source_count_the_same():
+    # 100 rows of source "big" at 0.0, 2 rows of "small" at 1.0: unweighted, "small" is 2 % of the
+    # mass and the 95 % quantile sits at 0; weighted, it is half the mass and the quantile rises.
+    sources = ["big"] * 100 + ["small"] * 2
+    r = [0.0] * 100 + [1.0] * 2
+    w = I.source_weights(sources)
+    assert w[:100].sum() == pytest.approx(1.0) and w[100:].sum() == pytest.approx(1.0)
+    assert I.quantile_interval(r, 0.9)[1] == pytest.approx(1.0)
+    assert I.quantile_interval(r, 0.9, w)[1] > np.exp(0.9)
+
+
+def _shifted_sources(shifts, n=40, seed=3):
+    rng = np.random.default_rng(seed)
+    return {"A100": [(f"s{i}", float(x)) for i, shift in enumerate(shifts)
+                     for x in rng.normal(shift, 0.05, n)]}
+
+
+def test_quantile_level_widens_only_when_held_out_sources_fall_outside():
+    same = _shifted_sources([0.0, 0.0, 0.0, 0.0])
+    assert I.calibrated_quantile_level(same) <= 0.92
+    shifted = _shifted_sources([0.0, 0.12, -0.1, 0.05])
+    q = I.calibrated_quantile_level(shifted)
+    assert q > 0.92
+    assert I.held_out_coverage(shifted, q) >= 0.9 > I.held_out_coverage(shifted, 0.90)
+    iv = I.fit_intervals(shifted)["A100"]
+    assert iv.quantile_level == q and iv.low < np.exp(-0.1) and iv.high > np.exp(0.12)
+
+
+def test_two_sources_keep_the_nominal_level():
+    two = _shifted_sources([0.0, 0.3])
+    assert I.calibrated_quantile_level(two) == 0.9
+
+
+def test_a_generation_without_rows_gets_the_pooled_interval():
+    iv = I.fit_intervals(_shifted_sources([0.0, 0.1, -0.1]), generations=["V100"])["V100"]
+    assert iv.pooled and iv.rows == 120
+
+
 def _est(cluster):
     return estimate(load_model("llama3-8b"), TrainingJob(4096, 64), load_cluster(cluster, 8),
                     Plan(dp=8, zero=1, recompute="full"))
