@@ -474,6 +474,51 @@ def stage_layer_counts(layers: int, plan) -> list[int]:
     return [f] + [base + (i < extra_mid) for i in range(pp - 2)] + [l_]
 
 
+def interleaved_split_accounts(layers: int, pp: int, vpp: int) -> tuple[bool, bool] | None:
+    """How interleaved (virtual) stages split ``layers`` over pp * vpp model chunks, as Megatron-LM's
+    ``--account-for-embedding-in-pipeline-split`` / ``--account-for-loss-in-pipeline-split`` do
+    (megatron/core/transformer/transformer_layer.py: the embedding and the loss each count as one
+    layer, and layers + those must divide by pp, then by vpp; Megatron-Bridge's Llama 3.1 405B
+    recipe, 126 layers on pp 8 x vpp 8): (embedding counted, loss counted), (False, False) when the
+    layers divide evenly, None when no accounting makes them divide. The first chunk of the first
+    stage then holds one layer fewer (embedding counted), the last chunk of the last stage one fewer
+    (loss counted): the automatic split of :func:`stage_layers` gives exactly these stage totals."""
+    n = pp * vpp
+    r = layers % n
+    if r == 0:
+        return (False, False)
+    if n > 2 and r == n - 1:
+        return (True, False)
+    if n > 2 and r == n - 2:
+        return (True, True)
+    return None
+
+
+def _interleaved_split_exists(layers: int, chunks):
+    """Vectorized :func:`interleaved_split_accounts` is not None, over arrays of pp * vpp."""
+    n = np.asarray(chunks)
+    r = layers % n
+    return (r == 0) | ((n > 2) & ((r == n - 1) | (r == n - 2)))
+
+
+def virtual_stage_layer_counts(layers: int, plan) -> list[int]:
+    """Layers of every model chunk in model order (pp * vpp entries; the stages' counts with vpp 1):
+    chunk i runs on stage i mod pp. See :func:`interleaved_split_accounts`."""
+    vpp = int(plan.vpp)
+    if vpp == 1:
+        return stage_layer_counts(layers, plan)
+    n = int(plan.pp) * vpp
+    accounts = interleaved_split_accounts(layers, int(plan.pp), vpp)
+    if accounts is None:
+        raise ValueError(f"layers({layers}) do not split over pp({plan.pp}) * vpp({vpp}) chunks")
+    embedding, loss = accounts
+    c = (layers + embedding + loss) // n
+    counts = [c] * n
+    counts[0] -= embedding
+    counts[-1] -= loss
+    return counts
+
+
 def stage_split_is_even(layers: int, plan) -> bool:
     """Whether every stage holds the same number of layers."""
     return len(set(stage_layer_counts(layers, plan))) == 1
@@ -638,10 +683,13 @@ RULES: tuple[Rule, ...] = (
        lambda P, s: s.model.layers < P.pp * P.vpp,
        lambda p, s: (f"layers({s.model.layers}) < pp({p.pp}) * vpp({p.vpp}) = {p.pp * p.vpp}: every "
                      "(virtual) pipeline stage needs at least one layer")),
-    _r("interleaved-layers-divisible", "interleaved stages need layers divisible by pp*vpp", ILLEGAL, ("pp", "vpp"),
-       lambda P, s: (P.vpp > 1) & (s.model.layers % (P.pp * P.vpp) != 0),
+    _r("interleaved-layers-divisible", "interleaved stages need layers (+ embedding, loss) divisible by pp*vpp",
+       ILLEGAL, ("pp", "vpp"),
+       lambda P, s: (P.vpp > 1) & ~_interleaved_split_exists(s.model.layers, P.pp * P.vpp),
        lambda p, s: (f"layers({s.model.layers}) % (pp({p.pp}) * vpp({p.vpp})) = "
-                     f"{s.model.layers % (p.pp * p.vpp)}, must be 0 with interleaved (virtual) stages")),
+                     f"{s.model.layers % (p.pp * p.vpp)}: interleaved (virtual) stages need the layers, or the "
+                     f"layers + 1 or + 2 with the embedding and the loss counted as layers (Megatron-LM's "
+                     f"--account-for-embedding/loss-in-pipeline-split), divisible by pp * vpp = {p.pp * p.vpp}")),
     _r("stage-layers-need-pp", "first/last stage layers need pp >= 2", ILLEGAL,
        ("pp", "first_stage_layers", "last_stage_layers"),
        lambda P, s: ((P.first_stage_layers > 0) | (P.last_stage_layers > 0)) & (P.pp < 2),

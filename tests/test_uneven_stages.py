@@ -92,9 +92,54 @@ def test_layer_count_and_interleaving_rules():
     model, job, cluster = _scene("bloom-176b", "dgx-a100-80g", 384)
     with pytest.raises(ConfigError, match="every \\(virtual\\) pipeline stage needs at least one layer"):
         check_plan(Plan(tp=1, pp=96, dp=4), model, job, cluster)
-    with pytest.raises(ConfigError, match="must be 0 with interleaved"):
-        check_plan(Plan(tp=4, pp=12, dp=8, vpp=2, schedule="interleaved", micro_batch=2), model, job, cluster)
+    with pytest.raises(ConfigError, match=r"layers\(70\) % \(pp\(12\) \* vpp\(4\)\) = 22: .*embedding and the loss"):
+        check_plan(Plan(tp=4, pp=12, dp=8, vpp=4, schedule="interleaved", micro_batch=2), model, job, cluster)
+    # 70 + embedding + loss = 72 = 12 x 2 x 3: Megatron-LM's --account-for-*-in-pipeline-split
+    model, job, cluster = _scene("bloom-176b", "dgx-a100-80g", 384, batch=1536)   # 96 micro-batches of 2
+    check_plan(Plan(tp=4, pp=12, dp=8, vpp=2, schedule="interleaved", micro_batch=2), model, job, cluster)
     check_plan(BLOOM_PLAN, model, job, cluster)       # 70 % 12 != 0 is legal now
+
+
+@pytest.mark.parametrize("layers,pp,vpp,want", [
+    (126, 8, 8, ((True, True), [1] + [2] * 62 + [1], [15] + [16] * 6 + [15])),    # Llama 3.1 405B (Megatron-Bridge)
+    (71, 8, 3, ((True, False), [2] + [3] * 23, [8] + [9] * 7)),
+    (64, 8, 2, ((False, False), [4] * 16, [8] * 8)),
+    (61, 8, 4, (None, None, None)),                                                # DeepSeek-V3 on pp8 x vpp4: no split
+])
+def test_interleaved_split_counts_embedding_and_loss_as_layers(layers, pp, vpp, want):
+    from paraplan.plan import interleaved_split_accounts, virtual_stage_layer_counts
+    accounts, chunks, stages = want
+    assert interleaved_split_accounts(layers, pp, vpp) == accounts
+    plan = Plan(pp=pp, vpp=vpp, schedule="interleaved")
+    if accounts is None:
+        with pytest.raises(ValueError):
+            virtual_stage_layer_counts(layers, plan)
+        return
+    got = virtual_stage_layer_counts(layers, plan)
+    assert got == chunks and sum(got) == layers
+    # the chunks of stage i are i, i + pp, ...: their totals are the stages' automatic split
+    assert [sum(got[i::pp]) for i in range(pp)] == stages == stage_layer_counts(layers, plan)
+
+
+def test_llama3_405b_interleaved_layout_estimates_and_exports():
+    model, job, cluster = _scene("llama3-405b", "dgx-h100", 1024, seq=8192, batch=512)
+    plan = Plan(tp=8, pp=8, dp=16, vpp=8, schedule="interleaved", micro_batch=1, sp=True, zero=1,
+                recompute="full", engine="megatron")
+    e = estimate(model, job, cluster, plan)
+    assert e.details["layers_per_stage"] == [15] + [16] * 6 + [15]
+    assert e.step_time_s > 0
+    d = doc("llama3-405b", "dgx-h100", 1024, 8192, 512, tp=8, pp=8, dp=16, vpp=8, schedule="interleaved",
+            micro_batch=1, sp=True, zero=1, recompute="full", engine="megatron")
+    _, flags = parse_megatron(ex.to_megatron(d))
+    assert flags["--account-for-embedding-in-pipeline-split"] is True
+    assert flags["--account-for-loss-in-pipeline-split"] is True
+    assert flags["--num-layers-per-virtual-pipeline-stage"] == "2"
+    assert "--decoder-first-pipeline-num-layers" not in flags
+    assert set(flags) <= set(OPTIONS["megatron"]["flags"])
+    d["plan"].update(engine="torchtitan", zero=3)
+    titan = tomllib.loads(ex.to_torchtitan(d))
+    points = titan["parallelism"]["pipeline_parallel_split_points"]
+    assert len(points) == 8 * 8 - 1 and points[0] == "layers.1" and points[-1] == "layers.125"
 
 
 # --- costs ---------------------------------------------------------------------------------------------

@@ -26,7 +26,8 @@ from typing import Any, Callable, Mapping
 
 from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError
-from paraplan.plan import Engine, Plan, check_plan, is_fp8, stage_layer_counts
+from paraplan.plan import (Engine, Plan, check_plan, interleaved_split_accounts, is_fp8, stage_layer_counts,
+                           virtual_stage_layer_counts)
 from paraplan.planfile import PLAN_SCHEMA
 from paraplan.scenario import load_cluster
 from paraplan.workloads.presets import load_model
@@ -133,6 +134,10 @@ def _megatron_uneven_stages(s: Scenario, notes: list[str]) -> list[tuple[str, ..
     counts = stage_layer_counts(s.model.layers, s.plan)
     if len(set(counts)) == 1:
         return []
+    if s.plan.vpp > 1:      # interleaved: the embedding and/or loss counted as layers (plan rule)
+        embedding, loss = interleaved_split_accounts(s.model.layers, s.plan.pp, s.plan.vpp)
+        return ([("--account-for-embedding-in-pipeline-split",)] if embedding else []) + \
+               ([("--account-for-loss-in-pipeline-split",)] if loss else [])
     middle = counts[1:-1]
     if len(set(middle)) > 1:
         notes.append(f"the plan's layers per stage {counts} have uneven middle stages, which Megatron-LM's "
@@ -174,7 +179,8 @@ def build_megatron(s: Scenario) -> Export:
         args.append(("--sequence-parallel",))
     args += _megatron_uneven_stages(s, notes)
     if p.schedule == "interleaved":
-        args.append(("--num-layers-per-virtual-pipeline-stage", str(m.layers // (p.pp * p.vpp))))
+        args.append(("--num-layers-per-virtual-pipeline-stage",
+                     str(max(virtual_stage_layer_counts(m.layers, p)))))
     elif p.schedule == "zb-h1" and p.pp > 1:
         notes.append("schedule zb-h1 (zero-bubble H1, Qi et al. 2023) needs a zero-bubble fork of Megatron-LM "
                      "(sail-sg/zero-bubble-pipeline-parallelism); stock Megatron-LM runs its closest schedule, "
@@ -457,9 +463,10 @@ def build_torchtitan(s: Scenario) -> Export:
 
 
 def _titan_stage_split(layers: int, p: Plan) -> tuple[str, Any]:
-    """Layers per (virtual) stage when even; else the split points, the layer each stage after the
-    first begins with ("layers.N", torchtitan/config/job_config.py pipeline_parallel_split_points)."""
-    counts = stage_layer_counts(layers, p)
+    """Layers per (virtual) stage when even; else the split points, the layer each (virtual) stage
+    after the first begins with ("layers.N", torchtitan/config/job_config.py
+    pipeline_parallel_split_points; pp * vpp stages with interleaving)."""
+    counts = virtual_stage_layer_counts(layers, p)
     if len(set(counts)) == 1:
         return ("pipeline_parallel_layers_per_stage", layers // (p.pp * p.vpp))
     starts, at = [], 0

@@ -3,7 +3,7 @@
 Per axis (each respects what it can see alone): tp divides heads and the GPU count (and KV heads
 divide tp or tp divides them); pp divides the GPU count and is at most the layer count (layers
 that pp does not divide are split unevenly, ``paraplan.plan.stage_layers``); cp divides the GPU count and leaves at least
-``min_tokens_per_cp_rank`` tokens per rank; vpp divides layers/pp; micro-batch divides the global
+``min_tokens_per_cp_rank`` tokens per rank; vpp splits the layers (with the embedding and loss counted as layers when that makes them divide: ``paraplan.plan.interleaved_split_accounts``); micro-batch divides the global
 batch; schedule, sequence parallelism, ZeRO stage, recomputation and offload from their lists.
 Composition is the flat Cartesian product; the cross-axis rules of ``paraplan.plan.RULES`` (degrees
 multiply to the GPU count, batch divisible by dp·micro-batch, interleaving needs m % pp = 0, …)
