@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
 
-from paraplan.costmodels.calibration import load_cases, short_source
+from paraplan.costmodels.calibration import load_cases, load_h100_cases, short_source
 from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
@@ -92,16 +93,24 @@ def planner_picks(j: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def published_runs_fit() -> pd.DataFrame:
-    """Every complete published run of shared/reference/published_runs_calibration.csv (it ran, so
-    it fit): the estimate's verdict and its memory per GPU."""
-    cases, _ = load_cases()
+def published_runs_fit(loader=load_cases) -> pd.DataFrame:
+    """Every complete published run of a calibration file (it ran, so it fit; default
+    shared/reference/published_runs_calibration.csv, ``load_h100_cases`` for the H100/Blackwell
+    file): the estimate's verdict, its memory per GPU, and whether the row states its recomputation
+    (an unstated one is read as none, which the loader lists among its assumptions)."""
+    cases, _ = loader()
     rows = []
     for c in cases:
         e = estimate(c.model, c.job, c.cluster, c.plan)
+        stated = not any("recomputation (not stated)" in a for a in (c.assumed or ()))
+        least = c.plan.recompute if e.feasible else None
+        if not e.feasible and not stated:   # it ran, so with some recomputation: the least that fits
+            least = next((rc for rc in ("selective", "full")
+                          if estimate(c.model, c.job, c.cluster, replace(c.plan, recompute=rc)).feasible), None)
         rows.append({"source": short_source(c.source), "run": c.label, "plan": c.plan.label(),
                      "predicted_gib": e.memory_bytes_per_gpu["total"] / 2**30,
-                     "gpu_gib": c.cluster.accelerator.memory_bytes / 2**30, "judged_fit": e.feasible})
+                     "gpu_gib": c.cluster.accelerator.memory_bytes / 2**30, "judged_fit": e.feasible,
+                     "recompute_stated": stated, "fits_with": least})
     return pd.DataFrame(rows)
 
 
@@ -121,11 +130,17 @@ def main(argv=None) -> int:
     print()
     print(planner_picks(j).to_string(index=False, float_format=lambda x: f"{x:.1f}"))
     print()
-    pub = published_runs_fit()
-    print(f"published runs that ran, judged to fit: {int(pub.judged_fit.sum())} of {len(pub)}")
-    bad = pub[~pub.judged_fit]
-    if len(bad):
-        print(bad.to_string(index=False, float_format=lambda x: f"{x:.1f}"))
+    for name, loader in (("published_runs_calibration.csv", load_cases),
+                         ("published_runs_calibration_h100.csv", load_h100_cases)):
+        pub = published_runs_fit(loader)
+        some = pub.fits_with.notna()
+        print(f"{name}: published runs that ran, judged to fit: {int(pub.judged_fit.sum())} of {len(pub)}"
+              f" ({int((~pub.recompute_stated).sum())} rows do not state their recomputation: read as none); "
+              f"with the least recomputation that fits where none is stated: {int(some.sum())} of {len(pub)} "
+              f"({', '.join(f'{k} {v}' for k, v in pub[~pub.judged_fit & some].fits_with.value_counts().items()) or '-'})")
+        bad = pub[~pub.judged_fit]
+        if len(bad):
+            print(bad.to_string(index=False, float_format=lambda x: f"{x:.1f}"))
     return 0
 
 
