@@ -162,7 +162,7 @@ POSITIVE_INT_FIELDS = ("tp", "pp", "cp", "vpp", "micro_batch", "ep", "etp")
 STAGE_LAYER_FIELDS = ("first_stage_layers", "last_stage_layers")
 MAX_DEGREE = 2**31 - 1    # degrees, micro-batches and stage sizes past a C int are typos (numpy overflows)
 BOOL_FIELDS = ("sp", "offload_params", "flash_attention", "overlap_grad_reduce", "delayed_update",
-               "grad_accumulation_fusion", "fused_elementwise", "tp_comm_overlap")
+               "grad_accumulation_fusion", "fused_elementwise", "tp_comm_overlap", "grad_reduce_bf16")
 
 
 def validate_field(name: str, value, where: str | None = None):
@@ -257,6 +257,10 @@ class Plan:
     # with Transformer Engine userbuffers; torchtitan async TP, micro-pipelined all-gather/reduce-scatter
     # matmuls); False: every TP collective sits on the critical path
     tp_comm_overlap: bool = False
+    # Megatron-LM's gradient buffer (main_grad) and its data-parallel reduction in bf16
+    # (--grad-reduce-in-bf16; Megatron-Bridge / NeMo: grad_reduce_in_fp32=False) instead of fp32:
+    # 2 bytes per parameter held and reduced instead of 4
+    grad_reduce_bf16: bool = False
 
     def __post_init__(self):
         for key in (*POSITIVE_INT_FIELDS, "dp", *MODES, "zero", *STAGE_LAYER_FIELDS, *BOOL_FIELDS):
@@ -365,6 +369,7 @@ class PlanBatch:
     grad_accumulation_fusion: np.ndarray = None
     fused_elementwise: np.ndarray = None
     tp_comm_overlap: np.ndarray = None
+    grad_reduce_bf16: np.ndarray = None
     engine_code: np.ndarray = None
     first_stage_layers: np.ndarray = None
     last_stage_layers: np.ndarray = None
@@ -373,7 +378,7 @@ class PlanBatch:
     def __post_init__(self):
         n = len(self.tp)
         for name, default in (("ep", 1), ("etp", 1), ("cp_mode_code", CpMode.RING), ("optimizer_code", Optimizer.ADAM),
-                              ("delayed_update", False), ("grad_accumulation_fusion", True), ("fused_elementwise", True), ("tp_comm_overlap", False),
+                              ("delayed_update", False), ("grad_accumulation_fusion", True), ("fused_elementwise", True), ("tp_comm_overlap", False), ("grad_reduce_bf16", False),
                               ("engine_code", Engine.GENERIC), ("first_stage_layers", 0), ("last_stage_layers", 0)):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, np.full(n, int(default) if isinstance(default, Mode) else default))
@@ -408,6 +413,7 @@ class PlanBatch:
                     grad_accumulation_fusion=bool(self.grad_accumulation_fusion[i]),
                     fused_elementwise=bool(self.fused_elementwise[i]),
                     tp_comm_overlap=bool(self.tp_comm_overlap[i]),
+                    grad_reduce_bf16=bool(self.grad_reduce_bf16[i]),
                     engine=Engine(int(self.engine_code[i])).label,
                     first_stage_layers=int(self.first_stage_layers[i]),
                     last_stage_layers=int(self.last_stage_layers[i]))
@@ -849,6 +855,12 @@ RULES: tuple[Rule, ...] = (
        lambda p, s: (f"--tp-comm-overlap overlaps the all-gather / reduce-scatter of sequence parallelism with "
                      f"the GEMMs; it needs tp > 1 and --sp (tp({p.tp}), sp {bool(p.sp)})"),
        field="tp_comm_overlap", accepted="--tp N>1 --sp, or no --tp-comm-overlap", uses_scene=False),
+    _r("grad-reduce-bf16-megatron", "bf16 gradient reduction is Megatron-LM's option", ILLEGAL,
+       ("engine_code", "grad_reduce_bf16"),
+       lambda P, s: np.asarray(P.grad_reduce_bf16, bool) & (np.asarray(P.engine_code) != Engine.MEGATRON),
+       lambda p, s: (f"a bf16 gradient buffer is Megatron-LM's option (main_grad, --grad-reduce-in-bf16); "
+                     f"engine {Engine(p.engine_code).label} keeps its own gradient dtype"),
+       field="grad_reduce_bf16", accepted="--engine megatron, or no --grad-reduce-bf16", uses_scene=False),
     _r("engine-tp-comm-overlap", "the engine has no TP communication overlap", ILLEGAL,
        ("engine_code", "tp_comm_overlap"),
        lambda P, s: np.asarray(P.tp_comm_overlap, bool) & _engine_in(P, Engine.DEEPSPEED, Engine.SCALING),

@@ -238,6 +238,8 @@ PLAN_FLAG_HELP = {
                  "every other matmul output and the attention output)",
     "tp_comm_overlap": "overlap tensor-parallel all-gather/reduce-scatter with the neighbouring GEMMs "
                        "(Megatron-LM --tp-comm-overlap, torchtitan async TP; needs --sp)",
+    "grad_reduce_bf16": "Megatron-LM: keep and reduce gradients in bf16 (--grad-reduce-in-bf16; the "
+                        "Megatron-Bridge and NeMo performance recipes do): 2 bytes per parameter instead of 4",
     "fused_elementwise": "eager PyTorch norms and SwiGLU (fp32 upcast, several kernels, more saved "
                          "activations) instead of fused kernels (Megatron-LM with Transformer Engine or Apex)",
 }

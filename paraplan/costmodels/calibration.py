@@ -299,12 +299,18 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     if overlap:
         assumed.append("TP communication overlap on (the NeMo / Megatron-Bridge performance recipes enable "
                        "tp_comm_overlap with sequence parallelism; not stated per row)")
+    bf16_grads = engine == "megatron"
+    if bf16_grads:
+        assumed.append("gradients kept and reduced in bf16 (grad_reduce_in_fp32=False: Megatron-Bridge's "
+                       "scripts/performance/configs/llama/llama3_llm_pretrain.py set_llama3_common_configs, "
+                       "NeMo's fp8 performance scripts; not stated per row)")
     try:
         cluster = load_cluster(H100_GPU_TO_SYSTEM[r["gpu"]], n)
         plan = Plan(tp=_int(r["tp"]), pp=_int(r["pp"]), dp=_int(r["dp"]), cp=cp, sp=sp and _int(r["tp"]) > 1,
                     vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b", micro_batch=_int(r["micro_batch"]),
                     zero=zero, recompute=recompute, dtype=dtype, ep=ep, engine=engine,
-                    grad_accumulation_fusion=engine != "torchtitan", tp_comm_overlap=overlap)
+                    grad_accumulation_fusion=engine != "torchtitan", tp_comm_overlap=overlap,
+                    grad_reduce_bf16=bf16_grads)
     except ConfigError as e:
         return f"layout not expressible: {e}"
     job = TrainingJob(seq_len=_int(r["seq_len"]), global_batch=_int(r["global_batch"]))

@@ -7,6 +7,8 @@ over N_d = dp·cp ranks (the replicas of a parameter):
   stage 2    reduce-scatter of gradients every micro-batch (gradients are not kept whole), one
              all-gather of parameters per step
   stage 3    every micro-batch: all-gather forward, all-gather backward, reduce-scatter (3Ψ)
+Gradients move in the engine's gradient dtype: Megatron-LM reduces its fp32 main_grad buffer
+(4 bytes per parameter; 2 with --grad-reduce-in-bf16), the others their 16-bit gradients.
 Overlap (bucketed, as Megatron's --overlap-grad-reduce, DeepSpeed overlap_comm and FSDP do;
 off with ``plan.overlap_grad_reduce = False``, as in Megatron-LM's 2020-21 "local" DDP):
 gradient reduction runs under the backward of the last micro-batch, the parameter all-gather of
@@ -21,6 +23,7 @@ import numpy as np
 
 from paraplan.costmodels.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time, ranks_per_node
 from paraplan.costmodels.compute import element_bytes
+from paraplan.costmodels.memory import engine_of, megatron_grad_bytes
 from paraplan.plan import Engine, Optimizer
 
 # Share of an overlapped collective's duration that it costs the compute beneath it (NCCL kernels
@@ -81,8 +84,10 @@ def dp_exposed_time(params, plan, cluster, m, t_micro_fwd, t_micro_bwd, *, exper
     n, k = dp_group(plan, cluster, experts)
     intra, inter = cluster.links("ep" if experts else "dp")
     size = element_bytes(plan) * params * volume_factor
-    ar = collective_time(ALL_REDUCE, size, n, k, intra, inter)
-    rs = collective_time(REDUCE_SCATTER, size, n, k, intra, inter)
+    # gradients travel in the engine's gradient dtype: Megatron-LM reduces its main_grad buffer
+    grad_size = np.where(engine_of(plan) == Engine.MEGATRON, megatron_grad_bytes(plan) * params * volume_factor, size)
+    ar = collective_time(ALL_REDUCE, grad_size, n, k, intra, inter)
+    rs = collective_time(REDUCE_SCATTER, grad_size, n, k, intra, inter)
     ag = collective_time(ALL_GATHER, size * fp8_all_gather_factor(plan), n, k, intra, inter)
     z = np.asarray(plan.zero)
     overlap = np.asarray(plan.overlap_grad_reduce, dtype=bool)

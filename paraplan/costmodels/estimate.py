@@ -54,7 +54,8 @@ FP8_ASSUMPTIONS = (
     "plateau x the recipe's GEMM efficiency; attention, embeddings, LM head, norms and the optimizer stay in bf16/fp32",
     "fp8: every micro-batch quantizes the four GEMM inputs, the layer's weights and, backward, the output gradients "
     "(bytes per element by recipe: compute.FP8_CAST_BYTES_PER_ELEMENT)",
-    "fp8: saved activations are counted in 16 bit (Transformer Engine saves fp8 GEMM inputs: an upper bound); "
+    "fp8: Megatron/generic (Transformer Engine) save the linear layers' inputs as their 1-byte fp8 casts (the "
+    "output projection's besides FlashAttention's 16-bit output); torchtitan (torchao) saves them in 16 bit; "
     "Megatron/generic keep an fp8 copy and transpose of the stage's weights (2 bytes/param), torchtitan casts on "
     "the fly (the gathered layer's copy only)",
 )

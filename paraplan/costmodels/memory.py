@@ -47,6 +47,15 @@ UNFUSED_SWIGLU_SAVED_BYTES_PER_FFN = 2
 # the scores' gradient out, 16-bit) holds two score-sized tensors besides the saved probabilities
 # while one layer runs backward: bytes per element of the rank's b·(a/t)·(s/cp)·s score matrix.
 UNFUSED_ATTENTION_TRANSIENT_BYTES = 4.0
+# Transformer Engine under fp8 (megatron and generic engines): each Linear saves for its weight-gradient
+# GEMM the fp8 cast of its input (transformer_engine/pytorch/module/linear.py, layernorm_linear.py:
+# the quantized input, 1 byte per element, its row-wise copy discarded) instead of the 16-bit tensor.
+# Per layer: the two norm outputs (QKV and FC1 inputs) drop from 2 to 1 byte per element, FC2's
+# input (the activation's output) likewise; the output projection keeps an fp8 copy besides the
+# attention kernel's 16-bit output, which FlashAttention saves for its own backward (+1 byte).
+# torchtitan's torchao Float8Linear saves the high-precision input: no change there.
+TE_FP8_BYTES_PER_ELEMENT = 1.0
+TE_FP8_SAVED_BYTES_SAVED_PER_NORM_OUTPUT = 1.0
 # Aleph Alpha's Scaling (engine ``scaling``; github.com/Aleph-Alpha/scaling at 01b9d21, the 2024 release
 # of the codebase Hagemann et al. 2023 ran their layout sweep with), from src/scaling/:
 # * core/nn/mlp.py ParallelSwiGLUMLP computes silu(dense_in(x)) * siglu_weight(x) in eager PyTorch
@@ -73,14 +82,15 @@ SCALING_FLASH_OUTPUT_SAVED_BYTES_PER_HIDDEN = 2
 SCALING_LOSS_BYTES_PER_LOGIT = 2.0 + 4.0 + 4.0 + 4.0
 # * core/optimizer/parameter_group.py keeps the 16-bit parameters in one flat buffer
 #   (flatten_dense_tensors_aligned) and the fp32 ZeRO-1 partition (and so Adam's moments) as single
-#   tensors, allocated once; the 16-bit gradients are autograd's per-parameter tensors, allocated in the
-#   first backward of every step and freed by zero_grad(set_to_none=True): with the activations and
-#   buffers they are the bytes that churn (allocator_bytes). The fraction is calibrated on the sweep's
-#   fit/OOM outcomes (benchmarks/memory_fit.py): the largest value under which each sheet's fastest
-#   measured runs (13B on 32 GPUs, tp1 pp1 mb1: 16-bit weights and gradients 48 GiB) still fit, so
-#   that the planner can pick them; 0.16 gives false fits 9.3 %, 0.18 7.7 %, 0.20 6.6 % but rejects
-#   that run, 0.28 3.9 % (false OOMs 4.9 %) but rejects the best run of three sheets.
-SCALING_ALLOCATOR_FRAGMENTATION = 0.18
+#   tensors, allocated once; its 16-bit gradients are autograd's per-parameter tensors, allocated in
+#   every step's first backward and freed by zero_grad(set_to_none=True), in the same sizes and order
+#   each step, so the caching allocator hands back the same blocks: like the other engines only the
+#   activations and buffers fragment (allocator_bytes), but Scaling's eager code (SwiGLU, norm
+#   upcasts, permuted attention copies) leaves more odd-sized temporaries between them. The fraction
+#   is calibrated on the sweep's fit/OOM outcomes (benchmarks/memory_fit.py): the smallest value that
+#   reaches the lowest false-fit rate with false OOMs at most 5 % (0.34: 9.7 % / 0.8 %, 0.37: 7.7 % /
+#   1.9 %, 0.40: 6.6 % / 3.0 %, 0.46: 6.6 % / 4.2 %, 0.60: 5.8 % / 6.8 %).
+SCALING_ALLOCATOR_FRAGMENTATION = 0.40
 # The PyTorch caching allocator on a CUDA device reserves more than the tensors it holds (blocks
 # rounded up and split, cached blocks of other sizes): reserved = (1 + FRAGMENTATION) x allocated
 # + RESERVE. Calibrated on the fit/OOM outcomes of Hagemann et al. 2023's sweep (522 runs,
@@ -136,6 +146,15 @@ def engine_of(plan):
     return np.asarray(getattr(plan, "engine_code", Engine.GENERIC))
 
 
+def megatron_grad_bytes(plan):
+    """Bytes per parameter of Megatron-LM's gradient buffer (main_grad), which its data-parallel
+    reduce-scatter / all-reduce also moves: 4 (fp32, its default with bf16 or fp16 training:
+    accumulate_allreduce_grads_in_fp32), 2 with --grad-reduce-in-bf16 (``grad_reduce_bf16``), and the
+    element size in fp32 training."""
+    bf16 = np.asarray(getattr(plan, "grad_reduce_bf16", False), dtype=bool)
+    return np.where(bf16, 2.0, np.maximum(4.0, element_bytes(plan)))
+
+
 def model_state_bytes(params, plan, shard_degree=None) -> dict:
     """Parameters, gradients and optimizer states on one GPU for Ψ = ``params``, sharded over
     ``shard_degree`` ranks N (default dp·cp; routed experts: dp·cp/ep), as the plan's engine holds
@@ -144,7 +163,8 @@ def model_state_bytes(params, plan, shard_degree=None) -> dict:
     * generic: the ZeRO paper's table above.
     * megatron (Megatron-LM, ``megatron/training/theoretical_memory_usage.py``): 16-bit weights, fp32
       gradient buffer (``main_grad``) and K or K/N with the distributed optimizer:
-      18 bytes/param, or 6 + 12/N.
+      18 bytes/param, or 6 + 12/N; a bf16 buffer with --grad-reduce-in-bf16 (:func:`megatron_grad_bytes`):
+      16, or 4 + 12/N.
     * deepspeed (``deepspeed/runtime/zero/stage_1_and_2.py``, ``stage3.py``; the estimators
       ``estimate_zero2_model_states_mem_needs`` / ``estimate_zero3_model_states_mem_needs``): besides the
       16-bit gradients, the optimizer step materializes an fp32 gradient partition (4Ψ/N).
@@ -173,8 +193,8 @@ def model_state_bytes(params, plan, shard_degree=None) -> dict:
     # ZeRO-2/3 stream each reduced gradient bucket to the host; ZeRO-1 accumulates whole 16-bit
     # gradients on the GPU across micro-batches before its single reduction, so they stay.
     grads = np.where(off & (z >= 2), 0.0, grads)
-    # Megatron-LM: fp32 main_grad, never sharded (ZeRO <= 1)
-    grads = np.where(eng == Engine.MEGATRON, 4.0 * params, grads)
+    # Megatron-LM: main_grad, never sharded (ZeRO <= 1): fp32, or bf16 with --grad-reduce-in-bf16
+    grads = np.where(eng == Engine.MEGATRON, megatron_grad_bytes(plan) * params, grads)
     # DeepSpeed: + the fp32 gradient partition of the optimizer step (on the host under offload)
     n_ds = np.where(z >= 1, n, 1.0)
     ds_grads = np.where(z >= 3, 4.0 * params / n, np.where(z >= 2, eb * params / n, eb * params) + 4.0 * params / n_ds)
@@ -205,7 +225,9 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
     t = np.asarray(plan.tp, dtype=float)
     sp = np.asarray(plan.sp, dtype=bool)
     h, hkv, f, a = model.hidden, model.kv_hidden, model.ffn_hidden, model.heads
-    unsharded = 10 * h * T / np.where(sp, t, 1.0)                 # norms, block inputs, dropout masks
+    # norm inputs (2 x 2h), QKV and FC1 inputs (2 x 2h), the two 1-byte dropout masks (2h, none
+    # for a model trained without dropout)
+    unsharded = (10 if getattr(model, "dropout", True) else 8) * h * T / np.where(sp, t, 1.0)
     unfused = ~np.asarray(getattr(plan, "fused_elementwise", True), dtype=bool)
     scaling = engine_of(plan) == Engine.SCALING
     unsharded = unsharded + np.where(unfused & (element_bytes(plan) < 4),
@@ -223,6 +245,15 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
         mlp = (1 - share) * mlp + share * moe_mlp
     mlp = mlp + np.where(eager_swiglu, UNFUSED_SWIGLU_SAVED_BYTES_PER_FFN * f, 0.0)
     sharded = (4 * h + 4 * hkv + mlp) * T / t                      # Q, K, V, out-proj input, MLP
+    # Transformer Engine in fp8 saves its linear layers' inputs as the fp8 casts it fed the GEMMs
+    te_fp8 = is_fp8(plan.dtype) & np.isin(engine_of(plan), (Engine.MEGATRON, Engine.GENERIC))
+    if model.moe is not None:
+        fc2_inputs = (1 - share) * f + share * e.expert_ffn_hidden * (routed + e.shared_experts)
+    else:
+        fc2_inputs = f
+    unsharded = unsharded - np.where(te_fp8, TE_FP8_SAVED_BYTES_SAVED_PER_NORM_OUTPUT * 2 * h * T
+                                     / np.where(sp, t, 1.0), 0.0)
+    sharded = sharded + np.where(te_fp8, (h - fc2_inputs) * TE_FP8_BYTES_PER_ELEMENT * T / t, 0.0)
     # Scaling: FlashAttention's own saved output besides the projection's input (a permuted copy)
     sharded = sharded + np.where(scaling & np.asarray(plan.flash_attention, dtype=bool),
                                  SCALING_FLASH_OUTPUT_SAVED_BYTES_PER_HIDDEN * h * T / t, 0.0)
@@ -278,14 +309,13 @@ def allocator_bytes(memory, plan, on_cuda):
     named engines keep model states in flat buffers allocated once (Megatron-LM's contiguous
     param/grad buffers, DeepSpeed's flattened groups and partitions, FSDP2's sharded parameters), so
     only activations and buffers fragment; the generic engine (per-tensor eager code) fragments
-    everything. Scaling keeps flat parameters and optimizer partitions but lets autograd allocate the
-    16-bit gradients every step: activations, buffers and gradients churn, by
-    SCALING_ALLOCATOR_FRAGMENTATION (calibrated on Hagemann et al. 2023's sweep, which ran on it)."""
+    everything. Scaling (whose per-step gradients come back in the same blocks every step) fragments
+    its activations and buffers by SCALING_ALLOCATOR_FRAGMENTATION (calibrated on Hagemann et al.
+    2023's sweep, which ran on it)."""
     churn = np.asarray(memory["activations"]) + np.asarray(memory["buffers"])
     every = churn + sum(np.asarray(memory[k]) for k in ("parameters", "gradients", "optimizer_states"))
     eng = engine_of(plan)
-    frag = np.where(eng == Engine.GENERIC, every,
-                    np.where(eng == Engine.SCALING, churn + np.asarray(memory["gradients"]), churn))
+    frag = np.where(eng == Engine.GENERIC, every, churn)
     fraction = np.where(eng == Engine.SCALING, SCALING_ALLOCATOR_FRAGMENTATION, ALLOCATOR_FRAGMENTATION)
     return np.where(on_cuda, ALLOCATOR_RESERVE_BYTES + fraction * frag, 0.0)
 

@@ -216,6 +216,8 @@ def build_megatron(s: Scenario) -> Export:
         args.append(("--overlap-grad-reduce",))
     if p.tp_comm_overlap:
         args.append(("--tp-comm-overlap",))
+    if p.grad_reduce_bf16:
+        args.append(("--grad-reduce-in-bf16",))
     if not p.grad_accumulation_fusion:
         args.append(("--no-gradient-accumulation-fusion",))
     args.append(("--fp16",) if p.dtype == "fp16" else ("--bf16",))

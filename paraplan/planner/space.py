@@ -122,7 +122,7 @@ def _pin(choices: dict, fixed: Mapping) -> None:
     """Replace the choices of pinned axes by their pinned value."""
     for key, value in fixed.items():
         if key in ("dp", "dtype", "flash_attention", "overlap_grad_reduce", "grad_accumulation_fusion", "fused_elementwise",
-                   "tp_comm_overlap",
+                   "tp_comm_overlap", "grad_reduce_bf16",
                    "engine", *STAGE_LAYER_FIELDS):
             continue  # dp: a rule of the search; the rest: one value for the whole batch
         if key == "etp":
@@ -247,6 +247,7 @@ def _cross(first: SimpleNamespace, second: SimpleNamespace, keep1, keep2, fixed:
     both.update({k: np.tile(v, nf) for k, v in s.items()})
     both["etp"] = np.where(both["etp_is_tp"], both["tp"], 1)
     both["tp_comm_overlap"] = np.full(nf * ns, bool(fixed.get("tp_comm_overlap", False)))
+    both["grad_reduce_bf16"] = np.full(nf * ns, bool(fixed.get("grad_reduce_bf16", False)))
     return SimpleNamespace(**both, dtype=first.dtype, engine_code=first.engine_code)
 
 
@@ -291,7 +292,8 @@ def _batch(both: SimpleNamespace, idx, cluster, options: SpaceOptions, fixed: Ma
              "overlap_grad_reduce": fixed.get("overlap_grad_reduce", True),
              "grad_accumulation_fusion": fixed.get("grad_accumulation_fusion", fusion),
              "fused_elementwise": fixed.get("fused_elementwise", True),
-             "tp_comm_overlap": fixed.get("tp_comm_overlap", False), "engine_code": int(engine)}
+             "tp_comm_overlap": fixed.get("tp_comm_overlap", False),
+             "grad_reduce_bf16": fixed.get("grad_reduce_bf16", False), "engine_code": int(engine)}
     cols = ("tp", "pp", "dp", "cp", "sp", "vpp", "micro_batch", "schedule_code", "zero", "recompute_code",
             "offload_code", "offload_params", "ep", "etp", "cp_mode_code", "optimizer_code", "delayed_update",
             *STAGE_LAYER_FIELDS)

@@ -15,7 +15,7 @@ from paraplan.workloads.transformer import ACTIVATIONS, MOE_DISPATCH, MoESpec, T
 MODELS_FILE = Path(__file__).parent / "catalog" / "models.yaml"
 MODEL_FILE_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation",
                    "tied_embeddings", "norm", "bias", "learned_positions", "max_positions", "moe",
-                   "rotary")
+                   "rotary", "dropout")
 MOE_KEYS = ("experts", "top_k", "expert_ffn_hidden", "shared_experts", "every", "first_dense", "capacity_factor",
             "dispatch")
 
@@ -64,7 +64,24 @@ def model_from_mapping(data: Mapping[str, Any], source: str) -> TransformerModel
         activation=activation, tied_embeddings=_bool(f, "tied_embeddings", False),
         norm=f.string("norm", "layernorm"), bias=_bool(f, "bias", True),
         learned_positions=_bool(f, "learned_positions", False),
-        max_positions=f.integer("max_positions", 0, positive=False), rotary=_bool(f, "rotary", False))
+        max_positions=f.integer("max_positions", 0, positive=False), rotary=_bool(f, "rotary", False),
+        dropout=_bool(f, "dropout", True))
+
+
+#: Hugging Face config keys of the residual (hidden) dropout probability, by model family
+HF_DROPOUT_KEYS = ("resid_pdrop", "hidden_dropout", "hidden_dropout_prob", "dropout")
+
+
+def _hf_dropout(data: dict) -> bool:
+    """Whether a Hugging Face config trains with residual dropout (any of HF_DROPOUT_KEYS above 0;
+    Llama-family configs name none, or only ``attention_dropout``)."""
+    for key in HF_DROPOUT_KEYS:
+        try:
+            if float(data.get(key) or 0) > 0:
+                return True
+        except (TypeError, ValueError):
+            continue
+    return False
 
 
 def moe_from_mapping(f: FieldReader, source: str) -> MoESpec:
@@ -178,7 +195,8 @@ def model_from_hf_config(data: Mapping[str, Any], source: str) -> TransformerMod
             norm="rmsnorm" if gated else "layernorm", bias=_bool(f, "attention_bias", not gated),
             learned_positions=model_type in ("gpt2", "opt", "gpt_neo") or "n_positions" in data,
             max_positions=_hf_int(f, "max_positions", 0, positive=False), moe=_hf_moe(f),
-            rotary="rope_theta" in data or "rotary_dim" in data or "rope_scaling" in data)
+            rotary="rope_theta" in data or "rotary_dim" in data or "rope_scaling" in data,
+            dropout=_hf_dropout(data))
     except ConfigError as e:
         if e.source == source:
             raise

@@ -84,6 +84,10 @@ class TransformerModel:
     #: rotary position embeddings applied to q and k in every layer (Llama, Mixtral, DeepSeek); False
     #: for learned absolute positions (GPT) and ALiBi (BLOOM, MPT)
     rotary: bool = False
+    #: dropout after attention and after the MLP in training (GPT-2/3, Megatron GPT: a 1-byte mask per
+    #: element kept for backward); False for models trained without it (Llama, Mixtral, DeepSeek,
+    #: BLOOM): torch's dropout at p = 0 returns its input and keeps no mask
+    dropout: bool = True
 
     def __post_init__(self):
         for key in ("layers", "hidden", "heads", "vocab"):
