@@ -16,6 +16,7 @@ Sources of the golden formulas:
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from paraplan.costmodels import memory as M
@@ -286,6 +287,33 @@ def test_scaling_gathers_the_logits_over_tp_for_its_plain_cross_entropy():
     acts = {e: float(M.activation_bytes(model, job, PlanBatch.from_plans([Plan(engine=e, zero=1, tp=4, dp=1)]))["last"][0])
             for e in ("generic", "scaling")}
     assert acts["scaling"] > acts["generic"] + 13 * 2048 * model.vocab
+
+
+def test_scaling_pays_its_gathered_logits_and_full_vocabulary_loss_in_step_time():
+    """The same source on the clock: Scaling all-gathers T x V 16-bit logits over tp and runs the
+    fp32 cross-entropy on the whole vocabulary on every rank (46 bytes per logit); the vocabulary-
+    parallel engines stream V/tp logits and all-reduce three values per token."""
+    from paraplan.costmodels import compute as C
+    from paraplan.costmodels.comm import ALL_GATHER, collective_time, ranks_per_node
+    from paraplan.costmodels.efficiency import curves_for
+    model = load_model("llama1-13b")
+    job = TrainingJob(2048, 64)
+    cluster = load_cluster("dgx-a100-80g", 8)
+    curves = curves_for(cluster)
+    heads = {}
+    for engine in ("megatron", "scaling"):
+        plan = PlanBatch.from_plans([Plan(engine=engine, zero=1, tp=4, dp=2)])
+        heads[engine] = {k: float(np.ravel(v)[0]) for k, v in C.head_times(model, job, plan, curves, cluster).items()}
+    T, V = 2048, model.vocab
+    one = lambda x: float(np.ravel(x)[0])   # noqa: E731
+    assert heads["scaling"]["head"] - heads["megatron"]["head"] == pytest.approx(
+        one(curves.memory_time(T * V * C.SCALING_LOSS_TRAFFIC_BYTES_PER_LOGIT, kernels=C.SCALING_LOSS_KERNELS))
+        - one(curves.memory_time(T * V / 4 * 12, kernels=4)))
+    intra, inter = cluster.links("tp")
+    gather = one(collective_time(ALL_GATHER, T * V * 2, 4, ranks_per_node(4, 1, 8), intra, inter))
+    assert heads["scaling"]["tp_comm"] - heads["megatron"]["tp_comm"] == pytest.approx(
+        gather - one(C.vocab_parallel_loss_allreduce_time(job, PlanBatch.from_plans([Plan(zero=1, tp=4, dp=2)]), cluster)))
+    assert gather > 0
 
 
 def test_scaling_keeps_eager_swiglu_the_flash_output_and_the_gathered_inputs_under_sequence_parallelism():

@@ -436,20 +436,39 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
             "ep_comm": ep_comm, "tp_allreduce": ar}
 
 
+# Aleph Alpha's Scaling gathers the logits over tp and runs torch cross-entropy on ``logits.float()`` on
+# every rank (transformer/model/layers/lm_head.py parallel_output=False; losses/cross_entropy.py): bytes
+# streamed per logit of the full vocabulary, forward: the gathered 16-bit logits written (2), the fp32
+# upcast (read 2, write 4), log-softmax's max and sum passes and its output (read 4 x 3, write 4), the
+# loss gather (negligible); backward: nll's gradient (write 4), log-softmax's backward (read 4 + 4,
+# write 4), the upcast's backward (read 4, write 2): 46 bytes, in 8 kernels.
+SCALING_LOSS_TRAFFIC_BYTES_PER_LOGIT = 2 + (2 + 4) + (12 + 4) + 4 + 12 + 6
+SCALING_LOSS_KERNELS = 8
+
+
 def head_times(model, job, plan, curves, cluster) -> dict:
     """LM head (logits GEMM, cross-entropy) on the last stage and the embedding on the first,
-    forward + backward for one micro-batch. Vocabulary-parallel over tp (Megatron)."""
+    forward + backward for one micro-batch. Vocabulary-parallel over tp (Megatron); Scaling gathers
+    the logits over tp and every rank runs the cross-entropy on the whole vocabulary
+    (SCALING_LOSS_TRAFFIC_BYTES_PER_LOGIT), after an all-gather of T x V 16-bit logits."""
     T = tokens_per_rank(job, plan)
     t = np.asarray(plan.tp, dtype=float)
     dt = _dtype(plan)
     V, h = model.vocab, model.hidden
     logits = curves.gemm_time(T, V / t, h, dt)
-    cross_entropy = curves.memory_time(T * V / t * 4 * 3, kernels=4)      # fp32 logits, ~3 passes
+    scaling = np.asarray(getattr(plan, "engine_code", Engine.GENERIC)) == Engine.SCALING
+    cross_entropy = np.where(scaling,
+                             curves.memory_time(T * V * SCALING_LOSS_TRAFFIC_BYTES_PER_LOGIT, kernels=SCALING_LOSS_KERNELS),
+                             curves.memory_time(T * V / t * 4 * 3, kernels=4))      # fp32 logits, ~3 passes
     head = 3 * logits + cross_entropy
     embedding = curves.memory_time(T * h * element_bytes(plan) * 3, kernels=2)
     ar = tp_allreduce_time(model, job, plan, cluster)
+    k = ranks_per_node(plan.tp, 1, cluster.gpus_per_node)
+    intra, inter = cluster.links("tp")
+    gather = collective_time(ALL_GATHER, T * V * element_bytes(plan), plan.tp, k, intra, inter)
+    loss_comm = np.where(scaling, gather, vocab_parallel_loss_allreduce_time(job, plan, cluster))
     return {"head": head, "embedding": embedding,
-            "tp_comm": 2 * ar + vocab_parallel_loss_allreduce_time(job, plan, cluster)}   # + embedding fwd, head grad
+            "tp_comm": 2 * ar + loss_comm}   # + embedding fwd, head grad
 
 
 def vocab_parallel_loss_allreduce_time(job, plan, cluster):
