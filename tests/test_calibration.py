@@ -30,3 +30,16 @@ def test_held_out_sources_stay_within_target(scored):
     held = df[df.source.isin(["llm-foundry A100-40GB", "Megatron-LM 2020"])]
     assert len(held) >= 30
     assert held.error.abs().mean() <= 0.12
+
+
+def test_h100_rows_carry_the_recipe_settings_they_ran_with():
+    """NeMo / Megatron-Bridge rows: gradients reduced in bf16 (their performance recipes); NeMo's
+    GPT-3 175B without dropout (GPTConfig175B); each setting listed among the row's assumptions."""
+    from paraplan.costmodels.calibration import load_h100_cases
+    cases, _ = load_h100_cases()
+    megatron = [c for c in cases if c.plan.engine == "megatron"]
+    assert megatron and all(c.plan.grad_reduce_bf16 for c in megatron)
+    assert all(any("bf16" in a and "grad_reduce_in_fp32" in a for a in c.assumed) for c in megatron)
+    gpt3 = [c for c in cases if c.model.name == "gpt3-175b"]
+    assert gpt3 and all(not c.model.dropout and any("GPTConfig175B" in a for a in c.assumed) for c in gpt3)
+    assert all(c.plan.engine != "torchtitan" or not c.plan.grad_reduce_bf16 for c in cases)

@@ -12,7 +12,7 @@ are listed per row in ``assumed``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -294,6 +294,9 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     model = load_model(preset)
     if model.moe is None and ep > 1:
         return "ep > 1 on a dense model"
+    if preset == "gpt3-175b" and model.dropout:
+        model = replace(model, dropout=False)
+        assumed.append("no dropout (NeMo's GPTConfig175B: hidden_dropout = attention_dropout = 0.0)")
     n = _int(r["num_gpus"])
     overlap = engine != "torchtitan" and sp and _int(r["tp"]) > 1
     if overlap:
