@@ -157,9 +157,10 @@ OPTIMIZERS = Optimizer.labels()
 ENGINES = Engine.labels()
 ZERO_STAGES = (0, 1, 2, 3)
 POSITIVE_INT_FIELDS = ("tp", "pp", "cp", "vpp", "micro_batch", "ep", "etp")
-# layers of the first / last pipeline stage, 0 = automatic (Megatron-LM's
-# --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers)
-STAGE_LAYER_FIELDS = ("first_stage_layers", "last_stage_layers")
+# layer counts a plan pins (non-negative integers): the first / last pipeline stage's layers, 0 =
+# automatic (Megatron-LM's --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers),
+# and the layers whose activations go to host memory, 0 = none (--cpu-offloading-num-layers)
+STAGE_LAYER_FIELDS = ("first_stage_layers", "last_stage_layers", "offload_activation_layers")
 MAX_DEGREE = 2**31 - 1    # degrees, micro-batches and stage sizes past a C int are typos (numpy overflows)
 BOOL_FIELDS = ("sp", "offload_params", "flash_attention", "overlap_grad_reduce", "delayed_update",
                "grad_accumulation_fusion", "fused_elementwise", "tp_comm_overlap", "grad_reduce_bf16")
@@ -180,8 +181,9 @@ def validate_field(name: str, value, where: str | None = None):
             raise ConfigError(where or "dp", f"must be a positive integer (or 0 for 'what is left'), got {shown(value)}")
     elif name in STAGE_LAYER_FIELDS:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            zero = "none" if name == "offload_activation_layers" else "the automatic split"
             raise ConfigError(where or name.replace("_", "-"),
-                              f"must be a positive integer (or 0 for the automatic split), got {shown(value)}")
+                              f"must be a positive integer (or 0 for {zero}), got {shown(value)}")
     elif name == "zero":
         if isinstance(value, bool) or value not in ZERO_STAGES:
             raise ConfigError(where or "zero", f"unknown ZeRO stage {shown(value)}", accepted="0, 1, 2, 3")
@@ -261,6 +263,10 @@ class Plan:
     # (--grad-reduce-in-bf16; Megatron-Bridge / NeMo: grad_reduce_in_fp32=False) instead of fp32:
     # 2 bytes per parameter held and reduced instead of 4
     grad_reduce_bf16: bool = False
+    # transformer layers whose saved activations go to host memory in forward and come back for
+    # backward (Megatron-LM --cpu-offloading --cpu-offloading-num-layers, Transformer Engine's
+    # cpu_offload context; Megatron-Bridge cpu_offloading_num_layers); 0: none
+    offload_activation_layers: int = 0
 
     def __post_init__(self):
         for key in (*POSITIVE_INT_FIELDS, "dp", *MODES, "zero", *STAGE_LAYER_FIELDS, *BOOL_FIELDS):
@@ -373,13 +379,15 @@ class PlanBatch:
     engine_code: np.ndarray = None
     first_stage_layers: np.ndarray = None
     last_stage_layers: np.ndarray = None
+    offload_activation_layers: np.ndarray = None
     dtype: str = "bf16"
 
     def __post_init__(self):
         n = len(self.tp)
         for name, default in (("ep", 1), ("etp", 1), ("cp_mode_code", CpMode.RING), ("optimizer_code", Optimizer.ADAM),
                               ("delayed_update", False), ("grad_accumulation_fusion", True), ("fused_elementwise", True), ("tp_comm_overlap", False), ("grad_reduce_bf16", False),
-                              ("engine_code", Engine.GENERIC), ("first_stage_layers", 0), ("last_stage_layers", 0)):
+                              ("engine_code", Engine.GENERIC), ("first_stage_layers", 0), ("last_stage_layers", 0),
+                              ("offload_activation_layers", 0)):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, np.full(n, int(default) if isinstance(default, Mode) else default))
 
@@ -416,7 +424,8 @@ class PlanBatch:
                     grad_reduce_bf16=bool(self.grad_reduce_bf16[i]),
                     engine=Engine(int(self.engine_code[i])).label,
                     first_stage_layers=int(self.first_stage_layers[i]),
-                    last_stage_layers=int(self.last_stage_layers[i]))
+                    last_stage_layers=int(self.last_stage_layers[i]),
+                    offload_activation_layers=int(self.offload_activation_layers[i]))
 
 
 # --- layers per pipeline stage ---------------------------------------------------------------------
@@ -855,6 +864,30 @@ RULES: tuple[Rule, ...] = (
        lambda p, s: (f"--tp-comm-overlap overlaps the all-gather / reduce-scatter of sequence parallelism with "
                      f"the GEMMs; it needs tp > 1 and --sp (tp({p.tp}), sp {bool(p.sp)})"),
        field="tp_comm_overlap", accepted="--tp N>1 --sp, or no --tp-comm-overlap", uses_scene=False),
+    _r("activation-offload-engine", "activation offload is Megatron-LM's (Transformer Engine)", ILLEGAL,
+       ("engine_code", "offload_activation_layers"),
+       lambda P, s: (np.asarray(P.offload_activation_layers) > 0)
+       & ~np.isin(np.asarray(P.engine_code), (int(Engine.MEGATRON), int(Engine.GENERIC))),
+       lambda p, s: (f"offloading activations to the CPU is Megatron-LM's (--cpu-offloading, Transformer Engine); "
+                     f"engine {Engine(p.engine_code).label} has none"),
+       field="offload_activation_layers", accepted="--engine megatron or generic, or 0", uses_scene=False),
+    _r("activation-offload-no-pp", "activation offload has no pipeline support", ILLEGAL,
+       ("pp", "offload_activation_layers"),
+       lambda P, s: (np.asarray(P.offload_activation_layers) > 0) & (P.pp > 1),
+       lambda p, s: (f"Megatron-LM's activation offload does not run with pipeline parallelism (pp={p.pp}): "
+                     "megatron/core/transformer/transformer_config.py"),
+       field="offload_activation_layers", accepted="0 with pp > 1", uses_scene=False),
+    _r("activation-offload-no-recompute", "activation offload excludes recomputation", ILLEGAL,
+       ("recompute_code", "offload_activation_layers"),
+       lambda P, s: (np.asarray(P.offload_activation_layers) > 0) & (np.asarray(P.recompute_code) != int(Recompute.NONE)),
+       lambda p, s: ("Megatron-LM's activation offload does not work with activation recomputation "
+                     f"(--recompute {Recompute(p.recompute_code).label})"),
+       field="offload_activation_layers", accepted="--recompute none, or 0", uses_scene=False),
+    _r("activation-offload-layers", "activation offload needs fewer layers than the model has", ILLEGAL,
+       ("offload_activation_layers",),
+       lambda P, s: np.asarray(P.offload_activation_layers) >= s.model.layers,
+       lambda p, s: (f"offload_activation_layers({p.offload_activation_layers}) must be below the model's "
+                     f"layers({s.model.layers})"), field="offload_activation_layers"),
     _r("grad-reduce-bf16-megatron", "bf16 gradient reduction is Megatron-LM's option", ILLEGAL,
        ("engine_code", "grad_reduce_bf16"),
        lambda P, s: np.asarray(P.grad_reduce_bf16, bool) & (np.asarray(P.engine_code) != Engine.MEGATRON),

@@ -109,3 +109,46 @@ def test_fp8_saved_inputs_and_bf16_gradients_let_the_published_h100_layouts_fit(
     e = estimate(LLAMA70B, TrainingJob(8192, 128), load_cluster("dgx-h100", 64), plan)
     assert e.feasible, e.infeasible_reason
     assert np.isclose(e.memory_bytes_per_gpu["total"] / 2**30, 78, atol=3)
+
+
+# --- activation offload (Megatron-LM --cpu-offloading) ----------------------------------------------
+def test_activation_offload_moves_layers_to_the_host_and_charges_the_copies():
+    from paraplan.costmodels.offload import activation_offload_time
+    model, job = load_model("llama3-8b"), TrainingJob(8192, 64)
+    cluster = load_cluster("dgx-h100", 8)
+    base = Plan(dp=8, zero=1, engine="megatron", micro_batch=2)
+    off = Plan(dp=8, zero=1, engine="megatron", micro_batch=2, offload_activation_layers=8)
+    e0, e1 = estimate(model, job, cluster, base), estimate(model, job, cluster, off)
+    per_layer = float(M.activation_bytes_per_layer(model, job, PlanBatch.from_plans([base]))[0])
+    # 8 layers leave the GPU, one of them is in transit at any time
+    assert e0.memory_bytes_per_gpu["activations"] - e1.memory_bytes_per_gpu["activations"] == pytest.approx(7 * per_layer)
+    assert e1.host_memory_bytes_per_node - e0.host_memory_bytes_per_node == pytest.approx(8 * 8 * per_layer)
+    # each micro-batch's 8 layers go down in forward and up in backward, hidden under each pass
+    x = 8 * per_layer / cluster.system.pcie_bandwidth_bytes_per_s
+    assert float(activation_offload_time(8 * per_layer, cluster, 4, 0.0, 0.0)) == pytest.approx(4 * 2 * x)
+    assert float(activation_offload_time(8 * per_layer, cluster, 4, x, x)) == 0.0
+    assert e1.time_breakdown_s["offload"] >= e0.time_breakdown_s["offload"]
+    _, flags = parse_megatron(ex.to_megatron(doc("llama3-8b", "dgx-h100", 8, 4096, 64, dp=8, zero=1, engine="megatron",
+                                                 offload_activation_layers=16)))
+    assert flags["--cpu-offloading"] is True and flags["--cpu-offloading-num-layers"] == "16"
+
+
+@pytest.mark.parametrize("plan,needle", [
+    (dict(pp=2, offload_activation_layers=4, engine="megatron", zero=1), "pipeline parallelism"),
+    (dict(offload_activation_layers=4, recompute="full", engine="megatron", zero=1), "recomputation"),
+    (dict(offload_activation_layers=4, engine="torchtitan", zero=3, tp=1), "torchtitan has none"),
+])
+def test_activation_offload_refuses_what_megatron_refuses(plan, needle):
+    with pytest.raises(ConfigError) as e:
+        Plan(**plan)
+    assert e.value.field == "offload_activation_layers" and needle in str(e.value)
+
+
+def test_activation_offload_needs_fewer_layers_than_the_model(capsys):
+    assert main(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--engine", "megatron",
+                 "--zero", "1", "--offload-activation-layers", "32"]) != 0
+    err = capsys.readouterr().err
+    assert "offload" in err and "layers(32)" in err and "Traceback" not in err
+    assert main(["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--engine", "megatron",
+                 "--zero", "1", "--offload-activation-layers", "-1"]) != 0
+    assert "Traceback" not in capsys.readouterr().err

@@ -223,6 +223,9 @@ PLAN_FLAG_HELP = {
                           "--decoder-first-pipeline-num-layers); default 0: automatic split",
     "last_stage_layers": "transformer layers on the last pipeline stage (Megatron-LM "
                          "--decoder-last-pipeline-num-layers); default 0: automatic split",
+    "offload_activation_layers": "layers whose activations go to host memory in forward and return for "
+                                 "backward (Megatron-LM --cpu-offloading-num-layers; pp 1, no recompute); "
+                                 "default 0: none",
     "dp": "default: what the GPU count leaves",
     "sp": "Megatron sequence parallelism (needs tp > 1)",
     "delayed_update": "ZeRO-Offload's one-step delayed parameter update (with --offload cpu)",

@@ -21,7 +21,7 @@ from paraplan.costmodels import memory as M
 from paraplan.costmodels.dataparallel import compressed_phase_factor, dp_exposed_time
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.intervals import describe_interval
-from paraplan.costmodels.offload import optimizer_and_offload, param_tensors, stage_param_tensors
+from paraplan.costmodels.offload import activation_offload_time, optimizer_and_offload, param_tensors, stage_param_tensors
 from paraplan.costmodels.pipeline import bubble_factor, bubble_fraction, p2p_messages_on_critical_path
 from paraplan.plan import (Plan, Recompute, StageLayers, check_plan, compute_dtype, is_fp8, stage_layer_counts,
                            stage_layers)
@@ -218,6 +218,8 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
     compute_step = m * (t_mid + head_compute + head_tp)
     optimizer, offload = optimizer_and_offload(shard, plan, cluster, curves, m, t_micro_fwd, t_micro_bwd,
                                                compute_step, tensors=param_tensors(model, plan))
+    acts_offloaded = M.offloaded_activation_bytes(model, job, plan)
+    offload = offload + activation_offload_time(acts_offloaded, cluster, m, t_micro_fwd, t_micro_bwd)
     time = {
         "compute": m * (compute_mid + head_compute),
         "recompute": m * recompute_mid,
@@ -259,6 +261,7 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
     memory["allocator"] = M.allocator_bytes(memory, plan, on_cuda(cluster))
     memory["total"] = sum(memory[k] for k in MEMORY_TERMS)
     off = M.offloaded_bytes_per_gpu(shard, plan)
+    off["host"] = off["host"] + acts_offloaded * M.in_flight_micro_batches(job, plan)
 
     tokens = job.tokens_per_step
     flops_model = model.model_flops_per_token(job.seq_len) * tokens

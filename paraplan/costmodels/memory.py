@@ -394,11 +394,28 @@ def activation_bytes(model, job, plan) -> dict:
     embedding_out = (element_bytes(plan) + 1) * T * model.hidden / np.where(sp, t, 1.0)  # output + dropout mask
     logits = loss_bytes_per_logit(plan) * T * loss_logits_per_token(model, plan) + element_bytes(plan) * T * model.hidden
     inflight = in_flight_micro_batches(job, plan)
-    first = sl.first * per_layer * inflight + embedding_out * inflight + working
+    # activation offload (pp = 1 only): the offloaded layers' activations live in host memory, one
+    # layer's in transit (offloaded while the next computes, prefetched one layer ahead in backward)
+    gpu_layers = sl.first - activation_offload_gpu_relief(plan)
+    first = gpu_layers * per_layer * inflight + embedding_out * inflight + working
     last = sl.last * per_layer + logits + working
     middle = np.where(sl.middle > 0, sl.middle * per_layer * in_flight_micro_batches_middle(job, plan) + working, 0.0)
     first = np.where(p == 1, first + logits, first)
     return {"first": first, "middle": middle, "last": np.where(p == 1, first, last)}
+
+
+def activation_offload_gpu_relief(plan):
+    """Layers' worth of activations that activation offload takes off the GPU: N - 1 for N > 0
+    offloaded layers (one layer is in transit at any moment), 0 without."""
+    n = np.asarray(getattr(plan, "offload_activation_layers", 0), dtype=float)
+    return np.maximum(n - 1.0, 0.0)
+
+
+def offloaded_activation_bytes(model, job, plan):
+    """Bytes of one micro-batch's activations that activation offload moves to the host (and back):
+    N layers' saved tensors (:func:`activation_bytes_per_layer`)."""
+    n = np.asarray(getattr(plan, "offload_activation_layers", 0), dtype=float)
+    return n * activation_bytes_per_layer(model, job, plan)
 
 
 # DeepSpeed ZeRO communication buckets (elements), its documented defaults (docs/_pages/config-json.md:

@@ -103,6 +103,15 @@ def offload_transfer_times(shard, plan, cluster, m, t_micro_fwd, t_micro_bwd) ->
             "param_fetch": np.where(off & np.asarray(plan.offload_params, dtype=bool), param_fetch, 0.0)}
 
 
+def activation_offload_time(offloaded_bytes, cluster, m, t_micro_fwd, t_micro_bwd):
+    """Exposed seconds per step of activation offload (Megatron-LM --cpu-offloading, Transformer
+    Engine's double-buffered cpu_offload): each micro-batch copies ``offloaded_bytes`` to the host
+    during its forward and back during its backward over the GPU's host link, each direction hidden
+    under that pass: m * (max(0, x - t_fwd) + max(0, x - t_bwd)), x = bytes / host-link bandwidth."""
+    x = np.asarray(offloaded_bytes, dtype=float) / cluster.system.pcie_bandwidth_bytes_per_s
+    return np.asarray(m, dtype=float) * (np.maximum(0.0, x - t_micro_fwd) + np.maximum(0.0, x - t_micro_bwd))
+
+
 def optimizer_and_offload(shard, plan, cluster, curves, m, t_micro_fwd, t_micro_bwd, t_step_compute,
                           tensors=None):
     """(optimizer seconds, exposed offload seconds) per step, with the delayed update's overlap."""

@@ -218,6 +218,8 @@ def build_megatron(s: Scenario) -> Export:
         args.append(("--tp-comm-overlap",))
     if p.grad_reduce_bf16:
         args.append(("--grad-reduce-in-bf16",))
+    if p.offload_activation_layers:
+        args += [("--cpu-offloading",), ("--cpu-offloading-num-layers", str(p.offload_activation_layers))]
     if not p.grad_accumulation_fusion:
         args.append(("--no-gradient-accumulation-fusion",))
     args.append(("--fp16",) if p.dtype == "fp16" else ("--bf16",))

@@ -56,7 +56,9 @@ def render_estimate(e) -> str:
         f"plan: tp {p.tp} · pp {p.pp} · dp {p.dp} · cp {p.cp}{' · sp' if p.sp else ''}"
         f"{f' · vpp {p.vpp}' if p.vpp > 1 else ''} · micro-batch {p.micro_batch} · {p.schedule} · "
         f"ZeRO-{p.zero} · recompute {p.recompute} · offload {p.offload}"
-        f"{' (+params)' if p.offload_params else ''}{' · delayed update' if p.delayed_update else ''} · {p.dtype}"
+        f"{' (+params)' if p.offload_params else ''}{' · delayed update' if p.delayed_update else ''}"
+        f"{f' · activations of {p.offload_activation_layers} layers to host' if getattr(p, 'offload_activation_layers', 0) else ''}"
+        f"{' · bf16 gradients' if getattr(p, 'grad_reduce_bf16', False) else ''} · {p.dtype}"
         f"{f' · ep {p.ep}' if p.ep > 1 else ''}{f' · etp {p.etp}' if p.etp > 1 else ''}"
         f"{f' · {p.cp_mode}' if p.cp > 1 else ''}{f' · {p.optimizer}' if p.optimizer != 'adam' else ''}",
         "",
