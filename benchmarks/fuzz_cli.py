@@ -92,7 +92,8 @@ def _plan_doc() -> dict:
             "zero": 1, "recompute": "selective", "offload": "none", "offload_params": False, "dtype": "bf16",
             "flash_attention": True, "overlap_grad_reduce": True, "ep": 1, "etp": 1, "cp_mode": "ring",
             "optimizer": "adam", "delayed_update": False, "grad_accumulation_fusion": True,
-            "fused_elementwise": True, "engine": "generic", "first_stage_layers": 0, "last_stage_layers": 0}
+            "fused_elementwise": True, "engine": "generic", "first_stage_layers": 0, "last_stage_layers": 0,
+            "tp_comm_overlap": False, "grad_reduce_bf16": False, "offload_activation_layers": 0}
     return {"schema": "paraplan.plan/1",
             "scenario": {"model": "llama3-8b", "cluster": "dgx-h100", "gpus": 8, "seq_len": 2048,
                          "global_batch": 16},
@@ -179,6 +180,7 @@ def _bases():
         ("estimate", est, ("--gpus", "--seq-len", "--global-batch", "--tp", "--pp", "--cp", "--vpp", "--micro-batch",
                            "--zero", "--dp", "--ep", "--etp", "--schedule", "--recompute", "--moe-imbalance",
                            "--oversubscription", "--first-stage-layers", "--last-stage-layers", "--engine",
+                           "--offload-activation-layers",
                            "--sp-mode", "--dtype", "--offload", "--model", "--cluster", "--format"),
          (model, model_json, hf, gpt2, mixtral, cluster, planf, db)),
         ("plan", plan, ("--gpus", "--seq-len", "--global-batch", "--top", "--max-memory-fraction", "--fix",
