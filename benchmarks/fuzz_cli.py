@@ -286,11 +286,18 @@ def _file_case(rng: random.Random, command: str, argv: list[str], spec: FileSpec
         value = rng.choice(KEY_VALUES)
         holder[key] = value
         what = f"= {value!r}"[:40] if value not in (S_BIG, S_NAN, S_INF, S_NINF, S_DEEP) else f"= {value}"
-    fields_ = (key, prefix + key, spec.flag, *spec.field_names)
+    fields_ = (key, prefix + key, spec.flag, *spec.field_names, *_canonical_names(key))
     if what == "misspelt":        # the error may name the misspelt key or the one now missing
         fields_ = tuple(holder) + fields_
     return Case(f"file {spec.name}: key {prefix}{'*' if what == 'misspelt' else key} {what.split(' ')[0]}",
                 argv, {spec.name: dump(doc, spec.fmt)}, fields_, _mode(command))
+
+
+def _canonical_names(key: str) -> tuple[str, ...]:
+    """paraplan's own name for a Hugging Face config key (``n_head`` -> ``heads``): a rule that
+    reads the model (heads % tp, say) names the field in paraplan's words."""
+    from paraplan.workloads.presets import HF_KEYS
+    return tuple(field + "(" for field, keys in HF_KEYS.items() if key in keys)
 
 
 def make_cases(n: int, seed: int = 0, subprocess_every: int = 0) -> list[Case]:
