@@ -55,7 +55,7 @@ UNFUSED_ATTENTION_TRANSIENT_BYTES = 4.0
 # attention kernel's 16-bit output, which FlashAttention saves for its own backward (+1 byte).
 # torchtitan's torchao Float8Linear saves the high-precision input: no change there.
 TE_FP8_BYTES_PER_ELEMENT = 1.0
-TE_FP8_SAVED_BYTES_SAVED_PER_NORM_OUTPUT = 1.0
+TE_FP8_BYTES_LESS_PER_NORM_OUTPUT_ELEMENT = 1.0
 # Aleph Alpha's Scaling (engine ``scaling``; github.com/Aleph-Alpha/scaling at 01b9d21, the 2024 release
 # of the codebase Hagemann et al. 2023 ran their layout sweep with), from src/scaling/:
 # * core/nn/mlp.py ParallelSwiGLUMLP computes silu(dense_in(x)) * siglu_weight(x) in eager PyTorch
@@ -251,7 +251,7 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
         fc2_inputs = (1 - share) * f + share * e.expert_ffn_hidden * (routed + e.shared_experts)
     else:
         fc2_inputs = f
-    unsharded = unsharded - np.where(te_fp8, TE_FP8_SAVED_BYTES_SAVED_PER_NORM_OUTPUT * 2 * h * T
+    unsharded = unsharded - np.where(te_fp8, TE_FP8_BYTES_LESS_PER_NORM_OUTPUT_ELEMENT * 2 * h * T
                                      / np.where(sp, t, 1.0), 0.0)
     sharded = sharded + np.where(te_fp8, (h - fc2_inputs) * TE_FP8_BYTES_PER_ELEMENT * T / t, 0.0)
     # Scaling: FlashAttention's own saved output besides the projection's input (a permuted copy)
