@@ -499,14 +499,10 @@ def interleaved_split_accounts(layers: int, pp: int, vpp: int) -> tuple[bool, bo
     stage then holds one layer fewer (embedding counted), the last chunk of the last stage one fewer
     (loss counted): the automatic split of :func:`stage_layers` gives exactly these stage totals."""
     n = pp * vpp
+    if not _interleaved_split_exists(layers, n):
+        return None
     r = layers % n
-    if r == 0:
-        return (False, False)
-    if n > 2 and r == n - 1:
-        return (True, False)
-    if n > 2 and r == n - 2:
-        return (True, True)
-    return None
+    return (r != 0, r != 0 and r == n - 2)      # r = n - 1: the embedding alone; r = n - 2: both
 
 
 def _interleaved_split_exists(layers: int, chunks):
@@ -867,7 +863,7 @@ RULES: tuple[Rule, ...] = (
     _r("activation-offload-engine", "activation offload is Megatron-LM's (Transformer Engine)", ILLEGAL,
        ("engine_code", "offload_activation_layers"),
        lambda P, s: (np.asarray(P.offload_activation_layers) > 0)
-       & ~np.isin(np.asarray(P.engine_code), (int(Engine.MEGATRON), int(Engine.GENERIC))),
+       & ~_engine_in(P, Engine.MEGATRON, Engine.GENERIC),
        lambda p, s: (f"offloading activations to the CPU is Megatron-LM's (--cpu-offloading, Transformer Engine); "
                      f"engine {Engine(p.engine_code).label} has none"),
        field="offload_activation_layers", accepted="--engine megatron or generic, or 0", uses_scene=False),
@@ -890,7 +886,7 @@ RULES: tuple[Rule, ...] = (
                      f"layers({s.model.layers})"), field="offload_activation_layers"),
     _r("grad-reduce-bf16-megatron", "bf16 gradient reduction is Megatron-LM's option", ILLEGAL,
        ("engine_code", "grad_reduce_bf16"),
-       lambda P, s: np.asarray(P.grad_reduce_bf16, bool) & (np.asarray(P.engine_code) != Engine.MEGATRON),
+       lambda P, s: np.asarray(P.grad_reduce_bf16, bool) & ~_engine_in(P, Engine.MEGATRON),
        lambda p, s: (f"a bf16 gradient buffer is Megatron-LM's option (main_grad, --grad-reduce-in-bf16); "
                      f"engine {Engine(p.engine_code).label} keeps its own gradient dtype"),
        field="grad_reduce_bf16", accepted="--engine megatron, or no --grad-reduce-bf16", uses_scene=False),

@@ -82,7 +82,7 @@ def quantile_interval(log_ratios: Sequence[float], level: float = LEVEL,
 
 def source_weights(sources: Sequence[str]) -> np.ndarray:
     """1 / (rows of the row's source): every source weighs the same in total."""
-    names, inverse, counts = np.unique(np.asarray(sources, dtype=str), return_inverse=True, return_counts=True)
+    _, inverse, counts = np.unique(np.asarray(sources, dtype=str), return_inverse=True, return_counts=True)
     return 1.0 / counts[inverse]
 
 

@@ -55,7 +55,6 @@ UNFUSED_ATTENTION_TRANSIENT_BYTES = 4.0
 # attention kernel's 16-bit output, which FlashAttention saves for its own backward (+1 byte).
 # torchtitan's torchao Float8Linear saves the high-precision input: no change there.
 TE_FP8_BYTES_PER_ELEMENT = 1.0
-TE_FP8_BYTES_LESS_PER_NORM_OUTPUT_ELEMENT = 1.0
 # Aleph Alpha's Scaling (engine ``scaling``; github.com/Aleph-Alpha/scaling at 01b9d21, the 2024 release
 # of the codebase Hagemann et al. 2023 ran their layout sweep with), from src/scaling/:
 # * core/nn/mlp.py ParallelSwiGLUMLP computes silu(dense_in(x)) * siglu_weight(x) in eager PyTorch
@@ -237,23 +236,23 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
     eager_swiglu = (unfused | scaling) & (model.activation == "swiglu")
     per_width = 6 if model.activation == "swiglu" else 4
     mlp = per_width * f
+    fc2_inputs = f                       # elements per token entering the MLP's down projection(s)
     if model.moe is not None:
         e = model.moe
         routed = e.top_k * expert_token_factor(model, job)
         moe_mlp = per_width * e.expert_ffn_hidden * (routed + e.shared_experts) + routed * 4 * h + 4 * e.experts
         share = model.moe_layers / model.layers
         mlp = (1 - share) * mlp + share * moe_mlp
+        fc2_inputs = (1 - share) * f + share * e.expert_ffn_hidden * (routed + e.shared_experts)
     mlp = mlp + np.where(eager_swiglu, UNFUSED_SWIGLU_SAVED_BYTES_PER_FFN * f, 0.0)
     sharded = (4 * h + 4 * hkv + mlp) * T / t                      # Q, K, V, out-proj input, MLP
-    # Transformer Engine in fp8 saves its linear layers' inputs as the fp8 casts it fed the GEMMs
+    # Transformer Engine in fp8 saves its linear layers' inputs as the fp8 casts it fed the GEMMs:
+    # BYTES - TE_FP8_BYTES_PER_ELEMENT less per element of the two norm outputs and FC2's input, an
+    # fp8 copy more of the out-projection's input
     te_fp8 = is_fp8(plan.dtype) & np.isin(engine_of(plan), (Engine.MEGATRON, Engine.GENERIC))
-    if model.moe is not None:
-        fc2_inputs = (1 - share) * f + share * e.expert_ffn_hidden * (routed + e.shared_experts)
-    else:
-        fc2_inputs = f
-    unsharded = unsharded - np.where(te_fp8, TE_FP8_BYTES_LESS_PER_NORM_OUTPUT_ELEMENT * 2 * h * T
-                                     / np.where(sp, t, 1.0), 0.0)
-    sharded = sharded + np.where(te_fp8, (h - fc2_inputs) * TE_FP8_BYTES_PER_ELEMENT * T / t, 0.0)
+    fp8_saving = BYTES - TE_FP8_BYTES_PER_ELEMENT
+    unsharded = unsharded - np.where(te_fp8, fp8_saving * 2 * h * T / np.where(sp, t, 1.0), 0.0)
+    sharded = sharded + np.where(te_fp8, (TE_FP8_BYTES_PER_ELEMENT * h - fp8_saving * fc2_inputs) * T / t, 0.0)
     # Scaling: FlashAttention's own saved output besides the projection's input (a permuted copy)
     sharded = sharded + np.where(scaling & np.asarray(plan.flash_attention, dtype=bool),
                                  SCALING_FLASH_OUTPUT_SAVED_BYTES_PER_HIDDEN * h * T / t, 0.0)
@@ -413,8 +412,11 @@ def activation_offload_gpu_relief(plan):
 
 def offloaded_activation_bytes(model, job, plan):
     """Bytes of one micro-batch's activations that activation offload moves to the host (and back):
-    N layers' saved tensors (:func:`activation_bytes_per_layer`)."""
+    N layers' saved tensors (:func:`activation_bytes_per_layer`; not evaluated when no plan offloads,
+    the planner's usual batch)."""
     n = np.asarray(getattr(plan, "offload_activation_layers", 0), dtype=float)
+    if not n.any():
+        return n * 0.0
     return n * activation_bytes_per_layer(model, job, plan)
 
 
