@@ -161,6 +161,9 @@ POSITIVE_INT_FIELDS = ("tp", "pp", "cp", "vpp", "micro_batch", "ep", "etp")
 # automatic (Megatron-LM's --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers),
 # and the layers whose activations go to host memory, 0 = none (--cpu-offloading-num-layers)
 STAGE_LAYER_FIELDS = ("first_stage_layers", "last_stage_layers", "offload_activation_layers")
+#: what 0 means for each of them (their errors say it)
+STAGE_LAYER_ZERO_MEANS = {"first_stage_layers": "the automatic split", "last_stage_layers": "the automatic split",
+                          "offload_activation_layers": "none"}
 MAX_DEGREE = 2**31 - 1    # degrees, micro-batches and stage sizes past a C int are typos (numpy overflows)
 BOOL_FIELDS = ("sp", "offload_params", "flash_attention", "overlap_grad_reduce", "delayed_update",
                "grad_accumulation_fusion", "fused_elementwise", "tp_comm_overlap", "grad_reduce_bf16")
@@ -181,9 +184,8 @@ def validate_field(name: str, value, where: str | None = None):
             raise ConfigError(where or "dp", f"must be a positive integer (or 0 for 'what is left'), got {shown(value)}")
     elif name in STAGE_LAYER_FIELDS:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-            zero = "none" if name == "offload_activation_layers" else "the automatic split"
-            raise ConfigError(where or name.replace("_", "-"),
-                              f"must be a positive integer (or 0 for {zero}), got {shown(value)}")
+            raise ConfigError(where or name.replace("_", "-"), f"must be a positive integer (or 0 for "
+                              f"{STAGE_LAYER_ZERO_MEANS[name]}), got {shown(value)}")
     elif name == "zero":
         if isinstance(value, bool) or value not in ZERO_STAGES:
             raise ConfigError(where or "zero", f"unknown ZeRO stage {shown(value)}", accepted="0, 1, 2, 3")

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from paraplan.errors import ConfigError, ParaplanError, shown
 from paraplan.plan import (CP_MODES, DTYPES, ENGINES, OFFLOAD, OPTIMIZERS, RECOMPUTE, SCHEDULES, STAGE_LAYER_FIELDS,
-                           Plan)
+                           STAGE_LAYER_ZERO_MEANS, Plan)
 from paraplan.planfile import read_plan_file
 from paraplan.scenario import Scenario, load_scenario
 
@@ -282,7 +282,9 @@ def plan_flag_kwargs(f: Field) -> tuple[str, dict]:
         choices = PLAN_FLAG_CHOICES[f.name]
         return flag, {**kw, "choices": choices, **({} if isinstance(choices[0], str) else {"type": int})}
     if isinstance(default, int):
-        return flag, {**kw, "type": (non_negative_int if f.name in STAGE_LAYER_FIELDS else positive_int)(flag)}
+        if f.name in STAGE_LAYER_FIELDS:
+            return flag, {**kw, "type": non_negative_int(flag, zero_means=STAGE_LAYER_ZERO_MEANS[f.name])}
+        return flag, {**kw, "type": positive_int(flag)}
     raise TypeError(f"Plan.{f.name}: no rule for a flag of type {f.type}")
 
 
