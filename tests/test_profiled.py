@@ -134,7 +134,13 @@ def test_training_rows_are_stored_and_read_back(profile_db):
             # recomputing a region costs more than running its forward once more
             assert v["checkpointed"] > v["plain"] + v["forward"] > 0
     c = curves_for(load_cluster("local", 2, db=profile_db))
-    assert c.recompute_overhead_time(16) > c.recompute_overhead_time(4) > 0
+    # the curve charges what the stored rows of its world size solve to; region and per-op costs are
+    # clamped at 0, so on a busy machine the per-op share may measure as none (CI saw 0.0) but the
+    # overhead of a region never falls with its size and is never free (every region measured above)
+    from paraplan.costmodels.profiled import checkpoint_overhead_fit
+    region_s, op_s = checkpoint_overhead_fit(tr[2]["checkpoint"])
+    assert c.recompute_overhead_time(16) == pytest.approx(region_s + 16 * op_s)
+    assert c.recompute_overhead_time(16) >= c.recompute_overhead_time(4) > 0
     per_kernel = [t / k for t, k in tr[2]["autograd"].values()]
     assert c.world_size == 2 and c.kernel_overhead_s == pytest.approx(np.median(per_kernel))
     assert c.launch_overhead_s == pytest.approx(measured_tables(profile_db)["launch"]["cpu"])
