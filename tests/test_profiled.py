@@ -492,3 +492,30 @@ def test_fsdp_unit_overhead_is_charged_per_unit_and_micro_batch_under_zero3(prof
     a = estimate(model, job, cluster, z1, curves=dataclasses.replace(curves, fsdp_unit_overhead_s=0.0))
     b = estimate(model, job, cluster, z1, curves=dataclasses.replace(curves, fsdp_unit_overhead_s=1e-3))
     assert a.step_time_s == pytest.approx(b.step_time_s)
+
+
+def test_fsdp_optimizer_overhead_is_charged_per_tensor_under_zero3(profile_db):
+    """ZeRO-3 on a profiled device pays the measured DTensor cost of the AdamW step once per sharded
+    parameter tensor of the stage; ZeRO-1 (plain tensors) does not. The profile stores the figure at
+    the collective world size only."""
+    import dataclasses
+    from paraplan.costmodels.estimate import estimate
+    from paraplan.costmodels.offload import param_tensors
+    from paraplan.costmodels.profiled import ProfiledCurves
+    from paraplan.profiles.store import measured_tables
+    from paraplan.plan import Plan
+    from paraplan.workloads.transformer import TrainingJob, TransformerModel
+    tr = measured_tables(profile_db)["training"]["cpu"]
+    assert "fsdp_adam_tensor_s" not in tr[1] and tr[2]["fsdp_adam_tensor_s"] >= 0
+    curves = ProfiledCurves.from_tables(measured_tables(profile_db), world_size=2)
+    assert curves.fsdp_adam_tensor_overhead_s == tr[2]["fsdp_adam_tensor_s"]
+    cluster = load_cluster("local", 2, db=profile_db)
+    model = TransformerModel("t", layers=4, hidden=256, heads=4, vocab=1024)
+    job = TrainingJob(256, 8)
+    z3 = Plan(dp=2, zero=3, micro_batch=2, dtype="fp32", overlap_grad_reduce=False, grad_accumulation_fusion=False)
+    for plan, charged in ((z3, True), (dataclasses.replace(z3, zero=1), False)):
+        base = estimate(model, job, cluster, plan, curves=dataclasses.replace(curves, fsdp_adam_tensor_overhead_s=0.0))
+        more = estimate(model, job, cluster, plan, curves=dataclasses.replace(curves, fsdp_adam_tensor_overhead_s=1e-3))
+        extra = more.time_breakdown_s["optimizer"] - base.time_breakdown_s["optimizer"]
+        want = float(param_tensors(model, plan)) * 1e-3 if charged else 0.0
+        assert extra == pytest.approx(want) and (extra > 0) == charged

@@ -39,6 +39,10 @@ not import torch). Same methods and attributes as
   hooks, region bookkeeping, the replay), ``region + kernels · per_kernel`` from two measured
   regions (the attention core and a whole block, :func:`checkpoint_overhead_fit`); on this 2-core
   machine about 0.34 ms per region and 18 µs per kernel, several times a kernel's own cost.
+* FSDP2 (profiles with ``fsdp`` rows, world > 1): its own cost per wrapped unit and micro-batch
+  beyond compute and collectives (``fsdp_unit_overhead_s``), and per parameter tensor in the
+  optimizer step (``fsdp_adam_tensor_overhead_s``: AdamW on the block's DTensor shards minus AdamW on
+  plain tensors of the same shapes), both charged by the estimator under ZeRO-3 only.
 * CPU-Adam efficiency and Adam bytes per parameter are not measured: curves.yaml's defaults.
 """
 from __future__ import annotations
@@ -164,6 +168,8 @@ def training_measurements(tables: dict, device: str, world_size: int | None = No
         out["slowdown"] = max(1.0, float(m["contention_s"]) / float(alone))
     if m.get("fsdp_unit_s") is not None:
         out["fsdp_unit_s"] = float(m["fsdp_unit_s"])
+    if m.get("fsdp_adam_tensor_s") is not None:
+        out["fsdp_adam_tensor_s"] = float(m["fsdp_adam_tensor_s"])
     ck = checkpoint_overhead_fit(m.get("checkpoint") or {})
     if ck:
         out["checkpoint_region_s"], out["checkpoint_kernel_s"] = ck
@@ -213,6 +219,8 @@ class ProfiledCurves:
     checkpoint_kernel_s: float = 0.0
     #: FSDP2's own cost per wrapped unit and micro-batch (hooks, DTensor bookkeeping, buffer copies)
     fsdp_unit_overhead_s: float = 0.0
+    #: FSDP2's extra optimizer-step cost per (DTensor) parameter tensor, measured; 0 where not
+    fsdp_adam_tensor_overhead_s: float = 0.0
 
     kind = "profiled"
 
@@ -265,6 +273,7 @@ class ProfiledCurves:
             world_size=train.get("world"), elementwise_bandwidth_bytes_per_s=ew,
             checkpoint_region_s=train.get("checkpoint_region_s", 0.0),
             fsdp_unit_overhead_s=train.get("fsdp_unit_s", 0.0),
+            fsdp_adam_tensor_overhead_s=train.get("fsdp_adam_tensor_s", 0.0),
             checkpoint_kernel_s=train.get("checkpoint_kernel_s", 0.0),
             sdpa=LogLogCurve.from_points(sd, t0) if sd else None,
             memory_bandwidth_bytes_per_s=float(bw),
@@ -367,6 +376,7 @@ class ProfiledCurves:
                 else self.adam_time_per_param_s * 1e9,
                 "checkpoint_us_per_region": self.checkpoint_region_s * 1e6,
                 "fsdp_us_per_unit": self.fsdp_unit_overhead_s * 1e6,
+                "fsdp_adam_us_per_tensor": self.fsdp_adam_tensor_overhead_s * 1e6,
                 "checkpoint_us_per_kernel": self.checkpoint_kernel_s * 1e6,
                 "gemm_dtypes_measured": sorted(self.gemm),
                 "dtype_fallbacks": fallbacks,

@@ -328,6 +328,8 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
                 w["checkpoint"].setdefault(int(r["shape"]["ops"]), {})[r["op"]] = r["time_s"]
             elif k == "autograd":
                 w["autograd"][r["op"]] = (r["time_s"], r["shape"]["kernels"])
+            elif k == "fsdp" and r["op"] == "adam_tensor":   # FSDP2's optimizer step, per tensor
+                w["fsdp_adam_tensor_s"] = r["time_s"]
             elif k == "fsdp":         # FSDP2's own cost per unit and micro-batch (world > 1)
                 w["fsdp_unit_s"] = r["time_s"]
             elif k == "contention":   # the block when measured (older profiles: the GEMM)

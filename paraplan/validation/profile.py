@@ -707,7 +707,41 @@ def fsdp_rows(device, world: int) -> list[dict]:
     dev = "cuda" if str(device).startswith("cuda") else "cpu"
     return [_row("fsdp", "unit", dev, "float32", world,
                  shape={**c, "params": numel, "fsdp_s": t["fsdp"], "plain_s": t["plain"], "comm_s": t["comm"]},
-                 time_s=overhead, spread=spread)]
+                 time_s=overhead, spread=spread),
+            fsdp_adam_row(sharded, device, world)]
+
+
+def fsdp_adam_row(sharded, device, world: int) -> dict:
+    """FSDP2's cost per parameter tensor in the optimizer step: the harness's AdamW
+    (:func:`paraplan.validation.apply_zero.make_adamw`) stepping the block's sharded (DTensor)
+    parameters, minus the same AdamW stepping plain tensors of the same local shard shapes and
+    gradients; every elementwise op of the update dispatches through DTensor once per tensor, which
+    the plain-tensor AdamW fit (``optimizer`` rows) does not see. Seconds per tensor and step."""
+    import torch.distributed as dist
+
+    from paraplan.validation.apply_zero import make_adamw
+    params = [p for p in sharded.parameters() if p.grad is not None]
+    plain = []
+    for p in params:
+        q = torch.nn.Parameter(p.to_local().detach().clone())
+        q.grad = p.grad.to_local().detach().clone()
+        plain.append(q)
+    opts = {"dtensor": make_adamw(params), "plain": make_adamw(plain)}
+    for opt in opts.values():
+        for _ in range(FSDP_WARMUP):
+            opt.step()
+    got = {k: [] for k in opts}
+    for _ in range(FSDP_REPEATS):
+        for k, opt in opts.items():
+            got[k].append(_lockstep_time(opt.step, FSDP_ITERS, device))
+    t = {k: statistics.median(v) for k, v in got.items()}
+    per_tensor = max(0.0, t["dtensor"] - t["plain"]) / max(1, len(params))
+    spread = (max(got["dtensor"]) - min(got["dtensor"])) / t["dtensor"] if t["dtensor"] > 0 else 0.0
+    dist.barrier()
+    dev = "cuda" if str(device).startswith("cuda") else "cpu"
+    return _row("fsdp", "adam_tensor", dev, "float32", world,
+                shape={"tensors": len(params), "dtensor_s": t["dtensor"], "plain_s": t["plain"]},
+                time_s=per_tensor, spread=spread)
 
 
 def collective_worker(sizes: list[int], out_path: str, min_time_s: float,
