@@ -218,11 +218,6 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
     compute_step = m * (t_mid + head_compute + head_tp)
     optimizer, offload = optimizer_and_offload(shard, plan, cluster, curves, m, t_micro_fwd, t_micro_bwd,
                                                compute_step, tensors=param_tensors(model, plan))
-    # FSDP2's optimizer step on a device whose profile measured it: AdamW dispatches each elementwise
-    # op of the update through DTensor, once per sharded parameter tensor
-    fsdp_adam = float(getattr(curves, "fsdp_adam_tensor_overhead_s", 0.0) or 0.0)
-    if fsdp_adam:
-        optimizer = optimizer + np.where(np.asarray(plan.zero) == 3, param_tensors(model, plan) * fsdp_adam, 0.0)
     acts_offloaded = M.offloaded_activation_bytes(model, job, plan)
     offload = offload + activation_offload_time(acts_offloaded, cluster, m, t_micro_fwd, t_micro_bwd)
     time = {

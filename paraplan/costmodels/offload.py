@@ -79,6 +79,10 @@ def optimizer_time(shard, plan, cluster, curves, tensors=None):
         if t is not None:
             gpu = t + curves.memory_time(np.where(compressed, ERROR_FEEDBACK_BYTES_PER_PARAM, 0) * shard,
                                          kernels=0)
+        # FSDP2 (ZeRO-3) on a device whose profile measured it: AdamW dispatches each elementwise op
+        # of the update through DTensor, once per sharded parameter tensor
+        fsdp_adam = float(getattr(curves, "fsdp_adam_tensor_overhead_s", 0.0) or 0.0)
+        gpu = gpu + np.where(np.asarray(plan.zero) == 3, np.asarray(tensors, dtype=float) * fsdp_adam, 0.0)
     return np.where(np.asarray(plan.offload_code) == Offload.NONE, gpu, cpu_adam_time(shard, cluster, curves))
 
 
