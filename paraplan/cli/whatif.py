@@ -9,7 +9,7 @@ from paraplan.cli.common import (add_plan_args, check_out_path, writing, add_sce
                                  plan_from_args)
 from paraplan.planner.space import parse_fix
 from paraplan.errors import ConfigError
-from paraplan.reports.sweep import Scenario, load_scenario, parse_sweep
+from paraplan.reports.sweep import MAX_PRICE, MIN_PRICE, Scenario, load_scenario, parse_sweep
 
 EPILOG = """sweep variables: gpus, seq_len, global_batch, cluster, inter_node_bandwidth (GB/s per GPU),
 intra_node_bandwidth (GB/s per GPU), hbm (GiB), offload (none, cpu, nvme, auto).
@@ -92,11 +92,6 @@ def cmd_whatif(args) -> int:
     return 0 if df["feasible"].any() else 3
 
 
-#: the smallest price per GPU-hour: a cent per million GPU-hours; below it (down to denormals such as
-#: 1e-320) the cost axis's inverse overflows
-MIN_PRICE = 1e-8
-
-
 def register(sub) -> None:
     """Add ``whatif`` to the subparsers."""
     ap = sub.add_parser("whatif", help="sweep scenario variables: figures, CSV and an HTML report",
@@ -105,8 +100,8 @@ def register(sub) -> None:
     ap.add_argument("--scenario", help="a YAML file with the scenario and sweeps (flags override its keys)")
     ap.add_argument("--sweep", action="append", metavar="VAR=VALUES", help="a swept variable (once or twice)")
     add_search_args(ap, max_memory_fraction=None)   # None: the --scenario file's, else 1.0
-    ap.add_argument("--price-per-gpu-hour", type=number("--price-per-gpu-hour", low=MIN_PRICE, high=1e9, low_open=False),
-                    help=f"US$ per GPU-hour ({MIN_PRICE:g} to 1e9)")
+    ap.add_argument("--price-per-gpu-hour", type=number("--price-per-gpu-hour", low=MIN_PRICE, high=MAX_PRICE, low_open=False),
+                    help=f"US$ per GPU-hour ({MIN_PRICE:g} to {MAX_PRICE:g})")
     ap.add_argument("--train-tokens", type=number("--train-tokens", high=1e30), help="tokens to train, e.g. 300e9")
     ap.add_argument("--no-heatmap", action="store_true", help="skip the tp x pp heat-map")
     ap.add_argument("--out", required=True, help="report folder (written atomically)")

@@ -145,6 +145,11 @@ def _as_type(var: str, v: float, field_name: str, item: str):
     return float(v)
 
 
+#: the accepted price per GPU-hour (US$): from a cent per million GPU-hours (below it, down to
+#: denormals such as 1e-320, the cost axis's inverse overflows) to 1e9
+MIN_PRICE, MAX_PRICE = 1e-8, 1e9
+
+
 @dataclass(frozen=True)
 class Scenario:
     """Everything a what-if report needs; what ``--scenario FILE.yaml`` holds.
@@ -172,8 +177,9 @@ class Scenario:
             raise ConfigError("--sweep", f"give one or two sweeps, got {len(self.sweeps)}")
         if len(self.sweeps) == 2 and self.sweeps[0].var == self.sweeps[1].var:
             raise ConfigError("--sweep", f"{self.sweeps[0].var} is swept twice")
-        if self.price_per_gpu_hour is not None and not 1e-8 <= self.price_per_gpu_hour <= 1e9:
-            raise ConfigError("--price-per-gpu-hour", f"must be between 1e-08 and 1e9 US$, got {self.price_per_gpu_hour}")
+        if self.price_per_gpu_hour is not None and not MIN_PRICE <= self.price_per_gpu_hour <= MAX_PRICE:
+            raise ConfigError("--price-per-gpu-hour",
+                              f"must be between {MIN_PRICE:g} and {MAX_PRICE:g} US$, got {self.price_per_gpu_hour}")
         if self.train_tokens is not None and not self.train_tokens > 0:
             raise ConfigError("--train-tokens", f"must be positive, got {self.train_tokens}")
         if not 0.01 <= self.max_memory_fraction <= 1:
