@@ -315,6 +315,14 @@ def ulysses_alltoall_time(model, job, plan, cluster):
     return qkv + out
 
 
+def tp_collective_time(kind: str, size_bytes, plan, cluster):
+    """Seconds of one collective of ``size_bytes`` over the tensor-parallel group (tp ranks at
+    stride 1, on the cluster's tp links)."""
+    k = ranks_per_node(plan.tp, 1, cluster.gpus_per_node)
+    intra, inter = cluster.links("tp")
+    return collective_time(kind, size_bytes, plan.tp, k, intra, inter)
+
+
 def tp_allreduce_time(model, job, plan, cluster):
     """One tensor-parallel all-reduce (or reduce-scatter + all-gather with SP) of T·h activations.
 
@@ -322,15 +330,13 @@ def tp_allreduce_time(model, job, plan, cluster):
     collectives) RS + AG equals the all-reduce exactly; a link fitted per collective from a
     profile (gloo on a CPU, say) prices them apart."""
     T = tokens_per_rank(job, plan)
-    k = ranks_per_node(plan.tp, 1, cluster.gpus_per_node)
-    intra, inter = cluster.links("tp")
     size = T * model.hidden * element_bytes(plan)
-    ar = collective_time(ALL_REDUCE, size, plan.tp, k, intra, inter)
+    ar = tp_collective_time(ALL_REDUCE, size, plan, cluster)
     sp = np.asarray(plan.sp, dtype=bool)
+    intra, inter = cluster.links("tp")
     if not np.any(sp) or not (intra.per_op or inter.per_op):
         return ar
-    rs_ag = (collective_time(REDUCE_SCATTER, size, plan.tp, k, intra, inter)
-             + collective_time(ALL_GATHER, size, plan.tp, k, intra, inter))
+    rs_ag = tp_collective_time(REDUCE_SCATTER, size, plan, cluster) + tp_collective_time(ALL_GATHER, size, plan, cluster)
     return np.where(sp, rs_ag, ar)
 
 
@@ -463,9 +469,7 @@ def head_times(model, job, plan, curves, cluster) -> dict:
     head = 3 * logits + cross_entropy
     embedding = curves.memory_time(T * h * element_bytes(plan) * 3, kernels=2)
     ar = tp_allreduce_time(model, job, plan, cluster)
-    k = ranks_per_node(plan.tp, 1, cluster.gpus_per_node)
-    intra, inter = cluster.links("tp")
-    gather = collective_time(ALL_GATHER, T * V * element_bytes(plan), plan.tp, k, intra, inter)
+    gather = tp_collective_time(ALL_GATHER, T * V * element_bytes(plan), plan, cluster)
     loss_comm = np.where(scaling, gather, vocab_parallel_loss_allreduce_time(job, plan, cluster))
     return {"head": head, "embedding": embedding,
             "tp_comm": 2 * ar + loss_comm}   # + embedding fwd, head grad
@@ -476,10 +480,7 @@ def vocab_parallel_loss_allreduce_time(job, plan, cluster):
     the validation harness's too) all-reduces three fp32 values per token: the logits' max, the sum
     of the exponentials and the target's logit. Small messages (4·T bytes), so latency-bound: about
     3 α per micro-batch (microseconds on NVLink, a millisecond each under gloo). 0 with tp = 1."""
-    T = tokens_per_rank(job, plan)
-    k = ranks_per_node(plan.tp, 1, cluster.gpus_per_node)
-    intra, inter = cluster.links("tp")
-    return 3 * collective_time(ALL_REDUCE, 4.0 * T, plan.tp, k, intra, inter)
+    return 3 * tp_collective_time(ALL_REDUCE, 4.0 * tokens_per_rank(job, plan), plan, cluster)
 
 
 def p2p_time(model, job, plan, cluster):
