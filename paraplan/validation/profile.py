@@ -661,6 +661,19 @@ def _lockstep_time(fn, iters: int, device) -> float:
     return float(t.item())
 
 
+def _lockstep_medians(cases: dict, device) -> tuple[dict, dict]:
+    """({case: median seconds per call}, {case: the repeats' seconds}) of each zero-argument callable,
+    warmed up FSDP_WARMUP times, then FSDP_REPEATS rounds of FSDP_ITERS calls in turn (:func:`_lockstep_time`)."""
+    for fn in cases.values():
+        for _ in range(FSDP_WARMUP):
+            fn()
+    got = {k: [] for k in cases}
+    for _ in range(FSDP_REPEATS):
+        for k, fn in cases.items():
+            got[k].append(_lockstep_time(fn, FSDP_ITERS, device))
+    return {k: statistics.median(v) for k, v in got.items()}, got
+
+
 def fsdp_rows(device, world: int) -> list[dict]:
     """FSDP2's own cost per wrapped unit and micro-batch, beyond the compute and the collectives it
     runs: the contention block forward + backward under ``fully_shard`` (the validation harness's
@@ -692,16 +705,8 @@ def fsdp_rows(device, world: int) -> list[dict]:
         dist.all_gather_into_tensor(ag_out, ag_in)
         dist.reduce_scatter_tensor(rs_out, ag_out)
 
-    cases = {"plain": lambda: plain(x).sum().backward(), "fsdp": lambda: sharded(x).sum().backward(),
-             "comm": comm}
-    for fn in cases.values():
-        for _ in range(FSDP_WARMUP):
-            fn()
-    got = {k: [] for k in cases}
-    for _ in range(FSDP_REPEATS):
-        for k, fn in cases.items():
-            got[k].append(_lockstep_time(fn, FSDP_ITERS, device))
-    t = {k: statistics.median(v) for k, v in got.items()}
+    t, got = _lockstep_medians({"plain": lambda: plain(x).sum().backward(),
+                                "fsdp": lambda: sharded(x).sum().backward(), "comm": comm}, device)
     overhead = max(0.0, t["fsdp"] - t["plain"] - t["comm"])
     spread = (max(got["fsdp"]) - min(got["fsdp"])) / t["fsdp"] if t["fsdp"] > 0 else 0.0
     dev = "cuda" if str(device).startswith("cuda") else "cpu"
@@ -726,15 +731,7 @@ def fsdp_adam_row(sharded, device, world: int) -> dict:
         q = torch.nn.Parameter(p.to_local().detach().clone())
         q.grad = p.grad.to_local().detach().clone()
         plain.append(q)
-    opts = {"dtensor": make_adamw(params), "plain": make_adamw(plain)}
-    for opt in opts.values():
-        for _ in range(FSDP_WARMUP):
-            opt.step()
-    got = {k: [] for k in opts}
-    for _ in range(FSDP_REPEATS):
-        for k, opt in opts.items():
-            got[k].append(_lockstep_time(opt.step, FSDP_ITERS, device))
-    t = {k: statistics.median(v) for k, v in got.items()}
+    t, got = _lockstep_medians({"dtensor": make_adamw(params).step, "plain": make_adamw(plain).step}, device)
     per_tensor = max(0.0, t["dtensor"] - t["plain"]) / max(1, len(params))
     spread = (max(got["dtensor"]) - min(got["dtensor"])) / t["dtensor"] if t["dtensor"] > 0 else 0.0
     dist.barrier()
