@@ -88,7 +88,9 @@ SCALING_LOSS_BYTES_PER_LOGIT = 2.0 + 4.0 + 4.0 + 4.0
 #   upcasts, permuted attention copies) leaves more odd-sized temporaries between them. The fraction
 #   is calibrated on the sweep's fit/OOM outcomes (benchmarks/memory_fit.py): the smallest value that
 #   reaches the lowest false-fit rate with false OOMs at most 5 % (0.34: 9.7 % / 0.8 %, 0.37: 7.7 % /
-#   1.9 %, 0.40: 6.6 % / 3.0 %, 0.46: 6.6 % / 4.2 %, 0.60: 5.8 % / 6.8 %).
+#   1.9 %, 0.40: 6.6 % / 3.0 %, 0.46: 6.6 % / 4.2 %, 0.60: 5.8 % / 6.8 %, without the backward working
+#   set below; with it at 1.2: 0.34: 6.2 % / 2.7 %, 0.37: 5.4 % / 3.4 %, 0.40: 4.2 % / 4.2 %, 0.44:
+#   4.2 % / 4.9 %).
 SCALING_ALLOCATOR_FRAGMENTATION = 0.40
 # The PyTorch caching allocator on a CUDA device reserves more than the tensors it holds (blocks
 # rounded up and split, cached blocks of other sizes): reserved = (1 + FRAGMENTATION) x allocated
@@ -387,9 +389,9 @@ def activation_bytes(model, job, plan) -> dict:
     sl = stage_layers(model.layers, plan)
     # full recompute rematerializes one layer at a time during backward; unfused attention's backward
     # holds the layer's score matrix and its gradients meanwhile
-    working = np.where(np.asarray(plan.recompute_code) == Recompute.FULL,
-                       activation_bytes_per_layer(model, job, plan, recompute_code=Recompute.NONE), 0.0) \
-        + attention_transient_bytes(model, job, plan)
+    layer_none = activation_bytes_per_layer(model, job, plan, recompute_code=Recompute.NONE)
+    working = np.where(np.asarray(plan.recompute_code) == Recompute.FULL, layer_none, 0.0) \
+        + attention_transient_bytes(model, job, plan) + backward_layer_transient(plan) * layer_none
     embedding_out = (element_bytes(plan) + 1) * T * model.hidden / np.where(sp, t, 1.0)  # output + dropout mask
     logits = loss_bytes_per_logit(plan) * T * loss_logits_per_token(model, plan) + element_bytes(plan) * T * model.hidden
     inflight = in_flight_micro_batches(job, plan)
@@ -401,6 +403,28 @@ def activation_bytes(model, job, plan) -> dict:
     middle = np.where(sl.middle > 0, sl.middle * per_layer * in_flight_micro_batches_middle(job, plan) + working, 0.0)
     first = np.where(p == 1, first + logits, first)
     return {"first": first, "middle": middle, "last": np.where(p == 1, first, last)}
+
+
+# While one layer runs backward its gradient temporaries are alive beside everything the stage keeps,
+# and, under full recomputation, beside the layer's rematerialized activations: a working set of
+# BACKWARD_LAYER_TRANSIENT x that layer's no-recompute activations on top of the stage's peak, on
+# every stage and whatever the recomputation. Scaling's eager backward (fp32 norm upcasts, eager
+# SwiGLU, permuted attention copies) makes these many and odd-sized; its value is calibrated on the
+# sweep's fit/OOM outcomes (benchmarks/memory_fit.py) with SCALING_ALLOCATOR_FRAGMENTATION held at
+# 0.40, by the same rule (the smallest value reaching the lowest false-fit rate with false OOMs at
+# most 5 %): 0.0: 6.6 % false fits / 3.0 % false OOMs, 0.6: 6.2 / 3.4, 1.0: 5.0 / 4.2, 1.2: 4.2 / 4.2,
+# 1.6: 4.2 / 4.2. At 1.2, six OOM runs that were predicted to fit are judged OOM (all six under full
+# recomputation: the working set is most of what such a stage holds besides model states) and three
+# runs that ran are judged over, by 0.6-1.4 GiB of 80. The named engines' fused backward has no fit/OOM data
+# here: 0, as before.
+BACKWARD_LAYER_TRANSIENT = {Engine.GENERIC: 0.0, Engine.MEGATRON: 0.0, Engine.DEEPSPEED: 0.0, Engine.TORCHTITAN: 0.0,
+                            Engine.SCALING: 1.2}
+_BACKWARD_LAYER_TRANSIENT_BY_ENGINE_CODE = np.array([BACKWARD_LAYER_TRANSIENT[e] for e in Engine])
+
+
+def backward_layer_transient(plan):
+    """BACKWARD_LAYER_TRANSIENT of the plan's engine."""
+    return _BACKWARD_LAYER_TRANSIENT_BY_ENGINE_CODE[engine_of(plan)]
 
 
 def activation_offload_gpu_relief(plan):
