@@ -124,6 +124,14 @@ def test_training_rows_are_stored_and_read_back(profile_db):
     assert set(tr) == {1, 2}            # alone, and on every rank of the 2-rank collective launch
     # FSDP2's own cost per unit is measured where there is a group to shard over
     assert "fsdp_unit_s" not in tr[1] and tr[2]["fsdp_unit_s"] >= 0
+    # measured on a stack of fully_shard-ed blocks under a root unit: per unit, blocks + root
+    from paraplan.profiles.store import ProfileStore
+    from paraplan.validation.profile import FSDP_STACK_BLOCKS
+    (unit,) = [r for r in ProfileStore(profile_db).measurements() if r["kind"] == "fsdp" and r["op"] == "unit"]
+    sh = unit["shape"]
+    assert sh["blocks"] == FSDP_STACK_BLOCKS >= 2 and sh["fsdp_s"] > sh["plain_s"] > 0 and sh["comm_s"] > 0
+    assert unit["time_s"] == pytest.approx(max(0.0, sh["fsdp_s"] - sh["plain_s"] - sh["comm_s"]) / (FSDP_STACK_BLOCKS + 1))
+    assert tr[2]["fsdp_unit_s"] == pytest.approx(unit["time_s"])
     for w in tr.values():
         assert set(w["autograd"]) == {op for op, _ in AUTOGRAD_OPS}
         assert all(t > 0 and k >= 2 for t, k in w["autograd"].values())

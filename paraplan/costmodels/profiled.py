@@ -40,8 +40,9 @@ not import torch). Same methods and attributes as
   regions (the attention core and a whole block, :func:`checkpoint_overhead_fit`); on this 2-core
   machine about 0.34 ms per region and 18 µs per kernel, several times a kernel's own cost.
 * FSDP2 (profiles with ``fsdp`` rows, world > 1): its own cost per wrapped unit and micro-batch
-  beyond compute and collectives (``fsdp_unit_overhead_s``), and per parameter tensor in the
-  optimizer step (``fsdp_adam_tensor_overhead_s``: AdamW on the block's DTensor shards minus AdamW on
+  beyond compute and collectives (``fsdp_unit_overhead_s``, measured on a stack of blocks each
+  ``fully_shard``-ed under a root unit, divided by the units), and per parameter tensor in the
+  optimizer step (``fsdp_adam_tensor_overhead_s``: AdamW on the stack's DTensor shards minus AdamW on
   plain tensors of the same shapes), both charged by the estimator under ZeRO-3 only.
 * CPU-Adam efficiency and Adam bytes per parameter are not measured: curves.yaml's defaults.
 """

@@ -674,44 +674,57 @@ def _lockstep_medians(cases: dict, device) -> tuple[dict, dict]:
     return {k: statistics.median(v) for k, v in got.items()}, got
 
 
+#: transformer blocks in the FSDP2 case's stack (each its own ``fully_shard`` unit, under a root unit)
+FSDP_STACK_BLOCKS = 2
+
+
 def fsdp_rows(device, world: int) -> list[dict]:
     """FSDP2's own cost per wrapped unit and micro-batch, beyond the compute and the collectives it
-    runs: the contention block forward + backward under ``fully_shard`` (the validation harness's
-    ZeRO-3), minus the same block plain, minus its two parameter all-gathers and one gradient
-    reduce-scatter timed alone at the block's size (``all_gather_into_tensor`` /
-    ``reduce_scatter_tensor``). What is left is the hooks, the DTensor bookkeeping and the copies in
-    and out of the flat buffers, which the estimator charges per unit under ZeRO-3 on this device."""
+    runs, measured the way FSDP2 is applied (the validation harness's ZeRO-3, torchtitan): a stack of
+    FSDP_STACK_BLOCKS contention blocks, ``fully_shard`` on each block and then on the stack (the
+    root), forward + backward, minus the same stack plain, minus each block's two parameter
+    all-gathers and one gradient reduce-scatter timed alone at the block's size
+    (``all_gather_into_tensor`` / ``reduce_scatter_tensor``), divided by the units (blocks + root).
+    What is left is the hooks, the DTensor bookkeeping, the copies in and out of the flat buffers,
+    the root's once-per-step work, and what one unit's collectives cost the next unit's compute when
+    they overlap (on a CPU they share its cores), which a lone unit never shows; the estimator
+    charges it per unit (layers + 1) under ZeRO-3 on this device."""
     import copy
 
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
     c = CONTENTION_BLOCK
-    cfg = GPTConfig(vocab_size=256, seq_len=c["seq"], hidden=c["hidden"], heads=c["heads"], layers=1)
+    blocks = FSDP_STACK_BLOCKS
+    cfg = GPTConfig(vocab_size=256, seq_len=c["seq"], hidden=c["hidden"], heads=c["heads"], layers=blocks)
     torch.manual_seed(0)
-    plain = Block(cfg, 0, ParallelContext()).to(device)
+    plain = torch.nn.Sequential(*[Block(cfg, i, ParallelContext()) for i in range(blocks)]).to(device)
     sharded = copy.deepcopy(plain)
     mesh = init_device_mesh("cuda" if str(device).startswith("cuda") else "cpu", (world,))
+    for block in sharded:
+        fully_shard(block, mesh=mesh)
     fully_shard(sharded, mesh=mesh)
     x = torch.randn(c["batch"], c["seq"], c["hidden"], device=device, requires_grad=True)
-    numel = sum(p.numel() for p in plain.parameters())
+    numel = sum(p.numel() for p in plain[0].parameters())
     shard = -(-numel // world)
     ag_in = torch.zeros(shard, device=device)
     ag_out = torch.zeros(shard * world, device=device)
     rs_out = torch.zeros(shard, device=device)
 
     def comm():
-        dist.all_gather_into_tensor(ag_out, ag_in)
-        dist.all_gather_into_tensor(ag_out, ag_in)
-        dist.reduce_scatter_tensor(rs_out, ag_out)
+        for _ in range(blocks):
+            dist.all_gather_into_tensor(ag_out, ag_in)
+            dist.all_gather_into_tensor(ag_out, ag_in)
+            dist.reduce_scatter_tensor(rs_out, ag_out)
 
     t, got = _lockstep_medians({"plain": lambda: plain(x).sum().backward(),
                                 "fsdp": lambda: sharded(x).sum().backward(), "comm": comm}, device)
-    overhead = max(0.0, t["fsdp"] - t["plain"] - t["comm"])
+    overhead = max(0.0, t["fsdp"] - t["plain"] - t["comm"]) / (blocks + 1)
     spread = (max(got["fsdp"]) - min(got["fsdp"])) / t["fsdp"] if t["fsdp"] > 0 else 0.0
     dev = "cuda" if str(device).startswith("cuda") else "cpu"
     return [_row("fsdp", "unit", dev, "float32", world,
-                 shape={**c, "params": numel, "fsdp_s": t["fsdp"], "plain_s": t["plain"], "comm_s": t["comm"]},
+                 shape={**c, "blocks": blocks, "params": numel, "fsdp_s": t["fsdp"], "plain_s": t["plain"],
+                        "comm_s": t["comm"]},
                  time_s=overhead, spread=spread),
             fsdp_adam_row(sharded, device, world)]
 
