@@ -275,3 +275,16 @@ def test_torchtitan_writes_split_points():
     assert points[0] == "layers.7" and points[-1] == "layers.119" and len(points) == 15
     assert "pipeline_parallel_layers_per_stage" not in cfg["parallelism"]
     assert "parallelism.pipeline_parallel_split_points" in OPTIONS["torchtitan"]["keys"]
+
+
+def test_cli_plan_with_the_stage_and_recompute_ilps_on_126_layers_at_pp4(capsys):
+    """As typed, with the stage and recomputation ILPs on (the defaults): Llama 3 405B at pp 4 on 1024
+    H100s once stopped with 'CBC did not solve the recomputation tie-break' (the tie-break's
+    bottleneck bound sat inside CBC's tolerance of the first solve's value)."""
+    from paraplan.cli import main
+    code = main(["plan", "--model", "llama3-405b", "--cluster", "dgx-h100", "--gpus", "1024", "--seq-len", "4096",
+                 "--global-batch", "1024", "--fix", "pp=4", "--top", "1", "--format", "json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    best = json.loads(captured.out)["plans"][0]
+    assert best["plan"]["pp"] == 4 and sum(best["details"]["layers_per_stage"]) == 126
