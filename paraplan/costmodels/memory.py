@@ -415,8 +415,8 @@ def activation_bytes(model, job, plan) -> dict:
 # most 5 %): 0.0: 6.6 % false fits / 3.0 % false OOMs, 0.6: 6.2 / 3.4, 1.0: 5.0 / 4.2, 1.2: 4.2 / 4.2,
 # 1.6: 4.2 / 4.2. At 1.2, six OOM runs that were predicted to fit are judged OOM (all six under full
 # recomputation: the working set is most of what such a stage holds besides model states) and three
-# runs that ran are judged over, by 0.6-1.4 GiB of 80. The named engines' fused backward has no fit/OOM data
-# here: 0, as before.
+# runs that ran are judged over, by 0.6-1.4 GiB of 80. The named engines' fused backward has no
+# fit/OOM data here: 0, as before.
 BACKWARD_LAYER_TRANSIENT = {Engine.GENERIC: 0.0, Engine.MEGATRON: 0.0, Engine.DEEPSPEED: 0.0, Engine.TORCHTITAN: 0.0,
                             Engine.SCALING: 1.2}
 _BACKWARD_LAYER_TRANSIENT_BY_ENGINE_CODE = np.array([BACKWARD_LAYER_TRANSIENT[e] for e in Engine])

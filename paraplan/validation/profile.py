@@ -700,7 +700,8 @@ def fsdp_rows(device, world: int) -> list[dict]:
     torch.manual_seed(0)
     plain = torch.nn.Sequential(*[Block(cfg, i, ParallelContext()) for i in range(blocks)]).to(device)
     sharded = copy.deepcopy(plain)
-    mesh = init_device_mesh("cuda" if str(device).startswith("cuda") else "cpu", (world,))
+    dev = "cuda" if str(device).startswith("cuda") else "cpu"
+    mesh = init_device_mesh(dev, (world,))
     for block in sharded:
         fully_shard(block, mesh=mesh)
     fully_shard(sharded, mesh=mesh)
@@ -720,18 +721,16 @@ def fsdp_rows(device, world: int) -> list[dict]:
     t, got = _lockstep_medians({"plain": lambda: plain(x).sum().backward(),
                                 "fsdp": lambda: sharded(x).sum().backward(), "comm": comm}, device)
     overhead = max(0.0, t["fsdp"] - t["plain"] - t["comm"]) / (blocks + 1)
-    spread = (max(got["fsdp"]) - min(got["fsdp"])) / t["fsdp"] if t["fsdp"] > 0 else 0.0
-    dev = "cuda" if str(device).startswith("cuda") else "cpu"
     return [_row("fsdp", "unit", dev, "float32", world,
                  shape={**c, "blocks": blocks, "params": numel, "fsdp_s": t["fsdp"], "plain_s": t["plain"],
                         "comm_s": t["comm"]},
-                 time_s=overhead, spread=spread),
+                 time_s=overhead, spread=spread_of(got["fsdp"])),
             fsdp_adam_row(sharded, device, world)]
 
 
 def fsdp_adam_row(sharded, device, world: int) -> dict:
     """FSDP2's cost per parameter tensor in the optimizer step: the harness's AdamW
-    (:func:`paraplan.validation.apply_zero.make_adamw`) stepping the block's sharded (DTensor)
+    (:func:`paraplan.validation.apply_zero.make_adamw`) stepping the stack's sharded (DTensor)
     parameters, minus the same AdamW stepping plain tensors of the same local shard shapes and
     gradients; every elementwise op of the update dispatches through DTensor once per tensor, which
     the plain-tensor AdamW fit (``optimizer`` rows) does not see. Seconds per tensor and step."""
@@ -746,12 +745,11 @@ def fsdp_adam_row(sharded, device, world: int) -> dict:
         plain.append(q)
     t, got = _lockstep_medians({"dtensor": make_adamw(params).step, "plain": make_adamw(plain).step}, device)
     per_tensor = max(0.0, t["dtensor"] - t["plain"]) / max(1, len(params))
-    spread = (max(got["dtensor"]) - min(got["dtensor"])) / t["dtensor"] if t["dtensor"] > 0 else 0.0
     dist.barrier()
     dev = "cuda" if str(device).startswith("cuda") else "cpu"
     return _row("fsdp", "adam_tensor", dev, "float32", world,
                 shape={"tensors": len(params), "dtensor_s": t["dtensor"], "plain_s": t["plain"]},
-                time_s=per_tensor, spread=spread)
+                time_s=per_tensor, spread=spread_of(got["dtensor"]))
 
 
 def collective_worker(sizes: list[int], out_path: str, min_time_s: float,
