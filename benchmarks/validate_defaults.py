@@ -6,7 +6,7 @@ For each layout (``tp2``, ``dp2`` = what ``--nproc-per-node 2`` runs with no oth
 :func:`paraplan.validation.predict.predict_run` on this machine's latest profile in ``--db``
 (profiled first, quick mode, when it has none), and run through the harness (one torchrun launch
 of world 2 per repeat holding every layout). Measured step time per repeat: the slowest rank's
-mean over the timed steps, as ``validate`` reports it; the table gives the median over repeats
+median over the timed steps, as ``validate`` reports it; the table gives the median over repeats
 and the spread (max - min) / median. Error = (predicted - measured) / measured.
 
 Usage: ``python benchmarks/validate_defaults.py [--db FILE] [--repeats N] [--json OUT] [-- extra validate flags]``
@@ -61,8 +61,8 @@ def main(argv=None) -> int:
             res = launch_worker_batch(specs, os.path.join(d, f"rep{i}"), LaunchOptions(nproc_per_node=2,
                                                                                        timeout_s=1800))
             for n, rs in res.items():
-                slowest = max(rs, key=lambda r: statistics.mean(r["step_times_s"]))
-                measured[n].append(statistics.mean(slowest["step_times_s"]))
+                slowest = max(rs, key=lambda r: statistics.median(r["step_times_s"]))
+                measured[n].append(statistics.median(slowest["step_times_s"]))
                 breakdowns[n].append(slowest["time_breakdown_s"])
                 steps[n].append({r["rank"]: r["step_times_s"] for r in rs})
     print(f"model {asdict(cfg)}; run: {plans['tp2'].warmup} warm-up + {plans['tp2'].steps} timed steps; "

@@ -1,5 +1,9 @@
 """``paraplan validate`` end to end (one real torchrun launch) and the report's contents."""
 import json
+import os
+import statistics
+import subprocess
+import sys
 
 import pytest
 
@@ -35,6 +39,9 @@ def test_validate_writes_complete_report(validated):
             assert k in report[side]
     m = report["measured"]
     assert m["step_time_s"] > 0 and m["memory_bytes_per_rank"] > 0
+    # the step time is the median of the slowest rank's timed steps, the mean kept beside it
+    assert m["step_time_s"] == pytest.approx(statistics.median(m["step_times_s"]))
+    assert m["step_time_mean_s"] == pytest.approx(statistics.mean(m["step_times_s"]))
     assert report["relative_error"]["step_time"] == pytest.approx(
         rel_err(predicted["step_time_s"], m["step_time_s"]))
     assert report["relative_error"]["memory"] == pytest.approx(
@@ -50,3 +57,44 @@ def test_bad_input_exits_2_with_one_line(capsys, tmp_path):
     assert rc == 2
     err = capsys.readouterr().err
     assert err.startswith("paraplan: error: ") and "Traceback" not in err
+
+
+def _rank(rank, steps, breakdown=None):
+    return {"rank": rank, "step_times_s": steps, "time_breakdown_s": breakdown or {"compute": 1.0},
+            "memory_bytes": {"total": 10, "parameters": 10}}
+
+
+def test_the_slowest_rank_is_the_one_with_the_slowest_median_step():
+    from paraplan.validation.compare import summarize_measured
+    # rank 0: one disturbed step (mean 4.0, median 1.0); rank 1: steadily 2.0
+    m = summarize_measured([_rank(0, [1.0, 1.0, 10.0]), _rank(1, [2.0, 2.1, 1.9])])
+    assert m["slowest_rank"] == 1 and m["step_time_s"] == pytest.approx(2.0)
+    assert m["step_time_mean_s"] == pytest.approx(2.0)
+
+
+PIN = """
+import json, os, sys
+from paraplan.validation.procs import pin_rank_to_cores
+before = sorted(os.sched_getaffinity(0))
+got = pin_rank_to_cores(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]))
+print(json.dumps({"before": before, "got": got, "after": sorted(os.sched_getaffinity(0))}))
+"""
+
+
+def _pin(local_rank, local_world, threads, **env):
+    out = subprocess.run([sys.executable, "-c", PIN, str(local_rank), str(local_world), str(threads)],
+                         capture_output=True, text=True, check=True, env={**os.environ, **env})
+    return json.loads(out.stdout)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs Linux and two usable cores")
+def test_cpu_ranks_are_pinned_to_cores_of_their_own_when_there_are_enough():
+    r = _pin(1, 2, 1)
+    assert r["got"] == [r["before"][1]] and r["after"] == r["got"]          # rank 1 of 2: the second core
+    n = len(r["before"])
+    for args, env in (((0, n + 1, 1), {}),                     # more ranks than cores: left to the OS
+                      ((0, 1, n + 1), {}),                     # more threads than cores
+                      ((1, 2, 1), {"PARAPLAN_PIN_CORES": "0"})):   # switched off
+        r = _pin(*args, **env)
+        assert r["got"] is None and r["after"] == r["before"]

@@ -34,7 +34,8 @@ MAX_TIMEOUT_S = 7 * 24 * 3600.0
 DEFAULT_MODEL = {"layers": 4, "hidden": 256, "heads": 4, "seq_len": 256, "vocab": 1024}
 #: warm-up steps before the timed ones: a fresh process's first passes run slower (allocator, caches)
 DEFAULT_WARMUP = 3
-DEFAULT_STEPS = 5
+#: timed steps: the step time is their median (validation.compare), so a few disturbed steps do not move it
+DEFAULT_STEPS = 10
 
 
 def add_validate_parser(subparsers) -> argparse.ArgumentParser:

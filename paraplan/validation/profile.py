@@ -62,7 +62,7 @@ from paraplan.errors import ConfigError
 from paraplan.profiles.store import ProfileStore, machine_fingerprint, profile_noise
 from paraplan.validation.apply_zero import make_adamw
 from paraplan.validation.launch import LaunchOptions, run_torchrun, worker_env
-from paraplan.validation.procs import die_with_parent
+from paraplan.validation.procs import die_with_parent, pin_from_env
 from paraplan.validation.model import Block, GPTConfig, ParallelContext
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
@@ -678,6 +678,42 @@ def _lockstep_medians(cases: dict, device) -> tuple[dict, dict]:
 FSDP_STACK_BLOCKS = 2
 
 
+#: rounds of the paired contention measurement (one rank alone, then every rank), each case ~60 ms
+PAIRED_ROUNDS = 9
+PAIRED_ROUND_S = 0.06
+
+
+def paired_contention_row(device, world: int, rank: int) -> dict:
+    """The compute slowdown of ``world`` ranks sharing the machine, measured in pairs: each round
+    runs the contention block on rank 0 alone (the others wait at a barrier), then on every rank at
+    once; the slowdown is the median over rounds and ranks of (together / rank 0 alone) in that round.
+
+    Why paired: the slowdown used to be the block's time at world n over its time at world 1, two
+    figures taken minutes apart in different processes; on the 2-core development machine that ratio
+    read 1.11-1.38 over seven profiles of an idle machine, and it scales every compute prediction of
+    a multi-rank run. Rounds a few hundred milliseconds apart see the same machine state."""
+    import torch.distributed as dist
+    step = _block_case(device)
+    step()
+    alone, together = [], []
+    for _ in range(PAIRED_ROUNDS):
+        dist.barrier()
+        if rank == 0:
+            alone.append(bench_throughput(step, device, PAIRED_ROUND_S))
+        dist.barrier()
+        together.append(bench_throughput(step, device, PAIRED_ROUND_S))
+    base = torch.tensor(alone if rank == 0 else [0.0] * PAIRED_ROUNDS, dtype=torch.float64)
+    dist.broadcast(base, src=0)
+    ratios = [t / a for t, a in zip(together, base.tolist())]
+    every = [None] * world
+    dist.all_gather_object(every, ratios)
+    flat = [x for r in every for x in r]
+    return _row("contention", "block_paired", device, "float32", world,
+                shape={**CONTENTION_BLOCK, "slowdown": statistics.median(flat), "alone_s": statistics.median(base.tolist()),
+                       "rounds": PAIRED_ROUNDS},
+                time_s=statistics.median(together), spread=spread_of(flat))
+
+
 def fsdp_rows(device, world: int) -> list[dict]:
     """FSDP2's own cost per wrapped unit and micro-batch, beyond the compute and the collectives it
     runs, measured the way FSDP2 is applied (the validation harness's ZeRO-3, torchtitan): a stack of
@@ -763,6 +799,8 @@ def collective_worker(sizes: list[int], out_path: str, min_time_s: float,
     local = int(os.environ.get("LOCAL_RANK", 0))
     if cuda:
         torch.cuda.set_device(local)
+    else:
+        pin_from_env()   # as the validation ranks are
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     device = f"cuda:{local}" if cuda else "cpu"
@@ -778,6 +816,7 @@ def collective_worker(sizes: list[int], out_path: str, min_time_s: float,
                           time_s=statistics.mean(e[i] for e in every), spread=r["spread"]))
         rows += mine
         if world > 1:
+            rows.append(paired_contention_row(device, world, rank))
             try:
                 rows += fsdp_rows(device, world)
             except ImportError:       # a torch without FSDP2 (torch.distributed.fsdp.fully_shard): no figure
@@ -981,6 +1020,8 @@ def _worker_main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.device_worker:
         die_with_parent()
+        if not torch.cuda.is_available():
+            pin_from_env()   # one core, as validation rank 0 is
         rows = _device_rows_here(_options_from_json(json.loads(a.options)),
                                  report=lambda label: print(PROGRESS_TAG, label, flush=True))
         tmp = a.out + ".tmp"

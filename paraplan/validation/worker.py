@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, fields
@@ -275,14 +276,15 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
     memory.pop("optimizer_states_after_step", None)
     memory["activations_peak"] = counter.peak_bytes
     memory["total"] = sum(memory.values())
-    mean_bd = {k: sum(b[k] for b in breakdowns) / len(breakdowns) for k in breakdowns[0]}
+    # per term, the median over the timed steps, as the step time (validation.compare)
+    median_bd = {k: statistics.median(b[k] for b in breakdowns) for k in breakdowns[0]}
     result = {
         "rank": groups.rank, "tp_rank": groups.tp_rank, "dp_rank": groups.dp_rank,
         "pp_rank": groups.pp_rank, "is_last_stage": is_last,
         "plan": asdict(plan), "model": asdict(cfg), "device": device,
         "backend": dist.get_backend() if dist.is_initialized() else None,
         "world_size": dist.get_world_size() if dist.is_initialized() else 1,
-        "losses": losses, "step_times_s": times, "time_breakdown_s": mean_bd,
+        "losses": losses, "step_times_s": times, "time_breakdown_s": median_bd,
         "memory_bytes": memory,
         "cuda_max_memory_allocated": torch.cuda.max_memory_allocated() if cuda else None,
         "op_times_s": ops,
@@ -346,7 +348,7 @@ def main(argv=None) -> int:
     ap.add_argument("spec", help="JSON file with model, plan and dump_grads (or runs)")
     ap.add_argument("--out", required=True, help="directory for rank<N>.json")
     args = ap.parse_args(argv)
-    from paraplan.validation.procs import die_with_parent
+    from paraplan.validation.procs import die_with_parent, pin_from_env
     die_with_parent()   # torchrun killed -> this rank too
     rank = int(os.environ.get("RANK", 0))
     os.makedirs(args.out, exist_ok=True)
@@ -357,6 +359,8 @@ def main(argv=None) -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     if cuda:
         torch.cuda.set_device(local_rank)
+    else:
+        pin_from_env()
     dist.init_process_group("nccl" if cuda else "gloo")
     runs = spec["runs"] if "runs" in spec else [dict(spec, name=None)]
     try:
