@@ -132,11 +132,6 @@ def test_training_rows_are_stored_and_read_back(profile_db):
     assert sh["blocks"] == FSDP_STACK_BLOCKS >= 2 and sh["fsdp_s"] > sh["plain_s"] > 0 and sh["comm_s"] > 0
     assert unit["time_s"] == pytest.approx(max(0.0, sh["fsdp_s"] - sh["plain_s"] - sh["comm_s"]) / (FSDP_STACK_BLOCKS + 1))
     assert tr[2]["fsdp_unit_s"] == pytest.approx(unit["time_s"])
-    # the slowdown at world 2 is measured in pairs (rank 0 alone, then both, round by round) and read back
-    (paired,) = [r for r in ProfileStore(profile_db).measurements()
-                 if r["kind"] == "contention" and r["op"] == "block_paired"]
-    assert paired["world_size"] == 2 and paired["shape"]["alone_s"] > 0 and paired["shape"]["slowdown"] > 0
-    assert "slowdown" not in tr[1] and tr[2]["slowdown"] == pytest.approx(paired["shape"]["slowdown"])
     for w in tr.values():
         assert set(w["autograd"]) == {op for op, _ in AUTOGRAD_OPS}
         assert all(t > 0 and k >= 2 for t, k in w["autograd"].values())
@@ -187,13 +182,6 @@ def test_profiled_curves_use_training_measurements():
     assert alone.checkpoint_region_s == pytest.approx(200e-6) and alone.checkpoint_kernel_s == pytest.approx(20e-6)
     assert two.recompute_overhead_time(10) == pytest.approx(1.5 * (200e-6 + 10 * 20e-6))
     assert old.recompute_overhead_time(10) == 0.0
-
-def test_paired_slowdown_is_preferred_over_the_ratio_of_two_runs():
-    t = training_tables()
-    t["training"]["cpu"][2]["slowdown"] = 1.2       # paired rounds; the two runs' ratio says 1.5
-    assert ProfiledCurves.from_tables(t, world_size=2).compute_slowdown == pytest.approx(1.2)
-    t["training"]["cpu"][2]["slowdown"] = 0.97      # a rank faster together than alone: noise, not a speed-up
-    assert ProfiledCurves.from_tables(t, world_size=2).compute_slowdown == 1.0
 
 
 def test_checkpoint_fit_needs_two_complete_regions():

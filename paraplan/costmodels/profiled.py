@@ -165,9 +165,7 @@ def training_measurements(tables: dict, device: str, world_size: int | None = No
     if per_kernel:
         out["kernel_s"] = float(np.median(per_kernel))
     alone = (per_dev.get(1) or per_dev.get("1") or {}).get("contention_s")
-    if m.get("slowdown"):       # measured in pairs (profile.paired_contention_row)
-        out["slowdown"] = max(1.0, float(m["slowdown"]))
-    elif alone and m.get("contention_s"):   # older profiles: two runs minutes apart
+    if alone and m.get("contention_s"):
         out["slowdown"] = max(1.0, float(m["contention_s"]) / float(alone))
     if m.get("fsdp_unit_s") is not None:
         out["fsdp_unit_s"] = float(m["fsdp_unit_s"])

@@ -283,7 +283,7 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
         ``memory_bandwidth`` = {device: bytes/s}, ``launch`` = {device: seconds per tiny op}
         and ``device_memory`` = {device: bytes} (both absent in older profiles), ``h2d`` / ``d2h`` = bytes/s or None,
         ``noise`` = :class:`ProfileNoise` of the run, ``training`` = {device: {world_size: {"autograd": {op: (seconds, kernels)}, "contention_s": seconds of
-        the contention block, "slowdown": its paired slowdown at this world size (newer profiles), "adamw": [(tensors, numel, seconds)], "checkpoint": {ops: {"plain" |
+        the reference GEMM, "adamw": [(tensors, numel, seconds)], "checkpoint": {ops: {"plain" |
         "forward" | "checkpointed": seconds}}}}} (absent in older profiles),
         ``collectives`` = {op: {world_size: [(bytes, bus_bandwidth_bytes_per_s, time_s)]}} timed back to
         back, ``collectives_in_step`` the same issued after IN_STEP_COMPUTE_S of compute (absent in
@@ -332,8 +332,6 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
                 w["fsdp_adam_tensor_s"] = r["time_s"]
             elif k == "fsdp":         # FSDP2's own cost per unit and micro-batch (world > 1)
                 w["fsdp_unit_s"] = r["time_s"]
-            elif k == "contention" and r["op"] == "block_paired":   # slowdown measured in pairs
-                w["slowdown"] = float(r["shape"]["slowdown"])
             elif k == "contention":   # the block when measured (older profiles: the GEMM)
                 if r["op"] == "block" or w["contention_s"] is None:
                     w["contention_s"] = r["time_s"]

@@ -678,42 +678,6 @@ def _lockstep_medians(cases: dict, device) -> tuple[dict, dict]:
 FSDP_STACK_BLOCKS = 2
 
 
-#: rounds of the paired contention measurement (one rank alone, then every rank), each case ~60 ms
-PAIRED_ROUNDS = 9
-PAIRED_ROUND_S = 0.06
-
-
-def paired_contention_row(device, world: int, rank: int) -> dict:
-    """The compute slowdown of ``world`` ranks sharing the machine, measured in pairs: each round
-    runs the contention block on rank 0 alone (the others wait at a barrier), then on every rank at
-    once; the slowdown is the median over rounds and ranks of (together / rank 0 alone) in that round.
-
-    Why paired: the slowdown used to be the block's time at world n over its time at world 1, two
-    figures taken minutes apart in different processes; on the 2-core development machine that ratio
-    read 1.11-1.38 over seven profiles of an idle machine, and it scales every compute prediction of
-    a multi-rank run. Rounds a few hundred milliseconds apart see the same machine state."""
-    import torch.distributed as dist
-    step = _block_case(device)
-    step()
-    alone, together = [], []
-    for _ in range(PAIRED_ROUNDS):
-        dist.barrier()
-        if rank == 0:
-            alone.append(bench_throughput(step, device, PAIRED_ROUND_S))
-        dist.barrier()
-        together.append(bench_throughput(step, device, PAIRED_ROUND_S))
-    base = torch.tensor(alone if rank == 0 else [0.0] * PAIRED_ROUNDS, dtype=torch.float64)
-    dist.broadcast(base, src=0)
-    ratios = [t / a for t, a in zip(together, base.tolist())]
-    every = [None] * world
-    dist.all_gather_object(every, ratios)
-    flat = [x for r in every for x in r]
-    return _row("contention", "block_paired", device, "float32", world,
-                shape={**CONTENTION_BLOCK, "slowdown": statistics.median(flat), "alone_s": statistics.median(base.tolist()),
-                       "rounds": PAIRED_ROUNDS},
-                time_s=statistics.median(together), spread=spread_of(flat))
-
-
 def fsdp_rows(device, world: int) -> list[dict]:
     """FSDP2's own cost per wrapped unit and micro-batch, beyond the compute and the collectives it
     runs, measured the way FSDP2 is applied (the validation harness's ZeRO-3, torchtitan): a stack of
@@ -816,7 +780,6 @@ def collective_worker(sizes: list[int], out_path: str, min_time_s: float,
                           time_s=statistics.mean(e[i] for e in every), spread=r["spread"]))
         rows += mine
         if world > 1:
-            rows.append(paired_contention_row(device, world, rank))
             try:
                 rows += fsdp_rows(device, world)
             except ImportError:       # a torch without FSDP2 (torch.distributed.fsdp.fully_shard): no figure
