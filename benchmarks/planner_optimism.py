@@ -1,6 +1,10 @@
 """Guard against the planner's optimism: the MFU the planner promises for its top plan next to the best
 MFU published runs reached at that model size, scale and hardware generation.
 
+For each gap it says why, in MFU points: the estimator's own error on the published run and the
+difference of the two layouts as the estimator sees it (recomputation, pipeline bubble, exposed
+communication shares of each step).
+
 A planner exploits its model's errors: if the estimator flatters some layouts, the top plan's
 predicted MFU sits above anything measured. For each scenario (the README's examples and every
 calibration setup) this prints the top plan's predicted MFU and its 90 % interval, and the best
@@ -42,8 +46,34 @@ def published_mfus() -> pd.DataFrame:
             e = estimate(c.model, c.job, c.cluster, c.plan)
             rows.append({"source": c.source, "run": c.label, "params": c.model.num_params, "gpus": c.cluster.num_gpus,
                          "generation": GENERATION[c.cluster.accelerator.name], "fp8": is_fp8(c.plan.dtype),
-                         "measured_mfu": e.mfu * e.step_time_s / c.measured_step_time_s})
+                         "measured_mfu": e.mfu * e.step_time_s / c.measured_step_time_s,
+                         "predicted_mfu": e.mfu, "shares": step_shares(e)})
     return pd.DataFrame(rows)
+
+
+#: the step's terms as the explanation names them: (label, breakdown keys)
+TERMS = (("recompute", ("recompute",)), ("bubble", ("pp_bubble",)),
+         ("exposed comm", ("tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm")),
+         ("offload", ("offload",)), ("optimizer", ("optimizer",)))
+
+
+def step_shares(e) -> dict:
+    """Each overhead term's share of the predicted step (compute is the rest)."""
+    b = e.time_breakdown_s
+    return {label: sum(b.get(k, 0.0) for k in keys) / e.step_time_s for label, keys in TERMS}
+
+
+def explain_gap(best, ref) -> str:
+    """Why the top plan's MFU differs from the best published run's: the estimator's own error on that
+    run (predicted - measured MFU) and the difference of the two layouts as the estimator sees it
+    (predicted MFU of the top plan - predicted MFU of the published layout), with the step shares
+    that differ most (published -> top plan)."""
+    model_error = 100 * (ref.predicted_mfu - ref.measured_mfu)
+    layout = 100 * (best.mfu - ref.predicted_mfu)
+    mine = step_shares(best)
+    moved = sorted(TERMS, key=lambda t: -abs(ref.shares[t[0]] - mine[t[0]]))[:2]
+    terms = ", ".join(f"{label} {100 * ref.shares[label]:.0f}->{100 * mine[label]:.0f} %" for label, _ in moved)
+    return f"model error on that run {model_error:+.1f}; layout {layout:+.1f} ({terms} of the step)"
 
 
 def top_plan(model_name, cluster_name, gpus, seq, gbs, fixed):
@@ -78,12 +108,16 @@ def main() -> int:
                      "90%_interval": f"{100 * iv[0]:.1f}-{100 * iv[1]:.1f}" if iv else "-",
                      "best_published_%": 100 * ref.measured_mfu if ref is not None else None,
                      "published run": f"{ref.source}: {ref.run}" if ref is not None else "none at this size/scale",
-                     "gap_points": (100 * (best.mfu - ref.measured_mfu)) if (best and ref is not None) else None})
+                     "gap_points": (100 * (best.mfu - ref.measured_mfu)) if (best and ref is not None) else None,
+                     "why (points)": explain_gap(best, ref) if (best and ref is not None) else "-"})
     pd.set_option("display.width", 250)
     pd.set_option("display.max_colwidth", 70)
     df = pd.DataFrame(rows)
     print(df.round(1).to_string(index=False))
     have = df.dropna(subset=["gap_points"])
+    print("\nwhy: the gap = the estimator's error on the published run (its predicted - measured MFU) + the "
+          "layout difference as the estimator sees it (top plan's predicted MFU - the published layout's), "
+          "with the two step shares (of the predicted step) that differ most, published -> top plan")
     print(f"\n{len(have)} scenarios with a published run at that size/scale: median gap "
           f"{have.gap_points.median():+.1f} MFU points, worst {have.gap_points.max():+.1f}; "
           f"{(have.gap_points.abs() <= 5).sum()} within 5 points")
