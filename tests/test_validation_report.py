@@ -98,3 +98,16 @@ def test_cpu_ranks_are_pinned_to_cores_of_their_own_when_there_are_enough():
                       ((1, 2, 1), {"PARAPLAN_PIN_CORES": "0"})):   # switched off
         r = _pin(*args, **env)
         assert r["got"] is None and r["after"] == r["before"]
+
+
+def test_a_ranks_abort_message_above_torchruns_summary_is_kept():
+    from paraplan.validation.launch import _worker_tail
+    summary = [f'  File "/x/torch/distributed/run.py", line {i}, in main' for i in range(30)]
+    summary += ["torch.distributed.elastic.multiprocessing.errors.ChildFailedError:",
+                "  exitcode  : -6 (pid: 31309)  (SIGABRT)"]
+    lines = ["starting", "terminate called after throwing an instance of 'gloo::IoException'",
+             "  what():  [gloo/transport/tcp/pair.cc:598] Connection closed by peer", *summary]
+    tail = _worker_tail(lines)
+    assert tail[:2] == lines[1:3] and tail[-1] == summary[-1] and len(tail) == 27
+    # ranks that torchrun prefixed: one rank's own lines, as before
+    assert _worker_tail(["[rank0]: a", "[rank1]: b", "[rank0]: c"]) == ["[rank0]: a", "[rank0]: c"]

@@ -234,11 +234,19 @@ def _restore(handlers: dict) -> None:
         signal.signal(sig, h)
 
 
+#: words of a rank's own failure message (a Python exception, a C++ abort such as gloo's) in torchrun's log
+FAILURE_MARKS = ("terminate called", "what():", "Error", "Exception", "Aborted", "Fatal")
+
+
 def _worker_tail(lines: list[str], n: int = 15) -> list[str]:
-    """The workers' own last lines (torchrun prefixes them ``[rankN]:``), else the log's end."""
+    """The workers' own last lines (torchrun prefixes them ``[rankN]:``), else the log's end, preceded
+    by the earlier lines that read like a rank's own failure (torchrun's summary at the end names
+    only the rank and its signal, e.g. SIGABRT, while the abort's message sits above it)."""
     ranked = [ln for ln in lines if ln.startswith("[rank")]
     if not ranked:
-        return lines[-25:]
+        earlier = [ln for ln in lines[:-25] if any(m in ln for m in FAILURE_MARKS)
+                   and "torch/distributed/" not in ln and "ChildFailedError" not in ln]
+        return earlier[-10:] + lines[-25:]
     first = ranked[0].split("]", 1)[0]  # one rank's traceback is enough
     return [ln for ln in ranked if ln.startswith(first)][-n:]
 
