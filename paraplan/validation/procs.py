@@ -116,8 +116,9 @@ def pin_rank_to_cores(local_rank: int, local_world: int, threads: int) -> tuple[
     """Bind this CPU rank to cores of its own: local rank r gets the r-th block of ``threads`` cores
     of the cores this process may use (``sched_getaffinity``), so ranks sharing a machine neither
     migrate between cores nor land two on one core while another idles (what MPI launchers and
-    ``torchrun --numa-binding`` do on bigger machines). On the 2-core development machine the
-    default ``validate`` layouts' steps spread 0.3-7 % between repeats pinned, 1-20 % unpinned.
+    ``torchrun --numa-binding`` do on bigger machines). On the 2-core development machine it made
+    no measurable difference: two back-to-back sessions of the default ``validate`` layouts spread
+    0.3-20 % between repeats pinned and 1-18 % unpinned.
 
     Returns the cores, or None where nothing was pinned: ``PARAPLAN_PIN_CORES=0``, no
     ``sched_setaffinity`` (not Linux), or fewer allowed cores than ``local_world x threads``
