@@ -111,3 +111,27 @@ def test_a_ranks_abort_message_above_torchruns_summary_is_kept():
     assert tail[:2] == lines[1:3] and tail[-1] == summary[-1] and len(tail) == 27
     # ranks that torchrun prefixed: one rank's own lines, as before
     assert _worker_tail(["[rank0]: a", "[rank1]: b", "[rank0]: c"]) == ["[rank0]: a", "[rank0]: c"]
+
+
+def test_a_collective_launch_that_dies_is_run_once_more_then_reported(monkeypatch, capsys):
+    from paraplan.validation import profile
+    from paraplan.validation.launch import WorkerFailed
+    calls = []
+
+    def launch(opts, module, args, log_path):      # stands in for torchrun: fails as often as told
+        calls.append(opts.nproc_per_node)
+        if len(calls) <= fails:
+            raise WorkerFailed(1, ["torchrun"], "terminate called after throwing an instance of 'gloo::IoException'")
+        with open(args[args.index("--out") + 1], "w") as f:
+            json.dump([{"kind": "collective", "world_size": opts.nproc_per_node}], f)
+    monkeypatch.setattr(profile, "run_torchrun", launch)
+    opts = profile.ProfileOptions(world_sizes=(2,))
+    fails = 1
+    assert profile.collective_rows(opts) == [{"kind": "collective", "world_size": 2}] and calls == [2, 2]
+    err = capsys.readouterr().err
+    assert "benchmarks at 2 ranks failed" in err and "gloo::IoException" in err
+    calls.clear()
+    fails = 2
+    with pytest.raises(WorkerFailed):
+        profile.collective_rows(opts)
+    assert calls == [2, 2]

@@ -294,7 +294,8 @@ def verdict_line(plan, report: dict) -> str:
     m = report["measured"]["step_time_s"]
     p = (report.get("predicted") or {}).get("step_time_s")
     spread = report["measured"].get("step_times_s") or []
-    noise = (f", steps {1e3 * min(spread):.1f}-{1e3 * max(spread):.1f} ms" if len(spread) > 1 else "")
+    noise = (f" (median of {len(spread)} steps, {1e3 * min(spread):.1f}-{1e3 * max(spread):.1f} ms)"
+             if len(spread) > 1 else "")
     if p is None:
         return f"{plan_label(plan)}: step time measured {1e3 * m:.1f} ms{noise} (no prediction)"
     return (f"{plan_label(plan)}: step time measured {1e3 * m:.1f} ms{noise}, predicted "
