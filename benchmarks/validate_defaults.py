@@ -46,6 +46,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="write the rows here")
     ap.add_argument("extra", nargs="*", help="more validate flags (after --)")
     args = ap.parse_args(argv)
+    from paraplan.validation.compare import summarize_measured
     from paraplan.validation.launch import LaunchOptions, launch_worker_batch
     from paraplan.validation.predict import predict_run
     cfg, plans = plans_as_typed(args.extra)
@@ -61,9 +62,9 @@ def main(argv=None) -> int:
             res = launch_worker_batch(specs, os.path.join(d, f"rep{i}"), LaunchOptions(nproc_per_node=2,
                                                                                        timeout_s=1800))
             for n, rs in res.items():
-                slowest = max(rs, key=lambda r: statistics.median(r["step_times_s"]))
-                measured[n].append(statistics.median(slowest["step_times_s"]))
-                breakdowns[n].append(slowest["time_breakdown_s"])
+                summary = summarize_measured(rs)     # the slowest rank's median step, as validate reports it
+                measured[n].append(summary["step_time_s"])
+                breakdowns[n].append(summary["time_breakdown_s"])
                 steps[n].append({r["rank"]: r["step_times_s"] for r in rs})
     print(f"model {asdict(cfg)}; run: {plans['tp2'].warmup} warm-up + {plans['tp2'].steps} timed steps; "
           f"{args.repeats} repeats, {time.time() - t0:.0f} s")

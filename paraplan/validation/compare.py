@@ -4,8 +4,8 @@ The measured side is summarised from the per-rank worker results: step time and 
 breakdown are those of the slowest rank (the step ends when it does), each the median over the
 timed steps (the mean is kept as ``step_time_mean_s``): the profile behind the prediction stores
 medians too, and on a shared machine a burst of another process's load spoils a step, not the
-figure (2-core development machine: one layout's steps inside one run read 123-205 ms), memory is the largest
-per-rank total with its categories. The predicted side is a plain dict (from the analytical
+figure (2-core development machine: one layout's steps inside one run read 123-205 ms). Memory is
+the largest per-rank total with its categories. The predicted side is a plain dict (from the analytical
 estimator, wired in by the caller) with ``step_time_s``, ``memory_bytes_per_rank`` and
 ``time_breakdown_s`` (optionally ``memory_breakdown_bytes``, compared per category too); without
 one the report says so and has no errors rather than made-up
