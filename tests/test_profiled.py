@@ -528,3 +528,59 @@ def test_fsdp_optimizer_overhead_is_charged_per_tensor_under_zero3(profile_db):
         extra = more.time_breakdown_s["optimizer"] - base.time_breakdown_s["optimizer"]
         want = float(param_tensors(model, plan)) * 1e-3 if charged else 0.0
         assert extra == pytest.approx(want) and (extra > 0) == charged
+
+
+def test_stage_overlap_counts_the_fill_and_drain():
+    """Slot model: two stages share m - 1 of their m slots; one micro-batch never overlaps; four
+    stages average the pairs at distances 1, 2, 3 (6, 4, 2 ordered pairs of 12)."""
+    from types import SimpleNamespace
+
+    from paraplan.costmodels.pipeline import effective_compute_slowdown, stage_overlap
+    plan = lambda p, v=1, tp=1, dp=1: SimpleNamespace(pp=p, vpp=v, tp=tp, cp=1, dp=dp)
+    assert stage_overlap(plan(2), 2) == pytest.approx(0.5)
+    assert stage_overlap(plan(2), 1) == pytest.approx(0.0)
+    assert stage_overlap(plan(1), 3) == pytest.approx(1.0)
+    assert stage_overlap(plan(4), 8) == pytest.approx((6 * 7 / 8 + 4 * 6 / 8 + 2 * 5 / 8) / 12)
+    assert stage_overlap(plan(4, v=2), 4) == pytest.approx(stage_overlap(plan(4), 8))   # m·v slots
+    # the slowdown of every rank busy applies in full without pipelining, in part with it
+    assert effective_compute_slowdown(1.2, plan(1, tp=2), 4) == pytest.approx(1.2)
+    assert effective_compute_slowdown(1.2, plan(2), 2) == pytest.approx(1.1)
+    assert effective_compute_slowdown(1.2, plan(2), 1) == pytest.approx(1.0)
+    # tp 2 x pp 2 on 4 ranks, 2 micro-batches: the stage peer always, 2 of the other stage half the time
+    assert effective_compute_slowdown(1.3, plan(2, tp=2), 2) == pytest.approx(1 + 0.3 * (1 + 2 * 0.5) / 3)
+    vec = effective_compute_slowdown(1.2, SimpleNamespace(pp=np.array([1, 2]), vpp=np.array([1, 1]),
+                                                          tp=np.array([2, 1]), cp=1, dp=np.array([1, 1])), np.array([1, 2]))
+    assert vec == pytest.approx([1.2, 1.1])
+
+
+def test_pipeline_stages_on_shared_cores_pay_the_slowdown_only_while_overlapping(monkeypatch):
+    """On a profiled CPU with a compute slowdown (every rank busy / alone: 1.5 here), pp 2 with 2
+    micro-batches computes as if the slowdown were 1.25 (half its time alongside the other stage);
+    dp 2 pays all of it."""
+    from dataclasses import replace
+
+    import paraplan.costmodels.estimate as E
+    from paraplan.profiles.cluster import cluster_from_tables
+    from paraplan.validation.model import GPTConfig
+    from paraplan.validation.predict import estimator_model, estimator_plan
+    from paraplan.validation.worker import RunPlan
+    from paraplan.workloads.transformer import TrainingJob
+    cfg = GPTConfig(layers=4)
+    cluster = cluster_from_tables(training_tables(), 2)
+    c = curves_for(cluster)
+    assert c.compute_slowdown == pytest.approx(1.5)
+    model, job = estimator_model(cfg), TrainingJob(cfg.seq_len, 2)
+    pp2, dp2 = RunPlan(pp=2, micro_batch=1, global_batch=2), RunPlan(dp=2, micro_batch=1, global_batch=2)
+
+    def terms(run, curves):
+        e = E.estimate(model, job, cluster, estimator_plan(cfg, run, cpu=True), curves=curves)
+        return e.time_breakdown_s
+    got = {"pp2": terms(pp2, c), "dp2": terms(dp2, c)}
+    with monkeypatch.context() as mp:      # the slowdown taken as given, whatever the layout
+        mp.setattr(E, "with_stage_concurrency", lambda curves, plan, m: curves)
+        want = {"pp2": terms(pp2, replace(c, compute_slowdown=1.25)), "dp2": terms(dp2, c)}
+        full = terms(pp2, c)
+    for name in got:
+        for k in ("compute", "pp_bubble", "optimizer"):
+            assert got[name][k] == pytest.approx(want[name][k], rel=1e-12), (name, k)
+    assert got["pp2"]["compute"] < full["compute"] and got["pp2"]["pp_bubble"] < full["pp_bubble"]

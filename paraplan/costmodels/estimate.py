@@ -11,7 +11,7 @@ the largest middle and the last pipeline stage (memory.py). Every term and the a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Union
 
 import numpy as np
@@ -22,7 +22,8 @@ from paraplan.costmodels.dataparallel import compressed_phase_factor, dp_exposed
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.intervals import describe_interval
 from paraplan.costmodels.offload import activation_offload_time, optimizer_and_offload, param_tensors, stage_param_tensors
-from paraplan.costmodels.pipeline import bubble_factor, bubble_fraction, p2p_messages_on_critical_path
+from paraplan.costmodels.pipeline import (bubble_factor, bubble_fraction, effective_compute_slowdown,
+                                         p2p_messages_on_critical_path)
 from paraplan.plan import (Plan, Recompute, StageLayers, check_plan, compute_dtype, is_fp8, stage_layer_counts,
                            stage_layers)
 
@@ -170,6 +171,7 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
     """All time and memory terms for a plan or for a batch of plans (numpy arrays in the fields)."""
     p = np.asarray(plan.pp, dtype=float)
     m = M.micro_batches(job, plan)
+    curves = with_stage_concurrency(curves, plan, m)
     lt = C.layer_times(model, job, plan, curves, cluster)
     ht = C.head_times(model, job, plan, curves, cluster)
     sl = stage_layers(model.layers, plan)
@@ -281,6 +283,17 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
                      bubble_fraction=bubble_fraction(plan, m), warmup_share=warm,
                      step_warmup=step - dp_avg + dp_warm, step_compressed=step - dp_avg + dp_comp,
                      dp_comm_warmup=dp_warm, dp_comm_compressed=dp_comp)
+
+
+def with_stage_concurrency(curves, plan, m):
+    """``curves`` with their measured compute slowdown of ranks sharing one machine (a profiled CPU:
+    ``compute_slowdown`` > 1) scaled to the share of time the other ranks compute alongside
+    (:func:`paraplan.costmodels.pipeline.effective_compute_slowdown`: pipeline stages compute alone
+    in the fill and drain); unchanged without a slowdown or without pipelining."""
+    slowdown = getattr(curves, "compute_slowdown", 1.0)
+    if not slowdown > 1.0 or not np.any(np.asarray(plan.pp) > 1):
+        return curves
+    return replace(curves, compute_slowdown=effective_compute_slowdown(slowdown, plan, m))
 
 
 def grad_accumulation_time(model, plan, curves, m, params, n_dp):

@@ -34,3 +34,42 @@ def p2p_messages_on_critical_path(plan, m):
     p = np.asarray(plan.pp, dtype=float)
     v = np.asarray(plan.vpp, dtype=float)
     return np.where(p > 1, 2 * (m * v + p - 1), 0.0)
+
+
+def stage_overlap(plan, m):
+    """Share of a pipeline stage's busy time during which another given stage computes too,
+    averaged over the ordered pairs of stages (1 without pipelining).
+
+    Slot model of a flush schedule: stage s computes in the m·v slots [s, s + m·v) (v model chunks
+    per rank, 1 for GPipe and 1F1B), so stages i and j share max(0, m·v − |i − j|) slots; the
+    p(p − 1) ordered pairs at distance d number 2(p − d):
+
+        overlap = Σ_{d=1}^{p−1} 2(p − d) · max(0, m·v − d) / (m·v) / (p(p − 1))
+
+    e.g. p = 2: (m − 1)/m. It is what matters where ranks share compute (a CPU's cores under
+    :func:`effective_compute_slowdown`): in the fill and drain a stage computes alone."""
+    p = np.asarray(plan.pp, dtype=float)
+    mv = np.asarray(m, dtype=float) * np.asarray(plan.vpp, dtype=float)
+    total = np.zeros(np.broadcast(p, mv).shape)
+    for d in range(1, int(np.max(p))):
+        total = total + np.where(p > d, 2 * (p - d) * np.maximum(0.0, mv - d) / mv, 0.0)
+    return np.where(p > 1, total / np.maximum(p * (p - 1), 1.0), 1.0)
+
+
+def effective_compute_slowdown(slowdown, plan, m):
+    """The compute slowdown of ranks that share one machine's cores, scaled by how many of the other
+    ranks compute at the same moment. ``slowdown`` is measured with every rank busy (the profile's
+    contention block: n ranks busy / one alone); a rank's peers in its own stage (tp, cp, dp) are
+    busy with it, those of the p − 1 other stages for :func:`stage_overlap` of its time:
+
+        busy_peers = (g − 1) + g (p − 1) · overlap,   g = ranks per stage
+        slowdown_eff = 1 + (slowdown − 1) · busy_peers / (g p − 1)
+
+    Without pipelining it is ``slowdown`` unchanged. Measured on the 2-core VM (pp 2, 2
+    micro-batches): compute 90.8 ms per rank against 101.0 ms for dp 2 doing the same work."""
+    p = np.asarray(plan.pp, dtype=float)
+    g = np.asarray(plan.tp, dtype=float) * np.asarray(plan.cp, dtype=float) * np.asarray(plan.dp, dtype=float)
+    n = g * p
+    busy = (g - 1) + g * (p - 1) * stage_overlap(plan, m)
+    share = np.where(n > 1, busy / np.maximum(n - 1, 1.0), 1.0)
+    return 1.0 + (np.asarray(slowdown, dtype=float) - 1.0) * share
