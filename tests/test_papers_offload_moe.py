@@ -232,3 +232,20 @@ def test_delayed_update_is_opt_in_for_the_planner():
                      top=1).best
     assert not default.plan.delayed_update
     assert allowed.plan.delayed_update and allowed.step_time_s < default.step_time_s
+
+
+def test_zero3_pays_each_collectives_latency_once_per_wrapped_unit():
+    """ZeRO-3 gathers and reduces per wrapped unit (FSDP's per-block ``fully_shard``): u units move
+    the same bytes as one message but pay 2 all-gathers' and 1 reduce-scatter's latency u times,
+    (n - 1)·α each on one ring."""
+    cluster = load_cluster("dgx-a100-80g", 8)
+    plan = Plan(dp=8, zero=3, overlap_grad_reduce=False)
+    args = (plan, cluster, 2, 0.0, 0.0)
+    _, one = dp_exposed_time(1e9, *args)
+    _, per_layer = dp_exposed_time(1e9, *args, units=33)
+    intra, _ = cluster.links("dp")
+    alpha_ag, _ = intra.alpha_beta("all_gather")
+    alpha_rs, _ = intra.alpha_beta("reduce_scatter")
+    extra = 2 * 32 * 7 * (2 * alpha_ag + alpha_rs)          # m = 2 micro-batches, 32 more units, n - 1 = 7
+    assert float(per_layer) - float(one) == pytest.approx(extra, rel=1e-9)
+    assert extra > 0

@@ -6,7 +6,10 @@ over N_d = dp·cp ranks (the replicas of a parameter):
   stage 1    reduce-scatter of gradients + all-gather of updated parameters once per step (2Ψ)
   stage 2    reduce-scatter of gradients every micro-batch (gradients are not kept whole), one
              all-gather of parameters per step
-  stage 3    every micro-batch: all-gather forward, all-gather backward, reduce-scatter (3Ψ)
+  stage 3    every micro-batch: all-gather forward, all-gather backward, reduce-scatter (3Ψ),
+             issued per wrapped unit (each layer of the stage and the root: FSDP's per-block
+             ``fully_shard``, torchtitan, llm-foundry), so a step pays (layers + 1) times the
+             latency of each collective: T = units · (2·AG(Ψ/units) + RS(Ψ/units))
 Gradients move in the engine's gradient dtype: Megatron-LM reduces its fp32 main_grad buffer
 (4 bytes per parameter; 2 with --grad-reduce-in-bf16), the others their 16-bit gradients.
 Overlap (bucketed, as Megatron's --overlap-grad-reduce, DeepSpeed overlap_comm and FSDP do;
@@ -79,8 +82,11 @@ def compressed_phase_factor(plan):
 
 
 def dp_exposed_time(params, plan, cluster, m, t_micro_fwd, t_micro_bwd, *, experts: bool = False,
-                    volume_factor=1.0):
-    """Exposed seconds of data-parallel / ZeRO communication per step (and the total traffic time)."""
+                    volume_factor=1.0, units=1):
+    """Exposed seconds of data-parallel / ZeRO communication per step (and the total traffic time).
+
+    ``units``: how many pieces ZeRO-3 gathers and reduces the stage's parameters in (its wrapped
+    units, layers + 1); every piece pays its collective's latency."""
     n, k = dp_group(plan, cluster, experts)
     intra, inter = cluster.links("ep" if experts else "dp")
     size = element_bytes(plan) * params * volume_factor
@@ -96,7 +102,9 @@ def dp_exposed_time(params, plan, cluster, m, t_micro_fwd, t_micro_bwd, *, exper
     stage0 = hidden_under(ar, bwd)
     stage1 = hidden_under(rs, bwd) + hidden_under(ag, fwd)
     stage2 = m * hidden_under(rs, bwd) + hidden_under(ag, fwd)
-    per_micro3 = 2 * ag + rs
+    units = np.maximum(np.asarray(units, dtype=float), 1.0)
+    per_micro3 = units * (2 * collective_time(ALL_GATHER, size * fp8_all_gather_factor(plan) / units, n, k, intra, inter)
+                          + collective_time(REDUCE_SCATTER, grad_size / units, n, k, intra, inter))
     stage3 = m * hidden_under(per_micro3, np.where(overlap, t_micro_fwd + t_micro_bwd, 0.0))
     exposed = np.where(z == 0, stage0, np.where(z == 1, stage1, np.where(z == 2, stage2, stage3)))
     total = np.where(z == 0, ar, np.where(z == 1, rs + ag, np.where(z == 2, m * rs + ag, m * per_micro3)))

@@ -200,12 +200,14 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
     n_edp = n_dp / np.asarray(plan.ep, dtype=float)
     warm, factor = compressed_phase_factor(plan)
     dp_args = (plan, cluster, m, t_micro_fwd, t_micro_bwd)
-    dp_warm, dp_total = dp_exposed_time(params, *dp_args)
+    units = layers + 1                          # ZeRO-3's wrapped units: each layer and the root
+    dp_warm, dp_total = dp_exposed_time(params, *dp_args, units=units)
     compressed = bool(np.any(factor != 1))      # else the compressed phase is the warm-up phase
-    dp_comp = dp_exposed_time(params, *dp_args, volume_factor=factor)[0] if compressed else dp_warm
+    dp_comp = dp_exposed_time(params, *dp_args, volume_factor=factor, units=units)[0] if compressed else dp_warm
     if model.moe is not None:
-        e_warm, e_total = dp_exposed_time(experts, *dp_args, experts=True)
-        e_comp = dp_exposed_time(experts, *dp_args, experts=True, volume_factor=factor)[0] if compressed else e_warm
+        e_warm, e_total = dp_exposed_time(experts, *dp_args, experts=True, units=units)
+        e_comp = dp_exposed_time(experts, *dp_args, experts=True, volume_factor=factor,
+                                 units=units)[0] if compressed else e_warm
         dp_warm, dp_comp, dp_total = dp_warm + e_warm, dp_comp + e_comp, dp_total + e_total
     # FSDP2's own cost per wrapped unit (each layer of the stage and the root) and micro-batch, where the
     # device's profile measured it (a CPU under gloo: hooks, DTensor bookkeeping, buffer copies)
