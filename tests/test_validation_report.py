@@ -135,3 +135,14 @@ def test_a_collective_launch_that_dies_is_run_once_more_then_reported(monkeypatc
     with pytest.raises(WorkerFailed):
         profile.collective_rows(opts)
     assert calls == [2, 2]
+
+
+def test_harness_other_time_counts_one_pass_per_copy_of_the_gradients():
+    """Flattening reads and writes the gradients once; the 1/dp scaling once more with dp > 1;
+    FSDP2 (ZeRO-3) does neither in the harness."""
+    from paraplan.validation.predict import harness_other_time
+    from paraplan.validation.worker import RunPlan
+    g, bw = 16e6, 32e9
+    assert harness_other_time(RunPlan(tp=2), g, bw) == pytest.approx(2 * g / bw)
+    assert harness_other_time(RunPlan(dp=2, zero=1), g, bw) == pytest.approx(4 * g / bw)
+    assert harness_other_time(RunPlan(dp=2, zero=3), g, bw) == 0.0

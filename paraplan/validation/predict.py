@@ -20,7 +20,12 @@ Mapping (what the harness runs -> what the estimator is told):
 * Terms, estimator -> harness names: compute + recompute + grad_accumulation -> ``compute`` (the
   harness times recomputation and the accumulation inside compute), tp_comm + cp_comm -> ``tp_comm``, pp_comm + pp_bubble ->
   ``pp_comm`` (the harness's pipeline receives include the bubble), dp_comm, optimizer +
-  offload -> ``optimizer``; the harness's ``other`` has no prediction.
+  offload -> ``optimizer``.
+* ``other``, the harness's own work outside the estimator's terms (:func:`harness_other_time`):
+  its gradient sync below ZeRO-3 first flattens every local gradient into one buffer
+  (``torch.cat``, as DDP fills its buckets; Megatron-LM's contiguous gradient buffer, which the
+  estimator describes, needs no such copy) and, with dp > 1, scales that buffer by 1/dp in place;
+  each pass reads and writes the rank's gradient bytes, at the profile's measured copy bandwidth.
 * Memory per rank: parameters + gradients + optimizer states + activations (the estimator's
   runtime buffers are left out; the harness does not count them).
 
@@ -47,7 +52,8 @@ MEMORY_MAP = {"parameters": "parameters", "gradients": "gradients",
 NOTES = ("estimate on this machine's measured profile (paraplan profile, ProfiledCurves + fitted "
          "collective link)",
          "terms mapped: compute = compute + recompute + grad_accumulation, tp_comm = tp_comm + cp_comm, pp_comm = pp_comm + "
-         "pp_bubble, optimizer = optimizer + offload; 'other' is not predicted",
+         "pp_bubble, optimizer = optimizer + offload; other = the harness's gradient flattening and 1/dp "
+         "scaling (ZeRO 0-2: read + write of the rank's gradients per pass, measured copy bandwidth)",
          "memory per rank = parameters + gradients + optimizer states + activations (no runtime buffers)",
          "vocabulary split over tp on both sides (Megatron); the cross-entropy's two small all-reduces "
          "are not predicted",
@@ -88,13 +94,26 @@ def ensure_profile(db: str | None, world_size: int, allow_profiling: bool = True
     run_profile(replace(ProfileOptions.quick(), world_sizes=worlds), db=db)
 
 
-def to_predicted(e) -> dict:
-    """The report's ``predicted`` dict from an Estimate (harness term names, see the docstring)."""
+def harness_other_time(run, gradient_bytes: float, copy_bytes_per_s: float) -> float:
+    """Seconds per step of the harness's gradient flattening and scaling (the module docstring):
+    ``passes · 2 · G / B``, G the rank's gradient bytes before the sync, B the measured copy
+    bandwidth (bytes read + written per second), one pass for the flattening and one more for the
+    1/dp scaling when dp > 1; 0 under ZeRO-3 (FSDP2 reduce-scatters each unit's gradients itself)."""
+    if run.zero == 3 or not copy_bytes_per_s > 0:
+        return 0.0
+    passes = 1 + (run.dp > 1)
+    return passes * 2.0 * float(gradient_bytes) / float(copy_bytes_per_s)
+
+
+def to_predicted(e, other_s: float = 0.0) -> dict:
+    """The report's ``predicted`` dict from an Estimate (harness term names, see the docstring),
+    with ``other_s`` of harness work (:func:`harness_other_time`) added to the step."""
     tb = e.time_breakdown_s
     mem = e.memory_bytes_per_gpu
     breakdown = {k: sum(tb[x] for x in xs) for k, xs in TERM_MAP.items()}
+    breakdown["other"] = float(other_s)
     memory = {k: mem[v] for k, v in MEMORY_MAP.items()}
-    return {"step_time_s": e.step_time_s, "memory_bytes_per_rank": sum(memory.values()),
+    return {"step_time_s": e.step_time_s + float(other_s), "memory_bytes_per_rank": sum(memory.values()),
             "time_breakdown_s": breakdown, "memory_breakdown_bytes": memory,
             "source": "estimate --cluster local", "notes": list(NOTES)}
 
@@ -107,4 +126,7 @@ def predict_run(cfg, run, db: str | None = None, allow_profiling: bool = True):
     cpu = measured is not None and measured.device == "cpu"
     e = estimate(estimator_model(cfg), TrainingJob(cfg.seq_len, run.global_batch), cluster,
                  estimator_plan(cfg, run, cpu))
-    return to_predicted(e), e
+    # the rank's full local gradients before the sync (ZeRO-1/2 shard only after it): its parameters
+    other = harness_other_time(run, e.memory_bytes_per_gpu["parameters"],
+                               cluster.accelerator.memory_bandwidth_bytes_per_s)
+    return to_predicted(e, other), e
