@@ -136,7 +136,7 @@ def test_training_rows_are_stored_and_read_back(profile_db):
         assert set(w["autograd"]) == {op for op, _ in AUTOGRAD_OPS}
         assert all(t > 0 and k >= 2 for t, k in w["autograd"].values())
         assert w["contention_s"] > 0
-        assert sorted((n, e) for n, e, _ in w["adamw"]) == [(16, 65536), (64, 64)]
+        assert sorted((n, e) for n, e, _ in w["adamw"]) == [(1, 1 << 21), (16, 65536), (64, 64)]
         assert set(w["checkpoint"]) == set(CHECKPOINT_REGION_OPS)
         for v in w["checkpoint"].values():
             # recomputing a region costs more than running its forward once more
@@ -174,6 +174,8 @@ def test_profiled_curves_use_training_measurements():
     # AdamW solved exactly from the two measured steps
     assert alone.adam_time_per_tensor_s == pytest.approx(30e-6) and alone.adam_time_per_param_s == pytest.approx(2e-9)
     assert alone.adam_step_time(1e6, 70) == pytest.approx(70 * 30e-6 + 1e6 * 2e-9)
+    assert alone.adam_time_per_param_flat_s is None    # no flat-tensor step measured: one rate
+
     # a world size not measured takes the nearest measured one; older profiles keep the launch figure
     assert ProfiledCurves.from_tables(t, world_size=4).world_size == 2
     old = ProfiledCurves.from_tables(synthetic_tables())
@@ -182,6 +184,23 @@ def test_profiled_curves_use_training_measurements():
     assert alone.checkpoint_region_s == pytest.approx(200e-6) and alone.checkpoint_kernel_s == pytest.approx(20e-6)
     assert two.recompute_overhead_time(10) == pytest.approx(1.5 * (200e-6 + 10 * 20e-6))
     assert old.recompute_overhead_time(10) == 0.0
+
+
+def test_adamw_per_element_cost_moves_to_the_flat_tensor_measurement():
+    """A profile that also stepped one flat 2^21-element tensor at 5 ns per element (beyond the
+    caches) keeps a and b from the two small cases, charges 5 ns per element from 2^21 elements
+    per tensor up, 2 ns up to 2^16 and log-linearly in between."""
+    t = training_tables()
+    t["training"]["cpu"][1]["adamw"].append((1, 1 << 21, 30e-6 + (1 << 21) * 5e-9))
+    c = ProfiledCurves.from_tables(t, world_size=1)
+    assert c.adam_time_per_tensor_s == pytest.approx(30e-6) and c.adam_time_per_param_s == pytest.approx(2e-9)
+    assert c.adam_time_per_param_flat_s == pytest.approx(5e-9)
+    mid = 2 ** 18.5                                        # halfway between 2^16 and 2^21 in log
+    assert c.adam_per_param_time(np.array([1e3, 2 ** 16, mid, 2 ** 21, 2 ** 24])) == pytest.approx(
+        [2e-9, 2e-9, 3.5e-9, 5e-9, 5e-9])
+    # a ZeRO-1 shard (one flat tensor) of 4 M elements vs the same elements in 64 tensors
+    assert c.adam_step_time(4e6, 1) == pytest.approx(30e-6 + 4e6 * 5e-9)
+    assert c.adam_step_time(4e6, 64) == pytest.approx(64 * 30e-6 + 4e6 * 2e-9)
 
 
 def test_checkpoint_fit_needs_two_complete_regions():
@@ -347,7 +366,11 @@ def test_validate_predicts_with_local_profile(profile_db, tmp_path, capsys):
     assert report["prediction_available"] is True
     p = report["predicted"]
     assert p["step_time_s"] > 0 and p["memory_bytes_per_rank"] > 0
-    assert set(p["time_breakdown_s"]) == {"compute", "tp_comm", "pp_comm", "dp_comm", "optimizer"}
+    assert set(p["time_breakdown_s"]) == {"compute", "tp_comm", "pp_comm", "dp_comm", "optimizer", "other"}
+    # the harness's gradient flattening (ZeRO 0: one pass over the rank's gradients) is predicted
+    # as "other" and counted in the step
+    assert p["time_breakdown_s"]["other"] > 0
+    assert p["step_time_s"] == pytest.approx(sum(p["time_breakdown_s"].values()))
     err = report["relative_error"]
     assert err["step_time"] is not None and err["memory"] is not None
     assert err["terms"]["time.tp_comm"] is not None and err["terms"]["memory.parameters"] is not None

@@ -31,9 +31,13 @@ not import torch). Same methods and attributes as
   AdamW step and ``compute_slowdown`` = the reference (a transformer block forward + backward)
   time with n ranks busy / alone (≥ 1),
   which scales every GEMM, attention and memory-bound time (n ranks sharing the cores).
-* AdamW step: ``adam_step_time(params, tensors) = tensors · a + params · b`` solved from the two
-  measured steps (64 tensors of 64 elements, 16 of 2^16), when measured; otherwise the
-  estimator's memory-bound formula with curves.yaml's bytes per parameter.
+* AdamW step: ``adam_step_time(params, tensors) = tensors · a + params · b(e)`` with a and b solved
+  from the two measured steps of small tensors (64 tensors of 64 elements, 16 of 2^16), when
+  measured; otherwise the estimator's memory-bound formula with curves.yaml's bytes per parameter.
+  Profiles that also stepped one flat tensor of 2^21 elements (a ZeRO-1/2 shard's shape, whose
+  parameter, gradient and states outgrow the caches) give the per-element cost there too, and
+  b(e) runs log-linearly in the elements per tensor e = params / tensors from b at 2^16 to that
+  figure at 2^21 (flat outside).
 * recomputation overhead (profiles with ``checkpoint`` rows): what non-reentrant
   ``torch.utils.checkpoint`` adds to a recomputed region beyond re-running its forward (saved-tensor
   hooks, region bookkeeping, the replay), ``region + kernels · per_kernel`` from two measured
@@ -176,11 +180,20 @@ def training_measurements(tables: dict, device: str, world_size: int | None = No
         out["checkpoint_region_s"], out["checkpoint_kernel_s"] = ck
     adam = sorted(m.get("adamw", []), key=lambda r: r[1])   # by elements per tensor
     if len(adam) >= 2:
-        (n1, e1, t1), (n2, e2, t2) = adam[0], adam[-1]
+        small = [r for r in adam if r[0] > 1] or adam      # the many-tensor cases fix a and b
+        flat = [r for r in adam if r[0] == 1 and r[1] > small[-1][1]]
+        (n1, e1, t1), (n2, e2, t2) = small[0], small[-1]
+        if len(small) < 2 or e1 == e2:
+            (n1, e1, t1), (n2, e2, t2) = adam[0], adam[-1]
+            flat = []
         a = np.array([[n1, n1 * e1], [n2, n2 * e2]], dtype=float)
         per_tensor, per_param = np.linalg.solve(a, [t1, t2])
         out["adam_tensor_s"] = float(max(per_tensor, 0.0))
         out["adam_param_s"] = float(max(per_param, 0.0))
+        if flat:
+            n3, e3, t3 = flat[-1]
+            out["adam_flat_numel"], out["adam_small_numel"] = int(e3), int(e2)
+            out["adam_flat_param_s"] = float(max(t3 - n3 * out["adam_tensor_s"], 0.0)) / (n3 * e3)
     return out
 
 
@@ -214,6 +227,10 @@ class ProfiledCurves:
     compute_slowdown: float = 1.0
     adam_time_per_tensor_s: float | None = None
     adam_time_per_param_s: float | None = None
+    #: AdamW's cost per element in one flat tensor of ``adam_flat_numel`` elements (None: not measured)
+    adam_time_per_param_flat_s: float | None = None
+    adam_flat_numel: int = 0
+    adam_small_numel: int = 0
     world_size: int | None = None
     elementwise_bandwidth_bytes_per_s: float | None = None
     checkpoint_region_s: float = 0.0
@@ -262,7 +279,9 @@ class ProfiledCurves:
                              f"backward under autograd, {train['world']} rank(s) busy",
                              "launch_overhead_s": t0_source,
                              "compute_slowdown": f"measured: transformer block fwd+bwd with {train['world']} rank(s) busy / alone",
-                             "adam": "measured: AdamW (foreach=False) steps of 64 x 64 and 16 x 2^16 elements"}
+                             "adam": "measured: AdamW (foreach=False) steps of 64 x 64 and 16 x 2^16 elements"
+                                     + (" and 1 x 2^21 (per element in large tensors)"
+                                        if train.get("adam_flat_param_s") is not None else "")}
             if "checkpoint_kernel_s" in train:
                 sources_train["recompute_overhead"] = (
                     "measured: regions of 4 and 16 tiny ops under non-reentrant torch.utils.checkpoint "
@@ -271,6 +290,8 @@ class ProfiledCurves:
             name=name, device=dev, kernel_overhead_s=t0, gemm=gemm,
             launch_overhead_s=launch, compute_slowdown=train.get("slowdown", 1.0),
             adam_time_per_tensor_s=train.get("adam_tensor_s"), adam_time_per_param_s=train.get("adam_param_s"),
+            adam_time_per_param_flat_s=train.get("adam_flat_param_s"),
+            adam_flat_numel=train.get("adam_flat_numel", 0), adam_small_numel=train.get("adam_small_numel", 0),
             world_size=train.get("world"), elementwise_bandwidth_bytes_per_s=ew,
             checkpoint_region_s=train.get("checkpoint_region_s", 0.0),
             fsdp_unit_overhead_s=train.get("fsdp_unit_s", 0.0),
@@ -354,8 +375,19 @@ class ProfiledCurves:
         None when the profile has no optimizer measurement (the estimator's formula applies)."""
         if self.adam_time_per_tensor_s is None:
             return None
-        return (np.asarray(tensors, dtype=float) * self.adam_time_per_tensor_s
-                + np.asarray(params, dtype=float) * self.adam_time_per_param_s)
+        tensors = np.asarray(tensors, dtype=float)
+        params = np.asarray(params, dtype=float)
+        return tensors * self.adam_time_per_tensor_s + params * self.adam_per_param_time(params / np.maximum(tensors, 1.0))
+
+    def adam_per_param_time(self, elements_per_tensor):
+        """AdamW's seconds per element at ``elements_per_tensor``: the small-tensor fit, moving
+        log-linearly to the flat-tensor figure between their sizes when that was measured."""
+        b = self.adam_time_per_param_s
+        if self.adam_time_per_param_flat_s is None or not self.adam_flat_numel > self.adam_small_numel > 0:
+            return np.full(np.shape(elements_per_tensor), b, dtype=float)
+        lo, hi = np.log(self.adam_small_numel), np.log(self.adam_flat_numel)
+        w = np.clip((np.log(np.maximum(elements_per_tensor, 1.0)) - lo) / (hi - lo), 0.0, 1.0)
+        return b + w * (self.adam_time_per_param_flat_s - b)
 
     def recompute_overhead_time(self, kernels):
         """Seconds activation checkpointing adds to one recomputed region of ``kernels`` forward
@@ -375,6 +407,8 @@ class ProfiledCurves:
                 else self.adam_time_per_tensor_s * 1e6,
                 "adam_ns_per_param": None if self.adam_time_per_param_s is None
                 else self.adam_time_per_param_s * 1e9,
+                "adam_ns_per_param_flat": None if self.adam_time_per_param_flat_s is None
+                else self.adam_time_per_param_flat_s * 1e9,
                 "checkpoint_us_per_region": self.checkpoint_region_s * 1e6,
                 "fsdp_us_per_unit": self.fsdp_unit_overhead_s * 1e6,
                 "fsdp_adam_us_per_tensor": self.fsdp_adam_tensor_overhead_s * 1e6,

@@ -341,6 +341,12 @@ def elementwise_rows(opts: ProfileOptions, device="cpu") -> list[dict]:
 AUTOGRAD_OPS = (("linear", 4), ("layer_norm", 2), ("gelu", 2), ("softmax", 2), ("bmm", 3))
 ADAM_SMALL = (64, 64)          # tensors, elements each
 ADAM_LARGE = (16, 1 << 16)     # a layer's weight matrices are of this order (256 KiB each)
+#: one flat 8 MiB tensor, as a ZeRO-1/2 shard is: its parameter, gradient and two states (32 MiB)
+#: no longer stay in the caches across AdamW's passes (2-core development machine, ranks alone:
+#: 2.1-2.3 ns per element up to 2^21 elements in one tensor, 4.8 at 2^22; in the validation run's
+#: ZeRO-1, both ranks stepping 1.9 M-element shards at once: 5.7-8.4 ms where 2^16-element tensors
+#: predicted 4.0-4.9)
+ADAM_FLAT = (1, 1 << 21)
 #: estimator kernels in the regions timed with and without activation checkpointing: the unfused
 #: attention core (selective recomputation) and a whole layer (full); two sizes separate the
 #: per-region cost from the per-kernel one (compute.layer_times charges the same counts)
@@ -456,7 +462,7 @@ def training_rows(opts: ProfileOptions, device="cpu", world_size: int = 1, round
     cases.append(("contention", "gemm", {"m": 128, "n": 128, "k": 128}, 2.0 * 128 ** 3, None,
                   lambda: a @ b, None))
     cases.append(("contention", "block", dict(CONTENTION_BLOCK), None, None, _block_case(device), None))
-    for tensors, numel in (ADAM_SMALL, ADAM_LARGE):
+    for tensors, numel in (ADAM_SMALL, ADAM_LARGE, ADAM_FLAT):
         cases.append(("optimizer", "adamw", {"tensors": tensors, "numel": numel}, None,
                       4 * tensors * numel, *_adamw_case(tensors, numel, device)))
     for ops in CHECKPOINT_REGION_OPS:
