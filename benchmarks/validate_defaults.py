@@ -55,6 +55,7 @@ def main(argv=None) -> int:
     measured = {n: [] for n in plans}
     breakdowns = {n: [] for n in plans}
     steps = {n: [] for n in plans}          # every rank's timed steps, per repeat
+    rank_breakdowns = {n: [] for n in plans}  # every rank's breakdown, per repeat
     with tempfile.TemporaryDirectory(prefix="paraplan-defaults-") as d:
         for i in range(args.repeats):
             specs = [{"name": n, "model": asdict(cfg), "plan": asdict(p), "dump_grads": False}
@@ -66,6 +67,7 @@ def main(argv=None) -> int:
                 measured[n].append(summary["step_time_s"])
                 breakdowns[n].append(summary["time_breakdown_s"])
                 steps[n].append({r["rank"]: r["step_times_s"] for r in rs})
+                rank_breakdowns[n].append({r["rank"]: r["time_breakdown_s"] for r in rs})
     print(f"model {asdict(cfg)}; run: {plans['tp2'].warmup} warm-up + {plans['tp2'].steps} timed steps; "
           f"{args.repeats} repeats, {time.time() - t0:.0f} s")
     print(f"{'plan':<11} {'predicted ms':>12} {'measured ms':>12} {'spread':>7} {'error':>7}   "
@@ -79,7 +81,8 @@ def main(argv=None) -> int:
         mb = {k: statistics.median(b[k] for b in breakdowns[n]) for k in breakdowns[n][0]}
         rows.append({"plan": n, "predicted_s": p, "measured_s": m, "measured_repeats_s": measured[n],
                      "spread": spread, "error": p / m - 1, "predicted_breakdown_s": bd,
-                     "measured_breakdown_s": mb, "step_times_s": steps[n]})
+                     "measured_breakdown_s": mb, "step_times_s": steps[n],
+                     "rank_breakdowns_s": rank_breakdowns[n]})
         keys = ("compute", "tp_comm", "pp_comm", "dp_comm", "optimizer")
         terms = ("/".join(f"{1e3 * bd[k]:.1f}" for k in keys) + " | "
                  + "/".join(f"{1e3 * mb.get(k, 0):.1f}" for k in keys))
