@@ -146,3 +146,12 @@ def test_harness_other_time_counts_one_pass_per_copy_of_the_gradients():
     assert harness_other_time(RunPlan(tp=2), g, bw) == pytest.approx(2 * g / bw)
     assert harness_other_time(RunPlan(dp=2, zero=1), g, bw) == pytest.approx(4 * g / bw)
     assert harness_other_time(RunPlan(dp=2, zero=3), g, bw) == 0.0
+
+
+def test_an_fp32_estimate_states_fp32_assumptions():
+    """validate's plans train in fp32: the estimate's first assumption says so, not 16-bit."""
+    from paraplan.costmodels.estimate import assumptions_for
+    from paraplan.plan import Plan
+    fp32, bf16 = assumptions_for(Plan(dtype="fp32")), assumptions_for(Plan())
+    assert fp32[0].startswith("fp32 weights") and bf16[0].startswith("16-bit weights")
+    assert fp32[1:] == bf16[1:]

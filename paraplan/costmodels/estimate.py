@@ -74,6 +74,18 @@ ASSUMPTIONS = (
 )
 
 
+#: the first assumption for plans that train in fp32 (the CPU validation harness)
+FP32_STATES = ("fp32 weights, gradients and activations; Adam keeps fp32 momentum and variance, no master copy "
+               "(16 bytes/param before ZeRO: 4 + 4 + 8)")
+
+
+def assumptions_for(plan) -> tuple[str, ...]:
+    """The assumptions printed with one plan's estimate: the defaults, the fp32 states in place of
+    the 16-bit ones for fp32 training, and the fp8 recipe's under fp8."""
+    base = ((FP32_STATES,) + ASSUMPTIONS[1:]) if plan.dtype == "fp32" else ASSUMPTIONS
+    return base + (FP8_ASSUMPTIONS if is_fp8(plan.dtype) else ())
+
+
 @dataclass(frozen=True)
 class Estimate:
     """Predicted step time, throughput and memory of one plan, with breakdowns and assumptions."""
@@ -353,7 +365,7 @@ def estimate(model, job, cluster, plan: Plan, *, curves=None, max_memory_fractio
                      "dp_comm_warmup_s": _f(terms.dp_comm_warmup),
                      "dp_comm_compressed_s": _f(terms.dp_comm_compressed)} if plan.optimizer != "adam" else {})},
         efficiency_curves=curves.describe(),
-        assumptions=ASSUMPTIONS + (FP8_ASSUMPTIONS if is_fp8(plan.dtype) else ()),
+        assumptions=assumptions_for(plan),
         prediction_interval=describe_interval(cluster.accelerator.name, tokens_per_s, step,
                                               _f(terms.flops_model) / step / n / peak))
 
