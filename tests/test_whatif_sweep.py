@@ -44,12 +44,20 @@ def test_sweep_values(text, base, expected):
     ("warp=1,2", "--sweep", "unknown variable"),
     ("gpus", "--sweep", "VAR=VALUES"),
     ("hbm=xbig", "--sweep hbm", "not a number"),
+    ("hbm=1e-320", "--sweep hbm", "at least 1e-06 GiB"),       # a denormal overflowed the planner
+    ("inter_node_bandwidth=1e-9..50", "--sweep inter_node_bandwidth", "at least"),
 ])
 def test_bad_sweep_values_name_the_field(text, field, words):
     with pytest.raises(ConfigError) as err:
         parse_sweep(text)
     assert err.value.field == field
     assert words in str(err.value)
+
+
+def test_multiplier_that_leaves_too_little_hbm_names_the_field():
+    with pytest.raises(ConfigError) as err:
+        sweep_values(parse_sweep("hbm=x1e-300"), 80.0)
+    assert err.value.field == "--sweep hbm" and "at least" in str(err.value)
 
 
 def test_multiplier_that_is_not_whole_names_the_field():

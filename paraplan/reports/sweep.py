@@ -42,6 +42,9 @@ LABELS = {"gpus": "GPUs", "seq_len": "sequence length", "global_batch": "global 
 OFFLOAD_VALUES = ("none", "cpu", "nvme", "auto")
 GIB = 2**30
 MAX_VALUE = 1e12          # a swept number past this is a typo (bandwidths in GB/s, HBM in GiB, counts)
+#: the smallest swept bandwidth (GB/s) or HBM (GiB): a kB/s link or a KiB of memory; below it, down
+#: to denormals such as 1e-320, memory / capacity overflows in the planner (fuzz seed 25 found it)
+MIN_FLOAT_VALUE = 1e-6
 MAX_COUNT = 2**31 - 1     # GPUs, tokens, sequences: numpy and the planner count in C longs
 
 
@@ -136,6 +139,9 @@ def sweep_values(sweep: Sweep, base) -> list:
 
 
 def _as_type(var: str, v: float, field_name: str, item: str):
+    if var in FLOAT_VARS and v < MIN_FLOAT_VALUE:
+        raise ConfigError(field_name, f"{shown(item)} gives {v:g} {UNITS[var]}",
+                          accepted=f"at least {MIN_FLOAT_VALUE:g} {UNITS[var]}")
     if var in INTEGER_VARS:
         if abs(v - round(v)) > 1e-9:
             raise ConfigError(field_name, f"{shown(item)} gives {v:g}, not a whole number")
