@@ -3,6 +3,7 @@
 
 One small real profile (module fixture, temp SQLite DB) serves every test that needs one.
 """
+import dataclasses
 import json
 
 import numpy as np
@@ -136,6 +137,9 @@ def test_training_rows_are_stored_and_read_back(profile_db):
         assert set(w["autograd"]) == {op for op, _ in AUTOGRAD_OPS}
         assert all(t > 0 and k >= 2 for t, k in w["autograd"].values())
         assert w["contention_s"] > 0
+        # the block (a whole layer) travels with its shape: the estimator rebuilds it
+        from paraplan.validation.profile import CONTENTION_BLOCK
+        assert w["block"] == {"shape": CONTENTION_BLOCK, "time_s": w["contention_s"]}
         assert sorted((n, e) for n, e, _ in w["adamw"]) == [(1, 1 << 21), (16, 65536), (64, 64)]
         assert set(w["checkpoint"]) == set(CHECKPOINT_REGION_OPS)
         for v in w["checkpoint"].values():
@@ -201,6 +205,49 @@ def test_adamw_per_element_cost_moves_to_the_flat_tensor_measurement():
     # a ZeRO-1 shard (one flat tensor) of 4 M elements vs the same elements in 64 tensors
     assert c.adam_step_time(4e6, 1) == pytest.approx(30e-6 + 4e6 * 5e-9)
     assert c.adam_step_time(4e6, 64) == pytest.approx(64 * 30e-6 + 4e6 * 2e-9)
+
+
+def _block_tables(time_s=None, factor=None):
+    """training_tables() with a reference block at world 2, timed ``time_s`` or, with ``factor``, what
+    the estimator's layer gives when the kernels' work is ``factor`` times the measured."""
+    from paraplan.costmodels import compute as C
+    from paraplan.costmodels.estimate import reference_block_model
+    shape = {"hidden": 64, "heads": 2, "seq": 32, "batch": 1}
+    t = training_tables()
+    if factor is not None:
+        curves = ProfiledCurves.from_tables(t, world_size=2)
+        model, job, plan = reference_block_model(shape)
+        cluster = load_cluster("dgx-a100-80g", 8)
+
+        def layer(slowdown):
+            lt = C.layer_times(model, job, plan, dataclasses.replace(curves, compute_slowdown=slowdown), cluster)
+            return float(lt["forward"] + lt["backward"])
+        a, b = layer(0.0), layer(1.0) - layer(0.0)
+        time_s = a + curves.compute_slowdown * factor * b
+    t["training"]["cpu"][2]["block"] = {"shape": shape, "time_s": time_s}
+    return t
+
+
+def test_reference_block_sets_the_composition_factor():
+    """The factor on the kernels' work that makes the estimator's layer equal the measured block:
+    solved exactly inside its bounds, clamped outside, 1 without a block; it scales what the
+    contention slowdown scales and nothing else (the per-kernel costs stay)."""
+    from paraplan.costmodels.estimate import COMPOSITION_FACTOR_BOUNDS, with_reference_block
+    cluster = load_cluster("dgx-a100-80g", 8)
+    solved = with_reference_block(ProfiledCurves.from_tables(_block_tables(factor=1.1), world_size=2), cluster)
+    assert solved.composition_factor == pytest.approx(1.1)
+    plain = ProfiledCurves.from_tables(training_tables(), world_size=2)
+    assert with_reference_block(plain, cluster).composition_factor == 1.0
+    slow = with_reference_block(ProfiledCurves.from_tables(_block_tables(time_s=10.0), world_size=2), cluster)
+    fast = with_reference_block(ProfiledCurves.from_tables(_block_tables(time_s=1e-9), world_size=2), cluster)
+    assert (fast.composition_factor, slow.composition_factor) == COMPOSITION_FACTOR_BOUNDS
+    # solved once: a second pass keeps it
+    assert with_reference_block(solved, cluster) is solved
+    base = dataclasses.replace(solved, composition_factor=1.0)
+    assert solved.gemm_time(64, 64, 64, "fp32") - solved.kernel_overhead_s == pytest.approx(
+        1.1 * (base.gemm_time(64, 64, 64, "fp32") - base.kernel_overhead_s))
+    assert solved.memory_time(1e6, kernels=3) - 3 * solved.kernel_overhead_s == pytest.approx(
+        1.1 * (base.memory_time(1e6, kernels=3) - 3 * base.kernel_overhead_s))
 
 
 def test_checkpoint_fit_needs_two_complete_regions():

@@ -31,6 +31,10 @@ not import torch). Same methods and attributes as
   AdamW step and ``compute_slowdown`` = the reference (a transformer block forward + backward)
   time with n ranks busy / alone (≥ 1),
   which scales every GEMM, attention and memory-bound time (n ranks sharing the cores).
+* the reference block itself (``reference_block``: its shape and time at that world size): the
+  estimator solves ``composition_factor``, the factor on every kernel's measured work with which
+  its composed layer equals the measured one (:func:`paraplan.costmodels.estimate.with_reference_block`;
+  CPU profiles only, bounded), and charges it with the slowdown (:attr:`ProfiledCurves.work_factor`).
 * AdamW step: ``adam_step_time(params, tensors) = tensors · a + params · b(e)`` with a and b solved
   from the two measured steps of small tensors (64 tensors of 64 elements, 16 of 2^16), when
   measured; otherwise the estimator's memory-bound formula with curves.yaml's bytes per parameter.
@@ -171,6 +175,8 @@ def training_measurements(tables: dict, device: str, world_size: int | None = No
     alone = (per_dev.get(1) or per_dev.get("1") or {}).get("contention_s")
     if alone and m.get("contention_s"):
         out["slowdown"] = max(1.0, float(m["contention_s"]) / float(alone))
+    if m.get("block"):
+        out["block"] = m["block"]
     if m.get("fsdp_unit_s") is not None:
         out["fsdp_unit_s"] = float(m["fsdp_unit_s"])
     if m.get("fsdp_adam_tensor_s") is not None:
@@ -225,6 +231,12 @@ class ProfiledCurves:
     fingerprint: str | None = None
     launch_overhead_s: float | None = None
     compute_slowdown: float = 1.0
+    #: the measured transformer block at this world size, ``{"shape": {hidden, heads, seq, batch},
+    #: "time_s"}`` (None: not measured), and the factor on the kernels' measured work that makes the
+    #: estimator reproduce it (:func:`paraplan.costmodels.estimate.with_reference_block`; None: not
+    #: solved yet, counts as 1)
+    reference_block: Mapping | None = None
+    composition_factor: float | None = None
     adam_time_per_tensor_s: float | None = None
     adam_time_per_param_s: float | None = None
     #: AdamW's cost per element in one flat tensor of ``adam_flat_numel`` elements (None: not measured)
@@ -289,6 +301,7 @@ class ProfiledCurves:
         return cls(
             name=name, device=dev, kernel_overhead_s=t0, gemm=gemm,
             launch_overhead_s=launch, compute_slowdown=train.get("slowdown", 1.0),
+            reference_block=train.get("block"),
             adam_time_per_tensor_s=train.get("adam_tensor_s"), adam_time_per_param_s=train.get("adam_param_s"),
             adam_time_per_param_flat_s=train.get("adam_flat_param_s"),
             adam_flat_numel=train.get("adam_flat_numel", 0), adam_small_numel=train.get("adam_small_numel", 0),
@@ -342,7 +355,7 @@ class ProfiledCurves:
         m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
         flops = 2.0 * m * n * k
         curve = self.gemm[self.resolve_dtype(dtype)]
-        return count * (self.kernel_overhead_s + self.compute_slowdown * curve(flops))
+        return count * (self.kernel_overhead_s + self.work_factor * curve(flops))
 
     @property
     def memory_bound_bytes_per_s(self) -> float:
@@ -356,19 +369,25 @@ class ProfiledCurves:
         """Seconds for memory-bound kernels moving ``nbytes`` (the estimator's accounting) in
         ``kernels`` launches, at :attr:`memory_bound_bytes_per_s`."""
         return kernels * self.kernel_overhead_s + \
-            self.compute_slowdown * np.asarray(nbytes, dtype=float) / self.memory_bound_bytes_per_s
+            self.work_factor * np.asarray(nbytes, dtype=float) / self.memory_bound_bytes_per_s
 
     def streaming_time(self, nbytes, kernels=1):
         """Seconds for plain streaming kernels (an in-place add, a copy) moving ``nbytes``: the
         measured copy bandwidth and the 1-element op's launch cost per kernel (no autograd: what
         ``AccumulateGrad`` runs). Unlike :meth:`memory_time` they do no erf/exp work, which on a
         CPU core makes GELU, softmax and the norms several times slower per byte."""
-        return kernels * self.launch_s + self.compute_slowdown * np.asarray(nbytes, dtype=float) / self.memory_bandwidth_bytes_per_s
+        return kernels * self.launch_s + self.work_factor * np.asarray(nbytes, dtype=float) / self.memory_bandwidth_bytes_per_s
 
     def flash_attention_time(self, flops, dtype: str = "bf16", kernels=1):
         """Seconds for fused attention executing ``flops`` (measured SDPA rate)."""
         curve = self.sdpa if self.sdpa is not None else self.gemm[self.resolve_dtype(dtype)]
-        return kernels * self.kernel_overhead_s + self.compute_slowdown * curve(flops)
+        return kernels * self.kernel_overhead_s + self.work_factor * curve(flops)
+
+    @property
+    def work_factor(self) -> float:
+        """What multiplies every measured kernel's work (beyond its per-kernel cost): the contention
+        slowdown of ranks sharing the device times the reference block's composition factor."""
+        return self.compute_slowdown * (self.composition_factor or 1.0)
 
     def adam_step_time(self, params, tensors):
         """Seconds of an AdamW step over ``params`` elements in ``tensors`` tensors (measured);
@@ -403,6 +422,7 @@ class ProfiledCurves:
                 "kernel_overhead_us": self.kernel_overhead_s * 1e6,
                 "launch_overhead_us": None if self.launch_overhead_s is None else self.launch_overhead_s * 1e6,
                 "compute_slowdown": self.compute_slowdown, "training_world_size": self.world_size,
+                "composition_factor": self.composition_factor,
                 "adam_us_per_tensor": None if self.adam_time_per_tensor_s is None
                 else self.adam_time_per_tensor_s * 1e6,
                 "adam_ns_per_param": None if self.adam_time_per_param_s is None

@@ -335,6 +335,8 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
             elif k == "contention":   # the block when measured (older profiles: the GEMM)
                 if r["op"] == "block" or w["contention_s"] is None:
                     w["contention_s"] = r["time_s"]
+                if r["op"] == "block":        # a whole transformer layer: its shape travels with it
+                    w["block"] = {"shape": dict(r["shape"] or {}), "time_s": r["time_s"]}
             else:
                 w["adamw"].append((r["shape"]["tensors"], r["shape"]["numel"], r["time_s"]))
         elif k == "collective":
