@@ -157,6 +157,10 @@ def test_training_rows_are_stored_and_read_back(profile_db):
     assert c.world_size == 2 and c.kernel_overhead_s == pytest.approx(np.median(per_kernel))
     assert c.launch_overhead_s == pytest.approx(measured_tables(profile_db)["launch"]["cpu"])
     assert c.compute_slowdown >= 1.0 and c.adam_step_time(1e6, 10) > 0
+    # curves_for(cluster) hands every caller (estimate, search, stage balancer) the solved factor
+    from paraplan.costmodels.efficiency import COMPOSITION_FACTOR_BOUNDS
+    lo, hi = COMPOSITION_FACTOR_BOUNDS
+    assert c.reference_block is not None and lo <= c.composition_factor <= hi
     assert "autograd" in c.sources["kernel_overhead_s"]
 
 
@@ -211,7 +215,7 @@ def _block_tables(time_s=None, factor=None):
     """training_tables() with a reference block at world 2, timed ``time_s`` or, with ``factor``, what
     the estimator's layer gives when the kernels' work is ``factor`` times the measured."""
     from paraplan.costmodels import compute as C
-    from paraplan.costmodels.estimate import reference_block_model
+    from paraplan.costmodels.efficiency import reference_block_model
     shape = {"hidden": 64, "heads": 2, "seq": 32, "batch": 1}
     t = training_tables()
     if factor is not None:
@@ -232,7 +236,7 @@ def test_reference_block_sets_the_composition_factor():
     """The factor on the kernels' work that makes the estimator's layer equal the measured block:
     solved exactly inside its bounds, clamped outside, 1 without a block; it scales what the
     contention slowdown scales and nothing else (the per-kernel costs stay)."""
-    from paraplan.costmodels.estimate import COMPOSITION_FACTOR_BOUNDS, with_reference_block
+    from paraplan.costmodels.efficiency import COMPOSITION_FACTOR_BOUNDS, with_reference_block
     cluster = load_cluster("dgx-a100-80g", 8)
     solved = with_reference_block(ProfiledCurves.from_tables(_block_tables(factor=1.1), world_size=2), cluster)
     assert solved.composition_factor == pytest.approx(1.1)

@@ -92,9 +92,10 @@ def dp_exposed_time(params, plan, cluster, m, t_micro_fwd, t_micro_bwd, *, exper
     size = element_bytes(plan) * params * volume_factor
     # gradients travel in the engine's gradient dtype: Megatron-LM reduces its main_grad buffer
     grad_size = np.where(engine_of(plan) == Engine.MEGATRON, megatron_grad_bytes(plan) * params * volume_factor, size)
+    gather_size = size * fp8_all_gather_factor(plan)
     ar = collective_time(ALL_REDUCE, grad_size, n, k, intra, inter)
     rs = collective_time(REDUCE_SCATTER, grad_size, n, k, intra, inter)
-    ag = collective_time(ALL_GATHER, size * fp8_all_gather_factor(plan), n, k, intra, inter)
+    ag = collective_time(ALL_GATHER, gather_size, n, k, intra, inter)
     z = np.asarray(plan.zero)
     overlap = np.asarray(plan.overlap_grad_reduce, dtype=bool)
     bwd = np.where(overlap, t_micro_bwd, 0.0)
@@ -103,7 +104,7 @@ def dp_exposed_time(params, plan, cluster, m, t_micro_fwd, t_micro_bwd, *, exper
     stage1 = hidden_under(rs, bwd) + hidden_under(ag, fwd)
     stage2 = m * hidden_under(rs, bwd) + hidden_under(ag, fwd)
     units = np.maximum(np.asarray(units, dtype=float), 1.0)
-    per_micro3 = units * (2 * collective_time(ALL_GATHER, size * fp8_all_gather_factor(plan) / units, n, k, intra, inter)
+    per_micro3 = units * (2 * collective_time(ALL_GATHER, gather_size / units, n, k, intra, inter)
                           + collective_time(REDUCE_SCATTER, grad_size / units, n, k, intra, inter))
     stage3 = m * hidden_under(per_micro3, np.where(overlap, t_micro_fwd + t_micro_bwd, 0.0))
     exposed = np.where(z == 0, stage0, np.where(z == 1, stage1, np.where(z == 2, stage2, stage3)))

@@ -19,7 +19,7 @@ import numpy as np
 from paraplan.costmodels import compute as C
 from paraplan.costmodels import memory as M
 from paraplan.costmodels.dataparallel import compressed_phase_factor, dp_exposed_time
-from paraplan.costmodels.efficiency import curves_for
+from paraplan.costmodels.efficiency import curves_for, with_reference_block
 from paraplan.costmodels.intervals import describe_interval
 from paraplan.costmodels.offload import activation_offload_time, optimizer_and_offload, param_tensors, stage_param_tensors
 from paraplan.costmodels.pipeline import (bubble_factor, bubble_fraction, effective_compute_slowdown,
@@ -297,59 +297,6 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
                      bubble_fraction=bubble_fraction(plan, m), warmup_share=warm,
                      step_warmup=step - dp_avg + dp_warm, step_compressed=step - dp_avg + dp_comp,
                      dp_comm_warmup=dp_warm, dp_comm_compressed=dp_comp)
-
-
-#: the composition factor is kept within these bounds: beyond them the block or a kernel was
-#: measured while something else ran, and the kernels' own figures are the better guess
-COMPOSITION_FACTOR_BOUNDS = (0.8, 1.25)
-
-
-def reference_block_model(shape: Mapping):
-    """(model, job, plan) the estimator reads the profile's reference block as: one layer of the
-    validation harness's GPT (LayerNorm, GELU MLP of 4 x hidden, biases, unfused attention, fp32),
-    ``batch`` sequences of ``seq`` tokens, forward + backward on one rank."""
-    from paraplan.workloads.transformer import TrainingJob, TransformerModel
-    h, seq = int(shape["hidden"]), int(shape["seq"])
-    model = TransformerModel(name="reference-block", layers=1, hidden=h, heads=int(shape["heads"]), vocab=256,
-                             ffn_hidden=4 * h, activation="gelu", tied_embeddings=False, norm="layernorm",
-                             bias=True, learned_positions=True, max_positions=seq)
-    batch = int(shape.get("batch", 1))
-    return model, TrainingJob(seq, batch), Plan(micro_batch=batch, dtype="fp32", flash_attention=False)
-
-
-def with_reference_block(curves, cluster):
-    """``curves`` with ``composition_factor`` solved, where a profile of a CPU measured its reference
-    block (a whole transformer layer, forward + backward, at the curves' world size, all ranks busy):
-    the factor f on every kernel's measured work (what ``compute_slowdown`` scales, beyond the
-    per-kernel costs) with which the estimator's layer equals the measured one,
-
-        block = A + slowdown · f · B,   f = (block − A) / (slowdown · B),
-
-    A the layer's per-kernel costs and B its work at slowdown 1, both from
-    :func:`paraplan.costmodels.compute.layer_times`; bounded by COMPOSITION_FACTOR_BOUNDS. What it
-    absorbs is what composing separately timed kernels misses in a real layer: the caches a layer's
-    working set evicts between kernels, allocations, the moments each was timed at (2-core
-    development machine, three profiles: the block measured 2-17 % above the composition, and
-    validate's forward + backward 2-10 % above the prediction). Left at 1 on a GPU, where a layer of
-    this size is launch-bound and says nothing about the kernels' work, and without the block."""
-    block = getattr(curves, "reference_block", None)
-    if getattr(curves, "composition_factor", 1.0) is not None:
-        return curves
-    if not block or not str(getattr(curves, "device", "")).startswith("cpu"):
-        return replace(curves, composition_factor=1.0)
-    model, job, plan = reference_block_model(block["shape"])
-
-    def layer(slowdown):
-        lt = C.layer_times(model, job, plan, replace(curves, compute_slowdown=slowdown, composition_factor=1.0),
-                           cluster)
-        return float(lt["forward"] + lt["backward"])
-    per_kernel = layer(0.0)
-    work = layer(1.0) - per_kernel
-    if not work > 0:
-        return replace(curves, composition_factor=1.0)
-    f = (float(block["time_s"]) - per_kernel) / (curves.compute_slowdown * work)
-    lo, hi = COMPOSITION_FACTOR_BOUNDS
-    return replace(curves, composition_factor=float(min(max(f, lo), hi)))
 
 
 def with_stage_concurrency(curves, plan, m):

@@ -33,7 +33,7 @@ not import torch). Same methods and attributes as
   which scales every GEMM, attention and memory-bound time (n ranks sharing the cores).
 * the reference block itself (``reference_block``: its shape and time at that world size): the
   estimator solves ``composition_factor``, the factor on every kernel's measured work with which
-  its composed layer equals the measured one (:func:`paraplan.costmodels.estimate.with_reference_block`;
+  its composed layer equals the measured one (:func:`paraplan.costmodels.efficiency.with_reference_block`;
   CPU profiles only, bounded), and charges it with the slowdown (:attr:`ProfiledCurves.work_factor`).
 * AdamW step: ``adam_step_time(params, tensors) = tensors · a + params · b(e)`` with a and b solved
   from the two measured steps of small tensors (64 tensors of 64 elements, 16 of 2^16), when
@@ -233,7 +233,7 @@ class ProfiledCurves:
     compute_slowdown: float = 1.0
     #: the measured transformer block at this world size, ``{"shape": {hidden, heads, seq, batch},
     #: "time_s"}`` (None: not measured), and the factor on the kernels' measured work that makes the
-    #: estimator reproduce it (:func:`paraplan.costmodels.estimate.with_reference_block`; None: not
+    #: estimator reproduce it (:func:`paraplan.costmodels.efficiency.with_reference_block`; None: not
     #: solved yet, counts as 1)
     reference_block: Mapping | None = None
     composition_factor: float | None = None
