@@ -658,3 +658,26 @@ def test_pipeline_stages_on_shared_cores_pay_the_slowdown_only_while_overlapping
         for k in ("compute", "pp_bubble", "optimizer"):
             assert got[name][k] == pytest.approx(want[name][k], rel=1e-12), (name, k)
     assert got["pp2"]["compute"] < full["compute"] and got["pp2"]["pp_bubble"] < full["pp_bubble"]
+
+
+def test_one_process_profile_without_collectives_makes_a_one_device_cluster():
+    """A single-GPU machine cannot launch NCCL collectives (one rank per GPU), so its profile has
+    none: `validate --nproc-per-node 1` must still run on it (seen on a lent H100, where it
+    refused), while a cluster of more devices still needs the measured link."""
+    from paraplan.errors import ConfigError
+    from paraplan.profiles.cluster import cluster_from_tables
+    tables = training_tables()
+    tables["collectives"] = {}
+    cluster = cluster_from_tables(tables)
+    assert cluster.num_gpus == 1 and "no collectives measured" in cluster.system.intra_node.name
+    with pytest.raises(ConfigError, match="no collective measurements"):
+        cluster_from_tables(tables, 2)
+    # with collectives the one-device cluster keeps the fitted link
+    assert "measured collectives" in cluster_from_tables(training_tables(), 1).system.intra_node.name
+
+
+def test_profile_leaves_out_world_sizes_a_cuda_machine_cannot_place():
+    from paraplan.validation.profile import placeable_world_sizes
+    assert placeable_world_sizes((2, 4), gpus=1) == ()
+    assert placeable_world_sizes((2, 4), gpus=2) == (2,)
+    assert placeable_world_sizes((2, 4), gpus=8) == (2, 4)

@@ -176,8 +176,15 @@ def cluster_from_tables(tables: dict, gpus: int | None = None, label: str = "loc
                              "memory_bandwidth_bytes_per_s": "measured device copy (read + write)"}),
         measured=profile)
     in_step = tables.get("collectives_in_step") or {}
-    link = fitted_link(in_step or tables.get("collectives") or {}, world_size=n,
-                       name=f"measured collectives{' in step' if in_step else ''} ({label})")
+    measured_collectives = in_step or tables.get("collectives") or {}
+    if n == 1 and not collective_rows(measured_collectives):
+        # one process on one device (a single-GPU machine profiled without collectives): nothing is
+        # communicated, so the link is never priced; it is named as unmeasured
+        link = Link(name=f"no collectives measured ({label}): one process", bandwidth_bytes_per_s=1e9,
+                    efficiency=1.0, latency_s=0.0)
+    else:
+        link = fitted_link(measured_collectives, world_size=n,
+                           name=f"measured collectives{' in step' if in_step else ''} ({label})")
     acc = _with(acc, scale_up_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s)
     host_bw = (tables.get("memory_bandwidth") or {}).get("cpu") or curves.memory_bandwidth_bytes_per_s
     cores = os.cpu_count() or 1

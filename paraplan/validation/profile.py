@@ -53,7 +53,7 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -970,6 +970,14 @@ def device_benchmark_rows(opts: ProfileOptions, on_group=None) -> list[dict]:
             return json.load(f)
 
 
+def placeable_world_sizes(world_sizes, gpus: int | None = None) -> tuple:
+    """The collective world sizes this machine can launch: on CUDA one rank per GPU (NCCL refuses two
+    ranks on one device), so sizes above the GPU count are left out; on CPU (gloo) every size."""
+    if gpus is None:
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else None
+    return tuple(w for w in world_sizes if gpus is None or w <= gpus)
+
+
 def run_profile(opts: ProfileOptions, db: str | None = None,
                 collectives: bool = True) -> tuple[int, list[dict]]:
     """Run every benchmark on the local devices and store one run; returns (run_id, rows).
@@ -977,6 +985,12 @@ def run_profile(opts: ProfileOptions, db: str | None = None,
     A progress bar (:mod:`paraplan.progress`) counts the benchmark groups and the collective
     launches; a summary line gives the count, the time and the noise (:func:`profile_noise`)."""
     started = time.time()
+    placeable = placeable_world_sizes(opts.world_sizes)
+    skipped = sorted(set(opts.world_sizes) - set(placeable))
+    if collectives and skipped:
+        print(f"paraplan: note: collectives at {', '.join(map(str, skipped))} ranks skipped: NCCL puts one rank "
+              f"on each GPU and this machine has {torch.cuda.device_count()}", file=sys.stderr)
+    opts = replace(opts, world_sizes=placeable)
     worlds = opts.world_sizes if collectives else ()
     total = len(DEVICE_GROUPS) * len(_local_devices()) + len(worlds)
     with progress.bar(desc=f"profile ({opts.mode})", total=total, unit="group") as b:
