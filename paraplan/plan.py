@@ -121,6 +121,17 @@ class CpMode(Mode):
     ULYSSES = "ulysses"
 
 
+class AttentionKernel(Mode):
+    """The fused attention kernel: ``auto`` leaves it to the engine and prices attention at the
+    generation's one calibrated efficiency (published runs rarely say which kernel ran); the others
+    name a kernel whose efficiency was measured by sequence length (where the generation has a
+    measured table: cuDNN fused attention, FlashAttention-2, PyTorch's memory-efficient kernel)."""
+    AUTO = "auto"
+    CUDNN = "cudnn"
+    FLASH2 = "flash2"
+    EFFICIENT = "efficient"
+
+
 class Optimizer(Mode):
     """Adam, or a communication-compressing variant (DeepSpeed) that needs ZeRO-0."""
     ADAM = "adam"
@@ -146,7 +157,8 @@ class Engine(Mode):
 
 
 MODES: dict[str, type[Mode]] = {"schedule": Schedule, "recompute": Recompute, "offload": Offload, "dtype": Dtype,
-                                "cp_mode": CpMode, "optimizer": Optimizer, "engine": Engine}
+                                "cp_mode": CpMode, "optimizer": Optimizer, "engine": Engine,
+                                "attention_kernel": AttentionKernel}
 MODE_FIELD_NAMES = {cls: name for name, cls in MODES.items()}
 SCHEDULES = Schedule.labels()
 RECOMPUTE = Recompute.labels()
@@ -155,6 +167,7 @@ DTYPES = Dtype.labels()
 CP_MODES = CpMode.labels()
 OPTIMIZERS = Optimizer.labels()
 ENGINES = Engine.labels()
+ATTENTION_KERNELS = AttentionKernel.labels()
 ZERO_STAGES = (0, 1, 2, 3)
 POSITIVE_INT_FIELDS = ("tp", "pp", "cp", "vpp", "micro_batch", "ep", "etp")
 # layer counts a plan pins (non-negative integers): the first / last pipeline stage's layers, 0 =
@@ -269,6 +282,9 @@ class Plan:
     # backward (Megatron-LM --cpu-offloading --cpu-offloading-num-layers, Transformer Engine's
     # cpu_offload context; Megatron-Bridge cpu_offloading_num_layers); 0: none
     offload_activation_layers: int = 0
+    # the fused attention kernel (AttentionKernel): auto, or cudnn / flash2 / efficient priced by the
+    # measured efficiency by sequence length of the generation's table (attention_kernels.yaml)
+    attention_kernel: str = "auto"
 
     def __post_init__(self):
         for key in (*POSITIVE_INT_FIELDS, "dp", *MODES, "zero", *STAGE_LAYER_FIELDS, *BOOL_FIELDS):
@@ -298,6 +314,10 @@ class Plan:
     @property
     def optimizer_code(self) -> Optimizer:
         return Optimizer.parse(self.optimizer)
+
+    @property
+    def attention_kernel_code(self) -> AttentionKernel:
+        return AttentionKernel.parse(self.attention_kernel)
 
     @property
     def engine_code(self) -> Engine:
@@ -382,6 +402,7 @@ class PlanBatch:
     first_stage_layers: np.ndarray = None
     last_stage_layers: np.ndarray = None
     offload_activation_layers: np.ndarray = None
+    attention_kernel_code: np.ndarray = None
     dtype: str = "bf16"
 
     def __post_init__(self):
@@ -389,7 +410,7 @@ class PlanBatch:
         for name, default in (("ep", 1), ("etp", 1), ("cp_mode_code", CpMode.RING), ("optimizer_code", Optimizer.ADAM),
                               ("delayed_update", False), ("grad_accumulation_fusion", True), ("fused_elementwise", True), ("tp_comm_overlap", False), ("grad_reduce_bf16", False),
                               ("engine_code", Engine.GENERIC), ("first_stage_layers", 0), ("last_stage_layers", 0),
-                              ("offload_activation_layers", 0)):
+                              ("offload_activation_layers", 0), ("attention_kernel_code", AttentionKernel.AUTO)):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, np.full(n, int(default) if isinstance(default, Mode) else default))
 
@@ -427,7 +448,8 @@ class PlanBatch:
                     engine=Engine(int(self.engine_code[i])).label,
                     first_stage_layers=int(self.first_stage_layers[i]),
                     last_stage_layers=int(self.last_stage_layers[i]),
-                    offload_activation_layers=int(self.offload_activation_layers[i]))
+                    offload_activation_layers=int(self.offload_activation_layers[i]),
+                    attention_kernel=AttentionKernel(int(self.attention_kernel_code[i])).label)
 
 
 # --- layers per pipeline stage ---------------------------------------------------------------------
@@ -851,6 +873,12 @@ RULES: tuple[Rule, ...] = (
                      if p.engine_code == Engine.TORCHTITAN else
                      "DeepSpeed's sequence parallelism is Ulysses (--sp-mode ulysses)"),
        field="cp_mode", uses_scene=False),
+    _r("attention-kernel-needs-flash", "a fused attention kernel needs fused (flash) attention", ILLEGAL,
+       ("attention_kernel_code", "flash_attention"),
+       lambda P, s: (P.attention_kernel_code != AttentionKernel.AUTO) & ~np.asarray(P.flash_attention, bool),
+       lambda p, s: (f"--attention-kernel {AttentionKernel(p.attention_kernel_code).label} names a fused kernel, "
+                     "but --no-flash-attention materialises the scores: drop one of them"),
+       field="attention_kernel", accepted="auto (with --no-flash-attention)", uses_scene=False),
     _r("engine-optimizer", "compressed optimizers are DeepSpeed's", ILLEGAL, ("engine_code", "optimizer_code"),
        lambda P, s: (P.optimizer_code != Optimizer.ADAM) & _engine_in(P, Engine.MEGATRON, Engine.TORCHTITAN,
                                                                        Engine.SCALING),

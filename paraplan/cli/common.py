@@ -17,7 +17,7 @@ from dataclasses import MISSING, Field, fields
 from pathlib import Path
 
 from paraplan.errors import ConfigError, ParaplanError, shown
-from paraplan.plan import (CP_MODES, DTYPES, ENGINES, OFFLOAD, OPTIMIZERS, RECOMPUTE, SCHEDULES, STAGE_LAYER_FIELDS,
+from paraplan.plan import (ATTENTION_KERNELS, CP_MODES, DTYPES, ENGINES, OFFLOAD, OPTIMIZERS, RECOMPUTE, SCHEDULES, STAGE_LAYER_FIELDS,
                            STAGE_LAYER_ZERO_MEANS, Plan)
 from paraplan.planfile import read_plan_file
 from paraplan.scenario import Scenario, load_scenario
@@ -243,17 +243,20 @@ PLAN_FLAG_HELP = {
                        "(Megatron-LM --tp-comm-overlap, torchtitan async TP; needs --sp)",
     "grad_reduce_bf16": "Megatron-LM: keep and reduce gradients in bf16 (--grad-reduce-in-bf16; the "
                         "Megatron-Bridge and NeMo performance recipes do): 2 bytes per parameter instead of 4",
+    "attention_kernel": "the fused attention kernel: auto (the generation's calibrated efficiency), or cudnn, "
+                        "flash2, efficient at their efficiency measured by sequence length (Hopper)",
     "fused_elementwise": "eager PyTorch norms and SwiGLU (fp32 upcast, several kernels, more saved "
                          "activations) instead of fused kernels (Megatron-LM with Transformer Engine or Apex)",
 }
 # Accepted values of the categorical plan fields (the flag's argparse choices).
 PLAN_FLAG_CHOICES = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "offload": OFFLOAD, "dtype": DTYPES,
-                     "optimizer": OPTIMIZERS, "zero": (0, 1, 2, 3), "engine": ENGINES}
+                     "optimizer": OPTIMIZERS, "zero": (0, 1, 2, 3), "engine": ENGINES,
+                     "attention_kernel": ATTENTION_KERNELS}
 # Plan fields without a flag of their own, and the flag that sets them instead.
 PLAN_FIELDS_WITHOUT_FLAG = {"cp_mode": "--sp-mode"}
 # Plan fields whose flag, given without any other plan flag, constrains a search (plan, whatif)
 # instead of fixing a whole plan to re-estimate.
-SEARCH_CONSTRAINT_FLAGS = ("grad_accumulation_fusion", "engine", "dtype")
+SEARCH_CONSTRAINT_FLAGS = ("grad_accumulation_fusion", "engine", "dtype", "attention_kernel")
 
 
 def _plan_fields() -> list[Field]:

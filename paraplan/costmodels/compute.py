@@ -31,7 +31,7 @@ import numpy as np
 
 from paraplan.costmodels.comm import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SEND_RECV, collective_time,
                                       ranks_per_node, ring_time)
-from paraplan.plan import CpMode, Engine, Recompute, compute_dtype, gemm_dtype, is_fp8
+from paraplan.plan import AttentionKernel, CpMode, Engine, Recompute, compute_dtype, gemm_dtype, is_fp8
 
 BYTES = 2  # 16-bit activations and weights (bf16 / fp16)
 
@@ -201,8 +201,44 @@ def moe_einsum_dispatch_times(model, job, plan, curves):
     return dispatch + combine + stream, dispatch + combine + grad_weights + 2 * stream
 
 
+def attention_occupancy(query_len, batch_heads, sms, tile_rows=128):
+    """Share of its SMs' time a causal fused-attention kernel keeps busy: each (sequence, head) has
+    n = ceil(query_len / tile_rows) query tiles, tile i visiting i + 1 key tiles, so the work is
+    W = batch_heads · n(n + 1)/2 tile pairs over S SMs and the longest tile takes n; the kernel ends
+    after max(n, W/S + n/4) (the last wave's causal imbalance). W/S over that. Few heads per GPU
+    (tensor parallelism, long sequences at batch 1) leave SMs idle: on the H100 at 4k tokens, 4 / 8 /
+    16 heads ran at 0.46 / 0.70 / 0.86 of the 64-head rate; this gives 0.52 / 0.82 / 0.93."""
+    n = np.ceil(np.asarray(query_len, dtype=float) / tile_rows)
+    work = np.asarray(batch_heads, dtype=float) * n * (n + 1) / 2 / sms
+    return work / np.maximum(n, work + n / 4)
+
+
+def measured_attention_efficiency(model, plan, curves, query_len, batch_heads):
+    """Fused attention efficiency (share of the bf16 peak) of the kernel a plan names, from the
+    generation's measured table (attention_kernels.yaml): interpolated in log2(sequence), scaled for
+    head dims below 128 and by :func:`attention_occupancy`; NaN where the plan leaves the kernel to
+    ``auto``. None when the curves carry no table (that generation was not measured)."""
+    table = getattr(curves, "attention_table", None)
+    if not table:
+        return None
+    kernel = np.asarray(getattr(plan, "attention_kernel_code", AttentionKernel.AUTO))
+    seqs = np.log2(np.asarray(table["seq"], dtype=float))
+    occupancy = attention_occupancy(query_len, batch_heads, curves.accelerator.streaming_multiprocessors,
+                                    table.get("tile_rows", 128))
+    head_share = float(np.clip((model.head_dim - 64) / 64, 0.0, 1.0))
+    eff = np.full(np.broadcast(kernel, occupancy).shape, np.nan)
+    for label, curve in table["kernels"].items():
+        factor = table.get("head_dim_64_factor", {}).get(label, 1.0)
+        rate = np.interp(np.log2(np.asarray(query_len, dtype=float)), seqs, np.asarray(curve, dtype=float))
+        rate = rate * (factor + (1 - factor) * head_share) * occupancy
+        eff = np.where(kernel == int(AttentionKernel.parse(label)), rate, eff)
+    return eff
+
+
 def attention_core_times(model, job, plan, curves):
-    """(forward, backward) time of the attention core (QKᵀ, softmax, PV) for one micro-batch."""
+    """(forward, backward) time of the attention core (QKᵀ, softmax, PV) for one micro-batch.
+    Fused: at the generation's calibrated efficiency, or, where the plan names a kernel, its
+    measured efficiency at this sequence length and these heads per GPU."""
     b, s = plan.micro_batch, job.seq_len
     s_l = tokens_per_rank(job, plan) / b
     t = np.asarray(plan.tp, dtype=float)
@@ -211,6 +247,12 @@ def attention_core_times(model, job, plan, curves):
     flops_fwd = 4.0 * b * s_l * s * model.hidden / t / 2
     fused_f = curves.flash_attention_time(flops_fwd, dt)
     fused_b = curves.flash_attention_time(2.5 * flops_fwd, dt)
+    eff = measured_attention_efficiency(model, plan, curves, s_l, b * model.heads / t)
+    if eff is not None:
+        named = ~np.isnan(eff)
+        rate = curves.accelerator.peak(dt) * np.where(named, eff, 1.0)
+        fused_f = np.where(named, curves.kernel_overhead_s + flops_fwd / rate, fused_f)
+        fused_b = np.where(named, curves.kernel_overhead_s + 2.5 * flops_fwd / rate, fused_b)
     # unfused: batched GEMMs over all heads of the rank, full (masked) score matrix
     heads_rank = b * model.heads / t
     d = model.head_dim

@@ -14,3 +14,20 @@ CURVES_FILE = Path(__file__).parent / "curves.yaml"
 def curve_table() -> dict:
     """``curves.yaml`` as a mapping: ``default`` and one entry per accelerator name."""
     return yaml.safe_load(CURVES_FILE.read_text())
+
+
+ATTENTION_FILE = Path(__file__).parent / "attention_kernels.yaml"
+
+
+@functools.lru_cache(maxsize=1)
+def attention_kernel_tables() -> dict:
+    """``attention_kernels.yaml``: measured fused-attention efficiency per generation and kernel."""
+    return yaml.safe_load(ATTENTION_FILE.read_text())
+
+
+def attention_table_for(accelerator_name: str) -> dict | None:
+    """The measured attention table of the generation an accelerator belongs to, or None."""
+    for entry in attention_kernel_tables().values():
+        if accelerator_name in entry.get("accelerators", ()):
+            return entry
+    return None

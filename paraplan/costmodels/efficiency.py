@@ -21,7 +21,7 @@ from typing import Mapping
 import numpy as np
 
 from paraplan.costmodels import compute as C
-from paraplan.costmodels.curvefile import curve_table
+from paraplan.costmodels.curvefile import attention_table_for, curve_table
 from paraplan.costmodels.profiled import ProfiledCurves
 from paraplan.hardware.model import Accelerator, MeasuredProfile
 from paraplan.plan import Plan
@@ -44,6 +44,9 @@ class AnalyticalCurves:
     fp8_recipe_gemm_efficiency: Mapping[str, float] = field(default_factory=dict)
     streaming_efficiency: float = 0.5
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    #: measured fused-attention efficiency by kernel and sequence length (attention_kernels.yaml) for
+    #: plans that name a kernel (``--attention-kernel``); None where the generation has no table
+    attention_table: Mapping | None = field(default=None, compare=False)
 
     kind = "analytical"
 
@@ -90,6 +93,9 @@ class AnalyticalCurves:
                 "streaming_efficiency": self.streaming_efficiency,
                 "flash_attention_efficiency": self.flash_attention_efficiency,
                 "cpu_adam_memory_efficiency": self.cpu_adam_memory_efficiency,
+                **({"attention_kernels_measured": {k: dict(zip(self.attention_table["seq"], v))
+                                                   for k, v in self.attention_table["kernels"].items()}}
+                   if self.attention_table else {}),
                 **({"gemm_plateau_efficiency_fp8": acc.plateau("fp8"),
                     "fp8_recipe_gemm_efficiency": dict(self.fp8_recipe_gemm_efficiency)}
                    if "fp8" in acc.peak_flops else {})}
@@ -111,7 +117,8 @@ def analytical_curves(accelerator: Accelerator) -> AnalyticalCurves:
         gpu_adam_bytes_per_param=entry["gpu_adam_bytes_per_param"],
         gemm_sustained_fraction=entry.get("gemm_sustained_fraction", 1.0),
         fp8_recipe_gemm_efficiency=dict(entry.get("fp8_recipe_gemm_efficiency", {})),
-        streaming_efficiency=entry.get("streaming_efficiency", entry["memory_efficiency"]), sources=sources)
+        streaming_efficiency=entry.get("streaming_efficiency", entry["memory_efficiency"]), sources=sources,
+        attention_table=attention_table_for(accelerator.name))
 
 
 def curves_for(cluster_or_accelerator):

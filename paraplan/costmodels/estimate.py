@@ -86,6 +86,22 @@ def assumptions_for(plan) -> tuple[str, ...]:
     return base + (FP8_ASSUMPTIONS if is_fp8(plan.dtype) else ())
 
 
+def attention_kernel_assumption(model, job, plan, curves) -> tuple[str, ...]:
+    """What a plan that names its attention kernel is priced at: the measured efficiency at its
+    sequence length and heads per GPU, or, where the generation has no measured table, the
+    calibrated one (said, so the choice is not silently ignored)."""
+    if plan.attention_kernel == "auto" or not plan.flash_attention:
+        return ()
+    b = plan.micro_batch
+    eff = C.measured_attention_efficiency(model, plan, curves, C.tokens_per_rank(job, plan) / b,
+                                          b * model.heads / plan.tp)
+    if eff is None:
+        return (f"attention: no measured {plan.attention_kernel} table for this accelerator; priced at its "
+                f"calibrated fused-attention efficiency ({getattr(curves, 'flash_attention_efficiency', 'profiled')})",)
+    return (f"attention: {plan.attention_kernel} at {float(eff):.3f} of peak, measured by sequence length "
+            f"(attention_kernels.yaml) at {job.seq_len} tokens and {b * model.heads // plan.tp} heads per GPU",)
+
+
 @dataclass(frozen=True)
 class Estimate:
     """Predicted step time, throughput and memory of one plan, with breakdowns and assumptions."""
@@ -365,7 +381,7 @@ def estimate(model, job, cluster, plan: Plan, *, curves=None, max_memory_fractio
                      "dp_comm_warmup_s": _f(terms.dp_comm_warmup),
                      "dp_comm_compressed_s": _f(terms.dp_comm_compressed)} if plan.optimizer != "adam" else {})},
         efficiency_curves=curves.describe(),
-        assumptions=assumptions_for(plan),
+        assumptions=assumptions_for(plan) + attention_kernel_assumption(model, job, plan, curves),
         prediction_interval=describe_interval(cluster.accelerator.name, tokens_per_s, step,
                                               _f(terms.flops_model) / step / n / peak))
 

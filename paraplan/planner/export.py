@@ -229,7 +229,14 @@ def build_megatron(s: Scenario) -> Export:
                               "delayed, blockwise, mxfp8)", accepted="fp8, fp8-delayed, fp8-blockwise, mxfp8")
         args += [("--fp8-format", "hybrid"), ("--fp8-recipe", _MEGATRON_FP8_RECIPES[p.dtype])]
     if p.flash_attention:
-        args.append(("--use-flash-attn",))
+        if p.attention_kernel == "efficient":
+            raise ConfigError("attention_kernel", "Megatron-LM's attention backends are Transformer Engine's fused "
+                              "(cuDNN) and flash kernels, not PyTorch's memory-efficient one",
+                              accepted="auto, cudnn, flash2")
+        if p.attention_kernel == "auto":
+            args.append(("--use-flash-attn",))
+        else:   # Megatron-LM --attention-backend: fused = TE's cuDNN fused attention, flash = FlashAttention
+            args.append(("--attention-backend", {"cudnn": "fused", "flash2": "flash"}[p.attention_kernel]))
     args += [("--train-iters", str(TRAIN_ITERS)), ("--lr", f"{LEARNING_RATE:g}")]
 
     lines = ["#!/usr/bin/env bash",

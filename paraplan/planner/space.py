@@ -23,7 +23,8 @@ from typing import Mapping
 import numpy as np
 
 from paraplan.errors import ConfigError
-from paraplan.plan import (MODES, PLAN_FIELDS, RULES, STAGE_LAYER_FIELDS, CpMode, Dtype, Engine, Offload, Optimizer,
+from paraplan.plan import (MODES, PLAN_FIELDS, RULES, STAGE_LAYER_FIELDS, AttentionKernel, CpMode, Dtype, Engine,
+                           Offload, Optimizer,
                            PlanBatch, Recompute, Scene, Schedule, failed_rules, parse_field)
 
 OFFLOAD_CHOICES = ((Offload.NONE, False), (Offload.CPU, False), (Offload.NVME, False), (Offload.CPU, True),
@@ -122,7 +123,7 @@ def _pin(choices: dict, fixed: Mapping) -> None:
     """Replace the choices of pinned axes by their pinned value."""
     for key, value in fixed.items():
         if key in ("dp", "dtype", "flash_attention", "overlap_grad_reduce", "grad_accumulation_fusion", "fused_elementwise",
-                   "tp_comm_overlap", "grad_reduce_bf16",
+                   "tp_comm_overlap", "grad_reduce_bf16", "attention_kernel",
                    "engine", *STAGE_LAYER_FIELDS):
             continue  # dp: a rule of the search; the rest: one value for the whole batch
         if key == "etp":
@@ -237,7 +238,8 @@ def _second_view(b: dict, dtype, engine) -> SimpleNamespace:
                            etp_is_tp=b["etp_is_tp"], dtype=dtype, engine_code=engine)
 
 
-def _cross(first: SimpleNamespace, second: SimpleNamespace, keep1, keep2, fixed: Mapping) -> SimpleNamespace:
+def _cross(first: SimpleNamespace, second: SimpleNamespace, keep1, keep2, fixed: Mapping,
+           flash_default: bool = True) -> SimpleNamespace:
     """Survivors of both stages crossed (each degree tuple with each categorical tuple), etp filled,
     and the batch-wide flags that rules read (TP communication overlap) as columns."""
     f = {k: v[keep1] for k, v in vars(first).items() if k not in ("dtype", "engine_code")}
@@ -248,6 +250,8 @@ def _cross(first: SimpleNamespace, second: SimpleNamespace, keep1, keep2, fixed:
     both["etp"] = np.where(both["etp_is_tp"], both["tp"], 1)
     both["tp_comm_overlap"] = np.full(nf * ns, bool(fixed.get("tp_comm_overlap", False)))
     both["grad_reduce_bf16"] = np.full(nf * ns, bool(fixed.get("grad_reduce_bf16", False)))
+    both["flash_attention"] = np.full(nf * ns, bool(fixed.get("flash_attention", flash_default)))
+    both["attention_kernel_code"] = np.full(nf * ns, int(AttentionKernel.parse(fixed.get("attention_kernel", "auto"))))
     return SimpleNamespace(**both, dtype=first.dtype, engine_code=first.engine_code)
 
 
@@ -276,7 +280,7 @@ def compose(model, job, cluster, options: SpaceOptions | None = None) -> tuple[P
     keep1 = _apply(_stage_rules(1), first, scene, np.ones(n1, bool), rejected, n2)
     second = _second_view(b, dtype, engine)
     keep2 = _apply(_stage_rules(2), second, scene, np.ones(n2, bool), rejected, int(keep1.sum()))
-    both = _cross(first, second, keep1, keep2, fixed)
+    both = _cross(first, second, keep1, keep2, fixed, cluster.accelerator.flash_attention)
     keep3 = _apply(_stage_rules(3), both, scene, np.ones(both.tp.size, bool), rejected, 1)
     return _batch(both, np.nonzero(keep3)[0], cluster, options, fixed), rejected, n1 * n2
 
@@ -293,7 +297,8 @@ def _batch(both: SimpleNamespace, idx, cluster, options: SpaceOptions, fixed: Ma
              "grad_accumulation_fusion": fixed.get("grad_accumulation_fusion", fusion),
              "fused_elementwise": fixed.get("fused_elementwise", True),
              "tp_comm_overlap": fixed.get("tp_comm_overlap", False),
-             "grad_reduce_bf16": fixed.get("grad_reduce_bf16", False), "engine_code": int(engine)}
+             "grad_reduce_bf16": fixed.get("grad_reduce_bf16", False), "engine_code": int(engine),
+             "attention_kernel_code": int(AttentionKernel.parse(fixed.get("attention_kernel", "auto")))}
     cols = ("tp", "pp", "dp", "cp", "sp", "vpp", "micro_batch", "schedule_code", "zero", "recompute_code",
             "offload_code", "offload_params", "ep", "etp", "cp_mode_code", "optimizer_code", "delayed_update",
             *STAGE_LAYER_FIELDS)
