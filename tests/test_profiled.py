@@ -681,3 +681,16 @@ def test_profile_leaves_out_world_sizes_a_cuda_machine_cannot_place():
     assert placeable_world_sizes((2, 4), gpus=1) == ()
     assert placeable_world_sizes((2, 4), gpus=2) == (2,)
     assert placeable_world_sizes((2, 4), gpus=8) == (2, 4)
+
+
+def test_autograd_cases_chain_on_cuda_and_every_op_keeps_its_shape(monkeypatch):
+    """On CUDA the per-kernel autograd cost is timed over chains of 16 ops in one backward call (the
+    backward's hand-off to the device thread is paid once per step, not per kernel); every op's
+    case must therefore preserve its input's shape. Checked on CPU with the chain forced to 16."""
+    import paraplan.validation.profile as P
+    assert P.autograd_chain("cpu") == 1 and P.autograd_chain("cuda:0") == 16
+    monkeypatch.setitem(P.AUTOGRAD_CHAIN, "cpu", 16)
+    for op, _ in P.AUTOGRAD_OPS:
+        step = P._autograd_case(op, "cpu")
+        step()
+        step()

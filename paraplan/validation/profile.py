@@ -355,26 +355,45 @@ ADAM_FLAT = (1, 1 << 21)
 CHECKPOINT_REGION_OPS = (4, 16)
 
 
+#: ops chained in one autograd case on CUDA: there backward() hands its work to the device's autograd
+#: thread and waits for it, a fixed cost per backward call (~0.2 ms on a lent H100) that a training
+#: step pays once for all its kernels; one op per call (the CPU figure) charged it to every kernel
+#: (67 us per kernel there, against ~10 us of dispatch). On a CPU backward runs on the calling thread.
+AUTOGRAD_CHAIN = {"cpu": 1, "cuda": 16}
+
+
+def autograd_chain(device) -> int:
+    return AUTOGRAD_CHAIN["cuda" if str(device).startswith("cuda") else "cpu"]
+
+
 def _autograd_case(op, device):
+    """Forward + backward of ``autograd_chain(device)`` applications of one tiny op (shape-preserving)."""
     import torch.nn.functional as F
     x = torch.randn(1, 4, 8, device=device, requires_grad=True)
     if op == "linear":
         w = torch.randn(8, 8, device=device, requires_grad=True)
         b = torch.randn(8, device=device, requires_grad=True)
-        f = lambda: F.linear(x, w, b)
+        one = lambda y: F.linear(y, w, b)
     elif op == "layer_norm":
         w = torch.ones(8, device=device, requires_grad=True)
         b = torch.zeros(8, device=device, requires_grad=True)
-        f = lambda: F.layer_norm(x, (8,), w, b)
+        one = lambda y: F.layer_norm(y, (8,), w, b)
     elif op == "gelu":
-        f = lambda: F.gelu(x)
+        one = F.gelu
     elif op == "softmax":
-        f = lambda: torch.softmax(x, dim=-1)
+        one = lambda y: torch.softmax(y, dim=-1)
     elif op == "bmm":
-        y = torch.randn(1, 8, 4, device=device, requires_grad=True)
-        f = lambda: x @ y
+        m = torch.randn(1, 8, 8, device=device, requires_grad=True)
+        one = lambda y: y @ m
     else:
         raise ValueError(op)
+    chain = autograd_chain(device)
+
+    def f():
+        y = x
+        for _ in range(chain):
+            y = one(y)
+        return y
     return _forward_backward(f)
 
 
@@ -457,8 +476,8 @@ def training_rows(opts: ProfileOptions, device="cpu", world_size: int = 1, round
     figure."""
     t_round = max(0.35, opts.min_time_s) / rounds
     # (kind, op, shape, flops, bytes, fn, prepare or None)
-    cases = [("autograd", op, {"numel": 32, "kernels": k}, None, None, _autograd_case(op, device), None)
-             for op, k in AUTOGRAD_OPS]
+    cases = [("autograd", op, {"numel": 32, "kernels": k * autograd_chain(device)}, None, None,
+              _autograd_case(op, device), None) for op, k in AUTOGRAD_OPS]
     a = torch.randn(128, 128, device=device)
     b = torch.randn(128, 128, device=device)
     cases.append(("contention", "gemm", {"m": 128, "n": 128, "k": 128}, 2.0 * 128 ** 3, None,
