@@ -390,7 +390,23 @@ def device_time_by_class(step, steps=3) -> dict:
     return out
 
 
-def layers_section(device, smoke=False) -> list[dict]:
+def layers_section(device, smoke=False, backend=None) -> list[dict]:
+    """Whole layers; ``backend`` (flash, cudnn, efficient) pins SDPA's kernel, else torch chooses."""
+    import contextlib
+    if backend:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        pin = sdpa_kernel([{"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
+                            "efficient": SDPBackend.EFFICIENT_ATTENTION}[backend]])
+    else:
+        pin = contextlib.nullcontext()
+    with pin:
+        rows = _layers(device, smoke)
+    for r in rows:
+        r["sdpa_backend"] = backend or "default"
+    return rows
+
+
+def _layers(device, smoke=False) -> list[dict]:
     dtype = torch.bfloat16 if device != "cpu" else torch.float32
     rows = []
     cases = LAYER_CASES if not smoke else [("tiny", 256, 4, 2, 64, 512, "swiglu", "rms", 128, 1, 1)]
@@ -568,6 +584,8 @@ def main(argv=None) -> int:
     ap.add_argument("--budget-s", type=float, default=540.0, help="stop starting new measurements after this")
     ap.add_argument("--sections", default="env,layers,attention,gemm,memory,adamw,gemm_fp8")
     ap.add_argument("--smoke", action="store_true", help="tiny sizes (a CPU check of the script)")
+    ap.add_argument("--sdpa-backend", choices=("flash", "cudnn", "efficient"),
+                    help="pin the layers' attention kernel (default: torch's choice)")
     a = ap.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     t0 = time.monotonic()
@@ -579,7 +597,7 @@ def main(argv=None) -> int:
     tokens = (1024, 2048, 4096, 8192, 16384) if not a.smoke else (64,)
     tps = (1, 2, 4, 8) if not a.smoke else (1,)
     runners = {
-        "layers": lambda: layers_section(device, a.smoke),
+        "layers": lambda: layers_section(device, a.smoke, a.sdpa_backend),
         "attention": lambda: attention_section(device, a.smoke),
         "gemm": lambda: gemm_section(device, torch.bfloat16 if device != "cpu" else torch.float32, tokens, tps, l2,
                                      a.smoke),

@@ -70,6 +70,23 @@ def main(argv=None) -> int:
                             "casts predicted": (1e3 * e.cast_predicted_s).round(2)}).to_string(index=False))
     errs = np.abs(lay.error)
     print(f"\nlayers: median |error| {100 * np.median(errs):.1f} %, worst {100 * errs.max():.1f} %")
+    rows = []
+    for section, kernel in R.LAYER_SECTIONS.items():
+        if section not in ref["sections"]:
+            continue
+        for named, auto in zip(R.layer_comparison(a.reference, section, kernel),
+                               R.layer_comparison(a.reference, section, "auto")):
+            rows.append({"kernel ran": kernel, "layer": named["label"], "measured ms": round(1e3 * named["measured_s"], 2),
+                         "error, kernel named %": round(100 * named["error"], 1),
+                         "error, auto %": round(100 * auto["error"], 1),
+                         "attention m/p ms": f"{1e3 * named['attention_measured_s']:.2f} / "
+                                             f"{1e3 * named['attention_predicted_s']:.2f}"})
+    if rows:
+        t = pd.DataFrame(rows)
+        print("\nwhole layers by the attention kernel that ran, predicted with it named (--attention-kernel) and with auto")
+        print(t.to_string(index=False))
+        print(f"kernel named: worst |error| {t['error, kernel named %'].abs().max():.1f} %; "
+              f"auto: {t['error, auto %'].abs().max():.1f} %")
     return 0
 
 

@@ -91,13 +91,13 @@ def layer_model(r: dict) -> tuple[TransformerModel, TrainingJob]:
     return model, TrainingJob(seq_len=r["seq"], global_batch=r["batch"])
 
 
-def predicted_layer(r: dict, name: str = "h100-sxm", dtype: str = "bf16") -> dict:
+def predicted_layer(r: dict, name: str = "h100-sxm", dtype: str = "bf16", kernel: str = "auto") -> dict:
     """The estimator's forward + backward of one measured layer shard (no communication), by term:
     GEMMs, attention core, memory-bound kernels, fp8 casts."""
     cluster = load_cluster(SYSTEM_OF[name], 8)
     cv = analytical_curves(cluster.accelerator)
     model, job = layer_model(r)
-    plan = Plan(tp=r["tp"], dp=1, micro_batch=r["batch"], dtype=dtype)
+    plan = Plan(tp=r["tp"], dp=1, micro_batch=r["batch"], dtype=dtype, attention_kernel=kernel)
     lt = C.layer_times(model, job, plan, cv, cluster)
     gemm = 3 * float(C.attention_gemm_forward_time(model, job, plan, cv) + C.mlp_gemm_forward_time(model, job, plan, cv))
     attn = sum(float(x) for x in C.attention_core_times(model, job, plan, cv))
@@ -107,14 +107,20 @@ def predicted_layer(r: dict, name: str = "h100-sxm", dtype: str = "bf16") -> dic
             "elementwise_s": total - gemm - attn - cast}
 
 
-def layer_comparison(name: str = "h100-sxm") -> list[dict]:
-    """Measured against predicted per layer: bf16 (kernel classes from torch.profiler) and, where
-    measured, fp8 with Transformer Engine-style cast-transpose kernels."""
+#: the reference's whole-layer sections and the attention kernel each ran (torch 2.11's SDPA chose
+#: cuDNN on the H100 for ``layers``; the other two pinned their kernel)
+LAYER_SECTIONS = {"layers": "cudnn", "layers_flash2": "flash2", "layers_efficient": "efficient"}
+
+
+def layer_comparison(name: str = "h100-sxm", section: str = "layers", kernel: str = "auto") -> list[dict]:
+    """Measured against predicted per layer of one whole-layer section, the plan naming ``kernel``
+    (``auto``: the generation's calibrated attention): bf16 (kernel classes from torch.profiler) and,
+    where measured, fp8 with Transformer Engine-style cast-transpose kernels."""
     ref = load_reference(name)
-    fp8 = {r["label"]: r for r in ref["sections"].get("layers_fp8", [])}
+    fp8 = {r["label"]: r for r in ref["sections"].get("layers_fp8", [])} if section == "layers" else {}
     out = []
-    for r in ref["sections"]["layers"]:
-        p = predicted_layer(r, name)
+    for r in ref["sections"][section]:
+        p = predicted_layer(r, name, kernel=kernel)
         classes = r.get("device_time_by_class_s", {})
         row = {"label": r["label"], "measured_s": r["fwd_bwd_s"], "predicted_s": p["total_s"],
                "error": p["total_s"] / r["fwd_bwd_s"] - 1,
@@ -123,7 +129,7 @@ def layer_comparison(name: str = "h100-sxm") -> list[dict]:
                "other_measured_s": classes.get("other"), "other_predicted_s": p["elementwise_s"]}
         f = fp8.get(r["label"])
         if f and "fp8_cast_transpose_fwd_bwd_s" in f:
-            q = predicted_layer(r, name, "fp8")
+            q = predicted_layer(r, name, "fp8", kernel=kernel)
             row.update(fp8_measured_s=f["fp8_cast_transpose_fwd_bwd_s"], fp8_predicted_s=q["total_s"],
                        fp8_error=q["total_s"] / f["fp8_cast_transpose_fwd_bwd_s"] - 1,
                        fp8_speedup_measured=f["bf16_fwd_bwd_s"] / f["fp8_cast_transpose_fwd_bwd_s"],
