@@ -107,15 +107,15 @@ def fp8_cast_elements(model, job, plan):
 
 def fp8_cast_times(model, job, plan, curves):
     """(forward, backward) seconds of one layer's fp8 quantization kernels (0 outside fp8):
-    elements x FP8_CAST_BYTES_PER_ELEMENT of the recipe, streamed at ``streaming_time`` (plain
+    elements x FP8_CAST_BYTES_PER_ELEMENT of the recipe, streamed at the curves' ``fp8_cast_time`` (plain
     read-scale-write kernels whose bytes are counted exactly, unlike the fused norm/activation byte
     counts that ``memory_time``'s calibrated efficiency stands for)."""
     if not is_fp8(plan.dtype):
         return 0.0, 0.0
     per = FP8_CAST_BYTES_PER_ELEMENT[plan.dtype]
     fwd, bwd = fp8_cast_elements(model, job, plan)
-    return (curves.streaming_time(per * fwd, kernels=FP8_CAST_KERNELS_FORWARD),
-            curves.streaming_time(per * bwd, kernels=FP8_CAST_KERNELS_BACKWARD))
+    cast = getattr(curves, "fp8_cast_time", curves.streaming_time)
+    return (cast(per * fwd, kernels=FP8_CAST_KERNELS_FORWARD), cast(per * bwd, kernels=FP8_CAST_KERNELS_BACKWARD))
 
 
 def attention_gemm_forward_time(model, job, plan, curves):

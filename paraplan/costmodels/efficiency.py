@@ -43,6 +43,7 @@ class AnalyticalCurves:
     gemm_sustained_fraction: float = 1.0
     fp8_recipe_gemm_efficiency: Mapping[str, float] = field(default_factory=dict)
     streaming_efficiency: float = 0.5
+    fp8_cast_efficiency: float | None = None
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     #: measured fused-attention efficiency by kernel and sequence length (attention_kernels.yaml) for
     #: plans that name a kernel (``--attention-kernel``); None where the generation has no table
@@ -72,6 +73,14 @@ class AnalyticalCurves:
         bw = self.accelerator.memory_bandwidth_bytes_per_s * self.streaming_efficiency
         return kernels * self.kernel_overhead_s + np.asarray(nbytes, dtype=float) / bw
 
+    def fp8_cast_time(self, nbytes, kernels=1):
+        """Seconds for fp8 quantization kernels (amax, scale-cast, cast-transpose) moving exactly
+        ``nbytes``: HBM at ``fp8_cast_efficiency`` (measured on an H100: the cast-transpose writes
+        its transposed copy with strided stores), else at the streaming rate."""
+        eff = self.streaming_efficiency if self.fp8_cast_efficiency is None else self.fp8_cast_efficiency
+        bw = self.accelerator.memory_bandwidth_bytes_per_s * eff
+        return kernels * self.kernel_overhead_s + np.asarray(nbytes, dtype=float) / bw
+
     def flash_attention_time(self, flops, dtype: str = "bf16", kernels=1):
         """Seconds for fused attention executing ``flops``."""
         peak = self.accelerator.peak(dtype) * self.flash_attention_efficiency
@@ -91,6 +100,7 @@ class AnalyticalCurves:
                 "kernel_overhead_us": self.kernel_overhead_s * 1e6,
                 "memory_efficiency": self.memory_efficiency,
                 "streaming_efficiency": self.streaming_efficiency,
+                "fp8_cast_efficiency": self.fp8_cast_efficiency,
                 "flash_attention_efficiency": self.flash_attention_efficiency,
                 "cpu_adam_memory_efficiency": self.cpu_adam_memory_efficiency,
                 **({"attention_kernels_measured": {k: dict(zip(self.attention_table["seq"], v))
@@ -117,7 +127,8 @@ def analytical_curves(accelerator: Accelerator) -> AnalyticalCurves:
         gpu_adam_bytes_per_param=entry["gpu_adam_bytes_per_param"],
         gemm_sustained_fraction=entry.get("gemm_sustained_fraction", 1.0),
         fp8_recipe_gemm_efficiency=dict(entry.get("fp8_recipe_gemm_efficiency", {})),
-        streaming_efficiency=entry.get("streaming_efficiency", entry["memory_efficiency"]), sources=sources,
+        streaming_efficiency=entry.get("streaming_efficiency", entry["memory_efficiency"]),
+        fp8_cast_efficiency=entry.get("fp8_cast_efficiency"), sources=sources,
         attention_table=attention_table_for(accelerator.name))
 
 
