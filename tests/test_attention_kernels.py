@@ -85,3 +85,17 @@ def test_kernel_needs_flash_attention_and_megatron_export_maps_it():
     est = estimate(model, job, H100, Plan(tp=1, micro_batch=1, attention_kernel="efficient"))
     with pytest.raises(ConfigError, match="memory-efficient"):
         export(plan_document(est, "llama3-8b", "dgx-h100"), "megatron")
+
+
+def test_cli_names_the_kernel_and_refuses_bad_values(capsys):
+    from paraplan.cli import main
+    base = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--seq-len", "8192",
+            "--global-batch", "64", "--tp", "1", "--micro-batch", "1"]
+    assert main(base + ["--attention-kernel", "flash2", "--format", "json"]) == 0
+    out = capsys.readouterr().out
+    assert '"attention_kernel": "flash2"' in out and "flash2 at 0." in out
+    assert main(base + ["--attention-kernel", "fa3"]) == 2
+    err = capsys.readouterr().err
+    assert "--attention-kernel" in err and "auto, cudnn, flash2, efficient" in err and "Traceback" not in err
+    assert main(base + ["--attention-kernel", "cudnn", "--no-flash-attention"]) == 2
+    assert capsys.readouterr().err.startswith("paraplan: error: --attention-kernel: ")
