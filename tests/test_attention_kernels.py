@@ -99,3 +99,14 @@ def test_cli_names_the_kernel_and_refuses_bad_values(capsys):
     assert "--attention-kernel" in err and "auto, cudnn, flash2, efficient" in err and "Traceback" not in err
     assert main(base + ["--attention-kernel", "cudnn", "--no-flash-attention"]) == 2
     assert capsys.readouterr().err.startswith("paraplan: error: --attention-kernel: ")
+
+
+def test_torchtitan_and_deepspeed_exports_say_how_to_pin_the_kernel():
+    model, job = load_model("llama3-8b"), TrainingJob(8192, 64)
+    est = estimate(model, job, H100, Plan(tp=1, micro_batch=1, attention_kernel="flash2"))
+    doc = plan_document(est, "llama3-8b", "dgx-h100")
+    for engine in ("torchtitan", "deepspeed"):
+        out = export(doc, engine)
+        assert any("SDPBackend.FLASH_ATTENTION" in n for n in out.notes), engine
+    auto = plan_document(estimate(model, job, H100, Plan(tp=1, micro_batch=1)), "llama3-8b", "dgx-h100")
+    assert not any("SDPBackend" in n for n in export(auto, "torchtitan").notes)

@@ -350,6 +350,7 @@ def build_deepspeed(s: Scenario) -> Export:
     if p.flash_attention:
         notes.append("flash attention is chosen by the model code (e.g. attn_implementation='flash_attention_2'), "
                      "not by the DeepSpeed config")
+        notes += sdpa_kernel_note(p, "a Hugging Face model with attn_implementation='sdpa'")
     if p.grad_accumulation_fusion:
         notes.append(UNFUSED_ACCUMULATION_NOTE.format(engine="DeepSpeed"))
     notes.append(f"launch: deepspeed --num_nodes {s.nodes} --num_gpus {s.gpus_per_node} --hostfile HOSTFILE "
@@ -380,6 +381,21 @@ def _titan_fp8_sections(p) -> tuple[list[tuple[str, Any]], list[tuple[str, list[
         items += [("enable_fsdp_float8_all_gather", True), ("precompute_float8_dynamic_scale_for_fsdp", True),
                   ("force_recompute_fp8_weight_in_bwd", True)]   # recommended with FSDP: no unsharded fp8 weights kept
     return [("converters", [converter])], [(section, items)]
+
+
+#: the SDPA backend that pins each named attention kernel (torch.nn.attention.SDPBackend)
+SDPA_BACKEND_OF_KERNEL = {"cudnn": "CUDNN_ATTENTION", "flash2": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
+
+
+def sdpa_kernel_note(p, engine: str) -> list[str]:
+    """For engines whose attention goes through torch's scaled_dot_product_attention: how to pin the
+    kernel the plan was priced with (torch otherwise picks by version and shape: 2.11 picked cuDNN
+    on an H100)."""
+    if not p.flash_attention or p.attention_kernel == "auto":
+        return []
+    return [f"the plan was priced with the {p.attention_kernel} attention kernel; {engine} calls "
+            f"torch's scaled_dot_product_attention, which picks its own backend: pin it by running the "
+            f"step under torch.nn.attention.sdpa_kernel(SDPBackend.{SDPA_BACKEND_OF_KERNEL[p.attention_kernel]})"]
 
 
 def build_torchtitan(s: Scenario) -> Export:
@@ -431,6 +447,7 @@ def build_torchtitan(s: Scenario) -> Export:
                      "CPU offload), more than optimizer-only offload")
     if p.grad_accumulation_fusion:
         notes.append(UNFUSED_ACCUMULATION_NOTE.format(engine="torchtitan"))
+    notes += sdpa_kernel_note(p, "torchtitan")
     if p.recompute == "selective":
         notes.append("selective recomputation uses torchtitan's per-op policy (selective_ac_option='op'), which "
                      "differs in detail from Megatron's attention-core recomputation")
