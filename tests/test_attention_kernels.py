@@ -110,3 +110,22 @@ def test_torchtitan_and_deepspeed_exports_say_how_to_pin_the_kernel():
         assert any("SDPBackend.FLASH_ATTENTION" in n for n in out.notes), engine
     auto = plan_document(estimate(model, job, H100, Plan(tp=1, micro_batch=1)), "llama3-8b", "dgx-h100")
     assert not any("SDPBackend" in n for n in export(auto, "torchtitan").notes)
+
+
+def test_whatif_sweeps_the_attention_kernel(tmp_path, capsys):
+    import pandas as pd
+    from paraplan.cli import main
+    out = tmp_path / "wk"
+    argv = ["whatif", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "64",
+            "--seq-len", "8192", "--sweep", "attention_kernel=auto,cudnn,flash2,efficient", "--out", str(out)]
+    assert main(argv) == 0
+    pts = pd.read_csv(out / "points.csv")
+    col = "sweep_attention_kernel"
+    rate = dict(zip(pts[col], pts.tokens_per_s))
+    assert rate["cudnn"] > rate["auto"] > rate["flash2"] > rate["efficient"]
+    capsys.readouterr()
+    bad = argv[:-4] + ["--sweep", "attention_kernel=fa3", "--out", str(tmp_path / "bad")]
+    assert main(bad) == 2
+    err = capsys.readouterr().err
+    assert "--sweep attention_kernel" in err and "auto, cudnn, flash2, efficient" in err
+    assert not (tmp_path / "bad").exists()

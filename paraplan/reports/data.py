@@ -29,6 +29,8 @@ def format_value(var: str, v) -> str:
         return f"{v:.3g} GB/s"
     if var == "offload":
         return f"offload {v}"
+    if var == "attention_kernel":
+        return f"attention {v}"
     return str(v)
 
 

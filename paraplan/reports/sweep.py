@@ -22,7 +22,7 @@ from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError, shown
 from paraplan.io import read_yaml
-from paraplan.plan import Plan
+from paraplan.plan import ATTENTION_KERNELS, Plan
 from paraplan.progress import bar
 from paraplan.planner.search import explain_infeasible, search
 from paraplan.planner.space import SpaceOptions, normalize_fix, parse_fix
@@ -31,14 +31,15 @@ from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import TrainingJob
 
 VARIABLES = ("gpus", "seq_len", "global_batch", "cluster", "inter_node_bandwidth", "intra_node_bandwidth", "hbm",
-             "offload")
+             "offload", "attention_kernel")
 INTEGER_VARS = ("gpus", "seq_len", "global_batch")
 FLOAT_VARS = ("inter_node_bandwidth", "intra_node_bandwidth", "hbm")
 UNITS = {"gpus": "GPUs", "seq_len": "tokens", "global_batch": "sequences", "inter_node_bandwidth": "GB/s per GPU",
-         "intra_node_bandwidth": "GB/s per GPU", "hbm": "GiB", "cluster": "", "offload": ""}
+         "intra_node_bandwidth": "GB/s per GPU", "hbm": "GiB", "cluster": "", "offload": "", "attention_kernel": ""}
 LABELS = {"gpus": "GPUs", "seq_len": "sequence length", "global_batch": "global batch",
           "cluster": "cluster", "inter_node_bandwidth": "inter-node bandwidth",
-          "intra_node_bandwidth": "intra-node bandwidth", "hbm": "HBM per GPU", "offload": "offload"}
+          "intra_node_bandwidth": "intra-node bandwidth", "hbm": "HBM per GPU", "offload": "offload",
+          "attention_kernel": "attention kernel"}
 OFFLOAD_VALUES = ("none", "cpu", "nvme", "auto")
 GIB = 2**30
 MAX_VALUE = 1e12          # a swept number past this is a typo (bandwidths in GB/s, HBM in GiB, counts)
@@ -108,6 +109,11 @@ def sweep_values(sweep: Sweep, base) -> list:
         if var == "offload":
             if low not in OFFLOAD_VALUES:
                 raise ConfigError(field_name, f"unknown value {item!r}", accepted=", ".join(OFFLOAD_VALUES))
+            out.append(low)
+            continue
+        if var == "attention_kernel":
+            if low not in ATTENTION_KERNELS:
+                raise ConfigError(field_name, f"unknown value {item!r}", accepted=", ".join(ATTENTION_KERNELS))
             out.append(low)
             continue
         if low.startswith("x"):
@@ -322,7 +328,9 @@ def base_values(scenario: Scenario) -> dict:
             "inter_node_bandwidth": cluster.system.inter_node.bandwidth_bytes_per_s / 1e9,
             "intra_node_bandwidth": cluster.system.intra_node.bandwidth_bytes_per_s / 1e9,
             "hbm": cluster.accelerator.memory_bytes / GIB,
-            "offload": str((scenario.fixed or {}).get("offload") or (scenario.plan or {}).get("offload") or "auto")}
+            "offload": str((scenario.fixed or {}).get("offload") or (scenario.plan or {}).get("offload") or "auto"),
+            "attention_kernel": str((scenario.fixed or {}).get("attention_kernel")
+                                    or (scenario.plan or {}).get("attention_kernel") or "auto")}
 
 
 def resolve_points(scenario: Scenario) -> list[Point]:
@@ -371,6 +379,8 @@ def _point(index, scenario, model, base, values) -> Point:
         if values["offload"] != "auto":
             fixed["offload"] = values["offload"]
         allow_offload = True
+    if "attention_kernel" in values:
+        fixed["attention_kernel"] = values["attention_kernel"]
     gbs = v["global_batch"]
     if gbs is None:
         gbs = default_global_batch(cluster, Plan.from_dict(_plan_fields(scenario.plan)) if scenario.plan else None)
@@ -396,6 +406,8 @@ def evaluate_point(point: Point, scenario: Scenario, curves_cache: dict | None =
             fields_["offload"] = point.values["offload"]
             if fields_["offload"] == "none":
                 fields_.pop("offload_params", None)
+        if "attention_kernel" in point.values:
+            fields_["attention_kernel"] = point.values["attention_kernel"]
         try:
             e = estimate(point.model, point.job, point.cluster, Plan.from_dict(fields_), curves=curves,
                          max_memory_fraction=scenario.max_memory_fraction)
