@@ -466,6 +466,46 @@ def _layers(device, smoke=False) -> list[dict]:
     return rows
 
 
+# ------------------------------------------------------------------ MoE expert GEMMs
+
+MOE_CASES = [  # label, hidden, expert ffn (per GEMM output of the up projection: 2 x for SwiGLU), local experts
+    ("deepseek-v3 ep8", 7168, 2048, 32),
+    ("deepseek-v3 ep32", 7168, 2048, 8),
+    ("mixtral-8x7b ep1", 4096, 14336, 8),
+    ("mixtral-8x7b ep8", 4096, 14336, 1),
+    ("qwen3-30b-a3b ep8", 2048, 768, 16),
+]
+
+
+def moe_section(device) -> list[dict]:
+    """The routed experts' up (x·W1ᵀ, 2·ffn wide) and down GEMMs of one GPU, bf16, at balanced tokens
+    per expert: as one grouped GEMM (``torch._grouped_mm``, one launch for all local experts) and as a
+    loop of per-expert ``torch.mm`` (what the estimator prices today)."""
+    rows = []
+    for label, h, ffn, local in MOE_CASES:
+        for m in (128, 512, 2048, 8192):
+            if late() or m * local > 262144:
+                continue
+            row = {"label": label, "hidden": h, "ffn": ffn, "local_experts": local, "tokens_per_expert": m}
+            for name, (k, n) in (("up", (h, 2 * ffn)), ("down", (ffn, h))):
+                x = torch.randn(m * local, k, device=device, dtype=torch.bfloat16)
+                w = torch.randn(local, n, k, device=device, dtype=torch.bfloat16)
+                offs = torch.arange(1, local + 1, device=device, dtype=torch.int32) * m
+                xs = list(x.split(m))
+                loop = lambda: [torch.mm(xi, w[i].t()) for i, xi in enumerate(xs)]
+                row[f"{name}_loop_s"] = bench(loop, device)
+                try:
+                    wt = w.transpose(-2, -1)
+                    grouped = lambda: torch._grouped_mm(x, wt, offs=offs, out_dtype=torch.bfloat16)
+                    row[f"{name}_grouped_s"] = bench(grouped, device)
+                except Exception as exc:  # noqa: BLE001 - recorded
+                    row[f"{name}_grouped_error"] = repr(exc)[:200]
+                row[f"{name}_flops"] = 2.0 * m * local * k * n
+                del x, w, xs
+            rows.append(row)
+    return rows
+
+
 # ------------------------------------------------------------------ fp8 linear layers
 
 E4M3_MAX, E5M2_MAX = 448.0, 57344.0
@@ -605,6 +645,7 @@ def main(argv=None) -> int:
         "adamw": lambda: adamw_section(device, params=(256 << 20) if not a.smoke else (1 << 16)),
         "gemm_fp8": lambda: fp8_section(device, tokens, tps, l2) if device != "cpu" else [],
         "layers_fp8": lambda: layers_fp8_section(device) if device != "cpu" else [],
+        "moe": lambda: moe_section(device) if device != "cpu" else [],
     }
     for name in a.sections.split(","):
         if name == "env" or name not in runners:
@@ -626,6 +667,8 @@ def main(argv=None) -> int:
         print(r["label"], r.get("fwd_s"), r.get("fwd_bwd_s"), r.get("device_time_by_class_s"), r.get("error", ""))
     for r in RESULT["sections"].get("layers_fp8", []):
         print({k: v for k, v in r.items() if not k.endswith("_trace")})
+    for r in RESULT["sections"].get("moe", []):
+        print(r)
     print("errors:", {k: v[-300:] for k, v in RESULT["errors"].items()})
     return 0
 
