@@ -65,6 +65,19 @@ def linear_gemm_time(curves, m, n, k, plan, count=1):
     return t
 
 
+def routed_experts_gemm_time(curves, m, n, k, groups, plan, grouped: bool):
+    """The routed experts' GEMMs of one GPU: ``groups`` experts of m tokens each, as one grouped GEMM
+    where the engine runs one (``grouped``: token permutation, Megatron-Core / torchtitan) and the
+    curves can price it, else one GEMM per expert (DeepSpeed-MoE's loop); fp8 as
+    :func:`linear_gemm_time`."""
+    if not grouped or not hasattr(curves, "grouped_gemm_time"):
+        return linear_gemm_time(curves, m, n, k, plan, count=groups)
+    t = curves.grouped_gemm_time(m, n, k, groups, _linear_dtype(plan))
+    if is_fp8(plan.dtype):
+        t = t / fp8_recipe_gemm_efficiency(curves, plan.dtype)
+    return t
+
+
 def fp8_recipe_gemm_efficiency(curves, dtype: str) -> float:
     """Share of the per-tensor-scaled fp8 GEMM rate a recipe's GEMMs reach (1 where the curves say nothing)."""
     return float(getattr(curves, "fp8_recipe_gemm_efficiency", {}).get(dtype, 1.0))
@@ -147,7 +160,8 @@ def moe_mlp_forward_time(model, job, plan, curves):
 
     ep ranks share E experts (E/ep each), each split over etp ranks; the tp/etp ranks of an expert
     shard split its tokens. Per expert GEMM: m = T·k·f·ep/E·etp/tp tokens (f: expert_token_factor),
-    n = width/etp; E/ep of them per GPU — the per-GPU work, 2·g·h·width·T·k·f/tp, does not depend
+    n = width/etp; E/ep of them per GPU, one grouped GEMM under token permutation
+    (:func:`routed_experts_gemm_time`) — the per-GPU work, 2·g·h·width·T·k·f/tp, does not depend
     on ep or etp (DeepSpeed-TED, Singh et al. 2023, §3)."""
     e = model.moe
     T = tokens_per_rank(job, plan)
@@ -157,8 +171,9 @@ def moe_mlp_forward_time(model, job, plan, curves):
     h, g, fe, dt = model.hidden, model.mlp_matrices - 1, e.expert_ffn_hidden, _dtype(plan)
     m = T * e.top_k * expert_token_factor(model, job) * ep / e.experts * etp / t
     local = e.experts / ep
-    routed = (linear_gemm_time(curves, m, g * fe / etp, h, plan, count=local)
-              + linear_gemm_time(curves, m, h, fe / etp, plan, count=local))
+    grouped = e.dispatch == "permute"
+    routed = (routed_experts_gemm_time(curves, m, g * fe / etp, h, local, plan, grouped)
+              + routed_experts_gemm_time(curves, m, h, fe / etp, local, plan, grouped))
     shared = mlp_gemm_forward_time(model, job, plan, curves, width=e.shared_experts * fe) if e.shared_experts else 0.0
     router = curves.gemm_time(T, e.experts, h, dt)
     return routed + shared + router
