@@ -524,56 +524,42 @@ def quantize_transposed(t, dtype, max_value):
     return q, q.t().contiguous(), inv
 
 
-def fp8_fused_linear_fn(quant_t):
-    """``F.linear`` in fp8 as Transformer Engine runs it: each operand quantized once with its
-    transposed copy written in the same kernel (``quant_t``), the three GEMMs reading those copies."""
-    e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
-
-    class Fp8Linear(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, x, w):
-            shape = x.shape
-            xq, xqt, xs = quant_t(x.reshape(-1, shape[-1]), e4, E4M3_MAX)
-            wq, wqt, ws = quant_t(w, e4, E4M3_MAX)
-            y = torch._scaled_mm(xq, wq.t(), xs, ws, out_dtype=torch.bfloat16)
-            ctx.save_for_backward(xqt, wqt, xs, ws)
-            ctx.shape = shape
-            return y.view(*shape[:-1], w.shape[0])
-
-        @staticmethod
-        def backward(ctx, gy):
-            xqt, wqt, xs, ws = ctx.saved_tensors
-            gq, gqt, gs = quant_t(gy.reshape(-1, gy.shape[-1]), e5, E5M2_MAX)
-            dx = torch._scaled_mm(gq, wqt.t(), gs, ws, out_dtype=torch.bfloat16)
-            dw = torch._scaled_mm(gqt, xqt.t(), gs, xs, out_dtype=torch.bfloat16)
-            return dx.view(ctx.shape), dw
-
-    return Fp8Linear.apply
-
-
-def fp8_linear_fn(quant):
+def fp8_linear_fn(quant, cast_transpose: bool = False):
     """``F.linear`` with its three GEMMs in fp8 (``torch._scaled_mm``, per-tensor current scaling;
-    e4m3 activations and weights, e5m2 gradients), the layout copies cuBLAS's TN-only fp8 GEMMs
-    need made explicitly (the transposed weight for dgrad, both operands for wgrad)."""
+    e4m3 activations and weights, e5m2 gradients). cuBLAS's fp8 GEMMs are TN-only, so dgrad needs the
+    transposed weight and wgrad both operands transposed: with ``cast_transpose`` those copies come
+    out of the quantization itself (``quant`` returns (q, qᵀ, 1/scale), as Transformer Engine's
+    cast-transpose kernel); without, ``quant`` returns (q, 1/scale) and the backward transposes."""
     e4, e5 = torch.float8_e4m3fn, torch.float8_e5m2
+
+    def quantized(t, dtype, max_value):
+        """(q, what the backward transposes or has transposed already, 1/scale)."""
+        if cast_transpose:
+            q, qt, inv = quant(t, dtype, max_value)
+            return q, qt, inv
+        q, inv = quant(t, dtype, max_value)
+        return q, q, inv
+
+    def transposed(kept):
+        return kept if cast_transpose else kept.t().contiguous()
 
     class Fp8Linear(torch.autograd.Function):
         @staticmethod
         def forward(ctx, x, w):
             shape = x.shape
-            xq, xs = quant(x.reshape(-1, shape[-1]), e4, E4M3_MAX)
-            wq, ws = quant(w, e4, E4M3_MAX)
+            xq, x_kept, xs = quantized(x.reshape(-1, shape[-1]), e4, E4M3_MAX)
+            wq, w_kept, ws = quantized(w, e4, E4M3_MAX)
             y = torch._scaled_mm(xq, wq.t(), xs, ws, out_dtype=torch.bfloat16)
-            ctx.save_for_backward(xq, wq, xs, ws)
+            ctx.save_for_backward(x_kept, w_kept, xs, ws)
             ctx.shape = shape
             return y.view(*shape[:-1], w.shape[0])
 
         @staticmethod
         def backward(ctx, gy):
-            xq, wq, xs, ws = ctx.saved_tensors
-            gq, gs = quant(gy.reshape(-1, gy.shape[-1]), e5, E5M2_MAX)
-            dx = torch._scaled_mm(gq, wq.t().contiguous().t(), gs, ws, out_dtype=torch.bfloat16)
-            dw = torch._scaled_mm(gq.t().contiguous(), xq.t().contiguous().t(), gs, xs, out_dtype=torch.bfloat16)
+            x_kept, w_kept, xs, ws = ctx.saved_tensors
+            gq, g_kept, gs = quantized(gy.reshape(-1, gy.shape[-1]), e5, E5M2_MAX)
+            dx = torch._scaled_mm(gq, transposed(w_kept).t(), gs, ws, out_dtype=torch.bfloat16)
+            dw = torch._scaled_mm(transposed(g_kept), transposed(x_kept).t(), gs, xs, out_dtype=torch.bfloat16)
             return dx.view(ctx.shape), dw
 
     return Fp8Linear.apply
@@ -588,7 +574,8 @@ def layers_fp8_section(device) -> list[dict]:
     torch._dynamo.config.cache_size_limit = 256
     variants = {"bf16": F.linear, "fp8_eager": fp8_linear_fn(quantize),
                 "fp8_compiled": fp8_linear_fn(torch.compile(quantize, dynamic=False)),
-                "fp8_cast_transpose": fp8_fused_linear_fn(torch.compile(quantize_transposed, dynamic=False))}
+                "fp8_cast_transpose": fp8_linear_fn(torch.compile(quantize_transposed, dynamic=False),
+                                                    cast_transpose=True)}
     for label, h, heads, kv, hd, ffn, act, norm, s, b, tp in [LAYER_CASES[i] for i in (0, 2, 5)]:
         row = {"label": label, "hidden": h, "heads": heads, "kv_heads": kv, "head_dim": hd, "ffn": ffn,
                "act": act, "norm": norm, "seq": s, "batch": b, "tp": tp}
