@@ -51,16 +51,21 @@ class AnalyticalCurves:
 
     kind = "analytical"
 
-    def gemm_time(self, m, n, k, dtype: str = "bf16", count=1):
-        """Seconds for ``count`` GEMMs of shape (m x k) @ (k x n)."""
+    def _tensor_core_time(self, m, n, k, dtype: str, groups=1.0):
+        """Seconds of the arithmetic of one launch computing ``groups`` (m x k)·(k x n) products:
+        2·g·m·n·k / (peak · plateau · sustained · η_wave), every group's output tiles in the waves."""
         acc = self.accelerator
-        m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
-        tiles = np.ceil(m / self.gemm_tile_m) * np.ceil(n / self.gemm_tile_n)
+        tiles = groups * np.ceil(m / self.gemm_tile_m) * np.ceil(n / self.gemm_tile_n)
         waves = tiles / acc.streaming_multiprocessors
         wave_eff = waves / np.ceil(waves)
-        flops = 2.0 * m * n * k
+        flops = 2.0 * groups * m * n * k
         plateau = acc.plateau(dtype) * self.gemm_sustained_fraction
-        return count * (self.kernel_overhead_s + flops / (acc.peak(dtype) * plateau * wave_eff))
+        return flops / (acc.peak(dtype) * plateau * wave_eff)
+
+    def gemm_time(self, m, n, k, dtype: str = "bf16", count=1):
+        """Seconds for ``count`` GEMMs of shape (m x k) @ (k x n)."""
+        m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
+        return count * (self.kernel_overhead_s + self._tensor_core_time(m, n, k, dtype))
 
     def grouped_gemm_time(self, m, n, k, groups, dtype: str = "bf16"):
         """Seconds for one grouped GEMM: ``groups`` products (m x k)·(k x n) in a single launch (the
@@ -75,11 +80,7 @@ class AnalyticalCurves:
         more the two agree (0.9-1.05)."""
         acc = self.accelerator
         m, n, k, g = (np.asarray(x, dtype=float) for x in (m, n, k, groups))
-        tiles = g * np.ceil(m / self.gemm_tile_m) * np.ceil(n / self.gemm_tile_n)
-        waves = tiles / acc.streaming_multiprocessors
-        wave_eff = waves / np.ceil(waves)
-        flops = 2.0 * g * m * n * k
-        compute = flops / (acc.peak(dtype) * acc.plateau(dtype) * self.gemm_sustained_fraction * wave_eff)
+        compute = self._tensor_core_time(m, n, k, dtype, g)
         width = {"fp8": 1.0, "fp32": 4.0, "tf32": 4.0}.get(dtype, 2.0)
         stream = g * (n * k + m * k + m * n) * width / (acc.memory_bandwidth_bytes_per_s * self.streaming_efficiency)
         return self.kernel_overhead_s + np.maximum(compute, stream)
