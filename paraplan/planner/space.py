@@ -282,25 +282,22 @@ def compose(model, job, cluster, options: SpaceOptions | None = None) -> tuple[P
     keep2 = _apply(_stage_rules(2), second, scene, np.ones(n2, bool), rejected, int(keep1.sum()))
     both = _cross(first, second, keep1, keep2, fixed, cluster.accelerator.flash_attention)
     keep3 = _apply(_stage_rules(3), both, scene, np.ones(both.tp.size, bool), rejected, 1)
-    return _batch(both, np.nonzero(keep3)[0], cluster, options, fixed), rejected, n1 * n2
+    return _batch(both, np.nonzero(keep3)[0], options, fixed), rejected, n1 * n2
 
 
-def _batch(both: SimpleNamespace, idx, cluster, options: SpaceOptions, fixed: Mapping) -> PlanBatch:
+def _batch(both: SimpleNamespace, idx, options: SpaceOptions, fixed: Mapping) -> PlanBatch:
     """The kept candidates as a PlanBatch; the flags the search does not vary take their pinned
     value or the default."""
     n = idx.size
     engine = Engine(int(both.engine_code))
     # only Megatron-LM fuses gradient accumulation into the weight-gradient GEMMs (main_grad)
     fusion = options.grad_accumulation_fusion and engine in (Engine.GENERIC, Engine.MEGATRON)
-    const = {"flash_attention": fixed.get("flash_attention", cluster.accelerator.flash_attention),
-             "overlap_grad_reduce": fixed.get("overlap_grad_reduce", True),
+    const = {"overlap_grad_reduce": fixed.get("overlap_grad_reduce", True),
              "grad_accumulation_fusion": fixed.get("grad_accumulation_fusion", fusion),
-             "fused_elementwise": fixed.get("fused_elementwise", True),
-             "tp_comm_overlap": fixed.get("tp_comm_overlap", False),
-             "grad_reduce_bf16": fixed.get("grad_reduce_bf16", False), "engine_code": int(engine),
-             "attention_kernel_code": int(AttentionKernel.parse(fixed.get("attention_kernel", "auto")))}
+             "fused_elementwise": fixed.get("fused_elementwise", True), "engine_code": int(engine)}
+    # the batch-wide flags the crossing rules read are already columns of ``both`` (:func:`_cross`)
     cols = ("tp", "pp", "dp", "cp", "sp", "vpp", "micro_batch", "schedule_code", "zero", "recompute_code",
             "offload_code", "offload_params", "ep", "etp", "cp_mode_code", "optimizer_code", "delayed_update",
-            *STAGE_LAYER_FIELDS)
+            "tp_comm_overlap", "grad_reduce_bf16", "flash_attention", "attention_kernel_code", *STAGE_LAYER_FIELDS)
     return PlanBatch(**{k: getattr(both, k)[idx] for k in cols}, **{k: np.full(n, v) for k, v in const.items()},
                      dtype=both.dtype)
