@@ -41,6 +41,8 @@ LABELS = {"gpus": "GPUs", "seq_len": "sequence length", "global_batch": "global 
           "intra_node_bandwidth": "intra-node bandwidth", "hbm": "HBM per GPU", "offload": "offload",
           "attention_kernel": "attention kernel"}
 OFFLOAD_VALUES = ("none", "cpu", "nvme", "auto")
+#: variables whose values are names from a fixed list
+NAMED_VALUES = {"offload": OFFLOAD_VALUES, "attention_kernel": ATTENTION_KERNELS}
 GIB = 2**30
 MAX_VALUE = 1e12          # a swept number past this is a typo (bandwidths in GB/s, HBM in GiB, counts)
 #: the smallest swept bandwidth (GB/s) or HBM (GiB): a kB/s link or a KiB of memory; below it, down
@@ -106,14 +108,9 @@ def sweep_values(sweep: Sweep, base) -> list:
                                   accepted="system presets (e.g. dgx-h100) or cluster YAML files")
             out.append(item)
             continue
-        if var == "offload":
-            if low not in OFFLOAD_VALUES:
-                raise ConfigError(field_name, f"unknown value {item!r}", accepted=", ".join(OFFLOAD_VALUES))
-            out.append(low)
-            continue
-        if var == "attention_kernel":
-            if low not in ATTENTION_KERNELS:
-                raise ConfigError(field_name, f"unknown value {item!r}", accepted=", ".join(ATTENTION_KERNELS))
+        if var in NAMED_VALUES:
+            if low not in NAMED_VALUES[var]:
+                raise ConfigError(field_name, f"unknown value {item!r}", accepted=", ".join(NAMED_VALUES[var]))
             out.append(low)
             continue
         if low.startswith("x"):
