@@ -218,7 +218,11 @@ H100_GPU_TO_SYSTEM = {"H100 (DGX-H100)": "dgx-h100", "DGX-H100": "dgx-h100", "DG
 H100_MODEL_PRESETS = {"llama 3 8b": "llama3-8b", "llama3-8b": "llama3-8b", "llama 3 70b": "llama3-70b",
                       "llama3-70b": "llama3-70b", "llama 3.1 405b": "llama3-405b", "gpt3-175b": "gpt3-175b",
                       "llama2-7b": "llama2-7b", "llama2-13b": "llama2-13b", "llama2-70b": "llama2-70b",
-                      "deepseekv3 (w/o mtp)": "deepseek-v3", "deepseekv3 (dropless)": "deepseek-v3"}
+                      "deepseekv3 (w/o mtp)": "deepseek-v3", "deepseekv3 (dropless)": "deepseek-v3",
+                      "gpt3-5b": "gpt3-5b", "gpt3-20b": "gpt3-20b", "nemotron-8b": "nemotron3-8b",
+                      "nemotron-22b": "nemotron3-22b", "nemotron-340b": "nemotron4-340b",
+                      "qwen3_30b_a3b": "qwen3-30b-a3b", "qwen3_235b_a22b": "qwen3-235b-a22b",
+                      "qwen3_30b_a3b (tokendrop)": "qwen3-30b-a3b", "qwen3_235b_a22b (tokendrop)": "qwen3-235b-a22b"}
 
 def h100_source(source: str) -> str:
     s = source.lower()
@@ -294,6 +298,10 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     model = load_model(preset)
     if model.moe is None and ep > 1:
         return "ep > 1 on a dense model"
+    if "tokendrop" in str(r["model"]).lower() and model.moe is not None:
+        model = replace(model, moe=replace(model.moe, capacity_factor=1.0))
+        assumed.append("token-drop variant: expert capacity factor 1.0, inputs padded to capacity (Megatron-Bridge's "
+                       "token-drop recipes: moe_expert_capacity_factor 1.0, moe_pad_expert_input_to_capacity)")
     if preset == "gpt3-175b" and model.dropout:
         model = replace(model, dropout=False)
         assumed.append("no dropout (NeMo's GPTConfig175B: hidden_dropout = attention_dropout = 0.0)")

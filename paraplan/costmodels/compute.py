@@ -110,11 +110,12 @@ def fp8_cast_elements(model, job, plan):
     T = tokens_per_rank(job, plan)
     t = np.asarray(plan.tp, dtype=float)
     h, hkv, f, g = model.hidden, model.kv_hidden, model.ffn_hidden, model.mlp_matrices - 1
+    q = model.q_hidden
     m = job.global_batch / (np.asarray(plan.dp, dtype=float) * plan.micro_batch)
     cached = np.asarray(getattr(plan, "engine_code", 0)) != Engine.TORCHTITAN
     weights = model.params_per_layer / t / np.where(cached, np.maximum(m, 1.0), 1.0)
-    fwd = T * (2 * h + h / t + f / t) + weights
-    bwd = T * ((h + 2 * hkv) / t + h + g * f / t + h)
+    fwd = T * (2 * h + q / t + f / t) + weights
+    bwd = T * ((q + 2 * hkv) / t + h + g * f / t + h)
     return fwd, bwd
 
 
@@ -135,8 +136,8 @@ def attention_gemm_forward_time(model, job, plan, curves):
     """Forward time of the QKV and output projections for one micro-batch."""
     T = tokens_per_rank(job, plan)
     t = np.asarray(plan.tp, dtype=float)
-    h, hkv = model.hidden, model.kv_hidden
-    return linear_gemm_time(curves, T, (h + 2 * hkv) / t, h, plan) + linear_gemm_time(curves, T, h, h / t, plan)
+    h, q, hkv = model.hidden, model.q_hidden, model.kv_hidden
+    return linear_gemm_time(curves, T, (q + 2 * hkv) / t, h, plan) + linear_gemm_time(curves, T, h, q / t, plan)
 
 
 def mlp_gemm_forward_time(model, job, plan, curves, width=None):
@@ -259,7 +260,7 @@ def attention_core_times(model, job, plan, curves):
     t = np.asarray(plan.tp, dtype=float)
     dt = _dtype(plan)
     # fused: causal mask halves the executed work
-    flops_fwd = 4.0 * b * s_l * s * model.hidden / t / 2
+    flops_fwd = 4.0 * b * s_l * s * model.q_hidden / t / 2
     fused_f = curves.flash_attention_time(flops_fwd, dt)
     fused_b = curves.flash_attention_time(2.5 * flops_fwd, dt)
     eff = measured_attention_efficiency(model, plan, curves, s_l, b * model.heads / t)
@@ -319,7 +320,7 @@ def rope_bytes_per_token(model, unfused):
     if not model.rotary:
         return 0.0
     per = np.where(unfused, EAGER_ROPE_BYTES_PER_ELEMENT, FUSED_ROPE_BYTES_PER_ELEMENT)
-    return per * (model.hidden + model.kv_hidden)
+    return per * (model.q_hidden + model.kv_hidden)
 
 
 def elementwise_forward_time(model, job, plan, curves, moe: bool = False):
@@ -337,7 +338,7 @@ def elementwise_forward_time(model, job, plan, curves, moe: bool = False):
     eager_rest = unfused | (np.asarray(getattr(plan, "engine_code", 0)) == Engine.SCALING)
     eager_swiglu = eager_rest & (model.activation == "swiglu")
     act = act + np.where(eager_swiglu, UNFUSED_SWIGLU_EXTRA_BYTES_PER_FFN * model.ffn_hidden, 0.0)
-    unfused_extra = np.where(np.asarray(plan.flash_attention, dtype=bool), 0.0, 8 * (h + hkv))
+    unfused_extra = np.where(np.asarray(plan.flash_attention, dtype=bool), 0.0, 8 * (model.q_hidden + hkv))
     rope = rope_bytes_per_token(model, eager_rest)
     per_token = replicated / np.where(sp, t, 1.0) + (act + unfused_extra + rope) / t
     kernels = (8 + (4 if moe else 0) + np.where(unfused, UNFUSED_NORM_EXTRA_KERNELS, 0) + eager_swiglu
@@ -367,8 +368,8 @@ def ulysses_alltoall_time(model, job, plan, cluster):
     t = np.asarray(plan.tp, dtype=float)
     k = ranks_per_node(plan.cp, plan.tp, cluster.gpus_per_node)
     intra, inter = cluster.links("cp")
-    qkv = collective_time(ALL_TO_ALL, T * (model.hidden + 2 * model.kv_hidden) * element_bytes(plan) / t, plan.cp, k, intra, inter)
-    out = collective_time(ALL_TO_ALL, T * model.hidden * element_bytes(plan) / t, plan.cp, k, intra, inter)
+    qkv = collective_time(ALL_TO_ALL, T * (model.q_hidden + 2 * model.kv_hidden) * element_bytes(plan) / t, plan.cp, k, intra, inter)
+    out = collective_time(ALL_TO_ALL, T * model.q_hidden * element_bytes(plan) / t, plan.cp, k, intra, inter)
     return qkv + out
 
 
@@ -432,9 +433,9 @@ def op_sac_recomputed_matmul_share(model) -> float:
     """Share of a layer's forward matmul FLOPs that torchtitan's op-level SAC recomputes: the
     matmuls whose outputs it does not save (wk, wo, w3 of wq, wk, wv, wo, w1, w3, w2; wk, wo, fc2 for
     a GELU MLP), by their weight sizes (see memory.op_sac_saved_bytes_per_token)."""
-    h, hkv, f = model.hidden, model.kv_hidden, model.ffn_hidden
+    q, hkv, f = model.q_hidden, model.kv_hidden, model.ffn_hidden
     mlp_mats = 3 if model.activation == "swiglu" else 2
-    return (hkv + h + f) / (2 * h + 2 * hkv + mlp_mats * f)
+    return (hkv + q + f) / (2 * q + 2 * hkv + mlp_mats * f)
 
 
 # Share of an overlapped TP collective's duration that it costs the GEMM beneath it (NCCL or userbuffer

@@ -157,6 +157,8 @@ def build_megatron(s: Scenario) -> Export:
     ]
     if m.kv_heads != m.heads:
         args += [("--group-query-attention",), ("--num-query-groups", str(m.kv_heads))]
+    if m.q_hidden != m.hidden:
+        args.append(("--kv-channels", str(m.head_dim)))     # head width when it is not hidden / heads
     args += [("--seq-length", str(s.seq_len)),
              ("--max-position-embeddings", str(max(s.seq_len, m.max_positions or 0))),
              ("--position-embedding-type", "learned_absolute" if m.learned_positions else "rope"),
@@ -419,7 +421,8 @@ def build_torchtitan(s: Scenario) -> Export:
         flavor = "paraplan-" + "".join(c if c.isalnum() else "-" for c in m.name)
         notes.append(f"torchtitan has no flavor for this model; register {flavor!r} in torchtitan's "
                      f"{name} model args with dim={m.hidden}, n_layers={m.layers}, n_heads={m.heads}, "
-                     f"n_kv_heads={m.kv_heads}, vocab_size={m.vocab}, FFN width {m.ffn_hidden}")
+                     f"n_kv_heads={m.kv_heads}, vocab_size={m.vocab}, FFN width {m.ffn_hidden}"
+                     + (f", head_dim={m.head_dim}" if m.q_hidden != m.hidden else ""))
     if (m.activation, m.norm, m.learned_positions) != ("swiglu", "rmsnorm", False):
         notes.append(f"torchtitan's {name} architecture is SwiGLU/RMSNorm/RoPE; this model is "
                      f"{m.activation}/{m.norm}{'/learned positions' if m.learned_positions else ''}, so "

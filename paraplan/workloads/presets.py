@@ -15,7 +15,7 @@ from paraplan.workloads.transformer import ACTIVATIONS, MOE_DISPATCH, MoESpec, T
 MODELS_FILE = Path(__file__).parent / "catalog" / "models.yaml"
 MODEL_FILE_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation",
                    "tied_embeddings", "norm", "bias", "learned_positions", "max_positions", "moe",
-                   "rotary", "dropout")
+                   "rotary", "dropout", "head_dim")
 MOE_KEYS = ("experts", "top_k", "expert_ffn_hidden", "shared_experts", "every", "first_dense", "capacity_factor",
             "dispatch")
 
@@ -65,7 +65,7 @@ def model_from_mapping(data: Mapping[str, Any], source: str) -> TransformerModel
         norm=f.string("norm", "layernorm"), bias=_bool(f, "bias", True),
         learned_positions=_bool(f, "learned_positions", False),
         max_positions=f.integer("max_positions", 0, positive=False), rotary=_bool(f, "rotary", False),
-        dropout=_bool(f, "dropout", True))
+        dropout=_bool(f, "dropout", True), head_dim=f.integer("head_dim") if f.has("head_dim") else None)
 
 
 #: Hugging Face config keys of the residual (hidden) dropout probability, by model family
@@ -117,8 +117,10 @@ HF_KEYS = {"hidden": ("hidden_size", "n_embd", "d_model"),
            "max_positions": ("max_position_embeddings", "n_positions", "n_ctx"),
            "activation": ("hidden_act", "activation_function", "hidden_activation"),
            "tied_embeddings": ("tie_word_embeddings",),
-           "bias": ("attention_bias",)}
-HF_MARKERS = tuple(k for keys in HF_KEYS.values() for k in keys if k != "vocab_size") + ("model_type", "architectures")
+           "bias": ("attention_bias",),
+           "head_dim": ("head_dim",)}
+HF_MARKERS = tuple(k for keys in HF_KEYS.values() for k in keys if k not in ("vocab_size", "head_dim")) + (
+    "model_type", "architectures")
 # Hugging Face activation names (transformers ``ACT2FN``) by the family the cost model prices.
 HF_ACTIVATIONS = {"gelu": ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_accurate", "gelu_10",
                            "quick_gelu", "gelu_python", "mish", "tanh", "sigmoid", "linear"),
@@ -196,7 +198,7 @@ def model_from_hf_config(data: Mapping[str, Any], source: str) -> TransformerMod
             learned_positions=model_type in ("gpt2", "opt", "gpt_neo") or "n_positions" in data,
             max_positions=_hf_int(f, "max_positions", 0, positive=False), moe=_hf_moe(f),
             rotary="rope_theta" in data or "rotary_dim" in data or "rope_scaling" in data,
-            dropout=_hf_dropout(data))
+            dropout=_hf_dropout(data), head_dim=_hf_int(f, "head_dim", None))
     except ConfigError as e:
         if e.source == source:
             raise

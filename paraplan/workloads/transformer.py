@@ -88,6 +88,10 @@ class TransformerModel:
     #: element kept for backward); False for models trained without it (Llama, Mixtral, DeepSeek,
     #: BLOOM): torch's dropout at p = 0 returns its input and keeps no mask
     dropout: bool = True
+    #: width of one attention head; default hidden / heads. Models whose heads are not hidden / heads
+    #: wide (Qwen3: hidden 2048, 32 heads of 128; GPT-OSS: 2880, 64 of 64) set it, and then the
+    #: queries (and the attention output) are heads · head_dim wide, not hidden (``q_hidden``)
+    head_dim: int | None = None
 
     def __post_init__(self):
         for key in ("layers", "hidden", "heads", "vocab"):
@@ -102,9 +106,13 @@ class TransformerModel:
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ConfigError(key, f"must be a positive integer, got {v!r}", source=self.name)
-        if self.hidden % self.heads:
-            raise ConfigError("hidden", f"hidden ({self.hidden}) must be divisible by heads ({self.heads})",
-                              source=self.name)
+        if self.head_dim is None:
+            if self.hidden % self.heads:
+                raise ConfigError("hidden", f"hidden ({self.hidden}) must be divisible by heads ({self.heads}) "
+                                  "unless head_dim is given", source=self.name)
+            object.__setattr__(self, "head_dim", self.hidden // self.heads)
+        elif isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or self.head_dim <= 0:
+            raise ConfigError("head_dim", f"must be a positive integer, got {self.head_dim!r}", source=self.name)
         if self.heads % self.kv_heads:
             raise ConfigError("kv_heads", f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})",
                               source=self.name)
@@ -116,8 +124,10 @@ class TransformerModel:
 
     # --- shapes -----------------------------------------------------------------------------------
     @property
-    def head_dim(self) -> int:
-        return self.hidden // self.heads
+    def q_hidden(self) -> int:
+        """Width of Q and of the attention output before the output projection: heads · head_dim
+        (= hidden unless ``head_dim`` is set otherwise)."""
+        return self.heads * self.head_dim
 
     @property
     def kv_hidden(self) -> int:
@@ -132,9 +142,10 @@ class TransformerModel:
     # --- parameters -------------------------------------------------------------------------------
     @property
     def attention_params_per_layer(self) -> int:
-        h, hkv = self.hidden, self.kv_hidden
-        weights = h * (h + 2 * hkv) + h * h
-        return weights + ((h + 2 * hkv) + h if self.bias else 0)
+        """QKV projection h x (q + 2·h_kv) and output projection q x h (q = heads · head_dim)."""
+        h, q, hkv = self.hidden, self.q_hidden, self.kv_hidden
+        weights = h * (q + 2 * hkv) + q * h
+        return weights + ((q + 2 * hkv) + h if self.bias else 0)
 
     @property
     def mlp_params_per_layer(self) -> int:
@@ -218,7 +229,8 @@ class TransformerModel:
         """Forward FLOPs per token of a layer's weight GEMMs, 2 · (weights a token meets), averaged
         over dense and MoE layers (an MoE layer counts its router, top-k and shared experts)."""
         h, hkv, f = self.hidden, self.kv_hidden, self.ffn_hidden
-        attention = h * (h + 2 * hkv) + h * h
+        q = self.q_hidden
+        attention = h * (q + 2 * hkv) + q * h
         dense = 2 * (attention + self.mlp_matrices * h * f)
         if not self.moe:
             return dense
@@ -227,8 +239,9 @@ class TransformerModel:
         return (self.dense_layers * dense + self.moe_layers * moe) / self.layers
 
     def attention_flops_per_token_per_layer(self, seq_len: int, causal_halved: bool = False) -> float:
-        """Forward FLOPs per token of QKᵀ and PV: 2 · 2 · s · h (halved if causal masking is counted)."""
-        flops = 4 * seq_len * self.hidden
+        """Forward FLOPs per token of QKᵀ and PV: 2 · 2 · s · heads · head_dim (= 4·s·h for the usual
+        head width; halved if causal masking is counted)."""
+        flops = 4 * seq_len * self.q_hidden
         return flops / 2 if causal_halved else flops
 
     def logit_flops_per_token(self) -> int:
@@ -246,6 +259,8 @@ class TransformerModel:
 
     def describe(self) -> str:
         kv = f", kv_heads {self.kv_heads}" if self.kv_heads != self.heads else ""
+        if self.q_hidden != self.hidden:
+            kv += f", head_dim {self.head_dim}"
         moe = ""
         if self.moe:
             e = self.moe

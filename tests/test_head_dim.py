@@ -1,0 +1,109 @@
+"""Attention heads whose width is not hidden / heads (``head_dim``): Qwen3, GPT-OSS-style shapes.
+
+The queries and the attention output are heads · head_dim wide; K and V kv_heads · head_dim. The
+parameter, FLOP and activation counts follow, and the presets reproduce the published totals."""
+import json
+
+import pandas as pd
+import pytest
+
+from paraplan.costmodels.calibration import H100_CSV
+from paraplan.costmodels.estimate import estimate
+from paraplan.errors import ConfigError
+from paraplan.hardware.catalog import load_cluster
+from paraplan.plan import Plan
+from paraplan.planner import export as ex
+from paraplan.planfile import PLAN_SCHEMA
+from paraplan.workloads.presets import load_model
+from paraplan.workloads.transformer import TrainingJob, TransformerModel
+
+
+def test_qwen3_presets_reproduce_published_parameter_counts():
+    # Qwen3 model cards: 30.5B total / 3.3B active; 235B total / 22B active
+    small, large = load_model("qwen3-30b-a3b"), load_model("qwen3-235b-a22b")
+    assert small.q_hidden == 4096 != small.hidden and small.kv_hidden == 512
+    assert small.num_params / 1e9 == pytest.approx(30.5, abs=0.1)
+    assert small.active_params / 1e9 == pytest.approx(3.3, abs=0.1)
+    assert large.num_params / 1e9 == pytest.approx(235, abs=0.5)
+    assert large.active_params / 1e9 == pytest.approx(22, abs=0.3)
+
+
+def test_default_head_dim_changes_nothing():
+    a = TransformerModel(name="a", layers=2, hidden=1024, heads=16, vocab=1000)
+    b = TransformerModel(name="b", layers=2, hidden=1024, heads=16, vocab=1000, head_dim=64)
+    assert a.head_dim == 64 and a.q_hidden == a.hidden
+    assert a.num_params == b.num_params
+    assert a.model_flops_per_token(2048) == b.model_flops_per_token(2048)
+
+
+def test_wider_heads_count_their_projections_and_attention():
+    narrow = TransformerModel(name="n", layers=1, hidden=2048, heads=32, vocab=1000, bias=False)
+    wide = TransformerModel(name="w", layers=1, hidden=2048, heads=32, vocab=1000, bias=False, head_dim=128)
+    # Q and the output projection double (2·h·h -> 2·h·2h); K and V double too (kv_heads = heads)
+    assert wide.attention_params_per_layer - narrow.attention_params_per_layer == 4 * 2048 * 2048
+    assert wide.attention_flops_per_token_per_layer(4096) == 2 * narrow.attention_flops_per_token_per_layer(4096)
+
+
+@pytest.mark.parametrize("model, tflops_per_gpu, tokens_per_gpu, seq, causal", [
+    ("nemotron3-8b", 643, 12507, 4096, False),      # NeMo 24.07 performance summary rows
+    ("nemotron3-22b", 562, 4312, 4096, False),
+    ("gpt3-5b", 765, 23406, 2048, False),
+    ("gpt3-20b", 750, 5851, 2048, False),
+    ("qwen3-30b-a3b", 666, 28934, 4096, True),      # Megatron-Bridge: causal attention counted once
+    ("qwen3-235b-a22b", 907, 6131, 4096, True),
+])
+def test_presets_match_the_recipes_model_flops(model, tflops_per_gpu, tokens_per_gpu, seq, causal):
+    """The published model TFLOP/s over tokens/s is the recipe's FLOPs per token: the preset's
+    shape gives the same count within 1.5 % (the files' own figures, shared/reference)."""
+    published = tflops_per_gpu * 1e12 / tokens_per_gpu
+    ours = load_model(model).model_flops_per_token(seq, causal_halved=causal)
+    assert ours == pytest.approx(published, rel=0.015)
+
+
+def test_calibration_file_rows_for_the_new_presets_are_scored():
+    from paraplan.costmodels.calibration import load_h100_cases
+    cases, skipped = load_h100_cases()
+    labels = " ".join(c.label for c in cases)
+    for name in ("Qwen3_30B_a3B", "Nemotron-8B", "Nemotron-340B", "GPT3-5B"):
+        assert name in labels
+    assert len(pd.read_csv(H100_CSV)) == len(cases) + len(skipped)
+
+
+def test_head_dim_errors_name_the_field(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        TransformerModel(name="x", layers=1, hidden=2000, heads=64, vocab=10)
+    assert e.value.field == "hidden" and "head_dim" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        TransformerModel(name="x", layers=1, hidden=2880, heads=64, vocab=10, head_dim=0)
+    assert e.value.field == "head_dim"
+    ok = TransformerModel(name="x", layers=1, hidden=2880, heads=64, vocab=10, head_dim=64)
+    assert ok.q_hidden == 4096
+
+
+def test_hf_config_and_model_file_carry_head_dim(tmp_path):
+    cfg = {"model_type": "qwen3_moe", "hidden_size": 2048, "num_hidden_layers": 4, "num_attention_heads": 32,
+           "num_key_value_heads": 4, "head_dim": 128, "intermediate_size": 6144, "moe_intermediate_size": 768,
+           "num_experts": 8, "num_experts_per_tok": 2, "vocab_size": 1000, "hidden_act": "silu", "rope_theta": 1e6}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    assert load_model(str(path)).q_hidden == 4096
+    cfg["head_dim"] = None                       # some configs write null: the default width
+    path.write_text(json.dumps(cfg))
+    assert load_model(str(path)).head_dim == 64
+    own = tmp_path / "m.yaml"
+    own.write_text("name: m\nlayers: 2\nhidden: 2880\nheads: 64\nkv_heads: 8\nhead_dim: 64\nvocab: 1000\n")
+    assert load_model(str(own)).q_hidden == 4096
+
+
+def test_qwen3_estimate_and_megatron_export():
+    model = load_model("qwen3-30b-a3b")
+    e = estimate(model, TrainingJob(4096, 64), load_cluster("dgx-b200", 8), Plan(dp=8, ep=8, zero=1, micro_batch=1))
+    assert e.feasible and e.step_time_s > 0
+    # the attention core is priced at heads · head_dim: double the hidden-wide count
+    doc = {"schema": PLAN_SCHEMA, "scenario": {"model": "qwen3-30b-a3b", "cluster": "dgx-h100", "gpus": 8,
+                                              "seq_len": 4096, "global_batch": 64},
+           "plan": {"dp": 8, "ep": 8}, "estimate": {}}
+    text = ex.to_megatron(doc)
+    assert "--kv-channels 128" in text and "--num-query-groups 4" in text
+    llama = dict(doc, scenario=dict(doc["scenario"], model="llama3-8b"), plan={"dp": 8})
+    assert "--kv-channels" not in ex.to_megatron(llama)
