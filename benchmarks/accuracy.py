@@ -25,7 +25,7 @@ import pandas as pd
 from paraplan.costmodels.calibration import (DEFAULT_CSV, H100_CSV, korthikanti_table, load_cases, load_h100_cases,
                                              score)
 from paraplan.costmodels.estimate import estimate
-from paraplan.costmodels.intervals import GENERATION, LEVEL, fit_intervals, write_intervals
+from paraplan.costmodels.intervals import GENERATION, LEVEL, fit_intervals, residual_group, write_intervals
 
 SWEEP_CSV = Path(__file__).resolve().parents[2] / "shared" / "reference" / "hagemann2023_sweep_2k.csv"
 SWEEP_SOURCE = "Hagemann 2023 sweep"
@@ -80,14 +80,14 @@ def loso_coverage(df: pd.DataFrame, level: float = LEVEL):
     rows = []
     for src in sorted(df.source.unique()):
         held, rest = df[df.source == src], df[df.source != src]
-        residuals = {g: list(zip(d.source, d.log_ratio)) for g, d in rest.groupby("generation")}
-        fitted = fit_intervals(residuals, level, generations=sorted(held.generation.unique()))
-        for gen, part in held.groupby("generation"):
+        residuals = {g: list(zip(d.source, d.log_ratio)) for g, d in rest.groupby("group")}
+        fitted = fit_intervals(residuals, level, generations=sorted(held.group.unique()))
+        for gen, part in held.groupby("group"):
             iv = fitted[gen]
             ratio = np.exp(part.log_ratio)
             inside = (ratio >= iv.low) & (ratio <= iv.high)
-            rows.append({"held out": src, "generation": gen, "rows": len(part), "interval from": iv.rows,
-                         "same generation": not iv.pooled, "quantile level": iv.quantile_level,
+            rows.append({"held out": src, "group": gen, "rows": len(part), "interval from": iv.rows,
+                         "own group": not iv.pooled, "quantile level": iv.quantile_level,
                          "low": iv.low, "high": iv.high, "covered_%": 100 * inside.mean()})
     out = pd.DataFrame(rows)
     total = (out.rows * out["covered_%"]).sum() / out.rows.sum()
@@ -112,6 +112,7 @@ def main(argv=None) -> int:
         cases, skipped = loader(path)
         df = score(cases, estimate)
         df["generation"] = [GENERATION[c.cluster.accelerator.name] for c in cases]
+        df["group"] = [residual_group(GENERATION[c.cluster.accelerator.name], c.model.moe is not None) for c in cases]
         frames.append(df)
         inputs.append(Path(path).name)
         print(f"{Path(path).name}: {len(cases)} rows scored, {len(skipped)} skipped")
@@ -120,7 +121,8 @@ def main(argv=None) -> int:
     sweep = None
     if Path(args.sweep_csv).exists():
         sweep = sweep_frame(Path(args.sweep_csv))
-        frames.append(sweep[["source", "case", "generation", "measured_s", "predicted_s", "error"]])
+        frames.append(sweep[["source", "case", "generation", "measured_s", "predicted_s", "error"]].assign(
+            group=sweep.generation))
         inputs.append(Path(args.sweep_csv).name)
         print(f"{Path(args.sweep_csv).name}: {len(sweep)} runs that fit scored")
     else:
@@ -133,6 +135,9 @@ def main(argv=None) -> int:
     print(summary(df, "source").round(1).to_string())
     print("\nthroughput error by hardware generation")
     print(summary(df, "generation").round(1).to_string())
+    print("\nthroughput error by hardware generation, dense models only (MoE rows apart)")
+    print(summary(df[df.group != "MoE"], "generation").round(1).to_string())
+    print(summary(df[df.group == "MoE"].assign(regime="MoE " + df.generation), "regime").round(1).to_string())
     if sweep is not None:
         mfu_err = sweep.predicted_mfu / sweep.measured_mfu - 1
         print(f"\n{SWEEP_SOURCE}: MFU MAPE {100 * mfu_err.abs().mean():.1f}%, bias {100 * mfu_err.mean():+.1f}%, "
@@ -142,7 +147,7 @@ def main(argv=None) -> int:
                                  "spearman": spearman(g.predicted_mfu, g.measured_mfu)}), include_groups=False)
         print(per.round(3).to_string())
 
-    residuals = {g: list(zip(d.source, d.log_ratio)) for g, d in df.groupby("generation")}
+    residuals = {g: list(zip(d.source, d.log_ratio)) for g, d in df.groupby("group")}
     intervals = fit_intervals(residuals)
     print(f"\n{100 * LEVEL:.0f}% prediction intervals (multipliers on predicted throughput)")
     for g, iv in sorted(intervals.items()):

@@ -114,3 +114,25 @@ def test_whatif_throughput_figure_draws_the_band_only_where_calibrated():
     assert len(bands) == 1                       # h100 only: mi300x has no calibration data
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert "90 % prediction interval" in labels
+
+
+def test_moe_rows_form_their_own_regime_even_from_one_source():
+    res = {"H100-class": [("a", 0.0), ("b", 0.05)] * 5, I.MOE_REGIME: [("c", -0.8), ("c", -0.3)] * 4}
+    iv = I.fit_intervals(res)
+    moe = iv[I.MOE_REGIME]
+    assert not moe.pooled and moe.rows == 8 and "MoE models (all generations)" in moe.basis()
+    assert moe.low < 0.5 < iv["H100-class"].low       # the MoE rows' spread, not the dense rows'
+    few = I.fit_intervals({"H100-class": res["H100-class"], I.MOE_REGIME: res[I.MOE_REGIME][:7]})
+    assert few[I.MOE_REGIME].pooled                     # under MIN_ROWS: pooled, and says so
+
+
+def test_moe_estimate_takes_the_moe_interval_when_one_is_stored(monkeypatch):
+    stored = {"level": 0.9, "generations": {
+        "H100-class": {"low": 0.9, "high": 1.1, "rows": 20, "sources": ["a", "b"], "pooled": False},
+        I.MOE_REGIME: {"low": 0.4, "high": 1.2, "rows": 9, "sources": ["c"], "pooled": False}}}
+    monkeypatch.setattr(I, "_stored", lambda: stored)
+    assert I.interval_for("h100-sxm").low == 0.9
+    assert I.interval_for("h100-sxm", moe=True).low == 0.4
+    assert I.interval_for("mi300x", moe=True) is None          # no generation: no interval at all
+    del stored["generations"][I.MOE_REGIME]
+    assert I.interval_for("h100-sxm", moe=True).low == 0.9      # none stored: the generation's

@@ -383,7 +383,7 @@ def estimate(model, job, cluster, plan: Plan, *, curves=None, max_memory_fractio
         efficiency_curves=curves.describe(),
         assumptions=assumptions_for(plan) + attention_kernel_assumption(model, job, plan, curves),
         prediction_interval=describe_interval(cluster.accelerator.name, tokens_per_s, step,
-                                              _f(terms.flops_model) / step / n / peak))
+                                              _f(terms.flops_model) / step / n / peak, moe=model.moe is not None))
 
 
 def infeasibility(gpu_total, host_per_node, nvme_per_node, cluster, max_memory_fraction=1.0) -> str | None:

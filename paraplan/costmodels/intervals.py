@@ -17,6 +17,12 @@ Two things make the interval honest for a run from a source paraplan has not see
   are what widen it. ``benchmarks/accuracy.py`` checks the result one level further out: each
   source is held out of the whole fit, level calibration included.
 
+Mixture-of-Experts models are a regime of their own (``MOE_REGIME``): their residuals (fine-grained
+experts: router, permutation, grouped GEMMs, all-to-all and host synchronisation per layer) are far
+wider than a dense model's on the same hardware, so an MoE estimate carries the MoE rows' interval,
+from every generation together, and a dense estimate its generation's dense rows' interval. The
+regime uses its own rows from ``MIN_ROWS`` on even from a single source (it says how many).
+
 A generation with fewer than ``MIN_ROWS`` rows or only one source borrows the residuals of all
 generations pooled and says so; a generation with no rows at all gets no interval, and the estimate
 says that its hardware has no calibration data. The stored file names its inputs and the date.
@@ -36,6 +42,8 @@ from paraplan.io import write_atomic
 INTERVALS_JSON = Path(__file__).parent / "data" / "prediction_intervals.json"
 LEVEL = 0.9
 MIN_ROWS = 8
+#: residual group of every Mixture-of-Experts row, whatever its hardware generation
+MOE_REGIME = "MoE"
 
 #: generation of each accelerator preset (a measured CPU profile has none)
 GENERATION = {"a100-40g": "A100", "a100-80g": "A100", "v100-16g": "V100", "v100-32g": "V100",
@@ -58,7 +66,8 @@ class Interval:
     quantile_level: float = LEVEL     # the residual quantiles it spans (calibrated: see the module doc)
 
     def basis(self) -> str:
-        own = f"{self.rows} calibration rows of {self.generation} from {len(self.sources)} sources"
+        what = "MoE models (all generations)" if self.generation == MOE_REGIME else self.generation
+        own = f"{self.rows} calibration rows of {what} from {len(self.sources)} source{'s' * (len(self.sources) != 1)}"
         return own + (" (too few of its own: all generations pooled)" if self.pooled else "")
 
 
@@ -90,7 +99,7 @@ def _basis(residuals: Mapping[str, Sequence[tuple[str, float]]], generation: str
     """(rows, pooled?) an interval for ``generation`` is fitted on: its own rows when they number at
     least MIN_ROWS from at least two sources, else every generation's rows pooled."""
     own = list(residuals.get(generation, ()))
-    if len(own) >= MIN_ROWS and len({s for s, _ in own}) >= 2:
+    if len(own) >= MIN_ROWS and (len({s for s, _ in own}) >= 2 or generation == MOE_REGIME):
         return own, False
     return [row for rows in residuals.values() for row in rows], True
 
@@ -166,11 +175,21 @@ def _stored() -> dict:
         return {}
 
 
-def interval_for(accelerator_name: str) -> Interval | None:
-    """The stored interval of the accelerator's generation, or None (no calibration data)."""
+def residual_group(generation: str, moe: bool) -> str:
+    """The residual group a calibration row (or an estimate) belongs to: MOE_REGIME for an MoE model,
+    else its hardware generation."""
+    return MOE_REGIME if moe else generation
+
+
+def interval_for(accelerator_name: str, moe: bool = False) -> Interval | None:
+    """The stored interval of the accelerator's generation (of the MoE regime for an MoE model, when
+    stored), or None (no calibration data for the generation)."""
     gen = GENERATION.get(accelerator_name)
     stored = _stored()
-    entry = stored.get("generations", {}).get(gen) if gen else None
+    groups = stored.get("generations", {})
+    if gen in groups and moe and MOE_REGIME in groups:     # hardware without data stays without
+        gen = MOE_REGIME
+    entry = groups.get(gen) if gen else None
     if entry is None:
         return None
     return Interval(gen, float(stored.get("level", LEVEL)), float(entry["low"]), float(entry["high"]),
@@ -178,9 +197,10 @@ def interval_for(accelerator_name: str) -> Interval | None:
                     float(entry.get("quantile_level", stored.get("level", LEVEL))))
 
 
-def describe_interval(accelerator_name: str, tokens_per_s: float, step_time_s: float, mfu: float) -> dict:
+def describe_interval(accelerator_name: str, tokens_per_s: float, step_time_s: float, mfu: float,
+                      moe: bool = False) -> dict:
     """The interval block an estimate carries (printed and in JSON)."""
-    iv = interval_for(accelerator_name)
+    iv = interval_for(accelerator_name, moe)
     if iv is None:
         gen = GENERATION.get(accelerator_name, accelerator_name)
         return {"level": LEVEL, "basis": f"no calibration data for {gen}: no prediction interval"}
