@@ -21,7 +21,7 @@ def test_estimate_json_has_the_documented_keys(capsys):
                  "--global-batch", "64", "--format", "json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert REQUIRED_JSON <= set(out)
-    assert set(out["time_breakdown_s"]) == {"compute", "recompute", "grad_accumulation", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "pp_bubble",
+    assert set(out["time_breakdown_s"]) == {"compute", "recompute", "grad_accumulation", "tp_comm", "cp_comm", "ep_comm", "moe_host", "pp_comm", "pp_bubble",
                                             "dp_comm", "optimizer", "offload"}
     assert set(out["memory_bytes_per_gpu"]) == {"parameters", "gradients", "optimizer_states", "activations",
                                                 "buffers", "allocator", "total"}

@@ -438,6 +438,28 @@ def op_sac_recomputed_matmul_share(model) -> float:
     return (hkv + q + f) / (2 * q + 2 * hkv + mlp_mats * f)
 
 
+# Megatron-Core's dropless token dispatch copies the per-expert token counts to the host (the all-to-all
+# splits and the grouped GEMM's per-expert sizes) and waits for them inside every MoE layer
+# (megatron/core/transformer/moe/token_dispatcher.py: cuda_dtoh_point / cuda_sync_point; "no_sync" only
+# with moe_pad_expert_input_to_capacity). The host therefore cannot queue work ahead across the layer,
+# and an MoE layer costs at least the host's own time to issue it, forward and backward. Its value is
+# read from the one calibration row whose GPU time is far below it: Qwen3-30B-A3B, 8 B200, micro-batch 1
+# (Megatron-Bridge table, shared/reference/published_runs_calibration_h100.csv): 28.19 s over 64
+# micro-batches x 48 MoE layers = 9.2 ms per layer and micro-batch against 2.7 ms of priced GPU time.
+# The same model on 16 H100 (ep 16, micro-batch 1) ran 9.7 ms per layer and micro-batch, where the
+# priced GPU time (11.2 ms, inter-node all-to-all) is already above the floor. A host cost, so one
+# figure for every GPU generation. Token-drop-and-pad (capacity factor set) has no sync and no floor.
+MOE_HOST_SECONDS_PER_LAYER = 9.0e-3
+
+
+def moe_host_floor_applies(model, plan):
+    """Whether the plan's MoE layers are host-bound at the MOE_HOST_SECONDS_PER_LAYER floor: Megatron-LM
+    engine, dropless (no capacity factor), permute dispatch."""
+    if model.moe is None or model.moe.capacity_factor is not None or model.moe.dispatch != "permute":
+        return np.zeros(np.shape(np.asarray(getattr(plan, "engine_code", 0))), dtype=bool)
+    return np.asarray(getattr(plan, "engine_code", 0)) == Engine.MEGATRON
+
+
 # Share of an overlapped TP collective's duration that it costs the GEMM beneath it (NCCL or userbuffer
 # copy kernels take SMs and HBM bandwidth): calculon's processor_usage for NVLink traffic, 0.15
 # (calculon-ai/calculon @ caa4b11, systems/a100_80g.json).
@@ -474,6 +496,7 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     fwd, bwd = fwd_bwd(mlp_gemm, elem)
     sac_replay = op_sac_recomputed_matmul_share(model) * (attn_gemm + mlp_gemm) + elem
     share_moe = model.moe_layers / model.layers
+    moe_f = moe_b = 0.0
     if share_moe:
         moe_f, moe_b = fwd_bwd(moe_mlp_forward_time(model, job, plan, curves),
                                elementwise_forward_time(model, job, plan, curves, moe=True))
@@ -485,6 +508,7 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     fwd, bwd = fwd + cast_f, bwd + cast_b
     ar = tp_allreduce_time(model, job, plan, cluster)
     rc = np.asarray(plan.recompute_code)
+    full = rc == Recompute.FULL
     core_kernels = np.where(np.asarray(plan.flash_attention, dtype=bool), 1.0, 4.0)
     layer_kernels = 4 + core_kernels + 8 + 4 * share_moe
     replay = curves.recompute_overhead_time(np.where(rc == Recompute.FULL, layer_kernels, core_kernels))
@@ -496,8 +520,13 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     cp_comm = cp_exposed_time(model, job, plan, cluster, attn_f, attn_b)
     a2a = ep_alltoall_time(model, job, plan, cluster)
     ep_comm = share_moe * a2a * np.where(rc == Recompute.FULL, 6, 4)   # dispatch + combine, fwd and bwd
+    # a host-bound MoE layer waits for the host beyond its GPU time (MOE_HOST_SECONDS_PER_LAYER)
+    moe_gpu = (moe_f * np.where(full, 2, 1) + moe_b + cast_f * np.where(full, 2, 1) + cast_b
+               + a2a * np.where(full, 6, 4) + tp_comm)
+    host_wait = np.where(moe_host_floor_applies(model, plan),
+                         share_moe * np.maximum(0.0, MOE_HOST_SECONDS_PER_LAYER - moe_gpu), 0.0)
     return {"forward": fwd, "backward": bwd, "recompute": recompute, "tp_comm": tp_comm, "cp_comm": cp_comm,
-            "ep_comm": ep_comm, "tp_allreduce": ar}
+            "ep_comm": ep_comm, "moe_host": host_wait, "tp_allreduce": ar}
 
 
 # Aleph Alpha's Scaling gathers the logits over tp and runs torch cross-entropy on ``logits.float()`` on

@@ -1,8 +1,8 @@
 """``estimate(model, job, cluster, plan) -> Estimate``: the one function everything calls.
 
 Puts the cost models together for one plan:
-  step = compute + recompute + grad_accumulation + tp_comm + cp_comm + ep_comm + pp_bubble + pp_comm + dp_comm
-         + optimizer + offload
+  step = compute + recompute + grad_accumulation + tp_comm + cp_comm + ep_comm + moe_host + pp_bubble + pp_comm
+         + dp_comm + optimizer + offload
 with compute, recompute, tp and cp charged per micro-batch on the slowest stage (the last with
 the LM head, or with uneven stages a middle one holding more layers: ``paraplan.plan.stage_layers``),
 the bubble from the schedule (pipeline.py) over the largest stage, exposed data-parallel/ZeRO traffic (dataparallel.py),
@@ -28,8 +28,8 @@ from paraplan.plan import (Plan, Recompute, StageLayers, check_plan, compute_dty
                            stage_layers)
 
 SCHEMA = "paraplan.estimate/1"
-TIME_TERMS = ("compute", "recompute", "grad_accumulation", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "pp_bubble",
-              "dp_comm", "optimizer", "offload")
+TIME_TERMS = ("compute", "recompute", "grad_accumulation", "tp_comm", "cp_comm", "ep_comm", "moe_host", "pp_comm",
+              "pp_bubble", "dp_comm", "optimizer", "offload")
 MEMORY_TERMS = ("parameters", "gradients", "optimizer_states", "activations", "buffers", "allocator")
 RUNTIME_RESERVED_BYTES = 1.5 * 2**30
 
@@ -100,6 +100,16 @@ def attention_kernel_assumption(model, job, plan, curves) -> tuple[str, ...]:
                 f"calibrated fused-attention efficiency ({getattr(curves, 'flash_attention_efficiency', 'profiled')})",)
     return (f"attention: {plan.attention_kernel} at {float(eff):.3f} of peak, measured by sequence length "
             f"(attention_kernels.yaml) at {job.seq_len} tokens and {b * model.heads // plan.tp} heads per GPU",)
+
+
+def moe_host_assumption(model, plan) -> tuple[str, ...]:
+    """Said when the plan's MoE layers carry the host-bound floor (compute.MOE_HOST_SECONDS_PER_LAYER)."""
+    if not bool(np.any(C.moe_host_floor_applies(model, plan))):
+        return ()
+    return (f"MoE: Megatron-Core's dropless dispatch waits for per-expert token counts on the host in every MoE "
+            f"layer, so a layer takes at least {1e3 * C.MOE_HOST_SECONDS_PER_LAYER:.1f} ms per micro-batch "
+            f"(forward + backward, host-bound; read from one calibration row); a capacity factor (token drop "
+            f"and pad) removes the wait",)
 
 
 @dataclass(frozen=True)
@@ -182,7 +192,7 @@ STAGE_NAMES = ("first", "middle", "last")
 def _layers_time(n, lt):
     """Seconds per micro-batch of ``n`` layers: forward, backward, recomputation and their collectives."""
     return (n * (lt["forward"] + lt["backward"]) + n * lt["recompute"] + n * lt["tp_comm"] + n * lt["cp_comm"]
-            + n * lt["ep_comm"])
+            + n * lt["ep_comm"] + n * lt["moe_host"])
 
 
 def slowest_stage(sl: StageLayers, p, lt, ht):
@@ -210,7 +220,8 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
     tp_mid = layers * lt["tp_comm"]
     cp_mid = layers * lt["cp_comm"]
     ep_mid = layers * lt["ep_comm"]
-    t_mid = compute_mid + recompute_mid + tp_mid + cp_mid + ep_mid
+    host_mid = layers * lt["moe_host"]
+    t_mid = compute_mid + recompute_mid + tp_mid + cp_mid + ep_mid + host_mid
     # the slowest stage's extra work: LM head and loss on the last (and the embedding with pp = 1),
     # the embedding on the first
     head_compute = np.where(slow == LAST, ht["head"] + np.where(p == 1, ht["embedding"], 0.0),
@@ -259,6 +270,7 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
         "tp_comm": m * (tp_mid + head_tp),
         "cp_comm": m * cp_mid,
         "ep_comm": m * ep_mid,
+        "moe_host": m * host_mid,
         "pp_comm": p2p_messages_on_critical_path(plan, m) * C.p2p_time(model, job, plan, cluster),
         "pp_bubble": (p - 1) * t_bubble * bubble_factor(plan),
         "dp_comm": dp_avg,
@@ -381,7 +393,8 @@ def estimate(model, job, cluster, plan: Plan, *, curves=None, max_memory_fractio
                      "dp_comm_warmup_s": _f(terms.dp_comm_warmup),
                      "dp_comm_compressed_s": _f(terms.dp_comm_compressed)} if plan.optimizer != "adam" else {})},
         efficiency_curves=curves.describe(),
-        assumptions=assumptions_for(plan) + attention_kernel_assumption(model, job, plan, curves),
+        assumptions=(assumptions_for(plan) + attention_kernel_assumption(model, job, plan, curves)
+                     + moe_host_assumption(model, plan)),
         prediction_interval=describe_interval(cluster.accelerator.name, tokens_per_s, step,
                                               _f(terms.flops_model) / step / n / peak, moe=model.moe is not None))
 

@@ -65,7 +65,8 @@ def layer_costs(model, job, cluster, plan: Plan, curves=None, recompute: str | N
     def one_layer(moe_layer: bool) -> LayerCost:
         m = _variant(model, moe_layer)
         lt = C.layer_times(m, job, p, curves, cluster)
-        t = lt["forward"] + lt["backward"] + lt["recompute"] + lt["tp_comm"] + lt["cp_comm"] + lt["ep_comm"]
+        t = (lt["forward"] + lt["backward"] + lt["recompute"] + lt["tp_comm"] + lt["cp_comm"] + lt["ep_comm"]
+             + lt["moe_host"])
         params = (m.params_per_moe_layer - m.routed_expert_params_per_moe_layer if moe_layer else m.params_per_layer)
         states = sum(M.model_state_bytes(params / plan.tp, p).values())
         if moe_layer:

@@ -12,7 +12,7 @@ from paraplan.costmodels.estimate import MEMORY_TERMS, TIME_TERMS
 from paraplan.reports.data import si
 from paraplan.reports.text import MEMORY_LABELS, TIME_LABELS
 
-TIME_COLORS = dict(zip(TIME_TERMS, ("#4c72b0", "#8da0cb", "#b3c6e6", "#dd8452", "#e5ae38", "#64b5cd", "#c44e52", "#f2a2a4",
+TIME_COLORS = dict(zip(TIME_TERMS, ("#4c72b0", "#8da0cb", "#b3c6e6", "#dd8452", "#e5ae38", "#64b5cd", "#da8bc3", "#c44e52", "#f2a2a4",
                                     "#55a868", "#8172b3", "#937860")))
 assert len(TIME_COLORS) == len(TIME_TERMS), "one colour per time term"
 MEMORY_COLORS = dict(zip(MEMORY_TERMS, ("#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8c8c8c", "#cfcfcf")))

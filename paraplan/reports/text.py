@@ -5,6 +5,7 @@ GIB = 2**30
 TIME_LABELS = {"compute": "compute", "recompute": "recomputation",
                "grad_accumulation": "gradient accumulation (unfused)", "tp_comm": "tensor-parallel comm",
                "cp_comm": "context-parallel comm", "ep_comm": "expert-parallel all-to-all",
+               "moe_host": "MoE host sync (host-bound layers)",
                "pp_comm": "pipeline p2p", "pp_bubble": "pipeline bubble",
                "dp_comm": "data-parallel comm (exposed)", "optimizer": "optimizer step",
                "offload": "offload transfers (exposed)"}

@@ -44,7 +44,7 @@ from paraplan.profiles.store import ProfileStore, machine_fingerprint
 from paraplan.scenario import load_cluster
 from paraplan.workloads.transformer import TrainingJob, TransformerModel
 
-TERM_MAP = {"compute": ("compute", "recompute", "grad_accumulation"), "tp_comm": ("tp_comm", "cp_comm"),
+TERM_MAP = {"compute": ("compute", "recompute", "grad_accumulation", "moe_host"), "tp_comm": ("tp_comm", "cp_comm"),
             "pp_comm": ("pp_comm", "pp_bubble"), "dp_comm": ("dp_comm",),
             "optimizer": ("optimizer", "offload")}
 MEMORY_MAP = {"parameters": "parameters", "gradients": "gradients",
