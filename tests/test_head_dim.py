@@ -3,6 +3,7 @@
 The queries and the attention output are heads · head_dim wide; K and V kv_heads · head_dim. The
 parameter, FLOP and activation counts follow, and the presets reproduce the published totals."""
 import json
+from dataclasses import replace
 
 import pandas as pd
 import pytest
@@ -107,3 +108,40 @@ def test_qwen3_estimate_and_megatron_export():
     assert "--kv-channels 128" in text and "--num-query-groups 4" in text
     llama = dict(doc, scenario=dict(doc["scenario"], model="llama3-8b"), plan={"dp": 8})
     assert "--kv-channels" not in ex.to_megatron(llama)
+
+
+def test_sliding_window_layers_see_only_their_window():
+    oss = load_model("gpt-oss-120b")
+    assert oss.num_params / 1e9 == pytest.approx(116.8, abs=0.1)          # model card: 116.8B
+    assert oss.windowed_layer_share == 0.5
+    full = replace(oss, sliding_window=0)
+    s = 8192
+    # half the layers see 128 keys instead of s: the attention FLOPs drop by (s - 128) / (2 s)
+    assert oss.attention_flops_per_token_per_layer(s) == pytest.approx(
+        full.attention_flops_per_token_per_layer(s) * (1 - (s - 128) / (2 * s)))
+    job, cluster = TrainingJob(s, 64), load_cluster("dgx-b200", 8)
+    plan = Plan(dp=8, ep=8, zero=1)
+    from paraplan.costmodels import compute as C
+    from paraplan.costmodels.efficiency import curves_for
+    curves = curves_for(cluster)
+    windowed = C.attention_core_times(oss, job, plan, curves)[0]
+    whole = C.attention_core_times(full, job, plan, curves)[0]
+    assert windowed < 0.6 * whole
+    with pytest.raises(ConfigError) as e:
+        replace(oss, sliding_window_every=0)
+    assert e.value.field == "sliding_window_every"
+
+
+def test_hf_sliding_window_follows_layer_types_and_use_flag(tmp_path):
+    base = {"model_type": "gpt_oss", "hidden_size": 2880, "num_hidden_layers": 4, "num_attention_heads": 64,
+            "num_key_value_heads": 8, "head_dim": 64, "intermediate_size": 2880, "vocab_size": 1000,
+            "hidden_act": "silu", "sliding_window": 128,
+            "layer_types": ["sliding_attention", "full_attention"] * 2}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(base))
+    m = load_model(str(path))
+    assert (m.sliding_window, m.sliding_window_every) == (128, 2)
+    path.write_text(json.dumps(dict(base, layer_types=None)))            # Mistral-style: every layer
+    assert load_model(str(path)).sliding_window_every == 1
+    path.write_text(json.dumps(dict(base, layer_types=None, use_sliding_window=False)))   # Qwen-style
+    assert load_model(str(path)).sliding_window == 0

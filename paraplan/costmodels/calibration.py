@@ -222,7 +222,8 @@ H100_MODEL_PRESETS = {"llama 3 8b": "llama3-8b", "llama3-8b": "llama3-8b", "llam
                       "gpt3-5b": "gpt3-5b", "gpt3-20b": "gpt3-20b", "nemotron-8b": "nemotron3-8b",
                       "nemotron-22b": "nemotron3-22b", "nemotron-340b": "nemotron4-340b",
                       "qwen3_30b_a3b": "qwen3-30b-a3b", "qwen3_235b_a22b": "qwen3-235b-a22b",
-                      "qwen3_30b_a3b (tokendrop)": "qwen3-30b-a3b", "qwen3_235b_a22b (tokendrop)": "qwen3-235b-a22b"}
+                      "qwen3_30b_a3b (tokendrop)": "qwen3-30b-a3b", "qwen3_235b_a22b (tokendrop)": "qwen3-235b-a22b",
+                      "gpt oss 120b": "gpt-oss-120b"}
 
 def h100_source(source: str) -> str:
     s = source.lower()

@@ -260,7 +260,8 @@ def attention_core_times(model, job, plan, curves):
     t = np.asarray(plan.tp, dtype=float)
     dt = _dtype(plan)
     # fused: causal mask halves the executed work
-    flops_fwd = 4.0 * b * s_l * s * model.q_hidden / t / 2
+    window = model.attention_keys_per_query(s, causal_halved=True) / (s / 2)   # 1 without a sliding window
+    flops_fwd = 4.0 * b * s_l * s * model.q_hidden / t / 2 * window
     fused_f = curves.flash_attention_time(flops_fwd, dt)
     fused_b = curves.flash_attention_time(2.5 * flops_fwd, dt)
     eff = measured_attention_efficiency(model, plan, curves, s_l, b * model.heads / t)

@@ -15,7 +15,8 @@ from paraplan.workloads.transformer import ACTIVATIONS, MOE_DISPATCH, MoESpec, T
 MODELS_FILE = Path(__file__).parent / "catalog" / "models.yaml"
 MODEL_FILE_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation",
                    "tied_embeddings", "norm", "bias", "learned_positions", "max_positions", "moe",
-                   "rotary", "dropout", "head_dim")
+                   "rotary", "dropout", "head_dim",
+                   "sliding_window", "sliding_window_every")
 MOE_KEYS = ("experts", "top_k", "expert_ffn_hidden", "shared_experts", "every", "first_dense", "capacity_factor",
             "dispatch")
 
@@ -65,7 +66,9 @@ def model_from_mapping(data: Mapping[str, Any], source: str) -> TransformerModel
         norm=f.string("norm", "layernorm"), bias=_bool(f, "bias", True),
         learned_positions=_bool(f, "learned_positions", False),
         max_positions=f.integer("max_positions", 0, positive=False), rotary=_bool(f, "rotary", False),
-        dropout=_bool(f, "dropout", True), head_dim=f.integer("head_dim") if f.has("head_dim") else None)
+        dropout=_bool(f, "dropout", True), head_dim=f.integer("head_dim") if f.has("head_dim") else None,
+        sliding_window=f.integer("sliding_window", 0, positive=False),
+        sliding_window_every=f.integer("sliding_window_every", 1))
 
 
 #: Hugging Face config keys of the residual (hidden) dropout probability, by model family
@@ -166,6 +169,22 @@ def _hf_moe(f: FieldReader) -> MoESpec | None:
                    every=f.integer(every_key, 1), first_dense=f.integer("first_k_dense_replace", 0, positive=False))
 
 
+def _hf_sliding_window(f: FieldReader) -> dict:
+    """Sliding-window attention of an HF config: ``sliding_window`` keys, on the layers ``layer_types``
+    marks "sliding_attention" (GPT-OSS alternates: every 2nd), else on every layer unless
+    ``use_sliding_window`` is false (Qwen2/3 carry a window they do not use)."""
+    if not f.has("sliding_window") or f.data.get("use_sliding_window") is False:
+        return {}
+    window = f.integer("sliding_window")
+    types = f.data.get("layer_types")
+    if isinstance(types, list) and types:
+        windowed = sum(1 for t in types if t == "sliding_attention")
+        if not windowed:
+            return {}
+        return {"sliding_window": window, "sliding_window_every": max(1, round(len(types) / windowed))}
+    return {"sliding_window": window}
+
+
 def _hf_activation(f: FieldReader) -> str:
     """The activation family of the config's ``hidden_act`` / ``activation_function`` (default gelu)."""
     key = _hf_key(f.data, "activation")
@@ -198,7 +217,7 @@ def model_from_hf_config(data: Mapping[str, Any], source: str) -> TransformerMod
             learned_positions=model_type in ("gpt2", "opt", "gpt_neo") or "n_positions" in data,
             max_positions=_hf_int(f, "max_positions", 0, positive=False), moe=_hf_moe(f),
             rotary="rope_theta" in data or "rotary_dim" in data or "rope_scaling" in data,
-            dropout=_hf_dropout(data), head_dim=_hf_int(f, "head_dim", None))
+            dropout=_hf_dropout(data), head_dim=_hf_int(f, "head_dim", None), **_hf_sliding_window(f))
     except ConfigError as e:
         if e.source == source:
             raise

@@ -92,6 +92,11 @@ class TransformerModel:
     #: wide (Qwen3: hidden 2048, 32 heads of 128; GPT-OSS: 2880, 64 of 64) set it, and then the
     #: queries (and the attention output) are heads · head_dim wide, not hidden (``q_hidden``)
     head_dim: int | None = None
+    #: keys each query sees in the sliding-window attention layers (0: every layer attends to the whole
+    #: causal prefix); ``sliding_window_every`` = k: every k-th layer is windowed (1: all; GPT-OSS
+    #: alternates windowed and full layers: 2)
+    sliding_window: int = 0
+    sliding_window_every: int = 1
 
     def __post_init__(self):
         for key in ("layers", "hidden", "heads", "vocab"):
@@ -116,6 +121,11 @@ class TransformerModel:
         if self.heads % self.kv_heads:
             raise ConfigError("kv_heads", f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})",
                               source=self.name)
+        for key in ("sliding_window", "sliding_window_every"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "sliding_window" else 1):
+                raise ConfigError(key, f"must be a {'non-negative' if key == 'sliding_window' else 'positive'} "
+                                  f"integer, got {v!r}", source=self.name)
         if self.activation not in ACTIVATIONS:
             raise ConfigError("activation", f"unknown activation {self.activation!r}",
                               accepted=", ".join(ACTIVATIONS), source=self.name)
@@ -238,11 +248,23 @@ class TransformerModel:
         moe = 2 * (attention + h * e.experts + (e.top_k + e.shared_experts) * self.mlp_matrices * h * e.expert_ffn_hidden)
         return (self.dense_layers * dense + self.moe_layers * moe) / self.layers
 
+    @property
+    def windowed_layer_share(self) -> float:
+        """Share of the layers whose attention is a sliding window (0 without one)."""
+        return 1.0 / self.sliding_window_every if self.sliding_window else 0.0
+
+    def attention_keys_per_query(self, seq_len: int, causal_halved: bool = False) -> float:
+        """Keys a query meets, averaged over the layers: s (s/2 if causal masking is counted) in full
+        layers, min(window, s) (min(window, s/2) counted causally) in windowed ones."""
+        full = seq_len / 2 if causal_halved else seq_len
+        share = self.windowed_layer_share
+        return (1 - share) * full + share * min(self.sliding_window, full) if share else full
+
     def attention_flops_per_token_per_layer(self, seq_len: int, causal_halved: bool = False) -> float:
-        """Forward FLOPs per token of QKᵀ and PV: 2 · 2 · s · heads · head_dim (= 4·s·h for the usual
-        head width; halved if causal masking is counted)."""
-        flops = 4 * seq_len * self.q_hidden
-        return flops / 2 if causal_halved else flops
+        """Forward FLOPs per token of QKᵀ and PV: 2 · 2 · keys · heads · head_dim (= 4·s·h for the usual
+        head width and full attention; keys halved if causal masking is counted; windowed layers see
+        min(window, s) keys: ``attention_keys_per_query``)."""
+        return 4 * self.attention_keys_per_query(seq_len, causal_halved) * self.q_hidden
 
     def logit_flops_per_token(self) -> int:
         return 2 * self.hidden * self.vocab
@@ -261,6 +283,9 @@ class TransformerModel:
         kv = f", kv_heads {self.kv_heads}" if self.kv_heads != self.heads else ""
         if self.q_hidden != self.hidden:
             kv += f", head_dim {self.head_dim}"
+        if self.sliding_window:
+            every = "" if self.sliding_window_every == 1 else f" on 1 in {self.sliding_window_every} layers"
+            kv += f", sliding window {self.sliding_window}{every}"
         moe = ""
         if self.moe:
             e = self.moe
