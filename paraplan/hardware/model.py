@@ -168,7 +168,12 @@ class Link:
 
 @dataclass(frozen=True)
 class System:
-    """A node type (a DGX, say): its accelerators and everything around them."""
+    """A node type (a DGX, say): its accelerators and everything around them.
+
+    ``gpus_per_node`` is the NVLink domain: every GPU of a node reaches every other at the intra-node
+    rate. ``gpus_per_host`` is the host (the machine that runs one launcher, holds its own CPUs and
+    NICs and is allocated whole): the node itself on a DGX (None fills it in), a 4-GPU compute tray
+    of an NVL72 rack, whose 72-GPU NVLink domain spans 18 hosts. It must divide ``gpus_per_node``."""
     name: str
     description: str
     accelerator: Accelerator
@@ -185,6 +190,20 @@ class System:
     nvme: Nvme
     nvme_drives: int
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    gpus_per_host: int | None = None
+
+    def __post_init__(self):
+        if self.gpus_per_host is None:
+            object.__setattr__(self, "gpus_per_host", self.gpus_per_node)
+        h, g = self.gpus_per_host, self.gpus_per_node
+        if isinstance(h, bool) or not isinstance(h, int) or h < 1 or g % h:
+            raise ConfigError("gpus_per_host", f"{h!r} does not divide the {g} GPUs per node of {self.name}",
+                              accepted=f"a positive divisor of gpus_per_node ({g})")
+
+    @property
+    def hosts_per_node(self) -> int:
+        """Hosts that make up one node (one NVLink domain): 1 on a DGX, 18 trays on an NVL72 rack."""
+        return self.gpus_per_node // self.gpus_per_host
 
     @property
     def nvme_read_bytes_per_s(self) -> float:
