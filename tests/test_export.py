@@ -295,7 +295,7 @@ def test_torchtitan_batch_arithmetic(name):
 
 def test_dp_zero_is_filled_from_gpus():
     s = ex.load_scenario(doc("llama3-8b", "dgx-h100", 16, 2048, 64, tp=2, pp=2, dp=0))
-    assert s.plan.dp == 4 and s.nodes == 2 and s.gpus_per_node == 8
+    assert s.plan.dp == 4 and s.hosts == 2 and s.procs_per_host == 8
 
 
 # --- (4) bad input ------------------------------------------------------------------------------------

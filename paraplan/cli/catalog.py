@@ -21,7 +21,9 @@ def cmd_list(args) -> int:
             s = load_part("systems", n)
             print(f"  {n:14s} {s.gpus_per_node:2d} x {s.accelerator.name:9s} intra {s.intra_node.bandwidth_bytes_per_s / 1e9:5.0f} GB/s"
                   f"  inter {s.inter_node.bandwidth_bytes_per_s / 1e9:6.2f} GB/s/GPU  PCIe{s.pcie_gen}"
-                  f"  host {s.host_cpu_sockets} x {s.host_cpu.name}, {s.host_memory_bytes / 2**30:.0f} GiB")
+                  f"  host {s.host_cpu_sockets} x {s.host_cpu.name}, {s.host_memory_bytes / 2**30:.0f} GiB"
+                  + (f"  ({s.hosts_per_node} hosts of {s.gpus_per_host} GPUs; --gpus: {s.accepted_gpus()})"
+                     if s.hosts_per_node > 1 else ""))
     if what in ("hardware", "cpus"):
         print("CPUs")
         for n in preset_names("cpus"):

@@ -112,6 +112,22 @@ def moe_host_assumption(model, plan) -> tuple[str, ...]:
             f"and pad) removes the wait",)
 
 
+def nvlink_domain_assumption(cluster) -> tuple[str, ...]:
+    """The assumption a cluster cut into NVLink domains smaller than its system's node rests on
+    (:func:`paraplan.hardware.model.nvlink_domain_gpus`: equal domains of whole hosts, each inside one
+    node, as Slurm's topology/block ``--segment`` allocates), with the host resources each domain
+    then holds; nothing for a cluster inside one node or of whole nodes."""
+    if not cluster.partitioned:
+        return ()
+    s, g = cluster.system, cluster.gpus_per_node
+    hosts = g // s.gpus_per_host
+    return (f"{cluster.num_gpus} GPUs on {s.name} modelled as {cluster.num_nodes} NVLink domains of {g} GPUs "
+            f"({hosts} hosts of {s.gpus_per_host} each; {cluster.num_gpus} is not a multiple of {s.gpus_per_node}): "
+            f"placed as equal segments of whole hosts, each inside one {s.gpus_per_node}-GPU node, collectives "
+            f"between segments on the network, each domain with {hosts}/{s.hosts_per_node} of a node's NICs, CPUs, "
+            f"host memory and NVMe",)
+
+
 @dataclass(frozen=True)
 class Estimate:
     """Predicted step time, throughput and memory of one plan, with breakdowns and assumptions."""
@@ -372,6 +388,7 @@ def estimate(model, job, cluster, plan: Plan, *, curves=None, max_memory_fractio
     host = _f(terms.host_per_gpu) * g
     nvme = _f(terms.nvme_per_gpu) * g
     reason = infeasibility(memory["total"], host, nvme, cluster, max_memory_fraction)
+    domains = nvlink_domain_assumption(cluster)
     return Estimate(
         model=model.name, cluster=cluster.name, num_gpus=n, seq_len=job.seq_len, global_batch=job.global_batch,
         plan=plan, feasible=reason is None, infeasible_reason=reason, step_time_s=step,
@@ -391,10 +408,13 @@ def estimate(model, job, cluster, plan: Plan, *, curves=None, max_memory_fractio
                      "step_time_warmup_s": _f(terms.step_warmup),
                      "step_time_compressed_s": _f(terms.step_compressed),
                      "dp_comm_warmup_s": _f(terms.dp_comm_warmup),
-                     "dp_comm_compressed_s": _f(terms.dp_comm_compressed)} if plan.optimizer != "adam" else {})},
+                     "dp_comm_compressed_s": _f(terms.dp_comm_compressed)} if plan.optimizer != "adam" else {}),
+                 # a cluster cut into NVLink domains: the text report shows the assumption with the numbers
+                 **({"nvlink_domains": {"count": cluster.num_nodes, "gpus_each": cluster.gpus_per_node,
+                                        "assumption": domains[0]}} if domains else {})},
         efficiency_curves=curves.describe(),
         assumptions=(assumptions_for(plan) + attention_kernel_assumption(model, job, plan, curves)
-                     + moe_host_assumption(model, plan)),
+                     + moe_host_assumption(model, plan) + domains),
         prediction_interval=describe_interval(cluster.accelerator.name, tokens_per_s, step,
                                               _f(terms.flops_model) / step / n / peak, moe=model.moe is not None))
 
@@ -407,11 +427,11 @@ def infeasibility(gpu_total, host_per_node, nvme_per_node, cluster, max_memory_f
     if gpu_total > cap:
         reasons.append(f"GPU memory: needs {gpu_total / gib:.1f} GiB per GPU, {cap / gib:.1f} GiB available "
                        f"(over by {(gpu_total - cap) / gib:.1f} GiB)")
-    host_cap = cluster.system.host_memory_bytes
+    host_cap = cluster.node_system.host_memory_bytes
     if host_per_node > host_cap:
         reasons.append(f"host memory: needs {host_per_node / gib:.0f} GiB per node, {host_cap / gib:.0f} GiB "
                        f"available (over by {(host_per_node - host_cap) / gib:.0f} GiB)")
-    nvme_cap = cluster.system.nvme_capacity_bytes
+    nvme_cap = cluster.node_system.nvme_capacity_bytes
     if nvme_per_node > nvme_cap:
         reasons.append(f"NVMe: needs {nvme_per_node / 1e12:.2f} TB per node, {nvme_cap / 1e12:.2f} TB available")
     return "; ".join(reasons) if reasons else None

@@ -61,8 +61,9 @@ def param_tensors(model, plan):
 
 
 def cpu_adam_time(shard, cluster, curves):
-    """CPU-Adam for every GPU of the node, memory-bound on the host's DRAM."""
-    sysm = cluster.system
+    """CPU-Adam for every GPU of the node, memory-bound on the host's DRAM (the node's CPU sockets:
+    ``cluster.node_system``, an NVLink domain's share of them on a cluster cut into domains)."""
+    sysm = cluster.node_system
     host_bw = sysm.host_cpu.memory_bandwidth_bytes_per_s * sysm.host_cpu_sockets * curves.cpu_adam_memory_efficiency
     return curves.gpu_adam_bytes_per_param * shard * cluster.gpus_per_node / host_bw
 
@@ -87,8 +88,9 @@ def optimizer_time(shard, plan, cluster, curves, tensors=None):
 
 
 def offload_transfer_times(shard, plan, cluster, m, t_micro_fwd, t_micro_bwd) -> dict:
-    """Exposed PCIe and NVMe seconds per step under offload, by stream (0 without offload)."""
-    sysm = cluster.system
+    """Exposed PCIe and NVMe seconds per step under offload, by stream (0 without offload); the
+    node's drives are ``cluster.node_system``'s (an NVLink domain's share on a cluster cut into domains)."""
+    sysm = cluster.node_system
     g = cluster.gpus_per_node
     pcie = sysm.pcie_bandwidth_bytes_per_s
     oc = np.asarray(plan.offload_code)

@@ -94,12 +94,33 @@ def _part(kind: str, f: FieldReader, key: str):
     return _PARSERS[kind](f.mapping(key))
 
 
+def _gpus_per_host(f: FieldReader, gpus_per_node: int, per_node: dict[str, int]) -> int:
+    """``gpus_per_host`` (default ``gpus_per_node``: the node is one host). It must divide
+    ``gpus_per_node``, and where a node holds several hosts, each host must hold an equal share of
+    the node's NICs, CPU sockets and NVMe drives (``per_node``: key -> count), which a cluster cut
+    into NVLink domains of whole hosts divides (:func:`paraplan.hardware.model.system_of_hosts`)."""
+    h = f.integer("gpus_per_host", gpus_per_node)
+    if gpus_per_node % h:
+        raise ConfigError(f._name("gpus_per_host"), f"{h} does not divide gpus_per_node ({gpus_per_node})",
+                          accepted=f"a divisor of {gpus_per_node}", source=f.source)
+    hosts = gpus_per_node // h
+    for key, count in per_node.items():
+        if count % hosts:
+            raise ConfigError(f._name(key), f"{count} is not the same on each of the node's {hosts} hosts "
+                              f"({gpus_per_node} GPUs / gpus_per_host {h})", accepted=f"a multiple of {hosts}",
+                              source=f.source)
+    return h
+
+
 def parse_system(f: FieldReader) -> System:
     nvme = f.mapping("nvme")
+    gpus_per_node = f.integer("gpus_per_node")
+    per_node = {"nics_per_node": f.integer("nics_per_node"), "host_cpu_sockets": f.integer("host_cpu_sockets"),
+                "nvme.drives": nvme.integer("drives")}
     return System(
         name=f.string("name"), description=f.string("description", ""),
         accelerator=_part("accelerators", f, "accelerator"),
-        gpus_per_node=f.integer("gpus_per_node"),
+        gpus_per_node=gpus_per_node, gpus_per_host=_gpus_per_host(f, gpus_per_node, per_node),
         intra_node=parse_link(f.mapping("intra_node")), inter_node=parse_link(f.mapping("inter_node")),
         nics_per_node=f.integer("nics_per_node"),
         nic_bandwidth_bytes_per_s=f.number("nic_bandwidth_gbit_per_s") * GB / 8,

@@ -168,7 +168,12 @@ class Link:
 
 @dataclass(frozen=True)
 class System:
-    """A node type (a DGX, say): its accelerators and everything around them."""
+    """A node type (a DGX, say): its accelerators and everything around them.
+
+    ``gpus_per_node`` is the NVLink domain: every GPU of a node reaches every other at the intra-node
+    rate. ``gpus_per_host`` is the host (the machine that runs one launcher, holds its own CPUs and
+    NICs and is allocated whole): the node itself on a DGX (None fills it in), a 4-GPU compute tray
+    of an NVL72 rack, whose 72-GPU NVLink domain spans 18 hosts. It must divide ``gpus_per_node``."""
     name: str
     description: str
     accelerator: Accelerator
@@ -185,6 +190,33 @@ class System:
     nvme: Nvme
     nvme_drives: int
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
+    gpus_per_host: int | None = None
+
+    def __post_init__(self):
+        if self.gpus_per_host is None:
+            object.__setattr__(self, "gpus_per_host", self.gpus_per_node)
+        h, g = self.gpus_per_host, self.gpus_per_node
+        if isinstance(h, bool) or not isinstance(h, int) or h < 1 or g % h:
+            raise ConfigError("gpus_per_host", f"{h!r} does not divide the {g} GPUs per node of {self.name}",
+                              accepted=f"a positive divisor of gpus_per_node ({g})")
+
+    @property
+    def hosts_per_node(self) -> int:
+        """Hosts that make up one node (one NVLink domain): 1 on a DGX, 18 trays on an NVL72 rack."""
+        return self.gpus_per_node // self.gpus_per_host
+
+    def accepts_gpus(self, num_gpus: int) -> bool:
+        """Whether a cluster of ``num_gpus`` of this system can be formed: part of one node
+        (1..gpus_per_node), or whole hosts beyond one node (a multiple of gpus_per_host, which is
+        whole nodes where a host is the node)."""
+        return 1 <= num_gpus <= self.gpus_per_node or num_gpus % self.gpus_per_host == 0
+
+    def accepted_gpus(self) -> str:
+        """The GPU counts :meth:`accepts_gpus` takes, as an error message lists them."""
+        if self.gpus_per_host == self.gpus_per_node:
+            return f"1..{self.gpus_per_node}, or a multiple of {self.gpus_per_node} GPUs per node"
+        return (f"1..{self.gpus_per_node}, or a multiple of {self.gpus_per_host} GPUs "
+                f"(whole {self.gpus_per_host}-GPU hosts)")
 
     @property
     def nvme_read_bytes_per_s(self) -> float:
@@ -199,9 +231,59 @@ class System:
         return self.nvme.capacity_bytes * self.nvme_drives
 
 
+def nvlink_domain_gpus(num_gpus: int, gpus_per_node: int, gpus_per_host: int) -> int:
+    """GPUs per NVLink domain of a cluster of ``num_gpus`` on nodes (NVLink domains) of
+    ``gpus_per_node`` GPUs made of hosts of ``gpus_per_host``: the "node" every cost model sees.
+
+    Rule: a cluster inside one node is one domain of all its GPUs; beyond one node, the largest
+    multiple of ``gpus_per_host`` that divides ``num_gpus`` and is at most ``gpus_per_node``. For
+    whole nodes that is ``gpus_per_node`` (a DGX cluster, 144 GPUs on NVL72 racks: 72). Otherwise
+    (256 GPUs on NVL72 racks: 64, four domains of 16 trays) it is an assumption about how the
+    scheduler packs hosts into racks: in equal segments of whole hosts, each inside one rack, the
+    largest that divide the job -- as Slurm's topology/block plugin allocates with ``--segment``
+    (https://slurm.schedmd.com/topology.html; NVIDIA's developer blog "Unlock Exascale Performance
+    on NVIDIA GB200 NVL72 with Slurm Topology-Aware Job Scheduling" recommends 16-tray segments for
+    jobs of 128 GPUs and more). The estimate states it
+    (:func:`paraplan.costmodels.estimate.nvlink_domain_assumption`).
+    ``num_gpus`` beyond one node must be a multiple of ``gpus_per_host`` (:meth:`System.accepts_gpus`).
+    """
+    if num_gpus <= gpus_per_node:
+        return num_gpus
+    hosts, most = num_gpus // gpus_per_host, gpus_per_node // gpus_per_host
+    return gpus_per_host * max(k for k in range(1, most + 1) if hosts % k == 0)
+
+
+def launch_hosts(num_gpus: int, gpus_per_host: int) -> tuple[int, int]:
+    """(hosts, processes per host) a launcher (torchrun --nnodes/--nproc-per-node, deepspeed
+    --num_nodes/--num_gpus) starts ``num_gpus`` ranks on: the same number on every host, as both
+    require, as many as a host holds. Processes per host: the largest divisor of ``num_gpus`` that is
+    at most ``gpus_per_host`` (a DGX: ``num_gpus`` up to a node, else 8; 72 GB200: 4 on 18 trays;
+    6 GB200: 3 on 2 trays, one GPU of each idle)."""
+    per_host = max(d for d in range(1, min(num_gpus, gpus_per_host) + 1) if num_gpus % d == 0)
+    return num_gpus // per_host, per_host
+
+
+def system_of_hosts(system: System, hosts: int) -> System:
+    """``system`` cut to ``hosts`` of its hosts: one NVLink domain of ``hosts · gpus_per_host`` GPUs
+    with the hosts' share of the node's NICs, CPU sockets, host memory and NVMe drives (each host
+    holds an equal share: an NVL72 tray 4 NICs, 2 Grace, 1/18 of the memory, 8 drives; MLPerf
+    Training v5.1 system files, 18 nodes x 4 GPUs). Per-GPU links are unchanged."""
+    if hosts == system.hosts_per_node:
+        return system
+    share = hosts / system.hosts_per_node
+    return replace(system, gpus_per_node=hosts * system.gpus_per_host,
+                   nics_per_node=max(1, round(system.nics_per_node * share)),
+                   host_cpu_sockets=max(1, round(system.host_cpu_sockets * share)),
+                   host_memory_bytes=system.host_memory_bytes * share,
+                   nvme_drives=max(1, round(system.nvme_drives * share)))
+
+
 @dataclass(frozen=True)
 class Cluster:
-    """A number of GPUs of one system type: part of one node, or whole nodes."""
+    """A number of GPUs of one system type: part of one node, whole nodes, or, where a node (an
+    NVLink domain) holds several hosts, whole hosts cut into equal NVLink domains
+    (:func:`nvlink_domain_gpus`). ``gpus_per_node``/``num_nodes`` are the domains the cost models
+    see; ``gpus_per_host``/``num_hosts`` what a launcher starts."""
     name: str
     system: System
     num_gpus: int
@@ -209,13 +291,14 @@ class Cluster:
     axis_links: Mapping[str, tuple] | None = field(default=None, compare=False)
 
     def __post_init__(self):
-        g = self.system.gpus_per_node
+        s = self.system
         if self.num_gpus < 1:
             raise ConfigError("gpus", f"must be a positive integer, got {self.num_gpus}")
-        if self.num_gpus > g and self.num_gpus % g:
+        if not s.accepts_gpus(self.num_gpus):
+            whole = "whole nodes" if s.gpus_per_host == s.gpus_per_node else f"whole {s.gpus_per_host}-GPU hosts"
             raise ConfigError(
-                "gpus", f"{self.num_gpus} GPUs span more than one {self.system.name} node but not whole nodes",
-                accepted=f"1..{g}, or a multiple of {g} GPUs per node")
+                "gpus", f"{self.num_gpus} GPUs span more than one {s.name} node but not {whole}",
+                accepted=s.accepted_gpus())
         if self.inter_node_oversubscription < 1:
             raise ConfigError("inter_node_oversubscription", "must be >= 1 (1 = non-blocking)")
 
@@ -225,11 +308,39 @@ class Cluster:
 
     @property
     def gpus_per_node(self) -> int:
-        return min(self.num_gpus, self.system.gpus_per_node)
+        """GPUs per NVLink domain (:func:`nvlink_domain_gpus`)."""
+        return nvlink_domain_gpus(self.num_gpus, self.system.gpus_per_node, self.system.gpus_per_host)
 
     @property
     def num_nodes(self) -> int:
-        return max(1, self.num_gpus // self.system.gpus_per_node)
+        """NVLink domains."""
+        return self.num_gpus // self.gpus_per_node
+
+    @property
+    def partitioned(self) -> bool:
+        """The cluster spans several nodes but is cut into NVLink domains smaller than the system's
+        (its GPU count is not a multiple of the node's): the assumption of :func:`nvlink_domain_gpus`."""
+        return self.num_gpus > self.system.gpus_per_node and self.gpus_per_node < self.system.gpus_per_node
+
+    @property
+    def node_system(self) -> System:
+        """The system as one NVLink domain of this cluster holds it: the catalogue system, or, for a
+        partitioned cluster, its domain's hosts (:func:`system_of_hosts`: NICs, CPU sockets, host
+        memory and NVMe drives per domain). A cluster inside one node keeps the whole node's host
+        resources, as it always has."""
+        if not self.partitioned:
+            return self.system
+        return system_of_hosts(self.system, self.gpus_per_node // self.system.gpus_per_host)
+
+    @property
+    def gpus_per_host(self) -> int:
+        """Processes a launcher starts per host (:func:`launch_hosts`)."""
+        return launch_hosts(self.num_gpus, self.system.gpus_per_host)[1]
+
+    @property
+    def num_hosts(self) -> int:
+        """Hosts a launcher starts on (:func:`launch_hosts`)."""
+        return launch_hosts(self.num_gpus, self.system.gpus_per_host)[0]
 
     @property
     def inter_node(self) -> Link:

@@ -145,7 +145,7 @@ class Fabric:
 def fabric_of(cluster: Cluster, *, rail_optimized: bool = True, oversubscription: float | None = None,
               leaf_ports: int = 32, spine_ports: int = 64) -> Fabric:
     """The hashable description of a cluster's fabric under the given options."""
-    s = cluster.system
+    s = cluster.node_system     # NICs per NVLink domain (a domain's share on a cluster cut into domains)
     over = cluster.inter_node_oversubscription if oversubscription is None else float(oversubscription)
     if over < 1:
         raise ConfigError("oversubscription", f"must be >= 1 (1 = non-blocking), got {over}")

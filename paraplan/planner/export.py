@@ -59,12 +59,15 @@ class Scenario:
         return self.cluster.num_gpus
 
     @property
-    def nodes(self) -> int:
-        return self.cluster.num_nodes
+    def hosts(self) -> int:
+        """Hosts the launcher starts on (torchrun --nnodes, deepspeed --num_nodes): DGX nodes, NVL72
+        compute trays (``Cluster.num_hosts``), not NVLink domains."""
+        return self.cluster.num_hosts
 
     @property
-    def gpus_per_node(self) -> int:
-        return self.cluster.gpus_per_node
+    def procs_per_host(self) -> int:
+        """Ranks per host (torchrun --nproc-per-node, deepspeed --num_gpus): ``Cluster.gpus_per_host``."""
+        return self.cluster.gpus_per_host
 
     @property
     def job(self) -> TrainingJob:
@@ -112,16 +115,36 @@ def load_scenario(doc: Mapping[str, Any], source: str = "plan") -> Scenario:
                     seq_len=sc["seq_len"], global_batch=sc["global_batch"])
 
 
+def _domains(s: Scenario) -> str:
+    """", in NVLink domains of N GPUs" where a host is not a whole NVLink domain (NVL72), else ""."""
+    c = s.cluster
+    if c.system.gpus_per_host == c.system.gpus_per_node:
+        return ""
+    return f", in {c.num_nodes} NVLink domain(s) of {c.gpus_per_node}"
+
+
+def launch_note(s: Scenario) -> str | None:
+    """What the launch leaves idle: hosts started with fewer ranks than they hold GPUs, where the GPU
+    count does not fill whole hosts (6 GB200: 3 ranks on each of 2 trays); None when they are full."""
+    c = s.cluster
+    full = min(c.num_gpus, c.system.gpus_per_host)
+    if s.procs_per_host == full:
+        return None
+    return (f"{s.gpus} GPUs do not fill whole {c.system.gpus_per_host}-GPU hosts: the launch starts "
+            f"{s.procs_per_host} ranks on each of {s.hosts} hosts (launchers start the same number on every "
+            f"host), leaving {c.system.gpus_per_host - s.procs_per_host} GPU(s) of each idle")
+
+
 def _headline(s: Scenario) -> str:
     p = s.plan
-    return (f"{s.model_spec} on {s.gpus} x {s.cluster_spec} ({s.nodes} node(s) x {s.gpus_per_node} GPUs): "
+    return (f"{s.model_spec} on {s.gpus} x {s.cluster_spec} ({s.hosts} node(s) x {s.procs_per_host} GPUs{_domains(s)}): "
             f"{p.label()}, schedule {p.schedule}, ZeRO {p.zero}, recompute {p.recompute}, offload {p.offload}"
             f"{' +params' if p.offload_params else ''}, {p.dtype}; seq {s.seq_len}, global batch {s.global_batch}")
 
 
 # --- Megatron-LM -------------------------------------------------------------------------------------
 def _torchrun_args(s: Scenario) -> list[str]:
-    return ["--nnodes", str(s.nodes), "--nproc-per-node", str(s.gpus_per_node),
+    return ["--nnodes", str(s.hosts), "--nproc-per-node", str(s.procs_per_host),
             "--rdzv-id", "paraplan", "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"${{MASTER_ADDR}}:${{MASTER_PORT}}"]
 
@@ -355,7 +378,7 @@ def build_deepspeed(s: Scenario) -> Export:
         notes += sdpa_kernel_note(p, "a Hugging Face model with attn_implementation='sdpa'")
     if p.grad_accumulation_fusion:
         notes.append(UNFUSED_ACCUMULATION_NOTE.format(engine="DeepSpeed"))
-    notes.append(f"launch: deepspeed --num_nodes {s.nodes} --num_gpus {s.gpus_per_node} --hostfile HOSTFILE "
+    notes.append(f"launch: deepspeed --num_nodes {s.hosts} --num_gpus {s.procs_per_host} --hostfile HOSTFILE "
                  "train.py, where train.py passes this file to deepspeed.initialize(config=...)")
     return Export("deepspeed", json.dumps(cfg, indent=2) + "\n", notes)
 
@@ -483,7 +506,7 @@ def build_torchtitan(s: Scenario) -> Export:
     head = ["# torchtitan job config written by `paraplan export --to torchtitan`.",
             f"# Plan: {_headline(s)}",
             "# Targets the TOML job config of torchtitan/config/job_config.py; launch on every node with",
-            f"#   torchrun --nnodes {s.nodes} --nproc-per-node {s.gpus_per_node} --rdzv-backend c10d "
+            f"#   torchrun --nnodes {s.hosts} --nproc-per-node {s.procs_per_host} --rdzv-backend c10d "
             f"--rdzv-endpoint $MASTER_ADDR:{RDZV_PORT} -m torchtitan.train --job.config_file THIS_FILE",
             *(f"# NOTE: {n}" for n in notes)]
     body = []
@@ -535,11 +558,12 @@ def export(doc: Mapping[str, Any], engine: str, source: str = "plan") -> Export:
         raise ConfigError("dtype", "fp32 plans (validation on CPU) are not exported", accepted="bf16, fp16")
     scenario, note = as_engine_runs_it(scenario, engine)
     out = _BUILDERS[engine](scenario)
-    out.notes.insert(0, note)
+    first = [note] + [n for n in (launch_note(scenario),) if n]
+    out.notes[:0] = first
     if engine != "deepspeed":          # the script and the TOML carry their notes as comments
         lines = out.text.split("\n")
         at = next((i + 1 for i, line in enumerate(lines) if line.startswith("# Plan:")), 1)
-        lines.insert(at, "# NOTE: " + note)
+        lines[at:at] = ["# NOTE: " + n for n in first]
         out.text = "\n".join(lines)
     return out
 

@@ -66,8 +66,8 @@ def score_batch(model, job, cluster, batch: PlanBatch, curves, max_memory_fracti
     g = cluster.gpus_per_node
     mem = terms.memory["total"]
     over_gpu = mem > cluster.accelerator.memory_bytes * max_memory_fraction
-    over_host = terms.host_per_gpu * g > cluster.system.host_memory_bytes
-    over_nvme = terms.nvme_per_gpu * g > cluster.system.nvme_capacity_bytes
+    over_host = terms.host_per_gpu * g > cluster.node_system.host_memory_bytes
+    over_nvme = terms.nvme_per_gpu * g > cluster.node_system.nvme_capacity_bytes
     return np.asarray(terms.step, float), np.asarray(mem, float), over_gpu, over_host, over_nvme
 
 
@@ -183,9 +183,9 @@ def why_best_beats_runner_up(best: Estimate, runner_up: Estimate) -> str:
 
 
 def suggest_feasible(model, job, cluster, options: SpaceOptions | None, max_memory_fraction: float) -> list[str]:
-    """The smallest changes that make the request fit: more GPUs (whole nodes), offload, shorter sequence."""
+    """The smallest changes that make the request fit: more GPUs (2x-32x, counts the system accepts:
+    whole nodes, or whole hosts where a node holds several), offload, shorter sequence."""
     out = []
-    g = cluster.system.gpus_per_node
     options = options or SpaceOptions()
     if not options.allow_offload:
         r = search(model, job, cluster, options=replace(options, allow_offload=True), top=1,
@@ -195,7 +195,7 @@ def suggest_feasible(model, job, cluster, options: SpaceOptions | None, max_memo
                        f" fits at {r.best.step_time_s:.3g} s/step")
     for factor in (2, 4, 8, 16, 32):
         n = cluster.num_gpus * factor
-        if n > g and n % g:
+        if not cluster.system.accepts_gpus(n):
             continue
         bigger = replace(cluster, num_gpus=n)
         r = search(model, job, bigger, options=options, top=1, max_memory_fraction=max_memory_fraction)

@@ -74,6 +74,10 @@ def render_estimate(e) -> str:
         f"  memory          {e.memory_bytes_per_gpu['total'] / GIB:10.1f} GiB per GPU of "
         f"{e.details['gpu_memory_bytes'] / GIB:.0f} GiB — {status}",
     ]
+    domains = e.details.get("nvlink_domains")
+    if domains:
+        lines.append(f"  NVLink domains  {domains['count']} x {domains['gpus_each']} GPUs, assumed: "
+                     f"{domains['assumption']}")
     counts = e.details.get("layers_per_stage")
     if counts:
         even = len(set(counts)) == 1
