@@ -554,6 +554,31 @@ def virtual_stage_layer_counts(layers: int, plan) -> list[int]:
     return counts
 
 
+def expert_parallel_folded(plan):
+    """Whether the plan's expert layers are laid out by Megatron-Core's MoE parallel folding: the
+    expert layers take the same tp·cp·dp ranks as the attention but regroup them as etp × ep × edp
+    (etp fastest), so ep may exceed dp (Liu et al. 2025, "MoE Parallel Folding", arXiv:2504.14960;
+    megatron/core/parallel_state.py builds the expert groups from the tp·cp·dp ranks). Other engines
+    carve ep from data parallelism (DeepSpeed-MoE's expert groups: dp ranks at stride tp·cp)."""
+    return np.asarray(getattr(plan, "engine_code", Engine.GENERIC)) == Engine.MEGATRON
+
+
+def expert_data_parallel(plan):
+    """Replicas of one expert shard (the expert-data-parallel degree): tp·cp·dp / (ep·etp) under
+    folding, dp·cp / ep where ep is carved from dp."""
+    tp, cp, dp, ep, etp = (np.asarray(getattr(plan, k), dtype=float) for k in ("tp", "cp", "dp", "ep", "etp"))
+    return np.where(expert_parallel_folded(plan), tp * cp * dp / (ep * etp), dp * cp / ep)
+
+
+def expert_group_strides(plan):
+    """(rank stride of the ep group, rank stride of the expert-data-parallel group) in the global
+    rank order: etp and etp·ep under folding (etp fastest, then ep, then edp), tp·cp and tp·cp·ep
+    where ep is carved from dp."""
+    tp, cp, ep, etp = (np.asarray(getattr(plan, k)) for k in ("tp", "cp", "ep", "etp"))
+    folded = expert_parallel_folded(plan)
+    return np.where(folded, etp, tp * cp), np.where(folded, etp * ep, tp * cp * ep)
+
+
 def stage_split_is_even(layers: int, plan) -> bool:
     """Whether every stage holds the same number of layers."""
     return len(set(stage_layer_counts(layers, plan))) == 1
@@ -778,10 +803,15 @@ RULES: tuple[Rule, ...] = (
     _r("ep-needs-moe", "expert parallelism needs a mixture-of-experts model", ILLEGAL, ("ep",),
        lambda P, s: (P.ep > 1) & (not _moe(s)),
        lambda p, s: f"ep({p.ep}) needs a mixture-of-experts model; {s.model.name} is dense"),
-    _r("ep-divides-dp", "ep must divide dp", ILLEGAL, ("ep", "dp"),
-       lambda P, s: (P.dp > 0) & (P.dp % P.ep != 0) & _moe(s),
-       lambda p, s: (f"dp({p.dp}) % ep({p.ep}) = {p.dp % p.ep}, must be 0 (expert parallelism is carved from "
-                     "data parallelism)")),
+    _r("ep-divides-dp", "ep must divide dp (Megatron: ep·etp must divide tp·cp·dp)", ILLEGAL,
+       ("ep", "dp", "tp", "cp", "etp", "engine_code"),
+       lambda P, s: (P.dp > 0) & _moe(s) & np.where(
+           _engine_in(P, Engine.MEGATRON), (P.tp * P.cp * P.dp) % (P.ep * P.etp) != 0, P.dp % P.ep != 0),
+       lambda p, s: (f"tp({p.tp}) * cp({p.cp}) * dp({p.dp}) = {p.tp * p.cp * p.dp} is not a multiple of ep({p.ep}) * "
+                     f"etp({p.etp}) = {p.ep * p.etp} (Megatron-Core folds the expert layers onto the tp·cp·dp ranks)"
+                     if p.engine_code == Engine.MEGATRON else
+                     f"dp({p.dp}) % ep({p.ep}) = {p.dp % p.ep}, must be 0 (expert parallelism is carved from "
+                     "data parallelism; Megatron's MoE parallel folding, --engine megatron, also takes tp and cp)")),
     _r("ep-divides-experts", "ep does not divide the experts", ILLEGAL, ("ep",),
        lambda P, s: _moe(s) and (s.model.moe.experts % P.ep != 0), _experts_message),
     _r("cp-mode-needs-cp", "cp mode irrelevant without context parallelism", PRUNE, ("cp", "cp_mode_code"),

@@ -31,7 +31,8 @@ import numpy as np
 
 from paraplan.costmodels.comm import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SEND_RECV, collective_time,
                                       ranks_per_node, ring_time)
-from paraplan.plan import AttentionKernel, CpMode, Engine, Recompute, compute_dtype, gemm_dtype, is_fp8
+from paraplan.plan import (AttentionKernel, CpMode, Engine, Recompute, compute_dtype, expert_group_strides,
+                           gemm_dtype, is_fp8)
 
 BYTES = 2  # 16-bit activations and weights (bf16 / fp16)
 
@@ -355,7 +356,7 @@ def ep_alltoall_time(model, job, plan, cluster):
         return 0.0
     T = tokens_per_rank(job, plan)
     size = T * model.moe.top_k * expert_token_factor(model, job) * model.hidden * element_bytes(plan) / np.asarray(plan.tp, float)
-    k = ranks_per_node(plan.ep, np.asarray(plan.tp) * plan.cp, cluster.gpus_per_node)
+    k = ranks_per_node(plan.ep, expert_group_strides(plan)[0], cluster.gpus_per_node)
     intra, inter = cluster.links("ep")
     return collective_time(ALL_TO_ALL, size, plan.ep, k, intra, inter)
 

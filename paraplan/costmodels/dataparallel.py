@@ -27,7 +27,7 @@ import numpy as np
 from paraplan.costmodels.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time, ranks_per_node
 from paraplan.costmodels.compute import element_bytes
 from paraplan.costmodels.memory import engine_of, megatron_grad_bytes
-from paraplan.plan import Engine, Optimizer
+from paraplan.plan import Engine, Optimizer, expert_data_parallel, expert_group_strides
 
 # Share of an overlapped collective's duration that it costs the compute beneath it (NCCL kernels
 # occupy SMs and HBM bandwidth). calculon models the same effect as ``processor_usage``: 0.15 of
@@ -62,11 +62,12 @@ def fp8_all_gather_factor(plan):
 
 def dp_group(plan, cluster, experts: bool = False):
     """(ranks, ranks per node) of the group that holds replicas of a parameter: dp·cp ranks at
-    stride tp; for routed experts the expert-data-parallel group, dp·cp/ep ranks at stride tp·cp·ep."""
+    stride tp; for routed experts the expert-data-parallel group (:func:`paraplan.plan.expert_data_parallel`
+    ranks at the stride :func:`paraplan.plan.expert_group_strides` gives)."""
     n = np.asarray(plan.dp, dtype=float) * plan.cp
     if experts:
-        ep = np.asarray(plan.ep, dtype=float)
-        return n / ep, ranks_per_node(n / ep, np.asarray(plan.tp) * plan.cp * ep, cluster.gpus_per_node)
+        edp = expert_data_parallel(plan)
+        return edp, ranks_per_node(edp, expert_group_strides(plan)[1], cluster.gpus_per_node)
     return n, ranks_per_node(n, plan.tp, cluster.gpus_per_node)
 
 

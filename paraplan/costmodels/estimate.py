@@ -24,8 +24,8 @@ from paraplan.costmodels.intervals import describe_interval
 from paraplan.costmodels.offload import activation_offload_time, optimizer_and_offload, param_tensors, stage_param_tensors
 from paraplan.costmodels.pipeline import (bubble_factor, bubble_fraction, effective_compute_slowdown,
                                          p2p_messages_on_critical_path)
-from paraplan.plan import (Plan, Recompute, StageLayers, check_plan, compute_dtype, is_fp8, stage_layer_counts,
-                           stage_layers)
+from paraplan.plan import (Plan, Recompute, StageLayers, check_plan, compute_dtype, expert_data_parallel, is_fp8,
+                           stage_layer_counts, stage_layers)
 
 SCHEMA = "paraplan.estimate/1"
 TIME_TERMS = ("compute", "recompute", "grad_accumulation", "tp_comm", "cp_comm", "ep_comm", "moe_host", "pp_comm",
@@ -252,7 +252,7 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
     params = np.maximum(np.maximum(first_params, last_params), middle_params)
     experts = M.expert_params_per_gpu(model, plan)
     n_dp = np.asarray(plan.dp, dtype=float) * plan.cp
-    n_edp = n_dp / np.asarray(plan.ep, dtype=float)
+    n_edp = expert_data_parallel(plan)
     warm, factor = compressed_phase_factor(plan)
     dp_args = (plan, cluster, m, t_micro_fwd, t_micro_bwd)
     units = layers + 1                          # ZeRO-3's wrapped units: each layer and the root

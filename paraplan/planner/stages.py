@@ -22,7 +22,7 @@ from paraplan.costmodels.estimate import RUNTIME_RESERVED_BYTES
 from paraplan.planner.ilp import (LayerCost, PipelineSpec, StageRecomputeCost, in_flight_per_stage,
                                   partition_from_boundaries, partition_stages, plan_recompute)
 from paraplan.errors import InfeasiblePlan
-from paraplan.plan import Plan, stage_layer_counts
+from paraplan.plan import Plan, expert_data_parallel, stage_layer_counts
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,6 @@ def layer_costs(model, job, cluster, plan: Plan, curves=None, recompute: str | N
     """Embedding, each transformer layer, LM head as ``LayerCost`` under the plan."""
     curves = curves or curves_for(cluster)
     p = replace(plan, pp=1, vpp=1, schedule="1f1b", **({"recompute": recompute} if recompute else {}))
-    n_dp = plan.dp * plan.cp
 
     def one_layer(moe_layer: bool) -> LayerCost:
         m = _variant(model, moe_layer)
@@ -71,7 +70,7 @@ def layer_costs(model, job, cluster, plan: Plan, curves=None, recompute: str | N
         states = sum(M.model_state_bytes(params / plan.tp, p).values())
         if moe_layer:
             experts = m.routed_expert_params_per_moe_layer / (plan.ep * plan.etp)
-            states += sum(M.model_state_bytes(experts, p, shard_degree=n_dp / plan.ep).values())
+            states += sum(M.model_state_bytes(experts, p, shard_degree=expert_data_parallel(plan)).values())
         acts = M.activation_bytes_per_layer(m, job, p)
         return LayerCost("moe" if moe_layer else "dense", _f(t), _f(states), _f(acts))
 
