@@ -538,19 +538,20 @@ def _interleaved_split_exists(layers: int, chunks):
 
 def virtual_stage_layer_counts(layers: int, plan) -> list[int]:
     """Layers of every model chunk in model order (pp * vpp entries; the stages' counts with vpp 1):
-    chunk i runs on stage i mod pp. See :func:`interleaved_split_accounts`."""
+    chunk i runs on stage i mod pp. floor(layers / chunks) each and one more for the remainder's
+    chunks, the middle ones first, then the last, then the first (they hold the LM head and the
+    embedding). Where Megatron-LM's embedding / loss accounting makes the layers divide
+    (:func:`interleaved_split_accounts`) this is exactly its split; otherwise it is the layout a
+    ``--pipeline-model-parallel-layout`` (Megatron-Core) or torchtitan's split points give."""
     vpp = int(plan.vpp)
     if vpp == 1:
         return stage_layer_counts(layers, plan)
     n = int(plan.pp) * vpp
-    accounts = interleaved_split_accounts(layers, int(plan.pp), vpp)
-    if accounts is None:
-        raise ValueError(f"layers({layers}) do not split over pp({plan.pp}) * vpp({vpp}) chunks")
-    embedding, loss = accounts
-    c = (layers + embedding + loss) // n
-    counts = [c] * n
-    counts[0] -= embedding
-    counts[-1] -= loss
+    base, extra = divmod(layers, n)
+    order = list(range(1, n - 1)) + [n - 1, 0]
+    counts = [base] * n
+    for i in order[:extra]:
+        counts[i] += 1
     return counts
 
 
@@ -695,6 +696,12 @@ def _stage_fields_message(p, s: Scene) -> str:
             f"{unset} other stages; at most layers - {unset} = {L - unset}")
 
 
+#: engines that place any number of layers in each interleaved model chunk: Megatron-Core's
+#: ``--pipeline-model-parallel-layout`` (docs: "Custom Pipeline Model Parallel Layout", DeepSeek-V3's
+#: 61 layers on pp 16 x vpp 2 as "Et*3|(tt|)*29,m|L") and torchtitan's ``pipeline_parallel_split_points``
+UNEVEN_CHUNK_ENGINES = (Engine.MEGATRON, Engine.TORCHTITAN)
+
+
 def _engine_in(P, *engines: "Engine"):
     """Whether each plan of ``P`` runs on one of ``engines``."""
     return np.isin(P.engine_code, [int(e) for e in engines])
@@ -744,12 +751,15 @@ RULES: tuple[Rule, ...] = (
        lambda p, s: (f"layers({s.model.layers}) < pp({p.pp}) * vpp({p.vpp}) = {p.pp * p.vpp}: every "
                      "(virtual) pipeline stage needs at least one layer")),
     _r("interleaved-layers-divisible", "interleaved stages need layers (+ embedding, loss) divisible by pp*vpp",
-       ILLEGAL, ("pp", "vpp"),
-       lambda P, s: (P.vpp > 1) & ~_interleaved_split_exists(s.model.layers, P.pp * P.vpp),
+       ILLEGAL, ("pp", "vpp", "engine_code"),
+       lambda P, s: ((P.vpp > 1) & ~_interleaved_split_exists(s.model.layers, P.pp * P.vpp)
+                     & ~_engine_in(P, *UNEVEN_CHUNK_ENGINES)),
        lambda p, s: (f"layers({s.model.layers}) % (pp({p.pp}) * vpp({p.vpp})) = "
                      f"{s.model.layers % (p.pp * p.vpp)}: interleaved (virtual) stages need the layers, or the "
                      f"layers + 1 or + 2 with the embedding and the loss counted as layers (Megatron-LM's "
-                     f"--account-for-embedding/loss-in-pipeline-split), divisible by pp * vpp = {p.pp * p.vpp}")),
+                     f"--account-for-embedding/loss-in-pipeline-split), divisible by pp * vpp = {p.pp * p.vpp}; "
+                     f"--engine megatron (--pipeline-model-parallel-layout) and torchtitan (split points) "
+                     f"take uneven chunks")),
     _r("stage-layers-need-pp", "first/last stage layers need pp >= 2", ILLEGAL,
        ("pp", "first_stage_layers", "last_stage_layers"),
        lambda P, s: ((P.first_stage_layers > 0) | (P.last_stage_layers > 0)) & (P.pp < 2),

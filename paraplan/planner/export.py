@@ -155,20 +155,32 @@ def _megatron_uneven_stages(s: Scenario, notes: list[str]) -> list[tuple[str, ..
     middle stages, megatron/core/transformer/transformer_config.py). A split whose middle stages
     differ has no such flags: a note says so."""
     counts = stage_layer_counts(s.model.layers, s.plan)
-    if len(set(counts)) == 1:
+    if len(set(counts)) == 1 and (s.plan.vpp == 1 or s.model.layers % (s.plan.pp * s.plan.vpp) == 0):
         return []
-    if s.plan.vpp > 1:      # interleaved: the embedding and/or loss counted as layers (plan rule)
-        embedding, loss = interleaved_split_accounts(s.model.layers, s.plan.pp, s.plan.vpp)
+    if s.plan.vpp > 1:
+        accounts = interleaved_split_accounts(s.model.layers, s.plan.pp, s.plan.vpp)
+        if accounts is None:            # no accounting divides the layers: spell the chunks out
+            return [("--pipeline-model-parallel-layout",
+                     megatron_pipeline_layout(virtual_stage_layer_counts(s.model.layers, s.plan)))]
+        embedding, loss = accounts      # interleaved: the embedding and/or loss counted as layers
         return ([("--account-for-embedding-in-pipeline-split",)] if embedding else []) + \
                ([("--account-for-loss-in-pipeline-split",)] if loss else [])
     middle = counts[1:-1]
-    if len(set(middle)) > 1:
-        notes.append(f"the plan's layers per stage {counts} have uneven middle stages, which Megatron-LM's "
-                     "--decoder-first/last-pipeline-num-layers cannot express (the other layers must divide "
-                     "evenly over the middle stages); set first/last stage layers in the plan so they do")
-        return []
+    if len(set(middle)) > 1:            # --decoder-first/last-pipeline-num-layers cannot say it
+        return [("--pipeline-model-parallel-layout", megatron_pipeline_layout(counts))]
     return [("--decoder-first-pipeline-num-layers", str(counts[0])),
             ("--decoder-last-pipeline-num-layers", str(counts[-1]))]
+
+
+def megatron_pipeline_layout(chunk_layers: list[int]) -> str:
+    """Megatron-Core's ``--pipeline-model-parallel-layout`` for layer counts per model chunk in model
+    order (pp * vpp chunks, chunk i on stage i mod pp): chunks separated by "|", "E" the embedding
+    (first chunk), "L" the loss (last), "t*k" k transformer layers (Megatron-LM docs, "Custom Pipeline
+    Model Parallel Layout": "Et*3|(tt|)*29,m|L")."""
+    parts = [("t" if c == 1 else f"t*{c}" if c else "") for c in chunk_layers]
+    parts[0] = "E" + ("," if parts[0] else "") + parts[0]
+    parts[-1] = parts[-1] + ("," if parts[-1] else "") + "L"
+    return "|".join(parts)
 
 
 def build_megatron(s: Scenario) -> Export:
@@ -202,8 +214,9 @@ def build_megatron(s: Scenario) -> Export:
              ("--context-parallel-size", str(p.cp))]
     if p.sp:
         args.append(("--sequence-parallel",))
-    args += _megatron_uneven_stages(s, notes)
-    if p.schedule == "interleaved":
+    uneven = _megatron_uneven_stages(s, notes)
+    args += uneven
+    if p.schedule == "interleaved" and not any(a[0] == "--pipeline-model-parallel-layout" for a in uneven):
         args.append(("--num-layers-per-virtual-pipeline-stage",
                      str(max(virtual_stage_layer_counts(m.layers, p)))))
     elif p.schedule == "zb-h1" and p.pp > 1:

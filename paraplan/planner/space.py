@@ -89,10 +89,12 @@ def check_fixed(fixed: Mapping, model, job, cluster) -> None:
     if not fixed:
         return
     view = _fixed_view(fixed)
+    if not hasattr(view, "engine_code"):          # one engine for the whole search: its default
+        view.engine_code = np.array([int(Engine.parse(fixed.get("engine", Engine.GENERIC.label)))])
     scene = Scene(model, job, cluster, fixed.get("dp") or None)
     failed = failed_rules(view, scene, available=vars(view))
     if failed:
-        axes = sorted({a.removesuffix("_code") for r in failed for a in r.axes})
+        axes = sorted({a.removesuffix("_code") for r in failed for a in r.axes if a != "engine_code" or "engine" in fixed})
         raise ConfigError("--fix " + ", ".join(axes), "; ".join(r.explain(view, scene) for r in failed))
 
 

@@ -1,0 +1,56 @@
+"""Interleaved chunks of uneven size: Megatron-Core's --pipeline-model-parallel-layout and torchtitan's
+split points take any split; the other engines keep Megatron-LM's embedding / loss accounting."""
+import pytest
+
+from paraplan.errors import ConfigError
+from paraplan.hardware.catalog import load_cluster
+from paraplan.plan import Plan, check_plan, interleaved_split_accounts, stage_layer_counts, virtual_stage_layer_counts
+from paraplan.planfile import PLAN_SCHEMA
+from paraplan.planner import export as ex
+from paraplan.workloads.presets import load_model
+from paraplan.workloads.transformer import TrainingJob
+
+
+def test_chunks_split_evenly_with_lighter_ends_and_match_the_accounting_where_it_applies():
+    counts = virtual_stage_layer_counts(61, Plan(pp=8, vpp=4, schedule="interleaved"))
+    assert len(counts) == 32 and sum(counts) == 61 and set(counts) == {1, 2}
+    assert counts[0] == counts[-1] == 1                        # embedding and loss chunks lighter
+    # per physical stage (chunk i on stage i mod pp) the same totals as the pp-only split
+    stages = [sum(counts[i::8]) for i in range(8)]
+    assert sorted(stages) == sorted(stage_layer_counts(61, Plan(pp=8)))
+    # where --account-for-embedding/loss makes the layers divide, the same chunks as that accounting
+    for layers, pp, vpp in ((126, 8, 8), (127, 8, 8), (128, 8, 8), (94, 8, 4)):
+        emb, loss = interleaved_split_accounts(layers, pp, vpp)
+        c = (layers + emb + loss) // (pp * vpp)
+        assert virtual_stage_layer_counts(layers, Plan(pp=pp, vpp=vpp, schedule="interleaved")) == \
+            [c - emb] + [c] * (pp * vpp - 2) + [c - loss]
+
+
+def test_uneven_chunks_are_legal_on_megatron_and_torchtitan_only():
+    model, job, cluster = load_model("deepseek-v3"), TrainingJob(4096, 4096), load_cluster("dgx-h100", 1024)
+    kw = dict(tp=2, pp=8, dp=64, sp=True, ep=64, vpp=4, schedule="interleaved", zero=1)
+    check_plan(Plan(engine="megatron", **kw), model, job, cluster)
+    with pytest.raises(ConfigError) as e:
+        check_plan(Plan(engine="generic", **dict(kw, ep=8)), model, job, cluster)
+    assert "layers(61) % (pp(8) * vpp(4))" in str(e.value) and "--engine megatron" in str(e.value)
+
+
+def test_megatron_export_spells_out_the_layout():
+    doc = {"schema": PLAN_SCHEMA,
+           "scenario": {"model": "deepseek-v3", "cluster": "dgx-b200", "gpus": 1024, "seq_len": 4096,
+                        "global_batch": 4096},
+           "plan": {"tp": 2, "pp": 8, "dp": 64, "sp": True, "ep": 64, "vpp": 4, "schedule": "interleaved",
+                    "zero": 1, "engine": "megatron", "recompute": "full"}, "estimate": {}}
+    text = ex.to_megatron(doc)
+    layout = text.split("--pipeline-model-parallel-layout ")[1].split()[0].strip("'\"")
+    chunks = layout.split("|")
+    assert len(chunks) == 32 and chunks[0].startswith("E") and chunks[-1].endswith("L")
+    layers = sum(int(c.split("t*")[1].split(",")[0]) if "t*" in c else c.count("t") for c in chunks)
+    assert layers == 61
+    assert "--num-layers-per-virtual-pipeline-stage" not in text        # the layout says it
+    # an evenly divisible interleaved plan keeps the plain flag
+    even = dict(doc, scenario=dict(doc["scenario"], model="llama3-70b", cluster="dgx-h100", gpus=64, global_batch=256),
+                plan={"tp": 4, "pp": 4, "dp": 4, "vpp": 2, "schedule": "interleaved", "zero": 1, "engine": "megatron",
+                      "recompute": "full", "sp": True})
+    text = ex.to_megatron(even)
+    assert "--num-layers-per-virtual-pipeline-stage 10" in text and "layout" not in text
