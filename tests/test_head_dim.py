@@ -145,3 +145,13 @@ def test_hf_sliding_window_follows_layer_types_and_use_flag(tmp_path):
     assert load_model(str(path)).sliding_window_every == 1
     path.write_text(json.dumps(dict(base, layer_types=None, use_sliding_window=False)))   # Qwen-style
     assert load_model(str(path)).sliding_window == 0
+
+
+@pytest.mark.parametrize("name, total_b, active_b", [
+    ("qwen3-8b", 8.2, None), ("qwen3-14b", 14.8, None), ("qwen3-32b", 32.8, None),   # Qwen3 model cards
+    ("mixtral-8x22b", 141, 39), ("gpt-oss-20b", 20.9, None), ("nemotron4-340b", 341, None)])
+def test_more_presets_match_their_published_sizes(name, total_b, active_b):
+    m = load_model(name)
+    assert m.num_params / 1e9 == pytest.approx(total_b, rel=0.01)
+    if active_b:
+        assert m.active_params / 1e9 == pytest.approx(active_b, rel=0.01)
