@@ -141,16 +141,23 @@ def test_a_domain_holds_its_trays_share_of_the_rack():
     assert (d.nics_per_node, d.host_cpu_sockets, d.nvme_drives) == (64, 32, 128)
     assert d.host_memory_bytes == pytest.approx(rack.host_memory_bytes * 16 / 18)
     assert d.intra_node == rack.intra_node and d.inter_node == rack.inter_node   # per-GPU links unchanged
-    # a cluster inside one rack keeps the rack (as before this change)
-    assert load_cluster("gb200-nvl72", 64).node_system is load_cluster("gb200-nvl72", 64).system
+    # a cluster inside one rack holds the trays its GPUs sit on: 64 GPUs, the same 16 trays
+    inside = load_cluster("gb200-nvl72", 64).node_system
+    assert (inside.nics_per_node, inside.host_cpu_sockets, inside.nvme_drives) == (64, 32, 128)
+    assert load_cluster("gb200-nvl72", 6).node_system.host_cpu_sockets == 4           # 2 trays (ceil 6 / 4)
+    assert load_cluster("gb200-nvl72", 72).node_system is load_cluster("gb200-nvl72", 72).system
+    dgx = load_cluster("dgx-h100", 4)                                                 # part of one host: the host
+    assert dgx.node_system is dgx.system
 
 
 def test_cpu_adam_per_gpu_is_the_same_on_a_64_gpu_domain_as_on_a_rack():
     """64 GPUs on 32 Grace run CPU-Adam as fast per GPU as 72 on 36; with the whole rack's 36
-    sockets behind 64 GPUs it would come out 36/32 faster."""
-    c256, c72 = load_cluster("gb200-nvl72", 256), load_cluster("gb200-nvl72", 72)
+    sockets behind 64 GPUs it would come out 36/32 faster. The same for 8 GPUs (2 trays, 4 Grace),
+    which the whole rack's 36 sockets made 4.5x faster."""
+    c256, c72, c8 = (load_cluster("gb200-nvl72", n) for n in (256, 72, 8))
     shard = 1e9
     assert cpu_adam_time(shard, c256, curves_for(c256)) == pytest.approx(cpu_adam_time(shard, c72, curves_for(c72)))
+    assert cpu_adam_time(shard, c8, curves_for(c8)) == pytest.approx(cpu_adam_time(shard, c72, curves_for(c72)))
 
 
 def test_fabric_of_a_partitioned_cluster_has_a_nic_per_gpu_per_domain():

@@ -326,11 +326,15 @@ class Cluster:
     def node_system(self) -> System:
         """The system as one NVLink domain of this cluster holds it: the catalogue system, or, for a
         partitioned cluster, its domain's hosts (:func:`system_of_hosts`: NICs, CPU sockets, host
-        memory and NVMe drives per domain). A cluster inside one node keeps the whole node's host
-        resources, as it always has."""
+        memory and NVMe drives per domain). A cluster inside one node whose hosts are smaller than
+        the node (8 GPUs of a GB200 NVL72 rack: 2 of its 18 trays) holds only the hosts its GPUs sit
+        on; a cluster inside one host (part of a DGX) keeps that host's resources."""
+        host = self.system.gpus_per_host
+        if self.num_gpus < self.system.gpus_per_node and host < self.system.gpus_per_node:
+            return system_of_hosts(self.system, -(-self.num_gpus // host))
         if not self.partitioned:
             return self.system
-        return system_of_hosts(self.system, self.gpus_per_node // self.system.gpus_per_host)
+        return system_of_hosts(self.system, self.gpus_per_node // host)
 
     @property
     def gpus_per_host(self) -> int:
