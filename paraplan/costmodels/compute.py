@@ -513,18 +513,18 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     full = rc == Recompute.FULL
     core_kernels = np.where(np.asarray(plan.flash_attention, dtype=bool), 1.0, 4.0)
     layer_kernels = 4 + core_kernels + 8 + 4 * share_moe
-    replay = curves.recompute_overhead_time(np.where(rc == Recompute.FULL, layer_kernels, core_kernels))
-    recompute = np.where(rc == Recompute.FULL, fwd, np.where(rc == Recompute.SELECTIVE, attn_f,
-                                                             np.where(rc == Recompute.OP_SAC, sac_replay, 0.0))) \
+    forwards = np.where(full, 2, 1)          # forward passes per micro-batch: the recomputed one too
+    collectives = np.where(full, 6, 4)       # a layer's TP (or EP dispatch + combine) collectives, fwd and bwd
+    replay = curves.recompute_overhead_time(np.where(full, layer_kernels, core_kernels))
+    recompute = np.where(full, fwd, np.where(rc == Recompute.SELECTIVE, attn_f,
+                                             np.where(rc == Recompute.OP_SAC, sac_replay, 0.0))) \
         + np.where(rc > 0, replay, 0.0)
-    tp_comm = tp_exposed_time(ar * np.where(rc == Recompute.FULL, 6, 4),
-                              attn_gemm + mlp_gemm, rc == Recompute.FULL, plan)
+    tp_comm = tp_exposed_time(ar * collectives, attn_gemm + mlp_gemm, full, plan)
     cp_comm = cp_exposed_time(model, job, plan, cluster, attn_f, attn_b)
     a2a = ep_alltoall_time(model, job, plan, cluster)
-    ep_comm = share_moe * a2a * np.where(rc == Recompute.FULL, 6, 4)   # dispatch + combine, fwd and bwd
+    ep_comm = share_moe * a2a * collectives
     # a host-bound MoE layer waits for the host beyond its GPU time (MOE_HOST_SECONDS_PER_LAYER)
-    moe_gpu = (moe_f * np.where(full, 2, 1) + moe_b + cast_f * np.where(full, 2, 1) + cast_b
-               + a2a * np.where(full, 6, 4) + tp_comm)
+    moe_gpu = moe_f * forwards + moe_b + cast_f * forwards + cast_b + a2a * collectives + tp_comm
     host_wait = np.where(moe_host_floor_applies(model, plan),
                          share_moe * np.maximum(0.0, MOE_HOST_SECONDS_PER_LAYER - moe_gpu), 0.0)
     return {"forward": fwd, "backward": bwd, "recompute": recompute, "tp_comm": tp_comm, "cp_comm": cp_comm,

@@ -205,8 +205,10 @@ FIRST, MIDDLE, LAST = 0, 1, 2       # pipeline stages as StepTerms names them
 STAGE_NAMES = ("first", "middle", "last")
 
 
-def _layers_time(n, lt):
-    """Seconds per micro-batch of ``n`` layers: forward, backward, recomputation and their collectives."""
+def layers_time(n, lt):
+    """Seconds per micro-batch of ``n`` layers: forward, backward, recomputation, their collectives and
+    the MoE host wait (every per-layer term of :func:`paraplan.costmodels.compute.layer_times` the
+    step pays; the one sum the stage pace, the bubble and the planner's per-layer costs share)."""
     return (n * (lt["forward"] + lt["backward"]) + n * lt["recompute"] + n * lt["tp_comm"] + n * lt["cp_comm"]
             + n * lt["ep_comm"] + n * lt["moe_host"])
 
@@ -215,9 +217,9 @@ def slowest_stage(sl: StageLayers, p, lt, ht):
     """The stage that sets the pipeline's pace per micro-batch (pipeline.py: the slowest stage
     is paid m times): the last (its layers plus the LM head and loss, ties go to it), else the
     largest middle stage, else the first (its layers plus the embedding)."""
-    last = _layers_time(sl.last, lt) + ht["head"] + ht["tp_comm"]
-    middle = _layers_time(sl.middle, lt)
-    first = _layers_time(sl.first, lt) + np.where(np.asarray(p) > 1, ht["embedding"], 0.0)
+    last = layers_time(sl.last, lt) + ht["head"] + ht["tp_comm"]
+    middle = layers_time(sl.middle, lt)
+    first = layers_time(sl.first, lt) + np.where(np.asarray(p) > 1, ht["embedding"], 0.0)
     return np.where((last >= middle) & (last >= first), LAST, np.where(middle >= first, MIDDLE, FIRST))
 
 
@@ -237,7 +239,7 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
     cp_mid = layers * lt["cp_comm"]
     ep_mid = layers * lt["ep_comm"]
     host_mid = layers * lt["moe_host"]
-    t_mid = compute_mid + recompute_mid + tp_mid + cp_mid + ep_mid + host_mid
+    t_mid = layers_time(layers, lt)
     # the slowest stage's extra work: LM head and loss on the last (and the embedding with pp = 1),
     # the embedding on the first
     head_compute = np.where(slow == LAST, ht["head"] + np.where(p == 1, ht["embedding"], 0.0),
@@ -246,7 +248,7 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
     t_micro_fwd = layers * lt["forward"]
     t_micro_bwd = layers * lt["backward"] + recompute_mid
     # the bubble: (p - 1) idle slots of the largest stage's layers
-    t_bubble = _layers_time(sl.largest, lt)
+    t_bubble = layers_time(sl.largest, lt)
 
     first_params, middle_params, last_params = M.stage_params(model, plan)
     params = np.maximum(np.maximum(first_params, last_params), middle_params)

@@ -18,7 +18,7 @@ import numpy as np
 from paraplan.costmodels import compute as C
 from paraplan.costmodels import memory as M
 from paraplan.costmodels.efficiency import curves_for
-from paraplan.costmodels.estimate import RUNTIME_RESERVED_BYTES
+from paraplan.costmodels.estimate import RUNTIME_RESERVED_BYTES, layers_time
 from paraplan.planner.ilp import (LayerCost, PipelineSpec, StageRecomputeCost, in_flight_per_stage,
                                   partition_from_boundaries, partition_stages, plan_recompute)
 from paraplan.errors import InfeasiblePlan
@@ -64,8 +64,7 @@ def layer_costs(model, job, cluster, plan: Plan, curves=None, recompute: str | N
     def one_layer(moe_layer: bool) -> LayerCost:
         m = _variant(model, moe_layer)
         lt = C.layer_times(m, job, p, curves, cluster)
-        t = (lt["forward"] + lt["backward"] + lt["recompute"] + lt["tp_comm"] + lt["cp_comm"] + lt["ep_comm"]
-             + lt["moe_host"])
+        t = layers_time(1, lt)
         params = (m.params_per_moe_layer - m.routed_expert_params_per_moe_layer if moe_layer else m.params_per_layer)
         states = sum(M.model_state_bytes(params / plan.tp, p).values())
         if moe_layer:
