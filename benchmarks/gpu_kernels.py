@@ -127,58 +127,60 @@ def layer_gemms(hidden, ffn, kv, act, tp):
             ("fc1", mlp_out, hidden), ("fc2", hidden, ffn // tp)]
 
 
-def gemm_section(device, dtype, tokens, tps, l2, smoke=False) -> list[dict]:
-    rows = []
-    shapes = LAYER_SHAPES if not smoke else {"h256": (256, 1024, 256, "gelu")}
+def layer_gemm_cases(shapes, tps, tokens):
+    """(layer, tp, gemm, m, n, k) of every layer shape's forward GEMMs on each tp rank for each token
+    count, until the run's deadline (:func:`late`)."""
     for name, (h, f, kv, act) in shapes.items():
         for tp in tps:
             for label, n, k in layer_gemms(h, f, kv, act, tp):
                 for m in tokens:
                     if late():
-                        return rows
-                    el = 2
-                    def make():
-                        return (torch.randn(m, k, device=device, dtype=dtype), torch.randn(n, k, device=device, dtype=dtype),
-                                torch.randn(m, n, device=device, dtype=dtype))
-                    sets = copies(make, el * (m * k + n * k + m * n), l2)
-                    for layout, body in (("fwd", lambda x, w, g: F.linear(x, w)),
-                                         ("dgrad", lambda x, w, g: torch.mm(g, w)),
-                                         ("wgrad", lambda x, w, g: torch.mm(g.t(), x))):
-                        t = bench(Rotating(sets, body), device)
-                        rows.append({"layer": name, "tp": tp, "gemm": label, "layout": layout, "m": m, "n": n, "k": k,
-                                     "time_s": t, "tflops": 2 * m * n * k / t / 1e12})
-                    del sets
+                        return
+                    yield name, tp, label, m, n, k
+
+
+def gemm_section(device, dtype, tokens, tps, l2, smoke=False) -> list[dict]:
+    rows = []
+    shapes = LAYER_SHAPES if not smoke else {"h256": (256, 1024, 256, "gelu")}
+    for name, tp, label, m, n, k in layer_gemm_cases(shapes, tps, tokens):
+        el = 2
+        def make():
+            return (torch.randn(m, k, device=device, dtype=dtype), torch.randn(n, k, device=device, dtype=dtype),
+                    torch.randn(m, n, device=device, dtype=dtype))
+        sets = copies(make, el * (m * k + n * k + m * n), l2)
+        for layout, body in (("fwd", lambda x, w, g: F.linear(x, w)),
+                             ("dgrad", lambda x, w, g: torch.mm(g, w)),
+                             ("wgrad", lambda x, w, g: torch.mm(g.t(), x))):
+            t = bench(Rotating(sets, body), device)
+            rows.append({"layer": name, "tp": tp, "gemm": label, "layout": layout, "m": m, "n": n, "k": k,
+                         "time_s": t, "tflops": 2 * m * n * k / t / 1e12})
+        del sets
     return rows
 
 
 def fp8_section(device, tokens, tps, l2) -> list[dict]:
     rows = []
     e4 = torch.float8_e4m3fn
-    for name, (h, f, kv, act) in LAYER_SHAPES.items():
-        for tp in tps:
-            for label, n, k in layer_gemms(h, f, kv, act, tp):
-                for m in tokens:
-                    if late():
-                        return rows
-                    def make():
-                        a = torch.randn(m, k, device=device).to(e4)
-                        b = torch.randn(n, k, device=device).to(e4)
-                        return a, b
-                    sets = copies(make, m * k + n * k + 2 * m * n, l2)
-                    one = torch.ones((), device=device, dtype=torch.float32)
-                    sa, sb = torch.ones(m, 1, device=device), torch.ones(1, n, device=device)
-                    for recipe, body in (
-                            ("tensorwise", lambda a, b: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16)),
-                            ("rowwise", lambda a, b: torch._scaled_mm(a, b.t(), sa, sb, out_dtype=torch.bfloat16))):
-                        try:
-                            t = bench(Rotating(sets, body), device)
-                        except Exception as exc:  # noqa: BLE001 - recorded, the section goes on
-                            rows.append({"layer": name, "tp": tp, "gemm": label, "recipe": recipe, "m": m, "n": n,
-                                         "k": k, "error": repr(exc)[:200]})
-                            continue
-                        rows.append({"layer": name, "tp": tp, "gemm": label, "recipe": recipe, "m": m, "n": n, "k": k,
-                                     "time_s": t, "tflops": 2 * m * n * k / t / 1e12})
-                    del sets
+    for name, tp, label, m, n, k in layer_gemm_cases(LAYER_SHAPES, tps, tokens):
+        def make():
+            a = torch.randn(m, k, device=device).to(e4)
+            b = torch.randn(n, k, device=device).to(e4)
+            return a, b
+        sets = copies(make, m * k + n * k + 2 * m * n, l2)
+        one = torch.ones((), device=device, dtype=torch.float32)
+        sa, sb = torch.ones(m, 1, device=device), torch.ones(1, n, device=device)
+        for recipe, body in (
+                ("tensorwise", lambda a, b: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16)),
+                ("rowwise", lambda a, b: torch._scaled_mm(a, b.t(), sa, sb, out_dtype=torch.bfloat16))):
+            try:
+                t = bench(Rotating(sets, body), device)
+            except Exception as exc:  # noqa: BLE001 - recorded, the section goes on
+                rows.append({"layer": name, "tp": tp, "gemm": label, "recipe": recipe, "m": m, "n": n,
+                             "k": k, "error": repr(exc)[:200]})
+                continue
+            rows.append({"layer": name, "tp": tp, "gemm": label, "recipe": recipe, "m": m, "n": n, "k": k,
+                         "time_s": t, "tflops": 2 * m * n * k / t / 1e12})
+        del sets
     return rows
 
 
