@@ -816,10 +816,10 @@ RULES: tuple[Rule, ...] = (
     _r("ep-divides-dp", "ep must divide dp (Megatron: ep·etp must divide tp·cp·dp)", ILLEGAL,
        ("ep", "dp", "tp", "cp", "etp", "engine_code"),
        lambda P, s: (P.dp > 0) & _moe(s) & np.where(
-           _engine_in(P, Engine.MEGATRON), (P.tp * P.cp * P.dp) % (P.ep * P.etp) != 0, P.dp % P.ep != 0),
+           expert_parallel_folded(P), (P.tp * P.cp * P.dp) % (P.ep * P.etp) != 0, P.dp % P.ep != 0),
        lambda p, s: (f"tp({p.tp}) * cp({p.cp}) * dp({p.dp}) = {p.tp * p.cp * p.dp} is not a multiple of ep({p.ep}) * "
                      f"etp({p.etp}) = {p.ep * p.etp} (Megatron-Core folds the expert layers onto the tp·cp·dp ranks)"
-                     if p.engine_code == Engine.MEGATRON else
+                     if expert_parallel_folded(p) else
                      f"dp({p.dp}) % ep({p.ep}) = {p.dp % p.ep}, must be 0 (expert parallelism is carved from "
                      "data parallelism; Megatron's MoE parallel folding, --engine megatron, also takes tp and cp)")),
     _r("ep-divides-experts", "ep does not divide the experts", ILLEGAL, ("ep",),
