@@ -10,7 +10,8 @@ Per layer, with T = b·s/cp tokens on the rank, t = tp:
   Attention core: fused (FlashAttention) at 4·b·(s/cp)·s·h/t FLOPs, halved by the causal mask,
   backward 2.5 × forward (FlashAttention-2 recomputes QKᵀ and runs 5 GEMMs against 2); unfused:
   batched GEMMs QKᵀ and PV plus scale-mask-softmax and dropout over the b·(a/t)·s_l·s scores
-  (≈ 9 bytes per score element forward, 11 backward, in 16-bit with a 1-byte mask).
+  (≈ 9 bytes per score element forward, 11 backward, in 16-bit with a 1-byte mask). Ring context
+  parallelism adds its per-step merge kernels (:func:`ring_attention_merge_times`) to the core.
   Memory-bound kernels (forward, bytes per token): two LayerNorms 4h each, two bias-dropout-
   residual adds 7h each, the MLP activation 4f (GELU) or 6f (SwiGLU), and for unfused attention
   the q, k, v and context transposes 4(h + h_kv)·2; replicated across tp unless sequence
@@ -423,12 +424,44 @@ def cp_exposed_time(model, job, plan, cluster, attn_fwd, attn_bwd):
 
 
 def _ring_exposed(model, job, plan, cluster, attn_fwd, attn_bwd):
+    """Forward: the K/V chunks beyond the excess over the attention core. Backward likewise, plus
+    the last step's dK/dV chunk, which goes back to its owner after the last attention kernel with
+    nothing left to hide under (Transformer Engine's AttnFuncWithCPAndKVP2P.backward waits for it)."""
     c = np.asarray(plan.cp, dtype=float)
     step = ring_attention_step_time(model, job, plan, cluster)
     fwd = (c - 1) * step
     bwd = 2 * (c - 1) * step
-    exposed = np.maximum(0.0, fwd - attn_fwd) + np.maximum(0.0, bwd - attn_bwd)
+    exposed = np.maximum(0.0, fwd - attn_fwd) + np.maximum(0.0, bwd - attn_bwd) + step
     return np.where(c > 1, exposed, 0.0)
+
+
+# Ring attention merges each step's partial result into the running one with memory-bound kernels
+# (Transformer Engine, transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py,
+# AttnFuncWithCPAndKVP2P): forward, per step, flash_attn_fwd_out_correction reads the step's output
+# and the running output and writes it back (3 x 2 bytes per element of b·(s/cp)·h_q/tp, 16-bit) after
+# a softmax-statistics correction; backward, per step, dq.add_(dq_) over the queries and dkv.add_(dkv_)
+# over the K and V chunk (3 x 2 bytes per element each). With the causal load balancing (each rank
+# holds chunks i and 2cp-1-i) the steps beyond a rank's own position touch only half of its queries,
+# so a rank streams on average (3·cp + 1)/4 full-size passes.
+RING_MERGE_BYTES_PER_ELEMENT = 3 * 2
+RING_MERGE_KERNELS_PER_STEP = 2
+
+
+def ring_attention_merge_times(model, job, plan, curves):
+    """(forward, backward) seconds of ring attention's per-step merge kernels for one layer and
+    micro-batch: forward B·T·h_q/tp, backward B·T·(h_q + 2·h_kv)/tp bytes per pass, (3·cp+1)/4 passes
+    (RING_MERGE_BYTES_PER_ELEMENT = B; T = b·s/cp tokens on the rank); 0 without ring context
+    parallelism (cp = 1 or Ulysses, whose all-to-alls hand each rank whole heads)."""
+    c = np.asarray(plan.cp, dtype=float)
+    t = np.asarray(plan.tp, dtype=float)
+    T = tokens_per_rank(job, plan)
+    passes = (3 * c + 1) / 4
+    kernels = RING_MERGE_KERNELS_PER_STEP * c
+    fwd = curves.memory_time(RING_MERGE_BYTES_PER_ELEMENT * passes * T * model.q_hidden / t, kernels=kernels)
+    bwd = curves.memory_time(RING_MERGE_BYTES_PER_ELEMENT * passes * T * (model.q_hidden + 2 * model.kv_hidden) / t,
+                             kernels=kernels)
+    ring = (c > 1) & (np.asarray(plan.cp_mode_code) != CpMode.ULYSSES)
+    return np.where(ring, fwd, 0.0), np.where(ring, bwd, 0.0)
 
 
 def op_sac_recomputed_matmul_share(model) -> float:
@@ -487,6 +520,8 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     dense and MoE layers (weights: their counts)."""
     attn_gemm = attention_gemm_forward_time(model, job, plan, curves)
     attn_f, attn_b = attention_core_times(model, job, plan, curves)
+    merge_f, merge_b = ring_attention_merge_times(model, job, plan, curves)
+    attn_f, attn_b = attn_f + merge_f, attn_b + merge_b
 
     def fwd_bwd(mlp_gemm, elem):
         """A layer's forward and backward: backward runs every GEMM twice and streams twice the bytes."""
