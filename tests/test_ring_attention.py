@@ -31,14 +31,19 @@ def test_merge_kernels_follow_the_formula_and_vanish_without_ring():
     T = 2 * 8192 / 4
     passes = (3 * 4 + 1) / 4
     fwd, bwd = C.ring_attention_merge_times(MODEL, JOB, p, CURVES)
-    want_f = CURVES.memory_time(C.RING_MERGE_BYTES_PER_ELEMENT * passes * T * MODEL.q_hidden / 2,
+    want_f = CURVES.memory_time(3 * 2 * passes * T * MODEL.q_hidden / 2,
                                 kernels=C.RING_MERGE_KERNELS_PER_STEP * 4)
-    want_b = CURVES.memory_time(C.RING_MERGE_BYTES_PER_ELEMENT * passes * T * (MODEL.q_hidden + 2 * MODEL.kv_hidden) / 2,
+    want_b = CURVES.memory_time(3 * 2 * passes * T * (MODEL.q_hidden + 2 * MODEL.kv_hidden) / 2,
                                 kernels=C.RING_MERGE_KERNELS_PER_STEP * 4)
     assert float(fwd) == pytest.approx(float(want_f)) and float(bwd) == pytest.approx(float(want_b))
     assert float(bwd) > float(fwd) > 0
     for plan in (_plan(1, 1), _plan(4, 2, "ulysses")):
         assert C.ring_attention_merge_times(MODEL, JOB, plan, CURVES) == (0.0, 0.0)
+    # fp32 training (the CPU validation runs) streams 4-byte elements: twice the bytes
+    fp32 = Plan(**{**p.__dict__, "dtype": "fp32"})
+    f32, _ = C.ring_attention_merge_times(MODEL, JOB, fp32, CURVES)
+    overhead = CURVES.kernel_overhead_s * C.RING_MERGE_KERNELS_PER_STEP * 4
+    assert float(f32) - overhead == pytest.approx(2 * (float(fwd) - overhead))
 
 
 def test_last_backward_dkv_step_is_exposed_even_when_the_ring_hides():

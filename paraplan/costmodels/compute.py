@@ -438,27 +438,28 @@ def _ring_exposed(model, job, plan, cluster, attn_fwd, attn_bwd):
 # Ring attention merges each step's partial result into the running one with memory-bound kernels
 # (Transformer Engine, transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py,
 # AttnFuncWithCPAndKVP2P): forward, per step, flash_attn_fwd_out_correction reads the step's output
-# and the running output and writes it back (3 x 2 bytes per element of b·(s/cp)·h_q/tp, 16-bit) after
-# a softmax-statistics correction; backward, per step, dq.add_(dq_) over the queries and dkv.add_(dkv_)
-# over the K and V chunk (3 x 2 bytes per element each). With the causal load balancing (each rank
-# holds chunks i and 2cp-1-i) the steps beyond a rank's own position touch only half of its queries,
-# so a rank streams on average (3·cp + 1)/4 full-size passes.
-RING_MERGE_BYTES_PER_ELEMENT = 3 * 2
+# and the running output and writes it back (3 accesses per element of b·(s/cp)·h_q/tp, 2 bytes each in
+# 16-bit training) after a softmax-statistics correction; backward, per step, dq.add_(dq_) over the
+# queries and dkv.add_(dkv_) over the K and V chunk (3 accesses per element each). With the causal load
+# balancing (each rank holds chunks i and 2cp-1-i) the steps beyond a rank's own position touch only half
+# of its queries, so a rank streams on average (3·cp + 1)/4 full-size passes.
+RING_MERGE_ACCESSES_PER_ELEMENT = 3
 RING_MERGE_KERNELS_PER_STEP = 2
 
 
 def ring_attention_merge_times(model, job, plan, curves):
     """(forward, backward) seconds of ring attention's per-step merge kernels for one layer and
-    micro-batch: forward B·T·h_q/tp, backward B·T·(h_q + 2·h_kv)/tp bytes per pass, (3·cp+1)/4 passes
-    (RING_MERGE_BYTES_PER_ELEMENT = B; T = b·s/cp tokens on the rank); 0 without ring context
-    parallelism (cp = 1 or Ulysses, whose all-to-alls hand each rank whole heads)."""
+    micro-batch: forward 3e·T·h_q/tp, backward 3e·T·(h_q + 2·h_kv)/tp bytes per pass, (3·cp+1)/4 passes
+    (RING_MERGE_ACCESSES_PER_ELEMENT = 3, e = :func:`element_bytes`; T = b·s/cp tokens on the rank);
+    0 without ring context parallelism (cp = 1 or Ulysses, whose all-to-alls hand each rank whole heads)."""
     c = np.asarray(plan.cp, dtype=float)
     t = np.asarray(plan.tp, dtype=float)
     T = tokens_per_rank(job, plan)
     passes = (3 * c + 1) / 4
+    per_element = RING_MERGE_ACCESSES_PER_ELEMENT * element_bytes(plan)
     kernels = RING_MERGE_KERNELS_PER_STEP * c
-    fwd = curves.memory_time(RING_MERGE_BYTES_PER_ELEMENT * passes * T * model.q_hidden / t, kernels=kernels)
-    bwd = curves.memory_time(RING_MERGE_BYTES_PER_ELEMENT * passes * T * (model.q_hidden + 2 * model.kv_hidden) / t,
+    fwd = curves.memory_time(per_element * passes * T * model.q_hidden / t, kernels=kernels)
+    bwd = curves.memory_time(per_element * passes * T * (model.q_hidden + 2 * model.kv_hidden) / t,
                              kernels=kernels)
     ring = (c > 1) & (np.asarray(plan.cp_mode_code) != CpMode.ULYSSES)
     return np.where(ring, fwd, 0.0), np.where(ring, bwd, 0.0)
