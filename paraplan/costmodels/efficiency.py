@@ -82,27 +82,29 @@ class AnalyticalCurves:
         m, n, k, g = (np.asarray(x, dtype=float) for x in (m, n, k, groups))
         compute = self._tensor_core_time(m, n, k, dtype, g)
         width = {"fp8": 1.0, "fp32": 4.0, "tf32": 4.0}.get(dtype, 2.0)
-        stream = g * (n * k + m * k + m * n) * width / (acc.memory_bandwidth_bytes_per_s * self.streaming_efficiency)
+        stream = self.streaming_time(g * (n * k + m * k + m * n) * width, kernels=0)
         return self.kernel_overhead_s + np.maximum(compute, stream)
+
+    def _hbm_time(self, nbytes, kernels, efficiency: float):
+        """``kernels`` launches moving ``nbytes`` through HBM at ``efficiency`` of its bandwidth."""
+        bw = self.accelerator.memory_bandwidth_bytes_per_s * efficiency
+        return kernels * self.kernel_overhead_s + np.asarray(nbytes, dtype=float) / bw
 
     def memory_time(self, nbytes, kernels=1):
         """Seconds to stream ``nbytes`` through HBM in ``kernels`` launches."""
-        bw = self.accelerator.memory_bandwidth_bytes_per_s * self.memory_efficiency
-        return kernels * self.kernel_overhead_s + np.asarray(nbytes, dtype=float) / bw
+        return self._hbm_time(nbytes, kernels, self.memory_efficiency)
 
     def streaming_time(self, nbytes, kernels=1):
         """Seconds for plain streaming kernels (an add, a copy, an fp8 cast: no transcendental work)
         moving exactly ``nbytes``: HBM at ``streaming_efficiency`` of its bandwidth."""
-        bw = self.accelerator.memory_bandwidth_bytes_per_s * self.streaming_efficiency
-        return kernels * self.kernel_overhead_s + np.asarray(nbytes, dtype=float) / bw
+        return self._hbm_time(nbytes, kernels, self.streaming_efficiency)
 
     def fp8_cast_time(self, nbytes, kernels=1):
         """Seconds for fp8 quantization kernels (amax, scale-cast, cast-transpose) moving exactly
         ``nbytes``: HBM at ``fp8_cast_efficiency`` (measured on an H100: the cast-transpose writes
         its transposed copy with strided stores), else at the streaming rate."""
         eff = self.streaming_efficiency if self.fp8_cast_efficiency is None else self.fp8_cast_efficiency
-        bw = self.accelerator.memory_bandwidth_bytes_per_s * eff
-        return kernels * self.kernel_overhead_s + np.asarray(nbytes, dtype=float) / bw
+        return self._hbm_time(nbytes, kernels, eff)
 
     def flash_attention_time(self, flops, dtype: str = "bf16", kernels=1):
         """Seconds for fused attention executing ``flops``."""
