@@ -151,11 +151,17 @@ class TransformerModel:
 
     # --- parameters -------------------------------------------------------------------------------
     @property
-    def attention_params_per_layer(self) -> int:
-        """QKV projection h x (q + 2·h_kv) and output projection q x h (q = heads · head_dim)."""
+    def attention_weights_per_layer(self) -> int:
+        """Weight elements of the QKV projection h x (q + 2·h_kv) and the output projection q x h
+        (q = heads · head_dim), without biases."""
         h, q, hkv = self.hidden, self.q_hidden, self.kv_hidden
-        weights = h * (q + 2 * hkv) + q * h
-        return weights + ((q + 2 * hkv) + h if self.bias else 0)
+        return h * (q + 2 * hkv) + q * h
+
+    @property
+    def attention_params_per_layer(self) -> int:
+        """:attr:`attention_weights_per_layer` plus the projections' biases where the model has them."""
+        q, hkv = self.q_hidden, self.kv_hidden
+        return self.attention_weights_per_layer + ((q + 2 * hkv) + self.hidden if self.bias else 0)
 
     @property
     def mlp_params_per_layer(self) -> int:
@@ -238,9 +244,8 @@ class TransformerModel:
     def matmul_flops_per_token_per_layer(self) -> float:
         """Forward FLOPs per token of a layer's weight GEMMs, 2 · (weights a token meets), averaged
         over dense and MoE layers (an MoE layer counts its router, top-k and shared experts)."""
-        h, hkv, f = self.hidden, self.kv_hidden, self.ffn_hidden
-        q = self.q_hidden
-        attention = h * (q + 2 * hkv) + q * h
+        h, f = self.hidden, self.ffn_hidden
+        attention = self.attention_weights_per_layer
         dense = 2 * (attention + self.mlp_matrices * h * f)
         if not self.moe:
             return dense
