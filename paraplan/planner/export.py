@@ -149,11 +149,12 @@ def _torchrun_args(s: Scenario) -> list[str]:
             "--rdzv-endpoint", f"${{MASTER_ADDR}}:${{MASTER_PORT}}"]
 
 
-def _megatron_uneven_stages(s: Scenario, notes: list[str]) -> list[tuple[str, ...]]:
+def _megatron_uneven_stages(s: Scenario) -> list[tuple[str, ...]]:
     """--decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers for an uneven split
     (NVIDIA/Megatron-LM megatron/training/arguments.py; the layers left must divide evenly over the
-    middle stages, megatron/core/transformer/transformer_config.py). A split whose middle stages
-    differ has no such flags: a note says so."""
+    middle stages, megatron/core/transformer/transformer_config.py); the embedding / loss accounting
+    flags for interleaved chunks that divide with them; otherwise (middle stages that differ, chunks
+    no accounting divides) the chunks spelled out as a --pipeline-model-parallel-layout."""
     counts = stage_layer_counts(s.model.layers, s.plan)
     if len(set(counts)) == 1 and (s.plan.vpp == 1 or s.model.layers % (s.plan.pp * s.plan.vpp) == 0):
         return []
@@ -214,7 +215,7 @@ def build_megatron(s: Scenario) -> Export:
              ("--context-parallel-size", str(p.cp))]
     if p.sp:
         args.append(("--sequence-parallel",))
-    uneven = _megatron_uneven_stages(s, notes)
+    uneven = _megatron_uneven_stages(s)
     args += uneven
     if p.schedule == "interleaved" and not any(a[0] == "--pipeline-model-parallel-layout" for a in uneven):
         args.append(("--num-layers-per-virtual-pipeline-stage",
