@@ -179,7 +179,8 @@ STAGE_LAYER_ZERO_MEANS = {"first_stage_layers": "the automatic split", "last_sta
                           "offload_activation_layers": "none"}
 MAX_DEGREE = 2**31 - 1    # degrees, micro-batches and stage sizes past a C int are typos (numpy overflows)
 BOOL_FIELDS = ("sp", "offload_params", "flash_attention", "overlap_grad_reduce", "delayed_update",
-               "grad_accumulation_fusion", "fused_elementwise", "tp_comm_overlap", "grad_reduce_bf16")
+               "grad_accumulation_fusion", "fused_elementwise", "tp_comm_overlap", "grad_reduce_bf16",
+               "ep_comm_overlap")
 
 
 def validate_field(name: str, value, where: str | None = None):
@@ -285,6 +286,11 @@ class Plan:
     # the fused attention kernel (AttentionKernel): auto, or cudnn / flash2 / efficient priced by the
     # measured efficiency by sequence length of the generation's table (attention_kernels.yaml)
     attention_kernel: str = "auto"
+    # expert-parallel dispatch and combine all-to-alls of one micro-batch overlapped with the other
+    # direction's compute of the neighbouring micro-batch (Megatron-Core's combined 1F1B schedule,
+    # --overlap-moe-expert-parallel-comm; Megatron-Bridge moe_a2a_overlap); False: every all-to-all
+    # sits on the critical path
+    ep_comm_overlap: bool = False
 
     def __post_init__(self):
         for key in (*POSITIVE_INT_FIELDS, "dp", *MODES, "zero", *STAGE_LAYER_FIELDS, *BOOL_FIELDS):
@@ -403,6 +409,7 @@ class PlanBatch:
     last_stage_layers: np.ndarray = None
     offload_activation_layers: np.ndarray = None
     attention_kernel_code: np.ndarray = None
+    ep_comm_overlap: np.ndarray = None
     dtype: str = "bf16"
 
     def __post_init__(self):
@@ -410,7 +417,8 @@ class PlanBatch:
         for name, default in (("ep", 1), ("etp", 1), ("cp_mode_code", CpMode.RING), ("optimizer_code", Optimizer.ADAM),
                               ("delayed_update", False), ("grad_accumulation_fusion", True), ("fused_elementwise", True), ("tp_comm_overlap", False), ("grad_reduce_bf16", False),
                               ("engine_code", Engine.GENERIC), ("first_stage_layers", 0), ("last_stage_layers", 0),
-                              ("offload_activation_layers", 0), ("attention_kernel_code", AttentionKernel.AUTO)):
+                              ("offload_activation_layers", 0), ("attention_kernel_code", AttentionKernel.AUTO),
+                              ("ep_comm_overlap", False)):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, np.full(n, int(default) if isinstance(default, Mode) else default))
 
@@ -449,7 +457,8 @@ class PlanBatch:
                     first_stage_layers=int(self.first_stage_layers[i]),
                     last_stage_layers=int(self.last_stage_layers[i]),
                     offload_activation_layers=int(self.offload_activation_layers[i]),
-                    attention_kernel=AttentionKernel(int(self.attention_kernel_code[i])).label)
+                    attention_kernel=AttentionKernel(int(self.attention_kernel_code[i])).label,
+                    ep_comm_overlap=bool(self.ep_comm_overlap[i]))
 
 
 # --- layers per pipeline stage ---------------------------------------------------------------------
@@ -966,6 +975,37 @@ RULES: tuple[Rule, ...] = (
        lambda p, s: (f"--engine {Engine(p.engine_code).label} does not overlap tensor-parallel communication "
                      "(Megatron-LM --tp-comm-overlap and torchtitan async TP do)"),
        field="tp_comm_overlap", accepted="--engine megatron, torchtitan or generic", uses_scene=False),
+    _r("ep-comm-overlap-needs-ep", "expert-parallel communication overlap needs expert parallelism", ILLEGAL,
+       ("ep_comm_overlap", "ep"),
+       lambda P, s: np.asarray(P.ep_comm_overlap, bool) & (P.ep == 1),
+       lambda p, s: ("--ep-comm-overlap hides the expert-parallel all-to-alls; with ep(1) there are none "
+                     "(Megatron-Core: 'only supported with expert model parallelism')"),
+       field="ep_comm_overlap", accepted="--ep N>1, or no --ep-comm-overlap", uses_scene=False),
+    _r("ep-comm-overlap-schedule", "expert-parallel communication overlap needs pp 1 or the interleaved schedule",
+       ILLEGAL, ("ep_comm_overlap", "pp", "schedule_code"),
+       lambda P, s: np.asarray(P.ep_comm_overlap, bool) & (P.pp > 1) & (P.schedule_code != Schedule.INTERLEAVED),
+       lambda p, s: (f"Megatron-Core's combined 1F1B pairs micro-batches without pipelining or in the interleaved "
+                     f"schedule only; pp({p.pp}) runs {Schedule(p.schedule_code).label} "
+                     "(megatron/core/transformer/transformer_config.py)"),
+       field="ep_comm_overlap", accepted="--pp 1, or --schedule interleaved --vpp N>1", uses_scene=False),
+    _r("ep-comm-overlap-no-full-recompute", "expert-parallel communication overlap excludes full recomputation",
+       ILLEGAL, ("ep_comm_overlap", "recompute_code"),
+       lambda P, s: np.asarray(P.ep_comm_overlap, bool) & (np.asarray(P.recompute_code) == int(Recompute.FULL)),
+       lambda p, s: ("Megatron-Core's combined 1F1B runs layer by layer across two micro-batches and refuses full "
+                     "recomputation ('disable full recomputation when enabling overlap_moe_expert_parallel_comm')"),
+       field="ep_comm_overlap", accepted="--recompute none, selective or op-sac", uses_scene=False),
+    _r("engine-ep-comm-overlap", "the engine has no expert-parallel communication overlap", ILLEGAL,
+       ("engine_code", "ep_comm_overlap"),
+       lambda P, s: np.asarray(P.ep_comm_overlap, bool) & ~_engine_in(P, Engine.MEGATRON, Engine.GENERIC),
+       lambda p, s: (f"--engine {Engine(p.engine_code).label} does not overlap expert-parallel all-to-alls "
+                     "(Megatron-LM --overlap-moe-expert-parallel-comm does)"),
+       field="ep_comm_overlap", accepted="--engine megatron or generic", uses_scene=False),
+    _r("ep-comm-overlap-dispatch", "expert-parallel communication overlap needs the all-to-all token dispatcher",
+       ILLEGAL, ("ep_comm_overlap",),
+       lambda P, s: np.asarray(P.ep_comm_overlap, bool) & (_moe(s) and s.model.moe.dispatch != "permute"),
+       lambda p, s: (f"{s.model.name} dispatches tokens by {s.model.moe.dispatch}; Megatron-Core overlaps only the "
+                     "alltoall / flex token dispatchers' all-to-alls"),
+       field="ep_comm_overlap", accepted="a model with permute dispatch, or no --ep-comm-overlap"),
     _r("engine-fp8-recipe", "the engine has no such fp8 recipe", ILLEGAL, ("engine_code", "dtype"),
        lambda P, s: _engine_fp8_refused(P.engine_code, P.dtype),
        lambda p, s: (f"--engine {Engine(p.engine_code).label} has no {p.dtype} recipe; it offers "

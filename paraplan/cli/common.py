@@ -241,6 +241,10 @@ PLAN_FLAG_HELP = {
                  "every other matmul output and the attention output)",
     "tp_comm_overlap": "overlap tensor-parallel all-gather/reduce-scatter with the neighbouring GEMMs "
                        "(Megatron-LM --tp-comm-overlap, torchtitan async TP; needs --sp)",
+    "ep_comm_overlap": "hide the expert-parallel all-to-alls under the other direction's compute of the "
+                       "neighbouring micro-batch (Megatron-Core combined 1F1B, --overlap-moe-expert-parallel-comm; "
+                       "needs ep > 1, pp 1 or the interleaved schedule, no full recomputation). On plan: "
+                       "--fix ep_comm_overlap=true turns it on for every candidate that can run it",
     "grad_reduce_bf16": "Megatron-LM: keep and reduce gradients in bf16 (--grad-reduce-in-bf16; the "
                         "Megatron-Bridge and NeMo performance recipes do): 2 bytes per parameter instead of 4",
     "attention_kernel": "the fused attention kernel: auto (the generation's calibrated efficiency), or cudnn, "

@@ -225,6 +225,23 @@ H100_MODEL_PRESETS = {"llama 3 8b": "llama3-8b", "llama3-8b": "llama3-8b", "llam
                       "qwen3_30b_a3b (tokendrop)": "qwen3-30b-a3b", "qwen3_235b_a22b (tokendrop)": "qwen3-235b-a22b",
                       "gpt oss 120b": "gpt-oss-120b"}
 
+# Rows whose Megatron-Bridge performance recipe turns on the expert-parallel all-to-all overlap
+# (moe_a2a_overlap=True, Megatron-Core combined 1F1B), by the file's model name and GPU, with the layout
+# the recipe names (scripts/performance/configs/qwen/qwen3_workload_base_configs.py,
+# QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_FP8_CS_V1: 256 GPUs, tp 2, pp 8, vpp 4, ep 32, global batch 2048).
+# The recipes of the other MoE rows set it False or leave it out (its default: off); the token-drop rows
+# come from an older recipe that does not say.
+RECIPE_EP_COMM_OVERLAP = {("qwen3_235b_a22b", "DGX-H100"): dict(num_gpus=256, tp=2, pp=8, vpp=4, ep=32,
+                                                                 global_batch=2048)}
+
+
+def _recipe_ep_comm_overlap(r: pd.Series) -> bool:
+    """Whether the row's recipe (RECIPE_EP_COMM_OVERLAP) ran the all-to-all overlap: its model and GPU
+    name one there, and the row's layout is the recipe's."""
+    layout = RECIPE_EP_COMM_OVERLAP.get((str(r["model"]).strip().lower(), str(r["gpu"])))
+    return layout is not None and all(not _blank(r[k]) and _int(r[k]) == v for k, v in layout.items())
+
+
 def h100_source(source: str) -> str:
     s = source.lower()
     if "torchtitan" in s:
@@ -311,6 +328,10 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     if overlap:
         assumed.append("TP communication overlap on (the NeMo / Megatron-Bridge performance recipes enable "
                        "tp_comm_overlap with sequence parallelism; not stated per row)")
+    ep_overlap = _recipe_ep_comm_overlap(r)
+    if ep_overlap:
+        assumed.append("expert-parallel all-to-all overlap on (the row's Megatron-Bridge recipe sets "
+                       "moe_a2a_overlap=True: calibration.RECIPE_EP_COMM_OVERLAP)")
     bf16_grads = engine == "megatron"
     if bf16_grads:
         assumed.append("gradients kept and reduced in bf16 (grad_reduce_in_fp32=False: Megatron-Bridge's "
@@ -322,7 +343,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
                     vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b", micro_batch=_int(r["micro_batch"]),
                     zero=zero, recompute=recompute, dtype=dtype, ep=ep, engine=engine,
                     grad_accumulation_fusion=engine != "torchtitan", tp_comm_overlap=overlap,
-                    grad_reduce_bf16=bf16_grads)
+                    grad_reduce_bf16=bf16_grads, ep_comm_overlap=ep_overlap)
     except ConfigError as e:
         return f"layout not expressible: {e}"
     job = TrainingJob(seq_len=_int(r["seq_len"]), global_batch=_int(r["global_batch"]))

@@ -516,6 +516,47 @@ def tp_exposed_time(tp_comm, gemm_forward, full_recompute, plan):
     return np.where(overlap, hidden, tp_comm)
 
 
+# The same share for an expert-parallel all-to-all running beside the other micro-batch's kernels under
+# combined 1F1B (NCCL's all-to-all kernels, or DeepEP's, take SMs and HBM bandwidth the same way).
+EP_OVERLAP_CONTENTION = TP_OVERLAP_CONTENTION
+
+
+def ep_unpaired_share(job, plan):
+    """Share of a stage's micro-batch passes that combined 1F1B cannot pair with a pass of the other
+    direction: the warm-up forwards and cool-down backwards. Without pipelining one of m; in the
+    interleaved schedule the first stage's warm-up, 2(p - 1) + (v - 1)·p model chunks, of m·v
+    (Megatron-Core get_pp_rank_microbatches / combined_1f1b_schedule_for_no_pipelining)."""
+    m = np.maximum(job.global_batch / (np.asarray(plan.dp, dtype=float) * np.asarray(plan.micro_batch)), 1.0)
+    p = np.asarray(plan.pp, dtype=float)
+    v = np.asarray(plan.vpp, dtype=float)
+    warmup = np.where(p == 1, 1.0, 2 * (p - 1) + (v - 1) * p)
+    return np.minimum(1.0, warmup / (m * np.where(p == 1, 1.0, v)))
+
+
+def ep_exposed_time(a2a, moe_forward, moe_backward, job, plan):
+    """Exposed expert-parallel all-to-all of one MoE layer and micro-batch (forward: dispatch and
+    combine; backward: their gradients; each ``a2a`` seconds).
+
+    Without overlap all four. With ``plan.ep_comm_overlap`` (Megatron-Core combined 1F1B,
+    --overlap-moe-expert-parallel-comm) the forward of micro-batch i+1 and the backward of micro-batch
+    i run layer by layer side by side: the forward's two all-to-alls hide under the backward's compute
+    of that layer and the backward's two under the forward's, so for a paired pass
+    exposed = max(0, 2·a2a - backward) + max(0, 2·a2a - forward) + contention x the hidden part;
+    the unpaired warm-up and cool-down passes (:func:`ep_unpaired_share`) expose all four. Memory is
+    unchanged: while micro-batch i+1 saves layer l, micro-batch i has freed the layers above l, so a
+    pair holds one micro-batch's activations, as a plain step does."""
+    plain = 4 * a2a
+    overlap = np.asarray(getattr(plan, "ep_comm_overlap", False), dtype=bool)
+    if not np.any(overlap):
+        return plain
+    pair_a2a = 2 * a2a
+    hidden = np.minimum(pair_a2a, moe_backward) + np.minimum(pair_a2a, moe_forward)
+    paired = (np.maximum(0.0, pair_a2a - moe_backward) + np.maximum(0.0, pair_a2a - moe_forward)
+              + EP_OVERLAP_CONTENTION * hidden)
+    u = ep_unpaired_share(job, plan)
+    return np.where(overlap, u * plain + (1 - u) * paired, plain)
+
+
 def layer_times(model, job, plan, curves, cluster) -> dict:
     """Per-layer, per-micro-batch times on one GPU, by term (seconds), averaged over the model's
     dense and MoE layers (weights: their counts)."""
@@ -558,9 +599,11 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     tp_comm = tp_exposed_time(ar * collectives, attn_gemm + mlp_gemm, full, plan)
     cp_comm = cp_exposed_time(model, job, plan, cluster, attn_f, attn_b)
     a2a = ep_alltoall_time(model, job, plan, cluster)
-    ep_comm = share_moe * a2a * collectives
+    # full recomputation runs the forward's two all-to-alls again (and excludes the overlap)
+    moe_a2a = np.where(full, 6 * a2a, ep_exposed_time(a2a, moe_f, moe_b, job, plan))
+    ep_comm = share_moe * moe_a2a
     # a host-bound MoE layer waits for the host beyond its GPU time (MOE_HOST_SECONDS_PER_LAYER)
-    moe_gpu = moe_f * forwards + moe_b + cast_f * forwards + cast_b + a2a * collectives + tp_comm
+    moe_gpu = moe_f * forwards + moe_b + cast_f * forwards + cast_b + moe_a2a + tp_comm
     host_wait = np.where(moe_host_floor_applies(model, plan),
                          share_moe * np.maximum(0.0, MOE_HOST_SECONDS_PER_LAYER - moe_gpu), 0.0)
     return {"forward": fwd, "backward": bwd, "recompute": recompute, "tp_comm": tp_comm, "cp_comm": cp_comm,

@@ -112,6 +112,17 @@ def moe_host_assumption(model, plan) -> tuple[str, ...]:
             f"and pad) removes the wait",)
 
 
+def ep_overlap_assumption(job, plan) -> tuple[str, ...]:
+    """Said when the plan overlaps its expert-parallel all-to-alls (compute.ep_exposed_time)."""
+    if not getattr(plan, "ep_comm_overlap", False):
+        return ()
+    u = float(C.ep_unpaired_share(job, plan))
+    return (f"MoE: combined 1F1B pairs each micro-batch's forward with another's backward, layer by layer; a "
+            f"paired pass hides its dispatch/combine all-to-alls under the other direction's compute (the hidden "
+            f"part still costs {100 * C.EP_OVERLAP_CONTENTION:.0f} % of its duration), and the {100 * u:.1f} % of "
+            f"passes left unpaired (warm-up and cool-down) expose theirs",)
+
+
 def nvlink_domain_assumption(cluster) -> tuple[str, ...]:
     """The assumption a cluster cut into NVLink domains smaller than its system's node rests on
     (:func:`paraplan.hardware.model.nvlink_domain_gpus`: equal domains of whole hosts, each inside one
@@ -416,7 +427,7 @@ def estimate(model, job, cluster, plan: Plan, *, curves=None, max_memory_fractio
                                         "assumption": domains[0]}} if domains else {})},
         efficiency_curves=curves.describe(),
         assumptions=(assumptions_for(plan) + attention_kernel_assumption(model, job, plan, curves)
-                     + moe_host_assumption(model, plan) + domains),
+                     + moe_host_assumption(model, plan) + ep_overlap_assumption(job, plan) + domains),
         prediction_interval=describe_interval(cluster.accelerator.name, tokens_per_s, step,
                                               _f(terms.flops_model) / step / n / peak, moe=model.moe is not None))
 

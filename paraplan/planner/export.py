@@ -39,6 +39,9 @@ NVME_PLACEHOLDER = "/CHANGE_ME/local_nvme"     # DeepSpeed's documented default 
 UNFUSED_ACCUMULATION_NOTE = ("the plan's estimate assumed gradient accumulation fused into the weight-gradient "
                              "GEMMs (Megatron-LM); {engine} adds each micro-batch's gradients with separate "
                              "kernels: re-estimate with --no-grad-accumulation-fusion for its step time")
+EP_OVERLAP_NOTE = ("the plan's estimate hides the expert-parallel all-to-alls under the neighbouring micro-batch "
+                   "(Megatron-Core's combined 1F1B, --overlap-moe-expert-parallel-comm); {engine} has no such "
+                   "schedule: re-estimate without --ep-comm-overlap for its step time")
 TRAIN_ITERS = 100                              # a smoke-test length; override on the command line
 LEARNING_RATE = 1.0e-4
 
@@ -255,6 +258,8 @@ def build_megatron(s: Scenario) -> Export:
         args.append(("--overlap-grad-reduce",))
     if p.tp_comm_overlap:
         args.append(("--tp-comm-overlap",))
+    if p.ep_comm_overlap:   # combined 1F1B (needs torch >= 2.6; megatron/core/transformer/transformer_config.py)
+        args.append(("--overlap-moe-expert-parallel-comm",))
     if p.grad_reduce_bf16:
         args.append(("--grad-reduce-in-bf16",))
     if p.offload_activation_layers:
@@ -392,6 +397,8 @@ def build_deepspeed(s: Scenario) -> Export:
         notes += sdpa_kernel_note(p, "a Hugging Face model with attn_implementation='sdpa'")
     if p.grad_accumulation_fusion:
         notes.append(UNFUSED_ACCUMULATION_NOTE.format(engine="DeepSpeed"))
+    if p.ep_comm_overlap:
+        notes.append(EP_OVERLAP_NOTE.format(engine="DeepSpeed"))
     notes.append(f"launch: deepspeed --num_nodes {s.hosts} --num_gpus {s.procs_per_host} --hostfile HOSTFILE "
                  "train.py, where train.py passes this file to deepspeed.initialize(config=...)")
     return Export("deepspeed", json.dumps(cfg, indent=2) + "\n", notes)
@@ -479,6 +486,8 @@ def build_torchtitan(s: Scenario) -> Export:
                          "per step, ZeRO-2-like); FSDP also shards the stored parameters")
     if p.tp > 1 and not p.sp:
         notes.append("torchtitan's tensor-parallel plan always applies sequence parallelism to norms/dropout")
+    if p.ep_comm_overlap:
+        notes.append(EP_OVERLAP_NOTE.format(engine="torchtitan"))
     if p.schedule == "zb-h1" and p.pp > 1:
         notes.append("zb-h1 needs one stage per rank; torch.distributed.pipelining's zero-bubble schedules "
                      "(InterleavedZeroBubble, ZBVZeroBubble) need several, so this runs 1F1B")

@@ -125,7 +125,7 @@ def _pin(choices: dict, fixed: Mapping) -> None:
     """Replace the choices of pinned axes by their pinned value."""
     for key, value in fixed.items():
         if key in ("dp", "dtype", "flash_attention", "overlap_grad_reduce", "grad_accumulation_fusion", "fused_elementwise",
-                   "tp_comm_overlap", "grad_reduce_bf16", "attention_kernel",
+                   "tp_comm_overlap", "grad_reduce_bf16", "attention_kernel", "ep_comm_overlap",
                    "engine", *STAGE_LAYER_FIELDS):
             continue  # dp: a rule of the search; the rest: one value for the whole batch
         if key == "etp":
@@ -257,6 +257,24 @@ def _cross(first: SimpleNamespace, second: SimpleNamespace, keep1, keep2, fixed:
     return SimpleNamespace(**both, dtype=first.dtype, engine_code=first.engine_code)
 
 
+EP_COMM_OVERLAP_RULES = tuple(r for r in RULES if "ep_comm_overlap" in r.axes)
+
+
+def _ep_comm_overlap_where_it_runs(both: SimpleNamespace, scene, wanted: bool) -> np.ndarray:
+    """The ep_comm_overlap column: off, or (``--fix ep_comm_overlap=true``) on for every candidate
+    that can run Megatron-Core's combined 1F1B (the rules of EP_COMM_OVERLAP_RULES: ep > 1, pp 1 or
+    interleaved, no full recomputation, an engine that has it), off for the others, which stay in the
+    search as they are."""
+    n = both.tp.size
+    on = np.full(n, wanted)
+    if not wanted:
+        return on
+    probe = SimpleNamespace(**{**vars(both), "ep_comm_overlap": on})
+    for rule in EP_COMM_OVERLAP_RULES:
+        on &= ~np.broadcast_to(np.asarray(rule.bad(probe, scene), dtype=bool), (n,))
+    return on
+
+
 def compose(model, job, cluster, options: SpaceOptions | None = None) -> tuple[PlanBatch, Counter, int]:
     """(legal candidates, rejected counts by reason, total composed).
 
@@ -283,6 +301,7 @@ def compose(model, job, cluster, options: SpaceOptions | None = None) -> tuple[P
     second = _second_view(b, dtype, engine)
     keep2 = _apply(_stage_rules(2), second, scene, np.ones(n2, bool), rejected, int(keep1.sum()))
     both = _cross(first, second, keep1, keep2, fixed, cluster.accelerator.flash_attention)
+    both.ep_comm_overlap = _ep_comm_overlap_where_it_runs(both, scene, bool(fixed.get("ep_comm_overlap", False)))
     keep3 = _apply(_stage_rules(3), both, scene, np.ones(both.tp.size, bool), rejected, 1)
     return _batch(both, np.nonzero(keep3)[0], options, fixed), rejected, n1 * n2
 
@@ -300,6 +319,7 @@ def _batch(both: SimpleNamespace, idx, options: SpaceOptions, fixed: Mapping) ->
     # the batch-wide flags the crossing rules read are already columns of ``both`` (:func:`_cross`)
     cols = ("tp", "pp", "dp", "cp", "sp", "vpp", "micro_batch", "schedule_code", "zero", "recompute_code",
             "offload_code", "offload_params", "ep", "etp", "cp_mode_code", "optimizer_code", "delayed_update",
-            "tp_comm_overlap", "grad_reduce_bf16", "flash_attention", "attention_kernel_code", *STAGE_LAYER_FIELDS)
+            "tp_comm_overlap", "grad_reduce_bf16", "flash_attention", "attention_kernel_code", "ep_comm_overlap",
+            *STAGE_LAYER_FIELDS)
     return PlanBatch(**{k: getattr(both, k)[idx] for k in cols}, **{k: np.full(n, v) for k, v in const.items()},
                      dtype=both.dtype)

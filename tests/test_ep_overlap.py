@@ -1,0 +1,114 @@
+"""Expert-parallel all-to-all overlap (Megatron-Core combined 1F1B, --overlap-moe-expert-parallel-comm)."""
+import dataclasses
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from paraplan.costmodels import compute as C
+from paraplan.costmodels.calibration import load_h100_cases
+from paraplan.costmodels.estimate import estimate
+from paraplan.errors import ConfigError
+from paraplan.hardware.catalog import load_cluster
+from paraplan.plan import Plan, Recompute, Schedule
+from paraplan.planner import export as ex
+from paraplan.planner.export import PLAN_SCHEMA
+from paraplan.planner.space import SpaceOptions, compose
+from paraplan.workloads.presets import load_model
+from paraplan.workloads.transformer import TrainingJob
+
+QWEN = load_model("qwen3-30b-a3b")
+JOB = TrainingJob(seq_len=4096, global_batch=512)
+H100_16 = load_cluster("dgx-h100", 16)
+BASE = Plan(tp=1, pp=1, dp=16, ep=16, micro_batch=1, zero=1, engine="megatron", dtype="fp8")
+
+
+def test_paired_passes_hide_the_all_to_all_under_the_other_direction():
+    """Compute longer than both all-to-alls of a direction: a paired pass pays only the contention share;
+    compute shorter: the remainder shows; unpaired passes pay all four."""
+    job, plan = TrainingJob(seq_len=4096, global_batch=64), Plan(dp=8, ep=8, ep_comm_overlap=True)
+    u = float(C.ep_unpaired_share(job, plan))
+    assert u == pytest.approx(1 / 8)                  # 8 micro-batches, one unpaired pass each way
+    a2a = 1.0
+    hidden = C.ep_exposed_time(a2a, 5.0, 10.0, job, plan)
+    assert hidden == pytest.approx(u * 4 + (1 - u) * C.EP_OVERLAP_CONTENTION * 4)
+    short = C.ep_exposed_time(a2a, 1.0, 1.5, job, plan)
+    assert short == pytest.approx(u * 4 + (1 - u) * ((2 - 1.5) + (2 - 1.0) + C.EP_OVERLAP_CONTENTION * 2.5))
+    assert C.ep_exposed_time(a2a, 5.0, 10.0, job, dataclasses.replace(plan, ep_comm_overlap=False)) == 4
+
+
+def test_interleaved_warmup_is_the_unpaired_share():
+    plan = Plan(pp=4, vpp=2, schedule="interleaved", dp=8, ep=8, ep_comm_overlap=True)
+    job = TrainingJob(seq_len=4096, global_batch=8 * 32)          # 32 micro-batches per pipeline
+    assert float(C.ep_unpaired_share(job, plan)) == pytest.approx((2 * 3 + 1 * 4) / (32 * 2))
+    few = TrainingJob(seq_len=4096, global_batch=8 * 4)
+    assert float(C.ep_unpaired_share(few, plan)) == 1.0            # nothing to pair: all exposed
+
+
+def test_overlap_shortens_the_step_and_keeps_memory():
+    off = estimate(QWEN, JOB, H100_16, BASE)
+    on = estimate(QWEN, JOB, H100_16, dataclasses.replace(BASE, ep_comm_overlap=True))
+    assert on.time_breakdown_s["ep_comm"] < 0.7 * off.time_breakdown_s["ep_comm"]
+    assert on.step_time_s < off.step_time_s
+    for k in ("compute", "recompute", "dp_comm"):
+        assert on.time_breakdown_s[k] == pytest.approx(off.time_breakdown_s[k])
+    assert on.memory_bytes_per_gpu["total"] == off.memory_bytes_per_gpu["total"]
+    assert any("combined 1F1B" in a for a in on.assumptions)
+    assert not any("combined 1F1B" in a for a in off.assumptions)
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(ep=1, dp=16), "with ep(1)"),
+    (dict(pp=2, dp=8, ep=8), "pp(2) runs 1f1b"),
+    (dict(recompute="full"), "full recomputation"),
+    (dict(engine="torchtitan", zero=3), "torchtitan does not overlap"),
+    (dict(engine="deepspeed", zero=1), "deepspeed does not overlap"),
+])
+def test_plans_that_cannot_run_it_are_refused_by_name(kw, words):
+    with pytest.raises(ConfigError) as err:
+        Plan(**{**dataclasses.asdict(BASE), "ep_comm_overlap": True, **kw})
+    assert err.value.field == "ep_comm_overlap" and words in str(err.value)
+
+
+def test_search_turns_it_on_where_it_runs_and_keeps_the_rest():
+    fixed = {"engine": "megatron"}
+    plain, _, _ = compose(QWEN, JOB, H100_16, SpaceOptions(fixed=fixed))
+    batch, _, _ = compose(QWEN, JOB, H100_16, SpaceOptions(fixed={**fixed, "ep_comm_overlap": True}))
+    assert len(batch) == len(plain) and not plain.ep_comm_overlap.any()
+    on = batch.ep_comm_overlap
+    assert on.sum() > 1000
+    can = (batch.ep > 1) & (batch.recompute_code != Recompute.FULL) \
+        & ((batch.pp == 1) | (batch.schedule_code == Schedule.INTERLEAVED))
+    assert np.array_equal(on, can)
+
+
+def test_exports_say_it():
+    doc = {"schema": PLAN_SCHEMA, "scenario": {"model": "qwen3-30b-a3b", "cluster": "dgx-h200", "gpus": 16,
+                                               "seq_len": 4096, "global_batch": 512},
+           "plan": dataclasses.asdict(dataclasses.replace(BASE, ep_comm_overlap=True)), "estimate": {}}
+    assert "--overlap-moe-expert-parallel-comm" in ex.to_megatron(doc)
+    doc["plan"].update(engine="generic", dtype="bf16")
+    for target in ("torchtitan", "deepspeed"):
+        assert any("combined 1F1B" in n for n in ex.export(doc, target).notes), target
+    doc["plan"]["ep_comm_overlap"] = False
+    assert "--overlap-moe-expert-parallel-comm" not in ex.to_megatron(doc)
+
+
+def test_the_calibration_row_whose_recipe_ran_it_has_it():
+    cases, _ = load_h100_cases()
+    on = [c for c in cases if c.plan.ep_comm_overlap]
+    assert [c.label.split(" DGX")[0] for c in on] == ["Qwen3_235B_a22B"]
+    assert on[0].plan.vpp == 4 and any("moe_a2a_overlap" in a for a in on[0].assumed)
+
+
+def test_cli_flag_and_its_error():
+    common = [sys.executable, "-m", "paraplan.cli", "estimate", "--model", "qwen3-30b-a3b", "--cluster", "dgx-h100",
+              "--gpus", "16", "--seq-len", "4096", "--global-batch", "512", "--engine", "megatron"]
+    ok = subprocess.run(common + ["--ep", "16", "--ep-comm-overlap", "--format", "json"], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["plan"]["ep_comm_overlap"] is True
+    bad = subprocess.run(common + ["--ep-comm-overlap"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert "--ep-comm-overlap" in bad.stderr and "with ep(1)" in bad.stderr
