@@ -25,18 +25,21 @@ H100_16 = load_cluster("dgx-h100", 16)
 BASE = Plan(tp=1, pp=1, dp=16, ep=16, micro_batch=1, zero=1, engine="megatron", dtype="fp8")
 
 
-def test_paired_passes_hide_the_all_to_all_under_the_other_direction():
-    """Compute longer than both all-to-alls of a direction: a paired pass pays only the contention share;
-    compute shorter: the remainder shows; unpaired passes pay all four."""
+def test_each_all_to_all_hides_under_the_block_of_the_other_pass_beside_it():
+    """Windows (combined 1F1B's pairing): combine-grad | forward attention, dispatch | backward experts,
+    dispatch-grad | forward experts, combine | backward attention. An all-to-all longer than its window
+    shows the remainder; the hidden part pays the contention share; unpaired passes pay all four."""
     job, plan = TrainingJob(seq_len=4096, global_batch=64), Plan(dp=8, ep=8, ep_comm_overlap=True)
     u = float(C.ep_unpaired_share(job, plan))
     assert u == pytest.approx(1 / 8)                  # 8 micro-batches, one unpaired pass each way
-    a2a = 1.0
-    hidden = C.ep_exposed_time(a2a, 5.0, 10.0, job, plan)
-    assert hidden == pytest.approx(u * 4 + (1 - u) * C.EP_OVERLAP_CONTENTION * 4)
-    short = C.ep_exposed_time(a2a, 1.0, 1.5, job, plan)
-    assert short == pytest.approx(u * 4 + (1 - u) * ((2 - 1.5) + (2 - 1.0) + C.EP_OVERLAP_CONTENTION * 2.5))
-    assert C.ep_exposed_time(a2a, 5.0, 10.0, job, dataclasses.replace(plan, ep_comm_overlap=False)) == 4
+    attn_f, attn_b, moe_f, moe_b = 1.0, 2.0, 3.0, 6.0    # windows 1.0, 4.0, 2.0, 2.0
+    got = C.ep_exposed_time(1.5, attn_f, attn_b, moe_f, moe_b, job, plan)
+    paired = (1.5 - 1.0) + C.EP_OVERLAP_CONTENTION * (1.0 + 1.5 + 1.5 + 1.5)
+    assert got == pytest.approx(u * 6 + (1 - u) * paired)
+    short = C.ep_exposed_time(0.5, attn_f, attn_b, moe_f, moe_b, job, plan)
+    assert short == pytest.approx(u * 2 + (1 - u) * C.EP_OVERLAP_CONTENTION * 2)
+    off = dataclasses.replace(plan, ep_comm_overlap=False)
+    assert C.ep_exposed_time(1.5, attn_f, attn_b, moe_f, moe_b, job, off) == 6
 
 
 def test_interleaved_warmup_is_the_unpaired_share():

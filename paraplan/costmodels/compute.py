@@ -533,26 +533,30 @@ def ep_unpaired_share(job, plan):
     return np.minimum(1.0, warmup / (m * np.where(p == 1, 1.0, v)))
 
 
-def ep_exposed_time(a2a, moe_forward, moe_backward, job, plan):
+def ep_exposed_time(a2a, attention_forward, attention_backward, moe_forward, moe_backward, job, plan):
     """Exposed expert-parallel all-to-all of one MoE layer and micro-batch (forward: dispatch and
-    combine; backward: their gradients; each ``a2a`` seconds).
+    combine; backward: their gradients; each ``a2a`` seconds). ``moe_forward`` / ``moe_backward``:
+    the whole MoE layer's compute; ``attention_forward`` / ``attention_backward``: its attention part
+    (projections and core), the rest being the router, experts and elementwise kernels.
 
     Without overlap all four. With ``plan.ep_comm_overlap`` (Megatron-Core combined 1F1B,
-    --overlap-moe-expert-parallel-comm) the forward of micro-batch i+1 and the backward of micro-batch
-    i run layer by layer side by side: the forward's two all-to-alls hide under the backward's compute
-    of that layer and the backward's two under the forward's, so for a paired pass
-    exposed = max(0, 2·a2a - backward) + max(0, 2·a2a - forward) + contention x the hidden part;
-    the unpaired warm-up and cool-down passes (:func:`ep_unpaired_share`) expose all four. Memory is
-    unchanged: while micro-batch i+1 saves layer l, micro-batch i has freed the layers above l, so a
-    pair holds one micro-batch's activations, as a plain step does."""
+    --overlap-moe-expert-parallel-comm; docs "Combined 1F1B: Expert-Parallel All-to-All Overlap") the
+    forward of micro-batch i+1 and the backward of micro-batch i run layer by layer side by side, each
+    all-to-all beside the other pass's block that does not wait on it: the backward's combine gradient
+    beside the forward's attention, the forward's dispatch beside the backward's experts, the
+    backward's dispatch gradient beside the forward's experts, the forward's combine beside the
+    backward's attention. A paired pass exposes sum(max(0, a2a - window)) over those four windows plus
+    the contention share of what they hide; the unpaired warm-up and cool-down passes
+    (:func:`ep_unpaired_share`) expose all four. Memory is unchanged: while micro-batch i+1 saves layer
+    l, micro-batch i has freed the layers above l, so a pair holds one micro-batch's activations."""
     plain = 4 * a2a
     overlap = np.asarray(getattr(plan, "ep_comm_overlap", False), dtype=bool)
     if not np.any(overlap):
         return plain
-    pair_a2a = 2 * a2a
-    hidden = np.minimum(pair_a2a, moe_backward) + np.minimum(pair_a2a, moe_forward)
-    paired = (np.maximum(0.0, pair_a2a - moe_backward) + np.maximum(0.0, pair_a2a - moe_forward)
-              + EP_OVERLAP_CONTENTION * hidden)
+    windows = (attention_forward, moe_backward - attention_backward, moe_forward - attention_forward,
+               attention_backward)
+    hidden = sum(np.minimum(a2a, w) for w in windows)
+    paired = sum(np.maximum(0.0, a2a - w) for w in windows) + EP_OVERLAP_CONTENTION * hidden
     u = ep_unpaired_share(job, plan)
     return np.where(overlap, u * plain + (1 - u) * paired, plain)
 
@@ -600,7 +604,7 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     cp_comm = cp_exposed_time(model, job, plan, cluster, attn_f, attn_b)
     a2a = ep_alltoall_time(model, job, plan, cluster)
     # full recomputation runs the forward's two all-to-alls again (and excludes the overlap)
-    moe_a2a = np.where(full, 6 * a2a, ep_exposed_time(a2a, moe_f, moe_b, job, plan))
+    moe_a2a = np.where(full, 6 * a2a, ep_exposed_time(a2a, attn_gemm + attn_f, 2 * attn_gemm + attn_b, moe_f, moe_b, job, plan))
     ep_comm = share_moe * moe_a2a
     # a host-bound MoE layer waits for the host beyond its GPU time (MOE_HOST_SECONDS_PER_LAYER)
     moe_gpu = moe_f * forwards + moe_b + cast_f * forwards + cast_b + moe_a2a + tp_comm
