@@ -52,6 +52,7 @@ def test_wider_heads_count_their_projections_and_attention():
     ("gpt3-20b", 750, 5851, 2048, False),
     ("qwen3-30b-a3b", 666, 28934, 4096, True),      # Megatron-Bridge: causal attention counted once
     ("qwen3-235b-a22b", 907, 6131, 4096, True),
+    ("deepseek-v3", 961, 3848, 4096, True),         # latent attention: 250.4 vs 249.7 GFLOP per token
 ])
 def test_presets_match_the_recipes_model_flops(model, tflops_per_gpu, tokens_per_gpu, seq, causal):
     """The published model TFLOP/s over tokens/s is the recipe's FLOPs per token: the preset's

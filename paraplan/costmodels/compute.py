@@ -111,14 +111,34 @@ def fp8_cast_elements(model, job, plan):
     dgrad GEMMs' fp8 operands (T x (h + 2h_kv)/tp, T x h, T x g·f/tp, T x h)."""
     T = tokens_per_rank(job, plan)
     t = np.asarray(plan.tp, dtype=float)
-    h, hkv, f, g = model.hidden, model.kv_hidden, model.ffn_hidden, model.mlp_matrices - 1
-    q = model.q_hidden
+    h, f, g = model.hidden, model.ffn_hidden, model.mlp_matrices - 1
     m = job.global_batch / (np.asarray(plan.dp, dtype=float) * plan.micro_batch)
     cached = np.asarray(getattr(plan, "engine_code", 0)) != Engine.TORCHTITAN
     weights = model.params_per_layer / t / np.where(cached, np.maximum(m, 1.0), 1.0)
-    fwd = T * (2 * h + q / t + f / t) + weights
-    bwd = T * ((q + 2 * hkv) / t + h + g * f / t + h)
+    attn_in, attn_grad = attention_gemm_elements_per_token(model, t)
+    fwd = T * (attn_in + h + f / t) + weights
+    bwd = T * (attn_grad + g * f / t + h)
     return fwd, bwd
+
+
+def _tp_share(split: str, t):
+    """Share of a GEMM dimension one tp rank holds: 1/tp for the split dimension, else all of it."""
+    return 1.0 / t if split else 1.0
+
+
+def attention_gemm_elements_per_token(model, t):
+    """(input, output) elements per token of the attention's GEMMs on one tp rank
+    (``model.attention_gemms``): the layer's normed input counted once however many projections read
+    it; multi-head attention: h + q/tp in, (q + 2·h_kv)/tp + h out."""
+    t = np.asarray(t, dtype=float)
+    inputs, outputs, reads_layer_input = 0.0, 0.0, False
+    for out, inp, split in model.attention_gemms:
+        if inp == model.hidden and split != "row":
+            reads_layer_input = True
+        else:
+            inputs = inputs + inp * _tp_share(split == "row", t)
+        outputs = outputs + out * _tp_share(split == "column", t)
+    return inputs + (model.hidden if reads_layer_input else 0.0), outputs
 
 
 def fp8_cast_times(model, job, plan, curves):
@@ -135,11 +155,13 @@ def fp8_cast_times(model, job, plan, curves):
 
 
 def attention_gemm_forward_time(model, job, plan, curves):
-    """Forward time of the QKV and output projections for one micro-batch."""
+    """Forward time of the attention's projections for one micro-batch (``model.attention_gemms``:
+    QKV and output, or latent attention's down-, up- and output projections), each GEMM T x (its
+    output on this tp rank) x (its input on this tp rank)."""
     T = tokens_per_rank(job, plan)
     t = np.asarray(plan.tp, dtype=float)
-    h, q, hkv = model.hidden, model.q_hidden, model.kv_hidden
-    return linear_gemm_time(curves, T, (q + 2 * hkv) / t, h, plan) + linear_gemm_time(curves, T, h, q / t, plan)
+    return sum(linear_gemm_time(curves, T, out * _tp_share(split == "column", t), inp * _tp_share(split == "row", t), plan)
+               for out, inp, split in model.attention_gemms)
 
 
 def mlp_gemm_forward_time(model, job, plan, curves, width=None):
@@ -243,7 +265,7 @@ def measured_attention_efficiency(model, plan, curves, query_len, batch_heads):
     seqs = np.log2(np.asarray(table["seq"], dtype=float))
     occupancy = attention_occupancy(query_len, batch_heads, curves.accelerator.streaming_multiprocessors,
                                     table.get("tile_rows", 128))
-    head_share = float(np.clip((model.head_dim - 64) / 64, 0.0, 1.0))
+    head_share = float(np.clip((model.qk_head_dim - 64) / 64, 0.0, 1.0))
     eff = np.full(np.broadcast(kernel, occupancy).shape, np.nan)
     for label, curve in table["kernels"].items():
         factor = table.get("head_dim_64_factor", {}).get(label, 1.0)
@@ -263,7 +285,7 @@ def attention_core_times(model, job, plan, curves):
     dt = _dtype(plan)
     # fused: causal mask halves the executed work
     window = model.attention_keys_per_query(s, causal_halved=True) / (s / 2)   # 1 without a sliding window
-    flops_fwd = 4.0 * b * s_l * s * model.q_hidden / t / 2 * window
+    flops_fwd = 2.0 * b * s_l * s * (model.q_hidden + model.attn_out_hidden) / t / 2 * window
     fused_f = curves.flash_attention_time(flops_fwd, dt)
     fused_b = curves.flash_attention_time(2.5 * flops_fwd, dt)
     eff = measured_attention_efficiency(model, plan, curves, s_l, b * model.heads / t)
@@ -274,9 +296,8 @@ def attention_core_times(model, job, plan, curves):
         fused_b = np.where(named, curves.kernel_overhead_s + 2.5 * flops_fwd / rate, fused_b)
     # unfused: batched GEMMs over all heads of the rank, full (masked) score matrix
     heads_rank = b * model.heads / t
-    d = model.head_dim
-    qk = curves.gemm_time(s_l * heads_rank, s, d, dt)
-    pv = curves.gemm_time(s_l * heads_rank, d, s, dt)
+    qk = curves.gemm_time(s_l * heads_rank, s, model.qk_head_dim, dt)
+    pv = curves.gemm_time(s_l * heads_rank, model.v_head_dim, s, dt)
     scores = heads_rank * s_l * s
     wide = element_bytes(plan) / BYTES
     unfused_f = qk + pv + curves.memory_time(9 * wide * scores, kernels=2)
@@ -319,11 +340,15 @@ EAGER_ROPE_KERNELS = 10
 
 def rope_bytes_per_token(model, unfused):
     """Bytes the rotary embedding streams per token forward over the q and k heads of all ranks
-    (divided by tp by the caller): (h + h_kv) x bytes per element, fused or eager; 0 without RoPE."""
+    (divided by tp by the caller): (h + h_kv) x bytes per element (latent attention: its rotary
+    parts, ``model.rope_hidden``), fused or eager; 0 without RoPE."""
     if not model.rotary:
         return 0.0
     per = np.where(unfused, EAGER_ROPE_BYTES_PER_ELEMENT, FUSED_ROPE_BYTES_PER_ELEMENT)
-    return per * (model.q_hidden + model.kv_hidden)
+    return per * model.rope_hidden
+
+
+MLA_LATENT_NORM_BYTES_PER_ELEMENT = 4
 
 
 def elementwise_forward_time(model, job, plan, curves, moe: bool = False):
@@ -343,7 +368,9 @@ def elementwise_forward_time(model, job, plan, curves, moe: bool = False):
     act = act + np.where(eager_swiglu, UNFUSED_SWIGLU_EXTRA_BYTES_PER_FFN * model.ffn_hidden, 0.0)
     unfused_extra = np.where(np.asarray(plan.flash_attention, dtype=bool), 0.0, 8 * (model.q_hidden + hkv))
     rope = rope_bytes_per_token(model, eager_rest)
-    per_token = replicated / np.where(sp, t, 1.0) + (act + unfused_extra + rope) / t
+    # latent attention normalizes its two latents on every tp rank (read and write, 16-bit)
+    latent_norms = MLA_LATENT_NORM_BYTES_PER_ELEMENT * (model.mla.q_lora_rank + model.mla.kv_lora_rank) if model.mla else 0.0
+    per_token = replicated / np.where(sp, t, 1.0) + latent_norms + (act + unfused_extra + rope) / t
     kernels = (8 + (4 if moe else 0) + np.where(unfused, UNFUSED_NORM_EXTRA_KERNELS, 0) + eager_swiglu
                + (np.where(eager_rest, EAGER_ROPE_KERNELS, FUSED_ROPE_KERNELS) if model.rotary else 0))
     return curves.memory_time(T * per_token * element_bytes(plan) / BYTES, kernels=kernels)
@@ -371,8 +398,9 @@ def ulysses_alltoall_time(model, job, plan, cluster):
     t = np.asarray(plan.tp, dtype=float)
     k = ranks_per_node(plan.cp, plan.tp, cluster.gpus_per_node)
     intra, inter = cluster.links("cp")
-    qkv = collective_time(ALL_TO_ALL, T * (model.q_hidden + 2 * model.kv_hidden) * element_bytes(plan) / t, plan.cp, k, intra, inter)
-    out = collective_time(ALL_TO_ALL, T * model.q_hidden * element_bytes(plan) / t, plan.cp, k, intra, inter)
+    qkv = collective_time(ALL_TO_ALL, T * (model.q_hidden + model.kv_hidden + model.v_hidden) * element_bytes(plan) / t,
+                          plan.cp, k, intra, inter)
+    out = collective_time(ALL_TO_ALL, T * model.attn_out_hidden * element_bytes(plan) / t, plan.cp, k, intra, inter)
     return qkv + out
 
 
@@ -404,7 +432,7 @@ def tp_allreduce_time(model, job, plan, cluster):
 def ring_attention_step_time(model, job, plan, cluster):
     """One ring-attention step: a K and V chunk of s/cp tokens to the next cp rank."""
     T = tokens_per_rank(job, plan)
-    chunk = 2 * T * model.kv_hidden / np.asarray(plan.tp, dtype=float) * element_bytes(plan)
+    chunk = T * (model.kv_hidden + model.v_hidden) / np.asarray(plan.tp, dtype=float) * element_bytes(plan)
     k = ranks_per_node(plan.cp, plan.tp, cluster.gpus_per_node)
     intra, inter = cluster.links("cp")
     return np.where(k < np.asarray(plan.cp), ring_time(SEND_RECV, chunk, 2, inter), ring_time(SEND_RECV, chunk, 2, intra))
@@ -458,8 +486,8 @@ def ring_attention_merge_times(model, job, plan, curves):
     passes = (3 * c + 1) / 4
     per_element = RING_MERGE_ACCESSES_PER_ELEMENT * element_bytes(plan)
     kernels = RING_MERGE_KERNELS_PER_STEP * c
-    fwd = curves.memory_time(per_element * passes * T * model.q_hidden / t, kernels=kernels)
-    bwd = curves.memory_time(per_element * passes * T * (model.q_hidden + 2 * model.kv_hidden) / t,
+    fwd = curves.memory_time(per_element * passes * T * model.attn_out_hidden / t, kernels=kernels)
+    bwd = curves.memory_time(per_element * passes * T * (model.q_hidden + model.kv_hidden + model.v_hidden) / t,
                              kernels=kernels)
     ring = (c > 1) & (np.asarray(plan.cp_mode_code) != CpMode.ULYSSES)
     return np.where(ring, fwd, 0.0), np.where(ring, bwd, 0.0)

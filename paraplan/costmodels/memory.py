@@ -247,18 +247,20 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
         mlp = (1 - share) * mlp + share * moe_mlp
         fc2_inputs = (1 - share) * f + share * e.expert_ffn_hidden * (routed + e.shared_experts)
     mlp = mlp + np.where(eager_swiglu, UNFUSED_SWIGLU_SAVED_BYTES_PER_FFN * f, 0.0)
-    q = model.q_hidden
-    sharded = (4 * q + 4 * hkv + mlp) * T / t                      # Q, K, V, out-proj input, MLP
+    q, v, out = model.q_hidden, model.v_hidden, model.attn_out_hidden
+    sharded = (2 * q + 2 * hkv + 2 * v + 2 * out + mlp) * T / t    # Q, K, V, out-proj input, MLP
+    # latent attention: the up-projections' inputs, its latents, on every tp rank
+    unsharded = unsharded + 2 * model.mla_latent_width * T
     # Transformer Engine in fp8 saves its linear layers' inputs as the fp8 casts it fed the GEMMs:
     # BYTES - TE_FP8_BYTES_PER_ELEMENT less per element of the two norm outputs and FC2's input, an
     # fp8 copy more of the out-projection's input
     te_fp8 = is_fp8(plan.dtype) & np.isin(engine_of(plan), (Engine.MEGATRON, Engine.GENERIC))
     fp8_saving = BYTES - TE_FP8_BYTES_PER_ELEMENT
     unsharded = unsharded - np.where(te_fp8, fp8_saving * 2 * h * T / np.where(sp, t, 1.0), 0.0)
-    sharded = sharded + np.where(te_fp8, (TE_FP8_BYTES_PER_ELEMENT * q - fp8_saving * fc2_inputs) * T / t, 0.0)
+    sharded = sharded + np.where(te_fp8, (TE_FP8_BYTES_PER_ELEMENT * out - fp8_saving * fc2_inputs) * T / t, 0.0)
     # Scaling: FlashAttention's own saved output besides the projection's input (a permuted copy)
     sharded = sharded + np.where(scaling & np.asarray(plan.flash_attention, dtype=bool),
-                                 SCALING_FLASH_OUTPUT_SAVED_BYTES_PER_HIDDEN * q * T / t, 0.0)
+                                 SCALING_FLASH_OUTPUT_SAVED_BYTES_PER_HIDDEN * out * T / t, 0.0)
     if model.moe is not None and model.moe.dispatch == "einsum":
         # the 16-bit dispatch mask and combine weights (S x E·C each) saved for the einsum GEMMs'
         # backward, on every tp rank (compute.moe_einsum_dispatch_times)

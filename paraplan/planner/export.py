@@ -196,7 +196,11 @@ def build_megatron(s: Scenario) -> Export:
     ]
     if m.kv_heads != m.heads:
         args += [("--group-query-attention",), ("--num-query-groups", str(m.kv_heads))]
-    if m.q_hidden != m.hidden:
+    if m.mla:     # latent attention: MLASelfAttention's widths (q_lora_rank 0: queries projected directly)
+        args += [("--multi-latent-attention",)] + ([("--q-lora-rank", str(m.mla.q_lora_rank))] if m.mla.q_lora_rank else []) \
+            + [("--kv-lora-rank", str(m.mla.kv_lora_rank)), ("--qk-head-dim", str(m.head_dim)),
+               ("--qk-pos-emb-head-dim", str(m.mla.qk_rope_head_dim)), ("--v-head-dim", str(m.mla.v_head_dim))]
+    elif m.q_hidden != m.hidden:
         args.append(("--kv-channels", str(m.head_dim)))     # head width when it is not hidden / heads
     args += [("--seq-length", str(s.seq_len)),
              ("--max-position-embeddings", str(max(s.seq_len, m.max_positions or 0))),
@@ -466,7 +470,10 @@ def build_torchtitan(s: Scenario) -> Export:
         notes.append(f"torchtitan has no flavor for this model; register {flavor!r} in torchtitan's "
                      f"{name} model args with dim={m.hidden}, n_layers={m.layers}, n_heads={m.heads}, "
                      f"n_kv_heads={m.kv_heads}, vocab_size={m.vocab}, FFN width {m.ffn_hidden}"
-                     + (f", head_dim={m.head_dim}" if m.q_hidden != m.hidden else ""))
+                     + (f", multi-head latent attention (q_lora_rank={m.mla.q_lora_rank}, "
+                        f"kv_lora_rank={m.mla.kv_lora_rank}, qk_nope_head_dim={m.head_dim}, "
+                        f"qk_rope_head_dim={m.mla.qk_rope_head_dim}, v_head_dim={m.mla.v_head_dim}: torchtitan's "
+                        "deepseek_v3 model)" if m.mla else f", head_dim={m.head_dim}" if m.q_hidden != m.hidden else ""))
     if (m.activation, m.norm, m.learned_positions) != ("swiglu", "rmsnorm", False):
         notes.append(f"torchtitan's {name} architecture is SwiGLU/RMSNorm/RoPE; this model is "
                      f"{m.activation}/{m.norm}{'/learned positions' if m.learned_positions else ''}, so "

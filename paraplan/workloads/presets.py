@@ -10,13 +10,14 @@ import yaml
 
 from paraplan.errors import ConfigError, unknown_name
 from paraplan.io import FieldReader, read_json, read_yaml, shown
-from paraplan.workloads.transformer import ACTIVATIONS, MOE_DISPATCH, MoESpec, TransformerModel
+from paraplan.workloads.transformer import ACTIVATIONS, MOE_DISPATCH, MLASpec, MoESpec, TransformerModel
 
 MODELS_FILE = Path(__file__).parent / "catalog" / "models.yaml"
 MODEL_FILE_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation",
                    "tied_embeddings", "norm", "bias", "learned_positions", "max_positions", "moe",
                    "rotary", "dropout", "head_dim",
-                   "sliding_window", "sliding_window_every")
+                   "sliding_window", "sliding_window_every", "mla")
+MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim")
 MOE_KEYS = ("experts", "top_k", "expert_ffn_hidden", "shared_experts", "every", "first_dense", "capacity_factor",
             "dispatch")
 
@@ -56,8 +57,9 @@ def model_from_mapping(data: Mapping[str, Any], source: str) -> TransformerModel
                           source=source)
     hidden = f.integer("hidden")
     moe = moe_from_mapping(f.mapping("moe"), source) if f.has("moe") else None
+    mla = mla_from_mapping(f.mapping("mla"), source) if f.has("mla") else None
     return TransformerModel(
-        moe=moe,
+        moe=moe, mla=mla,
         name=f.string("name", Path(source).stem), layers=f.integer("layers"), hidden=hidden,
         heads=f.integer("heads"), vocab=f.integer("vocab"),
         kv_heads=f.integer("kv_heads") if f.has("kv_heads") else None,
@@ -98,6 +100,28 @@ def moe_from_mapping(f: FieldReader, source: str) -> MoESpec:
                    shared_experts=f.integer("shared_experts", 0, positive=False), every=f.integer("every", 1),
                    first_dense=f.integer("first_dense", 0, positive=False), capacity_factor=cf,
                    dispatch=_moe_dispatch(f, source))
+
+
+def mla_from_mapping(f: FieldReader, source: str) -> MLASpec:
+    """The ``mla:`` block of a model file (multi-head latent attention; ``head_dim`` of the model is
+    then the non-rotary query/key width per head)."""
+    unknown = sorted(set(f.data) - set(MLA_KEYS))
+    if unknown:
+        raise ConfigError(f"mla.{unknown[0]}", "unknown key", accepted=", ".join(MLA_KEYS), source=source)
+    return MLASpec(kv_lora_rank=f.integer("kv_lora_rank"), qk_rope_head_dim=f.integer("qk_rope_head_dim"),
+                   v_head_dim=f.integer("v_head_dim"), q_lora_rank=f.integer("q_lora_rank", 0, positive=False))
+
+
+def _hf_mla(f: FieldReader) -> dict:
+    """Latent attention of a Hugging Face config (DeepSeek-V2/V3: kv_lora_rank, q_lora_rank (null: no
+    query latent), qk_nope_head_dim, qk_rope_head_dim, v_head_dim): the ``mla`` and ``head_dim`` fields."""
+    if f.data.get("kv_lora_rank") is None:
+        return {}
+    q_lora = f.data.get("q_lora_rank")
+    return {"mla": MLASpec(kv_lora_rank=f.integer("kv_lora_rank"), qk_rope_head_dim=f.integer("qk_rope_head_dim"),
+                           v_head_dim=f.integer("v_head_dim"),
+                           q_lora_rank=0 if q_lora is None else f.integer("q_lora_rank", positive=False)),
+            "head_dim": f.integer("qk_nope_head_dim")}
 
 
 def _moe_dispatch(f: FieldReader, source: str) -> str:
@@ -217,7 +241,8 @@ def model_from_hf_config(data: Mapping[str, Any], source: str) -> TransformerMod
             learned_positions=model_type in ("gpt2", "opt", "gpt_neo") or "n_positions" in data,
             max_positions=_hf_int(f, "max_positions", 0, positive=False), moe=_hf_moe(f),
             rotary="rope_theta" in data or "rotary_dim" in data or "rope_scaling" in data,
-            dropout=_hf_dropout(data), head_dim=_hf_int(f, "head_dim", None), **_hf_sliding_window(f))
+            dropout=_hf_dropout(data), **{"head_dim": _hf_int(f, "head_dim", None), **_hf_mla(f)},
+            **_hf_sliding_window(f))
     except ConfigError as e:
         if e.source == source:
             raise

@@ -1,7 +1,9 @@
 """Dense decoder-only transformers and the training job around them.
 
 Parameter count (per layer, biases and norms included; GQA-aware):
-  attention  h·(h + 2·h_kv) + h·h   (Q, K, V, output projections), + (h + 2·h_kv) + h biases if any
+  attention  h·(h + 2·h_kv) + h·h   (Q, K, V, output projections), + (h + 2·h_kv) + h biases if any;
+             latent attention (DeepSeek-V2/V3): h·r_q + r_q·a·(d + d_r) + h·(r_kv + d_r)
+             + r_kv·a·(d + d_v) + a·d_v·h (MLASpec; r_q = 0: h·a·(d + d_r) for the queries)
   MLP        gelu:   2·h·f          swiglu: 3·h·f   (gate, up, down)
   norms      2·h (RMSNorm) or 4·h (LayerNorm with bias)
 Embedding V·h (+ an untied LM head V·h), learned positions s_max·h when the model has them.
@@ -65,6 +67,28 @@ class MoESpec:
 
 
 @dataclass(frozen=True)
+class MLASpec:
+    """Multi-head latent attention (DeepSeek-V2/V3, arXiv:2405.04434 §2.1; Megatron-Core
+    MLASelfAttention): queries pass through a rank-``q_lora_rank`` latent (0: projected directly, as in
+    DeepSeek-V2-Lite), keys and values through a shared rank-``kv_lora_rank`` latent that one up-projection
+    expands to every head's non-rotary key part (the model's ``head_dim``) and value
+    (``v_head_dim``); a ``qk_rope_head_dim`` rotary part, per head for queries and shared by all heads
+    for keys, rides beside it. So a head's score runs over head_dim + qk_rope_head_dim channels and its
+    value over v_head_dim. DeepSeek-V3: q_lora 1536, kv_lora 512, nope 128, rope 64, v 128."""
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int = 0
+
+    def __post_init__(self):
+        for key in ("kv_lora_rank", "qk_rope_head_dim", "v_head_dim", "q_lora_rank"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "q_lora_rank" else 1):
+                raise ConfigError(f"mla.{key}", f"must be a {'non-negative' if key == 'q_lora_rank' else 'positive'} "
+                                  f"integer, got {v!r}")
+
+
+@dataclass(frozen=True)
 class TransformerModel:
     """Shape of a decoder-only transformer. ``ffn_hidden`` is the MLP's inner width."""
     name: str
@@ -97,6 +121,9 @@ class TransformerModel:
     #: alternates windowed and full layers: 2)
     sliding_window: int = 0
     sliding_window_every: int = 1
+    #: multi-head latent attention in place of the Q/K/V projections (DeepSeek-V2/V3); ``head_dim`` is
+    #: then the non-rotary query/key width per head (qk_nope_head_dim)
+    mla: MLASpec | None = None
 
     def __post_init__(self):
         for key in ("layers", "hidden", "heads", "vocab"):
@@ -118,6 +145,9 @@ class TransformerModel:
             object.__setattr__(self, "head_dim", self.hidden // self.heads)
         elif isinstance(self.head_dim, bool) or not isinstance(self.head_dim, int) or self.head_dim <= 0:
             raise ConfigError("head_dim", f"must be a positive integer, got {self.head_dim!r}", source=self.name)
+        if self.mla is not None and self.kv_heads != self.heads:
+            raise ConfigError("kv_heads", f"latent attention expands keys and values to every head: kv_heads "
+                              f"({self.kv_heads}) must equal heads ({self.heads})", source=self.name)
         if self.heads % self.kv_heads:
             raise ConfigError("kv_heads", f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})",
                               source=self.name)
@@ -134,15 +164,68 @@ class TransformerModel:
 
     # --- shapes -----------------------------------------------------------------------------------
     @property
+    def qk_head_dim(self) -> int:
+        """Channels one head's score runs over: head_dim (+ the rotary part under latent attention)."""
+        return self.head_dim + (self.mla.qk_rope_head_dim if self.mla else 0)
+
+    @property
+    def v_head_dim(self) -> int:
+        """Width of one head's value and output: head_dim (latent attention: its own v_head_dim)."""
+        return self.mla.v_head_dim if self.mla else self.head_dim
+
+    @property
     def q_hidden(self) -> int:
-        """Width of Q and of the attention output before the output projection: heads · head_dim
-        (= hidden unless ``head_dim`` is set otherwise)."""
-        return self.heads * self.head_dim
+        """Width of Q: heads · qk_head_dim (= hidden unless ``head_dim`` is set otherwise, or latent
+        attention widens it)."""
+        return self.heads * self.qk_head_dim
 
     @property
     def kv_hidden(self) -> int:
-        """Width of K (and of V): kv_heads · head_dim."""
-        return self.kv_heads * self.head_dim
+        """Width of K: kv_heads · qk_head_dim (latent attention: every head's expanded key)."""
+        return self.kv_heads * self.qk_head_dim
+
+    @property
+    def v_hidden(self) -> int:
+        """Width of V: kv_heads · v_head_dim (= kv_hidden without latent attention)."""
+        return self.kv_heads * self.v_head_dim
+
+    @property
+    def attn_out_hidden(self) -> int:
+        """Width of the attention output, the output projection's input: heads · v_head_dim (= q_hidden
+        without latent attention)."""
+        return self.heads * self.v_head_dim
+
+    @property
+    def rope_hidden(self) -> int:
+        """Channels the rotary embedding turns per token: all of Q and K, or under latent attention
+        the rotary parts only (heads · rope for queries, one shared rope for keys)."""
+        if self.mla:
+            return (self.heads + 1) * self.mla.qk_rope_head_dim
+        return self.q_hidden + self.kv_hidden
+
+    @property
+    def attention_gemms(self) -> tuple[tuple[int, int, str], ...]:
+        """The attention's weight GEMMs as (output width, input width, tensor-parallel split): "column"
+        splits the output over tp, "row" the input, "duplicated" runs whole on every tp rank.
+        Multi-head: the fused QKV projection and the output projection. Latent attention
+        (Megatron-Core MLASelfAttention: the down-projections duplicated, the up-projections column
+        parallel): Q down h -> q_lora and up q_lora -> heads·qk_head_dim (or h -> Q directly), KV down
+        h -> kv_lora + rope, KV up kv_lora -> heads·(head_dim + v_head_dim), output heads·v_head_dim -> h."""
+        h = self.hidden
+        if not self.mla:
+            return ((self.q_hidden + 2 * self.kv_hidden, h, "column"), (h, self.q_hidden, "row"))
+        m = self.mla
+        q = (((m.q_lora_rank, h, "duplicated"), (self.q_hidden, m.q_lora_rank, "column")) if m.q_lora_rank
+             else ((self.q_hidden, h, "column"),))
+        return q + ((m.kv_lora_rank + m.qk_rope_head_dim, h, "duplicated"),
+                    (self.heads * (self.head_dim + m.v_head_dim), m.kv_lora_rank, "column"),
+                    (h, self.attn_out_hidden, "row"))
+
+    @property
+    def mla_latent_width(self) -> int:
+        """Per-token width of latent attention's compressed query and key/value (with its rotary key)
+        on every tp rank; 0 without latent attention."""
+        return (self.mla.q_lora_rank + self.mla.kv_lora_rank + self.mla.qk_rope_head_dim) if self.mla else 0
 
     @property
     def mlp_matrices(self) -> int:
@@ -152,14 +235,17 @@ class TransformerModel:
     # --- parameters -------------------------------------------------------------------------------
     @property
     def attention_weights_per_layer(self) -> int:
-        """Weight elements of the QKV projection h x (q + 2·h_kv) and the output projection q x h
-        (q = heads · head_dim), without biases."""
-        h, q, hkv = self.hidden, self.q_hidden, self.kv_hidden
-        return h * (q + 2 * hkv) + q * h
+        """Weight elements of the attention's GEMMs (:attr:`attention_gemms`): for multi-head attention
+        the QKV projection h x (q + 2·h_kv) and the output projection q x h (q = heads · head_dim),
+        without biases."""
+        return sum(out * inp for out, inp, _ in self.attention_gemms)
 
     @property
     def attention_params_per_layer(self) -> int:
-        """:attr:`attention_weights_per_layer` plus the projections' biases where the model has them."""
+        """:attr:`attention_weights_per_layer` plus the projections' biases where the model has them
+        (latent attention: the RMSNorms of its two latents instead)."""
+        if self.mla:
+            return self.attention_weights_per_layer + self.mla.q_lora_rank + self.mla.kv_lora_rank
         q, hkv = self.q_hidden, self.kv_hidden
         return self.attention_weights_per_layer + ((q + 2 * hkv) + self.hidden if self.bias else 0)
 
@@ -266,10 +352,10 @@ class TransformerModel:
         return (1 - share) * full + share * min(self.sliding_window, full) if share else full
 
     def attention_flops_per_token_per_layer(self, seq_len: int, causal_halved: bool = False) -> float:
-        """Forward FLOPs per token of QKᵀ and PV: 2 · 2 · keys · heads · head_dim (= 4·s·h for the usual
-        head width and full attention; keys halved if causal masking is counted; windowed layers see
-        min(window, s) keys: ``attention_keys_per_query``)."""
-        return 4 * self.attention_keys_per_query(seq_len, causal_halved) * self.q_hidden
+        """Forward FLOPs per token of QKᵀ and PV: 2 · keys · heads · (qk_head_dim + v_head_dim)
+        (= 4·s·h for the usual head width and full attention; keys halved if causal masking is counted;
+        windowed layers see min(window, s) keys: ``attention_keys_per_query``)."""
+        return 2 * self.attention_keys_per_query(seq_len, causal_halved) * (self.q_hidden + self.attn_out_hidden)
 
     def logit_flops_per_token(self) -> int:
         return 2 * self.hidden * self.vocab
@@ -286,7 +372,11 @@ class TransformerModel:
 
     def describe(self) -> str:
         kv = f", kv_heads {self.kv_heads}" if self.kv_heads != self.heads else ""
-        if self.q_hidden != self.hidden:
+        if self.mla:
+            m = self.mla
+            kv += (f", latent attention (q_lora {m.q_lora_rank}, kv_lora {m.kv_lora_rank}, head dims "
+                   f"{self.head_dim}+{m.qk_rope_head_dim} / v {m.v_head_dim})")
+        elif self.q_hidden != self.hidden:
             kv += f", head_dim {self.head_dim}"
         if self.sliding_window:
             every = "" if self.sliding_window_every == 1 else f" on 1 in {self.sliding_window_every} layers"
