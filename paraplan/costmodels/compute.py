@@ -121,9 +121,9 @@ def fp8_cast_elements(model, job, plan):
     return fwd, bwd
 
 
-def _tp_share(split: str, t):
-    """Share of a GEMM dimension one tp rank holds: 1/tp for the split dimension, else all of it."""
-    return 1.0 / t if split else 1.0
+def _tp_share(split_here: bool, t):
+    """Share of a GEMM dimension one tp rank holds: 1/tp where tp splits that dimension, else all of it."""
+    return 1.0 / t if split_here else 1.0
 
 
 def attention_gemm_elements_per_token(model, t):
@@ -348,6 +348,8 @@ def rope_bytes_per_token(model, unfused):
     return per * model.rope_hidden
 
 
+# Latent attention's RMSNorms of its query and key/value latents: 16-bit read and write per element, on
+# every tp rank (the down-projections that make the latents are duplicated, not split).
 MLA_LATENT_NORM_BYTES_PER_ELEMENT = 4
 
 
@@ -368,7 +370,6 @@ def elementwise_forward_time(model, job, plan, curves, moe: bool = False):
     act = act + np.where(eager_swiglu, UNFUSED_SWIGLU_EXTRA_BYTES_PER_FFN * model.ffn_hidden, 0.0)
     unfused_extra = np.where(np.asarray(plan.flash_attention, dtype=bool), 0.0, 8 * (model.q_hidden + hkv))
     rope = rope_bytes_per_token(model, eager_rest)
-    # latent attention normalizes its two latents on every tp rank (read and write, 16-bit)
     latent_norms = MLA_LATENT_NORM_BYTES_PER_ELEMENT * (model.mla.q_lora_rank + model.mla.kv_lora_rank) if model.mla else 0.0
     per_token = replicated / np.where(sp, t, 1.0) + latent_norms + (act + unfused_extra + rope) / t
     kernels = (8 + (4 if moe else 0) + np.where(unfused, UNFUSED_NORM_EXTRA_KERNELS, 0) + eager_swiglu
