@@ -47,6 +47,11 @@ def tokens_per_rank(job, plan):
     return plan.micro_batch * job.seq_len / np.asarray(plan.cp, dtype=float)
 
 
+def micro_batches(job, plan):
+    """Micro-batches per step on one data-parallel rank: global batch / (dp x micro-batch)."""
+    return job.global_batch / (np.asarray(plan.dp, dtype=float) * plan.micro_batch)
+
+
 def _dtype(plan) -> str:
     """The format of the non-linear-layer GEMMs (attention core, LM head, router): bf16 under fp8."""
     return compute_dtype(plan.dtype if isinstance(plan.dtype, str) else "bf16")
@@ -112,7 +117,7 @@ def fp8_cast_elements(model, job, plan):
     T = tokens_per_rank(job, plan)
     t = np.asarray(plan.tp, dtype=float)
     h, f, g = model.hidden, model.ffn_hidden, model.mlp_matrices - 1
-    m = job.global_batch / (np.asarray(plan.dp, dtype=float) * plan.micro_batch)
+    m = micro_batches(job, plan)
     cached = np.asarray(getattr(plan, "engine_code", 0)) != Engine.TORCHTITAN
     weights = model.params_per_layer / t / np.where(cached, np.maximum(m, 1.0), 1.0)
     attn_in, attn_grad = attention_gemm_elements_per_token(model, t)
@@ -555,7 +560,7 @@ def ep_unpaired_share(job, plan):
     direction: the warm-up forwards and cool-down backwards. Without pipelining one of m; in the
     interleaved schedule the first stage's warm-up, 2(p - 1) + (v - 1)·p model chunks, of m·v
     (Megatron-Core get_pp_rank_microbatches / combined_1f1b_schedule_for_no_pipelining)."""
-    m = np.maximum(job.global_batch / (np.asarray(plan.dp, dtype=float) * np.asarray(plan.micro_batch)), 1.0)
+    m = np.maximum(micro_batches(job, plan), 1.0)
     p = np.asarray(plan.pp, dtype=float)
     v = np.asarray(plan.vpp, dtype=float)
     warmup = np.where(p == 1, 1.0, 2 * (p - 1) + (v - 1) * p)

@@ -237,7 +237,7 @@ def slowest_stage(sl: StageLayers, p, lt, ht):
 def step_terms(model, job, cluster, plan, curves) -> StepTerms:
     """All time and memory terms for a plan or for a batch of plans (numpy arrays in the fields)."""
     p = np.asarray(plan.pp, dtype=float)
-    m = M.micro_batches(job, plan)
+    m = C.micro_batches(job, plan)
     curves = with_stage_concurrency(with_reference_block(curves, cluster), plan, m)
     lt = C.layer_times(model, job, plan, curves, cluster)
     ht = C.head_times(model, job, plan, curves, cluster)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from paraplan.costmodels.compute import (BYTES, element_bytes, einsum_dispatch_slots, expert_token_factor,
-                                         tokens_per_rank)
+                                         micro_batches, tokens_per_rank)
 from paraplan.plan import Engine, Offload, Recompute, Schedule, is_fp8, stage_layers
 
 OPTIMIZER_BYTES_PER_PARAM = 12   # fp32 master weights, momentum, variance (K in the ZeRO paper)
@@ -353,10 +353,6 @@ def loss_logits_per_token(model, plan):
     where the engine gathers the logits over tp (LOSS_VOCAB_PARALLEL)."""
     t = np.asarray(plan.tp, dtype=float)
     return model.vocab / np.where(_LOSS_VOCAB_PARALLEL_BY_ENGINE_CODE[engine_of(plan)], t, 1.0)
-
-
-def micro_batches(job, plan):
-    return job.global_batch / (np.asarray(plan.dp, dtype=float) * plan.micro_batch)
 
 
 def in_flight_micro_batches_middle(job, plan):
