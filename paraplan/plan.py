@@ -177,6 +177,40 @@ STAGE_LAYER_FIELDS = ("first_stage_layers", "last_stage_layers", "offload_activa
 #: what 0 means for each of them (their errors say it)
 STAGE_LAYER_ZERO_MEANS = {"first_stage_layers": "the automatic split", "last_stage_layers": "the automatic split",
                           "offload_activation_layers": "none"}
+# Megatron-Core's fine-grained recomputation (--recompute-granularity selective --recompute-modules ...;
+# megatron/core/transformer/transformer_config.py, recompute_modules), in the order a plan writes them.
+# core_attn, mlp, moe and shared_experts checkpoint their submodule (keep its input, run its forward
+# again in backward); layernorm, moe_act and mla_up_proj discard their output and recompute it.
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "mla_up_proj", "mlp", "moe_act", "moe", "shared_experts")
+RECOMPUTE_MODULE_BIT = {name: 1 << i for i, name in enumerate(RECOMPUTE_MODULES)}
+
+
+def recompute_modules_mask(text: str) -> int:
+    """The bit mask of a comma-separated module list (no checks: :func:`canonical_recompute_modules`)."""
+    return sum(RECOMPUTE_MODULE_BIT[m] for m in {x.strip() for x in text.split(",") if x.strip()})
+
+
+def recompute_modules_text(mask: int) -> str:
+    """The comma-separated module list of a bit mask, in RECOMPUTE_MODULES order."""
+    return ",".join(m for m in RECOMPUTE_MODULES if int(mask) & RECOMPUTE_MODULE_BIT[m])
+
+
+def canonical_recompute_modules(value, where: str | None = None) -> str:
+    """A module list (``"moe_act, layernorm"`` or a sequence of names) as the plan holds it: known
+    names, each once, in RECOMPUTE_MODULES order; ConfigError naming the field and the accepted names."""
+    where = where or "recompute_modules"
+    if isinstance(value, (list, tuple)):
+        value = ",".join(str(v) for v in value)
+    if not isinstance(value, str):
+        raise ConfigError(where, f"expected a comma-separated list of modules, got {shown(value)}",
+                          accepted=", ".join(RECOMPUTE_MODULES))
+    names = [x.strip() for x in value.split(",") if x.strip()]
+    unknown = [x for x in names if x not in RECOMPUTE_MODULE_BIT]
+    if unknown:
+        raise ConfigError(where, f"unknown module {shown(unknown[0])}", accepted=", ".join(RECOMPUTE_MODULES))
+    return recompute_modules_text(recompute_modules_mask(",".join(names)))
+
+
 MAX_DEGREE = 2**31 - 1    # degrees, micro-batches and stage sizes past a C int are typos (numpy overflows)
 BOOL_FIELDS = ("sp", "offload_params", "flash_attention", "overlap_grad_reduce", "delayed_update",
                "grad_accumulation_fusion", "fused_elementwise", "tp_comm_overlap", "grad_reduce_bf16",
@@ -208,6 +242,8 @@ def validate_field(name: str, value, where: str | None = None):
     elif name in BOOL_FIELDS:
         if not isinstance(value, (bool, np.bool_)):
             raise ConfigError(where or name, f"expected true or false, got {shown(value)}")
+    elif name == "recompute_modules":
+        return canonical_recompute_modules(value, where)
     return value
 
 
@@ -291,10 +327,15 @@ class Plan:
     # --overlap-moe-expert-parallel-comm; Megatron-Bridge moe_a2a_overlap); False: every all-to-all
     # sits on the critical path
     ep_comm_overlap: bool = False
+    # Megatron-Core's fine-grained recomputation under --recompute selective: the modules recomputed
+    # (RECOMPUTE_MODULES, comma-separated: core_attn, layernorm, mla_up_proj, mlp, moe_act, moe,
+    # shared_experts); "" = the engine's default, the attention core (Megatron-LM's selective)
+    recompute_modules: str = ""
 
     def __post_init__(self):
         for key in (*POSITIVE_INT_FIELDS, "dp", *MODES, "zero", *STAGE_LAYER_FIELDS, *BOOL_FIELDS):
             validate_field(key, getattr(self, key))
+        object.__setattr__(self, "recompute_modules", canonical_recompute_modules(self.recompute_modules))
         view = PlanBatch.from_plans([self])
         for rule in RULES:
             if rule.kind == ILLEGAL and not rule.uses_scene and rule.bad(view, None)[0]:
@@ -324,6 +365,10 @@ class Plan:
     @property
     def attention_kernel_code(self) -> AttentionKernel:
         return AttentionKernel.parse(self.attention_kernel)
+
+    @property
+    def recompute_modules_mask(self) -> int:
+        return recompute_modules_mask(self.recompute_modules)
 
     @property
     def engine_code(self) -> Engine:
@@ -410,6 +455,7 @@ class PlanBatch:
     offload_activation_layers: np.ndarray = None
     attention_kernel_code: np.ndarray = None
     ep_comm_overlap: np.ndarray = None
+    recompute_modules_mask: np.ndarray = None
     dtype: str = "bf16"
 
     def __post_init__(self):
@@ -418,7 +464,7 @@ class PlanBatch:
                               ("delayed_update", False), ("grad_accumulation_fusion", True), ("fused_elementwise", True), ("tp_comm_overlap", False), ("grad_reduce_bf16", False),
                               ("engine_code", Engine.GENERIC), ("first_stage_layers", 0), ("last_stage_layers", 0),
                               ("offload_activation_layers", 0), ("attention_kernel_code", AttentionKernel.AUTO),
-                              ("ep_comm_overlap", False)):
+                              ("ep_comm_overlap", False), ("recompute_modules_mask", 0)):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, np.full(n, int(default) if isinstance(default, Mode) else default))
 
@@ -458,7 +504,8 @@ class PlanBatch:
                     last_stage_layers=int(self.last_stage_layers[i]),
                     offload_activation_layers=int(self.offload_activation_layers[i]),
                     attention_kernel=AttentionKernel(int(self.attention_kernel_code[i])).label,
-                    ep_comm_overlap=bool(self.ep_comm_overlap[i]))
+                    ep_comm_overlap=bool(self.ep_comm_overlap[i]),
+                    recompute_modules=recompute_modules_text(int(self.recompute_modules_mask[i])))
 
 
 # --- layers per pipeline stage ---------------------------------------------------------------------
@@ -735,6 +782,20 @@ def _engine_fp8_refused(engine_code, dtype: str):
     return ~np.isin(engine_code, [int(e) for e, recipes in ENGINE_FP8_RECIPES.items() if dtype in recipes])
 
 
+def _modules_the_model_lacks(s: Scene) -> int:
+    """The bit mask of RECOMPUTE_MODULES the scene's model has no submodule for: mla_up_proj without
+    latent attention, moe_act / moe without MoE layers, shared_experts without shared experts, mlp
+    without a dense MLP layer."""
+    m = s.model
+    lacks = [name for name, missing in (
+        ("mla_up_proj", getattr(m, "mla", None) is None),
+        ("moe_act", m.moe is None), ("moe", m.moe is None),
+        ("shared_experts", m.moe is None or not m.moe.shared_experts),
+        ("mlp", m.moe is not None and m.moe_layers >= m.layers))
+        if missing]
+    return recompute_modules_mask(",".join(lacks))
+
+
 def _r(name, reason, kind, axes, bad, message, **kw) -> Rule:
     return Rule(name, reason, kind, frozenset(axes), bad, message, **kw)
 
@@ -1006,6 +1067,28 @@ RULES: tuple[Rule, ...] = (
        lambda p, s: (f"{s.model.name} dispatches tokens by {s.model.moe.dispatch}; Megatron-Core overlaps only the "
                      "alltoall / flex token dispatchers' all-to-alls"),
        field="ep_comm_overlap", accepted="a model with permute dispatch, or no --ep-comm-overlap"),
+    _r("recompute-modules-need-selective", "recompute modules need selective recomputation", ILLEGAL,
+       ("recompute_modules_mask", "recompute_code"),
+       lambda P, s: (np.asarray(P.recompute_modules_mask) != 0) & (np.asarray(P.recompute_code) != int(Recompute.SELECTIVE)),
+       lambda p, s: (f"--recompute-modules {recompute_modules_text(p.recompute_modules_mask)} picks what selective "
+                     f"recomputation recomputes (Megatron-LM --recompute-granularity selective); --recompute is "
+                     f"{Recompute(p.recompute_code).label}"),
+       field="recompute_modules", accepted="--recompute selective, or no --recompute-modules", uses_scene=False),
+    _r("engine-recompute-modules", "the engine has no module-level recomputation", ILLEGAL,
+       ("engine_code", "recompute_modules_mask"),
+       lambda P, s: (np.asarray(P.recompute_modules_mask) != 0) & ~_engine_in(P, Engine.MEGATRON, Engine.GENERIC),
+       lambda p, s: (f"--engine {Engine(p.engine_code).label} has no --recompute-modules (Megatron-Core's "
+                     "fine-grained recomputation)"),
+       field="recompute_modules", accepted="--engine megatron or generic", uses_scene=False),
+    _r("recompute-module-not-in-model", "a recompute module the model does not have", ILLEGAL,
+       ("recompute_modules_mask",),
+       lambda P, s: (np.asarray(P.recompute_modules_mask) & _modules_the_model_lacks(s)) != 0,
+       lambda p, s: (f"{s.model.name} has no "
+                     f"{recompute_modules_text(p.recompute_modules_mask & _modules_the_model_lacks(s)).replace(',', ', ')} "
+                     "to recompute (mla_up_proj: latent attention; moe_act, moe: MoE layers; shared_experts: shared "
+                     "experts; mlp: dense MLP layers)"),
+       field="recompute_modules",
+       accepted=None),
     _r("engine-fp8-recipe", "the engine has no such fp8 recipe", ILLEGAL, ("engine_code", "dtype"),
        lambda P, s: _engine_fp8_refused(P.engine_code, P.dtype),
        lambda p, s: (f"--engine {Engine(p.engine_code).label} has no {p.dtype} recipe; it offers "

@@ -245,6 +245,10 @@ PLAN_FLAG_HELP = {
                        "neighbouring micro-batch (Megatron-Core combined 1F1B, --overlap-moe-expert-parallel-comm; "
                        "needs ep > 1, pp 1 or the interleaved schedule, no full recomputation). On plan: "
                        "--fix ep_comm_overlap=true turns it on for every candidate that can run it",
+    "recompute_modules": "with --recompute selective: the modules Megatron-Core recomputes (--recompute-modules), "
+                         "comma-separated from core_attn, layernorm, mla_up_proj, mlp, moe_act, moe, shared_experts; "
+                         "default: the attention core. On plan: --fix recompute_modules=moe_act,layernorm sets them "
+                         "on every selective candidate that can run them",
     "grad_reduce_bf16": "Megatron-LM: keep and reduce gradients in bf16 (--grad-reduce-in-bf16; the "
                         "Megatron-Bridge and NeMo performance recipes do): 2 bytes per parameter instead of 4",
     "attention_kernel": "the fused attention kernel: auto (the generation's calibrated efficiency), or cudnn, "
@@ -288,6 +292,8 @@ def plan_flag_kwargs(f: Field) -> tuple[str, dict]:
     if f.name in PLAN_FLAG_CHOICES:
         choices = PLAN_FLAG_CHOICES[f.name]
         return flag, {**kw, "choices": choices, **({} if isinstance(choices[0], str) else {"type": int})}
+    if f.name == "recompute_modules":
+        return flag, {**kw, "metavar": "MODULE[,MODULE...]"}
     if isinstance(default, int):
         if f.name in STAGE_LAYER_FIELDS:
             return flag, {**kw, "type": non_negative_int(flag, zero_means=STAGE_LAYER_ZERO_MEANS[f.name])}

@@ -242,6 +242,36 @@ def _recipe_ep_comm_overlap(r: pd.Series) -> bool:
     return layout is not None and all(not _blank(r[k]) and _int(r[k]) == v for k, v in layout.items())
 
 
+# Rows whose Megatron-Bridge performance recipe recomputes named modules (recompute_modules, Megatron-Core's
+# --recompute-granularity selective --recompute-modules), by the file's model name and GPU: the recipe's
+# layout and its modules (scripts/performance/configs/deepseek/deepseek_workload_base_configs.py
+# DEEPSEEK_V3_PRETRAIN_CONFIG_H100_V1 and _GB200_BF16_V2; scripts/performance/configs/gpt_oss/
+# gpt_oss_workload_base_configs.py GPT_OSS_120B_PRETRAIN_CONFIG_H100_BF16_V2). Only rows whose layout is
+# the recipe's exactly take them: the other MoE rows ran layouts today's recipes no longer name, so what
+# they recomputed is not known (they keep "no recomputation, not stated").
+RECIPE_RECOMPUTE_MODULES = {
+    ("deepseekv3 (dropless)", "DGX-H100"): (dict(num_gpus=1024, tp=2, pp=8, vpp=4, ep=64, global_batch=8192),
+                                            "mla_up_proj,mlp"),
+    ("deepseekv3 (w/o mtp)", "DGX-GB200"): (dict(num_gpus=256, tp=1, pp=4, vpp=4, ep=64, global_batch=4096,
+                                                 micro_batch=1), "mla_up_proj"),
+    ("gpt oss 120b", "DGX-H100"): (dict(num_gpus=64, tp=1, pp=4, ep=8, global_batch=1280, micro_batch=1),
+                                   "layernorm,moe_act"),
+}
+
+
+def _recipe_recompute_modules(r: pd.Series) -> str:
+    """The modules the row's recipe recomputes (RECIPE_RECOMPUTE_MODULES) where the row's layout is the
+    recipe's; "" otherwise. A layout key the row leaves blank counts as a match only for vpp (1)."""
+    entry = RECIPE_RECOMPUTE_MODULES.get((str(r["model"]).strip().lower(), str(r["gpu"])))
+    if entry is None:
+        return ""
+    layout, modules = entry
+
+    def value(k):
+        return 1 if k == "vpp" and _blank(r[k]) else (None if _blank(r[k]) else _int(r[k]))
+    return modules if all(value(k) == v for k, v in layout.items()) else ""
+
+
 def h100_source(source: str) -> str:
     s = source.lower()
     if "torchtitan" in s:
@@ -311,6 +341,11 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
         assumed.append("no activation recomputation (not stated)")
     recompute = "full" if rec.startswith("full") else "op-sac" if "sac" in rec else "selective" \
         if rec.startswith("selective") else "none"
+    modules = _recipe_recompute_modules(r) if _blank(r["recompute"]) else ""
+    if modules:
+        recompute = "selective"
+        assumed[-1] = (f"selective recomputation of {modules} (the row's Megatron-Bridge recipe: "
+                       "calibration.RECIPE_RECOMPUTE_MODULES)")
     vpp = 1 if _blank(r["vpp"]) else _int(r["vpp"])
     ep = 1 if _blank(r["ep"]) else _int(r["ep"])
     model = load_model(preset)
@@ -343,7 +378,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
                     vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b", micro_batch=_int(r["micro_batch"]),
                     zero=zero, recompute=recompute, dtype=dtype, ep=ep, engine=engine,
                     grad_accumulation_fusion=engine != "torchtitan", tp_comm_overlap=overlap,
-                    grad_reduce_bf16=bf16_grads, ep_comm_overlap=ep_overlap)
+                    grad_reduce_bf16=bf16_grads, ep_comm_overlap=ep_overlap, recompute_modules=modules)
     except ConfigError as e:
         return f"layout not expressible: {e}"
     job = TrainingJob(seq_len=_int(r["seq_len"]), global_batch=_int(r["global_batch"]))

@@ -32,7 +32,7 @@ import numpy as np
 
 from paraplan.costmodels.comm import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SEND_RECV, collective_time,
                                       ranks_per_node, ring_time)
-from paraplan.plan import (AttentionKernel, CpMode, Engine, Recompute, compute_dtype, expert_group_strides,
+from paraplan.plan import (RECOMPUTE_MODULE_BIT, AttentionKernel, CpMode, Engine, Recompute, compute_dtype, expert_group_strides,
                            gemm_dtype, is_fp8)
 
 BYTES = 2  # 16-bit activations and weights (bf16 / fp16)
@@ -167,6 +167,90 @@ def attention_gemm_forward_time(model, job, plan, curves):
     t = np.asarray(plan.tp, dtype=float)
     return sum(linear_gemm_time(curves, T, out * _tp_share(split == "column", t), inp * _tp_share(split == "row", t), plan)
                for out, inp, split in model.attention_gemms)
+
+
+def mla_up_projection_forward_time(model, job, plan, curves):
+    """Forward time of latent attention's up-projections (the column-parallel GEMMs that read a
+    latent: q_lora -> Q, kv_lora -> K | V) and the rotary embedding applied after them; 0 for
+    multi-head attention. What Megatron-Core's ``mla_up_proj`` recompute module runs again."""
+    if not model.mla:
+        return 0.0
+    T = tokens_per_rank(job, plan)
+    t = np.asarray(plan.tp, dtype=float)
+    up = sum(linear_gemm_time(curves, T, out / t, inp, plan)
+             for out, inp, split in model.attention_gemms if split == "column" and inp != model.hidden)
+    return up + curves.memory_time(T * rope_bytes_per_token(model, False) / t * element_bytes(plan) / BYTES, kernels=FUSED_ROPE_KERNELS)
+
+
+def _has_module(plan, name):
+    return (np.asarray(getattr(plan, "recompute_modules_mask", 0)) & RECOMPUTE_MODULE_BIT[name]) != 0
+
+
+def recompute_modules_time(model, job, plan, curves):
+    """Per-layer, per-micro-batch seconds that Megatron-Core's fine-grained recomputation
+    (``plan.recompute_modules``) adds in backward, averaged over dense and MoE layers like
+    :func:`layer_times` (the attention core, ``core_attn``, is priced there):
+
+    * layernorm: both norms' forward again (read and write 2h bytes each per token, ÷ t under SP);
+    * mla_up_proj: the up-projection GEMMs and the rotary embedding (:func:`mla_up_projection_forward_time`);
+    * moe_act: the routed experts' activation function over their token copies (its HBM traffic);
+    * mlp: a dense MLP's forward (GEMMs and activation);
+    * moe: an MoE layer's forward (router, experts, activation, permutation; the all-to-alls it runs
+      again are counted with the expert-parallel communication); it covers moe_act and shared_experts;
+    * shared_experts: the shared experts' forward.
+    The fp8 casts of recomputed linear inputs are not counted again."""
+    mods = np.asarray(getattr(plan, "recompute_modules_mask", 0))
+    if not np.any(mods):
+        return 0.0
+    T = tokens_per_rank(job, plan)
+    t = np.asarray(plan.tp, dtype=float)
+    sp = np.asarray(plan.sp, dtype=bool)
+    wide = element_bytes(plan) / BYTES
+    h = model.hidden
+    per_width = 6 if model.activation == "swiglu" else 4
+    share = model.moe_layers / model.layers if model.moe is not None else 0.0
+    norms = curves.memory_time(T * 2 * 4 * h / np.where(sp, t, 1.0) * wide, kernels=2)
+    up = mla_up_projection_forward_time(model, job, plan, curves)
+    dense = (1 - share) * (mlp_gemm_forward_time(model, job, plan, curves)
+                           + curves.memory_time(T * per_width * model.ffn_hidden / t * wide, kernels=1))
+    moe = act = shared = 0.0
+    if model.moe is not None:
+        e = model.moe
+        routed = e.top_k * expert_token_factor(model, job)
+        moe = share * (moe_mlp_forward_time(model, job, plan, curves)
+                       + curves.memory_time(T * mlp_activation_bytes_per_token(model, job, True) / t * wide, kernels=4))
+        act = share * curves.memory_time(T * per_width * e.expert_ffn_hidden * routed / t * wide, kernels=1)
+        if e.shared_experts:
+            width = e.shared_experts * e.expert_ffn_hidden
+            shared = share * (mlp_gemm_forward_time(model, job, plan, curves, width=width)
+                              + curves.memory_time(T * per_width * width / t * wide, kernels=1))
+    in_moe = np.where(_has_module(plan, "moe"), moe,
+                      np.where(_has_module(plan, "moe_act"), act, 0.0) + np.where(_has_module(plan, "shared_experts"), shared, 0.0))
+    return (np.where(_has_module(plan, "layernorm"), norms, 0.0) + np.where(_has_module(plan, "mla_up_proj"), up, 0.0)
+            + np.where(_has_module(plan, "mlp"), dense, 0.0) + in_moe)
+
+
+def recompute_modules_flops_per_token(model, plan):
+    """Model FLOPs per token (all layers) of the GEMMs fine-grained recomputation runs again: dense
+    MLPs (mlp), MoE layers' router and routed + shared experts (moe; shared_experts alone), latent
+    attention's up-projections (mla_up_proj); 2 FLOPs per multiply-add. Norms and activations are
+    memory-bound and count none."""
+    mods = np.asarray(getattr(plan, "recompute_modules_mask", 0))
+    if not np.any(mods):
+        return 0.0
+    h, g = model.hidden, model.mlp_matrices
+    L = model.layers
+    moe_layers = model.moe_layers if model.moe is not None else 0
+    dense = 2 * g * h * model.ffn_hidden * (L - moe_layers)
+    up = 2 * L * sum(out * inp for out, inp, split in model.attention_gemms
+                     if model.mla and split == "column" and inp != model.hidden)
+    moe = shared = 0.0
+    if model.moe is not None:
+        e = model.moe
+        shared = 2 * g * h * e.expert_ffn_hidden * e.shared_experts * moe_layers
+        moe = 2 * g * h * e.expert_ffn_hidden * e.top_k * moe_layers + shared + 2 * h * e.experts * moe_layers
+    return (np.where(_has_module(plan, "mlp"), dense, 0.0) + np.where(_has_module(plan, "mla_up_proj"), up, 0.0)
+            + np.where(_has_module(plan, "moe"), moe, np.where(_has_module(plan, "shared_experts"), shared, 0.0)))
 
 
 def mlp_gemm_forward_time(model, job, plan, curves, width=None):
@@ -631,7 +715,10 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     forwards = np.where(full, 2, 1)          # forward passes per micro-batch: the recomputed one too
     collectives = np.where(full, 6, 4)       # a layer's TP (or EP dispatch + combine) collectives, fwd and bwd
     replay = curves.recompute_overhead_time(np.where(full, layer_kernels, core_kernels))
-    recompute = np.where(full, fwd, np.where(rc == Recompute.SELECTIVE, attn_f,
+    mods = np.asarray(getattr(plan, "recompute_modules_mask", 0))
+    selective = np.where((mods == 0) | _has_module(plan, "core_attn"), attn_f, 0.0) \
+        + recompute_modules_time(model, job, plan, curves)
+    recompute = np.where(full, fwd, np.where(rc == Recompute.SELECTIVE, selective,
                                              np.where(rc == Recompute.OP_SAC, sac_replay, 0.0))) \
         + np.where(rc > 0, replay, 0.0)
     tp_comm = tp_exposed_time(ar * collectives, attn_gemm + mlp_gemm, full, plan)
@@ -639,6 +726,8 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     a2a = ep_alltoall_time(model, job, plan, cluster)
     # full recomputation runs the forward's two all-to-alls again (and excludes the overlap)
     moe_a2a = np.where(full, 6 * a2a, ep_exposed_time(a2a, attn_gemm + attn_f, 2 * attn_gemm + attn_b, moe_f, moe_b, job, plan))
+    # the moe recompute module runs the layer's dispatch and combine again in backward
+    moe_a2a = moe_a2a + np.where((rc == Recompute.SELECTIVE) & _has_module(plan, "moe"), 2 * a2a, 0.0)
     ep_comm = share_moe * moe_a2a
     # a host-bound MoE layer waits for the host beyond its GPU time (MOE_HOST_SECONDS_PER_LAYER)
     moe_gpu = moe_f * forwards + moe_b + cast_f * forwards + cast_b + moe_a2a + tp_comm

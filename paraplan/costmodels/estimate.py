@@ -343,7 +343,10 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
                                + model.attention_flops_per_token_per_layer(job.seq_len)) * tokens
     rc = np.asarray(plan.recompute_code)
     flops_hw = flops_model + np.where(rc == Recompute.FULL, full_fwd,
-                                      np.where(rc == Recompute.SELECTIVE, attn_fwd,
+                                      np.where(rc == Recompute.SELECTIVE,
+                                               np.where((np.asarray(getattr(plan, "recompute_modules_mask", 0)) == 0)
+                                                        | C._has_module(plan, "core_attn"), attn_fwd, 0.0)
+                                               + C.recompute_modules_flops_per_token(model, plan) * tokens,
                                                np.where(rc == Recompute.OP_SAC,
                                                         C.op_sac_recomputed_matmul_share(model) * (full_fwd - attn_fwd),
                                                         0.0)))

@@ -31,7 +31,7 @@ import numpy as np
 
 from paraplan.costmodels.compute import (BYTES, element_bytes, einsum_dispatch_slots, expert_token_factor,
                                          micro_batches, tokens_per_rank)
-from paraplan.plan import Engine, Offload, Recompute, Schedule, is_fp8, stage_layers
+from paraplan.plan import RECOMPUTE_MODULE_BIT, Engine, Offload, Recompute, Schedule, is_fp8, stage_layers
 
 OPTIMIZER_BYTES_PER_PARAM = 12   # fp32 master weights, momentum, variance (K in the ZeRO paper)
 FP32_OPTIMIZER_BYTES_PER_PARAM = 8   # plain fp32 Adam: momentum and variance, no master copy
@@ -271,12 +271,64 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
                       5.0 * a * s_l * s * b) / t
     wide = element_bytes(plan) / BYTES         # fp32 activations: twice the 16-bit bytes
     none = wide * (unsharded + sharded + scores)
-    selective = wide * (unsharded + sharded)
+    mods = np.asarray(getattr(plan, "recompute_modules_mask", 0))
+    selective = wide * (unsharded + sharded + np.where((mods == 0) | (mods & RECOMPUTE_MODULE_BIT["core_attn"]), 0.0, scores)
+                        - recompute_modules_saved_bytes(model, job, plan, te_fp8, eager_swiglu))
     full = element_bytes(plan) * h * T / np.where(sp, t, 1.0)
     op_sac = wide * op_sac_saved_bytes_per_token(model, plan) * T + np.where(
         np.asarray(plan.flash_attention, dtype=bool), wide * scores, 0.0)
     return np.where(rc == Recompute.FULL, full, np.where(rc == Recompute.SELECTIVE, selective,
                                                          np.where(rc == Recompute.OP_SAC, op_sac, none)))
+
+
+def recompute_modules_saved_bytes(model, job, plan, te_fp8, eager_swiglu):
+    """16-bit bytes per layer and micro-batch that Megatron-Core's fine-grained recomputation
+    (``plan.recompute_modules``) does not keep, against what :func:`activation_bytes_per_layer` counts
+    for selective recomputation (averaged over dense and MoE layers like it):
+
+    * layernorm: the two norm outputs (the QKV / down-projection input and the FC1 / router input),
+      2·2h per token (÷ t under sequence parallelism; 1 byte each where Transformer Engine keeps fp8 casts);
+    * mla_up_proj: the up-projections' outputs after RoPE, i.e. the attention core's Q, K, V
+      (2·(q + k + v) per token ÷ t); the latents they come from stay;
+    * moe_act: the routed experts' activation output (FC2's input), f_e per routed token copy;
+    * mlp: everything inside a dense MLP but its input: (4 or 6)·f per token (and eager SwiGLU's extra);
+    * moe: everything inside an MoE layer but its input: the experts' FC1 outputs and activations, the
+      permuted token copies (4h per routed copy), the fp32 router logits (covers moe_act and shared_experts);
+    * shared_experts: the shared experts' FC1 outputs and activations.
+    core_attn is the difference between ``none`` and ``selective`` already (the attention scores or
+    their softmax statistics). Source: megatron/core/transformer/transformer_config.py
+    (recompute_modules), transformer_layer.py and moe/experts.py (CheckpointWithoutOutput)."""
+    mods = np.asarray(getattr(plan, "recompute_modules_mask", 0))
+    if not np.any(mods):
+        return 0.0
+
+    def has(name):
+        return (mods & RECOMPUTE_MODULE_BIT[name]) != 0
+
+    T = tokens_per_rank(job, plan)
+    t = np.asarray(plan.tp, dtype=float)
+    sp_div = np.where(np.asarray(plan.sp, dtype=bool), t, 1.0)
+    h, f = model.hidden, model.ffn_hidden
+    fp8_saving = np.where(te_fp8, BYTES - TE_FP8_BYTES_PER_ELEMENT, 0.0)
+    linear_input = BYTES - fp8_saving                    # bytes per element of a saved linear-layer input
+    per_width = 6 if model.activation == "swiglu" else 4
+    share = model.moe_layers / model.layers if model.moe is not None else 0.0
+    norms = 2 * h * linear_input * T / sp_div
+    up_proj = (2 * model.q_hidden + 2 * model.kv_hidden + 2 * model.v_hidden) * T / t if model.mla else 0.0
+    dense_mlp = (1 - share) * (per_width * f - fp8_saving * f
+                               + np.where(eager_swiglu, UNFUSED_SWIGLU_SAVED_BYTES_PER_FFN * f, 0.0)) * T / t
+    moe_all = moe_act = shared = 0.0
+    if model.moe is not None:
+        e = model.moe
+        routed = e.top_k * expert_token_factor(model, job)
+        fe = e.expert_ffn_hidden
+        moe_all = share * ((per_width * fe - fp8_saving * fe) * (routed + e.shared_experts)
+                           + routed * 4 * h + 4 * e.experts) * T / t
+        moe_act = share * linear_input * fe * routed * T / t
+        shared = share * (per_width * fe - fp8_saving * fe) * e.shared_experts * T / t
+    in_moe = np.where(has("moe"), moe_all, np.where(has("moe_act"), moe_act, 0.0) + np.where(has("shared_experts"), shared, 0.0))
+    return (np.where(has("layernorm"), norms, 0.0) + np.where(has("mla_up_proj"), up_proj, 0.0)
+            + np.where(has("mlp"), dense_mlp, 0.0) + in_moe)
 
 
 def op_sac_saved_bytes_per_token(model, plan):

@@ -242,6 +242,8 @@ def build_megatron(s: Scenario) -> Export:
                  ("--recompute-num-layers", "1")]
     elif p.recompute == "selective":
         args.append(("--recompute-granularity", "selective"))
+        if p.recompute_modules:
+            args.append(("--recompute-modules", *p.recompute_modules.split(",")))
     if p.zero >= 1:
         args.append(("--use-distributed-optimizer",))
     if p.zero >= 2:

@@ -25,7 +25,7 @@ import numpy as np
 from paraplan.errors import ConfigError
 from paraplan.plan import (MODES, PLAN_FIELDS, RULES, STAGE_LAYER_FIELDS, AttentionKernel, CpMode, Dtype, Engine,
                            Offload, Optimizer,
-                           PlanBatch, Recompute, Scene, Schedule, failed_rules, parse_field)
+                           PlanBatch, Recompute, Scene, Schedule, failed_rules, parse_field, recompute_modules_mask)
 
 OFFLOAD_CHOICES = ((Offload.NONE, False), (Offload.CPU, False), (Offload.NVME, False), (Offload.CPU, True),
                    (Offload.NVME, True))
@@ -125,7 +125,7 @@ def _pin(choices: dict, fixed: Mapping) -> None:
     """Replace the choices of pinned axes by their pinned value."""
     for key, value in fixed.items():
         if key in ("dp", "dtype", "flash_attention", "overlap_grad_reduce", "grad_accumulation_fusion", "fused_elementwise",
-                   "tp_comm_overlap", "grad_reduce_bf16", "attention_kernel", "ep_comm_overlap",
+                   "tp_comm_overlap", "grad_reduce_bf16", "attention_kernel", "ep_comm_overlap", "recompute_modules",
                    "engine", *STAGE_LAYER_FIELDS):
             continue  # dp: a rule of the search; the rest: one value for the whole batch
         if key == "etp":
@@ -275,6 +275,25 @@ def _ep_comm_overlap_where_it_runs(both: SimpleNamespace, scene, wanted: bool) -
     return on
 
 
+RECOMPUTE_MODULES_RULES = tuple(r for r in RULES if "recompute_modules_mask" in r.axes)
+
+
+def _recompute_modules_where_they_run(both: SimpleNamespace, scene, modules: str) -> np.ndarray:
+    """The recompute_modules_mask column: 0, or (``--fix recompute_modules=moe_act,layernorm``) those
+    modules on every candidate that can recompute them (the rules of RECOMPUTE_MODULES_RULES: selective
+    recomputation, an engine that has Megatron-Core's fine-grained recomputation, a model with those
+    submodules), 0 for the others, which stay in the search as they are."""
+    n = both.tp.size
+    mask = np.full(n, recompute_modules_mask(modules))
+    if not modules:
+        return mask
+    probe = SimpleNamespace(**{**vars(both), "recompute_modules_mask": mask})
+    runs = np.ones(n, dtype=bool)
+    for rule in RECOMPUTE_MODULES_RULES:
+        runs &= ~np.broadcast_to(np.asarray(rule.bad(probe, scene), dtype=bool), (n,))
+    return np.where(runs, mask, 0)
+
+
 def compose(model, job, cluster, options: SpaceOptions | None = None) -> tuple[PlanBatch, Counter, int]:
     """(legal candidates, rejected counts by reason, total composed).
 
@@ -302,6 +321,7 @@ def compose(model, job, cluster, options: SpaceOptions | None = None) -> tuple[P
     keep2 = _apply(_stage_rules(2), second, scene, np.ones(n2, bool), rejected, int(keep1.sum()))
     both = _cross(first, second, keep1, keep2, fixed, cluster.accelerator.flash_attention)
     both.ep_comm_overlap = _ep_comm_overlap_where_it_runs(both, scene, bool(fixed.get("ep_comm_overlap", False)))
+    both.recompute_modules_mask = _recompute_modules_where_they_run(both, scene, fixed.get("recompute_modules", ""))
     keep3 = _apply(_stage_rules(3), both, scene, np.ones(both.tp.size, bool), rejected, 1)
     return _batch(both, np.nonzero(keep3)[0], options, fixed), rejected, n1 * n2
 
@@ -320,6 +340,7 @@ def _batch(both: SimpleNamespace, idx, options: SpaceOptions, fixed: Mapping) ->
     cols = ("tp", "pp", "dp", "cp", "sp", "vpp", "micro_batch", "schedule_code", "zero", "recompute_code",
             "offload_code", "offload_params", "ep", "etp", "cp_mode_code", "optimizer_code", "delayed_update",
             "tp_comm_overlap", "grad_reduce_bf16", "flash_attention", "attention_kernel_code", "ep_comm_overlap",
+            "recompute_modules_mask",
             *STAGE_LAYER_FIELDS)
     return PlanBatch(**{k: getattr(both, k)[idx] for k in cols}, **{k: np.full(n, v) for k, v in const.items()},
                      dtype=both.dtype)
