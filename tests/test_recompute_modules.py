@@ -120,7 +120,7 @@ def test_modules_the_model_lacks_are_refused(model, modules, missing):
 
 def test_search_sets_them_where_they_run_and_keeps_the_rest():
     fixed = {"engine": "megatron"}
-    plain, _, _ = compose(QWEN, JOB, H100_16, SpaceOptions(fixed=fixed))
+    plain, _, _ = compose(QWEN, JOB, H100_16, SpaceOptions(fixed={**fixed, "recompute_modules": ""}))
     batch, _, _ = compose(QWEN, JOB, H100_16, SpaceOptions(fixed={**fixed, "recompute_modules": "layernorm,moe_act"}))
     assert len(batch) == len(plain) and not plain.recompute_modules_mask.any()
     on = batch.recompute_modules_mask != 0
@@ -159,3 +159,34 @@ def test_cli_flag_and_its_errors():
     bad = subprocess.run(common + ["--recompute-modules", "moe_act"], capture_output=True, text=True)
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     assert "--recompute selective" in bad.stderr
+
+
+def test_search_tries_the_recipes_module_lists_on_moe_models_only():
+    from paraplan.planner.space import searched_recompute_module_sets
+    assert searched_recompute_module_sets(LLAMA) == ()
+    assert searched_recompute_module_sets(QWEN) == ("layernorm,moe_act",)
+    assert searched_recompute_module_sets(DSV3) == ("layernorm,moe_act", "layernorm,mla_up_proj,moe_act")
+    fixed = {"engine": "megatron"}
+    plain, _, composed_plain = compose(QWEN, JOB, H100_16, SpaceOptions(fixed={**fixed, "recompute_modules": ""}))
+    batch, _, composed = compose(QWEN, JOB, H100_16, SpaceOptions(fixed=fixed))
+    selective = int((plain.recompute_code == Recompute.SELECTIVE).sum())
+    assert len(batch) == len(plain) + selective and composed > composed_plain
+    masks = batch.recompute_modules_mask[batch.recompute_code == Recompute.SELECTIVE]
+    assert int((masks != 0).sum()) == selective
+    llama, _, _ = compose(LLAMA, JOB, H100_16, SpaceOptions(fixed=fixed))
+    assert not llama.recompute_modules_mask.any()
+    titan, _, _ = compose(QWEN, JOB, H100_16, SpaceOptions(fixed={"engine": "torchtitan"}))
+    assert not titan.recompute_modules_mask.any()
+
+
+def test_pipeline_stage_costs_switch_recompute_modes_under_a_module_list():
+    """The stage ILPs price each layer under full and no recomputation: the module list goes with
+    selective and must not make those plans illegal (it did, at first)."""
+    from paraplan.planner.stages import layer_costs, stage_layout
+    plan = Plan(tp=2, sp=True, pp=4, dp=2, ep=2, micro_batch=1, zero=1, engine="megatron", recompute="selective",
+                recompute_modules="layernorm,moe_act")
+    full = layer_costs(QWEN, JOB, H100_16, plan, recompute="full")
+    none = layer_costs(QWEN, JOB, H100_16, plan, recompute="none")
+    mine = layer_costs(QWEN, JOB, H100_16, plan)
+    assert full[5].activation_bytes < mine[5].activation_bytes < none[5].activation_bytes
+    assert stage_layout(QWEN, JOB, H100_16, plan) is not None

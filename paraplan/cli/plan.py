@@ -38,7 +38,7 @@ def table_rows(estimates) -> pd.DataFrame:
         mem = e.memory_bytes_per_gpu["total"]
         rows.append({"rank": rank, "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "sp": "y" if p.sp else "-",
                      "vpp": p.vpp, "mb": p.micro_batch, "schedule": p.schedule, "zero": p.zero,
-                     "recompute": p.recompute, "offload": p.offload + ("+p" if p.offload_params else ""),
+                     "recompute": p.recompute + (f"[{p.recompute_modules}]" if p.recompute_modules else ""), "offload": p.offload + ("+p" if p.offload_params else ""),
                      "ep": p.ep if p.etp == 1 else f"{p.ep}/etp{p.etp}",
                      "cp_mode": p.cp_mode if p.cp > 1 else "-", "opt": p.optimizer, "dtype": p.dtype,
                      "step_s": round(e.step_time_s, 4), "tok/s/gpu": round(e.tokens_per_s_per_gpu, 1),

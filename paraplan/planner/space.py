@@ -294,6 +294,34 @@ def _recompute_modules_where_they_run(both: SimpleNamespace, scene, modules: str
     return np.where(runs, mask, 0)
 
 
+def searched_recompute_module_sets(model) -> tuple[str, ...]:
+    """Module lists the search tries beside plain selective recomputation (the attention core), for
+    the models Megatron-Core's MoE recipes name them on: the two output-discarding modules of an MoE
+    layer's path (layernorm, moe_act: a norm and an activation run again, no GEMM), and with latent
+    attention its up-projections too (mla_up_proj: DeepSeek-V3's recipes). Dense models: none."""
+    sets = []
+    if model.moe is not None:
+        sets.append("layernorm,moe_act")
+    if getattr(model, "mla", None) is not None:
+        sets.append("layernorm,mla_up_proj" + (",moe_act" if model.moe is not None else ""))
+    return tuple(sets)
+
+
+def _with_recompute_module_sets(both: SimpleNamespace, sets: tuple[str, ...]) -> tuple[SimpleNamespace, int]:
+    """``both`` with each selective candidate repeated once per module list of ``sets`` (its
+    recompute_modules_mask set), and how many rows that added; the rules then drop the repeats an
+    engine or a model cannot run."""
+    n = both.tp.size
+    sel = np.nonzero(np.asarray(both.recompute_code) == Recompute.SELECTIVE)[0]
+    if not sets or sel.size == 0:
+        return both, 0
+    idx = np.concatenate([np.arange(n)] + [sel] * len(sets))
+    rows = {k: (v[idx] if isinstance(v, np.ndarray) and v.shape == (n,) else v) for k, v in vars(both).items()}
+    rows["recompute_modules_mask"] = np.concatenate(
+        [np.asarray(both.recompute_modules_mask)] + [np.full(sel.size, recompute_modules_mask(m)) for m in sets])
+    return SimpleNamespace(**rows), sel.size * len(sets)
+
+
 def compose(model, job, cluster, options: SpaceOptions | None = None) -> tuple[PlanBatch, Counter, int]:
     """(legal candidates, rejected counts by reason, total composed).
 
@@ -322,8 +350,11 @@ def compose(model, job, cluster, options: SpaceOptions | None = None) -> tuple[P
     both = _cross(first, second, keep1, keep2, fixed, cluster.accelerator.flash_attention)
     both.ep_comm_overlap = _ep_comm_overlap_where_it_runs(both, scene, bool(fixed.get("ep_comm_overlap", False)))
     both.recompute_modules_mask = _recompute_modules_where_they_run(both, scene, fixed.get("recompute_modules", ""))
+    extra = 0
+    if "recompute_modules" not in fixed and Engine(int(engine)) in (Engine.MEGATRON, Engine.GENERIC):
+        both, extra = _with_recompute_module_sets(both, searched_recompute_module_sets(model))
     keep3 = _apply(_stage_rules(3), both, scene, np.ones(both.tp.size, bool), rejected, 1)
-    return _batch(both, np.nonzero(keep3)[0], options, fixed), rejected, n1 * n2
+    return _batch(both, np.nonzero(keep3)[0], options, fixed), rejected, n1 * n2 + extra
 
 
 def _batch(both: SimpleNamespace, idx, options: SpaceOptions, fixed: Mapping) -> PlanBatch:

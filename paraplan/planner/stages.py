@@ -59,7 +59,9 @@ def _variant(model, moe_layer: bool):
 def layer_costs(model, job, cluster, plan: Plan, curves=None, recompute: str | None = None) -> list[LayerCost]:
     """Embedding, each transformer layer, LM head as ``LayerCost`` under the plan."""
     curves = curves or curves_for(cluster)
-    p = replace(plan, pp=1, vpp=1, schedule="1f1b", **({"recompute": recompute} if recompute else {}))
+    # another recompute mode drops the plan's module list (Megatron's --recompute-modules is selective's)
+    swap = {"recompute": recompute, "recompute_modules": plan.recompute_modules if recompute == "selective" else ""}
+    p = replace(plan, pp=1, vpp=1, schedule="1f1b", **(swap if recompute else {}))
 
     def one_layer(moe_layer: bool) -> LayerCost:
         m = _variant(model, moe_layer)
