@@ -99,3 +99,16 @@ def test_megatron_export_names_the_latent_attention():
                  "--qk-pos-emb-head-dim 64", "--v-head-dim 128"):
         assert flag in script
     assert "--kv-channels" not in script
+
+
+def test_torchtitan_export_names_its_deepseek_v3_flavor():
+    import dataclasses
+    from paraplan.planner import export as ex
+    from paraplan.planner.export import PLAN_SCHEMA
+    from paraplan.plan import Plan
+    doc = {"schema": PLAN_SCHEMA, "scenario": {"model": "deepseek-v3", "cluster": "dgx-b200", "gpus": 1024,
+                                               "seq_len": 4096, "global_batch": 8192},
+           "plan": dataclasses.asdict(Plan(pp=16, ep=64, zero=3, engine="torchtitan", recompute="full")), "estimate": {}}
+    out = ex.export(doc, "torchtitan")
+    assert 'name = "deepseek_v3"' in out.text and 'flavor = "671B"' in out.text
+    assert not any("has no flavor" in n for n in out.notes)

@@ -412,7 +412,10 @@ def build_deepspeed(s: Scenario) -> Export:
 
 # --- torchtitan --------------------------------------------------------------------------------------
 _TITAN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B", "zb-h1": "1F1B"}
-_TITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3-405b": ("llama3", "405B")}
+# paraplan preset -> torchtitan (model name, flavor): torchtitan/models/llama3 and models/deepseek_v3
+# (deepseekv3_configs "671B": 61 layers, dim 7168, 256 experts top-8, 1 shared, 3 dense, MLA q_lora 1536)
+_TITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3-405b": ("llama3", "405B"),
+                  "deepseek-v3": ("deepseek_v3", "671B")}
 
 
 # paraplan fp8 dtype -> (torchtitan model converter, its section, recipe_name or None for the default)
