@@ -180,7 +180,7 @@ def _bases():
         ("estimate", est, ("--gpus", "--seq-len", "--global-batch", "--tp", "--pp", "--cp", "--vpp", "--micro-batch",
                            "--zero", "--dp", "--ep", "--etp", "--schedule", "--recompute", "--moe-imbalance",
                            "--oversubscription", "--first-stage-layers", "--last-stage-layers", "--engine",
-                           "--offload-activation-layers",
+                           "--offload-activation-layers", "--recompute-modules",
                            "--sp-mode", "--dtype", "--offload", "--model", "--cluster", "--format"),
          (model, model_json, hf, gpt2, mixtral, cluster, planf, db)),
         ("plan", plan, ("--gpus", "--seq-len", "--global-batch", "--top", "--max-memory-fraction", "--fix",
@@ -321,7 +321,8 @@ def make_cases(n: int, seed: int = 0, subprocess_every: int = 0) -> list[Case]:
             if "afile" in value:
                 files_["afile"] = "a file, not a folder\n"
             if flag == "--fix":
-                value = rng.choice(("tp", "zero", "schedule", "recompute", "pp", "cp", "bogus", "flash_attention")) + \
+                value = rng.choice(("tp", "zero", "schedule", "recompute", "pp", "cp", "bogus", "flash_attention",
+                                    "recompute_modules")) + \
                     "=" + value
             if flag == "--sweep":
                 value = rng.choice(("gpus", "seq_len", "hbm", "cluster", "offload", "bogus")) + "=" + value
