@@ -195,6 +195,17 @@ def recompute_modules_text(mask: int) -> str:
     return ",".join(m for m in RECOMPUTE_MODULES if int(mask) & RECOMPUTE_MODULE_BIT[m])
 
 
+def recomputes_module(plan, name: str):
+    """Per plan (a Plan or a PlanBatch): whether its module list names ``name``."""
+    return (np.asarray(getattr(plan, "recompute_modules_mask", 0)) & RECOMPUTE_MODULE_BIT[name]) != 0
+
+
+def recomputes_attention_core(plan):
+    """Per plan: whether selective recomputation re-runs the attention core: with no module list (the
+    default, core_attn) or with one that names core_attn."""
+    return (np.asarray(getattr(plan, "recompute_modules_mask", 0)) == 0) | recomputes_module(plan, "core_attn")
+
+
 def canonical_recompute_modules(value, where: str | None = None) -> str:
     """A module list (``"moe_act, layernorm"`` or a sequence of names) as the plan holds it: known
     names, each once, in RECOMPUTE_MODULES order; ConfigError naming the field and the accepted names."""

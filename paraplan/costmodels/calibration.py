@@ -235,11 +235,19 @@ RECIPE_EP_COMM_OVERLAP = {("qwen3_235b_a22b", "DGX-H100"): dict(num_gpus=256, tp
                                                                  global_batch=2048)}
 
 
+def _row_has_layout(r: pd.Series, layout: dict) -> bool:
+    """Whether the row ran a recipe's layout: every key of ``layout`` equal in the row (a blank vpp
+    counts as 1, any other blank as no match)."""
+    def value(k):
+        return 1 if k == "vpp" and _blank(r[k]) else (None if _blank(r[k]) else _int(r[k]))
+    return all(value(k) == v for k, v in layout.items())
+
+
 def _recipe_ep_comm_overlap(r: pd.Series) -> bool:
     """Whether the row's recipe (RECIPE_EP_COMM_OVERLAP) ran the all-to-all overlap: its model and GPU
     name one there, and the row's layout is the recipe's."""
     layout = RECIPE_EP_COMM_OVERLAP.get((str(r["model"]).strip().lower(), str(r["gpu"])))
-    return layout is not None and all(not _blank(r[k]) and _int(r[k]) == v for k, v in layout.items())
+    return layout is not None and _row_has_layout(r, layout)
 
 
 # Rows whose Megatron-Bridge performance recipe recomputes named modules (recompute_modules, Megatron-Core's
@@ -261,15 +269,9 @@ RECIPE_RECOMPUTE_MODULES = {
 
 def _recipe_recompute_modules(r: pd.Series) -> str:
     """The modules the row's recipe recomputes (RECIPE_RECOMPUTE_MODULES) where the row's layout is the
-    recipe's; "" otherwise. A layout key the row leaves blank counts as a match only for vpp (1)."""
+    recipe's; "" otherwise."""
     entry = RECIPE_RECOMPUTE_MODULES.get((str(r["model"]).strip().lower(), str(r["gpu"])))
-    if entry is None:
-        return ""
-    layout, modules = entry
-
-    def value(k):
-        return 1 if k == "vpp" and _blank(r[k]) else (None if _blank(r[k]) else _int(r[k]))
-    return modules if all(value(k) == v for k, v in layout.items()) else ""
+    return entry[1] if entry is not None and _row_has_layout(r, entry[0]) else ""
 
 
 def h100_source(source: str) -> str:

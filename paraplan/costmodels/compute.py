@@ -32,8 +32,8 @@ import numpy as np
 
 from paraplan.costmodels.comm import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SEND_RECV, collective_time,
                                       ranks_per_node, ring_time)
-from paraplan.plan import (RECOMPUTE_MODULE_BIT, AttentionKernel, CpMode, Engine, Recompute, compute_dtype, expert_group_strides,
-                           gemm_dtype, is_fp8)
+from paraplan.plan import (AttentionKernel, CpMode, Engine, Recompute, compute_dtype, expert_group_strides, gemm_dtype,
+                           is_fp8, recomputes_attention_core, recomputes_module)
 
 BYTES = 2  # 16-bit activations and weights (bf16 / fp16)
 
@@ -177,13 +177,8 @@ def mla_up_projection_forward_time(model, job, plan, curves):
         return 0.0
     T = tokens_per_rank(job, plan)
     t = np.asarray(plan.tp, dtype=float)
-    up = sum(linear_gemm_time(curves, T, out / t, inp, plan)
-             for out, inp, split in model.attention_gemms if split == "column" and inp != model.hidden)
+    up = sum(linear_gemm_time(curves, T, out / t, inp, plan) for out, inp, _ in model.mla_up_projection_gemms)
     return up + curves.memory_time(T * rope_bytes_per_token(model, False) / t * element_bytes(plan) / BYTES, kernels=FUSED_ROPE_KERNELS)
-
-
-def _has_module(plan, name):
-    return (np.asarray(getattr(plan, "recompute_modules_mask", 0)) & RECOMPUTE_MODULE_BIT[name]) != 0
 
 
 def recompute_modules_time(model, job, plan, curves):
@@ -224,10 +219,10 @@ def recompute_modules_time(model, job, plan, curves):
             width = e.shared_experts * e.expert_ffn_hidden
             shared = share * (mlp_gemm_forward_time(model, job, plan, curves, width=width)
                               + curves.memory_time(T * per_width * width / t * wide, kernels=1))
-    in_moe = np.where(_has_module(plan, "moe"), moe,
-                      np.where(_has_module(plan, "moe_act"), act, 0.0) + np.where(_has_module(plan, "shared_experts"), shared, 0.0))
-    return (np.where(_has_module(plan, "layernorm"), norms, 0.0) + np.where(_has_module(plan, "mla_up_proj"), up, 0.0)
-            + np.where(_has_module(plan, "mlp"), dense, 0.0) + in_moe)
+    in_moe = np.where(recomputes_module(plan, "moe"), moe,
+                      np.where(recomputes_module(plan, "moe_act"), act, 0.0) + np.where(recomputes_module(plan, "shared_experts"), shared, 0.0))
+    return (np.where(recomputes_module(plan, "layernorm"), norms, 0.0) + np.where(recomputes_module(plan, "mla_up_proj"), up, 0.0)
+            + np.where(recomputes_module(plan, "mlp"), dense, 0.0) + in_moe)
 
 
 def recompute_modules_flops_per_token(model, plan):
@@ -242,15 +237,14 @@ def recompute_modules_flops_per_token(model, plan):
     L = model.layers
     moe_layers = model.moe_layers if model.moe is not None else 0
     dense = 2 * g * h * model.ffn_hidden * (L - moe_layers)
-    up = 2 * L * sum(out * inp for out, inp, split in model.attention_gemms
-                     if model.mla and split == "column" and inp != model.hidden)
+    up = 2 * L * sum(out * inp for out, inp, _ in model.mla_up_projection_gemms)
     moe = shared = 0.0
     if model.moe is not None:
         e = model.moe
         shared = 2 * g * h * e.expert_ffn_hidden * e.shared_experts * moe_layers
         moe = 2 * g * h * e.expert_ffn_hidden * e.top_k * moe_layers + shared + 2 * h * e.experts * moe_layers
-    return (np.where(_has_module(plan, "mlp"), dense, 0.0) + np.where(_has_module(plan, "mla_up_proj"), up, 0.0)
-            + np.where(_has_module(plan, "moe"), moe, np.where(_has_module(plan, "shared_experts"), shared, 0.0)))
+    return (np.where(recomputes_module(plan, "mlp"), dense, 0.0) + np.where(recomputes_module(plan, "mla_up_proj"), up, 0.0)
+            + np.where(recomputes_module(plan, "moe"), moe, np.where(recomputes_module(plan, "shared_experts"), shared, 0.0)))
 
 
 def mlp_gemm_forward_time(model, job, plan, curves, width=None):
@@ -715,8 +709,7 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     forwards = np.where(full, 2, 1)          # forward passes per micro-batch: the recomputed one too
     collectives = np.where(full, 6, 4)       # a layer's TP (or EP dispatch + combine) collectives, fwd and bwd
     replay = curves.recompute_overhead_time(np.where(full, layer_kernels, core_kernels))
-    mods = np.asarray(getattr(plan, "recompute_modules_mask", 0))
-    selective = np.where((mods == 0) | _has_module(plan, "core_attn"), attn_f, 0.0) \
+    selective = np.where(recomputes_attention_core(plan), attn_f, 0.0) \
         + recompute_modules_time(model, job, plan, curves)
     recompute = np.where(full, fwd, np.where(rc == Recompute.SELECTIVE, selective,
                                              np.where(rc == Recompute.OP_SAC, sac_replay, 0.0))) \
@@ -727,7 +720,7 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     # full recomputation runs the forward's two all-to-alls again (and excludes the overlap)
     moe_a2a = np.where(full, 6 * a2a, ep_exposed_time(a2a, attn_gemm + attn_f, 2 * attn_gemm + attn_b, moe_f, moe_b, job, plan))
     # the moe recompute module runs the layer's dispatch and combine again in backward
-    moe_a2a = moe_a2a + np.where((rc == Recompute.SELECTIVE) & _has_module(plan, "moe"), 2 * a2a, 0.0)
+    moe_a2a = moe_a2a + np.where((rc == Recompute.SELECTIVE) & recomputes_module(plan, "moe"), 2 * a2a, 0.0)
     ep_comm = share_moe * moe_a2a
     # a host-bound MoE layer waits for the host beyond its GPU time (MOE_HOST_SECONDS_PER_LAYER)
     moe_gpu = moe_f * forwards + moe_b + cast_f * forwards + cast_b + moe_a2a + tp_comm

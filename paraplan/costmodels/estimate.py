@@ -25,7 +25,7 @@ from paraplan.costmodels.offload import activation_offload_time, optimizer_and_o
 from paraplan.costmodels.pipeline import (bubble_factor, bubble_fraction, effective_compute_slowdown,
                                          p2p_messages_on_critical_path)
 from paraplan.plan import (Plan, Recompute, StageLayers, check_plan, compute_dtype, expert_data_parallel, is_fp8,
-                           stage_layer_counts, stage_layers)
+                           recomputes_attention_core, stage_layer_counts, stage_layers)
 
 SCHEMA = "paraplan.estimate/1"
 TIME_TERMS = ("compute", "recompute", "grad_accumulation", "tp_comm", "cp_comm", "ep_comm", "moe_host", "pp_comm",
@@ -344,8 +344,7 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
     rc = np.asarray(plan.recompute_code)
     flops_hw = flops_model + np.where(rc == Recompute.FULL, full_fwd,
                                       np.where(rc == Recompute.SELECTIVE,
-                                               np.where((np.asarray(getattr(plan, "recompute_modules_mask", 0)) == 0)
-                                                        | C._has_module(plan, "core_attn"), attn_fwd, 0.0)
+                                               np.where(recomputes_attention_core(plan), attn_fwd, 0.0)
                                                + C.recompute_modules_flops_per_token(model, plan) * tokens,
                                                np.where(rc == Recompute.OP_SAC,
                                                         C.op_sac_recomputed_matmul_share(model) * (full_fwd - attn_fwd),

@@ -27,11 +27,14 @@ in-flight micro-batches of stage 1 (min(m, p − 1) under 1F1B), a bound for eve
 """
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from paraplan.costmodels.compute import (BYTES, element_bytes, einsum_dispatch_slots, expert_token_factor,
                                          micro_batches, tokens_per_rank)
-from paraplan.plan import RECOMPUTE_MODULE_BIT, Engine, Offload, Recompute, Schedule, is_fp8, stage_layers
+from paraplan.plan import (Engine, Offload, Recompute, Schedule, is_fp8, recomputes_attention_core, recomputes_module,
+                           stage_layers)
 
 OPTIMIZER_BYTES_PER_PARAM = 12   # fp32 master weights, momentum, variance (K in the ZeRO paper)
 FP32_OPTIMIZER_BYTES_PER_PARAM = 8   # plain fp32 Adam: momentum and variance, no master copy
@@ -271,8 +274,7 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
                       5.0 * a * s_l * s * b) / t
     wide = element_bytes(plan) / BYTES         # fp32 activations: twice the 16-bit bytes
     none = wide * (unsharded + sharded + scores)
-    mods = np.asarray(getattr(plan, "recompute_modules_mask", 0))
-    selective = wide * (unsharded + sharded + np.where((mods == 0) | (mods & RECOMPUTE_MODULE_BIT["core_attn"]), 0.0, scores)
+    selective = wide * (unsharded + sharded + np.where(recomputes_attention_core(plan), 0.0, scores)
                         - recompute_modules_saved_bytes(model, job, plan, te_fp8, eager_swiglu))
     full = element_bytes(plan) * h * T / np.where(sp, t, 1.0)
     op_sac = wide * op_sac_saved_bytes_per_token(model, plan) * T + np.where(
@@ -298,13 +300,9 @@ def recompute_modules_saved_bytes(model, job, plan, te_fp8, eager_swiglu):
     core_attn is the difference between ``none`` and ``selective`` already (the attention scores or
     their softmax statistics). Source: megatron/core/transformer/transformer_config.py
     (recompute_modules), transformer_layer.py and moe/experts.py (CheckpointWithoutOutput)."""
-    mods = np.asarray(getattr(plan, "recompute_modules_mask", 0))
-    if not np.any(mods):
+    if not np.any(np.asarray(getattr(plan, "recompute_modules_mask", 0))):
         return 0.0
-
-    def has(name):
-        return (mods & RECOMPUTE_MODULE_BIT[name]) != 0
-
+    has = partial(recomputes_module, plan)
     T = tokens_per_rank(job, plan)
     t = np.asarray(plan.tp, dtype=float)
     sp_div = np.where(np.asarray(plan.sp, dtype=bool), t, 1.0)

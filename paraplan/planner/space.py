@@ -260,19 +260,25 @@ def _cross(first: SimpleNamespace, second: SimpleNamespace, keep1, keep2, fixed:
 EP_COMM_OVERLAP_RULES = tuple(r for r in RULES if "ep_comm_overlap" in r.axes)
 
 
+def _legal_with(both: SimpleNamespace, scene, column: str, values: np.ndarray, rules) -> np.ndarray:
+    """Per candidate: whether ``rules`` allow it with ``column`` set to ``values``."""
+    n = both.tp.size
+    probe = SimpleNamespace(**{**vars(both), column: values})
+    ok = np.ones(n, dtype=bool)
+    for rule in rules:
+        ok &= ~np.broadcast_to(np.asarray(rule.bad(probe, scene), dtype=bool), (n,))
+    return ok
+
+
 def _ep_comm_overlap_where_it_runs(both: SimpleNamespace, scene, wanted: bool) -> np.ndarray:
     """The ep_comm_overlap column: off, or (``--fix ep_comm_overlap=true``) on for every candidate
     that can run Megatron-Core's combined 1F1B (the rules of EP_COMM_OVERLAP_RULES: ep > 1, pp 1 or
     interleaved, no full recomputation, an engine that has it), off for the others, which stay in the
     search as they are."""
-    n = both.tp.size
-    on = np.full(n, wanted)
+    on = np.full(both.tp.size, wanted)
     if not wanted:
         return on
-    probe = SimpleNamespace(**{**vars(both), "ep_comm_overlap": on})
-    for rule in EP_COMM_OVERLAP_RULES:
-        on &= ~np.broadcast_to(np.asarray(rule.bad(probe, scene), dtype=bool), (n,))
-    return on
+    return _legal_with(both, scene, "ep_comm_overlap", on, EP_COMM_OVERLAP_RULES)
 
 
 RECOMPUTE_MODULES_RULES = tuple(r for r in RULES if "recompute_modules_mask" in r.axes)
@@ -283,15 +289,10 @@ def _recompute_modules_where_they_run(both: SimpleNamespace, scene, modules: str
     modules on every candidate that can recompute them (the rules of RECOMPUTE_MODULES_RULES: selective
     recomputation, an engine that has Megatron-Core's fine-grained recomputation, a model with those
     submodules), 0 for the others, which stay in the search as they are."""
-    n = both.tp.size
-    mask = np.full(n, recompute_modules_mask(modules))
+    mask = np.full(both.tp.size, recompute_modules_mask(modules))
     if not modules:
         return mask
-    probe = SimpleNamespace(**{**vars(both), "recompute_modules_mask": mask})
-    runs = np.ones(n, dtype=bool)
-    for rule in RECOMPUTE_MODULES_RULES:
-        runs &= ~np.broadcast_to(np.asarray(rule.bad(probe, scene), dtype=bool), (n,))
-    return np.where(runs, mask, 0)
+    return np.where(_legal_with(both, scene, "recompute_modules_mask", mask, RECOMPUTE_MODULES_RULES), mask, 0)
 
 
 def searched_recompute_module_sets(model) -> tuple[str, ...]:

@@ -222,6 +222,14 @@ class TransformerModel:
                     (h, self.attn_out_hidden, "row"))
 
     @property
+    def mla_up_projection_gemms(self) -> tuple[tuple[int, int, str], ...]:
+        """Latent attention's up-projections among :attr:`attention_gemms`: the column-parallel GEMMs
+        that read a latent (q_lora -> Q, kv_lora -> K | V); none for multi-head attention."""
+        if not self.mla:
+            return ()
+        return tuple(g for g in self.attention_gemms if g[2] == "column" and g[1] != self.hidden)
+
+    @property
     def mla_latent_width(self) -> int:
         """Per-token width of latent attention's compressed query and key/value (with its rotary key)
         on every tp rank; 0 without latent attention."""
