@@ -93,6 +93,16 @@ def planner_picks(j: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _fits_with_recompute(case, recompute: str) -> bool:
+    """Whether the case's plan fits with ``recompute``; False where the plan cannot take it (Megatron's
+    combined-1F1B expert overlap refuses full recomputation)."""
+    try:
+        plan = replace(case.plan, recompute=recompute)
+    except ConfigError:
+        return False
+    return estimate(case.model, case.job, case.cluster, plan).feasible
+
+
 def published_runs_fit(loader=load_cases) -> pd.DataFrame:
     """Every complete published run of a calibration file (it ran, so it fit; default
     shared/reference/published_runs_calibration.csv, ``load_h100_cases`` for the H100/Blackwell
@@ -105,8 +115,7 @@ def published_runs_fit(loader=load_cases) -> pd.DataFrame:
         stated = not any("recomputation (not stated)" in a for a in (c.assumed or ()))
         least = c.plan.recompute if e.feasible else None
         if not e.feasible and not stated:   # it ran, so with some recomputation: the least that fits
-            least = next((rc for rc in ("selective", "full")
-                          if estimate(c.model, c.job, c.cluster, replace(c.plan, recompute=rc)).feasible), None)
+            least = next((rc for rc in ("selective", "full") if _fits_with_recompute(c, rc)), None)
         rows.append({"source": short_source(c.source), "run": c.label, "plan": c.plan.label(),
                      "predicted_gib": e.memory_bytes_per_gpu["total"] / 2**30,
                      "gpu_gib": c.cluster.accelerator.memory_bytes / 2**30, "judged_fit": e.feasible,
