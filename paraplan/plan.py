@@ -547,6 +547,33 @@ def _stage_split(layers: int, pp, first, last):
     return f, extra_mid, base, l_
 
 
+# Aleph Alpha's Scaling splits its layer specs, not its transformer layers: [embedding, the L
+# transformer layers, final norm, LM head] (transformer/model/model.py get_transformer_layer_specs),
+# L + 3 items cut by pipe_partition_uniform, its default pipe_partition_method (core/topology/
+# topology_config.py; core/nn/parallel_module/pipeline_partitioning.py): floor((L + 3) / pp) items per
+# stage and one more to each of the first (L + 3) mod pp stages. 13B (40 layers) on pp 2: 21 and 19
+# transformer layers; 65B (80 layers) on pp 8: 10, 11, 11, 10, 10, 10, 10, 8.
+SCALING_EXTRA_LAYER_SPECS = 3
+
+
+def _scaling_stage_layer_count(layers: int, pp, stage):
+    """Transformer layers in Scaling's pipeline stage ``stage`` (0-based) of ``pp``: the layer specs
+    1..L that fall in the stage's share of the uniform split of L + 3 specs."""
+    pp, stage = np.asarray(pp, dtype=np.int64), np.asarray(stage, dtype=np.int64)
+    items = layers + SCALING_EXTRA_LAYER_SPECS
+    base, extra = items // pp, items % pp
+    start = stage * base + np.minimum(stage, extra)
+    end = start + base + (stage < extra)
+    return np.maximum(0, np.minimum(end, layers + 1) - np.maximum(start, 1))
+
+
+def _is_scaling_auto_split(plan):
+    """Plans whose split Scaling makes itself: engine scaling with no explicit first / last stage layers."""
+    return ((np.asarray(getattr(plan, "engine_code", Engine.GENERIC)) == Engine.SCALING)
+            & (np.asarray(getattr(plan, "first_stage_layers", 0)) == 0)
+            & (np.asarray(getattr(plan, "last_stage_layers", 0)) == 0))
+
+
 def stage_layers(layers: int, plan) -> StageLayers:
     """Layers per pipeline stage for a plan or a :class:`PlanBatch`, vectorized.
 
@@ -557,13 +584,20 @@ def stage_layers(layers: int, plan) -> StageLayers:
     the middle stages first, then to the last and then the first: the first stage also holds the
     embedding, the last the LM head and the loss, so they are the lighter ones (Llama 3 405B,
     126 layers on pp 16: 7, 8 x 14, 7; BLOOM-176B, 70 layers on pp 12: 5, 6 x 10, 5). Layers that
-    divide evenly give layers / pp everywhere. Floats, so that formulas read them like
+    divide evenly give layers / pp everywhere. Engine scaling splits as Scaling does
+    (SCALING_EXTRA_LAYER_SPECS: uniform over its L + 3 layer specs). Floats, so that formulas read them like
     ``layers / pp`` (exactly equal when the split is even)."""
     pp = np.asarray(plan.pp)
     first = np.asarray(getattr(plan, "first_stage_layers", 0))
     last = np.asarray(getattr(plan, "last_stage_layers", 0))
     f, extra_mid, base, l_ = _stage_split(layers, pp, first, last)
     middle = np.where(pp > 2, base + (extra_mid > 0), 0)
+    scaling = _is_scaling_auto_split(plan) & (pp > 1)
+    if np.any(scaling):
+        # Scaling's own split (SCALING_EXTRA_LAYER_SPECS); its largest middle stage is the second
+        f = np.where(scaling, _scaling_stage_layer_count(layers, pp, 0), f)
+        middle = np.where(scaling & (pp > 2), _scaling_stage_layer_count(layers, pp, 1), middle)
+        l_ = np.where(scaling, _scaling_stage_layer_count(layers, pp, pp - 1), l_)
     f, middle, l_ = (np.asarray(x, dtype=float) for x in (f, middle, l_))
     return StageLayers(f, middle, l_, np.maximum(np.maximum(f, middle), l_))
 
@@ -575,6 +609,8 @@ def stage_layer_counts(layers: int, plan) -> list[int]:
     pp = int(plan.pp)
     if pp == 1:
         return [layers]
+    if bool(_is_scaling_auto_split(plan)):
+        return [int(_scaling_stage_layer_count(layers, pp, i)) for i in range(pp)]
     f, extra_mid, base, l_ = (int(x) for x in _stage_split(layers, pp, plan.first_stage_layers,
                                                              plan.last_stage_layers))
     return [f] + [base + (i < extra_mid) for i in range(pp - 2)] + [l_]

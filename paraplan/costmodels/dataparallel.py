@@ -19,6 +19,12 @@ stages 1-2 under the next step's first forward (Megatron --overlap-param-gather)
 gathers are prefetched under each micro-batch's compute (also off with
 ``overlap_grad_reduce = False``); only the excess is exposed, and the hidden part slows the
 compute beneath it by OVERLAP_CONTENTION of its duration.
+
+Aleph Alpha's Scaling (engine ``scaling``; src/scaling/core/optimizer/optimizer.py and allreduce.py at
+01b9d21) reduces differently, inside ``optimizer.step()`` after the whole backward, so nothing hides
+it: every rank all-reduces all of its gradients cast to fp32 (``allreduce_tensor_in_float32``, in
+buckets of ``allreduce_bucket_size``; an all-reduce, not a reduce-scatter, even with its ZeRO-1
+optimizer), then with ZeRO-1 all-gathers the updated 16-bit parameters (``step_sequel``).
 """
 from __future__ import annotations
 
@@ -34,6 +40,10 @@ from paraplan.plan import Engine, Optimizer, expert_data_parallel, expert_group_
 # the processor while NVLink traffic runs, 0.02 for InfiniBand (calculon-ai/calculon @ caa4b11,
 # systems/a100_80g.json); 0.1 sits between them for collectives that use both tiers.
 OVERLAP_CONTENTION = 0.1
+
+# Scaling casts its 16-bit gradients to fp32 for the data-parallel all-reduce (allreduce.py:
+# ``tensor.to(torch.float32)`` before ``all_reduce``)
+SCALING_GRAD_REDUCE_BYTES = 4
 
 
 def hidden_under(comm, window):
@@ -110,4 +120,11 @@ def dp_exposed_time(params, plan, cluster, m, t_micro_fwd, t_micro_bwd, *, exper
     stage3 = m * hidden_under(per_micro3, np.where(overlap, t_micro_fwd + t_micro_bwd, 0.0))
     exposed = np.where(z == 0, stage0, np.where(z == 1, stage1, np.where(z == 2, stage2, stage3)))
     total = np.where(z == 0, ar, np.where(z == 1, rs + ag, np.where(z == 2, m * rs + ag, m * per_micro3)))
+    # Scaling: an fp32 all-reduce of every gradient after the backward, then (ZeRO-1) the 16-bit
+    # parameter all-gather, both exposed
+    scaling = engine_of(plan) == Engine.SCALING
+    scaling_total = (collective_time(ALL_REDUCE, SCALING_GRAD_REDUCE_BYTES * params * volume_factor, n, k, intra, inter)
+                     + np.where(z >= 1, ag, 0.0))
+    exposed = np.where(scaling, scaling_total, exposed)
+    total = np.where(scaling, scaling_total, total)
     return np.where(n > 1, exposed, 0.0), np.where(n > 1, total, 0.0)

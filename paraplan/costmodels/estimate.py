@@ -24,7 +24,7 @@ from paraplan.costmodels.intervals import describe_interval
 from paraplan.costmodels.offload import activation_offload_time, optimizer_and_offload, param_tensors, stage_param_tensors
 from paraplan.costmodels.pipeline import (bubble_factor, bubble_fraction, effective_compute_slowdown,
                                          p2p_messages_on_critical_path)
-from paraplan.plan import (Plan, Recompute, StageLayers, check_plan, compute_dtype, expert_data_parallel, is_fp8,
+from paraplan.plan import (Engine, Plan, Recompute, StageLayers, check_plan, compute_dtype, expert_data_parallel, is_fp8,
                            recomputes_attention_core, stage_layer_counts, stage_layers)
 
 SCHEMA = "paraplan.estimate/1"
@@ -66,7 +66,8 @@ ASSUMPTIONS = (
     "ranks ordered tp, cp, dp, pp (tp innermost): groups fill a node before spanning nodes",
     "tensor-parallel collectives are exposed (no TP comm overlap); backward = 2 x forward GEMM time",
     "data-parallel gradient reduction is bucketed and overlaps the last micro-batch's backward; ZeRO-3 gathers are "
-    "prefetched under each micro-batch's compute",
+    "prefetched under each micro-batch's compute (engine scaling: an fp32 all-reduce of every gradient and the "
+    "parameter all-gather inside the optimizer step, exposed, as its source does)",
     "1 GiB-class runtime reserve (CUDA context, NCCL, cuBLAS workspaces) of 1.5 GiB per GPU (none on a profiled "
     "CPU device)",
     "fused attention: causal mask halves the executed attention work; unfused: full score matrix plus softmax and "
@@ -303,7 +304,7 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
         "pp_comm": p2p_messages_on_critical_path(plan, m) * C.p2p_time(model, job, plan, cluster),
         "pp_bubble": (p - 1) * t_bubble * bubble_factor(plan),
         "dp_comm": dp_avg,
-        "optimizer": optimizer,
+        "optimizer": optimizer + scaling_step_passes_time(model, plan, curves, params),
         "offload": offload,
     }
     step = sum(time.values())
@@ -382,6 +383,26 @@ def grad_accumulation_time(model, plan, curves, m, params, n_dp):
     grads = np.where(z3, params / n_dp, params)
     t = curves.streaming_time(3.0 * grads * C.element_bytes(plan), kernels=stage_param_tensors(model, plan))
     return np.where(fused, 0.0, np.maximum(np.asarray(m, dtype=float) - 1.0, 0.0) * t)
+
+
+# Scaling's optimizer.step() passes over every 16-bit gradient of the stage before its fp32 all-reduce
+# and after it (core/optimizer/optimizer.py, allreduce.py, parameter_group.py at 01b9d21), bytes per
+# parameter: loss-scale mul_ (2 + 2) and the global-norm read (2) per tensor; per bucket the flatten copy
+# (2 + 2), the division by dp (2 + 2), the cast to fp32 (2 + 4), the copy back to 16 bit (4 + 2) and the
+# copy into the gradient tensors (2 + 2).
+SCALING_STEP_BYTES_PER_PARAM = (2 + 2) + 2 + (2 + 2) + (2 + 2) + (2 + 4) + (4 + 2) + (2 + 2)
+SCALING_STEP_KERNELS_PER_TENSOR = 3          # mul_, norm and the unflattened copy back, per tensor
+
+
+def scaling_step_passes_time(model, plan, curves, params):
+    """Seconds of Scaling's gradient passes in ``optimizer.step()`` (engine scaling; 0 otherwise):
+    streaming_time(SCALING_STEP_BYTES_PER_PARAM · Ψ_stage, kernels = 3 per parameter tensor), every
+    step whatever the micro-batch count (the all-reduce they wrap is in
+    :func:`paraplan.costmodels.dataparallel.dp_exposed_time`)."""
+    scaling = np.asarray(getattr(plan, "engine_code", 0)) == Engine.SCALING
+    t = curves.streaming_time(SCALING_STEP_BYTES_PER_PARAM * params,
+                              kernels=SCALING_STEP_KERNELS_PER_TENSOR * stage_param_tensors(model, plan))
+    return np.where(scaling, t, 0.0)
 
 
 def _f(x) -> float:
