@@ -604,7 +604,8 @@ def stage_layers(layers: int, plan) -> StageLayers:
 
 def stage_layer_counts(layers: int, plan) -> list[int]:
     """Every stage's layer count for one plan, first to last (:func:`stage_layers`); the middle
-    stages that get an extra layer are the earliest ones. With vpp > 1 each stage's count is
+    stages that get an extra layer are the earliest ones (engine scaling: Scaling's own uniform split
+    of its L + 3 layer specs, which may leave the last stages with the final norm and head alone). With vpp > 1 each stage's count is
     split evenly over its vpp model chunks."""
     pp = int(plan.pp)
     if pp == 1:
