@@ -123,8 +123,9 @@ def dp_exposed_time(params, plan, cluster, m, t_micro_fwd, t_micro_bwd, *, exper
     # Scaling: an fp32 all-reduce of every gradient after the backward, then (ZeRO-1) the 16-bit
     # parameter all-gather, both exposed
     scaling = engine_of(plan) == Engine.SCALING
-    scaling_total = (collective_time(ALL_REDUCE, SCALING_GRAD_REDUCE_BYTES * params * volume_factor, n, k, intra, inter)
-                     + np.where(z >= 1, ag, 0.0))
-    exposed = np.where(scaling, scaling_total, exposed)
-    total = np.where(scaling, scaling_total, total)
+    if np.any(scaling):                         # priced only where a plan runs on Scaling
+        scaling_total = (collective_time(ALL_REDUCE, SCALING_GRAD_REDUCE_BYTES * params * volume_factor,
+                                         n, k, intra, inter) + np.where(z >= 1, ag, 0.0))
+        exposed = np.where(scaling, scaling_total, exposed)
+        total = np.where(scaling, scaling_total, total)
     return np.where(n > 1, exposed, 0.0), np.where(n > 1, total, 0.0)

@@ -399,7 +399,9 @@ def scaling_step_passes_time(model, plan, curves, params):
     streaming_time(SCALING_STEP_BYTES_PER_PARAM · Ψ_stage, kernels = 3 per parameter tensor), every
     step whatever the micro-batch count (the all-reduce they wrap is in
     :func:`paraplan.costmodels.dataparallel.dp_exposed_time`)."""
-    scaling = np.asarray(getattr(plan, "engine_code", 0)) == Engine.SCALING
+    scaling = M.engine_of(plan) == Engine.SCALING
+    if not np.any(scaling):                     # priced only where a plan runs on Scaling
+        return 0.0
     t = curves.streaming_time(SCALING_STEP_BYTES_PER_PARAM * params,
                               kernels=SCALING_STEP_KERNELS_PER_TENSOR * stage_param_tensors(model, plan))
     return np.where(scaling, t, 0.0)
