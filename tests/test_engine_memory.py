@@ -362,16 +362,22 @@ def test_scaling_backward_holds_a_calibrated_layer_working_set_other_engines_do_
     assert all(M.BACKWARD_LAYER_TRANSIENT[e] == 0 for e in M.Engine if e != M.Engine.SCALING)
 
 
-def test_sweep_fit_and_oom_outcomes_are_told_apart_and_the_picks_ran():
-    """The Hagemann et al. 2023 sweep (shared/reference/hagemann2023_sweep_2k.csv), as
-    benchmarks/memory_fit.py scores it: false fits and false OOMs at most 5 % each, and every sheet's
-    pick (fastest predicted among its runs predicted to fit) ran within 5 % of the best measured MFU."""
+def _memory_fit_benchmark():
+    """benchmarks/memory_fit.py loaded as a module (benchmarks/ is not a package)."""
     import importlib.util
     from pathlib import Path
     bench = Path(__file__).resolve().parents[1] / "benchmarks" / "memory_fit.py"
     spec = importlib.util.spec_from_file_location("memory_fit_bench", bench)
     mf = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mf)
+    return mf
+
+
+def test_sweep_fit_and_oom_outcomes_are_told_apart_and_the_picks_ran():
+    """The Hagemann et al. 2023 sweep (shared/reference/hagemann2023_sweep_2k.csv), as
+    benchmarks/memory_fit.py scores it: false fits and false OOMs at most 5 % each, and every sheet's
+    pick (fastest predicted among its runs predicted to fit) ran within 5 % of the best measured MFU."""
+    mf = _memory_fit_benchmark()
     if not mf.DEFAULT_CSV.exists():
         pytest.skip(f"{mf.DEFAULT_CSV} is not in this checkout")
     import pandas as pd
@@ -388,12 +394,7 @@ def test_published_runs_that_ran_are_judged_to_fit_with_the_least_recomputation_
     at least 45 of the 50 H100/Blackwell runs fit with the least recomputation that fits where the row
     does not state one (a plan that cannot take a recomputation mode, such as Megatron's combined-1F1B
     expert overlap under full recomputation, counts as not fitting with it rather than failing)."""
-    import importlib.util
-    from pathlib import Path
-    bench = Path(__file__).resolve().parents[1] / "benchmarks" / "memory_fit.py"
-    spec = importlib.util.spec_from_file_location("memory_fit_bench_published", bench)
-    mf = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mf)
+    mf = _memory_fit_benchmark()
     from paraplan.costmodels.calibration import load_h100_cases
     a100 = mf.published_runs_fit()
     assert len(a100) == 65 and a100.judged_fit.all()
