@@ -11,6 +11,8 @@ are listed per row in ``assumed``.
 """
 from __future__ import annotations
 
+import re
+
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -214,7 +216,8 @@ def korthikanti_table() -> pd.DataFrame:
 # --- H100-class and Blackwell runs (shared/reference/published_runs_calibration_h100.csv) ----------
 H100_CSV = Path(__file__).parent / "data" / "published_runs_calibration_h100.csv"  # copy of shared/reference
 H100_GPU_TO_SYSTEM = {"H100 (DGX-H100)": "dgx-h100", "DGX-H100": "dgx-h100", "DGX-B200": "dgx-b200",
-                      "DGX-GB200": "gb200-nvl72", "DGX-GB300": "gb300-nvl72"}
+                      "DGX-GB200": "gb200-nvl72", "DGX-GB300": "gb300-nvl72",
+                      "H100-96GB HBM2e (Grand Teton, 500W)": "grand-teton-h100"}
 H100_MODEL_PRESETS = {"llama 3 8b": "llama3-8b", "llama3-8b": "llama3-8b", "llama 3 70b": "llama3-70b",
                       "llama3-70b": "llama3-70b", "llama 3.1 405b": "llama3-405b", "gpt3-175b": "gpt3-175b",
                       "llama2-7b": "llama2-7b", "llama2-13b": "llama2-13b", "llama2-70b": "llama2-70b",
@@ -309,6 +312,34 @@ def _h100_dtype(precision: str, assumed: list) -> str:
     return ""
 
 
+TORCHTITAN_DEFAULT_SEQ = re.compile(r"seq_len not stated \(config default (\d+)")
+
+
+def _notes_say_async_tp(r: pd.Series) -> bool:
+    """Whether the row's notes name torchtitan's async TP (``vanilla TP`` rows do not)."""
+    return "async tp" in ("" if _blank(r["notes"]) else str(r["notes"]).lower())
+
+
+def _torchtitan_blanks_filled(r: pd.Series, assumed: list) -> pd.Series:
+    """A torchtitan row with the blanks its notes and torchtitan's defaults fill: the sequence length its
+    notes give as the config default (a guess the file marks), and the global batch as the local batch
+    times the data-parallel (FSDP) degree, torchtitan's global batch when no gradient accumulation is
+    configured (none is stated). Other sources' rows come back unchanged."""
+    if "torchtitan" not in str(r["source"]).lower():
+        return r
+    r = r.copy()
+    notes = "" if _blank(r["notes"]) else str(r["notes"])
+    m = TORCHTITAN_DEFAULT_SEQ.search(notes)
+    if _blank(r["seq_len"]) and m:
+        r["seq_len"] = int(m.group(1))
+        assumed.append(f"sequence length {m.group(1)} (not stated; the row's notes: torchtitan config default, a guess)")
+    if _blank(r["global_batch"]) and not _blank(r["micro_batch"]) and not _blank(r["dp"]):
+        r["global_batch"] = _int(r["micro_batch"]) * _int(r["dp"])
+        assumed.append("global batch = local batch x FSDP degree (torchtitan without gradient accumulation; "
+                       "not stated)")
+    return r
+
+
 def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     """A calibration case from the H100/Blackwell file, or the reason the row is skipped. Models come
     from the presets (the file leaves most architectures out); the engine from the source (NeMo and
@@ -320,10 +351,11 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
         return "no preset for this model (architecture not in the file)"
     if r["gpu"] not in H100_GPU_TO_SYSTEM:
         return f"GPU {r['gpu']!r} has no system preset"
+    assumed: list[str] = []
+    r = _torchtitan_blanks_filled(r, assumed)
     missing = [k for k in ("seq_len", "num_gpus", "tp", "pp", "dp", "global_batch", "micro_batch") if _blank(r[k])]
     if missing:
         return "configuration incomplete: " + ", ".join(missing) + " blank"
-    assumed: list[str] = []
     dtype = _h100_dtype(str(r["precision"]), assumed)
     if not dtype:
         return f"precision {r['precision']!r} not understood"
@@ -365,6 +397,11 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     if overlap:
         assumed.append("TP communication overlap on (the NeMo / Megatron-Bridge performance recipes enable "
                        "tp_comm_overlap with sequence parallelism; not stated per row)")
+    if engine == "torchtitan":
+        # torchtitan's TP is sequence parallel (norms and residuals sharded on the sequence); its async TP
+        # is the micro-pipelined all-gather/reduce-scatter matmuls the row's notes name
+        sp = _int(r["tp"]) > 1
+        overlap = sp and _notes_say_async_tp(r)
     ep_overlap = _recipe_ep_comm_overlap(r)
     if ep_overlap:
         assumed.append("expert-parallel all-to-all overlap on (the row's Megatron-Bridge recipe sets "

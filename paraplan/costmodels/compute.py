@@ -621,11 +621,28 @@ def tp_exposed_time(tp_comm, gemm_forward, full_recompute, plan):
     async TP) each all-gather runs under the GEMM that consumes it and each reduce-scatter under the GEMM
     that produces it, in chunks: the window is the layer's projection GEMMs, forward once (twice more
     with full recomputation), backward twice; exposed = max(0, comm - window) + contention x min(comm,
-    window)."""
+    window).
+
+    torchtitan's async TP overlaps the forward's collectives only (and their replay under full
+    recomputation): its micro-pipelining is a torch.compile pass over the all-gather -> matmul and
+    matmul -> reduce-scatter patterns, and its authors measured ~20 % forward against ~8 % end-to-end
+    speed-up on Llama 3 70B (TORCHTITAN_ASYNC_TP_SOURCE): the backward's collectives stay exposed, the
+    forward ones (2 of 4 all-reduce equivalents per layer, 4 of 6 with full recomputation) overlap
+    under the forward GEMMs."""
     overlap = np.asarray(getattr(plan, "tp_comm_overlap", False), dtype=bool)
-    window = gemm_forward * (1 + 2 + np.where(full_recompute, 1, 0))
-    hidden = np.maximum(0.0, tp_comm - window) + TP_OVERLAP_CONTENTION * np.minimum(tp_comm, window)
+    forward_only = np.asarray(getattr(plan, "engine_code", 0)) == Engine.TORCHTITAN
+    forward_share = np.where(full_recompute, 4 / 6, 2 / 4)
+    overlappable = np.where(forward_only, forward_share * tp_comm, tp_comm)
+    window = gemm_forward * np.where(forward_only, 1 + np.where(full_recompute, 1, 0),
+                                     1 + 2 + np.where(full_recompute, 1, 0))
+    hidden = (tp_comm - overlappable) + np.maximum(0.0, overlappable - window) \
+        + TP_OVERLAP_CONTENTION * np.minimum(overlappable, window)
     return np.where(overlap, hidden, tp_comm)
+
+
+TORCHTITAN_ASYNC_TP_SOURCE = ("[Distributed w/ TorchTitan] Introducing Async Tensor Parallelism in PyTorch, "
+                              "discuss.pytorch.org/t/209487 (2024): up to ~29 % forward / ~8 % end-to-end speed-up "
+                              "on Llama 3 8B, ~20 % / ~8 % on 70B")
 
 
 # The same share for an expert-parallel all-to-all running beside the other micro-batch's kernels under

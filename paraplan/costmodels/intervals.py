@@ -48,7 +48,7 @@ MOE_REGIME = "MoE"
 #: generation of each accelerator preset (a measured CPU profile has none)
 GENERATION = {"a100-40g": "A100", "a100-80g": "A100", "v100-16g": "V100", "v100-32g": "V100",
               "h100-sxm": "H100-class", "h200": "H100-class", "h800-sxm": "H100-class", "gh200": "H100-class",
-              "gh200-144g": "H100-class", "b200": "Blackwell", "gb200": "Blackwell", "gb300": "Blackwell",
+              "gh200-144g": "H100-class", "h100-96g-hbm2e": "H100-class", "b200": "Blackwell", "gb200": "Blackwell", "gb300": "Blackwell",
               "mi300x": "MI300X"}
 
 
