@@ -85,6 +85,6 @@ def test_async_tp_speedups_on_the_calibration_pairs(torchtitan_cases):
         assert abs(predicted - measured) < 0.13
 
 
-def test_grand_teton_cluster_plans_from_the_cli_name():
+def test_grand_teton_cluster_loads_by_name():
     cluster = load_cluster("grand-teton-h100", 64)
     assert cluster.num_gpus == 64 and cluster.system.accelerator.memory_bytes == pytest.approx(96 * GIB)

@@ -315,9 +315,14 @@ def _h100_dtype(precision: str, assumed: list) -> str:
 TORCHTITAN_DEFAULT_SEQ = re.compile(r"seq_len not stated \(config default (\d+)")
 
 
+def _row_notes(r: pd.Series) -> str:
+    """The row's notes column ("" when blank)."""
+    return "" if _blank(r["notes"]) else str(r["notes"])
+
+
 def _notes_say_async_tp(r: pd.Series) -> bool:
     """Whether the row's notes name torchtitan's async TP (``vanilla TP`` rows do not)."""
-    return "async tp" in ("" if _blank(r["notes"]) else str(r["notes"]).lower())
+    return "async tp" in _row_notes(r).lower()
 
 
 def _torchtitan_blanks_filled(r: pd.Series, assumed: list) -> pd.Series:
@@ -328,8 +333,7 @@ def _torchtitan_blanks_filled(r: pd.Series, assumed: list) -> pd.Series:
     if "torchtitan" not in str(r["source"]).lower():
         return r
     r = r.copy()
-    notes = "" if _blank(r["notes"]) else str(r["notes"])
-    m = TORCHTITAN_DEFAULT_SEQ.search(notes)
+    m = TORCHTITAN_DEFAULT_SEQ.search(_row_notes(r))
     if _blank(r["seq_len"]) and m:
         r["seq_len"] = int(m.group(1))
         assumed.append(f"sequence length {m.group(1)} (not stated; the row's notes: torchtitan config default, a guess)")
@@ -393,15 +397,16 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
         model = replace(model, dropout=False)
         assumed.append("no dropout (NeMo's GPTConfig175B: hidden_dropout = attention_dropout = 0.0)")
     n = _int(r["num_gpus"])
-    overlap = engine != "torchtitan" and sp and _int(r["tp"]) > 1
-    if overlap:
-        assumed.append("TP communication overlap on (the NeMo / Megatron-Bridge performance recipes enable "
-                       "tp_comm_overlap with sequence parallelism; not stated per row)")
     if engine == "torchtitan":
         # torchtitan's TP is sequence parallel (norms and residuals sharded on the sequence); its async TP
         # is the micro-pipelined all-gather/reduce-scatter matmuls the row's notes name
         sp = _int(r["tp"]) > 1
         overlap = sp and _notes_say_async_tp(r)
+    else:
+        overlap = sp and _int(r["tp"]) > 1
+        if overlap:
+            assumed.append("TP communication overlap on (the NeMo / Megatron-Bridge performance recipes enable "
+                           "tp_comm_overlap with sequence parallelism; not stated per row)")
     ep_overlap = _recipe_ep_comm_overlap(r)
     if ep_overlap:
         assumed.append("expert-parallel all-to-all overlap on (the row's Megatron-Bridge recipe sets "

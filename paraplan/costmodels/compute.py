@@ -631,10 +631,10 @@ def tp_exposed_time(tp_comm, gemm_forward, full_recompute, plan):
     under the forward GEMMs."""
     overlap = np.asarray(getattr(plan, "tp_comm_overlap", False), dtype=bool)
     forward_only = np.asarray(getattr(plan, "engine_code", 0)) == Engine.TORCHTITAN
-    forward_share = np.where(full_recompute, 4 / 6, 2 / 4)
-    overlappable = np.where(forward_only, forward_share * tp_comm, tp_comm)
-    window = gemm_forward * np.where(forward_only, 1 + np.where(full_recompute, 1, 0),
-                                     1 + 2 + np.where(full_recompute, 1, 0))
+    forward_passes = 1 + np.where(full_recompute, 1, 0)
+    # each forward pass and the backward run two all-reduce equivalents: the forward's share is f / (f + 1)
+    overlappable = np.where(forward_only, forward_passes / (forward_passes + 1) * tp_comm, tp_comm)
+    window = gemm_forward * (forward_passes + np.where(forward_only, 0, 2))   # backward: its GEMMs twice
     hidden = (tp_comm - overlappable) + np.maximum(0.0, overlappable - window) \
         + TP_OVERLAP_CONTENTION * np.minimum(overlappable, window)
     return np.where(overlap, hidden, tp_comm)
