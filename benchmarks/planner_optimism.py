@@ -10,7 +10,10 @@ predicted MFU sits above anything measured. For each scenario (the README's exam
 calibration setup) this prints the top plan's predicted MFU and its 90 % interval, and the best
 measured MFU among the published runs of the same generation with parameters within 1.5x and GPU
 count within 2x, in the same number format family (fp8 or 16-bit) (measured MFU in paraplan's FLOP convention: the model FLOPs of the run over its
-measured step time and the bf16 dense peak).
+measured step time and the bf16 dense peak). Korthikanti et al. 2022's Table 5 runs (sequence parallel +
+selective recomputation; held out of calibration) ran at data-parallel size 1: their layout replicates to
+any larger GPU count, so they count for every scenario with at least as many GPUs (an upper bound there:
+replicas add the gradient all-reduce).
 
     python benchmarks/planner_optimism.py
 """
@@ -20,7 +23,8 @@ import sys
 
 import pandas as pd
 
-from paraplan.costmodels.calibration import load_cases, load_h100_cases
+from paraplan.costmodels.calibration import (KORTHIKANTI_SETUPS, KORTHIKANTI_TABLE5_STEP_S, korthikanti_estimate,
+                                             load_cases, load_h100_cases)
 from paraplan.costmodels.estimate import estimate
 from paraplan.costmodels.intervals import GENERATION
 from paraplan.hardware.catalog import load_cluster
@@ -47,7 +51,14 @@ def published_mfus() -> pd.DataFrame:
             rows.append({"source": c.source, "run": c.label, "params": c.model.num_params, "gpus": c.cluster.num_gpus,
                          "generation": GENERATION[c.cluster.accelerator.name], "fp8": is_fp8(c.plan.dtype),
                          "measured_mfu": e.mfu * e.step_time_s / c.measured_step_time_s,
-                         "predicted_mfu": e.mfu, "shares": step_shares(e)})
+                         "predicted_mfu": e.mfu, "shares": step_shares(e), "replicable": False})
+    for name in KORTHIKANTI_SETUPS:   # held out of calibration, but measured: Table 5, SP + selective
+        e = korthikanti_estimate(name, estimate, recompute="selective", sp=True)
+        measured_s = KORTHIKANTI_TABLE5_STEP_S[name][1]
+        rows.append({"source": "Megatron-LM 2022 (Korthikanti) Table 5", "run": f"GPT {name} {e.plan.label()} "
+                     f"x{e.num_gpus} SP + selective", "params": e.details["model_params"], "gpus": e.num_gpus,
+                     "generation": "A100", "fp8": False, "measured_mfu": e.mfu * e.step_time_s / measured_s,
+                     "predicted_mfu": e.mfu, "shares": step_shares(e), "replicable": True})
     return pd.DataFrame(rows)
 
 
@@ -99,7 +110,7 @@ def main() -> int:
         gen = GENERATION[cluster.accelerator.name]
         near = pub[(pub.generation == gen) & (pub.fp8 == is_fp8(fixed.get("dtype", "bf16")))
                    & (pub.params.between(model.num_params / 1.5, model.num_params * 1.5))
-                   & (pub.gpus.between(gpus / 2, gpus * 2))]
+                   & (pub.gpus.between(gpus / 2, gpus * 2) | (pub.replicable & (pub.gpus <= gpus)))]
         ref = near.loc[near.measured_mfu.idxmax()] if len(near) else None
         iv = best.prediction_interval.get("mfu") if best is not None else None
         rows.append({"scenario": f"{name} {cl} x{gpus} s{seq} gb{gbs} {fixed.get('dtype', 'bf16')}",

@@ -609,9 +609,10 @@ def moe_host_floor_applies(model, plan):
 
 
 # Share of an overlapped TP collective's duration that it costs the GEMM beneath it (NCCL or userbuffer
-# copy kernels take SMs and HBM bandwidth): calculon's processor_usage for NVLink traffic, 0.15
-# (calculon-ai/calculon @ caa4b11, systems/a100_80g.json).
-TP_OVERLAP_CONTENTION = 0.15
+# copy kernels take SMs and HBM bandwidth): the data-parallel figure, Lee et al. 2025's measured
+# average compute slowdown under overlapped collectives (arXiv:2507.03114: 18.9 %; calculon's
+# processor_usage for NVLink traffic is 0.15, calculon-ai/calculon @ caa4b11, systems/a100_80g.json).
+TP_OVERLAP_CONTENTION = 0.19
 
 
 def tp_exposed_time(tp_comm, gemm_forward, full_recompute, plan):

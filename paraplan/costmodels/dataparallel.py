@@ -36,10 +36,13 @@ from paraplan.costmodels.memory import engine_of, megatron_grad_bytes
 from paraplan.plan import Engine, Optimizer, expert_data_parallel, expert_group_strides
 
 # Share of an overlapped collective's duration that it costs the compute beneath it (NCCL kernels
-# occupy SMs and HBM bandwidth). calculon models the same effect as ``processor_usage``: 0.15 of
-# the processor while NVLink traffic runs, 0.02 for InfiniBand (calculon-ai/calculon @ caa4b11,
-# systems/a100_80g.json); 0.1 sits between them for collectives that use both tiers.
-OVERLAP_CONTENTION = 0.1
+# occupy SMs and HBM bandwidth): 0.19, the average compute slowdown Lee et al. 2025 measured while
+# collectives overlap the compute of GPT and Llama training steps on A100, H100, MI250 and MI210
+# ("Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning",
+# arXiv:2507.03114: 18.9 % on average, 40 % at most). calculon charges 0.15 of the processor while
+# NVLink traffic runs and 0.02 for InfiniBand (calculon-ai/calculon @ caa4b11, systems/a100_80g.json);
+# the measured figure is taken for both tiers, since the NCCL kernels hold their SMs either way.
+OVERLAP_CONTENTION = 0.199
 
 # Scaling casts its 16-bit gradients to fp32 for the data-parallel all-reduce (allreduce.py:
 # ``tensor.to(torch.float32)`` before ``all_reduce``)

@@ -5,7 +5,10 @@ Formulas (each evaluated over numpy arrays as well as scalars):
 * GEMM ``C[m,n] += A[m,k] B[k,n]``: ``t = t0 + 2mnk / (peak · η_plateau · f_sustained · η_wave)`` with
   η_plateau the best-shape benchmark (MAMF), f_sustained the fraction of it a training step sustains,
   ``η_wave = (C/S) / ceil(C/S)``, ``C = ceil(m/Tm)·ceil(n/Tn)`` output tiles over S SMs
-  (NVIDIA Matrix Multiplication Background User's Guide §3; shared/reference §3.3).
+  (NVIDIA Matrix Multiplication Background User's Guide §3; shared/reference §3.3). Where the
+  accelerator's GEMM library splits the K loop across SMs (stream-K / split-K scheduling,
+  ``gemm_split_k`` in curves.yaml: Hopper, measured), the units that fill the waves are the tiles'
+  K iterations, ``C = ceil(m/Tm)·ceil(n/Tn)·ceil(k/Tk)`` (Osama et al. 2023, arXiv:2301.03598).
 * memory-bound kernels: ``t = kernels · t0 + bytes / (BW_hbm · η_mem)``.
 * fused attention (FlashAttention): ``t = t0 + F / (peak · η_flash)``.
 
@@ -41,6 +44,10 @@ class AnalyticalCurves:
     cpu_adam_memory_efficiency: float
     gpu_adam_bytes_per_param: float
     gemm_sustained_fraction: float = 1.0
+    #: the GEMM library balances K iterations over the SMs (stream-K / split-K): waves count tiles x
+    #: ceil(k / gemm_tile_k) work units instead of output tiles
+    gemm_split_k: bool = False
+    gemm_tile_k: int = 64
     fp8_recipe_gemm_efficiency: Mapping[str, float] = field(default_factory=dict)
     streaming_efficiency: float = 0.5
     fp8_cast_efficiency: float | None = None
@@ -53,9 +60,12 @@ class AnalyticalCurves:
 
     def _tensor_core_time(self, m, n, k, dtype: str, groups=1.0):
         """Seconds of the arithmetic of one launch computing ``groups`` (m x k)·(k x n) products:
-        2·g·m·n·k / (peak · plateau · sustained · η_wave), every group's output tiles in the waves."""
+        2·g·m·n·k / (peak · plateau · sustained · η_wave), every group's output tiles (or, with
+        ``gemm_split_k``, their K iterations) in the waves."""
         acc = self.accelerator
         tiles = groups * np.ceil(m / self.gemm_tile_m) * np.ceil(n / self.gemm_tile_n)
+        if self.gemm_split_k:
+            tiles = tiles * np.ceil(np.asarray(k, dtype=float) / self.gemm_tile_k)
         waves = tiles / acc.streaming_multiprocessors
         wave_eff = waves / np.ceil(waves)
         flops = 2.0 * groups * m * n * k
@@ -122,6 +132,7 @@ class AnalyticalCurves:
         return {"kind": self.kind, "accelerator": acc.name,
                 "gemm_plateau_efficiency": acc.gemm_plateau_efficiency,
                 "gemm_sustained_fraction": self.gemm_sustained_fraction,
+                "gemm_wave_units": "tiles x K iterations (split-K)" if self.gemm_split_k else "output tiles",
                 "kernel_overhead_us": self.kernel_overhead_s * 1e6,
                 "memory_efficiency": self.memory_efficiency,
                 "streaming_efficiency": self.streaming_efficiency,
@@ -151,6 +162,7 @@ def analytical_curves(accelerator: Accelerator) -> AnalyticalCurves:
         cpu_adam_memory_efficiency=entry["cpu_adam_memory_efficiency"],
         gpu_adam_bytes_per_param=entry["gpu_adam_bytes_per_param"],
         gemm_sustained_fraction=entry.get("gemm_sustained_fraction", 1.0),
+        gemm_split_k=bool(entry.get("gemm_split_k", False)), gemm_tile_k=int(entry.get("gemm_tile_k", 64)),
         fp8_recipe_gemm_efficiency=dict(entry.get("fp8_recipe_gemm_efficiency", {})),
         streaming_efficiency=entry.get("streaming_efficiency", entry["memory_efficiency"]),
         fp8_cast_efficiency=entry.get("fp8_cast_efficiency"), sources=sources,
