@@ -76,6 +76,9 @@ def _run(capsys, *argv):
     (["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--fix", "tp=0"], "--fix tp: must be a positive"),
     (["plan", "--modle", "llama3-8b"], "--modle: unrecognized argument; did you mean --model?"),
     (["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--fromat", "json"], "did you mean --format"),
+    # estimate's --pp given to plan: no did-you-mean of the flag itself, the way plan pins an axis
+    (["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--pp", "0"],
+     "--pp: not a flag of this command; the search pins an axis with --fix AXIS=VALUE"),
     (["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--format", "jsno"], "did you mean json?"),
     (["lst", "models"], "command: unknown value 'lst'; did you mean list?"),
     (["estimate", "--model", "llama3-8b", "--cluster", "x" * 300], "cluster: unknown name"),

@@ -145,6 +145,16 @@ class ParaplanArgumentParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def _plan_fields() -> frozenset:
+    from dataclasses import fields
+
+    from paraplan.plan import Plan
+    return frozenset(f.name for f in fields(Plan))
+
+
+_PLAN_FIELDS = _plan_fields()
+
+
 def _did_you_mean(word: str, known) -> str:
     close = difflib.get_close_matches(word, list(known), n=2, cutoff=0.6)
     return f"; did you mean {' or '.join(close)}?" if close else ""
@@ -179,8 +189,13 @@ def friendly_parse_error(message: str, parser: argparse.ArgumentParser) -> str:
         flags = [w for w in words if w.startswith("-")]
         word = (flags or words)[0]
         known = _all_options(parser)
-        return (f"{shown(word.split('=')[0], 60).strip(chr(39))}: unrecognized argument"
-                f"{_did_you_mean(word.split('=')[0], known)}")
+        flag = word.split('=')[0]
+        if flag in known:   # a flag of another subcommand (e.g. estimate's --pp given to plan)
+            hint = ("; the search pins an axis with --fix AXIS=VALUE (e.g. --fix pp=2)"
+                    if flag.lstrip("-").replace("-", "_") in _PLAN_FIELDS else "")
+            return f"{shown(flag, 60).strip(chr(39))}: not a flag of this command{hint}"
+        return (f"{shown(flag, 60).strip(chr(39))}: unrecognized argument"
+                f"{_did_you_mean(flag, known)}")
     m = re.match(r"argument (\S+): (.*)$", message, re.S)
     if m:
         flag, rest = m.groups()
