@@ -28,12 +28,6 @@ from paraplan.hardware.catalog import load_part
 PROFILE = Path(__file__).resolve().parents[1] / "paraplan" / "profiles" / "reference" / "h100-sxm.json"
 
 
-def tile_wave_efficiency(m, n, tm, tn, sms):
-    """Fill of the last wave when output tiles are the units."""
-    waves = np.ceil(m / tm) * np.ceil(n / tn) / sms
-    return waves / np.ceil(waves)
-
-
 def main() -> int:
     gemms = json.loads(PROFILE.read_text())["sections"]["gemm"]
     m, n, k, measured = (np.array([g[key] for g in gemms], dtype=float) for key in ("m", "n", "k", "time_s"))
@@ -41,8 +35,7 @@ def main() -> int:
     split = analytical_curves(load_part("accelerators", "h100-sxm"))
     tiles = replace(split, gemm_split_k=False)
     big = flops >= 50e9
-    ragged = big & (tile_wave_efficiency(m, n, split.gemm_tile_m, split.gemm_tile_n,
-                                         split.accelerator.streaming_multiprocessors) < 0.85)
+    ragged = big & (tiles.wave_efficiency(m, n, k) < 0.85)
     print(f"{PROFILE.name}: {len(gemms)} measured bf16 GEMMs; error of the predicted time (+ = predicted slower)")
     print(f"{'waves of':32s} {'subset':44s} {'n':>5s} {'MAPE %':>7s} {'bias %':>7s}")
     for name, curves in (("output tiles", tiles), ("output tiles x K iterations", split)):

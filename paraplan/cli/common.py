@@ -145,14 +145,12 @@ class ParaplanArgumentParser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _plan_fields() -> frozenset:
+def _is_plan_field(flag: str) -> bool:
+    """Whether ``--flag`` names a field of a plan (an axis ``plan --fix`` pins)."""
     from dataclasses import fields
 
     from paraplan.plan import Plan
-    return frozenset(f.name for f in fields(Plan))
-
-
-_PLAN_FIELDS = _plan_fields()
+    return flag.lstrip("-").replace("-", "_") in {f.name for f in fields(Plan)}
 
 
 def _did_you_mean(word: str, known) -> str:
@@ -192,7 +190,7 @@ def friendly_parse_error(message: str, parser: argparse.ArgumentParser) -> str:
         flag = word.split('=')[0]
         if flag in known:   # a flag of another subcommand (e.g. estimate's --pp given to plan)
             hint = ("; the search pins an axis with --fix AXIS=VALUE (e.g. --fix pp=2)"
-                    if flag.lstrip("-").replace("-", "_") in _PLAN_FIELDS else "")
+                    if _is_plan_field(flag) else "")
             return f"{shown(flag, 60).strip(chr(39))}: not a flag of this command{hint}"
         return (f"{shown(flag, 60).strip(chr(39))}: unrecognized argument"
                 f"{_did_you_mean(flag, known)}")

@@ -42,7 +42,7 @@ from paraplan.plan import Engine, Optimizer, expert_data_parallel, expert_group_
 # arXiv:2507.03114: 18.9 % on average, 40 % at most). calculon charges 0.15 of the processor while
 # NVLink traffic runs and 0.02 for InfiniBand (calculon-ai/calculon @ caa4b11, systems/a100_80g.json);
 # the measured figure is taken for both tiers, since the NCCL kernels hold their SMs either way.
-OVERLAP_CONTENTION = 0.199
+OVERLAP_CONTENTION = 0.19
 
 # Scaling casts its 16-bit gradients to fp32 for the data-parallel all-reduce (allreduce.py:
 # ``tensor.to(torch.float32)`` before ``all_reduce``)

@@ -63,14 +63,18 @@ class AnalyticalCurves:
         2·g·m·n·k / (peak · plateau · sustained · η_wave), every group's output tiles (or, with
         ``gemm_split_k``, their K iterations) in the waves."""
         acc = self.accelerator
-        tiles = groups * np.ceil(m / self.gemm_tile_m) * np.ceil(n / self.gemm_tile_n)
-        if self.gemm_split_k:
-            tiles = tiles * np.ceil(np.asarray(k, dtype=float) / self.gemm_tile_k)
-        waves = tiles / acc.streaming_multiprocessors
-        wave_eff = waves / np.ceil(waves)
         flops = 2.0 * groups * m * n * k
         plateau = acc.plateau(dtype) * self.gemm_sustained_fraction
-        return flops / (acc.peak(dtype) * plateau * wave_eff)
+        return flops / (acc.peak(dtype) * plateau * self.wave_efficiency(m, n, k, groups))
+
+    def wave_efficiency(self, m, n, k, groups=1.0):
+        """η_wave = (C/S) / ceil(C/S): the fill of the waves of C work units over S SMs, with C the
+        output tiles of ``groups`` (m x k)·(k x n) products, times their K iterations with ``gemm_split_k``."""
+        units = groups * np.ceil(m / self.gemm_tile_m) * np.ceil(n / self.gemm_tile_n)
+        if self.gemm_split_k:
+            units = units * np.ceil(np.asarray(k, dtype=float) / self.gemm_tile_k)
+        waves = units / self.accelerator.streaming_multiprocessors
+        return waves / np.ceil(waves)
 
     def gemm_time(self, m, n, k, dtype: str = "bf16", count=1):
         """Seconds for ``count`` GEMMs of shape (m x k) @ (k x n)."""
