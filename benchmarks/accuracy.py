@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +58,33 @@ def with_throughput_error(df: pd.DataFrame) -> pd.DataFrame:
     out["thr_error"] = out.measured_s / out.predicted_s - 1
     out["log_ratio"] = np.log(out.predicted_s / out.measured_s)
     return out
+
+
+def dtype_pairs(cases, df: pd.DataFrame) -> pd.DataFrame:
+    """The fp8 speed-up over bf16 where a source ran the same model, cluster and layout in both
+    (measured: step-time ratio bf16 / fp8, rows of one side averaged; predicted likewise). A level
+    error the two runs share (an unpriced power limit, a slower software stack) cancels in the ratio,
+    so this isolates what the number format changes: the GEMMs, the casts, the fp8 collectives."""
+    sides: dict = {}
+    for case, (_, row) in zip(cases, df.iterrows()):
+        key = (case.source, case.model.name, case.cluster.name, case.cluster.num_gpus, case.job,
+               replace(case.plan, dtype="bf16"))
+        sides.setdefault(key, {}).setdefault(case.plan.dtype, []).append((row.measured_s, row.predicted_s))
+    out = []
+    for key, by_dtype in sides.items():
+        if "bf16" not in by_dtype:
+            continue
+        base_m, base_p = np.mean(by_dtype["bf16"], axis=0)
+        for dtype, runs in sorted(by_dtype.items()):
+            if dtype == "bf16":
+                continue
+            m, p = np.mean(runs, axis=0)
+            plan = key[-1]
+            out.append({"source": key[0], "model": key[1], "cluster": f"{key[2]} x{key[3]}",
+                        "layout": f"tp{plan.tp} pp{plan.pp} dp{plan.dp}" + (" overlap" if plan.tp_comm_overlap else ""),
+                        "fp8 recipe": dtype, "measured_speedup": base_m / m, "predicted_speedup": base_p / p,
+                        "error_%": 100 * ((base_p / p) / (base_m / m) - 1)})
+    return pd.DataFrame(out)
 
 
 def summary(df: pd.DataFrame, by: str) -> pd.DataFrame:
@@ -107,10 +135,11 @@ def main(argv=None) -> int:
     pd.set_option("display.max_rows", 500)
     pd.set_option("display.max_colwidth", 80)
 
-    frames, inputs = [], []
+    frames, inputs, pairs = [], [], []
     for loader, path in ((load_cases, args.csv), (load_h100_cases, args.h100_csv)):
         cases, skipped = loader(path)
         df = score(cases, estimate)
+        pairs.append(dtype_pairs(cases, df))
         df["generation"] = [GENERATION[c.cluster.accelerator.name] for c in cases]
         df["group"] = [residual_group(GENERATION[c.cluster.accelerator.name], c.model.moe is not None) for c in cases]
         frames.append(df)
@@ -138,6 +167,12 @@ def main(argv=None) -> int:
     print("\nthroughput error by hardware generation, dense models only (MoE rows apart)")
     print(summary(df[df.group != "MoE"], "generation").round(1).to_string())
     print(summary(df[df.group == "MoE"].assign(regime="MoE " + df.generation), "regime").round(1).to_string())
+    pairs = pd.concat(pairs, ignore_index=True)
+    if len(pairs):
+        print("\nfp8 speed-up over bf16 on the same model, cluster and layout (a level error both runs share cancels)")
+        print(pairs.round(3).to_string(index=False))
+        print(f"speed-up error: MAPE {pairs['error_%'].abs().mean():.1f}%, bias {pairs['error_%'].mean():+.1f}% "
+              f"over {len(pairs)} pairs")
     if sweep is not None:
         mfu_err = sweep.predicted_mfu / sweep.measured_mfu - 1
         print(f"\n{SWEEP_SOURCE}: MFU MAPE {100 * mfu_err.abs().mean():.1f}%, bias {100 * mfu_err.mean():+.1f}%, "

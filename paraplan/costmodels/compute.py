@@ -121,9 +121,30 @@ def fp8_cast_elements(model, job, plan):
     cached = np.asarray(getattr(plan, "engine_code", 0)) != Engine.TORCHTITAN
     weights = model.params_per_layer / t / np.where(cached, np.maximum(m, 1.0), 1.0)
     attn_in, attn_grad = attention_gemm_elements_per_token(model, t)
-    fwd = T * (attn_in + h + f / t) + weights
-    bwd = T * (attn_grad + g * f / t + h)
+    # torchtitan's float8 tensor parallelism casts the two gathered tensors of each pass on their
+    # sequence shard, before the all-gather (tp_gathers_fp8): T·h/tp instead of T·h, twice
+    on_shard = np.where(tp_gathers_fp8(plan), 2 * h * (1 - 1 / t), 0.0)
+    fwd = T * (attn_in + h + f / t - on_shard) + weights
+    bwd = T * (attn_grad + g * f / t + h - on_shard)
     return fwd, bwd
+
+
+# Bytes of an fp8 element against the 16-bit activations the tensor-parallel collectives otherwise carry.
+FP8_GATHER_BYTES_RATIO = 0.5
+
+
+def tp_gathers_fp8(plan):
+    """True where the tensor-parallel all-gathers carry fp8: torchtitan with the float8 converter's
+    per-tensor ("tensorwise") recipe under sequence parallelism. torchtitan then applies torchao's
+    Float8ColwiseParallel / Float8RowwiseParallel / PrepareFloat8ModuleInput (its parallelize.py:
+    ``enable_float8_tensorwise_tp = enable_float8_linear and not float8_is_rowwise``; "for rowwise
+    recipes, we use regular TP and all-gather happens in high precision"): the inputs of the
+    attention and feed-forward blocks are cast to fp8 on their sequence shard before the forward
+    all-gather, and the gradients of the row-parallel outputs before the backward's all-gather. The
+    reduce-scatters stay 16-bit. Megatron-LM / Transformer Engine gathers 16-bit activations
+    (its fp8 all-gather is the userbuffers overlap path, not modelled)."""
+    return ((np.asarray(getattr(plan, "engine_code", 0)) == Engine.TORCHTITAN) & (plan.dtype == "fp8")
+            & np.asarray(plan.sp, dtype=bool) & (np.asarray(plan.tp) > 1))
 
 
 def _tp_share(split_here: bool, t):
@@ -501,15 +522,18 @@ def tp_allreduce_time(model, job, plan, cluster):
 
     With SP the two halves are priced as themselves: on a ring link (one α and bandwidth for all
     collectives) RS + AG equals the all-reduce exactly; a link fitted per collective from a
-    profile (gloo on a CPU, say) prices them apart."""
+    profile (gloo on a CPU, say) prices them apart; where the all-gathers carry fp8
+    (:func:`tp_gathers_fp8`) they move half the bytes of the reduce-scatters."""
     T = tokens_per_rank(job, plan)
     size = T * model.hidden * element_bytes(plan)
     ar = tp_collective_time(ALL_REDUCE, size, plan, cluster)
     sp = np.asarray(plan.sp, dtype=bool)
     intra, inter = cluster.links("tp")
-    if not np.any(sp) or not (intra.per_op or inter.per_op):
+    fp8_gather = tp_gathers_fp8(plan)
+    if not np.any(sp) or not (intra.per_op or inter.per_op or np.any(fp8_gather)):
         return ar
-    rs_ag = tp_collective_time(REDUCE_SCATTER, size, plan, cluster) + tp_collective_time(ALL_GATHER, size, plan, cluster)
+    gathered = size * np.where(fp8_gather, FP8_GATHER_BYTES_RATIO, 1.0)
+    rs_ag = tp_collective_time(REDUCE_SCATTER, size, plan, cluster) + tp_collective_time(ALL_GATHER, gathered, plan, cluster)
     return np.where(sp, rs_ag, ar)
 
 

@@ -60,6 +60,9 @@ FP8_ASSUMPTIONS = (
     "Megatron/generic keep an fp8 copy and transpose of the stage's weights (2 bytes/param), torchtitan casts on "
     "the fly (the gathered layer's copy only)",
 )
+FP8_TP_GATHER = ("fp8: torchtitan's float8 tensorwise tensor parallelism casts the attention and MLP inputs (and, "
+                 "backward, the row-parallel output gradients) on their sequence shard and all-gathers them in fp8; "
+                 "the reduce-scatters stay 16-bit (compute.tp_gathers_fp8)")
 ASSUMPTIONS = (
     "16-bit weights, gradients and activations; Adam with fp32 master weights, momentum, variance (16 bytes/param "
     "before ZeRO)",
@@ -84,7 +87,8 @@ def assumptions_for(plan) -> tuple[str, ...]:
     """The assumptions printed with one plan's estimate: the defaults, the fp32 states in place of
     the 16-bit ones for fp32 training, and the fp8 recipe's under fp8."""
     base = ((FP32_STATES,) + ASSUMPTIONS[1:]) if plan.dtype == "fp32" else ASSUMPTIONS
-    return base + (FP8_ASSUMPTIONS if is_fp8(plan.dtype) else ())
+    fp8_tp = (FP8_TP_GATHER,) if bool(np.all(C.tp_gathers_fp8(plan))) else ()
+    return base + (FP8_ASSUMPTIONS if is_fp8(plan.dtype) else ()) + fp8_tp
 
 
 def attention_kernel_assumption(model, job, plan, curves) -> tuple[str, ...]:
