@@ -75,11 +75,11 @@ def dtype_pairs(cases, df: pd.DataFrame) -> pd.DataFrame:
         if "bf16" not in by_dtype:
             continue
         base_m, base_p = np.mean(by_dtype["bf16"], axis=0)
+        plan = key[-1]
         for dtype, runs in sorted(by_dtype.items()):
             if dtype == "bf16":
                 continue
             m, p = np.mean(runs, axis=0)
-            plan = key[-1]
             out.append({"source": key[0], "model": key[1], "cluster": f"{key[2]} x{key[3]}",
                         "layout": f"tp{plan.tp} pp{plan.pp} dp{plan.dp}" + (" overlap" if plan.tp_comm_overlap else ""),
                         "fp8 recipe": dtype, "measured_speedup": base_m / m, "predicted_speedup": base_p / p,

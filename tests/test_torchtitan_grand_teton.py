@@ -68,6 +68,13 @@ def test_torchtitan_async_tp_hides_the_forward_collectives_only():
     assert _exposed("torchtitan", "none", comm=1.0, window=0.1) == pytest.approx(0.5 + 0.4 + 0.1 * c)
 
 
+def _speedups(slow, fast):
+    """(measured, predicted) speed-up of one calibration case over another: step-time ratio slow / fast."""
+    def step(c):
+        return estimate(c.model, c.job, c.cluster, c.plan).step_time_s
+    return slow.measured_step_time_s / fast.measured_step_time_s, step(slow) / step(fast)
+
+
 def test_async_tp_speedups_on_the_calibration_pairs(torchtitan_cases):
     """Each vanilla / async pair runs the same layout: the predicted speed-up of async TP against the
     measured one. Hiding every collective (the Megatron treatment) predicted 1.25-1.29x on 70B where the
@@ -77,10 +84,7 @@ def test_async_tp_speedups_on_the_calibration_pairs(torchtitan_cases):
         by_key.setdefault((c.model.name, c.plan.dtype), {})[c.plan.tp_comm_overlap] = c
     assert len(by_key) == 6
     for pair in by_key.values():
-        (van, asy) = pair[False], pair[True]
-        measured = van.measured_step_time_s / asy.measured_step_time_s
-        predicted = (estimate(van.model, van.job, van.cluster, van.plan).step_time_s
-                     / estimate(asy.model, asy.job, asy.cluster, asy.plan).step_time_s)
+        measured, predicted = _speedups(slow=pair[False], fast=pair[True])
         assert 1.0 < predicted < 1.2
         assert abs(predicted - measured) < 0.13
 
@@ -126,8 +130,5 @@ def test_fp8_speedups_over_bf16_on_the_calibration_pairs(torchtitan_cases):
         by_key.setdefault((c.model.name, c.plan.tp_comm_overlap), {})[c.plan.dtype] = c
     assert len(by_key) == 4
     for pair in by_key.values():
-        bf16, fp8 = pair["bf16"], pair["fp8"]
-        measured = bf16.measured_step_time_s / fp8.measured_step_time_s
-        predicted = (estimate(bf16.model, bf16.job, bf16.cluster, bf16.plan).step_time_s
-                     / estimate(fp8.model, fp8.job, fp8.cluster, fp8.plan).step_time_s)
+        measured, predicted = _speedups(slow=pair["bf16"], fast=pair["fp8"])
         assert abs(predicted / measured - 1) < 0.10

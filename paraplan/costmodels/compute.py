@@ -129,7 +129,8 @@ def fp8_cast_elements(model, job, plan):
     return fwd, bwd
 
 
-# Bytes of an fp8 element against the 16-bit activations the tensor-parallel collectives otherwise carry.
+# Bytes of an fp8 element against the 16-bit tensors a collective otherwise carries (torchtitan's fp8
+# all-gathers: tensor-parallel activations here, FSDP weights in dataparallel.fp8_all_gather_factor).
 FP8_GATHER_BYTES_RATIO = 0.5
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import numpy as np
 
 from paraplan.costmodels.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time, ranks_per_node
-from paraplan.costmodels.compute import element_bytes
+from paraplan.costmodels.compute import FP8_GATHER_BYTES_RATIO, element_bytes
 from paraplan.costmodels.memory import engine_of, megatron_grad_bytes
 from paraplan.plan import Engine, Optimizer, expert_data_parallel, expert_group_strides
 
@@ -70,7 +70,8 @@ def fp8_all_gather_factor(plan):
     """Bytes of a parameter all-gather relative to 16 bit: 1/2 where torchtitan gathers fp8 weights
     (``float8.enable_fsdp_float8_all_gather`` with per-tensor scaling, which paraplan's export turns
     on for ``--dtype fp8`` under FSDP: weights are cast before the all-gather), else 1."""
-    return np.where((plan.dtype == "fp8") & (np.asarray(plan.engine_code) == Engine.TORCHTITAN), 0.5, 1.0)
+    return np.where((plan.dtype == "fp8") & (np.asarray(plan.engine_code) == Engine.TORCHTITAN),
+                    FP8_GATHER_BYTES_RATIO, 1.0)
 
 
 def dp_group(plan, cluster, experts: bool = False):
