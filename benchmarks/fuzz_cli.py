@@ -92,7 +92,8 @@ def _plan_doc() -> dict:
             "zero": 1, "recompute": "selective", "offload": "none", "offload_params": False, "dtype": "bf16",
             "flash_attention": True, "overlap_grad_reduce": True, "ep": 1, "etp": 1, "cp_mode": "ring",
             "optimizer": "adam", "delayed_update": False, "grad_accumulation_fusion": True,
-            "fused_elementwise": True, "engine": "generic", "first_stage_layers": 0, "last_stage_layers": 0,
+            "fused_elementwise": True, "fused_softmax": True, "engine": "generic", "first_stage_layers": 0,
+            "last_stage_layers": 0,
             "tp_comm_overlap": False, "grad_reduce_bf16": False, "offload_activation_layers": 0}
     return {"schema": "paraplan.plan/1",
             "scenario": {"model": "llama3-8b", "cluster": "dgx-h100", "gpus": 8, "seq_len": 2048,

@@ -224,8 +224,8 @@ def canonical_recompute_modules(value, where: str | None = None) -> str:
 
 MAX_DEGREE = 2**31 - 1    # degrees, micro-batches and stage sizes past a C int are typos (numpy overflows)
 BOOL_FIELDS = ("sp", "offload_params", "flash_attention", "overlap_grad_reduce", "delayed_update",
-               "grad_accumulation_fusion", "fused_elementwise", "tp_comm_overlap", "grad_reduce_bf16",
-               "ep_comm_overlap")
+               "grad_accumulation_fusion", "fused_elementwise", "fused_softmax", "tp_comm_overlap",
+               "grad_reduce_bf16", "ep_comm_overlap")
 
 
 def validate_field(name: str, value, where: str | None = None):
@@ -312,6 +312,11 @@ class Plan:
     # Transformer Engine or Apex); False: eager PyTorch ops (the norm's fp32 upcast and four kernels,
     # SwiGLU as silu and mul), which move more bytes and keep more tensors for backward
     fused_elementwise: bool = True
+    # without flash attention: the scale-mask-softmax over the materialised scores as one fused kernel
+    # (Megatron-LM's FusedScaleMaskSoftmax, --masked-softmax-fusion, its default); False: eager PyTorch
+    # ops, a copy of the scores, an in-place mask fill and the softmax (Scaling's MaskedSoftmaxTorch,
+    # the `torch` kernel of Hagemann et al. 2023), which stream about twice the bytes
+    fused_softmax: bool = True
     # the engine that runs the plan (Engine): model-state layout, buffers, layouts on offer
     engine: str = "generic"
     # transformer layers on the first / last pipeline stage; 0 = automatic (:func:`stage_layer_counts`).
@@ -458,6 +463,7 @@ class PlanBatch:
     delayed_update: np.ndarray = None
     grad_accumulation_fusion: np.ndarray = None
     fused_elementwise: np.ndarray = None
+    fused_softmax: np.ndarray = None
     tp_comm_overlap: np.ndarray = None
     grad_reduce_bf16: np.ndarray = None
     engine_code: np.ndarray = None
@@ -472,7 +478,7 @@ class PlanBatch:
     def __post_init__(self):
         n = len(self.tp)
         for name, default in (("ep", 1), ("etp", 1), ("cp_mode_code", CpMode.RING), ("optimizer_code", Optimizer.ADAM),
-                              ("delayed_update", False), ("grad_accumulation_fusion", True), ("fused_elementwise", True), ("tp_comm_overlap", False), ("grad_reduce_bf16", False),
+                              ("delayed_update", False), ("grad_accumulation_fusion", True), ("fused_elementwise", True), ("fused_softmax", True), ("tp_comm_overlap", False), ("grad_reduce_bf16", False),
                               ("engine_code", Engine.GENERIC), ("first_stage_layers", 0), ("last_stage_layers", 0),
                               ("offload_activation_layers", 0), ("attention_kernel_code", AttentionKernel.AUTO),
                               ("ep_comm_overlap", False), ("recompute_modules_mask", 0)):
@@ -508,6 +514,7 @@ class PlanBatch:
                     delayed_update=bool(self.delayed_update[i]),
                     grad_accumulation_fusion=bool(self.grad_accumulation_fusion[i]),
                     fused_elementwise=bool(self.fused_elementwise[i]),
+                    fused_softmax=bool(self.fused_softmax[i]),
                     tp_comm_overlap=bool(self.tp_comm_overlap[i]),
                     grad_reduce_bf16=bool(self.grad_reduce_bf16[i]),
                     engine=Engine(int(self.engine_code[i])).label,
@@ -1037,6 +1044,12 @@ RULES: tuple[Rule, ...] = (
        lambda p, s: (f"--attention-kernel {AttentionKernel(p.attention_kernel_code).label} names a fused kernel, "
                      "but --no-flash-attention materialises the scores: drop one of them"),
        field="attention_kernel", accepted="auto (with --no-flash-attention)", uses_scene=False),
+    _r("eager-softmax-needs-unfused-attention", "an eager softmax runs only over materialised scores", ILLEGAL,
+       ("fused_softmax", "flash_attention"),
+       lambda P, s: ~np.asarray(P.fused_softmax, bool) & np.asarray(P.flash_attention, bool),
+       lambda p, s: ("--no-fused-softmax prices an eager softmax over the materialised score matrix, but flash "
+                     "attention never materialises it: add --no-flash-attention, or drop --no-fused-softmax"),
+       field="fused_softmax", accepted="true; false only with --no-flash-attention", uses_scene=False),
     _r("engine-optimizer", "compressed optimizers are DeepSpeed's", ILLEGAL, ("engine_code", "optimizer_code"),
        lambda P, s: (P.optimizer_code != Optimizer.ADAM) & _engine_in(P, Engine.MEGATRON, Engine.TORCHTITAN,
                                                                        Engine.SCALING),

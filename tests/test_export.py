@@ -177,6 +177,15 @@ def test_megatron_unfused_grad_accumulation_flag():
     assert not any("--no-grad-accumulation-fusion" in n for n in ex.export(unfused, "deepspeed").notes)
 
 
+def test_megatron_eager_softmax_flag():
+    unfused = doc("gpt-7.5b", "dgx-a100-80g", 8, 2048, 32, micro_batch=4, flash_attention=False)
+    _, flags = parse_megatron(ex.to_megatron(unfused))
+    assert "--no-masked-softmax-fusion" not in flags and "--use-flash-attn" not in flags
+    eager = doc("gpt-7.5b", "dgx-a100-80g", 8, 2048, 32, micro_batch=4, flash_attention=False, fused_softmax=False)
+    _, flags = parse_megatron(ex.to_megatron(eager))
+    assert "--no-masked-softmax-fusion" in flags
+
+
 def test_megatron_gpt_layout_and_fp16():
     _, f = parse_megatron(ex.to_megatron(PLANS["gpt1.7b-pp-fp16"]))
     assert f["--fp16"] is True and "--bf16" not in f

@@ -268,6 +268,9 @@ PLAN_FLAG_HELP = {
                         "flash2, efficient at their efficiency measured by sequence length (Hopper)",
     "fused_elementwise": "eager PyTorch norms and SwiGLU (fp32 upcast, several kernels, more saved "
                          "activations) instead of fused kernels (Megatron-LM with Transformer Engine or Apex)",
+    "fused_softmax": "with --no-flash-attention: an eager PyTorch softmax over the scores (a copy, a mask fill "
+                     "and the softmax, three kernels) instead of Megatron-LM's fused scale-mask-softmax kernel "
+                     "(--no-masked-softmax-fusion)",
 }
 # Accepted values of the categorical plan fields (the flag's argparse choices).
 PLAN_FLAG_CHOICES = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "offload": OFFLOAD, "dtype": DTYPES,

@@ -9,8 +9,8 @@ Per layer, with T = b·s/cp tokens on the rank, t = tp:
   = 2 × forward (Narayanan et al. 2021 §3: backward is twice the forward).
   Attention core: fused (FlashAttention) at 4·b·(s/cp)·s·h/t FLOPs, halved by the causal mask,
   backward 2.5 × forward (FlashAttention-2 recomputes QKᵀ and runs 5 GEMMs against 2); unfused:
-  batched GEMMs QKᵀ and PV plus scale-mask-softmax and dropout over the b·(a/t)·s_l·s scores
-  (≈ 9 bytes per score element forward, 11 backward, in 16-bit with a 1-byte mask). Ring context
+  batched GEMMs QKᵀ and PV plus scale-mask-softmax (fused or eager) and, for models trained with
+  it, dropout over the b·(a/t)·s_l·s scores (:func:`softmax_bytes_per_score`). Ring context
   parallelism adds its per-step merge kernels (:func:`ring_attention_merge_times`) to the core.
   Memory-bound kernels (forward, bytes per token): two LayerNorms 4h each, two bias-dropout-
   residual adds 7h each, the MLP activation 4f (GELU) or 6f (SwiGLU), and for unfused attention
@@ -380,6 +380,41 @@ def measured_attention_efficiency(model, plan, curves, query_len, batch_heads):
     return eff
 
 
+# Bytes per element of the score matrix that unfused attention's softmax streams (16-bit scores and
+# probabilities; ×2 in fp32), forward and backward, and its kernels:
+#   fused (Megatron-LM's FusedScaleMaskSoftmax, scaled_upper_triang_masked_softmax: scale, causal mask
+#     and softmax in one kernel): forward reads the scores and writes the probabilities, 2 + 2;
+#     backward reads the probabilities and their gradient and writes the scores' gradient, 2 + 2 + 2
+#   eager (Scaling's MaskedSoftmaxTorch, src/scaling/core/nn/masked_softmax/masked_softmax.py at 01b9d21,
+#     softmax_in_fp32 off by default): the scores are a view of the baddbmm output, so they are cloned
+#     (2 + 2), masked in place with a broadcast boolean mask (2 + 1 + 2) and soft-maxed (2 + 2): 13;
+#     backward: softmax's (2 + 2 + 2) and the mask fill's, which zeroes the masked gradient (2 + 1 + 2): 11
+#   dropout on the probabilities (models trained with it: GPT-2/3, Megatron's GPT), a separate kernel
+#     each way: forward writes the 1-byte mask, reads and writes the probabilities (1 + 2 + 2); backward
+#     reads the gradient and the mask and writes the gradient (2 + 1 + 2). torch's dropout at p = 0
+#     returns its input (no kernel), so dropout-free models (Llama) pay none.
+# The fused path with dropout is 9 forward, 11 backward: the count used for every unfused plan before
+# the eager softmax and dropout-free models had their own.
+FUSED_SOFTMAX_BYTES = (4.0, 6.0)
+EAGER_SOFTMAX_BYTES = (13.0, 11.0)
+FUSED_SOFTMAX_KERNELS = (1, 1)
+EAGER_SOFTMAX_KERNELS = (3, 2)
+PROBS_DROPOUT_BYTES = (5.0, 5.0)
+
+
+def softmax_bytes_per_score(model, plan):
+    """((forward bytes, backward bytes), (forward kernels, backward kernels)) per 16-bit score element
+    of unfused attention's softmax and, if the model trains with dropout, the dropout on its
+    probabilities: fused or eager by ``plan.fused_softmax`` (see FUSED_SOFTMAX_BYTES)."""
+    fused = np.asarray(getattr(plan, "fused_softmax", True), dtype=bool)
+    dropout = 1.0 if getattr(model, "dropout", True) else 0.0
+    nbytes = tuple(np.where(fused, f, e) + dropout * d
+                   for f, e, d in zip(FUSED_SOFTMAX_BYTES, EAGER_SOFTMAX_BYTES, PROBS_DROPOUT_BYTES))
+    kernels = tuple(np.where(fused, f, e) + dropout
+                    for f, e in zip(FUSED_SOFTMAX_KERNELS, EAGER_SOFTMAX_KERNELS))
+    return nbytes, kernels
+
+
 def attention_core_times(model, job, plan, curves):
     """(forward, backward) time of the attention core (QKᵀ, softmax, PV) for one micro-batch.
     Fused: at the generation's calibrated efficiency, or, where the plan names a kernel, its
@@ -405,8 +440,9 @@ def attention_core_times(model, job, plan, curves):
     pv = curves.gemm_time(s_l * heads_rank, model.v_head_dim, s, dt)
     scores = heads_rank * s_l * s
     wide = element_bytes(plan) / BYTES
-    unfused_f = qk + pv + curves.memory_time(9 * wide * scores, kernels=2)
-    unfused_b = 2 * (qk + pv) + curves.memory_time(11 * wide * scores, kernels=2)
+    (bytes_f, bytes_b), (kernels_f, kernels_b) = softmax_bytes_per_score(model, plan)
+    unfused_f = qk + pv + curves.memory_time(bytes_f * wide * scores, kernels=kernels_f)
+    unfused_b = 2 * (qk + pv) + curves.memory_time(bytes_b * wide * scores, kernels=kernels_b)
     flash = np.asarray(plan.flash_attention, dtype=bool)
     return np.where(flash, fused_f, unfused_f), np.where(flash, fused_b, unfused_b)
 
@@ -747,7 +783,8 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     ar = tp_allreduce_time(model, job, plan, cluster)
     rc = np.asarray(plan.recompute_code)
     full = rc == Recompute.FULL
-    core_kernels = np.where(np.asarray(plan.flash_attention, dtype=bool), 1.0, 4.0)
+    softmax_kernels = softmax_bytes_per_score(model, plan)[1][0]
+    core_kernels = np.where(np.asarray(plan.flash_attention, dtype=bool), 1.0, 2.0 + softmax_kernels)
     layer_kernels = 4 + core_kernels + 8 + 4 * share_moe
     forwards = np.where(full, 2, 1)          # forward passes per micro-batch: the recomputed one too
     collectives = np.where(full, 6, 4)       # a layer's TP (or EP dispatch + combine) collectives, fwd and bwd

@@ -73,8 +73,8 @@ ASSUMPTIONS = (
     "parameter all-gather inside the optimizer step, exposed, as its source does)",
     "1 GiB-class runtime reserve (CUDA context, NCCL, cuBLAS workspaces) of 1.5 GiB per GPU (none on a profiled "
     "CPU device)",
-    "fused attention: causal mask halves the executed attention work; unfused: full score matrix plus softmax and "
-    "dropout traffic",
+    "fused attention: causal mask halves the executed attention work; unfused: full score matrix plus the softmax's "
+    "traffic (fused kernel, or eager ops with --no-fused-softmax) and dropout's for models trained with it",
 )
 
 

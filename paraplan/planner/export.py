@@ -287,6 +287,8 @@ def build_megatron(s: Scenario) -> Export:
             args.append(("--use-flash-attn",))
         else:   # Megatron-LM --attention-backend: fused = TE's cuDNN fused attention, flash = FlashAttention
             args.append(("--attention-backend", {"cudnn": "fused", "flash2": "flash"}[p.attention_kernel]))
+    elif not p.fused_softmax:
+        args.append(("--no-masked-softmax-fusion",))
     args += [("--train-iters", str(TRAIN_ITERS)), ("--lr", f"{LEARNING_RATE:g}")]
 
     lines = ["#!/usr/bin/env bash",
