@@ -55,6 +55,23 @@ def test_table_view_shows_the_breakdown(capsys):
         assert word in out
 
 
+def test_table_view_lists_the_plans_own_assumptions(capsys):
+    """The table view prints the estimate's assumptions, and they follow the plan: a kernel the accelerator
+    has no measured table for is said to be priced at the calibrated efficiency, TP overlap replaces the
+    'exposed' line, a DP reduction that does not overlap says so."""
+    assert main(["estimate", "--model", "llama2-7b", "--cluster", "dgx-a100-80g", "--gpus", "8", "--dp", "8",
+                 "--attention-kernel", "flash2"]) == 0
+    out = capsys.readouterr().out
+    assert "assumptions" in out and "no measured flash2 table for this accelerator" in out
+    assert "tensor-parallel collectives are exposed" in out and "overlaps the last micro-batch's backward" in out
+    assert main(["estimate", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64", "--tp", "8", "--sp",
+                 "--dp", "8", "--tp-comm-overlap", "--no-overlap-grad-reduce", "--format", "json"]) == 0
+    said = json.loads(capsys.readouterr().out)["assumptions"]
+    assert not any("collectives are exposed" in a for a in said)
+    assert any("overlap the GEMMs next to them" in a for a in said)
+    assert any("runs after the backward, nothing hidden" in a for a in said)
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--model", "lama3-8b", "--cluster", "dgx-h100"], "did you mean 'llama3-8b'"),
     (["--model", "llama3-8b", "--cluster", "dgx-h101"], "did you mean 'dgx-h100'"),

@@ -83,10 +83,25 @@ FP32_STATES = ("fp32 weights, gradients and activations; Adam keeps fp32 momentu
                "(16 bytes/param before ZeRO: 4 + 4 + 8)")
 
 
+# What replaces the default TP and DP lines of ASSUMPTIONS for a plan that overlaps its TP collectives, or
+# that does not overlap its data-parallel reduction
+TP_OVERLAP_ASSUMPTION = ("tensor-parallel collectives overlap the GEMMs next to them (Megatron --tp-comm-overlap: "
+                         "forward and backward; torchtitan async TP: the forward's only), the hidden part slowing "
+                         f"those GEMMs by {C.TP_OVERLAP_CONTENTION} of its time; backward = 2 x forward GEMM time")
+DP_NO_OVERLAP_ASSUMPTION = ("data-parallel gradient reduction runs after the backward, nothing hidden "
+                            "(overlap_grad_reduce off)")
+
+
 def assumptions_for(plan) -> tuple[str, ...]:
     """The assumptions printed with one plan's estimate: the defaults, the fp32 states in place of
-    the 16-bit ones for fp32 training, and the fp8 recipe's under fp8."""
-    base = ((FP32_STATES,) + ASSUMPTIONS[1:]) if plan.dtype == "fp32" else ASSUMPTIONS
+    the 16-bit ones for fp32 training, the plan's own TP / DP overlap where it departs from the
+    defaults, and the fp8 recipe's under fp8."""
+    base = list(((FP32_STATES,) + ASSUMPTIONS[1:]) if plan.dtype == "fp32" else ASSUMPTIONS)
+    if getattr(plan, "tp_comm_overlap", False):
+        base[2] = TP_OVERLAP_ASSUMPTION
+    if not plan.overlap_grad_reduce and plan.engine != "scaling":
+        base[3] = DP_NO_OVERLAP_ASSUMPTION
+    base = tuple(base)
     fp8_tp = (FP8_TP_GATHER,) if bool(np.all(C.tp_gathers_fp8(plan))) else ()
     return base + (FP8_ASSUMPTIONS if is_fp8(plan.dtype) else ()) + fp8_tp
 

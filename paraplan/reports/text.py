@@ -109,5 +109,6 @@ def render_estimate(e) -> str:
                   f"{d['step_time_warmup_s']:.3f} s/step, compressed phase {d['step_time_compressed_s']:.3f} s/step "
                   f"(data-parallel comm {fmt_time(d['dp_comm_warmup_s']).strip()} -> "
                   f"{fmt_time(d['dp_comm_compressed_s']).strip()}); the step time above is their average"]
+    lines += ["", "  assumptions"] + [f"    - {a}" for a in e.assumptions]
     lines += ["", "  FLOP convention: " + e.flop_convention]
     return "\n".join(lines)
