@@ -35,9 +35,10 @@ CLUSTER = "dgx-a100-80g"
 def plan_of(row) -> Plan:
     """The layout a sweep row ran: ZeRO-1 (distributed optimizer), 1F1B, bf16 on the codebase the
     sweep ran on (engine ``scaling``: Aleph Alpha's Scaling); attention unfused for the `torch` (its
-    softmax eager) and `fused` (Megatron's fused softmax) kernels, norms fused only with the RMS kernel (SwiGLU is eager in
-    Scaling either way, and so is its rotary embedding); gradients accumulate unfused (one add per
-    parameter tensor per micro-batch after the first, as Scaling's source does)."""
+    softmax eager) and `fused` (Megatron's fused softmax) kernels, norms fused only with the RMS
+    kernel (SwiGLU is eager in Scaling either way, and so is its rotary embedding); gradients
+    accumulate unfused (one add per parameter tensor per micro-batch after the first, as Scaling's
+    source does)."""
     dp = int(row.gpus) // (int(row.tp) * int(row.pp))
     return Plan(tp=int(row.tp), pp=int(row.pp), dp=dp, micro_batch=int(row.micro_batch), sp=bool(row.sp) and int(row.tp) > 1,  # sp is a no-op at tp 1
                 zero=1, recompute="full" if row.checkpointing == "every_layer" else "none",

@@ -315,7 +315,7 @@ class Plan:
     # without flash attention: the scale-mask-softmax over the materialised scores as one fused kernel
     # (Megatron-LM's FusedScaleMaskSoftmax, --masked-softmax-fusion, its default); False: eager PyTorch
     # ops, a copy of the scores, an in-place mask fill and the softmax (Scaling's MaskedSoftmaxTorch,
-    # the `torch` kernel of Hagemann et al. 2023), which stream about twice the bytes
+    # the `torch` kernel of Hagemann et al. 2023), which stream more than twice the bytes
     fused_softmax: bool = True
     # the engine that runs the plan (Engine): model-state layout, buffers, layouts on offer
     engine: str = "generic"

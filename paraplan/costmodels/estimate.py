@@ -88,8 +88,8 @@ FP32_STATES = ("fp32 weights, gradients and activations; Adam keeps fp32 momentu
 TP_OVERLAP_ASSUMPTION = ("tensor-parallel collectives overlap the GEMMs next to them (Megatron --tp-comm-overlap: "
                          "forward and backward; torchtitan async TP: the forward's only), the hidden part slowing "
                          f"those GEMMs by {C.TP_OVERLAP_CONTENTION} of its time; backward = 2 x forward GEMM time")
-DP_NO_OVERLAP_ASSUMPTION = ("data-parallel gradient reduction runs after the backward, nothing hidden "
-                            "(overlap_grad_reduce off)")
+DP_NO_OVERLAP_ASSUMPTION = ("data-parallel gradient reduction runs after the backward and ZeRO-3's gathers are "
+                            "not prefetched: nothing hidden (overlap_grad_reduce off)")
 
 
 def assumptions_for(plan) -> tuple[str, ...]:
