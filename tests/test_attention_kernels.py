@@ -71,6 +71,25 @@ def test_a_generation_without_a_table_says_so_and_prices_auto():
     assert "cudnn at 0.49" in h.assumptions[-1] or "cudnn at 0.50" in h.assumptions[-1]
 
 
+def test_megatron_auto_runs_transformer_engines_cudnn_attention_on_hopper():
+    """Left to auto, a Megatron-LM plan runs Transformer Engine's attention, which prefers cuDNN fused
+    attention on Hopper: priced as the plan that names cudnn, and said; other engines, and a generation
+    without a measured table (A100), keep the calibrated auto figure."""
+    model, job = load_model("llama3-8b"), TrainingJob(32768, 16)
+    def step(cluster, **plan):
+        return estimate(model, job, cluster, Plan(tp=1, micro_batch=1, **plan))
+    auto, cudnn = step(H100, engine="megatron"), step(H100, engine="megatron", attention_kernel="cudnn")
+    assert auto.step_time_s == cudnn.step_time_s
+    assert any("auto on Megatron-LM runs Transformer Engine's cuDNN" in a for a in auto.assumptions)
+    generic = step(H100)
+    assert generic.step_time_s > auto.step_time_s * 1.05       # 0.40 against cuDNN's ~0.57 at 32k tokens
+    assert not any("Transformer Engine's cuDNN" in a for a in generic.assumptions)
+    a100 = analytical_curves(load_cluster("dgx-a100-80g", 8).accelerator)
+    f_meg = C.attention_core_times(model, job, Plan(tp=1, micro_batch=1, engine="megatron"), a100)
+    f_gen = C.attention_core_times(model, job, Plan(tp=1, micro_batch=1), a100)
+    assert float(f_meg[0]) == float(f_gen[0])
+
+
 def test_kernel_needs_flash_attention_and_megatron_export_maps_it():
     with pytest.raises(ConfigError) as e:
         Plan(attention_kernel="flash2", flash_attention=False)

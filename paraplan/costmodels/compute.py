@@ -358,15 +358,32 @@ def attention_occupancy(query_len, batch_heads, sms, tile_rows=128):
     return work / np.maximum(n, work + n / 4)
 
 
+def engine_attention_kernel(plan, table):
+    """The kernel code a plan's attention runs: the one it names, or, left to ``auto``, the one its
+    engine picks where that is fixed. Megatron-LM runs Transformer Engine's DotProductAttention, whose
+    backend selection gives its cuDNN FusedAttention preference over FlashAttention on Hopper and newer
+    when both support the call ("Disabling FlashAttention to give FusedAttention preference on Hopper+
+    for performance reasons": transformer_engine/pytorch/attention/dot_product_attention/utils.py,
+    get_attention_backend, NVIDIA/TransformerEngine @ 002a3e5), so a Megatron plan on a generation
+    whose measured table has ``cudnn`` runs that. Other engines stay ``auto`` (torch SDPA's backend
+    order has changed between releases)."""
+    kernel = np.asarray(getattr(plan, "attention_kernel_code", AttentionKernel.AUTO))
+    if "cudnn" not in table["kernels"]:
+        return kernel
+    megatron = np.asarray(getattr(plan, "engine_code", Engine.GENERIC)) == Engine.MEGATRON
+    return np.where((kernel == AttentionKernel.AUTO) & megatron, int(AttentionKernel.CUDNN), kernel)
+
+
 def measured_attention_efficiency(model, plan, curves, query_len, batch_heads):
-    """Fused attention efficiency (share of the bf16 peak) of the kernel a plan names, from the
-    generation's measured table (attention_kernels.yaml): interpolated in log2(sequence), scaled for
-    head dims below 128 and by :func:`attention_occupancy`; NaN where the plan leaves the kernel to
-    ``auto``. None when the curves carry no table (that generation was not measured)."""
+    """Fused attention efficiency (share of the bf16 peak) of the kernel a plan runs
+    (:func:`engine_attention_kernel`), from the generation's measured table (attention_kernels.yaml):
+    interpolated in log2(sequence), scaled for head dims below 128 and by :func:`attention_occupancy`;
+    NaN where the kernel is left to ``auto``. None when the curves carry no table (that generation was
+    not measured)."""
     table = getattr(curves, "attention_table", None)
     if not table:
         return None
-    kernel = np.asarray(getattr(plan, "attention_kernel_code", AttentionKernel.AUTO))
+    kernel = engine_attention_kernel(plan, table)
     seqs = np.log2(np.asarray(table["seq"], dtype=float))
     occupancy = attention_occupancy(query_len, batch_heads, curves.accelerator.streaming_multiprocessors,
                                     table.get("tile_rows", 128))

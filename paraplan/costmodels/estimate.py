@@ -110,11 +110,17 @@ def attention_kernel_assumption(model, job, plan, curves) -> tuple[str, ...]:
     """What a plan that names its attention kernel is priced at: the measured efficiency at its
     sequence length and heads per GPU, or, where the generation has no measured table, the
     calibrated one (said, so the choice is not silently ignored)."""
-    if plan.attention_kernel == "auto" or not plan.flash_attention:
+    if not plan.flash_attention:
         return ()
     b = plan.micro_batch
     eff = C.measured_attention_efficiency(model, plan, curves, C.tokens_per_rank(job, plan) / b,
                                           b * model.heads / plan.tp)
+    if plan.attention_kernel == "auto":
+        if eff is None or np.isnan(float(eff)):
+            return ()
+        return (f"attention: auto on Megatron-LM runs Transformer Engine's cuDNN fused attention (its preference on "
+                f"Hopper and newer): cudnn at {float(eff):.3f} of peak, measured by sequence length "
+                f"(attention_kernels.yaml) at {job.seq_len} tokens and {b * model.heads // plan.tp} heads per GPU",)
     if eff is None:
         return (f"attention: no measured {plan.attention_kernel} table for this accelerator; priced at its "
                 f"calibrated fused-attention efficiency ({getattr(curves, 'flash_attention_efficiency', 'profiled')})",)
