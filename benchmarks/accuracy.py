@@ -7,7 +7,9 @@ constants):
   * shared/reference/hagemann2023_sweep_2k.csv           (A100: the seed paper's sweep, runs that fit)
 Printed: per-row (``--rows``), per source and per generation the throughput MAPE and bias
 (bias = mean of predicted/measured throughput - 1: positive = optimistic), the sweep's MFU MAPE and
-Spearman rank correlation, the 90 % prediction intervals per generation and their leave-one-source-out
+Spearman rank correlation, its one-axis pairs (same layout but one change: kernel, recomputation,
+micro-batch, sp; measured against predicted step-time ratio), the 90 % prediction intervals per
+generation and their leave-one-source-out
 coverage, and the held-out Korthikanti rows. ``--write-intervals`` stores the intervals that every
 estimate then carries (paraplan/costmodels/data/prediction_intervals.json).
 
@@ -46,10 +48,51 @@ def sweep_frame(csv: Path) -> pd.DataFrame:
                      load_cluster(CLUSTER, int(r.gpus)), plan_of(r))
         rows.append({"source": SWEEP_SOURCE, "sheet": r.sheet, "case": f"{r.sheet} trial {r.trial}",
                      "generation": "A100", "measured_s": float(r.measured_step_s), "predicted_s": e.step_time_s,
-                     "measured_mfu": float(r.measured_mfu), "predicted_mfu": e.mfu})
+                     "measured_mfu": float(r.measured_mfu), "predicted_mfu": e.mfu,
+                     **{k: getattr(r, k) for k in SWEEP_LAYOUT}})
     df = pd.DataFrame(rows)
     df["error"] = df.predicted_s / df.measured_s - 1
     return df
+
+
+# The columns that make a sweep run's layout, and the one-axis changes whose step-time ratios the sweep
+# measured on otherwise equal layouts: (axis, from, to, what it isolates)
+SWEEP_LAYOUT = ("kernel", "checkpointing", "micro_batch", "tp", "pp", "sp")
+SWEEP_PAIR_FAMILIES = (
+    ("kernel", "fused", "torch", "eager softmax against the fused one (unfused attention)"),
+    ("kernel", "fused", "flash_attention2", "FlashAttention-2 against unfused attention, fused softmax"),
+    ("kernel", "flash_attention2", "flash_attentionv1.0.8", "FlashAttention 1.0.8 against FlashAttention-2"),
+    ("kernel", "flash_attention2", "flash_attention2 + RMS kernel", "fused RMSNorm against eager"),
+    ("checkpointing", "disabled", "every_layer", "full recomputation"),
+    ("micro_batch", 1, 2, "micro-batch 1 -> 2"),
+    ("micro_batch", 2, 4, "micro-batch 2 -> 4"),
+    ("sp", 0, 1, "sequence parallelism"),
+)
+
+
+def sweep_pairs(sweep: pd.DataFrame) -> pd.DataFrame:
+    """Per one-axis change of SWEEP_PAIR_FAMILIES: the sweep's layouts that ran both ways (repeats
+    averaged), measured and predicted step-time ratio (to / from), median and spread of the error of
+    the predicted ratio. A level error both runs of a pair share (the codebase, the cluster) cancels,
+    so each line checks the mechanism the axis changes."""
+    out = []
+    for axis, a, b, what in SWEEP_PAIR_FAMILIES:
+        key = [k for k in ("sheet", *SWEEP_LAYOUT) if k != axis]
+        means = sweep.groupby(key + [axis])[["measured_s", "predicted_s"]].mean()
+        ratios = []
+        for _, grp in means.groupby(level=key):
+            by = grp.droplevel(key)
+            if a in by.index and b in by.index:
+                ratios.append((by.loc[b, "measured_s"] / by.loc[a, "measured_s"],
+                               by.loc[b, "predicted_s"] / by.loc[a, "predicted_s"]))
+        if not ratios:
+            continue
+        m, p = np.array(ratios).T
+        err = 100 * (p / m - 1)
+        out.append({"change": what, "pairs": len(ratios), "measured_ratio": np.median(m),
+                    "predicted_ratio": np.median(p), "median_error_%": np.median(err),
+                    "mape_%": np.abs(err).mean(), "worst_%": err[np.argmax(np.abs(err))]})
+    return pd.DataFrame(out)
 
 
 def with_throughput_error(df: pd.DataFrame) -> pd.DataFrame:
@@ -181,6 +224,9 @@ def main(argv=None) -> int:
             lambda g: pd.Series({"runs": len(g), "mfu_mape_%": 100 * g.e.abs().mean(), "bias_%": 100 * g.e.mean(),
                                  "spearman": spearman(g.predicted_mfu, g.measured_mfu)}), include_groups=False)
         print(per.round(3).to_string())
+        print(f"\n{SWEEP_SOURCE}: one-axis changes on otherwise equal layouts, step-time ratio (a level error "
+              "both runs share cancels)")
+        print(sweep_pairs(sweep).round(3).to_string(index=False))
 
     residuals = {g: list(zip(d.source, d.log_ratio)) for g, d in df.groupby("group")}
     intervals = fit_intervals(residuals)
