@@ -84,3 +84,25 @@ def test_scaling_step_pays_its_gradient_passes_and_the_estimate_shows_them():
     on_generic = estimate(model, job, cluster, replace(plan, engine="generic")).time_breakdown_s
     assert on_scaling["optimizer"] - on_generic["optimizer"] == pytest.approx(t, rel=1e-6)
     assert on_scaling["dp_comm"] > 5 * on_generic["dp_comm"]
+
+
+def test_scaling_pipeline_sends_whole_activations_and_waits_for_each_transfer():
+    """Scaling's PipeCommunicator sends a stage's output as it is (without sequence parallelism every tp
+    rank sends the whole replicated b·s·h activation; Megatron scatters it over tp), and its pipeline runs
+    every send and receive as its own blocking instruction (twice the transfers on a stage's timeline)."""
+    from paraplan.costmodels.comm import SEND_RECV, ring_time
+    from paraplan.costmodels.compute import p2p_time
+    from paraplan.costmodels.pipeline import p2p_messages_on_critical_path
+    model, job = load_model("llama1-65b"), TrainingJob(2048, 2048)
+    cluster = load_cluster("dgx-a100-80g", 128)
+    _, inter = cluster.links("pp")
+    whole = 2048 * model.hidden * 2
+    plans = PlanBatch.from_plans([Plan(tp=8, pp=8, dp=2, engine="scaling"), Plan(tp=8, pp=8, dp=2, engine="generic"),
+                                  Plan(tp=8, pp=8, dp=2, sp=True, engine="scaling"),
+                                  Plan(tp=8, pp=8, dp=2, sp=True, engine="generic")])
+    t = p2p_time(model, job, plans, cluster)
+    assert float(t[0]) == pytest.approx(float(ring_time(SEND_RECV, whole, 2, inter)))
+    assert float(t[1]) == pytest.approx(float(ring_time(SEND_RECV, whole / 8, 2, inter)))
+    assert float(t[2]) == float(t[3]) == float(t[1])         # a sequence shard under sp, either way
+    messages = p2p_messages_on_critical_path(plans, 1024)
+    assert list(messages) == [4 * 1031, 2 * 1031, 4 * 1031, 2 * 1031]

@@ -870,9 +870,15 @@ def vocab_parallel_loss_allreduce_time(job, plan, cluster):
 
 def p2p_time(model, job, plan, cluster):
     """One pipeline send/recv of a micro-batch's boundary activation b·(s/cp)·h, split over tp
-    (Megatron's scatter-gather optimisation). Intra-node only when the whole pipeline fits in a node."""
+    (Megatron's scatter-gather optimisation; under sequence parallelism the activation is a sequence
+    shard anyway). Scaling sends the tensors a stage returns as they are (PipeCommunicator.send_data,
+    src/scaling/core/nn/parallel_module/communicator.py at 01b9d21): without sequence parallelism
+    every tp rank holds and sends the whole replicated activation. Intra-node only when the whole
+    pipeline fits in a node."""
     T = tokens_per_rank(job, plan)
-    size = T * model.hidden * element_bytes(plan) / np.asarray(plan.tp, dtype=float)
+    t = np.asarray(plan.tp, dtype=float)
+    whole = (np.asarray(getattr(plan, "engine_code", Engine.GENERIC)) == Engine.SCALING) & ~np.asarray(plan.sp, dtype=bool)
+    size = T * model.hidden * element_bytes(plan) / np.where(whole, 1.0, t)
     span = np.asarray(plan.tp) * plan.cp * plan.dp * plan.pp
     inside = span <= cluster.gpus_per_node
     intra, inter = cluster.links("pp")

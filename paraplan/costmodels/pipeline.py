@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from paraplan.plan import Schedule
+from paraplan.plan import Engine, Schedule
 
 
 def bubble_factor(plan):
@@ -28,12 +28,23 @@ def bubble_fraction(plan, m):
     return (np.asarray(plan.pp, dtype=float) - 1) / np.asarray(m, dtype=float) * bubble_factor(plan)
 
 
+# Scaling runs its pipeline as a list of instructions executed one after another (ParallelModule.train_step:
+# RecvActivation, ForwardPass, SendActivation, RecvGrad, BackwardPass, SendGrad), each transfer a blocking
+# torch.distributed.send or recv (PipeCommunicator, src/scaling/core/nn/parallel_module/communicator.py at
+# 01b9d21) that the stage's stream waits for: a stage's timeline carries its receive and its send in each
+# direction, where Megatron-LM pairs them in one batched isend/irecv (send_forward_recv_backward).
+SCALING_P2P_TRANSFERS_PER_CROSSING = 2
+
+
 def p2p_messages_on_critical_path(plan, m):
     """Pipeline sends on the critical path per step: each micro-batch crosses every model-chunk
-    boundary forward and backward; (p − 1) more in fill and drain. Zero without pipelining."""
+    boundary forward and backward; (p − 1) more in fill and drain (twice as many on Scaling,
+    SCALING_P2P_TRANSFERS_PER_CROSSING). Zero without pipelining."""
     p = np.asarray(plan.pp, dtype=float)
     v = np.asarray(plan.vpp, dtype=float)
-    return np.where(p > 1, 2 * (m * v + p - 1), 0.0)
+    scaling = np.asarray(getattr(plan, "engine_code", Engine.GENERIC)) == Engine.SCALING
+    per_crossing = np.where(scaling, SCALING_P2P_TRANSFERS_PER_CROSSING, 1.0)
+    return np.where(p > 1, 2 * (m * v + p - 1) * per_crossing, 0.0)
 
 
 def stage_overlap(plan, m):
