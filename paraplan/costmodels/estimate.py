@@ -63,14 +63,18 @@ FP8_ASSUMPTIONS = (
 FP8_TP_GATHER = ("fp8: torchtitan's float8 tensorwise tensor parallelism casts the attention and MLP inputs (and, "
                  "backward, the row-parallel output gradients) on their sequence shard and all-gathers them in fp8; "
                  "the reduce-scatters stay 16-bit (compute.tp_gathers_fp8)")
+STATES_16BIT = ("16-bit weights, gradients and activations; Adam with fp32 master weights, momentum, variance "
+                "(16 bytes/param before ZeRO)")
+TP_EXPOSED_ASSUMPTION = "tensor-parallel collectives are exposed (no TP comm overlap); backward = 2 x forward GEMM time"
+DP_OVERLAP_ASSUMPTION = ("data-parallel gradient reduction is bucketed and overlaps the last micro-batch's backward; "
+                         "ZeRO-3 gathers are prefetched under each micro-batch's compute (engine scaling: an fp32 "
+                         "all-reduce of every gradient and the parameter all-gather inside the optimizer step, exposed, "
+                         "as its source does)")
 ASSUMPTIONS = (
-    "16-bit weights, gradients and activations; Adam with fp32 master weights, momentum, variance (16 bytes/param "
-    "before ZeRO)",
+    STATES_16BIT,
     "ranks ordered tp, cp, dp, pp (tp innermost): groups fill a node before spanning nodes",
-    "tensor-parallel collectives are exposed (no TP comm overlap); backward = 2 x forward GEMM time",
-    "data-parallel gradient reduction is bucketed and overlaps the last micro-batch's backward; ZeRO-3 gathers are "
-    "prefetched under each micro-batch's compute (engine scaling: an fp32 all-reduce of every gradient and the "
-    "parameter all-gather inside the optimizer step, exposed, as its source does)",
+    TP_EXPOSED_ASSUMPTION,
+    DP_OVERLAP_ASSUMPTION,
     "1 GiB-class runtime reserve (CUDA context, NCCL, cuBLAS workspaces) of 1.5 GiB per GPU (none on a profiled "
     "CPU device)",
     "fused attention: causal mask halves the executed attention work; unfused: full score matrix plus the softmax's "
@@ -83,8 +87,8 @@ FP32_STATES = ("fp32 weights, gradients and activations; Adam keeps fp32 momentu
                "(16 bytes/param before ZeRO: 4 + 4 + 8)")
 
 
-# What replaces the default TP and DP lines of ASSUMPTIONS for a plan that overlaps its TP collectives, or
-# that does not overlap its data-parallel reduction
+# What replaces TP_EXPOSED_ASSUMPTION for a plan that overlaps its TP collectives, and DP_OVERLAP_ASSUMPTION
+# for one that does not overlap its data-parallel reduction
 TP_OVERLAP_ASSUMPTION = ("tensor-parallel collectives overlap the GEMMs next to them (Megatron --tp-comm-overlap: "
                          "forward and backward; torchtitan async TP: the forward's only), the hidden part slowing "
                          f"those GEMMs by {C.TP_OVERLAP_CONTENTION} of its time; backward = 2 x forward GEMM time")
@@ -96,12 +100,12 @@ def assumptions_for(plan) -> tuple[str, ...]:
     """The assumptions printed with one plan's estimate: the defaults, the fp32 states in place of
     the 16-bit ones for fp32 training, the plan's own TP / DP overlap where it departs from the
     defaults, and the fp8 recipe's under fp8."""
-    base = list(((FP32_STATES,) + ASSUMPTIONS[1:]) if plan.dtype == "fp32" else ASSUMPTIONS)
-    if getattr(plan, "tp_comm_overlap", False):
-        base[2] = TP_OVERLAP_ASSUMPTION
-    if not plan.overlap_grad_reduce and plan.engine != "scaling":
-        base[3] = DP_NO_OVERLAP_ASSUMPTION
-    base = tuple(base)
+    swap = {STATES_16BIT: FP32_STATES if plan.dtype == "fp32" else STATES_16BIT,
+            TP_EXPOSED_ASSUMPTION: TP_OVERLAP_ASSUMPTION if getattr(plan, "tp_comm_overlap", False)
+            else TP_EXPOSED_ASSUMPTION,
+            DP_OVERLAP_ASSUMPTION: DP_NO_OVERLAP_ASSUMPTION if not plan.overlap_grad_reduce and plan.engine != "scaling"
+            else DP_OVERLAP_ASSUMPTION}
+    base = tuple(swap.get(a, a) for a in ASSUMPTIONS)
     fp8_tp = (FP8_TP_GATHER,) if bool(np.all(C.tp_gathers_fp8(plan))) else ()
     return base + (FP8_ASSUMPTIONS if is_fp8(plan.dtype) else ()) + fp8_tp
 
