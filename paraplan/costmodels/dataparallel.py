@@ -96,9 +96,15 @@ def compressed_phase_factor(plan):
     return warm, factor
 
 
-def dp_exposed_time(params, plan, cluster, m, t_micro_fwd, t_micro_bwd, *, experts: bool = False,
-                    volume_factor=1.0, units=1):
-    """Exposed seconds of data-parallel / ZeRO communication per step (and the total traffic time).
+# The windows data-parallel traffic hides under (see the module docstring), by key of :func:`dp_traffic`:
+# the last micro-batch's backward, the first micro-batch's forward, every micro-batch's backward (ZeRO-2),
+# every micro-batch's forward and backward (ZeRO-3), and none (Scaling)
+DP_WINDOWS = ("last_backward", "first_forward", "each_backward", "each_micro", "exposed")
+
+
+def dp_traffic(params, plan, cluster, *, experts: bool = False, volume_factor=1.0, units=1) -> dict:
+    """Seconds of data-parallel / ZeRO collectives per step for ``params`` parameters per GPU, by the
+    window they hide under (DP_WINDOWS; ``each_*`` per micro-batch), before any overlap.
 
     ``units``: how many pieces ZeRO-3 gathers and reduces the stage's parameters in (its wrapped
     units, layers + 1); every piece pays its collective's latency."""
@@ -112,24 +118,49 @@ def dp_exposed_time(params, plan, cluster, m, t_micro_fwd, t_micro_bwd, *, exper
     rs = collective_time(REDUCE_SCATTER, grad_size, n, k, intra, inter)
     ag = collective_time(ALL_GATHER, gather_size, n, k, intra, inter)
     z = np.asarray(plan.zero)
-    overlap = np.asarray(plan.overlap_grad_reduce, dtype=bool)
-    bwd = np.where(overlap, t_micro_bwd, 0.0)
-    fwd = np.where(overlap, t_micro_fwd, 0.0)
-    stage0 = hidden_under(ar, bwd)
-    stage1 = hidden_under(rs, bwd) + hidden_under(ag, fwd)
-    stage2 = m * hidden_under(rs, bwd) + hidden_under(ag, fwd)
     units = np.maximum(np.asarray(units, dtype=float), 1.0)
     per_micro3 = units * (2 * collective_time(ALL_GATHER, gather_size / units, n, k, intra, inter)
                           + collective_time(REDUCE_SCATTER, grad_size / units, n, k, intra, inter))
-    stage3 = m * hidden_under(per_micro3, np.where(overlap, t_micro_fwd + t_micro_bwd, 0.0))
-    exposed = np.where(z == 0, stage0, np.where(z == 1, stage1, np.where(z == 2, stage2, stage3)))
-    total = np.where(z == 0, ar, np.where(z == 1, rs + ag, np.where(z == 2, m * rs + ag, m * per_micro3)))
     # Scaling: an fp32 all-reduce of every gradient after the backward, then (ZeRO-1) the 16-bit
     # parameter all-gather, both exposed
     scaling = engine_of(plan) == Engine.SCALING
+    scaling_total = 0.0
     if np.any(scaling):                         # priced only where a plan runs on Scaling
         scaling_total = (collective_time(ALL_REDUCE, SCALING_GRAD_REDUCE_BYTES * params * volume_factor,
                                          n, k, intra, inter) + np.where(z >= 1, ag, 0.0))
-        exposed = np.where(scaling, scaling_total, exposed)
-        total = np.where(scaling, scaling_total, total)
-    return np.where(n > 1, exposed, 0.0), np.where(n > 1, total, 0.0)
+    some = n > 1
+    plain = some & ~scaling
+    return {"last_backward": np.where(plain, np.where(z == 0, ar, np.where(z == 1, rs, 0.0)), 0.0),
+            "first_forward": np.where(plain & ((z == 1) | (z == 2)), ag, 0.0),
+            "each_backward": np.where(plain & (z == 2), rs, 0.0),
+            "each_micro": np.where(plain & (z == 3), per_micro3, 0.0),
+            "exposed": np.where(some & scaling, scaling_total, 0.0)}
+
+
+def add_traffic(a: dict, b: dict) -> dict:
+    """Two sets of collectives that share the same windows (a stage's dense and expert parameters)."""
+    return {key: a[key] + b[key] for key in DP_WINDOWS}
+
+
+def dp_exposed(traffic: dict, plan, m, t_micro_fwd, t_micro_bwd):
+    """(exposed, total) seconds per step of the collectives in ``traffic`` (:func:`dp_traffic`).
+    Everything that hides under one window shares it: hidden_under(Σ traffic of the window, window),
+    so a stage's dense and expert reductions cannot each claim the whole backward. Without overlap
+    (``plan.overlap_grad_reduce`` False) every window is empty and all of it is exposed."""
+    overlap = np.asarray(plan.overlap_grad_reduce, dtype=bool)
+    bwd = np.where(overlap, t_micro_bwd, 0.0)
+    fwd = np.where(overlap, t_micro_fwd, 0.0)
+    exposed = (hidden_under(traffic["last_backward"], bwd) + hidden_under(traffic["first_forward"], fwd)
+               + m * hidden_under(traffic["each_backward"], bwd)
+               + m * hidden_under(traffic["each_micro"], fwd + bwd) + traffic["exposed"])
+    total = (traffic["last_backward"] + traffic["first_forward"] + m * traffic["each_backward"]
+             + m * traffic["each_micro"] + traffic["exposed"])
+    return exposed, total
+
+
+def dp_exposed_time(params, plan, cluster, m, t_micro_fwd, t_micro_bwd, *, experts: bool = False,
+                    volume_factor=1.0, units=1):
+    """Exposed seconds of data-parallel / ZeRO communication per step (and the total traffic time)
+    for one set of parameters: :func:`dp_exposed` of :func:`dp_traffic`."""
+    traffic = dp_traffic(params, plan, cluster, experts=experts, volume_factor=volume_factor, units=units)
+    return dp_exposed(traffic, plan, m, t_micro_fwd, t_micro_bwd)

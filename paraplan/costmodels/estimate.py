@@ -18,7 +18,7 @@ import numpy as np
 
 from paraplan.costmodels import compute as C
 from paraplan.costmodels import memory as M
-from paraplan.costmodels.dataparallel import compressed_phase_factor, dp_exposed_time
+from paraplan.costmodels.dataparallel import add_traffic, compressed_phase_factor, dp_exposed, dp_traffic
 from paraplan.costmodels.efficiency import curves_for, with_reference_block
 from paraplan.costmodels.intervals import describe_interval
 from paraplan.costmodels.offload import activation_offload_time, optimizer_and_offload, param_tensors, stage_param_tensors
@@ -297,16 +297,18 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
     n_dp = np.asarray(plan.dp, dtype=float) * plan.cp
     n_edp = expert_data_parallel(plan)
     warm, factor = compressed_phase_factor(plan)
-    dp_args = (plan, cluster, m, t_micro_fwd, t_micro_bwd)
     units = layers + 1                          # ZeRO-3's wrapped units: each layer and the root
-    dp_warm, dp_total = dp_exposed_time(params, *dp_args, units=units)
     compressed = bool(np.any(factor != 1))      # else the compressed phase is the warm-up phase
-    dp_comp = dp_exposed_time(params, *dp_args, volume_factor=factor, units=units)[0] if compressed else dp_warm
-    if model.moe is not None:
-        e_warm, e_total = dp_exposed_time(experts, *dp_args, experts=True, units=units)
-        e_comp = dp_exposed_time(experts, *dp_args, experts=True, volume_factor=factor,
-                                 units=units)[0] if compressed else e_warm
-        dp_warm, dp_comp, dp_total = dp_warm + e_warm, dp_comp + e_comp, dp_total + e_total
+
+    def traffic(volume_factor):
+        """The stage's dense and (MoE) expert collectives: they hide under the same windows."""
+        t = dp_traffic(params, plan, cluster, volume_factor=volume_factor, units=units)
+        if model.moe is not None:
+            t = add_traffic(t, dp_traffic(experts, plan, cluster, experts=True, volume_factor=volume_factor,
+                                          units=units))
+        return t
+    dp_warm, dp_total = dp_exposed(traffic(1.0), plan, m, t_micro_fwd, t_micro_bwd)
+    dp_comp = dp_exposed(traffic(factor), plan, m, t_micro_fwd, t_micro_bwd)[0] if compressed else dp_warm
     # FSDP2's own cost per wrapped unit (each layer of the stage and the root) and micro-batch, where the
     # device's profile measured it (a CPU under gloo: hooks, DTensor bookkeeping, buffer copies)
     fsdp_unit = float(getattr(curves, "fsdp_unit_overhead_s", 0.0) or 0.0)
@@ -318,8 +320,14 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
     z1 = np.asarray(plan.zero) >= 1
     shard = np.where(z1, params / n_dp, params) + np.where(z1, experts / n_edp, experts)
     compute_step = m * (t_mid + head_compute + head_tp)
+    # a micro-batch's wall time on the slowest stage: its layers with their exposed collectives, the
+    # head, and the ZeRO-3 gathers and reductions it exposes micro-batch by micro-batch;
+    # ZeRO-Infinity's parameter fetch hides under all of it (offload.offload_transfer_times)
+    dp_per_micro = np.where(np.asarray(plan.zero) == 3, dp_avg / np.maximum(np.asarray(m, dtype=float), 1.0), 0.0)
+    micro_wall = t_mid + head_compute + head_tp + dp_per_micro
     optimizer, offload = optimizer_and_offload(shard, plan, cluster, curves, m, t_micro_fwd, t_micro_bwd,
-                                               compute_step, tensors=param_tensors(model, plan))
+                                               compute_step, tensors=param_tensors(model, plan),
+                                               t_micro_wall=micro_wall)
     acts_offloaded = M.offloaded_activation_bytes(model, job, plan)
     offload = offload + activation_offload_time(acts_offloaded, cluster, m, t_micro_fwd, t_micro_bwd)
     time = {

@@ -87,9 +87,16 @@ def optimizer_time(shard, plan, cluster, curves, tensors=None):
     return np.where(np.asarray(plan.offload_code) == Offload.NONE, gpu, cpu_adam_time(shard, cluster, curves))
 
 
-def offload_transfer_times(shard, plan, cluster, m, t_micro_fwd, t_micro_bwd) -> dict:
+def offload_transfer_times(shard, plan, cluster, m, t_micro_fwd, t_micro_bwd, t_micro_wall=None) -> dict:
     """Exposed PCIe and NVMe seconds per step under offload, by stream (0 without offload); the
-    node's drives are ``cluster.node_system``'s (an NVLink domain's share on a cluster cut into domains)."""
+    node's drives are ``cluster.node_system``'s (an NVLink domain's share on a cluster cut into domains).
+
+    The parameter fetch of ZeRO-3 offload (ZeRO-Infinity's prefetch) runs on PCIe and the drives, so
+    it hides under the whole of a micro-batch's wall time ``t_micro_wall`` (default t_fwd + t_bwd):
+    its compute and recomputation and the tensor/context/expert-parallel and ZeRO-3 collectives it
+    exposes on the GPU's links: m · max(0, fetch − t_micro_wall). Hidden under the bare compute
+    alone, the fetch and the exposed collectives would each claim the same window, and a faster GPU
+    (a shorter window) would lengthen the step."""
     sysm = cluster.node_system
     g = cluster.gpus_per_node
     pcie = sysm.pcie_bandwidth_bytes_per_s
@@ -102,7 +109,8 @@ def offload_transfer_times(shard, plan, cluster, m, t_micro_fwd, t_micro_bwd) ->
     fetch_pcie = 2 * BYTES * shard / pcie
     fetch_nvme = 2 * BYTES * shard * g / sysm.nvme_read_bytes_per_s
     fetch = np.where(oc == Offload.NVME, np.maximum(fetch_pcie, fetch_nvme), fetch_pcie)
-    param_fetch = m * np.maximum(0.0, fetch - (t_micro_fwd + t_micro_bwd))
+    wall = t_micro_fwd + t_micro_bwd if t_micro_wall is None else t_micro_wall
+    param_fetch = m * np.maximum(0.0, fetch - wall)
     return {"grads_to_host": np.where(off, grads_down, 0.0),
             "params_to_gpu": np.where(off, params_up, 0.0),
             "nvme_optimizer_states": np.where(oc == Offload.NVME, nvme_states, 0.0),
@@ -119,10 +127,10 @@ def activation_offload_time(offloaded_bytes, cluster, m, t_micro_fwd, t_micro_bw
 
 
 def optimizer_and_offload(shard, plan, cluster, curves, m, t_micro_fwd, t_micro_bwd, t_step_compute,
-                          tensors=None):
+                          tensors=None, t_micro_wall=None):
     """(optimizer seconds, exposed offload seconds) per step, with the delayed update's overlap."""
     opt = optimizer_time(shard, plan, cluster, curves, tensors)
-    streams = offload_transfer_times(shard, plan, cluster, m, t_micro_fwd, t_micro_bwd)
+    streams = offload_transfer_times(shard, plan, cluster, m, t_micro_fwd, t_micro_bwd, t_micro_wall)
     delayed = np.asarray(plan.delayed_update, dtype=bool)
     # DPU: CPU step + parameter upload hide under the next step's compute
     hidden = np.maximum(0.0, opt + streams["params_to_gpu"] - t_step_compute)
