@@ -46,6 +46,10 @@ UNFUSED_NORM_SAVED_BYTES_PER_HIDDEN = 2 * 4
 # Eager SwiGLU (silu(gate) * up, then the down projection) keeps silu(gate) for the mul's backward
 # besides the fc1 output (gate | up) and the product a fused kernel keeps too: 2f bytes per token.
 UNFUSED_SWIGLU_SAVED_BYTES_PER_FFN = 2
+# Non-flash attention keeps per element of the b·(a/t)·(s/cp)·s score matrix the 16-bit scores
+# (softmax input), the 16-bit probabilities and the 1-byte dropout mask: the 5as/h term of Korthikanti
+# et al. 2022, Table 2.
+UNFUSED_SCORE_BYTES = 5.0
 # Non-flash attention's backward (Megatron's fused scale-mask-softmax: the probabilities' gradient in,
 # the scores' gradient out, 16-bit) holds two score-sized tensors besides the saved probabilities
 # while one layer runs backward: bytes per element of the rank's b·(a/t)·(s/cp)·s score matrix.
@@ -271,7 +275,7 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
         unsharded = unsharded + model.moe_layers / model.layers * 4 * S * slots
     s_l = T / b
     scores = np.where(np.asarray(plan.flash_attention, dtype=bool), 4.0 * a * s_l * b,   # fp32 stats
-                      5.0 * a * s_l * s * b) / t
+                      UNFUSED_SCORE_BYTES * a * s_l * s * b) / t
     wide = element_bytes(plan) / BYTES         # fp32 activations: twice the 16-bit bytes
     none = wide * (unsharded + sharded + scores)
     selective = wide * (unsharded + sharded + np.where(recomputes_attention_core(plan), 0.0, scores)
@@ -428,6 +432,26 @@ def in_flight_micro_batches(job, plan):
                                           np.where(sc == Schedule.INTERLEAVED, interleaved, one_f_one_b)))
 
 
+def rematerialized_layer_bytes(model, job, plan, per_layer, layer_none):
+    """Bytes one layer's recomputation brings back while that layer runs backward, one layer and one
+    micro-batch at a time, beside everything the stage keeps: under full recomputation the layer's
+    no-recompute activations (``layer_none``); under selective recomputation (its modules) and
+    torchtitan's op-level SAC what the layer dropped, ``layer_none − per_layer``, less an unfused
+    attention's dropped score matrix, which :func:`attention_transient_bytes` holds already; 0 without
+    recomputation. (Counting the dropped part only under full recomputation let op-SAC plans with large
+    micro-batches hold less than full recomputation.)"""
+    rc = np.asarray(plan.recompute_code)
+    flash = np.asarray(plan.flash_attention, dtype=bool)
+    t = np.asarray(plan.tp, dtype=float)
+    wide = element_bytes(plan) / BYTES
+    scores_dropped = (rc == Recompute.OP_SAC) | ((rc == Recompute.SELECTIVE) & recomputes_attention_core(plan))
+    unfused_scores = np.where(~flash & scores_dropped,
+                              wide * UNFUSED_SCORE_BYTES * model.heads * tokens_per_rank(job, plan) * job.seq_len / t, 0.0)
+    dropped = np.maximum(0.0, layer_none - per_layer - unfused_scores)
+    return np.where(rc == Recompute.FULL, layer_none,
+                    np.where((rc == Recompute.SELECTIVE) | (rc == Recompute.OP_SAC), dropped, 0.0))
+
+
 def activation_bytes(model, job, plan) -> dict:
     """Peak activation bytes on the first, the largest middle (0 without one) and the last stage,
     each from its own layer count (``paraplan.plan.stage_layers``)."""
@@ -440,7 +464,7 @@ def activation_bytes(model, job, plan) -> dict:
     # full recompute rematerializes one layer at a time during backward; unfused attention's backward
     # holds the layer's score matrix and its gradients meanwhile
     layer_none = activation_bytes_per_layer(model, job, plan, recompute_code=Recompute.NONE)
-    working = np.where(np.asarray(plan.recompute_code) == Recompute.FULL, layer_none, 0.0) \
+    working = rematerialized_layer_bytes(model, job, plan, per_layer, layer_none) \
         + attention_transient_bytes(model, job, plan) + backward_layer_transient(plan) * layer_none
     embedding_out = (element_bytes(plan) + 1) * T * model.hidden / np.where(sp, t, 1.0)  # output + dropout mask
     logits = loss_bytes_per_logit(plan) * T * loss_logits_per_token(model, plan) + element_bytes(plan) * T * model.hidden

@@ -1,0 +1,150 @@
+"""Does the estimator move the right way? ``python benchmarks/monotonicity.py [--sample N]``
+
+A planner exploits its cost model's kinks as eagerly as its errors: if a faster GPU could make some
+plan slower, or a policy that keeps less could hold more, the search would find exactly those plans.
+For a few README-sized scenarios this scores a random sample of the planner's legal candidates
+(paraplan.planner.space.compose) twice, once as they are and once with one thing changed that
+should never hurt, and prints how many got worse and by how much at most:
+
+* hardware: twice the inter-node, intra-node or HBM bandwidth, twice the peak FLOP rate (step time
+  must not grow), twice the HBM capacity (step time and memory must not change);
+* plan switches that only remove work or hide it: gradient-reduction overlap, fused elementwise
+  kernels, fused gradient accumulation, TP communication overlap (tp > 1 with sp), expert all-to-all
+  overlap (ep > 1), no recomputation (step time must not grow);
+* memory: full recomputation (activations must not grow), no recomputation and no offload (memory
+  must not shrink);
+* a twice larger global batch on the same layout (tokens/s must not fall).
+
+"worse" counts candidates that changed the wrong way by more than 1e-9 relative.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import replace
+
+import numpy as np
+import pandas as pd
+
+from paraplan.costmodels.efficiency import curves_for
+from paraplan.costmodels.estimate import step_terms
+from paraplan.plan import Offload, Recompute
+from paraplan.planner.space import compose
+from paraplan.scenario import load_scenario
+from paraplan.workloads.transformer import TrainingJob
+
+SCENARIOS = (("llama3-70b", "dgx-h100", 64, 8192, 512), ("gpt3-175b", "dgx-a100-80g", 256, 2048, 1536),
+             ("mixtral-8x7b", "dgx-h100", 32, 4096, 256), ("llama3-8b", "dgx-a100-80g", 16, 4096, 256))
+TOLERANCE = 1e-9
+
+
+def describe(plan) -> str:
+    """The plan's degrees and the modes these checks touch, on one line."""
+    offload = "" if plan.offload == "none" else f" offload {plan.offload}{' +params' if plan.offload_params else ''}"
+    return (f"{plan.label()} {plan.schedule} ZeRO-{plan.zero} recompute {plan.recompute}{offload}"
+            f"{'' if plan.ep == 1 else f' ep{plan.ep}'}")
+
+
+def scored(model, job, cluster, batch):
+    terms = step_terms(model, job, cluster, batch, curves_for(cluster))
+    return np.asarray(terms.step, float), {k: np.asarray(v, float) for k, v in terms.memory.items()}
+
+
+def hardware_variants(cluster) -> dict:
+    acc, sysm = cluster.accelerator, cluster.system
+    return {
+        "inter-node bandwidth x2": cluster.with_system(inter_node=sysm.inter_node.scaled(2)),
+        "intra-node bandwidth x2": cluster.with_system(intra_node=sysm.intra_node.scaled(2)),
+        "peak FLOP rate x2": cluster.with_system(accelerator=replace(acc, peak_flops={k: 2 * v for k, v in acc.peak_flops.items()})),
+        "HBM bandwidth x2": cluster.with_system(accelerator=replace(
+            acc, memory_bandwidth_bytes_per_s=2 * acc.memory_bandwidth_bytes_per_s)),
+        "HBM capacity x2": cluster.with_system(accelerator=replace(acc, memory_bytes=2 * acc.memory_bytes)),
+    }
+
+
+# (label, plan field, value, which candidates, what must not happen)
+PLAN_SWITCHES = (
+    ("gradient-reduction overlap on", "overlap_grad_reduce", True, None, "slower"),
+    ("fused elementwise kernels on", "fused_elementwise", True, None, "slower"),
+    ("fused gradient accumulation on", "grad_accumulation_fusion", True, None, "slower"),
+    ("TP comm overlap on (tp > 1, sp)", "tp_comm_overlap", True, lambda b: (np.asarray(b.tp) > 1) & np.asarray(b.sp, bool), "slower"),
+    ("expert all-to-all overlap on (ep > 1)", "ep_comm_overlap", True, lambda b: np.asarray(b.ep) > 1, "slower"),
+    ("no recomputation: step time", "recompute_code", int(Recompute.NONE), None, "slower"),
+    ("full recomputation: activations", "recompute_code", int(Recompute.FULL), None, "more activations"),
+    ("no recomputation: activations", "recompute_code", int(Recompute.NONE), None, "fewer activations"),
+    ("no offload: GPU memory", "offload_code", int(Offload.NONE), None, "less memory"),
+)
+
+
+def worse(kind, step, mem, step2, mem2):
+    """(mask of candidates that changed the wrong way, ratio new / old of the quantity judged)."""
+    if kind == "slower":
+        return step2 > step * (1 + TOLERANCE), step2 / step
+    key = "activations" if "activations" in kind else "total"
+    if kind.startswith("more"):
+        return mem2[key] > mem[key] * (1 + TOLERANCE), mem2[key] / np.maximum(mem[key], 1.0)
+    return mem2[key] < mem[key] * (1 - TOLERANCE), mem[key] / np.maximum(mem2[key], 1.0)
+
+
+def check_scenario(name, system, gpus, seq, global_batch, sample: int, seed: int = 0) -> list[dict]:
+    sc = load_scenario(name, system, gpus=gpus, seq_len=seq, global_batch=global_batch)
+    model, job, cluster = sc.model, sc.job(), sc.cluster
+    candidates, _, _ = compose(model, job, cluster)
+    pick = np.sort(np.random.default_rng(seed).choice(len(candidates), size=min(sample, len(candidates)), replace=False))
+    batch = candidates.take(pick)
+    step, mem = scored(model, job, cluster, batch)
+    rows = []
+
+    def row(change, n, bad, ratio, wrong_way):
+        worst = int(np.argmax(np.where(bad, ratio, -np.inf))) if bad.any() else None
+        rows.append({"scenario": f"{name} {system} x{gpus}", "change": change, "candidates": int(n),
+                     "worse": int(bad.sum()), "worst_ratio": float(ratio[worst]) if worst is not None else np.nan,
+                     "must_not": wrong_way,
+                     "worst_plan": describe(batch.plan(worst)) if worst is not None else ""})
+
+    for change, c2 in hardware_variants(cluster).items():
+        step2, mem2 = scored(model, job, c2, batch)
+        if change.startswith("HBM capacity"):
+            bad = ~np.isclose(step2, step, rtol=TOLERANCE) | ~np.isclose(mem2["total"], mem["total"], rtol=TOLERANCE)
+            row(change, len(step), bad, np.maximum(step2 / step, step / step2), "change time or memory")
+        else:
+            bad, ratio = worse("slower", step, mem, step2, mem2)
+            row(change, len(step), bad, ratio, "slower")
+    for change, field, value, which, kind in PLAN_SWITCHES:
+        column = getattr(batch, field)
+        if column is None:
+            continue
+        mask = np.ones(len(step), bool) if which is None else which(batch)
+        step2, mem2 = scored(model, job, cluster, replace(batch, **{field: np.full_like(column, value)}))
+        bad, ratio = worse(kind, step, mem, step2, mem2)
+        row(change, mask.sum(), bad & mask, np.where(mask, ratio, 0.0), kind)
+    bigger = TrainingJob(job.seq_len, 2 * job.global_batch)
+    step2, _ = scored(model, bigger, cluster, batch)
+    tokens, tokens2 = job.global_batch / step, bigger.global_batch / step2
+    row("global batch x2: tokens/s", len(step), tokens2 < tokens * (1 - TOLERANCE), tokens / tokens2, "fewer tokens/s")
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sample", type=int, default=20000, help="candidates per scenario (default 20000)")
+    args = parser.parse_args(argv)
+    t0 = time.perf_counter()
+    rows = [r for scenario in SCENARIOS for r in check_scenario(*scenario, sample=args.sample)]
+    table = pd.DataFrame(rows)
+    pd.set_option("display.width", 250)
+    pd.set_option("display.max_colwidth", 120)
+    summary = table.groupby(["change", "must_not"], sort=False).agg(
+        candidates=("candidates", "sum"), worse=("worse", "sum"), worst_ratio=("worst_ratio", "max")).reset_index()
+    print(summary.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+    offenders = table[table.worse > 0]
+    if len(offenders):
+        print("\nworst candidate per scenario and change:")
+        print(offenders[["scenario", "change", "worse", "worst_ratio", "worst_plan"]].to_string(
+            index=False, float_format=lambda x: f"{x:.4f}"))
+    print(f"\n{len(SCENARIOS)} scenarios, {args.sample} candidates each, {time.perf_counter() - t0:.1f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
