@@ -868,18 +868,45 @@ def vocab_parallel_loss_allreduce_time(job, plan, cluster):
     return 3 * tp_collective_time(ALL_REDUCE, 4.0 * tokens_per_rank(job, plan), plan, cluster)
 
 
-def p2p_time(model, job, plan, cluster):
-    """One pipeline send/recv of a micro-batch's boundary activation b·(s/cp)·h, split over tp
-    (Megatron's scatter-gather optimisation; under sequence parallelism the activation is a sequence
-    shard anyway). Scaling sends the tensors a stage returns as they are (PipeCommunicator.send_data,
-    src/scaling/core/nn/parallel_module/communicator.py at 01b9d21): without sequence parallelism
-    every tp rank holds and sends the whole replicated activation. Intra-node only when the whole
-    pipeline fits in a node."""
+def stage_output_bytes(model, job, plan):
+    """Bytes of the boundary activation b·(s/cp)·h one tp rank of a stage returns (a sequence shard,
+    ÷ tp, under sequence parallelism)."""
     T = tokens_per_rank(job, plan)
+    return T * model.hidden * element_bytes(plan) / np.where(np.asarray(plan.sp, dtype=bool), np.asarray(plan.tp, dtype=float), 1.0)
+
+
+def p2p_time(model, job, plan, cluster):
+    """One pipeline send/recv of a micro-batch's boundary activation, per tp rank (intra-node only
+    when the whole pipeline fits in a node):
+
+    * Megatron-LM (and generic): the replicated output split over tp (the scatter-gather optimisation);
+      under sequence parallelism the output is a sequence shard already;
+    * Scaling sends the tensors a stage returns as they are (PipeCommunicator.send_data,
+      src/scaling/core/nn/parallel_module/communicator.py at 01b9d21): without sequence parallelism
+      every tp rank sends the whole replicated activation;
+    * DeepSpeed's PipelineEngine partitions what it sends over the tp group (``pipe_partitioned`` and
+      ``grad_partitioned``, on by default with tp > 1: deepspeed/runtime/pipe/engine.py at 03f6f75,
+      PartitionedTensor) and the receiver gathers it back (:func:`p2p_receive_gather_time`)."""
+    out = stage_output_bytes(model, job, plan)
     t = np.asarray(plan.tp, dtype=float)
-    whole = (np.asarray(getattr(plan, "engine_code", Engine.GENERIC)) == Engine.SCALING) & ~np.asarray(plan.sp, dtype=bool)
-    size = T * model.hidden * element_bytes(plan) / np.where(whole, 1.0, t)
+    engine = np.asarray(getattr(plan, "engine_code", Engine.GENERIC))
+    sp = np.asarray(plan.sp, dtype=bool)
+    size = np.where(engine == Engine.SCALING, out, np.where(engine == Engine.DEEPSPEED, out / t,
+                                                            np.where(sp, out, out / t)))
     span = np.asarray(plan.tp) * plan.cp * plan.dp * plan.pp
     inside = span <= cluster.gpus_per_node
     intra, inter = cluster.links("pp")
     return np.where(inside, ring_time(SEND_RECV, size, 2, intra), ring_time(SEND_RECV, size, 2, inter))
+
+
+def p2p_receive_gather_time(model, job, plan, cluster):
+    """Seconds per crossing a receiving stage spends putting a partitioned transfer back together:
+    DeepSpeed's PipelineEngine all-gathers the received activation (forward) or gradient (backward)
+    over the tp group (``PartitionedTensor.full()``, deepspeed/runtime/pipe/engine.py at 03f6f75)
+    before it can compute; 0 on the other engines and at tp = 1. (Megatron-LM's 2021 scatter-gather
+    did the same; it is not priced, as before.)"""
+    engine = np.asarray(getattr(plan, "engine_code", Engine.GENERIC))
+    gathers = (engine == Engine.DEEPSPEED) & (np.asarray(plan.tp) > 1)
+    if not np.any(gathers):
+        return 0.0
+    return np.where(gathers, tp_collective_time(ALL_GATHER, stage_output_bytes(model, job, plan), plan, cluster), 0.0)

@@ -23,7 +23,7 @@ from paraplan.costmodels.efficiency import curves_for, with_reference_block
 from paraplan.costmodels.intervals import describe_interval
 from paraplan.costmodels.offload import activation_offload_time, optimizer_and_offload, param_tensors, stage_param_tensors
 from paraplan.costmodels.pipeline import (bubble_factor, bubble_fraction, effective_compute_slowdown,
-                                         p2p_messages_on_critical_path)
+                                         p2p_messages_on_critical_path, pipeline_crossings_on_critical_path)
 from paraplan.plan import (Engine, Plan, Recompute, StageLayers, check_plan, compute_dtype, expert_data_parallel, is_fp8,
                            recomputes_attention_core, stage_layer_counts, stage_layers)
 
@@ -338,7 +338,8 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
         "cp_comm": m * cp_mid,
         "ep_comm": m * ep_mid,
         "moe_host": m * host_mid,
-        "pp_comm": p2p_messages_on_critical_path(plan, m) * C.p2p_time(model, job, plan, cluster),
+        "pp_comm": (p2p_messages_on_critical_path(plan, m) * C.p2p_time(model, job, plan, cluster)
+                    + pipeline_crossings_on_critical_path(plan, m) * C.p2p_receive_gather_time(model, job, plan, cluster)),
         "pp_bubble": (p - 1) * t_bubble * bubble_factor(plan),
         "dp_comm": dp_avg,
         "optimizer": optimizer + scaling_step_passes_time(model, plan, curves, params),

@@ -28,23 +28,35 @@ def bubble_fraction(plan, m):
     return (np.asarray(plan.pp, dtype=float) - 1) / np.asarray(m, dtype=float) * bubble_factor(plan)
 
 
-# Scaling runs its pipeline as a list of instructions executed one after another (ParallelModule.train_step:
-# RecvActivation, ForwardPass, SendActivation, RecvGrad, BackwardPass, SendGrad), each transfer a blocking
-# torch.distributed.send or recv (PipeCommunicator, src/scaling/core/nn/parallel_module/communicator.py at
-# 01b9d21) that the stage's stream waits for: a stage's timeline carries its receive and its send in each
-# direction, where Megatron-LM pairs them in one batched isend/irecv (send_forward_recv_backward).
-SCALING_P2P_TRANSFERS_PER_CROSSING = 2
+# Scaling and DeepSpeed run their pipelines as lists of instructions executed one after another, each
+# transfer a blocking torch.distributed.send or recv that the stage's stream waits for: a stage's timeline
+# carries its receive and its send in each direction, where Megatron-LM pairs them in one batched
+# isend/irecv (send_forward_recv_backward).
+#   Scaling: ParallelModule.train_step (RecvActivation, ForwardPass, SendActivation, RecvGrad, BackwardPass,
+#     SendGrad), PipeCommunicator (src/scaling/core/nn/parallel_module/communicator.py at 01b9d21).
+#   DeepSpeed: PipelineEngine's TrainSchedule instructions SendActivation, RecvActivation, SendGrad, RecvGrad
+#     (deepspeed/runtime/pipe/engine.py at 03f6f75) through deepspeed/runtime/pipe/p2p.py, whose send and
+#     recv refuse async_op and call dist.send / dist.recv.
+BLOCKING_P2P_TRANSFERS_PER_CROSSING = 2
+BLOCKING_P2P_ENGINES = (Engine.SCALING, Engine.DEEPSPEED)
+
+
+def pipeline_crossings_on_critical_path(plan, m):
+    """Stage-boundary crossings on the critical path per step: each micro-batch crosses every
+    model-chunk boundary forward and backward, and (p − 1) more in fill and drain: 2·(m·v + p − 1);
+    zero without pipelining."""
+    p = np.asarray(plan.pp, dtype=float)
+    v = np.asarray(plan.vpp, dtype=float)
+    return np.where(p > 1, 2 * (m * v + p - 1), 0.0)
 
 
 def p2p_messages_on_critical_path(plan, m):
-    """Pipeline sends on the critical path per step: each micro-batch crosses every model-chunk
-    boundary forward and backward; (p − 1) more in fill and drain (twice as many on Scaling,
-    SCALING_P2P_TRANSFERS_PER_CROSSING). Zero without pipelining."""
-    p = np.asarray(plan.pp, dtype=float)
-    v = np.asarray(plan.vpp, dtype=float)
-    scaling = np.asarray(getattr(plan, "engine_code", Engine.GENERIC)) == Engine.SCALING
-    per_crossing = np.where(scaling, SCALING_P2P_TRANSFERS_PER_CROSSING, 1.0)
-    return np.where(p > 1, 2 * (m * v + p - 1) * per_crossing, 0.0)
+    """Pipeline transfers on the critical path per step: one per crossing
+    (:func:`pipeline_crossings_on_critical_path`), BLOCKING_P2P_TRANSFERS_PER_CROSSING on the engines
+    whose send and receive are separate blocking instructions (BLOCKING_P2P_ENGINES)."""
+    blocking = np.isin(np.asarray(getattr(plan, "engine_code", Engine.GENERIC)), BLOCKING_P2P_ENGINES)
+    per_crossing = np.where(blocking, BLOCKING_P2P_TRANSFERS_PER_CROSSING, 1.0)
+    return pipeline_crossings_on_critical_path(plan, m) * per_crossing
 
 
 def stage_overlap(plan, m):

@@ -1,0 +1,46 @@
+"""DeepSpeed's PipelineEngine moves activations between stages as its source does: every send and
+receive a blocking instruction of its own (deepspeed/runtime/pipe/p2p.py refuses async_op and calls
+dist.send / dist.recv), the transfer partitioned over the tp group (pipe_partitioned and
+grad_partitioned, on by default) and all-gathered back by the receiver before it computes."""
+import pytest
+
+from paraplan.costmodels.comm import ALL_GATHER, SEND_RECV, ring_time
+from paraplan.costmodels.compute import p2p_receive_gather_time, p2p_time, tp_collective_time
+from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.pipeline import p2p_messages_on_critical_path, pipeline_crossings_on_critical_path
+from paraplan.hardware.catalog import load_cluster
+from paraplan.plan import Plan, PlanBatch
+from paraplan.workloads.presets import load_model
+from paraplan.workloads.transformer import TrainingJob
+
+
+def test_deepspeed_transfers_are_partitioned_blocking_and_gathered():
+    model, job = load_model("gpt3-175b"), TrainingJob(2048, 1536)
+    cluster = load_cluster("dgx-a100-80g", 1024)
+    _, inter = cluster.links("pp")
+    whole = 1 * 2048 * model.hidden * 2                       # micro-batch 1, bf16
+    deepspeed, megatron = Plan(tp=8, pp=16, dp=8, engine="deepspeed"), Plan(tp=8, pp=16, dp=8, engine="megatron")
+    plans = PlanBatch.from_plans([deepspeed, megatron, Plan(tp=1, pp=16, dp=64, engine="deepspeed")])
+    sends = p2p_time(model, job, plans, cluster)
+    assert float(sends[0]) == float(sends[1]) == pytest.approx(float(ring_time(SEND_RECV, whole / 8, 2, inter)))
+    crossings = pipeline_crossings_on_critical_path(plans, 96)
+    assert list(crossings) == [2 * (96 + 15)] * 3
+    assert list(p2p_messages_on_critical_path(plans, 96)) == [4 * 111, 2 * 111, 4 * 111]
+    gather = p2p_receive_gather_time(model, job, plans, cluster)
+    assert float(gather[0]) == pytest.approx(float(tp_collective_time(ALL_GATHER, whole, deepspeed, cluster)))
+    assert float(gather[0]) > 0 and float(gather[1]) == 0.0 and float(gather[2]) == 0.0   # Megatron; tp 1
+
+
+def test_deepspeed_pipeline_step_pays_its_transfers():
+    """The estimate's pipeline term: transfers × send time + crossings × gather time, more than
+    Megatron's one paired transfer per crossing on the same layout; all else equal."""
+    model, job = load_model("gpt3-175b"), TrainingJob(2048, 1536)
+    cluster = load_cluster("dgx-a100-80g", 1024)
+    ds = Plan(tp=8, pp=16, dp=8, micro_batch=1, zero=1, engine="deepspeed")
+    mg = Plan(tp=8, pp=16, dp=8, micro_batch=1, zero=1, engine="megatron")
+    e_ds, e_mg = estimate(model, job, cluster, ds), estimate(model, job, cluster, mg)
+    m = e_ds.details["micro_batches_per_step"]
+    expected = (float(p2p_messages_on_critical_path(ds, m)) * float(p2p_time(model, job, ds, cluster))
+                + float(pipeline_crossings_on_critical_path(ds, m)) * float(p2p_receive_gather_time(model, job, ds, cluster)))
+    assert e_ds.time_breakdown_s["pp_comm"] == pytest.approx(expected)
+    assert e_ds.time_breakdown_s["pp_comm"] > 2 * e_mg.time_breakdown_s["pp_comm"]
