@@ -10,7 +10,7 @@ _spec = importlib.util.spec_from_file_location(
 monotonicity = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(monotonicity)
 
-# changes that may leave a few ZeRO-3 candidates marginally slower (README: at most 0.46 %)
+# changes that may leave a few ZeRO-3 candidates with context parallelism marginally slower (README: at most 0.46 %)
 NEAR = {"peak FLOP rate x2", "HBM bandwidth x2", "no recomputation: step time"}
 
 

@@ -96,7 +96,10 @@ def offload_transfer_times(shard, plan, cluster, m, t_micro_fwd, t_micro_bwd, t_
     its compute and recomputation and the tensor/context/expert-parallel and ZeRO-3 collectives it
     exposes on the GPU's links: m · max(0, fetch − t_micro_wall). Hidden under the bare compute
     alone, the fetch and the exposed collectives would each claim the same window, and a faster GPU
-    (a shorter window) would lengthen the step."""
+    (a shorter window) would lengthen the step. The gradients' copy to the host hides under the last
+    micro-batch's backward, beside that micro-batch's fetch on the other direction of the host link:
+    of the two, only the part that outlasts the other's exposure is added,
+    max(0, max(0, G − t_bwd) − max(0, fetch − t_micro_wall))."""
     sysm = cluster.node_system
     g = cluster.gpus_per_node
     pcie = sysm.pcie_bandwidth_bytes_per_s
@@ -110,11 +113,11 @@ def offload_transfer_times(shard, plan, cluster, m, t_micro_fwd, t_micro_bwd, t_
     fetch_nvme = 2 * BYTES * shard * g / sysm.nvme_read_bytes_per_s
     fetch = np.where(oc == Offload.NVME, np.maximum(fetch_pcie, fetch_nvme), fetch_pcie)
     wall = t_micro_fwd + t_micro_bwd if t_micro_wall is None else t_micro_wall
-    param_fetch = m * np.maximum(0.0, fetch - wall)
-    return {"grads_to_host": np.where(off, grads_down, 0.0),
+    fetch_exposed = np.where(off & np.asarray(plan.offload_params, dtype=bool), np.maximum(0.0, fetch - wall), 0.0)
+    return {"grads_to_host": np.where(off, np.maximum(0.0, grads_down - fetch_exposed), 0.0),
             "params_to_gpu": np.where(off, params_up, 0.0),
             "nvme_optimizer_states": np.where(oc == Offload.NVME, nvme_states, 0.0),
-            "param_fetch": np.where(off & np.asarray(plan.offload_params, dtype=bool), param_fetch, 0.0)}
+            "param_fetch": m * fetch_exposed}
 
 
 def activation_offload_time(offloaded_bytes, cluster, m, t_micro_fwd, t_micro_bwd):
