@@ -1,5 +1,5 @@
 """benchmarks/monotonicity.py end to end on two of its scenarios (a smaller sample): the checks the
-README states as holding on every candidate hold, and the rest stay within half a percent."""
+README states as holding on every candidate hold, and dropping recomputation stays within 0.1 %."""
 import importlib.util
 from pathlib import Path
 
@@ -10,8 +10,8 @@ _spec = importlib.util.spec_from_file_location(
 monotonicity = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(monotonicity)
 
-# changes that may leave a few ZeRO-3 candidates with context parallelism marginally slower (README: at most 0.46 %)
-NEAR = {"peak FLOP rate x2", "HBM bandwidth x2", "no recomputation: step time"}
+# dropping recomputation may leave a rare offload plan marginally slower (README: at most 0.008 %)
+NEAR = {"no recomputation: step time"}
 
 
 @pytest.mark.parametrize("scenario", [monotonicity.SCENARIOS[2], monotonicity.SCENARIOS[3]], ids=lambda s: s[0])
@@ -21,6 +21,6 @@ def test_estimator_moves_the_right_way(scenario):
     for row in rows:
         assert row["candidates"] > 0 or row["change"].startswith("expert"), row
         if row["change"] in NEAR:
-            assert row["worse"] == 0 or row["worst_ratio"] <= 1.005, row
+            assert row["worse"] == 0 or row["worst_ratio"] <= 1.001, row
         else:
             assert row["worse"] == 0, row

@@ -84,3 +84,30 @@ def test_dense_and_expert_reductions_share_one_window():
     assert together > apart
     no_overlap = replace(plan, overlap_grad_reduce=False)
     assert dp_exposed(add_traffic(dense, expert), no_overlap, 1, 1.0, window)[0] == pytest.approx(5.0)
+
+
+def test_ring_exchange_across_nodes_holds_the_links_the_gathers_need():
+    """A ring-attention exchange between nodes, hidden under the attention core, keeps the
+    data-parallel collectives on the same links from hiding there too; a ring inside one node
+    (tp 2 x cp 4 on 8 GPUs) or Ulysses holds none. With it, twice the HBM bandwidth (a shorter
+    attention core) no longer lengthens the plan that was 0.46 % slower before."""
+    from paraplan.costmodels import compute as C
+    from paraplan.costmodels.efficiency import curves_for as curves_of
+    sc = load_scenario("llama3-70b", "dgx-h100", gpus=64, seq_len=8192, global_batch=512)
+    curves = curves_of(sc.cluster)
+    across = Plan(tp=4, pp=2, dp=1, cp=8, vpp=2, micro_batch=4, sp=True, schedule="interleaved", zero=3,
+                  offload="nvme")
+    inside = Plan(tp=2, pp=8, dp=1, cp=4, micro_batch=1, sp=True, zero=1)
+    ulysses = replace(across, cp_mode="ulysses")
+    held = {}
+    for name, plan in (("across", across), ("inside", inside), ("ulysses", ulysses)):
+        lt = C.layer_times(sc.model, sc.job(plan), plan, curves, sc.cluster)
+        held[name] = (float(lt["cp_hidden_forward"]), float(lt["cp_hidden_backward"]))
+    assert held["across"][0] > 0 and held["across"][1] > held["across"][0]
+    assert held["inside"] == (0.0, 0.0) and held["ulysses"] == (0.0, 0.0)
+    acc = sc.cluster.accelerator
+    faster_hbm = sc.cluster.with_system(accelerator=replace(
+        acc, memory_bandwidth_bytes_per_s=2 * acc.memory_bandwidth_bytes_per_s))
+    slow = estimate(sc.model, sc.job(across), sc.cluster, across)
+    fast = estimate(sc.model, sc.job(across), faster_hbm, across)
+    assert fast.step_time_s <= slow.step_time_s * (1 + 1e-9)

@@ -625,6 +625,21 @@ def _ring_exposed(model, job, plan, cluster, attn_fwd, attn_bwd):
     return np.where(c > 1, exposed, 0.0)
 
 
+def ring_hidden_on_network(model, job, plan, cluster, attn_fwd, attn_bwd):
+    """(forward, backward) seconds per layer and micro-batch during which ring attention's K/V
+    exchange, hidden under the attention core, holds the inter-node links: min(exchange, attention
+    core) in each pass where the cp ring spans nodes (0 for Ulysses, cp = 1 or a ring inside a node).
+    The data-parallel collectives that run over the same links cannot also hide in that time
+    (:func:`paraplan.costmodels.estimate.step_terms`)."""
+    c = np.asarray(plan.cp, dtype=float)
+    step = ring_attention_step_time(model, job, plan, cluster)
+    k = ranks_per_node(plan.cp, plan.tp, cluster.gpus_per_node)
+    crosses = (c > 1) & (np.asarray(plan.cp_mode_code) != CpMode.ULYSSES) & (k < c)
+    fwd = np.where(crosses, np.minimum((c - 1) * step, attn_fwd), 0.0)
+    bwd = np.where(crosses, np.minimum(2 * (c - 1) * step, attn_bwd), 0.0)
+    return fwd, bwd
+
+
 # Ring attention merges each step's partial result into the running one with memory-bound kernels
 # (Transformer Engine, transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py,
 # AttnFuncWithCPAndKVP2P): forward, per step, flash_attn_fwd_out_correction reads the step's output
@@ -813,6 +828,7 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
         + np.where(rc > 0, replay, 0.0)
     tp_comm = tp_exposed_time(ar * collectives, attn_gemm + mlp_gemm, full, plan)
     cp_comm = cp_exposed_time(model, job, plan, cluster, attn_f, attn_b)
+    cp_hidden_f, cp_hidden_b = ring_hidden_on_network(model, job, plan, cluster, attn_f, attn_b)
     a2a = ep_alltoall_time(model, job, plan, cluster)
     # full recomputation runs the forward's two all-to-alls again (and excludes the overlap)
     moe_a2a = np.where(full, 6 * a2a, ep_exposed_time(a2a, attn_gemm + attn_f, 2 * attn_gemm + attn_b, moe_f, moe_b, job, plan))
@@ -824,7 +840,8 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     host_wait = np.where(moe_host_floor_applies(model, plan),
                          share_moe * np.maximum(0.0, MOE_HOST_SECONDS_PER_LAYER - moe_gpu), 0.0)
     return {"forward": fwd, "backward": bwd, "recompute": recompute, "tp_comm": tp_comm, "cp_comm": cp_comm,
-            "ep_comm": ep_comm, "moe_host": host_wait, "tp_allreduce": ar}
+            "ep_comm": ep_comm, "moe_host": host_wait, "tp_allreduce": ar,
+            "cp_hidden_forward": cp_hidden_f, "cp_hidden_backward": cp_hidden_b}
 
 
 # Aleph Alpha's Scaling gathers the logits over tp and runs torch cross-entropy on ``logits.float()`` on

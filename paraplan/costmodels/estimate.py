@@ -307,8 +307,12 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
             t = add_traffic(t, dp_traffic(experts, plan, cluster, experts=True, volume_factor=volume_factor,
                                           units=units))
         return t
-    dp_warm, dp_total = dp_exposed(traffic(1.0), plan, m, t_micro_fwd, t_micro_bwd)
-    dp_comp = dp_exposed(traffic(factor), plan, m, t_micro_fwd, t_micro_bwd)[0] if compressed else dp_warm
+    # the data-parallel collectives hide under a micro-batch's passes less the time an inter-node
+    # ring-attention exchange already holds the links (compute.ring_hidden_on_network)
+    dp_fwd = t_micro_fwd - layers * lt["cp_hidden_forward"]
+    dp_bwd = t_micro_bwd - layers * lt["cp_hidden_backward"]
+    dp_warm, dp_total = dp_exposed(traffic(1.0), plan, m, dp_fwd, dp_bwd)
+    dp_comp = dp_exposed(traffic(factor), plan, m, dp_fwd, dp_bwd)[0] if compressed else dp_warm
     # FSDP2's own cost per wrapped unit (each layer of the stage and the root) and micro-batch, where the
     # device's profile measured it (a CPU under gloo: hooks, DTensor bookkeeping, buffer copies)
     fsdp_unit = float(getattr(curves, "fsdp_unit_overhead_s", 0.0) or 0.0)
