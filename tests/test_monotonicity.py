@@ -1,5 +1,5 @@
-"""benchmarks/monotonicity.py end to end on two of its scenarios (a smaller sample): the checks the
-README states as holding on every candidate hold, and dropping recomputation stays within 0.1 %."""
+"""benchmarks/monotonicity.py end to end on four of its scenarios (a smaller sample): the checks the
+README states as holding on every candidate hold, and dropping recomputation stays within 0.3 %."""
 import importlib.util
 from pathlib import Path
 
@@ -10,17 +10,21 @@ _spec = importlib.util.spec_from_file_location(
 monotonicity = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(monotonicity)
 
-# dropping recomputation may leave a rare offload plan marginally slower (README: at most 0.008 %)
+# dropping full recomputation may leave a rare host-bound Megatron MoE plan marginally slower
+# (README: at most 0.17 %)
 NEAR = {"no recomputation: step time"}
 
 
-@pytest.mark.parametrize("scenario", [monotonicity.SCENARIOS[2], monotonicity.SCENARIOS[3]], ids=lambda s: s[0])
+@pytest.mark.parametrize("scenario", [monotonicity.SCENARIOS[i] for i in (2, 3, 4, 7)],
+                         ids=lambda s: f"{s[0]}-{s[5]}")
 def test_estimator_moves_the_right_way(scenario):
-    rows = monotonicity.check_scenario(*scenario, sample=3000, seed=5)
+    name, system, gpus, seq, global_batch, engine, dtype = scenario
+    rows = monotonicity.check_scenario(name, system, gpus, seq, global_batch, sample=3000, seed=5,
+                                       engine=engine, dtype=dtype)
     assert len(rows) >= 14
     for row in rows:
-        assert row["candidates"] > 0 or row["change"].startswith("expert"), row
+        assert row["candidates"] > 0 or row["change"].startswith(("expert", "TP comm", "global batch")), row
         if row["change"] in NEAR:
-            assert row["worse"] == 0 or row["worst_ratio"] <= 1.001, row
+            assert row["worse"] == 0 or row["worst_ratio"] <= 1.003, row
         else:
             assert row["worse"] == 0, row

@@ -836,7 +836,7 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     moe_a2a = moe_a2a + np.where((rc == Recompute.SELECTIVE) & recomputes_module(plan, "moe"), 2 * a2a, 0.0)
     ep_comm = share_moe * moe_a2a
     # a host-bound MoE layer waits for the host beyond its GPU time (MOE_HOST_SECONDS_PER_LAYER)
-    moe_gpu = moe_f * forwards + moe_b + cast_f * forwards + cast_b + moe_a2a + tp_comm
+    moe_gpu = moe_f * forwards + moe_b + cast_f * forwards + cast_b + moe_a2a + tp_comm + cp_comm
     host_wait = np.where(moe_host_floor_applies(model, plan),
                          share_moe * np.maximum(0.0, MOE_HOST_SECONDS_PER_LAYER - moe_gpu), 0.0)
     return {"forward": fwd, "backward": bwd, "recompute": recompute, "tp_comm": tp_comm, "cp_comm": cp_comm,

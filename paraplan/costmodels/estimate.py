@@ -307,10 +307,12 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
             t = add_traffic(t, dp_traffic(experts, plan, cluster, experts=True, volume_factor=volume_factor,
                                           units=units))
         return t
-    # the data-parallel collectives hide under a micro-batch's passes less the time an inter-node
+    # the data-parallel collectives hide under a micro-batch's passes, their share of a host-bound MoE
+    # layer's wait included (the GPU idles, the links are free), less the time an inter-node
     # ring-attention exchange already holds the links (compute.ring_hidden_on_network)
-    dp_fwd = t_micro_fwd - layers * lt["cp_hidden_forward"]
-    dp_bwd = t_micro_bwd - layers * lt["cp_hidden_backward"]
+    fwd_share = t_micro_fwd / np.maximum(t_micro_fwd + t_micro_bwd, 1e-30)
+    dp_fwd = t_micro_fwd + fwd_share * host_mid - layers * lt["cp_hidden_forward"]
+    dp_bwd = t_micro_bwd + (1 - fwd_share) * host_mid - layers * lt["cp_hidden_backward"]
     dp_warm, dp_total = dp_exposed(traffic(1.0), plan, m, dp_fwd, dp_bwd)
     dp_comp = dp_exposed(traffic(factor), plan, m, dp_fwd, dp_bwd)[0] if compressed else dp_warm
     # FSDP2's own cost per wrapped unit (each layer of the stage and the root) and micro-batch, where the
