@@ -19,8 +19,8 @@ def test_deepspeed_transfers_are_partitioned_blocking_and_gathered():
     cluster = load_cluster("dgx-a100-80g", 1024)
     _, inter = cluster.links("pp")
     whole = 1 * 2048 * model.hidden * 2                       # micro-batch 1, bf16
-    deepspeed, megatron = Plan(tp=8, pp=16, dp=8, engine="deepspeed"), Plan(tp=8, pp=16, dp=8, engine="megatron")
-    plans = PlanBatch.from_plans([deepspeed, megatron, Plan(tp=1, pp=16, dp=64, engine="deepspeed")])
+    deepspeed, generic = Plan(tp=8, pp=16, dp=8, engine="deepspeed"), Plan(tp=8, pp=16, dp=8, engine="generic")
+    plans = PlanBatch.from_plans([deepspeed, generic, Plan(tp=1, pp=16, dp=64, engine="deepspeed")])
     sends = p2p_time(model, job, plans, cluster)
     assert float(sends[0]) == float(sends[1]) == pytest.approx(float(ring_time(SEND_RECV, whole / 8, 2, inter)))
     crossings = pipeline_crossings_on_critical_path(plans, 96)
@@ -28,19 +28,35 @@ def test_deepspeed_transfers_are_partitioned_blocking_and_gathered():
     assert list(p2p_messages_on_critical_path(plans, 96)) == [4 * 111, 2 * 111, 4 * 111]
     gather = p2p_receive_gather_time(model, job, plans, cluster)
     assert float(gather[0]) == pytest.approx(float(tp_collective_time(ALL_GATHER, whole, deepspeed, cluster)))
-    assert float(gather[0]) > 0 and float(gather[1]) == 0.0 and float(gather[2]) == 0.0   # Megatron; tp 1
+    assert float(gather[0]) > 0 and float(gather[1]) == 0.0 and float(gather[2]) == 0.0   # generic; tp 1
 
 
 def test_deepspeed_pipeline_step_pays_its_transfers():
     """The estimate's pipeline term: transfers × send time + crossings × gather time, more than
-    Megatron's one paired transfer per crossing on the same layout; all else equal."""
+    twice the generic engine's one paired, scattered transfer per crossing on the same layout."""
     model, job = load_model("gpt3-175b"), TrainingJob(2048, 1536)
     cluster = load_cluster("dgx-a100-80g", 1024)
     ds = Plan(tp=8, pp=16, dp=8, micro_batch=1, zero=1, engine="deepspeed")
-    mg = Plan(tp=8, pp=16, dp=8, micro_batch=1, zero=1, engine="megatron")
+    mg = Plan(tp=8, pp=16, dp=8, micro_batch=1, zero=1, engine="generic")
     e_ds, e_mg = estimate(model, job, cluster, ds), estimate(model, job, cluster, mg)
     m = e_ds.details["micro_batches_per_step"]
     expected = (float(p2p_messages_on_critical_path(ds, m)) * float(p2p_time(model, job, ds, cluster))
                 + float(pipeline_crossings_on_critical_path(ds, m)) * float(p2p_receive_gather_time(model, job, ds, cluster)))
     assert e_ds.time_breakdown_s["pp_comm"] == pytest.approx(expected)
     assert e_ds.time_breakdown_s["pp_comm"] > 2 * e_mg.time_breakdown_s["pp_comm"]
+
+
+def test_megatron_core_sends_the_whole_activation_without_sequence_parallelism():
+    """Megatron-Core has no scatter-gather: schedules.get_tensor_shapes divides the sequence by tp only
+    under sequence parallelism, so without it every tp rank sends the whole b·s·h activation (the
+    generic engine keeps Megatron-LM 2021's scatter over tp, the code of the published 2021 runs)."""
+    model, job = load_model("gpt3-175b"), TrainingJob(2048, 1536)
+    cluster = load_cluster("dgx-a100-80g", 1024)
+    _, inter = cluster.links("pp")
+    whole = 1 * 2048 * model.hidden * 2
+    plans = PlanBatch.from_plans([Plan(tp=8, pp=16, dp=8, engine="megatron"),
+                                  Plan(tp=8, pp=16, dp=8, sp=True, engine="megatron"),
+                                  Plan(tp=8, pp=16, dp=8, engine="generic")])
+    sends = p2p_time(model, job, plans, cluster)
+    assert float(sends[0]) == pytest.approx(float(ring_time(SEND_RECV, whole, 2, inter)))
+    assert float(sends[1]) == float(sends[2]) == pytest.approx(float(ring_time(SEND_RECV, whole / 8, 2, inter)))

@@ -896,11 +896,14 @@ def p2p_time(model, job, plan, cluster):
     """One pipeline send/recv of a micro-batch's boundary activation, per tp rank (intra-node only
     when the whole pipeline fits in a node):
 
-    * Megatron-LM (and generic): the replicated output split over tp (the scatter-gather optimisation);
-      under sequence parallelism the output is a sequence shard already;
-    * Scaling sends the tensors a stage returns as they are (PipeCommunicator.send_data,
-      src/scaling/core/nn/parallel_module/communicator.py at 01b9d21): without sequence parallelism
-      every tp rank sends the whole replicated activation;
+    * generic: the replicated output split over tp (Megatron-LM 2021's scatter-gather optimisation, the
+      code of the published 2021 runs); under sequence parallelism the output is a sequence shard already;
+    * Megatron-LM today (Megatron-Core) sends each stage's output as it is: schedules.get_tensor_shapes
+      divides the sequence by tp only under sequence parallelism and p2p_communication has no
+      scatter-gather (megatron/core/pipeline_parallel at NVIDIA/Megatron-LM 00c2c0a), so without sequence
+      parallelism every tp rank sends the whole replicated activation;
+    * Scaling likewise (PipeCommunicator.send_data, src/scaling/core/nn/parallel_module/communicator.py
+      at 01b9d21);
     * DeepSpeed's PipelineEngine partitions what it sends over the tp group (``pipe_partitioned`` and
       ``grad_partitioned``, on by default with tp > 1: deepspeed/runtime/pipe/engine.py at 03f6f75,
       PartitionedTensor) and the receiver gathers it back (:func:`p2p_receive_gather_time`)."""
@@ -908,8 +911,8 @@ def p2p_time(model, job, plan, cluster):
     t = np.asarray(plan.tp, dtype=float)
     engine = np.asarray(getattr(plan, "engine_code", Engine.GENERIC))
     sp = np.asarray(plan.sp, dtype=bool)
-    size = np.where(engine == Engine.SCALING, out, np.where(engine == Engine.DEEPSPEED, out / t,
-                                                            np.where(sp, out, out / t)))
+    as_it_is = (engine == Engine.SCALING) | (engine == Engine.MEGATRON)
+    size = np.where(as_it_is, out, np.where(engine == Engine.DEEPSPEED, out / t, np.where(sp, out, out / t)))
     span = np.asarray(plan.tp) * plan.cp * plan.dp * plan.pp
     inside = span <= cluster.gpus_per_node
     intra, inter = cluster.links("pp")
