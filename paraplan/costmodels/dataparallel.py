@@ -18,7 +18,10 @@ gradient reduction runs under the backward of the last micro-batch, the paramete
 stages 1-2 under the next step's first forward (Megatron --overlap-param-gather), ZeRO-3's
 gathers are prefetched under each micro-batch's compute (also off with
 ``overlap_grad_reduce = False``); only the excess is exposed, and the hidden part slows the
-compute beneath it by OVERLAP_CONTENTION of its duration.
+compute beneath it by OVERLAP_CONTENTION of its duration. Collectives that hide under one window share
+it (:func:`dp_exposed`: a stage's dense and expert parameters); the step's windows
+(:func:`paraplan.costmodels.estimate.step_terms`) include the time a host-bound MoE layer's GPU waits
+for the host and exclude the time an inter-node ring-attention exchange holds the links.
 
 Aleph Alpha's Scaling (engine ``scaling``; src/scaling/core/optimizer/optimizer.py and allreduce.py at
 01b9d21) reduces differently, inside ``optimizer.step()`` after the whole backward, so nothing hides
