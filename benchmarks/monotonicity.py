@@ -6,8 +6,9 @@ For README-sized scenarios this scores a random sample of the planner's legal ca
 (paraplan.planner.space.compose) twice, once as they are and once with one thing changed that
 should never hurt, and prints how many got worse and by how much at most:
 
-* hardware: twice the inter-node, intra-node or HBM bandwidth, twice the peak FLOP rate (step time
-  must not grow), twice the HBM capacity (step time and memory must not change);
+* hardware: twice the inter-node, intra-node, HBM, host-link (PCIe), NVMe or host-memory bandwidth,
+  twice the NICs per node, twice the peak FLOP rate (step time must not grow), twice the HBM capacity
+  (step time and memory must not change);
 * plan switches that only remove work or hide it: gradient-reduction overlap, fused elementwise
   kernels, fused gradient accumulation, TP communication overlap (tp > 1 with sp), expert all-to-all
   overlap (ep > 1), no recomputation (step time must not grow);
@@ -70,6 +71,12 @@ def hardware_variants(cluster) -> dict:
         "HBM bandwidth x2": cluster.with_system(accelerator=replace(
             acc, memory_bandwidth_bytes_per_s=2 * acc.memory_bandwidth_bytes_per_s)),
         "HBM capacity x2": cluster.with_system(accelerator=replace(acc, memory_bytes=2 * acc.memory_bytes)),
+        "host link (PCIe) bandwidth x2": cluster.with_system(pcie_bandwidth_bytes_per_s=2 * sysm.pcie_bandwidth_bytes_per_s),
+        "NVMe bandwidth x2": cluster.with_system(nvme=replace(sysm.nvme, read_bytes_per_s=2 * sysm.nvme.read_bytes_per_s,
+                                                              write_bytes_per_s=2 * sysm.nvme.write_bytes_per_s)),
+        "host memory bandwidth x2": cluster.with_system(host_cpu=replace(
+            sysm.host_cpu, memory_bandwidth_bytes_per_s=2 * sysm.host_cpu.memory_bandwidth_bytes_per_s)),
+        "NICs per node x2": cluster.with_system(nics_per_node=2 * sysm.nics_per_node),
     }
 
 
