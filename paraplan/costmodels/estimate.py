@@ -68,8 +68,8 @@ STATES_16BIT = ("16-bit weights, gradients and activations; Adam with fp32 maste
 TP_EXPOSED_ASSUMPTION = "tensor-parallel collectives are exposed (no TP comm overlap); backward = 2 x forward GEMM time"
 DP_OVERLAP_ASSUMPTION = ("data-parallel gradient reduction is bucketed and overlaps the last micro-batch's backward; "
                          "ZeRO-3 gathers are prefetched under each micro-batch's compute; dense and expert collectives "
-                         "share those windows, which include a host-bound MoE layer's wait and exclude the time an "
-                         "inter-node ring-attention exchange holds the links (engine scaling: an fp32 "
+                         "share those windows, which include the time the GPU idles at a dropless MoE layer's sync and "
+                         "exclude the time an inter-node ring-attention exchange holds the links (engine scaling: an fp32 "
                          "all-reduce of every gradient and the parameter all-gather inside the optimizer step, exposed, "
                          "as its source does)")
 ASSUMPTIONS = (
