@@ -17,8 +17,8 @@ should never hurt, and prints how many got worse and by how much at most:
 * a twice larger global batch on the same layout (tokens/s must not fall; judged where gradient
   accumulation is fused: unfused, each extra micro-batch adds its gradients, a real cost).
 
-The scenarios cover the generic engine and each named one (Megatron-LM MoE in fp8, torchtitan fp8,
-DeepSpeed, Scaling), whose code paths differ.
+The scenarios cover the generic engine and each named one (Megatron-LM MoE in fp8, torchtitan in fp8
+and bf16, DeepSpeed, Scaling), whose code paths differ.
 
 "worse" counts candidates that changed the wrong way by more than 1e-9 relative.
 """
@@ -45,6 +45,7 @@ SCENARIOS = (("llama3-70b", "dgx-h100", 64, 8192, 512, "generic", None),
              ("llama3-8b", "dgx-a100-80g", 16, 4096, 256, "generic", None),
              ("mixtral-8x7b", "dgx-h100", 32, 4096, 256, "megatron", "fp8"),
              ("llama3-70b", "dgx-h100", 64, 8192, 512, "torchtitan", "fp8"),
+             ("llama3-8b", "grand-teton-h100", 64, 8192, 96, "torchtitan", None),
              ("gpt3-175b", "dgx-a100-80g", 256, 2048, 1536, "deepspeed", None),
              ("llama1-30b", "dgx-a100-80g", 256, 2048, 2048, "scaling", None))
 TOLERANCE = 1e-9

@@ -434,12 +434,13 @@ def in_flight_micro_batches(job, plan):
 
 def rematerialized_layer_bytes(model, job, plan, per_layer, layer_none):
     """Bytes one layer's recomputation brings back while that layer runs backward, one layer and one
-    micro-batch at a time, beside everything the stage keeps: under full recomputation the layer's
-    no-recompute activations (``layer_none``); under selective recomputation (its modules) and
-    torchtitan's op-level SAC what the layer dropped, ``layer_none − per_layer``, less an unfused
-    attention's dropped score matrix, which :func:`attention_transient_bytes` holds already; 0 without
-    recomputation. (Counting the dropped part only under full recomputation let op-SAC plans with large
-    micro-batches hold less than full recomputation.)"""
+    micro-batch at a time, beside everything the stage keeps: what the layer dropped,
+    ``layer_none − per_layer``, under every recomputation policy (full: all but its input; selective
+    with its modules; torchtitan's op-level SAC), less an unfused attention's dropped score matrix,
+    which :func:`attention_transient_bytes` holds already; 0 without recomputation. (Counting the
+    dropped part only under full recomputation let op-SAC plans hold less than full recomputation;
+    counting full's whole layer let full hold its input twice, and more than op-SAC on a one-layer
+    stage.)"""
     rc = np.asarray(plan.recompute_code)
     flash = np.asarray(plan.flash_attention, dtype=bool)
     t = np.asarray(plan.tp, dtype=float)
@@ -448,8 +449,7 @@ def rematerialized_layer_bytes(model, job, plan, per_layer, layer_none):
     unfused_scores = np.where(~flash & scores_dropped,
                               wide * UNFUSED_SCORE_BYTES * model.heads * tokens_per_rank(job, plan) * job.seq_len / t, 0.0)
     dropped = np.maximum(0.0, layer_none - per_layer - unfused_scores)
-    return np.where(rc == Recompute.FULL, layer_none,
-                    np.where((rc == Recompute.SELECTIVE) | (rc == Recompute.OP_SAC), dropped, 0.0))
+    return np.where(rc == Recompute.NONE, 0.0, dropped)
 
 
 def activation_bytes(model, job, plan) -> dict:
