@@ -600,43 +600,55 @@ def ring_attention_step_time(model, job, plan, cluster):
     return np.where(k < np.asarray(plan.cp), ring_time(SEND_RECV, chunk, 2, inter), ring_time(SEND_RECV, chunk, 2, intra))
 
 
-def cp_exposed_time(model, job, plan, cluster, attn_fwd, attn_bwd):
+def cp_exposed_time(model, job, plan, cluster, attn_fwd, attn_bwd, exchange=None):
     """Context parallelism per layer and micro-batch, exposed part.
 
     Ring attention (Liu et al. 2023; Megatron-LM context_parallel.md): K/V chunks pass around the
     cp ring, overlapped with the attention core; only the excess is exposed. Forward moves K and V
     (cp−1) times; backward moves K, V and their gradients. Ulysses: its all-to-alls sit on the
-    critical path (forward 2, backward 2)."""
+    critical path (forward 2, backward 2). ``exchange``: :func:`ring_exchange_times` when the caller
+    has it already."""
     ulysses = 2 * ulysses_alltoall_time(model, job, plan, cluster)
-    ring = _ring_exposed(model, job, plan, cluster, attn_fwd, attn_bwd)
+    if exchange is None:
+        exchange = ring_exchange_times(model, job, plan, cluster)
+    ring = _ring_exposed(exchange, attn_fwd, attn_bwd, plan)
     c = np.asarray(plan.cp, dtype=float)
     return np.where(c > 1, np.where(np.asarray(plan.cp_mode_code) == CpMode.ULYSSES, ulysses, ring), 0.0)
 
 
-def _ring_exposed(model, job, plan, cluster, attn_fwd, attn_bwd):
-    """Forward: the K/V chunks beyond the excess over the attention core. Backward likewise, plus
-    the last step's dK/dV chunk, which goes back to its owner after the last attention kernel with
-    nothing left to hide under (Transformer Engine's AttnFuncWithCPAndKVP2P.backward waits for it)."""
+def ring_exchange_times(model, job, plan, cluster):
+    """(step, forward, backward) seconds of ring attention's K/V exchange per layer and micro-batch:
+    one step (:func:`ring_attention_step_time`), the forward's (cp−1) steps moving K and V, and the
+    backward's 2(cp−1) moving K, V and their gradients. What :func:`_ring_exposed` and
+    :func:`ring_hidden_on_network` share."""
     c = np.asarray(plan.cp, dtype=float)
     step = ring_attention_step_time(model, job, plan, cluster)
-    fwd = (c - 1) * step
-    bwd = 2 * (c - 1) * step
+    return step, (c - 1) * step, 2 * (c - 1) * step
+
+
+def _ring_exposed(exchange, attn_fwd, attn_bwd, plan):
+    """Forward: the K/V chunks beyond the excess over the attention core. Backward likewise, plus
+    the last step's dK/dV chunk, which goes back to its owner after the last attention kernel with
+    nothing left to hide under (Transformer Engine's AttnFuncWithCPAndKVP2P.backward waits for it).
+    ``exchange`` is :func:`ring_exchange_times`."""
+    step, fwd, bwd = exchange
     exposed = np.maximum(0.0, fwd - attn_fwd) + np.maximum(0.0, bwd - attn_bwd) + step
-    return np.where(c > 1, exposed, 0.0)
+    return np.where(np.asarray(plan.cp) > 1, exposed, 0.0)
 
 
-def ring_hidden_on_network(model, job, plan, cluster, attn_fwd, attn_bwd):
+def ring_hidden_on_network(model, job, plan, cluster, attn_fwd, attn_bwd, exchange=None):
     """(forward, backward) seconds per layer and micro-batch during which ring attention's K/V
     exchange, hidden under the attention core, holds the inter-node links: min(exchange, attention
     core) in each pass where the cp ring spans nodes (0 for Ulysses, cp = 1 or a ring inside a node).
     The data-parallel collectives that run over the same links cannot also hide in that time
-    (:func:`paraplan.costmodels.estimate.step_terms`)."""
+    (:func:`paraplan.costmodels.estimate.step_terms`). ``exchange``: :func:`ring_exchange_times`
+    when the caller has it already."""
     c = np.asarray(plan.cp, dtype=float)
-    step = ring_attention_step_time(model, job, plan, cluster)
+    _, fwd_x, bwd_x = ring_exchange_times(model, job, plan, cluster) if exchange is None else exchange
     k = ranks_per_node(plan.cp, plan.tp, cluster.gpus_per_node)
     crosses = (c > 1) & (np.asarray(plan.cp_mode_code) != CpMode.ULYSSES) & (k < c)
-    fwd = np.where(crosses, np.minimum((c - 1) * step, attn_fwd), 0.0)
-    bwd = np.where(crosses, np.minimum(2 * (c - 1) * step, attn_bwd), 0.0)
+    fwd = np.where(crosses, np.minimum(fwd_x, attn_fwd), 0.0)
+    bwd = np.where(crosses, np.minimum(bwd_x, attn_bwd), 0.0)
     return fwd, bwd
 
 
@@ -827,8 +839,9 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
                                              np.where(rc == Recompute.OP_SAC, sac_replay, 0.0))) \
         + np.where(rc > 0, replay, 0.0)
     tp_comm = tp_exposed_time(ar * collectives, attn_gemm + mlp_gemm, full, plan)
-    cp_comm = cp_exposed_time(model, job, plan, cluster, attn_f, attn_b)
-    cp_hidden_f, cp_hidden_b = ring_hidden_on_network(model, job, plan, cluster, attn_f, attn_b)
+    exchange = ring_exchange_times(model, job, plan, cluster)
+    cp_comm = cp_exposed_time(model, job, plan, cluster, attn_f, attn_b, exchange)
+    cp_hidden_f, cp_hidden_b = ring_hidden_on_network(model, job, plan, cluster, attn_f, attn_b, exchange)
     a2a = ep_alltoall_time(model, job, plan, cluster)
     # full recomputation runs the forward's two all-to-alls again (and excludes the overlap)
     moe_a2a = np.where(full, 6 * a2a, ep_exposed_time(a2a, attn_gemm + attn_f, 2 * attn_gemm + attn_b, moe_f, moe_b, job, plan))

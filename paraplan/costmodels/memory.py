@@ -220,6 +220,14 @@ def model_state_bytes(params, plan, shard_degree=None) -> dict:
             "optimizer_states": np.where(off, 0.0, optim)}
 
 
+def score_elements(model, job, plan):
+    """Elements of one layer's attention score matrix on a rank for one micro-batch:
+    b·(a/t)·(s/cp)·s = T·a·s / t, T = b·s/cp the rank's tokens (Korthikanti et al. 2022, Table 2's
+    5as²b/t term counts these at 5 bytes each). What unfused attention materializes; FlashAttention
+    never holds it."""
+    return tokens_per_rank(job, plan) * model.heads * job.seq_len / np.asarray(plan.tp, dtype=float)
+
+
 def activation_bytes_per_layer(model, job, plan, recompute_code=None):
     """Bytes one layer keeps for backward for one micro-batch (generalized Korthikanti Table 2),
     averaged over dense and MoE layers. An MoE layer keeps, instead of the dense MLP's (4 or 6)·f
@@ -274,8 +282,8 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
         S, slots = einsum_dispatch_slots(model, job, plan)
         unsharded = unsharded + model.moe_layers / model.layers * 4 * S * slots
     s_l = T / b
-    scores = np.where(np.asarray(plan.flash_attention, dtype=bool), 4.0 * a * s_l * b,   # fp32 stats
-                      UNFUSED_SCORE_BYTES * a * s_l * s * b) / t
+    scores = np.where(np.asarray(plan.flash_attention, dtype=bool), 4.0 * a * s_l * b / t,   # fp32 stats
+                      UNFUSED_SCORE_BYTES * score_elements(model, job, plan))
     wide = element_bytes(plan) / BYTES         # fp32 activations: twice the 16-bit bytes
     none = wide * (unsharded + sharded + scores)
     selective = wide * (unsharded + sharded + np.where(recomputes_attention_core(plan), 0.0, scores)
@@ -355,10 +363,8 @@ def attention_transient_bytes(model, job, plan):
     """Bytes unfused attention's backward holds for one layer at a time:
     UNFUSED_ATTENTION_TRANSIENT_BYTES per element of the rank's b·(a/t)·(s/cp)·s score matrix; 0 with
     FlashAttention (it recomputes the scores block by block)."""
-    T = tokens_per_rank(job, plan)                 # b · s / cp
-    scores = T * model.heads / np.asarray(plan.tp, dtype=float) * job.seq_len
     flash = np.asarray(plan.flash_attention, dtype=bool)
-    return np.where(flash, 0.0, UNFUSED_ATTENTION_TRANSIENT_BYTES * scores)
+    return np.where(flash, 0.0, UNFUSED_ATTENTION_TRANSIENT_BYTES * score_elements(model, job, plan))
 
 
 def allocator_bytes(memory, plan, on_cuda):
@@ -443,11 +449,10 @@ def rematerialized_layer_bytes(model, job, plan, per_layer, layer_none):
     stage.)"""
     rc = np.asarray(plan.recompute_code)
     flash = np.asarray(plan.flash_attention, dtype=bool)
-    t = np.asarray(plan.tp, dtype=float)
     wide = element_bytes(plan) / BYTES
     scores_dropped = (rc == Recompute.OP_SAC) | ((rc == Recompute.SELECTIVE) & recomputes_attention_core(plan))
     unfused_scores = np.where(~flash & scores_dropped,
-                              wide * UNFUSED_SCORE_BYTES * model.heads * tokens_per_rank(job, plan) * job.seq_len / t, 0.0)
+                              wide * UNFUSED_SCORE_BYTES * score_elements(model, job, plan), 0.0)
     dropped = np.maximum(0.0, layer_none - per_layer - unfused_scores)
     return np.where(rc == Recompute.NONE, 0.0, dropped)
 
@@ -461,8 +466,8 @@ def activation_bytes(model, job, plan) -> dict:
     sp = np.asarray(plan.sp, dtype=bool)
     per_layer = activation_bytes_per_layer(model, job, plan)
     sl = stage_layers(model.layers, plan)
-    # full recompute rematerializes one layer at a time during backward; unfused attention's backward
-    # holds the layer's score matrix and its gradients meanwhile
+    # every recomputation policy rematerializes what a layer dropped one layer at a time during
+    # backward; unfused attention's backward holds the layer's score matrix and its gradients meanwhile
     layer_none = activation_bytes_per_layer(model, job, plan, recompute_code=Recompute.NONE)
     working = rematerialized_layer_bytes(model, job, plan, per_layer, layer_none) \
         + attention_transient_bytes(model, job, plan) + backward_layer_transient(plan) * layer_none
