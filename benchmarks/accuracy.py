@@ -26,7 +26,7 @@ import numpy as np
 import pandas as pd
 
 from paraplan.costmodels.calibration import (DEFAULT_CSV, H100_CSV, korthikanti_table, load_cases, load_h100_cases,
-                                             score)
+                                             load_memory_cases, score)
 from paraplan.costmodels.estimate import estimate
 from paraplan.costmodels.intervals import GENERATION, LEVEL, fit_intervals, residual_group, write_intervals
 
@@ -245,7 +245,33 @@ def main(argv=None) -> int:
     print(k.round(2).to_string(index=False))
     print(f"step time MAPE {k['step_error_%'].abs().mean():.1f}% over {k['step_error_%'].notna().sum()} rows; "
           f"activation memory MAPE {k['act_error_%'].abs().mean():.1f}% over {k['act_error_%'].notna().sum()} rows")
+
+    mem = memory_table(args.csv)
+    if len(mem):
+        print("\npeak memory rows of the calibration file (GiB per GPU as the training log printed them; the rows "
+              "do not say whether that is the allocated or the reserved peak, so both predictions are shown: the "
+              "tensors' bytes, and those plus the caching allocator's reserve)")
+        print(mem.round(1).to_string(index=False))
+        for col in ("allocated", "reserved"):
+            e = mem[f"{col}_error_%"]
+            print(f"  against the predicted {col} peak: MAPE {e.abs().mean():.1f}%, bias {e.mean():+.1f}% "
+                  f"over {len(mem)} rows")
     return 0
+
+
+def memory_table(csv) -> pd.DataFrame:
+    """Each peak-memory row of the A100 file (``peak_memory_per_gpu``, GiB per GPU as the log printed it)
+    against the estimate's peak stage: the bytes its tensors hold (total less ``allocator``) and its
+    total with the caching allocator's reserve."""
+    cases, _ = load_memory_cases(csv)
+    out = []
+    for c in cases:
+        m = estimate(c.model, c.job, c.cluster, c.plan).memory_bytes_per_gpu
+        held, reserved = m["total"] - m["allocator"], m["total"]
+        out.append({"source": c.source, "case": c.label, "measured_GiB": c.measured_bytes / 2**30,
+                    "allocated_GiB": held / 2**30, "allocated_error_%": 100 * (held / c.measured_bytes - 1),
+                    "reserved_GiB": reserved / 2**30, "reserved_error_%": 100 * (reserved / c.measured_bytes - 1)})
+    return pd.DataFrame(out)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,34 @@ def scored():
 def test_every_complete_row_is_scored(scored):
     df, skipped = scored
     assert len(df) >= 60
-    assert all("incomplete" in reason or "not a throughput" in reason for _, _, reason in skipped)
+    assert all("incomplete" in reason or "not a throughput" in reason or "peak-memory row" in reason
+               for _, _, reason in skipped)
+
+
+def test_bigscience_rows_take_what_their_notes_state():
+    """The BLOOM prototype rows leave vocab, precision and recomputation blank and state them in the
+    notes ('vocab ~250k', 'guess bf16', 'recompute not stated (guess: full)'): scored with those (the
+    vocabulary padded as Megatron pads it, 250,880 at tp 8, BLOOM's released size) on Megatron-DeepSpeed,
+    each assumption listed; their peak-memory rows are scored as memory, with the notes of the run's
+    step-time row."""
+    from paraplan.costmodels.calibration import load_cases, load_memory_cases, vocab_from_notes
+    assert vocab_from_notes("vocab ~250k; precision not restated", 8) == 250_880
+    assert vocab_from_notes("vocab ~50k", 1) == 50_048 and vocab_from_notes("no vocabulary here", 8) is None
+    cases, skipped = load_cases()
+    bloom = [c for c in cases if c.source == "bigscience BLOOM prototypes"]
+    assert len(bloom) == 11
+    for c in bloom:
+        assert c.model.vocab == 250_880 and c.plan.dtype == "bf16" and c.plan.recompute == "full"
+        assert c.plan.engine == "deepspeed" and c.plan.zero == 1 and not c.model.learned_positions
+        assert any(a.startswith("vocab = 250,880") for a in c.assumed)
+        assert any(a.startswith("recompute = full") for a in c.assumed)
+    assert not [s for s in skipped if s[1] == "bigscience BLOOM prototypes" and "incomplete" in s[2]]
+    mem, _ = load_memory_cases()
+    assert len(mem) == 11 and {c.source for c in mem} == {"bigscience BLOOM prototypes"}
+    # the same runs: each memory row has the step-time row's layout and the log's GiB
+    labels = {c.label for c in bloom}
+    assert all(c.label in labels and c.plan.recompute == "full" for c in mem)
+    assert sorted(round(c.measured_bytes / 2**30) for c in mem)[:2] == [29, 37]
 
 
 def test_overall_mape_at_most_10_percent_and_no_source_over_20(scored):

@@ -60,3 +60,34 @@ def test_megatron_core_sends_the_whole_activation_without_sequence_parallelism()
     sends = p2p_time(model, job, plans, cluster)
     assert float(sends[0]) == pytest.approx(float(ring_time(SEND_RECV, whole, 2, inter)))
     assert float(sends[1]) == float(sends[2]) == pytest.approx(float(ring_time(SEND_RECV, whole / 8, 2, inter)))
+
+
+def test_bf16_optimizer_accumulates_every_micro_batch_into_fp32():
+    """DeepSpeed's BF16_Optimizer (bf16 with a pipeline, or ZeRO-0) adds each micro-batch's 16-bit
+    gradients into fp32 ones after its backward (PipelineEngine._exec_backward_pass calls
+    update_hp_grads): m x 18 bytes per stage parameter in 2 kernels per tensor, the first micro-batch
+    too, whatever --no-grad-accumulation-fusion says. Not under fp16, not for ZeRO-1 without a
+    pipeline, not for other engines."""
+    from dataclasses import replace
+    from paraplan.costmodels.efficiency import curves_for
+    from paraplan.costmodels.estimate import (DEEPSPEED_BF16_ACCUMULATION_BYTES_PER_PARAM,
+                                              DEEPSPEED_BF16_ACCUMULATION_KERNELS_PER_TENSOR)
+    from paraplan.costmodels.offload import stage_param_tensors
+    model, cluster = load_model("gpt3-175b"), load_cluster("dgx-a100-80g", 384)
+    job = TrainingJob(2048, 1536)
+    ds = Plan(tp=8, pp=12, dp=4, micro_batch=1, zero=1, recompute="full", engine="deepspeed")
+    e1 = estimate(model, job, cluster, ds)
+    m = 1536 // 4
+    grads = e1.details["model_params"] / 8 / 12           # 96 layers split evenly, tp 8: embeddings aside
+    per = curves_for(cluster).streaming_time(DEEPSPEED_BF16_ACCUMULATION_BYTES_PER_PARAM * grads,
+                                             kernels=DEEPSPEED_BF16_ACCUMULATION_KERNELS_PER_TENSOR
+                                             * stage_param_tensors(model, ds))
+    acc1 = e1.time_breakdown_s["grad_accumulation"]
+    assert acc1 == pytest.approx(m * float(per), rel=0.05)         # the largest stage holds the embedding
+    e4 = estimate(model, job, cluster, replace(ds, micro_batch=4))
+    assert e4.time_breakdown_s["grad_accumulation"] == pytest.approx(acc1 / 4)
+    assert estimate(model, job, cluster, replace(ds, grad_accumulation_fusion=False)).time_breakdown_s[
+        "grad_accumulation"] == pytest.approx(acc1)
+    for other in (replace(ds, dtype="fp16"), replace(ds, engine="generic"), replace(ds, pp=1, dp=48, micro_batch=2)):
+        assert estimate(model, job, cluster, other).time_breakdown_s["grad_accumulation"] == 0.0
+    assert estimate(model, job, cluster, replace(ds, pp=1, dp=48, micro_batch=2, zero=0)).time_breakdown_s["grad_accumulation"] > 0

@@ -11,9 +11,8 @@ are listed per row in ``assumed``.
 """
 from __future__ import annotations
 
-import re
-
 import math
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -68,18 +67,120 @@ def _int(v) -> int:
     return int(round(float(v)))
 
 
+# Megatron-LM pads the vocabulary to a multiple of 128 x tp (--make-vocab-size-divisible-by 128;
+# megatron/training/tokenizer/tokenizer.py, _vocab_size_with_padding)
+MEGATRON_VOCAB_MULTIPLE = 128
+
+
+def vocab_from_notes(notes: str, tp: int) -> int | None:
+    """The vocabulary a row's notes give as ``vocab ~250k`` (the bigscience prototypes' only statement
+    of it), padded as Megatron pads it to a multiple of 128·tp: ~250k at tp 8 -> 250,880, which is
+    also BLOOM's released ``vocab_size`` (bigscience/bloom config.json). None if the notes give none."""
+    m = re.search(r"vocab\s*~\s*(\d+(?:\.\d+)?)\s*k\b", notes, flags=re.IGNORECASE)
+    if not m:
+        return None
+    multiple = MEGATRON_VOCAB_MULTIPLE * tp
+    return int(math.ceil(float(m.group(1)) * 1000 / multiple) * multiple)
+
+
+def _notes_guess_full_recompute(notes: str) -> bool:
+    """The row's notes guess full recomputation ('recompute not stated (guess: full)', 'recompute guess full')."""
+    return re.search(r"recompute[^;]*guess:?\s*full", notes, flags=re.IGNORECASE) is not None
+
+
 def case_from_row(i: int, r: pd.Series) -> CalibrationCase | str:
     """A calibration case, or the reason the row is skipped."""
+    if r["measured_metric"] == "peak_memory_per_gpu":
+        return "a peak-memory row (load_memory_cases scores those)"
     if r["measured_metric"] not in THROUGHPUT_METRICS:
         return f"metric {r['measured_metric']} is not a throughput"
+    setup = _setup_from_row(r)
+    if isinstance(setup, str):
+        return setup
+    model, job, cluster, plan, assumed, src, gbs, mb = setup
+    n = cluster.num_gpus
+    metric, value = r["measured_metric"], float(r["measured_value"])
+    if metric == "tflops_per_gpu_incl_recompute":
+        s, L, h, V = job.seq_len, model.layers, model.hidden, model.vocab
+        flops = 96 * gbs * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+        step = flops / (value * 1e12 * n)
+    elif metric == "step_time":
+        step = value / 1000 if str(r["measured_unit"]).strip() == "ms" else value
+    else:
+        step = gbs * job.seq_len / (value * n)
+    label = f"{r['model']} {r['gpu']} x{n} tp{plan.tp} pp{plan.pp} dp{plan.dp} mb{mb} s{job.seq_len}"
+    return CalibrationCase(i, src, label, model, job, cluster, plan, step, tuple(assumed))
+
+
+@dataclass(frozen=True)
+class MemoryCase:
+    """A row that measured the peak memory a GPU allocated (bytes), with the run it describes."""
+    row: int
+    source: str
+    label: str
+    model: TransformerModel
+    job: TrainingJob
+    cluster: object
+    plan: Plan
+    measured_bytes: float
+    assumed: tuple[str, ...]
+
+
+def memory_case_from_row(i: int, r: pd.Series) -> MemoryCase | str:
+    """A peak-memory row (``peak_memory_per_gpu``, in GB as the training log printed it: GiB of
+    ``torch.cuda.max_memory_allocated``, Megatron's ``report_memory``), or the reason it is skipped."""
+    if r["measured_metric"] != "peak_memory_per_gpu":
+        return f"metric {r['measured_metric']} is not a peak memory"
+    setup = _setup_from_row(r)
+    if isinstance(setup, str):
+        return setup
+    model, job, cluster, plan, assumed, src, gbs, mb = setup
+    label = f"{r['model']} {r['gpu']} x{cluster.num_gpus} tp{plan.tp} pp{plan.pp} dp{plan.dp} mb{mb} s{job.seq_len}"
+    return MemoryCase(i, src, label, model, job, cluster, plan, float(r["measured_value"]) * 2**30, tuple(assumed))
+
+
+#: the columns that make two rows of the A100 file the same run (a step time and its peak memory)
+RUN_COLUMNS = ("source", "model", "gpu", "num_gpus", "tp", "pp", "dp", "micro_batch", "global_batch", "seq_len")
+
+
+def load_memory_cases(csv_path: Path | str = DEFAULT_CSV) -> tuple[list[MemoryCase], list[tuple[int, str, str]]]:
+    """(peak-memory cases, skipped rows) of the A100 file. A memory row reads the notes of the throughput
+    row of the same run as well (RUN_COLUMNS): the bigscience rows state the vocabulary, precision and
+    recomputation guesses only beside the step time."""
+    table = pd.read_csv(csv_path)
+    key = lambda r: tuple(str(r[c]) for c in RUN_COLUMNS)
+    notes_of_run = {key(r): str(r["notes"]) for _, r in table.iterrows() if r["measured_metric"] in THROUGHPUT_METRICS}
+    cases, skipped = [], []
+    for i, r in table.iterrows():
+        r = r.copy()
+        r["notes"] = f"{r['notes']}; {notes_of_run.get(key(r), '')}"
+        c = memory_case_from_row(int(i), r)
+        if isinstance(c, str):
+            skipped.append((int(i), short_source(str(r["source"])), c))
+        else:
+            cases.append(c)
+    return cases, skipped
+
+
+def _setup_from_row(r: pd.Series):
+    """(model, job, cluster, plan, assumptions, short source, global batch, micro-batch) of a row of
+    the A100 file, or the reason it cannot be set up."""
+    notes = str(r["notes"])
+    vocab_assumed = None
+    if _blank(r["vocab"]) and not _blank(r["tp"]):
+        vocab = vocab_from_notes(notes, _int(r["tp"]))
+        if vocab is not None:
+            r = r.copy()
+            r["vocab"] = vocab
+            vocab_assumed = (f"vocab = {vocab:,d}: the notes' '~{round(vocab, -3) // 1000}k' padded to a multiple "
+                             f"of 128 x tp as Megatron pads it")
     required = ("layers", "hidden", "heads", "vocab", "seq_len", "num_gpus", "tp", "pp", "dp", "global_batch")
     missing = [k for k in required if _blank(r[k])]
     if missing:
         return "configuration incomplete: " + ", ".join(missing) + " blank"
     if r["gpu"] not in GPU_TO_SYSTEM:
         return f"GPU {r['gpu']!r} has no system preset"
-    assumed = []
-    notes = str(r["notes"])
+    assumed = [vocab_assumed] if vocab_assumed else []
     src = short_source(r["source"])
     megatron = src.startswith("Megatron")
     model = TransformerModel(
@@ -98,10 +199,16 @@ def case_from_row(i: int, r: pd.Series) -> CalibrationCase | str:
         if r["measured_metric"] == "step_time" and "TFLOP/s per GPU reported" in notes:
             rec = "full"
             assumed.append("recompute = full: the reported TFLOP/s equal the 96BsLh^2 (recompute) formula")
+        elif _notes_guess_full_recompute(notes):
+            rec = "full"
+            assumed.append("recompute = full: the notes' guess (the TFLOPs the log printed count the recomputed forward)")
         else:
             return "configuration incomplete: recompute blank"
     recompute = "full" if rec.startswith("full") else "selective" if rec.startswith("selective") else "none"
     precision = str(r["precision"]).lower()
+    if _blank(r["precision"]) and "bf16" in notes.lower():
+        precision = "bf16"
+        assumed.append("precision = bf16: the notes' guess (not restated by the source)")
     dtype = "bf16" if "bf16" in precision else "fp16"
     flash = "flashattention" in notes.lower()
     vpp = 1 if _blank(r["vpp"]) else _int(r["vpp"])
@@ -112,23 +219,18 @@ def case_from_row(i: int, r: pd.Series) -> CalibrationCase | str:
             assumed.append("no gradient all-reduce overlap: Megatron-LM 2020 default --DDP-impl local")
     else:
         overlap = True
+    engine = "generic"
+    if src == "bigscience BLOOM prototypes":
+        # the BLOOM runs trained with Megatron-DeepSpeed: DeepSpeed's PipelineEngine (blocking p2p) and
+        # its ZeRO-1 optimizer (bigscience-workshop/Megatron-DeepSpeed; tr11-176B-ml chronicles)
+        engine = "deepspeed"
+        assumed.append("engine = deepspeed: Megatron-DeepSpeed (DeepSpeed's pipeline engine and ZeRO optimizer)")
     plan = Plan(tp=_int(r["tp"]), pp=_int(r["pp"]), dp=dp, vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b",
                 micro_batch=mb, zero=zero, recompute=recompute, dtype=dtype, flash_attention=flash,
-                overlap_grad_reduce=overlap)
+                overlap_grad_reduce=overlap, engine=engine)
     cluster = load_cluster(GPU_TO_SYSTEM[r["gpu"]], _int(r["num_gpus"]))
     job = TrainingJob(seq_len=_int(r["seq_len"]), global_batch=gbs)
-    n = cluster.num_gpus
-    metric, value = r["measured_metric"], float(r["measured_value"])
-    if metric == "tflops_per_gpu_incl_recompute":
-        s, L, h, V = job.seq_len, model.layers, model.hidden, model.vocab
-        flops = 96 * gbs * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
-        step = flops / (value * 1e12 * n)
-    elif metric == "step_time":
-        step = value / 1000 if str(r["measured_unit"]).strip() == "ms" else value
-    else:
-        step = gbs * job.seq_len / (value * n)
-    label = f"{r['model']} {r['gpu']} x{n} tp{plan.tp} pp{plan.pp} dp{dp} mb{mb} s{job.seq_len}"
-    return CalibrationCase(i, src, label, model, job, cluster, plan, step, tuple(assumed))
+    return model, job, cluster, plan, assumed, src, gbs, mb
 
 
 def _load(csv_path, case_of, source_of) -> tuple[list[CalibrationCase], list[tuple[int, str, str]]]:
