@@ -581,6 +581,20 @@ def _is_scaling_auto_split(plan):
             & (np.asarray(getattr(plan, "last_stage_layers", 0)) == 0))
 
 
+def model_stage_layers(model, plan) -> StageLayers:
+    """:func:`stage_layers` of a model's layers, with its multi-token-prediction blocks
+    (``model.mtp_layers``) on the last stage, where Megatron-LM places them beside the loss (the
+    one stage of pp = 1 holds them too): what a stage's time, memory and parameters count."""
+    sl = stage_layers(model.layers, plan)
+    mtp = getattr(model, "mtp_layers", 0)
+    if not mtp:
+        return sl
+    one_stage = np.asarray(plan.pp) == 1
+    first = np.where(one_stage, sl.first + mtp, sl.first)
+    last = sl.last + mtp
+    return StageLayers(first, sl.middle, last, np.maximum(np.maximum(first, sl.middle), last))
+
+
 def stage_layers(layers: int, plan) -> StageLayers:
     """Layers per pipeline stage for a plan or a :class:`PlanBatch`, vectorized.
 

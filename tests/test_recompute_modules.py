@@ -145,6 +145,7 @@ def test_calibration_rows_whose_recipe_names_them_have_them():
     cases, _ = load_h100_cases()
     got = sorted((c.label.split(" x")[0], c.plan.recompute_modules) for c in cases if c.plan.recompute_modules)
     assert got == [("DeepSeekV3 (dropless) DGX-H100", "mla_up_proj,mlp"),
+                   ("DeepSeekV3 (w/ MTP) DGX-B200", "mla_up_proj"),
                    ("DeepSeekV3 (w/o MTP) DGX-GB200", "mla_up_proj"),
                    ("GPT OSS 120B DGX-H100", "layernorm,moe_act")]
 

@@ -324,6 +324,7 @@ H100_MODEL_PRESETS = {"llama 3 8b": "llama3-8b", "llama3-8b": "llama3-8b", "llam
                       "llama3-70b": "llama3-70b", "llama 3.1 405b": "llama3-405b", "gpt3-175b": "gpt3-175b",
                       "llama2-7b": "llama2-7b", "llama2-13b": "llama2-13b", "llama2-70b": "llama2-70b",
                       "deepseekv3 (w/o mtp)": "deepseek-v3", "deepseekv3 (dropless)": "deepseek-v3",
+                      "deepseekv3 (w/ mtp)": "deepseek-v3-mtp",
                       "gpt3-5b": "gpt3-5b", "gpt3-20b": "gpt3-20b", "nemotron-8b": "nemotron3-8b",
                       "nemotron-22b": "nemotron3-22b", "nemotron-340b": "nemotron4-340b",
                       "qwen3_30b_a3b": "qwen3-30b-a3b", "qwen3_235b_a22b": "qwen3-235b-a22b",
@@ -369,7 +370,26 @@ RECIPE_RECOMPUTE_MODULES = {
                                                  micro_batch=1), "mla_up_proj"),
     ("gpt oss 120b", "DGX-H100"): (dict(num_gpus=64, tp=1, pp=4, ep=8, global_batch=1280, micro_batch=1),
                                    "layernorm,moe_act"),
+    # DEEPSEEK_V3_PRETRAIN_CONFIG_B200_V1 (same file): 256 GPUs, pp 16, ep 8, global batch 2048
+    ("deepseekv3 (w/ mtp)", "DGX-B200"): (dict(num_gpus=256, tp=1, pp=16, vpp=1, ep=8, global_batch=2048,
+                                               micro_batch=1), "mla_up_proj"),
 }
+
+# Rows whose Megatron-Bridge recipe sets the pipeline layout, by the file's model name and GPU: the recipe's
+# layout and its (first, last) stage layer counts. DeepSeek-V3 at pp 16 (set_deepseek_v3_pipeline_model_
+# parallel_layout, src/megatron/bridge/recipes/deepseek/deepseek_v3.py, layout_map[(16, 1)]): the embedding
+# and 4 decoder layers first, 4 on each of the 14 middle stages, 1 decoder layer with the MTP block and the
+# loss last.
+RECIPE_STAGE_LAYERS = {
+    ("deepseekv3 (w/ mtp)", "DGX-B200"): (dict(num_gpus=256, tp=1, pp=16, vpp=1, ep=8, global_batch=2048), (4, 1)),
+}
+
+
+def _recipe_stage_layers(r: pd.Series) -> tuple[int, int]:
+    """The (first, last) stage layers the row's recipe sets (RECIPE_STAGE_LAYERS) where the row's layout
+    is the recipe's; (0, 0), the automatic split, otherwise."""
+    entry = RECIPE_STAGE_LAYERS.get((str(r["model"]).strip().lower(), str(r["gpu"])))
+    return entry[1] if entry is not None and _row_has_layout(r, entry[0]) else (0, 0)
 
 
 def _recipe_recompute_modules(r: pd.Series) -> str:
@@ -518,13 +538,20 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
         assumed.append("gradients kept and reduced in bf16 (grad_reduce_in_fp32=False: Megatron-Bridge's "
                        "scripts/performance/configs/llama/llama3_llm_pretrain.py set_llama3_common_configs, "
                        "NeMo's fp8 performance scripts; not stated per row)")
+    first_layers, last_layers = _recipe_stage_layers(r)
+    if first_layers or last_layers:
+        assumed.append(f"pipeline layout of the row's Megatron-Bridge recipe: {first_layers} layers on the first "
+                       f"stage, {last_layers} on the last (calibration.RECIPE_STAGE_LAYERS)")
+    if model.mtp_layers:
+        assumed.append(f"multi-token prediction, depth {model.mtp_layers}, on the last stage")
     try:
         cluster = load_cluster(H100_GPU_TO_SYSTEM[r["gpu"]], n)
         plan = Plan(tp=_int(r["tp"]), pp=_int(r["pp"]), dp=_int(r["dp"]), cp=cp, sp=sp and _int(r["tp"]) > 1,
                     vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b", micro_batch=_int(r["micro_batch"]),
                     zero=zero, recompute=recompute, dtype=dtype, ep=ep, engine=engine,
                     grad_accumulation_fusion=engine != "torchtitan", tp_comm_overlap=overlap,
-                    grad_reduce_bf16=bf16_grads, ep_comm_overlap=ep_overlap, recompute_modules=modules)
+                    grad_reduce_bf16=bf16_grads, ep_comm_overlap=ep_overlap, recompute_modules=modules,
+                    first_stage_layers=first_layers, last_stage_layers=last_layers)
     except ConfigError as e:
         return f"layout not expressible: {e}"
     job = TrainingJob(seq_len=_int(r["seq_len"]), global_batch=_int(r["global_batch"]))

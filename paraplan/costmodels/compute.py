@@ -871,7 +871,9 @@ def head_times(model, job, plan, curves, cluster) -> dict:
     """LM head (logits GEMM, cross-entropy) on the last stage and the embedding on the first,
     forward + backward for one micro-batch. Vocabulary-parallel over tp (Megatron); Scaling gathers
     the logits over tp and every rank runs the cross-entropy on the whole vocabulary
-    (SCALING_LOSS_TRAFFIC_BYTES_PER_LOGIT), after an all-gather of T x V 16-bit logits."""
+    (SCALING_LOSS_TRAFFIC_BYTES_PER_LOGIT), after an all-gather of T x V 16-bit logits. Each
+    multi-token-prediction depth (``model.mtp_layers``; its block is counted as a layer of the last
+    stage) runs the shared head and its own loss once more, and its 2h -> h projection (split over tp)."""
     T = tokens_per_rank(job, plan)
     t = np.asarray(plan.tp, dtype=float)
     dt = _dtype(plan)
@@ -881,13 +883,15 @@ def head_times(model, job, plan, curves, cluster) -> dict:
     cross_entropy = np.where(scaling,
                              curves.memory_time(T * V * SCALING_LOSS_TRAFFIC_BYTES_PER_LOGIT, kernels=SCALING_LOSS_KERNELS),
                              curves.memory_time(T * V / t * 4 * 3, kernels=4))      # fp32 logits, ~3 passes
-    head = 3 * logits + cross_entropy
+    mtp = model.mtp_layers
+    projection = 3 * curves.gemm_time(T, h / t, 2 * h, dt) if mtp else 0.0
+    head = (1 + mtp) * (3 * logits + cross_entropy) + mtp * projection
     embedding = curves.memory_time(T * h * element_bytes(plan) * 3, kernels=2)
     ar = tp_allreduce_time(model, job, plan, cluster)
     gather = tp_collective_time(ALL_GATHER, T * V * element_bytes(plan), plan, cluster)
     loss_comm = np.where(scaling, gather, vocab_parallel_loss_allreduce_time(job, plan, cluster))
     return {"head": head, "embedding": embedding,
-            "tp_comm": 2 * ar + loss_comm}   # + embedding fwd, head grad
+            "tp_comm": 2 * ar + (1 + mtp) * loss_comm}   # + embedding fwd, head grad
 
 
 def vocab_parallel_loss_allreduce_time(job, plan, cluster):

@@ -25,7 +25,7 @@ from paraplan.costmodels.offload import activation_offload_time, optimizer_and_o
 from paraplan.costmodels.pipeline import (bubble_factor, bubble_fraction, effective_compute_slowdown,
                                          p2p_messages_on_critical_path, pipeline_crossings_on_critical_path)
 from paraplan.plan import (Engine, Plan, Recompute, StageLayers, check_plan, compute_dtype, expert_data_parallel, is_fp8,
-                           recomputes_attention_core, stage_layer_counts, stage_layers)
+                           model_stage_layers, recomputes_attention_core, stage_layer_counts)
 
 SCHEMA = "paraplan.estimate/1"
 TIME_TERMS = ("compute", "recompute", "grad_accumulation", "tp_comm", "cp_comm", "ep_comm", "moe_host", "pp_comm",
@@ -273,7 +273,7 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
     curves = with_stage_concurrency(with_reference_block(curves, cluster), plan, m)
     lt = C.layer_times(model, job, plan, curves, cluster)
     ht = C.head_times(model, job, plan, curves, cluster)
-    sl = stage_layers(model.layers, plan)
+    sl = model_stage_layers(model, plan)          # multi-token-prediction blocks on the last stage
     slow = slowest_stage(sl, p, lt, ht)
     layers = np.where(slow == LAST, sl.last, np.where(slow == MIDDLE, sl.middle, sl.first))
     compute_mid = layers * (lt["forward"] + lt["backward"])
@@ -514,6 +514,7 @@ def estimate(model, job, cluster, plan: Plan, *, curves=None, max_memory_fractio
                  "dp_comm_total_s": _f(terms.dp_comm_total),
                  "peak_memory_stage": STAGE_NAMES[int(terms.peak_stage)],
                  "layers_per_stage": stage_layer_counts(model.layers, plan),
+                 **({"mtp_blocks_on_last_stage": model.mtp_layers} if model.mtp_layers else {}),
                  "gpu_memory_bytes": cluster.accelerator.memory_bytes,
                  "model_params": model.num_params, "active_params": model.active_params,
                  **({"optimizer_warmup_share": _f(terms.warmup_share),

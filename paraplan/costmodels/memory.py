@@ -34,7 +34,7 @@ import numpy as np
 from paraplan.costmodels.compute import (BYTES, element_bytes, einsum_dispatch_slots, expert_token_factor,
                                          micro_batches, tokens_per_rank)
 from paraplan.plan import (Engine, Offload, Recompute, Schedule, is_fp8, recomputes_attention_core, recomputes_module,
-                           stage_layers)
+                           model_stage_layers, stage_layers)
 
 OPTIMIZER_BYTES_PER_PARAM = 12   # fp32 master weights, momentum, variance (K in the ZeRO paper)
 FP32_OPTIMIZER_BYTES_PER_PARAM = 8   # plain fp32 Adam: momentum and variance, no master copy
@@ -125,7 +125,12 @@ def expert_params_per_gpu(model, plan):
     average density over the layers) with E experts each, split over ep·etp."""
     if model.moe is None:
         return 0.0
-    moe_layers = _share(model.moe_layers, model.layers, stage_layers(model.layers, plan).largest)
+    sl = stage_layers(model.layers, plan)
+    first, middle, last = (_share(model.moe_layers, model.layers, n) for n in (sl.first, sl.middle, sl.last))
+    # multi-token-prediction blocks (MoE blocks in an MoE model) sit on the last stage (the only one at pp = 1)
+    mtp = model.mtp_layers
+    first = np.where(np.asarray(plan.pp) == 1, first + mtp, first)
+    moe_layers = np.maximum(np.maximum(first, middle), last + mtp)
     return moe_layers * model.routed_expert_params_per_moe_layer / (np.asarray(plan.ep, dtype=float) * plan.etp)
 
 
@@ -133,14 +138,16 @@ def stage_params(model, plan):
     """(first-stage, middle-stage, last-stage) non-expert parameters per GPU: each stage's layers
     (``paraplan.plan.stage_layers``; the largest middle stage, 0 without one) split by tp; the
     embedding sits on the first stage, the LM head (a copy of a tied embedding when pp > 1) on the
-    last. Routed experts are counted apart (:func:`expert_params_per_gpu`)."""
+    last. Routed experts are counted apart (:func:`expert_params_per_gpu`). The multi-token-prediction
+    module's own parameters (``model.mtp_params`` less its routed experts) sit with the head."""
     t = np.asarray(plan.tp, dtype=float)
     p = np.asarray(plan.pp, dtype=float)
     sl = stage_layers(model.layers, plan)
-    non_expert = model.num_params - model.embedding_params - model.lm_head_params \
-        - model.moe_layers * model.routed_expert_params_per_moe_layer
+    routed = model.routed_expert_params_per_moe_layer
+    non_expert = model.num_params - model.mtp_params - model.embedding_params - model.lm_head_params \
+        - model.moe_layers * routed
     emb = model.embedding_params / t
-    head = model.lm_head_params / t
+    head = (model.lm_head_params + model.mtp_params - model.mtp_layers * routed) / t
     tied_copy = np.where(model.tied_embeddings & (p > 1), model.vocab * model.hidden / t, 0.0)
     first_layers = _share(non_expert, model.layers, sl.first) / t
     first = np.where(p > 1, first_layers + emb, first_layers + emb + head)
@@ -465,14 +472,16 @@ def activation_bytes(model, job, plan) -> dict:
     t = np.asarray(plan.tp, dtype=float)
     sp = np.asarray(plan.sp, dtype=bool)
     per_layer = activation_bytes_per_layer(model, job, plan)
-    sl = stage_layers(model.layers, plan)
+    sl = model_stage_layers(model, plan)          # multi-token-prediction blocks on the last stage
     # every recomputation policy rematerializes what a layer dropped one layer at a time during
     # backward; unfused attention's backward holds the layer's score matrix and its gradients meanwhile
     layer_none = activation_bytes_per_layer(model, job, plan, recompute_code=Recompute.NONE)
     working = rematerialized_layer_bytes(model, job, plan, per_layer, layer_none) \
         + attention_transient_bytes(model, job, plan) + backward_layer_transient(plan) * layer_none
     embedding_out = (element_bytes(plan) + 1) * T * model.hidden / np.where(sp, t, 1.0)  # output + dropout mask
-    logits = loss_bytes_per_logit(plan) * T * loss_logits_per_token(model, plan) + element_bytes(plan) * T * model.hidden
+    # the loss's logits and the final hidden state, once more per multi-token-prediction depth
+    logits = (1 + model.mtp_layers) * (loss_bytes_per_logit(plan) * T * loss_logits_per_token(model, plan)
+                                       + element_bytes(plan) * T * model.hidden)
     inflight = in_flight_micro_batches(job, plan)
     # activation offload (pp = 1 only): the offloaded layers' activations live in host memory, one
     # layer's in transit (offloaded while the next computes, prefetched one layer ahead in backward)

@@ -30,7 +30,7 @@ import numpy as np
 
 from paraplan.costmodels.compute import BYTES
 from paraplan.costmodels.memory import OPTIMIZER_BYTES_PER_PARAM
-from paraplan.plan import Offload, Optimizer, stage_layers
+from paraplan.plan import Offload, Optimizer, model_stage_layers
 
 ERROR_FEEDBACK_BYTES_PER_PARAM = 12
 
@@ -46,7 +46,7 @@ def stage_param_tensors(model, plan):
     bias = 2 if model.bias else 1
     norm = 2 if model.norm == "layernorm" else 1
     per_layer = 2 * norm + 4 * bias
-    sl = stage_layers(model.layers, plan)
+    sl = model_stage_layers(model, plan)          # multi-token-prediction blocks on the last stage
     emb = 1 + (1 if model.learned_positions else 0)
     head = norm + (0 if model.tied_embeddings else 1)
     staged = np.maximum(np.maximum(sl.first * per_layer + emb, sl.last * per_layer + head), sl.middle * per_layer)

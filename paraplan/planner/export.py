@@ -187,6 +187,11 @@ def megatron_pipeline_layout(chunk_layers: list[int]) -> str:
     return "|".join(parts)
 
 
+MTP_NOTE = ("the model trains with multi-token prediction (depth as in the estimate); {engine} builds no MTP "
+            "module from this config: add it in the model code, or the run trains without it (and runs faster "
+            "than the estimate)")
+
+
 def build_megatron(s: Scenario) -> Export:
     """pretrain_gpt.py flags (NVIDIA/Megatron-LM megatron/training/arguments.py) behind torchrun."""
     p, m, notes = s.plan, s.model, []
@@ -202,6 +207,8 @@ def build_megatron(s: Scenario) -> Export:
                ("--qk-pos-emb-head-dim", str(m.mla.qk_rope_head_dim)), ("--v-head-dim", str(m.mla.v_head_dim))]
     elif m.q_hidden != m.hidden:
         args.append(("--kv-channels", str(m.head_dim)))     # head width when it is not hidden / heads
+    if m.mtp_layers:     # multi-token prediction (DeepSeek-V3): Megatron-Core places it on the last stage
+        args.append(("--mtp-num-layers", str(m.mtp_layers)))
     args += [("--seq-length", str(s.seq_len)),
              ("--max-position-embeddings", str(max(s.seq_len, m.max_positions or 0))),
              ("--position-embedding-type", "learned_absolute" if m.learned_positions else "rope"),
@@ -407,6 +414,8 @@ def build_deepspeed(s: Scenario) -> Export:
         notes.append(UNFUSED_ACCUMULATION_NOTE.format(engine="DeepSpeed"))
     if p.ep_comm_overlap:
         notes.append(EP_OVERLAP_NOTE.format(engine="DeepSpeed"))
+    if s.model.mtp_layers:
+        notes.append(MTP_NOTE.format(engine="DeepSpeed"))
     notes.append(f"launch: deepspeed --num_nodes {s.hosts} --num_gpus {s.procs_per_host} --hostfile HOSTFILE "
                  "train.py, where train.py passes this file to deepspeed.initialize(config=...)")
     return Export("deepspeed", json.dumps(cfg, indent=2) + "\n", notes)
@@ -502,6 +511,8 @@ def build_torchtitan(s: Scenario) -> Export:
         notes.append("torchtitan's tensor-parallel plan always applies sequence parallelism to norms/dropout")
     if p.ep_comm_overlap:
         notes.append(EP_OVERLAP_NOTE.format(engine="torchtitan"))
+    if s.model.mtp_layers:
+        notes.append(MTP_NOTE.format(engine="torchtitan"))
     if p.schedule == "zb-h1" and p.pp > 1:
         notes.append("zb-h1 needs one stage per rank; torch.distributed.pipelining's zero-bubble schedules "
                      "(InterleavedZeroBubble, ZBVZeroBubble) need several, so this runs 1F1B")

@@ -84,8 +84,10 @@ def render_estimate(e) -> str:
     counts = e.details.get("layers_per_stage")
     if counts:
         even = len(set(counts)) == 1
+        mtp = e.details.get("mtp_blocks_on_last_stage")
         lines.append(f"  layers/stage    {fmt_stage_layers(counts)}"
-                     f"{' (even)' if even else ' (uneven: the largest stage sets the pace)'}")
+                     f"{' (even)' if even else ' (uneven: the largest stage sets the pace)'}"
+                     f"{f'; + {mtp} multi-token-prediction block(s) and head pass(es) on the last' if mtp else ''}")
     lines += [
         "",
         "  time per step",

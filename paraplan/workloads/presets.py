@@ -16,7 +16,7 @@ MODELS_FILE = Path(__file__).parent / "catalog" / "models.yaml"
 MODEL_FILE_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation",
                    "tied_embeddings", "norm", "bias", "learned_positions", "max_positions", "moe",
                    "rotary", "dropout", "head_dim",
-                   "sliding_window", "sliding_window_every", "mla")
+                   "sliding_window", "sliding_window_every", "mla", "mtp_layers")
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim")
 MOE_KEYS = ("experts", "top_k", "expert_ffn_hidden", "shared_experts", "every", "first_dense", "capacity_factor",
             "dispatch")
@@ -70,7 +70,8 @@ def model_from_mapping(data: Mapping[str, Any], source: str) -> TransformerModel
         max_positions=f.integer("max_positions", 0, positive=False), rotary=_bool(f, "rotary", False),
         dropout=_bool(f, "dropout", True), head_dim=f.integer("head_dim") if f.has("head_dim") else None,
         sliding_window=f.integer("sliding_window", 0, positive=False),
-        sliding_window_every=f.integer("sliding_window_every", 1))
+        sliding_window_every=f.integer("sliding_window_every", 1),
+        mtp_layers=f.integer("mtp_layers", 0, positive=False))
 
 
 #: Hugging Face config keys of the residual (hidden) dropout probability, by model family
@@ -242,6 +243,7 @@ def model_from_hf_config(data: Mapping[str, Any], source: str) -> TransformerMod
             max_positions=_hf_int(f, "max_positions", 0, positive=False), moe=_hf_moe(f),
             rotary="rope_theta" in data or "rotary_dim" in data or "rope_scaling" in data,
             dropout=_hf_dropout(data), **{"head_dim": _hf_int(f, "head_dim", None), **_hf_mla(f)},
+            mtp_layers=f.integer("num_nextn_predict_layers", 0, positive=False),
             **_hf_sliding_window(f))
     except ConfigError as e:
         if e.source == source:

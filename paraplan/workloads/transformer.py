@@ -124,6 +124,12 @@ class TransformerModel:
     #: multi-head latent attention in place of the Q/K/V projections (DeepSeek-V2/V3); ``head_dim`` is
     #: then the non-rotary query/key width per head (qk_nope_head_dim)
     mla: MLASpec | None = None
+    #: multi-token prediction depth D (DeepSeek-V3, arXiv:2412.19437 sec. 2.2; Hugging Face
+    #: ``num_nextn_predict_layers``; Megatron-LM ``--mtp-num-layers``): each depth adds, after the main
+    #: model, two RMSNorms (the last hidden state and the next token's embedding), a 2h -> h projection,
+    #: one transformer block like the model's last (MoE in an MoE model), and the shared LM head with its
+    #: own cross-entropy; the embedding and the head are shared with the main model (no parameters)
+    mtp_layers: int = 0
 
     def __post_init__(self):
         for key in ("layers", "hidden", "heads", "vocab"):
@@ -151,6 +157,8 @@ class TransformerModel:
         if self.heads % self.kv_heads:
             raise ConfigError("kv_heads", f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})",
                               source=self.name)
+        if isinstance(self.mtp_layers, bool) or not isinstance(self.mtp_layers, int) or self.mtp_layers < 0:
+            raise ConfigError("mtp_layers", f"must be a non-negative integer, got {self.mtp_layers!r}", source=self.name)
         for key in ("sliding_window", "sliding_window_every"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "sliding_window" else 1):
@@ -320,32 +328,66 @@ class TransformerModel:
         return (0 if self.tied_embeddings else self.vocab * self.hidden) + final_norm
 
     @property
+    def mtp_projection_params(self) -> int:
+        """One multi-token-prediction depth's own parameters beside its block: the 2h -> h projection
+        and its two RMSNorms."""
+        return 2 * self.hidden * self.hidden + 2 * self.hidden
+
+    @property
+    def mtp_params(self) -> int:
+        """Parameters of the multi-token-prediction module: per depth its block (an MoE layer in an MoE
+        model) and :attr:`mtp_projection_params`; 0 without one."""
+        block = self.params_per_moe_layer if self.moe else self.params_per_layer
+        return self.mtp_layers * (block + self.mtp_projection_params)
+
+    @property
     def num_params(self) -> int:
         return (self.dense_layers * self.params_per_layer + self.moe_layers * self.params_per_moe_layer
-                + self.embedding_params + self.lm_head_params)
+                + self.embedding_params + self.lm_head_params + self.mtp_params)
+
+    @property
+    def _moe_active_per_layer(self) -> int:
+        return (self.attention_params_per_layer + self.norm_params_per_layer + self.router_params
+                + (self.moe.top_k + self.moe.shared_experts) * self.expert_mlp_params)
 
     @property
     def active_params(self) -> int:
-        """Parameters one token passes through (top-k and shared experts only)."""
+        """Parameters one token passes through (top-k and shared experts only), the
+        multi-token-prediction depths' included."""
         if not self.moe:
             return self.num_params
-        moe_active = (self.attention_params_per_layer + self.norm_params_per_layer + self.router_params
-                      + (self.moe.top_k + self.moe.shared_experts) * self.expert_mlp_params)
-        return (self.dense_layers * self.params_per_layer + self.moe_layers * moe_active
-                + self.embedding_params + self.lm_head_params)
+        return (self.dense_layers * self.params_per_layer + self.moe_layers * self._moe_active_per_layer
+                + self.embedding_params + self.lm_head_params
+                + self.mtp_layers * (self._moe_active_per_layer + self.mtp_projection_params))
 
     # --- FLOPs ------------------------------------------------------------------------------------
     def matmul_flops_per_token_per_layer(self) -> float:
         """Forward FLOPs per token of a layer's weight GEMMs, 2 · (weights a token meets), averaged
         over dense and MoE layers (an MoE layer counts its router, top-k and shared experts)."""
+        if not self.moe:
+            return self._block_matmul_flops_per_token(moe=False)
+        return (self.dense_layers * self._block_matmul_flops_per_token(moe=False)
+                + self.moe_layers * self._block_matmul_flops_per_token(moe=True)) / self.layers
+
+    def _block_matmul_flops_per_token(self, moe: bool) -> float:
+        """Forward weight-GEMM FLOPs per token of one dense or one MoE block."""
         h, f = self.hidden, self.ffn_hidden
         attention = self.attention_weights_per_layer
-        dense = 2 * (attention + self.mlp_matrices * h * f)
-        if not self.moe:
-            return dense
+        if not moe:
+            return 2 * (attention + self.mlp_matrices * h * f)
         e = self.moe
-        moe = 2 * (attention + h * e.experts + (e.top_k + e.shared_experts) * self.mlp_matrices * h * e.expert_ffn_hidden)
-        return (self.dense_layers * dense + self.moe_layers * moe) / self.layers
+        return 2 * (attention + h * e.experts + (e.top_k + e.shared_experts) * self.mlp_matrices * h * e.expert_ffn_hidden)
+
+    def mtp_flops_per_token(self, seq_len: int, causal_halved: bool = False) -> float:
+        """Forward FLOPs per token of the multi-token-prediction module: per depth the 2h -> h
+        projection (2·2h·h), its block's GEMMs and attention (a full-attention layer) and the shared
+        head's logits; 0 without one."""
+        if not self.mtp_layers:
+            return 0.0
+        full = seq_len / 2 if causal_halved else seq_len
+        attention = 2 * full * (self.q_hidden + self.attn_out_hidden)
+        block = self._block_matmul_flops_per_token(moe=self.moe is not None)
+        return self.mtp_layers * (4 * self.hidden * self.hidden + block + attention + self.logit_flops_per_token())
 
     @property
     def windowed_layer_share(self) -> float:
@@ -376,7 +418,7 @@ class TransformerModel:
         """
         fwd = self.layers * (self.matmul_flops_per_token_per_layer()
                              + self.attention_flops_per_token_per_layer(seq_len, causal_halved))
-        return 3 * (fwd + self.logit_flops_per_token())
+        return 3 * (fwd + self.logit_flops_per_token() + self.mtp_flops_per_token(seq_len, causal_halved))
 
     def describe(self) -> str:
         kv = f", kv_heads {self.kv_heads}" if self.kv_heads != self.heads else ""
@@ -397,7 +439,8 @@ class TransformerModel:
                    f"{self.active_params / 1e9:.2f}B active")
         return (f"{self.name}: {self.num_params / 1e9:.2f}B params, {self.layers} layers, hidden {self.hidden}, "
                 f"{self.heads} heads{kv}, ffn {self.ffn_hidden} ({self.activation}), vocab {self.vocab}"
-                f"{', tied' if self.tied_embeddings else ''}{moe}")
+                f"{', tied' if self.tied_embeddings else ''}{moe}"
+                f"{f', multi-token prediction depth {self.mtp_layers}' if self.mtp_layers else ''}")
 
 
 @dataclass(frozen=True)
