@@ -72,11 +72,15 @@ def _int(v) -> int:
 MEGATRON_VOCAB_MULTIPLE = 128
 
 
+#: how the bigscience rows' notes state the vocabulary: 'vocab ~250k'
+VOCAB_IN_NOTES = re.compile(r"vocab\s*~\s*(\d+(?:\.\d+)?)\s*k\b", flags=re.IGNORECASE)
+
+
 def vocab_from_notes(notes: str, tp: int) -> int | None:
     """The vocabulary a row's notes give as ``vocab ~250k`` (the bigscience prototypes' only statement
     of it), padded as Megatron pads it to a multiple of 128·tp: ~250k at tp 8 -> 250,880, which is
     also BLOOM's released ``vocab_size`` (bigscience/bloom config.json). None if the notes give none."""
-    m = re.search(r"vocab\s*~\s*(\d+(?:\.\d+)?)\s*k\b", notes, flags=re.IGNORECASE)
+    m = VOCAB_IN_NOTES.search(notes)
     if not m:
         return None
     multiple = MEGATRON_VOCAB_MULTIPLE * tp
@@ -108,13 +112,18 @@ def case_from_row(i: int, r: pd.Series) -> CalibrationCase | str:
         step = value / 1000 if str(r["measured_unit"]).strip() == "ms" else value
     else:
         step = gbs * job.seq_len / (value * n)
-    label = f"{r['model']} {r['gpu']} x{n} tp{plan.tp} pp{plan.pp} dp{plan.dp} mb{mb} s{job.seq_len}"
-    return CalibrationCase(i, src, label, model, job, cluster, plan, step, tuple(assumed))
+    return CalibrationCase(i, src, _row_label(r, cluster, plan, mb, job), model, job, cluster, plan, step,
+                           tuple(assumed))
+
+
+def _row_label(r: pd.Series, cluster, plan: Plan, mb: int, job: TrainingJob) -> str:
+    """How an A100-file row is named in tables: model, GPU, count and layout."""
+    return f"{r['model']} {r['gpu']} x{cluster.num_gpus} tp{plan.tp} pp{plan.pp} dp{plan.dp} mb{mb} s{job.seq_len}"
 
 
 @dataclass(frozen=True)
 class MemoryCase:
-    """A row that measured the peak memory a GPU allocated (bytes), with the run it describes."""
+    """A row that gives a run's peak memory per GPU (bytes), with the run it describes."""
     row: int
     source: str
     label: str
@@ -127,16 +136,16 @@ class MemoryCase:
 
 
 def memory_case_from_row(i: int, r: pd.Series) -> MemoryCase | str:
-    """A peak-memory row (``peak_memory_per_gpu``, in GB as the training log printed it: GiB of
-    ``torch.cuda.max_memory_allocated``, Megatron's ``report_memory``), or the reason it is skipped."""
+    """A peak-memory row (``peak_memory_per_gpu``: GB per GPU as the training log printed it, read as
+    GiB; the rows do not say whether the allocated or the reserved peak), or the reason it is skipped."""
     if r["measured_metric"] != "peak_memory_per_gpu":
         return f"metric {r['measured_metric']} is not a peak memory"
     setup = _setup_from_row(r)
     if isinstance(setup, str):
         return setup
     model, job, cluster, plan, assumed, src, gbs, mb = setup
-    label = f"{r['model']} {r['gpu']} x{cluster.num_gpus} tp{plan.tp} pp{plan.pp} dp{plan.dp} mb{mb} s{job.seq_len}"
-    return MemoryCase(i, src, label, model, job, cluster, plan, float(r["measured_value"]) * 2**30, tuple(assumed))
+    return MemoryCase(i, src, _row_label(r, cluster, plan, mb, job), model, job, cluster, plan,
+                      float(r["measured_value"]) * 2**30, tuple(assumed))
 
 
 #: the columns that make two rows of the A100 file the same run (a step time and its peak memory)
@@ -172,8 +181,8 @@ def _setup_from_row(r: pd.Series):
         if vocab is not None:
             r = r.copy()
             r["vocab"] = vocab
-            vocab_assumed = (f"vocab = {vocab:,d}: the notes' '~{round(vocab, -3) // 1000}k' padded to a multiple "
-                             f"of 128 x tp as Megatron pads it")
+            vocab_assumed = (f"vocab = {vocab:,d}: the notes' '{VOCAB_IN_NOTES.search(notes).group(0)}' padded to a "
+                             f"multiple of 128 x tp as Megatron pads it")
     required = ("layers", "hidden", "heads", "vocab", "seq_len", "num_gpus", "tp", "pp", "dp", "global_batch")
     missing = [k for k in required if _blank(r[k])]
     if missing:

@@ -125,12 +125,10 @@ def expert_params_per_gpu(model, plan):
     average density over the layers) with E experts each, split over ep·etp."""
     if model.moe is None:
         return 0.0
-    sl = stage_layers(model.layers, plan)
+    sl, with_mtp = stage_layers(model.layers, plan), model_stage_layers(model, plan)
     first, middle, last = (_share(model.moe_layers, model.layers, n) for n in (sl.first, sl.middle, sl.last))
-    # multi-token-prediction blocks (MoE blocks in an MoE model) sit on the last stage (the only one at pp = 1)
-    mtp = model.mtp_layers
-    first = np.where(np.asarray(plan.pp) == 1, first + mtp, first)
-    moe_layers = np.maximum(np.maximum(first, middle), last + mtp)
+    # the multi-token-prediction blocks (MoE blocks in an MoE model) where model_stage_layers puts them
+    moe_layers = np.maximum(np.maximum(first + with_mtp.first - sl.first, middle), last + with_mtp.last - sl.last)
     return moe_layers * model.routed_expert_params_per_moe_layer / (np.asarray(plan.ep, dtype=float) * plan.etp)
 
 
