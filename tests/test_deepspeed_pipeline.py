@@ -91,3 +91,25 @@ def test_bf16_optimizer_accumulates_every_micro_batch_into_fp32():
     for other in (replace(ds, dtype="fp16"), replace(ds, engine="generic"), replace(ds, pp=1, dp=48, micro_batch=2)):
         assert estimate(model, job, cluster, other).time_breakdown_s["grad_accumulation"] == 0.0
     assert estimate(model, job, cluster, replace(ds, pp=1, dp=48, micro_batch=2, zero=0)).time_breakdown_s["grad_accumulation"] > 0
+
+
+def test_deepspeed_export_asks_for_the_accumulation_the_estimate_prices():
+    """Where the estimate prices BF16_Optimizer (bf16 with a pipeline, or ZeRO-0), the DeepSpeed config
+    says fp32 gradient accumulation (data_types.grad_accum_dtype), which is what makes DeepSpeed pick that
+    optimizer under ZeRO-1; a bf16 ZeRO-1 plan without a pipeline, and fp16, get no such key."""
+    import json
+    from paraplan.planfile import PLAN_SCHEMA
+    from paraplan.planner import export as ex
+
+    def config(**plan):
+        d = {"schema": PLAN_SCHEMA, "scenario": {"model": "gpt-1.7b", "cluster": "dgx-a100-80g", "gpus": 8,
+                                                "seq_len": 2048, "global_batch": 64},
+             "plan": {"engine": "deepspeed", **plan}, "estimate": {}}
+        out = ex.export(d, "deepspeed")
+        return json.loads(out.text), out.notes
+
+    cfg, notes = config(pp=2, dp=4, zero=1, micro_batch=2)
+    assert cfg["data_types"] == {"grad_accum_dtype": "fp32"} and any("BF16_Optimizer" in n for n in notes)
+    assert config(dp=8, zero=0)[0]["data_types"] == {"grad_accum_dtype": "fp32"}
+    assert "data_types" not in config(dp=8, zero=1)[0]
+    assert "data_types" not in config(pp=2, dp=4, zero=1, micro_batch=2, dtype="fp16")[0]

@@ -426,12 +426,19 @@ DEEPSPEED_BF16_ACCUMULATION_BYTES_PER_PARAM = (2 + 4) + (4 + 4 + 4)
 DEEPSPEED_BF16_ACCUMULATION_KERNELS_PER_TENSOR = 2
 
 
+def bf16_optimizer_layout(plan):
+    """Layouts that DeepSpeed trains with its BF16_Optimizer (fp32 gradient accumulation): bf16 with a
+    pipeline (ZeRO <= 1 there) or with ZeRO-0. DeepSpeedEngine._do_optimizer_sanity_check picks it for
+    bf16 without ZeRO (gradients accumulate in fp32 by default there) and for bf16 ZeRO-1 when
+    ``data_types.grad_accum_dtype`` is fp32, which the DeepSpeed export writes for such plans; the 2022
+    PipelineEngine that trained BLOOM called its ``update_hp_grads`` for every bf16 pipeline."""
+    return (plan.dtype == "bf16") & ((np.asarray(plan.pp) > 1) | (np.asarray(plan.zero) == 0))
+
+
 def deepspeed_bf16_optimizer(plan):
-    """Plans whose optimizer is DeepSpeed's BF16_Optimizer: engine deepspeed, bf16, and a pipeline
-    (DeepSpeed's PipelineEngine calls its ``update_hp_grads``, which only that optimizer has, and takes
-    ZeRO <= 1) or ZeRO-0 (DeepSpeedEngine picks it for bf16 without ZeRO)."""
-    return (M.engine_of(plan) == Engine.DEEPSPEED) & (plan.dtype == "bf16") \
-        & ((np.asarray(plan.pp) > 1) | (np.asarray(plan.zero) == 0))
+    """Plans whose optimizer is DeepSpeed's BF16_Optimizer: engine deepspeed on a
+    :func:`bf16_optimizer_layout`."""
+    return (M.engine_of(plan) == Engine.DEEPSPEED) & bf16_optimizer_layout(plan)
 
 
 def grad_accumulation_time(model, plan, curves, m, params, n_dp):

@@ -24,7 +24,7 @@ import shlex
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.estimate import bf16_optimizer_layout, estimate
 from paraplan.errors import ConfigError
 from paraplan.plan import (Engine, Plan, check_plan, interleaved_split_accounts, is_fp8, stage_layer_counts,
                            virtual_stage_layer_counts)
@@ -366,6 +366,13 @@ def build_deepspeed(s: Scenario) -> Export:
                           "Transformer Engine modules in the model code)", accepted="bf16, fp16")
     cfg["bf16" if p.dtype == "bf16" else "fp16"] = ({"enabled": True} if p.dtype == "bf16"
                                                     else {"enabled": True, "loss_scale": 0})
+    if bool(bf16_optimizer_layout(p)):
+        # the estimate prices DeepSpeed's BF16_Optimizer here (fp32 accumulation after every micro-batch);
+        # with ZeRO-1 DeepSpeed picks it only when told to accumulate in fp32
+        cfg["data_types"] = {"grad_accum_dtype": "fp32"}
+        notes.append("bf16 with a pipeline or ZeRO-0: gradients accumulate in fp32 (data_types.grad_accum_dtype, "
+                     "DeepSpeed's BF16_Optimizer), as the estimate prices it: 18 bytes per parameter of the stage "
+                     "after every micro-batch, so fewer, larger micro-batches pay less")
     zero: dict[str, Any] = {"stage": p.zero}
     if p.zero >= 1:
         zero.update(overlap_comm=p.overlap_grad_reduce, contiguous_gradients=True)
