@@ -32,7 +32,8 @@ GPU_TO_SYSTEM = {"A100-80GB": "dgx-a100-80g", "A100-40GB": "dgx-a100-40g", "A100
 
 
 @dataclass(frozen=True)
-class CalibrationCase:
+class PublishedRun:
+    """A row of a calibration file and the run it describes (its measurement in the subclasses)."""
     row: int
     source: str
     label: str
@@ -40,6 +41,10 @@ class CalibrationCase:
     job: TrainingJob
     cluster: object
     plan: Plan
+
+
+@dataclass(frozen=True)
+class CalibrationCase(PublishedRun):
     measured_step_time_s: float
     assumed: tuple[str, ...]
 
@@ -122,15 +127,8 @@ def _row_label(r: pd.Series, cluster, plan: Plan, mb: int, job: TrainingJob) -> 
 
 
 @dataclass(frozen=True)
-class MemoryCase:
-    """A row that gives a run's peak memory per GPU (bytes), with the run it describes."""
-    row: int
-    source: str
-    label: str
-    model: TransformerModel
-    job: TrainingJob
-    cluster: object
-    plan: Plan
+class MemoryCase(PublishedRun):
+    """A row that gives a run's peak memory per GPU (bytes)."""
     measured_bytes: float
     assumed: tuple[str, ...]
 
@@ -159,16 +157,12 @@ def load_memory_cases(csv_path: Path | str = DEFAULT_CSV) -> tuple[list[MemoryCa
     table = pd.read_csv(csv_path)
     key = lambda r: tuple(str(r[c]) for c in RUN_COLUMNS)
     notes_of_run = {key(r): str(r["notes"]) for _, r in table.iterrows() if r["measured_metric"] in THROUGHPUT_METRICS}
-    cases, skipped = [], []
-    for i, r in table.iterrows():
+
+    def case_of(i: int, r: pd.Series) -> MemoryCase | str:
         r = r.copy()
         r["notes"] = f"{r['notes']}; {notes_of_run.get(key(r), '')}"
-        c = memory_case_from_row(int(i), r)
-        if isinstance(c, str):
-            skipped.append((int(i), short_source(str(r["source"])), c))
-        else:
-            cases.append(c)
-    return cases, skipped
+        return memory_case_from_row(i, r)
+    return _cases_of_table(table, case_of, short_source)
 
 
 def _setup_from_row(r: pd.Series):
@@ -245,7 +239,11 @@ def _setup_from_row(r: pd.Series):
 def _load(csv_path, case_of, source_of) -> tuple[list[CalibrationCase], list[tuple[int, str, str]]]:
     """(usable cases, skipped rows as (row, source, reason)) of a calibration file: ``case_of(i, row)``
     gives a case or the reason the row is skipped, ``source_of(source)`` the short source name."""
-    table = pd.read_csv(csv_path)
+    return _cases_of_table(pd.read_csv(csv_path), case_of, source_of)
+
+
+def _cases_of_table(table: pd.DataFrame, case_of, source_of):
+    """:func:`_load` of a table already read."""
     cases, skipped = [], []
     for i, r in table.iterrows():
         c = case_of(int(i), r)
