@@ -7,7 +7,7 @@ constants):
   * shared/reference/hagemann2023_sweep_2k.csv           (A100: the seed paper's sweep, runs that fit)
 Printed: per-row (``--rows``), per source and per generation the throughput MAPE and bias
 (bias = mean of predicted/measured throughput - 1: positive = optimistic), the sweep's MFU MAPE and
-Spearman rank correlation, its one-axis pairs (same layout but one change: kernel, recomputation,
+Spearman rank correlation (in the sheets' FLOP convention, which counts more than paraplan's), its one-axis pairs (same layout but one change: kernel, recomputation,
 micro-batch, sp; measured against predicted step-time ratio), the 90 % prediction intervals per
 generation and their leave-one-source-out
 coverage, and the held-out Korthikanti rows. ``--write-intervals`` stores the intervals that every
@@ -68,6 +68,14 @@ SWEEP_PAIR_FAMILIES = (
     ("micro_batch", 2, 4, "micro-batch 2 -> 4"),
     ("sp", 0, 1, "sequence parallelism"),
 )
+
+
+def sweep_mfu_in_sheet_convention(sweep: pd.DataFrame) -> pd.Series:
+    """Predicted MFU in the sweep sheets' own FLOP convention: the sheet's FLOPs per step (its measured
+    MFU x measured step time, over the same peak and GPUs) over the predicted step time. Its error is
+    the throughput error; paraplan's own MFU (``predicted_mfu``) counts 3-9 % fewer FLOPs per step than
+    the sheets, so comparing it with their MFU would mix the conventions."""
+    return sweep.measured_mfu * sweep.measured_s / sweep.predicted_s
 
 
 def sweep_pairs(sweep: pd.DataFrame) -> pd.DataFrame:
@@ -165,6 +173,35 @@ def loso_coverage(df: pd.DataFrame, level: float = LEVEL):
     return out, total
 
 
+def scored_frames(csv, h100_csv, sweep_csv, report=lambda line: None):
+    """Every scored row of the calibration files and the sweep: (rows with their throughput error, the
+    sweep's frame or None when its file is missing, the fp8-over-bf16 pairs, the input file names).
+    ``report`` gets a line per file (rows scored, skipped and why)."""
+    frames, inputs, pairs = [], [], []
+    for loader, path in ((load_cases, csv), (load_h100_cases, h100_csv)):
+        cases, skipped = loader(path)
+        df = score(cases, estimate)
+        pairs.append(dtype_pairs(cases, df))
+        df["generation"] = [GENERATION[c.cluster.accelerator.name] for c in cases]
+        df["group"] = [residual_group(GENERATION[c.cluster.accelerator.name], c.model.moe is not None) for c in cases]
+        frames.append(df)
+        inputs.append(Path(path).name)
+        report(f"{Path(path).name}: {len(cases)} rows scored, {len(skipped)} skipped")
+        for reason, n in pd.Series([f"{s}: {r}" for _, s, r in skipped]).value_counts().items():
+            report(f"  skipped {n:3d}  {reason}")
+    sweep = None
+    if Path(sweep_csv).exists():
+        sweep = sweep_frame(Path(sweep_csv))
+        frames.append(sweep[["source", "case", "generation", "measured_s", "predicted_s", "error"]].assign(
+            group=sweep.generation))
+        inputs.append(Path(sweep_csv).name)
+        report(f"{Path(sweep_csv).name}: {len(sweep)} runs that fit scored")
+    else:
+        report(f"{sweep_csv} not found: the sweep is left out")
+    return (with_throughput_error(pd.concat(frames, ignore_index=True)), sweep,
+            pd.concat(pairs, ignore_index=True), inputs)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", default=str(DEFAULT_CSV), help="A100 published runs")
@@ -178,28 +215,7 @@ def main(argv=None) -> int:
     pd.set_option("display.max_rows", 500)
     pd.set_option("display.max_colwidth", 80)
 
-    frames, inputs, pairs = [], [], []
-    for loader, path in ((load_cases, args.csv), (load_h100_cases, args.h100_csv)):
-        cases, skipped = loader(path)
-        df = score(cases, estimate)
-        pairs.append(dtype_pairs(cases, df))
-        df["generation"] = [GENERATION[c.cluster.accelerator.name] for c in cases]
-        df["group"] = [residual_group(GENERATION[c.cluster.accelerator.name], c.model.moe is not None) for c in cases]
-        frames.append(df)
-        inputs.append(Path(path).name)
-        print(f"{Path(path).name}: {len(cases)} rows scored, {len(skipped)} skipped")
-        for reason, n in pd.Series([f"{s}: {r}" for _, s, r in skipped]).value_counts().items():
-            print(f"  skipped {n:3d}  {reason}")
-    sweep = None
-    if Path(args.sweep_csv).exists():
-        sweep = sweep_frame(Path(args.sweep_csv))
-        frames.append(sweep[["source", "case", "generation", "measured_s", "predicted_s", "error"]].assign(
-            group=sweep.generation))
-        inputs.append(Path(args.sweep_csv).name)
-        print(f"{Path(args.sweep_csv).name}: {len(sweep)} runs that fit scored")
-    else:
-        print(f"{args.sweep_csv} not found: the sweep is left out")
-    df = with_throughput_error(pd.concat(frames, ignore_index=True))
+    df, sweep, pairs, inputs = scored_frames(args.csv, args.h100_csv, args.sweep_csv, report=print)
     if args.rows:
         print(df.assign(thr_error=(100 * df.thr_error).round(1)).drop(columns=["error", "log_ratio"])
               .to_string(index=False))
@@ -210,19 +226,28 @@ def main(argv=None) -> int:
     print("\nthroughput error by hardware generation, dense models only (MoE rows apart)")
     print(summary(df[df.group != "MoE"], "generation").round(1).to_string())
     print(summary(df[df.group == "MoE"].assign(regime="MoE " + df.generation), "regime").round(1).to_string())
-    pairs = pd.concat(pairs, ignore_index=True)
     if len(pairs):
         print("\nfp8 speed-up over bf16 on the same model, cluster and layout (a level error both runs share cancels)")
         print(pairs.round(3).to_string(index=False))
         print(f"speed-up error: MAPE {pairs['error_%'].abs().mean():.1f}%, bias {pairs['error_%'].mean():+.1f}% "
               f"over {len(pairs)} pairs")
     if sweep is not None:
-        mfu_err = sweep.predicted_mfu / sweep.measured_mfu - 1
-        print(f"\n{SWEEP_SOURCE}: MFU MAPE {100 * mfu_err.abs().mean():.1f}%, bias {100 * mfu_err.mean():+.1f}%, "
-              f"Spearman {spearman(sweep.predicted_mfu, sweep.measured_mfu):.3f} over {len(sweep)} runs")
-        per = sweep.assign(e=mfu_err).groupby("sheet").apply(
+        # The sheets' MFU counts more FLOPs per step than paraplan's convention (their formula is not
+        # stated): compare in theirs, predicted MFU = the sheet's FLOPs per step / the predicted step
+        sheet_mfu = sweep_mfu_in_sheet_convention(sweep)
+        mfu_err = sheet_mfu / sweep.measured_mfu - 1
+        print(f"\n{SWEEP_SOURCE}: MFU in the sheets' FLOP convention: MAPE {100 * mfu_err.abs().mean():.1f}%, "
+              f"bias {100 * mfu_err.mean():+.1f}%, Spearman {spearman(sheet_mfu, sweep.measured_mfu):.3f} "
+              f"over {len(sweep)} runs")
+        ratio = sweep.measured_mfu / (sweep.predicted_mfu * sweep.predicted_s / sweep.measured_s)
+        mixed = sweep.predicted_mfu / sweep.measured_mfu - 1
+        print(f"  the sheets count {100 * (ratio.min() - 1):.1f} to {100 * (ratio.max() - 1):.1f} % more FLOPs per "
+              f"step than paraplan's MFU convention; paraplan's MFU against the sheets' (conventions mixed) would "
+              f"read MAPE {100 * mixed.abs().mean():.1f}%, bias {100 * mixed.mean():+.1f}%")
+        per = sweep.assign(e=mfu_err, p=sheet_mfu, c=ratio).groupby("sheet").apply(
             lambda g: pd.Series({"runs": len(g), "mfu_mape_%": 100 * g.e.abs().mean(), "bias_%": 100 * g.e.mean(),
-                                 "spearman": spearman(g.predicted_mfu, g.measured_mfu)}), include_groups=False)
+                                 "spearman": spearman(g.p, g.measured_mfu),
+                                 "sheet_flops_over_paraplan": g.c.median()}), include_groups=False)
         print(per.round(3).to_string())
         print(f"\n{SWEEP_SOURCE}: one-axis changes on otherwise equal layouts, step-time ratio (a level error "
               "both runs share cancels)")

@@ -246,6 +246,7 @@ def test_torchtitan_encodes_3d_interleaved_plan():
     assert par["pipeline_parallel_layers_per_stage"] == 10 and par["pipeline_parallel_microbatch_size"] == 1
     assert cfg["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
     assert cfg["training"]["mixed_precision_param"] == "bfloat16" and cfg["training"]["seq_len"] == 4096
+    assert cfg["training"]["mixed_precision_reduce"] == "float32"      # what the estimate prices
     assert (cfg["model"]["name"], cfg["model"]["flavor"]) == ("llama3", "70B")
 
 

@@ -10,8 +10,9 @@ over N_d = dp·cp ranks (the replicas of a parameter):
              issued per wrapped unit (each layer of the stage and the root: FSDP's per-block
              ``fully_shard``, torchtitan, llm-foundry), so a step pays (layers + 1) times the
              latency of each collective: T = units · (2·AG(Ψ/units) + RS(Ψ/units))
-Gradients move in the engine's gradient dtype: Megatron-LM reduces its fp32 main_grad buffer
-(4 bytes per parameter; 2 with --grad-reduce-in-bf16), the others their 16-bit gradients.
+Gradients move in the engine's gradient dtype (:func:`dp_grad_bytes`): Megatron-LM reduces its fp32
+main_grad buffer (4 bytes per parameter; 2 with --grad-reduce-in-bf16), torchtitan fp32 (FSDP2's
+reduce_dtype), the others their 16-bit gradients.
 Overlap (bucketed, as Megatron's --overlap-grad-reduce, DeepSpeed overlap_comm and FSDP do;
 off with ``plan.overlap_grad_reduce = False``, as in Megatron-LM's 2020-21 "local" DDP):
 gradient reduction runs under the backward of the last micro-batch, the parameter all-gather of
@@ -77,6 +78,23 @@ def fp8_all_gather_factor(plan):
                     FP8_GATHER_BYTES_RATIO, 1.0)
 
 
+# torchtitan reduces gradients in fp32: its FSDP2 MixedPrecisionPolicy takes reduce_dtype from
+# training.mixed_precision_reduce, default "float32" (pytorch/torchtitan torchtitan/config/job_config.py),
+# so fully_shard casts each unsharded 16-bit gradient to fp32 before the reduce-scatter; a replicate-only
+# run trains fp32 parameters under autocast, so its all-reduced gradients are fp32 as well
+TORCHTITAN_GRAD_REDUCE_BYTES = 4.0
+
+
+def dp_grad_bytes(plan):
+    """Bytes per parameter that a data-parallel gradient reduction moves: Megatron-LM its main_grad
+    buffer (:func:`paraplan.costmodels.memory.megatron_grad_bytes`), torchtitan fp32
+    (TORCHTITAN_GRAD_REDUCE_BYTES), the others the element size of their gradients."""
+    eng = engine_of(plan)
+    return np.where(eng == Engine.MEGATRON, megatron_grad_bytes(plan),
+                    np.where(eng == Engine.TORCHTITAN, np.maximum(TORCHTITAN_GRAD_REDUCE_BYTES, element_bytes(plan)),
+                             element_bytes(plan)))
+
+
 def dp_group(plan, cluster, experts: bool = False):
     """(ranks, ranks per node) of the group that holds replicas of a parameter: dp·cp ranks at
     stride tp; for routed experts the expert-data-parallel group (:func:`paraplan.plan.expert_data_parallel`
@@ -114,8 +132,7 @@ def dp_traffic(params, plan, cluster, *, experts: bool = False, volume_factor=1.
     n, k = dp_group(plan, cluster, experts)
     intra, inter = cluster.links("ep" if experts else "dp")
     size = element_bytes(plan) * params * volume_factor
-    # gradients travel in the engine's gradient dtype: Megatron-LM reduces its main_grad buffer
-    grad_size = np.where(engine_of(plan) == Engine.MEGATRON, megatron_grad_bytes(plan) * params * volume_factor, size)
+    grad_size = dp_grad_bytes(plan) * params * volume_factor     # the engine's gradient dtype
     gather_size = size * fp8_all_gather_factor(plan)
     ar = collective_time(ALL_REDUCE, grad_size, n, k, intra, inter)
     rs = collective_time(REDUCE_SCATTER, grad_size, n, k, intra, inter)

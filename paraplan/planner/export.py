@@ -542,7 +542,8 @@ def build_torchtitan(s: Scenario) -> Export:
         ("job", [("description", f"paraplan export: {s.model_spec} {p.label()}"), ("dump_folder", "./outputs")]),
         ("model", [("name", name), ("flavor", flavor), *fp8_model]),
         ("training", [("local_batch_size", local_batch), ("global_batch_size", s.global_batch),
-                      ("seq_len", s.seq_len), ("steps", TRAIN_ITERS), ("mixed_precision_param", "bfloat16")]
+                      ("seq_len", s.seq_len), ("steps", TRAIN_ITERS), ("mixed_precision_param", "bfloat16"),
+                      ("mixed_precision_reduce", "float32")]   # the estimate reduces fp32 gradients
          + ([("compile", True)] if p.tp_comm_overlap else [])   # async TP is effective only compiled
          + ([("enable_cpu_offload", True)] if p.offload == "cpu" else [])),
         ("parallelism", [("data_parallel_replicate_degree", replicate), ("data_parallel_shard_degree", shard)]
