@@ -27,7 +27,7 @@ import pandas as pd
 
 from paraplan.costmodels.calibration import (DEFAULT_CSV, H100_CSV, korthikanti_table, load_cases, load_h100_cases,
                                              load_memory_cases, score)
-from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.estimate import ALLOCATOR_PRESSURE_HEADROOM_BYTES, churns_allocator, estimate
 from paraplan.costmodels.intervals import GENERATION, LEVEL, fit_intervals, residual_group, write_intervals
 
 SWEEP_CSV = Path(__file__).resolve().parents[2] / "shared" / "reference" / "hagemann2023_sweep_2k.csv"
@@ -181,6 +181,7 @@ def scored_frames(csv, h100_csv, sweep_csv, report=lambda line: None):
     for loader, path in ((load_cases, csv), (load_h100_cases, h100_csv)):
         cases, skipped = loader(path)
         df = score(cases, estimate)
+        df["churns_allocator"] = [churns_allocator(c.plan) for c in cases]
         pairs.append(dtype_pairs(cases, df))
         df["generation"] = [GENERATION[c.cluster.accelerator.name] for c in cases]
         df["group"] = [residual_group(GENERATION[c.cluster.accelerator.name], c.model.moe is not None) for c in cases]
@@ -253,6 +254,11 @@ def main(argv=None) -> int:
               "both runs share cancels)")
         print(sweep_pairs(sweep).round(3).to_string(index=False))
 
+    print("\nmemory pressure: runs the estimate flags (ZeRO-3 / FSDP within "
+          f"{ALLOCATOR_PRESSURE_HEADROOM_BYTES / 2**30:.0f} GiB of the GPU's memory; not priced) against the other "
+          "ZeRO-3 / FSDP runs")
+    print(memory_pressure_table(df).round(1).to_string())
+
     residuals = {g: list(zip(d.source, d.log_ratio)) for g, d in df.groupby("group")}
     intervals = fit_intervals(residuals)
     print(f"\n{100 * LEVEL:.0f}% prediction intervals (multipliers on predicted throughput)")
@@ -282,6 +288,20 @@ def main(argv=None) -> int:
             print(f"  against the predicted {col} peak: MAPE {e.abs().mean():.1f}%, bias {e.mean():+.1f}% "
                   f"over {len(mem)} rows")
     return 0
+
+
+def memory_pressure_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Throughput error of the calibration rows whose plans gather and free parameters every layer
+    (estimate.churns_allocator), split by whether the estimate flags memory pressure (or predicts no fit)
+    and by source, with the predicted headroom's range: what the flag's note rests on."""
+    fsdp = df[df.churns_allocator.fillna(False).astype(bool)]
+    group = np.where(fsdp.memory_pressure, "flagged (0-2 GiB free)",
+                     np.where(fsdp.headroom_GiB < 0, "predicted over capacity", "more headroom"))
+    out = fsdp.groupby([group, fsdp.source]).agg(
+        rows=("thr_error", "size"), headroom_min_GiB=("headroom_GiB", "min"), headroom_max_GiB=("headroom_GiB", "max"),
+        bias_pct=("thr_error", lambda e: 100 * e.mean()), min_pct=("thr_error", lambda e: 100 * e.min()),
+        max_pct=("thr_error", lambda e: 100 * e.max()))
+    return out.rename_axis(["ZeRO-3 / FSDP runs", "source"])
 
 
 def memory_table(csv) -> pd.DataFrame:

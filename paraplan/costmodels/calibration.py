@@ -260,13 +260,16 @@ def load_cases(csv_path: Path | str = DEFAULT_CSV) -> tuple[list[CalibrationCase
 
 
 def score(cases, estimate_fn) -> pd.DataFrame:
-    """Predicted vs measured step time per case; ``error`` = predicted/measured − 1."""
+    """Predicted vs measured step time per case; ``error`` = predicted/measured − 1; the predicted
+    memory headroom and whether the estimate flags memory pressure (estimate.allocator_pressure_assumption)."""
     rows = []
     for c in cases:
         e = estimate_fn(c.model, c.job, c.cluster, c.plan)
         rows.append({"row": c.row, "source": c.source, "case": c.label, "measured_s": c.measured_step_time_s,
                      "predicted_s": e.step_time_s, "error": e.step_time_s / c.measured_step_time_s - 1,
-                     "feasible": e.feasible})
+                     "feasible": e.feasible,
+                     "headroom_GiB": (e.details["gpu_memory_bytes"] - e.memory_bytes_per_gpu["total"]) / 2**30,
+                     "memory_pressure": any(a.startswith("memory pressure") for a in e.assumptions)})
     return pd.DataFrame(rows)
 
 

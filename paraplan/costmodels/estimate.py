@@ -155,6 +155,37 @@ def ep_overlap_assumption(job, plan) -> tuple[str, ...]:
             f"passes left unpaired (warm-up and cool-down) expose theirs",)
 
 
+# A plan that gathers and frees parameters layer by layer (ZeRO-3 / FSDP) churns the caching allocator;
+# within this much of the GPU's memory it runs out of cached blocks, frees its cache and retries
+# (cudaMalloc retries: pytorch/pytorch issue 65078; Composer raises gradient accumulation when it sees
+# them, mosaicml/composer PR 1632; torchtitan logs them every step). The llm-foundry FSDP runs of the A100
+# calibration file predicted within 2 GiB of capacity ran 8-37 % slower than estimated, those 2.7-6.3 GiB
+# from it within -3..+5 % (README, "Memory pressure"); the cost is not priced, the plan is flagged.
+ALLOCATOR_PRESSURE_HEADROOM_BYTES = 2 * 2**30
+
+
+def churns_allocator(plan) -> bool:
+    """Whether the plan's engine allocates and frees gathered parameters every layer: ZeRO-3 outside
+    Megatron-LM (FSDP, DeepSpeed stage 3), and torchtitan's FSDP2 from ZeRO-2 (it frees the unsharded
+    gradients after each layer's reduce-scatter)."""
+    eng = M.engine_of(plan)
+    z = int(plan.zero)
+    return bool((eng == Engine.TORCHTITAN and z >= 2) or (eng != Engine.MEGATRON and z >= 3))
+
+
+def allocator_pressure_assumption(gpu_total, cluster, plan) -> tuple[str, ...]:
+    """Said when a plan that churns the allocator (:func:`churns_allocator`) peaks within
+    ALLOCATOR_PRESSURE_HEADROOM_BYTES of the GPU's memory (the peak includes the allocator's reserve)."""
+    cap = cluster.accelerator.memory_bytes
+    free = cap - gpu_total
+    if not churns_allocator(plan) or free > ALLOCATOR_PRESSURE_HEADROOM_BYTES or free < 0:
+        return ()
+    return (f"memory pressure: the peak ({gpu_total / 2**30:.1f} GiB) leaves {free / 2**30:.1f} GiB of "
+            f"{cap / 2**30:.0f}; a ZeRO-3 / FSDP plan this close to the limit makes the caching allocator free "
+            f"its cache and retry (cudaMalloc retries), not priced: published FSDP runs this close ran 8-37 % "
+            f"slower than estimated; a smaller micro-batch or more recomputation leaves room",)
+
+
 def nvlink_domain_assumption(cluster) -> tuple[str, ...]:
     """The assumption a cluster cut into NVLink domains smaller than its system's node rests on
     (:func:`paraplan.hardware.model.nvlink_domain_gpus`: equal domains of whole hosts, each inside one
@@ -534,7 +565,8 @@ def estimate(model, job, cluster, plan: Plan, *, curves=None, max_memory_fractio
                                         "assumption": domains[0]}} if domains else {})},
         efficiency_curves=curves.describe(),
         assumptions=(assumptions_for(plan) + attention_kernel_assumption(model, job, plan, curves)
-                     + moe_host_assumption(model, plan) + ep_overlap_assumption(job, plan) + domains),
+                     + moe_host_assumption(model, plan) + ep_overlap_assumption(job, plan) + domains
+                     + allocator_pressure_assumption(memory["total"], cluster, plan)),
         prediction_interval=describe_interval(cluster.accelerator.name, tokens_per_s, step,
                                               _f(terms.flops_model) / step / n / peak, moe=model.moe is not None))
 
