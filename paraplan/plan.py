@@ -18,6 +18,10 @@ import numpy as np
 from paraplan.errors import ConfigError, shown
 
 
+# label -> member, per Mode subclass (Mode.parse)
+_MODE_LABELS: dict = {}
+
+
 class Mode(IntEnum):
     """A categorical plan choice: its integer code (declaration order) and its user-facing label."""
 
@@ -38,9 +42,11 @@ class Mode(IntEnum):
         """The member for a label (or a member); ConfigError naming the field and the labels otherwise."""
         if isinstance(value, cls):
             return value
-        for m in cls:
-            if isinstance(value, str) and value == m.label:
-                return m
+        by_label = _MODE_LABELS.get(cls)
+        if by_label is None:                     # built once per mode: iterating an Enum is slow
+            by_label = _MODE_LABELS[cls] = {m.label: m for m in cls}
+        if isinstance(value, str) and value in by_label:
+            return by_label[value]
         raise ConfigError(field or MODE_FIELD_NAMES[cls], f"unknown value {shown(value)}", accepted=", ".join(cls.labels()))
 
 
@@ -748,9 +754,10 @@ class Rule:
     accepted: str | None = None
     uses_scene: bool = True
 
-    def mask(self, P, scene: Scene | None) -> np.ndarray:
-        """``bad`` as a boolean array with one entry per plan of ``P``."""
-        return np.broadcast_to(np.asarray(self.bad(P, scene), bool), (_rows(P),))
+    def mask(self, P, scene: Scene | None, rows: int | None = None) -> np.ndarray:
+        """``bad`` as a boolean array with one entry per plan of ``P`` (``rows``: their count, when the
+        caller already knows it)."""
+        return np.broadcast_to(np.asarray(self.bad(P, scene), bool), (_rows(P) if rows is None else rows,))
 
     def explain(self, P, scene: Scene | None) -> str:
         """The message for the first plan of ``P``."""
@@ -828,8 +835,10 @@ UNEVEN_CHUNK_ENGINES = (Engine.MEGATRON, Engine.TORCHTITAN)
 
 
 def _engine_in(P, *engines: "Engine"):
-    """Whether each plan of ``P`` runs on one of ``engines``."""
-    return np.isin(P.engine_code, [int(e) for e in engines])
+    """Whether each plan of ``P`` runs on one of ``engines`` (an OR of equalities: np.isin's sorting
+    costs more than the test on the one-plan batches every estimate checks)."""
+    code = np.asarray(P.engine_code)
+    return np.logical_or.reduce([code == int(e) for e in engines]) if engines else np.zeros(code.shape, bool)
 
 
 # fp8 recipes each engine implements: Megatron-LM ``--fp8-recipe {tensorwise, delayed, blockwise, mxfp8}``
@@ -1186,8 +1195,9 @@ RULES_BY_NAME = {r.name: r for r in RULES}
 def failed_rules(P, scene: Scene | None, kinds=(ILLEGAL,), available=None) -> list[Rule]:
     """The rules of the given kinds that reject the first plan of ``P``; with ``available`` (attribute
     names) only the rules that read nothing else."""
+    rows = _rows(P)
     return [r for r in RULES if r.kind in kinds and (available is None or r.axes <= set(available))
-            and r.mask(P, scene)[0]]
+            and r.mask(P, scene, rows)[0]]
 
 
 def check_plan(plan: Plan, model, job, cluster) -> Plan:

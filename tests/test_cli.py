@@ -133,3 +133,23 @@ def test_plan_file_round_trip(tmp_path, capsys):
     assert main(["estimate", "--plan", str(f), "--format", "json"]) == 0
     again = json.loads(capsys.readouterr().out)
     assert again["step_time_s"] == pytest.approx(e.step_time_s) and again["plan"] == e.plan.to_dict()
+
+
+@pytest.mark.parametrize("bad", ["", "2", 2.5, True, None, [], -1])
+def test_plan_file_vpp_that_is_not_a_count_is_named(tmp_path, capsys, bad):
+    """A plan file's vpp reached a comparison with 1 before the plan's own checks (a traceback for
+    "" found by benchmarks/fuzz_cli.py); now every non-count is refused naming plan.vpp."""
+    from paraplan.costmodels.estimate import estimate
+    from paraplan.hardware.catalog import load_cluster
+    from paraplan.plan import Plan
+    from paraplan.planfile import write_plan_file
+    from paraplan.workloads.presets import load_model
+    from paraplan.workloads.transformer import TrainingJob
+    e = estimate(load_model("llama2-7b"), TrainingJob(4096, 64), load_cluster("dgx-h100", 8), Plan(tp=2, zero=1))
+    f = tmp_path / "plan.json"
+    write_plan_file(f, e, "llama2-7b", "dgx-h100")
+    doc = json.loads(f.read_text())
+    doc["plan"]["vpp"] = bad
+    f.write_text(json.dumps(doc))
+    assert main(["estimate", "--plan", str(f)]) == 2
+    assert "plan.vpp" in capsys.readouterr().err

@@ -186,3 +186,15 @@ def test_unfused_grad_accumulation_is_priced_in_the_search():
     for e in unfused.plans:
         m = 64 // (e.plan.micro_batch * e.plan.dp)
         assert (e.time_breakdown_s["grad_accumulation"] > 0) == (m > 1)
+
+
+def test_the_planners_exact_rescore_is_the_checked_estimate():
+    """The search re-scores its survivors without the per-plan legality check (estimate_legal: its space
+    applied the same rules as masks); each ranked plan passes that check and gets the same estimate."""
+    model, job, cluster = load_model("llama3-8b"), TrainingJob(4096, 64), load_cluster("dgx-h100", 16)
+    result = search(model, job, cluster, top=8)
+    assert len(result.plans) == 8
+    for e in result.plans:
+        again = estimate(model, job, cluster, e.plan)          # raises if the plan broke a rule
+        assert again.step_time_s == pytest.approx(e.step_time_s, rel=1e-12)
+        assert again.memory_bytes_per_gpu == pytest.approx(e.memory_bytes_per_gpu, rel=1e-12)

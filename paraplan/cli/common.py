@@ -364,7 +364,9 @@ def plan_from_args(args) -> Plan:
         v = getattr(args, k, None)
         if v is not None:
             base[k] = v
-    if base.get("vpp", 1) > 1 and "schedule" not in base:
+    vpp = base.get("vpp", 1)
+    # a plan file's vpp that is not a count is left to Plan.from_dict, which names the key
+    if isinstance(vpp, int) and not isinstance(vpp, bool) and vpp > 1 and "schedule" not in base:
         if base.get("pp", 1) == 1:
             raise ConfigError("--vpp", f"{base['vpp']} virtual stages per pipeline stage need --pp > 1 "
                               "(the interleaved schedule)", accepted="--vpp 1, or --pp 2 or more")

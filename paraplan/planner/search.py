@@ -16,7 +16,7 @@ from typing import Callable
 import numpy as np
 
 from paraplan.costmodels.efficiency import curves_for
-from paraplan.costmodels.estimate import Estimate, TIME_TERMS, estimate, step_terms
+from paraplan.costmodels.estimate import Estimate, TIME_TERMS, estimate, estimate_legal, step_terms
 from paraplan.hardware.topology import links_for_plan
 from paraplan.plan import PLAN_FIELDS, PlanBatch
 from paraplan.planner.space import SpaceOptions, compose
@@ -84,7 +84,7 @@ def search(model, job, cluster, *, options: SpaceOptions | None = None, top: int
            max_memory_fraction: float = 1.0, curves=None, progress: bool = False,
            rescore: Callable | None = None, topology: dict | None = None) -> SearchResult:
     """Best plans for the model, job and cluster. ``rescore(plan) -> Estimate`` re-scores survivors
-    (default: ``estimate`` with the same curves). With ``topology`` (``rail_optimized``,
+    (default: ``estimate_legal`` with the same curves: the candidates passed the rules already). With ``topology`` (``rail_optimized``,
     ``oversubscription``) the re-score places each plan's groups on the networkx fabric."""
     t0 = time.perf_counter()
     curves = curves or curves_for(cluster)
@@ -116,7 +116,8 @@ def search(model, job, cluster, *, options: SpaceOptions | None = None, top: int
     if rescore is None:
         def rescore(plan):
             c = with_topology(cluster, plan.with_dp_for(cluster.num_gpus), topology) if topology else cluster
-            return estimate(model, job, c, plan, curves=curves, max_memory_fraction=max_memory_fraction)
+            return estimate_legal(model, job, c, plan.with_dp_for(cluster.num_gpus), curves=curves,
+                                  max_memory_fraction=max_memory_fraction)
     survivors = [rescore(batch.plan(int(i))) for i in ranked[: max(top * 3, top)]]
     survivors = [e for e in survivors if e.feasible]
     survivors.sort(key=lambda e: (e.step_time_s, e.memory_bytes_per_gpu["total"]))
