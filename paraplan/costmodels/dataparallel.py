@@ -12,14 +12,15 @@ over N_d = dp·cp ranks (the replicas of a parameter):
              latency of each collective: T = units · (2·AG(Ψ/units) + RS(Ψ/units))
 Gradients move in the engine's gradient dtype (:func:`dp_grad_bytes`): Megatron-LM reduces its fp32
 main_grad buffer (4 bytes per parameter; 2 with --grad-reduce-in-bf16), torchtitan fp32 (FSDP2's
-reduce_dtype), the others their 16-bit gradients.
+reduce_dtype), DeepSpeed's BF16_Optimizer fp32 in an all-reduce, the others their 16-bit gradients.
 Overlap (bucketed, as Megatron's --overlap-grad-reduce, DeepSpeed overlap_comm and FSDP do;
 off with ``plan.overlap_grad_reduce = False``, as in Megatron-LM's 2020-21 "local" DDP):
 gradient reduction runs under the backward of the last micro-batch, the parameter all-gather of
 stages 1-2 under the next step's first forward (Megatron --overlap-param-gather), ZeRO-3's
 gathers are prefetched under each micro-batch's compute (also off with
 ``overlap_grad_reduce = False``); only the excess is exposed, and the hidden part slows the
-compute beneath it by OVERLAP_CONTENTION of its duration. Collectives that hide under one window share
+compute beneath it by OVERLAP_CONTENTION of its duration. DeepSpeed hides less (DEEPSPEED_EXPOSED): its
+pipeline and ZeRO-0 gradient reduction and its ZeRO-1/2 parameter all-gather run exposed. Collectives that hide under one window share
 it (:func:`dp_exposed`: a stage's dense and expert parameters); the step's windows
 (:func:`paraplan.costmodels.estimate.step_terms`) include the time a host-bound MoE layer's GPU waits
 for the host and exclude the time an inter-node ring-attention exchange holds the links.
@@ -36,7 +37,7 @@ import numpy as np
 
 from paraplan.costmodels.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time, ranks_per_node
 from paraplan.costmodels.compute import FP8_GATHER_BYTES_RATIO, element_bytes
-from paraplan.costmodels.memory import engine_of, megatron_grad_bytes
+from paraplan.costmodels.memory import deepspeed_bf16_optimizer, engine_of, megatron_grad_bytes
 from paraplan.plan import Engine, Optimizer, expert_data_parallel, expert_group_strides
 
 # Share of an overlapped collective's duration that it costs the compute beneath it (NCCL kernels
@@ -78,21 +79,22 @@ def fp8_all_gather_factor(plan):
                     FP8_GATHER_BYTES_RATIO, 1.0)
 
 
-# torchtitan reduces gradients in fp32: its FSDP2 MixedPrecisionPolicy takes reduce_dtype from
+# torchtitan reduces gradients in fp32 (FP32_GRAD_BYTES): its FSDP2 MixedPrecisionPolicy takes reduce_dtype from
 # training.mixed_precision_reduce, default "float32" (pytorch/torchtitan torchtitan/config/job_config.py),
 # so fully_shard casts each unsharded 16-bit gradient to fp32 before the reduce-scatter; a replicate-only
 # run trains fp32 parameters under autocast, so its all-reduced gradients are fp32 as well
-TORCHTITAN_GRAD_REDUCE_BYTES = 4.0
+FP32_GRAD_BYTES = 4.0
 
 
 def dp_grad_bytes(plan):
     """Bytes per parameter that a data-parallel gradient reduction moves: Megatron-LM its main_grad
-    buffer (:func:`paraplan.costmodels.memory.megatron_grad_bytes`), torchtitan fp32
-    (TORCHTITAN_GRAD_REDUCE_BYTES), the others the element size of their gradients."""
+    buffer (:func:`paraplan.costmodels.memory.megatron_grad_bytes`), torchtitan fp32 (its reduce_dtype),
+    DeepSpeed's BF16_Optimizer fp32 (it reduces its fp32 accumulation buffers: get_grads_for_reduction),
+    the others the element size of their gradients."""
     eng = engine_of(plan)
+    fp32 = (eng == Engine.TORCHTITAN) | deepspeed_bf16_optimizer(plan)
     return np.where(eng == Engine.MEGATRON, megatron_grad_bytes(plan),
-                    np.where(eng == Engine.TORCHTITAN, np.maximum(TORCHTITAN_GRAD_REDUCE_BYTES, element_bytes(plan)),
-                             element_bytes(plan)))
+                    np.where(fp32, np.maximum(FP32_GRAD_BYTES, element_bytes(plan)), element_bytes(plan)))
 
 
 def dp_group(plan, cluster, experts: bool = False):
@@ -116,6 +118,16 @@ def compressed_phase_factor(plan):
         factor = np.where(code == c, f, factor)
     return warm, factor
 
+
+# DeepSpeed (deepspeed/runtime; the same in every release since the BF16_Optimizer): its PipelineEngine
+# reduces gradients in a ReduceGrads instruction after the pipeline's last backward
+# (PipelineEngine._exec_reduce_grads; with the BF16_Optimizer _bf16_reduce_grads, an all-reduce of the
+# optimizer's fp32 gradients), DeepSpeedEngine.backward() all-reduces after loss.backward() returns at
+# ZeRO-0 (allreduce_gradients -> buffered_allreduce_fallback), and the ZeRO-1/2 optimizer all-gathers its
+# updated 16-bit partitions inside step() (stage_1_and_2.py: all_gather_dp_groups, "ready for next round
+# forward"): none of these overlaps compute. Only ZeRO-1/2's reduction in backward hooks (overlap_comm,
+# which the export sets from overlap_grad_reduce) and ZeRO-3's prefetched gathers hide.
+DEEPSPEED_EXPOSED = "DeepSpeed: pipeline and ZeRO-0 gradient reduction and the ZeRO-1/2 all-gather are exposed"
 
 # The windows data-parallel traffic hides under (see the module docstring), by key of :func:`dp_traffic`:
 # the last micro-batch's backward, the first micro-batch's forward, every micro-batch's backward (ZeRO-2),
@@ -150,11 +162,19 @@ def dp_traffic(params, plan, cluster, *, experts: bool = False, volume_factor=1.
                                          n, k, intra, inter) + np.where(z >= 1, ag, 0.0))
     some = n > 1
     plain = some & ~scaling
-    return {"last_backward": np.where(plain, np.where(z == 0, ar, np.where(z == 1, rs, 0.0)), 0.0),
-            "first_forward": np.where(plain & ((z == 1) | (z == 2)), ag, 0.0),
+    # the once-per-step gradient reduction (DeepSpeed's BF16_Optimizer all-reduces, ZeRO-1 or not) and
+    # the once-per-step parameter all-gather of ZeRO-1/2
+    grad_once = np.where((z == 0) | deepspeed_bf16_optimizer(plan), ar, np.where(z == 1, rs, 0.0))
+    gather_once = np.where((z == 1) | (z == 2), ag, 0.0)
+    # DeepSpeed hides neither under a pipeline or at ZeRO-0, nor its ZeRO-1/2 all-gather (DEEPSPEED_EXPOSED)
+    ds = engine_of(plan) == Engine.DEEPSPEED
+    ds_grad = ds & ((np.asarray(plan.pp) > 1) | (z == 0))
+    return {"last_backward": np.where(plain & ~ds_grad, grad_once, 0.0),
+            "first_forward": np.where(plain & ~ds, gather_once, 0.0),
             "each_backward": np.where(plain & (z == 2), rs, 0.0),
             "each_micro": np.where(plain & (z == 3), per_micro3, 0.0),
-            "exposed": np.where(some & scaling, scaling_total, 0.0)}
+            "exposed": np.where(some & scaling, scaling_total, 0.0)
+            + np.where(plain & ds_grad, grad_once, 0.0) + np.where(plain & ds, gather_once, 0.0)}
 
 
 def add_traffic(a: dict, b: dict) -> dict:

@@ -155,6 +155,21 @@ def ep_overlap_assumption(job, plan) -> tuple[str, ...]:
             f"passes left unpaired (warm-up and cool-down) expose theirs",)
 
 
+def deepspeed_dp_assumption(plan) -> tuple[str, ...]:
+    """What a DeepSpeed plan's data-parallel collectives rest on (dataparallel.DEEPSPEED_EXPOSED)."""
+    if plan.engine != "deepspeed" or plan.dp * plan.cp <= 1:
+        return ()
+    parts = []
+    if plan.pp > 1 or plan.zero == 0:
+        parts.append("the gradient reduction runs after the backward, exposed ("
+                     + ("PipelineEngine's ReduceGrads" if plan.pp > 1 else "allreduce_gradients at ZeRO-0") + ")")
+    if plan.zero in (1, 2):
+        parts.append("the ZeRO optimizer all-gathers the updated 16-bit parameters inside step(), exposed")
+    if bool(M.deepspeed_bf16_optimizer(plan)):
+        parts.append("its BF16_Optimizer all-reduces fp32 gradients (4 bytes per parameter)")
+    return ("DeepSpeed: " + "; ".join(parts),) if parts else ()
+
+
 # A plan that gathers and frees parameters layer by layer (ZeRO-3 / FSDP) churns the caching allocator;
 # within this much of the GPU's memory it runs out of cached blocks, frees its cache and retries
 # (cudaMalloc retries: pytorch/pytorch issue 65078; Composer raises gradient accumulation when it sees
@@ -457,21 +472,6 @@ DEEPSPEED_BF16_ACCUMULATION_BYTES_PER_PARAM = (2 + 4) + (4 + 4 + 4)
 DEEPSPEED_BF16_ACCUMULATION_KERNELS_PER_TENSOR = 2
 
 
-def bf16_optimizer_layout(plan):
-    """Layouts that DeepSpeed trains with its BF16_Optimizer (fp32 gradient accumulation): bf16 with a
-    pipeline (ZeRO <= 1 there) or with ZeRO-0. DeepSpeedEngine._do_optimizer_sanity_check picks it for
-    bf16 without ZeRO (gradients accumulate in fp32 by default there) and for bf16 ZeRO-1 when
-    ``data_types.grad_accum_dtype`` is fp32, which the DeepSpeed export writes for such plans; the 2022
-    PipelineEngine that trained BLOOM called its ``update_hp_grads`` for every bf16 pipeline."""
-    return (plan.dtype == "bf16") & ((np.asarray(plan.pp) > 1) | (np.asarray(plan.zero) == 0))
-
-
-def deepspeed_bf16_optimizer(plan):
-    """Plans whose optimizer is DeepSpeed's BF16_Optimizer: engine deepspeed on a
-    :func:`bf16_optimizer_layout`."""
-    return (M.engine_of(plan) == Engine.DEEPSPEED) & bf16_optimizer_layout(plan)
-
-
 def grad_accumulation_time(model, plan, curves, m, params, n_dp):
     """Unfused gradient accumulation (``plan.grad_accumulation_fusion`` False): every micro-batch
     after the first adds its gradients into the accumulated ones, one elementwise kernel per
@@ -480,7 +480,7 @@ def grad_accumulation_time(model, plan, curves, m, params, n_dp):
     (its stage's parameters; under ZeRO-3 its 1/(dp·cp) shard, FSDP reduce-scattering every
     micro-batch). Fused (Megatron-LM's wgrad GEMM with beta = 1): 0. Measured on the CPU
     validation model (1.06 M fp32 parameters in 53 tensors): 1.0 ms per extra micro-batch.
-    DeepSpeed's BF16_Optimizer (:func:`deepspeed_bf16_optimizer`) accumulates into fp32 after every
+    DeepSpeed's BF16_Optimizer (:func:`paraplan.costmodels.memory.deepspeed_bf16_optimizer`) accumulates into fp32 after every
     micro-batch, the first too, whatever the flag:
     m · streaming_time(18 · G, kernels = 2 · tensors) (DEEPSPEED_BF16_ACCUMULATION_BYTES_PER_PARAM)."""
     fused = np.asarray(plan.grad_accumulation_fusion, dtype=bool)
@@ -489,7 +489,7 @@ def grad_accumulation_time(model, plan, curves, m, params, n_dp):
     tensors = stage_param_tensors(model, plan)
     t = curves.streaming_time(3.0 * grads * C.element_bytes(plan), kernels=tensors)
     unfused = np.where(fused, 0.0, np.maximum(np.asarray(m, dtype=float) - 1.0, 0.0) * t)
-    ds_bf16 = deepspeed_bf16_optimizer(plan)
+    ds_bf16 = M.deepspeed_bf16_optimizer(plan)
     if not np.any(ds_bf16):
         return unfused
     t_ds = curves.streaming_time(DEEPSPEED_BF16_ACCUMULATION_BYTES_PER_PARAM * grads,
@@ -573,7 +573,7 @@ def estimate_legal(model, job, cluster, plan: Plan, *, curves=None, max_memory_f
         efficiency_curves=curves.describe(),
         assumptions=(assumptions_for(plan) + attention_kernel_assumption(model, job, plan, curves)
                      + moe_host_assumption(model, plan) + ep_overlap_assumption(job, plan) + domains
-                     + allocator_pressure_assumption(memory["total"], cluster, plan)),
+                     + deepspeed_dp_assumption(plan) + allocator_pressure_assumption(memory["total"], cluster, plan)),
         prediction_interval=describe_interval(cluster.accelerator.name, tokens_per_s, step,
                                               _f(terms.flops_model) / step / n / peak, moe=model.moe is not None))
 

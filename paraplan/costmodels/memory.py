@@ -159,6 +159,21 @@ def engine_of(plan):
     return np.asarray(getattr(plan, "engine_code", Engine.GENERIC))
 
 
+def bf16_optimizer_layout(plan):
+    """Layouts that DeepSpeed trains with its BF16_Optimizer (fp32 gradient accumulation): bf16 with a
+    pipeline (ZeRO <= 1 there) or with ZeRO-0. DeepSpeedEngine._do_optimizer_sanity_check picks it for
+    bf16 without ZeRO (gradients accumulate in fp32 by default there) and for bf16 ZeRO-1 when
+    ``data_types.grad_accum_dtype`` is fp32, which the DeepSpeed export writes for such plans; the 2022
+    PipelineEngine that trained BLOOM called its ``update_hp_grads`` for every bf16 pipeline."""
+    return (plan.dtype == "bf16") & ((np.asarray(plan.pp) > 1) | (np.asarray(plan.zero) == 0))
+
+
+def deepspeed_bf16_optimizer(plan):
+    """Plans whose optimizer is DeepSpeed's BF16_Optimizer: engine deepspeed on a
+    :func:`bf16_optimizer_layout`."""
+    return (engine_of(plan) == Engine.DEEPSPEED) & bf16_optimizer_layout(plan)
+
+
 def megatron_grad_bytes(plan):
     """Bytes per parameter of Megatron-LM's gradient buffer (main_grad), which its data-parallel
     reduce-scatter / all-reduce also moves: 4 (fp32, its default with bf16 or fp16 training:

@@ -24,7 +24,8 @@ import shlex
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
-from paraplan.costmodels.estimate import bf16_optimizer_layout, estimate
+from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.memory import bf16_optimizer_layout
 from paraplan.errors import ConfigError
 from paraplan.plan import (Engine, Plan, check_plan, interleaved_split_accounts, is_fp8, stage_layer_counts,
                            virtual_stage_layer_counts)
