@@ -137,6 +137,8 @@ def test_megatron_encodes_3d_interleaved_plan():
     assert (f["--micro-batch-size"], f["--global-batch-size"]) == ("1", "256")
     assert f["--recompute-granularity"] == "selective" and "--recompute-method" not in f
     assert f["--use-distributed-optimizer"] is True and "--optimizer-cpu-offload" not in f
+    # the estimate hides the reduce-scatter and the parameter all-gather: both overlap flags
+    assert f["--overlap-grad-reduce"] is True and f["--overlap-param-gather"] is True
     assert f["--bf16"] is True and "--fp16" not in f
     # model shape: Llama-3-70B is GQA, SwiGLU, RMSNorm, untied, no bias
     assert (f["--num-layers"], f["--hidden-size"], f["--num-attention-heads"]) == ("80", "8192", "64")

@@ -270,6 +270,8 @@ def build_megatron(s: Scenario) -> Export:
         notes.append("parameter offload (ZeRO-Infinity) has no Megatron-LM equivalent; parameters stay on GPU")
     if p.overlap_grad_reduce:
         args.append(("--overlap-grad-reduce",))
+        if p.zero >= 1:     # the estimate hides the distributed optimizer's all-gather under the next forward
+            args.append(("--overlap-param-gather",))
     if p.tp_comm_overlap:
         args.append(("--tp-comm-overlap",))
     if p.ep_comm_overlap:   # combined 1F1B (needs torch >= 2.6; megatron/core/transformer/transformer_config.py)
