@@ -7,10 +7,11 @@ constants):
   * shared/reference/hagemann2023_sweep_2k.csv           (A100: the seed paper's sweep, runs that fit)
 Printed: per-row (``--rows``), per source and per generation the throughput MAPE and bias
 (bias = mean of predicted/measured throughput - 1: positive = optimistic), the sweep's MFU MAPE and
-Spearman rank correlation (in the sheets' FLOP convention, which counts more than paraplan's), its one-axis pairs (same layout but one change: kernel, recomputation,
-micro-batch, sp; measured against predicted step-time ratio), the 90 % prediction intervals per
-generation and their leave-one-source-out
-coverage, and the held-out Korthikanti rows. ``--write-intervals`` stores the intervals that every
+Spearman rank correlation (in the sheets' FLOP convention, which counts more than paraplan's), its
+one-axis pairs (same layout but one change: kernel, recomputation, micro-batch, sp; measured against
+predicted step-time ratio), the ZeRO-3 / FSDP runs the estimate flags for memory pressure against the
+others, the 90 % prediction intervals per generation and their leave-one-source-out coverage, and the
+held-out Korthikanti rows. ``--write-intervals`` stores the intervals that every
 estimate then carries (paraplan/costmodels/data/prediction_intervals.json).
 
     python benchmarks/accuracy.py [--rows] [--write-intervals]
@@ -73,8 +74,8 @@ SWEEP_PAIR_FAMILIES = (
 def sweep_mfu_in_sheet_convention(sweep: pd.DataFrame) -> pd.Series:
     """Predicted MFU in the sweep sheets' own FLOP convention: the sheet's FLOPs per step (its measured
     MFU x measured step time, over the same peak and GPUs) over the predicted step time. Its error is
-    the throughput error; paraplan's own MFU (``predicted_mfu``) counts 3-9 % fewer FLOPs per step than
-    the sheets, so comparing it with their MFU would mix the conventions."""
+    the throughput error; the sheets count 2.7-10.3 % more FLOPs per step than paraplan's own MFU
+    (``predicted_mfu``) does, so comparing that with their MFU would mix the conventions."""
     return sweep.measured_mfu * sweep.measured_s / sweep.predicted_s
 
 

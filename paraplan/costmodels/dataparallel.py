@@ -19,8 +19,9 @@ gradient reduction runs under the backward of the last micro-batch, the paramete
 stages 1-2 under the next step's first forward (Megatron --overlap-param-gather), ZeRO-3's
 gathers are prefetched under each micro-batch's compute (also off with
 ``overlap_grad_reduce = False``); only the excess is exposed, and the hidden part slows the
-compute beneath it by OVERLAP_CONTENTION of its duration. DeepSpeed hides less (DEEPSPEED_EXPOSED): its
-pipeline and ZeRO-0 gradient reduction and its ZeRO-1/2 parameter all-gather run exposed. Collectives that hide under one window share
+compute beneath it by OVERLAP_CONTENTION of its duration. DeepSpeed hides less (its source, in the note
+above DP_WINDOWS): its pipeline and ZeRO-0 gradient reduction and its ZeRO-1/2 parameter all-gather run
+exposed. Collectives that hide under one window share
 it (:func:`dp_exposed`: a stage's dense and expert parameters); the step's windows
 (:func:`paraplan.costmodels.estimate.step_terms`) include the time a host-bound MoE layer's GPU waits
 for the host and exclude the time an inter-node ring-attention exchange holds the links.
@@ -126,8 +127,8 @@ def compressed_phase_factor(plan):
 # ZeRO-0 (allreduce_gradients -> buffered_allreduce_fallback), and the ZeRO-1/2 optimizer all-gathers its
 # updated 16-bit partitions inside step() (stage_1_and_2.py: all_gather_dp_groups, "ready for next round
 # forward"): none of these overlaps compute. Only ZeRO-1/2's reduction in backward hooks (overlap_comm,
-# which the export sets from overlap_grad_reduce) and ZeRO-3's prefetched gathers hide.
-DEEPSPEED_EXPOSED = "DeepSpeed: pipeline and ZeRO-0 gradient reduction and the ZeRO-1/2 all-gather are exposed"
+# which the export sets from overlap_grad_reduce) and ZeRO-3's prefetched gathers hide (dp_traffic's
+# ``ds_grad`` and ``ds`` masks).
 
 # The windows data-parallel traffic hides under (see the module docstring), by key of :func:`dp_traffic`:
 # the last micro-batch's backward, the first micro-batch's forward, every micro-batch's backward (ZeRO-2),
@@ -166,7 +167,7 @@ def dp_traffic(params, plan, cluster, *, experts: bool = False, volume_factor=1.
     # the once-per-step parameter all-gather of ZeRO-1/2
     grad_once = np.where((z == 0) | deepspeed_bf16_optimizer(plan), ar, np.where(z == 1, rs, 0.0))
     gather_once = np.where((z == 1) | (z == 2), ag, 0.0)
-    # DeepSpeed hides neither under a pipeline or at ZeRO-0, nor its ZeRO-1/2 all-gather (DEEPSPEED_EXPOSED)
+    # DeepSpeed hides no reduction under a pipeline or at ZeRO-0, nor its ZeRO-1/2 all-gather (note above)
     ds = engine_of(plan) == Engine.DEEPSPEED
     ds_grad = ds & ((np.asarray(plan.pp) > 1) | (z == 0))
     return {"last_backward": np.where(plain & ~ds_grad, grad_once, 0.0),

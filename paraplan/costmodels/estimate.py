@@ -156,7 +156,8 @@ def ep_overlap_assumption(job, plan) -> tuple[str, ...]:
 
 
 def deepspeed_dp_assumption(plan) -> tuple[str, ...]:
-    """What a DeepSpeed plan's data-parallel collectives rest on (dataparallel.DEEPSPEED_EXPOSED)."""
+    """What a DeepSpeed plan's data-parallel collectives rest on (dataparallel.dp_traffic: what DeepSpeed's
+    source runs outside the backward)."""
     if plan.engine != "deepspeed" or plan.dp * plan.cp <= 1:
         return ()
     parts = []
