@@ -43,7 +43,7 @@ def table_rows(estimates) -> pd.DataFrame:
                      "cp_mode": p.cp_mode if p.cp > 1 else "-", "opt": p.optimizer, "dtype": p.dtype,
                      "step_s": round(e.step_time_s, 4), "tok/s/gpu": round(e.tokens_per_s_per_gpu, 1),
                      "mfu_%": round(100 * e.mfu, 1), "mem_GiB": round(mem / 2**30, 1),
-                     "headroom_GiB": round((e.details["gpu_memory_bytes"] - mem) / 2**30, 1)})
+                     "headroom_GiB": round(e.headroom_bytes / 2**30, 1)})
     return pd.DataFrame(rows)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.estimate import MEMORY_PRESSURE, estimate
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan, check_plan
@@ -268,8 +268,8 @@ def score(cases, estimate_fn) -> pd.DataFrame:
         rows.append({"row": c.row, "source": c.source, "case": c.label, "measured_s": c.measured_step_time_s,
                      "predicted_s": e.step_time_s, "error": e.step_time_s / c.measured_step_time_s - 1,
                      "feasible": e.feasible,
-                     "headroom_GiB": (e.details["gpu_memory_bytes"] - e.memory_bytes_per_gpu["total"]) / 2**30,
-                     "memory_pressure": any(a.startswith("memory pressure") for a in e.assumptions)})
+                     "headroom_GiB": e.headroom_bytes / 2**30,
+                     "memory_pressure": any(a.startswith(MEMORY_PRESSURE) for a in e.assumptions)})
     return pd.DataFrame(rows)
 
 

@@ -127,8 +127,16 @@ def compressed_phase_factor(plan):
 # ZeRO-0 (allreduce_gradients -> buffered_allreduce_fallback), and the ZeRO-1/2 optimizer all-gathers its
 # updated 16-bit partitions inside step() (stage_1_and_2.py: all_gather_dp_groups, "ready for next round
 # forward"): none of these overlaps compute. Only ZeRO-1/2's reduction in backward hooks (overlap_comm,
-# which the export sets from overlap_grad_reduce) and ZeRO-3's prefetched gathers hide (dp_traffic's
-# ``ds_grad`` and ``ds`` masks).
+# which the export sets from overlap_grad_reduce) and ZeRO-3's prefetched gathers hide
+# (:func:`deepspeed_exposed`).
+
+def deepspeed_exposed(plan):
+    """(gradient reduction exposed, parameter all-gather exposed) per plan, by the DeepSpeed note above:
+    the reduction under a pipeline or at ZeRO-0, the ZeRO-1/2 all-gather; nothing for other engines."""
+    ds = engine_of(plan) == Engine.DEEPSPEED
+    z = np.asarray(plan.zero)
+    return ds & ((np.asarray(plan.pp) > 1) | (z == 0)), ds & ((z == 1) | (z == 2))
+
 
 # The windows data-parallel traffic hides under (see the module docstring), by key of :func:`dp_traffic`:
 # the last micro-batch's backward, the first micro-batch's forward, every micro-batch's backward (ZeRO-2),
@@ -167,15 +175,13 @@ def dp_traffic(params, plan, cluster, *, experts: bool = False, volume_factor=1.
     # the once-per-step parameter all-gather of ZeRO-1/2
     grad_once = np.where((z == 0) | deepspeed_bf16_optimizer(plan), ar, np.where(z == 1, rs, 0.0))
     gather_once = np.where((z == 1) | (z == 2), ag, 0.0)
-    # DeepSpeed hides no reduction under a pipeline or at ZeRO-0, nor its ZeRO-1/2 all-gather (note above)
-    ds = engine_of(plan) == Engine.DEEPSPEED
-    ds_grad = ds & ((np.asarray(plan.pp) > 1) | (z == 0))
+    ds_grad, ds_gather = deepspeed_exposed(plan)      # what DeepSpeed runs outside the backward
     return {"last_backward": np.where(plain & ~ds_grad, grad_once, 0.0),
-            "first_forward": np.where(plain & ~ds, gather_once, 0.0),
+            "first_forward": np.where(plain & ~ds_gather, gather_once, 0.0),
             "each_backward": np.where(plain & (z == 2), rs, 0.0),
             "each_micro": np.where(plain & (z == 3), per_micro3, 0.0),
             "exposed": np.where(some & scaling, scaling_total, 0.0)
-            + np.where(plain & ds_grad, grad_once, 0.0) + np.where(plain & ds, gather_once, 0.0)}
+            + np.where(plain & ds_grad, grad_once, 0.0) + np.where(plain & ds_gather, gather_once, 0.0)}
 
 
 def add_traffic(a: dict, b: dict) -> dict:

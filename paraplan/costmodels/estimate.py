@@ -18,7 +18,7 @@ import numpy as np
 
 from paraplan.costmodels import compute as C
 from paraplan.costmodels import memory as M
-from paraplan.costmodels.dataparallel import add_traffic, compressed_phase_factor, dp_exposed, dp_traffic
+from paraplan.costmodels.dataparallel import add_traffic, compressed_phase_factor, deepspeed_exposed, dp_exposed, dp_traffic
 from paraplan.costmodels.efficiency import curves_for, with_reference_block
 from paraplan.costmodels.intervals import describe_interval
 from paraplan.costmodels.offload import activation_offload_time, optimizer_and_offload, param_tensors, stage_param_tensors
@@ -160,11 +160,12 @@ def deepspeed_dp_assumption(plan) -> tuple[str, ...]:
     source runs outside the backward)."""
     if plan.engine != "deepspeed" or plan.dp * plan.cp <= 1:
         return ()
+    grad_exposed, gather_exposed = deepspeed_exposed(plan)
     parts = []
-    if plan.pp > 1 or plan.zero == 0:
+    if bool(grad_exposed):
         parts.append("the gradient reduction runs after the backward, exposed ("
                      + ("PipelineEngine's ReduceGrads" if plan.pp > 1 else "allreduce_gradients at ZeRO-0") + ")")
-    if plan.zero in (1, 2):
+    if bool(gather_exposed):
         parts.append("the ZeRO optimizer all-gathers the updated 16-bit parameters inside step(), exposed")
     if bool(M.deepspeed_bf16_optimizer(plan)):
         parts.append("its BF16_Optimizer all-reduces fp32 gradients (4 bytes per parameter)")
@@ -178,6 +179,8 @@ def deepspeed_dp_assumption(plan) -> tuple[str, ...]:
 # calibration file predicted within 2 GiB of capacity ran 8-37 % slower than estimated, those 2.7-6.3 GiB
 # from it within -3..+5 % (README, "Memory pressure"); the cost is not priced, the plan is flagged.
 ALLOCATOR_PRESSURE_HEADROOM_BYTES = 2 * 2**30
+#: how the assumption line of :func:`allocator_pressure_assumption` begins (what callers look for)
+MEMORY_PRESSURE = "memory pressure"
 
 
 def churns_allocator(plan) -> bool:
@@ -196,7 +199,7 @@ def allocator_pressure_assumption(gpu_total, cluster, plan) -> tuple[str, ...]:
     free = cap - gpu_total
     if not churns_allocator(plan) or free > ALLOCATOR_PRESSURE_HEADROOM_BYTES or free < 0:
         return ()
-    return (f"memory pressure: the peak ({gpu_total / 2**30:.1f} GiB) leaves {free / 2**30:.1f} GiB of "
+    return (f"{MEMORY_PRESSURE}: the peak ({gpu_total / 2**30:.1f} GiB) leaves {free / 2**30:.1f} GiB of "
             f"{cap / 2**30:.0f}; a ZeRO-3 / FSDP plan this close to the limit makes the caching allocator free "
             f"its cache and retry (cudaMalloc retries), not priced: published FSDP runs this close ran 8-37 % "
             f"slower than estimated; a smaller micro-batch or more recomputation leaves room",)
@@ -246,6 +249,11 @@ class Estimate:
     #: 90 % prediction interval from the calibration residuals of the hardware generation
     #: (:mod:`paraplan.costmodels.intervals`); ``basis`` says where it comes from, or that there is none
     prediction_interval: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def headroom_bytes(self) -> float:
+        """GPU memory left beside the predicted peak (negative: over capacity)."""
+        return self.details["gpu_memory_bytes"] - self.memory_bytes_per_gpu["total"]
 
     def to_dict(self) -> dict:
         return {

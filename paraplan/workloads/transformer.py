@@ -384,8 +384,7 @@ class TransformerModel:
         head's logits; 0 without one."""
         if not self.mtp_layers:
             return 0.0
-        full = seq_len / 2 if causal_halved else seq_len
-        attention = 2 * full * (self.q_hidden + self.attn_out_hidden)
+        attention = self._attention_flops_per_token(seq_len / 2 if causal_halved else seq_len)
         block = self._block_matmul_flops_per_token(moe=self.moe is not None)
         return self.mtp_layers * (4 * self.hidden * self.hidden + block + attention + self.logit_flops_per_token())
 
@@ -405,7 +404,11 @@ class TransformerModel:
         """Forward FLOPs per token of QKᵀ and PV: 2 · keys · heads · (qk_head_dim + v_head_dim)
         (= 4·s·h for the usual head width and full attention; keys halved if causal masking is counted;
         windowed layers see min(window, s) keys: ``attention_keys_per_query``)."""
-        return 2 * self.attention_keys_per_query(seq_len, causal_halved) * (self.q_hidden + self.attn_out_hidden)
+        return self._attention_flops_per_token(self.attention_keys_per_query(seq_len, causal_halved))
+
+    def _attention_flops_per_token(self, keys) -> float:
+        """Forward QKᵀ and PV FLOPs per token that attends to ``keys`` keys."""
+        return 2 * keys * (self.q_hidden + self.attn_out_hidden)
 
     def logit_flops_per_token(self) -> int:
         return 2 * self.hidden * self.vocab
