@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from paraplan.costmodels.efficiency import analytical_curves
+from paraplan.costmodels.efficiency import analytical_curves, isolated_kernel_curves
 from paraplan.hardware.catalog import load_part
 
 PROFILE = Path(__file__).resolve().parents[1] / "paraplan" / "profiles" / "reference" / "h100-sxm.json"
@@ -35,7 +35,8 @@ def main() -> int:
     gemms = json.loads(PROFILE.read_text())["sections"]["gemm"]
     m, n, k, measured = (np.array([g[key] for g in gemms], dtype=float) for key in ("m", "n", "k", "time_s"))
     flops = 2 * m * n * k
-    split = analytical_curves(load_part("accelerators", "h100-sxm"))
+    # isolated GEMMs: the curves at the rate the lent H100's kernels reached, not a training step's
+    split = isolated_kernel_curves(analytical_curves(load_part("accelerators", "h100-sxm")))
     tiles = replace(split, gemm_split_k=False)
     big = flops >= 50e9
     ragged = big & (tiles.wave_efficiency(m, n, k) < 0.85)

@@ -84,7 +84,7 @@ def test_grouped_expert_gemms_priced_as_one_launch_with_the_weights_read():
     GEMMs priced them up to 5.6x too slow at 128 tokens, where the weights' bytes set the time)."""
     from paraplan.costmodels import compute as C
     from paraplan.plan import Plan
-    curves = analytical_curves(R.load_accelerator("h100-sxm"))
+    curves = R.curves_of("h100-sxm")    # isolated kernels: the rate the lent H100 measured
     rows = R.load_reference()["sections"]["moe"]
     assert len(rows) == 20
     errors, loop_errors = [], []

@@ -44,6 +44,11 @@ class AnalyticalCurves:
     cpu_adam_memory_efficiency: float
     gpu_adam_bytes_per_param: float
     gemm_sustained_fraction: float = 1.0
+    #: share of MAMF that isolated GEMMs reached on a GPU of the generation measured here (a lent GPU's
+    #: kernel reference profile); None where none was measured. Only comparisons with isolated kernel
+    #: measurements use it (:func:`isolated_kernel_curves`); a training step sustains
+    #: ``gemm_sustained_fraction`` of MAMF, calibrated on published runs
+    gemm_isolated_fraction: float | None = None
     #: the GEMM library balances K iterations over the SMs (stream-K / split-K): waves count tiles x
     #: ceil(k / gemm_tile_k) work units instead of output tiles
     gemm_split_k: bool = False
@@ -166,11 +171,21 @@ def analytical_curves(accelerator: Accelerator) -> AnalyticalCurves:
         cpu_adam_memory_efficiency=entry["cpu_adam_memory_efficiency"],
         gpu_adam_bytes_per_param=entry["gpu_adam_bytes_per_param"],
         gemm_sustained_fraction=entry.get("gemm_sustained_fraction", 1.0),
+        gemm_isolated_fraction=entry.get("gemm_isolated_fraction"),
         gemm_split_k=bool(entry.get("gemm_split_k", False)), gemm_tile_k=int(entry.get("gemm_tile_k", 64)),
         fp8_recipe_gemm_efficiency=dict(entry.get("fp8_recipe_gemm_efficiency", {})),
         streaming_efficiency=entry.get("streaming_efficiency", entry["memory_efficiency"]),
         fp8_cast_efficiency=entry.get("fp8_cast_efficiency"), sources=sources,
         attention_table=attention_table_for(accelerator.name))
+
+
+def isolated_kernel_curves(curves: AnalyticalCurves) -> AnalyticalCurves:
+    """``curves`` at the GEMM rate isolated kernels reach (``gemm_isolated_fraction`` of MAMF, measured on
+    a lent GPU), for comparisons with isolated kernel and layer measurements; unchanged where the
+    generation has no such measurement."""
+    if curves.gemm_isolated_fraction is None:
+        return curves
+    return replace(curves, gemm_sustained_fraction=curves.gemm_isolated_fraction)
 
 
 def curves_for(cluster_or_accelerator):

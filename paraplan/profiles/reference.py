@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from paraplan.costmodels import compute as C
-from paraplan.costmodels.efficiency import analytical_curves
+from paraplan.costmodels.efficiency import analytical_curves, isolated_kernel_curves
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster, load_part
 from paraplan.plan import Plan
@@ -43,7 +43,9 @@ def load_accelerator(name: str):
 
 
 def curves_of(name: str):
-    return analytical_curves(load_accelerator(name))
+    """The generation's curves at the rate isolated kernels reach (what a reference profile measured),
+    not the rate a training step sustains (:func:`~paraplan.costmodels.efficiency.isolated_kernel_curves`)."""
+    return isolated_kernel_curves(analytical_curves(load_accelerator(name)))
 
 
 def gemm_ratios(name: str = "h100-sxm") -> list[dict]:
@@ -95,7 +97,7 @@ def predicted_layer(r: dict, name: str = "h100-sxm", dtype: str = "bf16", kernel
     """The estimator's forward + backward of one measured layer shard (no communication), by term:
     GEMMs, attention core, memory-bound kernels, fp8 casts."""
     cluster = load_cluster(SYSTEM_OF[name], 8)
-    cv = analytical_curves(cluster.accelerator)
+    cv = isolated_kernel_curves(analytical_curves(cluster.accelerator))
     model, job = layer_model(r)
     plan = Plan(tp=r["tp"], dp=1, micro_batch=r["batch"], dtype=dtype, attention_kernel=kernel)
     lt = C.layer_times(model, job, plan, cv, cluster)
