@@ -13,7 +13,8 @@ from paraplan.costmodels import memory as M
 from paraplan.costmodels.comm import ALL_GATHER, ALL_REDUCE, collective_time
 from paraplan.costmodels.dataparallel import dp_exposed_time, dp_group
 from paraplan.costmodels.efficiency import curves_for
-from paraplan.costmodels.estimate import (SCALING_STEP_BYTES_PER_PARAM, estimate, scaling_step_passes_time)
+from paraplan.costmodels.estimate import (DP_OVERLAP_ASSUMPTION, SCALING_DP_ASSUMPTION, SCALING_STEP_BYTES_PER_PARAM,
+                                          assumptions_for, estimate, scaling_step_passes_time)
 from paraplan.costmodels.offload import stage_param_tensors
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan, PlanBatch, stage_layer_counts, stage_layers
@@ -64,6 +65,17 @@ def test_scaling_reduces_fp32_gradients_with_an_all_reduce_that_nothing_hides():
     assert float(dp_exposed_time(params, no_overlap, cluster, 16, 1.0, 2.0)[0][0]) == pytest.approx(float(exposed[0]))
     generic = PlanBatch.from_plans([Plan(tp=2, dp=128, zero=1, engine="generic")])
     assert float(dp_exposed_time(params, generic, cluster, 16, 1.0, 2.0)[0][0]) < 0.2 * float(exposed[0])
+
+
+def test_only_scaling_plans_say_their_reduction_is_scalings():
+    """The estimate states the data-parallel reduction the plan's engine runs: Scaling's exposed fp32
+    all-reduce for engine scaling (overlap flag or not), the bucketed overlap for the others."""
+    for overlap in (True, False):
+        said = assumptions_for(Plan(engine="scaling", overlap_grad_reduce=overlap))
+        assert SCALING_DP_ASSUMPTION in said and DP_OVERLAP_ASSUMPTION not in said
+    for engine in ("generic", "megatron", "torchtitan", "deepspeed"):
+        said = assumptions_for(Plan(engine=engine))
+        assert DP_OVERLAP_ASSUMPTION in said and not any("Scaling" in a for a in said)
 
 
 def test_scaling_step_pays_its_gradient_passes_and_the_estimate_shows_them():

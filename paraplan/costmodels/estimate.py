@@ -69,9 +69,7 @@ TP_EXPOSED_ASSUMPTION = "tensor-parallel collectives are exposed (no TP comm ove
 DP_OVERLAP_ASSUMPTION = ("data-parallel gradient reduction is bucketed and overlaps the last micro-batch's backward; "
                          "ZeRO-3 gathers are prefetched under each micro-batch's compute; dense and expert collectives "
                          "share those windows, which include the time the GPU idles at a dropless MoE layer's sync and "
-                         "exclude the time an inter-node ring-attention exchange holds the links (engine scaling: an fp32 "
-                         "all-reduce of every gradient and the parameter all-gather inside the optimizer step, exposed, "
-                         "as its source does)")
+                         "exclude the time an inter-node ring-attention exchange holds the links")
 ASSUMPTIONS = (
     STATES_16BIT,
     "ranks ordered tp, cp, dp, pp (tp innermost): groups fill a node before spanning nodes",
@@ -96,6 +94,9 @@ TP_OVERLAP_ASSUMPTION = ("tensor-parallel collectives overlap the GEMMs next to 
                          f"those GEMMs by {C.TP_OVERLAP_CONTENTION} of its time; backward = 2 x forward GEMM time")
 DP_NO_OVERLAP_ASSUMPTION = ("data-parallel gradient reduction runs after the backward and ZeRO-3's gathers are "
                             "not prefetched: nothing hidden (overlap_grad_reduce off)")
+SCALING_DP_ASSUMPTION = ("data-parallel reduction as Scaling runs it (engine scaling): an fp32 all-reduce of every "
+                         "gradient, then with ZeRO-1 the parameter all-gather, both inside the optimizer step after the "
+                         "backward, exposed")
 
 
 def assumptions_for(plan) -> tuple[str, ...]:
@@ -105,8 +106,8 @@ def assumptions_for(plan) -> tuple[str, ...]:
     swap = {STATES_16BIT: FP32_STATES if plan.dtype == "fp32" else STATES_16BIT,
             TP_EXPOSED_ASSUMPTION: TP_OVERLAP_ASSUMPTION if getattr(plan, "tp_comm_overlap", False)
             else TP_EXPOSED_ASSUMPTION,
-            DP_OVERLAP_ASSUMPTION: DP_NO_OVERLAP_ASSUMPTION if not plan.overlap_grad_reduce and plan.engine != "scaling"
-            else DP_OVERLAP_ASSUMPTION}
+            DP_OVERLAP_ASSUMPTION: SCALING_DP_ASSUMPTION if plan.engine == "scaling"
+            else DP_NO_OVERLAP_ASSUMPTION if not plan.overlap_grad_reduce else DP_OVERLAP_ASSUMPTION}
     base = tuple(swap.get(a, a) for a in ASSUMPTIONS)
     fp8_tp = (FP8_TP_GATHER,) if bool(np.all(C.tp_gathers_fp8(plan))) else ()
     return base + (FP8_ASSUMPTIONS if is_fp8(plan.dtype) else ()) + fp8_tp
