@@ -24,8 +24,8 @@ from paraplan.costmodels.intervals import describe_interval
 from paraplan.costmodels.offload import activation_offload_time, optimizer_and_offload, param_tensors, stage_param_tensors
 from paraplan.costmodels.pipeline import (bubble_factor, bubble_fraction, effective_compute_slowdown,
                                          p2p_messages_on_critical_path, pipeline_crossings_on_critical_path)
-from paraplan.plan import (Engine, Plan, Recompute, StageLayers, check_plan, compute_dtype, expert_data_parallel, is_fp8,
-                           model_stage_layers, recomputes_attention_core, stage_layer_counts)
+from paraplan.plan import (Engine, Plan, Recompute, StageLayers, check_plan, compute_dtype, expert_data_parallel, gemm_dtype,
+                           is_fp8, model_stage_layers, recomputes_attention_core, stage_layer_counts)
 
 SCHEMA = "paraplan.estimate/1"
 TIME_TERMS = ("compute", "recompute", "grad_accumulation", "tp_comm", "cp_comm", "ep_comm", "moe_host", "pp_comm",
@@ -133,6 +133,24 @@ def attention_kernel_assumption(model, job, plan, curves) -> tuple[str, ...]:
                 f"calibrated fused-attention efficiency ({getattr(curves, 'flash_attention_efficiency', 'profiled')})",)
     return (f"attention: {plan.attention_kernel} at {float(eff):.3f} of peak, measured by sequence length "
             f"(attention_kernels.yaml) at {job.seq_len} tokens and {b * model.heads // plan.tp} heads per GPU",)
+
+
+def gemm_level_assumption(plan, curves) -> tuple[str, ...]:
+    """The GEMM rate the estimate charges and where it comes from (analytical curves only; a measured
+    profile's tables speak for themselves): the part's MAMF plateau of the plan's GEMM dtype, times the
+    share of it a training step sustains (curves.yaml, calibrated per generation on published runs),
+    less wave quantization."""
+    sustained = getattr(curves, "gemm_sustained_fraction", None)
+    if sustained is None or getattr(curves, "kind", "") != "analytical":
+        return ()
+    acc = curves.accelerator
+    dtype = gemm_dtype(plan.dtype)
+    basis = str(curves.sources.get("gemm_sustained_fraction", "")).split(":")[0] or "curves.yaml"
+    if "on A100" in basis and not acc.name.startswith("a100"):
+        basis += "; assumed for this part, which has no calibration of its own"
+    waves = "tiles x K iterations (split-K)" if curves.gemm_split_k else "output tiles"
+    return (f"GEMMs: {acc.plateau(dtype):.3f} of the {dtype} peak at best shape (MAMF) x {sustained:g} sustained in a "
+            f"training step ({basis}), less wave quantization of {waves} over {acc.streaming_multiprocessors} SMs",)
 
 
 def moe_host_assumption(model, plan) -> tuple[str, ...]:
@@ -581,7 +599,8 @@ def estimate_legal(model, job, cluster, plan: Plan, *, curves=None, max_memory_f
                  **({"nvlink_domains": {"count": cluster.num_nodes, "gpus_each": cluster.gpus_per_node,
                                         "assumption": domains[0]}} if domains else {})},
         efficiency_curves=curves.describe(),
-        assumptions=(assumptions_for(plan) + attention_kernel_assumption(model, job, plan, curves)
+        assumptions=(assumptions_for(plan) + gemm_level_assumption(plan, curves)
+                     + attention_kernel_assumption(model, job, plan, curves)
                      + moe_host_assumption(model, plan) + ep_overlap_assumption(job, plan) + domains
                      + deepspeed_dp_assumption(plan) + allocator_pressure_assumption(memory["total"], cluster, plan)),
         prediction_interval=describe_interval(cluster.accelerator.name, tokens_per_s, step,
