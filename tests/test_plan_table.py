@@ -54,6 +54,15 @@ def test_plans_differing_in_one_mode_are_told_apart(field):
     assert "same plan" not in why
 
 
+def test_a_gap_under_the_tie_share_is_called_a_tie_and_a_wider_one_is_not():
+    from dataclasses import replace as dc_replace
+    from paraplan.planner.search import TIE_SHARE
+    e = estimate(load_model("gpt-1.7b"), TrainingJob(2048, 64), load_cluster("dgx-a100-80g", 8), Plan(dp=8))
+    for share, tie in ((TIE_SHARE / 2, True), (2 * TIE_SHARE, False)):
+        slower = dc_replace(e, step_time_s=e.step_time_s / (1 - share))
+        assert ("a tie at the estimator's resolution" in why_best_beats_runner_up(e, slower)) is tie
+
+
 def test_modes_alike_in_every_row_are_stated_once_below_the_table():
     e = estimate(load_model("gpt-1.7b"), TrainingJob(2048, 64), load_cluster("dgx-a100-80g", 8), Plan(dp=8))
     text = render_table(table_rows([e, e]))
