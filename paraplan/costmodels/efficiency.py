@@ -60,6 +60,8 @@ class AnalyticalCurves:
     #: measured fused-attention efficiency by kernel and sequence length (attention_kernels.yaml) for
     #: plans that name a kernel (``--attention-kernel``); None where the generation has no table
     attention_table: Mapping | None = field(default=None, compare=False)
+    #: what the curves of this part leave unpriced, said with every estimate on it (curves.yaml ``caveat``)
+    caveat: str | None = field(default=None, compare=False)
 
     kind = "analytical"
 
@@ -176,7 +178,7 @@ def analytical_curves(accelerator: Accelerator) -> AnalyticalCurves:
         fp8_recipe_gemm_efficiency=dict(entry.get("fp8_recipe_gemm_efficiency", {})),
         streaming_efficiency=entry.get("streaming_efficiency", entry["memory_efficiency"]),
         fp8_cast_efficiency=entry.get("fp8_cast_efficiency"), sources=sources,
-        attention_table=attention_table_for(accelerator.name))
+        attention_table=attention_table_for(accelerator.name), caveat=entry.get("caveat"))
 
 
 def isolated_kernel_curves(curves: AnalyticalCurves) -> AnalyticalCurves:

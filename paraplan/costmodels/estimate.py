@@ -149,8 +149,10 @@ def gemm_level_assumption(plan, curves) -> tuple[str, ...]:
     if "on A100" in basis and not acc.name.startswith("a100"):
         basis += "; assumed for this part, which has no calibration of its own"
     waves = "tiles x K iterations (split-K)" if curves.gemm_split_k else "output tiles"
+    caveat = f"; {curves.caveat}" if getattr(curves, "caveat", None) else ""
     return (f"GEMMs: {acc.plateau(dtype):.3f} of the {dtype} peak at best shape (MAMF) x {sustained:g} sustained in a "
-            f"training step ({basis}), less wave quantization of {waves} over {acc.streaming_multiprocessors} SMs",)
+            f"training step ({basis}), less wave quantization of {waves} over {acc.streaming_multiprocessors} SMs"
+            f"{caveat}",)
 
 
 def moe_host_assumption(model, plan) -> tuple[str, ...]:
