@@ -49,6 +49,8 @@ class AnalyticalCurves:
     #: measurements use it (:func:`isolated_kernel_curves`); a training step sustains
     #: ``gemm_sustained_fraction`` of MAMF, calibrated on published runs
     gemm_isolated_fraction: float | None = None
+    #: True where the part has no GEMM level of its own in curves.yaml and takes the default (A100's)
+    gemm_level_borrowed: bool = field(default=False, compare=False)
     #: the GEMM library balances K iterations over the SMs (stream-K / split-K): waves count tiles x
     #: ceil(k / gemm_tile_k) work units instead of output tiles
     gemm_split_k: bool = False
@@ -143,6 +145,9 @@ class AnalyticalCurves:
         return {"kind": self.kind, "accelerator": acc.name,
                 "gemm_plateau_efficiency": acc.gemm_plateau_efficiency,
                 "gemm_sustained_fraction": self.gemm_sustained_fraction,
+                **({"gemm_isolated_fraction": self.gemm_isolated_fraction}
+                   if self.gemm_isolated_fraction is not None else {}),
+                **({"caveat": self.caveat} if self.caveat else {}),
                 "gemm_wave_units": "tiles x K iterations (split-K)" if self.gemm_split_k else "output tiles",
                 "kernel_overhead_us": self.kernel_overhead_s * 1e6,
                 "memory_efficiency": self.memory_efficiency,
@@ -174,6 +179,7 @@ def analytical_curves(accelerator: Accelerator) -> AnalyticalCurves:
         gpu_adam_bytes_per_param=entry["gpu_adam_bytes_per_param"],
         gemm_sustained_fraction=entry.get("gemm_sustained_fraction", 1.0),
         gemm_isolated_fraction=entry.get("gemm_isolated_fraction"),
+        gemm_level_borrowed="gemm_sustained_fraction" not in specific,
         gemm_split_k=bool(entry.get("gemm_split_k", False)), gemm_tile_k=int(entry.get("gemm_tile_k", 64)),
         fp8_recipe_gemm_efficiency=dict(entry.get("fp8_recipe_gemm_efficiency", {})),
         streaming_efficiency=entry.get("streaming_efficiency", entry["memory_efficiency"]),

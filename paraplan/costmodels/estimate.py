@@ -146,7 +146,7 @@ def gemm_level_assumption(plan, curves) -> tuple[str, ...]:
     acc = curves.accelerator
     dtype = gemm_dtype(plan.dtype)
     basis = str(curves.sources.get("gemm_sustained_fraction", "")).split(":")[0] or "curves.yaml"
-    if "on A100" in basis and not acc.name.startswith("a100"):
+    if getattr(curves, "gemm_level_borrowed", False):
         basis += "; assumed for this part, which has no calibration of its own"
     waves = "tiles x K iterations (split-K)" if curves.gemm_split_k else "output tiles"
     caveat = f"; {curves.caveat}" if getattr(curves, "caveat", None) else ""
