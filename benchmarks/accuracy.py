@@ -35,18 +35,25 @@ SWEEP_CSV = Path(__file__).resolve().parents[2] / "shared" / "reference" / "hage
 SWEEP_SOURCE = "Hagemann 2023 sweep"
 
 
-def sweep_frame(csv: Path) -> pd.DataFrame:
-    """The sweep's runs that fit, scored: measured and predicted MFU and step time per run."""
+def sweep_runs(csv: Path):
+    """(row, (model, job, cluster, plan)) for each run of the sweep that fit, as the benchmarks read a
+    sweep row (memory_fit.plan_of: Scaling, ZeRO-1, the row's kernels)."""
     sys.path.insert(0, str(Path(__file__).parent))
-    from memory_fit import CLUSTER, plan_of   # the benchmark's own reading of a sweep row
+    from memory_fit import CLUSTER, plan_of
     from paraplan.hardware.catalog import load_cluster
     from paraplan.workloads.presets import load_model
     from paraplan.workloads.transformer import TrainingJob
-    rows = []
     table = pd.read_csv(csv)
     for r in table[table.oom == 0].itertuples():
-        e = estimate(load_model(r.model), TrainingJob(int(r.seq_len), int(r.global_batch_tokens) // int(r.seq_len)),
-                     load_cluster(CLUSTER, int(r.gpus)), plan_of(r))
+        yield r, (load_model(r.model), TrainingJob(int(r.seq_len), int(r.global_batch_tokens) // int(r.seq_len)),
+                  load_cluster(CLUSTER, int(r.gpus)), plan_of(r))
+
+
+def sweep_frame(csv: Path) -> pd.DataFrame:
+    """The sweep's runs that fit, scored: measured and predicted MFU and step time per run."""
+    rows = []
+    for r, inputs in sweep_runs(csv):
+        e = estimate(*inputs)
         rows.append({"source": SWEEP_SOURCE, "sheet": r.sheet, "case": f"{r.sheet} trial {r.trial}",
                      "generation": "A100", "measured_s": float(r.measured_step_s), "predicted_s": e.step_time_s,
                      "measured_mfu": float(r.measured_mfu), "predicted_mfu": e.mfu,

@@ -41,18 +41,13 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).parent))
-from memory_fit import CLUSTER, plan_of   # noqa: E402  the benchmarks' reading of a sweep row
+from accuracy import SWEEP_CSV, SWEEP_SOURCE, sweep_runs   # noqa: E402  the benchmarks' reading of the sweep
 
 from paraplan.costmodels.calibration import load_cases, load_h100_cases   # noqa: E402
 from paraplan.costmodels.efficiency import analytical_curves   # noqa: E402
 from paraplan.costmodels.estimate import estimate   # noqa: E402
 from paraplan.costmodels.intervals import GENERATION   # noqa: E402
-from paraplan.hardware.catalog import load_cluster   # noqa: E402
-from paraplan.workloads.presets import load_model   # noqa: E402
-from paraplan.workloads.transformer import TrainingJob   # noqa: E402
 
-SWEEP_CSV = Path(__file__).resolve().parents[2] / "shared" / "reference" / "hagemann2023_sweep_2k.csv"
-SWEEP_SOURCE = "Hagemann 2023 sweep"
 #: a part whose rows are left out of its generation's calibration, and why
 LEFT_OUT_PARTS = {"h100-96g-hbm2e": "500 W power limit not priced"}
 GRIDS = {
@@ -77,13 +72,9 @@ def calibration_rows() -> pd.DataFrame:
                          "generation": GENERATION[c.cluster.accelerator.name], "moe": c.model.moe is not None,
                          "inputs": (c.model, c.job, c.cluster, c.plan), "measured_s": c.measured_step_time_s})
     if SWEEP_CSV.exists():
-        table = pd.read_csv(SWEEP_CSV)
-        for r in table[table.oom == 0].itertuples():
-            cluster = load_cluster(CLUSTER, int(r.gpus))
-            job = TrainingJob(int(r.seq_len), int(r.global_batch_tokens) // int(r.seq_len))
-            rows.append({"source": SWEEP_SOURCE, "accelerator": cluster.accelerator.name, "generation": "A100",
-                         "moe": False, "inputs": (load_model(r.model), job, cluster, plan_of(r)),
-                         "measured_s": float(r.measured_step_s)})
+        for r, inputs in sweep_runs(SWEEP_CSV):
+            rows.append({"source": SWEEP_SOURCE, "accelerator": inputs[2].accelerator.name, "generation": "A100",
+                         "moe": False, "inputs": inputs, "measured_s": float(r.measured_step_s)})
     df = pd.DataFrame(rows)
     df["left_out"] = np.where(df.moe, "MoE", df.accelerator.map(LEFT_OUT_PARTS).fillna(""))
     return df

@@ -67,6 +67,11 @@ class AnalyticalCurves:
 
     kind = "analytical"
 
+    @property
+    def gemm_wave_units(self) -> str:
+        """What a GEMM's waves count (gemm_split_k): output tiles, or tiles x K iterations."""
+        return "tiles x K iterations (split-K)" if self.gemm_split_k else "output tiles"
+
     def _tensor_core_time(self, m, n, k, dtype: str, groups=1.0):
         """Seconds of the arithmetic of one launch computing ``groups`` (m x k)·(k x n) products:
         2·g·m·n·k / (peak · plateau · sustained · η_wave), every group's output tiles (or, with
@@ -148,7 +153,7 @@ class AnalyticalCurves:
                 **({"gemm_isolated_fraction": self.gemm_isolated_fraction}
                    if self.gemm_isolated_fraction is not None else {}),
                 **({"caveat": self.caveat} if self.caveat else {}),
-                "gemm_wave_units": "tiles x K iterations (split-K)" if self.gemm_split_k else "output tiles",
+                "gemm_wave_units": self.gemm_wave_units,
                 "kernel_overhead_us": self.kernel_overhead_s * 1e6,
                 "memory_efficiency": self.memory_efficiency,
                 "streaming_efficiency": self.streaming_efficiency,

@@ -140,19 +140,17 @@ def gemm_level_assumption(plan, curves) -> tuple[str, ...]:
     profile's tables speak for themselves): the part's MAMF plateau of the plan's GEMM dtype, times the
     share of it a training step sustains (curves.yaml, calibrated per generation on published runs),
     less wave quantization."""
-    sustained = getattr(curves, "gemm_sustained_fraction", None)
-    if sustained is None or getattr(curves, "kind", "") != "analytical":
+    if getattr(curves, "kind", "") != "analytical":
         return ()
     acc = curves.accelerator
     dtype = gemm_dtype(plan.dtype)
     basis = str(curves.sources.get("gemm_sustained_fraction", "")).split(":")[0] or "curves.yaml"
-    if getattr(curves, "gemm_level_borrowed", False):
+    if curves.gemm_level_borrowed:
         basis += "; assumed for this part, which has no calibration of its own"
-    waves = "tiles x K iterations (split-K)" if curves.gemm_split_k else "output tiles"
-    caveat = f"; {curves.caveat}" if getattr(curves, "caveat", None) else ""
-    return (f"GEMMs: {acc.plateau(dtype):.3f} of the {dtype} peak at best shape (MAMF) x {sustained:g} sustained in a "
-            f"training step ({basis}), less wave quantization of {waves} over {acc.streaming_multiprocessors} SMs"
-            f"{caveat}",)
+    caveat = f"; {curves.caveat}" if curves.caveat else ""
+    return (f"GEMMs: {acc.plateau(dtype):.3f} of the {dtype} peak at best shape (MAMF) x "
+            f"{curves.gemm_sustained_fraction:g} sustained in a training step ({basis}), less wave quantization "
+            f"of {curves.gemm_wave_units} over {acc.streaming_multiprocessors} SMs{caveat}",)
 
 
 def moe_host_assumption(model, plan) -> tuple[str, ...]:
