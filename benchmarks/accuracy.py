@@ -30,6 +30,7 @@ from paraplan.costmodels.calibration import (DEFAULT_CSV, H100_CSV, korthikanti_
                                              load_memory_cases, score)
 from paraplan.costmodels.estimate import ALLOCATOR_PRESSURE_HEADROOM_BYTES, churns_allocator, estimate
 from paraplan.costmodels.intervals import GENERATION, LEVEL, fit_intervals, residual_group, write_intervals
+from paraplan.errors import ConfigError
 
 SWEEP_CSV = Path(__file__).resolve().parents[2] / "shared" / "reference" / "hagemann2023_sweep_2k.csv"
 SWEEP_SOURCE = "Hagemann 2023 sweep"
@@ -167,6 +168,8 @@ def loso_coverage(df: pd.DataFrame, level: float = LEVEL):
     rows = []
     for src in sorted(df.source.unique()):
         held, rest = df[df.source == src], df[df.source != src]
+        if rest.empty:          # a single source: nothing to judge it by
+            continue
         residuals = {g: list(zip(d.source, d.log_ratio)) for g, d in rest.groupby("group")}
         fitted = fit_intervals(residuals, level, generations=sorted(held.group.unique()))
         for gen, part in held.groupby("group"):
@@ -177,6 +180,8 @@ def loso_coverage(df: pd.DataFrame, level: float = LEVEL):
                          "own group": not iv.pooled, "quantile level": iv.quantile_level,
                          "low": iv.low, "high": iv.high, "covered_%": 100 * inside.mean()})
     out = pd.DataFrame(rows)
+    if out.empty:
+        return out, float("nan")
     total = (out.rows * out["covered_%"]).sum() / out.rows.sum()
     return out, total
 
@@ -224,7 +229,11 @@ def main(argv=None) -> int:
     pd.set_option("display.max_rows", 500)
     pd.set_option("display.max_colwidth", 80)
 
-    df, sweep, pairs, inputs = scored_frames(args.csv, args.h100_csv, args.sweep_csv, report=print)
+    try:
+        df, sweep, pairs, inputs = scored_frames(args.csv, args.h100_csv, args.sweep_csv, report=print)
+    except ConfigError as e:
+        print(f"accuracy.py: {e}", file=sys.stderr)
+        return 2
     if args.rows:
         print(df.assign(thr_error=(100 * df.thr_error).round(1)).drop(columns=["error", "log_ratio"])
               .to_string(index=False))
@@ -273,8 +282,11 @@ def main(argv=None) -> int:
     for g, iv in sorted(intervals.items()):
         print(f"  {g:<11} [{iv.low:.3f}, {iv.high:.3f}]  {iv.basis()}; quantile level {iv.quantile_level:.2f}")
     cov, total = loso_coverage(df)
-    print(f"\nleave-one-source-out coverage of the {100 * LEVEL:.0f}% interval: {total:.1f}% of {len(df)} rows")
-    print(cov.round(3).to_string(index=False))
+    if cov.empty:
+        print("\nleave-one-source-out coverage: needs rows of at least two sources")
+    else:
+        print(f"\nleave-one-source-out coverage of the {100 * LEVEL:.0f}% interval: {total:.1f}% of {len(df)} rows")
+        print(cov.round(3).to_string(index=False))
     if args.write_intervals:
         write_intervals(intervals, inputs)
         print("\nwrote paraplan/costmodels/data/prediction_intervals.json")

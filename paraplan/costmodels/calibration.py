@@ -4,7 +4,11 @@ Each throughput row becomes (model, job, cluster, plan, measured step time). The
 converted to a step time with the source's own FLOP convention:
   * ``tflops_per_gpu_incl_recompute`` (Megatron-LM 2021): F = 96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h))
     (Narayanan et al. 2021 Eq. 3, full recomputation), step = F / (TFLOP/s · 1e12 · GPUs);
-  * ``step_time``: as given; ``tokens_per_sec_per_gpu``: step = B·s / (value · GPUs).
+  * ``step_time``: as given (seconds, or ms when the unit says so); ``tokens_per_sec_per_gpu``:
+    step = B·s / (value · GPUs); ``tokens_per_sec`` (the whole job): B·s / value; ``samples_per_sec``
+    (sequences per second, the whole job): B / value.
+GPU and model names outside the files' own tables are read by published_names.py ("A100-SXM4-80GB",
+"Llama 3.1 70B"); a row that leaves the architecture blank takes the preset its model name denotes.
 A row is used only when its configuration is complete (shape, GPUs, every degree, batch); rows that
 leave a field blank are reported as skipped with the missing field. Inferences made for complete rows
 are listed per row in ``assumed``.
@@ -19,14 +23,16 @@ from pathlib import Path
 import pandas as pd
 
 from paraplan.costmodels.estimate import MEMORY_PRESSURE, estimate
+from paraplan.costmodels.published_names import Resolved, model_preset_for_name, system_for_gpu
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan, check_plan
 from paraplan.workloads.presets import load_model
-from paraplan.workloads.transformer import TrainingJob, TransformerModel
+from paraplan.workloads.transformer import MoESpec, TrainingJob, TransformerModel
 
 DEFAULT_CSV = Path(__file__).parent / "data" / "published_runs_calibration.csv"  # copy of shared/reference
-THROUGHPUT_METRICS = ("tflops_per_gpu_incl_recompute", "step_time", "tokens_per_sec_per_gpu")
+THROUGHPUT_METRICS = ("tflops_per_gpu_incl_recompute", "step_time", "tokens_per_sec_per_gpu", "tokens_per_sec",
+                      "samples_per_sec")
 GPU_TO_SYSTEM = {"A100-80GB": "dgx-a100-80g", "A100-40GB": "dgx-a100-40g", "A100 (DGX-A100)": "dgx-a100-40g",
                  "V100-32GB (DGX-2)": "dgx2-v100"}
 
@@ -62,6 +68,37 @@ def short_source(source: str) -> str:
     if "2021" in s:
         return "Megatron-LM 2021 (SC21)"
     return source
+
+
+def system_of_row_gpu(gpu, exact: dict, assumed: list) -> str | None:
+    """The system preset of a row's GPU: the file's own table first, else published_names.system_for_gpu
+    (its assumption, if any, appended to ``assumed``); None when there is none (``assumed`` then ends
+    with the reason, which the caller reports)."""
+    if gpu in exact:
+        return exact[gpu]
+    found = system_for_gpu(str(gpu))
+    if isinstance(found, str):
+        assumed.append(found)
+        return None
+    if found.assumption:
+        assumed.append(found.assumption)
+    return found.preset
+
+
+def measured_step_time_s(metric: str, value: float, unit, global_batch: int, seq_len: int, num_gpus: int,
+                         model: TransformerModel) -> float:
+    """A row's measurement as a step time in seconds (the conventions in the module docstring)."""
+    if metric == "tflops_per_gpu_incl_recompute":
+        s, L, h, V = seq_len, model.layers, model.hidden, model.vocab
+        flops = 96 * global_batch * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+        return flops / (value * 1e12 * num_gpus)
+    if metric == "step_time":
+        return value / 1000 if str(unit).strip().lower() == "ms" else value
+    if metric == "tokens_per_sec":
+        return global_batch * seq_len / value
+    if metric == "samples_per_sec":
+        return global_batch / value
+    return global_batch * seq_len / (value * num_gpus)
 
 
 def _blank(v) -> bool:
@@ -107,16 +144,8 @@ def case_from_row(i: int, r: pd.Series) -> CalibrationCase | str:
     if isinstance(setup, str):
         return setup
     model, job, cluster, plan, assumed, src, gbs, mb = setup
-    n = cluster.num_gpus
-    metric, value = r["measured_metric"], float(r["measured_value"])
-    if metric == "tflops_per_gpu_incl_recompute":
-        s, L, h, V = job.seq_len, model.layers, model.hidden, model.vocab
-        flops = 96 * gbs * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
-        step = flops / (value * 1e12 * n)
-    elif metric == "step_time":
-        step = value / 1000 if str(r["measured_unit"]).strip() == "ms" else value
-    else:
-        step = gbs * job.seq_len / (value * n)
+    step = measured_step_time_s(r["measured_metric"], float(r["measured_value"]), r["measured_unit"], gbs,
+                                job.seq_len, cluster.num_gpus, model)
     return CalibrationCase(i, src, _row_label(r, cluster, plan, mb, job), model, job, cluster, plan, step,
                            tuple(assumed))
 
@@ -177,20 +206,29 @@ def _setup_from_row(r: pd.Series):
             r["vocab"] = vocab
             vocab_assumed = (f"vocab = {vocab:,d}: the notes' '{VOCAB_IN_NOTES.search(notes).group(0)}' padded to a "
                              f"multiple of 128 x tp as Megatron pads it")
-    required = ("layers", "hidden", "heads", "vocab", "seq_len", "num_gpus", "tp", "pp", "dp", "global_batch")
+    architecture = ("layers", "hidden", "heads", "vocab")
+    blank_architecture = [k for k in architecture if _blank(r[k])]
+    preset = model_preset_for_name(r["model"]) if blank_architecture else None
+    required = (() if preset else architecture) + ("seq_len", "num_gpus", "tp", "pp", "dp", "global_batch")
     missing = [k for k in required if _blank(r[k])]
     if missing:
         return "configuration incomplete: " + ", ".join(missing) + " blank"
-    if r["gpu"] not in GPU_TO_SYSTEM:
-        return f"GPU {r['gpu']!r} has no system preset"
     assumed = [vocab_assumed] if vocab_assumed else []
+    system = system_of_row_gpu(r["gpu"], GPU_TO_SYSTEM, assumed)
+    if system is None:
+        return assumed[-1]
     src = short_source(r["source"])
     megatron = src.startswith("Megatron")
-    model = TransformerModel(
-        name=str(r["model"]), layers=_int(r["layers"]), hidden=_int(r["hidden"]), heads=_int(r["heads"]),
-        vocab=_int(r["vocab"]), ffn_hidden=None if _blank(r["ffn_hidden"]) else _int(r["ffn_hidden"]),
-        activation="gelu", tied_embeddings=True, learned_positions=megatron, max_positions=_int(r["seq_len"]),
-        bias=megatron)
+    if preset:
+        model = load_model(preset.preset)
+        assumed.append(f"architecture of the {preset.preset} preset: the row names {r['model']!r} and leaves "
+                       + ", ".join(blank_architecture) + " blank")
+    else:
+        model = TransformerModel(
+            name=str(r["model"]), layers=_int(r["layers"]), hidden=_int(r["hidden"]), heads=_int(r["heads"]),
+            vocab=_int(r["vocab"]), ffn_hidden=None if _blank(r["ffn_hidden"]) else _int(r["ffn_hidden"]),
+            activation="gelu", tied_embeddings=True, learned_positions=megatron,
+            max_positions=_int(r["seq_len"]), bias=megatron)
     dp, gbs = _int(r["dp"]), _int(r["global_batch"])
     if _blank(r["micro_batch"]):
         mb = gbs // dp
@@ -206,16 +244,29 @@ def _setup_from_row(r: pd.Series):
             rec = "full"
             assumed.append("recompute = full: the notes' guess (the TFLOPs the log printed count the recomputed forward)")
         else:
-            return "configuration incomplete: recompute blank"
+            rec = ""     # not stated: the lightest recomputation that fits, chosen once the plan is built
     recompute = "full" if rec.startswith("full") else "selective" if rec.startswith("selective") else "none"
     precision = str(r["precision"]).lower()
     if _blank(r["precision"]) and "bf16" in notes.lower():
         precision = "bf16"
         assumed.append("precision = bf16: the notes' guess (not restated by the source)")
-    dtype = "bf16" if "bf16" in precision else "fp16"
+    dtype = dtype_of_precision(precision, assumed) or ("bf16" if "bf16" in precision else "fp16")
     flash = "flashattention" in notes.lower()
+    if preset and not flash:
+        flash = re.search(r"no flash|unfused|eager attention", notes, flags=re.IGNORECASE) is None
+        if flash:
+            assumed.append("fused (flash) attention: not stated; the preset's model postdates FlashAttention")
     vpp = 1 if _blank(r["vpp"]) else _int(r["vpp"])
-    zero = 0 if _blank(r["zero_stage"]) else _int(r["zero_stage"])
+    zero = _zero_stage(r["zero_stage"], default=0)
+    tp = _int(r["tp"])
+    cp, sp = _cp_sp(r["cp_or_sp"])
+    ep = 1 if _blank(r["ep"]) else _int(r["ep"])
+    if not preset and not _blank(r["moe_experts"]):
+        model = replace(model, moe=MoESpec(experts=_int(r["moe_experts"]),
+                                           top_k=1 if _blank(r["moe_topk"]) else _int(r["moe_topk"]),
+                                           expert_ffn_hidden=model.ffn_hidden))
+        if _blank(r["moe_topk"]):
+            assumed.append("MoE top-k = 1 (not stated)")
     if "DDP-impl local" in notes or src == "Megatron-LM 2020":
         overlap = False
         if src == "Megatron-LM 2020":
@@ -228,25 +279,89 @@ def _setup_from_row(r: pd.Series):
         # its ZeRO-1 optimizer (bigscience-workshop/Megatron-DeepSpeed; tr11-176B-ml chronicles)
         engine = "deepspeed"
         assumed.append("engine = deepspeed: Megatron-DeepSpeed (DeepSpeed's pipeline engine and ZeRO optimizer)")
-    plan = Plan(tp=_int(r["tp"]), pp=_int(r["pp"]), dp=dp, vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b",
-                micro_batch=mb, zero=zero, recompute=recompute, dtype=dtype, flash_attention=flash,
-                overlap_grad_reduce=overlap, engine=engine)
-    cluster = load_cluster(GPU_TO_SYSTEM[r["gpu"]], _int(r["num_gpus"]))
-    job = TrainingJob(seq_len=_int(r["seq_len"]), global_batch=gbs)
+    try:
+        plan = Plan(tp=tp, pp=_int(r["pp"]), dp=dp, cp=cp, sp=sp and tp > 1, ep=ep, vpp=vpp,
+                    schedule="interleaved" if vpp > 1 else "1f1b", micro_batch=mb, zero=zero, recompute=recompute,
+                    dtype=dtype, flash_attention=flash, overlap_grad_reduce=overlap, engine=engine)
+        cluster = load_cluster(system, _int(r["num_gpus"]))
+        job = TrainingJob(seq_len=_int(r["seq_len"]), global_batch=gbs)
+        plan = check_plan(plan, model, job, cluster)
+    except ConfigError as e:
+        return f"layout not expressible: {e}"
+    if not rec:
+        plan = _lightest_fitting_recompute(model, job, cluster, plan, assumed)
     return model, job, cluster, plan, assumed, src, gbs, mb
+
+
+def _zero_stage(text, default: int) -> int:
+    """The ZeRO stage a zero_stage cell states ('3', 3.0, '1 (distributed optimizer)'), else ``default``."""
+    if _blank(text):
+        return default
+    m = re.match(r"\s*(\d)", str(text))
+    return int(m.group(1)) if m else default
+
+
+def _cp_sp(text) -> tuple[int, bool]:
+    """(context-parallel degree, sequence parallel) a cp_or_sp cell states ('cp2; sp', 'sp (Megatron
+    sequence parallel)', 'cp4'); (1, False) when blank."""
+    t = "" if _blank(text) else str(text).lower()
+    m = re.search(r"cp\s*=?\s*(\d+)", t)
+    return (int(m.group(1)) if m else 1), re.search(r"(?<![a-z])sp\b|sequence parallel", t) is not None
+
+
+def _lightest_fitting_recompute(model, job, cluster, plan: Plan, assumed: list) -> Plan:
+    """A row that does not state its recomputation ran, so it fitted: the lightest of none, selective
+    and full whose estimate fits the GPU's memory (full when none does), said in ``assumed``."""
+    for mode in ("none", "selective", "full"):
+        candidate = replace(plan, recompute=mode)
+        if estimate(model, job, cluster, candidate).feasible:
+            assumed.append(f"recompute = {mode}: not stated; the lightest recomputation whose estimate fits")
+            return candidate
+    assumed.append("recompute = full: not stated, and no recomputation fits the estimate's memory")
+    return replace(plan, recompute="full")
+
+
+#: the columns of a published-run file (shared/reference/published_runs_calibration*.csv)
+FILE_COLUMNS = ("source", "model", "params_b", "layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len",
+                "moe_experts", "moe_topk", "gpu", "num_gpus", "tp", "pp", "dp", "cp_or_sp", "ep", "vpp", "zero_stage",
+                "offload", "recompute", "micro_batch", "global_batch", "precision", "measured_metric",
+                "measured_value", "measured_unit", "notes")
+#: the columns without which no row of a file can be read; the others may be left out (read as blank)
+REQUIRED_FILE_COLUMNS = ("source", "model", "gpu", "num_gpus", "tp", "pp", "dp", "measured_metric", "measured_value")
+
+
+def read_runs_file(csv_path) -> pd.DataFrame:
+    """A published-run file as a table with every FILE_COLUMNS column (absent optional ones blank).
+    Raises ConfigError naming the file and the missing required columns, or why it cannot be read."""
+    try:
+        table = pd.read_csv(csv_path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(str(csv_path), f"cannot be read as a CSV table ({e})") from None
+    missing = [c for c in REQUIRED_FILE_COLUMNS if c not in table.columns]
+    if missing:
+        raise ConfigError(str(csv_path), "missing column" + "s" * (len(missing) > 1) + " " + ", ".join(missing)
+                          + "; a published-run file has " + ", ".join(FILE_COLUMNS))
+    for c in FILE_COLUMNS:
+        if c not in table.columns:
+            table[c] = None
+    return table
 
 
 def _load(csv_path, case_of, source_of) -> tuple[list[CalibrationCase], list[tuple[int, str, str]]]:
     """(usable cases, skipped rows as (row, source, reason)) of a calibration file: ``case_of(i, row)``
     gives a case or the reason the row is skipped, ``source_of(source)`` the short source name."""
-    return _cases_of_table(pd.read_csv(csv_path), case_of, source_of)
+    return _cases_of_table(read_runs_file(csv_path), case_of, source_of)
 
 
 def _cases_of_table(table: pd.DataFrame, case_of, source_of):
-    """:func:`_load` of a table already read."""
+    """:func:`_load` of a table already read. A cell that cannot be read as the number its column
+    holds ('8 (guess)' in tp) skips its row with the value and the error, not the file."""
     cases, skipped = [], []
     for i, r in table.iterrows():
-        c = case_of(int(i), r)
+        try:
+            c = case_of(int(i), r)
+        except (ValueError, TypeError, ZeroDivisionError) as e:
+            c = f"a cell cannot be read ({type(e).__name__}: {e})"
         if isinstance(c, str):
             skipped.append((int(i), source_of(str(r["source"])), c))
         else:
@@ -420,17 +535,22 @@ def h100_source(source: str) -> str:
     return source
 
 
-def _h100_dtype(precision: str, assumed: list) -> str:
-    """paraplan dtype for the file's precision column: FP8-CS per-tensor current scaling, FP8-MX mxfp8;
-    NeMo 24.07's Transformer Engine default recipe was delayed scaling; an unnamed FP8 recipe is taken
-    as current scaling (the Megatron-Bridge pages' default)."""
+def dtype_of_precision(precision: str, assumed: list) -> str:
+    """paraplan dtype for a precision cell, "" when not understood: bf16 / amp_bf16, fp16 / mixed (fp16),
+    FP8-CS per-tensor current scaling, FP8-DS delayed scaling, FP8-MX mxfp8, torchao's float8 tensorwise /
+    rowwise; NeMo 24.07's Transformer Engine default recipe was delayed scaling; an unnamed FP8 recipe is
+    taken as current scaling (the Megatron-Bridge pages' default)."""
     p = precision.lower()
-    if p.startswith("bf16"):
+    if p.startswith("bf16") or p.startswith("amp_bf16") or p in ("bfloat16", "mixed (bf16)"):
         return "bf16"
-    if "fp8-mx" in p:
+    if p.startswith("fp16") or p.startswith("float16") or p == "mixed (fp16)":
+        return "fp16"
+    if "fp8-mx" in p or "mxfp8" in p:
         return "mxfp8"
     if "fp8-cs" in p or "current scaling" in p:
         return "fp8"
+    if "fp8-ds" in p or "delayed" in p:
+        return "fp8-delayed"
     if "transformerengine" in p:
         assumed.append("fp8 recipe = delayed scaling (Transformer Engine's default in NeMo 24.07)")
         return "fp8-delayed"
@@ -476,31 +596,59 @@ def _torchtitan_blanks_filled(r: pd.Series, assumed: list) -> pd.Series:
     return r
 
 
+def _model_from_columns(r: pd.Series, assumed: list) -> TransformerModel | str:
+    """The model a row's architecture columns describe when its name has no preset, or why there is
+    none. The columns do not give the MLP's activation or the key/value heads: an MLP 4x the hidden
+    width is taken as GELU (GPT), any other as SwiGLU (Llama-style), and attention as multi-head; both
+    are said in ``assumed``. MoE columns give the experts (each as wide as ffn_hidden)."""
+    missing = [k for k in ("layers", "hidden", "heads", "vocab") if _blank(r[k])]
+    if missing:
+        return f"no preset for model {r['model']!r} and its architecture is blank ({', '.join(missing)})"
+    h = _int(r["hidden"])
+    ffn = None if _blank(r["ffn_hidden"]) else _int(r["ffn_hidden"])
+    gelu = ffn is None or ffn == 4 * h
+    assumed.append(f"model {r['model']!r} from the row's columns: {'GELU' if gelu else 'SwiGLU'} MLP (ffn_hidden "
+                   f"{'4x' if gelu else 'not 4x'} hidden), multi-head attention, untied embeddings (not stated)")
+    moe = None
+    if not _blank(r["moe_experts"]):
+        moe = MoESpec(experts=_int(r["moe_experts"]), top_k=1 if _blank(r["moe_topk"]) else _int(r["moe_topk"]),
+                      expert_ffn_hidden=ffn or 4 * h)
+    try:
+        return TransformerModel(name=str(r["model"]), layers=_int(r["layers"]), hidden=h, heads=_int(r["heads"]),
+                                vocab=_int(r["vocab"]), ffn_hidden=ffn, activation="gelu" if gelu else "swiglu",
+                                tied_embeddings=False, moe=moe)
+    except (ConfigError, ValueError) as e:
+        return f"model {r['model']!r}: its columns do not make a model ({e})"
+
+
 def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     """A calibration case from the H100/Blackwell file, or the reason the row is skipped. Models come
     from the presets (the file leaves most architectures out); the engine from the source (NeMo and
     Megatron-Bridge run Megatron-Core; Megatron FSDP rows run as generic ZeRO-3)."""
     if r["measured_metric"] not in THROUGHPUT_METRICS:
         return f"metric {r['measured_metric']} is not a throughput"
+    assumed: list[str] = []
     preset = H100_MODEL_PRESETS.get(str(r["model"]).strip().lower())
     if preset is None:
-        return "no preset for this model (architecture not in the file)"
-    if r["gpu"] not in H100_GPU_TO_SYSTEM:
-        return f"GPU {r['gpu']!r} has no system preset"
-    assumed: list[str] = []
+        found = model_preset_for_name(r["model"])
+        preset = found.preset if found else None
+    model = load_model(preset) if preset else _model_from_columns(r, assumed)
+    if isinstance(model, str):
+        return model
+    system = system_of_row_gpu(r["gpu"], H100_GPU_TO_SYSTEM, assumed)
+    if system is None:
+        return assumed[-1]
     r = _torchtitan_blanks_filled(r, assumed)
     missing = [k for k in ("seq_len", "num_gpus", "tp", "pp", "dp", "global_batch", "micro_batch") if _blank(r[k])]
     if missing:
         return "configuration incomplete: " + ", ".join(missing) + " blank"
-    dtype = _h100_dtype(str(r["precision"]), assumed)
+    dtype = dtype_of_precision(str(r["precision"]), assumed)
     if not dtype:
-        return f"precision {r['precision']!r} not understood"
-    cpsp = "" if _blank(r["cp_or_sp"]) else str(r["cp_or_sp"]).lower()
-    cp = int(cpsp.split("cp")[1].split(";")[0]) if "cp" in cpsp else 1
-    sp = "sp" in cpsp.replace("cp", "")
-    zero_text = "" if _blank(r["zero_stage"]) else str(r["zero_stage"])
-    zero = int(zero_text[0]) if zero_text[:1].isdigit() else 1
-    if not zero_text:
+        return (f"precision {r['precision']!r} not understood (bf16, fp16, FP8-CS, FP8-DS / delayed, FP8-MX / "
+                "mxfp8, float8 tensorwise / rowwise are)")
+    cp, sp = _cp_sp(r["cp_or_sp"])
+    zero = _zero_stage(r["zero_stage"], default=1)
+    if _blank(r["zero_stage"]):
         assumed.append("ZeRO-1 (distributed optimizer, Megatron-Core recipes' default; not stated)")
     engine = "torchtitan" if "torchtitan" in str(r["source"]).lower() else "megatron"
     if engine == "megatron" and zero >= 2:
@@ -518,7 +666,6 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
                        "calibration.RECIPE_RECOMPUTE_MODULES)")
     vpp = 1 if _blank(r["vpp"]) else _int(r["vpp"])
     ep = 1 if _blank(r["ep"]) else _int(r["ep"])
-    model = load_model(preset)
     if model.moe is None and ep > 1:
         return "ep > 1 on a dense model"
     if "tokendrop" in str(r["model"]).lower() and model.moe is not None:
@@ -555,7 +702,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     if model.mtp_layers:
         assumed.append(f"multi-token prediction, depth {model.mtp_layers}, on the last stage")
     try:
-        cluster = load_cluster(H100_GPU_TO_SYSTEM[r["gpu"]], n)
+        cluster = load_cluster(system, n)
         plan = Plan(tp=_int(r["tp"]), pp=_int(r["pp"]), dp=_int(r["dp"]), cp=cp, sp=sp and _int(r["tp"]) > 1,
                     vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b", micro_batch=_int(r["micro_batch"]),
                     zero=zero, recompute=recompute, dtype=dtype, ep=ep, engine=engine,
@@ -569,7 +716,8 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
         plan = check_plan(plan, model, job, cluster)
     except ConfigError as e:
         return f"layout not expressible: {e}"
-    step = job.global_batch * job.seq_len / (float(r["measured_value"]) * n)
+    step = measured_step_time_s(r["measured_metric"], float(r["measured_value"]), r["measured_unit"],
+                                job.global_batch, job.seq_len, n, model)
     label = f"{r['model']} {r['gpu']} x{n} tp{plan.tp} pp{plan.pp} dp{plan.dp} cp{cp} ep{ep} {dtype}"
     return CalibrationCase(i, h100_source(str(r["source"])), label, model, job, cluster, plan, step, tuple(assumed))
 

@@ -1,0 +1,131 @@
+"""Published runs named the many ways papers name them: GPU and model names read into presets, rows that
+leave the architecture blank, other throughput metrics, and the reasons rows are skipped."""
+import pandas as pd
+import pytest
+
+from paraplan.costmodels.calibration import FILE_COLUMNS, load_cases, load_h100_cases
+from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.published_names import model_preset_for_name, system_for_gpu
+
+
+@pytest.mark.parametrize("name, system", [
+    ("A100-SXM4-80GB", "dgx-a100-80g"), ("A100 40GB", "dgx-a100-40g"), ("NVIDIA H100 80GB HBM3", "dgx-h100"),
+    ("H100 SXM5", "dgx-h100"), ("H100-96GB HBM2e (Grand Teton, 500W)", "grand-teton-h100"),
+    ("H200 SXM 141GB", "dgx-h200"), ("DGX-H200", "dgx-h200"), ("HGX B200", "dgx-b200"), ("GB200 NVL72", "gb200-nvl72"),
+    ("DGX-GB300", "gb300-nvl72"), ("V100-SXM2-16GB", "dgx1-v100"), ("V100 32GB", "dgx2-v100"), ("H800", "hgx-h800"),
+    ("MI300X", "mi300x-x8")])
+def test_gpu_names_read_into_system_presets(name, system):
+    found = system_for_gpu(name)
+    assert not isinstance(found, str) and found.preset == system and found.assumption is None
+
+
+def test_gpu_names_without_a_preset_say_why_and_unstated_memory_is_said():
+    for name, words in (("H100 PCIe", "PCIe"), ("A100-PCIe-40GB", "PCIe"), ("B300", "B300"), ("TPU v4", "no system preset"),
+                        ("MI250X", "MI300X only"), ("GH200", "GH200")):
+        reason = system_for_gpu(name)
+        assert isinstance(reason, str) and words in reason and repr(name) in reason
+    plain = system_for_gpu("A100")
+    assert plain.preset == "dgx-a100-80g" and "memory not stated" in plain.assumption
+
+
+@pytest.mark.parametrize("name, preset", [
+    ("Llama 3.1 405B", "llama3-405b"), ("Llama-3.3-70B-Instruct", "llama3-70b"), ("meta-llama/Llama-3.1-8B", "llama3-8b"),
+    ("LLaMA-65B", "llama1-65b"), ("llama-2-70b", "llama2-70b"), ("GPT-3 175B", "gpt3-175b"), ("Mixtral-8x22B", "mixtral-8x22b"),
+    ("DeepSeek-V3", "deepseek-v3"), ("DeepSeekV3 (w/ MTP)", "deepseek-v3-mtp"), ("DeepSeek-V3 (w/o MTP)", "deepseek-v3"),
+    ("Qwen3 235B A22B", "qwen3-235b-a22b"), ("GPT OSS 20B", "gpt-oss-20b"), ("Nemotron-4 340B", "nemotron4-340b"),
+    ("BLOOM-176B", "bloom-176b")])
+def test_model_names_read_into_presets(name, preset):
+    assert model_preset_for_name(name).preset == preset
+
+
+def test_model_names_without_a_preset_give_none():
+    """A size with no preset is not rounded to a neighbour: Llama 3 13B and Falcon are not catalogued."""
+    for name in ("Llama 3 13B", "Falcon-180B", "", "GPT-3 176B"):
+        assert model_preset_for_name(name) is None
+
+
+def _row(**cells):
+    row = {c: None for c in FILE_COLUMNS}
+    row.update(source="unseen paper", measured_unit="tokens/s/GPU", notes="")
+    row.update(cells)
+    return row
+
+
+def _write(tmp_path, rows):
+    path = tmp_path / "runs.csv"
+    pd.DataFrame(rows, columns=list(FILE_COLUMNS)).to_csv(path, index=False)
+    return path
+
+
+def test_rows_named_as_papers_name_them_are_scored(tmp_path):
+    """Rows an unseen table might hold: a Llama 2 70B row on "A100-SXM4-80GB" that leaves the
+    architecture and recomputation blank (the preset and the lightest recomputation that fits are
+    taken, each said); an H200 row of "Llama 3.1 70B"; a model with no preset described by its
+    columns; step-time and whole-job token and sample rates; and rows that cannot be read, each with
+    its reason."""
+    a100 = _write(tmp_path, [
+        _row(model="Llama 2 70B", gpu="A100-SXM4-80GB", seq_len=4096, num_gpus=64, tp=8, pp=2, dp=4, micro_batch=1,
+             global_batch=512, precision="bf16", zero_stage="1 (distributed optimizer)",
+             measured_metric="tokens_per_sec_per_gpu", measured_value=450.0),
+        _row(model="Llama 2 70B", gpu="TPU v4", seq_len=4096, num_gpus=64, tp=8, pp=2, dp=4, micro_batch=1,
+             global_batch=512, precision="bf16", measured_metric="tokens_per_sec_per_gpu", measured_value=450.0)])
+    cases, skipped = load_cases(a100)
+    assert len(cases) == 1 and len(skipped) == 1 and "TPU v4" in skipped[0][2]
+    c = cases[0]
+    assert c.model.name == "llama2-70b" and c.cluster.accelerator.name == "a100-80g" and c.plan.zero == 1
+    assert any("llama2-70b preset" in a for a in c.assumed)
+    chosen = [a for a in c.assumed if a.startswith("recompute = ")]
+    assert chosen and c.plan.recompute in chosen[0] and estimate(c.model, c.job, c.cluster, c.plan).feasible
+    assert c.measured_step_time_s == pytest.approx(512 * 4096 / (450.0 * 64))
+
+    h100 = _write(tmp_path, [
+        _row(model="Llama 3.1 70B", gpu="H200", seq_len=8192, num_gpus=64, tp=4, pp=4, dp=4, cp_or_sp="cp1; sp",
+             micro_batch=1, global_batch=128, precision="BF16", measured_metric="step_time", measured_unit="ms",
+             measured_value=9000.0),
+        _row(model="my-13b", layers=40, hidden=5120, heads=40, ffn_hidden=13824, vocab=32000, gpu="H100 SXM5",
+             seq_len=4096, num_gpus=16, tp=2, pp=1, dp=8, micro_batch=2, global_batch=256, precision="fp8-ds",
+             measured_metric="tokens_per_sec", measured_value=50_000.0),
+        _row(model="Llama 3 8B", gpu="B200", seq_len=8192, num_gpus=8, tp=1, pp=1, dp=4, cp_or_sp="cp2 (ring)",
+             micro_batch=1, global_batch=64, precision="FP8-MX", measured_metric="samples_per_sec", measured_value=4.0),
+        _row(model="Llama 3 8B", gpu="B200", seq_len=8192, num_gpus=8, tp=1, pp=1, dp=8, micro_batch=1,
+             global_batch=64, precision="NVFP4", measured_metric="tokens_per_sec_per_gpu", measured_value=9000.0),
+        _row(model="Falcon-180B", gpu="H100", seq_len=2048, num_gpus=64, tp=8, pp=1, dp=8, micro_batch=1,
+             global_batch=64, precision="bf16", measured_metric="tokens_per_sec_per_gpu", measured_value=9000.0)])
+    cases, skipped = load_h100_cases(h100)
+    by_model = {c.model.name: c for c in cases}
+    assert set(by_model) == {"llama3-70b", "my-13b", "llama3-8b"}
+    assert by_model["llama3-70b"].cluster.accelerator.name == "h200"
+    assert by_model["llama3-70b"].plan.sp and by_model["llama3-70b"].measured_step_time_s == pytest.approx(9.0)
+    own = by_model["my-13b"]
+    assert own.model.activation == "swiglu" and own.plan.dtype == "fp8-delayed"
+    assert own.measured_step_time_s == pytest.approx(256 * 4096 / 50_000.0)
+    assert any("from the row's columns" in a for a in own.assumed)
+    b200 = by_model["llama3-8b"]
+    assert b200.plan.cp == 2 and b200.plan.dtype == "mxfp8" and b200.measured_step_time_s == pytest.approx(64 / 4.0)
+    reasons = sorted(reason for _, _, reason in skipped)
+    assert len(reasons) == 2
+    assert any("'NVFP4' not understood" in r and "FP8-MX" in r for r in reasons)
+    assert any("no preset for model 'Falcon-180B'" in r and "layers" in r for r in reasons)
+    for c in cases:      # every read row is estimable
+        assert estimate(c.model, c.job, c.cluster, c.plan).step_time_s > 0
+
+
+def test_a_file_without_its_columns_or_with_unreadable_cells_says_which(tmp_path):
+    """A file missing a required column is refused, naming it; a cell that is not a number skips its
+    row with the cell's value, not the file; optional columns may be left out altogether."""
+    from paraplan.errors import ConfigError
+    bad = tmp_path / "bad.csv"
+    pd.DataFrame([{"source": "s", "model": "Llama 3 8B", "gpu": "H100"}]).to_csv(bad, index=False)
+    with pytest.raises(ConfigError) as e:
+        load_h100_cases(bad)
+    assert "num_gpus" in str(e.value) and "measured_value" in str(e.value)
+    few = tmp_path / "few.csv"
+    pd.DataFrame([dict(source="s", model="Llama 3 8B", gpu="H100", num_gpus=8, tp="8 (guess)", pp=1, dp=1,
+                       micro_batch=1, global_batch=8, seq_len=8192, precision="bf16",
+                       measured_metric="tokens_per_sec_per_gpu", measured_value=9000.0),
+                  dict(source="s", model="Llama 3 8B", gpu="H100", num_gpus=8, tp=1, pp=1, dp=8,
+                       micro_batch=1, global_batch=64, seq_len=8192, precision="bf16",
+                       measured_metric="tokens_per_sec_per_gpu", measured_value=9000.0)]).to_csv(few, index=False)
+    cases, skipped = load_h100_cases(few)
+    assert len(cases) == 1 and cases[0].cluster.accelerator.name == "h100-sxm"
+    assert len(skipped) == 1 and "8 (guess)" in skipped[0][2]
