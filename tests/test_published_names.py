@@ -129,3 +129,21 @@ def test_a_file_without_its_columns_or_with_unreadable_cells_says_which(tmp_path
     cases, skipped = load_h100_cases(few)
     assert len(cases) == 1 and cases[0].cluster.accelerator.name == "h100-sxm"
     assert len(skipped) == 1 and "8 (guess)" in skipped[0][2]
+
+
+def test_offload_cells_are_read_and_move_the_run_to_deepspeed(tmp_path):
+    """An offload cell puts the optimizer states (and, named, the parameters) on the CPU or NVMe, on
+    DeepSpeed, whose ZeRO-Offload it is; the estimate then charges the transfers and the host optimizer."""
+    from paraplan.costmodels.calibration import offload_of_cell
+    said = []
+    assert offload_of_cell(None, said) == ("none", False) and offload_of_cell("none", said) == ("none", False)
+    assert offload_of_cell("cpu (optimizer)", said) == ("cpu", False)
+    assert offload_of_cell("NVMe params + optimizer", said) == ("nvme", True)
+    assert offload_of_cell("somewhere", said) == ("none", False) and "not understood" in said[-1]
+    path = _write(tmp_path, [_row(model="Llama 3 70B", gpu="H100", seq_len=4096, num_gpus=8, tp=1, pp=1, dp=8,
+                                  micro_batch=1, global_batch=8, precision="bf16", zero_stage="3", offload="cpu",
+                                  recompute="full", measured_metric="tokens_per_sec_per_gpu", measured_value=100.0)])
+    (case,), skipped = load_h100_cases(path)
+    assert not skipped and case.plan.offload == "cpu" and case.plan.engine == "deepspeed"
+    e = estimate(case.model, case.job, case.cluster, case.plan)
+    assert e.time_breakdown_s["offload"] > 0

@@ -279,10 +279,15 @@ def _setup_from_row(r: pd.Series):
         # its ZeRO-1 optimizer (bigscience-workshop/Megatron-DeepSpeed; tr11-176B-ml chronicles)
         engine = "deepspeed"
         assumed.append("engine = deepspeed: Megatron-DeepSpeed (DeepSpeed's pipeline engine and ZeRO optimizer)")
+    offload, offload_params = offload_of_cell(r["offload"], assumed)
+    if offload != "none" and engine == "generic":
+        engine = "deepspeed"
+        assumed.append("engine = deepspeed: optimizer offload is DeepSpeed's (ZeRO-Offload / ZeRO-Infinity)")
     try:
         plan = Plan(tp=tp, pp=_int(r["pp"]), dp=dp, cp=cp, sp=sp and tp > 1, ep=ep, vpp=vpp,
                     schedule="interleaved" if vpp > 1 else "1f1b", micro_batch=mb, zero=zero, recompute=recompute,
-                    dtype=dtype, flash_attention=flash, overlap_grad_reduce=overlap, engine=engine)
+                    dtype=dtype, flash_attention=flash, overlap_grad_reduce=overlap, engine=engine,
+                    offload=offload, offload_params=offload_params)
         cluster = load_cluster(system, _int(r["num_gpus"]))
         job = TrainingJob(seq_len=_int(r["seq_len"]), global_batch=gbs)
         plan = check_plan(plan, model, job, cluster)
@@ -307,6 +312,23 @@ def _cp_sp(text) -> tuple[int, bool]:
     t = "" if _blank(text) else str(text).lower()
     m = re.search(r"cp\s*=?\s*(\d+)", t)
     return (int(m.group(1)) if m else 1), re.search(r"(?<![a-z])sp\b|sequence parallel", t) is not None
+
+
+def offload_of_cell(text, assumed: list) -> tuple[str, bool]:
+    """(Plan.offload, Plan.offload_params) an offload cell states: blank / 'none' / 'no' keep everything on
+    the GPU; 'nvme' or 'cpu' move the optimizer states there (ZeRO-Offload / ZeRO-Infinity), and the
+    parameters as well when the cell names them ('params', 'parameters'). Said in ``assumed``."""
+    t = "" if _blank(text) else str(text).strip().lower()
+    if not t or t in ("none", "no", "off", "false", "0"):
+        return "none", False
+    where = "nvme" if "nvme" in t else "cpu" if ("cpu" in t or "host" in t or t in ("yes", "on", "true")) else ""
+    if not where:
+        assumed.append(f"offload cell {text!r} not understood: no offload taken")
+        return "none", False
+    params = "param" in t
+    assumed.append(f"optimizer states{' and parameters' if params else ''} offloaded to {where} (the row's "
+                   f"offload cell: {text!r})")
+    return where, params
 
 
 def _lightest_fitting_recompute(model, job, cluster, plan: Plan, assumed: list) -> Plan:
@@ -551,6 +573,8 @@ def dtype_of_precision(precision: str, assumed: list) -> str:
         return "fp8"
     if "fp8-ds" in p or "delayed" in p:
         return "fp8-delayed"
+    if "fp8" in p and "block" in p:
+        return "fp8-blockwise"
     if "transformerengine" in p:
         assumed.append("fp8 recipe = delayed scaling (Transformer Engine's default in NeMo 24.07)")
         return "fp8-delayed"
@@ -695,6 +719,10 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
         assumed.append("gradients kept and reduced in bf16 (grad_reduce_in_fp32=False: Megatron-Bridge's "
                        "scripts/performance/configs/llama/llama3_llm_pretrain.py set_llama3_common_configs, "
                        "NeMo's fp8 performance scripts; not stated per row)")
+    offload, offload_params = offload_of_cell(r["offload"], assumed)
+    if offload != "none" and engine != "deepspeed":
+        engine, bf16_grads = "deepspeed", False
+        assumed.append("engine = deepspeed: optimizer offload is DeepSpeed's (ZeRO-Offload / ZeRO-Infinity)")
     first_layers, last_layers = _recipe_stage_layers(r)
     if first_layers or last_layers:
         assumed.append(f"pipeline layout of the row's Megatron-Bridge recipe: {first_layers} layers on the first "
@@ -708,6 +736,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
                     zero=zero, recompute=recompute, dtype=dtype, ep=ep, engine=engine,
                     grad_accumulation_fusion=engine != "torchtitan", tp_comm_overlap=overlap,
                     grad_reduce_bf16=bf16_grads, ep_comm_overlap=ep_overlap, recompute_modules=modules,
+                    offload=offload, offload_params=offload_params,
                     first_stage_layers=first_layers, last_stage_layers=last_layers)
     except ConfigError as e:
         return f"layout not expressible: {e}"
