@@ -5,7 +5,8 @@ import pytest
 
 from paraplan.costmodels.calibration import FILE_COLUMNS, load_cases, load_h100_cases
 from paraplan.costmodels.estimate import estimate
-from paraplan.costmodels.published_names import model_preset_for_name, system_for_gpu
+from paraplan.hardware.names import system_for_gpu
+from paraplan.workloads.names import model_preset_for_name
 
 
 @pytest.mark.parametrize("name, system", [
@@ -21,7 +22,8 @@ def test_gpu_names_read_into_system_presets(name, system):
 
 def test_gpu_names_without_a_preset_say_why_and_unstated_memory_is_said():
     for name, words in (("H100 PCIe", "PCIe"), ("A100-PCIe-40GB", "PCIe"), ("B300", "B300"), ("TPU v4", "no system preset"),
-                        ("MI250X", "MI300X only"), ("GH200", "GH200")):
+                        ("MI250X", "MI300X only"), ("GH200", "GH200"),
+                        ("dgx-h1000", "no system preset"), ("xb200", "no system preset")):
         reason = system_for_gpu(name)
         assert isinstance(reason, str) and words in reason and repr(name) in reason
     plain = system_for_gpu("A100")
@@ -35,12 +37,12 @@ def test_gpu_names_without_a_preset_say_why_and_unstated_memory_is_said():
     ("Qwen3 235B A22B", "qwen3-235b-a22b"), ("GPT OSS 20B", "gpt-oss-20b"), ("Nemotron-4 340B", "nemotron4-340b"),
     ("BLOOM-176B", "bloom-176b")])
 def test_model_names_read_into_presets(name, preset):
-    assert model_preset_for_name(name).preset == preset
+    assert model_preset_for_name(name) == preset
 
 
 def test_model_names_without_a_preset_give_none():
     """A size with no preset is not rounded to a neighbour: Llama 3 13B and Falcon are not catalogued."""
-    for name in ("Llama 3 13B", "Falcon-180B", "", "GPT-3 176B"):
+    for name in ("Llama 3 13B", "Falcon-180B", "", "GPT-3 176B", "gpt-17b"):
         assert model_preset_for_name(name) is None
 
 
@@ -147,3 +149,23 @@ def test_offload_cells_are_read_and_move_the_run_to_deepspeed(tmp_path):
     assert not skipped and case.plan.offload == "cpu" and case.plan.engine == "deepspeed"
     e = estimate(case.model, case.job, case.cluster, case.plan)
     assert e.time_breakdown_s["offload"] > 0
+
+
+def test_the_cli_takes_the_names_people_type(capsys):
+    """`--model "Llama 3.1 70B"` and `--cluster "H100 SXM"` run as llama3-70b on dgx-h100 (the output
+    names the presets); a part without a preset, an A100 without its memory size, and a near-miss
+    preset name each get a one-line error (exit 2) saying why or what was meant."""
+    import json
+    from paraplan.cli import main
+    args = ["--gpus", "16", "--tp", "4", "--pp", "2", "--format", "json"]
+    assert main(["estimate", "--model", "Llama 3.1 70B", "--cluster", "H100 SXM", *args]) == 0
+    spelled = json.loads(capsys.readouterr().out)
+    assert main(["estimate", "--model", "llama3-70b", "--cluster", "dgx-h100", *args]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time_s"] == spelled["step_time_s"]
+    for cluster, words in (("H100 PCIe", "PCIe"), ("A100", "does not say which part"),
+                           ("dgx-h10", "did you mean 'dgx-h100'")):
+        assert main(["estimate", "--model", "llama3-8b", "--cluster", cluster]) == 2
+        err = capsys.readouterr().err
+        assert words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert main(["estimate", "--model", "llama3-7b", "--cluster", "dgx-h100"]) == 2
+    assert "did you mean" in capsys.readouterr().err

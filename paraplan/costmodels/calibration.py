@@ -7,7 +7,7 @@ converted to a step time with the source's own FLOP convention:
   * ``step_time``: as given (seconds, or ms when the unit says so); ``tokens_per_sec_per_gpu``:
     step = B·s / (value · GPUs); ``tokens_per_sec`` (the whole job): B·s / value; ``samples_per_sec``
     (sequences per second, the whole job): B / value.
-GPU and model names outside the files' own tables are read by published_names.py ("A100-SXM4-80GB",
+GPU and model names outside the files' own tables are read by hardware/names.py and workloads/names.py ("A100-SXM4-80GB",
 "Llama 3.1 70B"); a row that leaves the architecture blank takes the preset its model name denotes.
 A row is used only when its configuration is complete (shape, GPUs, every degree, batch); rows that
 leave a field blank are reported as skipped with the missing field. Inferences made for complete rows
@@ -23,10 +23,11 @@ from pathlib import Path
 import pandas as pd
 
 from paraplan.costmodels.estimate import MEMORY_PRESSURE, estimate
-from paraplan.costmodels.published_names import Resolved, model_preset_for_name, system_for_gpu
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
+from paraplan.hardware.names import system_for_gpu
 from paraplan.plan import Plan, check_plan
+from paraplan.workloads.names import model_preset_for_name
 from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import MoESpec, TrainingJob, TransformerModel
 
@@ -71,7 +72,7 @@ def short_source(source: str) -> str:
 
 
 def system_of_row_gpu(gpu, exact: dict, assumed: list) -> str | None:
-    """The system preset of a row's GPU: the file's own table first, else published_names.system_for_gpu
+    """The system preset of a row's GPU: the file's own table first, else hardware.names.system_for_gpu
     (its assumption, if any, appended to ``assumed``); None when there is none (``assumed`` then ends
     with the reason, which the caller reports)."""
     if gpu in exact:
@@ -220,8 +221,8 @@ def _setup_from_row(r: pd.Series):
     src = short_source(r["source"])
     megatron = src.startswith("Megatron")
     if preset:
-        model = load_model(preset.preset)
-        assumed.append(f"architecture of the {preset.preset} preset: the row names {r['model']!r} and leaves "
+        model = load_model(preset)
+        assumed.append(f"architecture of the {preset} preset: the row names {r['model']!r} and leaves "
                        + ", ".join(blank_architecture) + " blank")
     else:
         model = TransformerModel(
@@ -654,8 +655,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     assumed: list[str] = []
     preset = H100_MODEL_PRESETS.get(str(r["model"]).strip().lower())
     if preset is None:
-        found = model_preset_for_name(r["model"])
-        preset = found.preset if found else None
+        preset = model_preset_for_name(r["model"])
     model = load_model(preset) if preset else _model_from_columns(r, assumed)
     if isinstance(model, str):
         return model

@@ -12,6 +12,7 @@ from typing import Any, Callable
 
 
 from paraplan.errors import ConfigError, unknown_name
+from paraplan.hardware.names import Resolved, system_for_gpu
 from paraplan.io import FieldReader, read_yaml
 from paraplan.hardware.model import (GB, GIB, Accelerator, CacheLevel, Cluster, Cpu, Link, Nvme,
                                      System, _frozen_map)
@@ -160,6 +161,21 @@ def _is_file(path: Path) -> bool:
         return False
 
 
+def _system_named_by_gpu(spec: str) -> str:
+    """The system preset a GPU name denotes ("H100", "A100-SXM4-80GB", "GB200 NVL72": hardware/names.py),
+    or a ConfigError: the reason the part has no preset ("H100 PCIe"), or the unknown name with close
+    matches. A name the reader completes with an assumption ("A100": which memory?) is not taken."""
+    found = system_for_gpu(spec) if len(spec) <= 200 else None
+    if isinstance(found, Resolved) and found.assumption is None and found.preset in preset_names("systems"):
+        return found.preset
+    if isinstance(found, Resolved):
+        raise ConfigError("cluster", f"{spec!r} does not say which part (memory size); name the system, e.g. "
+                          f"{found.preset}", accepted=", ".join(sorted(preset_names("systems"))))
+    if isinstance(found, str) and "has no system preset" not in found:
+        raise ConfigError("cluster", found, accepted=", ".join(sorted(preset_names("systems"))))
+    raise unknown_name("cluster", spec, preset_names("systems"))
+
+
 def load_cluster(spec: str, gpus: int | None = None, *, inter_node_oversubscription: float = 1.0) -> Cluster:
     """A cluster from a system preset name and a GPU count, or from a YAML file (a measured
     profile, ``local`` or ``profile:NAME``, is loaded by :func:`paraplan.scenario.load_cluster`).
@@ -176,7 +192,7 @@ def load_cluster(spec: str, gpus: int | None = None, *, inter_node_oversubscript
         return Cluster(name=f.string("name", path.stem), system=system, num_gpus=int(n),
                        inter_node_oversubscription=f.number("inter_node_oversubscription", 1.0))
     if spec not in preset_names("systems"):
-        raise unknown_name("cluster", spec, preset_names("systems"))
+        spec = _system_named_by_gpu(spec)
     system = load_part("systems", spec)
     n = system.gpus_per_node if gpus is None else gpus
     return Cluster(name=spec, system=system, num_gpus=int(n),

@@ -10,6 +10,7 @@ import yaml
 
 from paraplan.errors import ConfigError, unknown_name
 from paraplan.io import FieldReader, read_json, read_yaml, shown
+from paraplan.workloads.names import model_preset_for_name
 from paraplan.workloads.transformer import ACTIVATIONS, MOE_DISPATCH, MLASpec, MoESpec, TransformerModel
 
 MODELS_FILE = Path(__file__).parent / "catalog" / "models.yaml"
@@ -282,4 +283,7 @@ def load_model(spec: str) -> TransformerModel:
         if any(k in data for k in HF_MARKERS):
             return model_from_hf_config(data, str(path))
         return model_from_mapping(data, str(path))
+    spelled = model_preset_for_name(spec, table)
+    if spelled is not None:         # "Llama 3.1 70B", "meta-llama/Llama-3.1-70B": the estimate names the preset
+        return load_model(spelled)
     raise unknown_name("model", spec, table)
