@@ -156,3 +156,14 @@ def test_more_presets_match_their_published_sizes(name, total_b, active_b):
     assert m.num_params / 1e9 == pytest.approx(total_b, rel=0.01)
     if active_b:
         assert m.active_params / 1e9 == pytest.approx(active_b, rel=0.01)
+
+
+@pytest.mark.parametrize("name, total_b, active_b", [
+    ("kimi-k2", 1040, 32.6),             # Kimi Team 2025, arXiv:2507.20534: 1.04T total, 32.6B active
+    ("llama4-scout", 109, 17), ("llama4-maverick", 400, 17)])   # Meta's model cards (with the vision encoder)
+def test_kimi_and_llama4_presets_match_their_published_sizes(name, total_b, active_b):
+    """Within 2 %: the published totals are rounded and Llama 4's include its vision encoder (the
+    presets are the text model)."""
+    m = load_model(name)
+    assert m.num_params / 1e9 == pytest.approx(total_b, rel=0.02)
+    assert m.active_params / 1e9 == pytest.approx(active_b, rel=0.02)

@@ -35,7 +35,8 @@ def test_gpu_names_without_a_preset_say_why_and_unstated_memory_is_said():
     ("LLaMA-65B", "llama1-65b"), ("llama-2-70b", "llama2-70b"), ("GPT-3 175B", "gpt3-175b"), ("Mixtral-8x22B", "mixtral-8x22b"),
     ("DeepSeek-V3", "deepseek-v3"), ("DeepSeekV3 (w/ MTP)", "deepseek-v3-mtp"), ("DeepSeek-V3 (w/o MTP)", "deepseek-v3"),
     ("Qwen3 235B A22B", "qwen3-235b-a22b"), ("GPT OSS 20B", "gpt-oss-20b"), ("Nemotron-4 340B", "nemotron4-340b"),
-    ("BLOOM-176B", "bloom-176b")])
+    ("BLOOM-176B", "bloom-176b"), ("Kimi-K2-Instruct", "kimi-k2"), ("meta-llama/Llama-4-Scout-17B-16E", "llama4-scout"),
+    ("Llama 4 Maverick", "llama4-maverick")])
 def test_model_names_read_into_presets(name, preset):
     assert model_preset_for_name(name) == preset
 

@@ -19,13 +19,20 @@ _QUALIFIERS = re.compile(r"\b(?:meta|hf|base|instruct|chat|pretrain(?:ing)?|mode
 _LLAMA = re.compile(r"llama[\s_-]*(?:(\d)(?:\.\d+)?[\s_-]+)?(\d+)\s*b\b")
 
 
+def _ends_in_number(key: str) -> bool:
+    """Whether a canonical preset name ends in a number or a size ('gpt3175b', 'qwen38b'): a digit after
+    it would make another number ('llama4scout' may be followed by '17b16e')."""
+    return key[-1].isdigit() or (key[-1] == "b" and key[-2:-1].isdigit())
+
+
 def model_preset_for_name(name: str, presets: Iterable[str] | None = None) -> str | None:
     """The model preset (of ``presets``, default all of models.yaml) a model name denotes, or None.
 
     Llama names are read as family, version and size ("Llama 3.1 405B" -> llama3-405b: the point
     releases 3.1-3.3 share an architecture per size; "LLaMA-65B" -> llama1-65b). Other names match a
     preset when, lower-cased and stripped of punctuation, parenthesised notes and words such as "base"
-    or "instruct", they equal it or begin with it followed by a non-digit ("GPT-3 175B" -> gpt3-175b,
+    or "instruct", they equal it or begin with it (a preset ending in a number or a size not followed by
+    a digit) ("GPT-3 175B" -> gpt3-175b,
     "Mixtral-8x7B" -> mixtral-8x7b, "DeepSeek-V3" -> deepseek-v3; "(w/ MTP)" picks the MTP preset)."""
     raw = str(name).strip().lower()
     mtp = re.search(r"\bw/\s*mtp\b|\bwith mtp\b", raw) is not None
@@ -46,7 +53,7 @@ def model_preset_for_name(name: str, presets: Iterable[str] | None = None) -> st
         return canon[key + "mtp"]
     if key in canon:
         return canon[key]
-    prefixes = [c for c in canon if key.startswith(c) and not key[len(c)].isdigit()]
+    prefixes = [c for c in canon if key.startswith(c) and not (key[len(c)].isdigit() and _ends_in_number(c))]
     if prefixes:
         return canon[max(prefixes, key=len)]
     return None
