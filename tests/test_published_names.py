@@ -101,6 +101,8 @@ def test_rows_named_as_papers_name_them_are_scored(tmp_path):
     assert by_model["llama3-70b"].plan.sp and by_model["llama3-70b"].measured_step_time_s == pytest.approx(9.0)
     own = by_model["my-13b"]
     assert own.model.activation == "swiglu" and own.plan.dtype == "fp8-delayed"
+    assert own.plan.engine == "generic" and not own.plan.tp_comm_overlap and not own.plan.grad_reduce_bf16
+    assert any("engine = generic" in a for a in own.assumed)     # an unknown source gets no Megatron recipe
     assert own.measured_step_time_s == pytest.approx(256 * 4096 / 50_000.0)
     assert any("from the row's columns" in a for a in own.assumed)
     b200 = by_model["llama3-8b"]

@@ -646,6 +646,21 @@ def _model_from_columns(r: pd.Series, assumed: list) -> TransformerModel | str:
         return f"model {r['model']!r}: its columns do not make a model ({e})"
 
 
+def engine_of_source(source: str, assumed: list) -> str:
+    """The engine a source's runs trained with, by its name: torchtitan; Megatron-LM / NeMo /
+    Megatron-Bridge (Megatron-Core); DeepSpeed; any other source runs as the generic engine (its
+    recipe's Megatron-specific defaults, TP overlap and bf16 gradients, are not assumed), said."""
+    s = source.lower()
+    if "torchtitan" in s:
+        return "torchtitan"
+    if "megatron" in s or "nemo" in s:
+        return "megatron"
+    if "deepspeed" in s:
+        return "deepspeed"
+    assumed.append(f"engine = generic: the source {short_source(source)!r} names no engine paraplan models")
+    return "generic"
+
+
 def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     """A calibration case from the H100/Blackwell file, or the reason the row is skipped. Models come
     from the presets (the file leaves most architectures out); the engine from the source (NeMo and
@@ -674,7 +689,8 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     zero = _zero_stage(r["zero_stage"], default=1)
     if _blank(r["zero_stage"]):
         assumed.append("ZeRO-1 (distributed optimizer, Megatron-Core recipes' default; not stated)")
-    engine = "torchtitan" if "torchtitan" in str(r["source"]).lower() else "megatron"
+    engine = engine_of_source(str(r["source"]), assumed)
+    nvidia_recipe = engine == "megatron"      # NeMo / Megatron-Bridge performance recipes, FSDP ones included
     if engine == "megatron" and zero >= 2:
         engine = "generic"
         assumed.append("Megatron FSDP run as generic ZeRO-3 (paraplan's Megatron engine has ZeRO <= 1)")
@@ -706,7 +722,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
         sp = _int(r["tp"]) > 1
         overlap = sp and _notes_say_async_tp(r)
     else:
-        overlap = sp and _int(r["tp"]) > 1
+        overlap = nvidia_recipe and sp and _int(r["tp"]) > 1
         if overlap:
             assumed.append("TP communication overlap on (the NeMo / Megatron-Bridge performance recipes enable "
                            "tp_comm_overlap with sequence parallelism; not stated per row)")
