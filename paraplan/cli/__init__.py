@@ -1,17 +1,17 @@
 """paraplan command line: parse, load, call, print. Errors a user can fix print one line, exit 2.
 
 One module per command (``estimate``, ``list``, ``plan``, ``export``, ``whatif``, ``validate`` and
-``profile``, ``cf``), each with a ``register(subparsers)``; the flags they share live in
+``profile``, ``score``, ``cf``), each with a ``register(subparsers)``; the flags they share live in
 :mod:`paraplan.cli.common`.
 """
 from __future__ import annotations
 
 import sys
 
-from paraplan.cli import catalog, cf, estimate, export, plan, validate, whatif
+from paraplan.cli import catalog, cf, estimate, export, plan, score, validate, whatif
 from paraplan.cli.common import ParaplanArgumentParser, parse_or_exit_code, run_command
 
-COMMANDS = (estimate, catalog, plan, export, whatif, validate, cf)
+COMMANDS = (estimate, catalog, plan, export, whatif, validate, score, cf)
 
 
 def build_parser() -> ParaplanArgumentParser:

@@ -356,6 +356,8 @@ REQUIRED_FILE_COLUMNS = ("source", "model", "gpu", "num_gpus", "tp", "pp", "dp",
 def read_runs_file(csv_path) -> pd.DataFrame:
     """A published-run file as a table with every FILE_COLUMNS column (absent optional ones blank).
     Raises ConfigError naming the file and the missing required columns, or why it cannot be read."""
+    if not Path(csv_path).is_file():
+        raise ConfigError(str(csv_path), "no such file")
     try:
         table = pd.read_csv(csv_path)
     except (OSError, ValueError) as e:
