@@ -172,3 +172,32 @@ def test_the_cli_takes_the_names_people_type(capsys):
         assert words in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert main(["estimate", "--model", "llama3-7b", "--cluster", "dgx-h100"]) == 2
     assert "did you mean" in capsys.readouterr().err
+
+
+def test_mfu_and_model_tflops_rows_convert_with_megatrons_flop_count():
+    """An MFU figure is a share of the dense 16-bit peak over Megatron's model-FLOP count: Korthikanti
+    et al.'s MFU (41.5, 51.4, 56.0, 56.3 %) gives back their Table 5 step times within 1 %; a model
+    TFLOP/s figure is the same count per second per GPU. Their rows stay held out of the calibration."""
+    from paraplan.costmodels.calibration import (KORTHIKANTI_SETUPS, KORTHIKANTI_TABLE5_STEP_S, load_cases,
+                                                 measured_step_time_s)
+    from paraplan.hardware.catalog import load_cluster
+    from paraplan.workloads.presets import load_model
+    for name, mfu in (("22B", 41.5), ("175B", 51.4), ("530B", 56.0), ("1T", 56.3)):
+        model, gpus, gbs, _ = KORTHIKANTI_SETUPS[name]
+        model = load_model(model) if isinstance(model, str) else model
+        peak = load_cluster("dgx-a100-80g", gpus).accelerator.peak_flops["bf16"]
+        step = measured_step_time_s("mfu", mfu, "%", gbs, 2048, gpus, model, peak)
+        assert step == pytest.approx(KORTHIKANTI_TABLE5_STEP_S[name][1], rel=0.01)
+        tflops = mfu / 100 * peak / 1e12
+        assert measured_step_time_s("tflops_per_gpu", tflops, "TFLOP/s/GPU", gbs, 2048, gpus, model) == pytest.approx(step)
+    _, skipped = load_cases()
+    assert sum("held out" in reason for _, _, reason in skipped) == 4
+
+
+def test_a_year_in_a_source_name_does_not_make_it_megatron():
+    """Source names map to the file's Megatron sources only when they name Megatron: an OPT or
+    DeepSpeed paper from 2022 is not Korthikanti et al. (held out) nor gets Megatron 2020's defaults."""
+    from paraplan.costmodels.calibration import short_source
+    assert short_source("OPT-175B logbook 2022") == "OPT-175B logbook 2022"
+    assert short_source("ZeRO-Offload (Ren et al. 2021)") == "ZeRO-Offload (Ren et al. 2021)"
+    assert short_source("megatron-lm-2020-images/tables.tex") == "Megatron-LM 2020"

@@ -4,6 +4,9 @@ Each throughput row becomes (model, job, cluster, plan, measured step time). The
 converted to a step time with the source's own FLOP convention:
   * ``tflops_per_gpu_incl_recompute`` (Megatron-LM 2021): F = 96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h))
     (Narayanan et al. 2021 Eq. 3, full recomputation), step = F / (TFLOP/s · 1e12 · GPUs);
+  * ``tflops_per_gpu`` (model FLOPs, no recomputation) and ``mfu`` (% of the GPU's dense 16-bit peak):
+    step = F / (TFLOP/s · 1e12 · GPUs), F = B·s·(paraplan's model FLOPs per token: Megatron's
+    convention, causal attention counted whole); a source's own count may differ by a few percent;
   * ``step_time``: as given (seconds, or ms when the unit says so); ``tokens_per_sec_per_gpu``:
     step = B·s / (value · GPUs); ``tokens_per_sec`` (the whole job): B·s / value; ``samples_per_sec``
     (sequences per second, the whole job): B / value.
@@ -33,7 +36,9 @@ from paraplan.workloads.transformer import MoESpec, TrainingJob, TransformerMode
 
 DEFAULT_CSV = Path(__file__).parent / "data" / "published_runs_calibration.csv"  # copy of shared/reference
 THROUGHPUT_METRICS = ("tflops_per_gpu_incl_recompute", "step_time", "tokens_per_sec_per_gpu", "tokens_per_sec",
-                      "samples_per_sec")
+                      "samples_per_sec", "tflops_per_gpu", "mfu")
+#: the held-out source: its rows are scored by korthikanti_table (Table 5 step times), not as calibration rows
+KORTHIKANTI_SOURCE = "Megatron-LM 2022 (Korthikanti)"
 GPU_TO_SYSTEM = {"A100-80GB": "dgx-a100-80g", "A100-40GB": "dgx-a100-40g", "A100 (DGX-A100)": "dgx-a100-40g",
                  "V100-32GB (DGX-2)": "dgx2-v100"}
 
@@ -62,11 +67,11 @@ def short_source(source: str) -> str:
         return "llm-foundry " + ("A100-80GB" if "80gb" in s else "A100-40GB")
     if "bigscience" in s:
         return "bigscience BLOOM prototypes"
-    if "2020" in s:
+    if "megatron" in s and "2020" in s:
         return "Megatron-LM 2020"
-    if "2022" in s:
-        return "Megatron-LM 2022 (Korthikanti)"
-    if "2021" in s:
+    if "megatron" in s and "2022" in s:
+        return KORTHIKANTI_SOURCE
+    if "megatron" in s and "2021" in s:
         return "Megatron-LM 2021 (SC21)"
     return source
 
@@ -87,8 +92,14 @@ def system_of_row_gpu(gpu, exact: dict, assumed: list) -> str | None:
 
 
 def measured_step_time_s(metric: str, value: float, unit, global_batch: int, seq_len: int, num_gpus: int,
-                         model: TransformerModel) -> float:
+                         model: TransformerModel, peak_flops_16bit: float | None = None) -> float:
     """A row's measurement as a step time in seconds (the conventions in the module docstring)."""
+    model_flops = global_batch * seq_len * model.model_flops_per_token(seq_len)
+    if metric == "tflops_per_gpu":
+        return model_flops / (value * 1e12 * num_gpus)
+    if metric == "mfu":
+        share = value / 100 if str(unit).strip() == "%" or value > 1 else value
+        return model_flops / (share * peak_flops_16bit * num_gpus)
     if metric == "tflops_per_gpu_incl_recompute":
         s, L, h, V = seq_len, model.layers, model.hidden, model.vocab
         flops = 96 * global_batch * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
@@ -100,6 +111,12 @@ def measured_step_time_s(metric: str, value: float, unit, global_batch: int, seq
     if metric == "samples_per_sec":
         return global_batch / value
     return global_batch * seq_len / (value * num_gpus)
+
+
+def _peak_16bit(cluster) -> float:
+    """The dense 16-bit peak (bf16, else fp16) an MFU figure is a share of, FLOP/s."""
+    peaks = cluster.accelerator.peak_flops
+    return peaks.get("bf16") or peaks["fp16"]
 
 
 def _blank(v) -> bool:
@@ -141,12 +158,14 @@ def case_from_row(i: int, r: pd.Series) -> CalibrationCase | str:
         return "a peak-memory row (load_memory_cases scores those)"
     if r["measured_metric"] not in THROUGHPUT_METRICS:
         return f"metric {r['measured_metric']} is not a throughput"
+    if short_source(str(r["source"])) == KORTHIKANTI_SOURCE:
+        return "held out: korthikanti_table scores this source's Table 5 step times"
     setup = _setup_from_row(r)
     if isinstance(setup, str):
         return setup
     model, job, cluster, plan, assumed, src, gbs, mb = setup
     step = measured_step_time_s(r["measured_metric"], float(r["measured_value"]), r["measured_unit"], gbs,
-                                job.seq_len, cluster.num_gpus, model)
+                                job.seq_len, cluster.num_gpus, model, _peak_16bit(cluster))
     return CalibrationCase(i, src, _row_label(r, cluster, plan, mb, job), model, job, cluster, plan, step,
                            tuple(assumed))
 
@@ -764,7 +783,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     except ConfigError as e:
         return f"layout not expressible: {e}"
     step = measured_step_time_s(r["measured_metric"], float(r["measured_value"]), r["measured_unit"],
-                                job.global_batch, job.seq_len, n, model)
+                                job.global_batch, job.seq_len, n, model, _peak_16bit(cluster))
     label = f"{r['model']} {r['gpu']} x{n} tp{plan.tp} pp{plan.pp} dp{plan.dp} cp{cp} ep{ep} {dtype}"
     return CalibrationCase(i, h100_source(str(r["source"])), label, model, job, cluster, plan, step, tuple(assumed))
 
