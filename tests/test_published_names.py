@@ -125,15 +125,19 @@ def test_a_file_without_its_columns_or_with_unreadable_cells_says_which(tmp_path
         load_h100_cases(bad)
     assert "num_gpus" in str(e.value) and "measured_value" in str(e.value)
     few = tmp_path / "few.csv"
-    pd.DataFrame([dict(source="s", model="Llama 3 8B", gpu="H100", num_gpus=8, tp="8 (guess)", pp=1, dp=1,
+    pd.DataFrame([dict(source="s", model="Llama 3 8B", gpu="H100", num_gpus=8, tp="eight", pp=1, dp=1,
                        micro_batch=1, global_batch=8, seq_len=8192, precision="bf16",
                        measured_metric="tokens_per_sec_per_gpu", measured_value=9000.0),
                   dict(source="s", model="Llama 3 8B", gpu="H100", num_gpus=8, tp=1, pp=1, dp=8,
                        micro_batch=1, global_batch=64, seq_len=8192, precision="bf16",
+                       measured_metric="tokens_per_sec_per_gpu", measured_value=9000.0),
+                  dict(source="s", model="Llama 3 8B", gpu="H100", num_gpus=8, tp="8 (guess)", pp=1, dp=1,
+                       micro_batch=1, global_batch=8, seq_len=8192, precision="bf16", recompute="activation checkpointing",
                        measured_metric="tokens_per_sec_per_gpu", measured_value=9000.0)]).to_csv(few, index=False)
     cases, skipped = load_h100_cases(few)
-    assert len(cases) == 1 and cases[0].cluster.accelerator.name == "h100-sxm"
-    assert len(skipped) == 1 and "8 (guess)" in skipped[0][2]
+    assert len(cases) == 2 and cases[0].cluster.accelerator.name == "h100-sxm"
+    assert cases[1].plan.tp == 8 and cases[1].plan.recompute == "full"       # a number with its note is read
+    assert len(skipped) == 1 and "'eight'" in skipped[0][2]
 
 
 def test_offload_cells_are_read_and_move_the_run_to_deepspeed(tmp_path):

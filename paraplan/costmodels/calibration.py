@@ -124,6 +124,13 @@ def _blank(v) -> bool:
 
 
 def _int(v) -> int:
+    """An integer cell: a number, or a number followed by a note ('8 (guess)'); anything else raises
+    ValueError (the row is then skipped with the cell's value)."""
+    if isinstance(v, str):
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(?:\(.*\)|[;,].*)?\s*", v)
+        if m is None:
+            raise ValueError(f"not a number: {v!r}")
+        v = m.group(1)
     return int(round(float(v)))
 
 
@@ -265,7 +272,7 @@ def _setup_from_row(r: pd.Series):
             assumed.append("recompute = full: the notes' guess (the TFLOPs the log printed count the recomputed forward)")
         else:
             rec = ""     # not stated: the lightest recomputation that fits, chosen once the plan is built
-    recompute = "full" if rec.startswith("full") else "selective" if rec.startswith("selective") else "none"
+    recompute = recompute_of_cell(rec, assumed) if rec else "none"
     precision = str(r["precision"]).lower()
     if _blank(r["precision"]) and "bf16" in notes.lower():
         precision = "bf16"
@@ -316,6 +323,23 @@ def _setup_from_row(r: pd.Series):
     if not rec:
         plan = _lightest_fitting_recompute(model, job, cluster, plan, assumed)
     return model, job, cluster, plan, assumed, src, gbs, mb
+
+
+def recompute_of_cell(text: str, assumed: list) -> str:
+    """Plan.recompute for a recompute cell: 'full' / 'full (uniform)' / 'yes' / 'activation checkpointing'
+    -> full; 'selective' -> selective; 'selective (per-op SAC)' -> op-sac; 'none' / 'no' / 'off' -> none;
+    anything else -> none, said in ``assumed``."""
+    t = str(text).strip().lower()
+    if "sac" in t:
+        return "op-sac"
+    if t.startswith("selective"):
+        return "selective"
+    if t.startswith("full") or t in ("yes", "true", "on", "1") or "checkpoint" in t:
+        return "full"
+    if t in ("none", "no", "off", "false", "0", "nan"):
+        return "none"
+    assumed.append(f"recompute cell {text!r} not understood: no recomputation taken")
+    return "none"
 
 
 def _zero_stage(text, default: int) -> int:
@@ -718,8 +742,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     rec = "none" if _blank(r["recompute"]) else str(r["recompute"]).lower()
     if _blank(r["recompute"]):
         assumed.append("no activation recomputation (not stated)")
-    recompute = "full" if rec.startswith("full") else "op-sac" if "sac" in rec else "selective" \
-        if rec.startswith("selective") else "none"
+    recompute = recompute_of_cell(rec, assumed)
     modules = _recipe_recompute_modules(r) if _blank(r["recompute"]) else ""
     if modules:
         recompute = "selective"
