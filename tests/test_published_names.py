@@ -205,3 +205,24 @@ def test_a_year_in_a_source_name_does_not_make_it_megatron():
     assert short_source("OPT-175B logbook 2022") == "OPT-175B logbook 2022"
     assert short_source("ZeRO-Offload (Ren et al. 2021)") == "ZeRO-Offload (Ren et al. 2021)"
     assert short_source("megatron-lm-2020-images/tables.tex") == "Megatron-LM 2020"
+
+
+def test_a_row_whose_stated_size_is_not_its_model_is_skipped(tmp_path):
+    """params_b guards the reading: 'Llama 3 70B' with params_b 8 (a mislabelled row) or columns that
+    make a 2B model for a row stating 13B are skipped with both sizes; a stated MoE size may be the
+    total or the active one."""
+    path = _write(tmp_path, [
+        _row(model="Llama 3 70B", params_b=8, gpu="H100", seq_len=8192, num_gpus=8, tp=1, pp=1, dp=8, micro_batch=1,
+             global_batch=8, precision="bf16", measured_metric="tokens_per_sec_per_gpu", measured_value=900.0),
+        _row(model="Mixtral 8x7B", params_b=12.9, gpu="H100", seq_len=4096, num_gpus=8, tp=1, pp=1, dp=8, ep=8,
+             micro_batch=1, global_batch=8, precision="bf16", measured_metric="tokens_per_sec_per_gpu",
+             measured_value=900.0)])
+    cases, skipped = load_h100_cases(path)
+    assert [c.model.name for c in cases] == ["mixtral-8x7b"]
+    assert "read as llama3-70b (70.6B" in skipped[0][2] and "states 8B" in skipped[0][2]
+    a100 = _write(tmp_path, [_row(model="my 13B", params_b=13, layers=24, hidden=2048, heads=16, vocab=50257,
+                                  gpu="A100 80GB", seq_len=2048, num_gpus=8, tp=1, pp=1, dp=8, micro_batch=4,
+                                  global_batch=32, precision="bf16", recompute="none",
+                                  measured_metric="tokens_per_sec_per_gpu", measured_value=900.0)])
+    cases, skipped = load_cases(a100)
+    assert not cases and "states 13B" in skipped[0][2]

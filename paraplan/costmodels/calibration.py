@@ -320,9 +320,35 @@ def _setup_from_row(r: pd.Series):
         plan = check_plan(plan, model, job, cluster)
     except ConfigError as e:
         return f"layout not expressible: {e}"
+    mismatch = params_mismatch(model, r)
+    if mismatch:
+        return mismatch
     if not rec:
         plan = _lightest_fitting_recompute(model, job, cluster, plan, assumed)
     return model, job, cluster, plan, assumed, src, gbs, mb
+
+
+#: how far a row's params_b may sit from the model it was read as (published sizes are rounded:
+#: "70B" for 70.6B, "8B" for 8.03B; Llama 4's totals count the vision encoder, 2 %)
+PARAMS_TOLERANCE = 0.2
+
+
+def params_mismatch(model: TransformerModel, r: pd.Series) -> str | None:
+    """Why a row's model is not the one its params_b column states (total or active parameters, in
+    billions), or None when it agrees or the column is blank: a name read into the wrong preset, or
+    columns that do not describe the model, are skipped rather than scored as another model."""
+    if _blank(r.get("params_b")):
+        return None
+    try:
+        stated = float(r["params_b"])
+    except (TypeError, ValueError):
+        return None
+    sizes = {model.num_params / 1e9, model.active_params / 1e9}
+    if stated > 0 and any(abs(size - stated) <= PARAMS_TOLERANCE * stated for size in sizes):
+        return None
+    return (f"model {r['model']!r} read as {model.name} ({model.num_params / 1e9:.1f}B parameters"
+            + (f", {model.active_params / 1e9:.1f}B active" if model.moe else "")
+            + f"), but the row states {stated:g}B")
 
 
 def recompute_of_cell(text: str, assumed: list) -> str:
@@ -719,6 +745,9 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     model = load_model(preset) if preset else _model_from_columns(r, assumed)
     if isinstance(model, str):
         return model
+    mismatch = params_mismatch(model, r)
+    if mismatch:
+        return mismatch
     system = system_of_row_gpu(r["gpu"], H100_GPU_TO_SYSTEM, assumed)
     if system is None:
         return assumed[-1]
