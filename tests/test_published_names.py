@@ -226,3 +226,18 @@ def test_a_row_whose_stated_size_is_not_its_model_is_skipped(tmp_path):
                                   measured_metric="tokens_per_sec_per_gpu", measured_value=900.0)])
     cases, skipped = load_cases(a100)
     assert not cases and "states 13B" in skipped[0][2]
+
+
+def test_an_unstated_recomputation_outside_nvidias_recipes_is_the_lightest_that_fits(tmp_path):
+    """A run that ran fitted: a row of an unknown source that leaves recompute blank takes the lightest
+    of none / selective / full whose estimate fits (said); a Megatron-Bridge row keeps its recipe's
+    reading (none, or the recipe's modules)."""
+    common = dict(model="Llama 3 70B", gpu="H100", seq_len=8192, num_gpus=32, tp=1, pp=1, dp=32, micro_batch=1,
+                  global_batch=32, precision="bf16", zero_stage=3, measured_metric="tokens_per_sec_per_gpu",
+                  measured_value=400.0)
+    path = _write(tmp_path, [_row(**common), _row(**dict(common, source="Megatron-Bridge perf summary"))])
+    (other, bridge), skipped = load_h100_cases(path)
+    assert not skipped
+    assert other.plan.recompute != "none" and estimate(other.model, other.job, other.cluster, other.plan).feasible
+    assert any(a.startswith(f"recompute = {other.plan.recompute}") for a in other.assumed)
+    assert bridge.plan.recompute == "none" and "no activation recomputation (not stated)" in bridge.assumed

@@ -769,7 +769,11 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
         engine = "generic"
         assumed.append("Megatron FSDP run as generic ZeRO-3 (paraplan's Megatron engine has ZeRO <= 1)")
     rec = "none" if _blank(r["recompute"]) else str(r["recompute"]).lower()
-    if _blank(r["recompute"]):
+    # not stated: a NeMo / Megatron-Bridge recipe row runs without (or with its recipe's modules: its
+    # memory is where paraplan's estimate is least sure, some of those runs estimate over the GPU);
+    # any other source's run is taken to have used the lightest recomputation that fits
+    infer_recompute = _blank(r["recompute"]) and not nvidia_recipe
+    if _blank(r["recompute"]) and nvidia_recipe:
         assumed.append("no activation recomputation (not stated)")
     recompute = recompute_of_cell(rec, assumed)
     modules = _recipe_recompute_modules(r) if _blank(r["recompute"]) else ""
@@ -834,6 +838,8 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
         plan = check_plan(plan, model, job, cluster)
     except ConfigError as e:
         return f"layout not expressible: {e}"
+    if infer_recompute:
+        plan = _lightest_fitting_recompute(model, job, cluster, plan, assumed)
     step = measured_step_time_s(r["measured_metric"], float(r["measured_value"]), r["measured_unit"],
                                 job.global_batch, job.seq_len, n, model, _peak_16bit(cluster))
     label = f"{r['model']} {r['gpu']} x{n} tp{plan.tp} pp{plan.pp} dp{plan.dp} cp{cp} ep{ep} {dtype}"
