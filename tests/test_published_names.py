@@ -241,3 +241,13 @@ def test_an_unstated_recomputation_outside_nvidias_recipes_is_the_lightest_that_
     assert other.plan.recompute != "none" and estimate(other.model, other.job, other.cluster, other.plan).feasible
     assert any(a.startswith(f"recompute = {other.plan.recompute}") for a in other.assumed)
     assert bridge.plan.recompute == "none" and "no activation recomputation (not stated)" in bridge.assumed
+
+
+def test_a_torchtitan_row_without_its_zero_stage_runs_fsdp(tmp_path):
+    path = _write(tmp_path, [_row(source="torchtitan docs/performance.md", model="Llama 3 8B", gpu="H100",
+                                  seq_len=8192, num_gpus=8, tp=1, pp=1, dp=8, micro_batch=1, global_batch=8,
+                                  precision="bf16", recompute="none", measured_metric="tokens_per_sec_per_gpu",
+                                  measured_value=6000.0)])
+    (case,), _ = load_h100_cases(path)
+    assert case.plan.engine == "torchtitan" and case.plan.zero == 3
+    assert any(a.startswith("ZeRO-3 (FSDP2") for a in case.assumed)

@@ -760,10 +760,11 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
         return (f"precision {r['precision']!r} not understood (bf16, fp16, FP8-CS, FP8-DS / delayed, FP8-MX / "
                 "mxfp8, float8 tensorwise / rowwise are)")
     cp, sp = _cp_sp(r["cp_or_sp"])
-    zero = _zero_stage(r["zero_stage"], default=1)
-    if _blank(r["zero_stage"]):
-        assumed.append("ZeRO-1 (distributed optimizer, Megatron-Core recipes' default; not stated)")
     engine = engine_of_source(str(r["source"]), assumed)
+    zero = _zero_stage(r["zero_stage"], default=3 if engine == "torchtitan" else 1)
+    if _blank(r["zero_stage"]):
+        assumed.append("ZeRO-3 (FSDP2, torchtitan's data parallelism; not stated)" if engine == "torchtitan" else
+                       "ZeRO-1 (distributed optimizer, Megatron-Core recipes' default; not stated)")
     nvidia_recipe = engine == "megatron"      # NeMo / Megatron-Bridge performance recipes, FSDP ones included
     if engine == "megatron" and zero >= 2:
         engine = "generic"
