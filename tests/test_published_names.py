@@ -251,3 +251,21 @@ def test_a_torchtitan_row_without_its_zero_stage_runs_fsdp(tmp_path):
     (case,), _ = load_h100_cases(path)
     assert case.plan.engine == "torchtitan" and case.plan.zero == 3
     assert any(a.startswith("ZeRO-3 (FSDP2") for a in case.assumed)
+
+
+def test_a100_rows_written_with_a_llama_shape_keep_its_attention_and_mlp(tmp_path):
+    """The A100 file's columns describe GPT models (GELU MLP 4x wide, multi-head attention): a row
+    naming Llama 2 70B with its shape takes the preset (8 KV heads, SwiGLU); an unknown model whose
+    MLP is not 4x wide is read as SwiGLU; GPT rows stay as they were."""
+    common = dict(gpu="A100 80GB", seq_len=4096, num_gpus=64, tp=8, pp=2, dp=4, micro_batch=1, global_batch=256,
+                  precision="bf16", zero_stage=1, recompute="full", measured_metric="tokens_per_sec_per_gpu",
+                  measured_value=400.0)
+    path = _write(tmp_path, [
+        _row(model="Llama-2-70B", layers=80, hidden=8192, heads=64, ffn_hidden=28672, vocab=32000, **common),
+        _row(model="in-house 7B", layers=32, hidden=4096, heads=32, ffn_hidden=11008, vocab=32000, **common),
+        _row(model="GPT-1.7B (Megatron-LM 2021)", layers=24, hidden=2304, heads=24, vocab=51200, **common)])
+    (llama, own, gpt), skipped = load_cases(path)
+    assert not skipped
+    assert llama.model.name == "llama2-70b" and llama.model.kv_heads == 8 and llama.model.activation == "swiglu"
+    assert own.model.activation == "swiglu" and own.model.rotary and any("SwiGLU" in a for a in own.assumed)
+    assert gpt.model.activation == "gelu" and gpt.model.name == "GPT-1.7B (Megatron-LM 2021)"

@@ -235,7 +235,7 @@ def _setup_from_row(r: pd.Series):
                              f"multiple of 128 x tp as Megatron pads it")
     architecture = ("layers", "hidden", "heads", "vocab")
     blank_architecture = [k for k in architecture if _blank(r[k])]
-    preset = model_preset_for_name(r["model"]) if blank_architecture else None
+    preset = model_preset_for_name(r["model"]) if blank_architecture else _richer_preset_of_same_shape(r)
     required = (() if preset else architecture) + ("seq_len", "num_gpus", "tp", "pp", "dp", "global_batch")
     missing = [k for k in required if _blank(r[k])]
     if missing:
@@ -246,16 +246,24 @@ def _setup_from_row(r: pd.Series):
         return assumed[-1]
     src = short_source(r["source"])
     megatron = src.startswith("Megatron")
-    if preset:
+    if preset and blank_architecture:
         model = load_model(preset)
         assumed.append(f"architecture of the {preset} preset: the row names {r['model']!r} and leaves "
                        + ", ".join(blank_architecture) + " blank")
+    elif preset:
+        model = load_model(preset)
+        assumed.append(f"architecture of the {preset} preset, whose shape the row's columns give (they cannot "
+                       "state its grouped-query attention or gated MLP)")
     else:
+        ffn = None if _blank(r["ffn_hidden"]) else _int(r["ffn_hidden"])
+        gelu = ffn is None or ffn == 4 * _int(r["hidden"])
+        if not gelu:
+            assumed.append("SwiGLU MLP: ffn_hidden is not 4 x hidden (the GPT MLP's width)")
         model = TransformerModel(
             name=str(r["model"]), layers=_int(r["layers"]), hidden=_int(r["hidden"]), heads=_int(r["heads"]),
-            vocab=_int(r["vocab"]), ffn_hidden=None if _blank(r["ffn_hidden"]) else _int(r["ffn_hidden"]),
-            activation="gelu", tied_embeddings=True, learned_positions=megatron,
-            max_positions=_int(r["seq_len"]), bias=megatron)
+            vocab=_int(r["vocab"]), ffn_hidden=ffn, activation="gelu" if gelu else "swiglu",
+            tied_embeddings=gelu, learned_positions=megatron and gelu, rotary=not gelu,
+            max_positions=_int(r["seq_len"]), bias=megatron and gelu)
     dp, gbs = _int(r["dp"]), _int(r["global_batch"])
     if _blank(r["micro_batch"]):
         mb = gbs // dp
@@ -366,6 +374,18 @@ def recompute_of_cell(text: str, assumed: list) -> str:
         return "none"
     assumed.append(f"recompute cell {text!r} not understood: no recomputation taken")
     return "none"
+
+
+def _richer_preset_of_same_shape(r: pd.Series) -> str | None:
+    """The preset a row's model name denotes when the row's columns give its shape (layers, hidden,
+    heads) and the preset has what the columns cannot say (grouped-query attention, a gated MLP):
+    Llama-family rows written with their shape. GPT-style presets are left to the columns."""
+    name = model_preset_for_name(r["model"])
+    if name is None:
+        return None
+    m = load_model(name)
+    same = (m.layers, m.hidden, m.heads) == (_int(r["layers"]), _int(r["hidden"]), _int(r["heads"]))
+    return name if same and (m.activation != "gelu" or m.kv_heads != m.heads) else None
 
 
 def _zero_stage(text, default: int) -> int:
