@@ -100,7 +100,7 @@ def test_rows_named_as_papers_name_them_are_scored(tmp_path):
     assert by_model["llama3-70b"].cluster.accelerator.name == "h200"
     assert by_model["llama3-70b"].plan.sp and by_model["llama3-70b"].measured_step_time_s == pytest.approx(9.0)
     own = by_model["my-13b"]
-    assert own.model.activation == "swiglu" and own.plan.dtype == "fp8-delayed"
+    assert own.model.activation == "swiglu" and own.plan.dtype == "fp8-delayed" and own.model.rotary
     assert own.plan.engine == "generic" and not own.plan.tp_comm_overlap and not own.plan.grad_reduce_bf16
     assert any("engine = generic" in a for a in own.assumed)     # an unknown source gets no Megatron recipe
     assert own.measured_step_time_s == pytest.approx(256 * 4096 / 50_000.0)
@@ -269,3 +269,14 @@ def test_a100_rows_written_with_a_llama_shape_keep_its_attention_and_mlp(tmp_pat
     assert llama.model.name == "llama2-70b" and llama.model.kv_heads == 8 and llama.model.activation == "swiglu"
     assert own.model.activation == "swiglu" and own.model.rotary and any("SwiGLU" in a for a in own.assumed)
     assert gpt.model.activation == "gelu" and gpt.model.name == "GPT-1.7B (Megatron-LM 2021)"
+
+
+def test_a_model_described_by_columns_without_its_vocabulary_takes_the_notes_or_32k(tmp_path):
+    common = dict(layers=32, hidden=4096, heads=32, ffn_hidden=14336, gpu="H100", seq_len=4096, num_gpus=8, tp=1,
+                  pp=1, dp=8, micro_batch=1, global_batch=8, precision="bf16", recompute="none",
+                  measured_metric="tokens_per_sec_per_gpu", measured_value=9000.0)
+    path = _write(tmp_path, [_row(model="house-8b", **common),
+                             _row(model="house-8b-big-vocab", **dict(common, notes="vocab ~128k"))])
+    (plain, noted), skipped = load_h100_cases(path)
+    assert not skipped and plain.model.vocab == 32000 and noted.model.vocab == 128000
+    assert any(a.startswith("vocab = 32,000: not stated") for a in plain.assumed)

@@ -712,14 +712,25 @@ def _torchtitan_blanks_filled(r: pd.Series, assumed: list) -> pd.Series:
     return r
 
 
+#: the vocabulary taken for a model described only by its columns when neither they nor the notes
+#: give one (32,000: Llama 1/2 and Mistral; the logit layer is a few percent of a step either way)
+DEFAULT_VOCAB = 32000
+
+
 def _model_from_columns(r: pd.Series, assumed: list) -> TransformerModel | str:
     """The model a row's architecture columns describe when its name has no preset, or why there is
     none. The columns do not give the MLP's activation or the key/value heads: an MLP 4x the hidden
     width is taken as GELU (GPT), any other as SwiGLU (Llama-style), and attention as multi-head; both
     are said in ``assumed``. MoE columns give the experts (each as wide as ffn_hidden)."""
-    missing = [k for k in ("layers", "hidden", "heads", "vocab") if _blank(r[k])]
+    missing = [k for k in ("layers", "hidden", "heads") if _blank(r[k])]
     if missing:
         return f"no preset for model {r['model']!r} and its architecture is blank ({', '.join(missing)})"
+    vocab = None if _blank(r["vocab"]) else _int(r["vocab"])
+    if vocab is None:
+        vocab = vocab_from_notes(_row_notes(r), 1 if _blank(r["tp"]) else _int(r["tp"])) or DEFAULT_VOCAB
+        assumed.append(f"vocab = {vocab:,d}: not stated" + (" (the notes' figure, padded as Megatron pads it)"
+                                                            if vocab != DEFAULT_VOCAB else
+                                                            " (the Llama 2 / Mistral tokenizer's size taken)"))
     h = _int(r["hidden"])
     ffn = None if _blank(r["ffn_hidden"]) else _int(r["ffn_hidden"])
     gelu = ffn is None or ffn == 4 * h
@@ -731,8 +742,8 @@ def _model_from_columns(r: pd.Series, assumed: list) -> TransformerModel | str:
                       expert_ffn_hidden=ffn or 4 * h)
     try:
         return TransformerModel(name=str(r["model"]), layers=_int(r["layers"]), hidden=h, heads=_int(r["heads"]),
-                                vocab=_int(r["vocab"]), ffn_hidden=ffn, activation="gelu" if gelu else "swiglu",
-                                tied_embeddings=False, moe=moe)
+                                vocab=vocab, ffn_hidden=ffn, activation="gelu" if gelu else "swiglu",
+                                rotary=not gelu, tied_embeddings=False, moe=moe)
     except (ConfigError, ValueError) as e:
         return f"model {r['model']!r}: its columns do not make a model ({e})"
 
