@@ -280,3 +280,11 @@ def test_a_model_described_by_columns_without_its_vocabulary_takes_the_notes_or_
     (plain, noted), skipped = load_h100_cases(path)
     assert not skipped and plain.model.vocab == 32000 and noted.model.vocab == 128000
     assert any(a.startswith("vocab = 32,000: not stated") for a in plain.assumed)
+
+
+def test_an_a100_row_without_its_vocabulary_takes_gpts(tmp_path):
+    path = _write(tmp_path, [_row(model="GPT 2.5B", layers=52, hidden=1920, heads=20, gpu="A100 80GB", seq_len=1024,
+                                  num_gpus=8, tp=1, pp=1, dp=8, micro_batch=8, global_batch=64, precision="fp16",
+                                  recompute="none", measured_metric="tokens_per_sec_per_gpu", measured_value=9000.0)])
+    (case,), skipped = load_cases(path)
+    assert not skipped and case.model.vocab == 51200 and case.assumed[0].startswith("vocab = 51,200")

@@ -39,6 +39,12 @@ THROUGHPUT_METRICS = ("tflops_per_gpu_incl_recompute", "step_time", "tokens_per_
                       "samples_per_sec", "tflops_per_gpu", "mfu")
 #: the held-out source: its rows are scored by korthikanti_table (Table 5 step times), not as calibration rows
 KORTHIKANTI_SOURCE = "Megatron-LM 2022 (Korthikanti)"
+#: the vocabulary an A100-file row that leaves it blank is taken to have: GPT-2's 50,257 tokens padded
+#: to 51,200 (Megatron-LM's --make-vocab-size-divisible-by 128 at tp 8, the SC21 runs' figure)
+GPT_VOCAB = 51200
+#: the vocabulary taken for a model described only by its columns when neither they nor the notes
+#: give one (32,000: Llama 1/2 and Mistral; the logit layer is a few percent of a step either way)
+DEFAULT_VOCAB = 32000
 GPU_TO_SYSTEM = {"A100-80GB": "dgx-a100-80g", "A100-40GB": "dgx-a100-40g", "A100 (DGX-A100)": "dgx-a100-40g",
                  "V100-32GB (DGX-2)": "dgx2-v100"}
 
@@ -236,6 +242,12 @@ def _setup_from_row(r: pd.Series):
     architecture = ("layers", "hidden", "heads", "vocab")
     blank_architecture = [k for k in architecture if _blank(r[k])]
     preset = model_preset_for_name(r["model"]) if blank_architecture else _richer_preset_of_same_shape(r)
+    if not preset and blank_architecture == ["vocab"]:
+        r = r.copy()
+        r["vocab"] = GPT_VOCAB
+        vocab_assumed = f"vocab = {GPT_VOCAB:,d}: not stated (GPT-2's tokenizer as Megatron-LM pads it)"
+        blank_architecture = []
+        preset = _richer_preset_of_same_shape(r)
     required = (() if preset else architecture) + ("seq_len", "num_gpus", "tp", "pp", "dp", "global_batch")
     missing = [k for k in required if _blank(r[k])]
     if missing:
@@ -712,9 +724,6 @@ def _torchtitan_blanks_filled(r: pd.Series, assumed: list) -> pd.Series:
     return r
 
 
-#: the vocabulary taken for a model described only by its columns when neither they nor the notes
-#: give one (32,000: Llama 1/2 and Mistral; the logit layer is a few percent of a step either way)
-DEFAULT_VOCAB = 32000
 
 
 def _model_from_columns(r: pd.Series, assumed: list) -> TransformerModel | str:
