@@ -70,3 +70,26 @@ def test_score_errors_are_one_line(tmp_path, capsys):
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert main(["score", str(tmp_path / "missing.csv")]) == 2 and "no such file" in capsys.readouterr().err
+
+
+def test_corrupted_cells_never_crash_the_reader(tmp_path):
+    """Every row of the H100 file with one cell replaced by junk (seeded): each row is scored or
+    skipped with a reason; nothing raises."""
+    import random
+    from paraplan.reports.score import score_runs
+    rng = random.Random(40)
+    table = pd.read_csv(H100_CSV)
+    junk = ["", "n/a", "-1", "0", "1e9", "8 (guess)", "eight", "cp", "sp; cp0", "FP4", "nan", "3.5", "none", "yes",
+            "DGX-Z9", "Llama 9 9B", "?"]
+    rows = []
+    for _ in range(3):
+        for _, r in table.iterrows():
+            r = r.copy().astype(object)
+            r[rng.choice([c for c in table.columns if c != "source"])] = rng.choice(junk)
+            rows.append(r)
+    path = tmp_path / "junk.csv"
+    pd.DataFrame(rows).to_csv(path, index=False)
+    scored = score_runs(path)
+    assert len(scored.rows) + len(scored.skipped) == len(rows)
+    assert all(reason for _, _, reason in scored.skipped)
+    assert scored.rows["predicted_step_s"].gt(0).all() and scored.rows["measured_step_s"].gt(0).all()

@@ -99,7 +99,10 @@ def system_of_row_gpu(gpu, exact: dict, assumed: list) -> str | None:
 
 def measured_step_time_s(metric: str, value: float, unit, global_batch: int, seq_len: int, num_gpus: int,
                          model: TransformerModel, peak_flops_16bit: float | None = None) -> float:
-    """A row's measurement as a step time in seconds (the conventions in the module docstring)."""
+    """A row's measurement as a step time in seconds (the conventions in the module docstring).
+    Raises ValueError for a measurement that is not a positive finite number."""
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"measured_value {value!r} is not a positive number")
     model_flops = global_batch * seq_len * model.model_flops_per_token(seq_len)
     if metric == "tflops_per_gpu":
         return model_flops / (value * 1e12 * num_gpus)
@@ -130,10 +133,13 @@ def _blank(v) -> bool:
 
 
 def _int(v) -> int:
-    """An integer cell: a number, or a number followed by a note ('8 (guess)'); anything else raises
+    """An integer cell: a number ('1,024' with separators), or a number followed by a note ('8 (guess)');
+    anything else raises
     ValueError (the row is then skipped with the cell's value)."""
     if isinstance(v, str):
-        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(?:\(.*\)|[;,].*)?\s*", v)
+        if re.fullmatch(r"\s*\d{1,3}(?:,\d{3})+\s*", v):          # thousands separators: '1,024'
+            v = v.replace(",", "")
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(?:\(.*\)|;.*)?\s*", v)
         if m is None:
             raise ValueError(f"not a number: {v!r}")
         v = m.group(1)
@@ -486,6 +492,8 @@ def _cases_of_table(table: pd.DataFrame, case_of, source_of):
     for i, r in table.iterrows():
         try:
             c = case_of(int(i), r)
+        except ConfigError as e:
+            c = f"a cell is out of range ({e})"
         except (ValueError, TypeError, ZeroDivisionError) as e:
             c = f"a cell cannot be read ({type(e).__name__}: {e})"
         if isinstance(c, str):

@@ -23,6 +23,7 @@ from paraplan.costmodels.calibration import (GPU_TO_SYSTEM, H100_GPU_TO_SYSTEM, 
                                              read_runs_file, short_source, h100_source)
 from paraplan.costmodels.estimate import estimate
 from paraplan.costmodels.intervals import GENERATION
+from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_part
 from paraplan.hardware.names import system_for_gpu
 
@@ -69,6 +70,8 @@ def score_runs(path: Path | str) -> Scored:
     for i, r in table.iterrows():
         try:
             case = read_case(int(i), r)
+        except ConfigError as e:
+            case = f"a cell is out of range ({e})"
         except (ValueError, TypeError, ZeroDivisionError) as e:
             case = f"a cell cannot be read ({type(e).__name__}: {e})"
         if isinstance(case, str):
