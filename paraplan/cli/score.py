@@ -30,8 +30,11 @@ def _json(scored, by_source, by_generation) -> str:
 
 
 def _text(scored, by_source, by_generation, show_rows: bool) -> str:
-    pd.set_option("display.width", 200)
-    pd.set_option("display.max_colwidth", 70)
+    with pd.option_context("display.width", 200, "display.max_colwidth", 70):
+        return _text_lines(scored, by_source, by_generation, show_rows)
+
+
+def _text_lines(scored, by_source, by_generation, show_rows: bool) -> str:
     lines = [f"{len(scored.rows)} rows scored, {len(scored.skipped)} skipped "
              "(throughput error > 0: paraplan predicted faster than measured)"]
     if show_rows and len(scored.rows):

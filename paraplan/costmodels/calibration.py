@@ -103,10 +103,10 @@ def measured_step_time_s(metric: str, value: float, unit, global_batch: int, seq
     Raises ValueError for a measurement that is not a positive finite number."""
     if not (value > 0 and math.isfinite(value)):
         raise ValueError(f"measured_value {value!r} is not a positive number")
-    model_flops = global_batch * seq_len * model.model_flops_per_token(seq_len)
-    if metric == "tflops_per_gpu":
-        return model_flops / (value * 1e12 * num_gpus)
-    if metric == "mfu":
+    if metric in ("tflops_per_gpu", "mfu"):
+        model_flops = global_batch * seq_len * model.model_flops_per_token(seq_len)
+        if metric == "tflops_per_gpu":
+            return model_flops / (value * 1e12 * num_gpus)
         share = value / 100 if str(unit).strip() == "%" or value > 1 else value
         return model_flops / (share * peak_flops_16bit * num_gpus)
     if metric == "tflops_per_gpu_incl_recompute":
@@ -230,7 +230,7 @@ def load_memory_cases(csv_path: Path | str = DEFAULT_CSV) -> tuple[list[MemoryCa
         r = r.copy()
         r["notes"] = f"{r['notes']}; {notes_of_run.get(key(r), '')}"
         return memory_case_from_row(i, r)
-    return _cases_of_table(table, case_of, short_source)
+    return cases_of_table(table, case_of, short_source)
 
 
 def _setup_from_row(r: pd.Series):
@@ -274,7 +274,7 @@ def _setup_from_row(r: pd.Series):
                        "state its grouped-query attention or gated MLP)")
     else:
         ffn = None if _blank(r["ffn_hidden"]) else _int(r["ffn_hidden"])
-        gelu = ffn is None or ffn == 4 * _int(r["hidden"])
+        gelu = is_gpt_mlp(ffn, _int(r["hidden"]))
         if not gelu:
             assumed.append("SwiGLU MLP: ffn_hidden is not 4 x hidden (the GPT MLP's width)")
         model = TransformerModel(
@@ -394,6 +394,12 @@ def recompute_of_cell(text: str, assumed: list) -> str:
     return "none"
 
 
+def is_gpt_mlp(ffn_hidden: int | None, hidden: int) -> bool:
+    """Whether a row's MLP width says GPT (GELU, 4 x hidden; blank: the columns' GPT default) rather
+    than a gated MLP (SwiGLU, any other width): what both loaders read from columns."""
+    return ffn_hidden is None or ffn_hidden == 4 * hidden
+
+
 def _richer_preset_of_same_shape(r: pd.Series) -> str | None:
     """The preset a row's model name denotes when the row's columns give its shape (layers, hidden,
     heads) and the preset has what the columns cannot say (grouped-query attention, a gated MLP):
@@ -482,11 +488,11 @@ def read_runs_file(csv_path) -> pd.DataFrame:
 def _load(csv_path, case_of, source_of) -> tuple[list[CalibrationCase], list[tuple[int, str, str]]]:
     """(usable cases, skipped rows as (row, source, reason)) of a calibration file: ``case_of(i, row)``
     gives a case or the reason the row is skipped, ``source_of(source)`` the short source name."""
-    return _cases_of_table(read_runs_file(csv_path), case_of, source_of)
+    return cases_of_table(read_runs_file(csv_path), case_of, source_of)
 
 
-def _cases_of_table(table: pd.DataFrame, case_of, source_of):
-    """:func:`_load` of a table already read. A cell that cannot be read as the number its column
+def cases_of_table(table: pd.DataFrame, case_of, source_of):
+    """:func:`_load` of a table already read (also paraplan score's reader). A cell that cannot be read as the number its column
     holds ('8 (guess)' in tp) skips its row with the value and the error, not the file."""
     cases, skipped = [], []
     for i, r in table.iterrows():
@@ -750,7 +756,7 @@ def _model_from_columns(r: pd.Series, assumed: list) -> TransformerModel | str:
                                                             " (the Llama 2 / Mistral tokenizer's size taken)"))
     h = _int(r["hidden"])
     ffn = None if _blank(r["ffn_hidden"]) else _int(r["ffn_hidden"])
-    gelu = ffn is None or ffn == 4 * h
+    gelu = is_gpt_mlp(ffn, h)
     assumed.append(f"model {r['model']!r} from the row's columns: {'GELU' if gelu else 'SwiGLU'} MLP (ffn_hidden "
                    f"{'4x' if gelu else 'not 4x'} hidden), multi-head attention, untied embeddings (not stated)")
     moe = None

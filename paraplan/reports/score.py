@@ -20,12 +20,11 @@ from pathlib import Path
 import pandas as pd
 
 from paraplan.costmodels.calibration import (GPU_TO_SYSTEM, H100_GPU_TO_SYSTEM, case_from_h100_row, case_from_row,
-                                             read_runs_file, short_source, h100_source)
+                                             cases_of_table, h100_source, read_runs_file, short_source,
+                                             system_of_row_gpu)
 from paraplan.costmodels.estimate import estimate
 from paraplan.costmodels.intervals import GENERATION
-from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_part
-from paraplan.hardware.names import system_for_gpu
 
 #: generations whose rows read as the A100 file's (GPT-style columns, Megatron-LM / DeepSpeed-era defaults)
 A100_FILE_GENERATIONS = ("A100", "V100")
@@ -40,13 +39,8 @@ class Scored:
 
 def generation_of_gpu(gpu) -> str | None:
     """The hardware generation a row's GPU name runs on (intervals.GENERATION), None if it has no preset."""
-    system = GPU_TO_SYSTEM.get(gpu) or H100_GPU_TO_SYSTEM.get(gpu)
-    if system is None:
-        found = system_for_gpu(str(gpu))
-        if isinstance(found, str):
-            return None
-        system = found.preset
-    return GENERATION.get(load_part("systems", system).accelerator.name)
+    system = system_of_row_gpu(gpu, {**GPU_TO_SYSTEM, **H100_GPU_TO_SYSTEM}, [])
+    return None if system is None else GENERATION.get(load_part("systems", system).accelerator.name)
 
 
 def read_case(i: int, row: pd.Series):
@@ -56,8 +50,8 @@ def read_case(i: int, row: pd.Series):
     return case_from_h100_row(i, row)
 
 
-def _source(row: pd.Series) -> str:
-    name = str(row["source"])
+def _source_name(name: str) -> str:
+    """The short name a row's source is reported under (either file's convention)."""
     short = h100_source(name)
     return short if short != name else short_source(name)
 
@@ -65,22 +59,13 @@ def _source(row: pd.Series) -> str:
 def score_runs(path: Path | str) -> Scored:
     """Every row of a runs file read, estimated and compared (see the module docstring). Raises
     ConfigError when the file cannot be read or lacks a required column."""
-    table = read_runs_file(path)
-    rows, skipped = [], []
-    for i, r in table.iterrows():
-        try:
-            case = read_case(int(i), r)
-        except ConfigError as e:
-            case = f"a cell is out of range ({e})"
-        except (ValueError, TypeError, ZeroDivisionError) as e:
-            case = f"a cell cannot be read ({type(e).__name__}: {e})"
-        if isinstance(case, str):
-            skipped.append((int(i), _source(r), case))
-            continue
+    cases, skipped = cases_of_table(read_runs_file(path), read_case, _source_name)
+    rows = []
+    for case in cases:
         e = estimate(case.model, case.job, case.cluster, case.plan)
         measured, predicted = case.measured_step_time_s, e.step_time_s
         low, high = (e.prediction_interval.get("step_time_s") or (math.nan, math.nan))
-        rows.append({"row": int(i), "source": case.source, "case": case.label,
+        rows.append({"row": case.row, "source": case.source, "case": case.label,
                      "generation": GENERATION.get(case.cluster.accelerator.name, case.cluster.accelerator.name),
                      "measured_step_s": measured, "predicted_step_s": predicted,
                      "throughput_error_%": 100 * (measured / predicted - 1),
