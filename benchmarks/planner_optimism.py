@@ -21,12 +21,15 @@ from __future__ import annotations
 
 import sys
 
+from dataclasses import replace
+
 import pandas as pd
 
 from paraplan.costmodels.calibration import (KORTHIKANTI_SETUPS, KORTHIKANTI_TABLE5_STEP_S, korthikanti_estimate,
                                              load_cases, load_h100_cases)
 from paraplan.costmodels.estimate import estimate
 from paraplan.costmodels.intervals import GENERATION
+from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import is_fp8
 from paraplan.planner.search import search
@@ -51,14 +54,15 @@ def published_mfus() -> pd.DataFrame:
             rows.append({"source": c.source, "run": c.label, "params": c.model.num_params, "gpus": c.cluster.num_gpus,
                          "generation": GENERATION[c.cluster.accelerator.name], "fp8": is_fp8(c.plan.dtype),
                          "measured_mfu": e.mfu * e.step_time_s / c.measured_step_time_s,
-                         "predicted_mfu": e.mfu, "shares": step_shares(e), "replicable": False})
+                         "predicted_mfu": e.mfu, "shares": step_shares(e), "replicable": False,
+                         "inputs": (c.model, c.job, c.cluster, c.plan)})
     for name in KORTHIKANTI_SETUPS:   # held out of calibration, but measured: Table 5, SP + selective
-        e = korthikanti_estimate(name, estimate, recompute="selective", sp=True)
+        inputs, e = korthikanti_estimate(name, lambda *a: (a, estimate(*a)), recompute="selective", sp=True)
         measured_s = KORTHIKANTI_TABLE5_STEP_S[name][1]
         rows.append({"source": "Megatron-LM 2022 (Korthikanti) Table 5", "run": f"GPT {name} {e.plan.label()} "
                      f"x{e.num_gpus} SP + selective", "params": e.details["model_params"], "gpus": e.num_gpus,
                      "generation": "A100", "fp8": False, "measured_mfu": e.mfu * e.step_time_s / measured_s,
-                     "predicted_mfu": e.mfu, "shares": step_shares(e), "replicable": True})
+                     "predicted_mfu": e.mfu, "shares": step_shares(e), "replicable": True, "inputs": inputs})
     return pd.DataFrame(rows)
 
 
@@ -69,22 +73,59 @@ TERMS = (("recompute", ("recompute",)), ("bubble", ("pp_bubble",)),
 
 
 def step_shares(e) -> dict:
-    """Each overhead term's share of the predicted step (compute is the rest)."""
+    """Each term's share of the predicted step: the overheads of TERMS and compute, the rest."""
     b = e.time_breakdown_s
-    return {label: sum(b.get(k, 0.0) for k in keys) / e.step_time_s for label, keys in TERMS}
+    shares = {label: sum(b.get(k, 0.0) for k in keys) / e.step_time_s for label, keys in TERMS}
+    return {"compute": 1.0 - sum(shares.values()), **shares}
+
+
+def term_points(mfu_from, shares_from, mfu_to, shares_to) -> dict:
+    """The MFU difference (points, to - from) split exactly over the step's terms. With u_k a term's
+    time per model FLOP (times peak), MFU = 1 / sum(u_k) and u_k = share_k / MFU, so
+    MFU_to - MFU_from = sum_k MFU_to·MFU_from·(u_k,from - u_k,to) = sum_k (MFU_to·s_k,from - MFU_from·s_k,to)."""
+    return {k: 100 * (mfu_to * shares_from[k] - mfu_from * shares_to[k]) for k in shares_from}
+
+
+#: the plan fields that pick kernels rather than a layout: a published run that predates a kernel (the
+#: 2022 Megatron-LM runs had no FlashAttention) differs from a plan of today in these as well
+KERNEL_FIELDS = ("flash_attention", "attention_kernel", "fused_elementwise", "fused_softmax", "dtype")
+
+
+def with_kernels_of(plan, other):
+    """``plan`` with ``other``'s kernel choices (KERNEL_FIELDS), or None where that combination is not a
+    legal plan."""
+    try:
+        return replace(plan, **{f: getattr(other, f) for f in KERNEL_FIELDS})
+    except ConfigError:
+        return None
+
+
+def kernel_changes(plan, other) -> str:
+    """The kernel fields that differ, as 'field a->b'."""
+    return ", ".join(f"{f} {getattr(plan, f)}->{getattr(other, f)}" for f in KERNEL_FIELDS
+                     if getattr(plan, f) != getattr(other, f))
 
 
 def explain_gap(best, ref) -> str:
-    """Why the top plan's MFU differs from the best published run's: the estimator's own error on that
-    run (predicted - measured MFU) and the difference of the two layouts as the estimator sees it
-    (predicted MFU of the top plan - predicted MFU of the published layout), with the step shares
-    that differ most (published -> top plan)."""
+    """Why the top plan's MFU differs from the best published run's, in three parts that add up to the
+    gap: the estimator's own error on that run (predicted - measured MFU); the kernels (the published
+    layout estimated with the top plan's kernel choices, KERNEL_FIELDS, against it as published); the
+    layout (the top plan against the published layout on the same kernels), with the two step terms
+    (compute, recompute, bubble, exposed comm, offload, optimizer) that carry most of it
+    (:func:`term_points`)."""
     model_error = 100 * (ref.predicted_mfu - ref.measured_mfu)
-    layout = 100 * (best.mfu - ref.predicted_mfu)
-    mine = step_shares(best)
-    moved = sorted(TERMS, key=lambda t: -abs(ref.shares[t[0]] - mine[t[0]]))[:2]
-    terms = ", ".join(f"{label} {100 * ref.shares[label]:.0f}->{100 * mine[label]:.0f} %" for label, _ in moved)
-    return f"model error on that run {model_error:+.1f}; layout {layout:+.1f} ({terms} of the step)"
+    model, job, cluster, plan = ref.inputs
+    swapped = with_kernels_of(plan, best.plan)
+    changes = kernel_changes(plan, best.plan)
+    on_kernels = estimate(model, job, cluster, swapped) if (swapped is not None and changes) else None
+    base_mfu, base_shares = (on_kernels.mfu, step_shares(on_kernels)) if on_kernels else (ref.predicted_mfu, ref.shares)
+    kernels = 100 * (base_mfu - ref.predicted_mfu)
+    layout = 100 * (best.mfu - base_mfu)
+    points = term_points(base_mfu, base_shares, best.mfu, step_shares(best))
+    moved = sorted(points, key=lambda k: -abs(points[k]))[:2]
+    terms = ", ".join(f"{k} {points[k]:+.1f}" for k in moved)
+    kernel_part = f"; kernels {kernels:+.1f} ({changes})" if on_kernels else ""
+    return f"model error on that run {model_error:+.1f}{kernel_part}; layout {layout:+.1f} (of which {terms})"
 
 
 def top_plan(model_name, cluster_name, gpus, seq, gbs, fixed):
@@ -127,8 +168,10 @@ def main() -> int:
     print(df.round(1).to_string(index=False))
     have = df.dropna(subset=["gap_points"])
     print("\nwhy: the gap = the estimator's error on the published run (its predicted - measured MFU) + the "
-          "layout difference as the estimator sees it (top plan's predicted MFU - the published layout's), "
-          "with the two step shares (of the predicted step) that differ most, published -> top plan")
+          "kernels, where they differ (the published layout on the top plan's kernels - as published) + the "
+          "layout difference as the estimator sees it (top plan's predicted MFU - the published layout's on the "
+          "same kernels), with the two step terms that carry most of it (points; compute: the rate at which "
+          "the GPUs run the model's FLOPs, e.g. GEMM shapes after tp)")
     print(f"\n{len(have)} scenarios with a published run at that size/scale: median gap "
           f"{have.gap_points.median():+.1f} MFU points, worst {have.gap_points.max():+.1f}; "
           f"{(have.gap_points.abs() <= 5).sum()} within 5 points")
