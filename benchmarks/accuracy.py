@@ -147,6 +147,34 @@ def dtype_pairs(cases, df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def part_pairs(cases, df: pd.DataFrame, base: str = "gb200") -> pd.DataFrame:
+    """The speed-up of one GPU over another (``base``) where a source ran the same model, GPU count,
+    job, layout and number format on both (measured: step-time ratio base / other, rows of one side
+    averaged; predicted likewise): what the parts' figures and curves tell apart, with the level error
+    of the software stack both share cancelled. Megatron-Bridge ran GB300 and GB200 (and B200) side by
+    side; the GB300 differs from the GB200 in its doubled softmax-exponential rate (curves.yaml
+    ``attention_exp_speedup``), its memory and its power limit."""
+    sides: dict = {}
+    for case, (_, row) in zip(cases, df.iterrows()):
+        key = (case.source, case.model.name, case.cluster.num_gpus, case.job, case.plan)
+        sides.setdefault(key, {}).setdefault(case.cluster.accelerator.name, []).append((row.measured_s, row.predicted_s))
+    out = []
+    for key, by_part in sides.items():
+        if base not in by_part:
+            continue
+        base_m, base_p = np.mean(by_part[base], axis=0)
+        plan = key[-1]
+        for part, runs in sorted(by_part.items()):
+            if part == base:
+                continue
+            m, p = np.mean(runs, axis=0)
+            out.append({"source": key[0], "model": key[1], "gpus": key[2],
+                        "layout": f"tp{plan.tp} pp{plan.pp} dp{plan.dp} ep{plan.ep} mb{plan.micro_batch}",
+                        "dtype": plan.dtype, "part": f"{part} over {base}", "measured_speedup": base_m / m,
+                        "predicted_speedup": base_p / p, "error_%": 100 * ((base_p / p) / (base_m / m) - 1)})
+    return pd.DataFrame(out)
+
+
 def summary(df: pd.DataFrame, by: str) -> pd.DataFrame:
     g = df.assign(a=df.thr_error.abs()).groupby(by)
     out = pd.DataFrame({"rows": g.size(), "mape_%": 100 * g.a.mean(), "bias_%": 100 * g.thr_error.mean(),
@@ -188,14 +216,16 @@ def loso_coverage(df: pd.DataFrame, level: float = LEVEL):
 
 def scored_frames(csv, h100_csv, sweep_csv, report=lambda line: None):
     """Every scored row of the calibration files and the sweep: (rows with their throughput error, the
-    sweep's frame or None when its file is missing, the fp8-over-bf16 pairs, the input file names).
+    sweep's frame or None when its file is missing, the fp8-over-bf16 pairs, the GPU-over-GB200 pairs, the
+    input file names).
     ``report`` gets a line per file (rows scored, skipped and why)."""
-    frames, inputs, pairs = [], [], []
+    frames, inputs, pairs, parts = [], [], [], []
     for loader, path in ((load_cases, csv), (load_h100_cases, h100_csv)):
         cases, skipped = loader(path)
         df = score(cases, estimate)
         df["churns_allocator"] = [churns_allocator(c.plan) for c in cases]
         pairs.append(dtype_pairs(cases, df))
+        parts.append(part_pairs(cases, df))
         df["generation"] = [GENERATION[c.cluster.accelerator.name] for c in cases]
         df["group"] = [residual_group(GENERATION[c.cluster.accelerator.name], c.model.moe is not None) for c in cases]
         frames.append(df)
@@ -213,7 +243,7 @@ def scored_frames(csv, h100_csv, sweep_csv, report=lambda line: None):
     else:
         report(f"{sweep_csv} not found: the sweep is left out")
     return (with_throughput_error(pd.concat(frames, ignore_index=True)), sweep,
-            pd.concat(pairs, ignore_index=True), inputs)
+            pd.concat(pairs, ignore_index=True), pd.concat(parts, ignore_index=True), inputs)
 
 
 def main(argv=None) -> int:
@@ -230,7 +260,7 @@ def main(argv=None) -> int:
     pd.set_option("display.max_colwidth", 80)
 
     try:
-        df, sweep, pairs, inputs = scored_frames(args.csv, args.h100_csv, args.sweep_csv, report=print)
+        df, sweep, pairs, parts, inputs = scored_frames(args.csv, args.h100_csv, args.sweep_csv, report=print)
     except ConfigError as e:
         print(f"accuracy.py: {e}", file=sys.stderr)
         return 2
@@ -249,6 +279,11 @@ def main(argv=None) -> int:
         print(pairs.round(3).to_string(index=False))
         print(f"speed-up error: MAPE {pairs['error_%'].abs().mean():.1f}%, bias {pairs['error_%'].mean():+.1f}% "
               f"over {len(pairs)} pairs")
+    if len(parts):
+        print("\nspeed-up of one GPU over the GB200 on the same model, GPUs, layout and number format")
+        print(parts.round(3).to_string(index=False))
+        print(f"speed-up error: MAPE {parts['error_%'].abs().mean():.1f}%, bias {parts['error_%'].mean():+.1f}% "
+              f"over {len(parts)} pairs")
     if sweep is not None:
         # The sheets' MFU counts more FLOPs per step than paraplan's convention (their formula is not
         # stated): compare in theirs, predicted MFU = the sheet's FLOPs per step / the predicted step

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.skipif(not SWEEP.exists(), reason="shared/reference not
 def scored():
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import accuracy
-    df, sweep, _, _ = accuracy.scored_frames(DEFAULT_CSV, H100_CSV, SWEEP)
+    df, sweep, _, _, _ = accuracy.scored_frames(DEFAULT_CSV, H100_CSV, SWEEP)
     return accuracy, df, sweep
 
 

@@ -215,8 +215,12 @@ def test_new_accelerators_have_curve_entries():
     hopper, blackwell = table["h100-sxm"], table["b200"]
     for name in ("h800-sxm", "gh200", "gh200-144g"):
         assert table[name] == hopper
-    for name in ("gb200", "gb300"):
-        assert table[name] == blackwell
+    assert table["gb200"] == blackwell
+    # Blackwell Ultra: Blackwell's curves plus its doubled softmax-exponential rate, nothing else changed
+    gb300 = {k: v for k, v in table["gb300"].items() if k not in ("attention_exp_speedup", "sources")}
+    assert gb300 == {k: v for k, v in blackwell.items() if k != "sources"}
+    assert table["gb300"]["attention_exp_speedup"] == 2.0
+    assert set(blackwell["sources"]) < set(table["gb300"]["sources"])
 
 
 def test_h800_is_an_h100_with_cut_nvlink():

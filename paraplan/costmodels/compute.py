@@ -435,7 +435,9 @@ def softmax_bytes_per_score(model, plan):
 def attention_core_times(model, job, plan, curves):
     """(forward, backward) time of the attention core (QKᵀ, softmax, PV) for one micro-batch.
     Fused: at the generation's calibrated efficiency, or, where the plan names a kernel, its
-    measured efficiency at this sequence length and these heads per GPU."""
+    measured efficiency at this sequence length and these heads per GPU; on a part whose softmax
+    exponentials run faster than its generation's (Blackwell Ultra), scaled by the curves'
+    ``softmax_exp_time_factor`` at the mean of the query-key and value head dims."""
     b, s = plan.micro_batch, job.seq_len
     s_l = tokens_per_rank(job, plan) / b
     t = np.asarray(plan.tp, dtype=float)
@@ -451,6 +453,10 @@ def attention_core_times(model, job, plan, curves):
         rate = curves.accelerator.peak(dt) * np.where(named, eff, 1.0)
         fused_f = np.where(named, curves.kernel_overhead_s + flops_fwd / rate, fused_f)
         fused_b = np.where(named, curves.kernel_overhead_s + 2.5 * flops_fwd / rate, fused_b)
+    exp_factor = getattr(curves, "softmax_exp_time_factor", None)
+    if exp_factor is not None:   # a part whose softmax exponentials outrun its generation's
+        f = exp_factor((model.qk_head_dim + model.v_head_dim) / 2)
+        fused_f, fused_b = fused_f * f, fused_b * f
     # unfused: batched GEMMs over all heads of the rank, full (masked) score matrix
     heads_rank = b * model.heads / t
     qk = curves.gemm_time(s_l * heads_rank, s, model.qk_head_dim, dt)

@@ -10,7 +10,9 @@ Formulas (each evaluated over numpy arrays as well as scalars):
   ``gemm_split_k`` in curves.yaml: Hopper, measured), the units that fill the waves are the tiles'
   K iterations, ``C = ceil(m/Tm)·ceil(n/Tn)·ceil(k/Tk)`` (Osama et al. 2023, arXiv:2301.03598).
 * memory-bound kernels: ``t = kernels · t0 + bytes / (BW_hbm · η_mem)``.
-* fused attention (FlashAttention): ``t = t0 + F / (peak · η_flash)``.
+* fused attention (FlashAttention): ``t = t0 + F / (peak · η_flash)``, times
+  :meth:`AnalyticalCurves.softmax_exp_time_factor` on a part whose softmax exponentials run faster than
+  its generation's (Blackwell Ultra).
 
 The curve parameters are data (``curves.yaml``), per accelerator; a profiled table measured by
 ``paraplan profile`` can stand in for them (same methods).
@@ -56,6 +58,11 @@ class AnalyticalCurves:
     gemm_split_k: bool = False
     gemm_tile_k: int = 64
     fp8_recipe_gemm_efficiency: Mapping[str, float] = field(default_factory=dict)
+    #: share of the generation's fused-attention time (head dim 128) that is the softmax's exponentials
+    #: (curves.yaml: derived from tensor FLOPs and SFU exponentials per clock per SM) and how many times
+    #: faster this part runs them than its generation (Blackwell Ultra: 2)
+    attention_exp_share: float = 0.0
+    attention_exp_speedup: float = 1.0
     streaming_efficiency: float = 0.5
     fp8_cast_efficiency: float | None = None
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
@@ -139,6 +146,20 @@ class AnalyticalCurves:
         peak = self.accelerator.peak(dtype) * self.flash_attention_efficiency
         return kernels * self.kernel_overhead_s + np.asarray(flops, dtype=float) / peak
 
+    def softmax_exp_time_factor(self, head_dim) -> float:
+        """Fused attention time on this part over its generation's, from its exponentials' speedup:
+        with x the generation's exponential share of the kernel's ideal time at head dim 128
+        (``attention_exp_share``), exponentials over tensor work at head dim d are
+        r = x / (1 - x) · 128 / d (the tensor FLOPs per score grow with d, the exponentials do not),
+        their share is r / (1 + r), and the time is (1 - share) + share / speedup. 1 where the part
+        runs its generation's exponentials."""
+        x, speedup = self.attention_exp_share, self.attention_exp_speedup
+        if x <= 0 or speedup == 1:
+            return 1.0
+        r = x / (1 - x) * 128.0 / float(head_dim)
+        share = r / (1 + r)
+        return (1 - share) + share / speedup
+
     def recompute_overhead_time(self, kernels):
         """Seconds activation checkpointing adds per recomputed region beyond the recomputed
         kernels: 0 here. On a GPU the host-side bookkeeping of the replay overlaps the device's
@@ -159,6 +180,8 @@ class AnalyticalCurves:
                 "streaming_efficiency": self.streaming_efficiency,
                 "fp8_cast_efficiency": self.fp8_cast_efficiency,
                 "flash_attention_efficiency": self.flash_attention_efficiency,
+                **({"attention_exp_share": self.attention_exp_share,
+                    "attention_exp_speedup": self.attention_exp_speedup} if self.attention_exp_speedup != 1 else {}),
                 "cpu_adam_memory_efficiency": self.cpu_adam_memory_efficiency,
                 **({"attention_kernels_measured": {k: dict(zip(self.attention_table["seq"], v))
                                                    for k, v in self.attention_table["kernels"].items()}}
@@ -189,7 +212,9 @@ def analytical_curves(accelerator: Accelerator) -> AnalyticalCurves:
         fp8_recipe_gemm_efficiency=dict(entry.get("fp8_recipe_gemm_efficiency", {})),
         streaming_efficiency=entry.get("streaming_efficiency", entry["memory_efficiency"]),
         fp8_cast_efficiency=entry.get("fp8_cast_efficiency"), sources=sources,
-        attention_table=attention_table_for(accelerator.name), caveat=entry.get("caveat"))
+        attention_table=attention_table_for(accelerator.name), caveat=entry.get("caveat"),
+        attention_exp_share=float(entry.get("attention_exp_share", 0.0)),
+        attention_exp_speedup=float(entry.get("attention_exp_speedup", 1.0)))
 
 
 def isolated_kernel_curves(curves: AnalyticalCurves) -> AnalyticalCurves:
