@@ -19,7 +19,9 @@ Per layer, with T = b·s/cp tokens on the rank, t = tp:
   With ``dtype = fp32`` (the CPU validation runs) every activation, weight and message byte count
   doubles (:func:`element_bytes`); the memory-bound byte counts are the 16-bit ones × 2.
 Recomputation (Korthikanti et al. 2022): selective re-runs the attention core forward, full
-re-runs the whole layer forward (and its tensor-parallel all-reduces); each recomputed region
+re-runs the whole layer forward (and its tensor-parallel all-reduces); torchtitan's op-level SAC
+re-runs every other matmul and, under sequence parallelism, the two all-gathers of the layer's block
+inputs (:func:`op_sac_regather_time`); each recomputed region
 also pays the curves' ``recompute_overhead_time`` for its forward kernels (0 on the analytical
 GPU curves; measured on a profiled CPU, where checkpointing's bookkeeping costs several times
 an op's own time). Forward kernels counted as the terms above charge them: a layer runs 4
@@ -597,6 +599,23 @@ def tp_allreduce_time(model, job, plan, cluster):
     return np.where(sp, rs_ag, ar)
 
 
+def op_sac_regather_time(model, job, plan, cluster):
+    """The all-gathers torchtitan's op-level SAC runs again in the backward of one layer and
+    micro-batch: its policy saves the outputs of matmuls, attention and reduce-scatters but not of
+    all-gathers (torchtitan ``_save_list``: aten.mm, the SDPA kernels,
+    _c10d_functional.reduce_scatter_tensor, abs/max for fp8; "communication ops whose outputs should be
+    saved to avoid re-communication" lists reduce-scatter and all-to-all only), so under sequence
+    parallelism the gathered inputs of the attention and MLP blocks, which the weight gradients of
+    their column-parallel projections read, are re-gathered: two all-gathers of T·h (fp8 where
+    :func:`tp_gathers_fp8`) per layer, in the backward, where async TP does not reach. 0 for other
+    recomputation modes, without sequence parallelism or tensor parallelism."""
+    T = tokens_per_rank(job, plan)
+    gathered = T * model.hidden * element_bytes(plan) * np.where(tp_gathers_fp8(plan), FP8_GATHER_BYTES_RATIO, 1.0)
+    applies = (np.asarray(plan.recompute_code) == Recompute.OP_SAC) & np.asarray(plan.sp, dtype=bool) \
+        & (np.asarray(plan.tp) > 1)
+    return np.where(applies, 2 * tp_collective_time(ALL_GATHER, gathered, plan, cluster), 0.0)
+
+
 def ring_attention_step_time(model, job, plan, cluster):
     """One ring-attention step: a K and V chunk of s/cp tokens to the next cp rank."""
     T = tokens_per_rank(job, plan)
@@ -844,7 +863,8 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     recompute = np.where(full, fwd, np.where(rc == Recompute.SELECTIVE, selective,
                                              np.where(rc == Recompute.OP_SAC, sac_replay, 0.0))) \
         + np.where(rc > 0, replay, 0.0)
-    tp_comm = tp_exposed_time(ar * collectives, attn_gemm + mlp_gemm, full, plan)
+    tp_comm = tp_exposed_time(ar * collectives, attn_gemm + mlp_gemm, full, plan) \
+        + op_sac_regather_time(model, job, plan, cluster)
     exchange = ring_exchange_times(model, job, plan, cluster)
     cp_comm = cp_exposed_time(model, job, plan, cluster, attn_f, attn_b, exchange)
     cp_hidden_f, cp_hidden_b = ring_hidden_on_network(model, job, plan, cluster, attn_f, attn_b, exchange)
