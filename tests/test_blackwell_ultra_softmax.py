@@ -69,3 +69,11 @@ def test_megatron_bridge_gb300_pairs_closer_than_equal_parts():
     assert (pairs.predicted_speedup <= pairs.measured_speedup).all()
     # equal parts would have predicted a speed-up of 1: the error is now smaller for every pair
     assert (pairs["error_%"].abs() < 100 * (1 - 1 / pairs.measured_speedup)).all()
+
+
+def test_estimate_says_so_on_gb300_only():
+    model, job = load_model("llama3-8b"), TrainingJob(8192, 16)
+    plan = Plan(dp=8, micro_batch=2, dtype="fp8")
+    said = [a for a in estimate(model, job, GB300, plan).assumptions if "exponentials" in a]
+    assert len(said) == 1 and "1.22x faster" in said[0]
+    assert not [a for a in estimate(model, job, GB200, plan).assumptions if "exponentials" in a]

@@ -135,6 +135,20 @@ def attention_kernel_assumption(model, job, plan, curves) -> tuple[str, ...]:
             f"(attention_kernels.yaml) at {job.seq_len} tokens and {b * model.heads // plan.tp} heads per GPU",)
 
 
+def softmax_exp_assumption(model, plan, curves) -> tuple[str, ...]:
+    """Said where a part runs the softmax's exponentials faster than its generation (Blackwell Ultra):
+    by how much its fused attention is priced faster than its generation's."""
+    factor = getattr(curves, "softmax_exp_time_factor", None)
+    if factor is None or not plan.flash_attention:
+        return ()
+    f = factor((model.qk_head_dim + model.v_head_dim) / 2)
+    if f == 1.0:
+        return ()
+    return (f"attention: this part runs the softmax's exponentials {curves.attention_exp_speedup:g}x as fast as its "
+            f"generation (Blackwell Ultra's SFU): fused attention priced {1 / f:.2f}x faster than on a B200/GB200 "
+            f"at head dim {(model.qk_head_dim + model.v_head_dim) / 2:g} (curves.yaml attention_exp_speedup)",)
+
+
 def gemm_level_assumption(plan, curves) -> tuple[str, ...]:
     """The GEMM rate the estimate charges and where it comes from (analytical curves only; a measured
     profile's tables speak for themselves): the part's MAMF plateau of the plan's GEMM dtype, times the
@@ -601,6 +615,7 @@ def estimate_legal(model, job, cluster, plan: Plan, *, curves=None, max_memory_f
         efficiency_curves=curves.describe(),
         assumptions=(assumptions_for(plan) + gemm_level_assumption(plan, curves)
                      + attention_kernel_assumption(model, job, plan, curves)
+                     + softmax_exp_assumption(model, plan, curves)
                      + moe_host_assumption(model, plan) + ep_overlap_assumption(job, plan) + domains
                      + deepspeed_dp_assumption(plan) + allocator_pressure_assumption(memory["total"], cluster, plan)),
         prediction_interval=describe_interval(cluster.accelerator.name, tokens_per_s, step,
