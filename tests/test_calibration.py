@@ -88,3 +88,17 @@ def test_megatron_fsdp_rows_keep_transformer_engines_attention():
         named = estimate(c.model, c.job, c.cluster, c.plan).step_time_s
         default = estimate(c.model, c.job, c.cluster, replace(c.plan, attention_kernel="auto")).step_time_s
         assert named < 0.97 * default
+
+
+def test_bloom_rows_run_on_jean_zay():
+    """The bigscience rows trained on Jean Zay's A100 partition (4 Omni-Path 100 Gb/s links per node of 8
+    GPUs: 6.25 GB/s per GPU), not on a DGX A100 (8 x HDR 200 Gb/s: 25 GB/s per GPU); the thinner fabric
+    is what their data-parallel and pipeline traffic crosses."""
+    from paraplan.costmodels.calibration import BLOOM_SYSTEM, load_cases, load_memory_cases
+    bloom = [c for c in load_cases()[0] if c.source == "bigscience BLOOM prototypes"]
+    assert len(bloom) == 11
+    assert {c.cluster.system.name for c in bloom} == {BLOOM_SYSTEM}
+    assert bloom[0].cluster.inter_node.bandwidth_bytes_per_s == 6.25e9
+    assert all(any("Jean Zay" in a for a in c.assumed) for c in bloom)
+    others = [c for c in load_cases()[0] if c.source != "bigscience BLOOM prototypes"]
+    assert BLOOM_SYSTEM not in {c.cluster.system.name for c in others}

@@ -45,6 +45,9 @@ GPT_VOCAB = 51200
 #: the vocabulary taken for a model described only by its columns when neither they nor the notes
 #: give one (32,000: Llama 1/2 and Mistral; the logit layer is a few percent of a step either way)
 DEFAULT_VOCAB = 32000
+#: the cluster of the bigscience rows: the A100 partition of IDRIS's Jean Zay, where BLOOM and its
+#: prototypes trained (bigscience tr11-176B-ml README: 8 A100-80GB and 4 Omni-Path links per node)
+BLOOM_SYSTEM = "jean-zay-a100"
 GPU_TO_SYSTEM = {"A100-80GB": "dgx-a100-80g", "A100-40GB": "dgx-a100-40g", "A100 (DGX-A100)": "dgx-a100-40g",
                  "V100-32GB (DGX-2)": "dgx2-v100"}
 
@@ -264,6 +267,10 @@ def _setup_from_row(r: pd.Series):
         return assumed[-1]
     src = short_source(r["source"])
     megatron = src.startswith("Megatron")
+    if src == "bigscience BLOOM prototypes" and system == "dgx-a100-80g":
+        system = BLOOM_SYSTEM
+        assumed.append("cluster: Jean Zay's A100 partition, where the BLOOM runs trained (4 x Omni-Path 100 Gb/s "
+                       "per node of 8 A100-80GB: systems/jean-zay-a100.yaml)")
     if preset and blank_architecture:
         model = load_model(preset)
         assumed.append(f"architecture of the {preset} preset: the row names {r['model']!r} and leaves "
