@@ -120,31 +120,39 @@ def with_throughput_error(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def speedup_pairs(cases, df: pd.DataFrame, key_of, side_of, base):
+    """(key, side, measured speed-up, predicted speed-up) for every side that ran with the same key as a
+    ``base`` side: the cases grouped by ``key_of(case)``, split by ``side_of(case)``, rows of one side
+    averaged, speed-up = base step time / the side's (measured and predicted alike)."""
+    sides: dict = {}
+    for case, (_, row) in zip(cases, df.iterrows()):
+        sides.setdefault(key_of(case), {}).setdefault(side_of(case), []).append((row.measured_s, row.predicted_s))
+    for key, by_side in sides.items():
+        if base not in by_side:
+            continue
+        base_m, base_p = np.mean(by_side[base], axis=0)
+        for side, runs in sorted(by_side.items()):
+            if side != base:
+                m, p = np.mean(runs, axis=0)
+                yield key, side, base_m / m, base_p / p
+
+
+def _speedup_row(measured, predicted) -> dict:
+    return {"measured_speedup": measured, "predicted_speedup": predicted, "error_%": 100 * (predicted / measured - 1)}
+
+
 def dtype_pairs(cases, df: pd.DataFrame) -> pd.DataFrame:
     """The fp8 speed-up over bf16 where a source ran the same model, cluster and layout in both
     (measured: step-time ratio bf16 / fp8, rows of one side averaged; predicted likewise). A level
     error the two runs share (an unpriced power limit, a slower software stack) cancels in the ratio,
     so this isolates what the number format changes: the GEMMs, the casts, the fp8 collectives."""
-    sides: dict = {}
-    for case, (_, row) in zip(cases, df.iterrows()):
-        key = (case.source, case.model.name, case.cluster.name, case.cluster.num_gpus, case.job,
-               replace(case.plan, dtype="bf16"))
-        sides.setdefault(key, {}).setdefault(case.plan.dtype, []).append((row.measured_s, row.predicted_s))
-    out = []
-    for key, by_dtype in sides.items():
-        if "bf16" not in by_dtype:
-            continue
-        base_m, base_p = np.mean(by_dtype["bf16"], axis=0)
-        plan = key[-1]
-        for dtype, runs in sorted(by_dtype.items()):
-            if dtype == "bf16":
-                continue
-            m, p = np.mean(runs, axis=0)
-            out.append({"source": key[0], "model": key[1], "cluster": f"{key[2]} x{key[3]}",
-                        "layout": f"tp{plan.tp} pp{plan.pp} dp{plan.dp}" + (" overlap" if plan.tp_comm_overlap else ""),
-                        "fp8 recipe": dtype, "measured_speedup": base_m / m, "predicted_speedup": base_p / p,
-                        "error_%": 100 * ((base_p / p) / (base_m / m) - 1)})
-    return pd.DataFrame(out)
+    pairs = speedup_pairs(cases, df, lambda c: (c.source, c.model.name, c.cluster.name, c.cluster.num_gpus, c.job,
+                                                replace(c.plan, dtype="bf16")),
+                          lambda c: c.plan.dtype, "bf16")
+    return pd.DataFrame([{"source": key[0], "model": key[1], "cluster": f"{key[2]} x{key[3]}",
+                          "layout": f"tp{key[-1].tp} pp{key[-1].pp} dp{key[-1].dp}"
+                                    + (" overlap" if key[-1].tp_comm_overlap else ""),
+                          "fp8 recipe": dtype, **_speedup_row(m, p)} for key, dtype, m, p in pairs])
 
 
 def part_pairs(cases, df: pd.DataFrame, base: str = "gb200") -> pd.DataFrame:
@@ -154,25 +162,12 @@ def part_pairs(cases, df: pd.DataFrame, base: str = "gb200") -> pd.DataFrame:
     of the software stack both share cancelled. Megatron-Bridge ran GB300 and GB200 (and B200) side by
     side; the GB300 differs from the GB200 in its doubled softmax-exponential rate (curves.yaml
     ``attention_exp_speedup``), its memory and its power limit."""
-    sides: dict = {}
-    for case, (_, row) in zip(cases, df.iterrows()):
-        key = (case.source, case.model.name, case.cluster.num_gpus, case.job, case.plan)
-        sides.setdefault(key, {}).setdefault(case.cluster.accelerator.name, []).append((row.measured_s, row.predicted_s))
-    out = []
-    for key, by_part in sides.items():
-        if base not in by_part:
-            continue
-        base_m, base_p = np.mean(by_part[base], axis=0)
-        plan = key[-1]
-        for part, runs in sorted(by_part.items()):
-            if part == base:
-                continue
-            m, p = np.mean(runs, axis=0)
-            out.append({"source": key[0], "model": key[1], "gpus": key[2],
-                        "layout": f"tp{plan.tp} pp{plan.pp} dp{plan.dp} ep{plan.ep} mb{plan.micro_batch}",
-                        "dtype": plan.dtype, "part": f"{part} over {base}", "measured_speedup": base_m / m,
-                        "predicted_speedup": base_p / p, "error_%": 100 * ((base_p / p) / (base_m / m) - 1)})
-    return pd.DataFrame(out)
+    pairs = speedup_pairs(cases, df, lambda c: (c.source, c.model.name, c.cluster.num_gpus, c.job, c.plan),
+                          lambda c: c.cluster.accelerator.name, base)
+    return pd.DataFrame([{"source": key[0], "model": key[1], "gpus": key[2],
+                          "layout": f"tp{key[-1].tp} pp{key[-1].pp} dp{key[-1].dp} ep{key[-1].ep} mb{key[-1].micro_batch}",
+                          "dtype": key[-1].dtype, "part": f"{part} over {base}", **_speedup_row(m, p)}
+                         for key, part, m, p in pairs])
 
 
 def summary(df: pd.DataFrame, by: str) -> pd.DataFrame:
