@@ -434,6 +434,20 @@ def softmax_bytes_per_score(model, plan):
     return nbytes, kernels
 
 
+def attention_head_dim(model) -> float:
+    """The head dim a score's tensor work scales with: the mean of the query-key and value head dims
+    (QK^T runs d_qk, PV d_v FLOPs per score and multiply)."""
+    return (model.qk_head_dim + model.v_head_dim) / 2
+
+
+def softmax_exp_factor(model, curves) -> float:
+    """Fused attention time on the curves' part over its generation's, from the part's faster softmax
+    exponentials (the curves' ``softmax_exp_time_factor`` at :func:`attention_head_dim`); 1 for curves
+    without one (a measured profile) or a part that runs its generation's."""
+    factor = getattr(curves, "softmax_exp_time_factor", None)
+    return 1.0 if factor is None else factor(attention_head_dim(model))
+
+
 def attention_core_times(model, job, plan, curves):
     """(forward, backward) time of the attention core (QKᵀ, softmax, PV) for one micro-batch.
     Fused: at the generation's calibrated efficiency, or, where the plan names a kernel, its
@@ -455,10 +469,8 @@ def attention_core_times(model, job, plan, curves):
         rate = curves.accelerator.peak(dt) * np.where(named, eff, 1.0)
         fused_f = np.where(named, curves.kernel_overhead_s + flops_fwd / rate, fused_f)
         fused_b = np.where(named, curves.kernel_overhead_s + 2.5 * flops_fwd / rate, fused_b)
-    exp_factor = getattr(curves, "softmax_exp_time_factor", None)
-    if exp_factor is not None:   # a part whose softmax exponentials outrun its generation's
-        f = exp_factor((model.qk_head_dim + model.v_head_dim) / 2)
-        fused_f, fused_b = fused_f * f, fused_b * f
+    f = softmax_exp_factor(model, curves)   # a part whose softmax exponentials outrun its generation's
+    fused_f, fused_b = fused_f * f, fused_b * f
     # unfused: batched GEMMs over all heads of the rank, full (masked) score matrix
     heads_rank = b * model.heads / t
     qk = curves.gemm_time(s_l * heads_rank, s, model.qk_head_dim, dt)
@@ -586,17 +598,26 @@ def tp_allreduce_time(model, job, plan, cluster):
     collectives) RS + AG equals the all-reduce exactly; a link fitted per collective from a
     profile (gloo on a CPU, say) prices them apart; where the all-gathers carry fp8
     (:func:`tp_gathers_fp8`) they move half the bytes of the reduce-scatters."""
-    T = tokens_per_rank(job, plan)
-    size = T * model.hidden * element_bytes(plan)
+    size = tp_activation_bytes(model, job, plan)
     ar = tp_collective_time(ALL_REDUCE, size, plan, cluster)
     sp = np.asarray(plan.sp, dtype=bool)
     intra, inter = cluster.links("tp")
-    fp8_gather = tp_gathers_fp8(plan)
-    if not np.any(sp) or not (intra.per_op or inter.per_op or np.any(fp8_gather)):
+    if not np.any(sp) or not (intra.per_op or inter.per_op or np.any(tp_gathers_fp8(plan))):
         return ar
-    gathered = size * np.where(fp8_gather, FP8_GATHER_BYTES_RATIO, 1.0)
-    rs_ag = tp_collective_time(REDUCE_SCATTER, size, plan, cluster) + tp_collective_time(ALL_GATHER, gathered, plan, cluster)
+    rs_ag = tp_collective_time(REDUCE_SCATTER, size, plan, cluster) \
+        + tp_collective_time(ALL_GATHER, tp_gathered_bytes(model, job, plan), plan, cluster)
     return np.where(sp, rs_ag, ar)
+
+
+def tp_activation_bytes(model, job, plan):
+    """Bytes of the T·h activation a tensor-parallel collective of one layer carries (16-bit, or fp32)."""
+    return tokens_per_rank(job, plan) * model.hidden * element_bytes(plan)
+
+
+def tp_gathered_bytes(model, job, plan):
+    """Bytes one sequence-parallel all-gather of a layer's block input carries: the T·h activation, fp8
+    where the gathers carry fp8 (:func:`tp_gathers_fp8`: FP8_GATHER_BYTES_RATIO of it)."""
+    return tp_activation_bytes(model, job, plan) * np.where(tp_gathers_fp8(plan), FP8_GATHER_BYTES_RATIO, 1.0)
 
 
 def op_sac_regather_time(model, job, plan, cluster):
@@ -609,11 +630,10 @@ def op_sac_regather_time(model, job, plan, cluster):
     their column-parallel projections read, are re-gathered: two all-gathers of T·h (fp8 where
     :func:`tp_gathers_fp8`) per layer, in the backward, where async TP does not reach. 0 for other
     recomputation modes, without sequence parallelism or tensor parallelism."""
-    T = tokens_per_rank(job, plan)
-    gathered = T * model.hidden * element_bytes(plan) * np.where(tp_gathers_fp8(plan), FP8_GATHER_BYTES_RATIO, 1.0)
     applies = (np.asarray(plan.recompute_code) == Recompute.OP_SAC) & np.asarray(plan.sp, dtype=bool) \
         & (np.asarray(plan.tp) > 1)
-    return np.where(applies, 2 * tp_collective_time(ALL_GATHER, gathered, plan, cluster), 0.0)
+    gather = tp_collective_time(ALL_GATHER, tp_gathered_bytes(model, job, plan), plan, cluster)
+    return np.where(applies, 2 * gather, 0.0)
 
 
 def ring_attention_step_time(model, job, plan, cluster):

@@ -138,15 +138,12 @@ def attention_kernel_assumption(model, job, plan, curves) -> tuple[str, ...]:
 def softmax_exp_assumption(model, plan, curves) -> tuple[str, ...]:
     """Said where a part runs the softmax's exponentials faster than its generation (Blackwell Ultra):
     by how much its fused attention is priced faster than its generation's."""
-    factor = getattr(curves, "softmax_exp_time_factor", None)
-    if factor is None or not plan.flash_attention:
-        return ()
-    f = factor((model.qk_head_dim + model.v_head_dim) / 2)
-    if f == 1.0:
+    f = C.softmax_exp_factor(model, curves)
+    if f == 1.0 or not plan.flash_attention:
         return ()
     return (f"attention: this part runs the softmax's exponentials {curves.attention_exp_speedup:g}x as fast as its "
             f"generation (Blackwell Ultra's SFU): fused attention priced {1 / f:.2f}x faster than on a B200/GB200 "
-            f"at head dim {(model.qk_head_dim + model.v_head_dim) / 2:g} (curves.yaml attention_exp_speedup)",)
+            f"at head dim {C.attention_head_dim(model):g} (curves.yaml attention_exp_speedup)",)
 
 
 def gemm_level_assumption(plan, curves) -> tuple[str, ...]:
