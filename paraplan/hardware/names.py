@@ -32,6 +32,21 @@ def _names(text: str, *parts: str) -> bool:
     return any(re.search(rf"(?<![0-9a-z]){p}(?![0-9])", text) for p in parts)
 
 
+#: part numbers read before the H100, in this order (a name that states two parts takes the first here), and
+#: the system preset each runs on, or the reason there is none (a string)
+PARTS_BEFORE_H100 = (
+    (("mi300x",), Resolved("mi300x-x8")),
+    (("mi250x?", "mi325x?", "mi355x?"), "no preset for this AMD part (MI300X only)"),
+    (("gb300",), Resolved("gb300-nvl72")),
+    (("gb200",), Resolved("gb200-nvl72")),
+    (("b300",), "no B300 preset (GB300 NVL72 and B200 are catalogued)"),
+    (("b200",), Resolved("dgx-b200")),
+    (("gh200",), "no GH200 system preset (only the accelerator is catalogued)"),
+    (("h800",), Resolved("hgx-h800")),
+    (("h200",), Resolved("dgx-h200")),
+)
+
+
 def system_for_gpu(name: str) -> Resolved | str:
     """The system preset (hardware/catalog/systems) a published GPU name runs on, or why there is none.
 
@@ -43,24 +58,9 @@ def system_for_gpu(name: str) -> Resolved | str:
     t = _gpu_text(name)
     mem = _memory_gb(t)
     pcie = "pcie" in t or re.search(r"\bnvl\b", t) is not None and "nvl72" not in t
-    if _names(t, "mi300x"):
-        return Resolved("mi300x-x8")
-    if _names(t, "mi250x?", "mi325x?", "mi355x?"):
-        return f"GPU {name!r}: no preset for this AMD part (MI300X only)"
-    if _names(t, "gb300"):
-        return Resolved("gb300-nvl72")
-    if _names(t, "gb200"):
-        return Resolved("gb200-nvl72")
-    if _names(t, "b300"):
-        return f"GPU {name!r}: no B300 preset (GB300 NVL72 and B200 are catalogued)"
-    if _names(t, "b200"):
-        return Resolved("dgx-b200")
-    if _names(t, "gh200"):
-        return f"GPU {name!r}: no GH200 system preset (only the accelerator is catalogued)"
-    if _names(t, "h800"):
-        return Resolved("hgx-h800")
-    if _names(t, "h200"):
-        return Resolved("dgx-h200")
+    for parts, found in PARTS_BEFORE_H100:
+        if _names(t, *parts):
+            return found if isinstance(found, Resolved) else f"GPU {name!r}: {found}"
     if _names(t, "h100"):
         if "hbm2e" in t or mem == 96 or "grand teton" in t:
             return Resolved("grand-teton-h100")
