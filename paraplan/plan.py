@@ -151,7 +151,8 @@ class Engine(Mode):
     are laid out), which buffers exist, and which layouts can be expressed at all.
 
     generic: the ZeRO paper's accounting, no engine restrictions; megatron: Megatron-LM (fp32
-    main_grad, distributed optimizer); deepspeed: DeepSpeed ZeRO 0-3 with offload; torchtitan:
+    main_grad, distributed optimizer; ZeRO-2/3 run as Megatron-FSDP, its
+    --data-parallel-sharding-strategy optim_grads / optim_grads_params); deepspeed: DeepSpeed ZeRO 0-3 with offload; torchtitan:
     PyTorch FSDP2 + DTensor TP/SP + torch.distributed.pipelining; scaling: Aleph Alpha's Scaling
     (github.com/Aleph-Alpha/scaling; its ZeRO-1 optimizer, Megatron-style TP/SP, DeepSpeed-style 1F1B
     pipeline), the codebase of Hagemann et al. 2023's layout sweep."""
@@ -1013,11 +1014,9 @@ RULES: tuple[Rule, ...] = (
        uses_scene=False),
     # --- what each engine runs (Engine) ---------------------------------------------------------
     _r("engine-zero-stages", "the engine has no such ZeRO stage", ILLEGAL, ("engine_code", "zero"),
-       lambda P, s: (_engine_in(P, Engine.MEGATRON, Engine.SCALING) & (P.zero >= 2))
+       lambda P, s: ((P.engine_code == Engine.SCALING) & (P.zero >= 2))
        | ((P.engine_code == Engine.TORCHTITAN) & (P.zero == 1)),
        lambda p, s: (f"--engine {Engine(p.engine_code).label} has no ZeRO-{p.zero}: " + (
-           "Megatron-LM shards optimizer states only (--use-distributed-optimizer, ZeRO-1)"
-           if p.engine_code == Engine.MEGATRON else
            "Scaling shards optimizer states only (optimizer zero: true, ZeRO-1)"
            if p.engine_code == Engine.SCALING else
            "torchtitan shards with FSDP2: ZeRO-3 (reshard after forward), ZeRO-2 (no reshard after forward) "

@@ -72,22 +72,26 @@ def test_h100_rows_carry_the_recipe_settings_they_ran_with():
     assert all(c.plan.engine != "torchtitan" or not c.plan.grad_reduce_bf16 for c in cases)
 
 
-def test_megatron_fsdp_rows_keep_transformer_engines_attention():
-    """Megatron-Bridge's Megatron-FSDP rows run on the generic ZeRO-3 engine (paraplan's Megatron engine
-    has ZeRO <= 1) but keep the attention kernel a Megatron plan runs (Transformer Engine's cuDNN fused
-    attention on Hopper): on the H100 that is the measured cuDNN table, not the generic default."""
+def test_megatron_fsdp_rows_run_on_megatrons_zero3():
+    """Megatron-Bridge's Megatron-FSDP rows run as Megatron-LM at ZeRO-3 (Megatron-FSDP, optim_grads_params):
+    Megatron's layers and kernels (on the H100, Transformer Engine's cuDNN fused attention, the engine's
+    pick under ``auto``) and its sharded model states, not a generic engine with a named kernel."""
     from dataclasses import replace
     from paraplan.costmodels.calibration import load_h100_cases
     from paraplan.costmodels.estimate import estimate
     fsdp = [c for c in load_h100_cases()[0] if any("Megatron FSDP" in a for a in c.assumed)]
     assert len(fsdp) >= 4
-    assert all(c.plan.engine == "generic" and c.plan.zero == 3 and c.plan.attention_kernel == "cudnn" for c in fsdp)
+    assert all(c.plan.engine == "megatron" and c.plan.zero == 3 and c.plan.attention_kernel == "auto" for c in fsdp)
     h100 = [c for c in fsdp if c.cluster.accelerator.name == "h100-sxm"]
     assert h100
-    for c in h100:   # the kernel choice is priced there: faster than the generation's calibrated default
-        named = estimate(c.model, c.job, c.cluster, c.plan).step_time_s
-        default = estimate(c.model, c.job, c.cluster, replace(c.plan, attention_kernel="auto")).step_time_s
-        assert named < 0.97 * default
+    for c in h100:   # the engine's kernel is priced there: faster than the generic engine's default
+        megatron = estimate(c.model, c.job, c.cluster, c.plan)
+        generic = estimate(c.model, c.job, c.cluster, replace(c.plan, engine="generic", grad_reduce_bf16=False))
+        assert megatron.step_time_s < 0.97 * generic.step_time_s
+        # sharded: less than a third of the ZeRO-1 model states of the same layout
+        zero1 = estimate(c.model, c.job, c.cluster, replace(c.plan, zero=1))
+        states = lambda e: sum(e.memory_bytes_per_gpu[k] for k in ("parameters", "gradients", "optimizer_states"))
+        assert states(megatron) < states(zero1) / 3
 
 
 def test_bloom_rows_run_on_jean_zay():

@@ -50,6 +50,41 @@ def test_megatron_bytes_per_parameter_match_its_theoretical_formula(zero, dp):
     assert e.memory_bytes_per_gpu["gradients"] == pytest.approx(4 * psi)      # fp32 main_grad
 
 
+@pytest.mark.parametrize("zero, bf16", [(2, False), (3, False), (3, True)])
+def test_megatron_fsdp_shards_what_its_strategy_names(zero, bf16):
+    """Megatron-FSDP (Megatron-LM's ZeRO-2/3): optim_grads shards the main_grad buffer and the optimizer,
+    optim_grads_params the 16-bit parameters too: 2 + g/N + 12/N and (2 + g + 12)/N bytes per parameter,
+    g = 4 (fp32 main_grad) or 2 (--grad-reduce-in-bf16)."""
+    tp, dp = 2, 8
+    plan = Plan(tp=tp, sp=True, zero=zero, engine="megatron", grad_reduce_bf16=bf16)
+    model, e, states = _states("llama1-13b", tp * dp, plan)
+    psi, g = model.num_params / tp, (2 if bf16 else 4)
+    per_param = (2 + g + 12) / dp if zero == 3 else 2 + (g + 12) / dp
+    assert states == pytest.approx(psi * per_param, rel=1e-9)
+    assert e.memory_bytes_per_gpu["gradients"] == pytest.approx(g * psi / dp)
+    # and it holds less than the distributed optimizer (ZeRO-1) of the same layout
+    _, _, zero1 = _states("llama1-13b", tp * dp, Plan(tp=tp, sp=True, zero=1, engine="megatron", grad_reduce_bf16=bf16))
+    assert states < zero1
+
+
+def test_megatron_fsdp_buffers_are_two_layers_of_gradients_and_at_zero3_of_parameters():
+    """The double buffers the export turns on (--fsdp-double-buffer): two layers' unsharded gradients in the
+    main_grad dtype, and at ZeRO-3 two gathered 16-bit layers; ZeRO-1 has none of them."""
+    model = load_model("llama3-8b")
+    job, cluster = TrainingJob(4096, 64), load_cluster("dgx-h100", 16)
+    layer = model.params_per_layer / 2
+    buffers = {z: M.buffer_bytes(model, Plan(tp=2, sp=True, zero=z, engine="megatron"), 0.0) for z in (1, 2, 3)}
+    assert buffers[1] == 0.0
+    assert buffers[2] == pytest.approx(2 * 4 * layer)
+    assert buffers[3] == pytest.approx(2 * 4 * layer + 2 * 2 * layer)
+    # gathered in persistent buffers: no allocator churn, unlike FSDP2 or DeepSpeed stage 3
+    from paraplan.costmodels.estimate import churns_allocator
+    assert not churns_allocator(Plan(tp=2, sp=True, zero=3, engine="megatron"))
+    assert churns_allocator(Plan(tp=2, sp=True, zero=3, engine="deepspeed"))
+    e = estimate(model, job, cluster, Plan(tp=2, sp=True, zero=3, engine="megatron"))
+    assert e.feasible and e.time_breakdown_s["dp_comm"] > 0
+
+
 def test_megatron_holds_more_than_the_zero_paper_by_the_fp32_gradients():
     _, _, generic = _states("llama1-13b", 16, Plan(tp=2, sp=True, zero=1))
     model, _, megatron = _states("llama1-13b", 16, Plan(tp=2, sp=True, zero=1, engine="megatron"))
@@ -118,7 +153,6 @@ def test_every_engine_holds_the_same_bytes_in_fp32_training_except_its_own_layou
 
 
 @pytest.mark.parametrize("plan_kwargs, field, text", [
-    (dict(engine="megatron", zero=2), "zero", "Megatron-LM shards optimizer states only"),
     (dict(engine="megatron", zero=1, offload="cpu"), "offload", "DeepSpeed"),
     (dict(engine="torchtitan", zero=1), "zero", "FSDP2"),
     (dict(engine="torchtitan", tp=2), "sp", "always shards the sequence"),
@@ -154,7 +188,8 @@ def test_search_proposes_only_what_the_engine_runs(engine):
         assert not ((batch.tp > 1) & ~batch.sp).any()
         assert not (batch.zero == 1).any()
     if engine == "megatron":
-        assert (batch.zero <= 1).all() and (batch.offload_code == 0).all()
+        assert (batch.offload_code == 0).all()
+        assert set(np.unique(batch.zero)) == {0, 1, 2, 3}      # ZeRO-2/3 as Megatron-FSDP
     if engine == "deepspeed":
         assert not ((batch.pp > 1) & (batch.zero >= 2)).any()
     if engine == "scaling":
@@ -236,8 +271,12 @@ def test_export_of_a_plan_made_for_another_engine_is_checked_not_approximated():
         export(megatron_plan, "torchtitan")       # torchtitan: TP implies SP, and it has no ZeRO-1
     assert "made for engine megatron" in str(err.value) and err.value.field in ("zero", "sp")
     # a generic plan the engine cannot express is still exported, approximated, and says so
-    generic = _doc("llama3-8b", "dgx-h100", 16, 2048, 256, zero=3)
+    generic = _doc("llama3-8b", "dgx-h100", 16, 2048, 256, zero=3, offload="cpu")
     assert export(generic, "megatron").notes[0].startswith("not re-estimated for megatron")
+    # ZeRO-3 alone Megatron-LM runs (Megatron-FSDP): re-estimated, with its flags
+    out = export(_doc("llama3-8b", "dgx-h100", 16, 2048, 256, zero=3), "megatron")
+    assert out.notes[0].startswith("re-estimated as megatron runs it")
+    assert "--use-megatron-fsdp" in out.text and "optim_grads_params" in out.text
 
 
 def test_export_refuses_a_named_engine_plan_that_overflows_as_the_target_runs_it():

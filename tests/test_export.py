@@ -154,8 +154,12 @@ def test_megatron_zero3_offload_and_full_recompute():
     assert f["--recompute-granularity"] == "full" and f["--recompute-method"] == "uniform"
     assert f["--use-distributed-optimizer"] is True and f["--optimizer-cpu-offload"] is True
     assert f["--use-precision-aware-optimizer"] is True
+    # ZeRO-3 is Megatron-FSDP: its required flags (Megatron-LM's Megatron-FSDP user guide) and the double
+    # buffers the estimate prices
+    assert f["--use-megatron-fsdp"] is True and f["--data-parallel-sharding-strategy"] == "optim_grads_params"
+    assert f["--ckpt-format"] == "fsdp_dtensor" and f["--fsdp-double-buffer"] is True
     notes = comments(text)
-    assert "ZeRO-3 has no exact Megatron-LM equivalent" in notes and "optim_grads_params" in notes
+    assert "Megatron-FSDP" in notes and "CUDA_DEVICE_MAX_CONNECTIONS" in notes
     assert "NVMe offload has no Megatron-LM flag" in notes and "parameter offload" in notes
 
 

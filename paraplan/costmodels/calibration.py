@@ -796,7 +796,7 @@ def engine_of_source(source: str, assumed: list) -> str:
 def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     """A calibration case from the H100/Blackwell file, or the reason the row is skipped. Models come
     from the presets (the file leaves most architectures out); the engine from the source (NeMo and
-    Megatron-Bridge run Megatron-Core; Megatron FSDP rows run as generic ZeRO-3)."""
+    Megatron-Bridge run Megatron-Core; their Megatron FSDP rows its ZeRO-3)."""
     if r["measured_metric"] not in THROUGHPUT_METRICS:
         return f"metric {r['measured_metric']} is not a throughput"
     assumed: list[str] = []
@@ -827,15 +827,9 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
         assumed.append("ZeRO-3 (FSDP2, torchtitan's data parallelism; not stated)" if engine == "torchtitan" else
                        "ZeRO-1 (distributed optimizer, Megatron-Core recipes' default; not stated)")
     nvidia_recipe = engine == "megatron"      # NeMo / Megatron-Bridge performance recipes, FSDP ones included
-    attention_kernel = "auto"
     if engine == "megatron" and zero >= 2:
-        engine = "generic"
-        # Megatron FSDP shards the model states differently but runs Megatron-Core's layers: Transformer
-        # Engine's attention, the kernel paraplan's Megatron engine picks (compute.engine_attention_kernel)
-        attention_kernel = "cudnn"
-        assumed.append("Megatron FSDP run as generic ZeRO-3 (paraplan's Megatron engine has ZeRO <= 1), with "
-                       "Transformer Engine's attention as a Megatron plan runs it (cuDNN fused attention where "
-                       "measured)")
+        assumed.append(f"Megatron FSDP: Megatron-LM at ZeRO-{zero} (--use-megatron-fsdp, sharding strategy "
+                       f"{'optim_grads' if zero == 2 else 'optim_grads_params'}, double-buffered)")
     rec = "none" if _blank(r["recompute"]) else str(r["recompute"]).lower()
     # not stated: a NeMo / Megatron-Bridge recipe row runs without (or with its recipe's modules: its
     # memory is where paraplan's estimate is least sure, some of those runs estimate over the GPU);
@@ -898,8 +892,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
                     grad_accumulation_fusion=engine != "torchtitan", tp_comm_overlap=overlap,
                     grad_reduce_bf16=bf16_grads, ep_comm_overlap=ep_overlap, recompute_modules=modules,
                     offload=offload, offload_params=offload_params,
-                    first_stage_layers=first_layers, last_stage_layers=last_layers,
-                    attention_kernel=attention_kernel)
+                    first_stage_layers=first_layers, last_stage_layers=last_layers)
     except ConfigError as e:
         return f"layout not expressible: {e}"
     job = TrainingJob(seq_len=_int(r["seq_len"]), global_batch=_int(r["global_batch"]))

@@ -185,6 +185,17 @@ def ep_overlap_assumption(job, plan) -> tuple[str, ...]:
             f"passes left unpaired (warm-up and cool-down) expose theirs",)
 
 
+def megatron_fsdp_assumption(plan) -> tuple[str, ...]:
+    """What a Megatron-LM plan at ZeRO-2/3 runs: Megatron-FSDP (memory.model_state_bytes, buffer_bytes)."""
+    if plan.engine != "megatron" or plan.zero < 2:
+        return ()
+    strategy = "optim_grads" if plan.zero == 2 else "optim_grads_params"
+    return (f"ZeRO-{plan.zero} on Megatron-LM is Megatron-FSDP (--use-megatron-fsdp, --data-parallel-sharding-strategy "
+            f"{strategy}): main_grad{' and 16-bit parameters' if plan.zero == 3 else ''} sharded over dp x cp, "
+            "gathered and reduced per layer in persistent double buffers (--fsdp-double-buffer: two layers' "
+            "gradients" + (" and parameters" if plan.zero == 3 else "") + ", counted in buffers)",)
+
+
 def deepspeed_dp_assumption(plan) -> tuple[str, ...]:
     """What a DeepSpeed plan's data-parallel collectives rest on (dataparallel.dp_traffic: what DeepSpeed's
     source runs outside the backward)."""
@@ -216,7 +227,8 @@ MEMORY_PRESSURE = "memory pressure"
 def churns_allocator(plan) -> bool:
     """Whether the plan's engine allocates and frees gathered parameters every layer: ZeRO-3 outside
     Megatron-LM (FSDP, DeepSpeed stage 3), and torchtitan's FSDP2 from ZeRO-2 (it frees the unsharded
-    gradients after each layer's reduce-scatter)."""
+    gradients after each layer's reduce-scatter). Megatron-FSDP, as exported (--fsdp-double-buffer),
+    gathers and reduces in persistent buffers (memory.buffer_bytes) and does not."""
     eng = M.engine_of(plan)
     z = int(plan.zero)
     return bool((eng == Engine.TORCHTITAN and z >= 2) or (eng != Engine.MEGATRON and z >= 3))
@@ -394,12 +406,16 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
             t = add_traffic(t, dp_traffic(experts, plan, cluster, experts=True, volume_factor=volume_factor,
                                           units=units))
         return t
-    # the data-parallel collectives hide under a micro-batch's passes, their share of a host-bound MoE
-    # layer's wait included (the GPU idles, the links are free), less the time an inter-node
-    # ring-attention exchange already holds the links (compute.ring_hidden_on_network)
-    fwd_share = t_micro_fwd / np.maximum(t_micro_fwd + t_micro_bwd, 1e-30)
-    dp_fwd = t_micro_fwd + fwd_share * host_mid - layers * lt["cp_hidden_forward"]
-    dp_bwd = t_micro_bwd + (1 - fwd_share) * host_mid - layers * lt["cp_hidden_backward"]
+    # the data-parallel collectives hide under a micro-batch's passes, less the time an inter-node
+    # ring-attention exchange already holds the links (compute.ring_hidden_on_network); a host-bound MoE
+    # layer's wait (the GPU idles, the links are free) counts in the backward's window, where the
+    # per-micro-batch reductions run. Split between the passes by their compute shares, as before, a
+    # faster GPU (its memory-bound kernels no faster) moved wait into the forward and shrank the window a
+    # ZeRO-2 reduce-scatter hides under by more than the step shortened (benchmarks/monotonicity.py:
+    # Mixtral 8x7B on Megatron-FSDP, peak FLOP rate x2); all in the backward, it cannot. The forward's
+    # window, which the once-per-step parameter all-gather of ZeRO-1/2 uses, goes without it.
+    dp_fwd = t_micro_fwd - layers * lt["cp_hidden_forward"]
+    dp_bwd = t_micro_bwd + host_mid - layers * lt["cp_hidden_backward"]
     dp_warm, dp_total = dp_exposed(traffic(1.0), plan, m, dp_fwd, dp_bwd)
     dp_comp = dp_exposed(traffic(factor), plan, m, dp_fwd, dp_bwd)[0] if compressed else dp_warm
     # FSDP2's own cost per wrapped unit (each layer of the stage and the root) and micro-batch, where the
@@ -614,7 +630,7 @@ def estimate_legal(model, job, cluster, plan: Plan, *, curves=None, max_memory_f
                      + attention_kernel_assumption(model, job, plan, curves)
                      + softmax_exp_assumption(model, plan, curves)
                      + moe_host_assumption(model, plan) + ep_overlap_assumption(job, plan) + domains
-                     + deepspeed_dp_assumption(plan) + allocator_pressure_assumption(memory["total"], cluster, plan)),
+                     + megatron_fsdp_assumption(plan) + deepspeed_dp_assumption(plan) + allocator_pressure_assumption(memory["total"], cluster, plan)),
         prediction_interval=describe_interval(cluster.accelerator.name, tokens_per_s, step,
                                               _f(terms.flops_model) / step / n / peak, moe=model.moe is not None))
 

@@ -192,7 +192,11 @@ def model_state_bytes(params, plan, shard_degree=None) -> dict:
     * megatron (Megatron-LM, ``megatron/training/theoretical_memory_usage.py``): 16-bit weights, fp32
       gradient buffer (``main_grad``) and K or K/N with the distributed optimizer:
       18 bytes/param, or 6 + 12/N; a bf16 buffer with --grad-reduce-in-bf16 (:func:`megatron_grad_bytes`):
-      16, or 4 + 12/N.
+      16, or 4 + 12/N. ZeRO-2/3 are Megatron-FSDP (``--use-megatron-fsdp``, Megatron-Core
+      ``megatron/core/distributed/fsdp``; Megatron-Bridge's "Megatron FSDP" page: parameters, gradients and
+      optimizer states sharded over the data-parallel ranks): ``optim_grads`` shards the main_grad buffer
+      too, 2 + g/N + 12/N, ``optim_grads_params`` the 16-bit parameters as well, (2 + g + 12)/N
+      (g = :func:`megatron_grad_bytes`).
     * deepspeed (``deepspeed/runtime/zero/stage_1_and_2.py``, ``stage3.py``; the estimators
       ``estimate_zero2_model_states_mem_needs`` / ``estimate_zero3_model_states_mem_needs``): besides the
       16-bit gradients, the optimizer step materializes an fp32 gradient partition (4Ψ/N).
@@ -221,8 +225,9 @@ def model_state_bytes(params, plan, shard_degree=None) -> dict:
     # ZeRO-2/3 stream each reduced gradient bucket to the host; ZeRO-1 accumulates whole 16-bit
     # gradients on the GPU across micro-batches before its single reduction, so they stay.
     grads = np.where(off & (z >= 2), 0.0, grads)
-    # Megatron-LM: main_grad, never sharded (ZeRO <= 1): fp32, or bf16 with --grad-reduce-in-bf16
-    grads = np.where(eng == Engine.MEGATRON, megatron_grad_bytes(plan) * params, grads)
+    # Megatron-LM: main_grad, fp32 or bf16 with --grad-reduce-in-bf16; whole on every rank up to the
+    # distributed optimizer (ZeRO-1), sharded by Megatron-FSDP (ZeRO-2/3)
+    grads = np.where(eng == Engine.MEGATRON, megatron_grad_bytes(plan) * params / np.where(z >= 2, n, 1.0), grads)
     # DeepSpeed: + the fp32 gradient partition of the optimizer step (on the host under offload)
     n_ds = np.where(z >= 1, n, 1.0)
     ds_grads = np.where(z >= 3, 4.0 * params / n, np.where(z >= 2, eb * params / n, eb * params) + 4.0 * params / n_ds)
@@ -559,16 +564,24 @@ def buffer_bytes(model, plan, runtime_reserved_bytes):
     * DeepSpeed's gradient reduce buckets (double-buffered) and all-gather bucket at ZeRO 1-2 (and
       under offload), one reduce bucket at ZeRO-3 (generic: under offload only);
     * FSDP2 (torchtitan, ZeRO 2-3): besides the gathered layers, one layer's unsharded 16-bit
-      gradients and their fp32 copy for the reduce-scatter (``reduce_dtype=fp32``).
-    Megatron-LM reduces and gathers in place in its contiguous buffers (counted as model states)."""
+      gradients and their fp32 copy for the reduce-scatter (``reduce_dtype=fp32``);
+    * Megatron-FSDP (megatron, ZeRO 2-3), run with ``--fsdp-double-buffer`` as the export writes it
+      (Megatron-LM's Megatron-FSDP user guide: "persistently allocated double buffers for
+      temporarily-defined memory needed in MegatronFSDP communications"): two layers' unsharded
+      gradients in the main_grad dtype for the reduce-scatter and, at ZeRO-3, two layers' gathered
+      16-bit parameters. The per-layer double buffer is paraplan's reading of that sentence (one
+      wrapped unit per transformer layer, as its GPT models are wrapped), not a measured figure.
+    Megatron-LM up to ZeRO-1 reduces and gathers in place in its contiguous buffers (counted as model
+    states)."""
     t = np.asarray(plan.tp, dtype=float)
     eb = element_bytes(plan)
     layer = model.params_per_layer / t
     z = np.asarray(plan.zero)
     eng = engine_of(plan)
     offload = np.asarray(plan.offload_code) != Offload.NONE
-    gathered = np.where((z >= 3) & (eng != Engine.MEGATRON), 2 * eb * layer, 0.0)
+    gathered = np.where(z >= 3, 2 * eb * layer, 0.0)
     gathered = np.where((eng == Engine.TORCHTITAN) & (z >= 2), 2 * eb * layer + (eb + 4) * layer, gathered)
+    gathered = gathered + np.where((eng == Engine.MEGATRON) & (z >= 2), 2 * megatron_grad_bytes(plan) * layer, 0.0)
     buckets = BYTES * (2 * DEEPSPEED_REDUCE_BUCKET + DEEPSPEED_ALLGATHER_BUCKET)
     ds = eng == Engine.DEEPSPEED
     bucket = np.where(offload | (ds & (z >= 1) & (z <= 2)), buckets,

@@ -255,11 +255,15 @@ def build_megatron(s: Scenario) -> Export:
     if p.zero >= 1:
         args.append(("--use-distributed-optimizer",))
     if p.zero >= 2:
-        notes.append(f"ZeRO-{p.zero} has no exact Megatron-LM equivalent: --use-distributed-optimizer shards "
-                     "optimizer states (ZeRO-1) and reduce-scatters gradients, but keeps full parameters "
-                     "and gradient buffers on every rank. The nearest match is Megatron FSDP: "
-                     "--use-megatron-fsdp --data-parallel-sharding-strategy "
-                     f"{'optim_grads' if p.zero == 2 else 'optim_grads_params'}")
+        # Megatron-FSDP (Megatron-LM docs/discussions/megatron-fsdp-user-guide: its required flags, and
+        # --fsdp-double-buffer, the persistent buffers the estimate prices); validate_args refuses it
+        # with CUDA_DEVICE_MAX_CONNECTIONS=1 and with any checkpoint format but fsdp_dtensor
+        args += [("--use-megatron-fsdp",),
+                 ("--data-parallel-sharding-strategy", "optim_grads" if p.zero == 2 else "optim_grads_params"),
+                 ("--ckpt-format", "fsdp_dtensor"), ("--fsdp-double-buffer",)]
+        notes.append(f"ZeRO-{p.zero} runs as Megatron-FSDP: leave CUDA_DEVICE_MAX_CONNECTIONS unset (Megatron-LM "
+                     "refuses Megatron-FSDP with it at 1); with a Transformer Engine that cannot fuse gradient "
+                     "accumulation under FSDP add --no-gradient-accumulation-fusion (Megatron-LM warns about it)")
     if p.offload != "none":
         # validate_args requires the precision-aware optimizer for the hybrid CPU/GPU optimizer
         args += [("--optimizer-cpu-offload",), ("--use-precision-aware-optimizer",)]
