@@ -161,8 +161,10 @@ def part_pairs(cases, df: pd.DataFrame, base: str = "gb200") -> pd.DataFrame:
     averaged; predicted likewise): what the parts' figures and curves tell apart, with the level error
     of the software stack both share cancelled. Megatron-Bridge ran GB300 and GB200 (and B200) side by
     side; the GB300 differs from the GB200 in its doubled softmax-exponential rate (curves.yaml
-    ``attention_exp_speedup``), its memory and its power limit."""
-    pairs = speedup_pairs(cases, df, lambda c: (c.source, c.model.name, c.cluster.num_gpus, c.job, c.plan),
+    ``attention_exp_speedup``), its memory and its power limit. Layers whose activations the recipe
+    offloads (fewer on the part with more memory) do not split a pair: each side's prediction prices its own."""
+    pairs = speedup_pairs(cases, df, lambda c: (c.source, c.model.name, c.cluster.num_gpus, c.job,
+                                                replace(c.plan, offload_activation_layers=0)),
                           lambda c: c.cluster.accelerator.name, base)
     return pd.DataFrame([{"source": key[0], "model": key[1], "gpus": key[2],
                           "layout": f"tp{key[-1].tp} pp{key[-1].pp} dp{key[-1].dp} ep{key[-1].ep} mb{key[-1].micro_batch}",

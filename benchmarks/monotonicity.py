@@ -72,7 +72,9 @@ def hardware_variants(cluster) -> dict:
         "HBM bandwidth x2": cluster.with_system(accelerator=replace(
             acc, memory_bandwidth_bytes_per_s=2 * acc.memory_bandwidth_bytes_per_s)),
         "HBM capacity x2": cluster.with_system(accelerator=replace(acc, memory_bytes=2 * acc.memory_bytes)),
-        "host link (PCIe) bandwidth x2": cluster.with_system(pcie_bandwidth_bytes_per_s=2 * sysm.pcie_bandwidth_bytes_per_s),
+        "host link (PCIe) bandwidth x2": cluster.with_system(
+            pcie_bandwidth_bytes_per_s=2 * sysm.pcie_bandwidth_bytes_per_s,
+            host_link_bandwidth_bytes_per_s=2 * sysm.host_link_bytes_per_s),
         "NVMe bandwidth x2": cluster.with_system(nvme=replace(sysm.nvme, read_bytes_per_s=2 * sysm.nvme.read_bytes_per_s,
                                                               write_bytes_per_s=2 * sysm.nvme.write_bytes_per_s)),
         "host memory bandwidth x2": cluster.with_system(host_cpu=replace(

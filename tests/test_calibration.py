@@ -94,6 +94,29 @@ def test_megatron_fsdp_rows_run_on_megatrons_zero3():
         assert states(megatron) < states(zero1) / 3
 
 
+def test_llama3_70b_megatron_fsdp_rows_offload_what_their_recipes_offload():
+    """Megatron-Bridge's Llama 3 70B FP8-CS recipes on 64 GB300 / GB200 (Megatron FSDP, micro-batch 2) offload
+    20 / 40 layers' activations to host memory (cpu_offloading_num_layers); over NVLink-C2C the copies hide
+    under the passes, over a PCIe-class link they would not, and the offload brings the predicted peak from
+    375 GiB to within 10 / 17 % of the GPU's memory."""
+    from dataclasses import replace
+    from paraplan.costmodels.calibration import load_h100_cases
+    from paraplan.costmodels.estimate import estimate
+    rows = {c.cluster.accelerator.name: c for c in load_h100_cases()[0]
+            if c.model.name == "llama3-70b" and c.plan.engine == "megatron" and c.plan.zero == 3}
+    assert {k: rows[k].plan.offload_activation_layers for k in ("gb300", "gb200")} == {"gb300": 20, "gb200": 40}
+    for c in rows.values():
+        e = estimate(c.model, c.job, c.cluster, c.plan)
+        assert e.time_breakdown_s["offload"] == 0.0
+        pcie = c.cluster.with_system(host_link_bandwidth_bytes_per_s=50e9)
+        assert estimate(c.model, c.job, pcie, c.plan).time_breakdown_s["offload"] > 0.05 * e.step_time_s
+        without = estimate(c.model, c.job, c.cluster, replace(c.plan, offload_activation_layers=0))
+        gpu = c.cluster.accelerator.memory_bytes
+        assert without.memory_bytes_per_gpu["total"] > 1.3 * gpu
+        assert e.memory_bytes_per_gpu["total"] < 1.18 * gpu
+        assert abs(e.step_time_s / c.measured_step_time_s - 1) < 0.05
+
+
 def test_bloom_rows_run_on_jean_zay():
     """The bigscience rows trained on Jean Zay's A100 partition (4 Omni-Path 100 Gb/s links per node of 8
     GPUs: 6.25 GB/s per GPU), not on a DGX A100 (8 x HDR 200 Gb/s: 25 GB/s per GPU); the thinner fabric

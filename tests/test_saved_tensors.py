@@ -153,3 +153,28 @@ def test_activation_offload_needs_fewer_layers_than_the_model(capsys):
                  "--zero", "1", "--offload-activation-layers", "-1"]) != 0
     err = capsys.readouterr().err
     assert "--offload-activation-layers" in err and "0 (none)" in err and "Traceback" not in err
+
+
+def test_grace_superchips_move_host_traffic_over_nvlink_c2c_not_the_nic_slot():
+    """On GB200 / GB300 NVL72 the GPU reaches host memory over NVLink-C2C (NVIDIA: 900 GB/s shared by a
+    superchip's two GPUs, read as bidirectional: 225 GB/s per GPU and direction, 175 sustained), while the
+    compute NICs keep their PCIe Gen5 slot; a DGX's host link is its PCIe. Offload and activation offload
+    are priced on the host link, the topology's GPU-NIC edge on PCIe."""
+    from paraplan.costmodels.offload import activation_offload_time
+    from paraplan.hardware.topology import build_topology
+    gb200, dgx = load_cluster("gb200-nvl72", 8), load_cluster("dgx-h100", 8)
+    assert gb200.system.host_link_bytes_per_s == pytest.approx(175e9)
+    assert gb200.system.pcie_bandwidth_bytes_per_s == pytest.approx(50e9)
+    assert load_cluster("gb300-nvl72", 8).system.host_link_bytes_per_s == pytest.approx(175e9)
+    assert dgx.system.host_link_bytes_per_s == dgx.system.pcie_bandwidth_bytes_per_s
+    nbytes = 10e9
+    assert float(activation_offload_time(nbytes, gb200, 1, 0.0, 0.0)) == pytest.approx(2 * nbytes / 175e9)
+    assert float(activation_offload_time(nbytes, dgx, 1, 0.0, 0.0)) == pytest.approx(2 * nbytes / 50e9)
+    g = build_topology(gb200)
+    assert g.edges[("gpu", 0), ("nic", 0, 0)]["bandwidth_bytes_per_s"] == pytest.approx(50e9)
+    # ZeRO-Offload's parameter upload on the same plan: 3.5x faster over C2C
+    model, job = load_model("llama3-8b"), TrainingJob(4096, 64)
+    plan = Plan(dp=8, zero=2, offload="cpu", engine="deepspeed", grad_accumulation_fusion=False)
+    slow = estimate(model, job, dgx.with_system(accelerator=gb200.accelerator), plan).time_breakdown_s["offload"]
+    fast = estimate(model, job, gb200, plan).time_breakdown_s["offload"]
+    assert fast < slow / 3

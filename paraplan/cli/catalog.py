@@ -19,8 +19,10 @@ def cmd_list(args) -> int:
         print("systems (use as --cluster NAME --gpus N)")
         for n in preset_names("systems"):
             s = load_part("systems", n)
+            c2c = (f" (host link NVLink-C2C {s.host_link_bytes_per_s / 1e9:.0f} GB/s)"
+                   if s.host_link_bandwidth_bytes_per_s else "")
             print(f"  {n:14s} {s.gpus_per_node:2d} x {s.accelerator.name:9s} intra {s.intra_node.bandwidth_bytes_per_s / 1e9:5.0f} GB/s"
-                  f"  inter {s.inter_node.bandwidth_bytes_per_s / 1e9:6.2f} GB/s/GPU  PCIe{s.pcie_gen}"
+                  f"  inter {s.inter_node.bandwidth_bytes_per_s / 1e9:6.2f} GB/s/GPU  PCIe{s.pcie_gen}{c2c}"
                   f"  host {s.host_cpu_sockets} x {s.host_cpu.name}, {s.host_memory_bytes / 2**30:.0f} GiB"
                   + (f"  ({s.hosts_per_node} hosts of {s.gpus_per_host} GPUs; --gpus: {s.accepted_gpus()})"
                      if s.hosts_per_node > 1 else ""))

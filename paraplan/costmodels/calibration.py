@@ -664,6 +664,26 @@ def _recipe_stage_layers(r: pd.Series) -> tuple[int, int]:
     return entry[1] if entry is not None and _row_has_layout(r, entry[0]) else (0, 0)
 
 
+# Rows whose Megatron-Bridge recipe offloads the activations of some layers to host memory (Megatron-Core's
+# --cpu-offloading-num-layers), by the file's model name, GPU and precision: the recipe's layout and the
+# layer count (scripts/performance/configs/llama/llama3_workload_base_configs.py,
+# LLAMA3_70B_PRETRAIN_CONFIG_GB300_FP8_CS_V2: 64 GPUs, Megatron FSDP, micro-batch 2, global batch 256,
+# cpu_offloading_num_layers 20; _GB200_FP8_CS_V2: the same with 40). Only rows with the recipe's layout
+# and precision take them.
+RECIPE_ACTIVATION_OFFLOAD_LAYERS = {
+    ("llama 3 70b", "DGX-GB300", "FP8-CS"): (dict(num_gpus=64, tp=1, pp=1, micro_batch=2, global_batch=256), 20),
+    ("llama 3 70b", "DGX-GB200", "FP8-CS"): (dict(num_gpus=64, tp=1, pp=1, micro_batch=2, global_batch=256), 40),
+}
+
+
+def _recipe_activation_offload_layers(r: pd.Series) -> int:
+    """Layers whose activations the row's recipe offloads (RECIPE_ACTIVATION_OFFLOAD_LAYERS) where the row's
+    layout and precision are the recipe's; 0 otherwise."""
+    key = (str(r["model"]).strip().lower(), str(r["gpu"]), str(r["precision"]).strip().upper())
+    entry = RECIPE_ACTIVATION_OFFLOAD_LAYERS.get(key)
+    return entry[1] if entry is not None and _row_has_layout(r, entry[0]) else 0
+
+
 def _recipe_recompute_modules(r: pd.Series) -> str:
     """The modules the row's recipe recomputes (RECIPE_RECOMPUTE_MODULES) where the row's layout is the
     recipe's; "" otherwise."""
@@ -878,6 +898,10 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     if offload != "none" and engine != "deepspeed":
         engine, bf16_grads = "deepspeed", False
         assumed.append("engine = deepspeed: optimizer offload is DeepSpeed's (ZeRO-Offload / ZeRO-Infinity)")
+    offload_layers = _recipe_activation_offload_layers(r)
+    if offload_layers:
+        assumed.append(f"activations of {offload_layers} layers offloaded to host memory (the row's Megatron-Bridge "
+                       "recipe: calibration.RECIPE_ACTIVATION_OFFLOAD_LAYERS)")
     first_layers, last_layers = _recipe_stage_layers(r)
     if first_layers or last_layers:
         assumed.append(f"pipeline layout of the row's Megatron-Bridge recipe: {first_layers} layers on the first "
@@ -892,7 +916,8 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
                     grad_accumulation_fusion=engine != "torchtitan", tp_comm_overlap=overlap,
                     grad_reduce_bf16=bf16_grads, ep_comm_overlap=ep_overlap, recompute_modules=modules,
                     offload=offload, offload_params=offload_params,
-                    first_stage_layers=first_layers, last_stage_layers=last_layers)
+                    first_stage_layers=first_layers, last_stage_layers=last_layers,
+                    offload_activation_layers=offload_layers)
     except ConfigError as e:
         return f"layout not expressible: {e}"
     job = TrainingJob(seq_len=_int(r["seq_len"]), global_batch=_int(r["global_batch"]))

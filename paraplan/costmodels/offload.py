@@ -13,7 +13,8 @@ ZeRO ≥ 1, Ψ otherwise; routed experts shard over N_d/ep).
   error buffer, pack signs: ~12 bytes per parameter).
 * CPU-Adam (ZeRO-Offload, Ren et al. 2021 §4): the host runs the update for all GPUs of the node,
   memory-bound on host DRAM at the curve's CPU-Adam efficiency.
-* PCIe (ZeRO-Offload): 16-bit gradients GPU→host (2 bytes per shard parameter, overlapped with the
+* Host link (ZeRO-Offload; PCIe, or NVLink-C2C on a Grace superchip: ``System.host_link_bytes_per_s``):
+  16-bit gradients GPU→host (2 bytes per shard parameter, overlapped with the
   last backward) and updated 16-bit parameters host→GPU (2 bytes, exposed): 4Ψ/N_d per GPU per step.
   With the one-step delayed parameter update (ZeRO-Offload §5, DPU) the CPU step and the upload run
   under the next step's forward and backward.
@@ -21,7 +22,7 @@ ZeRO ≥ 1, Ψ otherwise; routed experts shard over N_d/ep).
   momentum, variance and gradients (16 bytes per parameter) and writes back 12, through the node's
   drives, not overlapped (the SC21 slides: "Optimizer states: no overlap").
 * Offloaded parameters (ZeRO-Infinity, bandwidth-centric partitioning): each GPU fetches its own
-  shard forward and backward every micro-batch over its PCIe link (and the node's drives for NVMe),
+  shard forward and backward every micro-batch over its host link (and the node's drives for NVMe),
   prefetched under the micro-batch's compute.
 """
 from __future__ import annotations
@@ -102,7 +103,7 @@ def offload_transfer_times(shard, plan, cluster, m, t_micro_fwd, t_micro_bwd, t_
     max(0, max(0, G − t_bwd) − max(0, fetch − t_micro_wall))."""
     sysm = cluster.node_system
     g = cluster.gpus_per_node
-    pcie = sysm.pcie_bandwidth_bytes_per_s
+    pcie = sysm.host_link_bytes_per_s
     oc = np.asarray(plan.offload_code)
     off = oc != Offload.NONE
     grads_down = np.maximum(0.0, BYTES * shard / pcie - t_micro_bwd)
@@ -125,7 +126,7 @@ def activation_offload_time(offloaded_bytes, cluster, m, t_micro_fwd, t_micro_bw
     Engine's double-buffered cpu_offload): each micro-batch copies ``offloaded_bytes`` to the host
     during its forward and back during its backward over the GPU's host link, each direction hidden
     under that pass: m * (max(0, x - t_fwd) + max(0, x - t_bwd)), x = bytes / host-link bandwidth."""
-    x = np.asarray(offloaded_bytes, dtype=float) / cluster.system.pcie_bandwidth_bytes_per_s
+    x = np.asarray(offloaded_bytes, dtype=float) / cluster.system.host_link_bytes_per_s
     return np.asarray(m, dtype=float) * (np.maximum(0.0, x - t_micro_fwd) + np.maximum(0.0, x - t_micro_bwd))
 
 

@@ -129,6 +129,8 @@ def parse_system(f: FieldReader) -> System:
         host_cpu=_part("cpus", f, "host_cpu"), host_cpu_sockets=f.integer("host_cpu_sockets"),
         host_memory_bytes=f.number("host_memory_gib") * GIB,
         nvme=_part("nvme", nvme, "drive"), nvme_drives=nvme.integer("drives"),
+        host_link_bandwidth_bytes_per_s=(f.number("host_link_bandwidth_gb_per_s") * GB
+                                         if f.raw("host_link_bandwidth_gb_per_s", None) is not None else None),
         sources=f.sources())
 
 

@@ -191,6 +191,14 @@ class System:
     nvme_drives: int
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     gpus_per_host: int | None = None
+    #: the GPU's own link to host memory, one direction, where it is not the PCIe slot the NICs hang off
+    #: (NVLink-C2C on a Grace superchip); None: the PCIe figure (:attr:`host_link_bytes_per_s`)
+    host_link_bandwidth_bytes_per_s: float | None = None
+
+    @property
+    def host_link_bytes_per_s(self) -> float:
+        """Bytes per second one GPU moves to or from host memory (offload, activation offload)."""
+        return self.host_link_bandwidth_bytes_per_s or self.pcie_bandwidth_bytes_per_s
 
     def __post_init__(self):
         if self.gpus_per_host is None:
