@@ -581,12 +581,12 @@ def buffer_bytes(model, plan, runtime_reserved_bytes):
     offload = np.asarray(plan.offload_code) != Offload.NONE
     gathered = np.where(z >= 3, 2 * eb * layer, 0.0)
     gathered = np.where((eng == Engine.TORCHTITAN) & (z >= 2), 2 * eb * layer + (eb + 4) * layer, gathered)
-    gathered = gathered + np.where((eng == Engine.MEGATRON) & (z >= 2), 2 * megatron_grad_bytes(plan) * layer, 0.0)
+    fsdp_grads = np.where((eng == Engine.MEGATRON) & (z >= 2), 2 * megatron_grad_bytes(plan) * layer, 0.0)
     buckets = BYTES * (2 * DEEPSPEED_REDUCE_BUCKET + DEEPSPEED_ALLGATHER_BUCKET)
     ds = eng == Engine.DEEPSPEED
     bucket = np.where(offload | (ds & (z >= 1) & (z <= 2)), buckets,
                       np.where(ds & (z >= 3), BYTES * DEEPSPEED_REDUCE_BUCKET, 0.0))
-    return runtime_reserved_bytes + gathered + bucket
+    return runtime_reserved_bytes + gathered + fsdp_grads + bucket
 
 
 FP8_WEIGHT_COPY_BYTES = 2   # an fp8 copy of a weight and its transpose (Hopper's fp8 GEMMs are TN only)
