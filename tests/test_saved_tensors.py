@@ -178,3 +178,14 @@ def test_grace_superchips_move_host_traffic_over_nvlink_c2c_not_the_nic_slot():
     slow = estimate(model, job, dgx.with_system(accelerator=gb200.accelerator), plan).time_breakdown_s["offload"]
     fast = estimate(model, job, gb200, plan).time_breakdown_s["offload"]
     assert fast < slow / 3
+
+
+def test_an_offloading_estimate_names_the_host_link_it_priced():
+    model, job = load_model("llama3-8b"), TrainingJob(4096, 64)
+    offload = Plan(dp=8, zero=2, offload="cpu", engine="deepspeed", grad_accumulation_fusion=False)
+    lines = lambda cluster, plan: [a for a in estimate(model, job, cluster, plan).assumptions if "host link" in a]
+    (c2c,) = lines(load_cluster("gb200-nvl72", 8), offload)
+    assert "NVLink-C2C at 175 GB/s" in c2c
+    (pcie,) = lines(load_cluster("dgx-h100", 8), offload)
+    assert "PCIe Gen5 at 50 GB/s" in pcie
+    assert lines(load_cluster("gb200-nvl72", 8), Plan(dp=8, zero=1)) == []

@@ -196,6 +196,16 @@ def megatron_fsdp_assumption(plan) -> tuple[str, ...]:
             "gradients" + (" and parameters" if plan.zero == 3 else "") + ", counted in buffers)",)
 
 
+def host_link_assumption(plan, cluster) -> tuple[str, ...]:
+    """The link an offloading plan's transfers take (offload.py prices them on System.host_link_bytes_per_s)."""
+    if plan.offload == "none" and not plan.offload_activation_layers:
+        return ()
+    s = cluster.system
+    link = "NVLink-C2C" if s.host_link_bandwidth_bytes_per_s else f"PCIe Gen{s.pcie_gen}"
+    return (f"offload transfers take each GPU's host link, {link} at {s.host_link_bytes_per_s / 1e9:.0f} GB/s per "
+            "direction (sustained), hidden under the passes where the timeline allows",)
+
+
 def deepspeed_dp_assumption(plan) -> tuple[str, ...]:
     """What a DeepSpeed plan's data-parallel collectives rest on (dataparallel.dp_traffic: what DeepSpeed's
     source runs outside the backward)."""
@@ -630,7 +640,7 @@ def estimate_legal(model, job, cluster, plan: Plan, *, curves=None, max_memory_f
                      + attention_kernel_assumption(model, job, plan, curves)
                      + softmax_exp_assumption(model, plan, curves)
                      + moe_host_assumption(model, plan) + ep_overlap_assumption(job, plan) + domains
-                     + megatron_fsdp_assumption(plan) + deepspeed_dp_assumption(plan) + allocator_pressure_assumption(memory["total"], cluster, plan)),
+                     + megatron_fsdp_assumption(plan) + host_link_assumption(plan, cluster) + deepspeed_dp_assumption(plan) + allocator_pressure_assumption(memory["total"], cluster, plan)),
         prediction_interval=describe_interval(cluster.accelerator.name, tokens_per_s, step,
                                               _f(terms.flops_model) / step / n / peak, moe=model.moe is not None))
 
