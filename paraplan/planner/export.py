@@ -4,8 +4,8 @@ Each exporter is a pure function of a plan document (the dict ``read_plan_file``
 text. Choices an engine cannot express exactly are handled one of two ways, always visibly:
 
 * **closest supported setting plus a note** when the job still runs with the same layout and only a
-  secondary property changes (e.g. ``zb-h1`` runs as 1F1B on stock Megatron-LM; ZeRO-2/3 runs as
-  Megatron's distributed optimizer). Notes appear as ``# NOTE:`` comments in bash and TOML output;
+  secondary property changes (e.g. ``zb-h1`` runs as 1F1B on stock Megatron-LM; NVMe offload as
+  Megatron's CPU optimizer offload). Notes appear as ``# NOTE:`` comments in bash and TOML output;
   JSON has no comments, so DeepSpeed notes come back from :func:`export_notes` (the CLI prints
   them on stderr).
 * **ConfigError** when the engine would run a different layout than the plan (e.g. DeepSpeed with
