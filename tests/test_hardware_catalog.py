@@ -335,3 +335,21 @@ def test_cluster_partial_nodes_rejected():
 def test_unknown_cluster_name():
     with pytest.raises(ConfigError):
         load_cluster("dgx-h1000", 8)
+
+
+def test_an_edited_copy_of_a_system_preset_is_a_cluster_file(tmp_path):
+    """A user copies a catalogue system YAML and edits it: --cluster FILE reads it as the system (gpus from
+    the argument, default one node); a bad value names its field."""
+    from paraplan.errors import ConfigError
+    from paraplan.hardware.catalog import CATALOG_DIR, load_cluster
+    text = (CATALOG_DIR / "systems" / "gb200-nvl72.yaml").read_text()
+    mine = tmp_path / "my-gb200.yaml"
+    mine.write_text(text.replace("host_link_bandwidth_gb_per_s: 175", "host_link_bandwidth_gb_per_s: 350"))
+    c = load_cluster(str(mine), 8)
+    assert c.num_gpus == 8 and c.system.host_link_bytes_per_s == pytest.approx(350e9)
+    assert load_cluster(str(mine)).num_gpus == 72
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("host_link_bandwidth_gb_per_s: 175", "host_link_bandwidth_gb_per_s: -5"))
+    with pytest.raises(ConfigError) as err:
+        load_cluster(str(bad), 8)
+    assert err.value.field.startswith("host_link_bandwidth_gb_per_s") and "positive" in str(err.value)

@@ -183,12 +183,19 @@ def load_cluster(spec: str, gpus: int | None = None, *, inter_node_oversubscript
     profile, ``local`` or ``profile:NAME``, is loaded by :func:`paraplan.scenario.load_cluster`).
 
     YAML keys: ``system`` (a preset name or an inline system mapping), ``gpus``, optional
-    ``name`` and ``inter_node_oversubscription``. ``gpus`` given here overrides the file's.
+    ``name`` and ``inter_node_oversubscription``. ``gpus`` given here overrides the file's. A system
+    file itself (a copy of a catalogue preset, edited: it has ``accelerator`` and ``gpus_per_node`` and
+    no ``system``) is read as the system, with ``gpus`` from the argument (default: one node).
     """
     path = Path(spec)
     if spec.endswith((".yaml", ".yml", ".json")) or _is_file(path):
         data = read_yaml(path, "cluster")
         f = FieldReader(data, str(path))
+        if isinstance(data, dict) and "system" not in data and {"accelerator", "gpus_per_node"} <= set(data):
+            system = parse_system(f)
+            n = system.gpus_per_node if gpus is None else gpus
+            return Cluster(name=f.string("name", path.stem), system=system, num_gpus=int(n),
+                           inter_node_oversubscription=inter_node_oversubscription)
         system = _part("systems", f, "system")
         n = gpus if gpus is not None else f.integer("gpus")
         return Cluster(name=f.string("name", path.stem), system=system, num_gpus=int(n),
