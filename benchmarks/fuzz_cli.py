@@ -326,7 +326,7 @@ def make_cases(n: int, seed: int = 0, subprocess_every: int = 0) -> list[Case]:
                                     "recompute_modules")) + \
                     "=" + value
             if flag == "--sweep":
-                value = rng.choice(("gpus", "seq_len", "hbm", "cluster", "offload", "bogus")) + "=" + value
+                value = rng.choice(("gpus", "seq_len", "hbm", "host_link_bandwidth", "cluster", "offload", "bogus")) + "=" + value
             case = Case(f"{command} {flag} {_value_class(value)}", _set_flag(argv, flag, value), files_,
                         (flag, flag.lstrip("-"), flag.lstrip("-").replace("-", "_")), _mode(command))
         elif r < 0.93:

@@ -89,6 +89,23 @@ def test_points_apply_hardware_changes():
         assert p.job.seq_len == 4096 and p.job.global_batch == 64 and p.cluster.num_gpus == 16
 
 
+def test_host_link_sweep_moves_what_offload_moves_over():
+    """host_link_bandwidth (GB/s per GPU and direction): its base is the system's host link (NVLink-C2C on a
+    GB200, PCIe on a DGX), a multiplier scales it, and an offloading plan's exposed transfers shrink as it
+    grows while the PCIe figure (the NICs' slot) stays."""
+    from paraplan.costmodels.estimate import estimate
+    from paraplan.plan import Plan
+    sc = Scenario(model="llama3-8b", cluster="gb200-nvl72", gpus=8, seq_len=4096, global_batch=64,
+                  sweeps=(parse_sweep("host_link_bandwidth=x0.25,x1"),))
+    points = resolve_points(sc)
+    assert [p.values["host_link_bandwidth"] for p in points] == [pytest.approx(43.75), pytest.approx(175.0)]
+    assert [p.cluster.system.host_link_bytes_per_s for p in points] == [pytest.approx(43.75e9), pytest.approx(175e9)]
+    assert {p.cluster.system.pcie_bandwidth_bytes_per_s for p in points} == {50e9}
+    plan = Plan(dp=8, zero=3, offload="cpu", offload_params=True, engine="deepspeed", grad_accumulation_fusion=False)
+    slow, fast = (estimate(p.model, p.job, p.cluster, plan).time_breakdown_s["offload"] for p in points)
+    assert slow > 2 * fast
+
+
 def test_gpu_sweep_keeps_global_batch_or_scales_it_when_not_given():
     fixed = resolve_points(Scenario(model="llama3-8b", cluster="dgx-h100", global_batch=256,
                                     sweeps=(parse_sweep("gpus=8..32"),)))

@@ -31,14 +31,16 @@ from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import TrainingJob
 
 VARIABLES = ("gpus", "seq_len", "global_batch", "cluster", "inter_node_bandwidth", "intra_node_bandwidth", "hbm",
-             "offload", "attention_kernel")
+             "host_link_bandwidth", "offload", "attention_kernel")
 INTEGER_VARS = ("gpus", "seq_len", "global_batch")
-FLOAT_VARS = ("inter_node_bandwidth", "intra_node_bandwidth", "hbm")
+FLOAT_VARS = ("inter_node_bandwidth", "intra_node_bandwidth", "hbm", "host_link_bandwidth")
 UNITS = {"gpus": "GPUs", "seq_len": "tokens", "global_batch": "sequences", "inter_node_bandwidth": "GB/s per GPU",
-         "intra_node_bandwidth": "GB/s per GPU", "hbm": "GiB", "cluster": "", "offload": "", "attention_kernel": ""}
+         "intra_node_bandwidth": "GB/s per GPU", "hbm": "GiB", "host_link_bandwidth": "GB/s per GPU",
+         "cluster": "", "offload": "", "attention_kernel": ""}
 LABELS = {"gpus": "GPUs", "seq_len": "sequence length", "global_batch": "global batch",
           "cluster": "cluster", "inter_node_bandwidth": "inter-node bandwidth",
-          "intra_node_bandwidth": "intra-node bandwidth", "hbm": "HBM per GPU", "offload": "offload",
+          "intra_node_bandwidth": "intra-node bandwidth", "hbm": "HBM per GPU",
+          "host_link_bandwidth": "host-link bandwidth (offload)", "offload": "offload",
           "attention_kernel": "attention kernel"}
 OFFLOAD_VALUES = ("none", "cpu", "nvme", "auto")
 #: variables whose values are names from a fixed list
@@ -325,6 +327,7 @@ def base_values(scenario: Scenario) -> dict:
             "inter_node_bandwidth": cluster.system.inter_node.bandwidth_bytes_per_s / 1e9,
             "intra_node_bandwidth": cluster.system.intra_node.bandwidth_bytes_per_s / 1e9,
             "hbm": cluster.accelerator.memory_bytes / GIB,
+            "host_link_bandwidth": cluster.system.host_link_bytes_per_s / 1e9,
             "offload": str((scenario.fixed or {}).get("offload") or (scenario.plan or {}).get("offload") or "auto"),
             "attention_kernel": str((scenario.fixed or {}).get("attention_kernel")
                                     or (scenario.plan or {}).get("attention_kernel") or "auto")}
@@ -369,6 +372,8 @@ def _point(index, scenario, model, base, values) -> Point:
                                                          bandwidth_bytes_per_s=v["intra_node_bandwidth"] * 1e9))
     if "hbm" in values:
         cluster = cluster.with_system(accelerator=replace(cluster.accelerator, memory_bytes=v["hbm"] * GIB))
+    if "host_link_bandwidth" in values:        # the GPU's link to host memory (System.host_link_bytes_per_s)
+        cluster = cluster.with_system(host_link_bandwidth_bytes_per_s=v["host_link_bandwidth"] * 1e9)
     fixed = dict(scenario.fixed or {})
     allow_offload = scenario.allow_offload
     if "offload" in values:
