@@ -347,6 +347,7 @@ def test_an_edited_copy_of_a_system_preset_is_a_cluster_file(tmp_path):
     mine.write_text(text.replace("host_link_bandwidth_gb_per_s: 175", "host_link_bandwidth_gb_per_s: 350"))
     c = load_cluster(str(mine), 8)
     assert c.num_gpus == 8 and c.system.host_link_bytes_per_s == pytest.approx(350e9)
+    assert c.name == "my-gb200"          # the file's, not the preset's it was copied from
     assert load_cluster(str(mine)).num_gpus == 72
     bad = tmp_path / "bad.yaml"
     bad.write_text(text.replace("host_link_bandwidth_gb_per_s: 175", "host_link_bandwidth_gb_per_s: -5"))

@@ -194,7 +194,8 @@ def load_cluster(spec: str, gpus: int | None = None, *, inter_node_oversubscript
         if isinstance(data, dict) and "system" not in data and {"accelerator", "gpus_per_node"} <= set(data):
             system = parse_system(f)
             n = system.gpus_per_node if gpus is None else gpus
-            return Cluster(name=f.string("name", path.stem), system=system, num_gpus=int(n),
+            # named after the file: the copy's own ``name`` is still the preset's it was copied from
+            return Cluster(name=path.stem, system=system, num_gpus=int(n),
                            inter_node_oversubscription=inter_node_oversubscription)
         system = _part("systems", f, "system")
         n = gpus if gpus is not None else f.integer("gpus")
