@@ -163,6 +163,10 @@ class Engine(Mode):
     SCALING = "scaling"
 
 
+#: Megatron-FSDP's --data-parallel-sharding-strategy for the ZeRO stage a Megatron-LM plan names (ZeRO-2/3)
+MEGATRON_FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
+
+
 MODES: dict[str, type[Mode]] = {"schedule": Schedule, "recompute": Recompute, "offload": Offload, "dtype": Dtype,
                                 "cp_mode": CpMode, "optimizer": Optimizer, "engine": Engine,
                                 "attention_kernel": AttentionKernel}

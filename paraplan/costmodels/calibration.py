@@ -29,7 +29,7 @@ from paraplan.costmodels.estimate import MEMORY_PRESSURE, estimate
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
 from paraplan.hardware.names import system_for_gpu
-from paraplan.plan import Plan, check_plan
+from paraplan.plan import MEGATRON_FSDP_STRATEGY, Plan, check_plan
 from paraplan.workloads.names import model_preset_for_name
 from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import MoESpec, TrainingJob, TransformerModel
@@ -849,7 +849,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     nvidia_recipe = engine == "megatron"      # NeMo / Megatron-Bridge performance recipes, FSDP ones included
     if engine == "megatron" and zero >= 2:
         assumed.append(f"Megatron FSDP: Megatron-LM at ZeRO-{zero} (--use-megatron-fsdp, sharding strategy "
-                       f"{'optim_grads' if zero == 2 else 'optim_grads_params'}, double-buffered)")
+                       f"{MEGATRON_FSDP_STRATEGY[zero]}, double-buffered)")
     rec = "none" if _blank(r["recompute"]) else str(r["recompute"]).lower()
     # not stated: a NeMo / Megatron-Bridge recipe row runs without (or with its recipe's modules: its
     # memory is where paraplan's estimate is least sure, some of those runs estimate over the GPU);

@@ -24,7 +24,7 @@ from paraplan.costmodels.intervals import describe_interval
 from paraplan.costmodels.offload import activation_offload_time, optimizer_and_offload, param_tensors, stage_param_tensors
 from paraplan.costmodels.pipeline import (bubble_factor, bubble_fraction, effective_compute_slowdown,
                                          p2p_messages_on_critical_path, pipeline_crossings_on_critical_path)
-from paraplan.plan import (Engine, Plan, Recompute, StageLayers, check_plan, compute_dtype, expert_data_parallel, gemm_dtype,
+from paraplan.plan import (MEGATRON_FSDP_STRATEGY, Engine, Plan, Recompute, StageLayers, check_plan, compute_dtype, expert_data_parallel, gemm_dtype,
                            is_fp8, model_stage_layers, recomputes_attention_core, stage_layer_counts)
 
 SCHEMA = "paraplan.estimate/1"
@@ -189,9 +189,8 @@ def megatron_fsdp_assumption(plan) -> tuple[str, ...]:
     """What a Megatron-LM plan at ZeRO-2/3 runs: Megatron-FSDP (memory.model_state_bytes, buffer_bytes)."""
     if plan.engine != "megatron" or plan.zero < 2:
         return ()
-    strategy = "optim_grads" if plan.zero == 2 else "optim_grads_params"
     return (f"ZeRO-{plan.zero} on Megatron-LM is Megatron-FSDP (--use-megatron-fsdp, --data-parallel-sharding-strategy "
-            f"{strategy}): main_grad{' and 16-bit parameters' if plan.zero == 3 else ''} sharded over dp x cp, "
+            f"{MEGATRON_FSDP_STRATEGY[plan.zero]}): main_grad{' and 16-bit parameters' if plan.zero == 3 else ''} sharded over dp x cp, "
             "gathered and reduced per layer in persistent double buffers (--fsdp-double-buffer: two layers' "
             "gradients" + (" and parameters" if plan.zero == 3 else "") + ", counted in buffers)",)
 
@@ -640,7 +639,8 @@ def estimate_legal(model, job, cluster, plan: Plan, *, curves=None, max_memory_f
                      + attention_kernel_assumption(model, job, plan, curves)
                      + softmax_exp_assumption(model, plan, curves)
                      + moe_host_assumption(model, plan) + ep_overlap_assumption(job, plan) + domains
-                     + megatron_fsdp_assumption(plan) + host_link_assumption(plan, cluster) + deepspeed_dp_assumption(plan) + allocator_pressure_assumption(memory["total"], cluster, plan)),
+                     + megatron_fsdp_assumption(plan) + host_link_assumption(plan, cluster)
+                     + deepspeed_dp_assumption(plan) + allocator_pressure_assumption(memory["total"], cluster, plan)),
         prediction_interval=describe_interval(cluster.accelerator.name, tokens_per_s, step,
                                               _f(terms.flops_model) / step / n / peak, moe=model.moe is not None))
 

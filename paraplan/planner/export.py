@@ -27,7 +27,7 @@ from typing import Any, Callable, Mapping
 from paraplan.costmodels.estimate import estimate
 from paraplan.costmodels.memory import bf16_optimizer_layout
 from paraplan.errors import ConfigError
-from paraplan.plan import (Engine, Plan, check_plan, interleaved_split_accounts, is_fp8, stage_layer_counts,
+from paraplan.plan import (MEGATRON_FSDP_STRATEGY, Engine, Plan, check_plan, interleaved_split_accounts, is_fp8, stage_layer_counts,
                            virtual_stage_layer_counts)
 from paraplan.planfile import PLAN_SCHEMA
 from paraplan.scenario import load_cluster
@@ -259,7 +259,7 @@ def build_megatron(s: Scenario) -> Export:
         # --fsdp-double-buffer, the persistent buffers the estimate prices); validate_args refuses it
         # with CUDA_DEVICE_MAX_CONNECTIONS=1 and with any checkpoint format but fsdp_dtensor
         args += [("--use-megatron-fsdp",),
-                 ("--data-parallel-sharding-strategy", "optim_grads" if p.zero == 2 else "optim_grads_params"),
+                 ("--data-parallel-sharding-strategy", MEGATRON_FSDP_STRATEGY[p.zero]),
                  ("--ckpt-format", "fsdp_dtensor"), ("--fsdp-double-buffer",)]
         notes.append(f"ZeRO-{p.zero} runs as Megatron-FSDP: leave CUDA_DEVICE_MAX_CONNECTIONS unset (Megatron-LM "
                      "refuses Megatron-FSDP with it at 1); with a Transformer Engine that cannot fuse gradient "
