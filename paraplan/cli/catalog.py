@@ -19,7 +19,7 @@ def cmd_list(args) -> int:
         print("systems (use as --cluster NAME --gpus N)")
         for n in preset_names("systems"):
             s = load_part("systems", n)
-            c2c = (f" (host link NVLink-C2C {s.host_link_bytes_per_s / 1e9:.0f} GB/s)"
+            c2c = (f" (host link {s.host_link_name} {s.host_link_bytes_per_s / 1e9:.0f} GB/s)"
                    if s.host_link_bandwidth_bytes_per_s else "")
             print(f"  {n:14s} {s.gpus_per_node:2d} x {s.accelerator.name:9s} intra {s.intra_node.bandwidth_bytes_per_s / 1e9:5.0f} GB/s"
                   f"  inter {s.inter_node.bandwidth_bytes_per_s / 1e9:6.2f} GB/s/GPU  PCIe{s.pcie_gen}{c2c}"

@@ -200,8 +200,7 @@ def host_link_assumption(plan, cluster) -> tuple[str, ...]:
     if plan.offload == "none" and not plan.offload_activation_layers:
         return ()
     s = cluster.system
-    link = "NVLink-C2C" if s.host_link_bandwidth_bytes_per_s else f"PCIe Gen{s.pcie_gen}"
-    return (f"offload transfers take each GPU's host link, {link} at {s.host_link_bytes_per_s / 1e9:.0f} GB/s per "
+    return (f"offload transfers take each GPU's host link, {s.host_link_name} at {s.host_link_bytes_per_s / 1e9:.0f} GB/s per "
             "direction (sustained), hidden under the passes where the timeline allows",)
 
 

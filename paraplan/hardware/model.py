@@ -200,6 +200,12 @@ class System:
         """Bytes per second one GPU moves to or from host memory (offload, activation offload)."""
         return self.host_link_bandwidth_bytes_per_s or self.pcie_bandwidth_bytes_per_s
 
+    @property
+    def host_link_name(self) -> str:
+        """What :attr:`host_link_bytes_per_s` is: NVLink-C2C where the catalogue gives a host link apart from
+        the PCIe slot (its only such presets are the Grace superchips), else the PCIe generation."""
+        return "NVLink-C2C" if self.host_link_bandwidth_bytes_per_s else f"PCIe Gen{self.pcie_gen}"
+
     def __post_init__(self):
         if self.gpus_per_host is None:
             object.__setattr__(self, "gpus_per_host", self.gpus_per_node)
