@@ -847,7 +847,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
         assumed.append("ZeRO-3 (FSDP2, torchtitan's data parallelism; not stated)" if engine == "torchtitan" else
                        "ZeRO-1 (distributed optimizer, Megatron-Core recipes' default; not stated)")
     nvidia_recipe = engine == "megatron"      # NeMo / Megatron-Bridge performance recipes, FSDP ones included
-    if engine == "megatron" and zero >= 2:
+    if engine == "megatron" and zero in MEGATRON_FSDP_STRATEGY:     # a stage outside 0-3 is refused below
         assumed.append(f"Megatron FSDP: Megatron-LM at ZeRO-{zero} (--use-megatron-fsdp, sharding strategy "
                        f"{MEGATRON_FSDP_STRATEGY[zero]}, double-buffered)")
     rec = "none" if _blank(r["recompute"]) else str(r["recompute"]).lower()
