@@ -183,6 +183,53 @@ def fp8_cast_times(model, job, plan, curves):
     return (cast(per * fwd, kernels=FP8_CAST_KERNELS_FORWARD), cast(per * bwd, kernels=FP8_CAST_KERNELS_BACKWARD))
 
 
+# torchao's float8 linear (torchtitan's converter; paraplan's fp8-rowwise is its "rowwise" recipe) runs the
+# two backward GEMMs without fast accumulation (Float8LinearConfig: gemm_config_grad_input and
+# gemm_config_grad_weight default to use_fast_accum=False). With row-wise scales on both operands its
+# addmm_float8_unwrapped then calls the per-tensor cuBLAS kernel with unit scales and multiplies the output
+# by the row and column scales afterwards ("the rowwise CUTLASS-based kernel is so slow without fast-accum
+# that we'd rather use the tensorwise cuBLAS-based kernel and do the scaling manually afterwards");
+# pytorch/ao#2184: under torch.compile that is "at least one extra triton kernel *per GEMM*" for the
+# rescaling. So the backward GEMMs run at the per-tensor rate and each of their 16-bit outputs is read and
+# written once more.
+ROWWISE_RESCALE_BYTES_PER_ELEMENT = 2 + 2
+
+
+def fp8_backward_gemm_factor(curves, dtype: str) -> float:
+    """Backward GEMM time over twice the forward's: the row-wise recipe's forward runs the row-scaled
+    GEMM (``fp8_recipe_gemm_efficiency``), its backward the per-tensor one (see
+    ROWWISE_RESCALE_BYTES_PER_ELEMENT), so the forward's slowdown is undone; 1 for every other format."""
+    return fp8_recipe_gemm_efficiency(curves, dtype) if dtype == "fp8-rowwise" else 1.0
+
+
+def separate_input_projections(model, plan):
+    """(attention, MLP) linears that read the layer's normed input as separate modules: torchtitan's
+    Llama keeps wq, wk, wv and w1, w3 as separate ``nn.Linear`` (torchtitan/models/llama3/model.py), so
+    each of their backward GEMMs writes its own input gradient; Megatron-LM and the generic engine fuse
+    them (linear_qkv, linear_fc1): 1 each. Latent attention's projections are listed one by one already."""
+    titan = np.asarray(getattr(plan, "engine_code", 0)) == Engine.TORCHTITAN
+    return (np.where(titan & (not model.mla), 3, 1), np.where(titan, model.mlp_matrices - 1, 1))
+
+
+def fp8_rowwise_rescale_time(model, job, plan, curves):
+    """Backward seconds of one layer's row-wise rescale kernels (0 outside fp8-rowwise): every linear's
+    input-gradient GEMM output (T x its input width on this tp rank; one per separate projection,
+    :func:`separate_input_projections`) and weight-gradient output (the layer's weights / tp), each read
+    and written once more at 16 bits, one kernel per backward GEMM, at the streaming rate."""
+    if plan.dtype != "fp8-rowwise":
+        return 0.0
+    T = tokens_per_rank(job, plan)
+    t = np.asarray(plan.tp, dtype=float)
+    h, f, g = model.hidden, model.ffn_hidden, model.mlp_matrices - 1
+    attn_sep, mlp_sep = separate_input_projections(model, plan)
+    attn_in, _ = attention_gemm_elements_per_token(model, t)
+    reads_input = any(inp == h and split != "row" for _, inp, split in model.attention_gemms)
+    dgrad = T * (attn_in + (attn_sep - 1) * h * reads_input + mlp_sep * h + f / t)
+    wgrad = model.params_per_layer / t
+    linears = len(model.attention_gemms) + (attn_sep - 1) * reads_input + mlp_sep + 1
+    return curves.streaming_time(ROWWISE_RESCALE_BYTES_PER_ELEMENT * (dgrad + wgrad), kernels=2 * linears)
+
+
 def attention_gemm_forward_time(model, job, plan, curves):
     """Forward time of the attention's projections for one micro-batch (``model.attention_gemms``:
     QKV and output, or latent attention's down-, up- and output projections), each GEMM T x (its
@@ -849,10 +896,13 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     merge_f, merge_b = ring_attention_merge_times(model, job, plan, curves)
     attn_f, attn_b = attn_f + merge_f, attn_b + merge_b
 
+    backward_gemms = 2 * fp8_backward_gemm_factor(curves, plan.dtype)
+
     def fwd_bwd(mlp_gemm, elem):
-        """A layer's forward and backward: backward runs every GEMM twice and streams twice the bytes."""
+        """A layer's forward and backward: backward runs every GEMM twice (at the per-tensor rate
+        under the row-wise recipe) and streams twice the bytes."""
         gemm = attn_gemm + mlp_gemm
-        return gemm + attn_f + elem, 2 * gemm + attn_b + 2 * elem
+        return gemm + attn_f + elem, backward_gemms * gemm + attn_b + 2 * elem
 
     mlp_gemm = mlp_gemm_forward_time(model, job, plan, curves)
     elem = elementwise_forward_time(model, job, plan, curves)
@@ -868,6 +918,7 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
         fwd = (1 - share_moe) * fwd + share_moe * moe_f
         bwd = (1 - share_moe) * bwd + share_moe * moe_b
     cast_f, cast_b = fp8_cast_times(model, job, plan, curves)   # dense-layer counts (routed experts: assumed alike)
+    cast_b = cast_b + fp8_rowwise_rescale_time(model, job, plan, curves)
     fwd, bwd = fwd + cast_f, bwd + cast_b
     ar = tp_allreduce_time(model, job, plan, cluster)
     rc = np.asarray(plan.recompute_code)

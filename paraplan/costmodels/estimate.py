@@ -63,6 +63,10 @@ FP8_ASSUMPTIONS = (
 FP8_TP_GATHER = ("fp8: torchtitan's float8 tensorwise tensor parallelism casts the attention and MLP inputs (and, "
                  "backward, the row-parallel output gradients) on their sequence shard and all-gathers them in fp8; "
                  "the reduce-scatters stay 16-bit (compute.tp_gathers_fp8)")
+FP8_ROWWISE_BACKWARD = ("fp8-rowwise (torchao): the forward GEMMs run row-scaled; the two backward GEMMs run the "
+                        "per-tensor cuBLAS kernel without fast accumulation and a separate kernel rescales each output "
+                        "(read and written once more at 16 bits; torchtitan's wq, wk, wv and w1, w3 each write their own "
+                        "input gradient): compute.fp8_rowwise_rescale_time")
 STATES_16BIT = ("16-bit weights, gradients and activations; Adam with fp32 master weights, momentum, variance "
                 "(16 bytes/param before ZeRO)")
 TP_EXPOSED_ASSUMPTION = "tensor-parallel collectives are exposed (no TP comm overlap); backward = 2 x forward GEMM time"
@@ -110,7 +114,8 @@ def assumptions_for(plan) -> tuple[str, ...]:
             else DP_NO_OVERLAP_ASSUMPTION if not plan.overlap_grad_reduce else DP_OVERLAP_ASSUMPTION}
     base = tuple(swap.get(a, a) for a in ASSUMPTIONS)
     fp8_tp = (FP8_TP_GATHER,) if bool(np.all(C.tp_gathers_fp8(plan))) else ()
-    return base + (FP8_ASSUMPTIONS if is_fp8(plan.dtype) else ()) + fp8_tp
+    rowwise = (FP8_ROWWISE_BACKWARD,) if plan.dtype == "fp8-rowwise" else ()
+    return base + (FP8_ASSUMPTIONS if is_fp8(plan.dtype) else ()) + rowwise + fp8_tp
 
 
 def attention_kernel_assumption(model, job, plan, curves) -> tuple[str, ...]:
