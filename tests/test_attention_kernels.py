@@ -90,6 +90,25 @@ def test_megatron_auto_runs_transformer_engines_cudnn_attention_on_hopper():
     assert float(f_meg[0]) == float(f_gen[0])
 
 
+def test_torchtitan_auto_runs_sdpa_with_cudnn_first_and_its_2025_rows_ran_flash2():
+    """torchtitan's SDPA wrapper sets cuDNN first (set_priority=True): left to auto, a torchtitan plan on
+    Hopper is priced as the plan that names cudnn, and says so. The June 2025 Grand Teton rows ran
+    before that, on a torch that tried cuDNN last: the calibration reader gives them FlashAttention-2."""
+    model, job = load_model("llama3-8b"), TrainingJob(32768, 16)
+    def step(**plan):
+        return estimate(model, job, H100, Plan(tp=1, micro_batch=1, engine="torchtitan", zero=3, **plan))
+    auto, cudnn, flash2 = step(), step(attention_kernel="cudnn"), step(attention_kernel="flash2")
+    assert auto.step_time_s == cudnn.step_time_s < flash2.step_time_s / 1.05
+    assert any("auto on torchtitan runs torch SDPA's cuDNN backend" in a for a in auto.assumptions)
+    from paraplan.costmodels.calibration import load_h100_cases
+    titan = [c for c in load_h100_cases()[0] if "torchtitan" in c.source]
+    assert len(titan) == 12
+    assert all(c.plan.attention_kernel == "flash2" and any("pytorch/pytorch#138522" in a for a in c.assumed)
+               for c in titan)
+    others = [c for c in load_h100_cases()[0] if "torchtitan" not in c.source]
+    assert others and all(c.plan.attention_kernel == "auto" for c in others)
+
+
 def test_kernel_needs_flash_attention_and_megatron_export_maps_it():
     with pytest.raises(ConfigError) as e:
         Plan(attention_kernel="flash2", flash_attention=False)

@@ -691,6 +691,31 @@ def _recipe_recompute_modules(r: pd.Series) -> str:
     return entry[1] if entry is not None and _row_has_layout(r, entry[0]) else ""
 
 
+# The attention kernel a source's runs ran where it differs from what its engine picks today, by a
+# substring of the row's source: torchtitan's June 2025 async-TP benchmark states its torch (nightly
+# 38410cf9, 2025-06-14). torch SDPA then tried cuDNN attention last (made opt-in by pytorch/pytorch#138522,
+# cherry-picked into 2.5.1), and torchtitan's SDPA wrapper of that time put cuDNN first on Blackwell
+# (sm100) only ("Add CuDNN on B200 w/ highest priority": FLASH_ATTENTION, EFFICIENT_ATTENTION, MATH
+# otherwise), so on the H100 the flash backend ran: FlashAttention-2. Today's torchtitan sets cuDNN first
+# everywhere (compute.engine_attention_kernel).
+SOURCE_ATTENTION_KERNEL = {
+    "asyncTP_llama3_h100_2025-06_torchtitan": (
+        "flash2", "attention: FlashAttention-2 (torch SDPA's flash backend: the run's torch nightly of 2025-06-14 "
+                  "tried cuDNN last, pytorch/pytorch#138522, and torchtitan then put cuDNN first on sm100 only; "
+                  "calibration.SOURCE_ATTENTION_KERNEL)"),
+}
+
+
+def _source_attention_kernel(r: pd.Series, assumed: list) -> str:
+    """The attention kernel the row's source ran (SOURCE_ATTENTION_KERNEL), said in ``assumed``; "auto"
+    (the engine's own pick) for every other source."""
+    for key, (kernel, why) in SOURCE_ATTENTION_KERNEL.items():
+        if key in str(r["source"]):
+            assumed.append(why)
+            return kernel
+    return "auto"
+
+
 def h100_source(source: str) -> str:
     s = source.lower()
     if "torchtitan" in s:
@@ -908,6 +933,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
                        f"stage, {last_layers} on the last (calibration.RECIPE_STAGE_LAYERS)")
     if model.mtp_layers:
         assumed.append(f"multi-token prediction, depth {model.mtp_layers}, on the last stage")
+    attention_kernel = _source_attention_kernel(r, assumed)
     try:
         cluster = load_cluster(system, n)
         plan = Plan(tp=_int(r["tp"]), pp=_int(r["pp"]), dp=_int(r["dp"]), cp=cp, sp=sp and _int(r["tp"]) > 1,
@@ -917,7 +943,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
                     grad_reduce_bf16=bf16_grads, ep_comm_overlap=ep_overlap, recompute_modules=modules,
                     offload=offload, offload_params=offload_params,
                     first_stage_layers=first_layers, last_stage_layers=last_layers,
-                    offload_activation_layers=offload_layers)
+                    offload_activation_layers=offload_layers, attention_kernel=attention_kernel)
     except ConfigError as e:
         return f"layout not expressible: {e}"
     job = TrainingJob(seq_len=_int(r["seq_len"]), global_batch=_int(r["global_batch"]))

@@ -414,13 +414,18 @@ def engine_attention_kernel(plan, table):
     when both support the call ("Disabling FlashAttention to give FusedAttention preference on Hopper+
     for performance reasons": transformer_engine/pytorch/attention/dot_product_attention/utils.py,
     get_attention_backend, NVIDIA/TransformerEngine @ 002a3e5), so a Megatron plan on a generation
-    whose measured table has ``cudnn`` runs that. Other engines stay ``auto`` (torch SDPA's backend
-    order has changed between releases)."""
+    whose measured table has ``cudnn`` runs that. torchtitan wraps torch SDPA in
+    ``sdpa_kernel([CUDNN_ATTENTION, FLASH_ATTENTION, EFFICIENT_ATTENTION, MATH], set_priority=True)``
+    (torchtitan/models/attention.py, ScaledDotProductAttentionWrapper @ 0012170), so it runs cuDNN too.
+    Other engines stay ``auto`` (torch SDPA's own backend order has changed between releases: cuDNN
+    last from torch 2.5.1, pytorch/pytorch#138522, first on sm90/sm100 once the bundled cuDNN passed
+    9.15)."""
     kernel = np.asarray(getattr(plan, "attention_kernel_code", AttentionKernel.AUTO))
     if "cudnn" not in table["kernels"]:
         return kernel
-    megatron = np.asarray(getattr(plan, "engine_code", Engine.GENERIC)) == Engine.MEGATRON
-    return np.where((kernel == AttentionKernel.AUTO) & megatron, int(AttentionKernel.CUDNN), kernel)
+    engine = np.asarray(getattr(plan, "engine_code", Engine.GENERIC))
+    picks_cudnn = (engine == Engine.MEGATRON) | (engine == Engine.TORCHTITAN)
+    return np.where((kernel == AttentionKernel.AUTO) & picks_cudnn, int(AttentionKernel.CUDNN), kernel)
 
 
 def measured_attention_efficiency(model, plan, curves, query_len, batch_heads):

@@ -130,8 +130,10 @@ def attention_kernel_assumption(model, job, plan, curves) -> tuple[str, ...]:
     if plan.attention_kernel == "auto":
         if eff is None or np.isnan(float(eff)):
             return ()
-        return (f"attention: auto on Megatron-LM runs Transformer Engine's cuDNN fused attention (its preference on "
-                f"Hopper and newer): cudnn at {float(eff):.3f} of peak, measured by sequence length "
+        who = ("Megatron-LM runs Transformer Engine's cuDNN fused attention (its preference on Hopper and newer)"
+               if plan.engine == "megatron" else
+               "torchtitan runs torch SDPA's cuDNN backend (its wrapper sets cuDNN first)")
+        return (f"attention: auto on {who}: cudnn at {float(eff):.3f} of peak, measured by sequence length "
                 f"(attention_kernels.yaml) at {job.seq_len} tokens and {b * model.heads // plan.tp} heads per GPU",)
     if eff is None:
         return (f"attention: no measured {plan.attention_kernel} table for this accelerator; priced at its "
