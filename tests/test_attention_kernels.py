@@ -146,8 +146,14 @@ def test_torchtitan_and_deepspeed_exports_say_how_to_pin_the_kernel():
     for engine in ("torchtitan", "deepspeed"):
         out = export(doc, engine)
         assert any("SDPBackend.FLASH_ATTENTION" in n for n in out.notes), engine
+    titan = export(doc, "torchtitan").notes
+    assert any("ScaledDotProductAttentionWrapper.sdpa_backends = [SDPBackend.FLASH_ATTENTION]" in n for n in titan)
     auto = plan_document(estimate(model, job, H100, Plan(tp=1, micro_batch=1)), "llama3-8b", "dgx-h100")
     assert not any("SDPBackend" in n for n in export(auto, "torchtitan").notes)
+    cudnn = plan_document(estimate(model, job, H100, Plan(tp=1, micro_batch=1, attention_kernel="cudnn")),
+                          "llama3-8b", "dgx-h100")
+    assert not any("SDPBackend" in n for n in export(cudnn, "torchtitan").notes)     # what it runs first
+    assert any("SDPBackend.CUDNN_ATTENTION" in n for n in export(cudnn, "deepspeed").notes)
 
 
 def test_whatif_sweeps_the_attention_kernel(tmp_path, capsys):

@@ -478,6 +478,19 @@ def sdpa_kernel_note(p, engine: str) -> list[str]:
             f"step under torch.nn.attention.sdpa_kernel(SDPBackend.{SDPA_BACKEND_OF_KERNEL[p.attention_kernel]})"]
 
 
+def torchtitan_sdpa_kernel_note(p) -> list[str]:
+    """How to pin a named attention kernel under torchtitan, whose ScaledDotProductAttentionWrapper runs
+    every call under its own ``sdpa_kernel(sdpa_backends, set_priority=True)`` (cuDNN first;
+    torchtitan/models/attention.py), which replaces any backend choice made around the step. Nothing
+    for ``auto`` or ``cudnn``, the backend it runs first."""
+    if not p.flash_attention or p.attention_kernel in ("auto", "cudnn"):
+        return []
+    return [f"the plan was priced with the {p.attention_kernel} attention kernel; torchtitan's "
+            f"ScaledDotProductAttentionWrapper tries cuDNN first inside every call (a sdpa_kernel context around "
+            f"the step does not reach it): set torchtitan.models.attention.ScaledDotProductAttentionWrapper."
+            f"sdpa_backends = [SDPBackend.{SDPA_BACKEND_OF_KERNEL[p.attention_kernel]}] before the model is built"]
+
+
 def build_torchtitan(s: Scenario) -> Export:
     """A torchtitan TOML job config (sections and keys of torchtitan/config/job_config.py, TOML era).
 
@@ -535,7 +548,7 @@ def build_torchtitan(s: Scenario) -> Export:
                      "CPU offload), more than optimizer-only offload")
     if p.grad_accumulation_fusion:
         notes.append(UNFUSED_ACCUMULATION_NOTE.format(engine="torchtitan"))
-    notes += sdpa_kernel_note(p, "torchtitan")
+    notes += torchtitan_sdpa_kernel_note(p)
     if p.recompute == "selective":
         notes.append("selective recomputation uses torchtitan's per-op policy (selective_ac_option='op'), which "
                      "differs in detail from Megatron's attention-core recomputation")
