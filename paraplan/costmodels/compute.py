@@ -220,7 +220,7 @@ def fp8_rowwise_rescale_time(model, job, plan, curves):
         return 0.0
     T = tokens_per_rank(job, plan)
     t = np.asarray(plan.tp, dtype=float)
-    h, f, g = model.hidden, model.ffn_hidden, model.mlp_matrices - 1
+    h, f = model.hidden, model.ffn_hidden
     attn_sep, mlp_sep = separate_input_projections(model, plan)
     attn_in, _ = attention_gemm_elements_per_token(model, t)
     reads_input = any(inp == h and split != "row" for _, inp, split in model.attention_gemms)
