@@ -206,7 +206,9 @@ def separate_input_projections(model, plan):
     """(attention, MLP) linears that read the layer's normed input as separate modules: torchtitan's
     Llama keeps wq, wk, wv and w1, w3 as separate ``nn.Linear`` (torchtitan/models/llama3/model.py), so
     each of their backward GEMMs writes its own input gradient; Megatron-LM and the generic engine fuse
-    them (linear_qkv, linear_fc1): 1 each. Latent attention's projections are listed one by one already."""
+    them (linear_qkv, linear_fc1): 1 each. Latent attention's projections are listed one by one already
+    (1); multi-head attention's fused QKV is the GEMM of ``model.attention_gemms`` that reads the layer
+    input, so the 3 replaces it."""
     titan = np.asarray(getattr(plan, "engine_code", 0)) == Engine.TORCHTITAN
     return (np.where(titan & (not model.mla), 3, 1), np.where(titan, model.mlp_matrices - 1, 1))
 
@@ -222,11 +224,10 @@ def fp8_rowwise_rescale_time(model, job, plan, curves):
     t = np.asarray(plan.tp, dtype=float)
     h, f = model.hidden, model.ffn_hidden
     attn_sep, mlp_sep = separate_input_projections(model, plan)
-    attn_in, _ = attention_gemm_elements_per_token(model, t)
-    reads_input = any(inp == h and split != "row" for _, inp, split in model.attention_gemms)
-    dgrad = T * (attn_in + (attn_sep - 1) * h * reads_input + mlp_sep * h + f / t)
+    attn_in, _ = attention_gemm_elements_per_token(model, t)    # counts the layer input h once
+    dgrad = T * (attn_in + (attn_sep - 1) * h + mlp_sep * h + f / t)
     wgrad = model.params_per_layer / t
-    linears = len(model.attention_gemms) + (attn_sep - 1) * reads_input + mlp_sep + 1
+    linears = len(model.attention_gemms) + (attn_sep - 1) + mlp_sep + 1
     return curves.streaming_time(ROWWISE_RESCALE_BYTES_PER_ELEMENT * (dgrad + wgrad), kernels=2 * linears)
 
 
