@@ -285,7 +285,7 @@ def recompute_modules_time(model, job, plan, curves):
         e = model.moe
         routed = e.top_k * expert_token_factor(model, job)
         moe = share * (moe_mlp_forward_time(model, job, plan, curves)
-                       + curves.memory_time(T * mlp_activation_bytes_per_token(model, job, True) / t * wide, kernels=4))
+                       + curves.memory_time(T * mlp_activation_bytes_per_token(model, job, True, plan) / t * wide, kernels=4))
         act = share * curves.memory_time(T * per_width * e.expert_ffn_hidden * routed / t * wide, kernels=1)
         if e.shared_experts:
             width = e.shared_experts * e.expert_ffn_hidden
@@ -383,7 +383,7 @@ def moe_einsum_dispatch_times(model, job, plan, curves):
     fp32 (the gate runs in fp32), cast to a boolean mask and to two 16-bit GEMM operands: about
     4 + 1 + 2 + 2 bytes written and as many read per slot forward (18 bytes), twice that backward.
     Returns 0 for ``dispatch = "permute"`` (its copies are priced in
-    :func:`mlp_activation_bytes_per_token`)."""
+    :func:`dispatch_bytes_per_token`)."""
     if model.moe is None or model.moe.dispatch != "einsum":
         return 0.0, 0.0
     S, slots = einsum_dispatch_slots(model, job, plan)
@@ -537,16 +537,52 @@ def attention_core_times(model, job, plan, curves):
     return np.where(flash, fused_f, unfused_f), np.where(flash, fused_b, unfused_b)
 
 
-def mlp_activation_bytes_per_token(model, job, moe: bool) -> float:
+# Token permutation around the experts under ``dispatch = "permute"``, bytes in a forward pass (16-bit
+# values, h wide). Megatron-Core's all-to-all dispatcher (MoEAlltoAllTokenDispatcher in
+# megatron/core/transformer/moe/token_dispatcher.py, helpers in moe_utils.py) runs: ``permute`` (the fused
+# kernel reads each token once, 2h, and writes its k copies in expert order, 2h each), the dispatch
+# all-to-all, ``sort_chunks_by_idxs`` when a GPU holds several experts and ep > 1 (regroup the received
+# copies by local expert: read and write, 4h per copy), the grouped GEMM, the inverse regrouping (4h per
+# copy), the combine all-to-all and ``unpermute`` (read each copy, 2h, weight it by its router probability,
+# scatter-add it into its token, written once, 2h). torchtitan's expert-parallel MoE makes the same passes
+# (its token reorder before the all-to-all, ``_permute`` / ``_unpermute`` around the grouped mm after it,
+# the score-weighted ``scatter_add``).
+DISPATCH_BYTES_PER_COPY = 2 + 2                  # permute's write, unpermute's read
+DISPATCH_SORT_CHUNKS_BYTES_PER_COPY = 2 * (2 + 2)
+DISPATCH_BYTES_PER_TOKEN = 2 + 2                 # permute's read, unpermute's write
+
+
+def sorts_received_chunks(model, plan):
+    """Whether the dispatcher regroups the tokens an all-to-all delivered by local expert: ep > 1
+    and more than one expert per GPU (Megatron-Core's ``num_local_experts > 1``)."""
+    ep = np.asarray(getattr(plan, "ep", 1), dtype=float)
+    return (ep > 1) & (model.moe.experts / ep > 1)
+
+
+def dispatch_bytes_per_token(model, job, plan=None) -> float:
+    """Bytes the token permutation streams per token in an MoE layer's forward (see the
+    ``DISPATCH_*`` counts): (4 + 8·[regroup])·h per routed copy (k·f copies per token) + 4h per
+    token. GShard-style einsum dispatch (DeepSpeed-MoE) has none here: its dense dispatch and
+    combine are priced in :func:`moe_einsum_dispatch_times`. Without a plan the regrouping is left
+    out (one expert per GPU)."""
+    e = model.moe
+    if e.dispatch != "permute":
+        return 0.0
+    copies = e.top_k * expert_token_factor(model, job)
+    sort = np.where(sorts_received_chunks(model, plan), DISPATCH_SORT_CHUNKS_BYTES_PER_COPY, 0) if plan is not None else 0
+    return ((DISPATCH_BYTES_PER_COPY + sort) * copies + DISPATCH_BYTES_PER_TOKEN) * model.hidden
+
+
+def mlp_activation_bytes_per_token(model, job, moe: bool, plan=None) -> float:
     """Bytes the MLP's activation function streams per token (GELU 4f, SwiGLU 6f); an MoE layer's
-    routed experts see top_k x factor tokens, its shared experts all, and permuting tokens to and
-    from the experts copies 2 x 2h bytes per routed token."""
+    routed experts see top_k x factor tokens, its shared experts all, and the token permutation to and
+    from the experts streams :func:`dispatch_bytes_per_token`."""
     per_width = 6 if model.activation == "swiglu" else 4
     if not moe:
         return per_width * model.ffn_hidden
     e = model.moe
     routed = e.top_k * expert_token_factor(model, job)
-    return per_width * e.expert_ffn_hidden * (routed + e.shared_experts) + routed * 4 * model.hidden
+    return per_width * e.expert_ffn_hidden * (routed + e.shared_experts) + dispatch_bytes_per_token(model, job, plan)
 
 
 # Eager RMSNorm, per norm and token (16-bit input, fp32 math; bytes read + written): upcast 2h + 4h,
@@ -590,7 +626,7 @@ def elementwise_forward_time(model, job, plan, curves, moe: bool = False):
     t = np.asarray(plan.tp, dtype=float)
     sp = np.asarray(plan.sp, dtype=bool)
     h, hkv = model.hidden, model.kv_hidden
-    act = mlp_activation_bytes_per_token(model, job, moe)
+    act = mlp_activation_bytes_per_token(model, job, moe, plan)
     replicated = 22 * h
     unfused = ~np.asarray(getattr(plan, "fused_elementwise", True), dtype=bool)
     replicated = replicated + np.where(unfused, UNFUSED_NORM_EXTRA_BYTES_PER_HIDDEN * h, 0.0)

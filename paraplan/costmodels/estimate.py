@@ -181,6 +181,19 @@ def moe_host_assumption(model, plan) -> tuple[str, ...]:
             f"and pad) removes the wait",)
 
 
+def moe_dispatch_assumption(model, job, plan) -> tuple[str, ...]:
+    """Said for an MoE model whose tokens are permuted to the experts (compute.dispatch_bytes_per_token)."""
+    if model.moe is None or model.moe.dispatch != "permute":
+        return ()
+    per_token = float(np.max(C.dispatch_bytes_per_token(model, job, plan)))
+    sort = bool(np.any(C.sorts_received_chunks(model, plan)))
+    return (f"MoE: the token permutation streams {per_token / model.hidden:.0f} x hidden bytes per token and "
+            f"layer forward, twice that backward (Megatron-Core's all-to-all dispatcher: permute, "
+            f"{'regroup by local expert and back, ' if sort else ''}unpermute with the router weights; "
+            f"torchtitan's passes alike); DeepEP / HybridEP dispatch, which arranges these passes "
+            f"differently, is not priced separately",)
+
+
 def ep_overlap_assumption(job, plan) -> tuple[str, ...]:
     """Said when the plan overlaps its expert-parallel all-to-alls (compute.ep_exposed_time)."""
     if not getattr(plan, "ep_comm_overlap", False):
@@ -644,7 +657,8 @@ def estimate_legal(model, job, cluster, plan: Plan, *, curves=None, max_memory_f
         assumptions=(assumptions_for(plan) + gemm_level_assumption(plan, curves)
                      + attention_kernel_assumption(model, job, plan, curves)
                      + softmax_exp_assumption(model, plan, curves)
-                     + moe_host_assumption(model, plan) + ep_overlap_assumption(job, plan) + domains
+                     + moe_dispatch_assumption(model, job, plan) + moe_host_assumption(model, plan)
+                     + ep_overlap_assumption(job, plan) + domains
                      + megatron_fsdp_assumption(plan) + host_link_assumption(plan, cluster)
                      + deepspeed_dp_assumption(plan) + allocator_pressure_assumption(memory["total"], cluster, plan)),
         prediction_interval=describe_interval(cluster.accelerator.name, tokens_per_s, step,
