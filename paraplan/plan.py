@@ -236,7 +236,7 @@ def canonical_recompute_modules(value, where: str | None = None) -> str:
 MAX_DEGREE = 2**31 - 1    # degrees, micro-batches and stage sizes past a C int are typos (numpy overflows)
 BOOL_FIELDS = ("sp", "offload_params", "flash_attention", "overlap_grad_reduce", "delayed_update",
                "grad_accumulation_fusion", "fused_elementwise", "fused_softmax", "tp_comm_overlap",
-               "grad_reduce_bf16", "ep_comm_overlap")
+               "grad_reduce_bf16", "ep_comm_overlap", "moe_flex_dispatch")
 
 
 def validate_field(name: str, value, where: str | None = None):
@@ -354,6 +354,12 @@ class Plan:
     # --overlap-moe-expert-parallel-comm; Megatron-Bridge moe_a2a_overlap); False: every all-to-all
     # sits on the critical path
     ep_comm_overlap: bool = False
+    # the expert-parallel dispatch and combine run by DeepEP / HybridEP kernels (Megatron-Core's flex token
+    # dispatcher, --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep|hybridep): a token
+    # crosses once to each node and each GPU that holds one of its experts, not once per routed copy, and
+    # the copies are grouped by expert on arrival; False: the all-to-all dispatcher (--moe-token-dispatcher-type
+    # alltoall, torchtitan's expert parallelism)
+    moe_flex_dispatch: bool = False
     # Megatron-Core's fine-grained recomputation under --recompute selective: the modules recomputed
     # (RECOMPUTE_MODULES, comma-separated: core_attn, layernorm, mla_up_proj, mlp, moe_act, moe,
     # shared_experts); "" = the engine's default, the attention core (Megatron-LM's selective)
@@ -483,6 +489,7 @@ class PlanBatch:
     offload_activation_layers: np.ndarray = None
     attention_kernel_code: np.ndarray = None
     ep_comm_overlap: np.ndarray = None
+    moe_flex_dispatch: np.ndarray = None
     recompute_modules_mask: np.ndarray = None
     dtype: str = "bf16"
 
@@ -492,7 +499,7 @@ class PlanBatch:
                               ("delayed_update", False), ("grad_accumulation_fusion", True), ("fused_elementwise", True), ("fused_softmax", True), ("tp_comm_overlap", False), ("grad_reduce_bf16", False),
                               ("engine_code", Engine.GENERIC), ("first_stage_layers", 0), ("last_stage_layers", 0),
                               ("offload_activation_layers", 0), ("attention_kernel_code", AttentionKernel.AUTO),
-                              ("ep_comm_overlap", False), ("recompute_modules_mask", 0)):
+                              ("ep_comm_overlap", False), ("moe_flex_dispatch", False), ("recompute_modules_mask", 0)):
             if getattr(self, name) is None:
                 object.__setattr__(self, name, np.full(n, int(default) if isinstance(default, Mode) else default))
 
@@ -534,6 +541,7 @@ class PlanBatch:
                     offload_activation_layers=int(self.offload_activation_layers[i]),
                     attention_kernel=AttentionKernel(int(self.attention_kernel_code[i])).label,
                     ep_comm_overlap=bool(self.ep_comm_overlap[i]),
+                    moe_flex_dispatch=bool(self.moe_flex_dispatch[i]),
                     recompute_modules=recompute_modules_text(int(self.recompute_modules_mask[i])))
 
 
@@ -1154,6 +1162,24 @@ RULES: tuple[Rule, ...] = (
        lambda p, s: (f"{s.model.name} dispatches tokens by {s.model.moe.dispatch}; Megatron-Core overlaps only the "
                      "alltoall / flex token dispatchers' all-to-alls"),
        field="ep_comm_overlap", accepted="a model with permute dispatch, or no --ep-comm-overlap"),
+    _r("moe-flex-dispatch-needs-ep", "DeepEP / HybridEP dispatch needs expert parallelism", ILLEGAL,
+       ("moe_flex_dispatch", "ep"),
+       lambda P, s: np.asarray(P.moe_flex_dispatch, bool) & (P.ep == 1),
+       lambda p, s: ("--moe-flex-dispatch runs the expert-parallel dispatch and combine on DeepEP / HybridEP "
+                     "kernels; with ep(1) there are none"),
+       field="moe_flex_dispatch", accepted="--ep N>1, or no --moe-flex-dispatch", uses_scene=False),
+    _r("engine-moe-flex-dispatch", "the engine has no DeepEP / HybridEP dispatch", ILLEGAL,
+       ("engine_code", "moe_flex_dispatch"),
+       lambda P, s: np.asarray(P.moe_flex_dispatch, bool) & ~_engine_in(P, Engine.MEGATRON, Engine.GENERIC),
+       lambda p, s: (f"--engine {Engine(p.engine_code).label} has no flex token dispatcher "
+                     "(Megatron-LM --moe-token-dispatcher-type flex does)"),
+       field="moe_flex_dispatch", accepted="--engine megatron or generic", uses_scene=False),
+    _r("moe-flex-dispatch-needs-permute", "DeepEP / HybridEP dispatch needs token permutation",
+       ILLEGAL, ("moe_flex_dispatch",),
+       lambda P, s: np.asarray(P.moe_flex_dispatch, bool) & (not _moe(s) or s.model.moe.dispatch != "permute"),
+       lambda p, s: (f"{s.model.name} " + (f"dispatches tokens by {s.model.moe.dispatch}" if _moe(s) else "has no experts")
+                     + "; DeepEP / HybridEP replace the all-to-all of a permuting token dispatcher"),
+       field="moe_flex_dispatch", accepted="an MoE model with permute dispatch, or no --moe-flex-dispatch"),
     _r("recompute-modules-need-selective", "recompute modules need selective recomputation", ILLEGAL,
        ("recompute_modules_mask", "recompute_code"),
        lambda P, s: (np.asarray(P.recompute_modules_mask) != 0) & (np.asarray(P.recompute_code) != int(Recompute.SELECTIVE)),

@@ -87,3 +87,99 @@ def test_the_permutation_slows_the_moe_step():
     finally:
         C.DISPATCH_BYTES_PER_COPY, C.DISPATCH_SORT_CHUNKS_BYTES_PER_COPY, C.DISPATCH_BYTES_PER_TOKEN = saved
     assert with_traffic > 1.05 * without
+
+
+# --- DeepEP / HybridEP (Megatron-Core's flex token dispatcher): plan.moe_flex_dispatch ---------------
+
+def test_expected_destinations_match_counting_every_choice_of_k_experts():
+    """Uniform top-k routing, E experts kept ``held`` per holder: the mean over all C(E, k) choices of
+    the distinct holders hit."""
+    from itertools import combinations
+    for experts, k, held in ((8, 2, 1), (12, 3, 2), (16, 4, 4), (12, 3, 12)):
+        choices = list(combinations(range(experts), k))
+        brute = sum(len({x // held for x in c}) for c in choices) / len(choices)
+        assert C.expected_destinations(experts, k, held) == pytest.approx(brute)
+
+
+def test_flex_dispatch_sends_each_token_once_per_node_and_gpu_not_per_copy():
+    """DeepSeek-V3 (256 experts, top-8) at ep 64 over 8 DGX H100 nodes: a token's 8 copies land on
+    7.7 GPUs and 5.3 nodes on average; the inter-node bytes fall from 8 x 56/64 = 7 copies to
+    5.3 x 7/8 = 4.6, so the dispatch takes markedly less time. Inside one NVLink domain (64 GPUs of
+    a GB200 NVL72) only the per-GPU dedup is left: 7.7 of 8."""
+    dsv3 = load_model("deepseek-v3")
+    job = TrainingJob(4096, 8192)
+    plan = Plan(tp=2, sp=True, pp=8, dp=64, ep=64, engine="megatron", dtype="bf16")
+    h100 = load_cluster("dgx-h100", 1024)
+    alltoall = float(C.ep_alltoall_time(dsv3, job, plan, h100))
+    flex = float(C.ep_alltoall_time(dsv3, job, replace(plan, moe_flex_dispatch=True), h100))
+    assert flex < 0.8 * alltoall
+    nvl = load_cluster("gb200-nvl72", 64)
+    one_domain = Plan(dp=64, ep=64, engine="megatron", dtype="bf16")
+    a, f = (float(C.ep_alltoall_time(dsv3, job, replace(one_domain, moe_flex_dispatch=x), nvl)) for x in (False, True))
+    assert 0.9 * a < f < a
+
+
+def test_flex_dispatch_permutes_the_arrivals_without_the_regrouping():
+    qwen = load_model("qwen3-30b-a3b")
+    plan = Plan(dp=8, ep=8, engine="megatron")
+    h, k = qwen.hidden, qwen.moe.top_k
+    arrivals = C.expected_destinations(qwen.moe.experts, k, qwen.moe.experts / 8)
+    got = C.dispatch_bytes_per_token(qwen, JOB, replace(plan, moe_flex_dispatch=True))
+    assert got == pytest.approx((4 * k + 4 * arrivals) * h)
+    assert got < C.dispatch_bytes_per_token(qwen, JOB, plan)
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(ep=1, dp=16), "with ep(1) there are none"),
+    (dict(engine="torchtitan", tp=2, sp=True, dp=8), "no flex token dispatcher"),
+    (dict(engine="deepspeed"), "no flex token dispatcher"),
+])
+def test_plans_that_cannot_run_flex_dispatch_are_refused_by_name(kw, words):
+    from paraplan.errors import ConfigError
+    with pytest.raises(ConfigError) as err:
+        Plan(**{"dp": 16, "ep": 8, "engine": "megatron", "moe_flex_dispatch": True, **kw})
+    assert err.value.field == "moe_flex_dispatch" and words in str(err.value)
+
+
+def test_a_model_without_permuting_experts_cannot_take_flex_dispatch():
+    from paraplan.errors import ConfigError
+    from paraplan.plan import check_plan
+    ted = load_model("ted-6.7b-16e")
+    with pytest.raises(ConfigError) as err:
+        check_plan(Plan(dp=16, ep=8, engine="megatron", moe_flex_dispatch=True), ted, JOB, load_cluster("dgx-h100", 16))
+    assert err.value.field == "moe_flex_dispatch" and "einsum" in str(err.value)
+
+
+def test_search_leaves_it_off_unless_fixed_then_on_wherever_it_runs():
+    from paraplan.planner.space import SpaceOptions, compose
+    qwen = load_model("qwen3-30b-a3b")
+    cluster = load_cluster("dgx-h100", 16)
+    plain, _, _ = compose(qwen, JOB, cluster, SpaceOptions(fixed={"engine": "megatron"}))
+    batch, _, _ = compose(qwen, JOB, cluster, SpaceOptions(fixed={"engine": "megatron", "moe_flex_dispatch": True}))
+    assert len(batch) == len(plain) and not plain.moe_flex_dispatch.any()
+    assert np.array_equal(batch.moe_flex_dispatch, batch.ep > 1) and batch.moe_flex_dispatch.sum() > 100
+
+
+def test_exports_map_it_or_say_they_cannot():
+    import dataclasses
+    from paraplan.planner import export as ex
+    from paraplan.planner.export import PLAN_SCHEMA
+    plan = Plan(dp=16, ep=8, micro_batch=1, zero=1, engine="megatron", moe_flex_dispatch=True)
+    doc = {"schema": PLAN_SCHEMA, "scenario": {"model": "qwen3-30b-a3b", "cluster": "dgx-h200", "gpus": 16,
+                                               "seq_len": 4096, "global_batch": 512},
+           "plan": dataclasses.asdict(plan), "estimate": {}}
+    text = ex.to_megatron(doc)
+    assert "--moe-token-dispatcher-type flex" in text and "--moe-flex-dispatcher-backend deepep" in text
+    doc["plan"].update(engine="generic")
+    for target in ("torchtitan", "deepspeed"):
+        assert any("re-estimate without --moe-flex-dispatch" in n for n in ex.export(doc, target).notes), target
+    doc["plan"]["moe_flex_dispatch"] = False
+    assert "flex" not in ex.to_megatron(doc)
+
+
+def test_the_estimate_says_it_prices_flex_dispatch():
+    qwen = load_model("qwen3-30b-a3b")
+    e = estimate(qwen, JOB, load_cluster("dgx-h100", 16), Plan(dp=16, ep=16, engine="megatron", moe_flex_dispatch=True))
+    line = next(a for a in e.assumptions if "DeepEP" in a)
+    assert "of the 16 expert-parallel GPUs" in line and "not priced" in line
+    assert not any("regroup" in a for a in e.assumptions)

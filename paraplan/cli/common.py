@@ -258,6 +258,10 @@ PLAN_FLAG_HELP = {
                        "neighbouring micro-batch (Megatron-Core combined 1F1B, --overlap-moe-expert-parallel-comm; "
                        "needs ep > 1, pp 1 or the interleaved schedule, no full recomputation). On plan: "
                        "--fix ep_comm_overlap=true turns it on for every candidate that can run it",
+    "moe_flex_dispatch": "run the expert-parallel dispatch and combine on DeepEP / HybridEP kernels (Megatron-Core's "
+                         "flex token dispatcher): each token crosses once per destination node and GPU instead of "
+                         "once per routed copy (needs ep > 1, --engine megatron or generic). On plan: "
+                         "--fix moe_flex_dispatch=true turns it on for every candidate that can run it",
     "recompute_modules": "with --recompute selective: the modules Megatron-Core recomputes (--recompute-modules), "
                          "comma-separated from core_attn, layernorm, mla_up_proj, mlp, moe_act, moe, shared_experts; "
                          "default: the attention core. On plan: --fix recompute_modules=moe_act,layernorm sets them "

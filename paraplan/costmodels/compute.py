@@ -562,15 +562,26 @@ def sorts_received_chunks(model, plan):
 def dispatch_bytes_per_token(model, job, plan=None) -> float:
     """Bytes the token permutation streams per token in an MoE layer's forward (see the
     ``DISPATCH_*`` counts): (4 + 8·[regroup])·h per routed copy (k·f copies per token) + 4h per
-    token. GShard-style einsum dispatch (DeepSpeed-MoE) has none here: its dense dispatch and
-    combine are priced in :func:`moe_einsum_dispatch_times`. Without a plan the regrouping is left
-    out (one expert per GPU)."""
+    token. Under DeepEP / HybridEP (``plan.moe_flex_dispatch``) the kernels read the tokens and write
+    one copy per destination GPU themselves; Megatron-Core's flex dispatcher then permutes those
+    arrivals into expert order and unpermutes them before the combine: 4h per routed copy + 4h per
+    arrival (:func:`expected_destinations` GPUs per token). GShard-style einsum dispatch
+    (DeepSpeed-MoE) has none here: its dense dispatch and combine are priced in
+    :func:`moe_einsum_dispatch_times`. Without a plan the regrouping is left out (one expert per GPU)."""
     e = model.moe
     if e.dispatch != "permute":
         return 0.0
     copies = e.top_k * expert_token_factor(model, job)
-    sort = np.where(sorts_received_chunks(model, plan), DISPATCH_SORT_CHUNKS_BYTES_PER_COPY, 0) if plan is not None else 0
-    return ((DISPATCH_BYTES_PER_COPY + sort) * copies + DISPATCH_BYTES_PER_TOKEN) * model.hidden
+    if plan is None:
+        return (DISPATCH_BYTES_PER_COPY * copies + DISPATCH_BYTES_PER_TOKEN) * model.hidden
+    sort = np.where(sorts_received_chunks(model, plan), DISPATCH_SORT_CHUNKS_BYTES_PER_COPY, 0)
+    alltoall = (DISPATCH_BYTES_PER_COPY + sort) * copies + DISPATCH_BYTES_PER_TOKEN
+    flex = np.asarray(getattr(plan, "moe_flex_dispatch", False), dtype=bool)
+    if np.any(flex):
+        ep = np.asarray(plan.ep, dtype=float)
+        arrivals = expected_destinations(e.experts, e.top_k, e.experts / ep) * expert_token_factor(model, job)
+        alltoall = np.where(flex, DISPATCH_BYTES_PER_COPY * copies + DISPATCH_BYTES_PER_TOKEN * arrivals, alltoall)
+    return alltoall * model.hidden
 
 
 def mlp_activation_bytes_per_token(model, job, moe: bool, plan=None) -> float:
@@ -647,14 +658,59 @@ def elementwise_forward_time(model, job, plan, curves, moe: bool = False):
 def ep_alltoall_time(model, job, plan, cluster):
     """One expert-parallel all-to-all (dispatch or combine): each GPU sends its T·k·f/tp routed
     token copies of h values across the ep group, which is carved from data parallelism (stride
-    tp·cp in the rank order). DeepSpeed-MoE (Rajbhandari et al. 2022) §5; shared/reference §2.10."""
+    tp·cp in the rank order). DeepSpeed-MoE (Rajbhandari et al. 2022) §5; shared/reference §2.10.
+    Under ``plan.moe_flex_dispatch`` the DeepEP / HybridEP kernels' traffic instead
+    (:func:`flex_dispatch_time`)."""
     if model.moe is None:
         return 0.0
     T = tokens_per_rank(job, plan)
     size = T * model.moe.top_k * expert_token_factor(model, job) * model.hidden * element_bytes(plan) / np.asarray(plan.tp, float)
     k = ranks_per_node(plan.ep, expert_group_strides(plan)[0], cluster.gpus_per_node)
     intra, inter = cluster.links("ep")
-    return collective_time(ALL_TO_ALL, size, plan.ep, k, intra, inter)
+    alltoall = collective_time(ALL_TO_ALL, size, plan.ep, k, intra, inter)
+    flex = np.asarray(getattr(plan, "moe_flex_dispatch", False), dtype=bool)
+    if not np.any(flex):
+        return alltoall
+    return np.where(flex, flex_dispatch_time(model, job, plan, cluster), alltoall)
+
+
+def expected_destinations(experts: int, top_k: int, held):
+    """Expected number of distinct holders (GPUs or nodes) a token's top-k experts sit on, when each of
+    the ``experts / held`` holders keeps ``held`` experts and routing is uniform: a holder is missed by
+    all k distinct choices with probability C(E − held, k) / C(E, k) = Π_i (E − held − i) / (E − i)."""
+    held = np.asarray(held, dtype=float)
+    missed = np.ones_like(held)
+    for i in range(top_k):
+        missed = missed * np.maximum(experts - held - i, 0.0) / (experts - i)
+    return experts / held * (1.0 - missed)
+
+
+def flex_dispatch_time(model, job, plan, cluster):
+    """One DeepEP / HybridEP dispatch (or combine) of Megatron-Core's flex token dispatcher: a token
+    goes once to every remote node that holds one of its experts (RDMA, to the GPU of the same local
+    index there, which forwards it over NVLink to the node's other destination GPUs) and once to every
+    destination GPU of its own node, instead of once per routed copy (DeepEP's normal kernels,
+    github.com/deepseek-ai/DeepEP README; the node dedup is why DeepSeek-V3 limits a token to 4
+    nodes). Expected distinct destinations under uniform routing: :func:`expected_destinations`
+    with E/ep experts per GPU and E·k_l/ep per node (k_l ep ranks per node). Priced with the
+    all-to-all's links and per-peer latencies (:func:`paraplan.costmodels.comm.collective_time`)."""
+    e = model.moe
+    T = tokens_per_rank(job, plan)
+    ep = np.asarray(plan.ep, dtype=float)
+    one_copy = T * expert_token_factor(model, job) * model.hidden * element_bytes(plan) / np.asarray(plan.tp, float)
+    k_l = np.minimum(ranks_per_node(plan.ep, expert_group_strides(plan)[0], cluster.gpus_per_node), ep)
+    nodes = ep / k_l
+    gpus_hit = expected_destinations(e.experts, e.top_k, e.experts / ep)
+    nodes_hit = expected_destinations(e.experts, e.top_k, e.experts * k_l / ep)
+    remote_nodes = nodes_hit * (nodes - 1) / nodes
+    own_node_gpus = gpus_hit * (k_l - 1) / ep
+    forwarded = np.maximum(gpus_hit * (ep - k_l) / ep - remote_nodes, 0.0)
+    intra, inter = cluster.links("ep")
+    a_in, b_in = intra.alpha_beta(ALL_TO_ALL)
+    a_out, b_out = inter.alpha_beta(ALL_TO_ALL)
+    t = ((k_l - 1) * a_in + one_copy * (own_node_gpus + forwarded) / b_in
+         + (nodes - 1) * a_out + one_copy * remote_nodes / b_out)
+    return np.where(ep > 1, t, 0.0)
 
 
 def ulysses_alltoall_time(model, job, plan, cluster):

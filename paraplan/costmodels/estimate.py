@@ -182,16 +182,25 @@ def moe_host_assumption(model, plan) -> tuple[str, ...]:
 
 
 def moe_dispatch_assumption(model, job, plan) -> tuple[str, ...]:
-    """Said for an MoE model whose tokens are permuted to the experts (compute.dispatch_bytes_per_token)."""
+    """Said for an MoE model whose tokens are permuted to the experts (compute.dispatch_bytes_per_token,
+    compute.flex_dispatch_time)."""
     if model.moe is None or model.moe.dispatch != "permute":
         return ()
     per_token = float(np.max(C.dispatch_bytes_per_token(model, job, plan)))
+    if getattr(plan, "moe_flex_dispatch", False):
+        e = model.moe
+        gpus = float(np.max(C.expected_destinations(e.experts, e.top_k, e.experts / max(plan.ep, 1))))
+        return (f"MoE: DeepEP / HybridEP dispatch (flex): a token crosses once to each node and GPU holding one of "
+                f"its experts ({gpus:.1f} of the {plan.ep} expert-parallel GPUs on average, uniform routing) instead "
+                f"of once per each of its {e.top_k} routed copies; the arrivals are permuted into expert order and "
+                f"back, {per_token / model.hidden:.0f} x hidden bytes per token and layer forward, twice that "
+                f"backward; the SMs and buffers the kernels hold are not priced",)
     sort = bool(np.any(C.sorts_received_chunks(model, plan)))
+    flex_ok = plan.ep > 1 and plan.engine in ("megatron", "generic")
     return (f"MoE: the token permutation streams {per_token / model.hidden:.0f} x hidden bytes per token and "
             f"layer forward, twice that backward (Megatron-Core's all-to-all dispatcher: permute, "
             f"{'regroup by local expert and back, ' if sort else ''}unpermute with the router weights; "
-            f"torchtitan's passes alike); DeepEP / HybridEP dispatch, which arranges these passes "
-            f"differently, is not priced separately",)
+            f"torchtitan's passes alike){'; --moe-flex-dispatch prices DeepEP / HybridEP instead' if flex_ok else ''}",)
 
 
 def ep_overlap_assumption(job, plan) -> tuple[str, ...]:

@@ -43,6 +43,9 @@ UNFUSED_ACCUMULATION_NOTE = ("the plan's estimate assumed gradient accumulation 
 EP_OVERLAP_NOTE = ("the plan's estimate hides the expert-parallel all-to-alls under the neighbouring micro-batch "
                    "(Megatron-Core's combined 1F1B, --overlap-moe-expert-parallel-comm); {engine} has no such "
                    "schedule: re-estimate without --ep-comm-overlap for its step time")
+FLEX_DISPATCH_NOTE = ("the plan's estimate prices DeepEP / HybridEP dispatch (Megatron-Core's flex token dispatcher, "
+                      "--moe-token-dispatcher-type flex); {engine} runs its all-to-all dispatch: re-estimate without "
+                      "--moe-flex-dispatch for its step time")
 TRAIN_ITERS = 100                              # a smoke-test length; override on the command line
 LEARNING_RATE = 1.0e-4
 
@@ -280,6 +283,8 @@ def build_megatron(s: Scenario) -> Export:
         args.append(("--tp-comm-overlap",))
     if p.ep_comm_overlap:   # combined 1F1B (needs torch >= 2.6; megatron/core/transformer/transformer_config.py)
         args.append(("--overlap-moe-expert-parallel-comm",))
+    if p.moe_flex_dispatch:  # DeepEP (HybridEP: --moe-flex-dispatcher-backend hybridep, priced alike)
+        args += [("--moe-token-dispatcher-type", "flex"), ("--moe-flex-dispatcher-backend", "deepep")]
     if p.grad_reduce_bf16:
         args.append(("--grad-reduce-in-bf16",))
     if p.offload_activation_layers:
@@ -428,6 +433,8 @@ def build_deepspeed(s: Scenario) -> Export:
         notes.append(UNFUSED_ACCUMULATION_NOTE.format(engine="DeepSpeed"))
     if p.ep_comm_overlap:
         notes.append(EP_OVERLAP_NOTE.format(engine="DeepSpeed"))
+    if p.moe_flex_dispatch:
+        notes.append(FLEX_DISPATCH_NOTE.format(engine="DeepSpeed"))
     if s.model.mtp_layers:
         notes.append(MTP_NOTE.format(engine="DeepSpeed"))
     notes.append(f"launch: deepspeed --num_nodes {s.hosts} --num_gpus {s.procs_per_host} --hostfile HOSTFILE "
@@ -538,6 +545,8 @@ def build_torchtitan(s: Scenario) -> Export:
         notes.append("torchtitan's tensor-parallel plan always applies sequence parallelism to norms/dropout")
     if p.ep_comm_overlap:
         notes.append(EP_OVERLAP_NOTE.format(engine="torchtitan"))
+    if p.moe_flex_dispatch:
+        notes.append(FLEX_DISPATCH_NOTE.format(engine="torchtitan"))
     if s.model.mtp_layers:
         notes.append(MTP_NOTE.format(engine="torchtitan"))
     if p.schedule == "zb-h1" and p.pp > 1:

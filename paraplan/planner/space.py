@@ -126,7 +126,7 @@ def _pin(choices: dict, fixed: Mapping) -> None:
     for key, value in fixed.items():
         if key in ("dp", "dtype", "flash_attention", "overlap_grad_reduce", "grad_accumulation_fusion", "fused_elementwise",
                    "fused_softmax", "tp_comm_overlap", "grad_reduce_bf16", "attention_kernel", "ep_comm_overlap", "recompute_modules",
-                   "engine", *STAGE_LAYER_FIELDS):
+                   "moe_flex_dispatch", "engine", *STAGE_LAYER_FIELDS):
             continue  # dp: a rule of the search; the rest: one value for the whole batch
         if key == "etp":
             choices["etp_is_tp"] = [value != 1]
@@ -282,6 +282,20 @@ def _ep_comm_overlap_where_it_runs(both: SimpleNamespace, scene, wanted: bool) -
     return _legal_with(both, scene, "ep_comm_overlap", on, EP_COMM_OVERLAP_RULES)
 
 
+MOE_FLEX_DISPATCH_RULES = tuple(r for r in RULES if "moe_flex_dispatch" in r.axes)
+
+
+def _moe_flex_dispatch_where_it_runs(both: SimpleNamespace, scene, wanted: bool) -> np.ndarray:
+    """The moe_flex_dispatch column: off (the search prices the all-to-all dispatcher), or
+    (``--fix moe_flex_dispatch=true``) on for every candidate that can run DeepEP / HybridEP (the rules
+    of MOE_FLEX_DISPATCH_RULES: ep > 1, an engine with the flex dispatcher, permuting MoE), off for the
+    others. Not searched by default: the SMs the kernels hold and their setup are not priced."""
+    on = np.full(both.tp.size, wanted)
+    if not wanted:
+        return on
+    return _legal_with(both, scene, "moe_flex_dispatch", on, MOE_FLEX_DISPATCH_RULES)
+
+
 RECOMPUTE_MODULES_RULES = tuple(r for r in RULES if "recompute_modules_mask" in r.axes)
 
 
@@ -351,6 +365,7 @@ def compose(model, job, cluster, options: SpaceOptions | None = None) -> tuple[P
     keep2 = _apply(_stage_rules(2), second, scene, np.ones(n2, bool), rejected, int(keep1.sum()))
     both = _cross(first, second, keep1, keep2, fixed, cluster.accelerator.flash_attention)
     both.ep_comm_overlap = _ep_comm_overlap_where_it_runs(both, scene, bool(fixed.get("ep_comm_overlap", False)))
+    both.moe_flex_dispatch = _moe_flex_dispatch_where_it_runs(both, scene, bool(fixed.get("moe_flex_dispatch", False)))
     both.recompute_modules_mask = _recompute_modules_where_they_run(both, scene, fixed.get("recompute_modules", ""))
     extra = 0
     if "recompute_modules" not in fixed and Engine(int(engine)) in (Engine.MEGATRON, Engine.GENERIC):
@@ -373,7 +388,7 @@ def _batch(both: SimpleNamespace, idx, options: SpaceOptions, fixed: Mapping) ->
     cols = ("tp", "pp", "dp", "cp", "sp", "vpp", "micro_batch", "schedule_code", "zero", "recompute_code",
             "offload_code", "offload_params", "ep", "etp", "cp_mode_code", "optimizer_code", "delayed_update",
             "tp_comm_overlap", "grad_reduce_bf16", "flash_attention", "fused_softmax", "attention_kernel_code", "ep_comm_overlap",
-            "recompute_modules_mask",
+            "moe_flex_dispatch", "recompute_modules_mask",
             *STAGE_LAYER_FIELDS)
     return PlanBatch(**{k: getattr(both, k)[idx] for k in cols}, **{k: np.full(n, v) for k, v in const.items()},
                      dtype=both.dtype)

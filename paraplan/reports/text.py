@@ -63,6 +63,7 @@ def render_estimate(e) -> str:
         f"{f' · ep {p.ep}' if p.ep > 1 else ''}{f' · etp {p.etp}' if p.etp > 1 else ''}"
         f"{' · TP comm overlap' if getattr(p, 'tp_comm_overlap', False) else ''}"
         f"{' · EP comm overlap' if getattr(p, 'ep_comm_overlap', False) else ''}"
+        f"{' · DeepEP dispatch' if getattr(p, 'moe_flex_dispatch', False) else ''}"
         f"{f' · recompute {p.recompute_modules}' if getattr(p, 'recompute_modules', '') else ''}"
         f"{f' · {p.cp_mode}' if p.cp > 1 else ''}{f' · {p.optimizer}' if p.optimizer != 'adam' else ''}",
         "",
