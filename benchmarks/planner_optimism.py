@@ -9,7 +9,7 @@ A planner exploits its model's errors: if the estimator flatters some layouts, t
 predicted MFU sits above anything measured. For each scenario (the README's examples and every
 calibration setup) this prints the top plan's predicted MFU and its 90 % interval, and the best
 measured MFU among the published runs of the same generation with parameters within 1.5x and GPU
-count within 2x, in the same number format family (fp8 or 16-bit) (measured MFU in paraplan's FLOP convention: the model FLOPs of the run over its
+count within 2x, in the same number format family (fp8 or 16-bit), dense against dense and MoE against MoE (measured MFU in paraplan's FLOP convention: the model FLOPs of the run over its
 measured step time and the bf16 dense peak). Korthikanti et al. 2022's Table 5 runs (sequence parallel +
 selective recomputation; held out of calibration) ran at data-parallel size 1: their layout replicates to
 any larger GPU count, so they count for every scenario with at least as many GPUs (an upper bound there:
@@ -53,6 +53,7 @@ def published_mfus() -> pd.DataFrame:
             e = estimate(c.model, c.job, c.cluster, c.plan)
             rows.append({"source": c.source, "run": c.label, "params": c.model.num_params, "gpus": c.cluster.num_gpus,
                          "generation": GENERATION[c.cluster.accelerator.name], "fp8": is_fp8(c.plan.dtype),
+                         "moe": c.model.moe is not None,
                          "measured_mfu": e.mfu * e.step_time_s / c.measured_step_time_s,
                          "predicted_mfu": e.mfu, "shares": step_shares(e), "replicable": False,
                          "inputs": (c.model, c.job, c.cluster, c.plan)})
@@ -61,7 +62,7 @@ def published_mfus() -> pd.DataFrame:
         measured_s = KORTHIKANTI_TABLE5_STEP_S[name][1]
         rows.append({"source": "Megatron-LM 2022 (Korthikanti) Table 5", "run": f"GPT {name} {e.plan.label()} "
                      f"x{e.num_gpus} SP + selective", "params": e.details["model_params"], "gpus": e.num_gpus,
-                     "generation": "A100", "fp8": False, "measured_mfu": e.mfu * e.step_time_s / measured_s,
+                     "generation": "A100", "fp8": False, "moe": False, "measured_mfu": e.mfu * e.step_time_s / measured_s,
                      "predicted_mfu": e.mfu, "shares": step_shares(e), "replicable": True, "inputs": inputs})
     return pd.DataFrame(rows)
 
@@ -150,12 +151,14 @@ def main() -> int:
         model, cluster, best = top_plan(name, cl, gpus, seq, gbs, fixed)
         gen = GENERATION[cluster.accelerator.name]
         near = pub[(pub.generation == gen) & (pub.fp8 == is_fp8(fixed.get("dtype", "bf16")))
+                   & (pub.moe == (model.moe is not None))
                    & (pub.params.between(model.num_params / 1.5, model.num_params * 1.5))
                    & (pub.gpus.between(gpus / 2, gpus * 2) | (pub.replicable & (pub.gpus <= gpus)))]
         ref = near.loc[near.measured_mfu.idxmax()] if len(near) else None
         iv = best.prediction_interval.get("mfu") if best is not None else None
         rows.append({"scenario": f"{name} {cl} x{gpus} s{seq} gb{gbs} {fixed.get('dtype', 'bf16')}",
-                     "top plan": best.plan.label() if best else "none fits",
+                     "top plan": (best.plan.label() + (f" ep{best.plan.ep} etp{best.plan.etp}" if model.moe else ""))
+                                 if best else "none fits",
                      "predicted_mfu_%": 100 * best.mfu if best else None,
                      "90%_interval": f"{100 * iv[0]:.1f}-{100 * iv[1]:.1f}" if iv else "-",
                      "best_published_%": 100 * ref.measured_mfu if ref is not None else None,
@@ -179,7 +182,10 @@ def main() -> int:
 
 
 _PRESET_OF = {"llama3-8b": "llama3-8b", "llama3-70b": "llama3-70b", "gpt3-175b": "gpt3-175b",
-              "llama2-7b": "llama2-7b", "llama2-13b": "llama2-13b", "llama2-70b": "llama2-70b"}
+              "llama2-7b": "llama2-7b", "llama2-13b": "llama2-13b", "llama2-70b": "llama2-70b",
+              # MoE setups (Megatron-Bridge rows): the planner's MoE promises against MoE runs only
+              "qwen3-30b-a3b": "qwen3-30b-a3b", "qwen3-235b-a22b": "qwen3-235b-a22b",
+              "gpt-oss-120b": "gpt-oss-120b", "deepseek-v3": "deepseek-v3"}
 
 if __name__ == "__main__":
     sys.exit(main())
