@@ -690,8 +690,9 @@ def flex_dispatch_time(model, job, plan, cluster):
     goes once to every remote node that holds one of its experts (RDMA, to the GPU of the same local
     index there, which forwards it over NVLink to the node's other destination GPUs) and once to every
     destination GPU of its own node, instead of once per routed copy (DeepEP's normal kernels,
-    github.com/deepseek-ai/DeepEP README; the node dedup is why DeepSeek-V3 limits a token to 4
-    nodes). Expected distinct destinations under uniform routing: :func:`expected_destinations`
+    github.com/deepseek-ai/DeepEP README; DeepSeek-V3's node-limited routing, at most 4 nodes a token,
+    bounds that node count further, which uniform routing here does not). Expected distinct
+    destinations under uniform routing: :func:`expected_destinations`
     with E/ep experts per GPU and E·k_l/ep per node (k_l ep ranks per node). Priced with the
     all-to-all's links and per-peer latencies (:func:`paraplan.costmodels.comm.collective_time`)."""
     e = model.moe

@@ -192,7 +192,7 @@ def moe_dispatch_assumption(model, job, plan) -> tuple[str, ...]:
         gpus = float(np.max(C.expected_destinations(e.experts, e.top_k, e.experts / max(plan.ep, 1))))
         return (f"MoE: DeepEP / HybridEP dispatch (flex): a token crosses once to each node and GPU holding one of "
                 f"its experts ({gpus:.1f} of the {plan.ep} expert-parallel GPUs on average, uniform routing) instead "
-                f"of once per each of its {e.top_k} routed copies; the arrivals are permuted into expert order and "
+                f"of once per routed copy ({e.top_k} a token); the arrivals are permuted into expert order and "
                 f"back, {per_token / model.hidden:.0f} x hidden bytes per token and layer forward, twice that "
                 f"backward; the SMs and buffers the kernels hold are not priced",)
     sort = bool(np.any(C.sorts_received_chunks(model, plan)))
