@@ -40,6 +40,9 @@ PLANS = {
                            flash_attention=False, overlap_grad_reduce=False),
     "llama8b-autotp-cpu": doc("llama3-8b", "dgx-h100", 8, 4096, 64, tp=2, zero=2, offload="cpu"),
     "gpt7.5b-ddp": doc("gpt-7.5b", "dgx-a100-80g", 8, 2048, 32, micro_batch=4),
+    "qwen3-moe-ep-flex": doc("qwen3-30b-a3b", "dgx-h200", 16, 4096, 512, dp=16, ep=8, zero=1, moe_flex_dispatch=True),
+    "deepseek-moe-ep-capacity": doc("deepseek-v3", "dgx-b200", 1024, 4096, 8192, tp=2, sp=True, pp=16, dp=32, ep=32,
+                                    zero=1, recompute="full", dtype="fp8"),
 }
 
 
@@ -97,7 +100,7 @@ def test_megatron_flags_are_documented(name):
 
 
 DEEPSPEED_OK = ["llama8b-zero3-nvme", "gpt1.7b-pp-fp16", "llama8b-autotp-cpu", "gpt7.5b-ddp"]
-TITAN_OK = ["llama70b-3d-interleaved", "llama8b-zbh1-cp", "llama8b-autotp-cpu", "gpt7.5b-ddp"]
+TITAN_OK = ["llama70b-3d-interleaved", "llama8b-zbh1-cp", "llama8b-autotp-cpu", "gpt7.5b-ddp", "qwen3-moe-ep-flex"]
 
 
 @pytest.mark.parametrize("name", DEEPSPEED_OK)

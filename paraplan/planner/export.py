@@ -196,6 +196,43 @@ MTP_NOTE = ("the model trains with multi-token prediction (depth as in the estim
             "than the estimate)")
 
 
+def megatron_moe_layer_freq(m) -> str | None:
+    """Megatron-LM's ``--moe-layer-freq`` for the model's MoE layout (megatron/training/arguments.py: an
+    integer N puts an MoE MLP on layers 0, N, 2N, ...; a Python list expression gives the pattern per
+    layer): ``first_dense`` dense layers, then an MoE layer every ``every`` layers, the remainder dense —
+    :attr:`TransformerModel.moe_layers` of them; None where every layer is MoE (Megatron's default)."""
+    e = m.moe
+    if e.first_dense == 0 and e.every == 1:
+        return None
+    rest = m.layers - e.first_dense
+    return f"([0]*{e.first_dense}+([1]+[0]*{e.every - 1})*{rest // e.every}+[0]*{rest % e.every})"
+
+
+def megatron_moe_args(m, p, notes: list[str]) -> list[tuple[str, ...]]:
+    """The MoE flags of pretrain_gpt.py (megatron/training/arguments.py, Megatron-Core MoE README):
+    experts, top-k, expert width, shared experts, which layers, expert parallelism, grouped GEMM and
+    the fused permutation the estimate prices, the token dispatcher, capacity (token drop and pad)."""
+    e = m.moe
+    args: list[tuple[str, ...]] = [("--num-experts", str(e.experts)), ("--moe-router-topk", str(e.top_k)),
+                                   ("--moe-ffn-hidden-size", str(e.expert_ffn_hidden))]
+    if e.shared_experts:
+        args.append(("--moe-shared-expert-intermediate-size", str(e.shared_experts * e.expert_ffn_hidden)))
+    freq = megatron_moe_layer_freq(m)
+    if freq:
+        args.append(("--moe-layer-freq", freq))
+    args += [("--expert-model-parallel-size", str(p.ep)), ("--expert-tensor-parallel-size", str(p.etp)),
+             ("--moe-grouped-gemm",), ("--moe-permute-fusion",)]
+    if not p.moe_flex_dispatch:
+        args.append(("--moe-token-dispatcher-type", "alltoall"))
+    if e.capacity_factor:
+        args += [("--moe-expert-capacity-factor", f"{e.capacity_factor:g}"), ("--moe-pad-expert-input-to-capacity",)]
+    if e.dispatch == "einsum":
+        notes.append("the model's experts are priced with DeepSpeed-MoE's einsum dispatch; Megatron-LM permutes "
+                     "tokens (grouped GEMM), which the estimate prices lower: re-estimate with the model's "
+                     "dispatch set to permute for this script's step time")
+    return args
+
+
 def build_megatron(s: Scenario) -> Export:
     """pretrain_gpt.py flags (NVIDIA/Megatron-LM megatron/training/arguments.py) behind torchrun."""
     p, m, notes = s.plan, s.model, []
@@ -227,6 +264,8 @@ def build_megatron(s: Scenario) -> Export:
     if not m.tied_embeddings:
         args.append(("--untie-embeddings-and-output-weights",))
     args += [("--vocab-size", str(m.vocab)), ("--tokenizer-type", "NullTokenizer"), ("--mock-data",)]
+    if m.moe is not None:
+        args += megatron_moe_args(m, p, notes)
 
     # parallel layout
     args += [("--tensor-model-parallel-size", str(p.tp)), ("--pipeline-model-parallel-size", str(p.pp)),
@@ -431,6 +470,12 @@ def build_deepspeed(s: Scenario) -> Export:
         notes += sdpa_kernel_note(p, "a Hugging Face model with attn_implementation='sdpa'")
     if p.grad_accumulation_fusion:
         notes.append(UNFUSED_ACCUMULATION_NOTE.format(engine="DeepSpeed"))
+    if s.model.moe is not None:
+        e = s.model.moe
+        notes.append(f"experts are built in the model code, not by the DeepSpeed config: deepspeed.moe.layer.MoE("
+                     f"num_experts={e.experts}, ep_size={s.plan.ep}, k={e.top_k}"
+                     + (f", capacity_factor={e.capacity_factor:g}, drop_tokens=True" if e.capacity_factor else
+                        ", drop_tokens=False") + f") in each of the {s.model.moe_layers} MoE layers")
     if p.ep_comm_overlap:
         notes.append(EP_OVERLAP_NOTE.format(engine="DeepSpeed"))
     if p.moe_flex_dispatch:
@@ -523,7 +568,10 @@ def build_torchtitan(s: Scenario) -> Export:
                      + (f", multi-head latent attention (q_lora_rank={m.mla.q_lora_rank}, "
                         f"kv_lora_rank={m.mla.kv_lora_rank}, qk_nope_head_dim={m.head_dim}, "
                         f"qk_rope_head_dim={m.mla.qk_rope_head_dim}, v_head_dim={m.mla.v_head_dim}: torchtitan's "
-                        "deepseek_v3 model)" if m.mla else f", head_dim={m.head_dim}" if m.q_hidden != m.hidden else ""))
+                        "deepseek_v3 model)" if m.mla else f", head_dim={m.head_dim}" if m.q_hidden != m.hidden else "")
+                     + (f", MoE: {m.moe.experts} routed experts of width {m.moe.expert_ffn_hidden}, top-{m.moe.top_k}, "
+                        f"{m.moe.shared_experts} shared, {m.moe_layers} MoE layers (torchtitan's MoE args)"
+                        if m.moe is not None else ""))
     if (m.activation, m.norm, m.learned_positions) != ("swiglu", "rmsnorm", False):
         notes.append(f"torchtitan's {name} architecture is SwiGLU/RMSNorm/RoPE; this model is "
                      f"{m.activation}/{m.norm}{'/learned positions' if m.learned_positions else ''}, so "
@@ -579,6 +627,7 @@ def build_torchtitan(s: Scenario) -> Export:
          + ([("fsdp_reshard_after_forward", reshard)] if reshard else [])
          + [("tensor_parallel_degree", p.tp)]
          + ([("enable_async_tensor_parallel", True)] if p.tp_comm_overlap else [])
+         + ([("expert_parallel_degree", p.ep), ("expert_tensor_parallel_degree", p.etp)] if m.moe is not None else [])
          + [("pipeline_parallel_degree", p.pp),
             ("context_parallel_degree", p.cp)]
          + ([("pipeline_parallel_schedule", _TITAN_SCHEDULES[p.schedule]),
