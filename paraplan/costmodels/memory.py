@@ -557,6 +557,23 @@ DEEPSPEED_REDUCE_BUCKET = 5e8
 DEEPSPEED_ALLGATHER_BUCKET = 5e8
 
 
+def gathered_layer_params(model, plan):
+    """Parameters of the largest layer a GPU holds whole while ZeRO-3 / FSDP has it gathered (its
+    gradients unsharded likewise): a dense layer's over tp, or an MoE layer's attention, norms, router
+    and shared experts over tp plus its local routed experts, E/ep of them, each over etp (the expert
+    shard's gather runs over the expert-data-parallel group and brings back all of them)."""
+    t = np.asarray(plan.tp, dtype=float)
+    dense = model.params_per_layer / t
+    e = model.moe
+    if e is None:
+        return dense
+    shared = (model.attention_params_per_layer + model.norm_params_per_layer + model.router_params
+              + e.shared_experts * model.expert_mlp_params) / t
+    local = e.experts / np.asarray(plan.ep, dtype=float) * model.expert_mlp_params / np.asarray(plan.etp, dtype=float)
+    moe = shared + local
+    return np.maximum(dense, moe) if model.dense_layers else moe
+
+
 def buffer_bytes(model, plan, runtime_reserved_bytes):
     """Runtime reserve (CUDA context, NCCL and cuBLAS workspaces) and the engine's communication buffers:
 
@@ -571,11 +588,11 @@ def buffer_bytes(model, plan, runtime_reserved_bytes):
       gradients in the main_grad dtype for the reduce-scatter and, at ZeRO-3, two layers' gathered
       16-bit parameters. The per-layer double buffer is paraplan's reading of that sentence (one
       wrapped unit per transformer layer, as its GPT models are wrapped), not a measured figure.
-    Megatron-LM up to ZeRO-1 reduces and gathers in place in its contiguous buffers (counted as model
-    states)."""
-    t = np.asarray(plan.tp, dtype=float)
+    A layer is the largest one a GPU gathers (:func:`gathered_layer_params`: an MoE layer with its local
+    experts). Megatron-LM up to ZeRO-1 reduces and gathers in place in its contiguous buffers (counted as
+    model states)."""
     eb = element_bytes(plan)
-    layer = model.params_per_layer / t
+    layer = gathered_layer_params(model, plan)
     z = np.asarray(plan.zero)
     eng = engine_of(plan)
     offload = np.asarray(plan.offload_code) != Offload.NONE
@@ -597,14 +614,15 @@ def fp8_weight_copy_bytes(model, stage_params, plan):
 
     * Megatron-LM / generic (Transformer Engine): each linear layer keeps its weight quantized once
       per step (``is_first_microbatch``) with its transpose, 2 bytes per parameter of the stage
-      (``stage_params``, per GPU); under ZeRO-3 only the gathered layers (current and prefetched);
+      (``stage_params``, per GPU); under ZeRO-3 only the gathered layers (current and prefetched,
+      :func:`gathered_layer_params`);
     * torchtitan (torchao float8): weights are cast on the fly in each forward and backward, so only
       the layer in flight has a copy (2 bytes per parameter of one layer).
     Source: Transformer Engine ``Linear`` (fp8 weight workspace cached across micro-batches),
     torchao ``Float8Linear`` (casts per call)."""
     if not is_fp8(plan.dtype):
         return np.zeros_like(np.asarray(stage_params, dtype=float))
-    layer = model.params_per_layer / np.asarray(plan.tp, dtype=float)
+    layer = gathered_layer_params(model, plan)
     eng = engine_of(plan)
     z3 = np.asarray(plan.zero) >= 3
     kept = np.where(z3, 2 * layer, np.asarray(stage_params, dtype=float))
