@@ -729,6 +729,11 @@ def stage_split_is_even(layers: int, plan) -> bool:
     return len(set(stage_layer_counts(layers, plan))) == 1
 
 
+#: engines with Megatron-Core's flex token dispatcher (DeepEP / HybridEP): the rule below and the
+#: estimate's hint that the plan could choose it
+FLEX_DISPATCH_ENGINES = (Engine.MEGATRON, Engine.GENERIC)
+
+
 # --- legality rules --------------------------------------------------------------------------------
 ILLEGAL = "illegal"  # no such plan may run: Plan / check_plan reject it, the search removes it
 PRUNE = "prune"      # legal but a duplicate of a plan the search keeps: only the search removes it
@@ -1170,7 +1175,7 @@ RULES: tuple[Rule, ...] = (
        field="moe_flex_dispatch", accepted="--ep N>1, or no --moe-flex-dispatch", uses_scene=False),
     _r("engine-moe-flex-dispatch", "the engine has no DeepEP / HybridEP dispatch", ILLEGAL,
        ("engine_code", "moe_flex_dispatch"),
-       lambda P, s: np.asarray(P.moe_flex_dispatch, bool) & ~_engine_in(P, Engine.MEGATRON, Engine.GENERIC),
+       lambda P, s: np.asarray(P.moe_flex_dispatch, bool) & ~_engine_in(P, *FLEX_DISPATCH_ENGINES),
        lambda p, s: (f"--engine {Engine(p.engine_code).label} has no flex token dispatcher "
                      "(Megatron-LM --moe-token-dispatcher-type flex does)"),
        field="moe_flex_dispatch", accepted="--engine megatron or generic", uses_scene=False),

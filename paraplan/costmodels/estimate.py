@@ -24,7 +24,7 @@ from paraplan.costmodels.intervals import describe_interval
 from paraplan.costmodels.offload import activation_offload_time, optimizer_and_offload, param_tensors, stage_param_tensors
 from paraplan.costmodels.pipeline import (bubble_factor, bubble_fraction, effective_compute_slowdown,
                                          p2p_messages_on_critical_path, pipeline_crossings_on_critical_path)
-from paraplan.plan import (MEGATRON_FSDP_STRATEGY, Engine, Plan, Recompute, StageLayers, check_plan, compute_dtype, expert_data_parallel, gemm_dtype,
+from paraplan.plan import (FLEX_DISPATCH_ENGINES, MEGATRON_FSDP_STRATEGY, Engine, Plan, Recompute, StageLayers, check_plan, compute_dtype, expert_data_parallel, gemm_dtype,
                            is_fp8, model_stage_layers, recomputes_attention_core, stage_layer_counts)
 
 SCHEMA = "paraplan.estimate/1"
@@ -196,7 +196,7 @@ def moe_dispatch_assumption(model, job, plan) -> tuple[str, ...]:
                 f"back, {per_token / model.hidden:.0f} x hidden bytes per token and layer forward, twice that "
                 f"backward; the SMs and buffers the kernels hold are not priced",)
     sort = bool(np.any(C.sorts_received_chunks(model, plan)))
-    flex_ok = plan.ep > 1 and plan.engine in ("megatron", "generic")
+    flex_ok = plan.ep > 1 and plan.engine_code in FLEX_DISPATCH_ENGINES
     return (f"MoE: the token permutation streams {per_token / model.hidden:.0f} x hidden bytes per token and "
             f"layer forward, twice that backward (Megatron-Core's all-to-all dispatcher: permute, "
             f"{'regroup by local expert and back, ' if sort else ''}unpermute with the router weights; "

@@ -258,9 +258,6 @@ def _cross(first: SimpleNamespace, second: SimpleNamespace, keep1, keep2, fixed:
     return SimpleNamespace(**both, dtype=first.dtype, engine_code=first.engine_code)
 
 
-EP_COMM_OVERLAP_RULES = tuple(r for r in RULES if "ep_comm_overlap" in r.axes)
-
-
 def _legal_with(both: SimpleNamespace, scene, column: str, values: np.ndarray, rules) -> np.ndarray:
     """Per candidate: whether ``rules`` allow it with ``column`` set to ``values``."""
     n = both.tp.size
@@ -271,29 +268,23 @@ def _legal_with(both: SimpleNamespace, scene, column: str, values: np.ndarray, r
     return ok
 
 
-def _ep_comm_overlap_where_it_runs(both: SimpleNamespace, scene, wanted: bool) -> np.ndarray:
-    """The ep_comm_overlap column: off, or (``--fix ep_comm_overlap=true``) on for every candidate
-    that can run Megatron-Core's combined 1F1B (the rules of EP_COMM_OVERLAP_RULES: ep > 1, pp 1 or
-    interleaved, no full recomputation, an engine that has it), off for the others, which stay in the
-    search as they are."""
+#: the opt-in flags the search leaves off unless fixed, with the rules that say where each can run
+OPT_IN_FLAG_RULES = {column: tuple(r for r in RULES if column in r.axes)
+                     for column in ("ep_comm_overlap", "moe_flex_dispatch")}
+
+
+def _opt_in_flag_where_it_runs(both: SimpleNamespace, scene, column: str, wanted: bool) -> np.ndarray:
+    """An opt-in flag's column: off, or (``--fix column=true``) on for every candidate its rules
+    (OPT_IN_FLAG_RULES) allow, off for the others, which stay in the search as they are.
+
+    * ep_comm_overlap, Megatron-Core's combined 1F1B: ep > 1, pp 1 or interleaved, no full
+      recomputation, an engine that has it;
+    * moe_flex_dispatch, DeepEP / HybridEP: ep > 1, an engine with the flex dispatcher, permuting MoE;
+      not searched by default since the SMs and buffers its kernels hold are not priced."""
     on = np.full(both.tp.size, wanted)
     if not wanted:
         return on
-    return _legal_with(both, scene, "ep_comm_overlap", on, EP_COMM_OVERLAP_RULES)
-
-
-MOE_FLEX_DISPATCH_RULES = tuple(r for r in RULES if "moe_flex_dispatch" in r.axes)
-
-
-def _moe_flex_dispatch_where_it_runs(both: SimpleNamespace, scene, wanted: bool) -> np.ndarray:
-    """The moe_flex_dispatch column: off (the search prices the all-to-all dispatcher), or
-    (``--fix moe_flex_dispatch=true``) on for every candidate that can run DeepEP / HybridEP (the rules
-    of MOE_FLEX_DISPATCH_RULES: ep > 1, an engine with the flex dispatcher, permuting MoE), off for the
-    others. Not searched by default: the SMs the kernels hold and their setup are not priced."""
-    on = np.full(both.tp.size, wanted)
-    if not wanted:
-        return on
-    return _legal_with(both, scene, "moe_flex_dispatch", on, MOE_FLEX_DISPATCH_RULES)
+    return _legal_with(both, scene, column, on, OPT_IN_FLAG_RULES[column])
 
 
 RECOMPUTE_MODULES_RULES = tuple(r for r in RULES if "recompute_modules_mask" in r.axes)
@@ -364,8 +355,8 @@ def compose(model, job, cluster, options: SpaceOptions | None = None) -> tuple[P
     second = _second_view(b, dtype, engine)
     keep2 = _apply(_stage_rules(2), second, scene, np.ones(n2, bool), rejected, int(keep1.sum()))
     both = _cross(first, second, keep1, keep2, fixed, cluster.accelerator.flash_attention)
-    both.ep_comm_overlap = _ep_comm_overlap_where_it_runs(both, scene, bool(fixed.get("ep_comm_overlap", False)))
-    both.moe_flex_dispatch = _moe_flex_dispatch_where_it_runs(both, scene, bool(fixed.get("moe_flex_dispatch", False)))
+    for column in OPT_IN_FLAG_RULES:
+        setattr(both, column, _opt_in_flag_where_it_runs(both, scene, column, bool(fixed.get(column, False))))
     both.recompute_modules_mask = _recompute_modules_where_they_run(both, scene, fixed.get("recompute_modules", ""))
     extra = 0
     if "recompute_modules" not in fixed and Engine(int(engine)) in (Engine.MEGATRON, Engine.GENERIC):
