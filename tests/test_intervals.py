@@ -25,6 +25,7 @@ def test_generation_with_too_few_rows_or_one_source_is_pooled_and_says_so():
     assert not iv["A100"].pooled and iv["A100"].rows == 10
     assert iv["Blackwell"].pooled and iv["Blackwell"].rows == 30     # one source: all rows pooled
     assert "pooled" in iv["Blackwell"].basis()
+    assert iv["Blackwell"].basis().startswith("30 calibration rows of all generations")   # not "of Blackwell"
 
 
 def test_weighted_quantiles_make_every_source_count_the_same():

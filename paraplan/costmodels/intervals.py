@@ -66,9 +66,12 @@ class Interval:
     quantile_level: float = LEVEL     # the residual quantiles it spans (calibrated: see the module doc)
 
     def basis(self) -> str:
+        sources = f"{len(self.sources)} source{'s' * (len(self.sources) != 1)}"
+        if self.pooled:
+            return (f"{self.rows} calibration rows of all generations from {sources}, pooled: {self.generation} "
+                    f"has too few of its own (fewer than {MIN_ROWS} rows, or one source)")
         what = "MoE models (all generations)" if self.generation == MOE_REGIME else self.generation
-        own = f"{self.rows} calibration rows of {what} from {len(self.sources)} source{'s' * (len(self.sources) != 1)}"
-        return own + (" (too few of its own: all generations pooled)" if self.pooled else "")
+        return f"{self.rows} calibration rows of {what} from {sources}"
 
 
 def quantile_interval(log_ratios: Sequence[float], level: float = LEVEL,
