@@ -214,3 +214,25 @@ def test_heading_names_every_swept_cluster():
                      sweeps=(parse_sweep("cluster=dgx-h100,dgx-h200"), parse_sweep("seq_len=4k,8k")))
     assert clusters_text(swept) == "dgx-h100, dgx-h200"
     assert clusters_text(SimpleNamespace(cluster="dgx-h100", sweeps=(parse_sweep("gpus=8,16"),))) == "dgx-h100"
+
+
+def test_a_plan_file_alone_names_the_scenario_it_was_planned_for(tmp_path, capsys):
+    """`whatif --plan FILE --sweep ...` takes model, cluster, sequence and batch from the plan file (as
+    `estimate --plan FILE` does) and re-estimates that plan at every point; a flag still overrides the file."""
+    plan = tmp_path / "plan.json"
+    assert main(["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--seq-len", "4096",
+                 "--global-batch", "64", "--out", str(plan)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "report"
+    assert main(["whatif", "--plan", str(plan), "--sweep", "gpus=8,16", "--seq-len", "2048", "--quiet",
+                 "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "llama3-8b" in text
+    points = pd.read_csv(out / "points.csv")
+    assert list(points.gpus) == [8, 16] and set(points.seq_len) == {2048}
+    assert (out / "scenario.yaml").read_text().count("dgx-h100") >= 1
+
+
+def test_whatif_without_model_or_plan_names_the_flag(tmp_path, capsys):
+    assert main(["whatif", "--cluster", "dgx-h100", "--sweep", "gpus=8,16", "--out", str(tmp_path / "r")]) == 2
+    assert "--model: required (or --scenario FILE.yaml, or --plan FILE that names it)" in capsys.readouterr().err

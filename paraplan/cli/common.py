@@ -359,6 +359,17 @@ def plan_flags_given(args, *, search_constraints: bool = True) -> bool:
         getattr(args, k, None) is not None for k in names)
 
 
+def scenario_defaults_from_plan_file(args, keys=("model", "cluster", "gpus", "seq_len", "global_batch")) -> None:
+    """With ``--plan FILE``, take each scenario value not given as a flag from the file's scenario (the
+    model, cluster, GPUs, sequence and batch it was planned for)."""
+    if not getattr(args, "plan", None):
+        return
+    scenario = read_plan_file(args.plan)["scenario"]
+    for key in keys:
+        if getattr(args, key, None) is None:
+            setattr(args, key, scenario.get(key))
+
+
 def plan_from_args(args) -> Plan:
     """The plan the flags describe: ``--plan FILE`` if given, each given flag overriding it."""
     base: dict = {}

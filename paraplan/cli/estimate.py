@@ -3,21 +3,18 @@ from __future__ import annotations
 
 import json
 
-from paraplan.cli.common import add_plan_args, add_scenario_args, plan_from_args, scenario_from_args, topology_from_args
+from paraplan.cli.common import (add_plan_args, add_scenario_args, plan_from_args, scenario_defaults_from_plan_file,
+                                 scenario_from_args, topology_from_args)
 from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError
-from paraplan.planfile import read_plan_file
 from paraplan.planner.search import with_topology
 from paraplan.reports.text import render_estimate
 
 
 def cmd_estimate(args) -> int:
     """Estimate the plan the flags (or --plan FILE) describe and print it as a table or JSON."""
-    if getattr(args, "plan", None) and not (args.model and args.cluster):
-        scenario = read_plan_file(args.plan)["scenario"]
-        for key in ("model", "cluster", "gpus", "seq_len", "global_batch"):
-            if getattr(args, key, None) is None:
-                setattr(args, key, scenario.get(key))
+    if not (args.model and args.cluster):
+        scenario_defaults_from_plan_file(args)
     if not args.model or not args.cluster:
         raise ConfigError("--model/--cluster", "both are required (or --plan FILE that names them)")
     sc = scenario_from_args(args)

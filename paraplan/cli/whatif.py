@@ -6,7 +6,7 @@ import dataclasses
 import sys
 
 from paraplan.cli.common import (add_plan_args, check_out_path, writing, add_scenario_args, add_search_args, number, plan_flags_given,
-                                 plan_from_args)
+                                 plan_from_args, scenario_defaults_from_plan_file)
 from paraplan.planner.space import parse_fix
 from paraplan.errors import ConfigError
 from paraplan.reports.sweep import MAX_PRICE, MIN_PRICE, Scenario, load_scenario, parse_sweep
@@ -27,6 +27,8 @@ def scenario_from_cli(args):
     keeps the search and restricts it to unfused plans (the flag's meaning on ``plan`` too).
     """
     plan = None
+    if not args.scenario:     # a plan file alone names the scenario it was planned for
+        scenario_defaults_from_plan_file(args)
     if plan_flags_given(args, search_constraints=False):
         plan = {k: v for k, v in plan_from_args(args).to_dict().items() if k != "dp"}
     overrides = {k: v for k, v in {
@@ -54,7 +56,7 @@ def scenario_from_cli(args):
         return _unfused_plan(dataclasses.replace(load_scenario(args.scenario), **overrides))
     for key in ("model", "cluster"):
         if key not in overrides:
-            raise ConfigError(f"--{key}", "required (or --scenario FILE.yaml)")
+            raise ConfigError(f"--{key}", "required (or --scenario FILE.yaml, or --plan FILE that names it)")
     if "sweeps" not in overrides:
         raise ConfigError("--sweep", "give one or two --sweep VAR=VALUES (or --scenario FILE.yaml)")
     return Scenario(**overrides)
