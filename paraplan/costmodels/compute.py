@@ -501,6 +501,40 @@ def softmax_exp_factor(model, curves) -> float:
     return 1.0 if factor is None else factor(attention_head_dim(model))
 
 
+def windowed_attention_equivalent(window, query_len, tile_rows=128):
+    """(L, copies, share) for a sliding-window layer over ``query_len`` queries: a fused kernel runs it
+    like ``copies`` causal attentions of L tokens per head, which take ``share`` of the time the causal
+    attention over all queries takes at L's efficiency.
+
+    The kernel tiles queries and keys by ``tile_rows`` (n = ceil(s / tile_rows) query tiles); under a
+    window of w keys query tile i visits min(i, p) key tiles, p = ceil(w / tile_rows) + 1 (at most n),
+    P_w = p(p + 1)/2 + (n - p)·p tile pairs in all, where causal attention over n tiles visits
+    n(n + 1)/2. A causal sequence of m = min(2p - 1, n) tiles visits as many key tiles per query tile on
+    average as the window's do: the windowed layer is P_w / (m(m + 1)/2) such sequences of L = m·tile_rows
+    tokens, FLOPs share (copies·L²) / s² of the whole causal problem. A window as long as the sequence
+    gives (s, 1, 1); a 128-key window at 4k tokens is 63 causal attentions of 384 tokens (run at the
+    measured table's efficiency for those, not at the 4k one)."""
+    s = np.asarray(query_len, dtype=float)
+    n = np.ceil(s / tile_rows)
+    p = np.minimum(np.ceil(np.asarray(window, dtype=float) / tile_rows) + 1, n)
+    pairs = p * (p + 1) / 2 + (n - p) * p
+    m = np.minimum(2 * p - 1, n)
+    copies = pairs / (m * (m + 1) / 2)
+    length = np.minimum(m * tile_rows, s)
+    return length, copies, copies * length ** 2 / s ** 2
+
+
+def windowed_attention_efficiency(model, plan, curves, query_len, batch_heads):
+    """(L, share, efficiency) of a model's sliding-window layers on the measured table: the equivalent
+    causal length and the time share of :func:`windowed_attention_equivalent`, and the kernel's measured
+    efficiency for its copies of causal attention over L tokens (the table starts at 1k tokens: shorter
+    equivalents, as a 128-key window's 384, take its 1k figure, an upper bound)."""
+    tile = curves.attention_table.get("tile_rows", 128)
+    length, copies, share = windowed_attention_equivalent(model.sliding_window, query_len, tile)
+    eff = measured_attention_efficiency(model, plan, curves, length, batch_heads * copies)
+    return length, share, eff
+
+
 def attention_core_times(model, job, plan, curves):
     """(forward, backward) time of the attention core (QKᵀ, softmax, PV) for one micro-batch.
     Fused: at the generation's calibrated efficiency, or, where the plan names a kernel, its
@@ -516,12 +550,22 @@ def attention_core_times(model, job, plan, curves):
     flops_fwd = 2.0 * b * s_l * s * (model.q_hidden + model.attn_out_hidden) / t / 2 * window
     fused_f = curves.flash_attention_time(flops_fwd, dt)
     fused_b = curves.flash_attention_time(2.5 * flops_fwd, dt)
-    eff = measured_attention_efficiency(model, plan, curves, s_l, b * model.heads / t)
+    heads_gpu = b * model.heads / t
+    eff = measured_attention_efficiency(model, plan, curves, s_l, heads_gpu)
     if eff is not None:
         named = ~np.isnan(eff)
-        rate = curves.accelerator.peak(dt) * np.where(named, eff, 1.0)
-        fused_f = np.where(named, curves.kernel_overhead_s + flops_fwd / rate, fused_f)
-        fused_b = np.where(named, curves.kernel_overhead_s + 2.5 * flops_fwd / rate, fused_b)
+        # full layers at the whole query length's efficiency; windowed ones as the causal attentions of
+        # equal key tiles per query tile they amount to (windowed_attention_equivalent)
+        peak = curves.accelerator.peak(dt)
+        full_flops = flops_fwd / window
+        share = model.windowed_layer_share
+        seconds_per_flop = (1 - share) / (peak * np.where(named, eff, 1.0))
+        if share:
+            _, time_share, eff_w = windowed_attention_efficiency(model, plan, curves, s_l, heads_gpu)
+            seconds_per_flop = seconds_per_flop + share * time_share / (peak * np.where(named, eff_w, 1.0))
+        named_f = curves.kernel_overhead_s + full_flops * seconds_per_flop
+        fused_f = np.where(named, named_f, fused_f)
+        fused_b = np.where(named, curves.kernel_overhead_s + 2.5 * (named_f - curves.kernel_overhead_s), fused_b)
     f = softmax_exp_factor(model, curves)   # a part whose softmax exponentials outrun its generation's
     fused_f, fused_b = fused_f * f, fused_b * f
     # unfused: batched GEMMs over all heads of the rank, full (masked) score matrix

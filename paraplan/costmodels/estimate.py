@@ -125,8 +125,13 @@ def attention_kernel_assumption(model, job, plan, curves) -> tuple[str, ...]:
     if not plan.flash_attention:
         return ()
     b = plan.micro_batch
-    eff = C.measured_attention_efficiency(model, plan, curves, C.tokens_per_rank(job, plan) / b,
-                                          b * model.heads / plan.tp)
+    query_len, heads = C.tokens_per_rank(job, plan) / b, b * model.heads / plan.tp
+    eff = C.measured_attention_efficiency(model, plan, curves, query_len, heads)
+    windowed = ""
+    if model.windowed_layer_share and eff is not None and not np.isnan(float(eff)):
+        length, _, eff_w = C.windowed_attention_efficiency(model, plan, curves, query_len, heads)
+        windowed = (f"; its {model.sliding_window}-key sliding-window layers run as causal attention over "
+                    f"{float(length):.0f} tokens (the same key tiles per query tile) at {float(eff_w):.3f}")
     if plan.attention_kernel == "auto":
         if eff is None or np.isnan(float(eff)):
             return ()
@@ -134,12 +139,14 @@ def attention_kernel_assumption(model, job, plan, curves) -> tuple[str, ...]:
                if plan.engine == "megatron" else
                "torchtitan runs torch SDPA's cuDNN backend (its wrapper sets cuDNN first)")
         return (f"attention: auto on {who}: cudnn at {float(eff):.3f} of peak, measured by sequence length "
-                f"(attention_kernels.yaml) at {job.seq_len} tokens and {b * model.heads // plan.tp} heads per GPU",)
+                f"(attention_kernels.yaml) at {job.seq_len} tokens and {b * model.heads // plan.tp} heads per GPU"
+                f"{windowed}",)
     if eff is None:
         return (f"attention: no measured {plan.attention_kernel} table for this accelerator; priced at its "
                 f"calibrated fused-attention efficiency ({getattr(curves, 'flash_attention_efficiency', 'profiled')})",)
     return (f"attention: {plan.attention_kernel} at {float(eff):.3f} of peak, measured by sequence length "
-            f"(attention_kernels.yaml) at {job.seq_len} tokens and {b * model.heads // plan.tp} heads per GPU",)
+            f"(attention_kernels.yaml) at {job.seq_len} tokens and {b * model.heads // plan.tp} heads per GPU"
+            f"{windowed}",)
 
 
 def softmax_exp_assumption(model, plan, curves) -> tuple[str, ...]:

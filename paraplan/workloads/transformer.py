@@ -394,11 +394,17 @@ class TransformerModel:
         return 1.0 / self.sliding_window_every if self.sliding_window else 0.0
 
     def attention_keys_per_query(self, seq_len: int, causal_halved: bool = False) -> float:
-        """Keys a query meets, averaged over the layers: s (s/2 if causal masking is counted) in full
-        layers, min(window, s) (min(window, s/2) counted causally) in windowed ones."""
-        full = seq_len / 2 if causal_halved else seq_len
+        """Keys a query meets, averaged over the layers: s in full layers and min(window, s) in windowed
+        ones; counted causally, s/2 in full layers and w - w²/(2s) in windowed ones (w ≤ s: the first w
+        queries meet 1..w keys, the others w)."""
         share = self.windowed_layer_share
-        return (1 - share) * full + share * min(self.sliding_window, full) if share else full
+        if not causal_halved:
+            return (1 - share) * seq_len + share * min(self.sliding_window, seq_len) if share else seq_len
+        full = seq_len / 2
+        if not share:
+            return full
+        w = min(self.sliding_window, seq_len)
+        return (1 - share) * full + share * (w - w * w / (2 * seq_len))
 
     def attention_flops_per_token_per_layer(self, seq_len: int, causal_halved: bool = False) -> float:
         """Forward FLOPs per token of QKᵀ and PV: 2 · keys · heads · (qk_head_dim + v_head_dim)
