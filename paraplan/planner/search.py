@@ -179,6 +179,22 @@ def plan_differences(a, b) -> list[str]:
 TIE_SHARE = 0.015
 
 
+def what_step_time_does_not_show(best: Estimate, runner_up: Estimate) -> list[str]:
+    """Where two plans of about equal step time differ otherwise: GPU memory held (0.5 GiB or more) and
+    host memory per node (what CPU offload needs besides its PCIe / C2C traffic)."""
+    gib = 2 ** 30
+    out = []
+    gpu = (best.memory_bytes_per_gpu["total"] - runner_up.memory_bytes_per_gpu["total"]) / gib
+    if abs(gpu) >= 0.5:
+        out.append(f"the {'runner-up' if gpu > 0 else 'best'} holds {abs(gpu):.1f} GiB less per GPU")
+    host_best, host_next = best.host_memory_bytes_per_node / gib, runner_up.host_memory_bytes_per_node / gib
+    if abs(host_best - host_next) >= 1.0:
+        who = "runner-up" if host_next < host_best else "best"
+        out.append(f"the {who} offloads nothing to host memory" if min(host_best, host_next) < 1.0 else
+                   f"the {who} keeps {abs(host_best - host_next):.0f} GiB less in host memory per node")
+    return out
+
+
 def why_best_beats_runner_up(best: Estimate, runner_up: Estimate) -> str:
     """Which time terms move most between the two plans, and whether the gap is a tie (TIE_SHARE)."""
     diffs = {k: runner_up.time_breakdown_s[k] - best.time_breakdown_s[k] for k in TIME_TERMS}
@@ -187,8 +203,10 @@ def why_best_beats_runner_up(best: Estimate, runner_up: Estimate) -> str:
     moved = sorted(((v, k) for k, v in diffs.items() if abs(v) > 1e-9), key=lambda x: -abs(x[0]))[:3]
     parts = [f"{k} {'+' if v > 0 else '−'}{abs(v):.3g} s" for v, k in moved]
     changed = plan_differences(best.plan, runner_up.plan)
+    other = what_step_time_does_not_show(best, runner_up)
     tie = (f"; under {100 * TIE_SHARE:g} %, a tie at the estimator's resolution between two layouts: choose "
-           "between them on what the step time does not show" if share < TIE_SHARE else "")
+           "between them on what the step time does not show" + (f" ({'; '.join(other)})" if other else "")
+           if share < TIE_SHARE else "")
     return (f"best is {gap:.3g} s ({100 * share:.1f}%) faster than the runner-up "
             f"({'; '.join(changed) or 'same plan'}); the runner-up pays {', '.join(parts) or 'nothing more'}{tie}")
 
