@@ -87,3 +87,12 @@ def test_auto_on_an_unmeasured_engine_keeps_the_counted_flops_and_the_estimate_s
     e = estimate(model, TrainingJob(8192, 8), H100, replace(CUDNN, dp=8))
     line = next(a for a in e.assumptions if a.startswith("attention: cudnn"))
     assert "1024-key sliding-window layers run as causal attention over 2176 tokens" in line
+
+
+def test_context_parallel_ranks_pay_for_their_own_queries_windows():
+    """Under context parallelism a rank runs its s/cp queries' windows: the windowed layer's time falls
+    with cp like the rest of the step's work, where full causal attention's does too."""
+    model = _model(window=1024)
+    one = C.attention_core_times(model, TrainingJob(32768, 8), CUDNN, CURVES)[0]
+    cp4 = C.attention_core_times(model, TrainingJob(32768, 8), replace(CUDNN, cp=4), CURVES)[0]
+    assert float(cp4) == pytest.approx(float(one) / 4, rel=0.05)

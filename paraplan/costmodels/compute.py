@@ -512,8 +512,8 @@ def windowed_attention_equivalent(window, query_len, tile_rows=128):
     n(n + 1)/2. A causal sequence of m = min(2p - 1, n) tiles visits as many key tiles per query tile on
     average as the window's do: the windowed layer is P_w / (m(m + 1)/2) such sequences of L = m·tile_rows
     tokens, FLOPs share (copies·L²) / s² of the whole causal problem. A window as long as the sequence
-    gives (s, 1, 1); a 128-key window at 4k tokens is 63 causal attentions of 384 tokens (run at the
-    measured table's efficiency for those, not at the 4k one)."""
+    gives (s, 1, 1); a 128-key window at 4k tokens (63 tile pairs) is 10.5 causal attentions of 384
+    tokens (run at the measured table's efficiency for those, not at the 4k one)."""
     s = np.asarray(query_len, dtype=float)
     n = np.ceil(s / tile_rows)
     p = np.minimum(np.ceil(np.asarray(window, dtype=float) / tile_rows) + 1, n)
@@ -560,9 +560,9 @@ def attention_core_times(model, job, plan, curves):
         full_flops = flops_fwd / window
         share = model.windowed_layer_share
         seconds_per_flop = (1 - share) / (peak * np.where(named, eff, 1.0))
-        if share:
+        if share:   # time_share is of the causal attention over this rank's s_l queries: s_l/s of full_flops
             _, time_share, eff_w = windowed_attention_efficiency(model, plan, curves, s_l, heads_gpu)
-            seconds_per_flop = seconds_per_flop + share * time_share / (peak * np.where(named, eff_w, 1.0))
+            seconds_per_flop = seconds_per_flop + share * time_share * (s_l / s) / (peak * np.where(named, eff_w, 1.0))
         named_f = curves.kernel_overhead_s + full_flops * seconds_per_flop
         fused_f = np.where(named, named_f, fused_f)
         fused_b = np.where(named, curves.kernel_overhead_s + 2.5 * (named_f - curves.kernel_overhead_s), fused_b)
