@@ -374,3 +374,21 @@ def publish_folder(out_dir: Path | str, entries: tuple[str, ...], build, field: 
     finally:
         os.close(lock)
     return out
+
+
+def spec_relative_to(spec: str, folder) -> str:
+    """A model or cluster spec as a file written into ``folder`` keeps it: a preset name as given; a
+    file (model YAML, HF config, cluster YAML) by its path relative to ``folder``, so what names it can
+    be read from any working directory and moved together with it."""
+    if not Path(spec).is_file():
+        return spec
+    return os.path.relpath(Path(spec).resolve(), Path(folder).resolve())
+
+
+def spec_beside(spec: str, folder) -> str:
+    """The inverse on reading: a relative spec naming a file in ``folder`` (where the file that names it
+    lives) is that file; anything else (a preset, an absolute path, a path from the working directory)
+    as given."""
+    beside = Path(folder) / spec
+    return str(beside) if not Path(spec).is_absolute() and beside.is_file() else spec
+

@@ -58,3 +58,23 @@ def test_the_plan_file_moves_with_its_model_file(tmp_path, monkeypatch, capsys):
     shutil.rmtree(moved / "models")
     assert main(["estimate", "--plan", str(moved / "plans" / "plan.json")]) == 2
     assert "model" in capsys.readouterr().err
+
+
+def test_a_whatif_scenario_file_names_model_files_relative_to_its_report(tmp_path, monkeypatch, capsys):
+    """The report's scenario.yaml reproduces the report from anywhere, as its HTML says
+    (`paraplan whatif --scenario scenario.yaml --out DIR` inside the report folder, or from elsewhere)."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "m.yaml").write_text(MODEL)
+    monkeypatch.chdir(tmp_path / "models")
+    base = ["--cluster", "dgx-h100", "--gpus", "8", "--seq-len", "2048", "--global-batch", "16", "--quiet"]
+    assert main(["whatif", "--model", "m.yaml", *base, "--sweep", "gpus=8,16", "--out", "../r1"]) == 0
+    doc = (tmp_path / "r1" / "scenario.yaml").read_text()
+    assert "model: ../models/m.yaml" in doc and "cluster: dgx-h100" in doc
+    first = (tmp_path / "r1" / "points.csv").read_text()
+    for where in (tmp_path, tmp_path / "r1"):
+        monkeypatch.chdir(where)
+        out = tmp_path / f"again-{where.name}"
+        assert main(["whatif", "--scenario", str(tmp_path / "r1" / "scenario.yaml"), "--out", str(out),
+                     "--quiet"]) == 0
+        assert (out / "points.csv").read_text() == first
+    capsys.readouterr()

@@ -29,7 +29,8 @@ from paraplan.reports import data as D
 from paraplan.reports import figures as F
 from paraplan.reports.html import FIGURE_ORDER, render_html
 from paraplan.reports.sweep import (LABELS, Point, PointResult, Scenario, base_point, load_scenario,
-                                    parse_sweep, resolve_points, run_points, scenario_from_mapping)
+                                    parse_sweep, resolve_points, run_points, scenario_from_mapping,
+                                    with_specs_relative_to)
 
 
 
@@ -208,7 +209,7 @@ def figure_bytes(fig, fmt: str) -> bytes:
     return buf.getvalue()
 
 
-def _build_report(r: WhatIfResult, folder: Path) -> None:
+def _build_report(r: WhatIfResult, folder: Path, scenario_doc: dict | None = None) -> None:
     """Every file of the report into a fresh, private folder (published whole by ``write_report``)."""
     (folder / "figures").mkdir()
     (folder / "data").mkdir()
@@ -224,7 +225,7 @@ def _build_report(r: WhatIfResult, folder: Path) -> None:
     for name, d in r.data.items():
         d.to_csv(folder / "data" / f"{name}.csv", index=False)
     r.table.to_csv(folder / "points.csv", index=False)
-    (folder / "scenario.yaml").write_text(yaml.safe_dump(r.scenario.to_dict(), sort_keys=False))
+    (folder / "scenario.yaml").write_text(yaml.safe_dump(scenario_doc or r.scenario.to_dict(), sort_keys=False))
     (folder / "report.html").write_text(render_html(r, images), encoding="utf-8")
 
 
@@ -238,4 +239,6 @@ def write_report(r: WhatIfResult, out_dir) -> Path:
     into ``out_dir`` with ``paraplan.io.publish_folder``: the previous report stays complete until
     the new one is, one rename switches to it (a kill at any moment leaves one or the other, whole),
     and other files in the folder are never touched; a failure leaves things as they were."""
-    return publish_folder(Path(out_dir), REPORT_ENTRIES, lambda folder: _build_report(r, folder))
+    # scenario.yaml names model and cluster files relative to the report folder it is read from
+    doc = with_specs_relative_to(r.scenario.to_dict(), out_dir)
+    return publish_folder(Path(out_dir), REPORT_ENTRIES, lambda folder: _build_report(r, folder, doc))

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError, shown
-from paraplan.io import read_yaml
+from paraplan.io import read_yaml, spec_beside, spec_relative_to
 from paraplan.plan import ATTENTION_KERNELS, Plan
 from paraplan.progress import bar
 from paraplan.planner.search import explain_infeasible, search
@@ -287,8 +287,34 @@ def _opt_bool(data, key, default: bool, source) -> bool:
     return v
 
 
+def with_specs_relative_to(doc: dict, folder) -> dict:
+    """A scenario mapping (``Scenario.to_dict``) whose model, cluster and swept clusters that are files
+    are named relative to ``folder``, where the scenario file is written (paraplan.io.spec_relative_to)."""
+    out = dict(doc)
+    for key in ("model", "cluster"):
+        out[key] = spec_relative_to(out[key], folder)
+    sweep = dict(out.get("sweep") or {})
+    if "cluster" in sweep:
+        sweep["cluster"] = ",".join(spec_relative_to(c, folder) for c in str(sweep["cluster"]).split(","))
+        out["sweep"] = sweep
+    return out
+
+
 def load_scenario(path) -> Scenario:
-    return scenario_from_mapping(read_yaml(Path(path), "--scenario"), source=str(path))
+    """A scenario file: its model, cluster and swept clusters that name files are found beside it first
+    (as :func:`with_specs_relative_to` writes them), then from the working directory."""
+    data = read_yaml(Path(path), "--scenario")
+    if isinstance(data, Mapping):
+        folder = Path(path).parent
+        data = dict(data)
+        for key in ("model", "cluster"):
+            if isinstance(data.get(key), str):
+                data[key] = spec_beside(data[key], folder)
+        sweep = data.get("sweep")
+        if isinstance(sweep, Mapping) and isinstance(sweep.get("cluster"), str):
+            data["sweep"] = {**sweep, "cluster": ",".join(spec_beside(c.strip(), folder)
+                                                          for c in sweep["cluster"].split(","))}
+    return scenario_from_mapping(data, source=str(path))
 
 
 # --- points ---------------------------------------------------------------------------------------
