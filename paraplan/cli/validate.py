@@ -51,17 +51,20 @@ def add_validate_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--timeout", type=number("--timeout", high=MAX_TIMEOUT_S), default=900.0,
                    help="seconds before giving up (> 0)")
     g = p.add_argument_group("plan")
-    g.add_argument("--tp", type=positive_int("--tp", MAX_RANKS), default=1)
-    g.add_argument("--pp", type=positive_int("--pp", MAX_RANKS), default=1)
+    g.add_argument("--plan", default=None, help="take the layout (tp, pp, dp, ZeRO, micro-batch, recompute, "
+                   "sequence parallelism, interleaving) from a plan file (`paraplan plan --out`); the model stays "
+                   "the harness's (the model flags below); flags given override the file")
+    g.add_argument("--tp", type=positive_int("--tp", MAX_RANKS), default=None, help="default 1")
+    g.add_argument("--pp", type=positive_int("--pp", MAX_RANKS), default=None, help="default 1")
     g.add_argument("--dp", type=positive_int("--dp", MAX_RANKS), default=None, help="default: world / (tp*pp)")
-    g.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
-    g.add_argument("--micro-batch", type=positive_int("--micro-batch", MAX_SIZE), default=1)
+    g.add_argument("--zero", type=int, default=None, choices=(0, 1, 2, 3), help="default 0")
+    g.add_argument("--micro-batch", type=positive_int("--micro-batch", MAX_SIZE), default=None, help="default 1")
     g.add_argument("--global-batch", type=positive_int("--global-batch", MAX_SIZE), default=None,
                    help="default: micro*dp*pp")
-    g.add_argument("--recompute", default="none", choices=RECOMPUTE)
+    g.add_argument("--recompute", default=None, choices=RECOMPUTE, help="default none")
     g.add_argument("--sequence-parallel", action="store_true")
-    g.add_argument("--virtual-stages", type=positive_int("--virtual-stages", MAX_SIZE), default=1,
-                   help="interleaved 1F1B chunks")
+    g.add_argument("--virtual-stages", type=positive_int("--virtual-stages", MAX_SIZE), default=None,
+                   help="interleaved 1F1B chunks (default 1)")
     g.add_argument("--steps", type=positive_int("--steps", MAX_SIZE), default=DEFAULT_STEPS, help="timed steps")
     g.add_argument("--warmup", type=non_negative_int("--warmup", MAX_SIZE, "none"), default=DEFAULT_WARMUP,
                    help="warm-up steps (not timed)")
@@ -102,9 +105,61 @@ def add_profile_parser(subparsers) -> argparse.ArgumentParser:
     return p
 
 
+#: validate's layout flags and their defaults where neither the flag nor a plan file gives them
+LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "zero": 0, "micro_batch": 1, "recompute": "none", "virtual_stages": 1}
+#: plan-file field -> validate flag, for the layout the harness runs
+PLAN_FILE_LAYOUT = {"tp": "tp", "pp": "pp", "dp": "dp", "zero": "zero", "micro_batch": "micro_batch",
+                    "recompute": "recompute", "vpp": "virtual_stages"}
+#: schedules the harness runs as 1F1B (it has no zero-bubble or GPipe schedule of its own)
+RUN_AS_1F1B = ("zb-h1", "gpipe")
+
+
+def plan_file_layout(path) -> tuple[dict, list[str]]:
+    """(validate flags, notes) for the layout of a plan file: what the harness runs, and what it runs
+    differently (said); a plan using what the harness cannot run (context or expert parallelism, offload,
+    fp8) is refused, naming the field."""
+    from paraplan.planfile import read_plan_file
+    raw = read_plan_file(path)["plan"]
+    refuse = [(f"cp {raw.get('cp')}", "context parallelism", (raw.get("cp") or 1) > 1),
+              (f"ep {raw.get('ep')}", "expert parallelism", (raw.get("ep") or 1) > 1),
+              (f"offload {raw.get('offload')}", "offload", (raw.get("offload") or "none") != "none"
+               or bool(raw.get("offload_params"))),
+              (f"dtype {raw.get('dtype')}", "fp8", str(raw.get("dtype", "")).startswith(("fp8", "mxfp8")))]
+    for shown_value, what, bad in refuse:
+        if bad:
+            raise ConfigError("--plan", f"{path}: {shown_value}: the validation harness runs no {what}",
+                              accepted="plans with cp 1, ep 1, no offload, 16-bit or fp32 (or set the layout "
+                                       "with --tp/--pp/--dp/... instead)")
+    flags = {flag: raw[key] for key, flag in PLAN_FILE_LAYOUT.items() if raw.get(key) is not None}
+    flags["sequence_parallel"] = bool(raw.get("sp"))
+    notes = [f"layout from {path}; the model is the harness's (--layers/--hidden/...), not the plan's"]
+    if raw.get("schedule") in RUN_AS_1F1B:
+        notes.append(f"schedule {raw['schedule']} runs as 1F1B (the harness has no {raw['schedule']} schedule)")
+    return flags, notes
+
+
+def resolve_layout_flags(args) -> list[str]:
+    """Fill validate's layout flags: those given, else the plan file's (``--plan``), else LAYOUT_DEFAULTS.
+    Returns the plan file's notes (empty without one). Idempotent."""
+    notes = []
+    if getattr(args, "plan", None) and not getattr(args, "_layout_resolved", False):
+        flags, notes = plan_file_layout(args.plan)
+        for flag, value in flags.items():
+            if flag == "sequence_parallel":
+                args.sequence_parallel = args.sequence_parallel or value
+            elif getattr(args, flag, None) is None:
+                setattr(args, flag, value)
+    for flag, value in LAYOUT_DEFAULTS.items():
+        if getattr(args, flag, None) is None:
+            setattr(args, flag, value)
+    args._layout_resolved = True
+    return notes
+
+
 def check_validate_args(args) -> None:
     """Every check of validate's flags that needs no torch, before anything is launched: ranks,
     the model's shape, the report folder. ConfigError naming the flag."""
+    resolve_layout_flags(args)
     if args.node_rank >= args.nnodes:
         raise ConfigError("--node-rank", f"{args.node_rank} is outside 0..{args.nnodes - 1} (--nnodes {args.nnodes})")
     if args.nnodes > 1 and not args.rdzv_endpoint:
@@ -246,6 +301,8 @@ def run_validate(args) -> int:
     import time
 
     from paraplan.validation.reference import compare_to_reference, load_parallel_grads, reference_run
+    for note in resolve_layout_flags(args):
+        print(f"paraplan: note: {note}", file=sys.stderr)
     check_validate_args(args)
     cfg = _model_config(args)
     plan, opts = _plan_and_launch(args)

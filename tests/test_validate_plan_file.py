@@ -1,0 +1,68 @@
+"""``paraplan validate --plan FILE``: the layout of a plan file on the harness's model, under torchrun;
+what the harness cannot run is refused by field, what it runs differently is said."""
+from __future__ import annotations
+
+import json
+import pytest
+
+from paraplan.cli import main as cli_main
+from paraplan.cli.validate import main, plan_file_layout
+from paraplan.costmodels.estimate import estimate
+from paraplan.hardware.catalog import load_cluster
+from paraplan.plan import Plan
+from paraplan.planfile import write_plan_file
+from paraplan.workloads.presets import load_model
+from paraplan.workloads.transformer import TrainingJob
+
+
+def _plan_file(path, **fields):
+    plan = Plan(**{"tp": 2, "dp": 1, "sp": True, "micro_batch": 2, **fields})
+    e = estimate(load_model("llama3-8b"), TrainingJob(2048, 8), load_cluster("dgx-h100", plan.tp * plan.pp *
+                                                                              plan.dp * plan.cp), plan)
+    write_plan_file(path, e, "llama3-8b", "dgx-h100")
+    return path
+
+
+def test_the_layout_comes_from_the_file_and_flags_override_it(tmp_path):
+    flags, notes = plan_file_layout(_plan_file(tmp_path / "p.json", pp=2, schedule="zb-h1", recompute="full"))
+    assert flags == {"tp": 2, "pp": 2, "dp": 1, "zero": 0, "micro_batch": 2, "recompute": "full",
+                     "virtual_stages": 1, "sequence_parallel": True}
+    assert any("zb-h1 runs as 1F1B" in n for n in notes)
+    assert any("the model is the harness's" in n for n in notes)
+
+
+def test_flags_given_beside_the_file_win(tmp_path):
+    import argparse
+
+    from paraplan.cli.validate import add_validate_parser, resolve_layout_flags
+    parser = argparse.ArgumentParser()
+    add_validate_parser(parser.add_subparsers())
+    args = parser.parse_args(["validate", "--plan", str(_plan_file(tmp_path / "p.json", recompute="full")),
+                              "--recompute", "none", "--micro-batch", "1", "--out", str(tmp_path / "o")])
+    resolve_layout_flags(args)
+    assert (args.tp, args.recompute, args.micro_batch, args.virtual_stages) == (2, "none", 1, 1)
+
+
+@pytest.mark.parametrize("fields, said", [({"cp": 2}, "context parallelism"), ({"offload": "cpu", "zero": 1},
+                                                                                 "offload"),
+                                          ({"dtype": "fp8"}, "fp8")])
+def test_what_the_harness_cannot_run_is_refused_by_field(tmp_path, capsys, fields, said):
+    path = _plan_file(tmp_path / "p.json", **fields)
+    assert main(["validate", "--plan", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("paraplan: error: --plan") and said in err and "Traceback" not in err
+
+
+def test_validate_runs_a_plan_files_layout(tmp_path, capsys):
+    path = _plan_file(tmp_path / "p.json")
+    predicted = {"step_time_s": 0.1, "memory_bytes_per_rank": 2_000_000,
+                 "time_breakdown_s": {"compute": 0.05, "tp_comm": 0.04, "optimizer": 0.01}}
+    (tmp_path / "pred.json").write_text(json.dumps(predicted))
+    out = tmp_path / "out"
+    rc = cli_main(["validate", "--plan", str(path), "--nproc-per-node", "2", "--global-batch", "4", "--steps", "2",
+                   "--warmup", "1", "--layers", "2", "--predicted", str(tmp_path / "pred.json"), "--out", str(out)])
+    assert rc == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["plan"]["tp"] == 2 and report["plan"]["sequence_parallel"] is True
+    assert report["plan"]["micro_batch"] == 2 and report["loss_matches_reference"] is True
+    assert "layout from" in capsys.readouterr().err
