@@ -41,11 +41,18 @@ def test_flags_given_beside_the_file_win(tmp_path):
                               "--recompute", "none", "--micro-batch", "1", "--out", str(tmp_path / "o")])
     resolve_layout_flags(args)
     assert (args.tp, args.recompute, args.micro_batch, args.virtual_stages) == (2, "none", 1, 1)
+    # a recomputation the harness lacks is no refusal when the flag replaces it
+    sac = _plan_file(tmp_path / "sac.json", recompute="op-sac", engine="torchtitan", zero=3)
+    args = parser.parse_args(["validate", "--plan", str(sac), "--recompute", "full", "--out", str(tmp_path / "o")])
+    resolve_layout_flags(args)
+    assert args.recompute == "full" and args.zero == 3
 
 
 @pytest.mark.parametrize("fields, said", [({"cp": 2}, "context parallelism"), ({"offload": "cpu", "zero": 1},
                                                                                  "offload"),
-                                          ({"dtype": "fp8"}, "fp8")])
+                                          ({"dtype": "fp8"}, "fp8"),
+                                          ({"recompute": "op-sac", "engine": "torchtitan", "zero": 3},
+                                           "op-sac recomputation")])
 def test_what_the_harness_cannot_run_is_refused_by_field(tmp_path, capsys, fields, said):
     path = _plan_file(tmp_path / "p.json", **fields)
     assert main(["validate", "--plan", str(path), "--out", str(tmp_path / "out")]) == 2

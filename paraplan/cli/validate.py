@@ -112,27 +112,35 @@ PLAN_FILE_LAYOUT = {"tp": "tp", "pp": "pp", "dp": "dp", "zero": "zero", "micro_b
                     "recompute": "recompute", "vpp": "virtual_stages"}
 #: schedules the harness runs as 1F1B (it has no zero-bubble or GPipe schedule of its own)
 RUN_AS_1F1B = ("zb-h1", "gpipe")
+#: recomputation the harness runs (validation.model.RECOMPUTE_CHOICES, kept here so this check needs no torch)
+HARNESS_RECOMPUTE = ("none", "selective", "full")
 
 
-def plan_file_layout(path) -> tuple[dict, list[str]]:
+def plan_file_layout(path, given=()) -> tuple[dict, list[str]]:
     """(validate flags, notes) for the layout of a plan file: what the harness runs, and what it runs
     differently (said); a plan using what the harness cannot run (context or expert parallelism, offload,
-    fp8) is refused, naming the field."""
+    fp8; recomputation it lacks unless ``given`` holds ``recompute``, the flag that overrides it) is
+    refused, naming the field."""
     from paraplan.planfile import read_plan_file
     raw = read_plan_file(path)["plan"]
     refuse = [(f"cp {raw.get('cp')}", "context parallelism", (raw.get("cp") or 1) > 1),
               (f"ep {raw.get('ep')}", "expert parallelism", (raw.get("ep") or 1) > 1),
               (f"offload {raw.get('offload')}", "offload", (raw.get("offload") or "none") != "none"
                or bool(raw.get("offload_params"))),
-              (f"dtype {raw.get('dtype')}", "fp8", str(raw.get("dtype", "")).startswith(("fp8", "mxfp8")))]
+              (f"dtype {raw.get('dtype')}", "fp8", str(raw.get("dtype", "")).startswith(("fp8", "mxfp8"))),
+              (f"recompute {raw.get('recompute')}", f"{raw.get('recompute')} recomputation (it runs "
+               f"{', '.join(HARNESS_RECOMPUTE)})",
+               "recompute" not in given and (raw.get("recompute") or "none") not in HARNESS_RECOMPUTE)]
     for shown_value, what, bad in refuse:
         if bad:
             raise ConfigError("--plan", f"{path}: {shown_value}: the validation harness runs no {what}",
-                              accepted="plans with cp 1, ep 1, no offload, 16-bit or fp32 (or set the layout "
-                                       "with --tp/--pp/--dp/... instead)")
+                              accepted="plans with cp 1, ep 1, no offload, 16-bit or fp32, recompute none, "
+                                       "selective or full (or set the layout with --tp/--pp/--dp/... instead)")
     flags = {flag: raw[key] for key, flag in PLAN_FILE_LAYOUT.items() if raw.get(key) is not None}
     flags["sequence_parallel"] = bool(raw.get("sp"))
     notes = [f"layout from {path}; the model is the harness's (--layers/--hidden/...), not the plan's"]
+    if raw.get("recompute_modules"):
+        notes.append(f"recompute modules {raw['recompute_modules']} run as selective (the attention core)")
     if raw.get("schedule") in RUN_AS_1F1B:
         notes.append(f"schedule {raw['schedule']} runs as 1F1B (the harness has no {raw['schedule']} schedule)")
     return flags, notes
@@ -143,7 +151,8 @@ def resolve_layout_flags(args) -> list[str]:
     Returns the plan file's notes (empty without one). Idempotent."""
     notes = []
     if getattr(args, "plan", None) and not getattr(args, "_layout_resolved", False):
-        flags, notes = plan_file_layout(args.plan)
+        given = {flag for flag in LAYOUT_DEFAULTS if getattr(args, flag, None) is not None}
+        flags, notes = plan_file_layout(args.plan, given)
         for flag, value in flags.items():
             if flag == "sequence_parallel":
                 args.sequence_parallel = args.sequence_parallel or value
