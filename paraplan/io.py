@@ -376,11 +376,19 @@ def publish_folder(out_dir: Path | str, entries: tuple[str, ...], build, field: 
     return out
 
 
+def _names_a_file(path) -> bool:
+    """Whether ``path`` is an existing file; False for names no file can have (too long, NUL bytes)."""
+    try:
+        return Path(path).is_file()
+    except (OSError, ValueError):
+        return False
+
+
 def spec_relative_to(spec: str, folder) -> str:
     """A model or cluster spec as a file written into ``folder`` keeps it: a preset name as given; a
     file (model YAML, HF config, cluster YAML) by its path relative to ``folder``, so what names it can
     be read from any working directory and moved together with it."""
-    if not Path(spec).is_file():
+    if not _names_a_file(spec):
         return spec
     return os.path.relpath(Path(spec).resolve(), Path(folder).resolve())
 
@@ -390,5 +398,5 @@ def spec_beside(spec: str, folder) -> str:
     lives) is that file; anything else (a preset, an absolute path, a path from the working directory)
     as given."""
     beside = Path(folder) / spec
-    return str(beside) if not Path(spec).is_absolute() and beside.is_file() else spec
+    return str(beside) if not Path(spec).is_absolute() and _names_a_file(beside) else spec
 

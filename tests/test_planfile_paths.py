@@ -78,3 +78,11 @@ def test_a_whatif_scenario_file_names_model_files_relative_to_its_report(tmp_pat
                      "--quiet"]) == 0
         assert (out / "points.csv").read_text() == first
     capsys.readouterr()
+
+
+def test_a_spec_no_file_can_have_is_left_to_the_reader(tmp_path):
+    """Names too long for the file system or with NUL bytes are not files: left as given, for the model /
+    cluster reader to refuse by field (found by benchmarks/fuzz_cli.py, seed 52: a traceback)."""
+    from paraplan.io import spec_beside, spec_relative_to
+    for spec in ("x" * 5000, "a\0b"):
+        assert spec_beside(spec, tmp_path) == spec and spec_relative_to(spec, tmp_path) == spec
