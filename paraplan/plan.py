@@ -1178,7 +1178,8 @@ RULES: tuple[Rule, ...] = (
        lambda P, s: np.asarray(P.moe_flex_dispatch, bool) & ~_engine_in(P, *FLEX_DISPATCH_ENGINES),
        lambda p, s: (f"--engine {Engine(p.engine_code).label} has no flex token dispatcher "
                      "(Megatron-LM --moe-token-dispatcher-type flex does)"),
-       field="moe_flex_dispatch", accepted="--engine megatron or generic", uses_scene=False),
+       field="moe_flex_dispatch", accepted="--engine " + " or ".join(e.label for e in FLEX_DISPATCH_ENGINES),
+       uses_scene=False),
     _r("moe-flex-dispatch-needs-permute", "DeepEP / HybridEP dispatch needs token permutation",
        ILLEGAL, ("moe_flex_dispatch",),
        lambda P, s: np.asarray(P.moe_flex_dispatch, bool) & (not _moe(s) or s.model.moe.dispatch != "permute"),

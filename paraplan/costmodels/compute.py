@@ -603,7 +603,7 @@ def sorts_received_chunks(model, plan):
     return (ep > 1) & (model.moe.experts / ep > 1)
 
 
-def dispatch_bytes_per_token(model, job, plan=None) -> float:
+def dispatch_bytes_per_token(model, job, plan) -> float:
     """Bytes the token permutation streams per token in an MoE layer's forward (see the
     ``DISPATCH_*`` counts): (4 + 8·[regroup])·h per routed copy (k·f copies per token) + 4h per
     token. Under DeepEP / HybridEP (``plan.moe_flex_dispatch``) the kernels read the tokens and write
@@ -611,13 +611,11 @@ def dispatch_bytes_per_token(model, job, plan=None) -> float:
     arrivals into expert order and unpermutes them before the combine: 4h per routed copy + 4h per
     arrival (:func:`expected_destinations` GPUs per token). GShard-style einsum dispatch
     (DeepSpeed-MoE) has none here: its dense dispatch and combine are priced in
-    :func:`moe_einsum_dispatch_times`. Without a plan the regrouping is left out (one expert per GPU)."""
+    :func:`moe_einsum_dispatch_times`."""
     e = model.moe
     if e.dispatch != "permute":
         return 0.0
     copies = e.top_k * expert_token_factor(model, job)
-    if plan is None:
-        return (DISPATCH_BYTES_PER_COPY * copies + DISPATCH_BYTES_PER_TOKEN) * model.hidden
     sort = np.where(sorts_received_chunks(model, plan), DISPATCH_SORT_CHUNKS_BYTES_PER_COPY, 0)
     alltoall = (DISPATCH_BYTES_PER_COPY + sort) * copies + DISPATCH_BYTES_PER_TOKEN
     flex = np.asarray(getattr(plan, "moe_flex_dispatch", False), dtype=bool)
@@ -628,7 +626,7 @@ def dispatch_bytes_per_token(model, job, plan=None) -> float:
     return alltoall * model.hidden
 
 
-def mlp_activation_bytes_per_token(model, job, moe: bool, plan=None) -> float:
+def mlp_activation_bytes_per_token(model, job, moe: bool, plan) -> float:
     """Bytes the MLP's activation function streams per token (GELU 4f, SwiGLU 6f); an MoE layer's
     routed experts see top_k x factor tokens, its shared experts all, and the token permutation to and
     from the experts streams :func:`dispatch_bytes_per_token`."""

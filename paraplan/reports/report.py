@@ -209,7 +209,7 @@ def figure_bytes(fig, fmt: str) -> bytes:
     return buf.getvalue()
 
 
-def _build_report(r: WhatIfResult, folder: Path, scenario_doc: dict | None = None) -> None:
+def _build_report(r: WhatIfResult, folder: Path, scenario_doc: dict) -> None:
     """Every file of the report into a fresh, private folder (published whole by ``write_report``)."""
     (folder / "figures").mkdir()
     (folder / "data").mkdir()
@@ -225,7 +225,7 @@ def _build_report(r: WhatIfResult, folder: Path, scenario_doc: dict | None = Non
     for name, d in r.data.items():
         d.to_csv(folder / "data" / f"{name}.csv", index=False)
     r.table.to_csv(folder / "points.csv", index=False)
-    (folder / "scenario.yaml").write_text(yaml.safe_dump(scenario_doc or r.scenario.to_dict(), sort_keys=False))
+    (folder / "scenario.yaml").write_text(yaml.safe_dump(scenario_doc, sort_keys=False))
     (folder / "report.html").write_text(render_html(r, images), encoding="utf-8")
 
 

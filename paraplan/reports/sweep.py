@@ -287,17 +287,24 @@ def _opt_bool(data, key, default: bool, source) -> bool:
     return v
 
 
+def _map_file_specs(data: Mapping, to) -> dict:
+    """``data`` (a scenario mapping) with ``to`` applied to each spec that may name a file: model, cluster
+    and the swept clusters (comma-separated); other values, and values of the wrong type (left for
+    :func:`scenario_from_mapping` to refuse), as they are."""
+    out = dict(data)
+    for key in ("model", "cluster"):
+        if isinstance(out.get(key), str):
+            out[key] = to(out[key])
+    sweep = out.get("sweep")
+    if isinstance(sweep, Mapping) and isinstance(sweep.get("cluster"), str):
+        out["sweep"] = {**sweep, "cluster": ",".join(to(c.strip()) for c in sweep["cluster"].split(","))}
+    return out
+
+
 def with_specs_relative_to(doc: dict, folder) -> dict:
     """A scenario mapping (``Scenario.to_dict``) whose model, cluster and swept clusters that are files
     are named relative to ``folder``, where the scenario file is written (paraplan.io.spec_relative_to)."""
-    out = dict(doc)
-    for key in ("model", "cluster"):
-        out[key] = spec_relative_to(out[key], folder)
-    sweep = dict(out.get("sweep") or {})
-    if "cluster" in sweep:
-        sweep["cluster"] = ",".join(spec_relative_to(c, folder) for c in str(sweep["cluster"]).split(","))
-        out["sweep"] = sweep
-    return out
+    return _map_file_specs(doc, lambda spec: spec_relative_to(spec, folder))
 
 
 def load_scenario(path) -> Scenario:
@@ -305,15 +312,7 @@ def load_scenario(path) -> Scenario:
     (as :func:`with_specs_relative_to` writes them), then from the working directory."""
     data = read_yaml(Path(path), "--scenario")
     if isinstance(data, Mapping):
-        folder = Path(path).parent
-        data = dict(data)
-        for key in ("model", "cluster"):
-            if isinstance(data.get(key), str):
-                data[key] = spec_beside(data[key], folder)
-        sweep = data.get("sweep")
-        if isinstance(sweep, Mapping) and isinstance(sweep.get("cluster"), str):
-            data["sweep"] = {**sweep, "cluster": ",".join(spec_beside(c.strip(), folder)
-                                                          for c in sweep["cluster"].split(","))}
+        data = _map_file_specs(data, lambda spec: spec_beside(spec, Path(path).parent))
     return scenario_from_mapping(data, source=str(path))
 
 

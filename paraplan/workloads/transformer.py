@@ -397,14 +397,10 @@ class TransformerModel:
         """Keys a query meets, averaged over the layers: s in full layers and min(window, s) in windowed
         ones; counted causally, s/2 in full layers and w - w²/(2s) in windowed ones (w ≤ s: the first w
         queries meet 1..w keys, the others w)."""
-        share = self.windowed_layer_share
-        if not causal_halved:
-            return (1 - share) * seq_len + share * min(self.sliding_window, seq_len) if share else seq_len
-        full = seq_len / 2
-        if not share:
-            return full
-        w = min(self.sliding_window, seq_len)
-        return (1 - share) * full + share * (w - w * w / (2 * seq_len))
+        share, w = self.windowed_layer_share, min(self.sliding_window, seq_len)
+        if causal_halved:
+            return (1 - share) * (seq_len / 2) + share * (w - w * w / (2 * seq_len))
+        return (1 - share) * seq_len + share * w
 
     def attention_flops_per_token_per_layer(self, seq_len: int, causal_halved: bool = False) -> float:
         """Forward FLOPs per token of QKᵀ and PV: 2 · keys · heads · (qk_head_dim + v_head_dim)
