@@ -367,10 +367,13 @@ def test_scaling_keeps_eager_swiglu_the_flash_output_and_the_gathered_inputs_und
     def per_layer(**kw):
         return float(M.activation_bytes_per_layer(model, job, PlanBatch.from_plans([Plan(zero=1, dp=1, **kw)]))[0])
     assert per_layer(engine="scaling") - per_layer(engine="generic") == pytest.approx((2 * f + 2 * h) * T)
+    # without flash, Scaling's eager attention also keeps Korthikanti's 5 bytes per score element where
+    # others keep the 2-byte softmax output of a model trained without dropout (LLaMA)
+    scores_gap = (M.UNFUSED_SCORE_BYTES - M.UNFUSED_SCORE_BYTES_NO_DROPOUT) * T * model.heads * 2048
     assert per_layer(engine="scaling", flash_attention=False) - per_layer(engine="generic", flash_attention=False) \
-        == pytest.approx(2 * f * T)
+        == pytest.approx(2 * f * T + scores_gap)
     assert per_layer(engine="scaling", fused_elementwise=False, flash_attention=False) == pytest.approx(
-        per_layer(engine="generic", fused_elementwise=False, flash_attention=False))
+        per_layer(engine="generic", fused_elementwise=False, flash_attention=False) + scores_gap)
     sp_gap = per_layer(engine="scaling", tp=4, sp=True) - per_layer(engine="generic", tp=4, sp=True)
     assert sp_gap == pytest.approx((2 * f + 2 * h) * T / 4 + 4 * h * T * (1 - 1 / 4))
     no_sp_gap = per_layer(engine="scaling", tp=4) - per_layer(engine="generic", tp=4)
@@ -440,3 +443,22 @@ def test_published_runs_that_ran_are_judged_to_fit_with_the_least_recomputation_
     assert len(a100) == 76 and a100.judged_fit.all()
     h100 = mf.published_runs_fit(load_h100_cases)
     assert len(h100) == 63 and h100.fits_with.notna().sum() >= 57, h100.to_string()
+
+
+@pytest.mark.parametrize("engine, dropout, per_element", [("megatron", True, 5.0), ("megatron", False, 2.0),
+                                                          ("generic", False, 2.0)])
+def test_unfused_attention_keeps_the_dropout_output_only_with_dropout(engine, dropout, per_element):
+    """Non-flash attention keeps 5 bytes per score element with attention dropout (Korthikanti Table 2:
+    softmax output, mask, dropout output) and its 2-byte softmax output without (the PV GEMM reads it);
+    Scaling's eager attention keeps 5 either way (its OOMs in the Hagemann sweep). Flash keeps no scores."""
+    from dataclasses import replace
+    model = replace(load_model("llama1-13b"), dropout=dropout)
+    job = TrainingJob(2048, 64)
+    unfused = Plan(tp=2, engine=engine, flash_attention=False)
+    flash = Plan(tp=2, engine=engine, flash_attention=True)
+    scores = M.score_elements(model, job, unfused)
+    assert scores == 2048 * model.heads * 2048 / 2
+    kept = M.activation_bytes_per_layer(model, job, unfused) - M.activation_bytes_per_layer(model, job, flash)
+    flash_stats = 4.0 * model.heads * 2048 / 2          # the fused kernel's fp32 softmax statistics
+    assert kept == pytest.approx(per_element * scores - flash_stats)
+    assert M.unfused_score_bytes(model, Plan(engine="scaling")) == 5.0

@@ -46,10 +46,13 @@ UNFUSED_NORM_SAVED_BYTES_PER_HIDDEN = 2 * 4
 # Eager SwiGLU (silu(gate) * up, then the down projection) keeps silu(gate) for the mul's backward
 # besides the fc1 output (gate | up) and the product a fused kernel keeps too: 2f bytes per token.
 UNFUSED_SWIGLU_SAVED_BYTES_PER_FFN = 2
-# Non-flash attention keeps per element of the b·(a/t)·(s/cp)·s score matrix the 16-bit scores
-# (softmax input), the 16-bit probabilities and the 1-byte dropout mask: the 5as/h term of Korthikanti
-# et al. 2022, Table 2.
+# Non-flash attention keeps per element of the b·(a/t)·(s/cp)·s score matrix the 16-bit softmax output,
+# the 1-byte dropout mask and the 16-bit dropout output that the probabilities-times-values GEMM reads:
+# the 5as/h term of Korthikanti et al. 2022, Table 2 (sec. 4.1: "softmax output 2as²b, dropout mask as²b,
+# dropout output 2as²b"). Without attention dropout the softmax output is that GEMM's input itself and
+# only its 2 bytes are kept (torch's softmax saves its output; its input, the scores, is not saved).
 UNFUSED_SCORE_BYTES = 5.0
+UNFUSED_SCORE_BYTES_NO_DROPOUT = 2.0
 # Non-flash attention's backward (Megatron's fused scale-mask-softmax: the probabilities' gradient in,
 # the scores' gradient out, 16-bit) holds two score-sized tensors besides the saved probabilities
 # while one layer runs backward: bytes per element of the rank's b·(a/t)·(s/cp)·s score matrix.
@@ -245,6 +248,16 @@ def model_state_bytes(params, plan, shard_degree=None) -> dict:
             "optimizer_states": np.where(off, 0.0, optim)}
 
 
+def unfused_score_bytes(model, plan):
+    """Bytes per score element non-flash attention keeps for backward: UNFUSED_SCORE_BYTES with attention
+    dropout, UNFUSED_SCORE_BYTES_NO_DROPOUT without (``model.dropout``), except under Scaling, whose eager
+    attention keeps Korthikanti's 5 bytes either way: its OOM outcomes in the Hagemann et al. 2023 sweep
+    (shared/reference/hagemann2023_sweep_2k.csv, non-flash runs of LLaMA 13B on 64 GPUs) say so (with 2
+    bytes benchmarks/memory_fit.py's false fits rise from 4.2 % to 6.2 % of 522 runs)."""
+    keeps_all = getattr(model, "dropout", True) | (engine_of(plan) == Engine.SCALING)
+    return np.where(keeps_all, UNFUSED_SCORE_BYTES, UNFUSED_SCORE_BYTES_NO_DROPOUT)
+
+
 def score_elements(model, job, plan):
     """Elements of one layer's attention score matrix on a rank for one micro-batch:
     b·(a/t)·(s/cp)·s = T·a·s / t, T = b·s/cp the rank's tokens (Korthikanti et al. 2022, Table 2's
@@ -308,7 +321,7 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
         unsharded = unsharded + model.moe_layers / model.layers * 4 * S * slots
     s_l = T / b
     scores = np.where(np.asarray(plan.flash_attention, dtype=bool), 4.0 * a * s_l * b / t,   # fp32 stats
-                      UNFUSED_SCORE_BYTES * score_elements(model, job, plan))
+                      unfused_score_bytes(model, plan) * score_elements(model, job, plan))
     wide = element_bytes(plan) / BYTES         # fp32 activations: twice the 16-bit bytes
     none = wide * (unsharded + sharded + scores)
     selective = wide * (unsharded + sharded + np.where(recomputes_attention_core(plan), 0.0, scores)
@@ -477,7 +490,7 @@ def rematerialized_layer_bytes(model, job, plan, per_layer, layer_none):
     wide = element_bytes(plan) / BYTES
     scores_dropped = (rc == Recompute.OP_SAC) | ((rc == Recompute.SELECTIVE) & recomputes_attention_core(plan))
     unfused_scores = np.where(~flash & scores_dropped,
-                              wide * UNFUSED_SCORE_BYTES * score_elements(model, job, plan), 0.0)
+                              wide * unfused_score_bytes(model, plan) * score_elements(model, job, plan), 0.0)
     dropped = np.maximum(0.0, layer_none - per_layer - unfused_scores)
     return np.where(rc == Recompute.NONE, 0.0, dropped)
 
@@ -496,7 +509,8 @@ def activation_bytes(model, job, plan) -> dict:
     layer_none = activation_bytes_per_layer(model, job, plan, recompute_code=Recompute.NONE)
     working = rematerialized_layer_bytes(model, job, plan, per_layer, layer_none) \
         + attention_transient_bytes(model, job, plan) + backward_layer_transient(plan) * layer_none
-    embedding_out = (element_bytes(plan) + 1) * T * model.hidden / np.where(sp, t, 1.0)  # output + dropout mask
+    # the embedding's output, and its dropout mask where the model trains with dropout
+    embedding_out = (element_bytes(plan) + getattr(model, "dropout", True)) * T * model.hidden / np.where(sp, t, 1.0)
     # the loss's logits and the final hidden state, once more per multi-token-prediction depth
     logits = (1 + model.mtp_layers) * (loss_bytes_per_logit(plan) * T * loss_logits_per_token(model, plan)
                                        + element_bytes(plan) * T * model.hidden)
