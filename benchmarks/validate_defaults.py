@@ -1,7 +1,7 @@
 """Step-time error of ``paraplan validate`` run as typed: its default model and run length.
 
 For each layout (``tp2``, ``dp2`` = what ``--nproc-per-node 2`` runs with no other flag, ``dp2 --zero
-1``, ``dp2 --zero 3``, ``pp2``) the plan is built by the CLI's own parser from those flags
+1``, ``dp2 --zero 3``, ``pp2``, ``cp2``) the plan is built by the CLI's own parser from those flags
 (:func:`paraplan.cli.validate._plan_and_launch`), predicted with
 :func:`paraplan.validation.predict.predict_run` on this machine's latest profile in ``--db``
 (profiled first, quick mode, when it has none), and run through the harness (one torchrun launch
@@ -24,7 +24,7 @@ from dataclasses import asdict
 
 #: name -> the flags typed after ``paraplan validate --nproc-per-node 2``
 LAYOUTS = {"tp2": ["--tp", "2"], "dp2": [], "dp2_zero1": ["--zero", "1"],
-           "dp2_zero3": ["--zero", "3"], "pp2": ["--pp", "2"]}
+           "dp2_zero3": ["--zero", "3"], "pp2": ["--pp", "2"], "cp2": ["--cp", "2"]}
 
 
 def plans_as_typed(extra: list[str]):
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     print(f"model {asdict(cfg)}; run: {plans['tp2'].warmup} warm-up + {plans['tp2'].steps} timed steps; "
           f"{args.repeats} repeats, {time.time() - t0:.0f} s")
     print(f"{'plan':<11} {'predicted ms':>12} {'measured ms':>12} {'spread':>7} {'error':>7}   "
-          f"compute/tp/pp/dp/opt ms: predicted | measured")
+          f"compute/tp/cp/pp/dp/opt ms: predicted | measured")
     rows = []
     for n in plans:
         m = statistics.median(measured[n])
@@ -83,8 +83,8 @@ def main(argv=None) -> int:
                      "spread": spread, "error": p / m - 1, "predicted_breakdown_s": bd,
                      "measured_breakdown_s": mb, "step_times_s": steps[n],
                      "rank_breakdowns_s": rank_breakdowns[n]})
-        keys = ("compute", "tp_comm", "pp_comm", "dp_comm", "optimizer")
-        terms = ("/".join(f"{1e3 * bd[k]:.1f}" for k in keys) + " | "
+        keys = ("compute", "tp_comm", "cp_comm", "pp_comm", "dp_comm", "optimizer")
+        terms = ("/".join(f"{1e3 * bd.get(k, 0):.1f}" for k in keys) + " | "
                  + "/".join(f"{1e3 * mb.get(k, 0):.1f}" for k in keys))
         print(f"{n:<11} {1e3 * p:12.1f} {1e3 * m:12.1f} {100 * spread:6.1f}% {100 * (p / m - 1):+6.1f}%   {terms}")
     worst = max(abs(r["error"]) for r in rows)

@@ -25,7 +25,7 @@ def _plan_file(path, **fields):
 
 def test_the_layout_comes_from_the_file_and_flags_override_it(tmp_path):
     flags, notes = plan_file_layout(_plan_file(tmp_path / "p.json", pp=2, schedule="zb-h1", recompute="full"))
-    assert flags == {"tp": 2, "pp": 2, "dp": 1, "zero": 0, "micro_batch": 2, "recompute": "full",
+    assert flags == {"tp": 2, "pp": 2, "dp": 1, "cp": 1, "zero": 0, "micro_batch": 2, "recompute": "full",
                      "virtual_stages": 1, "sequence_parallel": True}
     assert any("zb-h1 runs as 1F1B" in n for n in notes)
     assert any("the model is the harness's" in n for n in notes)
@@ -48,8 +48,7 @@ def test_flags_given_beside_the_file_win(tmp_path):
     assert args.recompute == "full" and args.zero == 3
 
 
-@pytest.mark.parametrize("fields, said", [({"cp": 2}, "context parallelism"), ({"offload": "cpu", "zero": 1},
-                                                                                 "offload"),
+@pytest.mark.parametrize("fields, said", [({"offload": "cpu", "zero": 1}, "offload"),
                                           ({"dtype": "fp8"}, "fp8"),
                                           ({"recompute": "op-sac", "engine": "torchtitan", "zero": 3},
                                            "op-sac recomputation")])
@@ -73,3 +72,34 @@ def test_validate_runs_a_plan_files_layout(tmp_path, capsys):
     assert report["plan"]["tp"] == 2 and report["plan"]["sequence_parallel"] is True
     assert report["plan"]["micro_batch"] == 2 and report["loss_matches_reference"] is True
     assert "layout from" in capsys.readouterr().err
+
+
+def test_context_parallelism_runs_as_ring_attention(tmp_path):
+    """A plan's cp is the harness's (ring attention); a Ulysses plan is said to run as ring."""
+    flags, notes = plan_file_layout(_plan_file(tmp_path / "u.json", cp=2, cp_mode="ulysses"))
+    assert flags["cp"] == 2 and flags["tp"] == 2
+    assert any("ulysses runs as ring attention" in n for n in notes)
+    flags, notes = plan_file_layout(_plan_file(tmp_path / "r.json", cp=2))
+    assert flags["cp"] == 2 and not any("runs as ring" in n for n in notes)
+
+
+def test_validate_runs_a_context_parallel_plan_file(tmp_path):
+    """cp 2 from a plan file (tp and sp overridden to fit two ranks): the loss matches the single
+    process and the report carries the measured and predicted ring exchange."""
+    path = _plan_file(tmp_path / "p.json", cp=2)
+    out = tmp_path / "out"
+    rc = cli_main(["validate", "--plan", str(path), "--tp", "1", "--micro-batch", "1", "--nproc-per-node", "2",
+                   "--global-batch", "2", "--steps", "2", "--warmup", "1", "--layers", "2", "--seq-len", "64",
+                   "--hidden", "64", "--vocab", "256", "--predicted", str(_predicted(tmp_path)), "--out", str(out)])
+    assert rc == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["plan"]["cp"] == 2 and report["plan"]["tp"] == 1
+    assert report["loss_matches_reference"] is True
+    assert report["measured"]["time_breakdown_s"]["cp_comm"] > 0
+
+
+def _predicted(tmp_path):
+    path = tmp_path / "pred.json"
+    path.write_text(json.dumps({"step_time_s": 0.05, "memory_bytes_per_rank": 2_000_000,
+                                "time_breakdown_s": {"compute": 0.04, "cp_comm": 0.005, "optimizer": 0.005}}))
+    return path

@@ -1,7 +1,8 @@
 """Parallel layouts compute what a single process computes (real torchrun runs, gloo on CPU).
 
 For the same seed and data, every plan's loss per step must match the single-process run within
-``LOSS_RTOL`` (1e-5 relative) and its first-step gradients, unsharded over tp and dp and joined
+``LOSS_RTOL`` (1e-5 relative) and its first-step gradients, unsharded over tp and dp (and averaged
+over cp) and joined
 over pipeline stages, within ``GRAD_RTOL`` (1e-4 of the tensor's largest reference entry).
 Plans of one world size share a torchrun launch to save start-up time.
 """
@@ -25,6 +26,9 @@ WORLD2 = {
     "dp2_zero1": dict(dp=2, zero=1, micro_batch=1, global_batch=4),
     "dp2_zero2": dict(dp=2, zero=2, micro_batch=1, global_batch=4),
     "dp2_zero3": dict(dp=2, zero=3, micro_batch=1, global_batch=4),
+    # context parallelism: ring attention over load-balanced causal chunks (validation.apply_cp)
+    "cp2": dict(cp=2, micro_batch=2, global_batch=4),
+    "cp2_selective": dict(cp=2, micro_batch=1, global_batch=4, recompute="selective"),
 }
 WORLD4 = {
     "tp2_dp2_zero1_sp": dict(tp=2, dp=2, zero=1, micro_batch=1, global_batch=4,
@@ -34,6 +38,10 @@ WORLD4 = {
                                       global_batch=8),
     "tp2_dp2_zero3_selective": dict(tp=2, dp=2, zero=3, micro_batch=1, global_batch=4,
                                     recompute="selective"),
+    "cp4": dict(cp=4, micro_batch=1, global_batch=2),
+    "tp2_cp2_sp": dict(tp=2, cp=2, micro_batch=1, global_batch=4, sequence_parallel=True),
+    "cp2_pp2_fullrecompute": dict(cp=2, pp=2, micro_batch=1, global_batch=4, recompute="full"),
+    "cp2_dp2_zero1": dict(cp=2, dp=2, zero=1, micro_batch=1, global_batch=4),
 }
 
 
@@ -107,3 +115,17 @@ def test_worker_failure_is_reported_with_its_stderr(tmp_path):
     with pytest.raises(WorkerFailed) as e:
         launch_worker(spec, str(tmp_path), LaunchOptions(nproc_per_node=2))
     assert "layers(3) is not divisible by pp(2)" in str(e.value)
+
+
+def test_cp_splits_activations_and_exchanges_kv(world2, world4):
+    """A cp rank saves about 1/cp of the whole sequence's activations (its tokens' share, and its
+    (s/cp)·s of the attention probabilities), waits on the ring's exchange, and a run without cp
+    reports no cp term."""
+    _, r2 = world2
+    _, r4 = world4
+    whole = r2["dp2_zero0"][0]            # micro-batch 1, the whole sequence per rank
+    quarter = r4["cp4"][0]                # micro-batch 1, a quarter of it
+    ratio = quarter["memory_bytes"]["activations_peak"] / whole["memory_bytes"]["activations_peak"]
+    assert 0.2 < ratio < 0.3, ratio
+    assert quarter["time_breakdown_s"]["cp_comm"] > 0
+    assert "cp_comm" not in whole["time_breakdown_s"]

@@ -51,12 +51,14 @@ def add_validate_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--timeout", type=number("--timeout", high=MAX_TIMEOUT_S), default=900.0,
                    help="seconds before giving up (> 0)")
     g = p.add_argument_group("plan")
-    g.add_argument("--plan", default=None, help="take the layout (tp, pp, dp, ZeRO, micro-batch, recompute, "
+    g.add_argument("--plan", default=None, help="take the layout (tp, pp, dp, cp, ZeRO, micro-batch, recompute, "
                    "sequence parallelism, interleaving) from a plan file (`paraplan plan --out`); the model stays "
                    "the harness's (the model flags below); flags given override the file")
     g.add_argument("--tp", type=positive_int("--tp", MAX_RANKS), default=None, help="default 1")
     g.add_argument("--pp", type=positive_int("--pp", MAX_RANKS), default=None, help="default 1")
-    g.add_argument("--dp", type=positive_int("--dp", MAX_RANKS), default=None, help="default: world / (tp*pp)")
+    g.add_argument("--cp", type=positive_int("--cp", MAX_RANKS), default=None,
+                   help="context parallelism, run as ring attention over load-balanced causal chunks (default 1)")
+    g.add_argument("--dp", type=positive_int("--dp", MAX_RANKS), default=None, help="default: world / (tp*cp*pp)")
     g.add_argument("--zero", type=int, default=None, choices=(0, 1, 2, 3), help="default 0")
     g.add_argument("--micro-batch", type=positive_int("--micro-batch", MAX_SIZE), default=None, help="default 1")
     g.add_argument("--global-batch", type=positive_int("--global-batch", MAX_SIZE), default=None,
@@ -106,9 +108,9 @@ def add_profile_parser(subparsers) -> argparse.ArgumentParser:
 
 
 #: validate's layout flags and their defaults where neither the flag nor a plan file gives them
-LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "zero": 0, "micro_batch": 1, "recompute": "none", "virtual_stages": 1}
+LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "cp": 1, "zero": 0, "micro_batch": 1, "recompute": "none", "virtual_stages": 1}
 #: plan-file field -> validate flag, for the layout the harness runs
-PLAN_FILE_LAYOUT = {"tp": "tp", "pp": "pp", "dp": "dp", "zero": "zero", "micro_batch": "micro_batch",
+PLAN_FILE_LAYOUT = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "zero": "zero", "micro_batch": "micro_batch",
                     "recompute": "recompute", "vpp": "virtual_stages"}
 #: schedules the harness runs as 1F1B (it has no zero-bubble or GPipe schedule of its own)
 RUN_AS_1F1B = ("zb-h1", "gpipe")
@@ -120,11 +122,10 @@ def plan_file_layout(path, given=()) -> tuple[dict, list[str]]:
     """(validate flags, notes) for the layout of a plan file: what the harness runs, and what it runs
     differently (said); a plan using what the harness cannot run (context or expert parallelism, offload,
     fp8; recomputation it lacks unless ``given`` holds ``recompute``, the flag that overrides it) is
-    refused, naming the field."""
+    refused, naming the field. Context parallelism runs as ring attention (Ulysses is said to run so)."""
     from paraplan.planfile import read_plan_file
     raw = read_plan_file(path)["plan"]
-    refuse = [(f"cp {raw.get('cp')}", "context parallelism", (raw.get("cp") or 1) > 1),
-              (f"ep {raw.get('ep')}", "expert parallelism", (raw.get("ep") or 1) > 1),
+    refuse = [(f"ep {raw.get('ep')}", "expert parallelism", (raw.get("ep") or 1) > 1),
               (f"offload {raw.get('offload')}", "offload", (raw.get("offload") or "none") != "none"
                or bool(raw.get("offload_params"))),
               (f"dtype {raw.get('dtype')}", "fp8", str(raw.get("dtype", "")).startswith(("fp8", "mxfp8"))),
@@ -134,13 +135,15 @@ def plan_file_layout(path, given=()) -> tuple[dict, list[str]]:
     for shown_value, what, bad in refuse:
         if bad:
             raise ConfigError("--plan", f"{path}: {shown_value}: the validation harness runs no {what}",
-                              accepted="plans with cp 1, ep 1, no offload, 16-bit or fp32, recompute none, "
+                              accepted="plans with ep 1, no offload, 16-bit or fp32, recompute none, "
                                        "selective or full (or set the layout with --tp/--pp/--dp/... instead)")
     flags = {flag: raw[key] for key, flag in PLAN_FILE_LAYOUT.items() if raw.get(key) is not None}
     flags["sequence_parallel"] = bool(raw.get("sp"))
     notes = [f"layout from {path}; the model is the harness's (--layers/--hidden/...), not the plan's"]
     if raw.get("recompute_modules"):
         notes.append(f"recompute modules {raw['recompute_modules']} run as selective (the attention core)")
+    if (raw.get("cp") or 1) > 1 and raw.get("cp_mode", "ring") != "ring":
+        notes.append(f"cp_mode {raw['cp_mode']} runs as ring attention (the harness's context parallelism)")
     if raw.get("schedule") in RUN_AS_1F1B:
         notes.append(f"schedule {raw['schedule']} runs as 1F1B (the harness has no {raw['schedule']} schedule)")
     return flags, notes
@@ -173,25 +176,37 @@ def check_validate_args(args) -> None:
         raise ConfigError("--node-rank", f"{args.node_rank} is outside 0..{args.nnodes - 1} (--nnodes {args.nnodes})")
     if args.nnodes > 1 and not args.rdzv_endpoint:
         raise ConfigError("--rdzv-endpoint", "multi-node runs (--nnodes > 1) need --rdzv-endpoint host:port")
+    model_parallel = args.tp * args.cp * args.pp
     if args.nproc_per_node is not None and args.dp is None:
         world = args.nproc_per_node * args.nnodes
-        if world % (args.tp * args.pp):
+        if world % model_parallel:
             raise ConfigError("--nproc-per-node", f"{args.nproc_per_node} x --nnodes {args.nnodes} = {world} ranks "
-                              f"is not divisible by --tp {args.tp} x --pp {args.pp}",
-                              accepted=f"a multiple of {args.tp * args.pp} ranks")
+                              f"is not divisible by --tp {args.tp} x --cp {args.cp} x --pp {args.pp}",
+                              accepted=f"a multiple of {model_parallel} ranks")
     if args.nproc_per_node is not None and args.dp is not None:
-        world = args.tp * args.pp * args.dp
+        world = model_parallel * args.dp
         if world != args.nproc_per_node * args.nnodes:
             raise ConfigError("--nproc-per-node", f"{args.nproc_per_node} x --nnodes {args.nnodes} ranks, but --tp "
-                              f"{args.tp} x --pp {args.pp} x --dp {args.dp} = {world}",
+                              f"{args.tp} x --cp {args.cp} x --pp {args.pp} x --dp {args.dp} = {world}",
                               accepted=f"{world} ranks in all")
-    if args.tp * args.pp * (args.dp or 1) > MAX_RANKS:
-        raise ConfigError("--tp/--pp/--dp", f"{args.tp * args.pp * (args.dp or 1)} ranks in all, more than this "
+    if model_parallel * (args.dp or 1) > MAX_RANKS:
+        raise ConfigError("--tp/--cp/--pp/--dp", f"{model_parallel * (args.dp or 1)} ranks in all, more than this "
                           f"harness launches", accepted=f"at most {MAX_RANKS} ranks")
     if args.hidden % args.heads:
         raise ConfigError("--hidden", f"{args.hidden} is not divisible by --heads {args.heads}")
     if args.heads % args.tp:
         raise ConfigError("--tp", f"--heads {args.heads} is not divisible by --tp {args.tp}")
+    if args.cp > 1:
+        if args.seq_len % (2 * args.cp):
+            raise ConfigError("--cp", f"--seq-len {args.seq_len} is not divisible by 2 x --cp {args.cp} (ring "
+                              f"attention balances 2*cp causal chunks)",
+                              accepted=", ".join(str(c) for c in range(1, 65) if args.seq_len % (2 * c) == 0))
+        if args.sequence_parallel and (args.seq_len // args.cp) % args.tp:
+            raise ConfigError("--sequence-parallel", f"--seq-len {args.seq_len} / --cp {args.cp} is not divisible "
+                              f"by --tp {args.tp}")
+        if args.attention != "math":
+            raise ConfigError("--attention", f"{args.attention} with --cp {args.cp}: ring attention runs on the "
+                              f"materialised scores", accepted="math")
     if args.virtual_stages > 1 and args.pp == 1:
         raise ConfigError("--virtual-stages", "interleaving needs --pp > 1")
     if args.zero == 3 and args.pp > 1:
@@ -223,13 +238,13 @@ def _plan_and_launch(args):
         dp = 1
     elif args.dp is None:
         world = args.nproc_per_node * nnodes
-        if world % (args.tp * args.pp):
+        if world % (args.tp * args.cp * args.pp):
             raise ConfigError("--nproc-per-node", f"world {world} is not divisible by tp({args.tp})"
-                              f" * pp({args.pp})")
-        dp = world // (args.tp * args.pp)
+                              f" * cp({args.cp}) * pp({args.pp})")
+        dp = world // (args.tp * args.cp * args.pp)
     else:
         dp = args.dp
-    plan = RunPlan(tp=args.tp, pp=args.pp, dp=dp, zero=args.zero, micro_batch=args.micro_batch,
+    plan = RunPlan(tp=args.tp, pp=args.pp, dp=dp, cp=args.cp, zero=args.zero, micro_batch=args.micro_batch,
                    global_batch=args.global_batch or 0, recompute=args.recompute,
                    sequence_parallel=args.sequence_parallel, virtual_stages=args.virtual_stages,
                    steps=args.steps, warmup=args.warmup)
@@ -292,7 +307,7 @@ def _launch_with_progress(spec: dict, run_dir: str, opts, plan) -> list[dict]:
 
 def plan_label(plan) -> str:
     """Short name of a harness plan: tp2, dp2 zero1, pp2 vpp2, ..."""
-    parts = [f"{k}{v}" for k, v in (("tp", plan.tp), ("pp", plan.pp), ("dp", plan.dp)) if v > 1]
+    parts = [f"{k}{v}" for k, v in (("tp", plan.tp), ("cp", plan.cp), ("pp", plan.pp), ("dp", plan.dp)) if v > 1]
     if plan.zero:
         parts.append(f"zero{plan.zero}")
     if plan.virtual_stages > 1:

@@ -279,7 +279,7 @@ def launch_worker(spec: dict, out_dir: str, opts: LaunchOptions, on_poll=None,
     from paraplan.validation.worker import RunPlan
     plan = RunPlan.from_dict(dict(spec.get("plan", {})))
     if plan.world_size != opts.world_size:
-        raise ConfigError("nproc_per_node", f"tp({plan.tp}) * pp({plan.pp}) * dp({plan.dp}) = "
+        raise ConfigError("nproc_per_node", f"tp({plan.tp}) * cp({plan.cp}) * pp({plan.pp}) * dp({plan.dp}) = "
                           f"{plan.world_size} != nproc_per_node({opts.nproc_per_node}) * "
                           f"nnodes({opts.nnodes}) = {opts.world_size}")
     os.makedirs(out_dir, exist_ok=True)

@@ -16,7 +16,9 @@ nanoGPT, QKV is one GEMM and the causal mask is built once, not per forward: the
 models that layout, and separate q/k/v GEMMs and a per-call mask cost the eager CPU step ~25 %
 of its forward at micro-batch 1. With sequence parallelism (Korthikanti et al. 2022, sec. 4.2.2) the
 activations between blocks are split along the sequence and the tp all-reduce becomes an
-all-gather before, and a reduce-scatter after, each parallel region.
+all-gather before, and a reduce-scatter after, each parallel region. With context parallelism
+(:mod:`paraplan.validation.apply_cp`) a rank holds two of ``2·cp`` sequence chunks, its positions
+index the learned position embedding and attention is ring attention over the cp group.
 """
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from torch.utils.checkpoint import checkpoint
 
 from paraplan.errors import ConfigError
 from paraplan.validation import comm
+from paraplan.validation.apply_cp import ring_attention
 from paraplan.validation.memory import SavedActivationCounter
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
@@ -76,6 +79,12 @@ class ParallelContext:
     sequence_parallel: bool = False
     recompute: str = "none"
     stats: dict = field(default_factory=dict)
+    #: context parallelism (:class:`paraplan.validation.apply_cp.CpContext`), None without it
+    cp: object = None
+
+    @property
+    def cp_size(self) -> int:
+        return 1 if self.cp is None else self.cp.size
 
 
 def param_specs(cfg: GPTConfig) -> list[tuple[str, tuple[int, ...], int | None, str]]:
@@ -189,6 +198,8 @@ class Block(nn.Module):
         return comm.reduce_from_tp(y, ctx.tp_group)
 
     def _core_attention(self, q, k, v):
+        if self.ctx.cp_size > 1:
+            return ring_attention(q, k, v, self.ctx.cp)
         if self.cfg.attention == "sdpa":
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         s = q.shape[-2]
@@ -271,7 +282,10 @@ class Stage(nn.Module):
                                                   ctx.tp_group)
             else:
                 x = F.embedding(x, self.tok_emb)
-            x = x + self.pos_emb[:s]
+            if ctx.cp_size > 1:   # this rank's tokens sit at their global positions
+                x = x + self.pos_emb.index_select(0, ctx.cp.local_positions.to(x.device))
+            else:
+                x = x + self.pos_emb[:s]
             if ctx.sequence_parallel:
                 x = comm.split_seq(x, ctx.tp_group)
         for i in self.layer_ids:

@@ -9,8 +9,9 @@ Mapping (what the harness runs -> what the estimator is told):
 
 * :class:`~paraplan.validation.model.GPTConfig` -> ``TransformerModel``: learned positions
   (``max_positions = seq_len``), untied embeddings, GELU MLP of ``mlp_ratio · hidden``,
-  biases, LayerNorm, MHA.
-* :class:`~paraplan.validation.worker.RunPlan` -> ``Plan``: tp, pp, dp, zero, micro_batch,
+  biases, LayerNorm, MHA, no dropout (the harness has none: no masks kept).
+* :class:`~paraplan.validation.worker.RunPlan` -> ``Plan``: tp, pp, dp, cp (``cp_mode = ring``:
+  the harness runs ring attention, :mod:`paraplan.validation.apply_cp`), zero, micro_batch,
   recompute, sp, vpp (``interleaved`` when > 1, else ``1f1b``); ``dtype = fp32`` (the harness
   trains in fp32); ``flash_attention`` only for ``--attention sdpa``; ``overlap_grad_reduce``
   off below ZeRO-3 (the harness reduces gradients after the backward, not under it) and on for
@@ -18,7 +19,7 @@ Mapping (what the harness runs -> what the estimator is told):
   cores as the ranks' compute and hide nothing; ``grad_accumulation_fusion = False`` (autograd
   adds each micro-batch's gradients into ``.grad`` with separate kernels).
 * Terms, estimator -> harness names: compute + recompute + grad_accumulation -> ``compute`` (the
-  harness times recomputation and the accumulation inside compute), tp_comm + cp_comm -> ``tp_comm``, pp_comm + pp_bubble ->
+  harness times recomputation and the accumulation inside compute), tp_comm, cp_comm (with cp > 1), pp_comm + pp_bubble ->
   ``pp_comm`` (the harness's pipeline receives include the bubble), dp_comm, optimizer +
   offload -> ``optimizer``.
 * ``other``, the harness's own work outside the estimator's terms (:func:`harness_other_time`):
@@ -44,14 +45,14 @@ from paraplan.profiles.store import ProfileStore, machine_fingerprint
 from paraplan.scenario import load_cluster
 from paraplan.workloads.transformer import TrainingJob, TransformerModel
 
-TERM_MAP = {"compute": ("compute", "recompute", "grad_accumulation", "moe_host"), "tp_comm": ("tp_comm", "cp_comm"),
-            "pp_comm": ("pp_comm", "pp_bubble"), "dp_comm": ("dp_comm",),
+TERM_MAP = {"compute": ("compute", "recompute", "grad_accumulation", "moe_host"), "tp_comm": ("tp_comm",),
+            "cp_comm": ("cp_comm",), "pp_comm": ("pp_comm", "pp_bubble"), "dp_comm": ("dp_comm",),
             "optimizer": ("optimizer", "offload")}
 MEMORY_MAP = {"parameters": "parameters", "gradients": "gradients",
               "optimizer_states": "optimizer_states", "activations_peak": "activations"}
 NOTES = ("estimate on this machine's measured profile (paraplan profile, ProfiledCurves + fitted "
          "collective link)",
-         "terms mapped: compute = compute + recompute + grad_accumulation, tp_comm = tp_comm + cp_comm, pp_comm = pp_comm + "
+         "terms mapped: compute = compute + recompute + grad_accumulation, pp_comm = pp_comm + "
          "pp_bubble, optimizer = optimizer + offload; other = the harness's gradient flattening and 1/dp "
          "scaling (ZeRO 0-2: read + write of the rank's gradients per pass, measured copy bandwidth)",
          "memory per rank = parameters + gradients + optimizer states + activations (no runtime buffers)",
@@ -64,11 +65,12 @@ def estimator_model(cfg):
     return TransformerModel(name="validation-gpt", layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads,
                             vocab=cfg.vocab_size, ffn_hidden=cfg.ffn, activation="gelu",
                             tied_embeddings=False, norm="layernorm", bias=True,
-                            learned_positions=True, max_positions=cfg.seq_len)
+                            learned_positions=True, max_positions=cfg.seq_len, dropout=False)
 
 
 def estimator_plan(cfg, run, cpu: bool = False):
-    return Plan(tp=run.tp, pp=run.pp, dp=run.dp, sp=run.sequence_parallel, vpp=run.virtual_stages,
+    return Plan(tp=run.tp, pp=run.pp, dp=run.dp, cp=run.cp, cp_mode="ring", sp=run.sequence_parallel,
+                vpp=run.virtual_stages,
                 micro_batch=run.micro_batch,
                 schedule="interleaved" if run.virtual_stages > 1 else "1f1b",
                 zero=run.zero, recompute=run.recompute, dtype="fp32",
@@ -105,12 +107,13 @@ def harness_other_time(run, gradient_bytes: float, copy_bytes_per_s: float) -> f
     return passes * 2.0 * float(gradient_bytes) / float(copy_bytes_per_s)
 
 
-def to_predicted(e, other_s: float = 0.0) -> dict:
+def to_predicted(e, other_s: float = 0.0, cp: int = 1) -> dict:
     """The report's ``predicted`` dict from an Estimate (harness term names, see the docstring),
-    with ``other_s`` of harness work (:func:`harness_other_time`) added to the step."""
+    with ``other_s`` of harness work (:func:`harness_other_time`) added to the step; ``cp_comm``
+    only with context parallelism (``cp`` > 1), as the harness reports it."""
     tb = e.time_breakdown_s
     mem = e.memory_bytes_per_gpu
-    breakdown = {k: sum(tb[x] for x in xs) for k, xs in TERM_MAP.items()}
+    breakdown = {k: sum(tb[x] for x in xs) for k, xs in TERM_MAP.items() if k != "cp_comm" or cp > 1}
     breakdown["other"] = float(other_s)
     memory = {k: mem[v] for k, v in MEMORY_MAP.items()}
     return {"step_time_s": e.step_time_s + float(other_s), "memory_bytes_per_rank": sum(memory.values()),
@@ -129,4 +132,4 @@ def predict_run(cfg, run, db: str | None = None, allow_profiling: bool = True):
     # the rank's full local gradients before the sync (ZeRO-1/2 shard only after it): its parameters
     other = harness_other_time(run, e.memory_bytes_per_gpu["parameters"],
                                cluster.accelerator.memory_bandwidth_bytes_per_s)
-    return to_predicted(e, other), e
+    return to_predicted(e, other, run.cp), e

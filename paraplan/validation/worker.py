@@ -10,9 +10,10 @@ tp_rank = dp_rank = 0, so a test can compare them with a single-process run.
 :func:`run_training` with ``groups=None`` is that single-process reference run.
 
 Time breakdown per step (seconds, wall clock of the rank): ``tp_comm`` tp/SP collectives
-(forward, backward and the SP LayerNorm-gradient all-reduce), ``pp_comm`` time blocked in
+(forward, backward and the SP LayerNorm-gradient all-reduce), ``cp_comm`` (cp > 1 only) time
+waiting for ring attention's K/V exchange, ``pp_comm`` time blocked in
 pipeline receives plus the final wait on sends (so it contains the pipeline bubble),
-``dp_comm`` gradient all-reduce / reduce-scatter and the ZeRO parameter all-gather (FSDP2's
+``dp_comm`` gradient all-reduce / reduce-scatter over the dp·cp ranks and the ZeRO parameter all-gather (FSDP2's
 own collectives under ZeRO-3 are inside ``compute``), ``optimizer`` the AdamW update,
 ``compute`` the rest of forward+backward, ``other`` what remains of the step.
 
@@ -38,6 +39,7 @@ from torch import nn
 
 from paraplan.errors import ConfigError
 from paraplan.validation import comm
+from paraplan.validation.apply_cp import CpContext, check_cp
 from paraplan.validation.apply_pp import PipelineRunner, interleaved_1f1b, stage_layers
 from paraplan.validation.apply_tp import make_tp_context, sync_sequence_parallel_grads
 from paraplan.validation.apply_zero import (ZERO_STAGES, FsdpOptimizer, ZeroOptimizer,
@@ -54,6 +56,7 @@ class RunPlan:
     tp: int = 1
     pp: int = 1
     dp: int = 1
+    cp: int = 1
     zero: int = 0
     micro_batch: int = 1
     global_batch: int = 0  # 0: micro_batch * dp * pp (enough micro-batches to fill the pipe)
@@ -66,7 +69,7 @@ class RunPlan:
     profile_ops: bool = True
 
     def __post_init__(self):
-        for name in ("tp", "pp", "dp", "micro_batch", "virtual_stages", "steps"):
+        for name in ("tp", "pp", "dp", "cp", "micro_batch", "virtual_stages", "steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
         if self.warmup < 0:
@@ -89,7 +92,7 @@ class RunPlan:
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
     @property
     def micro_batches(self) -> int:
@@ -106,7 +109,12 @@ class RunPlan:
 
 @dataclass
 class Groups:
-    """This rank's coordinates and process groups (rank = (pp_rank*dp + dp_rank)*tp + tp_rank)."""
+    """This rank's coordinates and process groups
+    (rank = ((pp_rank*dp + dp_rank)*cp + cp_rank)*tp + tp_rank, Megatron-LM's order).
+
+    ``dp_group`` / ``dp_mesh`` span data and context parallelism together (dp·cp ranks): gradients
+    are averaged and ZeRO shards over both, as Megatron-LM's data-parallel group "with context
+    parallel" does, since every cp rank's loss covers its own tokens of the same sequences."""
 
     rank: int
     tp_rank: int
@@ -116,25 +124,42 @@ class Groups:
     dp_group: object
     dp_mesh: object
     pp_ranks: list
+    cp_rank: int = 0
+    cp_group: object = None
 
 
 def make_groups(plan: RunPlan, device_type: str) -> Groups:
-    """Create tp/dp groups with a (pp, dp, tp) DeviceMesh; tp is the fastest-varying axis."""
+    """Create the groups with a (pp, dp·cp, tp) DeviceMesh (tp the fastest-varying axis, cp next) and
+    one cp group per run of cp consecutive dp·cp coordinates."""
     from torch.distributed.device_mesh import init_device_mesh
     rank = dist.get_rank()
-    tp, dp = plan.tp, plan.dp
-    mesh = init_device_mesh(device_type, (plan.pp, dp, tp), mesh_dim_names=("pp", "dp", "tp"))
-    tp_rank, dp_rank, pp_rank = rank % tp, (rank // tp) % dp, rank // (tp * dp)
-    pp_ranks = [s * tp * dp + dp_rank * tp + tp_rank for s in range(plan.pp)]
-    return Groups(rank, tp_rank, dp_rank, pp_rank,
+    tp, dp, cp = plan.tp, plan.dp, plan.cp
+    mesh = init_device_mesh(device_type, (plan.pp, dp * cp, tp), mesh_dim_names=("pp", "dp", "tp"))
+    tp_rank, dpcp_rank, pp_rank = rank % tp, (rank // tp) % (dp * cp), rank // (tp * dp * cp)
+    pp_ranks = [s * tp * dp * cp + dpcp_rank * tp + tp_rank for s in range(plan.pp)]
+    cp_group = None
+    if cp > 1:   # every rank creates every group, in the same order (torch.distributed.new_group)
+        for p in range(plan.pp):
+            for d in range(dp):
+                for t in range(tp):
+                    ranks = [((p * dp + d) * cp + c) * tp + t for c in range(cp)]
+                    group = dist.new_group(ranks)
+                    if rank in ranks:
+                        cp_group = group
+    return Groups(rank, tp_rank, dpcp_rank // cp, pp_rank,
                   mesh.get_group("tp") if tp > 1 else None,
-                  mesh.get_group("dp") if dp > 1 else None, mesh["dp"], pp_ranks)
+                  mesh.get_group("dp") if dp * cp > 1 else None, mesh["dp"], pp_ranks,
+                  cp_rank=dpcp_rank % cp, cp_group=cp_group)
 
 
-def _micro_split(t: torch.Tensor, plan: RunPlan, dp_rank: int, device) -> list[torch.Tensor]:
+def _micro_split(t: torch.Tensor, plan: RunPlan, dp_rank: int, device, positions=None) -> list[torch.Tensor]:
+    """This dp rank's rows of the batch in micro-batches; with ``positions`` (context parallelism)
+    only those tokens of each row."""
     rows = plan.global_batch // plan.dp
-    mine = t[dp_rank * rows:(dp_rank + 1) * rows].to(device)
-    return list(mine.split(plan.micro_batch))
+    mine = t[dp_rank * rows:(dp_rank + 1) * rows]
+    if positions is not None:
+        mine = mine[:, positions]
+    return list(mine.contiguous().to(device).split(plan.micro_batch))
 
 
 def _gather_tp(name: str, g: torch.Tensor, dim, tp_group) -> torch.Tensor:
@@ -173,6 +198,14 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
         groups = Groups(0, 0, 0, 0, None, None, None, [0])
     ctx = make_tp_context(cfg, groups.tp_group, sequence_parallel=plan.sequence_parallel,
                           recompute=plan.recompute)
+    positions = None
+    if plan.cp > 1:
+        check_cp(cfg.seq_len, plan.cp, plan.tp, plan.sequence_parallel)
+        if cfg.attention != "math":
+            raise ConfigError("attention", f"{cfg.attention!r} with cp({plan.cp}) > 1: ring attention runs on "
+                              f"the materialised scores", accepted="math")
+        ctx.cp = CpContext(groups.cp_group, cfg.seq_len)
+        positions = ctx.cp.local_positions
     layer_sets = stage_layers(cfg.layers, plan.pp, plan.virtual_stages)
     n_chunks = plan.pp * plan.virtual_stages
     chunks = []
@@ -189,7 +222,8 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
     else:
         opt = ZeroOptimizer(named, groups.dp_group, plan.zero, lr=plan.lr)
         before_backward = None
-    seq_local = cfg.seq_len // ctx.tp_size if ctx.sequence_parallel else cfg.seq_len
+    seq_local = cfg.seq_len // plan.cp
+    seq_local = seq_local // ctx.tp_size if ctx.sequence_parallel else seq_local
     runner = PipelineRunner(chunks, groups.pp_ranks, groups.pp_rank,
                             (plan.micro_batch, seq_local, cfg.hidden), device=device)
     schedule = interleaved_1f1b(groups.pp_rank, plan.pp, plan.micro_batches, plan.virtual_stages)
@@ -202,8 +236,8 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
     def one_step(step: int, record: bool):
         nonlocal grads, memory
         inputs, targets = synthetic_batch(cfg, plan.global_batch, step)
-        mi = _micro_split(inputs, plan, groups.dp_rank, device)
-        mt = _micro_split(targets, plan, groups.dp_rank, device)
+        mi = _micro_split(inputs, plan, groups.dp_rank, device, positions)
+        mt = _micro_split(targets, plan, groups.dp_rank, device, positions)
         comm.TIMERS.clear()
         if cuda:
             torch.cuda.synchronize()
@@ -216,7 +250,7 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
         else:
             loss = runner.run(mi, mt, schedule, before_backward)
         t1 = time.perf_counter()
-        at_t1 = dict(comm.TIMERS)
+        at_t1 = dict(comm.TIMERS)   # the exchange of ring attention is waited on inside the pipeline run
         for c in chunks:
             sync_sequence_parallel_grads(c, ctx)
         opt.sync_grads()
@@ -239,18 +273,20 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
             torch.cuda.synchronize()
         t4 = time.perf_counter()
         loss_t = torch.tensor([loss], dtype=torch.float64, device=device)
-        if groups.dp_group is not None:
+        if groups.dp_group is not None:   # every dp and cp rank's mean over its own tokens
             dist.all_reduce(loss_t, group=groups.dp_group)
-            loss_t /= plan.dp
+            loss_t /= plan.dp * plan.cp
         losses.append(float(loss_t) if is_last else None)
         if record:
             timers = dict(comm.TIMERS)
             step_s = (t2 - t0) + (t4 - t3)
-            tp_c, pp_c, dp_c = (timers.get(k, 0.0) for k in ("tp_comm", "pp_comm", "dp_comm"))
-            compute = (t1 - t0) - at_t1.get("tp_comm", 0.0) - at_t1.get("pp_comm", 0.0)
+            tp_c, cp_c, pp_c, dp_c = (timers.get(k, 0.0) for k in ("tp_comm", "cp_comm", "pp_comm", "dp_comm"))
+            compute = (t1 - t0) - sum(at_t1.get(k, 0.0) for k in ("tp_comm", "cp_comm", "pp_comm"))
             opt_s = (t4 - t3) - (dp_c - dp_before_step)
             parts = {"compute": compute, "tp_comm": tp_c, "pp_comm": pp_c, "dp_comm": dp_c,
                      "optimizer": opt_s}
+            if plan.cp > 1:
+                parts["cp_comm"] = cp_c
             parts["other"] = max(0.0, step_s - sum(parts.values()))
             breakdowns.append(parts)
             times.append(step_s)
@@ -279,7 +315,7 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
     # per term, the median over the timed steps, as the step time (validation.compare)
     median_bd = {k: statistics.median(b[k] for b in breakdowns) for k in breakdowns[0]}
     result = {
-        "rank": groups.rank, "tp_rank": groups.tp_rank, "dp_rank": groups.dp_rank,
+        "rank": groups.rank, "tp_rank": groups.tp_rank, "dp_rank": groups.dp_rank, "cp_rank": groups.cp_rank,
         "pp_rank": groups.pp_rank, "is_last_stage": is_last,
         "plan": asdict(plan), "model": asdict(cfg), "device": device,
         "backend": dist.get_backend() if dist.is_initialized() else None,
@@ -317,7 +353,7 @@ def _run_one(spec: dict, out_dir: str, cuda: bool, local_rank: int, status=None)
     cfg = GPTConfig(**spec.get("model", {}))
     plan = RunPlan.from_dict(spec.get("plan", {}))
     if dist.get_world_size() != plan.world_size:
-        raise ConfigError("nproc", f"world size {dist.get_world_size()} != tp({plan.tp}) * "
+        raise ConfigError("nproc", f"world size {dist.get_world_size()} != tp({plan.tp}) * cp({plan.cp}) * "
                           f"pp({plan.pp}) * dp({plan.dp}) = {plan.world_size}")
     device = f"cuda:{local_rank}" if cuda else "cpu"
     torch.manual_seed(cfg.seed)
@@ -327,7 +363,7 @@ def _run_one(spec: dict, out_dir: str, cuda: bool, local_rank: int, status=None)
     result = run_training(cfg, plan, groups, device, bool(spec.get("dump_grads")), on_step=status)
     grads = result.pop("grads", None)
     r = groups.rank
-    if grads is not None and groups.tp_rank == 0 and groups.dp_rank == 0:
+    if grads is not None and groups.tp_rank == 0 and groups.dp_rank == 0 and groups.cp_rank == 0:
         torch.save({k: v.cpu() for k, v in grads.items()},
                    os.path.join(out_dir, f"grads_rank{r}.pt"))
     tmp = os.path.join(out_dir, f".rank{r}.json.tmp")
