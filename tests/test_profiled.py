@@ -699,3 +699,28 @@ def test_autograd_cases_chain_on_cuda_and_every_op_keeps_its_shape(monkeypatch):
         step = P._autograd_case(op, "cpu")
         step()
         step()
+
+
+def test_ring_exchange_hides_under_attention_on_gpus_not_on_a_profiled_cpu():
+    """On a profiled CPU gloo moves ring attention's K/V on the computing cores, so the whole exchange
+    (cp-1 forward steps, 2(cp-1) backward, the last dK/dV hop) is exposed; on GPUs only what exceeds the
+    attention core is."""
+    from paraplan.costmodels.compute import cp_exposed_time, ring_exchange_hides, ring_exchange_times
+    from paraplan.profiles.cluster import cluster_from_tables
+    from paraplan.validation.model import GPTConfig
+    from paraplan.validation.predict import estimator_model, estimator_plan
+    from paraplan.validation.worker import RunPlan
+    from paraplan.workloads.transformer import TrainingJob
+    cfg = GPTConfig(seq_len=256, hidden=256, heads=4, layers=2)
+    model, job = estimator_model(cfg), TrainingJob(cfg.seq_len, 4)
+    plan = estimator_plan(cfg, RunPlan(cp=2, micro_batch=1, global_batch=2), cpu=True)
+    cpu = cluster_from_tables(training_tables(), 2)
+    assert not ring_exchange_hides(cpu)
+    step, fwd, bwd = ring_exchange_times(model, job, plan, cpu)
+    attention = 1.0                                   # a core far longer than the exchange
+    assert float(cp_exposed_time(model, job, plan, cpu, attention, attention)) == pytest.approx(
+        float(fwd + bwd + step))
+    gpu = load_cluster("dgx-h100", 2)
+    assert ring_exchange_hides(gpu)
+    step, _, _ = ring_exchange_times(model, job, plan, gpu)
+    assert float(cp_exposed_time(model, job, plan, gpu, attention, attention)) == pytest.approx(float(step))

@@ -6,6 +6,8 @@ over cp) and joined
 over pipeline stages, within ``GRAD_RTOL`` (1e-4 of the tensor's largest reference entry).
 Plans of one world size share a torchrun launch to save start-up time.
 """
+from dataclasses import replace
+
 import pytest
 
 from paraplan.validation.launch import LaunchOptions, WorkerFailed, launch_worker, launch_worker_batch
@@ -29,6 +31,8 @@ WORLD2 = {
     # context parallelism: ring attention over load-balanced causal chunks (validation.apply_cp)
     "cp2": dict(cp=2, micro_batch=2, global_batch=4),
     "cp2_selective": dict(cp=2, micro_batch=1, global_batch=4, recompute="selective"),
+    # the same on the fused CPU flash kernel per ring step (validation.apply_cp.RingFlashAttention)
+    "cp2_sdpa_selective": dict(cp=2, micro_batch=1, global_batch=4, recompute="selective", attention="sdpa"),
 }
 WORLD4 = {
     "tp2_dp2_zero1_sp": dict(tp=2, dp=2, zero=1, micro_batch=1, global_batch=4,
@@ -42,13 +46,22 @@ WORLD4 = {
     "tp2_cp2_sp": dict(tp=2, cp=2, micro_batch=1, global_batch=4, sequence_parallel=True),
     "cp2_pp2_fullrecompute": dict(cp=2, pp=2, micro_batch=1, global_batch=4, recompute="full"),
     "cp2_dp2_zero1": dict(cp=2, dp=2, zero=1, micro_batch=1, global_batch=4),
+    "cp4_sdpa": dict(cp=4, micro_batch=1, global_batch=2, attention="sdpa"),
 }
+
+
+def _model_and_plan(entry: dict) -> tuple[GPTConfig, dict]:
+    """An entry's model (CFG, with its ``attention`` if it names one) and its run plan."""
+    plan = dict(entry)
+    return replace(CFG, attention=plan.pop("attention", CFG.attention)), dict(plan, **RUN)
 
 
 def _batch(tmp_path_factory, plans, world):
     out = tmp_path_factory.mktemp(f"world{world}")
-    specs = [{"name": n, "model": CFG.__dict__, "plan": dict(p, **RUN), "dump_grads": True}
-             for n, p in plans.items()]
+    specs = []
+    for n, entry in plans.items():
+        cfg, plan = _model_and_plan(entry)
+        specs.append({"name": n, "model": cfg.__dict__, "plan": plan, "dump_grads": True})
     results = launch_worker_batch(specs, str(out), LaunchOptions(nproc_per_node=world))
     return out, results
 
@@ -63,9 +76,10 @@ def world4(tmp_path_factory):
     return _batch(tmp_path_factory, WORLD4, 4)
 
 
-def _check(out, results, name, plan):
-    plan = RunPlan.from_dict(dict(plan, **RUN))
-    ref = reference_run(CFG, plan)
+def _check(out, results, name, entry):
+    cfg, plan = _model_and_plan(entry)
+    plan = RunPlan.from_dict(plan)
+    ref = reference_run(cfg, plan)
     c = compare_to_reference(results[name], ref, load_parallel_grads(str(out / name)))
     assert not c["missing_grads"], c["missing_grads"]
     assert c["loss_rel_err"] <= LOSS_RTOL, c

@@ -204,9 +204,7 @@ def check_validate_args(args) -> None:
         if args.sequence_parallel and (args.seq_len // args.cp) % args.tp:
             raise ConfigError("--sequence-parallel", f"--seq-len {args.seq_len} / --cp {args.cp} is not divisible "
                               f"by --tp {args.tp}")
-        if args.attention != "math":
-            raise ConfigError("--attention", f"{args.attention} with --cp {args.cp}: ring attention runs on the "
-                              f"materialised scores", accepted="math")
+
     if args.virtual_stages > 1 and args.pp == 1:
         raise ConfigError("--virtual-stages", "interleaving needs --pp > 1")
     if args.zero == 3 and args.pp > 1:

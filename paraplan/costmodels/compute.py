@@ -844,9 +844,22 @@ def cp_exposed_time(model, job, plan, cluster, attn_fwd, attn_bwd, exchange=None
     ulysses = 2 * ulysses_alltoall_time(model, job, plan, cluster)
     if exchange is None:
         exchange = ring_exchange_times(model, job, plan, cluster)
+    if not ring_exchange_hides(cluster):
+        attn_fwd = attn_bwd = 0.0
     ring = _ring_exposed(exchange, attn_fwd, attn_bwd, plan)
     c = np.asarray(plan.cp, dtype=float)
     return np.where(c > 1, np.where(np.asarray(plan.cp_mode_code) == CpMode.ULYSSES, ulysses, ring), 0.0)
+
+
+def ring_exchange_hides(cluster) -> bool:
+    """Whether ring attention's K/V exchange can run under the attention core. On GPUs it can (NCCL's
+    or the copy engines' transfers beside the kernels). On a profiled CPU it cannot: gloo moves the
+    bytes on the cores that compute, the send in the calling thread and the receive in gloo's own
+    threads (measured in ``paraplan validate --cp 2`` on the default model: c10d::send held 6.4 ms of
+    the rank's CPU per step besides 3.7 ms of waits), as its data-parallel collectives hide nothing
+    there either (:mod:`paraplan.validation.predict`)."""
+    measured = cluster.accelerator.measured
+    return not (measured is not None and measured.device == "cpu")
 
 
 def ring_exchange_times(model, job, plan, cluster):

@@ -16,10 +16,13 @@ one hop from its owner and is sent there. So the forward moves K and V ``cp − 
 backward K, V, dK and dV ``cp − 1`` times plus dK, dV once more: what
 :func:`paraplan.costmodels.compute.ring_exchange_times` prices.
 
-As the harness's ``math`` attention, each step materialises its block of scores (``s/cp × s/cp``
-per head) and keeps its probabilities for the backward (no recomputation of the scores), so a
-rank saves ``(s/cp) · s`` probabilities per head, the single-process ``s × s`` over cp. Wall time
-waiting for the exchange is added to ``comm.TIMERS['cp_comm']``.
+Two forms, as the harness's two attentions. :class:`RingAttention` (``--attention math``)
+materialises each step's block of scores (``s/cp × s/cp`` per head, masked by position) and keeps
+its probabilities for the backward, so a rank saves ``(s/cp) · s`` probabilities per head, the
+single-process ``s × s`` over cp. :class:`RingFlashAttention` (``--attention sdpa``) runs PyTorch's
+fused CPU flash kernel per step on the unmasked half-blocks the load balancing leaves and keeps
+only the output and its log-sum-exp. Wall time posting the exchange (gloo sends from the calling
+thread) and waiting for it is added to ``comm.TIMERS['cp_comm']``.
 """
 from __future__ import annotations
 
@@ -82,7 +85,8 @@ class CpContext:
         recv = torch.empty_like(send)
         ops = [dist.P2POp(dist.isend, send, self.next, self.group),
                dist.P2POp(dist.irecv, recv, self.prev, self.group)]
-        return recv, dist.batch_isend_irecv(ops)
+        with comm.timed("cp_comm"):   # gloo sends from the calling thread: CPU time of the exchange
+            return recv, dist.batch_isend_irecv(ops)
 
 
 def _wait(reqs) -> None:
@@ -159,6 +163,92 @@ class RingAttention(torch.autograd.Function):
         return dq, dkv[0], dkv[1], None
 
 
-def ring_attention(q, k, v, cpx: CpContext):
-    """:class:`RingAttention` applied (see there)."""
-    return RingAttention.apply(q, k, v, cpx)
+_flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+_flash_backward = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+def _merge(out, lse, rows, o_b, lse_b) -> None:
+    """Fold one step's partial attention (``o_b``, ``lse_b`` over query ``rows``) into the running
+    ``out`` / ``lse`` in place, by their log-sum-exp."""
+    new = torch.logaddexp(lse[..., rows], lse_b)
+    out[..., rows, :] = out[..., rows, :] * torch.exp(lse[..., rows] - new).unsqueeze(-1) \
+        + o_b * torch.exp(lse_b - new).unsqueeze(-1)
+    lse[..., rows] = new
+
+
+class RingFlashAttention(torch.autograd.Function):
+    """Ring attention on a fused kernel per step (``--attention sdpa``): PyTorch's CPU flash-attention
+    kernel, which returns its log-sum-exp, as Transformer Engine runs FlashAttention per ring step.
+
+    With the load-balanced chunks each step is one unmasked call, half the block's work, except the
+    first (Transformer Engine's AttnFuncWithCPAndKVP2P splits the same way): at step 0 the rank's own
+    block, whose positions ascend, is plain causal attention; a block from a lower cp rank is seen
+    whole by every query through its first chunk only (its second chunk lies beyond all of them); a
+    block from a higher cp rank is seen whole by the second half of the queries only. The backward
+    calls the kernel's backward per step with the final output and log-sum-exp."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cpx: CpContext):
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        half = q.shape[-2] // 2
+        kv = torch.stack([k, v]).contiguous()
+        out = lse = None
+        for step in range(cpx.size):
+            owner = (cpx.rank - step) % cpx.size
+            pending = cpx.exchange(kv) if step < cpx.size - 1 else None
+            if step == 0:
+                out, lse = _flash(q, kv[0], kv[1], 0.0, True, scale=scale)
+            elif owner < cpx.rank:
+                o_b, lse_b = _flash(q, kv[0, ..., :half, :], kv[1, ..., :half, :], 0.0, False, scale=scale)
+                _merge(out, lse, slice(None), o_b, lse_b)
+            else:
+                o_b, lse_b = _flash(q[..., half:, :], kv[0], kv[1], 0.0, False, scale=scale)
+                _merge(out, lse, slice(half, None), o_b, lse_b)
+            if pending is not None:
+                recv, reqs = pending
+                _wait(reqs)
+                kv = recv
+        ctx.cpx, ctx.scale = cpx, scale
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        cpx, scale = ctx.cpx, ctx.scale
+        q, k, v, out, lse = ctx.saved_tensors
+        half = q.shape[-2] // 2
+        d_out = d_out.contiguous()
+        dq = torch.zeros_like(q)
+        kv = torch.stack([k, v]).contiguous()
+        dkv = torch.zeros_like(kv)
+        for step in range(cpx.size):
+            if step > 0:
+                recv, reqs = cpx.exchange(torch.cat([kv, dkv]))
+                _wait(reqs)
+                kv, dkv = recv[:2], recv[2:].clone()
+            owner = (cpx.rank - step) % cpx.size
+            if step == 0:
+                gq, gk, gv = _flash_backward(d_out, q, kv[0], kv[1], out, lse, 0.0, True, scale=scale)
+                dq += gq
+                dkv += torch.stack([gk, gv])
+            elif owner < cpx.rank:
+                gq, gk, gv = _flash_backward(d_out, q, kv[0, ..., :half, :], kv[1, ..., :half, :], out, lse,
+                                             0.0, False, scale=scale)
+                dq += gq
+                dkv[..., :half, :] += torch.stack([gk, gv])
+            else:
+                gq, gk, gv = _flash_backward(d_out[..., half:, :], q[..., half:, :], kv[0], kv[1],
+                                             out[..., half:, :], lse[..., half:], 0.0, False, scale=scale)
+                dq[..., half:, :] += gq
+                dkv += torch.stack([gk, gv])
+        if cpx.size > 1:
+            recv, reqs = cpx.exchange(dkv.contiguous())
+            _wait(reqs)
+            dkv = recv
+        return dq, dkv[0], dkv[1], None
+
+
+def ring_attention(q, k, v, cpx: CpContext, fused: bool = False):
+    """:class:`RingAttention` (materialised scores, ``--attention math``) or, ``fused``,
+    :class:`RingFlashAttention` (``--attention sdpa``) applied."""
+    return (RingFlashAttention if fused else RingAttention).apply(q, k, v, cpx)

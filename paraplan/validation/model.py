@@ -199,7 +199,7 @@ class Block(nn.Module):
 
     def _core_attention(self, q, k, v):
         if self.ctx.cp_size > 1:
-            return ring_attention(q, k, v, self.ctx.cp)
+            return ring_attention(q, k, v, self.ctx.cp, fused=self.cfg.attention == "sdpa")
         if self.cfg.attention == "sdpa":
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
         s = q.shape[-2]

@@ -11,7 +11,7 @@ tp_rank = dp_rank = 0, so a test can compare them with a single-process run.
 
 Time breakdown per step (seconds, wall clock of the rank): ``tp_comm`` tp/SP collectives
 (forward, backward and the SP LayerNorm-gradient all-reduce), ``cp_comm`` (cp > 1 only) time
-waiting for ring attention's K/V exchange, ``pp_comm`` time blocked in
+posting and waiting for ring attention's K/V exchange, ``pp_comm`` time blocked in
 pipeline receives plus the final wait on sends (so it contains the pipeline bubble),
 ``dp_comm`` gradient all-reduce / reduce-scatter over the dp·cp ranks and the ZeRO parameter all-gather (FSDP2's
 own collectives under ZeRO-3 are inside ``compute``), ``optimizer`` the AdamW update,
@@ -201,9 +201,6 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
     positions = None
     if plan.cp > 1:
         check_cp(cfg.seq_len, plan.cp, plan.tp, plan.sequence_parallel)
-        if cfg.attention != "math":
-            raise ConfigError("attention", f"{cfg.attention!r} with cp({plan.cp}) > 1: ring attention runs on "
-                              f"the materialised scores", accepted="math")
         ctx.cp = CpContext(groups.cp_group, cfg.seq_len)
         positions = ctx.cp.local_positions
     layer_sets = stage_layers(cfg.layers, plan.pp, plan.virtual_stages)
