@@ -198,7 +198,7 @@ def _bases():
                              "--top", "--batch", "--margin", "--negative-weight", "--history", "--gate",
                              "--optimizer", "--min-sampling-space", "--cache-level", "--dataset", "--profile"),
          (cpuprof,)),
-        ("validate", validate, ("--nproc-per-node", "--nnodes", "--node-rank", "--tp", "--pp", "--dp", "--zero",
+        ("validate", validate, ("--nproc-per-node", "--nnodes", "--node-rank", "--tp", "--pp", "--cp", "--dp", "--zero",
                                 "--micro-batch", "--global-batch", "--virtual-stages", "--steps", "--warmup",
                                 "--layers", "--hidden", "--heads", "--seq-len", "--vocab", "--timeout", "--out",
                                 "--recompute", "--attention", "--db", "--predicted"), ()),

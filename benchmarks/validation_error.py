@@ -1,6 +1,6 @@
 """Prediction error of ``estimate --cluster local`` against real torch runs on this machine.
 
-Runs a sweep of parallel layouts (world sizes 1, 2 and 4: tp, sp, pp, dp with ZeRO 0-3,
+Runs a sweep of parallel layouts (world sizes 1, 2 and 4: tp, sp, cp, pp, dp with ZeRO 0-3,
 recomputation, micro-batch) through the validation harness (``launch_worker_batch``: one torchrun
 launch per world size, gloo on CPU, one intra-op thread per rank), predicts each with
 :func:`paraplan.validation.predict.predict_run` on this machine's latest profile (``paraplan
@@ -51,11 +51,13 @@ LAYOUTS = {
         "dp2_z0": dict(dp=2, zero=0, micro_batch=2, global_batch=4),
         "dp2_z1": dict(dp=2, zero=1, micro_batch=2, global_batch=4),
         "dp2_z2": dict(dp=2, zero=2, micro_batch=1, global_batch=4),
-        "dp2_z3": dict(dp=2, zero=3, micro_batch=2, global_batch=4)},
+        "dp2_z3": dict(dp=2, zero=3, micro_batch=2, global_batch=4),
+        "cp2": dict(cp=2, micro_batch=2, global_batch=4)},
     4: {"tp2_dp2_z1": dict(tp=2, dp=2, zero=1, micro_batch=1, global_batch=4),
         "pp2_dp2": dict(pp=2, dp=2, micro_batch=1, global_batch=8),
         "tp4": dict(tp=4, micro_batch=2, global_batch=4),
-        "dp4_z2_full_rc": dict(dp=4, zero=2, micro_batch=1, global_batch=4, recompute="full")},
+        "dp4_z2_full_rc": dict(dp=4, zero=2, micro_batch=1, global_batch=4, recompute="full"),
+        "tp2_cp2_sp": dict(tp=2, cp=2, micro_batch=1, global_batch=4, sequence_parallel=True)},
 }
 
 
