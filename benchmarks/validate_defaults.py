@@ -1,7 +1,7 @@
 """Step-time error of ``paraplan validate`` run as typed: its default model and run length.
 
 For each layout (``tp2``, ``dp2`` = what ``--nproc-per-node 2`` runs with no other flag, ``dp2 --zero
-1``, ``dp2 --zero 3``, ``pp2``, ``cp2``) the plan is built by the CLI's own parser from those flags
+1``, ``dp2 --zero 3``, ``pp2``, ``cp2``, ``dp2 --zero 1 --offload cpu``) the plan is built by the CLI's own parser from those flags
 (:func:`paraplan.cli.validate._plan_and_launch`), predicted with
 :func:`paraplan.validation.predict.predict_run` on this machine's latest profile in ``--db``
 (profiled first, quick mode, when it has none), and run through the harness (one torchrun launch
@@ -24,7 +24,8 @@ from dataclasses import asdict
 
 #: name -> the flags typed after ``paraplan validate --nproc-per-node 2``
 LAYOUTS = {"tp2": ["--tp", "2"], "dp2": [], "dp2_zero1": ["--zero", "1"],
-           "dp2_zero3": ["--zero", "3"], "pp2": ["--pp", "2"], "cp2": ["--cp", "2"]}
+           "dp2_zero3": ["--zero", "3"], "pp2": ["--pp", "2"], "cp2": ["--cp", "2"],
+           "dp2_zero1_offload": ["--zero", "1", "--offload", "cpu"]}
 
 
 def plans_as_typed(extra: list[str]):

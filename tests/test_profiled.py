@@ -724,3 +724,35 @@ def test_ring_exchange_hides_under_attention_on_gpus_not_on_a_profiled_cpu():
     assert ring_exchange_hides(gpu)
     step, _, _ = ring_exchange_times(model, job, plan, gpu)
     assert float(cp_exposed_time(model, job, plan, gpu, attention, attention)) == pytest.approx(float(step))
+
+
+def test_offload_on_a_profiled_cpu_is_the_same_adamw_plus_two_exposed_copies():
+    """On a CPU device the host is the device: optimizer offload runs the AdamW the profile measured and
+    pays two copies of the shard (gradients down, parameters back) at the copy bandwidth, nothing hidden;
+    on a GPU node it is CPU-Adam on the host's DRAM and transfers over the host link."""
+    from dataclasses import replace
+
+    from paraplan.costmodels import offload as O
+    from paraplan.costmodels.estimate import estimate
+    from paraplan.profiles.cluster import cluster_from_tables
+    from paraplan.validation.model import GPTConfig
+    from paraplan.validation.predict import estimator_model, estimator_plan
+    from paraplan.validation.worker import RunPlan
+    from paraplan.workloads.transformer import TrainingJob
+    cfg = GPTConfig(seq_len=64, hidden=128, heads=4, layers=2)
+    model, job = estimator_model(cfg), TrainingJob(cfg.seq_len, 4)
+    cpu = cluster_from_tables(training_tables(), 2)
+    assert O.device_is_host(cpu) and not O.device_is_host(load_cluster("dgx-h100", 2))
+    kept = estimator_plan(cfg, RunPlan(dp=2, zero=1, micro_batch=2, global_batch=4), cpu=True)
+    off = estimator_plan(cfg, RunPlan(dp=2, zero=1, offload=True, micro_batch=2, global_batch=4), cpu=True)
+    assert off.offload == "cpu" and kept.offload == "none"
+    a, b = estimate(model, job, cpu, kept), estimate(model, job, cpu, off)
+    assert b.time_breakdown_s["optimizer"] == pytest.approx(a.time_breakdown_s["optimizer"])
+    shard = a.memory_bytes_per_gpu["parameters"] / 4 / 2             # fp32 parameters, ZeRO-1 over dp 2
+    copy = 2 * 4 * shard / cpu.accelerator.memory_bandwidth_bytes_per_s
+    assert b.time_breakdown_s["offload"] == pytest.approx(2 * copy, rel=1e-6)
+    assert b.memory_bytes_per_gpu["optimizer_states"] == 0 < a.memory_bytes_per_gpu["optimizer_states"]
+    gpu = load_cluster("dgx-h100", 2)
+    g_off = estimate(model, job, gpu, replace(off, dtype="bf16"))
+    g_kept = estimate(model, job, gpu, replace(kept, dtype="bf16"))
+    assert g_off.time_breakdown_s["optimizer"] != pytest.approx(g_kept.time_breakdown_s["optimizer"])

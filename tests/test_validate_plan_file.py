@@ -25,7 +25,7 @@ def _plan_file(path, **fields):
 
 def test_the_layout_comes_from_the_file_and_flags_override_it(tmp_path):
     flags, notes = plan_file_layout(_plan_file(tmp_path / "p.json", pp=2, schedule="zb-h1", recompute="full"))
-    assert flags == {"tp": 2, "pp": 2, "dp": 1, "cp": 1, "zero": 0, "micro_batch": 2, "recompute": "full",
+    assert flags == {"tp": 2, "pp": 2, "dp": 1, "cp": 1, "zero": 0, "offload": "none", "micro_batch": 2, "recompute": "full",
                      "virtual_stages": 1, "sequence_parallel": True}
     assert any("zb-h1 runs as 1F1B" in n for n in notes)
     assert any("the model is the harness's" in n for n in notes)
@@ -48,7 +48,9 @@ def test_flags_given_beside_the_file_win(tmp_path):
     assert args.recompute == "full" and args.zero == 3
 
 
-@pytest.mark.parametrize("fields, said", [({"offload": "cpu", "zero": 1}, "offload"),
+@pytest.mark.parametrize("fields, said", [({"offload": "nvme", "zero": 3}, "nvme offload"),
+                                          ({"offload": "cpu", "offload_params": True, "zero": 3, "engine": "deepspeed"},
+                                           "parameter offload"),
                                           ({"dtype": "fp8"}, "fp8"),
                                           ({"recompute": "op-sac", "engine": "torchtitan", "zero": 3},
                                            "op-sac recomputation")])
@@ -103,3 +105,18 @@ def _predicted(tmp_path):
     path.write_text(json.dumps({"step_time_s": 0.05, "memory_bytes_per_rank": 2_000_000,
                                 "time_breakdown_s": {"compute": 0.04, "cp_comm": 0.005, "optimizer": 0.005}}))
     return path
+
+
+def test_optimizer_offload_comes_from_the_file(tmp_path, capsys):
+    """A plan's optimizer offload to host memory is run (ZeRO 1-2); asked with ZeRO 0 it is refused by flag."""
+    flags, _ = plan_file_layout(_plan_file(tmp_path / "o.json", offload="cpu", zero=1))
+    assert flags["offload"] == "cpu" and flags["zero"] == 1
+    assert main(["validate", "--offload", "cpu", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("paraplan: error: --offload") and "--zero 1 or 2" in err
+
+
+def test_nvme_offload_is_refused_by_flag(tmp_path, capsys):
+    assert main(["validate", "--zero", "1", "--offload", "nvme", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("paraplan: error: --offload") and "accepted: none, cpu" in err

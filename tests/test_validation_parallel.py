@@ -33,6 +33,9 @@ WORLD2 = {
     "cp2_selective": dict(cp=2, micro_batch=1, global_batch=4, recompute="selective"),
     # the same on the fused CPU flash kernel per ring step (validation.apply_cp.RingFlashAttention)
     "cp2_sdpa_selective": dict(cp=2, micro_batch=1, global_batch=4, recompute="selective", attention="sdpa"),
+    # ZeRO-Offload: the master slice and AdamW's states in host memory (validation.apply_zero)
+    "dp2_zero1_offload": dict(dp=2, zero=1, offload=True, micro_batch=1, global_batch=4),
+    "dp2_zero2_offload": dict(dp=2, zero=2, offload=True, micro_batch=1, global_batch=4),
 }
 WORLD4 = {
     "tp2_dp2_zero1_sp": dict(tp=2, dp=2, zero=1, micro_batch=1, global_batch=4,
@@ -143,3 +146,17 @@ def test_cp_splits_activations_and_exchanges_kv(world2, world4):
     assert 0.2 < ratio < 0.3, ratio
     assert quarter["time_breakdown_s"]["cp_comm"] > 0
     assert "cp_comm" not in whole["time_breakdown_s"]
+
+
+def test_offload_keeps_the_optimizer_in_host_memory(world2):
+    """Under optimizer offload the device holds no optimizer states; the host holds the states the
+    device held without it, the fp32 master slice and its gradient buffer."""
+    _, results = world2
+    on_device = results["dp2_zero1"][0]["memory_bytes"]
+    for name in ("dp2_zero1_offload", "dp2_zero2_offload"):
+        rank = results[name][0]
+        assert rank["memory_bytes"]["optimizer_states"] == 0
+        host = rank["host_memory_bytes"]
+        assert host["optimizer_states"] == on_device["optimizer_states"]
+        assert host["master_parameters"] == host["gradients"] == on_device["parameters"] // 2
+    assert results["dp2_zero1"][0]["host_memory_bytes"] == {}

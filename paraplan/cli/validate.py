@@ -15,7 +15,7 @@ from paraplan import progress
 from paraplan.cli.common import (ParaplanArgumentParser, check_in_path, check_out_path, non_negative_int, number,
                                  parse_or_exit_code, positive_int, run_command)
 from paraplan.errors import ConfigError
-from paraplan.plan import RECOMPUTE
+from paraplan.plan import OFFLOAD, RECOMPUTE
 from paraplan.profiles.store import ProfileStore, machine_fingerprint
 from paraplan.validation.compare import build_report, comparison_rows, format_table
 from paraplan.validation.launch import LaunchOptions
@@ -51,7 +51,7 @@ def add_validate_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--timeout", type=number("--timeout", high=MAX_TIMEOUT_S), default=900.0,
                    help="seconds before giving up (> 0)")
     g = p.add_argument_group("plan")
-    g.add_argument("--plan", default=None, help="take the layout (tp, pp, dp, cp, ZeRO, micro-batch, recompute, "
+    g.add_argument("--plan", default=None, help="take the layout (tp, pp, dp, cp, ZeRO, optimizer offload, micro-batch, recompute, "
                    "sequence parallelism, interleaving) from a plan file (`paraplan plan --out`); the model stays "
                    "the harness's (the model flags below); flags given override the file")
     g.add_argument("--tp", type=positive_int("--tp", MAX_RANKS), default=None, help="default 1")
@@ -64,6 +64,9 @@ def add_validate_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--global-batch", type=positive_int("--global-batch", MAX_SIZE), default=None,
                    help="default: micro*dp*pp")
     g.add_argument("--recompute", default=None, choices=RECOMPUTE, help="default none")
+    g.add_argument("--offload", default=None, choices=OFFLOAD,
+                   help="cpu: optimizer states and the fp32 master slice in host memory (ZeRO-Offload; "
+                        "needs --zero 1 or 2; the harness has no nvme); default none")
     g.add_argument("--sequence-parallel", action="store_true")
     g.add_argument("--virtual-stages", type=positive_int("--virtual-stages", MAX_SIZE), default=None,
                    help="interleaved 1F1B chunks (default 1)")
@@ -108,26 +111,32 @@ def add_profile_parser(subparsers) -> argparse.ArgumentParser:
 
 
 #: validate's layout flags and their defaults where neither the flag nor a plan file gives them
-LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "cp": 1, "zero": 0, "micro_batch": 1, "recompute": "none", "virtual_stages": 1}
+LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "cp": 1, "zero": 0, "micro_batch": 1, "recompute": "none", "virtual_stages": 1,
+                   "offload": "none"}
 #: plan-file field -> validate flag, for the layout the harness runs
-PLAN_FILE_LAYOUT = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "zero": "zero", "micro_batch": "micro_batch",
+PLAN_FILE_LAYOUT = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "zero": "zero", "offload": "offload",
+                    "micro_batch": "micro_batch",
                     "recompute": "recompute", "vpp": "virtual_stages"}
 #: schedules the harness runs as 1F1B (it has no zero-bubble or GPipe schedule of its own)
 RUN_AS_1F1B = ("zb-h1", "gpipe")
 #: recomputation the harness runs (validation.model.RECOMPUTE_CHOICES, kept here so this check needs no torch)
 HARNESS_RECOMPUTE = ("none", "selective", "full")
+#: offload the harness runs: the optimizer's states and master slice to host memory (not NVMe, not parameters)
+HARNESS_OFFLOAD = ("none", "cpu")
 
 
 def plan_file_layout(path, given=()) -> tuple[dict, list[str]]:
     """(validate flags, notes) for the layout of a plan file: what the harness runs, and what it runs
     differently (said); a plan using what the harness cannot run (context or expert parallelism, offload,
     fp8; recomputation it lacks unless ``given`` holds ``recompute``, the flag that overrides it) is
-    refused, naming the field. Context parallelism runs as ring attention (Ulysses is said to run so)."""
+    refused, naming the field. Context parallelism runs as ring attention (Ulysses is said to run so);
+    optimizer offload to host memory runs (NVMe or parameter offload is refused unless --offload replaces it)."""
     from paraplan.planfile import read_plan_file
     raw = read_plan_file(path)["plan"]
     refuse = [(f"ep {raw.get('ep')}", "expert parallelism", (raw.get("ep") or 1) > 1),
-              (f"offload {raw.get('offload')}", "offload", (raw.get("offload") or "none") != "none"
-               or bool(raw.get("offload_params"))),
+              (f"offload {raw.get('offload')}", f"{raw.get('offload')} offload (it offloads the optimizer to host "
+               f"memory: none, cpu)", "offload" not in given and (raw.get("offload") or "none") not in HARNESS_OFFLOAD),
+              ("offload_params true", "parameter offload", "offload" not in given and bool(raw.get("offload_params"))),
               (f"dtype {raw.get('dtype')}", "fp8", str(raw.get("dtype", "")).startswith(("fp8", "mxfp8"))),
               (f"recompute {raw.get('recompute')}", f"{raw.get('recompute')} recomputation (it runs "
                f"{', '.join(HARNESS_RECOMPUTE)})",
@@ -135,8 +144,8 @@ def plan_file_layout(path, given=()) -> tuple[dict, list[str]]:
     for shown_value, what, bad in refuse:
         if bad:
             raise ConfigError("--plan", f"{path}: {shown_value}: the validation harness runs no {what}",
-                              accepted="plans with ep 1, no offload, 16-bit or fp32, recompute none, "
-                                       "selective or full (or set the layout with --tp/--pp/--dp/... instead)")
+                              accepted="plans with ep 1, optimizer offload none or cpu, 16-bit or fp32, recompute "
+                                       "none, selective or full (or set the layout with --tp/--pp/--dp/... instead)")
     flags = {flag: raw[key] for key, flag in PLAN_FILE_LAYOUT.items() if raw.get(key) is not None}
     flags["sequence_parallel"] = bool(raw.get("sp"))
     notes = [f"layout from {path}; the model is the harness's (--layers/--hidden/...), not the plan's"]
@@ -207,6 +216,12 @@ def check_validate_args(args) -> None:
 
     if args.virtual_stages > 1 and args.pp == 1:
         raise ConfigError("--virtual-stages", "interleaving needs --pp > 1")
+    if args.offload not in HARNESS_OFFLOAD:
+        raise ConfigError("--offload", f"{args.offload}: the harness offloads the optimizer to host memory only",
+                          accepted=", ".join(HARNESS_OFFLOAD))
+    if args.offload != "none" and args.zero not in (1, 2):
+        raise ConfigError("--offload", f"{args.offload} with --zero {args.zero}: the harness offloads a ZeRO-sharded "
+                          f"optimizer", accepted="--zero 1 or 2 with --offload cpu")
     if args.zero == 3 and args.pp > 1:
         raise ConfigError("--zero", "ZeRO-3 with --pp > 1 is not supported by this harness", accepted="0-2 with pp > 1")
     if args.global_batch and args.global_batch % (args.micro_batch * (args.dp or 1)):
@@ -245,6 +260,7 @@ def _plan_and_launch(args):
     plan = RunPlan(tp=args.tp, pp=args.pp, dp=dp, cp=args.cp, zero=args.zero, micro_batch=args.micro_batch,
                    global_batch=args.global_batch or 0, recompute=args.recompute,
                    sequence_parallel=args.sequence_parallel, virtual_stages=args.virtual_stages,
+                   offload=args.offload == "cpu",
                    steps=args.steps, warmup=args.warmup)
     nproc = args.nproc_per_node
     if nproc is None:
@@ -314,6 +330,8 @@ def plan_label(plan) -> str:
         parts.append("sp")
     if plan.recompute != "none":
         parts.append(f"recompute {plan.recompute}")
+    if plan.offload:
+        parts.append("optimizer offload")
     return " ".join(parts) or "single process"
 
 

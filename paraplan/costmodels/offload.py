@@ -24,12 +24,17 @@ ZeRO ≥ 1, Ψ otherwise; routed experts shard over N_d/ep).
 * Offloaded parameters (ZeRO-Infinity, bandwidth-centric partitioning): each GPU fetches its own
   shard forward and backward every micro-batch over its host link (and the node's drives for NVMe),
   prefetched under the micro-batch's compute.
+* A profiled CPU device (the validation harness, :func:`device_is_host`): the host is the device. The
+  offloaded AdamW is the one the profile measured on those cores, and the transfers are two copies in the
+  same memory (the gradient shard down, the updated shard back, in the plan's element size, each read and
+  written at the measured copy bandwidth), with nothing to hide under: the cores that copy are the
+  cores that compute.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from paraplan.costmodels.compute import BYTES
+from paraplan.costmodels.compute import BYTES, element_bytes
 from paraplan.costmodels.memory import OPTIMIZER_BYTES_PER_PARAM
 from paraplan.plan import Offload, Optimizer, model_stage_layers
 
@@ -61,6 +66,12 @@ def param_tensors(model, plan):
     return np.where((z == 1) | (z == 2), 1.0, stage_param_tensors(model, plan))
 
 
+def device_is_host(cluster) -> bool:
+    """Whether the device is a profiled CPU, whose "host memory" is its own (see the module docstring)."""
+    measured = cluster.accelerator.measured
+    return measured is not None and measured.device == "cpu"
+
+
 def cpu_adam_time(shard, cluster, curves):
     """CPU-Adam for every GPU of the node, memory-bound on the host's DRAM (the node's CPU sockets:
     ``cluster.node_system``, an NVLink domain's share of them on a cluster cut into domains)."""
@@ -85,6 +96,8 @@ def optimizer_time(shard, plan, cluster, curves, tensors=None):
         # of the update through DTensor, once per sharded parameter tensor
         fsdp_adam = float(getattr(curves, "fsdp_adam_tensor_overhead_s", 0.0) or 0.0)
         gpu = gpu + np.where(np.asarray(plan.zero) == 3, np.asarray(tensors, dtype=float) * fsdp_adam, 0.0)
+    if device_is_host(cluster):          # the offloaded AdamW runs on the same, measured cores
+        return gpu
     return np.where(np.asarray(plan.offload_code) == Offload.NONE, gpu, cpu_adam_time(shard, cluster, curves))
 
 
@@ -106,6 +119,12 @@ def offload_transfer_times(shard, plan, cluster, m, t_micro_fwd, t_micro_bwd, t_
     pcie = sysm.host_link_bytes_per_s
     oc = np.asarray(plan.offload_code)
     off = oc != Offload.NONE
+    if device_is_host(cluster):
+        # two copies of the shard in the device's own memory, read and written at the copy bandwidth, exposed
+        copy = 2.0 * element_bytes(plan) * shard / cluster.accelerator.memory_bandwidth_bytes_per_s
+        zero = np.zeros_like(np.asarray(copy, dtype=float))
+        return {"grads_to_host": np.where(off, copy, 0.0), "params_to_gpu": np.where(off, copy, 0.0),
+                "nvme_optimizer_states": zero, "param_fetch": zero}
     grads_down = np.maximum(0.0, BYTES * shard / pcie - t_micro_bwd)
     params_up = BYTES * shard / pcie
     nvme_states = shard * g * ((OPTIMIZER_BYTES_PER_PARAM + 4) / sysm.nvme_read_bytes_per_s

@@ -8,6 +8,10 @@
   gradient slice after the sync.
 * stage 3 (P_os+g+p): parameters sharded too, via FSDP2 ``fully_shard`` per block (parameters
   all-gathered before each block's forward and backward, gradients reduce-scattered).
+* optimizer offload (ZeRO-Offload, Ren et al. 2021, sec. 4; stages 1-2): the rank's fp32 master
+  slice and AdamW's states live in host memory; each step copies the gradient slice to the host,
+  steps AdamW there and copies the updated slice back before the all-gather. On a CPU device the
+  host is the same memory, and the two copies are what remains of the transfers.
 
 Memory accounting reports bytes held by this rank: parameters, gradients after the
 data-parallel sync (full gradients that exist transiently during backward under stage 2 are
@@ -53,10 +57,15 @@ class ZeroOptimizer:
     """
 
     def __init__(self, named_params, dp_group, stage: int, lr: float = 1e-3,
-                 weight_decay: float = 0.01):
+                 weight_decay: float = 0.01, offload: bool = False):
         if stage not in (0, 1, 2):
             raise ConfigError("zero", f"ZeroOptimizer handles stages 0-2, got {stage}",
                               accepted="0, 1, 2")
+        if offload and stage == 0:
+            raise ConfigError("offload", "optimizer offload shards the optimizer: it needs ZeRO 1 or 2",
+                              accepted="zero 1, 2")
+        self.offload = offload
+        self.host_grad = None
         self.named = list(named_params)
         self.params = [p for _, p in self.named]
         self.group = dp_group
@@ -81,7 +90,14 @@ class ZeroOptimizer:
         self.numel = numel
         lo = self.rank * self.shard_numel
         self.shard = nn.Parameter(self.flat[lo:lo + self.shard_numel])
-        self.opt = make_adamw([self.shard], lr, weight_decay)
+        if offload:   # the master slice and AdamW's states in (pinned, on CUDA) host memory
+            pin = self.flat.is_cuda
+            self.host_shard = nn.Parameter(torch.empty(self.shard_numel, dtype=dtype, pin_memory=pin))
+            self.host_shard.data.copy_(self.shard.data)
+            self.host_grad = torch.empty(self.shard_numel, dtype=dtype, pin_memory=pin)
+            self.opt = make_adamw([self.host_shard], lr, weight_decay)
+        else:
+            self.opt = make_adamw([self.shard], lr, weight_decay)
 
     def _flat_grad(self) -> torch.Tensor:
         """Every local gradient in one flat tensor (padded to dp equal slices under stages 1-2):
@@ -145,9 +161,16 @@ class ZeroOptimizer:
         if self.stage == 0:
             self.opt.step()
             return
-        self.shard.grad = self.grad_shard
-        self.opt.step()
-        self.shard.grad = None
+        if self.offload:   # gradient slice down, AdamW on the host, updated slice back
+            self.host_grad.copy_(self.grad_shard)
+            self.host_shard.grad = self.host_grad
+            self.opt.step()
+            self.host_shard.grad = None
+            self.shard.data.copy_(self.host_shard.data)
+        else:
+            self.shard.grad = self.grad_shard
+            self.opt.step()
+            self.shard.grad = None
         self.grad_shard = None
         if self.dp > 1:
             with comm.timed("dp_comm"):
@@ -169,6 +192,14 @@ class ZeroOptimizer:
             grads = local_nbytes(self.grad_shard) if self.grad_shard is not None else \
                 self.shard_numel * self.flat.element_size()
         return {"parameters": params, "gradients": grads,
+                "optimizer_states": 0 if self.offload else optimizer_state_bytes(self.opt)}
+
+    def host_memory_bytes(self) -> dict[str, int]:
+        """Bytes this rank holds in host memory under offload: the fp32 master slice, its gradient
+        buffer and AdamW's states (empty without offload)."""
+        if not self.offload:
+            return {}
+        return {"master_parameters": local_nbytes(self.host_shard), "gradients": local_nbytes(self.host_grad),
                 "optimizer_states": optimizer_state_bytes(self.opt)}
 
 

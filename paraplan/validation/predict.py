@@ -12,7 +12,8 @@ Mapping (what the harness runs -> what the estimator is told):
   biases, LayerNorm, MHA, no dropout (the harness has none: no masks kept).
 * :class:`~paraplan.validation.worker.RunPlan` -> ``Plan``: tp, pp, dp, cp (``cp_mode = ring``:
   the harness runs ring attention, :mod:`paraplan.validation.apply_cp`), zero, micro_batch,
-  recompute, sp, vpp (``interleaved`` when > 1, else ``1f1b``); ``dtype = fp32`` (the harness
+  recompute, sp, vpp (``interleaved`` when > 1, else ``1f1b``), offload (``cpu``: optimizer states in host
+  memory; on a profiled CPU the estimator prices it as the same AdamW plus two copies, offload.device_is_host); ``dtype = fp32`` (the harness
   trains in fp32); ``flash_attention`` only for ``--attention sdpa``; ``overlap_grad_reduce``
   off below ZeRO-3 (the harness reduces gradients after the backward, not under it) and on for
   ZeRO-3 (FSDP2 prefetches) except on a CPU device, where gloo's collectives run on the same
@@ -73,7 +74,7 @@ def estimator_plan(cfg, run, cpu: bool = False):
                 vpp=run.virtual_stages,
                 micro_batch=run.micro_batch,
                 schedule="interleaved" if run.virtual_stages > 1 else "1f1b",
-                zero=run.zero, recompute=run.recompute, dtype="fp32",
+                zero=run.zero, recompute=run.recompute, dtype="fp32", offload="cpu" if run.offload else "none",
                 flash_attention=cfg.attention == "sdpa", overlap_grad_reduce=run.zero == 3 and not cpu,
                 grad_accumulation_fusion=False)
 

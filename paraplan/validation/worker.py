@@ -63,6 +63,7 @@ class RunPlan:
     recompute: str = "none"
     sequence_parallel: bool = False
     virtual_stages: int = 1
+    offload: bool = False   # optimizer states (and the fp32 master slice) in host memory, ZeRO 1-2
     steps: int = 3
     warmup: int = 1
     lr: float = 1e-3
@@ -89,6 +90,9 @@ class RunPlan:
                               accepted="zero 0-2 with pp > 1")
         if self.virtual_stages > 1 and self.pp == 1:
             raise ConfigError("virtual_stages", "interleaving needs pp > 1")
+        if self.offload and self.zero not in (1, 2):
+            raise ConfigError("offload", f"optimizer offload runs with ZeRO 1 or 2 in this harness, not zero {self.zero}",
+                              accepted="zero 1, 2")
 
     @property
     def world_size(self) -> int:
@@ -217,7 +221,7 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
         opt = FsdpOptimizer(named, lr=plan.lr)
         before_backward = chunks[0].set_requires_gradient_sync
     else:
-        opt = ZeroOptimizer(named, groups.dp_group, plan.zero, lr=plan.lr)
+        opt = ZeroOptimizer(named, groups.dp_group, plan.zero, lr=plan.lr, offload=plan.offload)
         before_backward = None
     seq_local = cfg.seq_len // plan.cp
     seq_local = seq_local // ctx.tp_size if ctx.sequence_parallel else seq_local
@@ -263,7 +267,7 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
         opt.step()
         if record and "optimizer_states_after_step" not in memory:
             # AdamW creates its states lazily in the first step: count them after it
-            memory["optimizer_states"] = optimizer_state_bytes(opt.opt)
+            memory["optimizer_states"] = 0 if plan.offload else optimizer_state_bytes(opt.opt)
             memory["optimizer_states_after_step"] = True
         opt.zero_grad()
         if cuda:
@@ -319,6 +323,8 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
         "world_size": dist.get_world_size() if dist.is_initialized() else 1,
         "losses": losses, "step_times_s": times, "time_breakdown_s": median_bd,
         "memory_bytes": memory,
+        # under optimizer offload: what the rank keeps in host memory (not in memory_bytes' total)
+        "host_memory_bytes": opt.host_memory_bytes() if hasattr(opt, "host_memory_bytes") else {},
         "cuda_max_memory_allocated": torch.cuda.max_memory_allocated() if cuda else None,
         "op_times_s": ops,
     }
