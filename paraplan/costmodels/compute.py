@@ -851,6 +851,13 @@ def cp_exposed_time(model, job, plan, cluster, attn_fwd, attn_bwd, exchange=None
     return np.where(c > 1, np.where(np.asarray(plan.cp_mode_code) == CpMode.ULYSSES, ulysses, ring), 0.0)
 
 
+def device_is_host(cluster) -> bool:
+    """Whether the cluster's device is a profiled CPU (``paraplan profile``): its "host memory" is its
+    own, and its communication runs on the cores that compute; no CUDA runtime or allocator."""
+    measured = cluster.accelerator.measured
+    return measured is not None and measured.device == "cpu"
+
+
 def ring_exchange_hides(cluster) -> bool:
     """Whether ring attention's K/V exchange can run under the attention core. On GPUs it can (NCCL's
     or the copy engines' transfers beside the kernels). On a profiled CPU it cannot: gloo moves the
@@ -858,8 +865,7 @@ def ring_exchange_hides(cluster) -> bool:
     threads (measured in ``paraplan validate --cp 2`` on the default model: c10d::send held 6.4 ms of
     the rank's CPU per step besides 3.7 ms of waits), as its data-parallel collectives hide nothing
     there either (:mod:`paraplan.validation.predict`)."""
-    measured = cluster.accelerator.measured
-    return not (measured is not None and measured.device == "cpu")
+    return not device_is_host(cluster)
 
 
 def ring_exchange_times(model, job, plan, cluster):

@@ -36,8 +36,7 @@ RUNTIME_RESERVED_BYTES = 1.5 * 2**30
 
 def on_cuda(cluster) -> bool:
     """Whether the device runs the CUDA runtime and caching allocator (not a profiled CPU)."""
-    measured = cluster.accelerator.measured
-    return not (measured is not None and measured.device == "cpu")
+    return not C.device_is_host(cluster)
 
 
 def runtime_reserved_bytes(cluster) -> float:

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from paraplan.costmodels.compute import BYTES, element_bytes
+from paraplan.costmodels.compute import BYTES, device_is_host, element_bytes
 from paraplan.costmodels.memory import OPTIMIZER_BYTES_PER_PARAM
 from paraplan.plan import Offload, Optimizer, model_stage_layers
 
@@ -64,12 +64,6 @@ def param_tensors(model, plan):
     tensor under ZeRO-1/2."""
     z = np.asarray(plan.zero)
     return np.where((z == 1) | (z == 2), 1.0, stage_param_tensors(model, plan))
-
-
-def device_is_host(cluster) -> bool:
-    """Whether the device is a profiled CPU, whose "host memory" is its own (see the module docstring)."""
-    measured = cluster.accelerator.measured
-    return measured is not None and measured.device == "cpu"
 
 
 def cpu_adam_time(shard, cluster, curves):

@@ -95,6 +95,40 @@ def _wait(reqs) -> None:
             r.wait()
 
 
+def _ring_blocks(cpx: CpContext, k, v):
+    """The forward's ring: yields (step, owner cp rank, K/V block [2, ...]) for each of the cp steps, the
+    block first the rank's own; the send of the held block to the next rank and the receive of the
+    following one are posted before the step's compute (the yield) and waited after it."""
+    kv = torch.stack([k, v]).contiguous()
+    for step in range(cpx.size):
+        pending = cpx.exchange(kv) if step < cpx.size - 1 else None
+        yield step, (cpx.rank - step) % cpx.size, kv
+        if pending is not None:
+            recv, reqs = pending
+            _wait(reqs)
+            kv = recv
+
+
+def _ring_block_gradients(cpx: CpContext, k, v, add_block_gradients):
+    """The backward's ring: for each step ``add_block_gradients(step, owner, kv, dkv)`` adds the step's
+    dK/dV into ``dkv`` (in place), the accumulator travelling with its K/V block (both arrive from the
+    previous rank together); after the last step each accumulator is one hop short of its owner and is
+    sent there. Returns this rank's own (dK, dV)."""
+    kv = torch.stack([k, v]).contiguous()
+    dkv = torch.zeros_like(kv)
+    for step in range(cpx.size):
+        if step > 0:
+            recv, reqs = cpx.exchange(torch.cat([kv, dkv]))
+            _wait(reqs)
+            kv, dkv = recv[:2], recv[2:].clone()
+        add_block_gradients(step, (cpx.rank - step) % cpx.size, kv, dkv)
+    if cpx.size > 1:
+        recv, reqs = cpx.exchange(dkv.contiguous())
+        _wait(reqs)
+        dkv = recv
+    return dkv[0], dkv[1]
+
+
 class RingAttention(torch.autograd.Function):
     """Causal attention of this rank's queries over the whole sequence's keys, by ring exchange.
 
@@ -104,13 +138,10 @@ class RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cpx: CpContext):
         scale = 1.0 / math.sqrt(q.shape[-1])
-        kv = torch.stack([k, v]).contiguous()
         out = torch.zeros_like(q)
         lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
         probs, block_lse = [], []
-        for step in range(cpx.size):
-            owner = (cpx.rank - step) % cpx.size
-            pending = cpx.exchange(kv) if step < cpx.size - 1 else None
+        for _, owner, kv in _ring_blocks(cpx, k, v):
             scores = (q @ kv[0].transpose(-2, -1)) * scale
             scores = scores.masked_fill(~cpx.allowed(owner, q.device), float("-inf"))
             lse_b = torch.logsumexp(scores, dim=-1)
@@ -122,10 +153,6 @@ class RingAttention(torch.autograd.Function):
             lse = new_lse
             probs.append(p)
             block_lse.append(lse_b)
-            if pending is not None:
-                recv, reqs = pending
-                _wait(reqs)
-                kv = recv
         ctx.cpx = cpx
         ctx.scale = scale
         ctx.save_for_backward(q, k, v, out, lse, *probs, *block_lse)
@@ -139,28 +166,18 @@ class RingAttention(torch.autograd.Function):
         d_out = d_out.contiguous()
         delta = (d_out * out).sum(-1, keepdim=True)
         dq = torch.zeros_like(q)
-        kv = torch.stack([k, v]).contiguous()
-        dkv = torch.zeros_like(kv)
-        for step in range(cpx.size):
-            if step > 0:
-                # the block and its gradient accumulator arrive from the previous rank together
-                recv, reqs = cpx.exchange(torch.cat([kv, dkv]))
-                _wait(reqs)
-                kv, dkv = recv[:2], recv[2:].clone()
+
+        def add_block_gradients(step, owner, kv, dkv):
             # the block's probabilities under the final normaliser
             p = probs[step] * torch.exp(block_lse[step] - lse).unsqueeze(-1)
             dv = p.transpose(-2, -1) @ d_out
             dp = d_out @ kv[1].transpose(-2, -1)
             ds = p * (dp - delta) * scale
-            dq = dq + ds @ kv[0]
-            dk = ds.transpose(-2, -1) @ q
-            dkv = dkv + torch.stack([dk, dv])
-        if cpx.size > 1:
-            # each accumulator is one hop short of its owner
-            recv, reqs = cpx.exchange(dkv.contiguous())
-            _wait(reqs)
-            dkv = recv
-        return dq, dkv[0], dkv[1], None
+            dq.add_(ds @ kv[0])
+            dkv += torch.stack([ds.transpose(-2, -1) @ q, dv])
+
+        dk, dv = _ring_block_gradients(cpx, k, v, add_block_gradients)
+        return dq, dk, dv, None
 
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -191,11 +208,8 @@ class RingFlashAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, cpx: CpContext):
         scale = 1.0 / math.sqrt(q.shape[-1])
         half = q.shape[-2] // 2
-        kv = torch.stack([k, v]).contiguous()
         out = lse = None
-        for step in range(cpx.size):
-            owner = (cpx.rank - step) % cpx.size
-            pending = cpx.exchange(kv) if step < cpx.size - 1 else None
+        for step, owner, kv in _ring_blocks(cpx, k, v):
             if step == 0:
                 out, lse = _flash(q, kv[0], kv[1], 0.0, True, scale=scale)
             elif owner < cpx.rank:
@@ -204,10 +218,6 @@ class RingFlashAttention(torch.autograd.Function):
             else:
                 o_b, lse_b = _flash(q[..., half:, :], kv[0], kv[1], 0.0, False, scale=scale)
                 _merge(out, lse, slice(half, None), o_b, lse_b)
-            if pending is not None:
-                recv, reqs = pending
-                _wait(reqs)
-                kv = recv
         ctx.cpx, ctx.scale = cpx, scale
         ctx.save_for_backward(q, k, v, out, lse)
         return out
@@ -219,33 +229,25 @@ class RingFlashAttention(torch.autograd.Function):
         half = q.shape[-2] // 2
         d_out = d_out.contiguous()
         dq = torch.zeros_like(q)
-        kv = torch.stack([k, v]).contiguous()
-        dkv = torch.zeros_like(kv)
-        for step in range(cpx.size):
-            if step > 0:
-                recv, reqs = cpx.exchange(torch.cat([kv, dkv]))
-                _wait(reqs)
-                kv, dkv = recv[:2], recv[2:].clone()
-            owner = (cpx.rank - step) % cpx.size
+
+        def add_block_gradients(step, owner, kv, dkv):
             if step == 0:
                 gq, gk, gv = _flash_backward(d_out, q, kv[0], kv[1], out, lse, 0.0, True, scale=scale)
-                dq += gq
+                dq.add_(gq)
                 dkv += torch.stack([gk, gv])
             elif owner < cpx.rank:
                 gq, gk, gv = _flash_backward(d_out, q, kv[0, ..., :half, :], kv[1, ..., :half, :], out, lse,
                                              0.0, False, scale=scale)
-                dq += gq
+                dq.add_(gq)
                 dkv[..., :half, :] += torch.stack([gk, gv])
             else:
                 gq, gk, gv = _flash_backward(d_out[..., half:, :], q[..., half:, :], kv[0], kv[1],
                                              out[..., half:, :], lse[..., half:], 0.0, False, scale=scale)
                 dq[..., half:, :] += gq
                 dkv += torch.stack([gk, gv])
-        if cpx.size > 1:
-            recv, reqs = cpx.exchange(dkv.contiguous())
-            _wait(reqs)
-            dkv = recv
-        return dq, dkv[0], dkv[1], None
+
+        dk, dv = _ring_block_gradients(cpx, k, v, add_block_gradients)
+        return dq, dk, dv, None
 
 
 def ring_attention(q, k, v, cpx: CpContext, fused: bool = False):

@@ -13,7 +13,7 @@ Mapping (what the harness runs -> what the estimator is told):
 * :class:`~paraplan.validation.worker.RunPlan` -> ``Plan``: tp, pp, dp, cp (``cp_mode = ring``:
   the harness runs ring attention, :mod:`paraplan.validation.apply_cp`), zero, micro_batch,
   recompute, sp, vpp (``interleaved`` when > 1, else ``1f1b``), offload (``cpu``: optimizer states in host
-  memory; on a profiled CPU the estimator prices it as the same AdamW plus two copies, offload.device_is_host); ``dtype = fp32`` (the harness
+  memory; on a profiled CPU the estimator prices it as the same AdamW plus two copies, compute.device_is_host); ``dtype = fp32`` (the harness
   trains in fp32); ``flash_attention`` only for ``--attention sdpa``; ``overlap_grad_reduce``
   off below ZeRO-3 (the harness reduces gradients after the backward, not under it) and on for
   ZeRO-3 (FSDP2 prefetches) except on a CPU device, where gloo's collectives run on the same
@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import sys
 
+from paraplan.costmodels.compute import device_is_host
 from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError
 from paraplan.plan import Plan
@@ -126,8 +127,7 @@ def predict_run(cfg, run, db: str | None = None, allow_profiling: bool = True):
     """(predicted dict, Estimate) for a harness model and run plan on this machine's profile."""
     ensure_profile(db, run.world_size, allow_profiling)
     cluster = load_cluster("local", run.world_size, db=db)
-    measured = cluster.accelerator.measured
-    cpu = measured is not None and measured.device == "cpu"
+    cpu = device_is_host(cluster)
     e = estimate(estimator_model(cfg), TrainingJob(cfg.seq_len, run.global_batch), cluster,
                  estimator_plan(cfg, run, cpu))
     # the rank's full local gradients before the sync (ZeRO-1/2 shard only after it): its parameters
