@@ -249,12 +249,8 @@ def _plan_and_launch(args):
     nnodes = args.nnodes
     if args.nproc_per_node is None and args.dp is None:
         dp = 1
-    elif args.dp is None:
-        world = args.nproc_per_node * nnodes
-        if world % (args.tp * args.cp * args.pp):
-            raise ConfigError("--nproc-per-node", f"world {world} is not divisible by tp({args.tp})"
-                              f" * cp({args.cp}) * pp({args.pp})")
-        dp = world // (args.tp * args.cp * args.pp)
+    elif args.dp is None:   # check_validate_args refused a world that tp·cp·pp does not divide
+        dp = args.nproc_per_node * nnodes // (args.tp * args.cp * args.pp)
     else:
         dp = args.dp
     plan = RunPlan(tp=args.tp, pp=args.pp, dp=dp, cp=args.cp, zero=args.zero, micro_batch=args.micro_batch,
