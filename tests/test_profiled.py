@@ -440,6 +440,32 @@ def test_validate_predicts_with_local_profile(profile_db, tmp_path, capsys):
     assert not list(out.glob(".validate-*")) and not list(out.glob("rank*.json"))
 
 
+def test_validate_predicts_a_mixture_of_experts(profile_db, tmp_path, capsys):
+    """validate --experts --ep: the estimate is told the harness's experts and ep, predicts the ep
+    all-to-all as its own term and the rank's parameters (dense + E/ep experts) to the byte; the run
+    reports the busiest ep rank's load, and --moe-imbalance raises the predicted compute."""
+    from paraplan.cli import main
+    runs = {}
+    for imbalance in ("1", "1.5"):
+        out = tmp_path / f"moe{imbalance}"
+        rc = main(["validate", "--nproc-per-node", "2", "--dp", "2", "--ep", "2", "--experts", "4", "--layers", "2",
+                   "--steps", "2", "--warmup", "1", "--moe-imbalance", imbalance, "--db", profile_db, "--out", str(out)])
+        assert rc == 0
+        runs[imbalance] = json.loads((out / "report.json").read_text())
+    report = runs["1"]
+    p, m = report["predicted"], report["measured"]
+    assert p["time_breakdown_s"]["ep_comm"] > 0 and m["time_breakdown_s"]["ep_comm"] > 0
+    assert p["memory_breakdown_bytes"]["parameters"] == pytest.approx(m["memory_breakdown_bytes"]["parameters"],
+                                                                      rel=1e-9)
+    est = report["estimate"]
+    assert est["plan"]["ep"] == 2 and report["loss_matches_reference"] is True
+    assert m["expert_load_busiest"] > 1.0 and len(m["expert_load_by_rank"]) == 2
+    assert runs["1.5"]["predicted"]["time_breakdown_s"]["compute"] > p["time_breakdown_s"]["compute"]
+    out = capsys.readouterr().out
+    assert "dp2 ep2: step time measured" in out
+    assert "the busiest ep rank ran" in out and "--moe-imbalance 1.5" in out
+
+
 def test_real_profile_stores_the_spread_of_its_repeats(profile_db):
     from paraplan.profiles.store import ProfileStore, measured_tables
     rows = ProfileStore(profile_db).measurements()

@@ -59,6 +59,8 @@ def add_validate_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--cp", type=positive_int("--cp", MAX_RANKS), default=None,
                    help="context parallelism, run as ring attention over load-balanced causal chunks (default 1)")
     g.add_argument("--dp", type=positive_int("--dp", MAX_RANKS), default=None, help="default: world / (tp*cp*pp)")
+    g.add_argument("--ep", type=positive_int("--ep", MAX_RANKS), default=None,
+                   help="expert parallelism, carved from dp (needs --experts; default 1)")
     g.add_argument("--zero", type=int, default=None, choices=(0, 1, 2, 3), help="default 0")
     g.add_argument("--micro-batch", type=positive_int("--micro-batch", MAX_SIZE), default=None, help="default 1")
     g.add_argument("--global-batch", type=positive_int("--global-batch", MAX_SIZE), default=None,
@@ -82,6 +84,15 @@ def add_validate_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--seed", type=non_negative_int("--seed", 2**32 - 1, "the default seed"), default=0)
     g.add_argument("--attention", default="math", choices=["math", "sdpa"],
                    help="materialised softmax (default) or fused SDPA")
+    g.add_argument("--experts", type=non_negative_int("--experts", MAX_SIZE, "a dense MLP"), default=0,
+                   help="routed experts per layer (a dropless mixture of experts in every block; default 0: dense)")
+    g.add_argument("--top-k", type=positive_int("--top-k", MAX_SIZE), default=2, help="experts per token (default 2)")
+    g.add_argument("--expert-ffn", type=positive_int("--expert-ffn", MAX_SIZE), default=None,
+                   help="an expert's inner width (default 4 x hidden, the dense MLP's)")
+    g.add_argument("--moe-imbalance", type=number("--moe-imbalance", low=1.0, high=1e6, low_open=False),
+                   default=1.0,
+                   help="the prediction's busiest expert shard's tokens over the balanced share (estimate's "
+                        "--moe-imbalance; default 1.0); the run reports the load it measured")
     g = p.add_argument_group("report")
     g.add_argument("--predicted", default=None, help="JSON file with step_time_s, "
                    "memory_bytes_per_rank, time_breakdown_s")
@@ -111,10 +122,10 @@ def add_profile_parser(subparsers) -> argparse.ArgumentParser:
 
 
 #: validate's layout flags and their defaults where neither the flag nor a plan file gives them
-LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "cp": 1, "zero": 0, "micro_batch": 1, "recompute": "none", "virtual_stages": 1,
+LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 0, "micro_batch": 1, "recompute": "none", "virtual_stages": 1,
                    "offload": "none"}
 #: plan-file field -> validate flag, for the layout the harness runs
-PLAN_FILE_LAYOUT = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "zero": "zero", "offload": "offload",
+PLAN_FILE_LAYOUT = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "ep": "ep", "zero": "zero", "offload": "offload",
                     "micro_batch": "micro_batch",
                     "recompute": "recompute", "vpp": "virtual_stages"}
 #: schedules the harness runs as 1F1B (it has no zero-bubble or GPipe schedule of its own)
@@ -127,14 +138,14 @@ HARNESS_OFFLOAD = ("none", "cpu")
 
 def plan_file_layout(path, given=()) -> tuple[dict, list[str]]:
     """(validate flags, notes) for the layout of a plan file: what the harness runs, and what it runs
-    differently (said); a plan using what the harness cannot run (context or expert parallelism, offload,
-    fp8; recomputation it lacks unless ``given`` holds ``recompute``, the flag that overrides it) is
+    differently (said); a plan using what the harness cannot run (NVMe or parameter offload, fp8;
+    recomputation it lacks unless ``given`` holds ``recompute``, the flag that overrides it) is
     refused, naming the field. Context parallelism runs as ring attention (Ulysses is said to run so);
-    optimizer offload to host memory runs (NVMe or parameter offload is refused unless --offload replaces it)."""
+    optimizer offload to host memory runs (NVMe or parameter offload is refused unless --offload replaces it);
+    expert parallelism runs on the harness's mixture of experts (``--experts``)."""
     from paraplan.planfile import read_plan_file
     raw = read_plan_file(path)["plan"]
-    refuse = [(f"ep {raw.get('ep')}", "expert parallelism", (raw.get("ep") or 1) > 1),
-              (f"offload {raw.get('offload')}", f"{raw.get('offload')} offload (it offloads the optimizer to host "
+    refuse = [(f"offload {raw.get('offload')}", f"{raw.get('offload')} offload (it offloads the optimizer to host "
                f"memory: none, cpu)", "offload" not in given and (raw.get("offload") or "none") not in HARNESS_OFFLOAD),
               ("offload_params true", "parameter offload", "offload" not in given and bool(raw.get("offload_params"))),
               (f"dtype {raw.get('dtype')}", "fp8", str(raw.get("dtype", "")).startswith(("fp8", "mxfp8"))),
@@ -144,7 +155,7 @@ def plan_file_layout(path, given=()) -> tuple[dict, list[str]]:
     for shown_value, what, bad in refuse:
         if bad:
             raise ConfigError("--plan", f"{path}: {shown_value}: the validation harness runs no {what}",
-                              accepted="plans with ep 1, optimizer offload none or cpu, 16-bit or fp32, recompute "
+                              accepted="plans with optimizer offload none or cpu, 16-bit or fp32, recompute "
                                        "none, selective or full (or set the layout with --tp/--pp/--dp/... instead)")
     flags = {flag: raw[key] for key, flag in PLAN_FILE_LAYOUT.items() if raw.get(key) is not None}
     flags["sequence_parallel"] = bool(raw.get("sp"))
@@ -153,6 +164,9 @@ def plan_file_layout(path, given=()) -> tuple[dict, list[str]]:
         notes.append(f"recompute modules {raw['recompute_modules']} run as selective (the attention core)")
     if (raw.get("cp") or 1) > 1 and raw.get("cp_mode", "ring") != "ring":
         notes.append(f"cp_mode {raw['cp_mode']} runs as ring attention (the harness's context parallelism)")
+    if (raw.get("ep") or 1) > 1:
+        notes.append(f"ep {raw['ep']} runs on the harness's mixture of experts (--experts, --top-k), dropless, "
+                     f"ep carved from dp")
     if raw.get("schedule") in RUN_AS_1F1B:
         notes.append(f"schedule {raw['schedule']} runs as 1F1B (the harness has no {raw['schedule']} schedule)")
     return flags, notes
@@ -213,7 +227,7 @@ def check_validate_args(args) -> None:
         if args.sequence_parallel and (args.seq_len // args.cp) % args.tp:
             raise ConfigError("--sequence-parallel", f"--seq-len {args.seq_len} / --cp {args.cp} is not divisible "
                               f"by --tp {args.tp}")
-
+    check_expert_args(args)
     if args.virtual_stages > 1 and args.pp == 1:
         raise ConfigError("--virtual-stages", "interleaving needs --pp > 1")
     if args.offload not in HARNESS_OFFLOAD:
@@ -231,6 +245,34 @@ def check_validate_args(args) -> None:
     for flag, path in (("--predicted", args.predicted), ("--db", args.db)):
         if path is not None:
             check_in_path(flag, path)
+
+
+def check_expert_args(args) -> None:
+    """The mixture-of-experts flags against the layout (validation.apply_ep.check_ep's rules, kept here so
+    they run before torch is imported): --ep needs --experts, divides the experts and dp; experts run
+    with tp 1 and, under ep, below ZeRO-3."""
+    experts, ep = args.experts, args.ep
+    if ep > 1 and not experts:
+        raise ConfigError("--ep", f"{ep} needs a mixture-of-experts model", accepted=f"--experts E with E a multiple of {ep}")
+    if experts and args.top_k > experts:
+        raise ConfigError("--top-k", f"{args.top_k} exceeds --experts {experts}", accepted=f"1..{experts}")
+    if experts and experts % ep:
+        raise ConfigError("--ep", f"--experts {experts} is not divisible by --ep {ep}",
+                          accepted=", ".join(str(d) for d in range(1, experts + 1) if experts % d == 0))
+    if ep > 1:
+        dp = args.dp   # as _plan_and_launch resolves it
+        if dp is None:
+            dp = 1 if args.nproc_per_node is None else args.nproc_per_node * args.nnodes // (args.tp * args.cp * args.pp)
+        if dp % ep:
+            raise ConfigError("--ep", f"{ep} does not divide dp {dp} (expert parallelism is carved from data "
+                              f"parallelism)", accepted=", ".join(str(d) for d in range(1, dp + 1) if dp % d == 0)
+                              + " (or give --dp, a multiple of --ep)")
+    if experts and args.tp > 1:
+        raise ConfigError("--tp", f"the harness runs mixture-of-experts layers with tp 1, got --tp {args.tp}",
+                          accepted="--tp 1 with --experts")
+    if ep > 1 and args.zero == 3:
+        raise ConfigError("--zero", "ZeRO-3 with --ep > 1 is not run by the harness (FSDP2 would shard experts that "
+                          "differ across the data-parallel group)", accepted="0-2 with --ep > 1")
 
 
 def check_profile_args(args) -> None:
@@ -253,7 +295,7 @@ def _plan_and_launch(args):
         dp = args.nproc_per_node * nnodes // (args.tp * args.cp * args.pp)
     else:
         dp = args.dp
-    plan = RunPlan(tp=args.tp, pp=args.pp, dp=dp, cp=args.cp, zero=args.zero, micro_batch=args.micro_batch,
+    plan = RunPlan(tp=args.tp, pp=args.pp, dp=dp, cp=args.cp, ep=args.ep, zero=args.zero, micro_batch=args.micro_batch,
                    global_batch=args.global_batch or 0, recompute=args.recompute,
                    sequence_parallel=args.sequence_parallel, virtual_stages=args.virtual_stages,
                    offload=args.offload == "cpu",
@@ -273,7 +315,8 @@ def _model_config(args):
     from paraplan.validation.model import GPTConfig   # torch: only when a run is launched
     return GPTConfig(vocab_size=args.vocab, seq_len=args.seq_len, hidden=args.hidden,
                      heads=args.heads, layers=args.layers, seed=args.seed,
-                     attention=args.attention)
+                     attention=args.attention, experts=args.experts, top_k=args.top_k,
+                     expert_ffn=args.expert_ffn or 0)
 
 
 def _run_dir(out: str) -> str:
@@ -317,7 +360,8 @@ def _launch_with_progress(spec: dict, run_dir: str, opts, plan) -> list[dict]:
 
 def plan_label(plan) -> str:
     """Short name of a harness plan: tp2, dp2 zero1, pp2 vpp2, ..."""
-    parts = [f"{k}{v}" for k, v in (("tp", plan.tp), ("cp", plan.cp), ("pp", plan.pp), ("dp", plan.dp)) if v > 1]
+    parts = [f"{k}{v}" for k, v in (("tp", plan.tp), ("cp", plan.cp), ("pp", plan.pp), ("dp", plan.dp),
+                                    ("ep", getattr(plan, "ep", 1))) if v > 1]
     if plan.zero:
         parts.append(f"zero{plan.zero}")
     if plan.virtual_stages > 1:
@@ -336,7 +380,8 @@ def run_validate(args) -> int:
     import shutil
     import time
 
-    from paraplan.validation.reference import compare_to_reference, load_parallel_grads, reference_run
+    from paraplan.validation.reference import (compare_to_reference, load_parallel_grads, loss_rtol_for,
+                                               reference_run)
     for note in resolve_layout_flags(args):
         print(f"paraplan: note: {note}", file=sys.stderr)
     check_validate_args(args)
@@ -350,7 +395,8 @@ def run_validate(args) -> int:
         except (OSError, json.JSONDecodeError) as e:
             raise ConfigError("predicted", f"cannot read {args.predicted}: {e}") from e
     else:
-        predicted, est = predict_run(cfg, plan, args.db, allow_profiling=not args.no_profile)
+        predicted, est = predict_run(cfg, plan, args.db, allow_profiling=not args.no_profile,
+                                     moe_imbalance=args.moe_imbalance)
         estimate_dict = est.to_dict()
     check_ref = not args.no_reference and opts.nnodes == 1
     spec = {"model": asdict(cfg), "plan": asdict(plan), "dump_grads": check_ref}
@@ -364,7 +410,7 @@ def run_validate(args) -> int:
         if check_ref:
             with progress.step("validate: single-process reference run"):
                 ref = reference_run(cfg, plan)
-            ref_check = compare_to_reference(results, ref, load_parallel_grads(run_dir))
+            ref_check = compare_to_reference(results, ref, load_parallel_grads(run_dir), loss_rtol_for(cfg))
             ref_check.pop("parallel_losses", None)
         report = build_report(asdict(plan), results, args.out, predicted=predicted,
                               reference_check=ref_check, model=asdict(cfg),
@@ -378,6 +424,10 @@ def run_validate(args) -> int:
               f"(loss rel.err {ref_check['loss_rel_err']:.2e} <= {ref_check['loss_rtol']:g}, "
               f"grad rel.err {ref_check['grad_rel_err']:.2e} <= {ref_check['grad_rtol']:g})")
     print(verdict_line(plan, report))
+    load = report["measured"].get("expert_load_busiest")
+    if load is not None:
+        print(f"experts: the busiest ep rank ran {load:.2f}x its balanced share of routed tokens per MoE layer "
+              f"(predicted with --moe-imbalance {args.moe_imbalance:g})")
     print(f"report: {os.path.join(args.out, 'report.json')}")
     return 0 if ref_check is None or ref_check["matches"] else 1
 

@@ -57,7 +57,7 @@ class ZeroOptimizer:
     """
 
     def __init__(self, named_params, dp_group, stage: int, lr: float = 1e-3,
-                 weight_decay: float = 0.01, offload: bool = False):
+                 weight_decay: float = 0.01, offload: bool = False, divisor: int | None = None):
         if stage not in (0, 1, 2):
             raise ConfigError("zero", f"ZeroOptimizer handles stages 0-2, got {stage}",
                               accepted="0, 1, 2")
@@ -71,6 +71,9 @@ class ZeroOptimizer:
         self.group = dp_group
         self.dp = 1 if dp_group is None else dist.get_world_size(dp_group)
         self.rank = 0 if dp_group is None else dist.get_rank(dp_group)
+        #: what the summed gradients are divided by: the group's size, or (experts under ep) every
+        #: data-parallel rank whose loss the local gradients already sum over (dp·cp)
+        self.divisor = self.dp if divisor is None else divisor
         self.stage = stage
         self.grad_shard = None
         if stage == 0:
@@ -125,8 +128,8 @@ class ZeroOptimizer:
                 out = flat
             else:
                 out = flat
-        if self.dp > 1:
-            out.div_(self.dp)
+        if self.divisor > 1:
+            out.div_(self.divisor)
         if self.stage == 0:
             off = 0
             for p in self.params:
@@ -180,6 +183,10 @@ class ZeroOptimizer:
     def zero_grad(self) -> None:
         for p in self.params:
             p.grad = None
+
+    def state_bytes(self) -> int:
+        """Bytes of AdamW's states on the device (none under offload: they live in host memory)."""
+        return 0 if self.offload else optimizer_state_bytes(self.opt)
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes this rank holds: parameters, gradients (after sync), optimizer states."""
@@ -240,7 +247,54 @@ class FsdpOptimizer:
     def zero_grad(self) -> None:
         self.opt.zero_grad(set_to_none=True)
 
+    def state_bytes(self) -> int:
+        return optimizer_state_bytes(self.opt)
+
     def memory_bytes(self) -> dict[str, int]:
         return {"parameters": sum(local_nbytes(p) for p in self.params),
                 "gradients": sum(local_nbytes(p.grad) for p in self.params),
                 "optimizer_states": optimizer_state_bytes(self.opt)}
+
+
+class ExpertSplitOptimizer:
+    """Two :class:`ZeroOptimizer` side by side under expert parallelism: the dense parameters over
+    the data-parallel group, the routed experts over the expert-data-parallel group (their
+    ``dp·cp/ep`` replicas), each with its own ZeRO slices. An expert's local gradient already sums
+    the losses of the ep ranks that routed tokens to it, so it is divided by dp·cp, not by its
+    group's size (:mod:`paraplan.validation.apply_ep`)."""
+
+    def __init__(self, dense: ZeroOptimizer, experts: ZeroOptimizer):
+        self.parts = (dense, experts)
+        self.stage = dense.stage
+
+    def sync_grads(self) -> None:
+        for o in self.parts:
+            o.sync_grads()
+
+    def full_grads(self) -> dict[str, torch.Tensor]:
+        return {n: g for o in self.parts for n, g in o.full_grads().items()}
+
+    def step(self) -> None:
+        for o in self.parts:
+            o.step()
+
+    def zero_grad(self) -> None:
+        for o in self.parts:
+            o.zero_grad()
+
+    def state_bytes(self) -> int:
+        return sum(o.state_bytes() for o in self.parts)
+
+    def memory_bytes(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for o in self.parts:
+            for k, v in o.memory_bytes().items():
+                out[k] = out.get(k, 0) + v
+        return out
+
+    def host_memory_bytes(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for o in self.parts:
+            for k, v in o.host_memory_bytes().items():
+                out[k] = out.get(k, 0) + v
+        return out

@@ -39,7 +39,14 @@ def summarize_measured(results: list[dict]) -> dict:
     biggest = max(results, key=lambda r: r["memory_bytes"]["total"])
     cuda_peak = [r["cuda_max_memory_allocated"] for r in results
                  if r.get("cuda_max_memory_allocated") is not None]
+    loads = [r["expert_load"] for r in results if r.get("expert_load")]
+    moe = {} if not loads else {
+        # the busiest ep rank's share of its layer's routed tokens over the balanced one, averaged over
+        # the MoE calls, worst ep group (validation.apply_ep.expert_load): the estimator's --moe-imbalance
+        "expert_load_busiest": max(x["busiest"] for x in loads),
+        "expert_load_by_rank": [x["rank"] for x in loads]}
     return {
+        **moe,
         "step_time_s": _median(slowest["step_times_s"]),
         "step_time_mean_s": _mean(slowest["step_times_s"]),
         "step_times_s": slowest["step_times_s"],

@@ -19,6 +19,8 @@ activations between blocks are split along the sequence and the tp all-reduce be
 all-gather before, and a reduce-scatter after, each parallel region. With context parallelism
 (:mod:`paraplan.validation.apply_cp`) a rank holds two of ``2·cp`` sequence chunks, its positions
 index the learned position embedding and attention is ring attention over the cp group.
+With ``experts`` > 0 every block's MLP is a dropless mixture of experts
+(:mod:`paraplan.validation.apply_ep`), its experts split over the ep group.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from torch.utils.checkpoint import checkpoint
 from paraplan.errors import ConfigError
 from paraplan.validation import comm
 from paraplan.validation.apply_cp import ring_attention
+from paraplan.validation.apply_ep import EpContext, moe_mlp
 from paraplan.validation.memory import SavedActivationCounter
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
@@ -52,6 +55,11 @@ class GPTConfig:
     seed: int = 0
     attention: str = "math"  # "math": softmax(QK^T)V materialised (as in Korthikanti et al.
     #                          2022's activation count); "sdpa": fused scaled_dot_product_attention
+    #: routed experts of every layer's MLP (0: a dense MLP), :mod:`paraplan.validation.apply_ep`
+    experts: int = 0
+    top_k: int = 2
+    #: an expert's inner width (0: the dense MLP's, mlp_ratio · hidden)
+    expert_ffn: int = 0
 
     def __post_init__(self):
         for name in ("vocab_size", "seq_len", "hidden", "heads", "layers", "mlp_ratio"):
@@ -60,6 +68,12 @@ class GPTConfig:
         if self.attention not in ("math", "sdpa"):
             raise ConfigError("model.attention", f"unknown value {self.attention!r}",
                               accepted="math, sdpa")
+        for name in ("experts", "expert_ffn"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"model.{name}", f"must be >= 0, got {getattr(self, name)}")
+        if self.experts and not 1 <= self.top_k <= self.experts:
+            raise ConfigError("model.top_k", f"top_k({self.top_k}) must be between 1 and experts({self.experts})",
+                              accepted=f"1..{self.experts}")
         if self.hidden % self.heads:
             raise ConfigError("model.hidden", f"hidden({self.hidden}) is not divisible by "
                               f"heads({self.heads})")
@@ -67,6 +81,10 @@ class GPTConfig:
     @property
     def ffn(self) -> int:
         return self.mlp_ratio * self.hidden
+
+    @property
+    def expert_width(self) -> int:
+        return self.expert_ffn or self.ffn
 
 
 @dataclass
@@ -81,6 +99,8 @@ class ParallelContext:
     stats: dict = field(default_factory=dict)
     #: context parallelism (:class:`paraplan.validation.apply_cp.CpContext`), None without it
     cp: object = None
+    #: expert parallelism (:class:`paraplan.validation.apply_ep.EpContext`)
+    ep: EpContext = field(default_factory=EpContext)
 
     @property
     def cp_size(self) -> int:
@@ -100,12 +120,38 @@ def param_specs(cfg: GPTConfig) -> list[tuple[str, tuple[int, ...], int | None, 
             (p + "attn.qkv.weight", (3 * h, h), 0, "normal"), (p + "attn.qkv.bias", (3 * h,), 0, "zeros"),
             (p + "attn.o.weight", (h, h), 1, "proj"), (p + "attn.o.bias", (h,), None, "zeros"),
             (p + "ln2.weight", (h,), None, "ones"), (p + "ln2.bias", (h,), None, "zeros"),
-            (p + "mlp.fc1.weight", (f, h), 0, "normal"), (p + "mlp.fc1.bias", (f,), 0, "zeros"),
-            (p + "mlp.fc2.weight", (h, f), 1, "proj"), (p + "mlp.fc2.bias", (h,), None, "zeros"),
         ]
+        if cfg.experts:   # the router, then every expert's own weights (split over ep by expert)
+            specs.append((p + "moe.router.weight", (cfg.experts, h), None, "normal"))
+            fe = cfg.expert_width
+            for j in range(cfg.experts):
+                q = f"{p}moe.experts.{j}."
+                specs += [(q + "fc1.weight", (fe, h), None, "normal"), (q + "fc1.bias", (fe,), None, "zeros"),
+                          (q + "fc2.weight", (h, fe), None, "proj"), (q + "fc2.bias", (h,), None, "zeros")]
+        else:
+            specs += [
+                (p + "mlp.fc1.weight", (f, h), 0, "normal"), (p + "mlp.fc1.bias", (f,), 0, "zeros"),
+                (p + "mlp.fc2.weight", (h, f), 1, "proj"), (p + "mlp.fc2.bias", (h,), None, "zeros"),
+            ]
     specs += [("ln_f.weight", (h,), None, "ones"), ("ln_f.bias", (h,), None, "zeros"),
               ("head.weight", (V, h), 0, "normal")]
     return specs
+
+
+def is_expert_param(name: str) -> bool:
+    """Whether a parameter belongs to a routed expert (split over ep, averaged over expert data parallelism)."""
+    return ".moe.experts." in name
+
+
+def expert_index(name: str) -> int:
+    """The expert a parameter ``blocks.i.moe.experts.j.…`` belongs to (j)."""
+    return int(name.split(".moe.experts.", 1)[1].split(".", 1)[0])
+
+
+def local_experts(cfg: GPTConfig, ep_rank: int, ep_size: int) -> range:
+    """The experts ep rank ``ep_rank`` holds: a contiguous run of E/ep."""
+    n = cfg.experts // ep_size
+    return range(ep_rank * n, (ep_rank + 1) * n)
 
 
 def full_init(cfg: GPTConfig, name: str, shape, kind: str) -> torch.Tensor:
@@ -171,13 +217,26 @@ class Block(nn.Module):
         self._causal_masks = {}
         for n in ("qkv", "o"):
             self.attn.add_module(n, nn.Module())
-        self.mlp = nn.Module()
-        for n in ("fc1", "fc2"):
-            self.mlp.add_module(n, nn.Module())
+        self.local_experts = local_experts(cfg, ctx.ep.rank, ctx.ep.size) if cfg.experts else range(0)
+        if cfg.experts:
+            self.moe = nn.Module()
+            self.moe.add_module("router", nn.Module())
+            self.moe.add_module("experts", nn.Module())
+            for j in self.local_experts:
+                expert = nn.Module()
+                for n in ("fc1", "fc2"):
+                    expert.add_module(n, nn.Module())
+                self.moe.experts.add_module(str(j), expert)
+        else:
+            self.mlp = nn.Module()
+            for n in ("fc1", "fc2"):
+                self.mlp.add_module(n, nn.Module())
         prefix = f"blocks.{index}."
         for name, shape, dim, kind in param_specs(cfg):
             if not name.startswith(prefix):
                 continue
+            if is_expert_param(name) and expert_index(name) not in self.local_experts:
+                continue   # another ep rank's expert
             value = shard(full_init(cfg, name, shape, kind), dim, ctx.tp_rank, ctx.tp_size)
             owner_path, leaf = name[len(prefix):].rsplit(".", 1)
             param = nn.Parameter(value)
@@ -229,6 +288,10 @@ class Block(nn.Module):
         return self._exit_parallel(F.linear(o, a.o.weight)) + a.o.bias
 
     def _mlp(self, x):
+        if self.cfg.experts:
+            experts = [(e.fc1.weight, e.fc1.bias, e.fc2.weight, e.fc2.bias)
+                       for e in (self.moe.experts.get_submodule(str(j)) for j in self.local_experts)]
+            return moe_mlp(self.ln2(x), self.moe.router.weight, experts, self.cfg.top_k, self.ctx.ep, self.ctx.stats)
         m = self.mlp
         x = self._enter_parallel(self.ln2(x))
         y = F.gelu(F.linear(x, m.fc1.weight, m.fc1.bias))

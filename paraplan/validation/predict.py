@@ -9,8 +9,11 @@ Mapping (what the harness runs -> what the estimator is told):
 
 * :class:`~paraplan.validation.model.GPTConfig` -> ``TransformerModel``: learned positions
   (``max_positions = seq_len``), untied embeddings, GELU MLP of ``mlp_ratio · hidden``,
-  biases, LayerNorm, MHA, no dropout (the harness has none: no masks kept).
-* :class:`~paraplan.validation.worker.RunPlan` -> ``Plan``: tp, pp, dp, cp (``cp_mode = ring``:
+  biases, LayerNorm, MHA, no dropout (the harness has none: no masks kept); with ``experts``
+  a ``MoESpec`` (every layer, dropless, permute dispatch, ``expert_ffn_hidden`` the expert width),
+  priced at ``moe_imbalance`` (validate --moe-imbalance, default 1 as estimate's; the run reports
+  the busiest ep rank's load it measured, validation.apply_ep.expert_load).
+* :class:`~paraplan.validation.worker.RunPlan` -> ``Plan``: tp, pp, dp, ep, cp (``cp_mode = ring``:
   the harness runs ring attention, :mod:`paraplan.validation.apply_cp`), zero, micro_batch,
   recompute, sp, vpp (``interleaved`` when > 1, else ``1f1b``), offload (``cpu``: optimizer states in host
   memory; on a profiled CPU the estimator prices it as the same AdamW plus two copies, compute.device_is_host); ``dtype = fp32`` (the harness
@@ -20,7 +23,8 @@ Mapping (what the harness runs -> what the estimator is told):
   cores as the ranks' compute and hide nothing; ``grad_accumulation_fusion = False`` (autograd
   adds each micro-batch's gradients into ``.grad`` with separate kernels).
 * Terms, estimator -> harness names: compute + recompute + grad_accumulation -> ``compute`` (the
-  harness times recomputation and the accumulation inside compute), tp_comm, cp_comm (with cp > 1), pp_comm + pp_bubble ->
+  harness times recomputation and the accumulation inside compute), tp_comm, cp_comm (with cp > 1),
+  ep_comm (with ep > 1: the token all-to-alls and their counts), pp_comm + pp_bubble ->
   ``pp_comm`` (the harness's pipeline receives include the bubble), dp_comm, optimizer +
   offload -> ``optimizer``.
 * ``other``, the harness's own work outside the estimator's terms (:func:`harness_other_time`):
@@ -45,10 +49,10 @@ from paraplan.errors import ConfigError
 from paraplan.plan import Plan
 from paraplan.profiles.store import ProfileStore, machine_fingerprint
 from paraplan.scenario import load_cluster
-from paraplan.workloads.transformer import TrainingJob, TransformerModel
+from paraplan.workloads.transformer import MoESpec, TrainingJob, TransformerModel
 
 TERM_MAP = {"compute": ("compute", "recompute", "grad_accumulation", "moe_host"), "tp_comm": ("tp_comm",),
-            "cp_comm": ("cp_comm",), "pp_comm": ("pp_comm", "pp_bubble"), "dp_comm": ("dp_comm",),
+            "cp_comm": ("cp_comm",), "ep_comm": ("ep_comm",), "pp_comm": ("pp_comm", "pp_bubble"), "dp_comm": ("dp_comm",),
             "optimizer": ("optimizer", "offload")}
 MEMORY_MAP = {"parameters": "parameters", "gradients": "gradients",
               "optimizer_states": "optimizer_states", "activations_peak": "activations"}
@@ -64,14 +68,17 @@ NOTES = ("estimate on this machine's measured profile (paraplan profile, Profile
 
 
 def estimator_model(cfg):
+    experts = getattr(cfg, "experts", 0)
+    moe = MoESpec(experts=experts, top_k=cfg.top_k, expert_ffn_hidden=cfg.expert_width) if experts else None
     return TransformerModel(name="validation-gpt", layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads,
                             vocab=cfg.vocab_size, ffn_hidden=cfg.ffn, activation="gelu",
                             tied_embeddings=False, norm="layernorm", bias=True,
-                            learned_positions=True, max_positions=cfg.seq_len, dropout=False)
+                            learned_positions=True, max_positions=cfg.seq_len, dropout=False, moe=moe)
 
 
 def estimator_plan(cfg, run, cpu: bool = False):
-    return Plan(tp=run.tp, pp=run.pp, dp=run.dp, cp=run.cp, cp_mode="ring", sp=run.sequence_parallel,
+    return Plan(tp=run.tp, pp=run.pp, dp=run.dp, cp=run.cp, cp_mode="ring", ep=getattr(run, "ep", 1),
+                sp=run.sequence_parallel,
                 vpp=run.virtual_stages,
                 micro_batch=run.micro_batch,
                 schedule="interleaved" if run.virtual_stages > 1 else "1f1b",
@@ -109,13 +116,15 @@ def harness_other_time(run, gradient_bytes: float, copy_bytes_per_s: float) -> f
     return passes * 2.0 * float(gradient_bytes) / float(copy_bytes_per_s)
 
 
-def to_predicted(e, other_s: float = 0.0, cp: int = 1) -> dict:
+def to_predicted(e, other_s: float = 0.0, cp: int = 1, ep: int = 1) -> dict:
     """The report's ``predicted`` dict from an Estimate (harness term names, see the docstring),
     with ``other_s`` of harness work (:func:`harness_other_time`) added to the step; ``cp_comm``
-    only with context parallelism (``cp`` > 1), as the harness reports it."""
+    only with context parallelism (``cp`` > 1) and ``ep_comm`` only with expert parallelism, as the
+    harness reports them."""
     tb = e.time_breakdown_s
     mem = e.memory_bytes_per_gpu
-    breakdown = {k: sum(tb[x] for x in xs) for k, xs in TERM_MAP.items() if k != "cp_comm" or cp > 1}
+    shown = {"cp_comm": cp > 1, "ep_comm": ep > 1}
+    breakdown = {k: sum(tb[x] for x in xs) for k, xs in TERM_MAP.items() if shown.get(k, True)}
     breakdown["other"] = float(other_s)
     memory = {k: mem[v] for k, v in MEMORY_MAP.items()}
     return {"step_time_s": e.step_time_s + float(other_s), "memory_bytes_per_rank": sum(memory.values()),
@@ -123,14 +132,15 @@ def to_predicted(e, other_s: float = 0.0, cp: int = 1) -> dict:
             "source": "estimate --cluster local", "notes": list(NOTES)}
 
 
-def predict_run(cfg, run, db: str | None = None, allow_profiling: bool = True):
-    """(predicted dict, Estimate) for a harness model and run plan on this machine's profile."""
+def predict_run(cfg, run, db: str | None = None, allow_profiling: bool = True, moe_imbalance: float = 1.0):
+    """(predicted dict, Estimate) for a harness model and run plan on this machine's profile;
+    ``moe_imbalance`` is the job's (the busiest expert shard's tokens over the balanced share)."""
     ensure_profile(db, run.world_size, allow_profiling)
     cluster = load_cluster("local", run.world_size, db=db)
     cpu = device_is_host(cluster)
-    e = estimate(estimator_model(cfg), TrainingJob(cfg.seq_len, run.global_batch), cluster,
+    e = estimate(estimator_model(cfg), TrainingJob(cfg.seq_len, run.global_batch, moe_imbalance=moe_imbalance), cluster,
                  estimator_plan(cfg, run, cpu))
     # the rank's full local gradients before the sync (ZeRO-1/2 shard only after it): its parameters
     other = harness_other_time(run, e.memory_bytes_per_gpu["parameters"],
                                cluster.accelerator.memory_bandwidth_bytes_per_s)
-    return to_predicted(e, other, run.cp), e
+    return to_predicted(e, other, run.cp, getattr(run, "ep", 1)), e

@@ -7,6 +7,13 @@ first step's gradients, measured per tensor as max |g - g_ref| / max(max |g_ref|
 floor = ``GRAD_FLOOR`` times the largest reference gradient entry of the whole model (some
 gradients are zero in exact arithmetic, e.g. the key bias, since softmax ignores a constant
 shift, and are rounding noise in both runs).
+
+A mixture of experts routes each token to its top-k experts, a discontinuous choice: once the
+parameters have drifted apart by rounding, a token whose two best scores are within that drift can
+go to another expert in one run than in the other, and the loss jumps by that token's share (on
+the default validate model with 8 experts, dp2: ~1e-8 for nine steps, then 1.9e-6 at the tenth and
+1.2e-5 by the thirteenth). Such runs are held to ``MOE_LOSS_RTOL`` per step; their first step, where
+both start from the same parameters, keeps ``GRAD_RTOL``.
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ from paraplan.validation.model import GPTConfig
 from paraplan.validation.worker import RunPlan, run_training
 
 LOSS_RTOL = 1e-5
+MOE_LOSS_RTOL = 1e-4
 GRAD_RTOL = 1e-4
 GRAD_FLOOR = 1e-3
 
@@ -49,7 +57,13 @@ def load_parallel_grads(out_dir: str) -> dict[str, torch.Tensor]:
     return grads
 
 
-def compare_to_reference(results: list[dict], ref: dict, grads: dict | None = None) -> dict:
+def loss_rtol_for(cfg: GPTConfig) -> float:
+    """The per-step loss tolerance of a model: LOSS_RTOL, or MOE_LOSS_RTOL with routed experts."""
+    return MOE_LOSS_RTOL if getattr(cfg, "experts", 0) else LOSS_RTOL
+
+
+def compare_to_reference(results: list[dict], ref: dict, grads: dict | None = None,
+                         loss_rtol: float = LOSS_RTOL) -> dict:
     """Errors of a parallel run against the reference; ``matches`` is the verdict.
 
     Returns ``loss_rel_err`` (max over steps), ``grad_rel_err`` (max over tensors, or None),
@@ -58,10 +72,10 @@ def compare_to_reference(results: list[dict], ref: dict, grads: dict | None = No
     par = parallel_losses(results)
     ref_losses = ref["losses"]
     loss_err = max(abs(a - b) / abs(b) for a, b in zip(par, ref_losses))
-    out = {"loss_rel_err": loss_err, "loss_rtol": LOSS_RTOL, "grad_rtol": GRAD_RTOL,
+    out = {"loss_rel_err": loss_err, "loss_rtol": loss_rtol, "grad_rtol": GRAD_RTOL,
            "parallel_losses": par, "reference_losses": ref_losses,
            "grad_rel_err": None, "missing_grads": []}
-    ok = len(par) == len(ref_losses) and loss_err <= LOSS_RTOL
+    ok = len(par) == len(ref_losses) and loss_err <= loss_rtol
     if grads is not None and ref.get("grads") is not None:
         errs = {}
         floor = GRAD_FLOOR * max(float(g.abs().max()) for g in ref["grads"].values())

@@ -42,10 +42,11 @@ from paraplan.validation import comm
 from paraplan.validation.apply_cp import CpContext, check_cp
 from paraplan.validation.apply_pp import PipelineRunner, interleaved_1f1b, stage_layers
 from paraplan.validation.apply_tp import make_tp_context, sync_sequence_parallel_grads
-from paraplan.validation.apply_zero import (ZERO_STAGES, FsdpOptimizer, ZeroOptimizer,
-                                            apply_fsdp, optimizer_state_bytes)
+from paraplan.validation.apply_ep import EpContext, check_ep, expert_load
+from paraplan.validation.apply_zero import (ZERO_STAGES, ExpertSplitOptimizer, FsdpOptimizer, ZeroOptimizer,
+                                            apply_fsdp)
 from paraplan.validation.memory import SavedActivationCounter
-from paraplan.validation.model import (RECOMPUTE_CHOICES, GPTConfig, Stage, param_specs,
+from paraplan.validation.model import (RECOMPUTE_CHOICES, GPTConfig, Stage, is_expert_param, param_specs,
                                        synthetic_batch)
 
 
@@ -57,6 +58,7 @@ class RunPlan:
     pp: int = 1
     dp: int = 1
     cp: int = 1
+    ep: int = 1   # expert parallelism, carved from dp (validation.apply_ep)
     zero: int = 0
     micro_batch: int = 1
     global_batch: int = 0  # 0: micro_batch * dp * pp (enough micro-batches to fill the pipe)
@@ -70,7 +72,7 @@ class RunPlan:
     profile_ops: bool = True
 
     def __post_init__(self):
-        for name in ("tp", "pp", "dp", "cp", "micro_batch", "virtual_stages", "steps"):
+        for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "virtual_stages", "steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
         if self.warmup < 0:
@@ -90,6 +92,9 @@ class RunPlan:
                               accepted="zero 0-2 with pp > 1")
         if self.virtual_stages > 1 and self.pp == 1:
             raise ConfigError("virtual_stages", "interleaving needs pp > 1")
+        if self.ep > 1 and self.dp % self.ep:
+            raise ConfigError("ep", f"dp({self.dp}) is not divisible by ep({self.ep}) (expert parallelism is "
+                              f"carved from data parallelism)", accepted="ep dividing dp")
         if self.offload and self.zero not in (1, 2):
             raise ConfigError("offload", f"optimizer offload runs with ZeRO 1 or 2 in this harness, not zero {self.zero}",
                               accepted="zero 1, 2")
@@ -130,11 +135,41 @@ class Groups:
     pp_ranks: list
     cp_rank: int = 0
     cp_group: object = None
+    #: expert parallelism: ep consecutive dp ranks (equal pp, cp, tp coordinates), and the expert-data-
+    #: parallel group of the ranks holding the same experts (None where of size 1)
+    ep_group: object = None
+    edp_group: object = None
+
+
+def _expert_groups(plan: RunPlan, rank: int) -> tuple[object, object]:
+    """(ep group, expert-data-parallel group) of ``rank``; every rank creates every group, in the same
+    order (torch.distributed.new_group). Rank = ((p·dp + d)·cp + c)·tp + t; an ep group is
+    d = b·ep … b·ep + ep − 1 at fixed (p, c, t); an expert-data-parallel group fixes (p, t, d mod ep)
+    and runs over c and d div ep."""
+    tp, dp, cp, ep = plan.tp, plan.dp, plan.cp, plan.ep
+    at = lambda p, d, c, t: ((p * dp + d) * cp + c) * tp + t   # noqa: E731
+    mine = [None, None]
+    for p in range(plan.pp):
+        for t in range(tp):
+            for c in range(cp):
+                for b in range(dp // ep):
+                    ranks = [at(p, d, c, t) for d in range(b * ep, (b + 1) * ep)]
+                    group = dist.new_group(ranks)
+                    if rank in ranks:
+                        mine[0] = group
+            if dp * cp // ep > 1:
+                for j in range(ep):
+                    ranks = sorted(at(p, b * ep + j, c, t) for c in range(cp) for b in range(dp // ep))
+                    group = dist.new_group(ranks)
+                    if rank in ranks:
+                        mine[1] = group
+    return mine[0], mine[1]
 
 
 def make_groups(plan: RunPlan, device_type: str) -> Groups:
-    """Create the groups with a (pp, dp·cp, tp) DeviceMesh (tp the fastest-varying axis, cp next) and
-    one cp group per run of cp consecutive dp·cp coordinates."""
+    """Create the groups with a (pp, dp·cp, tp) DeviceMesh (tp the fastest-varying axis, cp next),
+    one cp group per run of cp consecutive dp·cp coordinates and, with ep > 1, the expert groups
+    (:func:`_expert_groups`)."""
     from torch.distributed.device_mesh import init_device_mesh
     rank = dist.get_rank()
     tp, dp, cp = plan.tp, plan.dp, plan.cp
@@ -150,10 +185,11 @@ def make_groups(plan: RunPlan, device_type: str) -> Groups:
                     group = dist.new_group(ranks)
                     if rank in ranks:
                         cp_group = group
+    ep_group, edp_group = _expert_groups(plan, rank) if plan.ep > 1 else (None, None)
     return Groups(rank, tp_rank, dpcp_rank // cp, pp_rank,
                   mesh.get_group("tp") if tp > 1 else None,
                   mesh.get_group("dp") if dp * cp > 1 else None, mesh["dp"], pp_ranks,
-                  cp_rank=dpcp_rank % cp, cp_group=cp_group)
+                  cp_rank=dpcp_rank % cp, cp_group=cp_group, ep_group=ep_group, edp_group=edp_group)
 
 
 def _micro_split(t: torch.Tensor, plan: RunPlan, dp_rank: int, device, positions=None) -> list[torch.Tensor]:
@@ -200,8 +236,10 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
                        recompute=plan.recompute, steps=plan.steps, warmup=plan.warmup,
                        lr=plan.lr, profile_ops=plan.profile_ops)
         groups = Groups(0, 0, 0, 0, None, None, None, [0])
+    check_ep(cfg.experts, cfg.top_k, plan.ep, plan.dp, plan.tp, plan.zero)
     ctx = make_tp_context(cfg, groups.tp_group, sequence_parallel=plan.sequence_parallel,
                           recompute=plan.recompute)
+    ctx.ep = EpContext(groups.ep_group)
     positions = None
     if plan.cp > 1:
         check_cp(cfg.seq_len, plan.cp, plan.tp, plan.sequence_parallel)
@@ -220,6 +258,14 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
         named = [(n.split(".", 1)[1], p) for n, p in model.named_parameters()]
         opt = FsdpOptimizer(named, lr=plan.lr)
         before_backward = chunks[0].set_requires_gradient_sync
+    elif plan.ep > 1:   # experts differ across the ep group: their own ZeRO over their replicas
+        dense = [(n, p) for n, p in named if not is_expert_param(n)]
+        experts = [(n, p) for n, p in named if is_expert_param(n)]
+        opt = ExpertSplitOptimizer(
+            ZeroOptimizer(dense, groups.dp_group, plan.zero, lr=plan.lr, offload=plan.offload),
+            ZeroOptimizer(experts, groups.edp_group, plan.zero, lr=plan.lr, offload=plan.offload,
+                          divisor=plan.dp * plan.cp))
+        before_backward = None
     else:
         opt = ZeroOptimizer(named, groups.dp_group, plan.zero, lr=plan.lr, offload=plan.offload)
         before_backward = None
@@ -267,7 +313,7 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
         opt.step()
         if record and "optimizer_states_after_step" not in memory:
             # AdamW creates its states lazily in the first step: count them after it
-            memory["optimizer_states"] = 0 if plan.offload else optimizer_state_bytes(opt.opt)
+            memory["optimizer_states"] = opt.state_bytes()
             memory["optimizer_states_after_step"] = True
         opt.zero_grad()
         if cuda:
@@ -282,12 +328,14 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
             timers = dict(comm.TIMERS)
             step_s = (t2 - t0) + (t4 - t3)
             tp_c, cp_c, pp_c, dp_c = (timers.get(k, 0.0) for k in ("tp_comm", "cp_comm", "pp_comm", "dp_comm"))
-            compute = (t1 - t0) - sum(at_t1.get(k, 0.0) for k in ("tp_comm", "cp_comm", "pp_comm"))
+            compute = (t1 - t0) - sum(at_t1.get(k, 0.0) for k in ("tp_comm", "cp_comm", "ep_comm", "pp_comm"))
             opt_s = (t4 - t3) - (dp_c - dp_before_step)
             parts = {"compute": compute, "tp_comm": tp_c, "pp_comm": pp_c, "dp_comm": dp_c,
                      "optimizer": opt_s}
             if plan.cp > 1:
                 parts["cp_comm"] = cp_c
+            if plan.ep > 1:
+                parts["ep_comm"] = timers.get("ep_comm", 0.0)
             parts["other"] = max(0.0, step_s - sum(parts.values()))
             breakdowns.append(parts)
             times.append(step_s)
@@ -328,6 +376,8 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
         "cuda_max_memory_allocated": torch.cuda.max_memory_allocated() if cuda else None,
         "op_times_s": ops,
     }
+    if cfg.experts:   # how evenly the router spread the tokens (validation.apply_ep.expert_load)
+        result["expert_load"] = expert_load(ctx.stats.get("expert_calls", []), ctx.ep)
     if dump_grads:
         result["grads"] = grads
     return result
@@ -366,9 +416,10 @@ def _run_one(spec: dict, out_dir: str, cuda: bool, local_rank: int, status=None)
     result = run_training(cfg, plan, groups, device, bool(spec.get("dump_grads")), on_step=status)
     grads = result.pop("grads", None)
     r = groups.rank
-    if grads is not None and groups.tp_rank == 0 and groups.dp_rank == 0 and groups.cp_rank == 0:
-        torch.save({k: v.cpu() for k, v in grads.items()},
-                   os.path.join(out_dir, f"grads_rank{r}.pt"))
+    if grads is not None and groups.tp_rank == 0 and groups.cp_rank == 0 and groups.dp_rank < plan.ep:
+        # dp rank 0 saves every gradient of its stage; under ep, dp ranks 1..ep-1 their own experts'
+        keep = {k: v.cpu() for k, v in grads.items() if groups.dp_rank == 0 or is_expert_param(k)}
+        torch.save(keep, os.path.join(out_dir, f"grads_rank{r}.pt"))
     tmp = os.path.join(out_dir, f".rank{r}.json.tmp")
     with open(tmp, "w") as f:
         json.dump(result, f, indent=1)

@@ -1,0 +1,157 @@
+"""Mixture-of-Experts MLPs and expert parallelism for the validation model.
+
+An MoE layer (Shazeer et al. 2017; the dropless, token-permuting form of Megatron-Core's
+``MoELayer`` with its all-to-all token dispatcher, and of MegaBlocks) replaces the block's MLP:
+
+1. a router (a bias-free ``E × h`` linear) scores every token, softmax over the ``E`` experts, and
+   the token goes to its ``top_k`` best, with those ``k`` probabilities renormalised to sum to one
+   (Mixtral's and Qwen3's ``norm_topk_prob``);
+2. the ``T·k`` (token, expert) pairs are sorted by expert (a stable argsort: Megatron-Core's
+   ``permute``) and the tokens gathered in that order;
+3. with expert parallelism (``ep`` ranks share the ``E`` experts, ``E/ep`` each, rank ``r`` holding
+   experts ``r·E/ep … (r+1)·E/ep − 1``) the ranks first swap how many tokens each sends each expert
+   (one all-to-all of ``E`` counts), then the tokens themselves (one all-to-all with uneven splits),
+   and regroup what they received by local expert;
+4. each local expert, a GELU MLP ``h → f → h`` with biases, runs on its tokens (one GEMM pair per
+   expert, DeepSpeed-MoE's loop: no grouped GEMM on a CPU);
+5. the outputs travel back by the inverse all-to-all, are weighted by their gate and summed into
+   their tokens (Megatron-Core's ``unpermute``).
+
+Nothing is dropped and nothing is padded, so every layout computes what one process computes.
+Expert parallelism is carved from data parallelism, as DeepSpeed-MoE and the estimator's generic
+engine lay it out (:func:`paraplan.plan.expert_data_parallel`): the ep group is ``ep`` consecutive
+data-parallel ranks with equal pipeline and context coordinates, and an expert's gradients are
+averaged over its ``dp·cp/ep`` replicas (the expert-data-parallel group). Wall time of the two
+all-to-alls (and of their backward) is added to ``comm.TIMERS['ep_comm']``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from paraplan.errors import ConfigError
+from paraplan.validation import comm
+
+
+def check_ep(experts: int, top_k: int, ep: int, dp: int, tp: int = 1, zero: int = 0) -> None:
+    """Raise ConfigError unless the layout can run the model's experts: ep needs experts and must
+    divide both the experts and dp; experts run without tensor parallelism; ZeRO-3 (FSDP2 over the
+    whole data-parallel group) cannot shard experts that differ across it."""
+    if ep > 1 and experts == 0:
+        raise ConfigError("ep", f"ep({ep}) needs a mixture-of-experts model", accepted="--experts E with E % ep == 0")
+    if experts and top_k > experts:
+        raise ConfigError("top_k", f"top_k({top_k}) exceeds experts({experts})", accepted=f"1..{experts}")
+    if experts and experts % ep:
+        raise ConfigError("ep", f"experts({experts}) is not divisible by ep({ep})",
+                          accepted=", ".join(str(d) for d in range(1, experts + 1) if experts % d == 0))
+    if ep > 1 and dp % ep:
+        raise ConfigError("ep", f"dp({dp}) is not divisible by ep({ep}) (expert parallelism is carved from "
+                          f"data parallelism)", accepted="ep dividing dp")
+    if experts and tp > 1:
+        raise ConfigError("tp", f"the harness runs mixture-of-experts layers with tp 1, got tp {tp}",
+                          accepted="tp 1 with --experts")
+    if ep > 1 and zero == 3:
+        raise ConfigError("zero", "ZeRO-3 with ep > 1 is not run by the harness (FSDP2 would shard experts "
+                          "that differ across the data-parallel group)", accepted="zero 0-2 with ep > 1")
+
+
+class EpContext:
+    """This rank's ep group (None for ep 1), its size and rank."""
+
+    def __init__(self, group=None):
+        self.group = group
+        self.size = 1 if group is None else dist.get_world_size(group)
+        self.rank = 0 if group is None else dist.get_rank(group)
+
+
+class _AllToAll(torch.autograd.Function):
+    """Rows of ``x`` split ``send`` per rank go out, ``recv`` rows per rank come in; the backward is
+    the same exchange with the splits swapped."""
+
+    @staticmethod
+    def forward(ctx, x, send: list[int], recv: list[int], group):
+        ctx.send, ctx.recv, ctx.group = send, recv, group
+        return _exchange(x, send, recv, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _exchange(g, ctx.recv, ctx.send, ctx.group), None, None, None
+
+
+def _exchange(x: torch.Tensor, send: list[int], recv: list[int], group) -> torch.Tensor:
+    out = x.new_empty((sum(recv),) + tuple(x.shape[1:]))
+    with comm.timed("ep_comm"):
+        dist.all_to_all_single(out, x.contiguous(), output_split_sizes=recv, input_split_sizes=send, group=group)
+    return out
+
+
+def _swap_counts(counts: torch.Tensor, ep: EpContext) -> torch.Tensor:
+    """Every rank's token counts for this rank's experts: [ep, E/ep] (row = sending rank)."""
+    out = torch.empty_like(counts)
+    with comm.timed("ep_comm"):
+        dist.all_to_all_single(out, counts, group=ep.group)
+    return out.view(ep.size, -1)
+
+
+def run_experts(x: torch.Tensor, sizes: list[int], experts) -> torch.Tensor:
+    """Local expert ``j`` on the next ``sizes[j]`` rows of ``x``: ``gelu(x W1ᵀ + b1) W2ᵀ + b2``, with
+    ``experts[j]`` = (W1, b1, W2, b2)."""
+    outs = [F.linear(F.gelu(F.linear(xj, w1, b1)), w2, b2) for (w1, b1, w2, b2), xj in zip(experts, x.split(sizes))]
+    return torch.cat(outs) if outs else x
+
+
+def moe_mlp(x: torch.Tensor, router, experts, top_k: int, ep: EpContext, stats: dict | None = None):
+    """The MoE MLP of ``x`` [b, s, h] (the module docstring's five steps); ``router`` [E, h];
+    ``experts`` this rank's E/ep experts in order, each (W1 [f, h], b1 [f], W2 [h, f], b2 [h]): one
+    parameter each, as Megatron-Core's SequentialMLP and TEGroupedMLP hold them (slices of one stacked
+    tensor would cost a full-size zero-filled gradient per expert in autograd). ``stats`` (if given)
+    collects, per call, the tokens this rank's experts processed and their balanced share
+    (``expert_calls``; :func:`expert_load`)."""
+    b, s, h = x.shape
+    tokens = x.reshape(-1, h)
+    probs = torch.softmax(F.linear(tokens, router), dim=-1)
+    top_p, top_i = probs.topk(top_k, dim=-1)
+    gates = top_p / top_p.sum(dim=-1, keepdim=True)
+    flat = top_i.reshape(-1)
+    order = torch.argsort(flat, stable=True)
+    source = order // top_k
+    routed = tokens.index_select(0, source)
+    counts = torch.bincount(flat, minlength=router.shape[0])
+    if ep.size == 1:
+        local_sizes = counts.tolist()
+        y = run_experts(routed, local_sizes, experts)
+    else:
+        received = _swap_counts(counts, ep)                       # [ep, E/ep]
+        send = counts.view(ep.size, -1).sum(dim=1).tolist()
+        recv = received.sum(dim=1).tolist()
+        arrived = _AllToAll.apply(routed, send, recv, ep.group)   # by sending rank, then local expert
+        local = torch.arange(received.shape[1]).repeat(ep.size)
+        regroup = torch.argsort(torch.repeat_interleave(local, received.reshape(-1)), stable=True)
+        local_sizes = received.sum(dim=0).tolist()
+        out = run_experts(arrived.index_select(0, regroup), local_sizes, experts)
+        back = torch.empty_like(regroup)
+        back[regroup] = torch.arange(regroup.numel())
+        y = _AllToAll.apply(out.index_select(0, back), recv, send, ep.group)
+    if stats is not None:   # (tokens this rank's experts ran, their balanced share) per call
+        stats.setdefault("expert_calls", []).append((sum(local_sizes), flat.numel()))
+    weighted = y * gates.reshape(-1).index_select(0, order).unsqueeze(-1)
+    return torch.zeros_like(tokens).index_add(0, source, weighted).view(b, s, h)
+
+
+def expert_load(calls: list[tuple[int, int]], ep: EpContext) -> dict:
+    """How evenly the router spread the work, from every rank's ``(tokens run, balanced share)`` per
+    MoE call (the same calls in the same order on every rank of the ep group): ``rank`` = this rank's
+    tokens over its balanced share, all calls together; ``busiest`` = the mean over calls of the
+    busiest ep rank's ratio, which is what the call waits for (the estimator's ``moe_imbalance``: the
+    busiest expert shard's tokens over the balanced share). 1.0 without ep: one device runs every
+    expert in turn, so only the total counts."""
+    if not calls:
+        return {"rank": None, "busiest": None}
+    ran = sum(c[0] for c in calls) / sum(c[1] for c in calls)
+    if ep.size == 1:
+        return {"rank": ran, "busiest": ran}
+    everyone = [None] * ep.size
+    dist.all_gather_object(everyone, calls, group=ep.group)
+    per_call = [max(r[i][0] for r in everyone) / calls[i][1] for i in range(len(calls))]
+    return {"rank": ran, "busiest": sum(per_call) / len(per_call)}

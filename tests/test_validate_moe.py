@@ -1,0 +1,75 @@
+"""``paraplan validate`` with a mixture of experts: flags checked before anything launches, plan files'
+expert parallelism taken, the harness's model mapped onto the estimator's (no torchrun here: the runs are
+in test_validation_parallel.py and test_profiled.py)."""
+from __future__ import annotations
+
+import pytest
+
+from paraplan.cli.validate import main, plan_file_layout
+from paraplan.costmodels.estimate import estimate
+from paraplan.hardware.catalog import load_cluster
+from paraplan.plan import Plan
+from paraplan.planfile import write_plan_file
+from paraplan.workloads.presets import load_model
+from paraplan.workloads.transformer import TrainingJob
+
+
+@pytest.mark.parametrize("argv, flag, said", [
+    (["--ep", "2", "--dp", "2"], "--ep", "needs a mixture-of-experts model"),
+    (["--experts", "6", "--ep", "4", "--dp", "4"], "--ep", "accepted: 1, 2, 3, 6"),
+    (["--experts", "4", "--ep", "4", "--nproc-per-node", "2"], "--ep", "does not divide dp 2"),
+    (["--experts", "4", "--ep", "2"], "--ep", "does not divide dp 1"),
+    (["--experts", "4", "--tp", "2", "--nproc-per-node", "2"], "--tp", "tp 1 with --experts"),
+    (["--experts", "4", "--ep", "2", "--dp", "2", "--zero", "3"], "--zero", "ZeRO-3 with --ep > 1"),
+    (["--experts", "4", "--top-k", "5"], "--top-k", "accepted: 1..4"),
+    (["--experts", "-1"], "--experts", ""),
+    (["--moe-imbalance", "0.5"], "--moe-imbalance", ">= 1"),
+])
+def test_bad_moe_flags_are_one_line_naming_the_flag(tmp_path, capsys, argv, flag, said):
+    assert main(["validate", *argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    first = err.splitlines()[0]   # a ConfigError is one line; argparse's adds a "(see: ... --help)" line
+    assert first.startswith(("paraplan: error: " + flag, "paraplan validate: error: " + flag)), err
+    assert said in first and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def _moe_plan_file(path, **fields):
+    plan = Plan(**{"dp": 4, "ep": 2, "micro_batch": 1, **fields})
+    e = estimate(load_model("qwen3-30b-a3b"), TrainingJob(4096, 8), load_cluster("dgx-h100", plan.tp * plan.pp *
+                                                                                  plan.dp * plan.cp), plan)
+    write_plan_file(path, e, "qwen3-30b-a3b", "dgx-h100")
+    return path
+
+
+def test_a_plan_files_expert_parallelism_is_taken(tmp_path, capsys):
+    """ep comes from the file and is said to run on the harness's experts; without --experts the
+    harness's model is dense and the flag to give is named."""
+    path = _moe_plan_file(tmp_path / "p.json")
+    flags, notes = plan_file_layout(path)
+    assert flags["ep"] == 2 and flags["dp"] == 4
+    assert any("runs on the harness's mixture of experts" in n for n in notes)
+    assert main(["validate", "--plan", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith("paraplan: error: --ep") and "--experts E" in err
+
+
+def test_the_estimator_is_told_the_harness_experts():
+    from paraplan.validation.model import GPTConfig, param_specs
+    from paraplan.validation.predict import TERM_MAP, estimator_model, estimator_plan, to_predicted
+    from paraplan.validation.worker import RunPlan
+    cfg = GPTConfig(vocab_size=256, seq_len=64, hidden=64, heads=4, layers=2, experts=8, top_k=2, expert_ffn=96)
+    model = estimator_model(cfg)
+    assert (model.moe.experts, model.moe.top_k, model.moe.expert_ffn_hidden) == (8, 2, 96)
+    assert model.moe.capacity_factor is None and model.moe.dispatch == "permute"
+    harness_params = sum(__import__("math").prod(s) for _, s, _, _ in param_specs(cfg))
+    assert model.num_params == harness_params
+    run = RunPlan(dp=4, ep=2)
+    plan = estimator_plan(cfg, run, cpu=True)
+    assert plan.ep == 2
+    from paraplan.hardware.catalog import load_cluster as catalog_cluster
+    e = estimate(model, TrainingJob(cfg.seq_len, run.global_batch), catalog_cluster("dgx-h100", 4), plan)
+    assert "ep_comm" in to_predicted(e, ep=2)["time_breakdown_s"]
+    assert "ep_comm" not in to_predicted(e, ep=1)["time_breakdown_s"]
+    assert TERM_MAP["ep_comm"] == ("ep_comm",)
+    assert GPTConfig(experts=0).expert_width == GPTConfig().ffn
