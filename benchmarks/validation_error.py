@@ -1,7 +1,7 @@
 """Prediction error of ``estimate --cluster local`` against real torch runs on this machine.
 
 Runs a sweep of parallel layouts (world sizes 1, 2 and 4: tp, sp, cp, pp, dp with ZeRO 0-3,
-recomputation, micro-batch) through the validation harness (``launch_worker_batch``: one torchrun
+recomputation, micro-batch; and a mixture of experts with ep) through the validation harness (``launch_worker_batch``: one torchrun
 launch per world size, gloo on CPU, one intra-op thread per rank), predicts each with
 :func:`paraplan.validation.predict.predict_run` on this machine's latest profile (``paraplan
 profile``; with ``--profile`` a quick profile runs before every repeat and predicts that repeat,
@@ -57,8 +57,20 @@ LAYOUTS = {
         "pp2_dp2": dict(pp=2, dp=2, micro_batch=1, global_batch=8),
         "tp4": dict(tp=4, micro_batch=2, global_batch=4),
         "dp4_z2_full_rc": dict(dp=4, zero=2, micro_batch=1, global_batch=4, recompute="full"),
-        "tp2_cp2_sp": dict(tp=2, cp=2, micro_batch=1, global_batch=4, sequence_parallel=True)},
+        "tp2_cp2_sp": dict(tp=2, cp=2, micro_batch=1, global_batch=4, sequence_parallel=True),
+        # a dropless mixture of 8 experts, top-2, in every block (validation.apply_ep)
+        "moe_dp4_ep4": dict(dp=4, ep=4, micro_batch=1, global_batch=4, experts=8),
+        "moe_dp4_ep2_z1": dict(dp=4, ep=2, zero=1, micro_batch=1, global_batch=4, experts=8)},
 }
+#: layout keys that describe the model (CFG's fields), not the run plan
+MODEL_KEYS = ("experts", "top_k")
+
+
+def model_and_plan(fields: dict):
+    """(GPTConfig, RunPlan fields) of a LAYOUTS entry: CFG with the model keys it names."""
+    from dataclasses import replace
+    plan = dict(fields)
+    return replace(CFG, **{k: plan.pop(k) for k in MODEL_KEYS if k in plan}), plan
 
 
 def spearman(x, y) -> float:
@@ -87,8 +99,8 @@ def measure(results: list[dict]) -> dict:
 def run_sweep(out_dir: str, worlds) -> dict:
     measured = {}
     for world in worlds:
-        specs = [{"name": n, "model": asdict(CFG), "plan": dict(p, **RUN), "dump_grads": False}
-                 for n, p in LAYOUTS[world].items()]
+        specs = [{"name": n, "model": asdict(cfg), "plan": dict(p, **RUN), "dump_grads": False}
+                 for n, (cfg, p) in ((n, model_and_plan(f)) for n, f in LAYOUTS[world].items())]
         res = launch_worker_batch(specs, os.path.join(out_dir, f"world{world}"),
                                   LaunchOptions(nproc_per_node=world, timeout_s=1200))
         measured.update({n: measure(r) for n, r in res.items()})
@@ -106,7 +118,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=RUN["steps"], help="timed steps per layout")
     args = ap.parse_args(argv)
     RUN.update(warmup=args.warmup, steps=args.steps)
-    plans = {n: RunPlan.from_dict(dict(p, **RUN)) for w in args.worlds for n, p in LAYOUTS[w].items()}
+    layouts = {n: model_and_plan(f) for w in args.worlds for n, f in LAYOUTS[w].items()}
+    plans = {n: RunPlan.from_dict(dict(p, **RUN)) for n, (_, p) in layouts.items()}
     profile_worlds = tuple(w for w in (2, 4) if w in args.worlds) or (2,)
     t0 = time.time()
     reps, preds = [], []
@@ -118,7 +131,7 @@ def main(argv=None) -> int:
                 from paraplan.validation.profile import ProfileOptions, run_profile
                 run_profile(replace(ProfileOptions.quick(), world_sizes=profile_worlds), db=args.db)
             if args.profile or i == 0:
-                preds.append({n: predict_run(CFG, plan, args.db)[0] for n, plan in plans.items()})
+                preds.append({n: predict_run(layouts[n][0], plan, args.db)[0] for n, plan in plans.items()})
             reps.append(run_sweep(os.path.join(d, f"rep{i}"), args.worlds))
     rows = []
     for n, plan in plans.items():
@@ -137,12 +150,12 @@ def main(argv=None) -> int:
           f"{args.repeats} repeat(s){' each profiled first' if args.profile else ''}, "
           f"{time.time() - t0:.0f} s; medians over repeats")
     hdr = (f"{'layout':<20}{'n':>2} {'meas ms':>9} {'pred ms':>9} {'err':>7}  {'meas MiB':>9} "
-           f"{'pred MiB':>9} {'err':>7}   compute/tp/pp/dp/opt ms measured | predicted")
+           f"{'pred MiB':>9} {'err':>7}   compute/tp/cp/ep/pp/dp/opt ms measured | predicted")
     print(hdr)
     print("-" * len(hdr))
     for r in rows:
         mb, pb = r["measured_breakdown_s"], r["predicted_breakdown_s"]
-        keys = ("compute", "tp_comm", "pp_comm", "dp_comm", "optimizer")
+        keys = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "optimizer")
         bm = "/".join(f"{1e3 * mb.get(k, 0):.1f}" for k in keys)
         bp = "/".join(f"{1e3 * pb.get(k, 0):.1f}" for k in keys)
         print(f"{r['layout']:<20}{r['world']:>2} {1e3 * r['measured_step_s']:9.2f} "
