@@ -73,3 +73,64 @@ def test_the_estimator_is_told_the_harness_experts():
     assert "ep_comm" not in to_predicted(e, ep=1)["time_breakdown_s"]
     assert TERM_MAP["ep_comm"] == ("ep_comm",)
     assert GPTConfig(experts=0).expert_width == GPTConfig().ffn
+
+
+# ------------------------------------------------------------------ the Llama family's architecture
+
+@pytest.mark.parametrize("argv, flag, said", [
+    (["--kv-heads", "3"], "--kv-heads", "accepted: 1, 2, 4"),
+    (["--kv-heads", "1", "--tp", "2", "--nproc-per-node", "2"], "--kv-heads", "do not divide over --tp 2"),
+    (["--kv-heads", "2", "--cp", "2", "--nproc-per-node", "2"], "--kv-heads", "multi-head attention only"),
+    (["--rotary", "--hidden", "20", "--heads", "4"], "--rotary", "even head size"),
+    (["--activation", "relu"], "--activation", "accepted: gelu, swiglu"),
+])
+def test_bad_architecture_flags_name_the_flag(tmp_path, capsys, argv, flag, said):
+    assert main(["validate", *argv, "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    first = err.splitlines()[0]
+    assert first.startswith(("paraplan: error: " + flag, "paraplan validate: error: " + flag)), err
+    assert said in first and "Traceback" not in err
+
+
+def test_the_estimator_is_told_the_harness_architecture():
+    """SwiGLU, RMSNorm, no biases, grouped-query attention and rotary positions reach the estimator's
+    model (its parameter count equals the harness's to the element), and eager norms/activations/rotary
+    reach its plan as fused_elementwise off; the default GPT model keeps the fused default."""
+    import math
+
+    from paraplan.validation.model import GPTConfig, param_specs
+    from paraplan.validation.predict import estimator_model, estimator_plan
+    from paraplan.validation.worker import RunPlan
+    for kw in ({}, dict(activation="swiglu", norm="rmsnorm", bias=False, kv_heads=2, rotary=True),
+               dict(norm="rmsnorm"), dict(activation="swiglu", bias=False, experts=4)):
+        cfg = GPTConfig(vocab_size=256, seq_len=64, hidden=64, heads=4, layers=2, **kw)
+        model = estimator_model(cfg)
+        assert model.num_params == sum(math.prod(s) for _, s, _, _ in param_specs(cfg)), kw
+        assert estimator_plan(cfg, RunPlan()).fused_elementwise is (not kw or kw.get("norm") is None
+                                                                    and kw.get("activation") is None)
+    llama = estimator_model(GPTConfig(hidden=64, heads=4, kv_heads=2, rotary=True, activation="swiglu"))
+    assert (llama.kv_heads, llama.rotary, llama.learned_positions, llama.mlp_matrices) == (2, True, False, 3)
+
+
+def test_a_plan_files_model_gives_the_architecture(tmp_path):
+    """A Llama plan runs SwiGLU, RMSNorm, no biases and rotary positions unless flags say otherwise, and
+    its grouped-query ratio is said; flags beside the file win."""
+    import argparse
+
+    from paraplan.cli.validate import add_validate_parser, resolve_layout_flags
+    plan = Plan(tp=2, micro_batch=1)
+    e = estimate(load_model("llama3-8b"), TrainingJob(2048, 8), load_cluster("dgx-h100", 2), plan)
+    write_plan_file(tmp_path / "p.json", e, "llama3-8b", "dgx-h100")
+    parser = argparse.ArgumentParser()
+    add_validate_parser(parser.add_subparsers())
+    args = parser.parse_args(["validate", "--plan", str(tmp_path / "p.json"), "--out", str(tmp_path / "o")])
+    notes = resolve_layout_flags(args)
+    assert (args.activation, args.norm, args.bias, args.rotary) == ("swiglu", "rmsnorm", False, True)
+    assert any("4 query heads per key/value head" in n for n in notes)
+    args = parser.parse_args(["validate", "--plan", str(tmp_path / "p.json"), "--norm", "layernorm",
+                              "--out", str(tmp_path / "o")])
+    resolve_layout_flags(args)
+    assert args.norm == "layernorm" and args.activation == "swiglu"
+    args = parser.parse_args(["validate", "--out", str(tmp_path / "o")])
+    resolve_layout_flags(args)
+    assert (args.activation, args.norm, args.bias, args.rotary) == ("gelu", "layernorm", True, False)

@@ -20,6 +20,7 @@ from paraplan.validation.worker import RunPlan
 CFG = GPTConfig(vocab_size=256, seq_len=32, hidden=64, heads=4, layers=4, seed=3)
 RUN = dict(steps=2, warmup=1, profile_ops=False)
 
+LLAMA = dict(activation="swiglu", norm="rmsnorm", bias=False, kv_heads=2, rotary=True)
 WORLD2 = {
     "tp2": dict(tp=2, micro_batch=2, global_batch=4),
     "tp2_sp": dict(tp=2, micro_batch=2, global_batch=4, sequence_parallel=True),
@@ -43,6 +44,11 @@ WORLD2 = {
     "moe_dp2_ep2_zero1": dict(dp=2, ep=2, zero=1, micro_batch=1, global_batch=4, experts=4),
     "moe_dp2_ep1_zero3": dict(dp=2, zero=3, micro_batch=1, global_batch=4, experts=4),
     "moe_pp2_selective": dict(pp=2, micro_batch=1, global_batch=4, recompute="selective", experts=4, top_k=1),
+    # the Llama family's choices: SwiGLU, RMSNorm, no biases, grouped-query attention, rotary positions
+    "llama_tp2_sp": dict(tp=2, micro_batch=2, global_batch=4, sequence_parallel=True, **LLAMA),
+    "llama_dp2_zero1_sdpa": dict(dp=2, zero=1, micro_batch=1, global_batch=4, attention="sdpa", **LLAMA),
+    "llama_pp2_selective": dict(pp=2, micro_batch=1, global_batch=4, recompute="selective", **LLAMA),
+    "llama_mha_cp2": dict(cp=2, micro_batch=1, global_batch=4, **dict(LLAMA, kv_heads=0)),
 }
 WORLD4 = {
     "tp2_dp2_zero1_sp": dict(tp=2, dp=2, zero=1, micro_batch=1, global_batch=4,
@@ -62,9 +68,11 @@ WORLD4 = {
     "moe_cp2_dp2_ep2": dict(cp=2, dp=2, ep=2, micro_batch=1, global_batch=4, experts=4),
     "moe_pp2_dp2_ep2_fullrecompute": dict(pp=2, dp=2, ep=2, micro_batch=1, global_batch=8, recompute="full",
                                           experts=4),
+    "llama_tp2_dp2_zero3": dict(tp=2, dp=2, zero=3, micro_batch=1, global_batch=4, **LLAMA),
+    "llama_moe_dp4_ep2_zero2": dict(dp=4, ep=2, zero=2, micro_batch=1, global_batch=8, experts=4, **LLAMA),
 }
 #: entry keys that describe the model, not the run plan
-MODEL_KEYS = ("attention", "experts", "top_k")
+MODEL_KEYS = ("attention", "experts", "top_k", "activation", "norm", "bias", "kv_heads", "rotary")
 
 
 def _model_and_plan(entry: dict) -> tuple[GPTConfig, dict]:

@@ -84,6 +84,16 @@ def add_validate_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--seed", type=non_negative_int("--seed", 2**32 - 1, "the default seed"), default=0)
     g.add_argument("--attention", default="math", choices=["math", "sdpa"],
                    help="materialised softmax (default) or fused SDPA")
+    g.add_argument("--activation", default=None, choices=["gelu", "swiglu"],
+                   help="the MLP's (default gelu, or the plan file's model's)")
+    g.add_argument("--norm", default=None, choices=["layernorm", "rmsnorm"],
+                   help="default layernorm (or the plan file's model's)")
+    g.add_argument("--no-bias", action="store_const", const=False, dest="bias", default=None,
+                   help="linear layers without biases (default: with, or as the plan file's model)")
+    g.add_argument("--rotary", action="store_const", const=True, default=None,
+                   help="rotary positions instead of learned ones (default: learned, or as the plan file's model)")
+    g.add_argument("--kv-heads", type=positive_int("--kv-heads", MAX_SIZE), default=None,
+                   help="key/value heads, grouped-query attention (default: one per head)")
     g.add_argument("--experts", type=non_negative_int("--experts", MAX_SIZE, "a dense MLP"), default=0,
                    help="routed experts per layer (a dropless mixture of experts in every block; default 0: dense)")
     g.add_argument("--top-k", type=positive_int("--top-k", MAX_SIZE), default=2, help="experts per token (default 2)")
@@ -172,6 +182,31 @@ def plan_file_layout(path, given=()) -> tuple[dict, list[str]]:
     return flags, notes
 
 
+#: the harness model's architecture flags and their defaults (a plan file's model gives its own)
+ARCHITECTURE_DEFAULTS = {"activation": "gelu", "norm": "layernorm", "bias": True, "rotary": False}
+
+
+def plan_model_architecture(path) -> tuple[dict, list[str]]:
+    """(architecture flags, notes) of a plan file's model where it names a preset: its activation, norm,
+    biases and positions, which the harness's small model takes; its grouped-query ratio is said, not
+    taken (the harness's heads decide which ratios divide)."""
+    from paraplan.planfile import read_plan_file
+    from paraplan.workloads.presets import load_model
+    name = (read_plan_file(path).get("scenario") or {}).get("model")
+    try:
+        m = load_model(name)
+    except Exception:   # a model file that is gone, or no name: the flags' defaults stay
+        return {}, []
+    arch = {"activation": m.activation if m.activation in ("gelu", "swiglu") else "gelu",
+            "norm": m.norm, "bias": bool(m.bias), "rotary": bool(m.rotary)}
+    notes = [f"architecture of {name}: {arch['activation']}, {arch['norm']}, "
+             f"{'biases' if arch['bias'] else 'no biases'}, {'rotary' if arch['rotary'] else 'learned'} positions"]
+    if m.kv_heads and m.kv_heads != m.heads:
+        notes.append(f"{name} has {m.heads // m.kv_heads} query heads per key/value head; the harness runs "
+                     f"one per head unless --kv-heads is given")
+    return arch, notes
+
+
 def resolve_layout_flags(args) -> list[str]:
     """Fill validate's layout flags: those given, else the plan file's (``--plan``), else LAYOUT_DEFAULTS.
     Returns the plan file's notes (empty without one). Idempotent."""
@@ -179,12 +214,17 @@ def resolve_layout_flags(args) -> list[str]:
     if getattr(args, "plan", None) and not getattr(args, "_layout_resolved", False):
         given = {flag for flag in LAYOUT_DEFAULTS if getattr(args, flag, None) is not None}
         flags, notes = plan_file_layout(args.plan, given)
+        arch, arch_notes = plan_model_architecture(args.plan)
+        notes += arch_notes
+        for flag, value in arch.items():
+            if getattr(args, flag, None) is None:
+                setattr(args, flag, value)
         for flag, value in flags.items():
             if flag == "sequence_parallel":
                 args.sequence_parallel = args.sequence_parallel or value
             elif getattr(args, flag, None) is None:
                 setattr(args, flag, value)
-    for flag, value in LAYOUT_DEFAULTS.items():
+    for flag, value in {**LAYOUT_DEFAULTS, **ARCHITECTURE_DEFAULTS}.items():
         if getattr(args, flag, None) is None:
             setattr(args, flag, value)
     args._layout_resolved = True
@@ -219,6 +259,19 @@ def check_validate_args(args) -> None:
         raise ConfigError("--hidden", f"{args.hidden} is not divisible by --heads {args.heads}")
     if args.heads % args.tp:
         raise ConfigError("--tp", f"--heads {args.heads} is not divisible by --tp {args.tp}")
+    kv = args.kv_heads or args.heads
+    if args.heads % kv:
+        raise ConfigError("--kv-heads", f"--heads {args.heads} is not a multiple of --kv-heads {kv}",
+                          accepted=", ".join(str(d) for d in range(1, args.heads + 1) if args.heads % d == 0))
+    if kv % args.tp:
+        raise ConfigError("--kv-heads", f"{kv} key/value heads do not divide over --tp {args.tp}",
+                          accepted=f"a multiple of {args.tp}")
+    if kv != args.heads and args.cp > 1:
+        raise ConfigError("--kv-heads", "the harness's ring attention (--cp) runs multi-head attention only",
+                          accepted=f"--kv-heads {args.heads} (or none) with --cp > 1")
+    if args.rotary and (args.hidden // args.heads) % 2:
+        raise ConfigError("--rotary", f"rotary positions need an even head size, got --hidden {args.hidden} / "
+                          f"--heads {args.heads} = {args.hidden // args.heads}")
     if args.cp > 1:
         if args.seq_len % (2 * args.cp):
             raise ConfigError("--cp", f"--seq-len {args.seq_len} is not divisible by 2 x --cp {args.cp} (ring "
@@ -316,7 +369,8 @@ def _model_config(args):
     return GPTConfig(vocab_size=args.vocab, seq_len=args.seq_len, hidden=args.hidden,
                      heads=args.heads, layers=args.layers, seed=args.seed,
                      attention=args.attention, experts=args.experts, top_k=args.top_k,
-                     expert_ffn=args.expert_ffn or 0)
+                     expert_ffn=args.expert_ffn or 0, activation=args.activation, norm=args.norm,
+                     bias=args.bias, kv_heads=args.kv_heads or 0, rotary=args.rotary)
 
 
 def _run_dir(out: str) -> str:

@@ -35,9 +35,13 @@ from paraplan.errors import ConfigError
 from paraplan.validation import comm
 
 
-def check_cp(seq_len: int, cp: int, tp: int = 1, sequence_parallel: bool = False) -> None:
+def check_cp(seq_len: int, cp: int, tp: int = 1, sequence_parallel: bool = False, grouped: bool = False) -> None:
     """Raise ConfigError unless the sequence splits into ``2·cp`` chunks (and each rank's ``s/cp``
-    tokens over tp under sequence parallelism)."""
+    tokens over tp under sequence parallelism); the ring runs multi-head attention only (``grouped``:
+    the model has fewer key/value heads than heads)."""
+    if cp > 1 and grouped:
+        raise ConfigError("cp", "the harness's ring attention runs multi-head attention, not grouped-query "
+                          "attention", accepted="cp 1 with kv_heads < heads, or kv_heads = heads")
     if cp > 1 and seq_len % (2 * cp):
         raise ConfigError("cp", f"seq_len({seq_len}) is not divisible by 2 * cp({cp}) (ring attention "
                           f"balances 2*cp causal chunks)", accepted=f"cp with seq_len % (2*cp) == 0")

@@ -94,14 +94,25 @@ def _swap_counts(counts: torch.Tensor, ep: EpContext) -> torch.Tensor:
     return out.view(ep.size, -1)
 
 
-def run_experts(x: torch.Tensor, sizes: list[int], experts) -> torch.Tensor:
-    """Local expert ``j`` on the next ``sizes[j]`` rows of ``x``: ``gelu(x W1ᵀ + b1) W2ᵀ + b2``, with
-    ``experts[j]`` = (W1, b1, W2, b2)."""
-    outs = [F.linear(F.gelu(F.linear(xj, w1, b1)), w2, b2) for (w1, b1, w2, b2), xj in zip(experts, x.split(sizes))]
+def mlp_activation(y: torch.Tensor, activation: str) -> torch.Tensor:
+    """The MLP's activation on its first projection ``y``: GELU, or SwiGLU on rows ordered (unit,
+    gate/up) (``silu(gate) · up``, Shazeer 2020), which halves the width."""
+    if activation == "swiglu":
+        gate, up = y.unflatten(-1, (-1, 2)).unbind(-1)
+        return F.silu(gate) * up
+    return F.gelu(y)
+
+
+def run_experts(x: torch.Tensor, sizes: list[int], experts, activation: str = "gelu") -> torch.Tensor:
+    """Local expert ``j`` on the next ``sizes[j]`` rows of ``x``: ``act(x W1ᵀ + b1) W2ᵀ + b2``, with
+    ``experts[j]`` = (W1, b1, W2, b2) (biases None in a model without them)."""
+    outs = [F.linear(mlp_activation(F.linear(xj, w1, b1), activation), w2, b2)
+            for (w1, b1, w2, b2), xj in zip(experts, x.split(sizes))]
     return torch.cat(outs) if outs else x
 
 
-def moe_mlp(x: torch.Tensor, router, experts, top_k: int, ep: EpContext, stats: dict | None = None):
+def moe_mlp(x: torch.Tensor, router, experts, top_k: int, ep: EpContext, stats: dict | None = None,
+            activation: str = "gelu"):
     """The MoE MLP of ``x`` [b, s, h] (the module docstring's five steps); ``router`` [E, h];
     ``experts`` this rank's E/ep experts in order, each (W1 [f, h], b1 [f], W2 [h, f], b2 [h]): one
     parameter each, as Megatron-Core's SequentialMLP and TEGroupedMLP hold them (slices of one stacked
@@ -120,7 +131,7 @@ def moe_mlp(x: torch.Tensor, router, experts, top_k: int, ep: EpContext, stats: 
     counts = torch.bincount(flat, minlength=router.shape[0])
     if ep.size == 1:
         local_sizes = counts.tolist()
-        y = run_experts(routed, local_sizes, experts)
+        y = run_experts(routed, local_sizes, experts, activation)
     else:
         received = _swap_counts(counts, ep)                       # [ep, E/ep]
         send = counts.view(ep.size, -1).sum(dim=1).tolist()
@@ -129,7 +140,7 @@ def moe_mlp(x: torch.Tensor, router, experts, top_k: int, ep: EpContext, stats: 
         local = torch.arange(received.shape[1]).repeat(ep.size)
         regroup = torch.argsort(torch.repeat_interleave(local, received.reshape(-1)), stable=True)
         local_sizes = received.sum(dim=0).tolist()
-        out = run_experts(arrived.index_select(0, regroup), local_sizes, experts)
+        out = run_experts(arrived.index_select(0, regroup), local_sizes, experts, activation)
         back = torch.empty_like(regroup)
         back[regroup] = torch.arange(regroup.numel())
         y = _AllToAll.apply(out.index_select(0, back), recv, send, ep.group)

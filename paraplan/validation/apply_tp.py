@@ -24,6 +24,8 @@ def check_tp(cfg: GPTConfig, tp: int, sequence_parallel: bool) -> None:
                           f"(the vocabulary is split over tp)")
     if cfg.heads % tp:
         raise ConfigError("tp", f"heads({cfg.heads}) is not divisible by tp({tp})")
+    if cfg.n_kv % tp:
+        raise ConfigError("tp", f"kv_heads({cfg.n_kv}) is not divisible by tp({tp}) (whole key/value heads per rank)")
     if cfg.ffn % tp:
         raise ConfigError("tp", f"ffn({cfg.ffn}) is not divisible by tp({tp})")
     if sequence_parallel and cfg.seq_len % tp:

@@ -36,10 +36,12 @@ from torch.utils.checkpoint import checkpoint
 from paraplan.errors import ConfigError
 from paraplan.validation import comm
 from paraplan.validation.apply_cp import ring_attention
-from paraplan.validation.apply_ep import EpContext, moe_mlp
+from paraplan.validation.apply_ep import EpContext, mlp_activation, moe_mlp
 from paraplan.validation.memory import SavedActivationCounter
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
+ACTIVATION_CHOICES = ("gelu", "swiglu")
+NORM_CHOICES = ("layernorm", "rmsnorm")
 
 
 @dataclass(frozen=True)
@@ -60,6 +62,14 @@ class GPTConfig:
     top_k: int = 2
     #: an expert's inner width (0: the dense MLP's, mlp_ratio · hidden)
     expert_ffn: int = 0
+    #: the Llama family's choices: SwiGLU MLPs (gate and up projections, mlp_ratio · hidden wide),
+    #: RMSNorm, linear layers without biases, grouped-query attention (kv_heads; 0: one per head)
+    #: and rotary positions instead of the learned ones
+    activation: str = "gelu"
+    norm: str = "layernorm"
+    bias: bool = True
+    kv_heads: int = 0
+    rotary: bool = False
 
     def __post_init__(self):
         for name in ("vocab_size", "seq_len", "hidden", "heads", "layers", "mlp_ratio"):
@@ -77,6 +87,16 @@ class GPTConfig:
         if self.hidden % self.heads:
             raise ConfigError("model.hidden", f"hidden({self.hidden}) is not divisible by "
                               f"heads({self.heads})")
+        if self.activation not in ACTIVATION_CHOICES:
+            raise ConfigError("model.activation", f"unknown value {self.activation!r}",
+                              accepted=", ".join(ACTIVATION_CHOICES))
+        if self.norm not in NORM_CHOICES:
+            raise ConfigError("model.norm", f"unknown value {self.norm!r}", accepted=", ".join(NORM_CHOICES))
+        if self.kv_heads < 0 or self.heads % self.n_kv:
+            raise ConfigError("model.kv_heads", f"heads({self.heads}) is not a multiple of kv_heads({self.kv_heads})",
+                              accepted=", ".join(str(d) for d in range(1, self.heads + 1) if self.heads % d == 0))
+        if self.rotary and (self.hidden // self.heads) % 2:
+            raise ConfigError("model.rotary", f"rotary positions need an even head size, got {self.hidden // self.heads}")
 
     @property
     def ffn(self) -> int:
@@ -85,6 +105,16 @@ class GPTConfig:
     @property
     def expert_width(self) -> int:
         return self.expert_ffn or self.ffn
+
+    @property
+    def n_kv(self) -> int:
+        """Key/value heads (grouped-query attention; the heads themselves without it)."""
+        return self.kv_heads or self.heads
+
+    @property
+    def gated(self) -> int:
+        """Matrices the MLP's first projection stacks: 2 for SwiGLU (gate, up), else 1."""
+        return 2 if self.activation == "swiglu" else 1
 
 
 @dataclass
@@ -110,31 +140,34 @@ class ParallelContext:
 def param_specs(cfg: GPTConfig) -> list[tuple[str, tuple[int, ...], int | None, str]]:
     """(name, full shape, tp-split dim or None, init kind) for every parameter of the model."""
     h, f, V, S = cfg.hidden, cfg.ffn, cfg.vocab_size, cfg.seq_len
-    specs = [("tok_emb", (V, h), 0, "normal"), ("pos_emb", (S, h), None, "normal")]
+    d, g = cfg.hidden // cfg.heads, cfg.gated
+    qkv_rows = (cfg.heads + 2 * cfg.n_kv) * d
+    specs = [("tok_emb", (V, h), 0, "normal")] + ([] if cfg.rotary else [("pos_emb", (S, h), None, "normal")])
+
+    def norm(name):
+        return [(name + ".weight", (h,), None, "ones")] + \
+            ([(name + ".bias", (h,), None, "zeros")] if cfg.norm == "layernorm" else [])
+
+    def linear(name, shape, dim, kind):   # its bias split as its output rows, replicated if row-parallel
+        bias = [(name + ".bias", shape[:1], 0 if dim == 0 else None, "zeros")] if cfg.bias else []
+        return [(name + ".weight", shape, dim, kind)] + bias
+
     for i in range(cfg.layers):
         p = f"blocks.{i}."
-        specs += [
-            (p + "ln1.weight", (h,), None, "ones"), (p + "ln1.bias", (h,), None, "zeros"),
-            # fused QKV as Megatron-LM lays it out: rows ordered (head, q/k/v, head_dim), so a
-            # contiguous tp slice of rows holds whole heads with their q, k and v
-            (p + "attn.qkv.weight", (3 * h, h), 0, "normal"), (p + "attn.qkv.bias", (3 * h,), 0, "zeros"),
-            (p + "attn.o.weight", (h, h), 1, "proj"), (p + "attn.o.bias", (h,), None, "zeros"),
-            (p + "ln2.weight", (h,), None, "ones"), (p + "ln2.bias", (h,), None, "zeros"),
-        ]
+        # fused QKV as Megatron-LM lays it out: rows ordered (kv group, [its queries, key, value],
+        # head_dim), so a contiguous tp slice of rows holds whole groups with their q, k and v (one
+        # query per group without grouped-query attention: (head, q/k/v, head_dim))
+        specs += norm(p + "ln1") + linear(p + "attn.qkv", (qkv_rows, h), 0, "normal") + \
+            linear(p + "attn.o", (h, h), 1, "proj") + norm(p + "ln2")
         if cfg.experts:   # the router, then every expert's own weights (split over ep by expert)
             specs.append((p + "moe.router.weight", (cfg.experts, h), None, "normal"))
             fe = cfg.expert_width
             for j in range(cfg.experts):
                 q = f"{p}moe.experts.{j}."
-                specs += [(q + "fc1.weight", (fe, h), None, "normal"), (q + "fc1.bias", (fe,), None, "zeros"),
-                          (q + "fc2.weight", (h, fe), None, "proj"), (q + "fc2.bias", (h,), None, "zeros")]
-        else:
-            specs += [
-                (p + "mlp.fc1.weight", (f, h), 0, "normal"), (p + "mlp.fc1.bias", (f,), 0, "zeros"),
-                (p + "mlp.fc2.weight", (h, f), 1, "proj"), (p + "mlp.fc2.bias", (h,), None, "zeros"),
-            ]
-    specs += [("ln_f.weight", (h,), None, "ones"), ("ln_f.bias", (h,), None, "zeros"),
-              ("head.weight", (V, h), 0, "normal")]
+                specs += linear(q + "fc1", (g * fe, h), None, "normal") + linear(q + "fc2", (h, fe), None, "proj")
+        else:   # SwiGLU's first projection: rows ordered (ffn unit, gate/up), so tp slices hold pairs
+            specs += linear(p + "mlp.fc1", (g * f, h), 0, "normal") + linear(p + "mlp.fc2", (h, f), 1, "proj")
+    specs += norm("ln_f") + [("head.weight", (V, h), 0, "normal")]
     return specs
 
 
@@ -203,6 +236,17 @@ def _mark_checkpoint_input(x):
     return _SaveInput.apply(x) if SavedActivationCounter.active else x
 
 
+def make_norm(cfg: GPTConfig) -> nn.Module:
+    """The model's norm over ``hidden`` (its parameters are set from the specs afterwards)."""
+    return nn.RMSNorm(cfg.hidden, eps=1e-5) if cfg.norm == "rmsnorm" else nn.LayerNorm(cfg.hidden)
+
+
+def _plus_bias(y, linear):
+    """``y`` plus a row-parallel linear's bias, added after the tp reduction (none without biases)."""
+    bias = getattr(linear, "bias", None)
+    return y if bias is None else y + bias
+
+
 class Block(nn.Module):
     """One pre-LN transformer block holding this tp rank's shard of every weight."""
 
@@ -210,9 +254,11 @@ class Block(nn.Module):
         super().__init__()
         self.cfg, self.ctx, self.index = cfg, ctx, index
         self.local_heads = cfg.heads // ctx.tp_size
+        self.local_kv = cfg.n_kv // ctx.tp_size
         self.head_dim = cfg.hidden // cfg.heads
-        self.ln1 = nn.LayerNorm(cfg.hidden)
-        self.ln2 = nn.LayerNorm(cfg.hidden)
+        self.ln1 = make_norm(cfg)
+        self.ln2 = make_norm(cfg)
+        self._rotary = {}
         self.attn = nn.Module()
         self._causal_masks = {}
         for n in ("qkv", "o"):
@@ -257,13 +303,36 @@ class Block(nn.Module):
         return comm.reduce_from_tp(y, ctx.tp_group)
 
     def _core_attention(self, q, k, v):
+        """Causal attention of q [b, heads, s, d] over k, v [b, kv heads, s, d]: query head i reads
+        key/value head i // (heads / kv heads) (grouped-query attention). The math form groups the
+        queries [b, kv, rep, s, d] against k, v [b, kv, 1, s, d] by broadcasting, so backward keeps
+        the kv heads, not a copy per query head."""
         if self.ctx.cp_size > 1:
             return ring_attention(q, k, v, self.ctx.cp, fused=self.cfg.attention == "sdpa")
+        grouped = k.shape[1] != q.shape[1]
         if self.cfg.attention == "sdpa":
-            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        s = q.shape[-2]
-        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-        return torch.softmax(scores.masked_fill(self._causal_mask(s, q.device), float("-inf")), dim=-1) @ v
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=grouped)
+        b, heads, s, d = q.shape
+        if grouped:
+            q, k, v = q.view(b, k.shape[1], heads // k.shape[1], s, d), k.unsqueeze(2), v.unsqueeze(2)
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
+        o = torch.softmax(scores.masked_fill(self._causal_mask(s, q.device), float("-inf")), dim=-1) @ v
+        return o.reshape(b, heads, s, d) if grouped else o
+
+    def _rotate(self, x, positions):
+        """Rotary positions (Su et al. 2021; Llama's and Megatron-LM's non-interleaved form) on x
+        [b, heads, s, d]: x·cos + rotate_half(x)·sin, the angle of channel pair i at position p
+        p / 10000^(2i/d); cos and sin kept per positions."""
+        d = x.shape[-1]
+        key = (positions.numel(), int(positions[0]), int(positions[-1]), str(x.device))
+        if key not in self._rotary:
+            inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
+            ang = positions.to(torch.float32)[:, None] * inv[None, :]
+            ang = torch.cat([ang, ang], dim=-1).to(x.device)
+            self._rotary[key] = (ang.cos().to(x.dtype), ang.sin().to(x.dtype))
+        cos, sin = self._rotary[key]
+        x1, x2 = x[..., : d // 2], x[..., d // 2:]
+        return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
     def _causal_mask(self, s: int, device) -> torch.Tensor:
         """The s×s upper-triangle mask, built once per (s, device) and kept (as nanoGPT and
@@ -277,25 +346,36 @@ class Block(nn.Module):
         a = self.attn
         x = self._enter_parallel(self.ln1(x))
         b, s, _ = x.shape
-        qkv = F.linear(x, a.qkv.weight, a.qkv.bias).view(b, s, self.local_heads, 3, self.head_dim)
-        q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)    # each [b, local heads, s, head_dim]
+        qkv = F.linear(x, a.qkv.weight, getattr(a.qkv, "bias", None))
+        if self.local_kv == self.local_heads:
+            qkv = qkv.view(b, s, self.local_heads, 3, self.head_dim)
+            q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)    # each [b, local heads, s, head_dim]
+        else:   # rows (kv group, [its rep queries, key, value], head_dim)
+            rep = self.local_heads // self.local_kv
+            qkv = qkv.view(b, s, self.local_kv, rep + 2, self.head_dim)
+            q = qkv[:, :, :, :rep].reshape(b, s, self.local_heads, self.head_dim).transpose(1, 2)
+            k, v = qkv[:, :, :, rep].transpose(1, 2), qkv[:, :, :, rep + 1].transpose(1, 2)
+        if self.cfg.rotary:   # the tokens' global positions (this rank's under context parallelism)
+            positions = self.ctx.cp.local_positions if self.ctx.cp_size > 1 else torch.arange(s)
+            q, k = self._rotate(q, positions), self._rotate(k, positions)
         if self.ctx.recompute == "selective":
             o = checkpoint(self._core_attention, _mark_checkpoint_input(q), _mark_checkpoint_input(k),
                            _mark_checkpoint_input(v), use_reentrant=False)
         else:
             o = self._core_attention(q, k, v)
         o = o.transpose(1, 2).reshape(b, s, self.local_heads * self.head_dim)
-        return self._exit_parallel(F.linear(o, a.o.weight)) + a.o.bias
+        return _plus_bias(self._exit_parallel(F.linear(o, a.o.weight)), a.o)
 
     def _mlp(self, x):
         if self.cfg.experts:
-            experts = [(e.fc1.weight, e.fc1.bias, e.fc2.weight, e.fc2.bias)
+            experts = [(e.fc1.weight, getattr(e.fc1, "bias", None), e.fc2.weight, getattr(e.fc2, "bias", None))
                        for e in (self.moe.experts.get_submodule(str(j)) for j in self.local_experts)]
-            return moe_mlp(self.ln2(x), self.moe.router.weight, experts, self.cfg.top_k, self.ctx.ep, self.ctx.stats)
+            return moe_mlp(self.ln2(x), self.moe.router.weight, experts, self.cfg.top_k, self.ctx.ep, self.ctx.stats,
+                           activation=self.cfg.activation)
         m = self.mlp
         x = self._enter_parallel(self.ln2(x))
-        y = F.gelu(F.linear(x, m.fc1.weight, m.fc1.bias))
-        return self._exit_parallel(F.linear(y, m.fc2.weight)) + m.fc2.bias
+        y = mlp_activation(F.linear(x, m.fc1.weight, getattr(m.fc1, "bias", None)), self.cfg.activation)
+        return _plus_bias(self._exit_parallel(F.linear(y, m.fc2.weight)), m.fc2)
 
     def _body(self, x):
         x = x + self._attention(x)
@@ -327,12 +407,14 @@ class Stage(nn.Module):
             return p
         if first:
             self.tok_emb = make("tok_emb")
-            self.pos_emb = make("pos_emb")
+            if not cfg.rotary:
+                self.pos_emb = make("pos_emb")
         self.blocks = nn.ModuleDict({str(i): Block(cfg, i, ctx) for i in layer_ids})
         if last:
-            self.ln_f = nn.LayerNorm(cfg.hidden)
+            self.ln_f = make_norm(cfg)
             self.ln_f.weight = make("ln_f.weight")
-            self.ln_f.bias = make("ln_f.bias")
+            if cfg.norm == "layernorm":
+                self.ln_f.bias = make("ln_f.bias")
             self.head = nn.Module()
             self.head.weight = make("head.weight")
 
@@ -345,7 +427,9 @@ class Stage(nn.Module):
                                                   ctx.tp_group)
             else:
                 x = F.embedding(x, self.tok_emb)
-            if ctx.cp_size > 1:   # this rank's tokens sit at their global positions
+            if self.cfg.rotary:
+                pass   # positions enter as rotations of q and k in every block
+            elif ctx.cp_size > 1:   # this rank's tokens sit at their global positions
                 x = x + self.pos_emb.index_select(0, ctx.cp.local_positions.to(x.device))
             else:
                 x = x + self.pos_emb[:s]

@@ -8,8 +8,9 @@ database holds no profile of this machine.
 Mapping (what the harness runs -> what the estimator is told):
 
 * :class:`~paraplan.validation.model.GPTConfig` -> ``TransformerModel``: learned positions
-  (``max_positions = seq_len``), untied embeddings, GELU MLP of ``mlp_ratio · hidden``,
-  biases, LayerNorm, MHA, no dropout (the harness has none: no masks kept); with ``experts``
+  (``max_positions = seq_len``) or rotary ones, untied embeddings, a GELU or SwiGLU MLP of
+  ``mlp_ratio · hidden``, biases or none (LayerNorm keeps its own), LayerNorm or RMSNorm, MHA or
+  grouped-query attention (``kv_heads``), no dropout (the harness has none: no masks kept); with ``experts``
   a ``MoESpec`` (every layer, dropless, permute dispatch, ``expert_ffn_hidden`` the expert width),
   priced at ``moe_imbalance`` (validate --moe-imbalance, default 1 as estimate's; the run reports
   the busiest ep rank's load it measured, validation.apply_ep.expert_load).
@@ -17,7 +18,8 @@ Mapping (what the harness runs -> what the estimator is told):
   the harness runs ring attention, :mod:`paraplan.validation.apply_cp`), zero, micro_batch,
   recompute, sp, vpp (``interleaved`` when > 1, else ``1f1b``), offload (``cpu``: optimizer states in host
   memory; on a profiled CPU the estimator prices it as the same AdamW plus two copies, compute.device_is_host); ``dtype = fp32`` (the harness
-  trains in fp32); ``flash_attention`` only for ``--attention sdpa``; ``overlap_grad_reduce``
+  trains in fp32); ``flash_attention`` only for ``--attention sdpa``; ``fused_elementwise`` off when the
+  model runs SwiGLU, RMSNorm or rotary positions (eager ops, :func:`harness_runs_eager_elementwise`); ``overlap_grad_reduce``
   off below ZeRO-3 (the harness reduces gradients after the backward, not under it) and on for
   ZeRO-3 (FSDP2 prefetches) except on a CPU device, where gloo's collectives run on the same
   cores as the ranks' compute and hide nothing; ``grad_accumulation_fusion = False`` (autograd
@@ -70,10 +72,13 @@ NOTES = ("estimate on this machine's measured profile (paraplan profile, Profile
 def estimator_model(cfg):
     experts = getattr(cfg, "experts", 0)
     moe = MoESpec(experts=experts, top_k=cfg.top_k, expert_ffn_hidden=cfg.expert_width) if experts else None
+    rotary = getattr(cfg, "rotary", False)
     return TransformerModel(name="validation-gpt", layers=cfg.layers, hidden=cfg.hidden, heads=cfg.heads,
-                            vocab=cfg.vocab_size, ffn_hidden=cfg.ffn, activation="gelu",
-                            tied_embeddings=False, norm="layernorm", bias=True,
-                            learned_positions=True, max_positions=cfg.seq_len, dropout=False, moe=moe)
+                            kv_heads=getattr(cfg, "kv_heads", 0) or None, vocab=cfg.vocab_size, ffn_hidden=cfg.ffn,
+                            activation=getattr(cfg, "activation", "gelu"), tied_embeddings=False,
+                            norm=getattr(cfg, "norm", "layernorm"), bias=getattr(cfg, "bias", True),
+                            learned_positions=not rotary, max_positions=0 if rotary else cfg.seq_len,
+                            rotary=rotary, dropout=False, moe=moe)
 
 
 def estimator_plan(cfg, run, cpu: bool = False):
@@ -84,7 +89,16 @@ def estimator_plan(cfg, run, cpu: bool = False):
                 schedule="interleaved" if run.virtual_stages > 1 else "1f1b",
                 zero=run.zero, recompute=run.recompute, dtype="fp32", offload="cpu" if run.offload else "none",
                 flash_attention=cfg.attention == "sdpa", overlap_grad_reduce=run.zero == 3 and not cpu,
-                grad_accumulation_fusion=False)
+                grad_accumulation_fusion=False, fused_elementwise=not harness_runs_eager_elementwise(cfg))
+
+
+def harness_runs_eager_elementwise(cfg) -> bool:
+    """Whether the harness's model runs the norms, activation or rotary positions as eager PyTorch ops
+    (the estimator's ``fused_elementwise = False``): SwiGLU as silu and mul, RMSNorm as its composite
+    ops (PyTorch's CPU build has no fused kernel for it), rotary as q·cos + rotate_half(q)·sin. LayerNorm
+    and GELU are one native kernel each, which the default (fused) describes."""
+    return (getattr(cfg, "activation", "gelu") == "swiglu" or getattr(cfg, "norm", "layernorm") == "rmsnorm"
+            or getattr(cfg, "rotary", False))
 
 
 def ensure_profile(db: str | None, world_size: int, allow_profiling: bool = True) -> None:
