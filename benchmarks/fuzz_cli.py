@@ -202,7 +202,7 @@ def _bases():
                                 "--micro-batch", "--global-batch", "--virtual-stages", "--steps", "--warmup",
                                 "--layers", "--hidden", "--heads", "--seq-len", "--vocab", "--timeout", "--out",
                                 "--recompute", "--offload", "--attention", "--db", "--predicted", "--ep", "--experts",
-                                "--top-k", "--expert-ffn", "--moe-imbalance"), ()),
+                                "--top-k", "--expert-ffn", "--moe-imbalance", "--activation", "--norm", "--kv-heads"), ()),
         ("profile", profile, ("--world-sizes", "--db"), ()),
     ]
 

@@ -1,7 +1,7 @@
 """Step-time error of ``paraplan validate`` run as typed: its default model and run length.
 
 For each layout (``tp2``, ``dp2`` = what ``--nproc-per-node 2`` runs with no other flag, ``dp2 --zero
-1``, ``dp2 --zero 3``, ``pp2``, ``cp2``, ``dp2 --zero 1 --offload cpu``, ``dp2 --experts 8`` with ep 1 and 2) the plan is built by the CLI's own parser from those flags
+1``, ``dp2 --zero 3``, ``pp2``, ``cp2``, ``dp2 --zero 1 --offload cpu``, ``dp2 --experts 8`` with ep 1 and 2, tp2 and dp2 with the Llama family's choices) the plan is built by the CLI's own parser from those flags
 (:func:`paraplan.cli.validate._plan_and_launch`), predicted with
 :func:`paraplan.validation.predict.predict_run` on this machine's latest profile in ``--db``
 (profiled first, quick mode, when it has none), and run through the harness (one torchrun launch
@@ -22,12 +22,15 @@ import tempfile
 import time
 from dataclasses import asdict
 
+LLAMA = ["--activation", "swiglu", "--norm", "rmsnorm", "--no-bias", "--kv-heads", "2", "--rotary"]
 #: name -> the flags typed after ``paraplan validate --nproc-per-node 2``
 LAYOUTS = {"tp2": ["--tp", "2"], "dp2": [], "dp2_zero1": ["--zero", "1"],
            "dp2_zero3": ["--zero", "3"], "pp2": ["--pp", "2"], "cp2": ["--cp", "2"],
            "dp2_zero1_offload": ["--zero", "1", "--offload", "cpu"],
            # a dropless mixture of 8 experts, top-2, in every block: all on each rank, then split over ep 2
-           "dp2_moe": ["--experts", "8"], "dp2_ep2_moe": ["--experts", "8", "--ep", "2"]}
+           "dp2_moe": ["--experts", "8"], "dp2_ep2_moe": ["--experts", "8", "--ep", "2"],
+           # the Llama family's choices (SwiGLU, RMSNorm, no biases, 2 kv heads, rotary)
+           "tp2_llama": ["--tp", "2", *LLAMA], "dp2_llama": LLAMA}
 
 
 def plans_as_typed(extra: list[str]):
@@ -74,7 +77,7 @@ def main(argv=None) -> int:
                 rank_breakdowns[n].append({r["rank"]: r["time_breakdown_s"] for r in rs})
                 if summary.get("expert_load_busiest") is not None:
                     loads[n].append(summary["expert_load_busiest"])
-    print(f"model {asdict(cfgs['tp2'])} (the moe layouts: --experts 8); run: {plans['tp2'].warmup} warm-up + {plans['tp2'].steps} timed steps; "
+    print(f"model {asdict(cfgs['tp2'])} (the moe layouts: --experts 8; llama: {' '.join(LLAMA)}); run: {plans['tp2'].warmup} warm-up + {plans['tp2'].steps} timed steps; "
           f"{args.repeats} repeats, {time.time() - t0:.0f} s")
     print(f"{'plan':<11} {'predicted ms':>12} {'measured ms':>12} {'spread':>7} {'error':>7}   "
           f"compute/tp/cp/ep/pp/dp/opt ms: predicted | measured")
