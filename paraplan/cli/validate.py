@@ -364,8 +364,9 @@ def _plan_and_launch(args):
 
 
 def _model_config(args):
-    """The GPTConfig the model flags describe."""
+    """The GPTConfig the model flags describe (a plan file's architecture where flags leave it)."""
     from paraplan.validation.model import GPTConfig   # torch: only when a run is launched
+    resolve_layout_flags(args)
     return GPTConfig(vocab_size=args.vocab, seq_len=args.seq_len, hidden=args.hidden,
                      heads=args.heads, layers=args.layers, seed=args.seed,
                      attention=args.attention, experts=args.experts, top_k=args.top_k,
