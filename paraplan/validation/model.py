@@ -20,7 +20,10 @@ all-gather before, and a reduce-scatter after, each parallel region. With contex
 (:mod:`paraplan.validation.apply_cp`) a rank holds two of ``2·cp`` sequence chunks, its positions
 index the learned position embedding and attention is ring attention over the cp group.
 With ``experts`` > 0 every block's MLP is a dropless mixture of experts
-(:mod:`paraplan.validation.apply_ep`), its experts split over the ep group.
+(:mod:`paraplan.validation.apply_ep`), its experts split over the ep group. The Llama family's
+choices replace GPT's where the config asks: SwiGLU (``activation``), RMSNorm (``norm``), linear
+layers without biases (``bias``), grouped-query attention (``kv_heads``) and rotary positions
+(``rotary``, which drops the learned position embedding).
 """
 from __future__ import annotations
 
