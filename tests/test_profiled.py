@@ -168,6 +168,32 @@ def test_training_rows_are_stored_and_read_back(profile_db):
     assert "autograd" in c.sources["kernel_overhead_s"]
 
 
+def test_routed_experts_are_measured_against_one_mlp_of_their_flops(profile_db):
+    """The profile times the routed experts one after another and one MLP of their FLOPs, at every
+    world size; the curves take their ratio (>= 1) at the measured tokens per expert, and the routed
+    GEMMs of an MoE layer are priced with it: the full ratio at those tokens, less with more tokens,
+    the plain per-expert GEMMs without the rows."""
+    from dataclasses import replace
+
+    from paraplan.profiles.store import measured_tables
+    from paraplan.validation.profile import ROUTED_MLP
+    tr = measured_tables(profile_db)["training"]["cpu"]
+    for w in tr.values():
+        assert set(w["routed"]) == {"routed", "dense"}
+        assert all(v["time_s"] > 0 and v["shape"] == ROUTED_MLP for v in w["routed"].values())
+    c = curves_for(load_cluster("local", 2, db=profile_db))
+    r = max(1.0, tr[2]["routed"]["routed"]["time_s"] / tr[2]["routed"]["dense"]["time_s"])
+    assert c.routed_factor == pytest.approx(r) and c.routed_tokens == ROUTED_MLP["tokens"]
+    m0, n, k, g = ROUTED_MLP["tokens"], ROUTED_MLP["ffn"], ROUTED_MLP["hidden"], 8
+    plain = replace(c, routed_factor=None)
+    assert plain.grouped_gemm_time(m0, n, k, g, "fp32") == pytest.approx(plain.gemm_time(m0, n, k, "fp32", count=g))
+    for m, f in ((m0, r), (4 * m0, 1 + (r - 1) / 4)):
+        base = plain.gemm_time(m, n, k, "fp32", count=g)
+        launches = g * c.kernel_overhead_s
+        assert c.grouped_gemm_time(m, n, k, g, "fp32") == pytest.approx(launches + f * (base - launches))
+    assert "routed experts" in c.sources["routed_experts"]
+
+
 def test_profiled_curves_use_training_measurements():
     t = training_tables()
     alone = ProfiledCurves.from_tables(t, world_size=1)

@@ -181,6 +181,10 @@ def training_measurements(tables: dict, device: str, world_size: int | None = No
         out["fsdp_unit_s"] = float(m["fsdp_unit_s"])
     if m.get("fsdp_adam_tensor_s") is not None:
         out["fsdp_adam_tensor_s"] = float(m["fsdp_adam_tensor_s"])
+    routed = m.get("routed") or {}
+    if (routed.get("routed") or {}).get("time_s") and (routed.get("dense") or {}).get("time_s"):
+        out["routed_factor"] = max(1.0, float(routed["routed"]["time_s"]) / float(routed["dense"]["time_s"]))
+        out["routed_tokens"] = int(routed["routed"]["shape"].get("tokens") or 0)
     ck = checkpoint_overhead_fit(m.get("checkpoint") or {})
     if ck:
         out["checkpoint_region_s"], out["checkpoint_kernel_s"] = ck
@@ -251,6 +255,10 @@ class ProfiledCurves:
     fsdp_unit_overhead_s: float = 0.0
     #: FSDP2's extra optimizer-step cost per (DTensor) parameter tensor, measured; 0 where not
     fsdp_adam_tensor_overhead_s: float = 0.0
+    #: routed experts' GEMMs: the measured time of experts run one after another over that of one MLP
+    #: of their FLOPs, at ``routed_tokens`` tokens per expert (``routed`` rows); None where not measured
+    routed_factor: float | None = None
+    routed_tokens: int = 0
 
     kind = "profiled"
 
@@ -294,6 +302,10 @@ class ProfiledCurves:
                              "adam": "measured: AdamW (foreach=False) steps of 64 x 64 and 16 x 2^16 elements"
                                      + (" and 1 x 2^21 (per element in large tensors)"
                                         if train.get("adam_flat_param_s") is not None else "")}
+            if train.get("routed_factor"):
+                sources_train["routed_experts"] = (
+                    f"measured: routed experts one after another over one MLP of their FLOPs, "
+                    f"{train['routed_factor']:.2f}x at {train['routed_tokens']} tokens per expert")
             if "checkpoint_kernel_s" in train:
                 sources_train["recompute_overhead"] = (
                     "measured: regions of 4 and 16 tiny ops under non-reentrant torch.utils.checkpoint "
@@ -310,6 +322,7 @@ class ProfiledCurves:
             fsdp_unit_overhead_s=train.get("fsdp_unit_s", 0.0),
             fsdp_adam_tensor_overhead_s=train.get("fsdp_adam_tensor_s", 0.0),
             checkpoint_kernel_s=train.get("checkpoint_kernel_s", 0.0),
+            routed_factor=train.get("routed_factor"), routed_tokens=train.get("routed_tokens", 0),
             sdpa=LogLogCurve.from_points(sd, t0) if sd else None,
             memory_bandwidth_bytes_per_s=float(bw),
             cpu_adam_memory_efficiency=default["cpu_adam_memory_efficiency"],
@@ -377,6 +390,21 @@ class ProfiledCurves:
         ``AccumulateGrad`` runs). Unlike :meth:`memory_time` they do no erf/exp work, which on a
         CPU core makes GELU, softmax and the norms several times slower per byte."""
         return kernels * self.launch_s + self.work_factor * np.asarray(nbytes, dtype=float) / self.memory_bandwidth_bytes_per_s
+
+    def grouped_gemm_time(self, m, n, k, groups, dtype: str = "bf16"):
+        """Seconds for the routed experts' GEMMs of one layer: ``groups`` GEMMs of m tokens, one per
+        expert as the harness runs them (each its launch), their work slowed by the measured routed
+        factor r (``routed`` rows: experts one after another against one MLP of their FLOPs, at m0
+        tokens per expert): ``groups · (t0 + f(m) · W(2mnk))`` with f(m) = 1 + (r − 1) · min(1, m0/m),
+        the excess treated as a cost per expert GEMM, which more tokens amortise. Without the rows
+        (f = 1) this is ``gemm_time(count=groups)``."""
+        m = np.asarray(m, dtype=float)
+        base = self.gemm_time(m, n, k, dtype, count=groups)
+        if not self.routed_factor or not self.routed_tokens:
+            return base
+        f = 1.0 + (self.routed_factor - 1.0) * np.minimum(1.0, self.routed_tokens / np.maximum(m, 1.0))
+        overhead = np.asarray(groups, dtype=float) * self.kernel_overhead_s
+        return overhead + f * (base - overhead)
 
     def flash_attention_time(self, flops, dtype: str = "bf16", kernels=1):
         """Seconds for fused attention executing ``flops`` (measured SDPA rate)."""

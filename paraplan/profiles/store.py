@@ -321,11 +321,13 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
                 (r["shape"]["numel"], r["bytes"], r["time_s"]))
         elif k in ("h2d", "d2h"):
             out[k] = r["bandwidth_bytes_per_s"]
-        elif k in ("autograd", "contention", "optimizer", "checkpoint", "fsdp"):
+        elif k in ("autograd", "contention", "optimizer", "checkpoint", "fsdp", "routed"):
             w = out["training"].setdefault(r["device"], {}).setdefault(
                 int(r["world_size"]), {"autograd": {}, "contention_s": None, "adamw": [], "checkpoint": {}})
             if k == "checkpoint":
                 w["checkpoint"].setdefault(int(r["shape"]["ops"]), {})[r["op"]] = r["time_s"]
+            elif k == "routed":       # routed experts and the one MLP of their FLOPs, and their shape
+                w.setdefault("routed", {})[r["op"]] = {"time_s": r["time_s"], "shape": dict(r["shape"] or {})}
             elif k == "autograd":
                 w["autograd"][r["op"]] = (r["time_s"], r["shape"]["kernels"])
             elif k == "fsdp" and r["op"] == "adam_tensor":   # FSDP2's optimizer step, per tensor

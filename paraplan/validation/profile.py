@@ -29,6 +29,10 @@ ranks share the machine's cores, as the validation workers do):
   elements and over 16 tensors of 2^16 elements (a small layer's weight matrix): the per-tensor
   and per-parameter cost of a step, taken cold (fresh gradients and the caches overwritten
   before every step, untimed), as it runs after a forward and backward.
+* ``routed``: a mixture of experts' routed MLPs (``ROUTED_MLP``: 8 experts of 64 tokens each, one
+  after another, each with its own weights) forward + backward, and one MLP of the same FLOPs on all
+  512 tokens: small per-expert GEMMs in a step run well below the rate their FLOPs get alone (on the
+  2-core VM 40 against 68 GFLOP/s for the one MLP), which the FLOPs-only GEMM curve cannot say.
 * ``checkpoint``: the two regions recomputation checkpoints, the attention core (QKᵀ, scale, mask,
   softmax, PV: 4 of the estimator's kernels) and a whole pre-LN block (16), at the contention
   block's size, run forward + backward plainly, forward alone, and forward + backward under
@@ -444,6 +448,34 @@ CONTENTION_BLOCK = {"hidden": 256, "heads": 4, "seq": 256, "batch": 1}
 CHECKPOINT_BLOCK = {"hidden": 128, "heads": 4, "seq": 64, "batch": 1}
 
 
+#: the routed-experts case: ``experts`` GELU MLPs (hidden -> ffn -> hidden, biases) on ``tokens`` tokens
+#: each, against one such MLP on experts x tokens tokens (the default validate model's MoE: 8 experts,
+#: top-2 of 256 tokens gives ~64 per expert)
+ROUTED_MLP = {"hidden": 256, "ffn": 1024, "experts": 8, "tokens": 64}
+
+
+def _routed_cases(device) -> dict:
+    """{"routed": step, "dense": step}: forward + backward of the routed experts one after another
+    (:func:`paraplan.validation.apply_ep.run_experts`, each with its own weights) and of one MLP of
+    the same FLOPs; gradients fresh every step, as after ``zero_grad``."""
+    from paraplan.validation.apply_ep import run_experts
+    c = ROUTED_MLP
+    h, f, E, m = c["hidden"], c["ffn"], c["experts"], c["tokens"]
+
+    def case(groups, tokens):
+        weights = [tuple(torch.randn(*shape, device=device, requires_grad=True)
+                         for shape in ((f, h), (f,), (h, f), (h,))) for _ in range(groups)]
+        params = [w for ws in weights for w in ws]
+        x = torch.randn(groups * tokens, h, device=device, requires_grad=True)
+
+        def step():
+            run_experts(x, [tokens] * groups, weights).sum().backward()
+            for p in params + [x]:
+                p.grad = None
+        return step
+    return {"routed": case(E, m), "dense": case(1, E * m)}
+
+
 def _block_case(device):
     c = CONTENTION_BLOCK
     cfg = GPTConfig(vocab_size=256, seq_len=c["seq"], hidden=c["hidden"], heads=c["heads"], layers=1)
@@ -491,6 +523,8 @@ def training_rows(opts: ProfileOptions, device="cpu", world_size: int = 1, round
     cases.append(("contention", "gemm", {"m": 128, "n": 128, "k": 128}, 2.0 * 128 ** 3, None,
                   lambda: a @ b, None))
     cases.append(("contention", "block", dict(CONTENTION_BLOCK), None, None, _block_case(device), None))
+    flops = 6.0 * 2 * ROUTED_MLP["experts"] * ROUTED_MLP["tokens"] * ROUTED_MLP["hidden"] * ROUTED_MLP["ffn"]
+    cases += [("routed", op, dict(ROUTED_MLP), flops, None, fn, None) for op, fn in _routed_cases(device).items()]
     for tensors, numel in (ADAM_SMALL, ADAM_LARGE, adam_flat(device)):
         cases.append(("optimizer", "adamw", {"tensors": tensors, "numel": numel}, None,
                       4 * tensors * numel, *_adamw_case(tensors, numel, device)))
