@@ -137,12 +137,12 @@ def moe_mlp(x: torch.Tensor, router, experts, top_k: int, ep: EpContext, stats: 
         send = counts.view(ep.size, -1).sum(dim=1).tolist()
         recv = received.sum(dim=1).tolist()
         arrived = _AllToAll.apply(routed, send, recv, ep.group)   # by sending rank, then local expert
-        local = torch.arange(received.shape[1]).repeat(ep.size)
+        local = torch.arange(received.shape[1], device=received.device).repeat(ep.size)
         regroup = torch.argsort(torch.repeat_interleave(local, received.reshape(-1)), stable=True)
         local_sizes = received.sum(dim=0).tolist()
         out = run_experts(arrived.index_select(0, regroup), local_sizes, experts, activation)
         back = torch.empty_like(regroup)
-        back[regroup] = torch.arange(regroup.numel())
+        back[regroup] = torch.arange(regroup.numel(), device=regroup.device)
         y = _AllToAll.apply(out.index_select(0, back), recv, send, ep.group)
     if stats is not None:   # (tokens this rank's experts ran, their balanced share) per call
         stats.setdefault("expert_calls", []).append((sum(local_sizes), flat.numel()))
