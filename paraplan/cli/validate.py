@@ -14,7 +14,7 @@ from dataclasses import asdict, replace
 from paraplan import progress
 from paraplan.cli.common import (ParaplanArgumentParser, check_in_path, check_out_path, non_negative_int, number,
                                  parse_or_exit_code, positive_int, run_command)
-from paraplan.errors import ConfigError
+from paraplan.errors import ConfigError, ParaplanError
 from paraplan.plan import OFFLOAD, RECOMPUTE
 from paraplan.profiles.store import ProfileStore, machine_fingerprint
 from paraplan.validation.compare import build_report, comparison_rows, format_table
@@ -193,9 +193,11 @@ def plan_model_architecture(path) -> tuple[dict, list[str]]:
     from paraplan.planfile import read_plan_file
     from paraplan.workloads.presets import load_model
     name = (read_plan_file(path).get("scenario") or {}).get("model")
+    if not name:
+        return {}, []
     try:
         m = load_model(name)
-    except Exception:   # a model file that is gone, or no name: the flags' defaults stay
+    except ParaplanError:   # a model file that is gone or no longer reads: the flags' defaults stay
         return {}, []
     arch = {"activation": m.activation if m.activation in ("gelu", "swiglu") else "gelu",
             "norm": m.norm, "bias": bool(m.bias), "rotary": bool(m.rotary)}

@@ -34,20 +34,16 @@ from paraplan.errors import ConfigError
 from paraplan.validation import comm
 
 
-def check_ep(experts: int, top_k: int, ep: int, dp: int, tp: int = 1, zero: int = 0) -> None:
+def check_ep(experts: int, ep: int, tp: int = 1, zero: int = 0) -> None:
     """Raise ConfigError unless the layout can run the model's experts: ep needs experts and must
-    divide both the experts and dp; experts run without tensor parallelism; ZeRO-3 (FSDP2 over the
-    whole data-parallel group) cannot shard experts that differ across it."""
+    divide them; experts run without tensor parallelism; ZeRO-3 (FSDP2 over the whole data-parallel
+    group) cannot shard experts that differ across it. (top_k within the experts is GPTConfig's check,
+    ep dividing dp RunPlan's.)"""
     if ep > 1 and experts == 0:
         raise ConfigError("ep", f"ep({ep}) needs a mixture-of-experts model", accepted="--experts E with E % ep == 0")
-    if experts and top_k > experts:
-        raise ConfigError("top_k", f"top_k({top_k}) exceeds experts({experts})", accepted=f"1..{experts}")
     if experts and experts % ep:
         raise ConfigError("ep", f"experts({experts}) is not divisible by ep({ep})",
                           accepted=", ".join(str(d) for d in range(1, experts + 1) if experts % d == 0))
-    if ep > 1 and dp % ep:
-        raise ConfigError("ep", f"dp({dp}) is not divisible by ep({ep}) (expert parallelism is carved from "
-                          f"data parallelism)", accepted="ep dividing dp")
     if experts and tp > 1:
         raise ConfigError("tp", f"the harness runs mixture-of-experts layers with tp 1, got tp {tp}",
                           accepted="tp 1 with --experts")

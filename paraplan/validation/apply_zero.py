@@ -298,15 +298,16 @@ class ExpertSplitOptimizer:
         return sum(o.state_bytes() for o in self.parts)
 
     def memory_bytes(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for o in self.parts:
-            for k, v in o.memory_bytes().items():
-                out[k] = out.get(k, 0) + v
-        return out
+        return _summed(o.memory_bytes() for o in self.parts)
 
     def host_memory_bytes(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        for o in self.parts:
-            for k, v in o.host_memory_bytes().items():
-                out[k] = out.get(k, 0) + v
-        return out
+        return _summed(o.host_memory_bytes() for o in self.parts)
+
+
+def _summed(byte_counts) -> dict[str, int]:
+    """Key-wise sum of byte-count dicts (zeros kept, unlike collections.Counter's addition)."""
+    out: dict[str, int] = {}
+    for counts in byte_counts:
+        for k, v in counts.items():
+            out[k] = out.get(k, 0) + v
+    return out

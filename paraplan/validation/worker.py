@@ -236,7 +236,7 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
                        recompute=plan.recompute, steps=plan.steps, warmup=plan.warmup,
                        lr=plan.lr, profile_ops=plan.profile_ops)
         groups = Groups(0, 0, 0, 0, None, None, None, [0])
-    check_ep(cfg.experts, cfg.top_k, plan.ep, plan.dp, plan.tp, plan.zero)
+    check_ep(cfg.experts, plan.ep, plan.tp, plan.zero)
     ctx = make_tp_context(cfg, groups.tp_group, sequence_parallel=plan.sequence_parallel,
                           recompute=plan.recompute)
     ctx.ep = EpContext(groups.ep_group)
