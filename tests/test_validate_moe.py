@@ -80,7 +80,6 @@ def test_the_estimator_is_told_the_harness_experts():
 @pytest.mark.parametrize("argv, flag, said", [
     (["--kv-heads", "3"], "--kv-heads", "accepted: 1, 2, 4"),
     (["--kv-heads", "1", "--tp", "2", "--nproc-per-node", "2"], "--kv-heads", "do not divide over --tp 2"),
-    (["--kv-heads", "2", "--cp", "2", "--nproc-per-node", "2"], "--kv-heads", "multi-head attention only"),
     (["--rotary", "--hidden", "20", "--heads", "4"], "--rotary", "even head size"),
     (["--activation", "relu"], "--activation", "accepted: gelu, swiglu"),
 ])

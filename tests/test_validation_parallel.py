@@ -1,9 +1,10 @@
 """Parallel layouts compute what a single process computes (real torchrun runs, gloo on CPU).
 
 For the same seed and data, every plan's loss per step must match the single-process run within
-``LOSS_RTOL`` (1e-5 relative) and its first-step gradients, unsharded over tp and dp (and averaged
-over cp) and joined
-over pipeline stages, within ``GRAD_RTOL`` (1e-4 of the tensor's largest reference entry).
+``LOSS_RTOL`` (1e-5 relative; these runs are three steps, too few for rounding to have drifted; with
+routed experts later steps within ``LATER_LOSS_RTOL``, what validate holds every run's later steps to)
+and its first-step gradients, unsharded over tp and dp (and averaged over cp) and joined over
+pipeline stages, within ``GRAD_RTOL`` (1e-4 of the tensor's largest reference entry).
 Plans of one world size share a torchrun launch to save start-up time.
 """
 import math
@@ -13,8 +14,8 @@ import pytest
 
 from paraplan.validation.launch import LaunchOptions, WorkerFailed, launch_worker, launch_worker_batch
 from paraplan.validation.model import GPTConfig
-from paraplan.validation.reference import (GRAD_RTOL, compare_to_reference, load_parallel_grads, loss_rtol_for,
-                                           reference_run)
+from paraplan.validation.reference import (GRAD_RTOL, LATER_LOSS_RTOL, LOSS_RTOL, compare_to_reference,
+                                           load_parallel_grads, reference_run)
 from paraplan.validation.worker import RunPlan
 
 CFG = GPTConfig(vocab_size=256, seq_len=32, hidden=64, heads=4, layers=4, seed=3)
@@ -49,6 +50,10 @@ WORLD2 = {
     "llama_dp2_zero1_sdpa": dict(dp=2, zero=1, micro_batch=1, global_batch=4, attention="sdpa", **LLAMA),
     "llama_pp2_selective": dict(pp=2, micro_batch=1, global_batch=4, recompute="selective", **LLAMA),
     "llama_mha_cp2": dict(cp=2, micro_batch=1, global_batch=4, **dict(LLAMA, kv_heads=0)),
+    # grouped-query attention on the ring: K/V blocks carry the kv heads only (validation.apply_cp)
+    "llama_cp2": dict(cp=2, micro_batch=1, global_batch=4, **LLAMA),
+    "llama_cp2_sdpa_selective": dict(cp=2, micro_batch=1, global_batch=4, recompute="selective",
+                                     attention="sdpa", **LLAMA),
 }
 WORLD4 = {
     "tp2_dp2_zero1_sp": dict(tp=2, dp=2, zero=1, micro_batch=1, global_batch=4,
@@ -68,6 +73,7 @@ WORLD4 = {
     "moe_cp2_dp2_ep2": dict(cp=2, dp=2, ep=2, micro_batch=1, global_batch=4, experts=4),
     "moe_pp2_dp2_ep2_fullrecompute": dict(pp=2, dp=2, ep=2, micro_batch=1, global_batch=8, recompute="full",
                                           experts=4),
+    "llama_tp2_cp2_sp": dict(tp=2, cp=2, micro_batch=1, global_batch=4, sequence_parallel=True, **LLAMA),
     "llama_tp2_dp2_zero3": dict(tp=2, dp=2, zero=3, micro_batch=1, global_batch=4, **LLAMA),
     "llama_moe_dp4_ep2_zero2": dict(dp=4, ep=2, zero=2, micro_batch=1, global_batch=8, experts=4, **LLAMA),
 }
@@ -106,9 +112,10 @@ def _check(out, results, name, entry):
     cfg, plan = _model_and_plan(entry)
     plan = RunPlan.from_dict(plan)
     ref = reference_run(cfg, plan)
-    c = compare_to_reference(results[name], ref, load_parallel_grads(str(out / name)), loss_rtol_for(cfg))
+    c = compare_to_reference(results[name], ref, load_parallel_grads(str(out / name)))
     assert not c["missing_grads"], c["missing_grads"]
-    assert c["loss_rel_err"] <= loss_rtol_for(cfg), c
+    assert c["first_loss_rel_err"] <= LOSS_RTOL, c
+    assert c["loss_rel_err"] <= (LATER_LOSS_RTOL if cfg.experts else LOSS_RTOL), c
     assert c["grad_rel_err"] <= GRAD_RTOL, (c["worst_grad"], c["grad_rel_err"])
     assert c["matches"]
     assert len(results[name]) == plan.world_size

@@ -155,3 +155,20 @@ def test_an_fp32_estimate_states_fp32_assumptions():
     fp32, bf16 = assumptions_for(Plan(dtype="fp32")), assumptions_for(Plan())
     assert fp32[0].startswith("fp32 weights") and bf16[0].startswith("16-bit weights")
     assert fp32[1:] == bf16[1:]
+
+
+def test_reference_check_holds_the_first_step_tighter_than_the_drifting_later_ones():
+    """The first step (same parameters, only the order of sums differs) within LOSS_RTOL; later steps,
+    whose trajectories AdamW's sign-like first update separates, within LATER_LOSS_RTOL; a run that
+    is off by more, or one step short, does not match."""
+    from paraplan.validation.reference import LATER_LOSS_RTOL, LOSS_RTOL, compare_to_reference
+    ref = {"losses": [7.0, 6.9, 6.8]}
+
+    def check(losses):
+        return compare_to_reference([{"is_last_stage": True, "losses": losses}], ref)
+
+    drifted = check([7.0 * (1 + 0.5 * LOSS_RTOL), 6.9 * (1 + 3 * LOSS_RTOL), 6.8 * (1 - 0.5 * LATER_LOSS_RTOL)])
+    assert drifted["matches"] and drifted["first_loss_rel_err"] < LOSS_RTOL < drifted["loss_rel_err"]
+    assert not check([7.0 * (1 + 2 * LOSS_RTOL), 6.9, 6.8])["matches"]
+    assert not check([7.0, 6.9, 6.8 * (1 + 2 * LATER_LOSS_RTOL)])["matches"]
+    assert not check([7.0, 6.9])["matches"]

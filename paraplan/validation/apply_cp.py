@@ -21,7 +21,8 @@ materialises each step's block of scores (``s/cp × s/cp`` per head, masked by p
 its probabilities for the backward, so a rank saves ``(s/cp) · s`` probabilities per head, the
 single-process ``s × s`` over cp. :class:`RingFlashAttention` (``--attention sdpa``) runs PyTorch's
 fused CPU flash kernel per step on the unmasked half-blocks the load balancing leaves and keeps
-only the output and its log-sum-exp. Wall time posting the exchange (gloo sends from the calling
+only the output and its log-sum-exp. With grouped-query attention the ring carries the kv heads only
+(the exchange the estimator prices by ``kv_hidden``). Wall time posting the exchange (gloo sends from the calling
 thread) and waiting for it is added to ``comm.TIMERS['cp_comm']``.
 """
 from __future__ import annotations
@@ -35,13 +36,9 @@ from paraplan.errors import ConfigError
 from paraplan.validation import comm
 
 
-def check_cp(seq_len: int, cp: int, tp: int = 1, sequence_parallel: bool = False, grouped: bool = False) -> None:
+def check_cp(seq_len: int, cp: int, tp: int = 1, sequence_parallel: bool = False) -> None:
     """Raise ConfigError unless the sequence splits into ``2·cp`` chunks (and each rank's ``s/cp``
-    tokens over tp under sequence parallelism); the ring runs multi-head attention only (``grouped``:
-    the model has fewer key/value heads than heads)."""
-    if cp > 1 and grouped:
-        raise ConfigError("cp", "the harness's ring attention runs multi-head attention, not grouped-query "
-                          "attention", accepted="cp 1 with kv_heads < heads, or kv_heads = heads")
+    tokens over tp under sequence parallelism)."""
     if cp > 1 and seq_len % (2 * cp):
         raise ConfigError("cp", f"seq_len({seq_len}) is not divisible by 2 * cp({cp}) (ring attention "
                           f"balances 2*cp causal chunks)", accepted=f"cp with seq_len % (2*cp) == 0")
@@ -133,25 +130,37 @@ def _ring_block_gradients(cpx: CpContext, k, v, add_block_gradients):
     return dkv[0], dkv[1]
 
 
+def _grouped(x, kv_heads: int):
+    """x [b, heads, s, d] viewed [b, kv heads, heads / kv heads, s, d]: the query heads that read one
+    key/value head side by side (query head i reads key/value head i // (heads / kv heads))."""
+    b, heads, s, d = x.shape
+    return x.view(b, kv_heads, heads // kv_heads, s, d)
+
+
 class RingAttention(torch.autograd.Function):
     """Causal attention of this rank's queries over the whole sequence's keys, by ring exchange.
 
-    q, k, v: [batch, heads, s/cp, head_dim] for this rank's tokens. Returns [batch, heads, s/cp, head_dim].
+    q: [batch, heads, s/cp, head_dim], k, v: [batch, kv heads, s/cp, head_dim] for this rank's tokens
+    (grouped-query attention when kv heads < heads). Returns [batch, heads, s/cp, head_dim]. The ring
+    carries K and V with their kv heads only; each step scores the group's queries [b, kv, rep, s, d]
+    against the block's [b, kv, 1, s, d] by broadcasting, and the backward sums a block's dK/dV over
+    the group (what the single process's grouped form computes).
     """
 
     @staticmethod
     def forward(ctx, q, k, v, cpx: CpContext):
         scale = 1.0 / math.sqrt(q.shape[-1])
-        out = torch.zeros_like(q)
-        lse = torch.full(q.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
+        qg = _grouped(q, k.shape[1])
+        out = torch.zeros_like(qg)
+        lse = torch.full(qg.shape[:-1], float("-inf"), dtype=q.dtype, device=q.device)
         probs, block_lse = [], []
         for _, owner, kv in _ring_blocks(cpx, k, v):
-            scores = (q @ kv[0].transpose(-2, -1)) * scale
+            scores = (qg @ kv[0].unsqueeze(2).transpose(-2, -1)) * scale
             scores = scores.masked_fill(~cpx.allowed(owner, q.device), float("-inf"))
             lse_b = torch.logsumexp(scores, dim=-1)
             # rows that may attend nothing in this block: probabilities 0, block lse -inf
             p = torch.exp(scores - torch.where(torch.isfinite(lse_b), lse_b, 0.0).unsqueeze(-1))
-            o_b = p @ kv[1]
+            o_b = p @ kv[1].unsqueeze(2)
             new_lse = torch.logaddexp(lse, lse_b)
             out = out * torch.exp(lse - new_lse).unsqueeze(-1) + o_b * torch.exp(lse_b - new_lse).unsqueeze(-1)
             lse = new_lse
@@ -160,28 +169,29 @@ class RingAttention(torch.autograd.Function):
         ctx.cpx = cpx
         ctx.scale = scale
         ctx.save_for_backward(q, k, v, out, lse, *probs, *block_lse)
-        return out
+        return out.view(q.shape)
 
     @staticmethod
     def backward(ctx, d_out):
         cpx, scale = ctx.cpx, ctx.scale
         q, k, v, out, lse, *rest = ctx.saved_tensors
         probs, block_lse = rest[:cpx.size], rest[cpx.size:]
-        d_out = d_out.contiguous()
+        qg = _grouped(q, k.shape[1])
+        d_out = _grouped(d_out.contiguous(), k.shape[1])
         delta = (d_out * out).sum(-1, keepdim=True)
-        dq = torch.zeros_like(q)
+        dq = torch.zeros_like(qg)
 
         def add_block_gradients(step, owner, kv, dkv):
             # the block's probabilities under the final normaliser
             p = probs[step] * torch.exp(block_lse[step] - lse).unsqueeze(-1)
-            dv = p.transpose(-2, -1) @ d_out
-            dp = d_out @ kv[1].transpose(-2, -1)
+            dv = (p.transpose(-2, -1) @ d_out).sum(2)
+            dp = d_out @ kv[1].unsqueeze(2).transpose(-2, -1)
             ds = p * (dp - delta) * scale
-            dq.add_(ds @ kv[0])
-            dkv += torch.stack([ds.transpose(-2, -1) @ q, dv])
+            dq.add_(ds @ kv[0].unsqueeze(2))
+            dkv += torch.stack([(ds.transpose(-2, -1) @ qg).sum(2), dv])
 
         dk, dv = _ring_block_gradients(cpx, k, v, add_block_gradients)
-        return dq, dk, dv, None
+        return dq.view(q.shape), dk, dv, None
 
 
 _flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -206,7 +216,8 @@ class RingFlashAttention(torch.autograd.Function):
     block, whose positions ascend, is plain causal attention; a block from a lower cp rank is seen
     whole by every query through its first chunk only (its second chunk lies beyond all of them); a
     block from a higher cp rank is seen whole by the second half of the queries only. The backward
-    calls the kernel's backward per step with the final output and log-sum-exp."""
+    calls the kernel's backward per step with the final output and log-sum-exp. The kernel takes
+    grouped-query K/V (fewer heads than q) as they are and returns their gradients per kv head."""
 
     @staticmethod
     def forward(ctx, q, k, v, cpx: CpContext):

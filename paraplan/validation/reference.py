@@ -1,19 +1,25 @@
 """Compare a parallel run with the single-process reference of the same model, seed and data.
 
 Tolerances (fp32 throughout): the parallel layouts change only the order of floating-point
-sums (row-parallel partial sums, sequence shards, micro-batch accumulation, dp averaging), so
-losses agree to ~1e-6 relative; we accept ``LOSS_RTOL`` per step and ``GRAD_RTOL`` on the
-first step's gradients, measured per tensor as max |g - g_ref| / max(max |g_ref|, floor), where
-floor = ``GRAD_FLOOR`` times the largest reference gradient entry of the whole model (some
-gradients are zero in exact arithmetic, e.g. the key bias, since softmax ignores a constant
-shift, and are rounding noise in both runs).
+sums (row-parallel partial sums, sequence shards, micro-batch accumulation, dp averaging). On the
+first step, where both runs start from the same parameters, that is all that differs: its loss must
+agree within ``LOSS_RTOL`` and its gradients within ``GRAD_RTOL``, measured per tensor as
+max |g - g_ref| / max(max |g_ref|, floor), where floor = ``GRAD_FLOOR`` times the largest reference
+gradient entry of the whole model (some gradients are zero in exact arithmetic, e.g. the key bias,
+since softmax ignores a constant shift, and are rounding noise in both runs).
 
-A mixture of experts routes each token to its top-k experts, a discontinuous choice: once the
-parameters have drifted apart by rounding, a token whose two best scores are within that drift can
-go to another expert in one run than in the other, and the loss jumps by that token's share (on
-the default validate model with 8 experts, dp2: ~1e-8 for nine steps, then 1.9e-6 at the tenth and
-1.2e-5 by the thirteenth). Such runs are held to ``MOE_LOSS_RTOL`` per step; their first step, where
-both start from the same parameters, keeps ``GRAD_RTOL``.
+Later steps are held to ``LATER_LOSS_RTOL``: the trajectories separate. AdamW's first update is
+lr · g / (|g| + eps) per element, the sign of the gradient for all but the tiniest, so an element
+whose gradient lies within rounding of zero moves by ±lr in one run and the other way in the other,
+and later steps amplify it. Measured on the default validate model with 13 steps: GPT-style layouts
+stay near 1e-7; with rotary positions and no biases (the Llama choices) cp2 reaches 1.5e-5 by the
+thirteenth step (dp2 1.3e-6) with first-step gradients within 1.1e-6. A mixture of experts routes
+each token to its top-k experts, a discontinuous choice: once the parameters have drifted apart, a
+token whose two best scores are within that drift can go to another expert in one run than in the
+other, and the loss jumps by that token's share (default model with 8 experts, dp2: ~1e-8 for nine
+steps, then 1.9e-6 at the tenth and 1.2e-5 by the thirteenth). A wrong update (a shard not
+gathered, a gradient not averaged) moves the second step's loss by far more: every element moves by
+about lr each step.
 """
 from __future__ import annotations
 
@@ -26,7 +32,7 @@ from paraplan.validation.model import GPTConfig
 from paraplan.validation.worker import RunPlan, run_training
 
 LOSS_RTOL = 1e-5
-MOE_LOSS_RTOL = 1e-4
+LATER_LOSS_RTOL = 1e-4
 GRAD_RTOL = 1e-4
 GRAD_FLOOR = 1e-3
 
@@ -57,25 +63,21 @@ def load_parallel_grads(out_dir: str) -> dict[str, torch.Tensor]:
     return grads
 
 
-def loss_rtol_for(cfg: GPTConfig) -> float:
-    """The per-step loss tolerance of a model: LOSS_RTOL, or MOE_LOSS_RTOL with routed experts."""
-    return MOE_LOSS_RTOL if getattr(cfg, "experts", 0) else LOSS_RTOL
-
-
-def compare_to_reference(results: list[dict], ref: dict, grads: dict | None = None,
-                         loss_rtol: float = LOSS_RTOL) -> dict:
+def compare_to_reference(results: list[dict], ref: dict, grads: dict | None = None) -> dict:
     """Errors of a parallel run against the reference; ``matches`` is the verdict.
 
-    Returns ``loss_rel_err`` (max over steps), ``grad_rel_err`` (max over tensors, or None),
+    Returns ``first_loss_rel_err`` (the first step's, held to ``loss_rtol``), ``loss_rel_err`` (max
+    over every step, held to ``later_loss_rtol``), ``grad_rel_err`` (max over tensors, or None),
     ``missing_grads`` (names the parallel run did not report), tolerances and ``matches``.
     """
     par = parallel_losses(results)
     ref_losses = ref["losses"]
-    loss_err = max(abs(a - b) / abs(b) for a, b in zip(par, ref_losses))
-    out = {"loss_rel_err": loss_err, "loss_rtol": loss_rtol, "grad_rtol": GRAD_RTOL,
+    errs = [abs(a - b) / abs(b) for a, b in zip(par, ref_losses)]
+    out = {"first_loss_rel_err": errs[0] if errs else None, "loss_rel_err": max(errs, default=None),
+           "loss_rtol": LOSS_RTOL, "later_loss_rtol": LATER_LOSS_RTOL, "grad_rtol": GRAD_RTOL,
            "parallel_losses": par, "reference_losses": ref_losses,
            "grad_rel_err": None, "missing_grads": []}
-    ok = len(par) == len(ref_losses) and loss_err <= loss_rtol
+    ok = (len(par) == len(ref_losses) > 0 and errs[0] <= LOSS_RTOL and max(errs) <= LATER_LOSS_RTOL)
     if grads is not None and ref.get("grads") is not None:
         errs = {}
         floor = GRAD_FLOOR * max(float(g.abs().max()) for g in ref["grads"].values())

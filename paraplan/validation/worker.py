@@ -242,7 +242,7 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
     ctx.ep = EpContext(groups.ep_group)
     positions = None
     if plan.cp > 1:
-        check_cp(cfg.seq_len, plan.cp, plan.tp, plan.sequence_parallel, grouped=cfg.n_kv != cfg.heads)
+        check_cp(cfg.seq_len, plan.cp, plan.tp, plan.sequence_parallel)
         ctx.cp = CpContext(groups.cp_group, cfg.seq_len)
         positions = ctx.cp.local_positions
     layer_sets = stage_layers(cfg.layers, plan.pp, plan.virtual_stages)
