@@ -111,9 +111,18 @@ def test_the_estimator_is_told_the_harness_architecture():
     assert (llama.kv_heads, llama.rotary, llama.learned_positions, llama.mlp_matrices) == (2, True, False, 3)
 
 
+def test_harness_kv_heads_come_nearest_the_models_ratio_among_those_that_run():
+    from paraplan.cli.validate import harness_kv_heads
+    assert harness_kv_heads(4, 1, 4) == 1 and harness_kv_heads(8, 1, 8) == 1
+    assert harness_kv_heads(4, 2, 4) == 2            # kv heads must divide over tp
+    assert harness_kv_heads(4, 4, 8) == 4            # only multi-head attention runs at tp 4
+    assert harness_kv_heads(8, 1, 3) == 2            # ratios 4 and 2 equally near 3: the larger
+    assert harness_kv_heads(8, 1, 5) == 2            # ratio 4 nearer 5 than 8
+
+
 def test_a_plan_files_model_gives_the_architecture(tmp_path):
-    """A Llama plan runs SwiGLU, RMSNorm, no biases and rotary positions unless flags say otherwise, and
-    its grouped-query ratio is said; flags beside the file win."""
+    """A Llama plan runs SwiGLU, RMSNorm, no biases, rotary positions and the nearest grouped-query
+    ratio the harness's heads and tp allow, each said; flags beside the file win."""
     import argparse
 
     from paraplan.cli.validate import add_validate_parser, resolve_layout_flags
@@ -125,7 +134,17 @@ def test_a_plan_files_model_gives_the_architecture(tmp_path):
     args = parser.parse_args(["validate", "--plan", str(tmp_path / "p.json"), "--out", str(tmp_path / "o")])
     notes = resolve_layout_flags(args)
     assert (args.activation, args.norm, args.bias, args.rotary) == ("swiglu", "rmsnorm", False, True)
-    assert any("4 query heads per key/value head" in n for n in notes)
+    # llama3-8b's 4 query heads per kv head on the harness's 4 heads at the plan's tp 2: 2 kv heads
+    # (one per tp rank), 2 queries each, and said so
+    assert args.kv_heads == 2
+    assert any("4 query heads per key/value head" in n and "run 2 (2 kv heads" in n for n in notes), notes
+    args = parser.parse_args(["validate", "--plan", str(tmp_path / "p.json"), "--tp", "1", "--kv-heads", "4",
+                              "--out", str(tmp_path / "o")])
+    resolve_layout_flags(args)
+    assert args.kv_heads == 4 and args.tp == 1
+    args = parser.parse_args(["validate", "--plan", str(tmp_path / "p.json"), "--tp", "1", "--out", str(tmp_path / "o")])
+    notes = resolve_layout_flags(args)
+    assert args.kv_heads == 1 and any("heads run 4 (1 kv heads)" in n for n in notes), notes
     args = parser.parse_args(["validate", "--plan", str(tmp_path / "p.json"), "--norm", "layernorm",
                               "--out", str(tmp_path / "o")])
     resolve_layout_flags(args)

@@ -186,27 +186,35 @@ def plan_file_layout(path, given=()) -> tuple[dict, list[str]]:
 ARCHITECTURE_DEFAULTS = {"activation": "gelu", "norm": "layernorm", "bias": True, "rotary": False}
 
 
-def plan_model_architecture(path) -> tuple[dict, list[str]]:
-    """(architecture flags, notes) of a plan file's model where it names a preset: its activation, norm,
-    biases and positions, which the harness's small model takes; its grouped-query ratio is said, not
-    taken (the harness's heads decide which ratios divide)."""
+def plan_model_architecture(path) -> tuple[dict, list[str], int]:
+    """(architecture flags, notes, grouped-query ratio) of a plan file's model where it names a preset:
+    its activation, norm, biases and positions, which the harness's small model takes, and its query
+    heads per key/value head (1 without grouped-query attention), which :func:`harness_kv_heads` fits
+    to the harness's heads once the layout is known."""
     from paraplan.planfile import read_plan_file
     from paraplan.workloads.presets import load_model
     name = (read_plan_file(path).get("scenario") or {}).get("model")
     if not name:
-        return {}, []
+        return {}, [], 1
     try:
         m = load_model(name)
     except ParaplanError:   # a model file that is gone or no longer reads: the flags' defaults stay
-        return {}, []
+        return {}, [], 1
     arch = {"activation": m.activation if m.activation in ("gelu", "swiglu") else "gelu",
             "norm": m.norm, "bias": bool(m.bias), "rotary": bool(m.rotary)}
     notes = [f"architecture of {name}: {arch['activation']}, {arch['norm']}, "
              f"{'biases' if arch['bias'] else 'no biases'}, {'rotary' if arch['rotary'] else 'learned'} positions"]
-    if m.kv_heads and m.kv_heads != m.heads:
-        notes.append(f"{name} has {m.heads // m.kv_heads} query heads per key/value head; the harness runs "
-                     f"one per head unless --kv-heads is given")
-    return arch, notes
+    ratio = m.heads // m.kv_heads if m.kv_heads and m.heads % m.kv_heads == 0 else 1
+    return arch, notes, ratio
+
+
+def harness_kv_heads(heads: int, tp: int, ratio: int) -> int:
+    """Key/value heads for the harness's ``heads`` that come nearest a model's grouped-query ``ratio``
+    (query heads per kv head) among those it can run: a divisor of ``heads`` and a multiple of ``tp``
+    (whole kv heads per tp rank); of two equally near, the larger ratio. ``heads`` itself (multi-head
+    attention) when nothing else qualifies."""
+    options = [d for d in range(1, heads + 1) if heads % d == 0 and d % tp == 0] or [heads]
+    return min(options, key=lambda d: (abs(heads / d - ratio), d))
 
 
 def resolve_layout_flags(args) -> list[str]:
@@ -216,7 +224,7 @@ def resolve_layout_flags(args) -> list[str]:
     if getattr(args, "plan", None) and not getattr(args, "_layout_resolved", False):
         given = {flag for flag in LAYOUT_DEFAULTS if getattr(args, flag, None) is not None}
         flags, notes = plan_file_layout(args.plan, given)
-        arch, arch_notes = plan_model_architecture(args.plan)
+        arch, arch_notes, ratio = plan_model_architecture(args.plan)
         notes += arch_notes
         for flag, value in arch.items():
             if getattr(args, flag, None) is None:
@@ -226,6 +234,14 @@ def resolve_layout_flags(args) -> list[str]:
                 args.sequence_parallel = args.sequence_parallel or value
             elif getattr(args, flag, None) is None:
                 setattr(args, flag, value)
+        if ratio > 1 and getattr(args, "kv_heads", None) is None:
+            tp = args.tp if args.tp is not None else LAYOUT_DEFAULTS["tp"]
+            if args.heads % tp == 0:   # else check_validate_args names --tp
+                args.kv_heads = harness_kv_heads(args.heads, tp, ratio)
+                ran = args.heads // args.kv_heads
+                notes.append(f"the plan's model has {ratio} query heads per key/value head; the harness's "
+                             f"{args.heads} heads run {ran} ({args.kv_heads} kv heads"
+                             + (")" if ran == ratio else f": kv heads divide the {args.heads} heads and tp {tp})"))
     for flag, value in {**LAYOUT_DEFAULTS, **ARCHITECTURE_DEFAULTS}.items():
         if getattr(args, flag, None) is None:
             setattr(args, flag, value)
