@@ -50,6 +50,9 @@ WORLD2 = {
     "llama_dp2_zero1_sdpa": dict(dp=2, zero=1, micro_batch=1, global_batch=4, attention="sdpa", **LLAMA),
     "llama_pp2_selective": dict(pp=2, micro_batch=1, global_batch=4, recompute="selective", **LLAMA),
     "llama_mha_cp2": dict(cp=2, micro_batch=1, global_batch=4, **dict(LLAMA, kv_heads=0)),
+    # ZeRO-3 under sequence parallelism: the norms' gradients, one sequence shard each, summed over tp
+    # (fully_shard's new parameters keep the mark; before stop 48 they lost it: 0.86 off)
+    "llama_tp2_sp_zero3": dict(tp=2, zero=3, micro_batch=2, global_batch=4, sequence_parallel=True, **LLAMA),
     # grouped-query attention on the ring: K/V blocks carry the kv heads only (validation.apply_cp)
     "llama_cp2": dict(cp=2, micro_batch=1, global_batch=4, **LLAMA),
     "llama_cp2_sdpa_selective": dict(cp=2, micro_batch=1, global_batch=4, recompute="selective",

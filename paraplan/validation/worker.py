@@ -254,7 +254,12 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
     model = nn.ModuleList(chunks)
     named = [(n.split(".", 1)[1], p) for n, p in model.named_parameters()]
     if plan.zero == 3:
+        # fully_shard replaces every parameter by a sharded one; the sequence-parallel mark (the
+        # gradient summed over tp, sync_sequence_parallel_grads) goes to the new parameter
+        sp_partial = {n for n, p in model.named_parameters() if getattr(p, "sp_partial", False)}
         apply_fsdp(chunks[0], groups.dp_mesh)
+        for n, p in model.named_parameters():
+            p.sp_partial = n in sp_partial
         named = [(n.split(".", 1)[1], p) for n, p in model.named_parameters()]
         opt = FsdpOptimizer(named, lr=plan.lr)
         before_backward = chunks[0].set_requires_gradient_sync
