@@ -82,11 +82,14 @@ def test_the_estimator_is_told_the_harness_experts():
     (["--kv-heads", "1", "--tp", "2", "--nproc-per-node", "2"], "--kv-heads", "do not divide over --tp 2"),
     (["--rotary", "--hidden", "20", "--heads", "4"], "--rotary", "even head size"),
     (["--activation", "relu"], "--activation", "accepted: gelu, swiglu"),
+    (["--recompute", "op-sac", "--attention", "math"], "--attention", "op-sac keeps the fused attention"),
+    (["--recompute", "op-sac", "--experts", "4"], "--recompute", "dense MLPs only"),
+    (["--recompute", "op-sac", "--cp", "2", "--nproc-per-node", "2"], "--recompute", "without context parallelism"),
 ])
 def test_bad_architecture_flags_name_the_flag(tmp_path, capsys, argv, flag, said):
     assert main(["validate", *argv, "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    first = err.splitlines()[0]
+    first = next(line for line in err.splitlines() if "error:" in line)   # notes may come first
     assert first.startswith(("paraplan: error: " + flag, "paraplan validate: error: " + flag)), err
     assert said in first and "Traceback" not in err
 

@@ -51,9 +51,7 @@ def test_flags_given_beside_the_file_win(tmp_path):
 @pytest.mark.parametrize("fields, said", [({"offload": "nvme", "zero": 3}, "nvme offload"),
                                           ({"offload": "cpu", "offload_params": True, "zero": 3, "engine": "deepspeed"},
                                            "parameter offload"),
-                                          ({"dtype": "fp8"}, "fp8"),
-                                          ({"recompute": "op-sac", "engine": "torchtitan", "zero": 3},
-                                           "op-sac recomputation")])
+                                          ({"dtype": "fp8"}, "fp8")])
 def test_what_the_harness_cannot_run_is_refused_by_field(tmp_path, capsys, fields, said):
     path = _plan_file(tmp_path / "p.json", **fields)
     assert main(["validate", "--plan", str(path), "--out", str(tmp_path / "out")]) == 2
@@ -74,6 +72,20 @@ def test_validate_runs_a_plan_files_layout(tmp_path, capsys):
     assert report["plan"]["tp"] == 2 and report["plan"]["sequence_parallel"] is True
     assert report["plan"]["micro_batch"] == 2 and report["loss_matches_reference"] is True
     assert "layout from" in capsys.readouterr().err
+
+
+def test_an_op_sac_plan_runs_on_the_fused_attention(tmp_path, capsys):
+    """torchtitan's op-level SAC from a plan file (tp 2, sequence parallel, ZeRO-3): it runs on SDPA,
+    said, and matches the single process."""
+    path = _plan_file(tmp_path / "sac.json", recompute="op-sac", engine="torchtitan", zero=3)
+    out = tmp_path / "out"
+    rc = cli_main(["validate", "--plan", str(path), "--nproc-per-node", "2", "--global-batch", "4", "--steps", "2",
+                   "--warmup", "1", "--layers", "2", "--predicted", str(_predicted(tmp_path)), "--out", str(out)])
+    assert rc == 0
+    report = json.loads((out / "report.json").read_text())
+    assert (report["plan"]["recompute"], report["plan"]["zero"], report["plan"]["tp"]) == ("op-sac", 3, 2)
+    assert report["loss_matches_reference"] is True
+    assert "op-sac runs on --attention sdpa" in capsys.readouterr().err
 
 
 def test_context_parallelism_runs_as_ring_attention(tmp_path):

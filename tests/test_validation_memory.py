@@ -25,6 +25,40 @@ def test_full_recompute_saves_fewer_activation_bytes_than_none():
     assert none["losses"] == full["losses"] == sel["losses"]
 
 
+def _layer_bytes(cfg, recompute):
+    """Saved-activation bytes one more layer adds (3 layers less 2), micro-batch 2."""
+    from dataclasses import replace
+    plan = RunPlan(micro_batch=2, global_batch=2, recompute=recompute, steps=1, warmup=0, profile_ops=False)
+    peak = [run_training(replace(cfg, layers=n), plan)["memory_bytes"]["activations_peak"] for n in (2, 3)]
+    return peak[1] - peak[0]
+
+
+@pytest.mark.parametrize("arch", [{}, dict(activation="swiglu", kv_heads=2, rotary=True, bias=False, norm="rmsnorm")])
+def test_op_sac_keeps_every_other_matmul_and_the_attention_output(arch):
+    """torchtitan's op-level SAC on the harness: a layer keeps its input, wq's and wv's outputs, the fused
+    attention's output (and its fp32 log-sum-exp), w1's and (SwiGLU) w2's outputs, the estimator's
+    memory.op_sac_saved_bytes_per_token in fp32, and matches the run without recomputation."""
+    from dataclasses import replace
+    cfg = replace(CFG, attention="sdpa", **arch)
+    T, h, heads = 2 * cfg.seq_len, cfg.hidden, cfg.heads
+    q, kv = h, h // heads * cfg.n_kv
+    kept = h + q + kv + q + (cfg.ffn + h if arch else cfg.ffn)
+    assert _layer_bytes(cfg, "op-sac") == 4 * T * kept + 4 * T * heads
+    none = run_training(cfg, RunPlan(micro_batch=2, global_batch=2, steps=2, warmup=0, profile_ops=False))
+    sac = run_training(cfg, RunPlan(micro_batch=2, global_batch=2, steps=2, warmup=0, profile_ops=False,
+                                    recompute="op-sac"))
+    assert sac["losses"][0] == none["losses"][0]
+    assert abs(sac["losses"][1] - none["losses"][1]) <= 1e-5 * abs(none["losses"][1])
+
+
+def test_op_sac_needs_the_fused_attention_a_dense_mlp_and_no_ring():
+    from dataclasses import replace
+    plan = RunPlan(micro_batch=1, global_batch=1, steps=1, warmup=0, profile_ops=False, recompute="op-sac")
+    for cfg, said in ((CFG, "math attention"), (replace(CFG, attention="sdpa", experts=4), "dense MLPs")):
+        with pytest.raises(ConfigError, match=said):
+            run_training(cfg, plan)
+
+
 def test_activation_bytes_scale_with_micro_batch():
     small = _mem("none")["memory_bytes"]["activations_peak"]
     plan = RunPlan(micro_batch=4, global_batch=4, steps=1, warmup=0, profile_ops=False)

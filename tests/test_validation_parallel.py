@@ -50,9 +50,14 @@ WORLD2 = {
     "llama_dp2_zero1_sdpa": dict(dp=2, zero=1, micro_batch=1, global_batch=4, attention="sdpa", **LLAMA),
     "llama_pp2_selective": dict(pp=2, micro_batch=1, global_batch=4, recompute="selective", **LLAMA),
     "llama_mha_cp2": dict(cp=2, micro_batch=1, global_batch=4, **dict(LLAMA, kv_heads=0)),
+    # torchtitan's op-level SAC (validation.model.op_sac_context): every other matmul and the fused
+    # attention kept, the rest (sequence-parallel gathers included) recomputed in the backward
+    "llama_tp2_sp_opsac": dict(tp=2, micro_batch=2, global_batch=4, sequence_parallel=True, recompute="op-sac",
+                               attention="sdpa", **LLAMA),
     # ZeRO-3 under sequence parallelism: the norms' gradients, one sequence shard each, summed over tp
     # (fully_shard's new parameters keep the mark; before stop 48 they lost it: 0.86 off)
     "llama_tp2_sp_zero3": dict(tp=2, zero=3, micro_batch=2, global_batch=4, sequence_parallel=True, **LLAMA),
+    "pp2_opsac": dict(pp=2, micro_batch=1, global_batch=4, recompute="op-sac", attention="sdpa"),
     # grouped-query attention on the ring: K/V blocks carry the kv heads only (validation.apply_cp)
     "llama_cp2": dict(cp=2, micro_batch=1, global_batch=4, **LLAMA),
     "llama_cp2_sdpa_selective": dict(cp=2, micro_batch=1, global_batch=4, recompute="selective",
@@ -77,6 +82,8 @@ WORLD4 = {
     "moe_pp2_dp2_ep2_fullrecompute": dict(pp=2, dp=2, ep=2, micro_batch=1, global_batch=8, recompute="full",
                                           experts=4),
     "llama_tp2_cp2_sp": dict(tp=2, cp=2, micro_batch=1, global_batch=4, sequence_parallel=True, **LLAMA),
+    "llama_tp2_dp2_zero3_sp_opsac": dict(tp=2, dp=2, zero=3, micro_batch=1, global_batch=4, recompute="op-sac",
+                                         sequence_parallel=True, attention="sdpa", **LLAMA),
     "llama_tp2_dp2_zero3": dict(tp=2, dp=2, zero=3, micro_batch=1, global_batch=4, **LLAMA),
     "llama_moe_dp4_ep2_zero2": dict(dp=4, ep=2, zero=2, micro_batch=1, global_batch=8, experts=4, **LLAMA),
 }

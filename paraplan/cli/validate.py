@@ -82,8 +82,8 @@ def add_validate_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--seq-len", type=positive_int("--seq-len", MAX_SIZE), default=DEFAULT_MODEL["seq_len"])
     g.add_argument("--vocab", type=positive_int("--vocab", MAX_SIZE), default=DEFAULT_MODEL["vocab"])
     g.add_argument("--seed", type=non_negative_int("--seed", 2**32 - 1, "the default seed"), default=0)
-    g.add_argument("--attention", default="math", choices=["math", "sdpa"],
-                   help="materialised softmax (default) or fused SDPA")
+    g.add_argument("--attention", default=None, choices=["math", "sdpa"],
+                   help="materialised softmax (default) or fused SDPA (the default with --recompute op-sac)")
     g.add_argument("--activation", default=None, choices=["gelu", "swiglu"],
                    help="the MLP's (default gelu, or the plan file's model's)")
     g.add_argument("--norm", default=None, choices=["layernorm", "rmsnorm"],
@@ -141,7 +141,7 @@ PLAN_FILE_LAYOUT = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "ep": "ep", 
 #: schedules the harness runs as 1F1B (it has no zero-bubble or GPipe schedule of its own)
 RUN_AS_1F1B = ("zb-h1", "gpipe")
 #: recomputation the harness runs (validation.model.RECOMPUTE_CHOICES, kept here so this check needs no torch)
-HARNESS_RECOMPUTE = ("none", "selective", "full")
+HARNESS_RECOMPUTE = ("none", "selective", "full", "op-sac")
 #: offload the harness runs: the optimizer's states and master slice to host memory (not NVMe, not parameters)
 HARNESS_OFFLOAD = ("none", "cpu")
 
@@ -166,7 +166,7 @@ def plan_file_layout(path, given=()) -> tuple[dict, list[str]]:
         if bad:
             raise ConfigError("--plan", f"{path}: {shown_value}: the validation harness runs no {what}",
                               accepted="plans with optimizer offload none or cpu, 16-bit or fp32, recompute "
-                                       "none, selective or full (or set the layout with --tp/--pp/--dp/... instead)")
+                                       "none, selective, full or op-sac (or set the layout with --tp/--pp/--dp/... instead)")
     flags = {flag: raw[key] for key, flag in PLAN_FILE_LAYOUT.items() if raw.get(key) is not None}
     flags["sequence_parallel"] = bool(raw.get("sp"))
     notes = [f"layout from {path}; the model is the harness's (--layers/--hidden/...), not the plan's"]
@@ -242,9 +242,14 @@ def resolve_layout_flags(args) -> list[str]:
                 notes.append(f"the plan's model has {ratio} query heads per key/value head; the harness's "
                              f"{args.heads} heads run {ran} ({args.kv_heads} kv heads"
                              + (")" if ran == ratio else f": kv heads divide the {args.heads} heads and tp {tp})"))
+    if getattr(args, "attention", "math") is None and args.recompute == "op-sac" and not getattr(args, "_layout_resolved", False):
+        args.attention = "sdpa"
+        notes.append("op-sac runs on --attention sdpa: it keeps the fused attention kernel's output")
     for flag, value in {**LAYOUT_DEFAULTS, **ARCHITECTURE_DEFAULTS}.items():
         if getattr(args, flag, None) is None:
             setattr(args, flag, value)
+    if getattr(args, "attention", "math") is None:
+        args.attention = "math"
     args._layout_resolved = True
     return notes
 
@@ -296,6 +301,12 @@ def check_validate_args(args) -> None:
             raise ConfigError("--sequence-parallel", f"--seq-len {args.seq_len} / --cp {args.cp} is not divisible "
                               f"by --tp {args.tp}")
     check_expert_args(args)
+    if args.recompute == "op-sac" and args.attention != "sdpa":
+        raise ConfigError("--attention", f"{args.attention}: --recompute op-sac keeps the fused attention kernel's "
+                          "output, which the math attention has not", accepted="sdpa (or leave --attention out)")
+    if args.recompute == "op-sac" and args.cp > 1:
+        raise ConfigError("--recompute", "the harness runs op-sac without context parallelism (--cp > 1)",
+                          accepted="none, selective or full with --cp > 1")
     if args.virtual_stages > 1 and args.pp == 1:
         raise ConfigError("--virtual-stages", "interleaving needs --pp > 1")
     if args.offload not in HARNESS_OFFLOAD:
@@ -335,6 +346,9 @@ def check_expert_args(args) -> None:
             raise ConfigError("--ep", f"{ep} does not divide dp {dp} (expert parallelism is carved from data "
                               f"parallelism)", accepted=", ".join(str(d) for d in range(1, dp + 1) if dp % d == 0)
                               + " (or give --dp, a multiple of --ep)")
+    if args.recompute == "op-sac" and experts:
+        raise ConfigError("--recompute", "the harness runs op-sac on dense MLPs only",
+                          accepted="none, selective or full with --experts")
     if experts and args.tp > 1:
         raise ConfigError("--tp", f"the harness runs mixture-of-experts layers with tp 1, got --tp {args.tp}",
                           accepted="--tp 1 with --experts")

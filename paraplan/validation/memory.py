@@ -33,6 +33,9 @@ class SavedActivationCounter:
     marks run only while it is positive)."""
 
     active = 0
+    #: the counter entered last (op-level SAC's policy adds the outputs it keeps to it: they are
+    #: held by the checkpoint's cache, not through saved-tensor hooks)
+    current = None
 
     def __init__(self):
         self.live: dict[int, list[int]] = {}  # storage ptr -> [nbytes, refs]
@@ -73,13 +76,24 @@ class SavedActivationCounter:
             self.current_bytes -= entry[0]
             del self.live[key]
 
+    def hold(self, nbytes: int) -> None:
+        """Count ``nbytes`` kept outside the saved-tensor hooks (op-level SAC's cached outputs)."""
+        self.current_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.current_bytes)
+
+    def drop(self, nbytes: int) -> None:
+        """Stop counting bytes :meth:`hold` counted (the backward's recomputation took them)."""
+        self.current_bytes -= nbytes
+
     def __enter__(self):
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._hooks.__enter__()
         SavedActivationCounter.active += 1
+        self._outer, SavedActivationCounter.current = SavedActivationCounter.current, self
         return self
 
     def __exit__(self, *exc):
         SavedActivationCounter.active -= 1
+        SavedActivationCounter.current = self._outer
         self._hooks.__exit__(*exc)
         return False

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from paraplan.errors import ConfigError
 from paraplan.validation import comm
@@ -42,7 +42,7 @@ from paraplan.validation.apply_cp import ring_attention
 from paraplan.validation.apply_ep import EpContext, mlp_activation, moe_mlp
 from paraplan.validation.memory import SavedActivationCounter
 
-RECOMPUTE_CHOICES = ("none", "selective", "full")
+RECOMPUTE_CHOICES = ("none", "selective", "full", "op-sac")
 ACTIVATION_CHOICES = ("gelu", "swiglu")
 NORM_CHOICES = ("layernorm", "rmsnorm")
 
@@ -239,6 +239,70 @@ def _mark_checkpoint_input(x):
     return _SaveInput.apply(x) if SavedActivationCounter.active else x
 
 
+_aten = torch.ops.aten
+#: the matmuls op-level SAC counts (a linear with bias dispatches addmm, without mm)
+SAC_MATMULS = (_aten.mm.default, _aten.addmm.default)
+#: the fused attention kernels whose outputs it keeps (torchtitan's _save_list)
+SAC_ATTENTION = tuple(getattr(_aten, name).default for name in (
+    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
+    "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention") if hasattr(_aten, name))
+
+
+def check_recompute(recompute: str, attention: str, experts: int, cp: int) -> None:
+    """Raise ConfigError unless the harness runs the recomputation on this model and layout: op-level
+    SAC keeps the fused attention kernel's output (the math attention has no such op), runs on dense
+    MLPs (the router's and experts' matmuls would shift its every-other count) and without context
+    parallelism (the ring runs its steps inside one autograd function, whose exchange a recomputation
+    would repeat)."""
+    if recompute != "op-sac":
+        return
+    if attention != "sdpa":
+        raise ConfigError("recompute", "op-sac keeps the fused attention kernel's output; the math attention has "
+                          "none", accepted="attention sdpa with recompute op-sac")
+    if experts:
+        raise ConfigError("recompute", "the harness runs op-sac on dense MLPs only",
+                          accepted="recompute none, selective or full with experts")
+    if cp > 1:
+        raise ConfigError("recompute", "the harness runs op-sac without context parallelism",
+                          accepted="cp 1 with recompute op-sac, or recompute none, selective or full")
+
+
+def _sac_output_bytes(op, args) -> int:
+    """Bytes of what a kept op returns: an [m, n] matmul, or a fused attention's output [.., s, d_v]
+    and its fp32 log-sum-exp [.., s]."""
+    if op in SAC_MATMULS:
+        a, b = args[-2], args[-1]
+        return a.shape[0] * b.shape[1] * a.element_size()
+    q, v = args[0], args[2]
+    rows = q.numel() // q.shape[-1]
+    return rows * v.shape[-1] * q.element_size() + rows * 4
+
+
+def op_sac_context(kept: list | None = None):
+    """The (forward, recompute) contexts of torchtitan's op-level selective activation checkpointing
+    for one block (``torchtitan/models/llama3/infra/parallelize.py``: ``_save_list`` and "save every
+    other mm"): the outputs of the 1st, 3rd, 5th... matmul and of the fused attention kernel are kept,
+    everything else (norms, rotary, the other matmuls, the activation, gathers) is recomputed in the
+    backward. While a SavedActivationCounter is active the bytes kept are counted in it and appended
+    to ``kept`` (the checkpoint's cache holds them, out of the saved-tensor hooks' sight; the block
+    stops counting them when its backward is done, :meth:`Block.forward`)."""
+    counts = [0]
+
+    def policy(ctx, op, *args, **kwargs):
+        keep = op in SAC_ATTENTION
+        if op in SAC_MATMULS:
+            counts[0] += 1
+            keep = counts[0] % 2 == 1
+        counter = SavedActivationCounter.current
+        if keep and counter is not None and kept is not None:
+            nbytes = _sac_output_bytes(op, args)
+            counter.hold(nbytes)
+            kept.append(nbytes)
+        return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
 def make_norm(cfg: GPTConfig) -> nn.Module:
     """The model's norm over ``hidden`` (its parameters are set from the specs afterwards)."""
     return nn.RMSNorm(cfg.hidden, eps=1e-5) if cfg.norm == "rmsnorm" else nn.LayerNorm(cfg.hidden)
@@ -349,15 +413,10 @@ class Block(nn.Module):
         a = self.attn
         x = self._enter_parallel(self.ln1(x))
         b, s, _ = x.shape
-        qkv = F.linear(x, a.qkv.weight, getattr(a.qkv, "bias", None))
-        if self.local_kv == self.local_heads:
-            qkv = qkv.view(b, s, self.local_heads, 3, self.head_dim)
-            q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)    # each [b, local heads, s, head_dim]
-        else:   # rows (kv group, [its rep queries, key, value], head_dim)
-            rep = self.local_heads // self.local_kv
-            qkv = qkv.view(b, s, self.local_kv, rep + 2, self.head_dim)
-            q = qkv[:, :, :, :rep].reshape(b, s, self.local_heads, self.head_dim).transpose(1, 2)
-            k, v = qkv[:, :, :, rep].transpose(1, 2), qkv[:, :, :, rep + 1].transpose(1, 2)
+        if self.ctx.recompute == "op-sac":
+            q, k, v = self._separate_projections(x, b, s)
+        else:
+            q, k, v = self._fused_projection(x, b, s)
         if self.cfg.rotary:   # the tokens' global positions (this rank's under context parallelism)
             positions = self.ctx.cp.local_positions if self.ctx.cp_size > 1 else torch.arange(s)
             q, k = self._rotate(q, positions), self._rotate(k, positions)
@@ -369,6 +428,36 @@ class Block(nn.Module):
         o = o.transpose(1, 2).reshape(b, s, self.local_heads * self.head_dim)
         return _plus_bias(self._exit_parallel(F.linear(o, a.o.weight)), a.o)
 
+    def _fused_projection(self, x, b, s):
+        """q, k, v [b, heads (kv heads), s, head_dim] from one matmul of the fused QKV weight."""
+        a = self.attn
+        qkv = F.linear(x, a.qkv.weight, getattr(a.qkv, "bias", None))
+        if self.local_kv == self.local_heads:
+            qkv = qkv.view(b, s, self.local_heads, 3, self.head_dim)
+            q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)    # each [b, local heads, s, head_dim]
+        else:   # rows (kv group, [its rep queries, key, value], head_dim)
+            rep = self.local_heads // self.local_kv
+            qkv = qkv.view(b, s, self.local_kv, rep + 2, self.head_dim)
+            q = qkv[:, :, :, :rep].reshape(b, s, self.local_heads, self.head_dim).transpose(1, 2)
+            k, v = qkv[:, :, :, rep].transpose(1, 2), qkv[:, :, :, rep + 1].transpose(1, 2)
+        return q, k, v
+
+    def _separate_projections(self, x, b, s):
+        """q, k, v as three matmuls on their rows of the fused weight (and bias), in torchtitan's order
+        wq, wk, wv (op-level SAC keeps every other matmul's output, so what it keeps depends on how the
+        projections are split); the values of :meth:`_fused_projection`. The fused rows are (kv group,
+        [its queries, key, value], head_dim), a group of one query under multi-head attention."""
+        a, d = self.attn, self.head_dim
+        rep = self.local_heads // self.local_kv
+        w = a.qkv.weight.view(self.local_kv, rep + 2, d, -1)
+        bias = getattr(a.qkv, "bias", None)
+        bias = None if bias is None else bias.view(self.local_kv, rep + 2, d)
+        out = []
+        for rows, heads in ((slice(0, rep), self.local_heads), (rep, self.local_kv), (rep + 1, self.local_kv)):
+            y = F.linear(x, w[:, rows].reshape(-1, w.shape[-1]), None if bias is None else bias[:, rows].reshape(-1))
+            out.append(y.view(b, s, heads, d).transpose(1, 2))
+        return tuple(out)
+
     def _mlp(self, x):
         if self.cfg.experts:
             experts = [(e.fc1.weight, getattr(e.fc1, "bias", None), e.fc2.weight, getattr(e.fc2, "bias", None))
@@ -377,7 +466,14 @@ class Block(nn.Module):
                            activation=self.cfg.activation)
         m = self.mlp
         x = self._enter_parallel(self.ln2(x))
-        y = mlp_activation(F.linear(x, m.fc1.weight, getattr(m.fc1, "bias", None)), self.cfg.activation)
+        bias = getattr(m.fc1, "bias", None)
+        if self.cfg.activation == "swiglu" and self.ctx.recompute == "op-sac":
+            # w1 (gate) and w3 (up) as two matmuls, torchtitan's order: rows (unit, gate/up)
+            w = m.fc1.weight.view(-1, 2, m.fc1.weight.shape[1])
+            gate, up = (F.linear(x, w[:, j], None if bias is None else bias.view(-1, 2)[:, j]) for j in (0, 1))
+            y = F.silu(gate) * up
+        else:
+            y = mlp_activation(F.linear(x, m.fc1.weight, bias), self.cfg.activation)
         return _plus_bias(self._exit_parallel(F.linear(y, m.fc2.weight)), m.fc2)
 
     def _body(self, x):
@@ -387,6 +483,14 @@ class Block(nn.Module):
     def forward(self, x):
         if self.ctx.recompute == "full":
             return checkpoint(self._body, _mark_checkpoint_input(x), use_reentrant=False)
+        if self.ctx.recompute == "op-sac":
+            kept = []
+            out = checkpoint(self._body, _mark_checkpoint_input(x), use_reentrant=False,
+                             context_fn=lambda: op_sac_context(kept))
+            if kept:   # counted: release them once the block's backward has consumed the cache
+                counter, nbytes = SavedActivationCounter.current, sum(kept)
+                (x if x.requires_grad else out).register_hook(lambda g: counter.drop(nbytes))
+            return out
         return self._body(x)
 
 

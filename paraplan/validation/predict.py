@@ -35,7 +35,12 @@ Mapping (what the harness runs -> what the estimator is told):
   estimator describes, needs no such copy) and, with dp > 1, scales that buffer by 1/dp in place;
   each pass reads and writes the rank's gradient bytes, at the profile's measured copy bandwidth.
 * Memory per rank: parameters + gradients + optimizer states + activations (the estimator's
-  runtime buffers are left out; the harness does not count them).
+  runtime buffers are left out; the harness does not count them). Activations are what the harness's
+  counter sees, the tensors saved for backward (:class:`~paraplan.validation.memory.
+  SavedActivationCounter`): the estimate's activations less the working sets it adds while one layer
+  runs backward (:func:`kept_activation_bytes`), which live inside the checkpoint's own saved-tensor
+  hooks (a recomputation's rematerialized tensors) or are no saved tensors at all (unfused attention's
+  score gradients).
 
 Both sides split the vocabulary over tp (Megatron's vocabulary-parallel embedding, LM head and
 cross-entropy); the estimator does not count the cross-entropy's two small all-reduces. Known
@@ -66,7 +71,11 @@ NOTES = ("estimate on this machine's measured profile (paraplan profile, Profile
          "memory per rank = parameters + gradients + optimizer states + activations (no runtime buffers)",
          "vocabulary split over tp on both sides (Megatron); the cross-entropy's two small all-reduces "
          "are not predicted",
-         "fp32: activation bytes of the 16-bit formulas doubled")
+         "fp32: activation bytes of the 16-bit formulas doubled",
+         "activations = the tensors kept for backward, as the harness counts them (saved-tensor hooks): "
+         "the estimate's activations less the working sets it adds while one layer runs backward (a "
+         "recomputation's rematerialized tensors, held by the checkpoint's own hooks; unfused attention's "
+         "score-gradient temporaries), which the counter does not see")
 
 
 def estimator_model(cfg):
@@ -130,7 +139,22 @@ def harness_other_time(run, gradient_bytes: float, copy_bytes_per_s: float) -> f
     return passes * 2.0 * float(gradient_bytes) / float(copy_bytes_per_s)
 
 
-def to_predicted(e, other_s: float = 0.0, cp: int = 1, ep: int = 1) -> dict:
+def kept_activation_bytes(model, job, plan, activations: float) -> float:
+    """The estimate's ``activations`` (bytes, one stage) less what it adds while one layer runs
+    backward: the layer's rematerialized tensors under recomputation
+    (:func:`paraplan.costmodels.memory.rematerialized_layer_bytes`) and unfused attention's
+    score-gradient temporaries (:func:`~paraplan.costmodels.memory.attention_transient_bytes`): the
+    tensors kept for backward, which the harness counts."""
+    from paraplan.costmodels import memory as M
+    from paraplan.plan import Recompute
+    per_layer = M.activation_bytes_per_layer(model, job, plan)
+    layer_none = M.activation_bytes_per_layer(model, job, plan, recompute_code=Recompute.NONE)
+    working = M.rematerialized_layer_bytes(model, job, plan, per_layer, layer_none) \
+        + M.attention_transient_bytes(model, job, plan)
+    return float(activations) - float(working)
+
+
+def to_predicted(e, other_s: float = 0.0, cp: int = 1, ep: int = 1, kept_activations: float | None = None) -> dict:
     """The report's ``predicted`` dict from an Estimate (harness term names, see the docstring),
     with ``other_s`` of harness work (:func:`harness_other_time`) added to the step; ``cp_comm``
     only with context parallelism (``cp`` > 1) and ``ep_comm`` only with expert parallelism, as the
@@ -141,6 +165,8 @@ def to_predicted(e, other_s: float = 0.0, cp: int = 1, ep: int = 1) -> dict:
     breakdown = {k: sum(tb[x] for x in xs) for k, xs in TERM_MAP.items() if shown.get(k, True)}
     breakdown["other"] = float(other_s)
     memory = {k: mem[v] for k, v in MEMORY_MAP.items()}
+    if kept_activations is not None:
+        memory["activations_peak"] = kept_activations
     return {"step_time_s": e.step_time_s + float(other_s), "memory_bytes_per_rank": sum(memory.values()),
             "time_breakdown_s": breakdown, "memory_breakdown_bytes": memory,
             "source": "estimate --cluster local", "notes": list(NOTES)}
@@ -152,9 +178,11 @@ def predict_run(cfg, run, db: str | None = None, allow_profiling: bool = True, m
     ensure_profile(db, run.world_size, allow_profiling)
     cluster = load_cluster("local", run.world_size, db=db)
     cpu = device_is_host(cluster)
-    e = estimate(estimator_model(cfg), TrainingJob(cfg.seq_len, run.global_batch, moe_imbalance=moe_imbalance), cluster,
-                 estimator_plan(cfg, run, cpu))
+    model, job, plan = (estimator_model(cfg), TrainingJob(cfg.seq_len, run.global_batch, moe_imbalance=moe_imbalance),
+                        estimator_plan(cfg, run, cpu))
+    e = estimate(model, job, cluster, plan)
+    kept = kept_activation_bytes(model, job, plan, e.memory_bytes_per_gpu["activations"])
     # the rank's full local gradients before the sync (ZeRO-1/2 shard only after it): its parameters
     other = harness_other_time(run, e.memory_bytes_per_gpu["parameters"],
                                cluster.accelerator.memory_bandwidth_bytes_per_s)
-    return to_predicted(e, other, run.cp, getattr(run, "ep", 1)), e
+    return to_predicted(e, other, run.cp, getattr(run, "ep", 1), kept), e

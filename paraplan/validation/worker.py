@@ -46,8 +46,8 @@ from paraplan.validation.apply_ep import EpContext, check_ep, expert_load
 from paraplan.validation.apply_zero import (ZERO_STAGES, ExpertSplitOptimizer, FsdpOptimizer, ZeroOptimizer,
                                             apply_fsdp)
 from paraplan.validation.memory import SavedActivationCounter
-from paraplan.validation.model import (RECOMPUTE_CHOICES, GPTConfig, Stage, is_expert_param, param_specs,
-                                       synthetic_batch)
+from paraplan.validation.model import (RECOMPUTE_CHOICES, GPTConfig, Stage, check_recompute, is_expert_param,
+                                       param_specs, synthetic_batch)
 
 
 @dataclass(frozen=True)
@@ -237,6 +237,7 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
                        lr=plan.lr, profile_ops=plan.profile_ops)
         groups = Groups(0, 0, 0, 0, None, None, None, [0])
     check_ep(cfg.experts, plan.ep, plan.tp, plan.zero)
+    check_recompute(plan.recompute, cfg.attention, cfg.experts, plan.cp)
     ctx = make_tp_context(cfg, groups.tp_group, sequence_parallel=plan.sequence_parallel,
                           recompute=plan.recompute)
     ctx.ep = EpContext(groups.ep_group)
