@@ -111,9 +111,11 @@ def training_tables():
                 "contention_s": scale * 50e-6,
                 # AdamW: 30 us per tensor + 2 ns per parameter
                 "adamw": [(64, 64, 64 * 30e-6 + 4096 * 2e-9), (16, 65536, 16 * 30e-6 + 16 * 65536 * 2e-9)],
-                # checkpointing: 200 us per region + 20 us per op beyond plain fwd+bwd and the forward
+                # checkpointing: 200 us per region + 20 us per op beyond plain fwd+bwd and the forward;
+                # op-level SAC's machinery (everything kept): 100 us per region + 50 us per op beyond plain
                 "checkpoint": {n: {"plain": n * 30e-6, "forward": n * 10e-6,
-                                   "checkpointed": n * 40e-6 + scale * (200e-6 + n * 20e-6)} for n in (4, 16)}}
+                                   "checkpointed": n * 40e-6 + scale * (200e-6 + n * 20e-6),
+                                   "sac": n * 30e-6 + scale * (100e-6 + n * 50e-6)} for n in (4, 16)}}
     t["training"] = {"cpu": {1: world(1.0), 2: world(1.5)}}
     return t
 
@@ -149,6 +151,9 @@ def test_training_rows_are_stored_and_read_back(profile_db):
             # 3.33 + 1.20), so the check asks for at least half the replayed forward: a checkpoint
             # that did not recompute (checkpointed ~ plain) still fails it
             assert v["checkpointed"] > v["plain"] + 0.5 * v["forward"] > 0
+            # op-level SAC's dispatch mode runs every op through Python, forward and replay: measured
+            # at 2-4x plain on the development VM, so more than plain on any machine
+            assert v["sac"] > v["plain"]
     c = curves_for(load_cluster("local", 2, db=profile_db))
     # the curve charges what the stored rows of its world size solve to; region and per-op costs are
     # clamped at 0, so on a busy machine the per-op share may measure as none (CI saw 0.0) but the
@@ -284,6 +289,18 @@ def test_reference_block_sets_the_composition_factor():
         1.1 * (base.memory_time(1e6, kernels=3) - 3 * base.kernel_overhead_s))
 
 
+def test_sac_fit_solves_region_and_op_costs_and_needs_two_regions():
+    from paraplan.costmodels.profiled import sac_overhead_fit
+    regions = {n: {"plain": n * 30e-6, "sac": n * 30e-6 + 100e-6 + n * 50e-6} for n in (4, 16)}
+    region, per_op = sac_overhead_fit(regions)
+    assert region == pytest.approx(100e-6) and per_op == pytest.approx(50e-6)
+    assert sac_overhead_fit({4: regions[4]}) is None
+    assert sac_overhead_fit({4: regions[4], 16: {"plain": 1e-4}}) is None   # a profile before stop 48
+    c = ProfiledCurves.from_tables(training_tables(), world_size=1)
+    assert c.op_sac_overhead_time(10) == pytest.approx(100e-6 + 10 * 50e-6)
+    assert ProfiledCurves.from_tables(synthetic_tables()).op_sac_overhead_time(10) == 0.0
+
+
 def test_checkpoint_fit_needs_two_complete_regions():
     from paraplan.costmodels.profiled import checkpoint_overhead_fit
     full = {"plain": 1e-4, "forward": 3e-5, "checkpointed": 5e-4}
@@ -317,6 +334,19 @@ def test_recompute_pays_the_measured_checkpoint_overhead_per_layer():
     assert float(none["recompute"]) == 0.0
     assert float(full["recompute"]) == pytest.approx(float(none["forward"]) + 200e-6 + 15 * 20e-6)
     assert float(sel["recompute"]) > 200e-6 + 3 * 20e-6
+    # op-level SAC re-runs what it does not keep and pays its dispatch mode's measured cost for the
+    # layer's 15 kernels (the whole layer is its region); a profile without the SAC rows charges
+    # plain checkpointing's for them
+    sac_plan = replace(base, recompute="op-sac", flash_attention=True)
+    sac = float(layer_times(model, job, sac_plan, c, cluster)["recompute"])
+    old_tables = training_tables()
+    for w in old_tables["training"]["cpu"].values():
+        for v in w["checkpoint"].values():
+            del v["sac"]
+    old_cluster = cluster_from_tables(old_tables, 1)
+    old = float(layer_times(model, job, sac_plan, curves_for(old_cluster), old_cluster)["recompute"])
+    flash_layer = 4 + 1 + 8
+    assert sac - old == pytest.approx((100e-6 + flash_layer * 50e-6) - (200e-6 + flash_layer * 20e-6))
     # the analytical GPU curves charge the recomputed kernels only
     gpu = load_cluster("dgx-a100-80g", 8)
     from paraplan.costmodels.efficiency import analytical_curves

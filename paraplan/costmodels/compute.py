@@ -21,10 +21,11 @@ Per layer, with T = b·s/cp tokens on the rank, t = tp:
 Recomputation (Korthikanti et al. 2022): selective re-runs the attention core forward, full
 re-runs the whole layer forward (and its tensor-parallel all-reduces); torchtitan's op-level SAC
 re-runs every other matmul and, under sequence parallelism, the two all-gathers of the layer's block
-inputs (:func:`op_sac_regather_time`); each recomputed region
-also pays the curves' ``recompute_overhead_time`` for its forward kernels (0 on the analytical
-GPU curves; measured on a profiled CPU, where checkpointing's bookkeeping costs several times
-an op's own time). Forward kernels counted as the terms above charge them: a layer runs 4
+inputs (:func:`op_sac_regather_time`); each recomputed region (the whole layer under full and
+op-level SAC, the attention core under selective) also pays the curves' ``recompute_overhead_time``
+for its forward kernels, op-level SAC its ``op_sac_overhead_time`` (its dispatch mode's Python per op)
+(0 on the analytical GPU curves; measured on a profiled CPU, where checkpointing's bookkeeping costs
+several times an op's own time). Forward kernels counted as the terms above charge them: a layer runs 4
 projection GEMMs, its attention core (unfused 4: QKᵀ, PV and two memory-bound kernels; fused 1)
 and 8 memory-bound kernels (12 in an MoE layer).
 """
@@ -1088,7 +1089,11 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     layer_kernels = 4 + core_kernels + 8 + 4 * share_moe
     forwards = np.where(full, 2, 1)          # forward passes per micro-batch: the recomputed one too
     collectives = np.where(full, 6, 4)       # a layer's TP (or EP dispatch + combine) collectives, fwd and bwd
-    replay = curves.recompute_overhead_time(np.where(full, layer_kernels, core_kernels))
+    # full recomputation and op-level SAC checkpoint the whole layer, selective the attention core;
+    # op-SAC's region pays its dispatch mode's measured cost instead of plain checkpointing's
+    sac = rc == Recompute.OP_SAC
+    replay = np.where(sac, curves.op_sac_overhead_time(layer_kernels),
+                      curves.recompute_overhead_time(np.where(full, layer_kernels, core_kernels)))
     selective = np.where(recomputes_attention_core(plan), attn_f, 0.0) \
         + recompute_modules_time(model, job, plan, curves)
     recompute = np.where(full, fwd, np.where(rc == Recompute.SELECTIVE, selective,

@@ -166,6 +166,11 @@ class AnalyticalCurves:
         kernels (a CPU device pays it: the profiled curves measure it)."""
         return np.zeros_like(np.asarray(kernels, dtype=float))
 
+    def op_sac_overhead_time(self, kernels):
+        """Seconds op-level SAC's dispatch mode adds per checkpointed region: 0 here, host work a GPU's
+        kernels hide (the profiled curves measure it on a CPU)."""
+        return np.zeros_like(np.asarray(kernels, dtype=float))
+
     def describe(self) -> dict:
         acc = self.accelerator
         return {"kind": self.kind, "accelerator": acc.name,

@@ -47,6 +47,12 @@ not import torch). Same methods and attributes as
   hooks, region bookkeeping, the replay), ``region + kernels · per_kernel`` from two measured
   regions (the attention core and a whole block, :func:`checkpoint_overhead_fit`); on this 2-core
   machine about 0.34 ms per region and 18 µs per kernel, several times a kernel's own cost.
+* op-level SAC's machinery (profiles since stop 48, a ``sac`` row per region): the same regions under
+  a selective-checkpoint policy that keeps every output, less plain forward + backward: what its
+  TorchDispatchMode costs (every op through Python in the forward, every op replayed from its cache in
+  the backward), ``region + kernels · per_kernel`` (:func:`sac_overhead_fit`); measured 0.14 ms per
+  region and 0.26 ms per kernel, 4.2 ms for a block against plain checkpointing's 0.84. Older
+  profiles charge plain checkpointing's figure.
 * FSDP2 (profiles with ``fsdp`` rows, world > 1): its own cost per wrapped unit and micro-batch
   beyond compute and collectives (``fsdp_unit_overhead_s``, measured on a stack of blocks each
   ``fully_shard``-ed under a root unit, divided by the units), and per parameter tensor in the
@@ -158,6 +164,19 @@ def checkpoint_overhead_fit(regions: Mapping) -> tuple[float, float] | None:
     return max(0.0, o1 - n1 * per_op), per_op
 
 
+def sac_overhead_fit(regions: Mapping) -> tuple[float, float] | None:
+    """(seconds per region, seconds per op in it) that op-level SAC's selective-checkpoint machinery
+    costs a region with nothing recomputed: ``sac − plain`` of the two measured regions of n ops
+    (``{n: {"plain", "sac": seconds}}``), solved as ``region + n · op`` (both clamped at 0); None
+    without two (profiles before stop 48)."""
+    pts = sorted((int(n), v["sac"] - v["plain"]) for n, v in regions.items() if v.get("sac") and v.get("plain"))
+    if len(pts) < 2 or pts[-1][0] == pts[0][0]:
+        return None
+    (n1, o1), (n2, o2) = pts[0], pts[-1]
+    per_op = max(0.0, (o2 - o1) / (n2 - n1))
+    return max(0.0, o1 - n1 * per_op), per_op
+
+
 def training_measurements(tables: dict, device: str, world_size: int | None = None) -> dict:
     """Per-kernel autograd cost, compute slowdown and AdamW fit at the nearest measured world size
     (``{}`` for profiles without training rows); see the module docstring."""
@@ -188,6 +207,9 @@ def training_measurements(tables: dict, device: str, world_size: int | None = No
     ck = checkpoint_overhead_fit(m.get("checkpoint") or {})
     if ck:
         out["checkpoint_region_s"], out["checkpoint_kernel_s"] = ck
+    sac = sac_overhead_fit(m.get("checkpoint") or {})
+    if sac:
+        out["sac_region_s"], out["sac_kernel_s"] = sac
     adam = sorted(m.get("adamw", []), key=lambda r: r[1])   # by elements per tensor
     if len(adam) >= 2:
         small = [r for r in adam if r[0] > 1] or adam      # the many-tensor cases fix a and b
@@ -251,6 +273,9 @@ class ProfiledCurves:
     elementwise_bandwidth_bytes_per_s: float | None = None
     checkpoint_region_s: float = 0.0
     checkpoint_kernel_s: float = 0.0
+    #: op-level SAC's machinery per region and per kernel (None: not measured, the checkpoint figures stand in)
+    sac_region_s: float | None = None
+    sac_kernel_s: float | None = None
     #: FSDP2's own cost per wrapped unit and micro-batch (hooks, DTensor bookkeeping, buffer copies)
     fsdp_unit_overhead_s: float = 0.0
     #: FSDP2's extra optimizer-step cost per (DTensor) parameter tensor, measured; 0 where not
@@ -310,6 +335,10 @@ class ProfiledCurves:
                 sources_train["recompute_overhead"] = (
                     "measured: regions of 4 and 16 tiny ops under non-reentrant torch.utils.checkpoint "
                     "minus plain forward + backward minus forward")
+            if "sac_kernel_s" in train:
+                sources_train["op_sac_overhead"] = (
+                    "measured: the same regions under a selective-checkpoint policy that keeps every output, "
+                    "minus plain forward + backward")
         return cls(
             name=name, device=dev, kernel_overhead_s=t0, gemm=gemm,
             launch_overhead_s=launch, compute_slowdown=train.get("slowdown", 1.0),
@@ -322,6 +351,7 @@ class ProfiledCurves:
             fsdp_unit_overhead_s=train.get("fsdp_unit_s", 0.0),
             fsdp_adam_tensor_overhead_s=train.get("fsdp_adam_tensor_s", 0.0),
             checkpoint_kernel_s=train.get("checkpoint_kernel_s", 0.0),
+            sac_region_s=train.get("sac_region_s"), sac_kernel_s=train.get("sac_kernel_s"),
             routed_factor=train.get("routed_factor"), routed_tokens=train.get("routed_tokens", 0),
             sdpa=LogLogCurve.from_points(sd, t0) if sd else None,
             memory_bandwidth_bytes_per_s=float(bw),
@@ -442,6 +472,15 @@ class ProfiledCurves:
         without checkpoint rows)."""
         return self.checkpoint_region_s + np.asarray(kernels, dtype=float) * self.checkpoint_kernel_s
 
+    def op_sac_overhead_time(self, kernels):
+        """Seconds op-level SAC's machinery adds to one checkpointed region of ``kernels`` forward
+        kernels beyond recomputing what it does not keep: its dispatch mode runs every op through
+        Python in the forward and replays every op from its cache in the backward (measured: per
+        region + per kernel); profiles without the measurement charge plain checkpointing's."""
+        if self.sac_region_s is None or self.sac_kernel_s is None:
+            return self.recompute_overhead_time(kernels)
+        return self.sac_region_s + np.asarray(kernels, dtype=float) * self.sac_kernel_s
+
     def describe(self) -> dict:
         fallbacks = {d: self.resolve_dtype(d) for d in ("fp32", "bf16", "fp16")
                      if self.resolve_dtype(d) != d}
@@ -461,6 +500,8 @@ class ProfiledCurves:
                 "fsdp_us_per_unit": self.fsdp_unit_overhead_s * 1e6,
                 "fsdp_adam_us_per_tensor": self.fsdp_adam_tensor_overhead_s * 1e6,
                 "checkpoint_us_per_kernel": self.checkpoint_kernel_s * 1e6,
+                "op_sac_us_per_region": None if self.sac_region_s is None else self.sac_region_s * 1e6,
+                "op_sac_us_per_kernel": None if self.sac_kernel_s is None else self.sac_kernel_s * 1e6,
                 "gemm_dtypes_measured": sorted(self.gemm),
                 "dtype_fallbacks": fallbacks,
                 "gemm_best_gflops": {d: self.peak_flops(d) / 1e9 for d in sorted(self.gemm)},

@@ -435,8 +435,22 @@ def _checkpoint_cases(ops: int, device) -> dict:
         inputs = (torch.randn(c["batch"], c["seq"], c["hidden"], device=device, requires_grad=True),)
         region = block._body
 
+    # op-level SAC's machinery on the same region with nothing recomputed (every op's output kept): its
+    # TorchDispatchMode runs each op through Python in the forward and replays each from its cache in the
+    # backward; sac - plain is that cost (the block's region runs its projections as op-sac splits them)
+    sac_region = region
+    if ops != 4:
+        sac_region = Block(cfg, 0, ParallelContext(recompute="op-sac")).to(device)._body
     return {"plain": lambda: region(*inputs).sum().backward(), "forward": lambda: region(*inputs),
-            "checkpointed": lambda: checkpoint(region, *inputs, use_reentrant=False).sum().backward()}
+            "checkpointed": lambda: checkpoint(region, *inputs, use_reentrant=False).sum().backward(),
+            "sac": lambda: checkpoint(sac_region, *inputs, use_reentrant=False,
+                                      context_fn=_keep_everything_context).sum().backward()}
+
+
+def _keep_everything_context():
+    """Selective-checkpoint contexts whose policy keeps every op's output (nothing recomputed)."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    return create_selective_checkpoint_contexts(lambda ctx, op, *args, **kwargs: CheckpointPolicy.MUST_SAVE)
 
 
 #: the validation model's transformer block timed forward + backward for the contention figure:
