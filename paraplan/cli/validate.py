@@ -242,7 +242,8 @@ def resolve_layout_flags(args) -> list[str]:
                 notes.append(f"the plan's model has {ratio} query heads per key/value head; the harness's "
                              f"{args.heads} heads run {ran} ({args.kv_heads} kv heads"
                              + (")" if ran == ratio else f": kv heads divide the {args.heads} heads and tp {tp})"))
-    if getattr(args, "attention", "math") is None and args.recompute == "op-sac" and not getattr(args, "_layout_resolved", False):
+    first_pass = not getattr(args, "_layout_resolved", False)
+    if first_pass and getattr(args, "attention", "math") is None and args.recompute == "op-sac":
         args.attention = "sdpa"
         notes.append("op-sac runs on --attention sdpa: it keeps the fused attention kernel's output")
     for flag, value in {**LAYOUT_DEFAULTS, **ARCHITECTURE_DEFAULTS}.items():
