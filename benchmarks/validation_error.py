@@ -53,6 +53,7 @@ LAYOUTS = {
         "dp2_z2": dict(dp=2, zero=2, micro_batch=1, global_batch=4),
         "dp2_z3": dict(dp=2, zero=3, micro_batch=2, global_batch=4),
         "cp2": dict(cp=2, micro_batch=2, global_batch=4),
+        "cp2_gqa": dict(cp=2, micro_batch=2, global_batch=4, kv_heads=2),
         "tp2_sp_opsac": dict(tp=2, micro_batch=2, global_batch=4, sequence_parallel=True, recompute="op-sac",
                              attention="sdpa")},
     4: {"tp2_dp2_z1": dict(tp=2, dp=2, zero=1, micro_batch=1, global_batch=4),
@@ -65,7 +66,7 @@ LAYOUTS = {
         "moe_dp4_ep2_z1": dict(dp=4, ep=2, zero=1, micro_batch=1, global_batch=4, experts=8)},
 }
 #: layout keys that describe the model (CFG's fields), not the run plan
-MODEL_KEYS = ("experts", "top_k", "attention")
+MODEL_KEYS = ("experts", "top_k", "attention", "kv_heads")
 
 
 def model_and_plan(fields: dict):
