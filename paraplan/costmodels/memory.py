@@ -495,6 +495,20 @@ def rematerialized_layer_bytes(model, job, plan, per_layer, layer_none):
     return np.where(rc == Recompute.NONE, 0.0, dropped)
 
 
+def backward_working_bytes(model, job, plan, per_layer=None):
+    """Bytes alive beside everything a stage keeps while one layer runs backward, one micro-batch:
+    every recomputation policy rematerializes what a layer dropped, one layer at a time
+    (:func:`rematerialized_layer_bytes`); unfused attention's backward holds the layer's score matrix
+    and its gradients (:func:`attention_transient_bytes`); the engine's gradient temporaries
+    (:func:`backward_layer_transient`). ``per_layer``: :func:`activation_bytes_per_layer` when the
+    caller has it already."""
+    if per_layer is None:
+        per_layer = activation_bytes_per_layer(model, job, plan)
+    layer_none = activation_bytes_per_layer(model, job, plan, recompute_code=Recompute.NONE)
+    return rematerialized_layer_bytes(model, job, plan, per_layer, layer_none) \
+        + attention_transient_bytes(model, job, plan) + backward_layer_transient(plan) * layer_none
+
+
 def activation_bytes(model, job, plan) -> dict:
     """Peak activation bytes on the first, the largest middle (0 without one) and the last stage,
     each from its own layer count (``paraplan.plan.stage_layers``)."""
@@ -504,11 +518,7 @@ def activation_bytes(model, job, plan) -> dict:
     sp = np.asarray(plan.sp, dtype=bool)
     per_layer = activation_bytes_per_layer(model, job, plan)
     sl = model_stage_layers(model, plan)          # multi-token-prediction blocks on the last stage
-    # every recomputation policy rematerializes what a layer dropped one layer at a time during
-    # backward; unfused attention's backward holds the layer's score matrix and its gradients meanwhile
-    layer_none = activation_bytes_per_layer(model, job, plan, recompute_code=Recompute.NONE)
-    working = rematerialized_layer_bytes(model, job, plan, per_layer, layer_none) \
-        + attention_transient_bytes(model, job, plan) + backward_layer_transient(plan) * layer_none
+    working = backward_working_bytes(model, job, plan, per_layer)
     # the embedding's output, and its dropout mask where the model trains with dropout
     embedding_out = (element_bytes(plan) + getattr(model, "dropout", True)) * T * model.hidden / np.where(sp, t, 1.0)
     # the loss's logits and the final hidden state, once more per multi-token-prediction depth

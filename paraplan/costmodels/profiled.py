@@ -150,18 +150,25 @@ def elementwise_bandwidth(tables: dict, device: str) -> float | None:
     return float(np.median(rates)) if rates else None
 
 
-def checkpoint_overhead_fit(regions: Mapping) -> tuple[float, float] | None:
-    """(seconds per checkpointed region, seconds per op in it) that recomputation costs beyond
-    re-running the forward: ``overhead(n) = checkpointed − plain − forward`` of the two measured
-    regions of n ops (``{n: {"plain", "forward", "checkpointed": seconds}}``), solved as
-    ``region + n · op`` (both clamped at 0); None without two complete regions."""
-    pts = sorted((int(n), v["checkpointed"] - v["plain"] - v["forward"]) for n, v in regions.items()
-                 if all(v.get(k) for k in ("plain", "forward", "checkpointed")))
+def _region_fit(pts) -> tuple[float, float] | None:
+    """(seconds per region, seconds per op) solving ``overhead(n) = region + n · op`` through the
+    smallest and largest of the measured ``(n, overhead)`` regions (both clamped at 0); None without
+    two region sizes."""
+    pts = sorted(pts)
     if len(pts) < 2 or pts[-1][0] == pts[0][0]:
         return None
     (n1, o1), (n2, o2) = pts[0], pts[-1]
     per_op = max(0.0, (o2 - o1) / (n2 - n1))
     return max(0.0, o1 - n1 * per_op), per_op
+
+
+def checkpoint_overhead_fit(regions: Mapping) -> tuple[float, float] | None:
+    """(seconds per checkpointed region, seconds per op in it) that recomputation costs beyond
+    re-running the forward: ``overhead(n) = checkpointed − plain − forward`` of the two measured
+    regions of n ops (``{n: {"plain", "forward", "checkpointed": seconds}}``), solved as
+    ``region + n · op`` (both clamped at 0); None without two complete regions."""
+    return _region_fit((int(n), v["checkpointed"] - v["plain"] - v["forward"]) for n, v in regions.items()
+                       if all(v.get(k) for k in ("plain", "forward", "checkpointed")))
 
 
 def sac_overhead_fit(regions: Mapping) -> tuple[float, float] | None:
@@ -169,12 +176,7 @@ def sac_overhead_fit(regions: Mapping) -> tuple[float, float] | None:
     costs a region with nothing recomputed: ``sac − plain`` of the two measured regions of n ops
     (``{n: {"plain", "sac": seconds}}``), solved as ``region + n · op`` (both clamped at 0); None
     without two (profiles before stop 48)."""
-    pts = sorted((int(n), v["sac"] - v["plain"]) for n, v in regions.items() if v.get("sac") and v.get("plain"))
-    if len(pts) < 2 or pts[-1][0] == pts[0][0]:
-        return None
-    (n1, o1), (n2, o2) = pts[0], pts[-1]
-    per_op = max(0.0, (o2 - o1) / (n2 - n1))
-    return max(0.0, o1 - n1 * per_op), per_op
+    return _region_fit((int(n), v["sac"] - v["plain"]) for n, v in regions.items() if v.get("sac") and v.get("plain"))
 
 
 def training_measurements(tables: dict, device: str, world_size: int | None = None) -> dict:

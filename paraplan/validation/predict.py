@@ -141,17 +141,12 @@ def harness_other_time(run, gradient_bytes: float, copy_bytes_per_s: float) -> f
 
 def kept_activation_bytes(model, job, plan, activations: float) -> float:
     """The estimate's ``activations`` (bytes, one stage) less what it adds while one layer runs
-    backward: the layer's rematerialized tensors under recomputation
-    (:func:`paraplan.costmodels.memory.rematerialized_layer_bytes`) and unfused attention's
-    score-gradient temporaries (:func:`~paraplan.costmodels.memory.attention_transient_bytes`): the
-    tensors kept for backward, which the harness counts."""
-    from paraplan.costmodels import memory as M
-    from paraplan.plan import Recompute
-    per_layer = M.activation_bytes_per_layer(model, job, plan)
-    layer_none = M.activation_bytes_per_layer(model, job, plan, recompute_code=Recompute.NONE)
-    working = M.rematerialized_layer_bytes(model, job, plan, per_layer, layer_none) \
-        + M.attention_transient_bytes(model, job, plan)
-    return float(activations) - float(working)
+    backward (:func:`paraplan.costmodels.memory.backward_working_bytes`: the layer's rematerialized
+    tensors under recomputation, unfused attention's score-gradient temporaries, the engine's gradient
+    temporaries, none for the harness's generic engine): the tensors kept for backward, which the
+    harness counts."""
+    from paraplan.costmodels.memory import backward_working_bytes
+    return float(activations) - float(backward_working_bytes(model, job, plan))
 
 
 def to_predicted(e, other_s: float = 0.0, cp: int = 1, ep: int = 1, kept_activations: float | None = None) -> dict:
