@@ -182,8 +182,9 @@ def plan_file_layout(path, given=()) -> tuple[dict, list[str]]:
     return flags, notes
 
 
-#: the harness model's architecture flags and their defaults (a plan file's model gives its own)
-ARCHITECTURE_DEFAULTS = {"activation": "gelu", "norm": "layernorm", "bias": True, "rotary": False}
+#: the harness model's architecture flags and their defaults (a plan file's model gives its own; the
+#: attention is the harness's, sdpa under op-sac: resolve_layout_flags)
+ARCHITECTURE_DEFAULTS = {"activation": "gelu", "norm": "layernorm", "bias": True, "rotary": False, "attention": "math"}
 
 
 def plan_model_architecture(path) -> tuple[dict, list[str], int]:
@@ -242,15 +243,12 @@ def resolve_layout_flags(args) -> list[str]:
                 notes.append(f"the plan's model has {ratio} query heads per key/value head; the harness's "
                              f"{args.heads} heads run {ran} ({args.kv_heads} kv heads"
                              + (")" if ran == ratio else f": kv heads divide the {args.heads} heads and tp {tp})"))
-    first_pass = not getattr(args, "_layout_resolved", False)
-    if first_pass and getattr(args, "attention", "math") is None and args.recompute == "op-sac":
+    if args.attention is None and args.recompute == "op-sac":
         args.attention = "sdpa"
         notes.append("op-sac runs on --attention sdpa: it keeps the fused attention kernel's output")
     for flag, value in {**LAYOUT_DEFAULTS, **ARCHITECTURE_DEFAULTS}.items():
         if getattr(args, flag, None) is None:
             setattr(args, flag, value)
-    if getattr(args, "attention", "math") is None:
-        args.attention = "math"
     args._layout_resolved = True
     return notes
 
@@ -302,12 +300,7 @@ def check_validate_args(args) -> None:
             raise ConfigError("--sequence-parallel", f"--seq-len {args.seq_len} / --cp {args.cp} is not divisible "
                               f"by --tp {args.tp}")
     check_expert_args(args)
-    if args.recompute == "op-sac" and args.attention != "sdpa":
-        raise ConfigError("--attention", f"{args.attention}: --recompute op-sac keeps the fused attention kernel's "
-                          "output, which the math attention has not", accepted="sdpa (or leave --attention out)")
-    if args.recompute == "op-sac" and args.cp > 1:
-        raise ConfigError("--recompute", "the harness runs op-sac without context parallelism (--cp > 1)",
-                          accepted="none, selective or full with --cp > 1")
+    check_op_sac_args(args)
     if args.virtual_stages > 1 and args.pp == 1:
         raise ConfigError("--virtual-stages", "interleaving needs --pp > 1")
     if args.offload not in HARNESS_OFFLOAD:
@@ -325,6 +318,22 @@ def check_validate_args(args) -> None:
     for flag, path in (("--predicted", args.predicted), ("--db", args.db)):
         if path is not None:
             check_in_path(flag, path)
+
+
+def check_op_sac_args(args) -> None:
+    """op-level SAC against the model and layout (validation.model.check_recompute's rules, kept here so
+    they run before torch is imported): it needs the fused attention, dense MLPs and cp 1."""
+    if args.recompute != "op-sac":
+        return
+    if args.attention != "sdpa":
+        raise ConfigError("--attention", f"{args.attention}: --recompute op-sac keeps the fused attention kernel's "
+                          "output, which the math attention has not", accepted="sdpa (or leave --attention out)")
+    if args.experts:
+        raise ConfigError("--recompute", "the harness runs op-sac on dense MLPs only",
+                          accepted="none, selective or full with --experts")
+    if args.cp > 1:
+        raise ConfigError("--recompute", "the harness runs op-sac without context parallelism (--cp > 1)",
+                          accepted="none, selective or full with --cp > 1")
 
 
 def check_expert_args(args) -> None:
@@ -347,9 +356,6 @@ def check_expert_args(args) -> None:
             raise ConfigError("--ep", f"{ep} does not divide dp {dp} (expert parallelism is carved from data "
                               f"parallelism)", accepted=", ".join(str(d) for d in range(1, dp + 1) if dp % d == 0)
                               + " (or give --dp, a multiple of --ep)")
-    if args.recompute == "op-sac" and experts:
-        raise ConfigError("--recompute", "the harness runs op-sac on dense MLPs only",
-                          accepted="none, selective or full with --experts")
     if experts and args.tp > 1:
         raise ConfigError("--tp", f"the harness runs mixture-of-experts layers with tp 1, got --tp {args.tp}",
                           accepted="--tp 1 with --experts")

@@ -210,8 +210,7 @@ class ZeroOptimizer:
         else:
             grads = local_nbytes(self.grad_shard) if self.grad_shard is not None else \
                 self.shard_numel * self.flat.element_size()
-        return {"parameters": params, "gradients": grads,
-                "optimizer_states": 0 if self.offload else optimizer_state_bytes(self.opt)}
+        return {"parameters": params, "gradients": grads, "optimizer_states": self.state_bytes()}
 
     def host_memory_bytes(self) -> dict[str, int]:
         """Bytes this rank holds in host memory under offload: the fp32 master slice, its gradient
@@ -265,7 +264,7 @@ class FsdpOptimizer:
     def memory_bytes(self) -> dict[str, int]:
         return {"parameters": sum(local_nbytes(p) for p in self.params),
                 "gradients": sum(local_nbytes(p.grad) for p in self.params),
-                "optimizer_states": optimizer_state_bytes(self.opt)}
+                "optimizer_states": self.state_bytes()}
 
 
 class ExpertSplitOptimizer:
