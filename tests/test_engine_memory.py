@@ -462,3 +462,69 @@ def test_unfused_attention_keeps_the_dropout_output_only_with_dropout(engine, dr
     flash_stats = 4.0 * model.heads * 2048 / 2          # the fused kernel's fp32 softmax statistics
     assert kept == pytest.approx(per_element * scores - flash_stats)
     assert M.unfused_score_bytes(model, Plan(engine="scaling")) == 5.0
+
+
+# --- pipeline stages: what the first and last stage keep, and the stage outputs a runtime holds ---------
+def _acts(plan, model_name="gpt3-175b", seq=2048, global_batch=64):
+    model = load_model(model_name)
+    job = TrainingJob(seq, global_batch)
+    return model, job, M.activation_bytes(model, job, plan), M.activation_bytes_per_layer(model, job, plan)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_pipeline_runtimes_that_keep_stage_outputs_hold_one_hidden_state_per_in_flight_micro_batch(sp):
+    """DeepSpeed's PipelineEngine, torch.distributed.pipelining (torchtitan) and Scaling keep every
+    stage's output until its backward; Megatron-LM frees it once sent (deallocate_pipeline_outputs).
+    The difference on the first stage is exactly 2 bytes x T x h (a sequence shard under sp) per
+    in-flight micro-batch (8 under 1F1B at pp 8), none on the last stage, none at pp 1."""
+    kw = dict(tp=8, pp=8, dp=1, sp=sp, micro_batch=1, zero=1, recompute="full")
+    model, job, megatron, _ = _acts(Plan(engine="megatron", **kw))
+    _, _, deepspeed, _ = _acts(Plan(engine="deepspeed", **kw))
+    hidden = 2 * 2048 * model.hidden / (8 if sp else 1)
+    assert deepspeed["first"] - megatron["first"] == pytest.approx(8 * hidden)
+    assert deepspeed["middle"] - megatron["middle"] == pytest.approx(7 * hidden)   # min(m, p - 1)
+    held = M.held_stage_output_bytes(model, job, Plan(engine="deepspeed", **kw))
+    assert float(held["last"]) == 0.0
+    assert float(M.held_stage_output_bytes(model, job, Plan(engine="deepspeed", **dict(kw, pp=1, dp=8)))["first"]) == 0.0
+
+
+def test_first_stage_keeps_its_layers_and_no_second_copy_of_the_embedding_output():
+    """Megatron, pp 8, full recomputation, no dropout: the first stage keeps its layers' inputs per
+    in-flight micro-batch and nothing for the embedding, whose output is the first layer's input
+    (until stop 49 it was counted a second time: +1/12 of the stage here)."""
+    plan = Plan(tp=8, pp=8, dp=1, micro_batch=1, zero=1, recompute="full", engine="megatron")
+    model, job, acts, per_layer = _acts(plan, model_name="llama3-70b", seq=8192)
+    assert not model.dropout
+    layers = model.layers / 8
+    working = float(M.backward_working_bytes(model, job, plan))   # the layer recomputed in backward
+    assert float(acts["first"]) - working == pytest.approx(layers * float(per_layer) * 8)
+
+
+@pytest.mark.parametrize("sp", [False, True])
+def test_last_stage_keeps_the_final_norm_and_head_inputs_beside_the_logits(sp):
+    """The last stage keeps, besides its layers and the loss's logits, the final norm's input and the
+    output layer's input: 2 x 2 bytes x T x h, sequence shards under sp (Korthikanti et al. 2022 sec.
+    4.3)."""
+    plan = Plan(tp=8, pp=8, dp=1, sp=sp, micro_batch=1, zero=1, recompute="full", engine="megatron")
+    model, job, acts, per_layer = _acts(plan, model_name="llama3-70b", seq=8192)
+    T = 8192
+    logits = M.loss_bytes_per_logit(plan) * T * M.loss_logits_per_token(model, plan)
+    inputs = 2 * 2 * T * model.hidden / (8 if sp else 1)
+    working = float(M.backward_working_bytes(model, job, plan))
+    assert float(acts["last"]) - working == pytest.approx(model.layers / 8 * float(per_layer) + float(logits) + inputs)
+
+
+def test_last_stage_in_flight_micro_batches_follow_the_schedule():
+    """1 under 1F1B; ((v - 1) p + 1) / v under the interleaved schedule (the last rank's warm-up
+    forwards); every micro-batch, logits included, under GPipe."""
+    job = TrainingJob(2048, 64)
+    one = M.in_flight_micro_batches_last(job, Plan(tp=8, pp=8, dp=1, micro_batch=1))
+    inter = M.in_flight_micro_batches_last(job, Plan(tp=8, pp=8, dp=1, vpp=3, schedule="interleaved", micro_batch=1))
+    gpipe = M.in_flight_micro_batches_last(job, Plan(tp=8, pp=8, dp=1, schedule="gpipe", micro_batch=1))
+    assert (float(one), float(inter), float(gpipe)) == (1.0, pytest.approx((2 * 8 + 1) / 3), 64.0)
+    model, _, acts_1f1b, per_layer = _acts(Plan(tp=8, pp=8, dp=1, micro_batch=1, engine="megatron", recompute="full"))
+    _, _, acts_gpipe, _ = _acts(Plan(tp=8, pp=8, dp=1, micro_batch=1, engine="megatron", recompute="full", schedule="gpipe"))
+    layers = model.layers / 8
+    plan = Plan(tp=8, pp=8, dp=1, micro_batch=1, engine="megatron")
+    logits = float(M.loss_bytes_per_logit(plan) * 2048 * M.loss_logits_per_token(model, plan)) + 2 * 2 * 2048 * model.hidden
+    assert float(acts_gpipe["last"] - acts_1f1b["last"]) == pytest.approx(63 * (layers * float(per_layer) + logits))

@@ -464,6 +464,20 @@ def in_flight_micro_batches_middle(job, plan):
                                                       np.minimum(m, np.maximum(p - 1, 1.0))))
 
 
+def in_flight_micro_batches_last(job, plan):
+    """Micro-batches (in whole stages' worth of layers) whose activations the last stage holds at
+    its peak: 1 under 1F1B and ZB-H1 (each forward meets its backward at once), m under GPipe, and
+    ((v − 1)·p + 1)/v under the interleaved schedule: the last rank's warm-up runs (v − 1)·p chunk
+    forwards before its first backward (Megatron-LM's interleaved schedule; num_warmup_microbatches
+    = (p − rank − 1)·2 + (v − 1)·p), each chunk 1/v of the stage's layers."""
+    m = micro_batches(job, plan)
+    p = np.asarray(plan.pp, dtype=float)
+    v = np.asarray(plan.vpp, dtype=float)
+    sc = np.asarray(plan.schedule_code)
+    interleaved = np.minimum(((v - 1) * p + 1) / v, m)
+    return np.where(p == 1, 1.0, np.where(sc == Schedule.GPIPE, m, np.where(sc == Schedule.INTERLEAVED, interleaved, 1.0)))
+
+
 def in_flight_micro_batches(job, plan):
     """Micro-batches whose activations the first stage holds at its peak."""
     m = micro_batches(job, plan)
@@ -474,6 +488,38 @@ def in_flight_micro_batches(job, plan):
     interleaved = p * (1 + (p - 1) / (p * v))
     return np.where(p == 1, 1.0, np.where(sc == Schedule.GPIPE, m,
                                           np.where(sc == Schedule.INTERLEAVED, interleaved, one_f_one_b)))
+
+
+# Whether the engine's pipeline runtime keeps each stage's output until that micro-batch's backward.
+# Autograd saves none of it (the next layer, which would save it, is on the next stage), but the runtime
+# holds the tensor to call backward on it: DeepSpeed's PipelineEngine in pipe_buffers['outputs'] (a
+# 1/tp slice only under partition_activations; not modelled), torch.distributed.pipelining (torchtitan)
+# in its stage's fwd_cache, Scaling in its PIPELINE_STAGE_OUTPUT buffer until the gradient arrives.
+# Megatron-LM frees the data once sent and keeps only the autograd node (deallocate_output_tensor;
+# core_transformer_config_from_args sets deallocate_pipeline_outputs=True). The generic engine keeps
+# the papers' accounting (Korthikanti et al. 2022 count no held outputs: Megatron frees them).
+PIPELINE_HOLDS_STAGE_OUTPUTS = {Engine.GENERIC: False, Engine.MEGATRON: False, Engine.DEEPSPEED: True,
+                                Engine.TORCHTITAN: True, Engine.SCALING: True}
+_PIPELINE_HOLDS_STAGE_OUTPUTS_BY_ENGINE_CODE = np.array([PIPELINE_HOLDS_STAGE_OUTPUTS[e] for e in Engine])
+
+
+def held_stage_output_bytes(model, job, plan) -> dict:
+    """Bytes of stage outputs the pipeline runtime holds at a stage's peak, on the first, a middle and
+    the last stage: one hidden state per in-flight micro-batch, element_bytes·T·h (a sequence shard,
+    /tp, under sequence parallelism), once per model chunk under the interleaved schedule, on every
+    stage but the last (whose output is the loss), for engines whose runtime keeps them
+    (PIPELINE_HOLDS_STAGE_OUTPUTS); 0 at pp 1. Under interleaving the last stage holds the outputs
+    of its non-final chunks: (v − 1)·p of them in flight (the warm-up forwards of Megatron's
+    interleaved schedule on the last rank)."""
+    p = np.asarray(plan.pp, dtype=float)
+    v = np.where(np.asarray(plan.schedule_code) == Schedule.INTERLEAVED, np.asarray(plan.vpp, dtype=float), 1.0)
+    t = np.asarray(plan.tp, dtype=float)
+    hidden = element_bytes(plan) * tokens_per_rank(job, plan) * model.hidden / np.where(np.asarray(plan.sp, dtype=bool), t, 1.0)
+    holds = (p > 1) & _PIPELINE_HOLDS_STAGE_OUTPUTS_BY_ENGINE_CODE[engine_of(plan)]
+    first = np.where(holds, hidden * v * in_flight_micro_batches(job, plan), 0.0)
+    middle = np.where(holds, hidden * v * in_flight_micro_batches_middle(job, plan), 0.0)
+    last = np.where(holds, hidden * np.maximum(v - 1.0, 0.0) * p, 0.0)
+    return {"first": first, "middle": middle, "last": last}
 
 
 def rematerialized_layer_bytes(model, job, plan, per_layer, layer_none):
@@ -511,7 +557,10 @@ def backward_working_bytes(model, job, plan, per_layer=None):
 
 def activation_bytes(model, job, plan) -> dict:
     """Peak activation bytes on the first, the largest middle (0 without one) and the last stage,
-    each from its own layer count (``paraplan.plan.stage_layers``)."""
+    each from its own layer count (``paraplan.plan.stage_layers``): the layers' saved tensors per
+    in-flight micro-batch, the embedding's dropout mask, the stage outputs the pipeline runtime holds
+    (:func:`held_stage_output_bytes`), the loss's inputs on the last stage, and the backward working
+    set (:func:`backward_working_bytes`)."""
     p = np.asarray(plan.pp, dtype=float)
     T = tokens_per_rank(job, plan)
     t = np.asarray(plan.tp, dtype=float)
@@ -519,18 +568,28 @@ def activation_bytes(model, job, plan) -> dict:
     per_layer = activation_bytes_per_layer(model, job, plan)
     sl = model_stage_layers(model, plan)          # multi-token-prediction blocks on the last stage
     working = backward_working_bytes(model, job, plan, per_layer)
-    # the embedding's output, and its dropout mask where the model trains with dropout
-    embedding_out = (element_bytes(plan) + getattr(model, "dropout", True)) * T * model.hidden / np.where(sp, t, 1.0)
-    # the loss's logits and the final hidden state, once more per multi-token-prediction depth
+    hidden_shard = T * model.hidden / np.where(sp, t, 1.0)
+    # the embedding's dropout mask, where the model trains with dropout: its output is the first
+    # layer's input, which per_layer counts already (counting it here too held it twice per in-flight
+    # micro-batch: validate's pp 2 stage 0 with full recomputation measured 1.06 MB against 1.57)
+    embedding_out = float(getattr(model, "dropout", True)) * hidden_shard
+    # the loss's logits, the final norm's input and the output layer's input (the norm's output;
+    # Korthikanti et al. 2022 section 4.3: 4sbh/t besides the 4sbv/t of the loss), each a sequence
+    # shard under sequence parallelism; once more per multi-token-prediction depth
     logits = (1 + model.mtp_layers) * (loss_bytes_per_logit(plan) * T * loss_logits_per_token(model, plan)
-                                       + element_bytes(plan) * T * model.hidden)
+                                       + 2 * element_bytes(plan) * hidden_shard)
     inflight = in_flight_micro_batches(job, plan)
     # activation offload (pp = 1 only): the offloaded layers' activations live in host memory, one
     # layer's in transit (offloaded while the next computes, prefetched one layer ahead in backward)
     gpu_layers = sl.first - activation_offload_gpu_relief(plan)
-    first = gpu_layers * per_layer * inflight + embedding_out * inflight + working
-    last = sl.last * per_layer + logits + working
-    middle = np.where(sl.middle > 0, sl.middle * per_layer * in_flight_micro_batches_middle(job, plan) + working, 0.0)
+    held = held_stage_output_bytes(model, job, plan)
+    first = gpu_layers * per_layer * inflight + embedding_out * inflight + held["first"] + working
+    last_inflight = in_flight_micro_batches_last(job, plan)
+    # GPipe runs every forward, the loss's included, before the first backward: m micro-batches' logits
+    gpipe = np.asarray(plan.schedule_code) == Schedule.GPIPE
+    last = sl.last * per_layer * last_inflight + logits * np.where(gpipe, last_inflight, 1.0) + held["last"] + working
+    middle = np.where(sl.middle > 0, sl.middle * per_layer * in_flight_micro_batches_middle(job, plan)
+                      + held["middle"] + working, 0.0)
     first = np.where(p == 1, first + logits, first)
     return {"first": first, "middle": middle, "last": np.where(p == 1, first, last)}
 

@@ -86,10 +86,14 @@ def reduce_scatter_seq_raw(x: torch.Tensor, group) -> torch.Tensor:
 
 
 def own_seq_chunk(x: torch.Tensor, group) -> torch.Tensor:
+    """This rank's chunk of ``x`` along the sequence dim, in storage of its own: a chunk that is
+    contiguous already (micro-batch 1) would otherwise be a view that keeps the whole tensor alive
+    for as long as the next layer saves it (Megatron-Core clones its embedding's scatter output for
+    the same reason: ``clone_scatter_output_in_embedding``)."""
     n = _size(group)
     if n == 1:
         return x
-    return x.chunk(n, dim=SEQ_DIM)[dist.get_rank(group)].contiguous()
+    return x.chunk(n, dim=SEQ_DIM)[dist.get_rank(group)].clone(memory_format=torch.contiguous_format)
 
 
 class _CopyToTP(torch.autograd.Function):
@@ -155,6 +159,46 @@ class _GatherSeqSplitGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         return own_seq_chunk(g, ctx.group), None
+
+
+class _SequenceGatheredLinear(torch.autograd.Function):
+    """``F.linear(all_gather_seq(x), weight, bias)`` that keeps only the sequence shard ``x`` for
+    backward, as Megatron-LM's column-parallel linear does under sequence parallelism
+    (LinearWithGradAccumulationAndAsyncCommunication saves its un-gathered input): the QKV, FC1 and
+    LM-head inputs stay T·h/tp shards between forward and backward, what the estimator counts.
+    Backward gathers the shard again, asynchronously, while the input gradient's matmul runs (as
+    Megatron overlaps it), then computes the weight gradient and reduce-scatters the input gradient,
+    partial over the weight's output split, back to the shard."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, group):
+        ctx.group, ctx.has_bias = group, bias is not None
+        ctx.save_for_backward(x, weight)
+        return torch.nn.functional.linear(all_gather_seq(x, group), weight, bias)
+
+    @staticmethod
+    def backward(ctx, g):
+        x, weight = ctx.saved_tensors
+        n = _size(ctx.group)
+        x = x.contiguous()
+        gathered = torch.empty((n * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
+        with timed("tp_comm"):
+            work = dist.all_gather_into_tensor(gathered, x, group=ctx.group, async_op=True)
+        grad_full = g @ weight                       # overlaps the gather
+        with timed("tp_comm"):
+            work.wait()
+        full = torch.cat(gathered.chunk(n, dim=0), dim=SEQ_DIM)
+        g2 = g.reshape(-1, g.shape[-1])
+        grad_weight = g2.t() @ full.reshape(-1, full.shape[-1])
+        grad_bias = g2.sum(0) if ctx.has_bias else None
+        return reduce_scatter_seq_raw(grad_full, ctx.group), grad_weight, grad_bias, None
+
+
+def sequence_gathered_linear(x: torch.Tensor, weight: torch.Tensor, group, bias: torch.Tensor | None = None):
+    """:class:`_SequenceGatheredLinear`; a plain linear on one rank."""
+    if _size(group) == 1:
+        return torch.nn.functional.linear(x, weight, bias)
+    return _SequenceGatheredLinear.apply(x, weight, bias, group)
 
 
 def _wrap(fn):

@@ -409,14 +409,31 @@ class Block(nn.Module):
             self._causal_masks[key] = torch.ones(s, s, dtype=torch.bool, device=device).triu(1)
         return self._causal_masks[key]
 
+    def _column_parallel_input(self, x):
+        """The normed block input for the column-parallel linears: gathered over the sequence here
+        (:meth:`_enter_parallel`) unless :meth:`_column_linear` gathers it itself, keeping the shard."""
+        return x if self._gathers_in_linear() else self._enter_parallel(x)
+
+    def _gathers_in_linear(self) -> bool:
+        """Under sequence parallelism the fused column-parallel linears gather their input themselves
+        and keep only the shard for backward (:func:`comm.sequence_gathered_linear`, Megatron-LM's
+        way); op-level SAC's split projections share one gathered input."""
+        return self.ctx.sequence_parallel and self.ctx.recompute != "op-sac"
+
+    def _column_linear(self, x, weight, bias):
+        if self._gathers_in_linear():
+            return comm.sequence_gathered_linear(x, weight, self.ctx.tp_group, bias)
+        return F.linear(x, weight, bias)
+
     def _attention(self, x):
         a = self.attn
-        x = self._enter_parallel(self.ln1(x))
-        b, s, _ = x.shape
+        x = self._column_parallel_input(self.ln1(x))
         if self.ctx.recompute == "op-sac":
+            b, s, _ = x.shape
             q, k, v = self._separate_projections(x, b, s)
         else:
-            q, k, v = self._fused_projection(x, b, s)
+            q, k, v = self._fused_projection(x)
+        b, s = q.shape[0], q.shape[2]
         if self.cfg.rotary:   # the tokens' global positions (this rank's under context parallelism)
             positions = self.ctx.cp.local_positions if self.ctx.cp_size > 1 else torch.arange(s)
             q, k = self._rotate(q, positions), self._rotate(k, positions)
@@ -428,10 +445,11 @@ class Block(nn.Module):
         o = o.transpose(1, 2).reshape(b, s, self.local_heads * self.head_dim)
         return _plus_bias(self._exit_parallel(F.linear(o, a.o.weight)), a.o)
 
-    def _fused_projection(self, x, b, s):
+    def _fused_projection(self, x):
         """q, k, v [b, heads (kv heads), s, head_dim] from one matmul of the fused QKV weight."""
         a = self.attn
-        qkv = F.linear(x, a.qkv.weight, getattr(a.qkv, "bias", None))
+        qkv = self._column_linear(x, a.qkv.weight, getattr(a.qkv, "bias", None))
+        b, s = qkv.shape[0], qkv.shape[1]
         if self.local_kv == self.local_heads:
             qkv = qkv.view(b, s, self.local_heads, 3, self.head_dim)
             q, k, v = qkv.permute(3, 0, 2, 1, 4).unbind(0)    # each [b, local heads, s, head_dim]
@@ -465,7 +483,7 @@ class Block(nn.Module):
             return moe_mlp(self.ln2(x), self.moe.router.weight, experts, self.cfg.top_k, self.ctx.ep, self.ctx.stats,
                            activation=self.cfg.activation)
         m = self.mlp
-        x = self._enter_parallel(self.ln2(x))
+        x = self._column_parallel_input(self.ln2(x))
         bias = getattr(m.fc1, "bias", None)
         if self.cfg.activation == "swiglu" and self.ctx.recompute == "op-sac":
             # w1 (gate) and w3 (up) as two matmuls, torchtitan's order: rows (unit, gate/up)
@@ -473,7 +491,7 @@ class Block(nn.Module):
             gate, up = (F.linear(x, w[:, j], None if bias is None else bias.view(-1, 2)[:, j]) for j in (0, 1))
             y = F.silu(gate) * up
         else:
-            y = mlp_activation(F.linear(x, m.fc1.weight, bias), self.cfg.activation)
+            y = mlp_activation(self._column_linear(x, m.fc1.weight, bias), self.cfg.activation)
         return _plus_bias(self._exit_parallel(F.linear(y, m.fc2.weight)), m.fc2)
 
     def _body(self, x):
@@ -548,10 +566,9 @@ class Stage(nn.Module):
             return x
         x = self.ln_f(x)
         if ctx.sequence_parallel:   # the head is vocabulary-parallel: its input grads are partial
-            x = comm.gather_seq_reduce_scatter_grad(x, ctx.tp_group)
+            logits = comm.sequence_gathered_linear(x, self.head.weight, ctx.tp_group)
         else:
-            x = comm.copy_to_tp(x, ctx.tp_group)
-        logits = F.linear(x, self.head.weight)
+            logits = F.linear(comm.copy_to_tp(x, ctx.tp_group), self.head.weight)
         logits = logits.reshape(-1, logits.shape[-1]).float()
         if ctx.tp_size > 1:
             start = ctx.tp_rank * self.head.weight.shape[0]

@@ -139,14 +139,26 @@ def harness_other_time(run, gradient_bytes: float, copy_bytes_per_s: float) -> f
     return passes * 2.0 * float(gradient_bytes) / float(copy_bytes_per_s)
 
 
-def kept_activation_bytes(model, job, plan, activations: float) -> float:
-    """The estimate's ``activations`` (bytes, one stage) less what it adds while one layer runs
-    backward (:func:`paraplan.costmodels.memory.backward_working_bytes`: the layer's rematerialized
-    tensors under recomputation, unfused attention's score-gradient temporaries, the engine's gradient
-    temporaries, none for the harness's generic engine): the tensors kept for backward, which the
-    harness counts."""
-    from paraplan.costmodels.memory import backward_working_bytes
-    return float(activations) - float(backward_working_bytes(model, job, plan))
+def kept_activation_bytes(model, job, plan, activations: float, stage: str = "first") -> float:
+    """The estimate's ``activations`` (bytes, at pipeline ``stage``: first, middle or last) less what
+    it adds while one layer runs backward (:func:`paraplan.costmodels.memory.backward_working_bytes`:
+    the layer's rematerialized tensors under recomputation, unfused attention's score-gradient
+    temporaries, the engine's gradient temporaries, none for the harness's generic engine) and less
+    the stage outputs the pipeline runtime holds
+    (:func:`paraplan.costmodels.memory.held_stage_output_bytes`: no backward saved them): the tensors
+    kept for backward, which the harness counts."""
+    from paraplan.costmodels.memory import backward_working_bytes, held_stage_output_bytes
+    held = held_stage_output_bytes(model, job, plan)[stage]
+    return float(activations) - float(backward_working_bytes(model, job, plan)) - float(held)
+
+
+def kept_activation_bytes_by_stage(model, job, plan) -> dict:
+    """:func:`kept_activation_bytes` of the first, a middle and the last pipeline stage (bytes; 0 for
+    a middle stage the plan does not have; the first stage's at pp 1)."""
+    from paraplan.costmodels.memory import activation_bytes
+    acts = activation_bytes(model, job, plan)
+    return {stage: kept_activation_bytes(model, job, plan, float(acts[stage]), stage) if float(acts[stage]) else 0.0
+            for stage in acts}
 
 
 def to_predicted(e, other_s: float = 0.0, cp: int = 1, ep: int = 1, kept_activations: float | None = None) -> dict:
@@ -176,7 +188,8 @@ def predict_run(cfg, run, db: str | None = None, allow_profiling: bool = True, m
     model, job, plan = (estimator_model(cfg), TrainingJob(cfg.seq_len, run.global_batch, moe_imbalance=moe_imbalance),
                         estimator_plan(cfg, run, cpu))
     e = estimate(model, job, cluster, plan)
-    kept = kept_activation_bytes(model, job, plan, e.memory_bytes_per_gpu["activations"])
+    kept = kept_activation_bytes(model, job, plan, e.memory_bytes_per_gpu["activations"],
+                                 e.details["peak_memory_stage"])
     # the rank's full local gradients before the sync (ZeRO-1/2 shard only after it): its parameters
     other = harness_other_time(run, e.memory_bytes_per_gpu["parameters"],
                                cluster.accelerator.memory_bandwidth_bytes_per_s)
