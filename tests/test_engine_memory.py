@@ -528,3 +528,36 @@ def test_last_stage_in_flight_micro_batches_follow_the_schedule():
     plan = Plan(tp=8, pp=8, dp=1, micro_batch=1, engine="megatron")
     logits = float(M.loss_bytes_per_logit(plan) * 2048 * M.loss_logits_per_token(model, plan)) + 2 * 2 * 2048 * model.hidden
     assert float(acts_gpipe["last"] - acts_1f1b["last"]) == pytest.approx(63 * (layers * float(per_layer) + logits))
+
+
+def test_unfused_attention_keeps_k_and_v_repeated_to_every_query_head_under_grouped_query_attention():
+    """Llama 3 70B (64 heads over 8 kv heads): without FlashAttention the core's matmuls keep K and V
+    repeated to all 64 heads, 2 x 2 x (8192 - 1024) bytes per token more per layer (/tp); selective
+    recomputation of the core drops them with the scores; FlashAttention reads the 8 kv heads."""
+    model = load_model("llama3-70b")
+    job = TrainingJob(4096, 64)
+    kw = dict(tp=8, pp=1, dp=1, micro_batch=1, zero=1, fused_softmax=True)
+    unfused = float(M.activation_bytes_per_layer(model, job, Plan(flash_attention=False, **kw)))
+    assert M.grouped_kv_expansion_bytes_per_token(model) == 2 * 2 * (8192 - 1024)
+    assert M.grouped_kv_expansion_bytes_per_token(load_model("gpt3-175b")) == 0
+    scores = float(M.unfused_score_bytes(model, Plan(flash_attention=False, **kw))
+                   * M.score_elements(model, job, Plan(flash_attention=False, **kw)))
+    flash = float(M.activation_bytes_per_layer(model, job, Plan(flash_attention=True, **kw)))
+    stats = 4.0 * model.heads * 4096 / 8
+    assert unfused - scores - 2 * 2 * (8192 - 1024) * 4096 / 8 == pytest.approx(flash - stats)
+    selective = float(M.activation_bytes_per_layer(model, job, Plan(flash_attention=False, recompute="selective", **kw)))
+    assert unfused - selective == pytest.approx(scores + 2 * 2 * (8192 - 1024) * 4096 / 8)
+
+
+def test_eager_rmsnorm_keeps_four_bytes_per_element_more_per_norm_in_either_precision():
+    """fused_elementwise False on an RMSNorm model: two norms per layer, 4 bytes per element each (the
+    fp32 upcast in bf16, the fp32 normalized output in fp32); nothing for a LayerNorm model."""
+    job = TrainingJob(2048, 8)
+    for name, dtype in (("llama3-8b", "bf16"), ("llama3-8b", "fp32")):
+        model = load_model(name)
+        fused = float(M.activation_bytes_per_layer(model, job, Plan(dp=1, micro_batch=1, dtype=dtype)))
+        eager = float(M.activation_bytes_per_layer(model, job, Plan(dp=1, micro_batch=1, dtype=dtype, fused_elementwise=False)))
+        swiglu = float(M.UNFUSED_SWIGLU_SAVED_BYTES_PER_FFN * model.ffn_hidden * 2048) * (2 if dtype == "fp32" else 1)
+        assert eager - fused - swiglu == pytest.approx(2 * 4 * model.hidden * 2048), dtype
+    gpt = load_model("gpt3-175b")
+    assert gpt.norm == "layernorm" and float(M.eager_norm_saved_bytes(gpt, Plan(fused_elementwise=False))) == 0.0

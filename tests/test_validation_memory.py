@@ -121,3 +121,24 @@ def test_torchrun_command_passes_multinode_flags():
     assert "--rdzv-endpoint=node0:29500" in cmd and cmd[-3:] == ["-m", "m", "a"]
     with pytest.raises(ConfigError, match="rdzv"):
         LaunchOptions(nproc_per_node=8, nnodes=2)
+
+
+@pytest.mark.parametrize("arch", [dict(norm="rmsnorm"), dict(kv_heads=2), dict(rotary=True),
+                                  dict(activation="swiglu", norm="rmsnorm", bias=False, kv_heads=2, rotary=True)])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_kept_activations_of_the_llama_choices_match_the_estimate(arch, recompute):
+    """One process, math attention: the saved-for-backward bytes against the estimator's kept
+    activations within 3 %. Before stop 49 the Llama choices read -13 % (none) and -15 % (selective):
+    eager RMSNorm's fp32 normalized output was not counted, the harness's q, k, v were views of the
+    fused QKV output (one kept alive all of it once rotary positions or the grouped-query reshape had
+    copied the others), every block kept its own rotary table, and an unfused core's K and V repeated
+    to every query head were not counted."""
+    from dataclasses import replace
+    from paraplan.validation.predict import estimator_model, estimator_plan, kept_activation_bytes_by_stage
+    from paraplan.workloads.transformer import TrainingJob
+    cfg = replace(GPTConfig(vocab_size=256, seq_len=32, hidden=64, heads=4, layers=4, seed=3), **arch)
+    plan = RunPlan(micro_batch=1, global_batch=1, steps=1, warmup=0, profile_ops=False, recompute=recompute)
+    measured = run_training(cfg, plan)["memory_bytes"]["activations_peak"]
+    predicted = kept_activation_bytes_by_stage(estimator_model(cfg), TrainingJob(cfg.seq_len, 1),
+                                               estimator_plan(cfg, plan, True))["first"]
+    assert predicted == pytest.approx(measured, rel=0.03)

@@ -147,7 +147,7 @@ def test_world4_matches_single_process(world4, name):
 
 
 #: layouts whose every rank's kept activations are held to the estimator's, stage by stage
-STAGE_MEMORY = {2: ("pp2_1f1b", "pp2_interleaved", "tp2_sp", "pp2_opsac"),
+STAGE_MEMORY = {2: ("pp2_1f1b", "pp2_interleaved", "tp2_sp", "pp2_opsac", "llama_pp2_selective", "llama_tp2_sp"),
                 4: ("tp2_pp2_fullrecompute", "tp2_sp_pp2", "pp2_dp2_zero2_interleaved")}
 
 

@@ -38,11 +38,15 @@ from paraplan.plan import (Engine, Offload, Recompute, Schedule, is_fp8, recompu
 
 OPTIMIZER_BYTES_PER_PARAM = 12   # fp32 master weights, momentum, variance (K in the ZeRO paper)
 FP32_OPTIMIZER_BYTES_PER_PARAM = 8   # plain fp32 Adam: momentum and variance, no master copy
-# Eager RMSNorm (e.g. Hugging Face LlamaRMSNorm: x.float(); x.pow(2).mean(-1); x * rsqrt(var + eps);
-# weight * x.to(bf16)) saves for backward the fp32 upcast of its input (4 bytes per element, read by
-# pow and mul) besides the 16-bit tensors a fused kernel also keeps: 4h bytes per token per norm,
-# two norms per layer.
-UNFUSED_NORM_SAVED_BYTES_PER_HIDDEN = 2 * 4
+# Eager RMSNorm keeps 4 bytes per element more than a fused kernel (its input and rstd), per norm, in
+# either precision. In 16-bit training (e.g. Hugging Face LlamaRMSNorm: x.float(); x.pow(2).mean(-1);
+# x * rsqrt(var + eps); weight * x.to(bf16)) that is the fp32 upcast of its input, read by pow and mul,
+# besides the 16-bit normalized output the weight multiply keeps (the 2 bytes a fused kernel keeps as
+# its input). In fp32 there is no upcast, and the weight multiply keeps the fp32 normalized output
+# besides the input (PyTorch's nn.RMSNorm on a CPU, the validation harness: 2.4 h fp32 elements per
+# token and layer measured, the final norm included). Two norms per layer, and the final norm on the
+# last stage. LayerNorm is one native kernel eager or not (F.layer_norm): the term applies to RMSNorm only.
+EAGER_RMSNORM_SAVED_BYTES_PER_ELEMENT = 4.0
 # Eager SwiGLU (silu(gate) * up, then the down projection) keeps silu(gate) for the mul's backward
 # besides the fc1 output (gate | up) and the product a fused kernel keeps too: 2f bytes per token.
 UNFUSED_SWIGLU_SAVED_BYTES_PER_FFN = 2
@@ -72,7 +76,7 @@ TE_FP8_BYTES_PER_ELEMENT = 1.0
 #   its input: UNFUSED_SWIGLU_SAVED_BYTES_PER_FFN more per token than a fused SwiGLU. (Its eager
 #   RMSNorm, core/nn/norm/rms_norm.py, keeps only the 16-bit normalized output besides x, 2h bytes per
 #   norm; the sweep's "flash_attention2" runs without the RMS kernel OOM as the fp32-upcast form
-#   UNFUSED_NORM_SAVED_BYTES_PER_HIDDEN predicts, so that generic form is kept for the sweep's 2023 code.)
+#   EAGER_RMSNORM_SAVED_BYTES_PER_ELEMENT predicts, so that generic form is kept for the sweep's 2023 code.)
 # * core/nn/norm/rms_norm.py under sequence parallelism all-gathers the norm output
 #   (gather_from_sequence_parallel_region) and the column-parallel linears after it (QKV; dense_in and
 #   siglu_weight share their input) save the gathered tensor: 2 x 2h bytes per token on every tp rank,
@@ -266,6 +270,23 @@ def score_elements(model, job, plan):
     return tokens_per_rank(job, plan) * model.heads * job.seq_len / np.asarray(plan.tp, dtype=float)
 
 
+def eager_norm_saved_bytes(model, plan):
+    """Bytes per hidden element one norm keeps beyond a fused kernel's: EAGER_RMSNORM_SAVED_BYTES_PER_ELEMENT
+    for an RMSNorm model whose plan runs the elementwise ops eager (``fused_elementwise`` False), else 0."""
+    eager = ~np.asarray(getattr(plan, "fused_elementwise", True), dtype=bool) & (getattr(model, "norm", "rmsnorm") == "rmsnorm")
+    return np.where(eager, EAGER_RMSNORM_SAVED_BYTES_PER_ELEMENT, 0.0)
+
+
+def grouped_kv_expansion_bytes_per_token(model) -> float:
+    """16-bit bytes per token an unfused attention core keeps beyond K and V under grouped-query
+    attention: its batched matmuls take K and V repeated to every query head (Megatron-Core's
+    DotProductAttention repeat_interleaves them; a broadcast matmul materializes the same) and keep
+    those for backward, 2·((q − k) + (out − v)) in widths (0 under multi-head attention).
+    FlashAttention reads the grouped K/V natively. Part of the attention core: selective
+    recomputation of the core drops it with the scores."""
+    return 2.0 * ((model.q_hidden - model.kv_hidden) + (model.attn_out_hidden - model.v_hidden))
+
+
 def activation_bytes_per_layer(model, job, plan, recompute_code=None):
     """Bytes one layer keeps for backward for one micro-batch (generalized Korthikanti Table 2),
     averaged over dense and MoE layers. An MoE layer keeps, instead of the dense MLP's (4 or 6)·f
@@ -284,8 +305,8 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
     unsharded = (10 if getattr(model, "dropout", True) else 8) * h * T / np.where(sp, t, 1.0)
     unfused = ~np.asarray(getattr(plan, "fused_elementwise", True), dtype=bool)
     scaling = engine_of(plan) == Engine.SCALING
-    unsharded = unsharded + np.where(unfused & (element_bytes(plan) < 4),
-                                     UNFUSED_NORM_SAVED_BYTES_PER_HIDDEN * h * T / np.where(sp, t, 1.0), 0.0)
+    # (16-bit units: activation-wide terms are scaled by element_bytes / BYTES below)
+    unsharded = unsharded + 2 * eager_norm_saved_bytes(model, plan) / (element_bytes(plan) / BYTES) * h * T / np.where(sp, t, 1.0)
     # Scaling keeps the all-gathered linear inputs under sequence parallelism (shard 1/t counted above)
     unsharded = unsharded + np.where(scaling & sp, SCALING_SP_GATHERED_SAVED_BYTES_PER_HIDDEN * h * T * (1 - 1 / t), 0.0)
     eager_swiglu = (unfused | scaling) & (model.activation == "swiglu")
@@ -320,8 +341,10 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
         S, slots = einsum_dispatch_slots(model, job, plan)
         unsharded = unsharded + model.moe_layers / model.layers * 4 * S * slots
     s_l = T / b
-    scores = np.where(np.asarray(plan.flash_attention, dtype=bool), 4.0 * a * s_l * b / t,   # fp32 stats
-                      unfused_score_bytes(model, plan) * score_elements(model, job, plan))
+    flash = np.asarray(plan.flash_attention, dtype=bool)
+    scores = np.where(flash, 4.0 * a * s_l * b / t,   # fp32 stats
+                      unfused_score_bytes(model, plan) * score_elements(model, job, plan)
+                      + grouped_kv_expansion_bytes_per_token(model) * T / t)
     wide = element_bytes(plan) / BYTES         # fp32 activations: twice the 16-bit bytes
     none = wide * (unsharded + sharded + scores)
     selective = wide * (unsharded + sharded + np.where(recomputes_attention_core(plan), 0.0, scores)
@@ -574,10 +597,11 @@ def activation_bytes(model, job, plan) -> dict:
     # micro-batch: validate's pp 2 stage 0 with full recomputation measured 1.06 MB against 1.57)
     embedding_out = float(getattr(model, "dropout", True)) * hidden_shard
     # the loss's logits, the final norm's input and the output layer's input (the norm's output;
-    # Korthikanti et al. 2022 section 4.3: 4sbh/t besides the 4sbv/t of the loss), each a sequence
-    # shard under sequence parallelism; once more per multi-token-prediction depth
+    # Korthikanti et al. 2022 section 4.3: 4sbh/t besides the 4sbv/t of the loss; what an eager RMSNorm
+    # keeps besides), each a sequence shard under sequence parallelism; once more per
+    # multi-token-prediction depth
     logits = (1 + model.mtp_layers) * (loss_bytes_per_logit(plan) * T * loss_logits_per_token(model, plan)
-                                       + 2 * element_bytes(plan) * hidden_shard)
+                                       + (2 * element_bytes(plan) + eager_norm_saved_bytes(model, plan)) * hidden_shard)
     inflight = in_flight_micro_batches(job, plan)
     # activation offload (pp = 1 only): the offloaded layers' activations live in host memory, one
     # layer's in transit (offloaded while the next computes, prefetched one layer ahead in backward)

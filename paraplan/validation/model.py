@@ -314,6 +314,10 @@ def _plus_bias(y, linear):
     return y if bias is None else y + bias
 
 
+#: rotary cos/sin tables by (positions, head dim, dtype, device), shared by every block of a process
+_ROTARY_TABLES: dict = {}
+
+
 class Block(nn.Module):
     """One pre-LN transformer block holding this tp rank's shard of every weight."""
 
@@ -325,7 +329,6 @@ class Block(nn.Module):
         self.head_dim = cfg.hidden // cfg.heads
         self.ln1 = make_norm(cfg)
         self.ln2 = make_norm(cfg)
-        self._rotary = {}
         self.attn = nn.Module()
         self._causal_masks = {}
         for n in ("qkv", "o"):
@@ -389,15 +392,16 @@ class Block(nn.Module):
     def _rotate(self, x, positions):
         """Rotary positions (Su et al. 2021; Llama's and Megatron-LM's non-interleaved form) on x
         [b, heads, s, d]: x·cos + rotate_half(x)·sin, the angle of channel pair i at position p
-        p / 10000^(2i/d); cos and sin kept per positions."""
+        p / 10000^(2i/d); cos and sin kept per positions, one table for every block (as Megatron-LM
+        keeps one rotary embedding per model), so backward keeps one copy, not one per layer."""
         d = x.shape[-1]
-        key = (positions.numel(), int(positions[0]), int(positions[-1]), str(x.device))
-        if key not in self._rotary:
+        key = (positions.numel(), int(positions[0]), int(positions[-1]), d, x.dtype, str(x.device))
+        if key not in _ROTARY_TABLES:
             inv = 1.0 / (10000.0 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))
             ang = positions.to(torch.float32)[:, None] * inv[None, :]
             ang = torch.cat([ang, ang], dim=-1).to(x.device)
-            self._rotary[key] = (ang.cos().to(x.dtype), ang.sin().to(x.dtype))
-        cos, sin = self._rotary[key]
+            _ROTARY_TABLES[key] = (ang.cos().to(x.dtype), ang.sin().to(x.dtype))
+        cos, sin = _ROTARY_TABLES[key]
         x1, x2 = x[..., : d // 2], x[..., d // 2:]
         return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
@@ -446,7 +450,10 @@ class Block(nn.Module):
         return _plus_bias(self._exit_parallel(F.linear(o, a.o.weight)), a.o)
 
     def _fused_projection(self, x):
-        """q, k, v [b, heads (kv heads), s, head_dim] from one matmul of the fused QKV weight."""
+        """q, k, v [b, heads (kv heads), s, head_dim] from one matmul of the fused QKV weight, each in
+        storage of its own (Megatron-LM's reshapes of its split QKV copy them too): as views of the
+        fused output, any one kept for backward would keep all of it alive, the queries' and keys'
+        parts too once rotary positions or a grouped-query reshape have replaced those by copies."""
         a = self.attn
         qkv = self._column_linear(x, a.qkv.weight, getattr(a.qkv, "bias", None))
         b, s = qkv.shape[0], qkv.shape[1]
@@ -458,7 +465,7 @@ class Block(nn.Module):
             qkv = qkv.view(b, s, self.local_kv, rep + 2, self.head_dim)
             q = qkv[:, :, :, :rep].reshape(b, s, self.local_heads, self.head_dim).transpose(1, 2)
             k, v = qkv[:, :, :, rep].transpose(1, 2), qkv[:, :, :, rep + 1].transpose(1, 2)
-        return q, k, v
+        return tuple(t.contiguous() for t in (q, k, v))
 
     def _separate_projections(self, x, b, s):
         """q, k, v as three matmuls on their rows of the fused weight (and bias), in torchtitan's order
