@@ -80,6 +80,12 @@ def _run(capsys, *argv):
     (["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--pp", "0"],
      "--pp: not a flag of this command; the search pins an axis with --fix AXIS=VALUE"),
     (["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--format", "jsno"], "did you mean json?"),
+    # one command's spelling given to another: the spelling this command uses, not --fix or a near miss
+    (["validate", "--tp", "2", "--sp", "--nproc-per-node", "2"],
+     "--sp: unrecognized argument; this command spells it --sequence-parallel"),
+    (["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--sequence-parallel"],
+     "--sequence-parallel: not a flag of this command; estimate spells it --sp"),
+    (["whatif", "--virtual-stages", "2"], "this command spells it --vpp"),
     (["lst", "models"], "command: unknown value 'lst'; did you mean list?"),
     (["estimate", "--model", "llama3-8b", "--cluster", "x" * 300], "cluster: unknown name"),
     (["estimate", "--model", "m" * 300 + ".yaml", "--cluster", "dgx-h100"], "model: no such file"),

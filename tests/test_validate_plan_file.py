@@ -132,3 +132,21 @@ def test_nvme_offload_is_refused_by_flag(tmp_path, capsys):
     assert main(["validate", "--zero", "1", "--offload", "nvme", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("paraplan: error: --offload") and "accepted: none, cpu" in err
+
+
+def test_a_pipeline_of_more_chunks_than_the_default_layers_gets_one_layer_per_chunk(tmp_path):
+    """The planner's Llama 3 8B pick on 8 H100 (tp 2, pp 2, vpp 8): without --layers the harness runs
+    16 layers (the smallest multiple of pp x vpp above its 4) and says so; --layers wins."""
+    import argparse
+
+    from paraplan.cli.validate import add_validate_parser, harness_layers, resolve_layout_flags
+    assert (harness_layers(1, 1), harness_layers(2, 1), harness_layers(3, 1), harness_layers(2, 8)) == (4, 4, 6, 16)
+    path = str(_plan_file(tmp_path / "p.json", pp=2, vpp=8, schedule="interleaved", micro_batch=1))
+    parser = argparse.ArgumentParser()
+    add_validate_parser(parser.add_subparsers())
+    args = parser.parse_args(["validate", "--plan", path, "--out", str(tmp_path)])
+    notes = resolve_layout_flags(args)
+    assert args.layers == 16 and any("the harness runs 16 layers" in n for n in notes)
+    args = parser.parse_args(["validate", "--plan", path, "--layers", "32", "--out", str(tmp_path)])
+    resolve_layout_flags(args)
+    assert args.layers == 32

@@ -170,6 +170,24 @@ def _all_options(parser: argparse.ArgumentParser) -> set[str]:
     return out
 
 
+#: commands that search layouts (they pin an axis with --fix instead of taking it as a flag)
+SEARCH_COMMANDS = ("plan", "whatif")
+#: a flag of one command and the spelling another command gives the same thing
+OTHER_SPELLINGS = {"--sp": "--sequence-parallel", "--vpp": "--virtual-stages", "--sequence-parallel": "--sp",
+                   "--virtual-stages": "--vpp"}
+
+
+def _subcommand_given(parser: argparse.ArgumentParser, words) -> tuple[str | None, set[str]]:
+    """(the top-level subcommand named in ``words``, its option strings); (None, set()) without one."""
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for w in words:
+                if w in a.choices:
+                    sub = a.choices[w]
+                    return w, {o for x in sub._actions for o in x.option_strings}
+    return None, set()
+
+
 def friendly_parse_error(message: str, parser: argparse.ArgumentParser) -> str:
     """argparse's error message as one line that starts with the flag it is about."""
     m = re.match(r"argument (\S+?): invalid choice: (.*?) \(choose from (.*)\)$", message, re.S)
@@ -189,11 +207,18 @@ def friendly_parse_error(message: str, parser: argparse.ArgumentParser) -> str:
         known = _all_options(parser)
         flag = word.split('=')[0]
         if flag in known:   # a flag of another subcommand (e.g. estimate's --pp given to plan)
-            hint = ("; the search pins an axis with --fix AXIS=VALUE (e.g. --fix pp=2)"
-                    if _is_plan_field(flag) else "")
+            command, own = _subcommand_given(parser, getattr(parser, "_given", ()))
+            alias = OTHER_SPELLINGS.get(flag)
+            if alias in own:
+                hint = f"; {command} spells it {alias}"
+            elif command in SEARCH_COMMANDS and _is_plan_field(flag):
+                hint = "; the search pins an axis with --fix AXIS=VALUE (e.g. --fix pp=2)"
+            else:
+                hint = ""
             return f"{shown(flag, 60).strip(chr(39))}: not a flag of this command{hint}"
-        return (f"{shown(flag, 60).strip(chr(39))}: unrecognized argument"
-                f"{_did_you_mean(flag, known)}")
+        alias = OTHER_SPELLINGS.get(flag)
+        suggestion = f"; this command spells it {alias}" if alias in known else _did_you_mean(flag, known)
+        return f"{shown(flag, 60).strip(chr(39))}: unrecognized argument{suggestion}"
     m = re.match(r"argument (\S+): (.*)$", message, re.S)
     if m:
         flag, rest = m.groups()

@@ -20,6 +20,13 @@ other, and the loss jumps by that token's share (default model with 8 experts, d
 steps, then 1.9e-6 at the tenth and 1.2e-5 by the thirteenth). A wrong update (a shard not
 gathered, a gradient not averaged) moves the second step's loss by far more: every element moves by
 about lr each step.
+
+How fast the trajectories separate depends on the model, its data and the batch: a 16-layer Llama-style
+model at micro-batch 2 under dp2 ZeRO-1 separated by 2.5e-4 by the thirteenth step, with first-step
+gradients within 3.6e-6 (stop 49). So each later step is held to the larger of ``LATER_LOSS_RTOL`` and
+``SPREAD_FACTOR`` times the reference's own spread up to that step (:func:`reference_spread`: the
+reference run again from parameters each moved by one unit in the last place, a rounding-sized
+difference). The spread grows from ~1e-8 at the second step, so a wrong update still fails there.
 """
 from __future__ import annotations
 
@@ -35,6 +42,9 @@ LOSS_RTOL = 1e-5
 LATER_LOSS_RTOL = 1e-4
 GRAD_RTOL = 1e-4
 GRAD_FLOOR = 1e-3
+#: a later step may differ from the reference by this many times the reference's own spread so far
+#: (a parallel layout's rounding differs at every step, the nudge only at the start)
+SPREAD_FACTOR = 10.0
 
 
 def reference_run(cfg: GPTConfig, plan: RunPlan, dump_grads: bool = True) -> dict:
@@ -44,6 +54,28 @@ def reference_run(cfg: GPTConfig, plan: RunPlan, dump_grads: bool = True) -> dic
                        recompute=plan.recompute, steps=plan.steps, warmup=plan.warmup,
                        lr=plan.lr, profile_ops=False)
     return run_training(cfg, ref_plan, None, "cpu", dump_grads)
+
+
+def reference_spread(cfg: GPTConfig, plan: RunPlan, ref: dict) -> list[float]:
+    """Relative difference per step between the reference's losses (``ref``) and the same run from
+    parameters each nudged by one unit in the last place (``run_training(nudge_seed=...)``): how far
+    rounding alone moves this model's trajectory."""
+    torch.manual_seed(cfg.seed)
+    ref_plan = RunPlan(micro_batch=plan.micro_batch, global_batch=plan.global_batch,
+                       recompute=plan.recompute, steps=plan.steps, warmup=plan.warmup,
+                       lr=plan.lr, profile_ops=False)
+    nudged = run_training(cfg, ref_plan, None, "cpu", False, nudge_seed=cfg.seed + 1)["losses"]
+    return [abs(a - b) / abs(b) for a, b in zip(nudged, ref["losses"])]
+
+
+def later_step_tolerances(spread: list[float] | None, steps: int) -> list[float]:
+    """Per-step loss tolerance: LOSS_RTOL at the first step; after it the larger of LATER_LOSS_RTOL
+    and SPREAD_FACTOR times the largest spread up to that step (LATER_LOSS_RTOL without a spread)."""
+    out, worst = [], 0.0
+    for i in range(steps):
+        worst = max(worst, spread[i]) if spread and i < len(spread) else worst
+        out.append(LOSS_RTOL if i == 0 else max(LATER_LOSS_RTOL, SPREAD_FACTOR * worst))
+    return out
 
 
 def parallel_losses(results: list[dict]) -> list[float]:
@@ -63,21 +95,29 @@ def load_parallel_grads(out_dir: str) -> dict[str, torch.Tensor]:
     return grads
 
 
-def compare_to_reference(results: list[dict], ref: dict, grads: dict | None = None) -> dict:
+def compare_to_reference(results: list[dict], ref: dict, grads: dict | None = None,
+                         spread: list[float] | None = None) -> dict:
     """Errors of a parallel run against the reference; ``matches`` is the verdict.
 
     Returns ``first_loss_rel_err`` (the first step's, held to ``loss_rtol``), ``loss_rel_err`` (max
-    over every step, held to ``later_loss_rtol``), ``grad_rel_err`` (max over tensors, or None),
-    ``missing_grads`` (names the parallel run did not report), tolerances and ``matches``.
+    over every step) and ``loss_tolerances`` (per step: :func:`later_step_tolerances` of the
+    reference's ``spread``, :func:`reference_spread`, where given), ``later_loss_rtol`` (the largest
+    of them after the first step), ``grad_rel_err`` (max over tensors, or None), ``missing_grads``
+    (names the parallel run did not report), the tolerances and ``matches``.
     """
     par = parallel_losses(results)
     ref_losses = ref["losses"]
     errs = [abs(a - b) / abs(b) for a, b in zip(par, ref_losses)]
+    tolerances = later_step_tolerances(spread, len(errs))
     out = {"first_loss_rel_err": errs[0] if errs else None, "loss_rel_err": max(errs, default=None),
-           "loss_rtol": LOSS_RTOL, "later_loss_rtol": LATER_LOSS_RTOL, "grad_rtol": GRAD_RTOL,
+           "loss_rtol": LOSS_RTOL, "later_loss_rtol": max(tolerances[1:], default=LATER_LOSS_RTOL),
+           "grad_rtol": GRAD_RTOL, "loss_tolerances": tolerances, "reference_spread": spread,
            "parallel_losses": par, "reference_losses": ref_losses,
            "grad_rel_err": None, "missing_grads": []}
-    ok = (len(par) == len(ref_losses) > 0 and errs[0] <= LOSS_RTOL and max(errs) <= LATER_LOSS_RTOL)
+    ok = (len(par) == len(ref_losses) > 0 and all(e <= tol for e, tol in zip(errs, tolerances)))
+    if errs:   # the step nearest its tolerance
+        worst = max(range(len(errs)), key=lambda i: errs[i] / tolerances[i])
+        out.update(worst_step=worst + 1, worst_step_err=errs[worst], worst_step_tolerance=tolerances[worst])
     if grads is not None and ref.get("grads") is not None:
         errs = {}
         floor = GRAD_FLOOR * max(float(g.abs().max()) for g in ref["grads"].values())

@@ -221,11 +221,25 @@ def _op_times(prof, top: int = 40) -> dict:
     return dict(rows[:top])
 
 
+def nudge_parameters(model: nn.Module, seed: int) -> None:
+    """Move every parameter element one unit in the last place towards +inf or -inf, at random
+    (``seed``), in place."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            up = torch.rand(p.shape, generator=gen) < 0.5
+            direction = torch.where(up, torch.tensor(float("inf"), dtype=p.dtype), torch.tensor(float("-inf"), dtype=p.dtype))
+            p.copy_(torch.nextafter(p, direction.to(p.device)))
+
+
 def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
-                 device: str = "cpu", dump_grads: bool = False, on_step=None) -> dict:
+                 device: str = "cpu", dump_grads: bool = False, on_step=None, nudge_seed: int | None = None) -> dict:
     """Train ``plan.warmup + plan.steps`` steps; returns this rank's results dict.
 
     ``on_step(done, total)`` is called after each step (and the profiled one), for progress.
+    ``nudge_seed`` (single process only): move every initial parameter element by one unit in the
+    last place, up or down at random (seeded), a rounding-sized difference like the ones a parallel
+    layout's summation order makes (:func:`paraplan.validation.reference.reference_spread`).
 
     With ``groups=None`` this is the single-process reference (plan must have tp=pp=dp=1
     semantics; its global batch, micro-batch size and recompute are used).
@@ -253,6 +267,10 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
         g = j * plan.pp + groups.pp_rank
         chunks.append(Stage(cfg, ctx, layer_sets[g], g == 0, g == n_chunks - 1).to(device))
     model = nn.ModuleList(chunks)
+    if nudge_seed is not None:
+        if not single:
+            raise ValueError("nudge_seed is for the single-process reference only")
+        nudge_parameters(model, nudge_seed)
     named = [(n.split(".", 1)[1], p) for n, p in model.named_parameters()]
     if plan.zero == 3:
         # fully_shard replaces every parameter by a sharded one; the sequence-parallel mark (the
