@@ -32,7 +32,7 @@ from functools import partial
 import numpy as np
 
 from paraplan.costmodels.compute import (BYTES, element_bytes, einsum_dispatch_slots, expert_token_factor,
-                                         micro_batches, tokens_per_rank)
+                                         micro_batches, stage_output_bytes, tokens_per_rank)
 from paraplan.plan import (Engine, Offload, Recompute, Schedule, is_fp8, recomputes_attention_core, recomputes_module,
                            model_stage_layers, stage_layers)
 
@@ -536,8 +536,7 @@ def held_stage_output_bytes(model, job, plan) -> dict:
     interleaved schedule on the last rank)."""
     p = np.asarray(plan.pp, dtype=float)
     v = np.where(np.asarray(plan.schedule_code) == Schedule.INTERLEAVED, np.asarray(plan.vpp, dtype=float), 1.0)
-    t = np.asarray(plan.tp, dtype=float)
-    hidden = element_bytes(plan) * tokens_per_rank(job, plan) * model.hidden / np.where(np.asarray(plan.sp, dtype=bool), t, 1.0)
+    hidden = stage_output_bytes(model, job, plan)
     holds = (p > 1) & _PIPELINE_HOLDS_STAGE_OUTPUTS_BY_ENGINE_CODE[engine_of(plan)]
     first = np.where(holds, hidden * v * in_flight_micro_batches(job, plan), 0.0)
     middle = np.where(holds, hidden * v * in_flight_micro_batches_middle(job, plan), 0.0)

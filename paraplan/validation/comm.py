@@ -60,17 +60,24 @@ def all_reduce(x: torch.Tensor, group, category: str = "tp_comm") -> torch.Tenso
     return x
 
 
-def all_gather_seq(x: torch.Tensor, group) -> torch.Tensor:
-    """Concatenate every rank's ``x`` along the sequence dim."""
+def all_gather_seq(x: torch.Tensor, group, async_op: bool = False):
+    """Concatenate every rank's ``x`` along the sequence dim. With ``async_op`` the gather is only
+    started: returns a function that waits for it and returns the concatenation."""
     n = _size(group)
     if n == 1:
-        return x
+        return (lambda: x) if async_op else x
     x = x.contiguous()
     # the single-buffer collective (Megatron's _all_gather_base), the one `paraplan profile` times
     out = torch.empty((n * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
     with timed("tp_comm"):
-        dist.all_gather_into_tensor(out, x, group=group)
-    return torch.cat(out.chunk(n, dim=0), dim=SEQ_DIM)
+        work = dist.all_gather_into_tensor(out, x, group=group, async_op=async_op)
+
+    def finish():
+        if work is not None:
+            with timed("tp_comm"):
+                work.wait()
+        return torch.cat(out.chunk(n, dim=0), dim=SEQ_DIM)
+    return finish if async_op else finish()
 
 
 def reduce_scatter_seq_raw(x: torch.Tensor, group) -> torch.Tensor:
@@ -179,15 +186,9 @@ class _SequenceGatheredLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         x, weight = ctx.saved_tensors
-        n = _size(ctx.group)
-        x = x.contiguous()
-        gathered = torch.empty((n * x.shape[0],) + tuple(x.shape[1:]), dtype=x.dtype, device=x.device)
-        with timed("tp_comm"):
-            work = dist.all_gather_into_tensor(gathered, x, group=ctx.group, async_op=True)
+        gathered = all_gather_seq(x, ctx.group, async_op=True)
         grad_full = g @ weight                       # overlaps the gather
-        with timed("tp_comm"):
-            work.wait()
-        full = torch.cat(gathered.chunk(n, dim=0), dim=SEQ_DIM)
+        full = gathered()
         g2 = g.reshape(-1, g.shape[-1])
         grad_weight = g2.t() @ full.reshape(-1, full.shape[-1])
         grad_bias = g2.sum(0) if ctx.has_bias else None

@@ -47,24 +47,21 @@ GRAD_FLOOR = 1e-3
 SPREAD_FACTOR = 10.0
 
 
-def reference_run(cfg: GPTConfig, plan: RunPlan, dump_grads: bool = True) -> dict:
-    """Single-process run with the plan's batch, micro-batch, recompute and step count."""
+def reference_run(cfg: GPTConfig, plan: RunPlan, dump_grads: bool = True, nudge_seed: int | None = None) -> dict:
+    """Single-process run with the plan's batch, micro-batch, recompute and step count (from
+    parameters nudged one ulp with ``nudge_seed``: ``run_training``)."""
     torch.manual_seed(cfg.seed)
     ref_plan = RunPlan(micro_batch=plan.micro_batch, global_batch=plan.global_batch,
                        recompute=plan.recompute, steps=plan.steps, warmup=plan.warmup,
                        lr=plan.lr, profile_ops=False)
-    return run_training(cfg, ref_plan, None, "cpu", dump_grads)
+    return run_training(cfg, ref_plan, None, "cpu", dump_grads, nudge_seed=nudge_seed)
 
 
 def reference_spread(cfg: GPTConfig, plan: RunPlan, ref: dict) -> list[float]:
     """Relative difference per step between the reference's losses (``ref``) and the same run from
     parameters each nudged by one unit in the last place (``run_training(nudge_seed=...)``): how far
     rounding alone moves this model's trajectory."""
-    torch.manual_seed(cfg.seed)
-    ref_plan = RunPlan(micro_batch=plan.micro_batch, global_batch=plan.global_batch,
-                       recompute=plan.recompute, steps=plan.steps, warmup=plan.warmup,
-                       lr=plan.lr, profile_ops=False)
-    nudged = run_training(cfg, ref_plan, None, "cpu", False, nudge_seed=cfg.seed + 1)["losses"]
+    nudged = reference_run(cfg, plan, dump_grads=False, nudge_seed=cfg.seed + 1)["losses"]
     return [abs(a - b) / abs(b) for a, b in zip(nudged, ref["losses"])]
 
 

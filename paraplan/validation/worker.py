@@ -227,9 +227,8 @@ def nudge_parameters(model: nn.Module, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
-            up = torch.rand(p.shape, generator=gen) < 0.5
-            direction = torch.where(up, torch.tensor(float("inf"), dtype=p.dtype), torch.tensor(float("-inf"), dtype=p.dtype))
-            p.copy_(torch.nextafter(p, direction.to(p.device)))
+            up = (torch.rand(p.shape, generator=gen) < 0.5).to(p.device)
+            p.copy_(torch.nextafter(p, torch.where(up, float("inf"), float("-inf")).to(p.dtype)))
 
 
 def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
