@@ -780,22 +780,40 @@ def tp_collective_time(kind: str, size_bytes, plan, cluster):
     return collective_time(kind, size_bytes, plan.tp, k, intra, inter)
 
 
-def tp_allreduce_time(model, job, plan, cluster):
-    """One tensor-parallel all-reduce (or reduce-scatter + all-gather with SP) of T·h activations.
+def tp_allreduce_time(model, job, plan, cluster, copies=1.0):
+    """One tensor-parallel all-reduce (or reduce-scatter + all-gather with SP) of T·h activations
+    (``copies`` x that many rows: an MoE layer's routed token copies, :func:`moe_tp_collective_copies`).
 
     With SP the two halves are priced as themselves: on a ring link (one α and bandwidth for all
     collectives) RS + AG equals the all-reduce exactly; a link fitted per collective from a
     profile (gloo on a CPU, say) prices them apart; where the all-gathers carry fp8
     (:func:`tp_gathers_fp8`) they move half the bytes of the reduce-scatters."""
-    size = tp_activation_bytes(model, job, plan)
+    size = tp_activation_bytes(model, job, plan) * copies
     ar = tp_collective_time(ALL_REDUCE, size, plan, cluster)
     sp = np.asarray(plan.sp, dtype=bool)
     intra, inter = cluster.links("tp")
     if not np.any(sp) or not (intra.per_op or inter.per_op or np.any(tp_gathers_fp8(plan))):
         return ar
     rs_ag = tp_collective_time(REDUCE_SCATTER, size, plan, cluster) \
-        + tp_collective_time(ALL_GATHER, tp_gathered_bytes(model, job, plan), plan, cluster)
+        + tp_collective_time(ALL_GATHER, tp_gathered_bytes(model, job, plan) * copies, plan, cluster)
     return np.where(sp, rs_ag, ar)
+
+
+def moe_tp_collective_copies(model, plan):
+    """Rows, in units of the layer's T tokens, that an MoE layer's MLP moves through tensor-parallel
+    collectives per pass (all-gather forward, reduce-scatter back: one all-reduce equivalent each
+    way, as a dense MLP's T rows). Megatron-Core's token dispatchers (moe/token_dispatcher.py) gather
+    only over the expert-tensor-parallel group: with etp > 1 each rank all-gathers the routed copies
+    of its etp peers (k·cf per token of its sequence shard, cf the capacity factor where tokens are
+    padded) and reduce-scatters the experts' partial outputs back, k·cf·etp/tp rows of T; with etp 1
+    the experts run whole on the rank's own tokens and the routed part moves nothing over tp. Shared
+    experts run as a dense MLP over the tp group (one more T). Priced on the tp group (exact at
+    etp = tp, the search's only expert tensor parallelism)."""
+    e = model.moe
+    t = np.asarray(plan.tp, dtype=float)
+    etp = np.asarray(getattr(plan, "etp", 1), dtype=float)
+    routed = np.where(etp > 1, e.top_k * (e.capacity_factor or 1.0) * etp / t, 0.0)
+    return routed + (1.0 if e.shared_experts else 0.0)
 
 
 def tp_activation_bytes(model, job, plan):
@@ -1082,13 +1100,19 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     cast_b = cast_b + fp8_rowwise_rescale_time(model, job, plan, curves)
     fwd, bwd = fwd + cast_f, bwd + cast_b
     ar = tp_allreduce_time(model, job, plan, cluster)
+    # all-reduce equivalents of a layer per pass: the attention's, and the dense MLP's or the MoE layer's
+    mlp_ar = ar
+    if share_moe:
+        copies = moe_tp_collective_copies(model, plan)
+        mlp_ar = (1 - share_moe) * ar + share_moe * np.where(copies > 0, tp_allreduce_time(
+            model, job, plan, cluster, np.maximum(copies, 1e-9)), 0.0)
     rc = np.asarray(plan.recompute_code)
     full = rc == Recompute.FULL
     softmax_kernels = softmax_bytes_per_score(model, plan)[1][0]
     core_kernels = np.where(np.asarray(plan.flash_attention, dtype=bool), 1.0, 2.0 + softmax_kernels)
     layer_kernels = 4 + core_kernels + 8 + 4 * share_moe
     forwards = np.where(full, 2, 1)          # forward passes per micro-batch: the recomputed one too
-    collectives = np.where(full, 6, 4)       # a layer's TP (or EP dispatch + combine) collectives, fwd and bwd
+    passes = np.where(full, 3, 2)            # forward, backward, and the recomputed forward
     # full recomputation and op-level SAC checkpoint the whole layer, selective the attention core;
     # op-SAC's region pays its dispatch mode's measured cost instead of plain checkpointing's
     sac = rc == Recompute.OP_SAC
@@ -1099,7 +1123,7 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     recompute = np.where(full, fwd, np.where(rc == Recompute.SELECTIVE, selective,
                                              np.where(rc == Recompute.OP_SAC, sac_replay, 0.0))) \
         + np.where(rc > 0, replay, 0.0)
-    tp_comm = tp_exposed_time(ar * collectives, attn_gemm + mlp_gemm, full, plan) \
+    tp_comm = tp_exposed_time((ar + mlp_ar) * passes, attn_gemm + mlp_gemm, full, plan) \
         + op_sac_regather_time(model, job, plan, cluster)
     exchange = ring_exchange_times(model, job, plan, cluster)
     cp_comm = cp_exposed_time(model, job, plan, cluster, attn_f, attn_b, exchange)

@@ -291,8 +291,8 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
     """Bytes one layer keeps for backward for one micro-batch (generalized Korthikanti Table 2),
     averaged over dense and MoE layers. An MoE layer keeps, instead of the dense MLP's (4 or 6)·f
     bytes per token, the experts' (4 or 6)·f_e per routed token copy (top_k x expert_token_factor)
-    and per shared expert, the permuted inputs and outputs (2 x 2h per routed copy) and fp32
-    router logits (4E)."""
+    and per shared expert, the permuted inputs and outputs (2 x 2h per routed copy; the inputs etp
+    times, gathered over the expert-tensor-parallel group) and fp32 router logits (4E)."""
     rc = np.asarray(plan.recompute_code if recompute_code is None else recompute_code)
     b = plan.micro_batch
     T = tokens_per_rank(job, plan)                 # b · s / cp
@@ -316,11 +316,16 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
     if model.moe is not None:
         e = model.moe
         routed = e.top_k * expert_token_factor(model, job)
-        moe_mlp = per_width * e.expert_ffn_hidden * (routed + e.shared_experts) + routed * 4 * h + 4 * e.experts
+        # the experts' inputs (2h per routed copy; under expert tensor parallelism those of the etp
+        # group's tokens, all-gathered: Megatron-Core's dispatchers) and their outputs (2h)
+        etp = np.asarray(getattr(plan, "etp", 1), dtype=float)
+        moe_mlp = per_width * e.expert_ffn_hidden * (routed + e.shared_experts) + routed * 2 * h * (etp + 1) \
+            + 4 * e.experts
         share = model.moe_layers / model.layers
         mlp = (1 - share) * mlp + share * moe_mlp
         fc2_inputs = (1 - share) * f + share * e.expert_ffn_hidden * (routed + e.shared_experts)
-    mlp = mlp + np.where(eager_swiglu, UNFUSED_SWIGLU_SAVED_BYTES_PER_FFN * f, 0.0)
+    # (per element entering the down projections: an MoE layer's experts' widths per routed copy)
+    mlp = mlp + np.where(eager_swiglu, UNFUSED_SWIGLU_SAVED_BYTES_PER_FFN * fc2_inputs, 0.0)
     q, v, out = model.q_hidden, model.v_hidden, model.attn_out_hidden
     sharded = (2 * q + 2 * hkv + 2 * v + 2 * out + mlp) * T / t    # Q, K, V, out-proj input, MLP
     # latent attention: the up-projections' inputs, its latents, on every tp rank
