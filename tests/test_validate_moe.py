@@ -19,7 +19,15 @@ from paraplan.workloads.transformer import TrainingJob
     (["--experts", "6", "--ep", "4", "--dp", "4"], "--ep", "accepted: 1, 2, 3, 6"),
     (["--experts", "4", "--ep", "4", "--nproc-per-node", "2"], "--ep", "does not divide dp 2"),
     (["--experts", "4", "--ep", "2"], "--ep", "does not divide dp 1"),
-    (["--experts", "4", "--tp", "2", "--nproc-per-node", "2"], "--tp", "tp 1 with --experts"),
+    (["--experts", "4", "--tp", "2", "--nproc-per-node", "2"], "--sequence-parallel",
+     "accepted: --sequence-parallel with --tp > 1 and --experts"),
+    (["--etp", "2", "--tp", "2", "--sequence-parallel"], "--etp", "needs a mixture-of-experts model"),
+    (["--experts", "4", "--etp", "2"], "--etp", "accepted: 1"),
+    (["--experts", "4", "--tp", "4", "--etp", "2", "--sequence-parallel"], "--etp", "accepted: 1, 4"),
+    (["--experts", "4", "--tp", "2", "--etp", "2", "--ep", "2", "--dp", "2", "--sequence-parallel"], "--etp",
+     "expert tensor parallelism with ep 1 only"),
+    (["--experts", "4", "--tp", "2", "--etp", "2", "--expert-ffn", "15", "--sequence-parallel"], "--expert-ffn",
+     "accepted: a multiple of 2"),
     (["--experts", "4", "--ep", "2", "--dp", "2", "--zero", "3"], "--zero", "ZeRO-3 with --ep > 1"),
     (["--experts", "4", "--top-k", "5"], "--top-k", "accepted: 1..4"),
     (["--experts", "-1"], "--experts", ""),
@@ -42,16 +50,43 @@ def _moe_plan_file(path, **fields):
     return path
 
 
-def test_a_plan_files_expert_parallelism_is_taken(tmp_path, capsys):
-    """ep comes from the file and is said to run on the harness's experts; without --experts the
-    harness's model is dense and the flag to give is named."""
+def _resolved(argv):
+    from paraplan.cli import build_parser
+    from paraplan.cli.validate import resolve_layout_flags
+    args = build_parser().parse_args(["validate", *argv, "--out", "unused"])
+    return args, resolve_layout_flags(args)
+
+
+def test_a_plan_files_expert_parallelism_and_experts_are_taken(tmp_path):
+    """ep and etp come from the file, and the plan's mixture of experts becomes the harness's: a few
+    experts (a multiple of ep) with the model's share of them per token and its expert width ratio
+    (Qwen3-30B-A3B: 8 of 128, 768 wide on hidden 2048), said in a note; --experts and --top-k given
+    win. Before stop 50 a plan file's MoE model ran dense unless --experts was given."""
     path = _moe_plan_file(tmp_path / "p.json")
     flags, notes = plan_file_layout(path)
-    assert flags["ep"] == 2 and flags["dp"] == 4
+    assert flags["ep"] == 2 and flags["dp"] == 4 and flags["etp"] == 1
     assert any("runs on the harness's mixture of experts" in n for n in notes)
-    assert main(["validate", "--plan", str(path), "--out", str(tmp_path / "out")]) == 2
-    err = capsys.readouterr().err.splitlines()[-1]
-    assert err.startswith("paraplan: error: --ep") and "--experts E" in err
+    args, notes = _resolved(["--plan", str(path)])
+    assert (args.experts, args.top_k, args.expert_ffn, args.ep) == (8, 1, 96, 2)
+    assert any("routes each token to 8 of 128 experts" in n and "harness runs 1 of 8 experts 96 wide" in n
+               for n in notes), notes
+    args, _ = _resolved(["--plan", str(path), "--experts", "4", "--top-k", "2"])
+    assert (args.experts, args.top_k, args.expert_ffn) == (4, 2, None)
+    tp2 = _moe_plan_file(tmp_path / "tp2.json", tp=2, sp=True, dp=2, ep=1, etp=2)
+    args, _ = _resolved(["--plan", str(tp2)])
+    assert (args.tp, args.etp, args.sequence_parallel, args.experts, args.expert_ffn) == (2, 2, True, 8, 96)
+
+
+@pytest.mark.parametrize("experts, top_k, ratio, ep, etp, expected", [
+    (128, 8, 0.375, 1, 1, (8, 1, 96)),       # Qwen3-30B-A3B on the harness's hidden 256
+    (128, 8, 0.375, 16, 1, (16, 1, 96)),     # a multiple of ep
+    (8, 2, 3.5, 2, 1, (8, 2, 896)),          # Mixtral 8x7B: its own 8 experts, top-2
+    (256, 8, 2048 / 7168, 1, 2, (8, 1, 80)),  # DeepSeek-V3, expert width a multiple of 8·etp
+    (6, 2, 1.0, 4, 1, (8, 3, 256)),          # ep 4 does not divide 6: 8 experts, 2/6 of them a token
+])
+def test_harness_experts_keep_the_models_shares(experts, top_k, ratio, ep, etp, expected):
+    from paraplan.cli.validate import harness_experts
+    assert harness_experts(experts, top_k, ratio, ep, 256, etp) == expected
 
 
 def test_the_estimator_is_told_the_harness_experts():

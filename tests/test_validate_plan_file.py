@@ -25,7 +25,8 @@ def _plan_file(path, **fields):
 
 def test_the_layout_comes_from_the_file_and_flags_override_it(tmp_path):
     flags, notes = plan_file_layout(_plan_file(tmp_path / "p.json", pp=2, schedule="zb-h1", recompute="full"))
-    assert flags == {"tp": 2, "pp": 2, "dp": 1, "cp": 1, "ep": 1, "zero": 0, "offload": "none", "micro_batch": 2, "recompute": "full",
+    assert flags == {"tp": 2, "pp": 2, "dp": 1, "cp": 1, "ep": 1, "etp": 1, "zero": 0, "offload": "none", "micro_batch": 2,
+                     "recompute": "full",
                      "virtual_stages": 1, "sequence_parallel": True}
     assert any("zb-h1 runs as 1F1B" in n for n in notes)
     assert any("the model is the harness's" in n for n in notes)

@@ -45,6 +45,10 @@ WORLD2 = {
     "moe_dp2_ep2_zero1": dict(dp=2, ep=2, zero=1, micro_batch=1, global_batch=4, experts=4),
     "moe_dp2_ep1_zero3": dict(dp=2, zero=3, micro_batch=1, global_batch=4, experts=4),
     "moe_pp2_selective": dict(pp=2, micro_batch=1, global_batch=4, recompute="selective", experts=4, top_k=1),
+    # experts under tensor parallelism (sequence parallel): split over the tp group (etp = tp: the routed
+    # copies all-gathered, the partial outputs reduce-scattered back) or whole on each rank (etp 1)
+    "moe_tp2_sp_etp2": dict(tp=2, etp=2, micro_batch=2, global_batch=4, sequence_parallel=True, experts=4),
+    "llama_moe_tp2_sp_etp1": dict(tp=2, micro_batch=2, global_batch=4, sequence_parallel=True, experts=4, **LLAMA),
     # the Llama family's choices: SwiGLU, RMSNorm, no biases, grouped-query attention, rotary positions
     "llama_tp2_sp": dict(tp=2, micro_batch=2, global_batch=4, sequence_parallel=True, **LLAMA),
     "llama_dp2_zero1_sdpa": dict(dp=2, zero=1, micro_batch=1, global_batch=4, attention="sdpa", **LLAMA),
@@ -89,6 +93,10 @@ WORLD4 = {
                                          sequence_parallel=True, attention="sdpa", **LLAMA),
     "llama_tp2_dp2_zero3": dict(tp=2, dp=2, zero=3, micro_batch=1, global_batch=4, **LLAMA),
     "llama_moe_dp4_ep2_zero2": dict(dp=4, ep=2, zero=2, micro_batch=1, global_batch=8, experts=4, **LLAMA),
+    "llama_moe_tp2_pp2_sp_etp2": dict(tp=2, pp=2, etp=2, micro_batch=1, global_batch=4, sequence_parallel=True,
+                                      recompute="selective", experts=4, top_k=1, **LLAMA),
+    "moe_tp2_dp2_ep2_sp": dict(tp=2, dp=2, ep=2, zero=1, micro_batch=1, global_batch=4, sequence_parallel=True,
+                               experts=4),
 }
 #: entry keys that describe the model, not the run plan
 MODEL_KEYS = ("attention", "experts", "top_k", "activation", "norm", "bias", "kv_heads", "rotary")
@@ -147,8 +155,10 @@ def test_world4_matches_single_process(world4, name):
 
 
 #: layouts whose every rank's kept activations are held to the estimator's, stage by stage
-STAGE_MEMORY = {2: ("pp2_1f1b", "pp2_interleaved", "tp2_sp", "pp2_opsac", "llama_pp2_selective", "llama_tp2_sp"),
-                4: ("tp2_pp2_fullrecompute", "tp2_sp_pp2", "pp2_dp2_zero2_interleaved")}
+STAGE_MEMORY = {2: ("pp2_1f1b", "pp2_interleaved", "tp2_sp", "pp2_opsac", "llama_pp2_selective", "llama_tp2_sp",
+                    "moe_dp2_ep2", "moe_pp2_selective", "moe_tp2_sp_etp2", "llama_moe_tp2_sp_etp1"),
+                4: ("tp2_pp2_fullrecompute", "tp2_sp_pp2", "pp2_dp2_zero2_interleaved", "llama_moe_tp2_pp2_sp_etp2",
+                    "moe_tp2_dp2_ep2_sp")}
 
 
 @pytest.mark.parametrize("world,name", [(w, n) for w, names in STAGE_MEMORY.items() for n in names])
@@ -159,7 +169,11 @@ def test_kept_activations_match_the_estimate_stage_by_stage(world2, world4, worl
     inputs (sequence shards under sp) besides the loss's logits, and the interleaved schedule's last
     stage holds ((v - 1) p + 1) / v micro-batches. Before stop 49 the first stage read +50 %, the last
     -20 % (pp 2, full recomputation), the interleaved last stage -31 %, and tp 2 sp -11 % (the harness
-    kept the gathered linear inputs)."""
+    kept the gathered linear inputs). Mixtures of experts since stop 50: the harness's unpermute kept a
+    second copy of the expert outputs (Tensor.index_add saves its source; Megatron-Core's fused unpermute
+    does not), the estimator counted eager SwiGLU's extra at the dense MLP's width instead of the routed
+    copies' (7 % under on the single-process Llama-like MoE), and under expert tensor parallelism the
+    experts' inputs are the etp group's gathered copies."""
     from paraplan.validation.predict import estimator_model, estimator_plan, kept_activation_bytes_by_stage
     from paraplan.workloads.transformer import TrainingJob
     entry = (WORLD2 if world == 2 else WORLD4)[name]
@@ -168,10 +182,18 @@ def test_kept_activations_match_the_estimate_stage_by_stage(world2, world4, worl
     predicted = kept_activation_bytes_by_stage(estimator_model(cfg), TrainingJob(cfg.seq_len, run.global_batch),
                                                estimator_plan(cfg, run, True))
     _, results = world2 if world == 2 else world4
+    by_stage = {}
     for r in results[name]:
         stage = "first" if r["pp_rank"] == 0 else "last" if r["is_last_stage"] else "middle"
-        measured = r["memory_bytes"]["activations_peak"]
-        assert predicted[stage] == pytest.approx(measured, rel=0.05), (r["rank"], stage, measured, predicted)
+        by_stage.setdefault(stage, []).append((r["rank"], r["memory_bytes"]["activations_peak"]))
+    for stage, ranks in by_stage.items():
+        # under ep a rank's experts run what the router sent them, the balanced share on the ep group's
+        # average (what is sent is received): the stage's ranks are held to it together, within 8 %
+        # (each rank's peak is its busiest micro-batch's, so at 16-32 tokens a rank the mean of the
+        # peaks sits above the balanced share: moe_tp2_dp2_ep2_sp's four ranks spread over -11..+14 %)
+        measured = [sum(m for _, m in ranks) / len(ranks)] if run.ep > 1 else [m for _, m in ranks]
+        for m in measured:
+            assert predicted[stage] == pytest.approx(m, rel=0.08 if run.ep > 1 else 0.05), (stage, ranks, predicted)
 
 
 def test_zero1_optimizer_states_are_sharded(world2):
@@ -189,6 +211,31 @@ def test_zero_stages_shard_gradients_and_parameters(world2):
     assert abs(mem[2]["gradients"] / mem[0]["gradients"] - 0.5) < 0.01
     assert abs(mem[3]["parameters"] / mem[0]["parameters"] - 0.5) < 0.01
     assert abs(mem[3]["optimizer_states"] / mem[0]["optimizer_states"] - 0.5) < 0.01
+
+
+def test_expert_tensor_parallelism_splits_every_expert(world2):
+    """Under etp 2 each tp rank holds half of every expert (its first projection's rows, second
+    projection's columns; router and the second projection's bias whole) and its MoE layers gather the
+    routed copies over tp, which the estimate prices as the layer's MLP collectives; under etp 1 the
+    experts are whole on each rank and the MoE layers move nothing over tp (the attention's collectives
+    only)."""
+    from paraplan.validation.model import param_specs
+    from paraplan.validation.predict import estimator_model, estimator_plan
+    from paraplan.costmodels.compute import moe_tp_collective_copies
+    _, results = world2
+    cfg, _ = _model_and_plan(WORLD2["moe_tp2_sp_etp2"])
+
+    def per_rank(expert_tp):
+        return sum(math.prod(s) // (2 if d is not None else 1) * 4 for _, s, d, _ in param_specs(cfg, expert_tp))
+    etp2 = results["moe_tp2_sp_etp2"]
+    assert [r["memory_bytes"]["parameters"] for r in etp2] == [per_rank(True)] * 2
+    assert per_rank(True) < 0.6 * per_rank(False)
+    llama_cfg, plan = _model_and_plan(WORLD2["llama_moe_tp2_sp_etp1"])
+    run = RunPlan.from_dict(plan)
+    assert moe_tp_collective_copies(estimator_model(llama_cfg), estimator_plan(llama_cfg, run)) == 0.0
+    assert moe_tp_collective_copies(estimator_model(cfg), estimator_plan(cfg, RunPlan.from_dict(
+        _model_and_plan(WORLD2["moe_tp2_sp_etp2"])[1]))) == 2.0    # top-2 copies x etp 2 / tp 2
+    assert all(r["expert_load"] == {"rank": 1.0, "busiest": 1.0} for r in etp2)
 
 
 def test_tp_shards_parameters(world2):

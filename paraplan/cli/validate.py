@@ -61,6 +61,9 @@ def add_validate_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--dp", type=positive_int("--dp", MAX_RANKS), default=None, help="default: world / (tp*cp*pp)")
     g.add_argument("--ep", type=positive_int("--ep", MAX_RANKS), default=None,
                    help="expert parallelism, carved from dp (needs --experts; default 1)")
+    g.add_argument("--etp", type=positive_int("--etp", MAX_RANKS), default=None,
+                   help="expert tensor parallelism: 1 (each expert whole on every tp rank, run on its sequence "
+                        "shard) or tp (each expert split over the tp group, with ep 1); default 1")
     g.add_argument("--zero", type=int, default=None, choices=(0, 1, 2, 3), help="default 0")
     g.add_argument("--micro-batch", type=positive_int("--micro-batch", MAX_SIZE), default=None, help="default 1")
     g.add_argument("--global-batch", type=positive_int("--global-batch", MAX_SIZE), default=None,
@@ -96,9 +99,11 @@ def add_validate_parser(subparsers) -> argparse.ArgumentParser:
                    help="rotary positions instead of learned ones (default: learned, or as the plan file's model)")
     g.add_argument("--kv-heads", type=positive_int("--kv-heads", MAX_SIZE), default=None,
                    help="key/value heads, grouped-query attention (default: one per head)")
-    g.add_argument("--experts", type=non_negative_int("--experts", MAX_SIZE, "a dense MLP"), default=0,
-                   help="routed experts per layer (a dropless mixture of experts in every block; default 0: dense)")
-    g.add_argument("--top-k", type=positive_int("--top-k", MAX_SIZE), default=2, help="experts per token (default 2)")
+    g.add_argument("--experts", type=non_negative_int("--experts", MAX_SIZE, "a dense MLP"), default=None,
+                   help="routed experts per layer (a dropless mixture of experts in every block; default 0: dense, "
+                        "or a few standing in for a plan file's mixture-of-experts model)")
+    g.add_argument("--top-k", type=positive_int("--top-k", MAX_SIZE), default=None,
+                   help="experts per token (default 2, or the plan file's model's share of its experts)")
     g.add_argument("--expert-ffn", type=positive_int("--expert-ffn", MAX_SIZE), default=None,
                    help="an expert's inner width (default 4 x hidden, the dense MLP's)")
     g.add_argument("--moe-imbalance", type=number("--moe-imbalance", low=1.0, high=1e6, low_open=False),
@@ -134,10 +139,11 @@ def add_profile_parser(subparsers) -> argparse.ArgumentParser:
 
 
 #: validate's layout flags and their defaults where neither the flag nor a plan file gives them
-LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "zero": 0, "micro_batch": 1, "recompute": "none", "virtual_stages": 1,
-                   "offload": "none"}
+LAYOUT_DEFAULTS = {"tp": 1, "pp": 1, "cp": 1, "ep": 1, "etp": 1, "zero": 0, "micro_batch": 1, "recompute": "none",
+                   "virtual_stages": 1, "offload": "none"}
 #: plan-file field -> validate flag, for the layout the harness runs
-PLAN_FILE_LAYOUT = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "ep": "ep", "zero": "zero", "offload": "offload",
+PLAN_FILE_LAYOUT = {"tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "ep": "ep", "etp": "etp", "zero": "zero",
+                    "offload": "offload",
                     "micro_batch": "micro_batch",
                     "recompute": "recompute", "vpp": "virtual_stages"}
 #: schedules the harness runs as 1F1B (it has no zero-bubble or GPipe schedule of its own)
@@ -186,7 +192,37 @@ def plan_file_layout(path, given=()) -> tuple[dict, list[str]]:
 
 #: the harness model's architecture flags and their defaults (a plan file's model gives its own; the
 #: attention is the harness's, sdpa under op-sac: resolve_layout_flags)
-ARCHITECTURE_DEFAULTS = {"activation": "gelu", "norm": "layernorm", "bias": True, "rotary": False, "attention": "math"}
+ARCHITECTURE_DEFAULTS = {"activation": "gelu", "norm": "layernorm", "bias": True, "rotary": False, "attention": "math",
+                         "experts": 0, "top_k": 2}
+#: the fewest routed experts the harness gives a plan file's mixture-of-experts model (a multiple of ep)
+HARNESS_MIN_EXPERTS = 8
+
+
+def harness_experts(experts: int, top_k: int, expert_width_ratio: float, ep: int, hidden: int,
+                    etp: int) -> tuple[int, int, int]:
+    """(experts, top-k, expert width) of the harness's small mixture of experts standing in for a model's
+    ``experts`` routed experts, ``top_k`` per token, ``expert_width_ratio`` = expert width / hidden: the
+    smallest multiple of ``ep`` from HARNESS_MIN_EXPERTS up (or the model's own count, if fewer, where
+    ep divides it), the model's share of experts per token (k / E, at least one), and its width ratio on
+    the harness's ``hidden``, rounded to a multiple of 8·etp (at least that: whole shards per rank)."""
+    n = experts if experts <= HARNESS_MIN_EXPERTS and experts % ep == 0 else -(-max(HARNESS_MIN_EXPERTS, ep) // ep) * ep
+    k = max(1, min(n, round(n * top_k / experts)))
+    step = 8 * etp
+    width = max(step, step * round(hidden * expert_width_ratio / step))
+    return n, k, width
+
+
+def plan_model_experts(path) -> tuple[int, int, float] | None:
+    """(routed experts, top-k, expert width / hidden) of a plan file's model where it names a
+    mixture-of-experts preset; None for a dense one (or one that no longer reads)."""
+    from paraplan.planfile import read_plan_file
+    from paraplan.workloads.presets import load_model
+    name = (read_plan_file(path).get("scenario") or {}).get("model")
+    try:
+        moe = load_model(name).moe if name else None
+    except ParaplanError:
+        return None
+    return None if moe is None else (moe.experts, moe.top_k, moe.expert_ffn_hidden / load_model(name).hidden)
 
 
 def plan_model_architecture(path) -> tuple[dict, list[str], int]:
@@ -220,6 +256,26 @@ def harness_kv_heads(heads: int, tp: int, ratio: int) -> int:
     return min(options, key=lambda d: (abs(heads / d - ratio), d))
 
 
+def _plan_experts_notes(args) -> list[str]:
+    """A plan file's mixture-of-experts model given to the harness (``--experts``, ``--top-k``,
+    ``--expert-ffn`` set where not given: :func:`harness_experts`), and the note saying so."""
+    found = plan_model_experts(args.plan)
+    if found is None:
+        return []
+    experts, top_k, ratio = found
+    ep = args.ep if args.ep is not None else LAYOUT_DEFAULTS["ep"]
+    etp = args.etp if args.etp is not None else LAYOUT_DEFAULTS["etp"]
+    n, k, width = harness_experts(experts, top_k, ratio, ep, args.hidden, etp)
+    args.experts = n
+    if args.top_k is None:
+        args.top_k = k
+    if args.expert_ffn is None:
+        args.expert_ffn = width
+    return [f"the plan's model routes each token to {top_k} of {experts} experts {ratio:.3g} x hidden wide; the "
+            f"harness runs {args.top_k} of {n} experts {args.expert_ffn} wide (--experts, --top-k, --expert-ffn "
+            f"set them)"]
+
+
 def resolve_layout_flags(args) -> list[str]:
     """Fill validate's layout flags: those given, else the plan file's (``--plan``), else LAYOUT_DEFAULTS.
     Returns the notes on what it took or fitted (the plan file's layout and architecture, op-sac's attention,
@@ -246,6 +302,8 @@ def resolve_layout_flags(args) -> list[str]:
                 notes.append(f"the plan's model has {ratio} query heads per key/value head; the harness's "
                              f"{args.heads} heads run {ran} ({args.kv_heads} kv heads"
                              + (")" if ran == ratio else f": kv heads divide the {args.heads} heads and tp {tp})"))
+    if getattr(args, "plan", None) and getattr(args, "experts", None) is None:
+        notes += _plan_experts_notes(args)
     if args.attention is None and args.recompute == "op-sac":
         args.attention = "sdpa"
         notes.append("op-sac runs on --attention sdpa: it keeps the fused attention kernel's output")
@@ -354,8 +412,9 @@ def check_op_sac_args(args) -> None:
 
 def check_expert_args(args) -> None:
     """The mixture-of-experts flags against the layout (validation.apply_ep.check_ep's rules, kept here so
-    they run before torch is imported): --ep needs --experts, divides the experts and dp; experts run
-    with tp 1 and, under ep, below ZeRO-3."""
+    they run before torch is imported): --ep needs --experts, divides the experts and dp; under --tp > 1
+    experts need --sequence-parallel and run whole on every tp rank (--etp 1) or split over it (--etp =
+    --tp, with --ep 1); under ep, below ZeRO-3."""
     experts, ep = args.experts, args.ep
     if ep > 1 and not experts:
         raise ConfigError("--ep", f"{ep} needs a mixture-of-experts model", accepted=f"--experts E with E a multiple of {ep}")
@@ -372,9 +431,20 @@ def check_expert_args(args) -> None:
             raise ConfigError("--ep", f"{ep} does not divide dp {dp} (expert parallelism is carved from data "
                               f"parallelism)", accepted=", ".join(str(d) for d in range(1, dp + 1) if dp % d == 0)
                               + " (or give --dp, a multiple of --ep)")
-    if experts and args.tp > 1:
-        raise ConfigError("--tp", f"the harness runs mixture-of-experts layers with tp 1, got --tp {args.tp}",
-                          accepted="--tp 1 with --experts")
+    if args.etp > 1 and not experts:
+        raise ConfigError("--etp", f"{args.etp} needs a mixture-of-experts model", accepted="--experts E, or --etp 1")
+    if args.etp not in (1, args.tp):
+        raise ConfigError("--etp", f"{args.etp}: the harness splits an expert over the whole tp group or not at all "
+                          f"(--tp {args.tp})", accepted=f"1, {args.tp}" if args.tp > 1 else "1")
+    if args.etp > 1 and ep > 1:
+        raise ConfigError("--etp", f"{args.etp} with --ep {ep}: the harness runs expert tensor parallelism with ep 1 "
+                          "only", accepted="--etp 1 with --ep > 1, or --ep 1 with --etp = --tp")
+    if args.etp > 1 and args.expert_ffn and args.expert_ffn % args.etp:
+        raise ConfigError("--expert-ffn", f"{args.expert_ffn} is not divisible by --etp {args.etp} (each expert is "
+                          "split over the tp group)", accepted=f"a multiple of {args.etp}")
+    if experts and args.tp > 1 and not args.sequence_parallel:
+        raise ConfigError("--sequence-parallel", f"mixture-of-experts layers with --tp {args.tp} run under sequence "
+                          "parallelism (Megatron-LM requires it)", accepted="--sequence-parallel with --tp > 1 and --experts")
     if ep > 1 and args.zero == 3:
         raise ConfigError("--zero", "ZeRO-3 with --ep > 1 is not run by the harness (FSDP2 would shard experts that "
                           "differ across the data-parallel group)", accepted="0-2 with --ep > 1")
@@ -400,7 +470,8 @@ def _plan_and_launch(args):
         dp = args.nproc_per_node * nnodes // (args.tp * args.cp * args.pp)
     else:
         dp = args.dp
-    plan = RunPlan(tp=args.tp, pp=args.pp, dp=dp, cp=args.cp, ep=args.ep, zero=args.zero, micro_batch=args.micro_batch,
+    plan = RunPlan(tp=args.tp, pp=args.pp, dp=dp, cp=args.cp, ep=args.ep, etp=args.etp, zero=args.zero,
+                   micro_batch=args.micro_batch,
                    global_batch=args.global_batch or 0, recompute=args.recompute,
                    sequence_parallel=args.sequence_parallel, virtual_stages=args.virtual_stages,
                    offload=args.offload == "cpu",
@@ -468,7 +539,7 @@ def _launch_with_progress(spec: dict, run_dir: str, opts, plan) -> list[dict]:
 def plan_label(plan) -> str:
     """Short name of a harness plan: tp2, dp2 zero1, pp2 vpp2, ..."""
     parts = [f"{k}{v}" for k, v in (("tp", plan.tp), ("cp", plan.cp), ("pp", plan.pp), ("dp", plan.dp),
-                                    ("ep", getattr(plan, "ep", 1))) if v > 1]
+                                    ("ep", getattr(plan, "ep", 1)), ("etp", getattr(plan, "etp", 1))) if v > 1]
     if plan.zero:
         parts.append(f"zero{plan.zero}")
     if plan.virtual_stages > 1:

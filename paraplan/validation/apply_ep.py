@@ -34,19 +34,31 @@ from paraplan.errors import ConfigError
 from paraplan.validation import comm
 
 
-def check_ep(experts: int, ep: int, tp: int = 1, zero: int = 0) -> None:
+def check_ep(experts: int, ep: int, tp: int = 1, zero: int = 0, sequence_parallel: bool = False,
+             etp: int = 1) -> None:
     """Raise ConfigError unless the layout can run the model's experts: ep needs experts and must
-    divide them; experts run without tensor parallelism; ZeRO-3 (FSDP2 over the whole data-parallel
-    group) cannot shard experts that differ across it. (top_k within the experts is GPTConfig's check,
-    ep dividing dp RunPlan's.)"""
+    divide them; with tp > 1 the experts need sequence parallelism (Megatron-LM's rule for MoE under
+    tensor parallelism: each rank routes its own sequence shard) and run whole on every tp rank (etp 1,
+    any ep) or split over the tp group (etp = tp, ep 1: the harness's experts do not fold ep over
+    the tp ranks); ZeRO-3 (FSDP2 over the whole data-parallel group) cannot shard experts that differ
+    across it. (top_k within the experts is GPTConfig's check, ep dividing dp RunPlan's.)"""
     if ep > 1 and experts == 0:
         raise ConfigError("ep", f"ep({ep}) needs a mixture-of-experts model", accepted="--experts E with E % ep == 0")
     if experts and experts % ep:
         raise ConfigError("ep", f"experts({experts}) is not divisible by ep({ep})",
                           accepted=", ".join(str(d) for d in range(1, experts + 1) if experts % d == 0))
-    if experts and tp > 1:
-        raise ConfigError("tp", f"the harness runs mixture-of-experts layers with tp 1, got tp {tp}",
-                          accepted="tp 1 with --experts")
+    if etp > 1 and not experts:
+        raise ConfigError("etp", f"etp({etp}) needs a mixture-of-experts model", accepted="1 without experts")
+    if etp not in (1, tp):
+        raise ConfigError("etp", f"the harness splits an expert over the whole tp group or not at all, got "
+                          f"etp {etp} with tp {tp}", accepted=f"1, {tp}" if tp > 1 else "1")
+    if experts and tp > 1 and not sequence_parallel:
+        raise ConfigError("sequence_parallel", f"mixture-of-experts layers with tp {tp} run under sequence "
+                          "parallelism (Megatron-LM requires it)", accepted="sequence parallelism on with tp > 1 "
+                          "and experts")
+    if etp > 1 and ep > 1:
+        raise ConfigError("etp", f"etp {etp} with ep {ep}: the harness runs expert tensor parallelism with ep 1 only",
+                          accepted="etp 1 with ep > 1, or ep 1 with etp = tp")
     if ep > 1 and zero == 3:
         raise ConfigError("zero", "ZeRO-3 with ep > 1 is not run by the harness (FSDP2 would shard experts "
                           "that differ across the data-parallel group)", accepted="zero 0-2 with ep > 1")
@@ -90,6 +102,94 @@ def _swap_counts(counts: torch.Tensor, ep: EpContext) -> torch.Tensor:
     return out.view(ep.size, -1)
 
 
+def _row_index(counts: list[int], width: int, device) -> torch.Tensor:
+    """Positions of every rank's ``counts[r]`` rows in a gather of blocks ``width`` rows long."""
+    return torch.cat([torch.arange(r * width, r * width + n, device=device) for r, n in enumerate(counts)])
+
+
+class _GatherRows(torch.autograd.Function):
+    """Every tp rank's rows (``counts[r]`` of them) gathered in rank order, each rank's block padded to
+    the largest for one all-gather (Megatron-Core gathers uneven splits, the same rows); backward
+    reduce-scatters the gradients back to the rows' own rank, summing every rank's partial."""
+
+    @staticmethod
+    def forward(ctx, x, counts: list[int], rank: int, group):
+        ctx.counts, ctx.rank, ctx.group = counts, rank, group
+        ctx.index = _row_index(counts, max(counts), x.device)
+        return _gather_rows(x, counts, group, ctx.index)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _scatter_rows(g, ctx.counts, ctx.rank, ctx.group, ctx.index), None, None, None
+
+
+def _gather_rows(x, counts: list[int], group, index) -> torch.Tensor:
+    """The all-gather of :class:`_GatherRows`: this rank's rows padded to the largest block, gathered,
+    the padding dropped (``index``: :func:`_row_index`)."""
+    width = max(counts)
+    padded = x.new_zeros((width,) + tuple(x.shape[1:]))
+    padded[: x.shape[0]] = x
+    out = x.new_empty((len(counts) * width,) + tuple(x.shape[1:]))
+    with comm.timed("tp_comm"):
+        dist.all_gather_into_tensor(out, padded, group=group)
+    return out.index_select(0, index)
+
+
+def _scatter_rows(y, counts: list[int], rank: int, group, index) -> torch.Tensor:
+    """The reduce-scatter of :class:`_GatherRows`' layout: rows summed over the ranks, each rank's own kept."""
+    width = max(counts)
+    full = y.new_zeros((len(counts) * width,) + tuple(y.shape[1:]))
+    full.index_copy_(0, index, y)
+    out = y.new_empty((width,) + tuple(y.shape[1:]))
+    with comm.timed("tp_comm"):
+        dist.reduce_scatter_tensor(out, full, group=group)
+    return out[: counts[rank]]
+
+
+class _ScatterRows(torch.autograd.Function):
+    """The experts' partial outputs of every rank's rows summed over tp, each rank keeping its own rows
+    (Megatron-Core's reduce-scatter back to the sequence shard); backward all-gathers."""
+
+    @staticmethod
+    def forward(ctx, y, counts: list[int], rank: int, group):
+        ctx.counts, ctx.rank, ctx.group = counts, rank, group
+        ctx.index = _row_index(counts, max(counts), y.device)
+        return _scatter_rows(y, counts, rank, group, ctx.index)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _gather_rows(g, ctx.counts, ctx.group, ctx.index), None, None, None
+
+
+class _Combine(torch.autograd.Function):
+    """Rows of ``weighted`` added into their tokens' rows (``source``) of a ``tokens``-row output: the
+    unpermute's sum. Its backward reads the gradient at ``source`` and keeps only that index, as
+    Megatron-Core's fused unpermute does (``Tensor.index_add`` would keep ``weighted`` as well)."""
+
+    @staticmethod
+    def forward(ctx, weighted, source, tokens: int):
+        ctx.save_for_backward(source)
+        return weighted.new_zeros((tokens,) + tuple(weighted.shape[1:])).index_add_(0, source, weighted)
+
+    @staticmethod
+    def backward(ctx, g):
+        (source,) = ctx.saved_tensors
+        return g.index_select(0, source), None, None
+
+
+def _by_expert(counts: torch.Tensor) -> torch.Tensor:
+    """The order that regroups rows laid out by (sender, expert), ``counts`` [senders, E], by expert
+    (stable: within an expert, by sender)."""
+    expert = torch.arange(counts.shape[1], device=counts.device).repeat(counts.shape[0])
+    return torch.argsort(torch.repeat_interleave(expert, counts.reshape(-1)), stable=True)
+
+
+def _inverse(order: torch.Tensor) -> torch.Tensor:
+    back = torch.empty_like(order)
+    back[order] = torch.arange(order.numel(), device=order.device)
+    return back
+
+
 def mlp_activation(y: torch.Tensor, activation: str) -> torch.Tensor:
     """The MLP's activation on its first projection ``y``: GELU, or SwiGLU on rows ordered (unit,
     gate/up) (``silu(gate) · up``, Shazeer 2020), which halves the width."""
@@ -108,13 +208,19 @@ def run_experts(x: torch.Tensor, sizes: list[int], experts, activation: str = "g
 
 
 def moe_mlp(x: torch.Tensor, router, experts, top_k: int, ep: EpContext, stats: dict | None = None,
-            activation: str = "gelu"):
+            activation: str = "gelu", expert_tp=None):
     """The MoE MLP of ``x`` [b, s, h] (the module docstring's five steps); ``router`` [E, h];
     ``experts`` this rank's E/ep experts in order, each (W1 [f, h], b1 [f], W2 [h, f], b2 [h]): one
     parameter each, as Megatron-Core's SequentialMLP and TEGroupedMLP hold them (slices of one stacked
     tensor would cost a full-size zero-filled gradient per expert in autograd). ``stats`` (if given)
     collects, per call, the tokens this rank's experts processed and their balanced share
-    (``expert_calls``; :func:`expert_load`)."""
+    (``expert_calls``; :func:`expert_load`).
+
+    ``expert_tp`` = (tp group, tp rank): expert tensor parallelism, each expert split over the tp group
+    (``experts`` hold this rank's shards) and ``x`` this rank's sequence shard. As Megatron-Core's
+    dispatchers run it with etp = tp: the rank routes and permutes its own tokens, the ranks swap their
+    per-expert counts and all-gather the routed copies, regroup them by expert, run their shards on
+    all of them, and reduce-scatter the partial outputs back to the copies' own rank."""
     b, s, h = x.shape
     tokens = x.reshape(-1, h)
     probs = torch.softmax(F.linear(tokens, router), dim=-1)
@@ -125,7 +231,21 @@ def moe_mlp(x: torch.Tensor, router, experts, top_k: int, ep: EpContext, stats: 
     source = order // top_k
     routed = tokens.index_select(0, source)
     counts = torch.bincount(flat, minlength=router.shape[0])
-    if ep.size == 1:
+    balanced = flat.numel()
+    if expert_tp is not None:
+        group, rank = expert_tp
+        every = counts.new_empty(dist.get_world_size(group) * counts.numel())
+        with comm.timed("tp_comm"):
+            dist.all_gather_into_tensor(every, counts, group=group)
+        every = every.view(-1, counts.numel())                    # [tp, E]
+        rows = every.sum(dim=1).tolist()
+        gathered = _GatherRows.apply(routed, rows, rank, group)   # by sending rank, then expert
+        regroup = _by_expert(every)
+        local_sizes = every.sum(dim=0).tolist()
+        out = run_experts(gathered.index_select(0, regroup), local_sizes, experts, activation)
+        y = _ScatterRows.apply(out.index_select(0, _inverse(regroup)), rows, rank, group)
+        balanced = sum(rows)
+    elif ep.size == 1:
         local_sizes = counts.tolist()
         y = run_experts(routed, local_sizes, experts, activation)
     else:
@@ -141,9 +261,9 @@ def moe_mlp(x: torch.Tensor, router, experts, top_k: int, ep: EpContext, stats: 
         back[regroup] = torch.arange(regroup.numel(), device=regroup.device)
         y = _AllToAll.apply(out.index_select(0, back), recv, send, ep.group)
     if stats is not None:   # (tokens this rank's experts ran, their balanced share) per call
-        stats.setdefault("expert_calls", []).append((sum(local_sizes), flat.numel()))
+        stats.setdefault("expert_calls", []).append((sum(local_sizes), balanced))
     weighted = y * gates.reshape(-1).index_select(0, order).unsqueeze(-1)
-    return torch.zeros_like(tokens).index_add(0, source, weighted).view(b, s, h)
+    return _Combine.apply(weighted, source, tokens.shape[0]).view(b, s, h)
 
 
 def expert_load(calls: list[tuple[int, int]], ep: EpContext) -> dict:

@@ -134,14 +134,22 @@ class ParallelContext:
     cp: object = None
     #: expert parallelism (:class:`paraplan.validation.apply_ep.EpContext`)
     ep: EpContext = field(default_factory=EpContext)
+    #: expert tensor parallelism (etp = tp): every routed expert split over the tp group, which
+    #: all-gathers its ranks' routed copies and reduce-scatters the experts' partial outputs
+    #: (apply_ep.moe_mlp); else (etp 1) the experts are whole on every tp rank and run on its
+    #: sequence shard
+    expert_tp: bool = False
 
     @property
     def cp_size(self) -> int:
         return 1 if self.cp is None else self.cp.size
 
 
-def param_specs(cfg: GPTConfig) -> list[tuple[str, tuple[int, ...], int | None, str]]:
-    """(name, full shape, tp-split dim or None, init kind) for every parameter of the model."""
+def param_specs(cfg: GPTConfig, expert_tp: bool = False) -> list[tuple[str, tuple[int, ...], int | None, str]]:
+    """(name, full shape, tp-split dim or None, init kind) for every parameter of the model. The routed
+    experts are whole on every tp rank unless ``expert_tp`` (expert tensor parallelism etp = tp): then
+    each expert's first projection is split by output rows and its second by input columns over the
+    tp group, as the dense MLP's are."""
     h, f, V, S = cfg.hidden, cfg.ffn, cfg.vocab_size, cfg.seq_len
     d, g = cfg.hidden // cfg.heads, cfg.gated
     qkv_rows = (cfg.heads + 2 * cfg.n_kv) * d
@@ -165,9 +173,10 @@ def param_specs(cfg: GPTConfig) -> list[tuple[str, tuple[int, ...], int | None, 
         if cfg.experts:   # the router, then every expert's own weights (split over ep by expert)
             specs.append((p + "moe.router.weight", (cfg.experts, h), None, "normal"))
             fe = cfg.expert_width
+            rows, cols = (0, 1) if expert_tp else (None, None)
             for j in range(cfg.experts):
                 q = f"{p}moe.experts.{j}."
-                specs += linear(q + "fc1", (g * fe, h), None, "normal") + linear(q + "fc2", (h, fe), None, "proj")
+                specs += linear(q + "fc1", (g * fe, h), rows, "normal") + linear(q + "fc2", (h, fe), cols, "proj")
         else:   # SwiGLU's first projection: rows ordered (ffn unit, gate/up), so tp slices hold pairs
             specs += linear(p + "mlp.fc1", (g * f, h), 0, "normal") + linear(p + "mlp.fc2", (h, f), 1, "proj")
     specs += norm("ln_f") + [("head.weight", (V, h), 0, "normal")]
@@ -348,7 +357,7 @@ class Block(nn.Module):
             for n in ("fc1", "fc2"):
                 self.mlp.add_module(n, nn.Module())
         prefix = f"blocks.{index}."
-        for name, shape, dim, kind in param_specs(cfg):
+        for name, shape, dim, kind in param_specs(cfg, ctx.expert_tp):
             if not name.startswith(prefix):
                 continue
             if is_expert_param(name) and expert_index(name) not in self.local_experts:
@@ -483,12 +492,30 @@ class Block(nn.Module):
             out.append(y.view(b, s, heads, d).transpose(1, 2))
         return tuple(out)
 
+    def _expert_weights(self) -> list[tuple]:
+        """(W1, b1, W2, b2) of this rank's experts (shards under expert tensor parallelism, where each
+        rank's second projection yields a partial sum that the reduce-scatter adds up: its bias joins on
+        tp rank 0 only, zero elsewhere, so every rank's copy still gets a gradient to sum)."""
+        out = []
+        for e in (self.moe.experts.get_submodule(str(j)) for j in self.local_experts):
+            b2 = getattr(e.fc2, "bias", None)
+            if b2 is not None and self.ctx.expert_tp and self.ctx.tp_rank:
+                b2 = b2 * 0
+            out.append((e.fc1.weight, getattr(e.fc1, "bias", None), e.fc2.weight, b2))
+        return out
+
+    def _moe(self, x):
+        """The MoE MLP on this rank's sequence shard (under tp, sequence parallelism): each rank routes
+        its own tokens, to whole experts (etp 1: their gradients, like the router's, summed over tp by
+        sync_sequence_parallel_grads) or, under expert tensor parallelism, to expert shards that run
+        the routed copies of the whole tp group (:func:`moe_mlp`'s ``expert_tp``)."""
+        ctx = self.ctx
+        return moe_mlp(self.ln2(x), self.moe.router.weight, self._expert_weights(), self.cfg.top_k, ctx.ep, ctx.stats,
+                       activation=self.cfg.activation, expert_tp=(ctx.tp_group, ctx.tp_rank) if ctx.expert_tp else None)
+
     def _mlp(self, x):
         if self.cfg.experts:
-            experts = [(e.fc1.weight, getattr(e.fc1, "bias", None), e.fc2.weight, getattr(e.fc2, "bias", None))
-                       for e in (self.moe.experts.get_submodule(str(j)) for j in self.local_experts)]
-            return moe_mlp(self.ln2(x), self.moe.router.weight, experts, self.cfg.top_k, self.ctx.ep, self.ctx.stats,
-                           activation=self.cfg.activation)
+            return self._moe(x)
         m = self.mlp
         x = self._column_parallel_input(self.ln2(x))
         bias = getattr(m.fc1, "bias", None)

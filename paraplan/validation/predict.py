@@ -92,6 +92,7 @@ def estimator_model(cfg):
 
 def estimator_plan(cfg, run, cpu: bool = False):
     return Plan(tp=run.tp, pp=run.pp, dp=run.dp, cp=run.cp, cp_mode="ring", ep=getattr(run, "ep", 1),
+                etp=getattr(run, "etp", 1),
                 sp=run.sequence_parallel,
                 vpp=run.virtual_stages,
                 micro_batch=run.micro_batch,

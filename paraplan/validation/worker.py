@@ -59,6 +59,7 @@ class RunPlan:
     dp: int = 1
     cp: int = 1
     ep: int = 1   # expert parallelism, carved from dp (validation.apply_ep)
+    etp: int = 1  # expert tensor parallelism: 1 (experts whole on every tp rank) or tp (split over it)
     zero: int = 0
     micro_batch: int = 1
     global_batch: int = 0  # 0: micro_batch * dp * pp (enough micro-batches to fill the pipe)
@@ -72,7 +73,7 @@ class RunPlan:
     profile_ops: bool = True
 
     def __post_init__(self):
-        for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "virtual_stages", "steps"):
+        for name in ("tp", "pp", "dp", "cp", "ep", "etp", "micro_batch", "virtual_stages", "steps"):
             if getattr(self, name) < 1:
                 raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
         if self.warmup < 0:
@@ -249,11 +250,15 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
                        recompute=plan.recompute, steps=plan.steps, warmup=plan.warmup,
                        lr=plan.lr, profile_ops=plan.profile_ops)
         groups = Groups(0, 0, 0, 0, None, None, None, [0])
-    check_ep(cfg.experts, plan.ep, plan.tp, plan.zero)
+    check_ep(cfg.experts, plan.ep, plan.tp, plan.zero, plan.sequence_parallel, plan.etp)
+    if cfg.experts and cfg.expert_width % plan.etp:
+        raise ConfigError("expert_ffn", f"an expert's width {cfg.expert_width} is not divisible by etp({plan.etp})",
+                          accepted=f"a multiple of {plan.etp}")
     check_recompute(plan.recompute, cfg.attention, cfg.experts, plan.cp)
     ctx = make_tp_context(cfg, groups.tp_group, sequence_parallel=plan.sequence_parallel,
                           recompute=plan.recompute)
     ctx.ep = EpContext(groups.ep_group)
+    ctx.expert_tp = plan.etp > 1
     positions = None
     if plan.cp > 1:
         check_cp(cfg.seq_len, plan.cp, plan.tp, plan.sequence_parallel)
@@ -326,7 +331,7 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
         opt.sync_grads()
         t2 = time.perf_counter()
         if dump_grads and step == 0:
-            specs = {n: d for n, _, d, _ in param_specs(cfg)}
+            specs = {n: d for n, _, d, _ in param_specs(cfg, ctx.expert_tp)}
             full = opt.full_grads()
             grads = {n: _gather_tp(n, g, specs[n], groups.tp_group) for n, g in full.items()}
         if record and memory is None:
