@@ -201,7 +201,7 @@ def _bases():
         ("validate", validate, ("--nproc-per-node", "--nnodes", "--node-rank", "--tp", "--pp", "--cp", "--dp", "--zero",
                                 "--micro-batch", "--global-batch", "--virtual-stages", "--steps", "--warmup",
                                 "--layers", "--hidden", "--heads", "--seq-len", "--vocab", "--timeout", "--out",
-                                "--recompute", "--offload", "--attention", "--db", "--predicted", "--ep", "--experts",
+                                "--recompute", "--offload", "--attention", "--db", "--predicted", "--ep", "--etp", "--experts",
                                 "--top-k", "--expert-ffn", "--moe-imbalance", "--activation", "--norm", "--kv-heads"), ()),
         ("profile", profile, ("--world-sizes", "--db"), ()),
     ]

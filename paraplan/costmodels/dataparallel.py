@@ -39,7 +39,7 @@ import numpy as np
 from paraplan.costmodels.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time, ranks_per_node
 from paraplan.costmodels.compute import FP8_GATHER_BYTES_RATIO, element_bytes
 from paraplan.costmodels.memory import deepspeed_bf16_optimizer, engine_of, megatron_grad_bytes
-from paraplan.plan import Engine, Optimizer, expert_data_parallel, expert_group_strides
+from paraplan.plan import Engine, Optimizer, expert_data_parallel, expert_group_strides, expert_parallel_folded
 
 # Share of an overlapped collective's duration that it costs the compute beneath it (NCCL kernels
 # occupy SMs and HBM bandwidth): 0.19, the average compute slowdown Lee et al. 2025 measured while
@@ -107,6 +107,25 @@ def dp_group(plan, cluster, experts: bool = False):
         edp = expert_data_parallel(plan)
         return edp, ranks_per_node(edp, expert_group_strides(plan)[1], cluster.gpus_per_node)
     return n, ranks_per_node(n, plan.tp, cluster.gpus_per_node)
+
+
+def expert_tp_replica_allreduce_time(expert_params, plan, cluster):
+    """Seconds per step of summing routed experts' gradients over their replicas inside the tp group,
+    where ep is carved from data parallelism (every engine but Megatron-Core's folding, which counts
+    those replicas in its expert-data-parallel group instead): with etp < tp each expert shard sits on
+    tp/etp ranks of a tp group, which split its tokens (the sequence shards), so their gradients differ
+    and are all-reduced over those ranks once a step, after the backward (the validation harness's
+    sequence-parallel gradient all-reduce). ``expert_params``: the GPU's routed-expert parameters."""
+    tp = np.asarray(plan.tp, dtype=float)
+    replicas = tp / np.asarray(getattr(plan, "etp", 1), dtype=float)
+    applies = (replicas > 1) & ~np.asarray(expert_parallel_folded(plan), dtype=bool) & (np.asarray(expert_params) > 0)
+    if not np.any(applies):
+        return 0.0
+    intra, inter = cluster.links("tp")
+    k = ranks_per_node(replicas, 1, cluster.gpus_per_node)
+    t = collective_time(ALL_REDUCE, dp_grad_bytes(plan) * np.asarray(expert_params, dtype=float), replicas, k,
+                        intra, inter)
+    return np.where(applies, t, 0.0)
 
 
 def compressed_phase_factor(plan):

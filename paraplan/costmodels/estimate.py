@@ -18,7 +18,8 @@ import numpy as np
 
 from paraplan.costmodels import compute as C
 from paraplan.costmodels import memory as M
-from paraplan.costmodels.dataparallel import add_traffic, compressed_phase_factor, deepspeed_exposed, dp_exposed, dp_traffic
+from paraplan.costmodels.dataparallel import (add_traffic, compressed_phase_factor, deepspeed_exposed, dp_exposed, dp_traffic,
+                                              expert_tp_replica_allreduce_time)
 from paraplan.costmodels.efficiency import curves_for, with_reference_block
 from paraplan.costmodels.intervals import describe_interval
 from paraplan.costmodels.offload import activation_offload_time, optimizer_and_offload, param_tensors, stage_param_tensors
@@ -486,7 +487,7 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
         "compute": m * (compute_mid + head_compute),
         "recompute": m * recompute_mid,
         "grad_accumulation": grad_accumulation_time(model, plan, curves, m, params, n_dp),
-        "tp_comm": m * (tp_mid + head_tp),
+        "tp_comm": m * (tp_mid + head_tp) + expert_tp_replica_allreduce_time(experts, plan, cluster),
         "cp_comm": m * cp_mid,
         "ep_comm": m * ep_mid,
         "moe_host": m * host_mid,
