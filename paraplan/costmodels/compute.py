@@ -843,6 +843,47 @@ def op_sac_regather_time(model, job, plan, cluster):
     return np.where(applies, 2 * gather, 0.0)
 
 
+#: engines whose sequence-parallel column-parallel linears keep only their input's sequence shard for
+#: backward and all-gather it again there (Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication,
+#: Korthikanti et al. 2022 sec. 4.2.2; Megatron-DeepSpeed's copy; the generic engine follows the paper).
+#: torchtitan's DTensor matmuls keep the gathered input (op-level SAC aside: op_sac_regather_time), and
+#: Scaling keeps it too (memory.SCALING_SP_GATHERED_SAVED_BYTES_PER_HIDDEN).
+SP_REGATHER_ENGINES = (Engine.MEGATRON, Engine.DEEPSPEED, Engine.GENERIC)
+
+
+def sp_backward_regather_time(model, job, plan, cluster, curves):
+    """Exposed seconds of the all-gathers a sequence-parallel layer runs again in its backward, per layer
+    and micro-batch: the block input of the attention's projections that read it and, in a dense layer,
+    of the MLP's first projection (an MoE layer's experts keep their gathered copies; its shared experts
+    re-gather as a dense MLP does). Megatron-LM launches each asynchronously before the input-gradient
+    GEMM and waits before the weight-gradient GEMM, so it hides under the first: exposed = max(0, gather -
+    dgrad) + contention x min(gather, dgrad), dgrad taken as the forward GEMM's time. 0 without sequence
+    or tensor parallelism, under op-level SAC (op_sac_regather_time) and for engines that keep the
+    gathered input."""
+    engine = np.asarray(getattr(plan, "engine_code", Engine.GENERIC))
+    applies = np.isin(engine, SP_REGATHER_ENGINES) & np.asarray(plan.sp, dtype=bool) & (np.asarray(plan.tp) > 1) \
+        & (np.asarray(plan.recompute_code) != Recompute.OP_SAC)
+    if not np.any(applies):
+        return 0.0
+    T = tokens_per_rank(job, plan)
+    t = np.asarray(plan.tp, dtype=float)
+    h = model.hidden
+    gather = tp_collective_time(ALL_GATHER, tp_gathered_bytes(model, job, plan), plan, cluster)
+
+    def hidden(window):
+        return np.maximum(0.0, gather - window) + TP_OVERLAP_CONTENTION * np.minimum(gather, window)
+    attn = hidden(sum(linear_gemm_time(curves, T, out * _tp_share(split == "column", t), inp, plan)
+                      for out, inp, split in model.attention_gemms if inp == h and split != "row"))
+    fc1 = hidden(linear_gemm_time(curves, T, (model.mlp_matrices - 1) * model.ffn_hidden / t, h, plan))
+    share_moe = model.moe_layers / model.layers
+    if share_moe and model.moe.shared_experts:
+        shared_fc1 = hidden(linear_gemm_time(curves, T, (model.mlp_matrices - 1) * model.moe.expert_ffn_hidden
+                                             * model.moe.shared_experts / t, h, plan))
+    else:
+        shared_fc1 = 0.0
+    return np.where(applies, attn + (1 - share_moe) * fc1 + share_moe * shared_fc1, 0.0)
+
+
 def ring_attention_step_time(model, job, plan, cluster):
     """One ring-attention step: a K and V chunk of s/cp tokens to the next cp rank."""
     T = tokens_per_rank(job, plan)
@@ -1124,7 +1165,7 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
                                              np.where(rc == Recompute.OP_SAC, sac_replay, 0.0))) \
         + np.where(rc > 0, replay, 0.0)
     tp_comm = tp_exposed_time((ar + mlp_ar) * passes, attn_gemm + mlp_gemm, full, plan) \
-        + op_sac_regather_time(model, job, plan, cluster)
+        + op_sac_regather_time(model, job, plan, cluster) + sp_backward_regather_time(model, job, plan, cluster, curves)
     exchange = ring_exchange_times(model, job, plan, cluster)
     cp_comm = cp_exposed_time(model, job, plan, cluster, attn_f, attn_b, exchange)
     cp_hidden_f, cp_hidden_b = ring_hidden_on_network(model, job, plan, cluster, attn_f, attn_b, exchange)
