@@ -78,3 +78,16 @@ def test_carved_experts_sum_their_gradients_over_their_tp_replicas():
     folded = estimate(model, job, cluster, checked(engine="megatron")).time_breakdown_s["tp_comm"]
     term = float(expert_tp_replica_allreduce_time(expert_params_per_gpu(model, generic), generic, cluster))
     assert term > 0.01 and carved - folded == pytest.approx(term, rel=1e-9)
+
+
+@pytest.mark.parametrize("kw, copies", [(dict(etp=2, sp=True), 2.0),      # Mixtral top-2: k·etp/tp
+                                        (dict(sp=True), 0.0),             # whole experts, own shard
+                                        (dict(sp=False), 0.5)])           # drop_tokens / gather_tokens
+def test_an_moe_layers_tp_traffic_follows_its_expert_tensor_parallelism(kw, copies):
+    """The rows an MoE layer moves over tp per pass, in units of T: the routed copies all-gathered and
+    reduce-scattered over the etp group (Megatron-Core), nothing where whole experts run on each rank's
+    sequence shard, one all-gather of T where every tp rank holds all tokens (DeepSpeed-MoE)."""
+    from paraplan.costmodels.compute import moe_tp_collective_copies
+    model, job, cluster = load_model("mixtral-8x7b"), TrainingJob(4096, 256), load_cluster("dgx-h100", 64)
+    plan = check_plan(Plan(**{**dict(tp=2, dp=32, ep=8, zero=1, engine="generic"), **kw}), model, job, cluster)
+    assert float(moe_tp_collective_copies(model, plan)) == copies

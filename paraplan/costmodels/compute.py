@@ -806,13 +806,18 @@ def moe_tp_collective_copies(model, plan):
     only over the expert-tensor-parallel group: with etp > 1 each rank all-gathers the routed copies
     of its etp peers (k·cf per token of its sequence shard, cf the capacity factor where tokens are
     padded) and reduce-scatters the experts' partial outputs back, k·cf·etp/tp rows of T; with etp 1
-    the experts run whole on the rank's own tokens and the routed part moves nothing over tp. Shared
-    experts run as a dense MLP over the tp group (one more T). Priced on the tp group (exact at
-    etp = tp, the search's only expert tensor parallelism)."""
+    the experts run whole on the rank's own tokens and, under sequence parallelism, the routed part
+    moves nothing over tp. Without sequence parallelism (DeepSpeed-MoE under Megatron-DeepSpeed's
+    tensor parallelism) every tp rank holds all T tokens: each keeps its 1/tp share for the experts
+    (``drop_tokens``) and all-gathers the outputs after them (``gather_tokens``), whose backward is the
+    reverse: one all-gather of T a pass, half an all-reduce equivalent. Shared experts run as a dense
+    MLP over the tp group (one more T). Priced on the tp group (exact at etp = tp, the search's only
+    expert tensor parallelism)."""
     e = model.moe
     t = np.asarray(plan.tp, dtype=float)
     etp = np.asarray(getattr(plan, "etp", 1), dtype=float)
-    routed = np.where(etp > 1, e.top_k * (e.capacity_factor or 1.0) * etp / t, 0.0)
+    sp = np.asarray(plan.sp, dtype=bool)
+    routed = np.where(etp > 1, e.top_k * (e.capacity_factor or 1.0) * etp / t, np.where(sp, 0.0, 0.5))
     return routed + (1.0 if e.shared_experts else 0.0)
 
 
