@@ -146,6 +146,11 @@ def test_harness_other_time_counts_one_pass_per_copy_of_the_gradients():
     assert harness_other_time(RunPlan(tp=2), g, bw) == pytest.approx(2 * g / bw)
     assert harness_other_time(RunPlan(dp=2, zero=1), g, bw) == pytest.approx(4 * g / bw)
     assert harness_other_time(RunPlan(dp=2, zero=3), g, bw) == 0.0
+    # the sequence-parallel sync concatenates whole experts' gradients and copies them back: two passes
+    s = 8e6
+    assert harness_other_time(RunPlan(tp=2, sequence_parallel=True), g, bw, s) == pytest.approx(2 * g / bw + 4 * s / bw)
+    assert harness_other_time(RunPlan(tp=2), g, bw, s) == pytest.approx(2 * g / bw)   # no sp, no such sync
+    assert harness_other_time(RunPlan(tp=2, dp=2, zero=3, sequence_parallel=True), g, bw, s) == pytest.approx(4 * s / bw)
 
 
 def test_an_fp32_estimate_states_fp32_assumptions():

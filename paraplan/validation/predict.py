@@ -34,6 +34,10 @@ Mapping (what the harness runs -> what the estimator is told):
   (``torch.cat``, as DDP fills its buckets; Megatron-LM's contiguous gradient buffer, which the
   estimator describes, needs no such copy) and, with dp > 1, scales that buffer by 1/dp in place;
   each pass reads and writes the rank's gradient bytes, at the profile's measured copy bandwidth.
+  Under sequence parallelism the gradients of the parameters each tp rank holds whole but ran on its
+  own sequence shard (norms, biases, the router, and whole experts under etp 1) are concatenated for one
+  tp all-reduce and copied back (``apply_tp.sync_sequence_parallel_grads``): two more passes over them,
+  of which only the experts' weigh.
 * Memory per rank: parameters + gradients + optimizer states + activations (the estimator's
   runtime buffers are left out; the harness does not count them). Activations are what the harness's
   counter sees, the tensors saved for backward (:class:`~paraplan.validation.memory.
@@ -129,15 +133,20 @@ def ensure_profile(db: str | None, world_size: int, allow_profiling: bool = True
     run_profile(replace(ProfileOptions.quick(), world_sizes=worlds), db=db)
 
 
-def harness_other_time(run, gradient_bytes: float, copy_bytes_per_s: float) -> float:
+def harness_other_time(run, gradient_bytes: float, copy_bytes_per_s: float, tp_summed_bytes: float = 0.0) -> float:
     """Seconds per step of the harness's gradient flattening and scaling (the module docstring):
     ``passes · 2 · G / B``, G the rank's gradient bytes before the sync, B the measured copy
     bandwidth (bytes read + written per second), one pass for the flattening and one more for the
-    1/dp scaling when dp > 1; 0 under ZeRO-3 (FSDP2 reduce-scatters each unit's gradients itself)."""
-    if run.zero == 3 or not copy_bytes_per_s > 0:
+    1/dp scaling when dp > 1 (0 under ZeRO-3: FSDP2 reduce-scatters each unit's gradients itself), plus
+    ``2 · 2 · S / B`` for the sequence-parallel sync's concatenation and copy back of ``tp_summed_bytes``
+    S (the gradients of whole experts each tp rank ran on its own shard; 0 without sp)."""
+    if not copy_bytes_per_s > 0:
         return 0.0
+    sp_sync = 2 * 2.0 * float(tp_summed_bytes) / float(copy_bytes_per_s) if run.sequence_parallel and run.tp > 1 else 0.0
+    if run.zero == 3:
+        return sp_sync
     passes = 1 + (run.dp > 1)
-    return passes * 2.0 * float(gradient_bytes) / float(copy_bytes_per_s)
+    return passes * 2.0 * float(gradient_bytes) / float(copy_bytes_per_s) + sp_sync
 
 
 def kept_activation_bytes(model, job, plan, activations: float, stage: str = "first") -> float:
@@ -192,6 +201,8 @@ def predict_run(cfg, run, db: str | None = None, allow_profiling: bool = True, m
     kept = kept_activation_bytes(model, job, plan, e.memory_bytes_per_gpu["activations"],
                                  e.details["peak_memory_stage"])
     # the rank's full local gradients before the sync (ZeRO-1/2 shard only after it): its parameters
+    from paraplan.costmodels.memory import expert_params_per_gpu
+    whole_experts = float(expert_params_per_gpu(model, plan)) * 4 if getattr(run, "etp", 1) == 1 else 0.0
     other = harness_other_time(run, e.memory_bytes_per_gpu["parameters"],
-                               cluster.accelerator.memory_bandwidth_bytes_per_s)
+                               cluster.accelerator.memory_bandwidth_bytes_per_s, whole_experts)
     return to_predicted(e, other, run.cp, getattr(run, "ep", 1), kept), e
