@@ -507,13 +507,18 @@ def in_flight_micro_batches_last(job, plan):
 
 
 def in_flight_micro_batches(job, plan):
-    """Micro-batches whose activations the first stage holds at its peak."""
+    """Micro-batches (in whole stages' worth of layers) whose activations the first stage holds at its
+    peak: min(m, p) under 1F1B and ZB-H1, m under GPipe, and p·(1 + (p − 1)/(p·v)) under the
+    interleaved schedule (Korthikanti et al. 2022 sec. 4.2.3; Megatron-LM's first rank runs
+    (p − 1)·2 + (v − 1)·p warm-up chunk forwards and one more before its first backward, the same
+    count), but never more than the m micro-batches there are: with m = p the warm-up runs every chunk
+    of every micro-batch (validate's tp 2 pp 2 vpp 8 plan at m = 2 held 16 layers' worth, not 17)."""
     m = micro_batches(job, plan)
     p = np.asarray(plan.pp, dtype=float)
     v = np.asarray(plan.vpp, dtype=float)
     sc = np.asarray(plan.schedule_code)
     one_f_one_b = np.minimum(m, p)
-    interleaved = p * (1 + (p - 1) / (p * v))
+    interleaved = np.minimum(p * (1 + (p - 1) / (p * v)), m)
     return np.where(p == 1, 1.0, np.where(sc == Schedule.GPIPE, m,
                                           np.where(sc == Schedule.INTERLEAVED, interleaved, one_f_one_b)))
 
