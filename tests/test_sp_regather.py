@@ -5,8 +5,9 @@ waited on before the weight-gradient one, so it hides under the first."""
 import numpy as np
 import pytest
 
-from paraplan.costmodels.compute import (TP_OVERLAP_CONTENTION, linear_gemm_time, sp_backward_regather_time,
-                                         tokens_per_rank, tp_collective_time, tp_gathered_bytes)
+from paraplan.costmodels.compute import (TP_OVERLAP_CONTENTION, attention_gemm_forward_times, linear_gemm_time,
+                                         mlp_gemm_forward_times, sp_backward_regather_time, tokens_per_rank,
+                                         tp_collective_time, tp_gathered_bytes)
 from paraplan.costmodels.comm import ALL_GATHER
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.estimate import estimate
@@ -16,6 +17,13 @@ from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import TrainingJob
 
 MODEL, JOB, CLUSTER = load_model("llama3-70b"), TrainingJob(8192, 64), load_cluster("dgx-h100", 64)
+
+
+def _regather(plan, curves):
+    """The re-gather's exposed seconds, given the layer's projection times as layer_times prices them."""
+    return float(sp_backward_regather_time(MODEL, JOB, plan, CLUSTER, curves,
+                                           attention_gemm_forward_times(MODEL, JOB, plan, curves),
+                                           mlp_gemm_forward_times(MODEL, JOB, plan, curves)[0]))
 
 
 def _plan(**kw):
@@ -32,7 +40,7 @@ def test_megatron_regathers_the_attention_and_mlp_inputs_hidden_under_their_dgra
 
     def hidden(window):
         return max(0.0, gather - window) + TP_OVERLAP_CONTENTION * min(gather, window)
-    got = float(sp_backward_regather_time(MODEL, JOB, plan, CLUSTER, curves))
+    got = _regather(plan, curves)
     assert got == pytest.approx(hidden(qkv) + hidden(fc1), rel=1e-9)
     assert 0 < got < 2 * gather          # partly hidden: less than the two gathers themselves
 
@@ -44,7 +52,7 @@ def test_no_regather_where_the_gathered_input_is_kept_or_there_is_none(kw):
     """torchtitan and Scaling keep the gathered input (op-level SAC's re-gathers are priced apart);
     without sequence or tensor parallelism nothing is gathered."""
     plan = _plan(**kw)
-    assert float(sp_backward_regather_time(MODEL, JOB, plan, CLUSTER, curves_for(CLUSTER))) == 0.0
+    assert _regather(plan, curves_for(CLUSTER)) == 0.0
 
 
 def test_the_regather_is_tensor_parallel_time_of_the_step():
@@ -52,7 +60,7 @@ def test_the_regather_is_tensor_parallel_time_of_the_step():
     and on torchtitan-like keeping differ in tp time by layers x micro-batches x the re-gather."""
     plan = _plan(engine="megatron")
     curves = curves_for(CLUSTER)
-    per_layer = float(sp_backward_regather_time(MODEL, JOB, plan, CLUSTER, curves))
+    per_layer = _regather(plan, curves)
     e = estimate(MODEL, JOB, CLUSTER, plan)
     m = JOB.global_batch // (plan.dp * plan.micro_batch)
     assert e.time_breakdown_s["tp_comm"] >= m * MODEL.layers / plan.pp * per_layer * (1 - 1e-9)

@@ -232,14 +232,19 @@ def fp8_rowwise_rescale_time(model, job, plan, curves):
     return curves.streaming_time(ROWWISE_RESCALE_BYTES_PER_ELEMENT * (dgrad + wgrad), kernels=2 * linears)
 
 
-def attention_gemm_forward_time(model, job, plan, curves):
-    """Forward time of the attention's projections for one micro-batch (``model.attention_gemms``:
-    QKV and output, or latent attention's down-, up- and output projections), each GEMM T x (its
-    output on this tp rank) x (its input on this tp rank)."""
+def attention_gemm_forward_times(model, job, plan, curves) -> list:
+    """Forward time of each of the attention's projections for one micro-batch, in the order of
+    ``model.attention_gemms`` (QKV and output, or latent attention's down-, up- and output
+    projections), each GEMM T x (its output on this tp rank) x (its input on this tp rank)."""
     T = tokens_per_rank(job, plan)
     t = np.asarray(plan.tp, dtype=float)
-    return sum(linear_gemm_time(curves, T, out * _tp_share(split == "column", t), inp * _tp_share(split == "row", t), plan)
-               for out, inp, split in model.attention_gemms)
+    return [linear_gemm_time(curves, T, out * _tp_share(split == "column", t), inp * _tp_share(split == "row", t), plan)
+            for out, inp, split in model.attention_gemms]
+
+
+def attention_gemm_forward_time(model, job, plan, curves):
+    """Forward time of the attention's projections for one micro-batch (:func:`attention_gemm_forward_times`)."""
+    return sum(attention_gemm_forward_times(model, job, plan, curves))
 
 
 def mla_up_projection_forward_time(model, job, plan, curves):
@@ -320,13 +325,19 @@ def recompute_modules_flops_per_token(model, plan):
             + np.where(recomputes_module(plan, "moe"), moe, np.where(recomputes_module(plan, "shared_experts"), shared, 0.0)))
 
 
-def mlp_gemm_forward_time(model, job, plan, curves, width=None):
-    """Forward time of a tensor-parallel MLP of inner width ``width`` (default the dense ffn)."""
+def mlp_gemm_forward_times(model, job, plan, curves, width=None) -> tuple:
+    """Forward times (first projection, second projection) of a tensor-parallel MLP of inner width
+    ``width`` (default the dense ffn) for one micro-batch."""
     T = tokens_per_rank(job, plan)
     t = np.asarray(plan.tp, dtype=float)
     f = model.ffn_hidden if width is None else width
     h, g = model.hidden, model.mlp_matrices - 1
-    return linear_gemm_time(curves, T, g * f / t, h, plan) + linear_gemm_time(curves, T, h, f / t, plan)
+    return linear_gemm_time(curves, T, g * f / t, h, plan), linear_gemm_time(curves, T, h, f / t, plan)
+
+
+def mlp_gemm_forward_time(model, job, plan, curves, width=None):
+    """Forward time of a tensor-parallel MLP of inner width ``width`` (default the dense ffn)."""
+    return sum(mlp_gemm_forward_times(model, job, plan, curves, width))
 
 
 def expert_token_factor(model, job) -> float:
@@ -856,34 +867,33 @@ def op_sac_regather_time(model, job, plan, cluster):
 SP_REGATHER_ENGINES = (Engine.MEGATRON, Engine.DEEPSPEED, Engine.GENERIC)
 
 
-def sp_backward_regather_time(model, job, plan, cluster, curves):
+def sp_backward_regather_time(model, job, plan, cluster, curves, attention_times, fc1_time):
     """Exposed seconds of the all-gathers a sequence-parallel layer runs again in its backward, per layer
     and micro-batch: the block input of the attention's projections that read it and, in a dense layer,
     of the MLP's first projection (an MoE layer's experts keep their gathered copies; its shared experts
     re-gather as a dense MLP does). Megatron-LM launches each asynchronously before the input-gradient
     GEMM and waits before the weight-gradient GEMM, so it hides under the first: exposed = max(0, gather -
-    dgrad) + contention x min(gather, dgrad), dgrad taken as the forward GEMM's time. 0 without sequence
-    or tensor parallelism, under op-level SAC (op_sac_regather_time) and for engines that keep the
-    gathered input."""
+    dgrad) + contention x min(gather, dgrad), dgrad taken as the forward GEMM's time: ``attention_times``
+    the attention's projections' (:func:`attention_gemm_forward_times`), ``fc1_time`` the dense MLP's first
+    projection's (:func:`mlp_gemm_forward_times`), both as the layer already priced them. 0 without
+    sequence or tensor parallelism, under op-level SAC (op_sac_regather_time) and for engines that keep
+    the gathered input."""
     engine = np.asarray(getattr(plan, "engine_code", Engine.GENERIC))
     applies = np.isin(engine, SP_REGATHER_ENGINES) & np.asarray(plan.sp, dtype=bool) & (np.asarray(plan.tp) > 1) \
         & (np.asarray(plan.recompute_code) != Recompute.OP_SAC)
     if not np.any(applies):
         return 0.0
-    T = tokens_per_rank(job, plan)
-    t = np.asarray(plan.tp, dtype=float)
-    h = model.hidden
     gather = tp_collective_time(ALL_GATHER, tp_gathered_bytes(model, job, plan), plan, cluster)
 
     def hidden(window):
         return np.maximum(0.0, gather - window) + TP_OVERLAP_CONTENTION * np.minimum(gather, window)
-    attn = hidden(sum(linear_gemm_time(curves, T, out * _tp_share(split == "column", t), inp, plan)
-                      for out, inp, split in model.attention_gemms if inp == h and split != "row"))
-    fc1 = hidden(linear_gemm_time(curves, T, (model.mlp_matrices - 1) * model.ffn_hidden / t, h, plan))
+    attn = hidden(sum(time for time, (_, inp, split) in zip(attention_times, model.attention_gemms)
+                      if inp == model.hidden and split != "row"))
+    fc1 = hidden(fc1_time)
     share_moe = model.moe_layers / model.layers
     if share_moe and model.moe.shared_experts:
-        shared_fc1 = hidden(linear_gemm_time(curves, T, (model.mlp_matrices - 1) * model.moe.expert_ffn_hidden
-                                             * model.moe.shared_experts / t, h, plan))
+        shared_fc1 = hidden(mlp_gemm_forward_times(model, job, plan, curves,
+                                                   width=model.moe.expert_ffn_hidden * model.moe.shared_experts)[0])
     else:
         shared_fc1 = 0.0
     return np.where(applies, attn + (1 - share_moe) * fc1 + share_moe * shared_fc1, 0.0)
@@ -1116,7 +1126,8 @@ def ep_exposed_time(a2a, attention_forward, attention_backward, moe_forward, moe
 def layer_times(model, job, plan, curves, cluster) -> dict:
     """Per-layer, per-micro-batch times on one GPU, by term (seconds), averaged over the model's
     dense and MoE layers (weights: their counts)."""
-    attn_gemm = attention_gemm_forward_time(model, job, plan, curves)
+    attn_times = attention_gemm_forward_times(model, job, plan, curves)
+    attn_gemm = sum(attn_times)
     attn_f, attn_b = attention_core_times(model, job, plan, curves)
     merge_f, merge_b = ring_attention_merge_times(model, job, plan, curves)
     attn_f, attn_b = attn_f + merge_f, attn_b + merge_b
@@ -1129,7 +1140,8 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
         gemm = attn_gemm + mlp_gemm
         return gemm + attn_f + elem, backward_gemms * gemm + attn_b + 2 * elem
 
-    mlp_gemm = mlp_gemm_forward_time(model, job, plan, curves)
+    fc1_gemm, fc2_gemm = mlp_gemm_forward_times(model, job, plan, curves)
+    mlp_gemm = fc1_gemm + fc2_gemm
     elem = elementwise_forward_time(model, job, plan, curves)
     fwd, bwd = fwd_bwd(mlp_gemm, elem)
     sac_replay = op_sac_recomputed_matmul_share(model) * (attn_gemm + mlp_gemm) + elem
@@ -1170,7 +1182,8 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
                                              np.where(rc == Recompute.OP_SAC, sac_replay, 0.0))) \
         + np.where(rc > 0, replay, 0.0)
     tp_comm = tp_exposed_time((ar + mlp_ar) * passes, attn_gemm + mlp_gemm, full, plan) \
-        + op_sac_regather_time(model, job, plan, cluster) + sp_backward_regather_time(model, job, plan, cluster, curves)
+        + op_sac_regather_time(model, job, plan, cluster) \
+        + sp_backward_regather_time(model, job, plan, cluster, curves, attn_times, fc1_gemm)
     exchange = ring_exchange_times(model, job, plan, cluster)
     cp_comm = cp_exposed_time(model, job, plan, cluster, attn_f, attn_b, exchange)
     cp_hidden_f, cp_hidden_b = ring_hidden_on_network(model, job, plan, cluster, attn_f, attn_b, exchange)
