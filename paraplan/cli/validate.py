@@ -219,10 +219,11 @@ def plan_model_experts(path) -> tuple[int, int, float] | None:
     from paraplan.workloads.presets import load_model
     name = (read_plan_file(path).get("scenario") or {}).get("model")
     try:
-        moe = load_model(name).moe if name else None
+        model = load_model(name) if name else None
     except ParaplanError:
         return None
-    return None if moe is None else (moe.experts, moe.top_k, moe.expert_ffn_hidden / load_model(name).hidden)
+    moe = None if model is None else model.moe
+    return None if moe is None else (moe.experts, moe.top_k, moe.expert_ffn_hidden / model.hidden)
 
 
 def plan_model_architecture(path) -> tuple[dict, list[str], int]:

@@ -35,13 +35,14 @@ from paraplan.validation import comm
 
 
 def check_ep(experts: int, ep: int, tp: int = 1, zero: int = 0, sequence_parallel: bool = False,
-             etp: int = 1) -> None:
+             etp: int = 1, expert_width: int = 0) -> None:
     """Raise ConfigError unless the layout can run the model's experts: ep needs experts and must
     divide them; with tp > 1 the experts need sequence parallelism (Megatron-LM's rule for MoE under
     tensor parallelism: each rank routes its own sequence shard) and run whole on every tp rank (etp 1,
     any ep) or split over the tp group (etp = tp, ep 1: the harness's experts do not fold ep over
-    the tp ranks); ZeRO-3 (FSDP2 over the whole data-parallel group) cannot shard experts that differ
-    across it. (top_k within the experts is GPTConfig's check, ep dividing dp RunPlan's.)"""
+    the tp ranks), an expert's ``expert_width`` then divisible by etp; ZeRO-3 (FSDP2 over the whole
+    data-parallel group) cannot shard experts that differ across it. (top_k within the experts is
+    GPTConfig's check, ep dividing dp RunPlan's.)"""
     if ep > 1 and experts == 0:
         raise ConfigError("ep", f"ep({ep}) needs a mixture-of-experts model", accepted="--experts E with E % ep == 0")
     if experts and experts % ep:
@@ -52,6 +53,9 @@ def check_ep(experts: int, ep: int, tp: int = 1, zero: int = 0, sequence_paralle
     if etp not in (1, tp):
         raise ConfigError("etp", f"the harness splits an expert over the whole tp group or not at all, got "
                           f"etp {etp} with tp {tp}", accepted=f"1, {tp}" if tp > 1 else "1")
+    if experts and expert_width % etp:
+        raise ConfigError("expert_ffn", f"an expert's width {expert_width} is not divisible by etp({etp})",
+                          accepted=f"a multiple of {etp}")
     if experts and tp > 1 and not sequence_parallel:
         raise ConfigError("sequence_parallel", f"mixture-of-experts layers with tp {tp} run under sequence "
                           "parallelism (Megatron-LM requires it)", accepted="sequence parallelism on with tp > 1 "
@@ -185,6 +189,7 @@ def _by_expert(counts: torch.Tensor) -> torch.Tensor:
 
 
 def _inverse(order: torch.Tensor) -> torch.Tensor:
+    """The permutation that undoes ``order``."""
     back = torch.empty_like(order)
     back[order] = torch.arange(order.numel(), device=order.device)
     return back
@@ -253,13 +258,10 @@ def moe_mlp(x: torch.Tensor, router, experts, top_k: int, ep: EpContext, stats: 
         send = counts.view(ep.size, -1).sum(dim=1).tolist()
         recv = received.sum(dim=1).tolist()
         arrived = _AllToAll.apply(routed, send, recv, ep.group)   # by sending rank, then local expert
-        local = torch.arange(received.shape[1], device=received.device).repeat(ep.size)
-        regroup = torch.argsort(torch.repeat_interleave(local, received.reshape(-1)), stable=True)
+        regroup = _by_expert(received)                            # by local expert, then sending rank
         local_sizes = received.sum(dim=0).tolist()
         out = run_experts(arrived.index_select(0, regroup), local_sizes, experts, activation)
-        back = torch.empty_like(regroup)
-        back[regroup] = torch.arange(regroup.numel(), device=regroup.device)
-        y = _AllToAll.apply(out.index_select(0, back), recv, send, ep.group)
+        y = _AllToAll.apply(out.index_select(0, _inverse(regroup)), recv, send, ep.group)
     if stats is not None:   # (tokens this rank's experts ran, their balanced share) per call
         stats.setdefault("expert_calls", []).append((sum(local_sizes), balanced))
     weighted = y * gates.reshape(-1).index_select(0, order).unsqueeze(-1)

@@ -201,8 +201,9 @@ def predict_run(cfg, run, db: str | None = None, allow_profiling: bool = True, m
     kept = kept_activation_bytes(model, job, plan, e.memory_bytes_per_gpu["activations"],
                                  e.details["peak_memory_stage"])
     # the rank's full local gradients before the sync (ZeRO-1/2 shard only after it): its parameters
+    from paraplan.costmodels.compute import element_bytes
     from paraplan.costmodels.memory import expert_params_per_gpu
-    whole_experts = float(expert_params_per_gpu(model, plan)) * 4 if getattr(run, "etp", 1) == 1 else 0.0
+    whole_experts = float(expert_params_per_gpu(model, plan) * element_bytes(plan)) if getattr(run, "etp", 1) == 1 else 0.0
     other = harness_other_time(run, e.memory_bytes_per_gpu["parameters"],
                                cluster.accelerator.memory_bandwidth_bytes_per_s, whole_experts)
     return to_predicted(e, other, run.cp, getattr(run, "ep", 1), kept), e

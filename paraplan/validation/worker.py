@@ -250,10 +250,7 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
                        recompute=plan.recompute, steps=plan.steps, warmup=plan.warmup,
                        lr=plan.lr, profile_ops=plan.profile_ops)
         groups = Groups(0, 0, 0, 0, None, None, None, [0])
-    check_ep(cfg.experts, plan.ep, plan.tp, plan.zero, plan.sequence_parallel, plan.etp)
-    if cfg.experts and cfg.expert_width % plan.etp:
-        raise ConfigError("expert_ffn", f"an expert's width {cfg.expert_width} is not divisible by etp({plan.etp})",
-                          accepted=f"a multiple of {plan.etp}")
+    check_ep(cfg.experts, plan.ep, plan.tp, plan.zero, plan.sequence_parallel, plan.etp, cfg.expert_width)
     check_recompute(plan.recompute, cfg.attention, cfg.experts, plan.cp)
     ctx = make_tp_context(cfg, groups.tp_group, sequence_parallel=plan.sequence_parallel,
                           recompute=plan.recompute)
