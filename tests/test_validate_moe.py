@@ -190,3 +190,24 @@ def test_a_plan_files_model_gives_the_architecture(tmp_path):
     args = parser.parse_args(["validate", "--out", str(tmp_path / "o")])
     resolve_layout_flags(args)
     assert (args.activation, args.norm, args.bias, args.rotary) == ("gelu", "layernorm", True, False)
+
+
+def test_a_qwen3_plan_file_runs_its_qk_norm(tmp_path):
+    """A Qwen3 plan's model normalizes its queries and keys (QK-norm): the harness runs it, says so, and
+    the harness model's estimate counts it; a Llama plan does not, and --qk-norm asks for it by flag."""
+    import argparse
+
+    from paraplan.cli.validate import _model_config, add_validate_parser, resolve_layout_flags
+    plan = Plan(tp=2, sp=True, micro_batch=1)
+    parser = argparse.ArgumentParser()
+    add_validate_parser(parser.add_subparsers())
+    for model, qk in (("qwen3-8b", True), ("llama3-8b", False)):
+        e = estimate(load_model(model), TrainingJob(2048, 8), load_cluster("dgx-h100", 2), plan)
+        write_plan_file(tmp_path / f"{model}.json", e, model, "dgx-h100")
+        args = parser.parse_args(["validate", "--plan", str(tmp_path / f"{model}.json"), "--out", str(tmp_path / "o")])
+        notes = resolve_layout_flags(args)
+        assert args.qk_norm is qk and any(("QK-norm" in n) is qk for n in notes if n.startswith("architecture")), notes
+        assert _model_config(args).qk_norm is qk
+    args = parser.parse_args(["validate", "--qk-norm", "--out", str(tmp_path / "o")])
+    resolve_layout_flags(args)
+    assert _model_config(args).qk_norm is True

@@ -51,6 +51,10 @@ WORLD2 = {
     "llama_moe_tp2_sp_etp1": dict(tp=2, micro_batch=2, global_batch=4, sequence_parallel=True, experts=4, **LLAMA),
     # the Llama family's choices: SwiGLU, RMSNorm, no biases, grouped-query attention, rotary positions
     "llama_tp2_sp": dict(tp=2, micro_batch=2, global_batch=4, sequence_parallel=True, **LLAMA),
+    # Qwen3's QK-norm: each tp rank normalizes its own heads with the shared weights, whose gradients
+    # are summed over tp with or without sequence parallelism (apply_tp.sync_sequence_parallel_grads)
+    "qwen_tp2_sp": dict(tp=2, micro_batch=2, global_batch=4, sequence_parallel=True, qk_norm=True, **LLAMA),
+    "qwen_tp2": dict(tp=2, micro_batch=2, global_batch=4, qk_norm=True, **LLAMA),
     "llama_dp2_zero1_sdpa": dict(dp=2, zero=1, micro_batch=1, global_batch=4, attention="sdpa", **LLAMA),
     "llama_pp2_selective": dict(pp=2, micro_batch=1, global_batch=4, recompute="selective", **LLAMA),
     "llama_mha_cp2": dict(cp=2, micro_batch=1, global_batch=4, **dict(LLAMA, kv_heads=0)),
@@ -99,7 +103,7 @@ WORLD4 = {
                                experts=4),
 }
 #: entry keys that describe the model, not the run plan
-MODEL_KEYS = ("attention", "experts", "top_k", "activation", "norm", "bias", "kv_heads", "rotary")
+MODEL_KEYS = ("attention", "experts", "top_k", "activation", "norm", "bias", "kv_heads", "rotary", "qk_norm")
 
 
 def _model_and_plan(entry: dict) -> tuple[GPTConfig, dict]:
@@ -156,7 +160,7 @@ def test_world4_matches_single_process(world4, name):
 
 #: layouts whose every rank's kept activations are held to the estimator's, stage by stage
 STAGE_MEMORY = {2: ("pp2_1f1b", "pp2_interleaved", "tp2_sp", "pp2_opsac", "llama_pp2_selective", "llama_tp2_sp",
-                    "moe_dp2_ep2", "moe_pp2_selective", "moe_tp2_sp_etp2", "llama_moe_tp2_sp_etp1"),
+                    "qwen_tp2_sp", "moe_dp2_ep2", "moe_pp2_selective", "moe_tp2_sp_etp2", "llama_moe_tp2_sp_etp1"),
                 4: ("tp2_pp2_fullrecompute", "tp2_sp_pp2", "pp2_dp2_zero2_interleaved", "llama_moe_tp2_pp2_sp_etp2",
                     "moe_tp2_dp2_ep2_sp")}
 

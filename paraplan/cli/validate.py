@@ -97,6 +97,9 @@ def add_validate_parser(subparsers) -> argparse.ArgumentParser:
                    help="linear layers without biases (default: with, or as the plan file's model)")
     g.add_argument("--rotary", action="store_const", const=True, default=None,
                    help="rotary positions instead of learned ones (default: learned, or as the plan file's model)")
+    g.add_argument("--qk-norm", action="store_const", const=True, default=None, dest="qk_norm",
+                   help="RMSNorm over each query and key head before the positions, as Qwen3 (default: none, "
+                        "or as the plan file's model)")
     g.add_argument("--kv-heads", type=positive_int("--kv-heads", MAX_SIZE), default=None,
                    help="key/value heads, grouped-query attention (default: one per head)")
     g.add_argument("--experts", type=non_negative_int("--experts", MAX_SIZE, "a dense MLP"), default=None,
@@ -192,7 +195,8 @@ def plan_file_layout(path, given=()) -> tuple[dict, list[str]]:
 
 #: the harness model's architecture flags and their defaults (a plan file's model gives its own; the
 #: attention is the harness's, sdpa under op-sac: resolve_layout_flags)
-ARCHITECTURE_DEFAULTS = {"activation": "gelu", "norm": "layernorm", "bias": True, "rotary": False, "attention": "math",
+ARCHITECTURE_DEFAULTS = {"activation": "gelu", "norm": "layernorm", "bias": True, "rotary": False, "qk_norm": False,
+                         "attention": "math",
                          "experts": 0, "top_k": 2}
 #: the fewest routed experts the harness gives a plan file's mixture-of-experts model (a multiple of ep)
 HARNESS_MIN_EXPERTS = 8
@@ -241,9 +245,10 @@ def plan_model_architecture(path) -> tuple[dict, list[str], int]:
     except ParaplanError:   # a model file that is gone or no longer reads: the flags' defaults stay
         return {}, [], 1
     arch = {"activation": m.activation if m.activation in ("gelu", "swiglu") else "gelu",
-            "norm": m.norm, "bias": bool(m.bias), "rotary": bool(m.rotary)}
+            "norm": m.norm, "bias": bool(m.bias), "rotary": bool(m.rotary), "qk_norm": bool(m.qk_norm)}
     notes = [f"architecture of {name}: {arch['activation']}, {arch['norm']}, "
-             f"{'biases' if arch['bias'] else 'no biases'}, {'rotary' if arch['rotary'] else 'learned'} positions"]
+             f"{'biases' if arch['bias'] else 'no biases'}, {'rotary' if arch['rotary'] else 'learned'} positions"
+             + (", QK-norm" if arch["qk_norm"] else "")]
     ratio = m.heads // m.kv_heads if m.kv_heads and m.heads % m.kv_heads == 0 else 1
     return arch, notes, ratio
 
@@ -495,7 +500,7 @@ def _model_config(args):
                      heads=args.heads, layers=args.layers, seed=args.seed,
                      attention=args.attention, experts=args.experts, top_k=args.top_k,
                      expert_ffn=args.expert_ffn or 0, activation=args.activation, norm=args.norm,
-                     bias=args.bias, kv_heads=args.kv_heads or 0, rotary=args.rotary)
+                     bias=args.bias, kv_heads=args.kv_heads or 0, rotary=args.rotary, qk_norm=args.qk_norm)
 
 
 def _run_dir(out: str) -> str:

@@ -14,7 +14,8 @@ Per layer, with T = b·s/cp tokens on the rank, t = tp:
   parallelism adds its per-step merge kernels (:func:`ring_attention_merge_times`) to the core.
   Memory-bound kernels (forward, bytes per token): two LayerNorms 4h each, two bias-dropout-
   residual adds 7h each, the MLP activation 4f (GELU) or 6f (SwiGLU), and for unfused attention
-  the q, k, v and context transposes 4(h + h_kv)·2; replicated across tp unless sequence
+  the q, k, v and context transposes 4(h + h_kv)·2, and a QK-norm model's RMSNorms of its
+  queries and keys 4(q + k) (:func:`qk_norm_bytes_and_kernels`); replicated across tp unless sequence
   parallel, f-wide and attention parts split by tp. Backward streams twice the bytes.
   With ``dtype = fp32`` (the CPU validation runs) every activation, weight and message byte count
   doubles (:func:`element_bytes`); the memory-bound byte counts are the 16-bit ones × 2.
@@ -685,6 +686,20 @@ def rope_bytes_per_token(model, unfused):
 MLA_LATENT_NORM_BYTES_PER_ELEMENT = 4
 
 
+def qk_norm_bytes_and_kernels(model, unfused):
+    """(bytes per token over all ranks, kernels) of a QK-norm model's RMSNorms of its queries and keys
+    (``model.qk_norm``: Qwen3's q_norm / k_norm over each head, before the rotary embedding), forward:
+    the fused kernel reads and writes each of the q_hidden + kv_hidden elements once (4 bytes, 16-bit),
+    one kernel for the queries and one for the keys; eager, each norm streams the UNFUSED_NORM_EXTRA
+    bytes more a hidden-wide eager RMSNorm does per element, in its 4 kernels more. Split over tp with
+    the heads (the caller divides); (0, 0) without QK-norm."""
+    if not getattr(model, "qk_norm", False):
+        return 0.0, 0
+    width = model.q_hidden + model.kv_hidden
+    per = MLA_LATENT_NORM_BYTES_PER_ELEMENT + np.where(unfused, UNFUSED_NORM_EXTRA_BYTES_PER_HIDDEN / 2, 0.0)
+    return per * width, 2 + np.where(unfused, UNFUSED_NORM_EXTRA_KERNELS, 0)
+
+
 def elementwise_forward_time(model, job, plan, curves, moe: bool = False):
     """Forward time of a layer's memory-bound kernels (norms, activations, residual adds)."""
     T = tokens_per_rank(job, plan)
@@ -703,9 +718,11 @@ def elementwise_forward_time(model, job, plan, curves, moe: bool = False):
     unfused_extra = np.where(np.asarray(plan.flash_attention, dtype=bool), 0.0, 8 * (model.q_hidden + hkv))
     rope = rope_bytes_per_token(model, eager_rest)
     latent_norms = MLA_LATENT_NORM_BYTES_PER_ELEMENT * (model.mla.q_lora_rank + model.mla.kv_lora_rank) if model.mla else 0.0
-    per_token = replicated / np.where(sp, t, 1.0) + latent_norms + (act + unfused_extra + rope) / t
+    qk_norms, qk_norm_kernels = qk_norm_bytes_and_kernels(model, unfused)
+    per_token = replicated / np.where(sp, t, 1.0) + latent_norms + (act + unfused_extra + rope + qk_norms) / t
     kernels = (8 + (4 if moe else 0) + np.where(unfused, UNFUSED_NORM_EXTRA_KERNELS, 0) + eager_swiglu
-               + (np.where(eager_rest, EAGER_ROPE_KERNELS, FUSED_ROPE_KERNELS) if model.rotary else 0))
+               + (np.where(eager_rest, EAGER_ROPE_KERNELS, FUSED_ROPE_KERNELS) if model.rotary else 0)
+               + qk_norm_kernels)
     return curves.memory_time(T * per_token * element_bytes(plan) / BYTES, kernels=kernels)
 
 

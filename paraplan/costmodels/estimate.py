@@ -118,6 +118,15 @@ def assumptions_for(plan) -> tuple[str, ...]:
     return base + (FP8_ASSUMPTIONS if is_fp8(plan.dtype) else ()) + rowwise + fp8_tp
 
 
+def qk_norm_assumption(model) -> tuple[str, ...]:
+    """What a QK-norm model (Qwen3) adds, said with its estimate: the per-head query and key RMSNorms."""
+    if not getattr(model, "qk_norm", False):
+        return ()
+    return (f"QK-norm: an RMSNorm over each of the {model.heads} query and {model.kv_heads} key heads after the "
+            "projection; its input (q and k before the norm) kept for backward unless the layer is recomputed, "
+            "its bytes streamed with the layer's other norms",)
+
+
 def attention_kernel_assumption(model, job, plan, curves) -> tuple[str, ...]:
     """What a plan that names its attention kernel is priced at: the measured efficiency at its
     sequence length and heads per GPU, or, where the generation has no measured table, the
@@ -671,7 +680,7 @@ def estimate_legal(model, job, cluster, plan: Plan, *, curves=None, max_memory_f
                                         "assumption": domains[0]}} if domains else {})},
         efficiency_curves=curves.describe(),
         assumptions=(assumptions_for(plan) + gemm_level_assumption(plan, curves)
-                     + attention_kernel_assumption(model, job, plan, curves)
+                     + attention_kernel_assumption(model, job, plan, curves) + qk_norm_assumption(model)
                      + softmax_exp_assumption(model, plan, curves)
                      + moe_dispatch_assumption(model, job, plan) + moe_host_assumption(model, plan)
                      + ep_overlap_assumption(job, plan) + domains

@@ -287,6 +287,29 @@ def grouped_kv_expansion_bytes_per_token(model) -> float:
     return 2.0 * ((model.q_hidden - model.kv_hidden) + (model.attn_out_hidden - model.v_hidden))
 
 
+def qk_norm_saved_bytes_per_token(model, plan):
+    """16-bit bytes per token (over all tp ranks) a QK-norm model's query and key RMSNorms keep for
+    backward (``model.qk_norm``; Megatron-Core's q_layernorm / k_layernorm, Qwen3's q_norm / k_norm):
+    their input, the projection's q and k before the norm, 2·(q + k) (the normalized, rotated q and k
+    the attention core keeps are counted with it already), and where the plan runs its elementwise ops
+    eager (``fused_elementwise`` False) an eager RMSNorm's extra, EAGER_RMSNORM_SAVED_BYTES_PER_ELEMENT
+    (its normalized output; a QK-norm is an RMSNorm whatever the model's other norms are). Kept under
+    selective recomputation (the norms sit outside the attention core); 0 without QK-norm."""
+    if not getattr(model, "qk_norm", False):
+        return 0.0
+    width = model.q_hidden + model.kv_hidden
+    eager = ~np.asarray(getattr(plan, "fused_elementwise", True), dtype=bool)
+    extra = np.where(eager, EAGER_RMSNORM_SAVED_BYTES_PER_ELEMENT, 0.0) / (element_bytes(plan) / BYTES)
+    return (2.0 + extra) * width
+
+
+def qk_norm_rstd_bytes_per_token(model):
+    """Bytes per token (over all tp ranks) of the fp32 reciprocal RMS a QK-norm model's norms keep per
+    query and key head (Transformer Engine's rsigma; an eager norm's rsqrt), whatever the precision:
+    4·(heads + kv_heads); 0 without QK-norm."""
+    return 4.0 * (model.heads + model.kv_heads) if getattr(model, "qk_norm", False) else 0.0
+
+
 def activation_bytes_per_layer(model, job, plan, recompute_code=None):
     """Bytes one layer keeps for backward for one micro-batch (generalized Korthikanti Table 2),
     averaged over dense and MoE layers. An MoE layer keeps, instead of the dense MLP's (4 or 6)·f
@@ -328,6 +351,7 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
     mlp = mlp + np.where(eager_swiglu, UNFUSED_SWIGLU_SAVED_BYTES_PER_FFN * fc2_inputs, 0.0)
     q, v, out = model.q_hidden, model.v_hidden, model.attn_out_hidden
     sharded = (2 * q + 2 * hkv + 2 * v + 2 * out + mlp) * T / t    # Q, K, V, out-proj input, MLP
+    sharded = sharded + qk_norm_saved_bytes_per_token(model, plan) * T / t
     # latent attention: the up-projections' inputs, its latents, on every tp rank
     unsharded = unsharded + 2 * model.mla_latent_width * T
     # Transformer Engine in fp8 saves its linear layers' inputs as the fp8 casts it fed the GEMMs:
@@ -351,9 +375,10 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
                       unfused_score_bytes(model, plan) * score_elements(model, job, plan)
                       + grouped_kv_expansion_bytes_per_token(model) * T / t)
     wide = element_bytes(plan) / BYTES         # fp32 activations: twice the 16-bit bytes
-    none = wide * (unsharded + sharded + scores)
+    rstd = qk_norm_rstd_bytes_per_token(model) * T / t        # fp32 whatever the precision
+    none = wide * (unsharded + sharded + scores) + rstd
     selective = wide * (unsharded + sharded + np.where(recomputes_attention_core(plan), 0.0, scores)
-                        - recompute_modules_saved_bytes(model, job, plan, te_fp8, eager_swiglu))
+                        - recompute_modules_saved_bytes(model, job, plan, te_fp8, eager_swiglu)) + rstd
     full = element_bytes(plan) * h * T / np.where(sp, t, 1.0)
     op_sac = wide * op_sac_saved_bytes_per_token(model, plan) * T + np.where(
         np.asarray(plan.flash_attention, dtype=bool), wide * scores, 0.0)

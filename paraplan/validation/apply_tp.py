@@ -47,10 +47,10 @@ def make_tp_context(cfg: GPTConfig, tp_group, *, sequence_parallel: bool = False
 
 
 def sync_sequence_parallel_grads(module: nn.Module, ctx: ParallelContext) -> None:
-    """Sum the grads of replicated params that saw one sequence shard each (SP only), in one
-    all-reduce of their concatenation (Megatron-LM's ``_allreduce_layernorm_grads`` coalesces
-    them the same way)."""
-    if not ctx.sequence_parallel:
+    """Sum the grads of replicated params that saw one sequence shard each (under SP), and of the
+    QK-norm weights that saw one shard of the heads each (any tp), in one all-reduce of their
+    concatenation (Megatron-LM's ``_allreduce_layernorm_grads`` coalesces them the same way)."""
+    if ctx.tp_group is None or ctx.tp_size <= 1:
         return
     grads = []
     for p in module.parameters():

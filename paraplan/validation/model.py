@@ -73,6 +73,9 @@ class GPTConfig:
     bias: bool = True
     kv_heads: int = 0
     rotary: bool = False
+    #: Qwen3's QK-norm: an RMSNorm over each query and key head (head_dim weights shared by the heads)
+    #: after the projection, before the rotary positions
+    qk_norm: bool = False
 
     def __post_init__(self):
         for name in ("vocab_size", "seq_len", "hidden", "heads", "layers", "mlp_ratio"):
@@ -168,8 +171,10 @@ def param_specs(cfg: GPTConfig, expert_tp: bool = False) -> list[tuple[str, tupl
         # fused QKV as Megatron-LM lays it out: rows ordered (kv group, [its queries, key, value],
         # head_dim), so a contiguous tp slice of rows holds whole groups with their q, k and v (one
         # query per group without grouped-query attention: (head, q/k/v, head_dim))
-        specs += norm(p + "ln1") + linear(p + "attn.qkv", (qkv_rows, h), 0, "normal") + \
-            linear(p + "attn.o", (h, h), 1, "proj") + norm(p + "ln2")
+        specs += norm(p + "ln1") + linear(p + "attn.qkv", (qkv_rows, h), 0, "normal")
+        if cfg.qk_norm:   # replicated on every tp rank, which each normalize their own heads with it
+            specs += [(p + "attn.q_norm.weight", (d,), None, "ones"), (p + "attn.k_norm.weight", (d,), None, "ones")]
+        specs += linear(p + "attn.o", (h, h), 1, "proj") + norm(p + "ln2")
         if cfg.experts:   # the router, then every expert's own weights (split over ep by expert)
             specs.append((p + "moe.router.weight", (cfg.experts, h), None, "normal"))
             fe = cfg.expert_width
@@ -342,6 +347,9 @@ class Block(nn.Module):
         self._causal_masks = {}
         for n in ("qkv", "o"):
             self.attn.add_module(n, nn.Module())
+        if cfg.qk_norm:
+            for n in ("q_norm", "k_norm"):
+                self.attn.add_module(n, nn.RMSNorm(self.head_dim, eps=1e-6))
         self.local_experts = local_experts(cfg, ctx.ep.rank, ctx.ep.size) if cfg.experts else range(0)
         if cfg.experts:
             self.moe = nn.Module()
@@ -365,8 +373,11 @@ class Block(nn.Module):
             value = shard(full_init(cfg, name, shape, kind), dim, ctx.tp_rank, ctx.tp_size)
             owner_path, leaf = name[len(prefix):].rsplit(".", 1)
             param = nn.Parameter(value)
-            # replicated params that see only a sequence shard need a tp all-reduce of grads
-            param.sp_partial = dim is None and ctx.sequence_parallel
+            # replicated params that see only a sequence shard need a tp all-reduce of grads, and so do
+            # the QK-norm weights, which each tp rank applies to its own heads only (Megatron-LM's
+            # _allreduce_layernorm_grads sums q_layernorm / k_layernorm grads over tp the same way)
+            qk = ".q_norm." in name or ".k_norm." in name
+            param.sp_partial = dim is None and (ctx.sequence_parallel or (qk and ctx.tp_size > 1))
             setattr(self.get_submodule(owner_path), leaf, param)
 
     def _enter_parallel(self, x):
@@ -447,6 +458,8 @@ class Block(nn.Module):
         else:
             q, k, v = self._fused_projection(x)
         b, s = q.shape[0], q.shape[2]
+        if self.cfg.qk_norm:   # each head normalized over its channels, before the rotary positions
+            q, k = a.q_norm(q), a.k_norm(k)
         if self.cfg.rotary:   # the tokens' global positions (this rank's under context parallelism)
             positions = self.ctx.cp.local_positions if self.ctx.cp_size > 1 else torch.arange(s)
             q, k = self._rotate(q, positions), self._rotate(k, positions)

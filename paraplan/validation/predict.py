@@ -91,7 +91,7 @@ def estimator_model(cfg):
                             activation=getattr(cfg, "activation", "gelu"), tied_embeddings=False,
                             norm=getattr(cfg, "norm", "layernorm"), bias=getattr(cfg, "bias", True),
                             learned_positions=not rotary, max_positions=0 if rotary else cfg.seq_len,
-                            rotary=rotary, dropout=False, moe=moe)
+                            rotary=rotary, dropout=False, moe=moe, qk_norm=getattr(cfg, "qk_norm", False))
 
 
 def estimator_plan(cfg, run, cpu: bool = False):
@@ -108,11 +108,12 @@ def estimator_plan(cfg, run, cpu: bool = False):
 
 def harness_runs_eager_elementwise(cfg) -> bool:
     """Whether the harness's model runs the norms, activation or rotary positions as eager PyTorch ops
-    (the estimator's ``fused_elementwise = False``): SwiGLU as silu and mul, RMSNorm as its composite
-    ops (PyTorch's CPU build has no fused kernel for it), rotary as q·cos + rotate_half(q)·sin. LayerNorm
-    and GELU are one native kernel each, which the default (fused) describes."""
+    (the estimator's ``fused_elementwise = False``): SwiGLU as silu and mul, RMSNorm (the model's, or
+    its QK-norm) as its composite ops (PyTorch's CPU build has no fused kernel for it), rotary as
+    q·cos + rotate_half(q)·sin. LayerNorm and GELU are one native kernel each, which the default
+    (fused) describes."""
     return (getattr(cfg, "activation", "gelu") == "swiglu" or getattr(cfg, "norm", "layernorm") == "rmsnorm"
-            or getattr(cfg, "rotary", False))
+            or getattr(cfg, "rotary", False) or getattr(cfg, "qk_norm", False))
 
 
 def ensure_profile(db: str | None, world_size: int, allow_profiling: bool = True) -> None:

@@ -17,7 +17,7 @@ MODELS_FILE = Path(__file__).parent / "catalog" / "models.yaml"
 MODEL_FILE_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation",
                    "tied_embeddings", "norm", "bias", "learned_positions", "max_positions", "moe",
                    "rotary", "dropout", "head_dim",
-                   "sliding_window", "sliding_window_every", "mla", "mtp_layers")
+                   "sliding_window", "sliding_window_every", "mla", "mtp_layers", "qk_norm")
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim")
 MOE_KEYS = ("experts", "top_k", "expert_ffn_hidden", "shared_experts", "every", "first_dense", "capacity_factor",
             "dispatch")
@@ -72,7 +72,7 @@ def model_from_mapping(data: Mapping[str, Any], source: str) -> TransformerModel
         dropout=_bool(f, "dropout", True), head_dim=f.integer("head_dim") if f.has("head_dim") else None,
         sliding_window=f.integer("sliding_window", 0, positive=False),
         sliding_window_every=f.integer("sliding_window_every", 1),
-        mtp_layers=f.integer("mtp_layers", 0, positive=False))
+        mtp_layers=f.integer("mtp_layers", 0, positive=False), qk_norm=_bool(f, "qk_norm", False))
 
 
 #: Hugging Face config keys of the residual (hidden) dropout probability, by model family
@@ -158,6 +158,10 @@ HF_ACTIVATIONS = {"gelu": ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh",
 # Hugging Face activation names: gated (GLU) families use three MLP matrices.
 _HF_GATED_MODEL_TYPES = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "qwen3", "gemma", "gemma2",
                          "deepseek_v2", "deepseek_v3", "olmo", "olmo2", "phi3", "granite", "cohere"}
+# model types whose attention RMS-normalizes its queries and keys after the projection (the modeling
+# files' q_norm / k_norm: Qwen3Attention, Qwen3MoeAttention, Gemma3Attention, Olmo2Attention); their
+# configs carry no key for it
+_HF_QK_NORM_MODEL_TYPES = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2"}
 # model types whose HF config ties the LM head to the embedding unless it says otherwise
 _HF_TIED_BY_DEFAULT = {"gpt2", "gpt_neo", "opt", "bloom", "gptj"}
 
@@ -245,7 +249,7 @@ def model_from_hf_config(data: Mapping[str, Any], source: str) -> TransformerMod
             rotary="rope_theta" in data or "rotary_dim" in data or "rope_scaling" in data,
             dropout=_hf_dropout(data), **{"head_dim": _hf_int(f, "head_dim", None), **_hf_mla(f)},
             mtp_layers=f.integer("num_nextn_predict_layers", 0, positive=False),
-            **_hf_sliding_window(f))
+            qk_norm=model_type in _HF_QK_NORM_MODEL_TYPES, **_hf_sliding_window(f))
     except ConfigError as e:
         if e.source == source:
             raise

@@ -130,6 +130,10 @@ class TransformerModel:
     #: one transformer block like the model's last (MoE in an MoE model), and the shared LM head with its
     #: own cross-entropy; the embedding and the head are shared with the main model (no parameters)
     mtp_layers: int = 0
+    #: an RMSNorm over each query and key head after the QKV projection, before the rotary embedding
+    #: (Qwen3's q_norm / k_norm, Megatron-Core ``qk_layernorm``; Gemma 3 and OLMo 2 likewise): one more
+    #: memory-bound norm over the layer's (q + k) widths per token, whose input backward keeps
+    qk_norm: bool = False
 
     def __post_init__(self):
         for key in ("layers", "hidden", "heads", "vocab"):
@@ -275,7 +279,8 @@ class TransformerModel:
     @property
     def norm_params_per_layer(self) -> int:
         per_norm = 2 * self.hidden if self.norm == "layernorm" else self.hidden
-        return 2 * per_norm
+        # QK-norm: one weight per channel of a head, shared by every query (key) head (Qwen3)
+        return 2 * per_norm + (2 * self.head_dim if self.qk_norm else 0)
 
     @property
     def params_per_layer(self) -> int:
