@@ -19,11 +19,12 @@ import numpy as np
 from paraplan.costmodels import compute as C
 from paraplan.costmodels import memory as M
 from paraplan.costmodels.dataparallel import (add_traffic, compressed_phase_factor, deepspeed_exposed, dp_exposed, dp_traffic,
+                                              OVERLAP_CONTENTION,
                                               expert_tp_replica_allreduce_time)
 from paraplan.costmodels.efficiency import curves_for, with_reference_block
 from paraplan.costmodels.intervals import describe_interval
 from paraplan.costmodels.offload import activation_offload_time, optimizer_and_offload, param_tensors, stage_param_tensors
-from paraplan.costmodels.pipeline import (bubble_factor, bubble_fraction, effective_compute_slowdown,
+from paraplan.costmodels.pipeline import (bubble_factor, bubble_fraction, effective_compute_slowdown, overlapped_p2p_crossings,
                                          p2p_messages_on_critical_path, pipeline_crossings_on_critical_path)
 from paraplan.plan import (FLEX_DISPATCH_ENGINES, MEGATRON_FSDP_STRATEGY, Engine, Plan, Recompute, StageLayers, check_plan, compute_dtype, expert_data_parallel, gemm_dtype,
                            is_fp8, model_stage_layers, recomputes_attention_core, stage_layer_counts)
@@ -116,6 +117,25 @@ def assumptions_for(plan) -> tuple[str, ...]:
     fp8_tp = (FP8_TP_GATHER,) if bool(np.all(C.tp_gathers_fp8(plan))) else ()
     rowwise = (FP8_ROWWISE_BACKWARD,) if plan.dtype == "fp8-rowwise" else ()
     return base + (FP8_ASSUMPTIONS if is_fp8(plan.dtype) else ()) + rowwise + fp8_tp
+
+
+def pipeline_p2p_time(model, job, plan, cluster, m, t_micro_fwd, t_micro_bwd):
+    """Seconds per step of pipeline transfers on the critical path (``pp_comm``): every transfer
+    (:func:`p2p_messages_on_critical_path`) at :func:`compute.p2p_time` P, and DeepSpeed's receive-side
+    gathers, except the steady-state crossings Megatron-Core's interleaved schedule overlaps
+    (:func:`overlapped_p2p_crossings`, 2·m·v). There each iteration runs one model chunk's forward and
+    one's backward, W = (t_micro_fwd + t_micro_bwd) / v (``t_micro_bwd`` with recomputation and, from
+    the caller, a host-bound MoE layer's wait for the host, when the links are free, as for the
+    data-parallel windows), while its two transfers (an activation to the next stage, a gradient to the
+    previous one, on different links) run beside it: the iteration takes max(W, P) and each transfer's
+    hidden part slows the compute by OVERLAP_CONTENTION of its duration (as a data-parallel
+    collective's does), so m·v · (max(0, P − W) + 2·OVERLAP_CONTENTION·min(P, W)) shows."""
+    p2p = C.p2p_time(model, job, plan, cluster)
+    iterations = overlapped_p2p_crossings(plan, m) / 2
+    window = (t_micro_fwd + t_micro_bwd) / np.asarray(plan.vpp, dtype=float)
+    overlapped = iterations * (np.maximum(0.0, p2p - window) + 2 * OVERLAP_CONTENTION * np.minimum(p2p, window))
+    return ((p2p_messages_on_critical_path(plan, m) - 2 * iterations) * p2p + overlapped
+            + pipeline_crossings_on_critical_path(plan, m) * C.p2p_receive_gather_time(model, job, plan, cluster))
 
 
 def qk_norm_assumption(model) -> tuple[str, ...]:
@@ -500,8 +520,7 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
         "cp_comm": m * cp_mid,
         "ep_comm": m * ep_mid,
         "moe_host": m * host_mid,
-        "pp_comm": (p2p_messages_on_critical_path(plan, m) * C.p2p_time(model, job, plan, cluster)
-                    + pipeline_crossings_on_critical_path(plan, m) * C.p2p_receive_gather_time(model, job, plan, cluster)),
+        "pp_comm": pipeline_p2p_time(model, job, plan, cluster, m, t_micro_fwd, t_micro_bwd + host_mid),
         "pp_bubble": (p - 1) * t_bubble * bubble_factor(plan),
         "dp_comm": dp_avg,
         "optimizer": optimizer + scaling_step_passes_time(model, plan, curves, params),

@@ -59,6 +59,26 @@ def p2p_messages_on_critical_path(plan, m):
     return pipeline_crossings_on_critical_path(plan, m) * per_crossing
 
 
+# Megatron-Core's interleaved schedule overlaps its pipeline transfers with compute (``overlap_p2p_comm``:
+# Megatron-LM's arguments.py keeps it, on by default, only with virtual stages and turns it off for the
+# non-interleaved schedule; NeMo 2's and Megatron-Bridge's comm-overlap configs set it whenever vp > 1):
+# each send and receive is posted asynchronously and waited for only when the next model chunk needs it
+# (megatron/core/pipeline_parallel/schedules.py, forward_backward_pipelining_with_interleaving), so in the
+# steady state a transfer runs while another chunk computes. The 2(p − 1) transfers of fill and drain are
+# waited for by an idle stage and stay on the critical path. Its 1F1B batches each send/recv pair and waits
+# (batch_p2p_comm), and the generic engine (Megatron-LM 2021's code, the SC21 runs) had no such overlap.
+OVERLAPPED_P2P_ENGINES = (Engine.MEGATRON,)
+
+
+def overlapped_p2p_crossings(plan, m):
+    """Crossings per step whose transfer overlaps a model chunk's compute: the 2·m·v steady-state ones
+    of Megatron-Core's interleaved schedule (the note above; of the 2·(m·v + p − 1) on the critical
+    path, :func:`pipeline_crossings_on_critical_path`); 0 for other engines and schedules."""
+    on = (np.isin(np.asarray(getattr(plan, "engine_code", Engine.GENERIC)), OVERLAPPED_P2P_ENGINES)
+          & (np.asarray(plan.schedule_code) == Schedule.INTERLEAVED) & (np.asarray(plan.pp) > 1))
+    return np.where(on, 2 * np.asarray(m, dtype=float) * np.asarray(plan.vpp, dtype=float), 0.0)
+
+
 def stage_overlap(plan, m):
     """Share of a pipeline stage's busy time during which another given stage computes too,
     averaged over the ordered pairs of stages (1 without pipelining).
