@@ -441,6 +441,8 @@ class TransformerModel:
         if self.sliding_window:
             every = "" if self.sliding_window_every == 1 else f" on 1 in {self.sliding_window_every} layers"
             kv += f", sliding window {self.sliding_window}{every}"
+        if self.qk_norm:
+            kv += ", QK-norm"
         moe = ""
         if self.moe:
             e = self.moe
