@@ -33,11 +33,14 @@ def _layer_bytes(cfg, recompute):
     return peak[1] - peak[0]
 
 
-@pytest.mark.parametrize("arch", [{}, dict(activation="swiglu", kv_heads=2, rotary=True, bias=False, norm="rmsnorm")])
+@pytest.mark.parametrize("arch", [{}, dict(activation="swiglu", kv_heads=2, rotary=True, bias=False, norm="rmsnorm"),
+                                  dict(activation="swiglu", kv_heads=2, rotary=True, bias=False, norm="rmsnorm",
+                                       qk_norm=True)])
 def test_op_sac_keeps_every_other_matmul_and_the_attention_output(arch):
     """torchtitan's op-level SAC on the harness: a layer keeps its input, wq's and wv's outputs, the fused
     attention's output (and its fp32 log-sum-exp), w1's and (SwiGLU) w2's outputs, the estimator's
-    memory.op_sac_saved_bytes_per_token in fp32, and matches the run without recomputation."""
+    memory.op_sac_saved_bytes_per_token in fp32, and matches the run without recomputation. A QK-norm
+    keeps nothing more: its ops are recomputed in the backward, like the rotary positions."""
     from dataclasses import replace
     cfg = replace(CFG, attention="sdpa", **arch)
     T, h, heads = 2 * cfg.seq_len, cfg.hidden, cfg.heads
