@@ -43,3 +43,11 @@ def test_the_overlapped_transfers_cost_their_contention_only():
         float(pipeline_crossings_on_critical_path(replace(INTERLEAVED, vpp=1, schedule="1f1b"), 64))
         * float(C.p2p_time(MODEL, JOB, replace(INTERLEAVED, vpp=1, schedule="1f1b"), CLUSTER)), rel=1e-6)
     assert np.isfinite(e.step_time_s)
+
+
+def test_the_estimate_says_how_it_priced_the_pipeline_transfers():
+    def said(plan):
+        return [a for a in estimate(MODEL, JOB, CLUSTER, plan).assumptions if a.startswith("pipeline transfers")]
+    assert "overlap the next model chunks' compute" in said(INTERLEAVED)[0]
+    assert "on the critical path" in said(replace(INTERLEAVED, engine="generic"))[0]
+    assert said(replace(INTERLEAVED, pp=1, dp=16, vpp=1, schedule="1f1b")) == []

@@ -138,6 +138,18 @@ def pipeline_p2p_time(model, job, plan, cluster, m, t_micro_fwd, t_micro_bwd):
             + pipeline_crossings_on_critical_path(plan, m) * C.p2p_receive_gather_time(model, job, plan, cluster))
 
 
+def pipeline_transfer_assumption(plan) -> tuple[str, ...]:
+    """How a pipelined plan's stage-to-stage transfers are priced, said with its estimate."""
+    if plan.pp <= 1:
+        return ()
+    if float(overlapped_p2p_crossings(plan, 1)) > 0:
+        return ("pipeline transfers: the interleaved schedule's steady-state sends and receives overlap the next "
+                "model chunks' compute (Megatron-Core overlap_p2p_comm, on with virtual stages); fill and drain "
+                "transfers are exposed",)
+    return ("pipeline transfers: every send and receive between stages is on the critical path (no overlap with "
+            "compute in this engine and schedule)",)
+
+
 def qk_norm_assumption(model) -> tuple[str, ...]:
     """What a QK-norm model (Qwen3) adds, said with its estimate: the per-head query and key RMSNorms."""
     if not getattr(model, "qk_norm", False):
@@ -700,6 +712,7 @@ def estimate_legal(model, job, cluster, plan: Plan, *, curves=None, max_memory_f
         efficiency_curves=curves.describe(),
         assumptions=(assumptions_for(plan) + gemm_level_assumption(plan, curves)
                      + attention_kernel_assumption(model, job, plan, curves) + qk_norm_assumption(model)
+                     + pipeline_transfer_assumption(plan)
                      + softmax_exp_assumption(model, plan, curves)
                      + moe_dispatch_assumption(model, job, plan) + moe_host_assumption(model, plan)
                      + ep_overlap_assumption(job, plan) + domains
