@@ -18,9 +18,8 @@ import numpy as np
 
 from paraplan.costmodels import compute as C
 from paraplan.costmodels import memory as M
-from paraplan.costmodels.dataparallel import (add_traffic, compressed_phase_factor, deepspeed_exposed, dp_exposed, dp_traffic,
-                                              OVERLAP_CONTENTION,
-                                              expert_tp_replica_allreduce_time)
+from paraplan.costmodels.dataparallel import (OVERLAP_CONTENTION, add_traffic, compressed_phase_factor, deepspeed_exposed,
+                                              dp_exposed, dp_traffic, expert_tp_replica_allreduce_time)
 from paraplan.costmodels.efficiency import curves_for, with_reference_block
 from paraplan.costmodels.intervals import describe_interval
 from paraplan.costmodels.offload import activation_offload_time, optimizer_and_offload, param_tensors, stage_param_tensors
