@@ -548,6 +548,18 @@ def windowed_attention_efficiency(model, plan, curves, query_len, batch_heads):
     return length, share, eff
 
 
+def chunked_attention_efficiency(model, plan, curves, query_len, batch_heads):
+    """(L, share, efficiency) of a model's chunked-attention layers on the measured table: each chunk is
+    a causal attention of L = min(chunk, queries) tokens, query_len / L of them per head (a varlen kernel's
+    or a block-diagonal mask's work), which take L / query_len of the causal attention over all queries,
+    at the kernel's measured efficiency for L tokens and that many more heads."""
+    s = np.asarray(query_len, dtype=float)
+    length = np.minimum(float(model.attention_chunk), s)
+    copies = s / length
+    eff = measured_attention_efficiency(model, plan, curves, length, batch_heads * copies)
+    return length, length / s, eff
+
+
 def attention_core_times(model, job, plan, curves):
     """(forward, backward) time of the attention core (QKᵀ, softmax, PV) for one micro-batch.
     Fused: at the generation's calibrated efficiency, or, where the plan names a kernel, its
@@ -559,7 +571,7 @@ def attention_core_times(model, job, plan, curves):
     t = np.asarray(plan.tp, dtype=float)
     dt = _dtype(plan)
     # fused: causal mask halves the executed work
-    window = model.attention_keys_per_query(s, causal_halved=True) / (s / 2)   # 1 without a sliding window
+    window = model.attention_keys_per_query(s, causal_halved=True) / (s / 2)   # 1 without a window or chunks
     flops_fwd = 2.0 * b * s_l * s * (model.q_hidden + model.attn_out_hidden) / t / 2 * window
     fused_f = curves.flash_attention_time(flops_fwd, dt)
     fused_b = curves.flash_attention_time(2.5 * flops_fwd, dt)
@@ -571,11 +583,14 @@ def attention_core_times(model, job, plan, curves):
         # equal key tiles per query tile they amount to (windowed_attention_equivalent)
         peak = curves.accelerator.peak(dt)
         full_flops = flops_fwd / window
-        share = model.windowed_layer_share
-        seconds_per_flop = (1 - share) / (peak * np.where(named, eff, 1.0))
+        share, chunked = model.windowed_layer_share, model.chunked_layer_share
+        seconds_per_flop = (1 - share - chunked) / (peak * np.where(named, eff, 1.0))
         if share:   # time_share is of the causal attention over this rank's s_l queries: s_l/s of full_flops
             _, time_share, eff_w = windowed_attention_efficiency(model, plan, curves, s_l, heads_gpu)
             seconds_per_flop = seconds_per_flop + share * time_share * (s_l / s) / (peak * np.where(named, eff_w, 1.0))
+        if chunked:  # likewise: chunks of causal attention (chunked_attention_efficiency)
+            _, time_share, eff_c = chunked_attention_efficiency(model, plan, curves, s_l, heads_gpu)
+            seconds_per_flop = seconds_per_flop + chunked * time_share * (s_l / s) / (peak * np.where(named, eff_c, 1.0))
         named_f = curves.kernel_overhead_s + full_flops * seconds_per_flop
         fused_f = np.where(named, named_f, fused_f)
         fused_b = np.where(named, curves.kernel_overhead_s + 2.5 * (named_f - curves.kernel_overhead_s), fused_b)

@@ -172,6 +172,10 @@ def attention_kernel_assumption(model, job, plan, curves) -> tuple[str, ...]:
         length, _, eff_w = C.windowed_attention_efficiency(model, plan, curves, query_len, heads)
         windowed = (f"; its {model.sliding_window}-key sliding-window layers run as causal attention over "
                     f"{float(length):.0f} tokens (the same key tiles per query tile) at {float(eff_w):.3f}")
+    if model.chunked_layer_share and eff is not None and not np.isnan(float(eff)):
+        length, _, eff_c = C.chunked_attention_efficiency(model, plan, curves, query_len, heads)
+        windowed += (f"; its chunked-attention layers run as causal attentions over {float(length):.0f}-token "
+                     f"chunks at {float(eff_c):.3f}")
     if plan.attention_kernel == "auto":
         if eff is None or np.isnan(float(eff)):
             return ()

@@ -17,7 +17,8 @@ MODELS_FILE = Path(__file__).parent / "catalog" / "models.yaml"
 MODEL_FILE_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation",
                    "tied_embeddings", "norm", "bias", "learned_positions", "max_positions", "moe",
                    "rotary", "dropout", "head_dim",
-                   "sliding_window", "sliding_window_every", "mla", "mtp_layers", "qk_norm")
+                   "sliding_window", "sliding_window_every", "mla", "mtp_layers", "qk_norm", "attention_chunk",
+                   "global_attention_every")
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim")
 MOE_KEYS = ("experts", "top_k", "expert_ffn_hidden", "shared_experts", "every", "first_dense", "capacity_factor",
             "dispatch")
@@ -72,7 +73,9 @@ def model_from_mapping(data: Mapping[str, Any], source: str) -> TransformerModel
         dropout=_bool(f, "dropout", True), head_dim=f.integer("head_dim") if f.has("head_dim") else None,
         sliding_window=f.integer("sliding_window", 0, positive=False),
         sliding_window_every=f.integer("sliding_window_every", 1),
-        mtp_layers=f.integer("mtp_layers", 0, positive=False), qk_norm=_bool(f, "qk_norm", False))
+        mtp_layers=f.integer("mtp_layers", 0, positive=False), qk_norm=_bool(f, "qk_norm", False),
+        attention_chunk=f.integer("attention_chunk", 0, positive=False),
+        global_attention_every=f.integer("global_attention_every", 0, positive=False))
 
 
 #: Hugging Face config keys of the residual (hidden) dropout probability, by model family
@@ -199,6 +202,22 @@ def _hf_moe(f: FieldReader) -> MoESpec | None:
                    every=f.integer(every_key, 1), first_dense=f.integer("first_k_dense_replace", 0, positive=False))
 
 
+def _hf_chunked_attention(f: FieldReader) -> dict:
+    """Chunked local attention of an HF config (Llama 4's text config): ``attention_chunk_size`` tokens per
+    chunk on its RoPE layers; the others, ``no_rope_layers``' zeros (or every ``no_rope_layer_interval``-th
+    layer, transformers' Llama4TextConfig default 4), attend globally."""
+    chunk = f.data.get("attention_chunk_size")
+    if not chunk:
+        return {}
+    flags = f.data.get("no_rope_layers")
+    if isinstance(flags, list) and flags:
+        nope = sum(1 for x in flags if not x)
+        every = max(1, round(len(flags) / nope)) if nope else 0
+    else:
+        every = f.integer("no_rope_layer_interval", 4, positive=False)
+    return {"attention_chunk": f.integer("attention_chunk_size"), "global_attention_every": every}
+
+
 def _hf_sliding_window(f: FieldReader) -> dict:
     """Sliding-window attention of an HF config: ``sliding_window`` keys, on the layers ``layer_types``
     marks "sliding_attention" (GPT-OSS alternates: every 2nd), else on every layer unless
@@ -249,7 +268,7 @@ def model_from_hf_config(data: Mapping[str, Any], source: str) -> TransformerMod
             rotary="rope_theta" in data or "rotary_dim" in data or "rope_scaling" in data,
             dropout=_hf_dropout(data), **{"head_dim": _hf_int(f, "head_dim", None), **_hf_mla(f)},
             mtp_layers=f.integer("num_nextn_predict_layers", 0, positive=False),
-            qk_norm=model_type in _HF_QK_NORM_MODEL_TYPES, **_hf_sliding_window(f))
+            qk_norm=model_type in _HF_QK_NORM_MODEL_TYPES, **_hf_sliding_window(f), **_hf_chunked_attention(f))
     except ConfigError as e:
         if e.source == source:
             raise

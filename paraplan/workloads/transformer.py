@@ -121,6 +121,11 @@ class TransformerModel:
     #: alternates windowed and full layers: 2)
     sliding_window: int = 0
     sliding_window_every: int = 1
+    #: chunked local attention (Llama 4's ``attention_chunk_size``): a query attends causally to the keys
+    #: of its own chunk of ``attention_chunk`` tokens only; every ``global_attention_every``-th layer
+    #: attends to the whole causal prefix instead (Llama 4: its no-RoPE layers, one in 4; 0: no layer)
+    attention_chunk: int = 0
+    global_attention_every: int = 0
     #: multi-head latent attention in place of the Q/K/V projections (DeepSeek-V2/V3); ``head_dim`` is
     #: then the non-rotary query/key width per head (qk_nope_head_dim)
     mla: MLASpec | None = None
@@ -163,6 +168,13 @@ class TransformerModel:
                               source=self.name)
         if isinstance(self.mtp_layers, bool) or not isinstance(self.mtp_layers, int) or self.mtp_layers < 0:
             raise ConfigError("mtp_layers", f"must be a non-negative integer, got {self.mtp_layers!r}", source=self.name)
+        for key in ("attention_chunk", "global_attention_every"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ConfigError(key, f"must be a non-negative integer, got {v!r}", source=self.name)
+        if self.attention_chunk and self.sliding_window:
+            raise ConfigError("attention_chunk", "a model has a sliding window or chunked attention, not both",
+                              accepted="attention_chunk: 0, or sliding_window: 0", source=self.name)
         for key in ("sliding_window", "sliding_window_every"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "sliding_window" else 1):
@@ -398,14 +410,26 @@ class TransformerModel:
         """Share of the layers whose attention is a sliding window (0 without one)."""
         return 1.0 / self.sliding_window_every if self.sliding_window else 0.0
 
+    @property
+    def chunked_layer_share(self) -> float:
+        """Share of the layers whose attention stays inside its chunk (0 without chunked attention)."""
+        if not self.attention_chunk:
+            return 0.0
+        return 1.0 - (1.0 / self.global_attention_every if self.global_attention_every else 0.0)
+
     def attention_keys_per_query(self, seq_len: int, causal_halved: bool = False) -> float:
-        """Keys a query meets, averaged over the layers: s in full layers and min(window, s) in windowed
-        ones; counted causally, s/2 in full layers and w - w²/(2s) in windowed ones (w ≤ s: the first w
-        queries meet 1..w keys, the others w)."""
+        """Keys a query meets, averaged over the layers: s in full layers, min(window, s) in windowed
+        ones and, in chunked ones, its chunk's (the s tokens cut into q = ⌊s/c⌋ chunks of c and one of
+        r = s − q·c: (q·c² + r²)/s); counted causally, s/2 in full layers, w - w²/(2s) in windowed ones
+        (w ≤ s: the first w queries meet 1..w keys, the others w) and half the chunked count."""
         share, w = self.windowed_layer_share, min(self.sliding_window, seq_len)
+        chunked = self.chunked_layer_share
+        c = min(self.attention_chunk, seq_len) if self.attention_chunk else seq_len
+        q, r = divmod(seq_len, c)
+        in_chunk = (q * c * c + r * r) / seq_len
         if causal_halved:
-            return (1 - share) * (seq_len / 2) + share * (w - w * w / (2 * seq_len))
-        return (1 - share) * seq_len + share * w
+            return (1 - share - chunked) * (seq_len / 2) + share * (w - w * w / (2 * seq_len)) + chunked * in_chunk / 2
+        return (1 - share - chunked) * seq_len + share * w + chunked * in_chunk
 
     def attention_flops_per_token_per_layer(self, seq_len: int, causal_halved: bool = False) -> float:
         """Forward FLOPs per token of QKᵀ and PV: 2 · keys · heads · (qk_head_dim + v_head_dim)
@@ -441,6 +465,9 @@ class TransformerModel:
         if self.sliding_window:
             every = "" if self.sliding_window_every == 1 else f" on 1 in {self.sliding_window_every} layers"
             kv += f", sliding window {self.sliding_window}{every}"
+        if self.attention_chunk:
+            every = f", global on 1 in {self.global_attention_every} layers" if self.global_attention_every else ""
+            kv += f", chunked attention {self.attention_chunk}{every}"
         if self.qk_norm:
             kv += ", QK-norm"
         moe = ""
