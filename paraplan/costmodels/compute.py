@@ -668,9 +668,12 @@ def mlp_activation_bytes_per_token(model, job, moe: bool, plan) -> float:
 
 # Eager RMSNorm, per norm and token (16-bit input, fp32 math; bytes read + written): upcast 2h + 4h,
 # pow 4h + 4h, mean 4h, rsqrt-mul 4h + 4h, downcast 4h + 2h, weight-mul 2h + 2h = 40h, against 4h for
-# one fused kernel (read x, write y): 36h more per norm, two norms per layer, and 5 kernels instead of 1.
-UNFUSED_NORM_EXTRA_BYTES_PER_HIDDEN = 2 * 36
-UNFUSED_NORM_EXTRA_KERNELS = 2 * 4
+# one fused kernel (read x, write y): 36h more per norm, and 5 kernels instead of 1; two norms per layer.
+FUSED_NORM_BYTES_PER_ELEMENT = 4
+UNFUSED_NORM_EXTRA_BYTES_PER_ELEMENT = 36
+UNFUSED_NORM_EXTRA_KERNELS_EACH = 4
+UNFUSED_NORM_EXTRA_BYTES_PER_HIDDEN = 2 * UNFUSED_NORM_EXTRA_BYTES_PER_ELEMENT
+UNFUSED_NORM_EXTRA_KERNELS = 2 * UNFUSED_NORM_EXTRA_KERNELS_EACH
 # Eager SwiGLU: silu reads gate, writes silu(gate) (2f + 2f); mul reads it and up, writes the product
 # (4f + 2f): 10f against 6f for one fused kernel (read gate | up, write the product), one kernel more.
 UNFUSED_SWIGLU_EXTRA_BYTES_PER_FFN = 4
@@ -696,23 +699,23 @@ def rope_bytes_per_token(model, unfused):
     return per * model.rope_hidden
 
 
-# Latent attention's RMSNorms of its query and key/value latents: 16-bit read and write per element, on
-# every tp rank (the down-projections that make the latents are duplicated, not split).
-MLA_LATENT_NORM_BYTES_PER_ELEMENT = 4
+# Latent attention's RMSNorms of its query and key/value latents: a fused norm's 16-bit read and write per
+# element, on every tp rank (the down-projections that make the latents are duplicated, not split).
+MLA_LATENT_NORM_BYTES_PER_ELEMENT = FUSED_NORM_BYTES_PER_ELEMENT
 
 
 def qk_norm_bytes_and_kernels(model, unfused):
     """(bytes per token over all ranks, kernels) of a QK-norm model's RMSNorms of its queries and keys
     (``model.qk_norm``: Qwen3's q_norm / k_norm over each head, before the rotary embedding), forward:
     the fused kernel reads and writes each of the q_hidden + kv_hidden elements once (4 bytes, 16-bit),
-    one kernel for the queries and one for the keys; eager, each norm streams the UNFUSED_NORM_EXTRA
-    bytes more a hidden-wide eager RMSNorm does per element, in its 4 kernels more. Split over tp with
-    the heads (the caller divides); (0, 0) without QK-norm."""
+    one kernel for the queries and one for the keys; eager, each norm streams the bytes and kernels an
+    eager RMSNorm adds per element (UNFUSED_NORM_EXTRA_*). Split over tp with the heads (the caller
+    divides); (0, 0) without QK-norm."""
     if not getattr(model, "qk_norm", False):
         return 0.0, 0
     width = model.q_hidden + model.kv_hidden
-    per = MLA_LATENT_NORM_BYTES_PER_ELEMENT + np.where(unfused, UNFUSED_NORM_EXTRA_BYTES_PER_HIDDEN / 2, 0.0)
-    return per * width, 2 + np.where(unfused, UNFUSED_NORM_EXTRA_KERNELS, 0)
+    per = FUSED_NORM_BYTES_PER_ELEMENT + np.where(unfused, UNFUSED_NORM_EXTRA_BYTES_PER_ELEMENT, 0.0)
+    return per * width, 2 * (1 + np.where(unfused, UNFUSED_NORM_EXTRA_KERNELS_EACH, 0))
 
 
 def elementwise_forward_time(model, job, plan, curves, moe: bool = False):

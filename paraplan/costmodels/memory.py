@@ -270,11 +270,17 @@ def score_elements(model, job, plan):
     return tokens_per_rank(job, plan) * model.heads * job.seq_len / np.asarray(plan.tp, dtype=float)
 
 
-def eager_norm_saved_bytes(model, plan):
-    """Bytes per hidden element one norm keeps beyond a fused kernel's: EAGER_RMSNORM_SAVED_BYTES_PER_ELEMENT
-    for an RMSNorm model whose plan runs the elementwise ops eager (``fused_elementwise`` False), else 0."""
-    eager = ~np.asarray(getattr(plan, "fused_elementwise", True), dtype=bool) & (getattr(model, "norm", "rmsnorm") == "rmsnorm")
+def eager_rmsnorm_saved_bytes(plan):
+    """Bytes per element an RMSNorm keeps beyond a fused kernel's: EAGER_RMSNORM_SAVED_BYTES_PER_ELEMENT
+    where the plan runs the elementwise ops eager (``fused_elementwise`` False), else 0."""
+    eager = ~np.asarray(getattr(plan, "fused_elementwise", True), dtype=bool)
     return np.where(eager, EAGER_RMSNORM_SAVED_BYTES_PER_ELEMENT, 0.0)
+
+
+def eager_norm_saved_bytes(model, plan):
+    """Bytes per hidden element one of the model's norms keeps beyond a fused kernel's:
+    :func:`eager_rmsnorm_saved_bytes` for an RMSNorm model, else 0 (LayerNorm is one native kernel)."""
+    return np.where(getattr(model, "norm", "rmsnorm") == "rmsnorm", eager_rmsnorm_saved_bytes(plan), 0.0)
 
 
 def grouped_kv_expansion_bytes_per_token(model) -> float:
@@ -291,16 +297,14 @@ def qk_norm_saved_bytes_per_token(model, plan):
     """16-bit bytes per token (over all tp ranks) a QK-norm model's query and key RMSNorms keep for
     backward (``model.qk_norm``; Megatron-Core's q_layernorm / k_layernorm, Qwen3's q_norm / k_norm):
     their input, the projection's q and k before the norm, 2·(q + k) (the normalized, rotated q and k
-    the attention core keeps are counted with it already), and where the plan runs its elementwise ops
-    eager (``fused_elementwise`` False) an eager RMSNorm's extra, EAGER_RMSNORM_SAVED_BYTES_PER_ELEMENT
-    (its normalized output; a QK-norm is an RMSNorm whatever the model's other norms are). Kept under
-    selective recomputation (the norms sit outside the attention core); 0 without QK-norm."""
+    the attention core keeps are counted with it already), and an eager RMSNorm's extra
+    (:func:`eager_rmsnorm_saved_bytes`, its normalized output; a QK-norm is an RMSNorm whatever the model's
+    other norms are). Kept under selective recomputation (the norms sit outside the attention core); 0
+    without QK-norm."""
     if not getattr(model, "qk_norm", False):
         return 0.0
     width = model.q_hidden + model.kv_hidden
-    eager = ~np.asarray(getattr(plan, "fused_elementwise", True), dtype=bool)
-    extra = np.where(eager, EAGER_RMSNORM_SAVED_BYTES_PER_ELEMENT, 0.0) / (element_bytes(plan) / BYTES)
-    return (2.0 + extra) * width
+    return (2.0 + eager_rmsnorm_saved_bytes(plan) / (element_bytes(plan) / BYTES)) * width
 
 
 def qk_norm_rstd_bytes_per_token(model):
