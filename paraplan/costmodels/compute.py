@@ -859,12 +859,10 @@ def tp_allreduce_time(model, job, plan, cluster, copies=1.0, fp8_gathers=True):
     ar = tp_collective_time(ALL_REDUCE, size, plan, cluster)
     sp = np.asarray(plan.sp, dtype=bool)
     intra, inter = cluster.links("tp")
-    fp8 = tp_gathers_fp8(plan) & bool(fp8_gathers)
-    if not np.any(sp) or not (intra.per_op or inter.per_op or np.any(fp8)):
+    if not np.any(sp) or not (intra.per_op or inter.per_op or (fp8_gathers and np.any(tp_gathers_fp8(plan)))):
         return ar
-    gathered = tp_activation_bytes(model, job, plan) * np.where(fp8, FP8_GATHER_BYTES_RATIO, 1.0)
     rs_ag = tp_collective_time(REDUCE_SCATTER, size, plan, cluster) \
-        + tp_collective_time(ALL_GATHER, gathered * copies, plan, cluster)
+        + tp_collective_time(ALL_GATHER, tp_gathered_bytes(model, job, plan, fp8_gathers) * copies, plan, cluster)
     return np.where(sp, rs_ag, ar)
 
 
@@ -903,10 +901,12 @@ def tp_activation_bytes(model, job, plan):
     return tokens_per_rank(job, plan) * model.hidden * element_bytes(plan)
 
 
-def tp_gathered_bytes(model, job, plan):
+def tp_gathered_bytes(model, job, plan, fp8_gathers=True):
     """Bytes one sequence-parallel all-gather of a layer's block input carries: the T·h activation, fp8
-    where the gathers carry fp8 (:func:`tp_gathers_fp8`: FP8_GATHER_BYTES_RATIO of it)."""
-    return tp_activation_bytes(model, job, plan) * np.where(tp_gathers_fp8(plan), FP8_GATHER_BYTES_RATIO, 1.0)
+    where the gathers carry fp8 (:func:`tp_gathers_fp8`: FP8_GATHER_BYTES_RATIO of it; ``fp8_gathers``
+    False: a tensor no fp8 linear reads, 16-bit whatever the plan)."""
+    fp8 = tp_gathers_fp8(plan) & bool(fp8_gathers)
+    return tp_activation_bytes(model, job, plan) * np.where(fp8, FP8_GATHER_BYTES_RATIO, 1.0)
 
 
 def op_sac_regather_time(model, job, plan, cluster):
