@@ -70,7 +70,10 @@ def linear_gemm_time(curves, m, n, k, plan, count=1):
     """A linear layer's GEMM: in the plan's GEMM format, slowed under fp8 by the recipe's scaling
     work inside the GEMM (``fp8_recipe_gemm_efficiency`` of the curves: per-row / per-block scales
     are applied in the GEMM's main loop or epilogue; per-tensor scales cost nothing there)."""
-    t = curves.gemm_time(m, n, k, _linear_dtype(plan), count=count)
+    dtype = _linear_dtype(plan)
+    t = curves.gemm_time(m, n, k, dtype, count=count)
+    if hasattr(curves, "gemm_memory_time"):     # analytical curves: the roofline's memory side
+        t = np.maximum(t, count * (curves.kernel_overhead_s + curves.gemm_memory_time(m, n, k, dtype)))
     if is_fp8(plan.dtype):
         t = t / fp8_recipe_gemm_efficiency(curves, plan.dtype)
     return t
@@ -234,6 +237,32 @@ def separate_input_projections(model, plan):
     return (np.where(titan & (not model.mla), 3, 1), np.where(titan, model.mlp_matrices - 1, 1))
 
 
+#: bytes of an activation gradient element (16-bit, also under fp8: the GEMMs write bf16)
+GRADIENT_BYTES = 2
+
+
+def separate_input_gradient_sum_time(model, job, plan, curves):
+    """Backward seconds per layer and micro-batch of summing the input gradients of projections that
+    read one tensor as separate modules (:func:`separate_input_projections`: torchtitan's wq, wk, wv
+    and w1, w3), as a compiled torchtitan block runs it. Each module's input-gradient GEMM writes its
+    own T x h partial gradient and autograd adds the k of them up. Under tensor parallelism the sum is
+    materialized before the reduce-scatter: one fused kernel reading k and writing one, (k + 1)·T·h
+    16-bit elements. Without it, inductor fuses the sum into the norm's backward, which then reads k
+    gradients instead of one: (k - 1)·T·h more. At the streaming rate; the MLP's share counts on dense
+    layers only (an MoE layer's input feeds its router and experts instead); 0 where the engine fuses
+    the projections (Megatron-LM's linear_qkv and linear_fc1)."""
+    attn_sep, mlp_sep = separate_input_projections(model, plan)
+    T = tokens_per_rank(job, plan)
+    dense = 1.0 - model.moe_layers / model.layers
+    materialized = np.asarray(plan.tp) > 1
+
+    def passes(k):
+        return np.where(k > 1, np.where(materialized, k + 1, k - 1), 0)
+    kernels = np.where(materialized, (attn_sep > 1) + dense * (mlp_sep > 1), 0)
+    elements = (passes(attn_sep) + dense * passes(mlp_sep)) * T * model.hidden
+    return np.where(elements > 0, curves.streaming_time(elements * GRADIENT_BYTES, kernels=kernels), 0.0)
+
+
 def fp8_rowwise_rescale_time(model, job, plan, curves):
     """Backward seconds of one layer's row-wise rescale kernels (0 outside fp8-rowwise): every linear's
     input-gradient GEMM output (T x its input width on this tp rank; one per separate projection,
@@ -258,8 +287,14 @@ def attention_gemm_forward_times(model, job, plan, curves) -> list:
     projections), each GEMM T x (its output on this tp rank) x (its input on this tp rank)."""
     T = tokens_per_rank(job, plan)
     t = np.asarray(plan.tp, dtype=float)
-    return [linear_gemm_time(curves, T, out * _tp_share(split == "column", t), inp * _tp_share(split == "row", t), plan)
-            for out, inp, split in model.attention_gemms]
+    times = [linear_gemm_time(curves, T, out * _tp_share(split == "column", t), inp * _tp_share(split == "row", t), plan)
+             for out, inp, split in model.attention_gemms]
+    if not model.mla:       # the fused QKV comes first: separate wq, wk, wv where the engine keeps them apart
+        attn_sep, _ = separate_input_projections(model, plan)
+        apart = (linear_gemm_time(curves, T, model.q_hidden / t, model.hidden, plan)
+                 + 2 * linear_gemm_time(curves, T, model.kv_hidden / t, model.hidden, plan))
+        times[0] = np.where(attn_sep > 1, apart, times[0])
+    return times
 
 
 def attention_gemm_forward_time(model, job, plan, curves):
@@ -352,7 +387,10 @@ def mlp_gemm_forward_times(model, job, plan, curves, width=None) -> tuple:
     t = np.asarray(plan.tp, dtype=float)
     f = model.ffn_hidden if width is None else width
     h, g = model.hidden, model.mlp_matrices - 1
-    return linear_gemm_time(curves, T, g * f / t, h, plan), linear_gemm_time(curves, T, h, f / t, plan)
+    _, mlp_sep = separate_input_projections(model, plan)
+    first = np.where(mlp_sep > 1, mlp_sep * linear_gemm_time(curves, T, g * f / mlp_sep / t, h, plan),
+                     linear_gemm_time(curves, T, g * f / t, h, plan))
+    return first, linear_gemm_time(curves, T, h, f / t, plan)
 
 
 def mlp_gemm_forward_time(model, job, plan, curves, width=None):
@@ -1222,7 +1260,7 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
         bwd = (1 - share_moe) * bwd + share_moe * moe_b
     cast_f, cast_b = fp8_cast_times(model, job, plan, curves)   # dense-layer counts (routed experts: assumed alike)
     cast_b = cast_b + fp8_rowwise_rescale_time(model, job, plan, curves)
-    fwd, bwd = fwd + cast_f, bwd + cast_b
+    fwd, bwd = fwd + cast_f, bwd + cast_b + separate_input_gradient_sum_time(model, job, plan, curves)
     ar = tp_allreduce_time(model, job, plan, cluster)
     # all-reduce equivalents of a layer per pass: the attention's, and the dense MLP's or the MoE layer's
     mlp_ar = ar

@@ -9,6 +9,8 @@ Formulas (each evaluated over numpy arrays as well as scalars):
   accelerator's GEMM library splits the K loop across SMs (stream-K / split-K scheduling,
   ``gemm_split_k`` in curves.yaml: Hopper, measured), the units that fill the waves are the tiles'
   K iterations, ``C = ceil(m/Tm)·ceil(n/Tn)·ceil(k/Tk)`` (Osama et al. 2023, arXiv:2301.03598).
+  A linear layer's GEMM takes at least the time to move its operands and output once
+  (:meth:`AnalyticalCurves.gemm_memory_time`, a per-op roofline): it binds on thin projections only.
 * memory-bound kernels: ``t = kernels · t0 + bytes / (BW_hbm · η_mem)``.
 * fused attention (FlashAttention): ``t = t0 + F / (peak · η_flash)``, times
   :meth:`AnalyticalCurves.softmax_exp_time_factor` on a part whose softmax exponentials run faster than
@@ -32,6 +34,10 @@ from paraplan.hardware.model import Accelerator, MeasuredProfile
 from paraplan.plan import Plan
 from paraplan.workloads.transformer import TrainingJob, TransformerModel
 
+
+
+#: bytes per element of a GEMM operand, by the GEMM's format (16-bit formats: 2)
+GEMM_OPERAND_BYTES = {"fp8": 1.0, "fp32": 4.0, "tf32": 4.0}
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,19 @@ class AnalyticalCurves:
         m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
         return count * (self.kernel_overhead_s + self._tensor_core_time(m, n, k, dtype))
 
+    def gemm_memory_time(self, m, n, k, dtype: str = "bf16"):
+        """Seconds one (m x k)·(k x n) GEMM needs at least to move its operands and its output through
+        HBM once, at the streaming rate: (mk + kn)·w_in + mn·w_out bytes, w_in the format's width (fp8
+        1, 16-bit 2, fp32 4) and w_out 2 for fp8 GEMMs (bf16 output), else w_in. The memory side of a
+        per-op roofline, max(compute, memory) (llm-analysis's per-op latency, calculon's ``roofline``
+        mode; shared/reference/hardware_costmodels.md sec. 3.1-3.2): it binds only on thin GEMMs, whose
+        arithmetic intensity 2mnk / bytes falls below peak FLOP/s over HBM bandwidth (H100 bf16: ~200
+        FLOP per byte at the curves' rates), e.g. a 128-wide key or value projection."""
+        m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
+        w_in = GEMM_OPERAND_BYTES.get(dtype, 2.0)
+        w_out = 2.0 if dtype == "fp8" else w_in
+        return self.streaming_time((m * k + k * n) * w_in + m * n * w_out, kernels=0)
+
     def grouped_gemm_time(self, m, n, k, groups, dtype: str = "bf16"):
         """Seconds for one grouped GEMM: ``groups`` products (m x k)·(k x n) in a single launch (the
         routed experts of an MoE layer under Megatron-Core/Transformer Engine grouped GEMM or
@@ -116,7 +135,7 @@ class AnalyticalCurves:
         acc = self.accelerator
         m, n, k, g = (np.asarray(x, dtype=float) for x in (m, n, k, groups))
         compute = self._tensor_core_time(m, n, k, dtype, g)
-        width = {"fp8": 1.0, "fp32": 4.0, "tf32": 4.0}.get(dtype, 2.0)
+        width = GEMM_OPERAND_BYTES.get(dtype, 2.0)
         stream = self.streaming_time(g * (n * k + m * k + m * n) * width, kernels=0)
         return self.kernel_overhead_s + np.maximum(compute, stream)
 

@@ -104,6 +104,13 @@ SCALING_DP_ASSUMPTION = ("data-parallel reduction as Scaling runs it (engine sca
                          "backward, exposed")
 
 
+TORCHTITAN_COMPILED_BLOCKS = ("torchtitan: every transformer block compiled (torch.compile; the export sets "
+                              "training.compile), its wq, wk, wv and w1, w3 separate linears priced as separate "
+                              "GEMMs, each no faster than moving its operands once (thin key / value projections "
+                              "under tp are memory-bound), and their input gradients summed in the backward "
+                              "(compute.separate_input_gradient_sum_time)")
+
+
 def assumptions_for(plan) -> tuple[str, ...]:
     """The assumptions printed with one plan's estimate: the defaults, the fp32 states in place of
     the 16-bit ones for fp32 training, the plan's own TP / DP overlap where it departs from the
@@ -116,7 +123,8 @@ def assumptions_for(plan) -> tuple[str, ...]:
     base = tuple(swap.get(a, a) for a in ASSUMPTIONS)
     fp8_tp = (FP8_TP_GATHER,) if bool(np.all(C.tp_gathers_fp8(plan))) else ()
     rowwise = (FP8_ROWWISE_BACKWARD,) if plan.dtype == "fp8-rowwise" else ()
-    return base + (FP8_ASSUMPTIONS if is_fp8(plan.dtype) else ()) + rowwise + fp8_tp
+    titan = (TORCHTITAN_COMPILED_BLOCKS,) if plan.engine == "torchtitan" else ()
+    return base + titan + (FP8_ASSUMPTIONS if is_fp8(plan.dtype) else ()) + rowwise + fp8_tp
 
 
 def pipeline_p2p_time(model, job, plan, cluster, m, t_micro_fwd, t_micro_bwd):

@@ -621,7 +621,7 @@ def build_torchtitan(s: Scenario) -> Export:
         ("training", [("local_batch_size", local_batch), ("global_batch_size", s.global_batch),
                       ("seq_len", s.seq_len), ("steps", TRAIN_ITERS), ("mixed_precision_param", "bfloat16"),
                       ("mixed_precision_reduce", "float32")]   # the estimate reduces fp32 gradients
-         + ([("compile", True)] if p.tp_comm_overlap else [])   # async TP is effective only compiled
+         + [("compile", True)]     # the estimate prices compiled blocks (fused casts, gradient sums); async TP needs it
          + ([("enable_cpu_offload", True)] if p.offload == "cpu" else [])),
         ("parallelism", [("data_parallel_replicate_degree", replicate), ("data_parallel_shard_degree", shard)]
          + ([("fsdp_reshard_after_forward", reshard)] if reshard else [])
