@@ -260,7 +260,7 @@ def separate_input_gradient_sum_time(model, job, plan, curves):
         return np.where(k > 1, np.where(materialized, k + 1, k - 1), 0)
     kernels = np.where(materialized, (attn_sep > 1) + dense * (mlp_sep > 1), 0)
     elements = (passes(attn_sep) + dense * passes(mlp_sep)) * T * model.hidden
-    return np.where(elements > 0, curves.streaming_time(elements * GRADIENT_BYTES, kernels=kernels), 0.0)
+    return curves.streaming_time(elements * GRADIENT_BYTES, kernels=kernels)     # 0 bytes, 0 kernels where fused
 
 
 def fp8_rowwise_rescale_time(model, job, plan, curves):
@@ -289,8 +289,8 @@ def attention_gemm_forward_times(model, job, plan, curves) -> list:
     t = np.asarray(plan.tp, dtype=float)
     times = [linear_gemm_time(curves, T, out * _tp_share(split == "column", t), inp * _tp_share(split == "row", t), plan)
              for out, inp, split in model.attention_gemms]
-    if not model.mla:       # the fused QKV comes first: separate wq, wk, wv where the engine keeps them apart
-        attn_sep, _ = separate_input_projections(model, plan)
+    attn_sep, _ = separate_input_projections(model, plan)   # 1 for latent attention, whose GEMMs are listed apart
+    if np.any(attn_sep > 1):    # the fused QKV comes first: separate wq, wk, wv where the engine keeps them apart
         apart = (linear_gemm_time(curves, T, model.q_hidden / t, model.hidden, plan)
                  + 2 * linear_gemm_time(curves, T, model.kv_hidden / t, model.hidden, plan))
         times[0] = np.where(attn_sep > 1, apart, times[0])
@@ -387,9 +387,8 @@ def mlp_gemm_forward_times(model, job, plan, curves, width=None) -> tuple:
     t = np.asarray(plan.tp, dtype=float)
     f = model.ffn_hidden if width is None else width
     h, g = model.hidden, model.mlp_matrices - 1
-    _, mlp_sep = separate_input_projections(model, plan)
-    first = np.where(mlp_sep > 1, mlp_sep * linear_gemm_time(curves, T, g * f / mlp_sep / t, h, plan),
-                     linear_gemm_time(curves, T, g * f / t, h, plan))
+    _, mlp_sep = separate_input_projections(model, plan)     # torchtitan's w1, w3 apart; 1 where fused
+    first = mlp_sep * linear_gemm_time(curves, T, g * f / mlp_sep / t, h, plan)
     return first, linear_gemm_time(curves, T, h, f / t, plan)
 
 
