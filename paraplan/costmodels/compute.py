@@ -40,6 +40,8 @@ from paraplan.plan import (AttentionKernel, CpMode, Engine, Recompute, compute_d
                            is_fp8, recomputes_attention_core, recomputes_module)
 
 BYTES = 2  # 16-bit activations and weights (bf16 / fp16)
+#: bytes per element of a GEMM operand, by the GEMM's format (16-bit formats: 2)
+GEMM_OPERAND_BYTES = {"fp8": 1.0, "fp32": 4.0, "tf32": 4.0}
 
 
 def element_bytes(plan):
@@ -404,28 +406,79 @@ def expert_token_factor(model, job) -> float:
     return cf if cf else job.moe_imbalance
 
 
-def moe_mlp_forward_time(model, job, plan, curves):
+def routed_expert_gemms(model, job, plan):
+    """The routed experts' two GEMMs on one GPU, as :func:`moe_mlp_forward_time` prices them:
+    (m tokens per expert, experts held, grouped, [(n, k) of the up (gate) and down projections])."""
+    e = model.moe
+    T = tokens_per_rank(job, plan)
+    t = np.asarray(plan.tp, dtype=float)
+    ep = np.asarray(plan.ep, dtype=float)
+    etp = np.asarray(plan.etp, dtype=float)
+    h, g, fe = model.hidden, model.mlp_matrices - 1, e.expert_ffn_hidden
+    m = T * e.top_k * expert_token_factor(model, job) * ep / e.experts * etp / t
+    return m, e.experts / ep, e.dispatch == "permute", [(g * fe / etp, h), (h, fe / etp)]
+
+
+def routed_experts_forward_times(model, job, plan, curves) -> tuple:
+    """Forward seconds of each of the routed experts' two GEMMs on one GPU (the shapes of
+    :func:`routed_expert_gemms`, priced by :func:`routed_experts_gemm_time`)."""
+    m, local, grouped, shapes = routed_expert_gemms(model, job, plan)
+    return tuple(routed_experts_gemm_time(curves, m, n, k, local, plan, grouped) for n, k in shapes)
+
+
+def moe_mlp_forward_time(model, job, plan, curves, routed=None):
     """Forward time of an MoE layer's MLP on one GPU: router, routed experts and shared experts.
 
     ep ranks share E experts (E/ep each), each split over etp ranks; the tp/etp ranks of an expert
     shard split its tokens. Per expert GEMM: m = T·k·f·ep/E·etp/tp tokens (f: expert_token_factor),
     n = width/etp; E/ep of them per GPU, one grouped GEMM under token permutation
     (:func:`routed_experts_gemm_time`) — the per-GPU work, 2·g·h·width·T·k·f/tp, does not depend
-    on ep or etp (DeepSpeed-TED, Singh et al. 2023, §3)."""
+    on ep or etp (DeepSpeed-TED, Singh et al. 2023, §3). ``routed``: the routed GEMMs' times where
+    the caller has them (:func:`routed_experts_forward_times`)."""
     e = model.moe
-    T = tokens_per_rank(job, plan)
-    t = np.asarray(plan.tp, dtype=float)
-    ep = np.asarray(plan.ep, dtype=float)
-    etp = np.asarray(plan.etp, dtype=float)
-    h, g, fe, dt = model.hidden, model.mlp_matrices - 1, e.expert_ffn_hidden, _dtype(plan)
-    m = T * e.top_k * expert_token_factor(model, job) * ep / e.experts * etp / t
-    local = e.experts / ep
-    grouped = e.dispatch == "permute"
-    routed = (routed_experts_gemm_time(curves, m, g * fe / etp, h, local, plan, grouped)
-              + routed_experts_gemm_time(curves, m, h, fe / etp, local, plan, grouped))
-    shared = mlp_gemm_forward_time(model, job, plan, curves, width=e.shared_experts * fe) if e.shared_experts else 0.0
-    router = curves.gemm_time(T, e.experts, h, dt)
-    return routed + shared + router
+    routed = routed_experts_forward_times(model, job, plan, curves) if routed is None else routed
+    shared = mlp_gemm_forward_time(model, job, plan, curves, width=e.shared_experts * e.expert_ffn_hidden) \
+        if e.shared_experts else 0.0
+    router = curves.gemm_time(tokens_per_rank(job, plan), e.experts, model.hidden, _dtype(plan))
+    return sum(routed) + shared + router
+
+
+# Bytes per weight-gradient element of a weight-gradient GEMM that accumulates into the fp32 main
+# gradient (Megatron-LM --gradient-accumulation-fusion: the wgrad GEMM runs with beta = 1 on the
+# parameter's fp32 main_grad; Transformer Engine's fuse_wgrad_accumulation, GroupedLinear for the
+# experts of Megatron-Core's TEGroupedMLP): read 4, write 4.
+FUSED_WGRAD_ACCUMULATION_BYTES = 8.0
+
+
+def routed_experts_wgrad_accumulation_time(model, job, plan, curves, routed=None):
+    """Backward seconds the routed experts' weight-gradient GEMMs take beyond the forward-shaped
+    price the backward gives every GEMM (backward = dgrad + wgrad = 2 x forward).
+
+    Under fused gradient accumulation (``plan.grad_accumulation_fusion``) each expert's wgrad GEMM
+    (k x m)·(m x n) reads its two m-row operands and reads and writes the k x n fp32 main gradient
+    (FUSED_WGRAD_ACCUMULATION_BYTES per element) where the forward moves the weight once in the
+    GEMM's format: with few tokens per expert (m well below the weights' k, n) it is bound by
+    those bytes, up to 8/2 = 4x the forward's in bf16 (8x in fp8). Per GEMM, with t_f its forward
+    time (:func:`routed_experts_gemm_time`) and t0 the launch cost (once grouped, else per expert):
+
+        extra = max(0, c·t0 + streaming(E_local·((mk + mn)·w + nk·8)) - t_f)
+
+    the per-op roofline (llm-analysis / calculon, shared/reference/hardware_costmodels.md sec.
+    3.1-3.2) applied to the GEMM the backward runs; it equals max(t_f, roofline) - t_f because the
+    accumulating wgrad moves at least the forward's bytes. 0 where the wgrad writes a 16-bit
+    gradient (no fusion: the same bytes as the forward; its accumulation is
+    estimate.grad_accumulation_time) and where the GEMM is compute-bound (a dense layer's m is
+    every token of the micro-batch, so dense GEMMs are left as they are). ``routed`` as for
+    :func:`moe_mlp_forward_time`."""
+    m, local, grouped, shapes = routed_expert_gemms(model, job, plan)
+    routed = routed_experts_forward_times(model, job, plan, curves) if routed is None else routed
+    w = GEMM_OPERAND_BYTES.get(_linear_dtype(plan), 2.0)
+    launches = np.where(grouped, 1.0, local) * curves.kernel_overhead_s
+    extra = 0.0
+    for (n, k), forward in zip(shapes, routed):
+        wgrad_bytes = local * ((m * k + m * n) * w + n * k * FUSED_WGRAD_ACCUMULATION_BYTES)
+        extra = extra + np.maximum(0.0, launches + curves.streaming_time(wgrad_bytes, kernels=0) - forward)
+    return np.where(np.asarray(plan.grad_accumulation_fusion, dtype=bool), extra, 0.0)
 
 
 def einsum_dispatch_slots(model, job, plan):
@@ -1251,8 +1304,10 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     share_moe = model.moe_layers / model.layers
     moe_f = moe_b = 0.0
     if share_moe:
-        moe_f, moe_b = fwd_bwd(moe_mlp_forward_time(model, job, plan, curves),
+        routed = routed_experts_forward_times(model, job, plan, curves)
+        moe_f, moe_b = fwd_bwd(moe_mlp_forward_time(model, job, plan, curves, routed),
                                elementwise_forward_time(model, job, plan, curves, moe=True))
+        moe_b = moe_b + routed_experts_wgrad_accumulation_time(model, job, plan, curves, routed)
         einsum_f, einsum_b = moe_einsum_dispatch_times(model, job, plan, curves)
         moe_f, moe_b = moe_f + einsum_f, moe_b + einsum_b
         fwd = (1 - share_moe) * fwd + share_moe * moe_f

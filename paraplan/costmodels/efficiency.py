@@ -35,11 +35,6 @@ from paraplan.plan import Plan
 from paraplan.workloads.transformer import TrainingJob, TransformerModel
 
 
-
-#: bytes per element of a GEMM operand, by the GEMM's format (16-bit formats: 2)
-GEMM_OPERAND_BYTES = {"fp8": 1.0, "fp32": 4.0, "tf32": 4.0}
-
-
 @dataclass(frozen=True)
 class AnalyticalCurves:
     """Efficiency parameters for one accelerator (see curves.yaml for their sources)."""
@@ -117,7 +112,7 @@ class AnalyticalCurves:
         arithmetic intensity 2mnk / bytes falls below peak FLOP/s over HBM bandwidth (H100 bf16: ~200
         FLOP per byte at the curves' rates), e.g. a 128-wide key or value projection."""
         m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
-        w_in = GEMM_OPERAND_BYTES.get(dtype, 2.0)
+        w_in = C.GEMM_OPERAND_BYTES.get(dtype, 2.0)
         w_out = 2.0 if dtype == "fp8" else w_in
         return self.streaming_time((m * k + k * n) * w_in + m * n * w_out, kernels=0)
 
@@ -135,7 +130,7 @@ class AnalyticalCurves:
         acc = self.accelerator
         m, n, k, g = (np.asarray(x, dtype=float) for x in (m, n, k, groups))
         compute = self._tensor_core_time(m, n, k, dtype, g)
-        width = GEMM_OPERAND_BYTES.get(dtype, 2.0)
+        width = C.GEMM_OPERAND_BYTES.get(dtype, 2.0)
         stream = self.streaming_time(g * (n * k + m * k + m * n) * width, kernels=0)
         return self.kernel_overhead_s + np.maximum(compute, stream)
 

@@ -241,6 +241,22 @@ def moe_host_assumption(model, plan) -> tuple[str, ...]:
             f"and pad) removes the wait",)
 
 
+def expert_wgrad_assumption(model, job, plan, curves) -> tuple[str, ...]:
+    """Said when the routed experts' fused fp32 gradient accumulation binds their weight-gradient GEMMs
+    (compute.routed_experts_wgrad_accumulation_time > 0)."""
+    if model.moe is None:
+        return ()
+    extra = float(np.max(C.routed_experts_wgrad_accumulation_time(model, job, plan, curves)))
+    if extra <= 0:
+        return ()
+    m = float(np.max(C.routed_expert_gemms(model, job, plan)[0]))
+    return (f"MoE: the routed experts' weight-gradient GEMMs accumulate into fp32 main gradients "
+            f"(gradient-accumulation fusion), 8 bytes read and written per weight; with {m:.0f} tokens per "
+            f"expert they are bound by those bytes: +{1e3 * extra:.2f} ms per MoE layer and micro-batch over "
+            f"a forward-shaped wgrad (a larger micro-batch or more expert parallelism gives each expert more "
+            f"tokens)",)
+
+
 def moe_dispatch_assumption(model, job, plan) -> tuple[str, ...]:
     """Said for an MoE model whose tokens are permuted to the experts (compute.dispatch_bytes_per_token,
     compute.flex_dispatch_time)."""
@@ -727,6 +743,7 @@ def estimate_legal(model, job, cluster, plan: Plan, *, curves=None, max_memory_f
                      + pipeline_transfer_assumption(plan)
                      + softmax_exp_assumption(model, plan, curves)
                      + moe_dispatch_assumption(model, job, plan) + moe_host_assumption(model, plan)
+                     + expert_wgrad_assumption(model, job, plan, curves)
                      + ep_overlap_assumption(job, plan) + domains
                      + megatron_fsdp_assumption(plan) + host_link_assumption(plan, cluster)
                      + deepspeed_dp_assumption(plan) + allocator_pressure_assumption(memory["total"], cluster, plan)),
