@@ -27,17 +27,18 @@ def _f(x):
     return float(np.asarray(x))
 
 
-def _by_hand(plan, dtype_bytes=2.0):
+def _by_hand(plan, dtype_bytes=2.0, main_grad_bytes=4.0):
     """The extra from the shapes, written out: two grouped GEMMs (gate+up 2048 -> 2 x 768, down
     768 -> 2048) over E/ep experts of m tokens, the wgrad reading its two m-row operands and reading
-    and writing the 4-byte main gradient."""
+    and writing the main gradient (fp32 unless --grad-reduce-in-bf16)."""
     m = JOB.seq_len * plan.micro_batch * 8 * plan.ep / 128
     local = 128 / plan.ep
     h, f = MODEL.hidden, MODEL.moe.expert_ffn_hidden
     extra = 0.0
     for n, k in ((2 * f, h), (h, f)):
         forward = _f(C.routed_experts_gemm_time(CURVES, m, n, k, local, plan, True))
-        traffic = _f(CURVES.streaming_time(local * ((m * k + m * n) * dtype_bytes + n * k * 8.0), kernels=0))
+        traffic = _f(CURVES.streaming_time(local * ((m * k + m * n) * dtype_bytes + n * k * 2 * main_grad_bytes),
+                                           kernels=0))
         extra += max(0.0, CURVES.kernel_overhead_s + traffic - forward)
     return extra
 
@@ -60,6 +61,17 @@ def test_fp8_inputs_are_one_byte():
     plan = replace(EP1, dtype="fp8")
     assert _f(C.routed_experts_wgrad_accumulation_time(MODEL, JOB, plan, CURVES)) == \
         pytest.approx(_by_hand(plan, dtype_bytes=1.0), rel=1e-12)
+
+
+def test_a_bf16_main_grad_moves_half_the_accumulation_bytes():
+    """--grad-reduce-in-bf16 (Megatron-Bridge's performance recipes: grad_reduce_in_fp32=False) keeps
+    main_grad in bf16: 2 bytes read and 2 written per weight."""
+    plan = replace(EP1, engine="megatron", grad_reduce_bf16=True)
+    got = _f(C.routed_experts_wgrad_accumulation_time(MODEL, JOB, plan, CURVES))
+    assert got == pytest.approx(_by_hand(plan, main_grad_bytes=2.0), rel=1e-12)
+    assert 0 < got < _f(C.routed_experts_wgrad_accumulation_time(MODEL, JOB, replace(plan, grad_reduce_bf16=False), CURVES))
+    said = [a for a in estimate(MODEL, JOB, CLUSTER, plan).assumptions if "bf16 main gradients" in a]
+    assert len(said) == 1
 
 
 def test_without_fused_accumulation_nothing_is_added():

@@ -49,6 +49,15 @@ def element_bytes(plan):
     return 4 if plan.dtype == "fp32" else BYTES
 
 
+def megatron_grad_bytes(plan):
+    """Bytes per parameter of Megatron-LM's gradient buffer (main_grad), which its data-parallel
+    reduce-scatter / all-reduce also moves: 4 (fp32, its default with bf16 or fp16 training:
+    accumulate_allreduce_grads_in_fp32), 2 with --grad-reduce-in-bf16 (``grad_reduce_bf16``), and the
+    element size in fp32 training."""
+    bf16 = np.asarray(getattr(plan, "grad_reduce_bf16", False), dtype=bool)
+    return np.where(bf16, 2.0, np.maximum(4.0, element_bytes(plan)))
+
+
 def tokens_per_rank(job, plan):
     return plan.micro_batch * job.seq_len / np.asarray(plan.cp, dtype=float)
 
@@ -443,40 +452,37 @@ def moe_mlp_forward_time(model, job, plan, curves, routed=None):
     return sum(routed) + shared + router
 
 
-# Bytes per weight-gradient element of a weight-gradient GEMM that accumulates into the fp32 main
-# gradient (Megatron-LM --gradient-accumulation-fusion: the wgrad GEMM runs with beta = 1 on the
-# parameter's fp32 main_grad; Transformer Engine's fuse_wgrad_accumulation, GroupedLinear for the
-# experts of Megatron-Core's TEGroupedMLP): read 4, write 4.
-FUSED_WGRAD_ACCUMULATION_BYTES = 8.0
-
-
 def routed_experts_wgrad_accumulation_time(model, job, plan, curves, routed=None):
     """Backward seconds the routed experts' weight-gradient GEMMs take beyond the forward-shaped
     price the backward gives every GEMM (backward = dgrad + wgrad = 2 x forward).
 
-    Under fused gradient accumulation (``plan.grad_accumulation_fusion``) each expert's wgrad GEMM
-    (k x m)·(m x n) reads its two m-row operands and reads and writes the k x n fp32 main gradient
-    (FUSED_WGRAD_ACCUMULATION_BYTES per element) where the forward moves the weight once in the
-    GEMM's format: with few tokens per expert (m well below the weights' k, n) it is bound by
-    those bytes, up to 8/2 = 4x the forward's in bf16 (8x in fp8). Per GEMM, with t_f its forward
-    time (:func:`routed_experts_gemm_time`) and t0 the launch cost (once grouped, else per expert):
+    Under fused gradient accumulation (``plan.grad_accumulation_fusion``; Megatron-LM
+    --gradient-accumulation-fusion: the wgrad GEMM runs with beta = 1 on the parameter's main_grad,
+    Transformer Engine's fuse_wgrad_accumulation, for the experts GroupedLinear's grouped wgrad GEMM
+    with accumulate=True into their main gradients) each expert's wgrad GEMM (k x m)·(m x n) reads
+    its two m-row operands and reads and writes the k x n main gradient, g = :func:`megatron_grad_bytes`
+    per element each way (fp32: 4; bf16 with --grad-reduce-in-bf16: 2), where the forward moves the
+    weight once in the GEMM's format. With few tokens per expert (m well below the weights' k, n)
+    those bytes bind: up to 2g/w = 4x the forward's in bf16 with an fp32 main_grad. Per GEMM, with
+    t_f its forward time (:func:`routed_experts_gemm_time`) and t0 the launch cost (once grouped,
+    else per expert):
 
-        extra = max(0, c·t0 + streaming(E_local·((mk + mn)·w + nk·8)) - t_f)
+        extra = max(0, c·t0 + streaming(E_local·((mk + mn)·w + 2g·nk)) - t_f)
 
     the per-op roofline (llm-analysis / calculon, shared/reference/hardware_costmodels.md sec.
-    3.1-3.2) applied to the GEMM the backward runs; it equals max(t_f, roofline) - t_f because the
-    accumulating wgrad moves at least the forward's bytes. 0 where the wgrad writes a 16-bit
-    gradient (no fusion: the same bytes as the forward; its accumulation is
-    estimate.grad_accumulation_time) and where the GEMM is compute-bound (a dense layer's m is
-    every token of the micro-batch, so dense GEMMs are left as they are). ``routed`` as for
-    :func:`moe_mlp_forward_time`."""
+    3.1-3.2) applied to the GEMM the backward runs; it equals max(t_f, roofline) - t_f where the
+    accumulating wgrad moves at least the forward's bytes. 0 without the fusion (a 16-bit wgrad
+    output moves the forward's bytes; the separate accumulation is estimate.grad_accumulation_time)
+    and where the GEMM is compute-bound (a dense layer's m is every token of the micro-batch, so
+    dense GEMMs are left as they are). ``routed`` as for :func:`moe_mlp_forward_time`."""
     m, local, grouped, shapes = routed_expert_gemms(model, job, plan)
     routed = routed_experts_forward_times(model, job, plan, curves) if routed is None else routed
     w = GEMM_OPERAND_BYTES.get(_linear_dtype(plan), 2.0)
+    accumulate = 2.0 * megatron_grad_bytes(plan)          # main_grad read and written
     launches = np.where(grouped, 1.0, local) * curves.kernel_overhead_s
     extra = 0.0
     for (n, k), forward in zip(shapes, routed):
-        wgrad_bytes = local * ((m * k + m * n) * w + n * k * FUSED_WGRAD_ACCUMULATION_BYTES)
+        wgrad_bytes = local * ((m * k + m * n) * w + n * k * accumulate)
         extra = extra + np.maximum(0.0, launches + curves.streaming_time(wgrad_bytes, kernels=0) - forward)
     return np.where(np.asarray(plan.grad_accumulation_fusion, dtype=bool), extra, 0.0)
 

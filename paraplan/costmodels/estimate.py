@@ -242,7 +242,7 @@ def moe_host_assumption(model, plan) -> tuple[str, ...]:
 
 
 def expert_wgrad_assumption(model, job, plan, curves) -> tuple[str, ...]:
-    """Said when the routed experts' fused fp32 gradient accumulation binds their weight-gradient GEMMs
+    """Said when the routed experts' fused gradient accumulation binds their weight-gradient GEMMs
     (compute.routed_experts_wgrad_accumulation_time > 0)."""
     if model.moe is None:
         return ()
@@ -250,8 +250,9 @@ def expert_wgrad_assumption(model, job, plan, curves) -> tuple[str, ...]:
     if extra <= 0:
         return ()
     m = float(np.max(C.routed_expert_gemms(model, job, plan)[0]))
-    return (f"MoE: the routed experts' weight-gradient GEMMs accumulate into fp32 main gradients "
-            f"(gradient-accumulation fusion), 8 bytes read and written per weight; with {m:.0f} tokens per "
+    g = float(np.max(C.megatron_grad_bytes(plan)))
+    return (f"MoE: the routed experts' weight-gradient GEMMs accumulate into {'fp32' if g >= 4 else 'bf16'} main "
+            f"gradients (gradient-accumulation fusion), {g:.0f} bytes read and {g:.0f} written per weight; with {m:.0f} tokens per "
             f"expert they are bound by those bytes: +{1e3 * extra:.2f} ms per MoE layer and micro-batch over "
             f"a forward-shaped wgrad (a larger micro-batch or more expert parallelism gives each expert more "
             f"tokens)",)

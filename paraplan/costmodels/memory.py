@@ -32,7 +32,7 @@ from functools import partial
 import numpy as np
 
 from paraplan.costmodels.compute import (BYTES, element_bytes, einsum_dispatch_slots, expert_token_factor,
-                                         micro_batches, stage_output_bytes, tokens_per_rank)
+                                         megatron_grad_bytes, micro_batches, stage_output_bytes, tokens_per_rank)
 from paraplan.plan import (Engine, Offload, Recompute, Schedule, is_fp8, recomputes_attention_core, recomputes_module,
                            model_stage_layers, stage_layers)
 
@@ -179,15 +179,6 @@ def deepspeed_bf16_optimizer(plan):
     """Plans whose optimizer is DeepSpeed's BF16_Optimizer: engine deepspeed on a
     :func:`bf16_optimizer_layout`."""
     return (engine_of(plan) == Engine.DEEPSPEED) & bf16_optimizer_layout(plan)
-
-
-def megatron_grad_bytes(plan):
-    """Bytes per parameter of Megatron-LM's gradient buffer (main_grad), which its data-parallel
-    reduce-scatter / all-reduce also moves: 4 (fp32, its default with bf16 or fp16 training:
-    accumulate_allreduce_grads_in_fp32), 2 with --grad-reduce-in-bf16 (``grad_reduce_bf16``), and the
-    element size in fp32 training."""
-    bf16 = np.asarray(getattr(plan, "grad_reduce_bf16", False), dtype=bool)
-    return np.where(bf16, 2.0, np.maximum(4.0, element_bytes(plan)))
 
 
 def model_state_bytes(params, plan, shard_degree=None) -> dict:
