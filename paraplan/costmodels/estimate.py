@@ -252,10 +252,10 @@ def expert_wgrad_assumption(model, job, plan, curves) -> tuple[str, ...]:
     m = float(np.max(C.routed_expert_gemms(model, job, plan)[0]))
     g = float(np.max(C.megatron_grad_bytes(plan)))
     return (f"MoE: the routed experts' weight-gradient GEMMs accumulate into {'fp32' if g >= 4 else 'bf16'} main "
-            f"gradients (gradient-accumulation fusion), {g:.0f} bytes read and {g:.0f} written per weight; with {m:.0f} tokens per "
-            f"expert they are bound by those bytes: +{1e3 * extra:.2f} ms per MoE layer and micro-batch over "
-            f"a forward-shaped wgrad (a larger micro-batch or more expert parallelism gives each expert more "
-            f"tokens)",)
+            f"gradients (gradient-accumulation fusion), {g:.0f} bytes read and {g:.0f} written per weight; with "
+            f"{m:.0f} tokens per expert they are bound by those bytes: +{1e3 * extra:.2f} ms per MoE layer and "
+            f"micro-batch over a forward-shaped wgrad (a larger micro-batch or more expert parallelism gives each "
+            f"expert more tokens)",)
 
 
 def moe_dispatch_assumption(model, job, plan) -> tuple[str, ...]:
