@@ -157,6 +157,8 @@ def main() -> int:
         ref = near.loc[near.measured_mfu.idxmax()] if len(near) else None
         iv = best.prediction_interval.get("mfu") if best is not None else None
         rows.append({"scenario": f"{name} {cl} x{gpus} s{seq} gb{gbs} {fixed.get('dtype', 'bf16')}",
+                     "moe": model.moe is not None,
+                     "top_ep": best.plan.ep if (best is not None and model.moe) else None,
                      "top plan": (best.plan.label() + (f" ep{best.plan.ep} etp{best.plan.etp}" if model.moe else ""))
                                  if best else "none fits",
                      "predicted_mfu_%": 100 * best.mfu if best else None,
@@ -168,7 +170,7 @@ def main() -> int:
     pd.set_option("display.width", 250)
     pd.set_option("display.max_colwidth", 70)
     df = pd.DataFrame(rows)
-    print(df.round(1).to_string(index=False))
+    print(df.drop(columns=["moe", "top_ep"]).round(1).to_string(index=False))
     have = df.dropna(subset=["gap_points"])
     print("\nwhy: the gap = the estimator's error on the published run (its predicted - measured MFU) + the "
           "kernels, where they differ (the published layout on the top plan's kernels - as published) + the "
@@ -178,6 +180,11 @@ def main() -> int:
     print(f"\n{len(have)} scenarios with a published run at that size/scale: median gap "
           f"{have.gap_points.median():+.1f} MFU points, worst {have.gap_points.max():+.1f}; "
           f"{(have.gap_points.abs() <= 5).sum()} within 5 points")
+    moe = have[have.moe]
+    if len(moe):
+        print(f"{len(moe)} of them MoE: median gap {moe.gap_points.median():+.1f} points "
+              f"({moe.gap_points.min():+.1f} to {moe.gap_points.max():+.1f}); "
+              f"{int((moe.top_ep == 1).sum())} of {len(moe)} top plans at ep 1")
     return 0
 
 
