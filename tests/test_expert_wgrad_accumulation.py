@@ -1,5 +1,5 @@
 """The routed experts' weight-gradient GEMMs under fused gradient accumulation: each reads and writes the
-expert's fp32 main gradient (Megatron-LM --gradient-accumulation-fusion, Transformer Engine's
+expert's main gradient (fp32, or bf16 with --grad-reduce-in-bf16; Megatron-LM --gradient-accumulation-fusion, Transformer Engine's
 fuse_wgrad_accumulation), so with few tokens per expert the backward is bound by those bytes rather than
 priced as a second forward."""
 from dataclasses import replace
@@ -81,16 +81,19 @@ def test_without_fused_accumulation_nothing_is_added():
     assert _f(C.routed_experts_wgrad_accumulation_time(MODEL, JOB, plan, CURVES)) == 0.0
 
 
-def test_dense_models_are_untouched():
-    dense = load_model("llama3-8b")
-    assert "backward" in C.layer_times(dense, JOB, Plan(tp=1, pp=1, dp=16), CURVES, CLUSTER)
-    assert dense.moe is None
+def test_dense_models_are_untouched(monkeypatch):
+    """A dense layer's backward does not take the term: made huge, it leaves the layer's times as they were."""
+    dense, plan = load_model("llama3-8b"), Plan(tp=1, pp=1, dp=16)
+    before = C.layer_times(dense, JOB, plan, CURVES, CLUSTER)
+    monkeypatch.setattr(C, "routed_experts_wgrad_accumulation_time", lambda *a, **k: 1e3)
+    after = C.layer_times(dense, JOB, plan, CURVES, CLUSTER)
+    assert _f(after["backward"]) == _f(before["backward"]) and _f(after["forward"]) == _f(before["forward"])
 
 
 def test_the_layer_backward_carries_it(monkeypatch):
     with_it = C.layer_times(MODEL, JOB, EP1, CURVES, CLUSTER)
     extra = _f(C.routed_experts_wgrad_accumulation_time(MODEL, JOB, EP1, CURVES))
-    monkeypatch.setattr(C, "routed_experts_wgrad_accumulation_time", lambda *a: 0.0)
+    monkeypatch.setattr(C, "routed_experts_wgrad_accumulation_time", lambda *a, **k: 0.0)
     without = C.layer_times(MODEL, JOB, EP1, CURVES, CLUSTER)
     share = MODEL.moe_layers / MODEL.layers
     assert _f(with_it["backward"]) - _f(without["backward"]) == pytest.approx(share * extra, rel=1e-9)
