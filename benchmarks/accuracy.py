@@ -152,7 +152,7 @@ def dtype_pairs(cases, df: pd.DataFrame) -> pd.DataFrame:
     error the two runs share (an unpriced power limit, a slower software stack) cancels in the ratio,
     so this isolates what the number format changes: the GEMMs, the casts, the fp8 collectives."""
     pairs = speedup_pairs(cases, df, lambda c: (c.source, c.model.name, c.cluster.name, c.cluster.num_gpus, c.job,
-                                                replace(c.plan, dtype="bf16")),
+                                                replace(c.plan, dtype="bf16", fp8_param_gather=False)),
                           lambda c: c.plan.dtype, "bf16")
     return pd.DataFrame([{"source": key[0], "model": key[1], "cluster": f"{key[2]} x{key[3]}",
                           "layout": f"tp{key[-1].tp} pp{key[-1].pp} dp{key[-1].dp}"

@@ -236,7 +236,7 @@ def canonical_recompute_modules(value, where: str | None = None) -> str:
 MAX_DEGREE = 2**31 - 1    # degrees, micro-batches and stage sizes past a C int are typos (numpy overflows)
 BOOL_FIELDS = ("sp", "offload_params", "flash_attention", "overlap_grad_reduce", "delayed_update",
                "grad_accumulation_fusion", "fused_elementwise", "fused_softmax", "tp_comm_overlap",
-               "grad_reduce_bf16", "ep_comm_overlap", "moe_flex_dispatch")
+               "grad_reduce_bf16", "fp8_param_gather", "ep_comm_overlap", "moe_flex_dispatch")
 
 
 def validate_field(name: str, value, where: str | None = None):
@@ -342,6 +342,11 @@ class Plan:
     # (--grad-reduce-in-bf16; Megatron-Bridge / NeMo: grad_reduce_in_fp32=False) instead of fp32:
     # 2 bytes per parameter held and reduced instead of 4
     grad_reduce_bf16: bool = False
+    # under an fp8 dtype, Megatron-LM's parameters are the fp8 tensors themselves (--fp8-param-gather,
+    # Transformer Engine's fp8_model_init; Megatron-Bridge's fp8 precision presets set fp8_param_gather):
+    # no 16-bit copy beside the fp8 weight and its transpose, and the distributed optimizer / FSDP
+    # gathers parameters in fp8; False: 16-bit parameters and fp8 copies made from them each step
+    fp8_param_gather: bool = False
     # transformer layers whose saved activations go to host memory in forward and come back for
     # backward (Megatron-LM --cpu-offloading --cpu-offloading-num-layers, Transformer Engine's
     # cpu_offload context; Megatron-Bridge cpu_offloading_num_layers); 0: none
@@ -483,6 +488,7 @@ class PlanBatch:
     fused_softmax: np.ndarray = None
     tp_comm_overlap: np.ndarray = None
     grad_reduce_bf16: np.ndarray = None
+    fp8_param_gather: np.ndarray = None
     engine_code: np.ndarray = None
     first_stage_layers: np.ndarray = None
     last_stage_layers: np.ndarray = None
@@ -497,6 +503,7 @@ class PlanBatch:
         n = len(self.tp)
         for name, default in (("ep", 1), ("etp", 1), ("cp_mode_code", CpMode.RING), ("optimizer_code", Optimizer.ADAM),
                               ("delayed_update", False), ("grad_accumulation_fusion", True), ("fused_elementwise", True), ("fused_softmax", True), ("tp_comm_overlap", False), ("grad_reduce_bf16", False),
+                              ("fp8_param_gather", False),
                               ("engine_code", Engine.GENERIC), ("first_stage_layers", 0), ("last_stage_layers", 0),
                               ("offload_activation_layers", 0), ("attention_kernel_code", AttentionKernel.AUTO),
                               ("ep_comm_overlap", False), ("moe_flex_dispatch", False), ("recompute_modules_mask", 0)):
@@ -535,6 +542,7 @@ class PlanBatch:
                     fused_softmax=bool(self.fused_softmax[i]),
                     tp_comm_overlap=bool(self.tp_comm_overlap[i]),
                     grad_reduce_bf16=bool(self.grad_reduce_bf16[i]),
+                    fp8_param_gather=bool(self.fp8_param_gather[i]),
                     engine=Engine(int(self.engine_code[i])).label,
                     first_stage_layers=int(self.first_stage_layers[i]),
                     last_stage_layers=int(self.last_stage_layers[i]),
@@ -1130,6 +1138,22 @@ RULES: tuple[Rule, ...] = (
        lambda p, s: (f"a bf16 gradient buffer is Megatron-LM's option (main_grad, --grad-reduce-in-bf16); "
                      f"engine {Engine(p.engine_code).label} keeps its own gradient dtype"),
        field="grad_reduce_bf16", accepted="--engine megatron, or no --grad-reduce-bf16", uses_scene=False),
+    _r("fp8-param-gather-megatron-fp8", "fp8 parameters are Megatron-LM's option under an fp8 dtype", ILLEGAL,
+       ("engine_code", "fp8_param_gather", "dtype"),
+       lambda P, s: np.asarray(P.fp8_param_gather, bool) & (~_engine_in(P, Engine.MEGATRON) | (not is_fp8(P.dtype))),
+       lambda p, s: ("fp8 parameters (--fp8-param-gather) need an fp8 dtype (fp8, fp8-delayed, fp8-blockwise, "
+                     f"mxfp8); this plan trains in {p.dtype}" if p.engine_code == Engine.MEGATRON else
+                     "fp8 parameters are Megatron-LM's option (--fp8-param-gather, Transformer Engine's "
+                     f"fp8_model_init); engine {Engine(p.engine_code).label} keeps 16-bit parameters"),
+       field="fp8_param_gather", accepted="--engine megatron with an fp8 --dtype, or no --fp8-param-gather",
+       uses_scene=False),
+    _r("fp8-param-gather-sharded", "fp8 parameters need the distributed optimizer or Megatron-FSDP", ILLEGAL,
+       ("fp8_param_gather", "zero"),
+       lambda P, s: np.asarray(P.fp8_param_gather, bool) & (np.asarray(P.zero) == 0),
+       lambda p, s: ("Megatron-LM's --fp8-param-gather runs only with the distributed optimizer (ZeRO-1) or "
+                     "Megatron-FSDP (ZeRO-2/3): its fp8 weights are refreshed by the parameter all-gather "
+                     "(megatron/training/arguments.py validate_args)"),
+       field="fp8_param_gather", accepted="--zero 1, 2 or 3, or no --fp8-param-gather", uses_scene=False),
     _r("engine-tp-comm-overlap", "the engine has no TP communication overlap", ILLEGAL,
        ("engine_code", "tp_comm_overlap"),
        lambda P, s: np.asarray(P.tp_comm_overlap, bool) & _engine_in(P, Engine.DEEPSPEED, Engine.SCALING),

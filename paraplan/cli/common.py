@@ -293,6 +293,9 @@ PLAN_FLAG_HELP = {
                          "on every selective candidate that can run them",
     "grad_reduce_bf16": "Megatron-LM: keep and reduce gradients in bf16 (--grad-reduce-in-bf16; the "
                         "Megatron-Bridge and NeMo performance recipes do): 2 bytes per parameter instead of 4",
+    "fp8_param_gather": "Megatron-LM under an fp8 --dtype: the parameters are fp8 tensors (--fp8-param-gather; "
+                        "Megatron-Bridge's fp8 presets set it): no 16-bit weights beside the fp8 copies, and "
+                        "parameter all-gathers move 1 byte per parameter instead of 2",
     "attention_kernel": "the fused attention kernel: auto (the generation's calibrated efficiency), or cudnn, "
                         "flash2, efficient at their efficiency measured by sequence length (Hopper)",
     "fused_elementwise": "eager PyTorch norms and SwiGLU (fp32 upcast, several kernels, more saved "

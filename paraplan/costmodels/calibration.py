@@ -919,9 +919,17 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
         assumed.append("gradients kept and reduced in bf16 (grad_reduce_in_fp32=False: Megatron-Bridge's "
                        "scripts/performance/configs/llama/llama3_llm_pretrain.py set_llama3_common_configs, "
                        "NeMo's fp8 performance scripts; not stated per row)")
+    # Megatron-Bridge's fp8 precision presets (src/megatron/bridge/training/mixed_precision.py:
+    # bf16_with_fp8_current_scaling_mixed, bf16_with_fp8_delayed_scaling_mixed, bf16_with_mxfp8_mixed)
+    # set fp8_param_gather=True; its blockwise (subchannel) preset does not
+    fp8_params = (engine == "megatron" and h100_source(str(r["source"])) == "Megatron-Bridge"
+                  and dtype in ("fp8", "fp8-delayed", "mxfp8"))
+    if fp8_params:
+        assumed.append("fp8 parameters (fp8_param_gather=True in Megatron-Bridge's fp8 precision presets; "
+                       "not stated per row)")
     offload, offload_params = offload_of_cell(r["offload"], assumed)
     if offload != "none" and engine != "deepspeed":
-        engine, bf16_grads = "deepspeed", False
+        engine, bf16_grads, fp8_params = "deepspeed", False, False
         assumed.append("engine = deepspeed: optimizer offload is DeepSpeed's (ZeRO-Offload / ZeRO-Infinity)")
     offload_layers = _recipe_activation_offload_layers(r)
     if offload_layers:
@@ -940,7 +948,8 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
                     vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b", micro_batch=_int(r["micro_batch"]),
                     zero=zero, recompute=recompute, dtype=dtype, ep=ep, engine=engine,
                     grad_accumulation_fusion=engine != "torchtitan", tp_comm_overlap=overlap,
-                    grad_reduce_bf16=bf16_grads, ep_comm_overlap=ep_overlap, recompute_modules=modules,
+                    grad_reduce_bf16=bf16_grads, fp8_param_gather=fp8_params, ep_comm_overlap=ep_overlap,
+                    recompute_modules=modules,
                     offload=offload, offload_params=offload_params,
                     first_stage_layers=first_layers, last_stage_layers=last_layers,
                     offload_activation_layers=offload_layers, attention_kernel=attention_kernel)

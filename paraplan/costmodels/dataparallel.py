@@ -39,7 +39,7 @@ import numpy as np
 from paraplan.costmodels.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time, ranks_per_node
 from paraplan.costmodels.compute import FP8_GATHER_BYTES_RATIO, element_bytes, megatron_grad_bytes
 from paraplan.costmodels.memory import deepspeed_bf16_optimizer, engine_of
-from paraplan.plan import Engine, Optimizer, expert_data_parallel, expert_group_strides, expert_parallel_folded
+from paraplan.plan import Engine, Optimizer, expert_data_parallel, expert_group_strides, expert_parallel_folded, is_fp8
 
 # Share of an overlapped collective's duration that it costs the compute beneath it (NCCL kernels
 # occupy SMs and HBM bandwidth): 0.19, the average compute slowdown Lee et al. 2025 measured while
@@ -75,8 +75,12 @@ COMPRESSED_OPTIMIZERS = {Optimizer.ONEBIT_ADAM: (0.15, 1 / 16), Optimizer.ZERO_O
 def fp8_all_gather_factor(plan):
     """Bytes of a parameter all-gather relative to 16 bit: 1/2 where torchtitan gathers fp8 weights
     (``float8.enable_fsdp_float8_all_gather`` with per-tensor scaling, which paraplan's export turns
-    on for ``--dtype fp8`` under FSDP: weights are cast before the all-gather), else 1."""
-    return np.where((plan.dtype == "fp8") & (np.asarray(plan.engine_code) == Engine.TORCHTITAN),
+    on for ``--dtype fp8`` under FSDP: weights are cast before the all-gather) and where Megatron-LM's
+    parameters are fp8 (``plan.fp8_param_gather``: the distributed optimizer and Megatron-FSDP gather
+    the fp8 data), else 1."""
+    eng = np.asarray(plan.engine_code)
+    fp8_params = np.asarray(getattr(plan, "fp8_param_gather", False), dtype=bool) & (eng == Engine.MEGATRON)
+    return np.where(((plan.dtype == "fp8") & (eng == Engine.TORCHTITAN)) | (fp8_params & is_fp8(plan.dtype)),
                     FP8_GATHER_BYTES_RATIO, 1.0)
 
 

@@ -754,15 +754,21 @@ def fp8_weight_copy_bytes(model, stage_params, plan):
       :func:`gathered_layer_params`);
     * torchtitan (torchao float8): weights are cast on the fly in each forward and backward, so only
       the layer in flight has a copy (2 bytes per parameter of one layer).
+    * Megatron-LM with fp8 parameters (``plan.fp8_param_gather``, --fp8-param-gather): none. The
+      parameter is the fp8 tensor (Transformer Engine's fp8_model_init: a Float8Tensor's data and its
+      cached transpose, or an MXFP8 tensor's row- and column-wise data, 1 + 1 bytes) in place of the
+      16-bit weight :func:`model_state_bytes` counts at 2 bytes, so nothing is added to it.
     Source: Transformer Engine ``Linear`` (fp8 weight workspace cached across micro-batches),
-    torchao ``Float8Linear`` (casts per call)."""
+    torchao ``Float8Linear`` (casts per call); Megatron-Core ``fp8_param_gather`` (TransformerConfig,
+    the distributed optimizer's fp8 parameter all-gather)."""
     if not is_fp8(plan.dtype):
         return np.zeros_like(np.asarray(stage_params, dtype=float))
     layer = gathered_layer_params(model, plan)
     eng = engine_of(plan)
     z3 = np.asarray(plan.zero) >= 3
     kept = np.where(z3, 2 * layer, np.asarray(stage_params, dtype=float))
-    return FP8_WEIGHT_COPY_BYTES * np.where(eng == Engine.TORCHTITAN, layer, kept)
+    fp8_params = np.asarray(getattr(plan, "fp8_param_gather", False), dtype=bool) & (eng == Engine.MEGATRON)
+    return np.where(fp8_params, 0.0, FP8_WEIGHT_COPY_BYTES * np.where(eng == Engine.TORCHTITAN, layer, kept))
 
 
 NVME_STAGING_PARAMS = 1e9   # DeepSpeed ZeRO-Infinity sub_group_size default (elements staged on the host)

@@ -336,6 +336,8 @@ def build_megatron(s: Scenario) -> Export:
             raise ConfigError("dtype", "Megatron-LM has no row-wise fp8 recipe (--fp8-recipe accepts tensorwise, "
                               "delayed, blockwise, mxfp8)", accepted="fp8, fp8-delayed, fp8-blockwise, mxfp8")
         args += [("--fp8-format", "hybrid"), ("--fp8-recipe", _MEGATRON_FP8_RECIPES[p.dtype])]
+        if p.fp8_param_gather:
+            args.append(("--fp8-param-gather",))
     if p.flash_attention:
         if p.attention_kernel == "efficient":
             raise ConfigError("attention_kernel", "Megatron-LM's attention backends are Transformer Engine's fused "

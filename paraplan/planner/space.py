@@ -125,7 +125,8 @@ def _pin(choices: dict, fixed: Mapping) -> None:
     """Replace the choices of pinned axes by their pinned value."""
     for key, value in fixed.items():
         if key in ("dp", "dtype", "flash_attention", "overlap_grad_reduce", "grad_accumulation_fusion", "fused_elementwise",
-                   "fused_softmax", "tp_comm_overlap", "grad_reduce_bf16", "attention_kernel", "ep_comm_overlap", "recompute_modules",
+                   "fused_softmax", "tp_comm_overlap", "grad_reduce_bf16", "fp8_param_gather", "attention_kernel", "ep_comm_overlap",
+                   "recompute_modules",
                    "moe_flex_dispatch", "engine", *STAGE_LAYER_FIELDS):
             continue  # dp: a rule of the search; the rest: one value for the whole batch
         if key == "etp":
@@ -252,6 +253,7 @@ def _cross(first: SimpleNamespace, second: SimpleNamespace, keep1, keep2, fixed:
     both["etp"] = np.where(both["etp_is_tp"], both["tp"], 1)
     both["tp_comm_overlap"] = np.full(nf * ns, bool(fixed.get("tp_comm_overlap", False)))
     both["grad_reduce_bf16"] = np.full(nf * ns, bool(fixed.get("grad_reduce_bf16", False)))
+    both["fp8_param_gather"] = np.full(nf * ns, bool(fixed.get("fp8_param_gather", False)))
     both["flash_attention"] = np.full(nf * ns, bool(fixed.get("flash_attention", flash_default)))
     both["fused_softmax"] = np.full(nf * ns, bool(fixed.get("fused_softmax", True)))
     both["attention_kernel_code"] = np.full(nf * ns, int(AttentionKernel.parse(fixed.get("attention_kernel", "auto"))))
@@ -378,7 +380,7 @@ def _batch(both: SimpleNamespace, idx, options: SpaceOptions, fixed: Mapping) ->
     # the batch-wide flags the crossing rules read are already columns of ``both`` (:func:`_cross`)
     cols = ("tp", "pp", "dp", "cp", "sp", "vpp", "micro_batch", "schedule_code", "zero", "recompute_code",
             "offload_code", "offload_params", "ep", "etp", "cp_mode_code", "optimizer_code", "delayed_update",
-            "tp_comm_overlap", "grad_reduce_bf16", "flash_attention", "fused_softmax", "attention_kernel_code", "ep_comm_overlap",
+            "tp_comm_overlap", "grad_reduce_bf16", "fp8_param_gather", "flash_attention", "fused_softmax", "attention_kernel_code", "ep_comm_overlap",
             "moe_flex_dispatch", "recompute_modules_mask",
             *STAGE_LAYER_FIELDS)
     return PlanBatch(**{k: getattr(both, k)[idx] for k in cols}, **{k: np.full(n, v) for k, v in const.items()},

@@ -60,6 +60,7 @@ def render_estimate(e) -> str:
         f"{' (+params)' if p.offload_params else ''}{' · delayed update' if p.delayed_update else ''}"
         f"{f' · activations of {p.offload_activation_layers} layers to host' if getattr(p, 'offload_activation_layers', 0) else ''}"
         f"{' · bf16 gradients' if getattr(p, 'grad_reduce_bf16', False) else ''} · {p.dtype}"
+        f"{' (fp8 parameters)' if getattr(p, 'fp8_param_gather', False) else ''}"
         f"{f' · ep {p.ep}' if p.ep > 1 else ''}{f' · etp {p.etp}' if p.etp > 1 else ''}"
         f"{' · TP comm overlap' if getattr(p, 'tp_comm_overlap', False) else ''}"
         f"{' · EP comm overlap' if getattr(p, 'ep_comm_overlap', False) else ''}"
