@@ -50,7 +50,9 @@ def test_op_sac_keeps_every_other_matmul_and_the_attention_output(arch):
     none = run_training(cfg, RunPlan(micro_batch=2, global_batch=2, steps=2, warmup=0, profile_ops=False))
     sac = run_training(cfg, RunPlan(micro_batch=2, global_batch=2, steps=2, warmup=0, profile_ops=False,
                                     recompute="op-sac"))
-    assert sac["losses"][0] == none["losses"][0]
+    # the first step's forward is the same arithmetic (to a few ulps: the checkpointed region may
+    # dispatch other CPU kernels; AMD EPYC: 2 ulps); the second step's loss tests the recomputed backward
+    assert sac["losses"][0] == pytest.approx(none["losses"][0], rel=1e-6)
     assert abs(sac["losses"][1] - none["losses"][1]) <= 1e-5 * abs(none["losses"][1])
 
 

@@ -2,7 +2,8 @@
 
 For the same seed and data, every plan's loss per step must match the single-process run within
 ``LOSS_RTOL`` (1e-5 relative; these runs are three steps, too few for rounding to have drifted; with
-routed experts later steps within ``LATER_LOSS_RTOL``, what validate holds every run's later steps to)
+routed experts the later steps as validate holds them: within ``LATER_LOSS_RTOL`` or ten times the
+reference's own spread, ``reference.reference_spread``, where a token's route flips within rounding)
 and its first-step gradients, unsharded over tp and dp (and averaged over cp) and joined over
 pipeline stages, within ``GRAD_RTOL`` (1e-4 of the tensor's largest reference entry).
 Plans of one world size share a torchrun launch to save start-up time.
@@ -14,8 +15,8 @@ import pytest
 
 from paraplan.validation.launch import LaunchOptions, WorkerFailed, launch_worker, launch_worker_batch
 from paraplan.validation.model import GPTConfig
-from paraplan.validation.reference import (GRAD_RTOL, LATER_LOSS_RTOL, LOSS_RTOL, compare_to_reference,
-                                           load_parallel_grads, reference_run)
+from paraplan.validation.reference import (GRAD_RTOL, LOSS_RTOL, compare_to_reference, load_parallel_grads,
+                                           reference_run, reference_spread)
 from paraplan.validation.worker import RunPlan
 
 CFG = GPTConfig(vocab_size=256, seq_len=32, hidden=64, heads=4, layers=4, seed=3)
@@ -137,10 +138,14 @@ def _check(out, results, name, entry):
     cfg, plan = _model_and_plan(entry)
     plan = RunPlan.from_dict(plan)
     ref = reference_run(cfg, plan)
-    c = compare_to_reference(results[name], ref, load_parallel_grads(str(out / name)))
+    # routed experts: the later steps as validate holds them, to the reference's own spread (a token
+    # whose best scores lie within rounding may take the other expert after the first update)
+    spread = reference_spread(cfg, plan, ref) if cfg.experts else None
+    c = compare_to_reference(results[name], ref, load_parallel_grads(str(out / name)), spread)
     assert not c["missing_grads"], c["missing_grads"]
     assert c["first_loss_rel_err"] <= LOSS_RTOL, c
-    assert c["loss_rel_err"] <= (LATER_LOSS_RTOL if cfg.experts else LOSS_RTOL), c
+    if not cfg.experts:
+        assert c["loss_rel_err"] <= LOSS_RTOL, c
     assert c["grad_rel_err"] <= GRAD_RTOL, (c["worst_grad"], c["grad_rel_err"])
     assert c["matches"]
     assert len(results[name]) == plan.world_size

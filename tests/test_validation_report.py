@@ -211,3 +211,21 @@ def test_the_nudged_reference_starts_one_ulp_away_and_drifts_by_rounding_only():
     spread = reference_spread(cfg, plan, ref)
     assert len(spread) == len(ref["losses"]) == 5
     assert spread[0] < 1e-6 and max(spread) < 1e-4
+
+
+def test_the_spread_includes_the_reference_split_into_other_micro_batches():
+    """reference_spread also reruns the reference with the global batch in other micro-batches (the
+    gradient sums in another order, as a parallel layout has them): its spread is at least that run's
+    difference at every step, and a single-sample batch has no other split."""
+    from paraplan.validation.model import GPTConfig
+    from paraplan.validation.reference import reference_run, reference_spread, resplit_micro_batch
+    from paraplan.validation.worker import RunPlan
+    cfg = GPTConfig(vocab_size=256, seq_len=32, hidden=64, heads=4, layers=2, seed=3, experts=4, top_k=1)
+    plan = RunPlan(micro_batch=1, global_batch=4, steps=2, warmup=1, profile_ops=False)
+    assert (resplit_micro_batch(plan), resplit_micro_batch(RunPlan(micro_batch=4, global_batch=4))) == (4, 1)
+    assert resplit_micro_batch(RunPlan(micro_batch=1, global_batch=1)) is None
+    ref = reference_run(cfg, plan)
+    other = reference_run(cfg, RunPlan(micro_batch=4, global_batch=4, steps=2, warmup=1, profile_ops=False),
+                          dump_grads=False)["losses"]
+    spread = reference_spread(cfg, plan, ref)
+    assert all(s >= abs(o - r) / abs(r) for s, o, r in zip(spread, other, ref["losses"]))

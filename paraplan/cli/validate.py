@@ -594,7 +594,7 @@ def run_validate(args) -> int:
         if check_ref:
             with progress.step("validate: single-process reference run"):
                 ref = reference_run(cfg, plan)
-            with progress.step("validate: the reference again from nudged parameters (its own spread)"):
+            with progress.step("validate: the reference again, nudged and re-split (its own spread)"):
                 spread = reference_spread(cfg, plan, ref)
             ref_check = compare_to_reference(results, ref, load_parallel_grads(run_dir), spread)
             ref_check.pop("parallel_losses", None)
