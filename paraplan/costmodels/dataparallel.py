@@ -38,8 +38,8 @@ import numpy as np
 
 from paraplan.costmodels.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time, ranks_per_node
 from paraplan.costmodels.compute import FP8_GATHER_BYTES_RATIO, element_bytes, megatron_grad_bytes
-from paraplan.costmodels.memory import deepspeed_bf16_optimizer, engine_of
-from paraplan.plan import Engine, Optimizer, expert_data_parallel, expert_group_strides, expert_parallel_folded, is_fp8
+from paraplan.costmodels.memory import deepspeed_bf16_optimizer, engine_of, megatron_fp8_params
+from paraplan.plan import Engine, Optimizer, expert_data_parallel, expert_group_strides, expert_parallel_folded
 
 # Share of an overlapped collective's duration that it costs the compute beneath it (NCCL kernels
 # occupy SMs and HBM bandwidth): 0.19, the average compute slowdown Lee et al. 2025 measured while
@@ -78,10 +78,8 @@ def fp8_all_gather_factor(plan):
     on for ``--dtype fp8`` under FSDP: weights are cast before the all-gather) and where Megatron-LM's
     parameters are fp8 (``plan.fp8_param_gather``: the distributed optimizer and Megatron-FSDP gather
     the fp8 data), else 1."""
-    eng = np.asarray(plan.engine_code)
-    fp8_params = np.asarray(getattr(plan, "fp8_param_gather", False), dtype=bool) & (eng == Engine.MEGATRON)
-    return np.where(((plan.dtype == "fp8") & (eng == Engine.TORCHTITAN)) | (fp8_params & is_fp8(plan.dtype)),
-                    FP8_GATHER_BYTES_RATIO, 1.0)
+    titan_fp8 = (plan.dtype == "fp8") & (np.asarray(plan.engine_code) == Engine.TORCHTITAN)
+    return np.where(titan_fp8 | megatron_fp8_params(plan), FP8_GATHER_BYTES_RATIO, 1.0)
 
 
 # torchtitan reduces gradients in fp32 (FP32_GRAD_BYTES): its FSDP2 MixedPrecisionPolicy takes reduce_dtype from

@@ -745,6 +745,13 @@ def buffer_bytes(model, plan, runtime_reserved_bytes):
 FP8_WEIGHT_COPY_BYTES = 2   # an fp8 copy of a weight and its transpose (Hopper's fp8 GEMMs are TN only)
 
 
+def megatron_fp8_params(plan):
+    """Per plan: whether Megatron-LM's parameters are the fp8 tensors themselves (``plan.fp8_param_gather``,
+    --fp8-param-gather, under an fp8 dtype)."""
+    on = np.asarray(getattr(plan, "fp8_param_gather", False), dtype=bool)
+    return on & (engine_of(plan) == Engine.MEGATRON) & is_fp8(plan.dtype)
+
+
 def fp8_weight_copy_bytes(model, stage_params, plan):
     """fp8 copies of the weights that live through a step under an fp8 dtype (0 otherwise):
 
@@ -767,8 +774,8 @@ def fp8_weight_copy_bytes(model, stage_params, plan):
     eng = engine_of(plan)
     z3 = np.asarray(plan.zero) >= 3
     kept = np.where(z3, 2 * layer, np.asarray(stage_params, dtype=float))
-    fp8_params = np.asarray(getattr(plan, "fp8_param_gather", False), dtype=bool) & (eng == Engine.MEGATRON)
-    return np.where(fp8_params, 0.0, FP8_WEIGHT_COPY_BYTES * np.where(eng == Engine.TORCHTITAN, layer, kept))
+    return np.where(megatron_fp8_params(plan), 0.0,
+                    FP8_WEIGHT_COPY_BYTES * np.where(eng == Engine.TORCHTITAN, layer, kept))
 
 
 NVME_STAGING_PARAMS = 1e9   # DeepSpeed ZeRO-Infinity sub_group_size default (elements staged on the host)
