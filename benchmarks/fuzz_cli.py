@@ -94,7 +94,8 @@ def _plan_doc() -> dict:
             "optimizer": "adam", "delayed_update": False, "grad_accumulation_fusion": True,
             "fused_elementwise": True, "fused_softmax": True, "engine": "generic", "first_stage_layers": 0,
             "last_stage_layers": 0,
-            "tp_comm_overlap": False, "grad_reduce_bf16": False, "offload_activation_layers": 0}
+            "tp_comm_overlap": False, "grad_reduce_bf16": False, "fp8_param_gather": False,
+            "offload_activation_layers": 0}
     return {"schema": "paraplan.plan/1",
             "scenario": {"model": "llama3-8b", "cluster": "dgx-h100", "gpus": 8, "seq_len": 2048,
                          "global_batch": 16},
