@@ -122,3 +122,20 @@ def test_fp8_parameters_need_a_sharded_optimizer():
     assert e.value.field == "fp8_param_gather" and "distributed optimizer" in str(e.value)
     for zero in (1, 2, 3):
         assert Plan(engine="megatron", dtype="fp8", zero=zero, fp8_param_gather=True).fp8_param_gather
+
+
+def test_an_infeasible_megatron_fp8_search_suggests_fp8_parameters(capsys):
+    """Llama 3 70B on 16 H100s at ZeRO-1 in fp8 with bf16 gradients: no layout fits with fp8 copies beside
+    16-bit weights (the closest is 0.5 GiB over); with fp8 parameters tp8 pp2 does, and the infeasible
+    answer says so first, as a --fix the user can type."""
+    import json
+    args = ["plan", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "16", "--seq-len", "2048",
+            "--global-batch", "32", "--engine", "megatron", "--dtype", "fp8", "--no-offload", "--fix", "zero=1",
+            "--fix", "grad_reduce_bf16=true", "--format", "json"]
+    main(args)
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["suggestions"][0].startswith("fp8 parameters (--fix fp8_param_gather=true")
+    assert main([*args, "--fix", "fp8_param_gather=true"]) == 0
+    assert json.loads(capsys.readouterr().out)["plans"][0]["plan"]["fp8_param_gather"] is True
+    main([*args[:args.index("--dtype")], "--dtype", "bf16", *args[args.index("--dtype") + 2:]])
+    assert not any(s.startswith("fp8 parameters") for s in json.loads(capsys.readouterr().out).get("suggestions", []))

@@ -18,7 +18,7 @@ import numpy as np
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.estimate import Estimate, TIME_TERMS, estimate, estimate_legal, step_terms
 from paraplan.hardware.topology import links_for_plan
-from paraplan.plan import PLAN_FIELDS, PlanBatch
+from paraplan.plan import PLAN_FIELDS, PlanBatch, is_fp8
 from paraplan.planner.space import SpaceOptions, compose
 from paraplan.workloads.transformer import TrainingJob
 
@@ -222,10 +222,18 @@ def why_best_beats_runner_up(best: Estimate, runner_up: Estimate) -> str:
 
 
 def suggest_feasible(model, job, cluster, options: SpaceOptions | None, max_memory_fraction: float) -> list[str]:
-    """The smallest changes that make the request fit: more GPUs (2x-32x, counts the system accepts:
-    whole nodes, or whole hosts where a node holds several), offload, shorter sequence."""
+    """The smallest changes that make the request fit: Megatron-LM's fp8 parameters where the search is
+    Megatron in fp8 without them, more GPUs (2x-32x, counts the system accepts: whole nodes, or whole
+    hosts where a node holds several), offload, shorter sequence."""
     out = []
     options = options or SpaceOptions()
+    fixed = dict(options.fixed or {})
+    if fixed.get("engine") == "megatron" and is_fp8(str(fixed.get("dtype", ""))) and not fixed.get("fp8_param_gather"):
+        r = search(model, job, cluster, options=replace(options, fixed={**fixed, "fp8_param_gather": True}), top=1,
+                   max_memory_fraction=max_memory_fraction)
+        if r.best:
+            out.append(f"fp8 parameters (--fix fp8_param_gather=true, Megatron-LM's --fp8-param-gather): "
+                       f"{r.best.plan.label()} ZeRO-{r.best.plan.zero} fits at {r.best.step_time_s:.3g} s/step")
     if not options.allow_offload:
         r = search(model, job, cluster, options=replace(options, allow_offload=True), top=1,
                    max_memory_fraction=max_memory_fraction)
