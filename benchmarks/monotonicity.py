@@ -11,7 +11,8 @@ should never hurt, and prints how many got worse and by how much at most:
   (step time and memory must not change);
 * plan switches that only remove work or hide it: gradient-reduction overlap, fused elementwise
   kernels, fused gradient accumulation, TP communication overlap (tp > 1 with sp), expert all-to-all
-  overlap (ep > 1), no recomputation (step time must not grow);
+  overlap (ep > 1), Megatron's fp8 parameters (megatron in fp8 at ZeRO >= 1; neither step time nor
+  memory may grow), no recomputation (step time must not grow);
 * memory: full recomputation (peak GPU memory must not grow), no recomputation and no offload (it
   must not shrink);
 * a twice larger global batch on the same layout (tokens/s must not fall; judged where gradient
@@ -33,7 +34,7 @@ import pandas as pd
 
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.estimate import step_terms
-from paraplan.plan import Offload, Recompute
+from paraplan.plan import Engine, Offload, Recompute, is_fp8
 from paraplan.planner.space import SpaceOptions, compose
 from paraplan.scenario import load_scenario
 from paraplan.workloads.transformer import TrainingJob
@@ -83,6 +84,11 @@ def hardware_variants(cluster) -> dict:
     }
 
 
+def _fp8_params_legal(batch):
+    """Candidates that may run Megatron-LM's fp8 parameters: engine megatron, an fp8 dtype, ZeRO >= 1."""
+    return (np.asarray(batch.engine_code) == Engine.MEGATRON) & is_fp8(batch.dtype) & (np.asarray(batch.zero) >= 1)
+
+
 # (label, plan field, value, which candidates, what must not happen)
 PLAN_SWITCHES = (
     ("gradient-reduction overlap on", "overlap_grad_reduce", True, None, "slower"),
@@ -90,6 +96,9 @@ PLAN_SWITCHES = (
     ("fused gradient accumulation on", "grad_accumulation_fusion", True, None, "slower"),
     ("TP comm overlap on (tp > 1, sp)", "tp_comm_overlap", True, lambda b: (np.asarray(b.tp) > 1) & np.asarray(b.sp, bool), "slower"),
     ("expert all-to-all overlap on (ep > 1)", "ep_comm_overlap", True, lambda b: np.asarray(b.ep) > 1, "slower"),
+    ("fp8 parameters on (megatron fp8, ZeRO >= 1): step time", "fp8_param_gather", True, _fp8_params_legal, "slower"),
+    ("fp8 parameters on (megatron fp8, ZeRO >= 1): GPU memory", "fp8_param_gather", True, _fp8_params_legal,
+     "more memory"),
     ("no recomputation: step time", "recompute_code", int(Recompute.NONE), None, "slower"),
     ("full recomputation: GPU memory", "recompute_code", int(Recompute.FULL), None, "more memory"),
     ("no recomputation: GPU memory", "recompute_code", int(Recompute.NONE), None, "less memory"),
