@@ -50,11 +50,12 @@ GRAD_FLOOR = 1e-3
 SPREAD_FACTOR = 10.0
 
 
-def reference_run(cfg: GPTConfig, plan: RunPlan, dump_grads: bool = True, nudge_seed: int | None = None) -> dict:
-    """Single-process run with the plan's batch, micro-batch, recompute and step count (from
-    parameters nudged one ulp with ``nudge_seed``: ``run_training``)."""
+def reference_run(cfg: GPTConfig, plan: RunPlan, dump_grads: bool = True, nudge_seed: int | None = None,
+                  micro_batch: int | None = None) -> dict:
+    """Single-process run with the plan's batch, micro-batch (or ``micro_batch``), recompute and step
+    count (from parameters nudged one ulp with ``nudge_seed``: ``run_training``)."""
     torch.manual_seed(cfg.seed)
-    ref_plan = RunPlan(micro_batch=plan.micro_batch, global_batch=plan.global_batch,
+    ref_plan = RunPlan(micro_batch=micro_batch or plan.micro_batch, global_batch=plan.global_batch,
                        recompute=plan.recompute, steps=plan.steps, warmup=plan.warmup,
                        lr=plan.lr, profile_ops=False)
     return run_training(cfg, ref_plan, None, "cpu", dump_grads, nudge_seed=nudge_seed)
@@ -81,9 +82,7 @@ def reference_spread(cfg: GPTConfig, plan: RunPlan, ref: dict) -> list[float]:
     runs = [reference_run(cfg, plan, dump_grads=False, nudge_seed=cfg.seed + 1)["losses"]]
     other = resplit_micro_batch(plan)
     if other is not None:
-        single = RunPlan(micro_batch=other, global_batch=plan.global_batch, recompute=plan.recompute,
-                         steps=plan.steps, warmup=plan.warmup, lr=plan.lr, profile_ops=False)
-        runs.append(reference_run(cfg, single, dump_grads=False)["losses"])
+        runs.append(reference_run(cfg, plan, dump_grads=False, micro_batch=other)["losses"])
     return [max(abs(run[i] - b) / abs(b) for run in runs) for i, b in enumerate(ref["losses"])]
 
 
