@@ -38,12 +38,15 @@ def plan_of(row) -> Plan:
     softmax eager) and `fused` (Megatron's fused softmax) kernels, norms fused only with the RMS
     kernel (SwiGLU is eager in Scaling either way, and so is its rotary embedding); gradients
     accumulate unfused (one add per parameter tensor per micro-batch after the first, as Scaling's
-    source does)."""
+    source does); FlashAttention 1.0.8 as the flash1 kernel, the other flash kernels (FlashAttention-2) at the
+    generation's calibrated fused-attention efficiency."""
     dp = int(row.gpus) // (int(row.tp) * int(row.pp))
+    kernel = str(row.kernel)
     return Plan(tp=int(row.tp), pp=int(row.pp), dp=dp, micro_batch=int(row.micro_batch), sp=bool(row.sp) and int(row.tp) > 1,  # sp is a no-op at tp 1
                 zero=1, recompute="full" if row.checkpointing == "every_layer" else "none",
-                flash_attention=str(row.kernel).startswith("flash"), fused_elementwise="RMS kernel" in str(row.kernel), engine="scaling",
-                grad_accumulation_fusion=False, fused_softmax=str(row.kernel) != "torch")
+                flash_attention=kernel.startswith("flash"), fused_elementwise="RMS kernel" in kernel, engine="scaling",
+                grad_accumulation_fusion=False, fused_softmax=kernel != "torch",
+                attention_kernel="flash1" if kernel.startswith("flash_attentionv1") else "auto")
 
 
 def judge(rows: pd.DataFrame) -> pd.DataFrame:

@@ -131,11 +131,14 @@ class AttentionKernel(Mode):
     """The fused attention kernel: ``auto`` leaves it to the engine and prices attention at the
     generation's one calibrated efficiency (published runs rarely say which kernel ran); the others
     name a kernel whose efficiency was measured by sequence length (where the generation has a
-    measured table: cuDNN fused attention, FlashAttention-2, PyTorch's memory-efficient kernel)."""
+    measured table: cuDNN fused attention, FlashAttention-2, PyTorch's memory-efficient kernel).
+    ``flash1`` is FlashAttention 1.x (the flash-attn package before 2.0): FlashAttention-2's work at
+    half its rate (``compute.FLASH1_TIME_FACTOR``)."""
     AUTO = "auto"
     CUDNN = "cudnn"
     FLASH2 = "flash2"
     EFFICIENT = "efficient"
+    FLASH1 = "flash1"
 
 
 class Optimizer(Mode):
@@ -352,7 +355,8 @@ class Plan:
     # cpu_offload context; Megatron-Bridge cpu_offloading_num_layers); 0: none
     offload_activation_layers: int = 0
     # the fused attention kernel (AttentionKernel): auto, or cudnn / flash2 / efficient priced by the
-    # measured efficiency by sequence length of the generation's table (attention_kernels.yaml)
+    # measured efficiency by sequence length of the generation's table (attention_kernels.yaml), or
+    # flash1 (FlashAttention 1.x) at half FlashAttention-2's rate
     attention_kernel: str = "auto"
     # expert-parallel dispatch and combine all-to-alls of one micro-batch overlapped with the other
     # direction's compute of the neighbouring micro-batch (Megatron-Core's combined 1F1B schedule,

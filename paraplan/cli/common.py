@@ -297,7 +297,8 @@ PLAN_FLAG_HELP = {
                         "Megatron-Bridge's fp8 presets set it): no 16-bit weights beside the fp8 copies, and "
                         "parameter all-gathers move 1 byte per parameter instead of 2",
     "attention_kernel": "the fused attention kernel: auto (the generation's calibrated efficiency), or cudnn, "
-                        "flash2, efficient at their efficiency measured by sequence length (Hopper)",
+                        "flash2, efficient at their efficiency measured by sequence length (Hopper), or flash1 "
+                        "(FlashAttention 1.x: half FlashAttention-2's rate)",
     "fused_elementwise": "eager PyTorch norms and SwiGLU (fp32 upcast, several kernels, more saved "
                          "activations) instead of fused kernels (Megatron-LM with Transformer Engine or Apex)",
     "fused_softmax": "with --no-flash-attention: an eager PyTorch softmax over the scores (a copy, a mask fill "

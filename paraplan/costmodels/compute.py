@@ -557,16 +557,35 @@ def engine_attention_kernel(plan, table):
     return np.where((kernel == AttentionKernel.AUTO) & picks_cudnn, int(AttentionKernel.CUDNN), kernel)
 
 
+# FlashAttention 1.x (the flash-attn package before 2.0) runs the work FlashAttention-2 runs at half its
+# rate: on an A100 80GB SXM4, causal and not, head dims 64 and 128, sequences 512-16k, FlashAttention-2 is
+# "around 2x faster than FlashAttention" forward + backward, 1.7-3.0x over the range (Dao 2023,
+# arXiv:2307.08691, sec. 4.1, Fig. 4). Held at the paper's 2x on every generation: where the generation has a
+# measured table the flash2 curve is the base, elsewhere its calibrated fused-attention efficiency (the
+# kernels of the runs it was calibrated on: FlashAttention-2 or unnamed). The seed paper's sweep, FlashAttention
+# 1.0.8 against FlashAttention-2 on otherwise equal layouts (73 pairs, A100, 2k): the step-time ratio is
+# predicted within +0.2 % (median) at 2x, -2.6 % when the two were priced alike (benchmarks/accuracy.py).
+FLASH1_TIME_FACTOR = 2.0
+
+
+def flash1_factor(plan):
+    """Fused-attention time over FlashAttention-2's: FLASH1_TIME_FACTOR where the plan names flash1, else 1."""
+    kernel = np.asarray(getattr(plan, "attention_kernel_code", AttentionKernel.AUTO))
+    return np.where(kernel == int(AttentionKernel.FLASH1), FLASH1_TIME_FACTOR, 1.0)
+
+
 def measured_attention_efficiency(model, plan, curves, query_len, batch_heads):
     """Fused attention efficiency (share of the bf16 peak) of the kernel a plan runs
     (:func:`engine_attention_kernel`), from the generation's measured table (attention_kernels.yaml):
     interpolated in log2(sequence), scaled for head dims below 128 and by :func:`attention_occupancy`;
-    NaN where the kernel is left to ``auto``. None when the curves carry no table (that generation was
-    not measured)."""
+    NaN where the kernel is left to ``auto``; for flash1 its base, FlashAttention-2's (its time is
+    FLASH1_TIME_FACTOR times that one's: :func:`flash1_factor`). None when the curves carry no table
+    (that generation was not measured)."""
     table = getattr(curves, "attention_table", None)
     if not table:
         return None
     kernel = engine_attention_kernel(plan, table)
+    kernel = np.where(kernel == int(AttentionKernel.FLASH1), int(AttentionKernel.FLASH2), kernel)   # its base
     seqs = np.log2(np.asarray(table["seq"], dtype=float))
     occupancy = attention_occupancy(query_len, batch_heads, curves.accelerator.streaming_multiprocessors,
                                     table.get("tile_rows", 128))
@@ -710,6 +729,7 @@ def attention_core_times(model, job, plan, curves):
         fused_f = np.where(named, named_f, fused_f)
         fused_b = np.where(named, curves.kernel_overhead_s + 2.5 * (named_f - curves.kernel_overhead_s), fused_b)
     f = softmax_exp_factor(model, curves)   # a part whose softmax exponentials outrun its generation's
+    f = f * flash1_factor(plan)             # FlashAttention 1.x: half FlashAttention-2's rate
     fused_f, fused_b = fused_f * f, fused_b * f
     # unfused: batched GEMMs over all heads of the rank, full (masked) score matrix
     heads_rank = b * model.heads / t

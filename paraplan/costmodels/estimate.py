@@ -194,6 +194,12 @@ def attention_kernel_assumption(model, job, plan, curves) -> tuple[str, ...]:
         return (f"attention: auto on {who}: cudnn at {float(eff):.3f} of peak, measured by sequence length "
                 f"(attention_kernels.yaml) at {job.seq_len} tokens and {b * model.heads // plan.tp} heads per GPU"
                 f"{windowed}",)
+    if plan.attention_kernel == "flash1":
+        base = ("its calibrated fused-attention efficiency "
+                f"({getattr(curves, 'flash_attention_efficiency', 'profiled')})" if eff is None else
+                f"FlashAttention-2's measured {float(eff):.3f} of peak at {job.seq_len} tokens{windowed}")
+        return (f"attention: flash1 (FlashAttention 1.x) at 1/{C.FLASH1_TIME_FACTOR:g} of {base}: FlashAttention-2 "
+                "runs the same work about 2x faster (Dao 2023, arXiv:2307.08691, sec. 4.1)",)
     if eff is None:
         return (f"attention: no measured {plan.attention_kernel} table for this accelerator; priced at its "
                 f"calibrated fused-attention efficiency ({getattr(curves, 'flash_attention_efficiency', 'profiled')})",)

@@ -339,10 +339,11 @@ def build_megatron(s: Scenario) -> Export:
         if p.fp8_param_gather:
             args.append(("--fp8-param-gather",))
     if p.flash_attention:
-        if p.attention_kernel == "efficient":
+        if p.attention_kernel in ("efficient", "flash1"):
+            which = ("PyTorch's memory-efficient one" if p.attention_kernel == "efficient" else
+                     "FlashAttention 1.x (Transformer Engine needs flash-attn 2 or newer)")
             raise ConfigError("attention_kernel", "Megatron-LM's attention backends are Transformer Engine's fused "
-                              "(cuDNN) and flash kernels, not PyTorch's memory-efficient one",
-                              accepted="auto, cudnn, flash2")
+                              f"(cuDNN) and flash kernels, not {which}", accepted="auto, cudnn, flash2")
         if p.attention_kernel == "auto":
             args.append(("--use-flash-attn",))
         else:   # Megatron-LM --attention-backend: fused = TE's cuDNN fused attention, flash = FlashAttention
@@ -527,6 +528,10 @@ def sdpa_kernel_note(p, engine: str) -> list[str]:
     on an H100)."""
     if not p.flash_attention or p.attention_kernel == "auto":
         return []
+    if p.attention_kernel == "flash1":
+        return [f"the plan was priced with FlashAttention 1.x, which torch's scaled_dot_product_attention does not "
+                f"have (its flash backend is FlashAttention-2): {engine} runs it only where the model code calls "
+                "the flash-attn 1.x package (flash_attn<2) itself; under SDPA expect attention faster than priced"]
     return [f"the plan was priced with the {p.attention_kernel} attention kernel; {engine} calls "
             f"torch's scaled_dot_product_attention, which picks its own backend: pin it by running the "
             f"step under torch.nn.attention.sdpa_kernel(SDPBackend.{SDPA_BACKEND_OF_KERNEL[p.attention_kernel]})"]
@@ -539,6 +544,9 @@ def torchtitan_sdpa_kernel_note(p) -> list[str]:
     for ``auto`` or ``cudnn``, the backend it runs first."""
     if not p.flash_attention or p.attention_kernel in ("auto", "cudnn"):
         return []
+    if p.attention_kernel == "flash1":
+        raise ConfigError("attention_kernel", "torchtitan runs attention through torch's scaled_dot_product_attention, "
+                          "which has no FlashAttention 1.x backend", accepted="auto, cudnn, flash2, efficient")
     return [f"the plan was priced with the {p.attention_kernel} attention kernel; torchtitan's "
             f"ScaledDotProductAttentionWrapper tries cuDNN first inside every call (a sdpa_kernel context around "
             f"the step does not reach it): set torchtitan.models.attention.ScaledDotProductAttentionWrapper."
