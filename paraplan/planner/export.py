@@ -544,9 +544,6 @@ def torchtitan_sdpa_kernel_note(p) -> list[str]:
     for ``auto`` or ``cudnn``, the backend it runs first."""
     if not p.flash_attention or p.attention_kernel in ("auto", "cudnn"):
         return []
-    if p.attention_kernel == "flash1":
-        raise ConfigError("attention_kernel", "torchtitan runs attention through torch's scaled_dot_product_attention, "
-                          "which has no FlashAttention 1.x backend", accepted="auto, cudnn, flash2, efficient")
     return [f"the plan was priced with the {p.attention_kernel} attention kernel; torchtitan's "
             f"ScaledDotProductAttentionWrapper tries cuDNN first inside every call (a sdpa_kernel context around "
             f"the step does not reach it): set torchtitan.models.attention.ScaledDotProductAttentionWrapper."
@@ -558,7 +555,8 @@ def build_torchtitan(s: Scenario) -> Export:
 
     Data parallelism maps by ZeRO stage: 0 -> DDP (data_parallel_replicate_degree) when dp is the only
     axis, 1-3 -> FSDP2 (data_parallel_shard_degree). Raises ConfigError for fp16 (torchtitan trains
-    in bf16 or fp32 only) and for NVMe offload (torchtitan offloads to CPU memory only).
+    in bf16 or fp32 only), for NVMe offload (torchtitan offloads to CPU memory only) and for the flash1
+    attention kernel (torch SDPA has no FlashAttention 1.x backend).
     """
     p, m, notes = s.plan, s.model, []
     if p.dtype not in ("bf16", *_TITAN_FP8):
@@ -568,6 +566,9 @@ def build_torchtitan(s: Scenario) -> Export:
     if p.offload == "nvme":
         raise ConfigError("offload", "torchtitan offloads to CPU memory only (training.enable_cpu_offload)",
                           accepted="--offload cpu or none")
+    if p.flash_attention and p.attention_kernel == "flash1":
+        raise ConfigError("attention_kernel", "torchtitan runs attention through torch's scaled_dot_product_attention, "
+                          "which has no FlashAttention 1.x backend", accepted="auto, cudnn, flash2, efficient")
 
     name, flavor = _TITAN_FLAVORS.get(s.model_spec, ("llama3", None))
     if flavor is None:
