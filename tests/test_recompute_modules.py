@@ -63,9 +63,14 @@ def test_each_output_discarding_module_frees_exactly_its_output():
 
 
 def test_fp8_linear_inputs_free_one_byte_each():
+    """In fp8 the QKV projection keeps its norm output as a 1-byte cast; an MoE layer's pre-MLP norm
+    output feeds the router, a 16-bit GEMM, and stays 2 bytes (a dense layer's FC1 keeps 1)."""
     fp8 = dataclasses.replace(SEL, dtype="fp8")
     freed = per_layer(QWEN, fp8) - per_layer(QWEN, with_modules(fp8, "core_attn,layernorm"))
-    assert freed == pytest.approx(2 * QWEN.hidden * JOB.seq_len / 2)   # two norm outputs, 1 byte, ÷ tp
+    assert freed == pytest.approx((1 + 2) * QWEN.hidden * JOB.seq_len / 2)   # 1 + 2 bytes, ÷ tp
+    dense = dataclasses.replace(fp8, ep=1)
+    freed = per_layer(LLAMA, dense) - per_layer(LLAMA, with_modules(dense, "core_attn,layernorm"))
+    assert freed == pytest.approx(2 * LLAMA.hidden * JOB.seq_len / 2)       # two 1-byte casts, ÷ tp
 
 
 def test_moe_covers_moe_act_and_frees_the_most():

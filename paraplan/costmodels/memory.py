@@ -305,12 +305,46 @@ def qk_norm_rstd_bytes_per_token(model):
     return 4.0 * (model.heads + model.kv_heads) if getattr(model, "qk_norm", False) else 0.0
 
 
+def te_fp8_linears(plan):
+    """Whether the plan's linear layers keep their inputs as Transformer Engine's fp8 casts (an fp8
+    dtype on Megatron-LM or the generic engine)."""
+    return is_fp8(plan.dtype) & np.isin(engine_of(plan), (Engine.MEGATRON, Engine.GENERIC))
+
+
+def fp8_norm_outputs(model) -> float:
+    """Norm outputs per layer (averaged over dense and MoE layers) that a linear layer keeps as its
+    fp8 input under Transformer Engine: the QKV projection's, and the FC1's of a dense layer. An MoE
+    layer's pre-MLP norm output feeds the router, a 16-bit (or fp32) GEMM outside fp8 that keeps it
+    in 16 bits (megatron/core/transformer/moe/router.py, router_gating_linear)."""
+    share = model.moe_layers / model.layers if model.moe is not None else 0.0
+    return 2.0 - share
+
+
+def routed_copy_saved_bytes(model, plan, te_fp8):
+    """Bytes an MoE layer keeps per routed token copy across the hidden width (16-bit units).
+
+    * The experts' FC1 input: 2h, or h where Transformer Engine keeps its fp8 cast (its grouped GEMM
+      saves the quantized input for the weight gradient); etp times under expert tensor parallelism,
+      whose dispatchers all-gather the etp group's copies (Megatron-Core).
+    * The experts' output, 2h, on every engine but Megatron-LM: a combine that weights each copy by
+      its router score in autograd (torchtitan's MoE, a plain implementation) keeps a copy for the
+      scores' gradient. Megatron-Core weights the copies inside the experts' activation instead
+      (moe/experts.py: TEGroupedMLP's weighted_bias_swiglu_impl over permuted_probs, whose backward
+      needs only FC1's output, already counted) and unpermutes without probabilities
+      (moe/token_dispatcher.py, combine_postprocess), so it keeps none."""
+    h = model.hidden
+    etp = np.asarray(getattr(plan, "etp", 1), dtype=float)
+    input_bytes = BYTES - np.where(te_fp8, BYTES - TE_FP8_BYTES_PER_ELEMENT, 0.0)
+    output_bytes = np.where(engine_of(plan) == Engine.MEGATRON, 0.0, BYTES)
+    return (input_bytes * etp + output_bytes) * h
+
+
 def activation_bytes_per_layer(model, job, plan, recompute_code=None):
     """Bytes one layer keeps for backward for one micro-batch (generalized Korthikanti Table 2),
     averaged over dense and MoE layers. An MoE layer keeps, instead of the dense MLP's (4 or 6)·f
     bytes per token, the experts' (4 or 6)·f_e per routed token copy (top_k x expert_token_factor)
-    and per shared expert, the permuted inputs and outputs (2 x 2h per routed copy; the inputs etp
-    times, gathered over the expert-tensor-parallel group) and fp32 router logits (4E)."""
+    and per shared expert, the permuted token copies the engine keeps (:func:`routed_copy_saved_bytes`)
+    and fp32 router logits (4E)."""
     rc = np.asarray(plan.recompute_code if recompute_code is None else recompute_code)
     b = plan.micro_batch
     T = tokens_per_rank(job, plan)                 # b · s / cp
@@ -334,11 +368,8 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
     if model.moe is not None:
         e = model.moe
         routed = e.top_k * expert_token_factor(model, job)
-        # the experts' inputs (2h per routed copy; under expert tensor parallelism those of the etp
-        # group's tokens, all-gathered: Megatron-Core's dispatchers) and their outputs (2h)
-        etp = np.asarray(getattr(plan, "etp", 1), dtype=float)
-        moe_mlp = per_width * e.expert_ffn_hidden * (routed + e.shared_experts) + routed * 2 * h * (etp + 1) \
-            + 4 * e.experts
+        moe_mlp = per_width * e.expert_ffn_hidden * (routed + e.shared_experts) \
+            + routed * routed_copy_saved_bytes(model, plan, te_fp8_linears(plan)) + 4 * e.experts
         share = model.moe_layers / model.layers
         mlp = (1 - share) * mlp + share * moe_mlp
         fc2_inputs = (1 - share) * f + share * e.expert_ffn_hidden * (routed + e.shared_experts)
@@ -352,9 +383,9 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
     # Transformer Engine in fp8 saves its linear layers' inputs as the fp8 casts it fed the GEMMs:
     # BYTES - TE_FP8_BYTES_PER_ELEMENT less per element of the two norm outputs and FC2's input, an
     # fp8 copy more of the out-projection's input
-    te_fp8 = is_fp8(plan.dtype) & np.isin(engine_of(plan), (Engine.MEGATRON, Engine.GENERIC))
+    te_fp8 = te_fp8_linears(plan)
     fp8_saving = BYTES - TE_FP8_BYTES_PER_ELEMENT
-    unsharded = unsharded - np.where(te_fp8, fp8_saving * 2 * h * T / np.where(sp, t, 1.0), 0.0)
+    unsharded = unsharded - np.where(te_fp8, fp8_saving * fp8_norm_outputs(model) * h * T / np.where(sp, t, 1.0), 0.0)
     sharded = sharded + np.where(te_fp8, (TE_FP8_BYTES_PER_ELEMENT * out - fp8_saving * fc2_inputs) * T / t, 0.0)
     # Scaling: FlashAttention's own saved output besides the projection's input (a permuted copy)
     sharded = sharded + np.where(scaling & np.asarray(plan.flash_attention, dtype=bool),
@@ -387,13 +418,15 @@ def recompute_modules_saved_bytes(model, job, plan, te_fp8, eager_swiglu):
     for selective recomputation (averaged over dense and MoE layers like it):
 
     * layernorm: the two norm outputs (the QKV / down-projection input and the FC1 / router input),
-      2·2h per token (÷ t under sequence parallelism; 1 byte each where Transformer Engine keeps fp8 casts);
+      2·2h per token (÷ t under sequence parallelism; 1 byte each where Transformer Engine keeps fp8 casts,
+      but for the router's input: :func:`fp8_norm_outputs`);
     * mla_up_proj: the up-projections' outputs after RoPE, i.e. the attention core's Q, K, V
       (2·(q + k + v) per token ÷ t); the latents they come from stay;
     * moe_act: the routed experts' activation output (FC2's input), f_e per routed token copy;
     * mlp: everything inside a dense MLP but its input: (4 or 6)·f per token (and eager SwiGLU's extra);
     * moe: everything inside an MoE layer but its input: the experts' FC1 outputs and activations, the
-      permuted token copies (4h per routed copy), the fp32 router logits (covers moe_act and shared_experts);
+      permuted token copies (:func:`routed_copy_saved_bytes`), the fp32 router logits (covers moe_act
+      and shared_experts);
     * shared_experts: the shared experts' FC1 outputs and activations.
     core_attn is the difference between ``none`` and ``selective`` already (the attention scores or
     their softmax statistics). Source: megatron/core/transformer/transformer_config.py
@@ -409,7 +442,7 @@ def recompute_modules_saved_bytes(model, job, plan, te_fp8, eager_swiglu):
     linear_input = BYTES - fp8_saving                    # bytes per element of a saved linear-layer input
     per_width = 6 if model.activation == "swiglu" else 4
     share = model.moe_layers / model.layers if model.moe is not None else 0.0
-    norms = 2 * h * linear_input * T / sp_div
+    norms = (2 * BYTES - fp8_saving * fp8_norm_outputs(model)) * h * T / sp_div
     up_proj = (2 * model.q_hidden + 2 * model.kv_hidden + 2 * model.v_hidden) * T / t if model.mla else 0.0
     dense_mlp = (1 - share) * (per_width * f - fp8_saving * f
                                + np.where(eager_swiglu, UNFUSED_SWIGLU_SAVED_BYTES_PER_FFN * f, 0.0)) * T / t
@@ -419,7 +452,7 @@ def recompute_modules_saved_bytes(model, job, plan, te_fp8, eager_swiglu):
         routed = e.top_k * expert_token_factor(model, job)
         fe = e.expert_ffn_hidden
         moe_all = share * ((per_width * fe - fp8_saving * fe) * (routed + e.shared_experts)
-                           + routed * 4 * h + 4 * e.experts) * T / t
+                           + routed * routed_copy_saved_bytes(model, plan, te_fp8) + 4 * e.experts) * T / t
         moe_act = share * linear_input * fe * routed * T / t
         shared = share * (per_width * fe - fp8_saving * fe) * e.shared_experts * T / t
     in_moe = np.where(has("moe"), moe_all, np.where(has("moe_act"), moe_act, 0.0) + np.where(has("shared_experts"), shared, 0.0))
