@@ -750,8 +750,9 @@ def attention_core_times(model, job, plan, curves):
 # kernel reads each token once, 2h, and writes its k copies in expert order, 2h each), the dispatch
 # all-to-all, ``sort_chunks_by_idxs`` when a GPU holds several experts and ep > 1 (regroup the received
 # copies by local expert: read and write, 4h per copy), the grouped GEMM, the inverse regrouping (4h per
-# copy), the combine all-to-all and ``unpermute`` (read each copy, 2h, weight it by its router probability,
-# scatter-add it into its token, written once, 2h). torchtitan's expert-parallel MoE makes the same passes
+# copy), the combine all-to-all and ``unpermute`` (read each copy, 2h, and sum it into its token, written
+# once, 2h; the router probabilities were applied inside the experts' activation, TEGroupedMLP's
+# weighted_bias_swiglu_impl). torchtitan's expert-parallel MoE makes the same passes
 # (its token reorder before the all-to-all, ``_permute`` / ``_unpermute`` around the grouped mm after it,
 # the score-weighted ``scatter_add``).
 DISPATCH_BYTES_PER_COPY = 2 + 2                  # permute's write, unpermute's read

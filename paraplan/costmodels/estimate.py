@@ -282,7 +282,7 @@ def moe_dispatch_assumption(model, job, plan) -> tuple[str, ...]:
     flex_ok = plan.ep > 1 and plan.engine_code in FLEX_DISPATCH_ENGINES
     return (f"MoE: the token permutation streams {per_token / model.hidden:.0f} x hidden bytes per token and "
             f"layer forward, twice that backward (Megatron-Core's all-to-all dispatcher: permute, "
-            f"{'regroup by local expert and back, ' if sort else ''}unpermute with the router weights; "
+            f"{'regroup by local expert and back, ' if sort else ''}unpermute, the router weights applied in the experts' activation; "
             f"torchtitan's passes alike){'; --moe-flex-dispatch prices DeepEP / HybridEP instead' if flex_ok else ''}",)
 
 
