@@ -334,7 +334,7 @@ def routed_copy_saved_bytes(model, plan, te_fp8):
       (moe/token_dispatcher.py, combine_postprocess), so it keeps none."""
     h = model.hidden
     etp = np.asarray(getattr(plan, "etp", 1), dtype=float)
-    input_bytes = BYTES - np.where(te_fp8, BYTES - TE_FP8_BYTES_PER_ELEMENT, 0.0)
+    input_bytes = np.where(te_fp8, TE_FP8_BYTES_PER_ELEMENT, BYTES)
     output_bytes = np.where(engine_of(plan) == Engine.MEGATRON, 0.0, BYTES)
     return (input_bytes * etp + output_bytes) * h
 
@@ -362,6 +362,7 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
     # Scaling keeps the all-gathered linear inputs under sequence parallelism (shard 1/t counted above)
     unsharded = unsharded + np.where(scaling & sp, SCALING_SP_GATHERED_SAVED_BYTES_PER_HIDDEN * h * T * (1 - 1 / t), 0.0)
     eager_swiglu = (unfused | scaling) & (model.activation == "swiglu")
+    te_fp8 = te_fp8_linears(plan)        # Transformer Engine keeps the linear layers' inputs as fp8 casts
     per_width = 6 if model.activation == "swiglu" else 4
     mlp = per_width * f
     fc2_inputs = f                       # elements per token entering the MLP's down projection(s)
@@ -369,7 +370,7 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
         e = model.moe
         routed = e.top_k * expert_token_factor(model, job)
         moe_mlp = per_width * e.expert_ffn_hidden * (routed + e.shared_experts) \
-            + routed * routed_copy_saved_bytes(model, plan, te_fp8_linears(plan)) + 4 * e.experts
+            + routed * routed_copy_saved_bytes(model, plan, te_fp8) + 4 * e.experts
         share = model.moe_layers / model.layers
         mlp = (1 - share) * mlp + share * moe_mlp
         fc2_inputs = (1 - share) * f + share * e.expert_ffn_hidden * (routed + e.shared_experts)
@@ -381,9 +382,8 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
     # latent attention: the up-projections' inputs, its latents, on every tp rank
     unsharded = unsharded + 2 * model.mla_latent_width * T
     # Transformer Engine in fp8 saves its linear layers' inputs as the fp8 casts it fed the GEMMs:
-    # BYTES - TE_FP8_BYTES_PER_ELEMENT less per element of the two norm outputs and FC2's input, an
-    # fp8 copy more of the out-projection's input
-    te_fp8 = te_fp8_linears(plan)
+    # BYTES - TE_FP8_BYTES_PER_ELEMENT less per element of the norm outputs a linear layer takes
+    # (fp8_norm_outputs) and of FC2's input, an fp8 copy more of the out-projection's input
     fp8_saving = BYTES - TE_FP8_BYTES_PER_ELEMENT
     unsharded = unsharded - np.where(te_fp8, fp8_saving * fp8_norm_outputs(model) * h * T / np.where(sp, t, 1.0), 0.0)
     sharded = sharded + np.where(te_fp8, (TE_FP8_BYTES_PER_ELEMENT * out - fp8_saving * fc2_inputs) * T / t, 0.0)
