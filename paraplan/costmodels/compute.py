@@ -334,7 +334,7 @@ def recompute_modules_time(model, job, plan, curves):
     * mla_up_proj: the up-projection GEMMs and the rotary embedding (:func:`mla_up_projection_forward_time`);
     * moe_act: the routed experts' activation function over their token copies (its HBM traffic);
     * mlp: a dense MLP's forward (GEMMs and activation);
-    * moe: an MoE layer's forward (router, experts, activation, permutation; the all-to-alls it runs
+    * moe: an MoE layer's forward (router, experts, activation, permutation, the experts' eager output biases; the all-to-alls it runs
       again are counted with the expert-parallel communication); it covers moe_act and shared_experts;
     * shared_experts: the shared experts' forward.
     The fp8 casts of recomputed linear inputs are not counted again."""
@@ -357,7 +357,8 @@ def recompute_modules_time(model, job, plan, curves):
         e = model.moe
         routed = e.top_k * expert_token_factor(model, job)
         moe = share * (moe_mlp_forward_time(model, job, plan, curves)
-                       + curves.memory_time(T * mlp_activation_bytes_per_token(model, job, True, plan) / t * wide, kernels=4))
+                       + curves.memory_time(T * mlp_activation_bytes_per_token(model, job, True, plan) / t * wide, kernels=4)
+                       + moe_expert_bias_times(model, job, plan, curves)[0])
         act = share * curves.memory_time(T * per_width * e.expert_ffn_hidden * routed / t * wide, kernels=1)
         if e.shared_experts:
             width = e.shared_experts * e.expert_ffn_hidden
@@ -522,6 +523,62 @@ def moe_einsum_dispatch_times(model, job, plan, curves):
     wide = element_bytes(plan) / BYTES
     stream = curves.memory_time(18 * wide * S * slots, kernels=4)
     return dispatch + combine + stream, dispatch + combine + grad_weights + 2 * stream
+
+
+# The routed experts' output biases under Megatron-Core (models with linear biases, GPT-OSS): TEGroupedMLP
+# builds its fc2 with ``skip_bias_add=True`` and adds each expert's bias, scaled by the copy's router
+# probability, after the grouped GEMM in eager PyTorch (megatron/core/transformer/moe/experts.py,
+# ``TEGroupedMLP._apply_bias``: ``torch.cat([t + b * p for t, b, p in zip(torch.split(out, tokens_per_expert),
+# biases, torch.split(probs, tokens_per_expert))])``), a loop over the local experts. Bytes per routed copy,
+# 16-bit values h wide (the 16-bit router probabilities of a 16-bit router are 2 bytes per copy, not
+# counted), forward: ``b * p`` written (2h), the add reads t and b·p and writes (6h), torch.cat reads and
+# writes (4h): 12h, in 2 kernels per local expert and the cat. Backward (autograd): the multiply's two
+# gradients, grad·p for the bias and grad·b for the probability, each written and read back by its
+# reduction (2 x 6h), and the split's backward concatenating the slices' gradients (4h): 16h, in 4 kernels
+# per local expert and the cat. Nothing more is kept for backward (the multiply keeps b and p).
+EXPERT_BIAS_BYTES_PER_COPY_FORWARD = 2 + (2 + 2 + 2) + (2 + 2)
+EXPERT_BIAS_BYTES_PER_COPY_BACKWARD = 2 * (2 + 2 + 2) + (2 + 2)
+# TEGroupedMLP refuses bias_dropout_fusion with linear biases (an assertion in its constructor), so the
+# attention output's bias is added apart from the residual: x + bias (read 2h, write 2h) and the residual
+# add (read 4h, write 2h), 10h against the fused bias-dropout-add's 7h, one kernel more; backward the bias
+# gradient's reduction reads the output gradient once more (2h).
+UNFUSED_BIAS_ADD_BYTES_PER_HIDDEN_FORWARD = 10 - 7
+UNFUSED_BIAS_ADD_BYTES_PER_HIDDEN_BACKWARD = 2
+
+
+def megatron_expert_biases(model, plan):
+    """Whether the plan's MoE layers add the routed experts' output biases in Megatron-Core's eager loop
+    (:data:`EXPERT_BIAS_BYTES_PER_COPY_FORWARD`): Megatron-LM engine, a model with linear biases, token
+    permutation (TEGroupedMLP)."""
+    engine = np.asarray(getattr(plan, "engine_code", 0)) == Engine.MEGATRON
+    if model.moe is None or not model.bias or model.moe.dispatch != "permute":
+        return np.zeros(np.shape(engine), dtype=bool)
+    return engine
+
+
+def moe_expert_bias_times(model, job, plan, curves):
+    """(forward, backward) seconds an MoE layer spends adding its biases outside the GEMMs under
+    Megatron-Core (:func:`megatron_expert_biases`; 0 otherwise): the routed experts' output biases over
+    the GPU's m·E/ep routed copies (:func:`routed_expert_gemms`), 12h bytes each forward and 16h backward
+    (:data:`EXPERT_BIAS_BYTES_PER_COPY_FORWARD`, ``_BACKWARD``), and the attention output's bias added
+    apart from the residual over the rank's T tokens (÷ tp under sequence parallelism), 3h forward and 2h
+    backward (:data:`UNFUSED_BIAS_ADD_BYTES_PER_HIDDEN_FORWARD`)."""
+    applies = megatron_expert_biases(model, plan)
+    if not np.any(applies):
+        return 0.0, 0.0
+    m, local, _, _ = routed_expert_gemms(model, job, plan)
+    copies = m * local
+    T = tokens_per_rank(job, plan)
+    t = np.asarray(plan.tp, dtype=float)
+    tokens = T / np.where(np.asarray(plan.sp, dtype=bool), t, 1.0)
+    h, wide = model.hidden, element_bytes(plan) / BYTES
+    forward = curves.memory_time(wide * h * (copies * EXPERT_BIAS_BYTES_PER_COPY_FORWARD
+                                             + tokens * UNFUSED_BIAS_ADD_BYTES_PER_HIDDEN_FORWARD),
+                                 kernels=2 * local + 1 + 1)
+    backward = curves.memory_time(wide * h * (copies * EXPERT_BIAS_BYTES_PER_COPY_BACKWARD
+                                              + tokens * UNFUSED_BIAS_ADD_BYTES_PER_HIDDEN_BACKWARD),
+                                  kernels=4 * local + 1 + 1)
+    return np.where(applies, forward, 0.0), np.where(applies, backward, 0.0)
 
 
 def attention_occupancy(query_len, batch_heads, sms, tile_rows=128):
@@ -1336,7 +1393,8 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
                                elementwise_forward_time(model, job, plan, curves, moe=True))
         moe_b = moe_b + routed_experts_wgrad_accumulation_time(model, job, plan, curves, routed)
         einsum_f, einsum_b = moe_einsum_dispatch_times(model, job, plan, curves)
-        moe_f, moe_b = moe_f + einsum_f, moe_b + einsum_b
+        bias_f, bias_b = moe_expert_bias_times(model, job, plan, curves)
+        moe_f, moe_b = moe_f + einsum_f + bias_f, moe_b + einsum_b + bias_b
         fwd = (1 - share_moe) * fwd + share_moe * moe_f
         bwd = (1 - share_moe) * bwd + share_moe * moe_b
     cast_f, cast_b = fp8_cast_times(model, job, plan, curves)   # dense-layer counts (routed experts: assumed alike)
