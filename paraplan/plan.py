@@ -238,7 +238,7 @@ def canonical_recompute_modules(value, where: str | None = None) -> str:
 
 MAX_DEGREE = 2**31 - 1    # degrees, micro-batches and stage sizes past a C int are typos (numpy overflows)
 BOOL_FIELDS = ("sp", "offload_params", "flash_attention", "overlap_grad_reduce", "delayed_update",
-               "grad_accumulation_fusion", "fused_elementwise", "fused_softmax", "tp_comm_overlap",
+               "grad_accumulation_fusion", "fused_elementwise", "fused_softmax", "rope_fusion", "tp_comm_overlap",
                "grad_reduce_bf16", "fp8_param_gather", "ep_comm_overlap", "moe_flex_dispatch")
 
 
@@ -331,6 +331,11 @@ class Plan:
     # ops, a copy of the scores, an in-place mask fill and the softmax (Scaling's MaskedSoftmaxTorch,
     # the `torch` kernel of Hagemann et al. 2023), which stream more than twice the bytes
     fused_softmax: bool = True
+    # the rotary embedding of the queries and keys as one fused kernel (Megatron-LM's --apply-rope-fusion,
+    # its command line's default; Transformer Engine's fused RoPE); False: eager PyTorch (q·cos +
+    # rotate_half(q)·sin in five kernels; Megatron-LM --no-rope-fusion, and Megatron-Core's
+    # TransformerConfig default apply_rope_fusion=False, which model providers that do not set it keep)
+    rope_fusion: bool = True
     # the engine that runs the plan (Engine): model-state layout, buffers, layouts on offer
     engine: str = "generic"
     # transformer layers on the first / last pipeline stage; 0 = automatic (:func:`stage_layer_counts`).
@@ -490,6 +495,7 @@ class PlanBatch:
     grad_accumulation_fusion: np.ndarray = None
     fused_elementwise: np.ndarray = None
     fused_softmax: np.ndarray = None
+    rope_fusion: np.ndarray = None
     tp_comm_overlap: np.ndarray = None
     grad_reduce_bf16: np.ndarray = None
     fp8_param_gather: np.ndarray = None
@@ -506,7 +512,7 @@ class PlanBatch:
     def __post_init__(self):
         n = len(self.tp)
         for name, default in (("ep", 1), ("etp", 1), ("cp_mode_code", CpMode.RING), ("optimizer_code", Optimizer.ADAM),
-                              ("delayed_update", False), ("grad_accumulation_fusion", True), ("fused_elementwise", True), ("fused_softmax", True), ("tp_comm_overlap", False), ("grad_reduce_bf16", False),
+                              ("delayed_update", False), ("grad_accumulation_fusion", True), ("fused_elementwise", True), ("fused_softmax", True), ("rope_fusion", True), ("tp_comm_overlap", False), ("grad_reduce_bf16", False),
                               ("fp8_param_gather", False),
                               ("engine_code", Engine.GENERIC), ("first_stage_layers", 0), ("last_stage_layers", 0),
                               ("offload_activation_layers", 0), ("attention_kernel_code", AttentionKernel.AUTO),
@@ -544,6 +550,7 @@ class PlanBatch:
                     grad_accumulation_fusion=bool(self.grad_accumulation_fusion[i]),
                     fused_elementwise=bool(self.fused_elementwise[i]),
                     fused_softmax=bool(self.fused_softmax[i]),
+                    rope_fusion=bool(self.rope_fusion[i]),
                     tp_comm_overlap=bool(self.tp_comm_overlap[i]),
                     grad_reduce_bf16=bool(self.grad_reduce_bf16[i]),
                     fp8_param_gather=bool(self.fp8_param_gather[i]),

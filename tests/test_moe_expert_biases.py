@@ -40,8 +40,8 @@ def test_bytes_per_copy_and_per_token_as_the_eager_ops_stream_them():
     copies = T * OSS.moe.top_k                       # tp 1, etp 1: the GPU's routed copies
     local = OSS.moe.experts / MEGATRON.ep
     h = OSS.hidden
-    want_f = CURVES.memory_time(h * (12 * copies + 3 * T), kernels=2 * local + 2)
-    want_b = CURVES.memory_time(h * (16 * copies + 2 * T), kernels=4 * local + 2)
+    want_f = CURVES.streaming_time(h * (12 * copies + 3 * T), kernels=2 * local + 2)
+    want_b = CURVES.streaming_time(h * (16 * copies + 2 * T), kernels=4 * local + 2)
     assert bias_times(OSS, MEGATRON) == (pytest.approx(float(want_f)), pytest.approx(float(want_b)))
 
 
@@ -73,13 +73,15 @@ def test_the_moe_recompute_module_replays_the_forward_bias_adds():
 
 
 def test_published_gpt_oss_runs_predict_slower_by_the_term():
-    """The five Megatron-Bridge GPT-OSS 120B runs: each step gets slower, by at least 3 % (the term is
-    about a tenth of an MoE layer's GPU time at 4-8k tokens per micro-batch; the B200 run spends a third
-    of its step in exposed data-parallel traffic)."""
+    """The five Megatron-Bridge GPT-OSS 120B runs: every step gets slower, by 4-6 % where the MoE layers
+    set the pace (4-8k tokens per micro-batch), by 2 % on the B200 run, which spends a third of its step
+    in exposed data-parallel traffic."""
     cases, _ = load_h100_cases()
     oss = [c for c in cases if "GPT OSS" in c.label]
     assert len(oss) == 5
+    ratios = []
     for c in oss:
         with_bias = estimate_legal(c.model, c.job, c.cluster, c.plan).step_time_s
         without = estimate_legal(dataclasses.replace(c.model, bias=False), c.job, c.cluster, c.plan).step_time_s
-        assert with_bias > 1.03 * without, c.label
+        ratios.append(with_bias / without)
+    assert min(ratios) > 1.02 and sorted(ratios)[1] > 1.04 and max(ratios) < 1.08, ratios

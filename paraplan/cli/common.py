@@ -304,6 +304,9 @@ PLAN_FLAG_HELP = {
     "fused_softmax": "with --no-flash-attention: an eager PyTorch softmax over the scores (a copy, a mask fill "
                      "and the softmax, three kernels) instead of Megatron-LM's fused scale-mask-softmax kernel "
                      "(--no-masked-softmax-fusion)",
+    "rope_fusion": "an eager PyTorch rotary embedding (q*cos + rotate_half(q)*sin: five kernels, five times the "
+                   "bytes) instead of one fused kernel (Megatron-LM --no-rope-fusion; Megatron-Core's own default "
+                   "where a model provider leaves apply_rope_fusion unset, as Megatron-Bridge's GPT-OSS does)",
 }
 # Accepted values of the categorical plan fields (the flag's argparse choices).
 PLAN_FLAG_CHOICES = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "offload": OFFLOAD, "dtype": DTYPES,

@@ -684,6 +684,15 @@ def _recipe_activation_offload_layers(r: pd.Series) -> int:
     return entry[1] if entry is not None and _row_has_layout(r, entry[0]) else 0
 
 
+# Models whose Megatron-Bridge model provider leaves apply_rope_fusion unset, so Megatron-Core's
+# TransformerConfig default (apply_rope_fusion=False) runs the rotary embedding eager, by the file's model
+# name: GPT-OSS (src/megatron/bridge/models/gpt_oss/gpt_oss_provider.py, GPTOSSProvider: YaRN position
+# embedding, no apply_rope_fusion; the GPT-OSS 120B recipes and performance configs do not set it, the 20B
+# performance config sets it False; Megatron-Bridge's validate_rope_fusion_compatibility turns it off for any
+# position embedding but plain rope). The Llama providers set it True (LlamaModelProvider, Llama3ModelProvider).
+RECIPE_UNFUSED_ROPE_MODELS = ("gpt oss 120b",)
+
+
 def _recipe_recompute_modules(r: pd.Series) -> str:
     """The modules the row's recipe recomputes (RECIPE_RECOMPUTE_MODULES) where the row's layout is the
     recipe's; "" otherwise."""
@@ -927,6 +936,10 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     if fp8_params:
         assumed.append("fp8 parameters (fp8_param_gather=True in Megatron-Bridge's fp8 precision presets; "
                        "not stated per row)")
+    rope_fusion = not (nvidia_recipe and str(r["model"]).strip().lower() in RECIPE_UNFUSED_ROPE_MODELS)
+    if not rope_fusion:
+        assumed.append("rotary embedding unfused (Megatron-Core's apply_rope_fusion default, False, which the "
+                       "row's Megatron-Bridge model provider leaves unset: calibration.RECIPE_UNFUSED_ROPE_MODELS)")
     offload, offload_params = offload_of_cell(r["offload"], assumed)
     if offload != "none" and engine != "deepspeed":
         engine, bf16_grads, fp8_params = "deepspeed", False, False
@@ -949,7 +962,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
                     zero=zero, recompute=recompute, dtype=dtype, ep=ep, engine=engine,
                     grad_accumulation_fusion=engine != "torchtitan", tp_comm_overlap=overlap,
                     grad_reduce_bf16=bf16_grads, fp8_param_gather=fp8_params, ep_comm_overlap=ep_overlap,
-                    recompute_modules=modules,
+                    recompute_modules=modules, rope_fusion=rope_fusion,
                     offload=offload, offload_params=offload_params,
                     first_stage_layers=first_layers, last_stage_layers=last_layers,
                     offload_activation_layers=offload_layers, attention_kernel=attention_kernel)

@@ -322,7 +322,9 @@ def mla_up_projection_forward_time(model, job, plan, curves):
     T = tokens_per_rank(job, plan)
     t = np.asarray(plan.tp, dtype=float)
     up = sum(linear_gemm_time(curves, T, out / t, inp, plan) for out, inp, _ in model.mla_up_projection_gemms)
-    return up + curves.memory_time(T * rope_bytes_per_token(model, False) / t * element_bytes(plan) / BYTES, kernels=FUSED_ROPE_KERNELS)
+    eager = ~np.asarray(getattr(plan, "rope_fusion", True), dtype=bool)
+    return up + curves.memory_time(T * rope_bytes_per_token(model, eager) / t * element_bytes(plan) / BYTES,
+                                   kernels=np.where(eager, EAGER_ROPE_KERNELS, FUSED_ROPE_KERNELS))
 
 
 def recompute_modules_time(model, job, plan, curves):
@@ -562,7 +564,7 @@ def moe_expert_bias_times(model, job, plan, curves):
     the GPU's m·E/ep routed copies (:func:`routed_expert_gemms`), 12h bytes each forward and 16h backward
     (:data:`EXPERT_BIAS_BYTES_PER_COPY_FORWARD`, ``_BACKWARD``), and the attention output's bias added
     apart from the residual over the rank's T tokens (÷ tp under sequence parallelism), 3h forward and 2h
-    backward (:data:`UNFUSED_BIAS_ADD_BYTES_PER_HIDDEN_FORWARD`)."""
+    backward (:data:`UNFUSED_BIAS_ADD_BYTES_PER_HIDDEN_FORWARD`), at the curves' streaming rate."""
     applies = megatron_expert_biases(model, plan)
     if not np.any(applies):
         return 0.0, 0.0
@@ -572,12 +574,13 @@ def moe_expert_bias_times(model, job, plan, curves):
     t = np.asarray(plan.tp, dtype=float)
     tokens = T / np.where(np.asarray(plan.sp, dtype=bool), t, 1.0)
     h, wide = model.hidden, element_bytes(plan) / BYTES
-    forward = curves.memory_time(wide * h * (copies * EXPERT_BIAS_BYTES_PER_COPY_FORWARD
-                                             + tokens * UNFUSED_BIAS_ADD_BYTES_PER_HIDDEN_FORWARD),
-                                 kernels=2 * local + 1 + 1)
-    backward = curves.memory_time(wide * h * (copies * EXPERT_BIAS_BYTES_PER_COPY_BACKWARD
-                                              + tokens * UNFUSED_BIAS_ADD_BYTES_PER_HIDDEN_BACKWARD),
-                                  kernels=4 * local + 1 + 1)
+    # plain multiplies, adds and copies whose bytes are counted exactly: the streaming rate
+    forward = curves.streaming_time(wide * h * (copies * EXPERT_BIAS_BYTES_PER_COPY_FORWARD
+                                                + tokens * UNFUSED_BIAS_ADD_BYTES_PER_HIDDEN_FORWARD),
+                                    kernels=2 * local + 1 + 1)
+    backward = curves.streaming_time(wide * h * (copies * EXPERT_BIAS_BYTES_PER_COPY_BACKWARD
+                                                 + tokens * UNFUSED_BIAS_ADD_BYTES_PER_HIDDEN_BACKWARD),
+                                     kernels=4 * local + 1 + 1)
     return np.where(applies, forward, 0.0), np.where(applies, backward, 0.0)
 
 
@@ -927,12 +930,14 @@ def elementwise_forward_time(model, job, plan, curves, moe: bool = False):
     eager_swiglu = eager_rest & (model.activation == "swiglu")
     act = act + np.where(eager_swiglu, UNFUSED_SWIGLU_EXTRA_BYTES_PER_FFN * model.ffn_hidden, 0.0)
     unfused_extra = np.where(np.asarray(plan.flash_attention, dtype=bool), 0.0, 8 * (model.q_hidden + hkv))
-    rope = rope_bytes_per_token(model, eager_rest)
+    # Megatron-LM --no-rope-fusion (Megatron-Core's default where a model provider leaves it unset)
+    eager_rope = eager_rest | ~np.asarray(getattr(plan, "rope_fusion", True), dtype=bool)
+    rope = rope_bytes_per_token(model, eager_rope)
     latent_norms = MLA_LATENT_NORM_BYTES_PER_ELEMENT * (model.mla.q_lora_rank + model.mla.kv_lora_rank) if model.mla else 0.0
     qk_norms, qk_norm_kernels = qk_norm_bytes_and_kernels(model, unfused)
     per_token = replicated / np.where(sp, t, 1.0) + latent_norms + (act + unfused_extra + rope + qk_norms) / t
     kernels = (8 + (4 if moe else 0) + np.where(unfused, UNFUSED_NORM_EXTRA_KERNELS, 0) + eager_swiglu
-               + (np.where(eager_rest, EAGER_ROPE_KERNELS, FUSED_ROPE_KERNELS) if model.rotary else 0)
+               + (np.where(eager_rope, EAGER_ROPE_KERNELS, FUSED_ROPE_KERNELS) if model.rotary else 0)
                + qk_norm_kernels)
     return curves.memory_time(T * per_token * element_bytes(plan) / BYTES, kernels=kernels)
 

@@ -286,6 +286,18 @@ def moe_dispatch_assumption(model, job, plan) -> tuple[str, ...]:
             f"torchtitan's passes alike){'; --moe-flex-dispatch prices DeepEP / HybridEP instead' if flex_ok else ''}",)
 
 
+def expert_bias_assumption(model, job, plan, curves) -> tuple[str, ...]:
+    """Said where Megatron-Core adds a biased model's expert biases outside the GEMMs
+    (compute.moe_expert_bias_times)."""
+    if not bool(np.any(C.megatron_expert_biases(model, plan))):
+        return ()
+    f, b = (1e3 * float(np.max(x)) for x in C.moe_expert_bias_times(model, job, plan, curves))
+    return (f"MoE with linear biases on Megatron-Core: TEGroupedMLP adds each expert's output bias, scaled by the "
+            f"router probability, in an eager loop after the grouped GEMM ({C.EXPERT_BIAS_BYTES_PER_COPY_FORWARD} x "
+            f"hidden bytes per routed copy forward, {C.EXPERT_BIAS_BYTES_PER_COPY_BACKWARD} backward) and refuses the "
+            f"fused bias-dropout-add: {f:.2f} ms forward and {b:.2f} ms backward per MoE layer and micro-batch",)
+
+
 def ep_overlap_assumption(job, plan) -> tuple[str, ...]:
     """Said when the plan overlaps its expert-parallel all-to-alls (compute.ep_exposed_time)."""
     if not getattr(plan, "ep_comm_overlap", False):
@@ -751,6 +763,7 @@ def estimate_legal(model, job, cluster, plan: Plan, *, curves=None, max_memory_f
                      + softmax_exp_assumption(model, plan, curves)
                      + moe_dispatch_assumption(model, job, plan) + moe_host_assumption(model, plan)
                      + expert_wgrad_assumption(model, job, plan, curves)
+                     + expert_bias_assumption(model, job, plan, curves)
                      + ep_overlap_assumption(job, plan) + domains
                      + megatron_fsdp_assumption(plan) + host_link_assumption(plan, cluster)
                      + deepspeed_dp_assumption(plan) + allocator_pressure_assumption(memory["total"], cluster, plan)),

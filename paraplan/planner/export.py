@@ -350,6 +350,8 @@ def build_megatron(s: Scenario) -> Export:
             args.append(("--attention-backend", {"cudnn": "fused", "flash2": "flash"}[p.attention_kernel]))
     elif not p.fused_softmax:
         args.append(("--no-masked-softmax-fusion",))
+    if not p.rope_fusion and m.rotary:
+        args.append(("--no-rope-fusion",))
     args += [("--train-iters", str(TRAIN_ITERS)), ("--lr", f"{LEARNING_RATE:g}")]
 
     lines = ["#!/usr/bin/env bash",

@@ -125,7 +125,7 @@ def _pin(choices: dict, fixed: Mapping) -> None:
     """Replace the choices of pinned axes by their pinned value."""
     for key, value in fixed.items():
         if key in ("dp", "dtype", "flash_attention", "overlap_grad_reduce", "grad_accumulation_fusion", "fused_elementwise",
-                   "fused_softmax", "tp_comm_overlap", "grad_reduce_bf16", "fp8_param_gather", "attention_kernel", "ep_comm_overlap",
+                   "fused_softmax", "rope_fusion", "tp_comm_overlap", "grad_reduce_bf16", "fp8_param_gather", "attention_kernel", "ep_comm_overlap",
                    "recompute_modules",
                    "moe_flex_dispatch", "engine", *STAGE_LAYER_FIELDS):
             continue  # dp: a rule of the search; the rest: one value for the whole batch
@@ -376,7 +376,8 @@ def _batch(both: SimpleNamespace, idx, options: SpaceOptions, fixed: Mapping) ->
     fusion = options.grad_accumulation_fusion and engine in (Engine.GENERIC, Engine.MEGATRON)
     const = {"overlap_grad_reduce": fixed.get("overlap_grad_reduce", True),
              "grad_accumulation_fusion": fixed.get("grad_accumulation_fusion", fusion),
-             "fused_elementwise": fixed.get("fused_elementwise", True), "engine_code": int(engine)}
+             "fused_elementwise": fixed.get("fused_elementwise", True),
+             "rope_fusion": fixed.get("rope_fusion", True), "engine_code": int(engine)}
     # the batch-wide flags the crossing rules read are already columns of ``both`` (:func:`_cross`)
     cols = ("tp", "pp", "dp", "cp", "sp", "vpp", "micro_batch", "schedule_code", "zero", "recompute_code",
             "offload_code", "offload_params", "ep", "etp", "cp_mode_code", "optimizer_code", "delayed_update",
