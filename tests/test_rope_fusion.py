@@ -91,11 +91,11 @@ def test_estimate_flag_and_megatron_export(tmp_path):
     assert code == 0 and "--no-rope-fusion" not in script
 
 
-def test_calibration_runs_gpt_oss_eager_and_the_llama_rows_fused():
+def test_calibration_runs_gpt_oss_and_deepseek_eager_and_the_llama_and_qwen_rows_fused():
     cases, _ = load_h100_cases()
-    oss = [c for c in cases if "GPT OSS" in c.label]
-    llama = [c for c in cases if "Llama 3" in c.label and "Megatron-Bridge" in c.source]
-    assert len(oss) == 5 and llama
-    assert all(not c.plan.rope_fusion for c in oss)
-    assert all(any("rotary embedding unfused" in a for a in c.assumed) for c in oss)
-    assert all(c.plan.rope_fusion for c in llama)
+    eager = [c for c in cases if "GPT OSS" in c.label or "DeepSeekV3" in c.label]
+    fused = [c for c in cases if ("Llama 3" in c.label or "Qwen3" in c.label) and "Megatron-Bridge" in c.source]
+    assert len(eager) == 11 and len(fused) > 10
+    assert all(not c.plan.rope_fusion for c in eager)
+    assert all(any("rotary embedding unfused" in a for a in c.assumed) for c in eager)
+    assert all(c.plan.rope_fusion for c in fused)

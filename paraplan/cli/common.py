@@ -306,7 +306,7 @@ PLAN_FLAG_HELP = {
                      "(--no-masked-softmax-fusion)",
     "rope_fusion": "an eager PyTorch rotary embedding (q*cos + rotate_half(q)*sin: five kernels, five times the "
                    "bytes) instead of one fused kernel (Megatron-LM --no-rope-fusion; Megatron-Core's own default "
-                   "where a model provider leaves apply_rope_fusion unset, as Megatron-Bridge's GPT-OSS does)",
+                   "where a model provider keeps it, as Megatron-Bridge's GPT-OSS and DeepSeek-V3 do)",
 }
 # Accepted values of the categorical plan fields (the flag's argparse choices).
 PLAN_FLAG_CHOICES = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "offload": OFFLOAD, "dtype": DTYPES,

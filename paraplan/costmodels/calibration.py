@@ -689,8 +689,12 @@ def _recipe_activation_offload_layers(r: pd.Series) -> int:
 # name: GPT-OSS (src/megatron/bridge/models/gpt_oss/gpt_oss_provider.py, GPTOSSProvider: YaRN position
 # embedding, no apply_rope_fusion; the GPT-OSS 120B recipes and performance configs do not set it, the 20B
 # performance config sets it False; Megatron-Bridge's validate_rope_fusion_compatibility turns it off for any
-# position embedding but plain rope). The Llama providers set it True (LlamaModelProvider, Llama3ModelProvider).
-RECIPE_UNFUSED_ROPE_MODELS = ("gpt oss 120b",)
+# position embedding but plain rope); DeepSeek-V3 (src/megatron/bridge/models/deepseek/deepseek_provider.py,
+# DeepSeekModelProvider: apply_rope_fusion False; src/megatron/bridge/recipes/deepseek/deepseek_v3.py,
+# _deepseek_v3_common(apply_rope_fusion=False), "mla rope fusion is experimental", which the performance
+# configs of scripts/performance/configs/deepseek/ do not pass). The Llama providers set it True
+# (LlamaModelProvider, Llama3ModelProvider).
+RECIPE_UNFUSED_ROPE_MODELS = ("gpt oss 120b", "deepseekv3 (w/o mtp)", "deepseekv3 (w/ mtp)", "deepseekv3 (dropless)")
 
 
 def _recipe_recompute_modules(r: pd.Series) -> str:
