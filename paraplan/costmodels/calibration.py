@@ -684,9 +684,9 @@ def _recipe_activation_offload_layers(r: pd.Series) -> int:
     return entry[1] if entry is not None and _row_has_layout(r, entry[0]) else 0
 
 
-# Models whose Megatron-Bridge model provider leaves apply_rope_fusion unset, so Megatron-Core's
-# TransformerConfig default (apply_rope_fusion=False) runs the rotary embedding eager, by the file's model
-# name: GPT-OSS (src/megatron/bridge/models/gpt_oss/gpt_oss_provider.py, GPTOSSProvider: YaRN position
+# Models whose Megatron-Bridge model provider and recipe keep Megatron-Core's TransformerConfig default
+# (apply_rope_fusion=False), leaving it unset or setting it False, so the rotary embedding runs eager, by the
+# file's model name: GPT-OSS (src/megatron/bridge/models/gpt_oss/gpt_oss_provider.py, GPTOSSProvider: YaRN position
 # embedding, no apply_rope_fusion; the GPT-OSS 120B recipes and performance configs do not set it, the 20B
 # performance config sets it False; Megatron-Bridge's validate_rope_fusion_compatibility turns it off for any
 # position embedding but plain rope); DeepSeek-V3 (src/megatron/bridge/models/deepseek/deepseek_provider.py,
@@ -943,7 +943,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     rope_fusion = not (nvidia_recipe and str(r["model"]).strip().lower() in RECIPE_UNFUSED_ROPE_MODELS)
     if not rope_fusion:
         assumed.append("rotary embedding unfused (Megatron-Core's apply_rope_fusion default, False, which the "
-                       "row's Megatron-Bridge model provider leaves unset: calibration.RECIPE_UNFUSED_ROPE_MODELS)")
+                       "row's Megatron-Bridge model provider and recipe keep: calibration.RECIPE_UNFUSED_ROPE_MODELS)")
     offload, offload_params = offload_of_cell(r["offload"], assumed)
     if offload != "none" and engine != "deepspeed":
         engine, bf16_grads, fp8_params = "deepspeed", False, False

@@ -322,7 +322,7 @@ def mla_up_projection_forward_time(model, job, plan, curves):
     T = tokens_per_rank(job, plan)
     t = np.asarray(plan.tp, dtype=float)
     up = sum(linear_gemm_time(curves, T, out / t, inp, plan) for out, inp, _ in model.mla_up_projection_gemms)
-    eager = ~np.asarray(getattr(plan, "rope_fusion", True), dtype=bool)
+    eager = rope_runs_eager(plan)
     return up + curves.memory_time(T * rope_bytes_per_token(model, eager) / t * element_bytes(plan) / BYTES,
                                    kernels=np.where(eager, EAGER_ROPE_KERNELS, FUSED_ROPE_KERNELS))
 
@@ -895,6 +895,13 @@ def rope_bytes_per_token(model, unfused):
     return per * model.rope_hidden
 
 
+def rope_runs_eager(plan, eager_rest=False):
+    """Whether the rotary embedding runs as eager PyTorch: the plan turns its fusion off
+    (``rope_fusion`` False, Megatron-LM --no-rope-fusion, Megatron-Core's own default) or the engine runs
+    its other elementwise ops eager (``eager_rest``)."""
+    return np.asarray(eager_rest, dtype=bool) | ~np.asarray(getattr(plan, "rope_fusion", True), dtype=bool)
+
+
 # Latent attention's RMSNorms of its query and key/value latents: a fused norm's 16-bit read and write per
 # element, on every tp rank (the down-projections that make the latents are duplicated, not split).
 MLA_LATENT_NORM_BYTES_PER_ELEMENT = FUSED_NORM_BYTES_PER_ELEMENT
@@ -930,8 +937,7 @@ def elementwise_forward_time(model, job, plan, curves, moe: bool = False):
     eager_swiglu = eager_rest & (model.activation == "swiglu")
     act = act + np.where(eager_swiglu, UNFUSED_SWIGLU_EXTRA_BYTES_PER_FFN * model.ffn_hidden, 0.0)
     unfused_extra = np.where(np.asarray(plan.flash_attention, dtype=bool), 0.0, 8 * (model.q_hidden + hkv))
-    # Megatron-LM --no-rope-fusion (Megatron-Core's default where a model provider leaves it unset)
-    eager_rope = eager_rest | ~np.asarray(getattr(plan, "rope_fusion", True), dtype=bool)
+    eager_rope = rope_runs_eager(plan, eager_rest)
     rope = rope_bytes_per_token(model, eager_rope)
     latent_norms = MLA_LATENT_NORM_BYTES_PER_ELEMENT * (model.mla.q_lora_rank + model.mla.kv_lora_rank) if model.mla else 0.0
     qk_norms, qk_norm_kernels = qk_norm_bytes_and_kernels(model, unfused)
