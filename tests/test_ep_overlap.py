@@ -99,11 +99,28 @@ def test_exports_say_it():
     assert "--overlap-moe-expert-parallel-comm" not in ex.to_megatron(doc)
 
 
-def test_the_calibration_row_whose_recipe_ran_it_has_it():
+def test_the_calibration_rows_whose_recipe_ran_it_have_it():
     cases, _ = load_h100_cases()
     on = [c for c in cases if c.plan.ep_comm_overlap]
-    assert [c.label.split(" DGX")[0] for c in on] == ["Qwen3_235B_a22B"]
-    assert on[0].plan.vpp == 4 and any("moe_a2a_overlap" in a for a in on[0].assumed)
+    assert [c.label.split(" DGX")[0] for c in on] == ["Qwen3_235B_a22B", "DeepSeekV3 (dropless)"]
+    assert all(c.plan.vpp == 4 and any("overlap_moe_expert_parallel_comm" in a for a in c.assumed) for c in on)
+
+
+def test_the_deepseek_1024_h100_row_runs_its_recipe_deepep_and_grad_reduce_unoverlapped():
+    """The DeepSeek-V3 1024-H100 configs set enable_deepep, the a2a-1F1B overrides and
+    overlap_grad_reduce=False; no other calibration row takes DeepEP or loses the grad-reduce overlap,
+    and each choice is named among the row's assumptions."""
+    cases, _ = load_h100_cases()
+    flex = [c for c in cases if c.plan.moe_flex_dispatch]
+    unoverlapped = [c for c in cases if not c.plan.overlap_grad_reduce]
+    assert [c.row for c in flex] == [c.row for c in unoverlapped] == [43]
+    (row,) = flex
+    assert (row.plan.tp, row.plan.pp, row.plan.vpp, row.plan.ep, row.cluster.num_gpus) == (2, 8, 4, 64, 1024)
+    assert any("enable_deepep" in a for a in row.assumed)
+    assert any("overlap_grad_reduce=False" in a for a in row.assumed)
+    est = estimate(row.model, row.job, row.cluster, row.plan)
+    alltoall = estimate(row.model, row.job, row.cluster, dataclasses.replace(row.plan, moe_flex_dispatch=False))
+    assert est.time_breakdown_s["ep_comm"] < alltoall.time_breakdown_s["ep_comm"]
 
 
 def test_cli_flag_and_its_error():

@@ -603,14 +603,35 @@ H100_MODEL_PRESETS = {"llama 3 8b": "llama3-8b", "llama3-8b": "llama3-8b", "llam
                       "qwen3_30b_a3b (tokendrop)": "qwen3-30b-a3b", "qwen3_235b_a22b (tokendrop)": "qwen3-235b-a22b",
                       "gpt oss 120b": "gpt-oss-120b"}
 
+# The layout of Megatron-Bridge's DeepSeek-V3 performance configs for 1024 H100 of the 25.09 era
+# (scripts/performance/configs/deepseek/deepseek_llm_pretrain.py, deepseek_v3_h100_1024gpus_{bf16,fp8}_config;
+# three versions of the file read, all alike on what is used here; the one with a use_tokendrop switch
+# defaults it False, the archive's "(dropless)" label). Today's deepseek_workload_base_configs.py names
+# HybridEP and no all-to-all overlap for that layout; it is later than the row.
+_DEEPSEEK_V3_H100_1024 = dict(num_gpus=1024, tp=2, pp=8, vpp=4, ep=64, global_batch=8192)
+
 # Rows whose Megatron-Bridge performance recipe turns on the expert-parallel all-to-all overlap
-# (moe_a2a_overlap=True, Megatron-Core combined 1F1B), by the file's model name and GPU, with the layout
-# the recipe names (scripts/performance/configs/qwen/qwen3_workload_base_configs.py,
-# QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_FP8_CS_V1: 256 GPUs, tp 2, pp 8, vpp 4, ep 32, global batch 2048).
-# The recipes of the other MoE rows set it False or leave it out (its default: off); the token-drop rows
-# come from an older recipe that does not say.
+# (Megatron-Core combined 1F1B, overlap_moe_expert_parallel_comm), by the file's model name and GPU, with
+# the layout the recipe names: scripts/performance/configs/qwen/qwen3_workload_base_configs.py,
+# QWEN3_235B_A22B_PRETRAIN_CONFIG_H100_FP8_CS_V1 (moe_a2a_overlap=True: 256 GPUs, tp 2, pp 8, vpp 4, ep 32,
+# global batch 2048); the DeepSeek-V3 1024-H100 configs above (their a2a-1F1B overrides:
+# overlap_moe_expert_parallel_comm and delay_wgrad_compute on, the shared-expert overlap off; neither of
+# the last two is priced). The recipes of the other MoE rows set it False or leave
+# it out (its default: off); the token-drop rows come from an older recipe that does not say.
 RECIPE_EP_COMM_OVERLAP = {("qwen3_235b_a22b", "DGX-H100"): dict(num_gpus=256, tp=2, pp=8, vpp=4, ep=32,
-                                                                 global_batch=2048)}
+                                                                 global_batch=2048),
+                          ("deepseekv3 (dropless)", "DGX-H100"): _DEEPSEEK_V3_H100_1024}
+
+# Rows whose recipe, of the archive the row comes from, dispatches tokens with DeepEP (Megatron-Core's flex
+# token dispatcher: plan.moe_flex_dispatch): the DeepSeek-V3 1024-H100 configs above, enable_deepep=True
+# (the same files' GB200 and B200 configs set it False). Later recipes name HybridEP for more rows, but
+# their rows come from older archives, so those keep the all-to-all dispatcher (docs/accuracy.md).
+RECIPE_FLEX_DISPATCH = {("deepseekv3 (dropless)", "DGX-H100"): _DEEPSEEK_V3_H100_1024}
+
+# Rows whose recipe turns the data-parallel gradient reduce-scatter's overlap off
+# (cfg.comm_overlap.overlap_grad_reduce = False, "to avoid functional errors"): the same DeepSeek-V3
+# 1024-H100 configs.
+RECIPE_NO_GRAD_REDUCE_OVERLAP = {("deepseekv3 (dropless)", "DGX-H100"): _DEEPSEEK_V3_H100_1024}
 
 
 def _row_has_layout(r: pd.Series, layout: dict) -> bool:
@@ -621,11 +642,16 @@ def _row_has_layout(r: pd.Series, layout: dict) -> bool:
     return all(value(k) == v for k, v in layout.items())
 
 
-def _recipe_ep_comm_overlap(r: pd.Series) -> bool:
-    """Whether the row's recipe (RECIPE_EP_COMM_OVERLAP) ran the all-to-all overlap: its model and GPU
-    name one there, and the row's layout is the recipe's."""
-    layout = RECIPE_EP_COMM_OVERLAP.get((str(r["model"]).strip().lower(), str(r["gpu"])))
+def _recipe_names_row(recipes: dict, r: pd.Series) -> bool:
+    """Whether one of ``recipes`` (model name and GPU -> layout) is the row's: its model and GPU name one
+    there, and the row's layout is the recipe's."""
+    layout = recipes.get((str(r["model"]).strip().lower(), str(r["gpu"])))
     return layout is not None and _row_has_layout(r, layout)
+
+
+def _recipe_ep_comm_overlap(r: pd.Series) -> bool:
+    """Whether the row's recipe (RECIPE_EP_COMM_OVERLAP) ran the all-to-all overlap."""
+    return _recipe_names_row(RECIPE_EP_COMM_OVERLAP, r)
 
 
 # Rows whose Megatron-Bridge performance recipe recomputes named modules (recompute_modules, Megatron-Core's
@@ -925,8 +951,16 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
                            "tp_comm_overlap with sequence parallelism; not stated per row)")
     ep_overlap = _recipe_ep_comm_overlap(r)
     if ep_overlap:
-        assumed.append("expert-parallel all-to-all overlap on (the row's Megatron-Bridge recipe sets "
-                       "moe_a2a_overlap=True: calibration.RECIPE_EP_COMM_OVERLAP)")
+        assumed.append("expert-parallel all-to-all overlap on (the row's Megatron-Bridge recipe turns on "
+                       "overlap_moe_expert_parallel_comm: calibration.RECIPE_EP_COMM_OVERLAP)")
+    flex_dispatch = _recipe_names_row(RECIPE_FLEX_DISPATCH, r)
+    if flex_dispatch:
+        assumed.append("DeepEP token dispatch (the row's Megatron-Bridge recipe sets enable_deepep: Megatron-Core's "
+                       "flex dispatcher; calibration.RECIPE_FLEX_DISPATCH)")
+    grad_reduce_overlap = not _recipe_names_row(RECIPE_NO_GRAD_REDUCE_OVERLAP, r)
+    if not grad_reduce_overlap:
+        assumed.append("gradient reduce-scatter not overlapped with the backward (the row's Megatron-Bridge recipe "
+                       "sets overlap_grad_reduce=False: calibration.RECIPE_NO_GRAD_REDUCE_OVERLAP)")
     bf16_grads = engine == "megatron"
     if bf16_grads:
         assumed.append("gradients kept and reduced in bf16 (grad_reduce_in_fp32=False: Megatron-Bridge's "
@@ -966,6 +1000,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
                     zero=zero, recompute=recompute, dtype=dtype, ep=ep, engine=engine,
                     grad_accumulation_fusion=engine != "torchtitan", tp_comm_overlap=overlap,
                     grad_reduce_bf16=bf16_grads, fp8_param_gather=fp8_params, ep_comm_overlap=ep_overlap,
+                    moe_flex_dispatch=flex_dispatch, overlap_grad_reduce=grad_reduce_overlap,
                     recompute_modules=modules, rope_fusion=rope_fusion,
                     offload=offload, offload_params=offload_params,
                     first_stage_layers=first_layers, last_stage_layers=last_layers,
