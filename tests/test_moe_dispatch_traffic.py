@@ -102,10 +102,11 @@ def test_expected_destinations_match_counting_every_choice_of_k_experts():
 
 
 def test_flex_dispatch_sends_each_token_once_per_node_and_gpu_not_per_copy():
-    """DeepSeek-V3 (256 experts, top-8) at ep 64 over 8 DGX H100 nodes: a token's 8 copies land on
-    7.7 GPUs and 5.3 nodes on average; the inter-node bytes fall from 8 x 56/64 = 7 copies to
-    5.3 x 7/8 = 4.6, so the dispatch takes markedly less time. Inside one NVLink domain (64 GPUs of
-    a GB200 NVL72) only the per-GPU dedup is left: 7.7 of 8."""
+    """DeepSeek-V3 (256 experts, top-8, 4 of 8 routing groups) at ep 64 over 8 DGX H100 nodes: a
+    token's 8 copies land on 7.4 GPUs and 3.6 nodes on average (5.3 nodes without the group limit,
+    tests/test_router_groups.py); the inter-node bytes fall from 8 x 56/64 = 7 copies to 3.6 x 7/8 =
+    3.2, so the dispatch takes markedly less time. Inside one NVLink domain (64 GPUs of a GB200
+    NVL72) only the per-GPU dedup is left: 7.4 of 8."""
     dsv3 = load_model("deepseek-v3")
     job = TrainingJob(4096, 8192)
     plan = Plan(tp=2, sp=True, pp=8, dp=64, ep=64, engine="megatron", dtype="bf16")

@@ -32,6 +32,8 @@ and 8 memory-bound kernels (12 in an MoE layer).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from paraplan.costmodels.comm import (ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, REDUCE_SCATTER, SEND_RECV, collective_time,
@@ -845,7 +847,7 @@ def dispatch_bytes_per_token(model, job, plan) -> float:
     flex = np.asarray(getattr(plan, "moe_flex_dispatch", False), dtype=bool)
     if np.any(flex):
         ep = np.asarray(plan.ep, dtype=float)
-        arrivals = expected_destinations(e.experts, e.top_k, e.experts / ep) * expert_token_factor(model, job)
+        arrivals = expert_holders_per_token(e, e.experts / ep) * expert_token_factor(model, job)
         alltoall = np.where(flex, DISPATCH_BYTES_PER_COPY * copies + DISPATCH_BYTES_PER_TOKEN * arrivals, alltoall)
     return alltoall * model.hidden
 
@@ -967,15 +969,51 @@ def ep_alltoall_time(model, job, plan, cluster):
     return np.where(flex, flex_dispatch_time(model, job, plan, cluster), alltoall)
 
 
-def expected_destinations(experts: int, top_k: int, held):
-    """Expected number of distinct holders (GPUs or nodes) a token's top-k experts sit on, when each of
-    the ``experts / held`` holders keeps ``held`` experts and routing is uniform: a holder is missed by
-    all k distinct choices with probability C(E − held, k) / C(E, k) = Π_i (E − held − i) / (E − i)."""
+def _missed_by_picks(pool, held, picks: int):
+    """C(pool − held, k) / C(pool, k) = Π_i (pool − held − i) / (pool − i): the chance that k distinct
+    uniform picks from ``pool`` experts all miss a given ``held`` of them."""
     held = np.asarray(held, dtype=float)
     missed = np.ones_like(held)
-    for i in range(top_k):
-        missed = missed * np.maximum(experts - held - i, 0.0) / (experts - i)
-    return experts / held * (1.0 - missed)
+    for i in range(picks):
+        missed = missed * np.maximum(pool - held - i, 0.0) / (pool - i)
+    return missed
+
+
+def expected_destinations(experts: int, top_k: int, held, groups: int | None = None,
+                          group_top_k: int | None = None):
+    """Expected number of distinct holders (GPUs or nodes) a token's top-k experts sit on, when each of
+    the ``experts / held`` holders keeps ``held`` consecutive experts and routing is uniform.
+
+    Unlimited routing: a holder is missed by all k choices with probability C(E − held, k) / C(E, k).
+    Group-limited routing (``groups`` groups of g = E/G consecutive experts, ``group_top_k`` = G_k of
+    them picked uniformly, the k experts uniform among their G_k·g): a holder inside one group is hit
+    with probability G_k/G · (1 − C(G_k·g − held, k) / C(G_k·g, k)); a holder of m whole groups is
+    missed with probability Σ_j P(j of its groups picked) · C(G_k·g − j·g, k) / C(G_k·g, k), P(j)
+    hypergeometric, C(m, j)·C(G − m, G_k − j) / C(G, G_k). A holder that neither sits inside one group
+    nor holds whole groups is priced as unlimited routing (more destinations, the dearer bound)."""
+    held = np.asarray(held, dtype=float)
+    unlimited = experts / held * (1.0 - _missed_by_picks(experts, held, top_k))
+    if groups is None or group_top_k is None or group_top_k >= groups:
+        return unlimited
+    size = experts / groups
+    pool = group_top_k * size
+    inside = group_top_k / groups * (1.0 - _missed_by_picks(pool, np.minimum(held, size), top_k))
+    missed_with_m = np.array([sum(math.comb(m, j) * math.comb(groups - m, group_top_k - j)
+                                  / math.comb(groups, group_top_k) * float(_missed_by_picks(pool, j * size, top_k))
+                                  for j in range(0, min(m, group_top_k) + 1)) for m in range(groups + 1)])
+    m = np.clip(np.rint(held / size), 0, groups).astype(int)
+    spanning = 1.0 - missed_with_m[m]
+    aligned_inside = (held <= size) & (np.mod(size, held) == 0)
+    aligned_spanning = (held >= size) & (np.mod(held, size) == 0)
+    return np.where(aligned_inside, experts / held * inside,
+                    np.where(aligned_spanning, experts / held * spanning, unlimited))
+
+
+def expert_holders_per_token(moe, held):
+    """Expected distinct holders of ``held`` consecutive experts each (GPUs: E/ep; nodes: E·k_l/ep) that
+    one token's routed experts sit on, under the model's routing (group-limited where its router is):
+    :func:`expected_destinations`."""
+    return expected_destinations(moe.experts, moe.top_k, held, moe.router_groups, moe.router_group_top_k)
 
 
 def flex_dispatch_time(model, job, plan, cluster):
@@ -983,10 +1021,10 @@ def flex_dispatch_time(model, job, plan, cluster):
     goes once to every remote node that holds one of its experts (RDMA, to the GPU of the same local
     index there, which forwards it over NVLink to the node's other destination GPUs) and once to every
     destination GPU of its own node, instead of once per routed copy (DeepEP's normal kernels,
-    github.com/deepseek-ai/DeepEP README; DeepSeek-V3's node-limited routing, at most 4 nodes a token,
-    bounds that node count further, which uniform routing here does not). Expected distinct
-    destinations under uniform routing: :func:`expected_destinations`
-    with E/ep experts per GPU and E·k_l/ep per node (k_l ep ranks per node). Priced with the
+    github.com/deepseek-ai/DeepEP README). Expected distinct destinations under uniform routing,
+    group-limited where the model's router is (DeepSeek-V3's node-limited routing: 4 of 8 groups, so
+    over 8 nodes at most 4 a token): :func:`expected_destinations` with E/ep experts per GPU and
+    E·k_l/ep per node (k_l ep ranks per node). Priced with the
     all-to-all's links and per-peer latencies (:func:`paraplan.costmodels.comm.collective_time`)."""
     e = model.moe
     T = tokens_per_rank(job, plan)
@@ -994,8 +1032,8 @@ def flex_dispatch_time(model, job, plan, cluster):
     one_copy = T * expert_token_factor(model, job) * model.hidden * element_bytes(plan) / np.asarray(plan.tp, float)
     k_l = np.minimum(ranks_per_node(plan.ep, expert_group_strides(plan)[0], cluster.gpus_per_node), ep)
     nodes = ep / k_l
-    gpus_hit = expected_destinations(e.experts, e.top_k, e.experts / ep)
-    nodes_hit = expected_destinations(e.experts, e.top_k, e.experts * k_l / ep)
+    gpus_hit = expert_holders_per_token(e, e.experts / ep)
+    nodes_hit = expert_holders_per_token(e, e.experts * k_l / ep)
     remote_nodes = nodes_hit * (nodes - 1) / nodes
     own_node_gpus = gpus_hit * (k_l - 1) / ep
     forwarded = np.maximum(gpus_hit * (ep - k_l) / ep - remote_nodes, 0.0)

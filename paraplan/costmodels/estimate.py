@@ -272,9 +272,11 @@ def moe_dispatch_assumption(model, job, plan) -> tuple[str, ...]:
     per_token = float(np.max(C.dispatch_bytes_per_token(model, job, plan)))
     if getattr(plan, "moe_flex_dispatch", False):
         e = model.moe
-        gpus = float(np.max(C.expected_destinations(e.experts, e.top_k, e.experts / max(plan.ep, 1))))
+        gpus = float(np.max(C.expert_holders_per_token(e, e.experts / max(plan.ep, 1))))
+        routing = (f"uniform routing within {e.router_group_top_k} of {e.router_groups} expert groups, the model's "
+                   f"group-limited router" if e.group_limited else "uniform routing")
         return (f"MoE: DeepEP / HybridEP dispatch (flex): a token crosses once to each node and GPU holding one of "
-                f"its experts ({gpus:.1f} of the {plan.ep} expert-parallel GPUs on average, uniform routing) instead "
+                f"its experts ({gpus:.1f} of the {plan.ep} expert-parallel GPUs on average, {routing}) instead "
                 f"of once per routed copy ({e.top_k} a token); the arrivals are permuted into expert order and "
                 f"back, {per_token / model.hidden:.0f} x hidden bytes per token and layer forward, twice that "
                 f"backward; the SMs and buffers the kernels hold are not priced",)

@@ -226,6 +226,8 @@ def megatron_moe_args(m, p, notes: list[str]) -> list[tuple[str, ...]]:
         args.append(("--moe-token-dispatcher-type", "alltoall"))
     if e.capacity_factor:
         args += [("--moe-expert-capacity-factor", f"{e.capacity_factor:g}"), ("--moe-pad-expert-input-to-capacity",)]
+    if e.router_groups is not None:
+        args += [("--moe-router-num-groups", str(e.router_groups)), ("--moe-router-group-topk", str(e.router_group_top_k))]
     if e.dispatch == "einsum":
         notes.append("the model's experts are priced with DeepSpeed-MoE's einsum dispatch; Megatron-LM permutes "
                      "tokens (grouped GEMM), which the estimate prices lower: re-estimate with the model's "
@@ -480,7 +482,10 @@ def build_deepspeed(s: Scenario) -> Export:
         notes.append(f"experts are built in the model code, not by the DeepSpeed config: deepspeed.moe.layer.MoE("
                      f"num_experts={e.experts}, ep_size={s.plan.ep}, k={e.top_k}"
                      + (f", capacity_factor={e.capacity_factor:g}, drop_tokens=True" if e.capacity_factor else
-                        ", drop_tokens=False") + f") in each of the {s.model.moe_layers} MoE layers")
+                        ", drop_tokens=False") + f") in each of the {s.model.moe_layers} MoE layers"
+                     + (f"; its gate has no group-limited routing, which the estimate prices ({e.router_group_top_k} "
+                        f"of {e.router_groups} expert groups a token): re-estimate the model without router_groups"
+                        if e.group_limited else ""))
     if p.ep_comm_overlap:
         notes.append(EP_OVERLAP_NOTE.format(engine="DeepSpeed"))
     if p.moe_flex_dispatch:
@@ -583,7 +588,9 @@ def build_torchtitan(s: Scenario) -> Export:
                         f"qk_rope_head_dim={m.mla.qk_rope_head_dim}, v_head_dim={m.mla.v_head_dim}: torchtitan's "
                         "deepseek_v3 model)" if m.mla else f", head_dim={m.head_dim}" if m.q_hidden != m.hidden else "")
                      + (f", MoE: {m.moe.experts} routed experts of width {m.moe.expert_ffn_hidden}, top-{m.moe.top_k}, "
-                        f"{m.moe.shared_experts} shared, {m.moe_layers} MoE layers (torchtitan's MoE args)"
+                        f"{m.moe.shared_experts} shared, {m.moe_layers} MoE layers"
+                        + (f", num_expert_groups={m.moe.router_groups}, num_limited_groups={m.moe.router_group_top_k}"
+                           if m.moe.router_groups is not None else "") + " (torchtitan's MoE args)"
                         if m.moe is not None else ""))
     if (m.activation, m.norm, m.learned_positions) != ("swiglu", "rmsnorm", False):
         notes.append(f"torchtitan's {name} architecture is SwiGLU/RMSNorm/RoPE; this model is "

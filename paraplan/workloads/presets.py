@@ -21,7 +21,7 @@ MODEL_FILE_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden"
                    "global_attention_every")
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim")
 MOE_KEYS = ("experts", "top_k", "expert_ffn_hidden", "shared_experts", "every", "first_dense", "capacity_factor",
-            "dispatch")
+            "dispatch", "router_groups", "router_group_top_k")
 
 
 @functools.lru_cache(maxsize=1)
@@ -104,7 +104,9 @@ def moe_from_mapping(f: FieldReader, source: str) -> MoESpec:
                    expert_ffn_hidden=f.integer("expert_ffn_hidden"),
                    shared_experts=f.integer("shared_experts", 0, positive=False), every=f.integer("every", 1),
                    first_dense=f.integer("first_dense", 0, positive=False), capacity_factor=cf,
-                   dispatch=_moe_dispatch(f, source))
+                   dispatch=_moe_dispatch(f, source),
+                   router_groups=f.integer("router_groups") if f.has("router_groups") else None,
+                   router_group_top_k=f.integer("router_group_top_k") if f.has("router_group_top_k") else None)
 
 
 def mla_from_mapping(f: FieldReader, source: str) -> MLASpec:
@@ -197,9 +199,27 @@ def _hf_moe(f: FieldReader) -> MoESpec | None:
     top_k = f.integer("num_experts_per_tok", 1)
     if top_k > experts:
         raise ConfigError("num_experts_per_tok", f"{top_k} is more than {key} ({experts})", source=f.source)
-    return MoESpec(experts=experts, top_k=top_k, expert_ffn_hidden=f.integer(width_key),
-                   shared_experts=f.integer("n_shared_experts", 0, positive=False),
-                   every=f.integer(every_key, 1), first_dense=f.integer("first_k_dense_replace", 0, positive=False))
+    groups, picked = _hf_router_groups(f)
+    try:
+        return MoESpec(experts=experts, top_k=top_k, expert_ffn_hidden=f.integer(width_key),
+                       shared_experts=f.integer("n_shared_experts", 0, positive=False),
+                       every=f.integer(every_key, 1), first_dense=f.integer("first_k_dense_replace", 0, positive=False),
+                       router_groups=groups, router_group_top_k=picked)
+    except ConfigError as e:
+        hf_key = {"moe.router_groups": "n_group", "moe.router_group_top_k": "topk_group"}.get(e.field)
+        if hf_key is None:
+            raise
+        raise ConfigError(hf_key, e.problem, accepted=e.accepted, source=f.source) from None
+
+
+def _hf_router_groups(f: FieldReader) -> tuple[int | None, int | None]:
+    """Group-limited routing of a DeepSeek-style config: ``n_group`` groups, ``topk_group`` picked
+    (DeepSeek-V3: 8 and 4; Kimi K2 writes 1 and 1, no limit). Absent, null or one group: no limit."""
+    if f.data.get("n_group") in (None, 1) and f.data.get("topk_group") in (None, 1):
+        return None, None
+    if f.data.get("n_group") is None or f.data.get("topk_group") is None:
+        raise ConfigError("n_group / topk_group", "group-limited routing needs both keys", source=f.source)
+    return f.integer("n_group"), f.integer("topk_group")
 
 
 def _hf_chunked_attention(f: FieldReader) -> dict:

@@ -39,6 +39,13 @@ class MoESpec:
       ``einsum("sec,ecm->sm")``: two dense GEMMs of 2·S·(E·C)·h FLOPs each with E·C = S·top_k·factor,
       i.e. work quadratic in the tokens per micro-batch (see
       :func:`paraplan.costmodels.compute.moe_einsum_dispatch_times`).
+
+    ``router_groups`` / ``router_group_top_k``: group-limited routing (Megatron-Core's
+    ``moe_router_num_groups`` / ``moe_router_group_topk``; Hugging Face's ``n_group`` / ``topk_group``).
+    The experts are split into ``router_groups`` equal groups of consecutive experts, a token first
+    picks ``router_group_top_k`` groups and then its ``top_k`` experts among theirs. DeepSeek-V3: 8
+    groups, 4 picked, which over 8 nodes of an expert-parallel group of 64 bounds a token to 4 nodes
+    (DeepSeek-AI 2024, arXiv:2412.19437 sec. 2.1.2, node-limited routing). None: no limit.
     """
     experts: int
     top_k: int
@@ -48,6 +55,8 @@ class MoESpec:
     first_dense: int = 0
     capacity_factor: float | None = None
     dispatch: str = "permute"
+    router_groups: int | None = None
+    router_group_top_k: int | None = None
 
     def __post_init__(self):
         for key in ("experts", "top_k", "expert_ffn_hidden", "every"):
@@ -64,6 +73,31 @@ class MoESpec:
             raise ConfigError("moe.capacity_factor", f"must be >= 1 (or absent for dropless), got {self.capacity_factor}")
         if self.dispatch not in MOE_DISPATCH:
             raise ConfigError("moe.dispatch", f"unknown dispatch {self.dispatch!r}", accepted=", ".join(MOE_DISPATCH))
+        self._check_router_groups()
+
+    def _check_router_groups(self):
+        groups, picked = self.router_groups, self.router_group_top_k
+        if groups is None and picked is None:
+            return
+        for key, v in (("router_groups", groups), ("router_group_top_k", picked)):
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ConfigError(f"moe.{key}", f"must be a positive integer (both router_groups and "
+                                  f"router_group_top_k, or neither), got {v!r}")
+        if self.experts % groups:
+            raise ConfigError("moe.router_groups", f"{groups} groups do not split {self.experts} experts evenly",
+                              accepted=f"a divisor of experts ({self.experts})")
+        if picked > groups:
+            raise ConfigError("moe.router_group_top_k", f"picks {picked} of {groups} groups",
+                              accepted=f"1..{groups} (router_groups)")
+        if picked * (self.experts // groups) < self.top_k:
+            raise ConfigError("moe.router_group_top_k", f"{picked} groups of {self.experts // groups} experts "
+                              f"hold fewer than top_k ({self.top_k}) experts",
+                              accepted=f"at least {-(-self.top_k // (self.experts // groups))}")
+
+    @property
+    def group_limited(self) -> bool:
+        """Whether routing is group-limited: fewer groups picked than there are."""
+        return self.router_groups is not None and self.router_group_top_k < self.router_groups
 
 
 @dataclass(frozen=True)
