@@ -148,3 +148,24 @@ def test_exports_carry_the_router_groups(tmp_path):
                      "moe: {experts: 64, top_k: 4, expert_ffn_hidden: 512, router_groups: 8, router_group_top_k: 2}\n")
     notes = " ".join(ex.export_notes(doc(str(small), 8, dp=8, ep=8, zero=1, engine="deepspeed"), "deepspeed"))
     assert "no group-limited routing" in notes and "2 of 8 expert groups" in notes
+
+
+def test_a_pinned_switch_the_listed_plans_cannot_run_is_said(tmp_path, capsys):
+    """--fix moe_flex_dispatch=true holds only where a plan can run it (ep > 1); when the ranked plans
+    run at ep 1 the output says which ranks run without it and why, instead of dropping it silently;
+    pinning ep as well gives plans that all run it, and no note."""
+    small = tmp_path / "small-moe.yaml"
+    small.write_text("name: small-moe\nlayers: 8\nhidden: 2048\nheads: 16\nffn_hidden: 8192\nvocab: 32000\n"
+                     "moe: {experts: 64, top_k: 4, expert_ffn_hidden: 1024, router_groups: 8, router_group_top_k: 2}\n")
+    base = ["plan", "--model", str(small), "--cluster", "dgx-h100", "--gpus", "16", "--seq-len", "4096",
+            "--global-batch", "256", "--top", "3", "--format", "json", "--fix", "moe_flex_dispatch=true"]
+    assert main(base) == 0
+    doc = json.loads(capsys.readouterr().out)
+    without = [i + 1 for i, p in enumerate(doc["plans"]) if not p["plan"]["moe_flex_dispatch"]]
+    flex_notes = [n for n in doc["notes"] if n.startswith("--fix moe_flex_dispatch=true")]
+    assert without, "this small model's fastest plans run at ep 1 (no all-to-all at all)"
+    assert len(flex_notes) == 1 and f"rank {without[0]}:" in flex_notes[0] and "ep(1)" in flex_notes[0]
+    assert main(base + ["--fix", "ep=8"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert all(p["plan"]["moe_flex_dispatch"] and p["plan"]["ep"] == 8 for p in doc["plans"])
+    assert not [n for n in doc["notes"] if n.startswith("--fix moe_flex_dispatch")]

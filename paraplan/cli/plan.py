@@ -12,6 +12,7 @@ from paraplan.cli.common import (add_plan_flag, check_out_path, positive_int, wr
                                  topology_from_args)
 from paraplan import progress
 from paraplan.errors import ConfigError
+from paraplan.plan import check_plan
 from paraplan.planfile import write_plan_file
 from paraplan.planner.search import explain_infeasible, search, suggest_feasible, why_best_beats_runner_up
 from paraplan.planner.space import SpaceOptions, parse_fix
@@ -76,6 +77,38 @@ def plan_notes(plans, options: SpaceOptions, compressed_best=None) -> list[str]:
     return notes
 
 
+#: switches a --fix turns on only where a candidate can run them (planner.space: the others stay in
+#: the search without them): the value that means "off", and the pin that keeps only plans that can
+WHERE_THEY_RUN_FIXES = {"ep_comm_overlap": (False, "--fix ep=N (N > 1)"),
+                        "moe_flex_dispatch": (False, "--fix ep=N (N > 1)"),
+                        "recompute_modules": ("", "--fix recompute=selective")}
+
+
+def fixed_where_they_run_notes(plans, fixed, model, job, cluster) -> list[str]:
+    """For each --fix of WHERE_THEY_RUN_FIXES that some listed plans run without: which ranks, and the
+    rule that keeps the first of them from it (check_plan's message), so a pinned switch the top plan
+    does not use is said, not silently dropped."""
+    notes = []
+    for key, (off, pin) in WHERE_THEY_RUN_FIXES.items():
+        if fixed.get(key) in (None, off):
+            continue
+        without = [i + 1 for i, e in enumerate(plans) if getattr(e.plan, key) == off]
+        if not without:
+            continue
+        first = plans[without[0] - 1].plan
+        try:
+            check_plan(replace(first, **{key: fixed[key]}), model, job, cluster)
+            reason = "it is legal there but was not kept"
+        except ConfigError as err:
+            reason = err.problem
+        value = str(fixed[key]).lower() if isinstance(fixed[key], bool) else fixed[key]
+        ranks = ", ".join(str(r) for r in without)
+        notes.append(f"--fix {key}={value} holds only where a plan can run it; rank{'s' if len(without) > 1 else ''} "
+                     f"{ranks} run{'' if len(without) > 1 else 's'} without it (rank {without[0]}: {reason}); add "
+                     f"{pin} to rank only plans that run it")
+    return notes
+
+
 def compressed_alternative(result, model, job, cluster, options: SpaceOptions, args):
     """The best plan with compressed optimizers allowed, searched only where they could matter: they
     were neither allowed nor pinned, and the best plan's exposed dp_comm is at least 10% of its step."""
@@ -109,7 +142,8 @@ def cmd_plan(args) -> int:
                     max_memory_fraction=args.max_memory_fraction, progress=args.format != "json",
                     topology=topology_from_args(args, cluster.num_gpus))
     print(f"searched {result.candidates_evaluated:,} candidates in {result.search_time_s:.2f} s", file=sys.stderr)
-    notes = plan_notes(result.plans, options, compressed_alternative(result, model, job, cluster, options, args))
+    notes = plan_notes(result.plans, options, compressed_alternative(result, model, job, cluster, options, args)) \
+        + fixed_where_they_run_notes(result.plans, fixed, model, job, cluster)
     layout = None
     if result.best is not None and result.best.plan.pp > 1 and not args.no_stage_ilp:
         with progress.step(f"balancing {result.best.plan.pp} pipeline stages and per-stage recomputation (pulp ILPs)"):

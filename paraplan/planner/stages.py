@@ -177,7 +177,9 @@ def describe_layout(layout: StageLayout, n_layers_total: int) -> str:
     lines = [f"stage layout (pulp/CBC, {layout.partition_status}): items per stage {counts} "
              f"(embedding and LM head count as items; uniform {ucounts})",
              f"  slowest stage {layout.bottleneck_s * 1e3:.1f} ms vs {layout.uniform_bottleneck_s * 1e3:.1f} ms uniform;"
-             f" pipeline {layout.pipeline_time_balanced_s:.3f} s vs {layout.pipeline_time_uniform_s:.3f} s"]
+             f" pipeline {layout.pipeline_time_balanced_s:.3f} s vs {layout.pipeline_time_uniform_s:.3f} s uniform"
+             " (1F1B over the stages' layer times: (m - 1) x slowest + sum; not the step time above, which prices"
+             " the plan's own schedule and the step's other terms)"]
     if layout.recompute_layers is not None:
         lines.append(f"  per-stage recomputation ({layout.recompute_status}): layers recomputed per stage "
                      f"{list(layout.recompute_layers)} (Megatron --recompute-num-layers per stage)")
