@@ -508,7 +508,9 @@ class TransformerModel:
         if self.moe:
             e = self.moe
             moe = (f", MoE {e.experts}x{e.expert_ffn_hidden} top-{e.top_k}"
-                   f"{f' +{e.shared_experts} shared' if e.shared_experts else ''} in {self.moe_layers} layers, "
+                   f"{f' +{e.shared_experts} shared' if e.shared_experts else ''}"
+                   f"{f' within {e.router_group_top_k} of {e.router_groups} groups' if e.group_limited else ''}"
+                   f" in {self.moe_layers} layers, "
                    f"{self.active_params / 1e9:.2f}B active")
         return (f"{self.name}: {self.num_params / 1e9:.2f}B params, {self.layers} layers, hidden {self.hidden}, "
                 f"{self.heads} heads{kv}, ffn {self.ffn_hidden} ({self.activation}), vocab {self.vocab}"
