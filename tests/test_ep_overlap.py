@@ -108,19 +108,25 @@ def test_the_calibration_rows_whose_recipe_ran_it_have_it():
 
 def test_the_deepseek_1024_h100_row_runs_its_recipe_deepep_and_grad_reduce_unoverlapped():
     """The DeepSeek-V3 1024-H100 configs set enable_deepep, the a2a-1F1B overrides and
-    overlap_grad_reduce=False; no other calibration row takes DeepEP or loses the grad-reduce overlap,
-    and each choice is named among the row's assumptions."""
+    overlap_grad_reduce=False; the only other row on the flex dispatcher is Qwen3-30B-A3B on 16 H100
+    (26.06 archive; its recipe names HybridEP, no a2a overlap); no other row loses the grad-reduce
+    overlap, and each choice is named among the row's assumptions."""
     cases, _ = load_h100_cases()
     flex = [c for c in cases if c.plan.moe_flex_dispatch]
     unoverlapped = [c for c in cases if not c.plan.overlap_grad_reduce]
-    assert [c.row for c in flex] == [c.row for c in unoverlapped] == [43]
-    (row,) = flex
+    assert [c.row for c in flex] == [43, 50]
+    assert [c.row for c in unoverlapped] == [43]
+    row, qwen = flex
     assert (row.plan.tp, row.plan.pp, row.plan.vpp, row.plan.ep, row.cluster.num_gpus) == (2, 8, 4, 64, 1024)
     assert any("enable_deepep" in a for a in row.assumed)
     assert any("overlap_grad_reduce=False" in a for a in row.assumed)
-    est = estimate(row.model, row.job, row.cluster, row.plan)
-    alltoall = estimate(row.model, row.job, row.cluster, dataclasses.replace(row.plan, moe_flex_dispatch=False))
-    assert est.time_breakdown_s["ep_comm"] < alltoall.time_breakdown_s["ep_comm"]
+    for case in flex:
+        est = estimate(case.model, case.job, case.cluster, case.plan)
+        alltoall = estimate(case.model, case.job, case.cluster, dataclasses.replace(case.plan, moe_flex_dispatch=False))
+        assert est.time_breakdown_s["ep_comm"] < alltoall.time_breakdown_s["ep_comm"]
+    assert qwen.model.name == "qwen3-30b-a3b" and qwen.model.moe.capacity_factor is None
+    assert (qwen.plan.pp, qwen.plan.ep, qwen.plan.micro_batch, qwen.cluster.num_gpus) == (1, 16, 1, 16)
+    assert not qwen.plan.ep_comm_overlap and any("moe_flex_dispatcher_backend" in a for a in qwen.assumed)
 
 
 def test_cli_flag_and_its_error():

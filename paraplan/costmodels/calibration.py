@@ -622,11 +622,17 @@ RECIPE_EP_COMM_OVERLAP = {("qwen3_235b_a22b", "DGX-H100"): dict(num_gpus=256, tp
                                                                  global_batch=2048),
                           ("deepseekv3 (dropless)", "DGX-H100"): _DEEPSEEK_V3_H100_1024}
 
-# Rows whose recipe, of the archive the row comes from, dispatches tokens with DeepEP (Megatron-Core's flex
-# token dispatcher: plan.moe_flex_dispatch): the DeepSeek-V3 1024-H100 configs above, enable_deepep=True
-# (the same files' GB200 and B200 configs set it False). Later recipes name HybridEP for more rows, but
-# their rows come from older archives, so those keep the all-to-all dispatcher (docs/accuracy.md).
-RECIPE_FLEX_DISPATCH = {("deepseekv3 (dropless)", "DGX-H100"): _DEEPSEEK_V3_H100_1024}
+# Rows whose recipe, of the archive the row comes from, dispatches tokens with DeepEP or HybridEP
+# (Megatron-Core's flex token dispatcher: plan.moe_flex_dispatch): the DeepSeek-V3 1024-H100 configs above,
+# enable_deepep=True (the same files' GB200 and B200 configs set it False); Qwen3-30B-A3B on 16 H100, the
+# 26.06 archive's row, whose layout is scripts/performance/configs/qwen/qwen3_workload_base_configs.py
+# QWEN3_30B_A3B_PRETRAIN_CONFIG_H100_FP8_CS_V1 (the "only version": 16 GPUs, ep 16, global batch 1024,
+# micro-batch 1 by default, moe_flex_dispatcher_backend="hybridep", moe_a2a_overlap=False; two versions of
+# the file read, alike). Those recipes name HybridEP for more rows, but those rows come from the older
+# 25.09 / 25.11 archives and other layouts, so they keep the all-to-all dispatcher (docs/accuracy.md).
+_QWEN3_30B_H100_16 = dict(num_gpus=16, tp=1, pp=1, ep=16, micro_batch=1, global_batch=1024)
+RECIPE_FLEX_DISPATCH = {("deepseekv3 (dropless)", "DGX-H100"): _DEEPSEEK_V3_H100_1024,
+                        ("qwen3_30b_a3b", "DGX-H100"): _QWEN3_30B_H100_16}
 
 # Rows whose recipe turns the data-parallel gradient reduce-scatter's overlap off
 # (cfg.comm_overlap.overlap_grad_reduce = False, "to avoid functional errors"): the same DeepSeek-V3
@@ -955,8 +961,8 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
                        "overlap_moe_expert_parallel_comm: calibration.RECIPE_EP_COMM_OVERLAP)")
     flex_dispatch = _recipe_names_row(RECIPE_FLEX_DISPATCH, r)
     if flex_dispatch:
-        assumed.append("DeepEP token dispatch (the row's Megatron-Bridge recipe sets enable_deepep: Megatron-Core's "
-                       "flex dispatcher; calibration.RECIPE_FLEX_DISPATCH)")
+        assumed.append("DeepEP / HybridEP token dispatch (the row's Megatron-Bridge recipe sets enable_deepep or "
+                       "moe_flex_dispatcher_backend: Megatron-Core's flex dispatcher; calibration.RECIPE_FLEX_DISPATCH)")
     grad_reduce_overlap = not _recipe_names_row(RECIPE_NO_GRAD_REDUCE_OVERLAP, r)
     if not grad_reduce_overlap:
         assumed.append("gradient reduce-scatter not overlapped with the backward (the row's Megatron-Bridge recipe "

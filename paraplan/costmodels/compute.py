@@ -1315,8 +1315,9 @@ def op_sac_recomputed_matmul_share(model) -> float:
 # read from the one calibration row whose GPU time is far below it: Qwen3-30B-A3B, 8 B200, micro-batch 1
 # (Megatron-Bridge table, shared/reference/published_runs_calibration_h100.csv): 28.19 s over 64
 # micro-batches x 48 MoE layers = 9.2 ms per layer and micro-batch against 2.7 ms of priced GPU time.
-# The same model on 16 H100 (ep 16, micro-batch 1) ran 9.7 ms per layer and micro-batch, where the
-# priced GPU time (11.2 ms, inter-node all-to-all) is already above the floor. A host cost, so one
+# The same model on 16 H100 (ep 16, micro-batch 1, HybridEP dispatch as its recipe names) ran 9.7 ms
+# per layer and micro-batch; priced with this floor it comes out at 9.4 ms (its GPU time alone is
+# below the floor), with the all-to-all dispatcher its GPU time would be 12.5 ms. A host cost, so one
 # figure for every GPU generation. Token-drop-and-pad (capacity factor set) has no sync and no floor.
 MOE_HOST_SECONDS_PER_LAYER = 9.0e-3
 
