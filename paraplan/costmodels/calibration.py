@@ -648,16 +648,16 @@ def _row_has_layout(r: pd.Series, layout: dict) -> bool:
     return all(value(k) == v for k, v in layout.items())
 
 
+def _recipe_key(r: pd.Series) -> tuple[str, str]:
+    """The key the RECIPE_* tables file a row under: its model name (lower case) and GPU."""
+    return str(r["model"]).strip().lower(), str(r["gpu"])
+
+
 def _recipe_names_row(recipes: dict, r: pd.Series) -> bool:
     """Whether one of ``recipes`` (model name and GPU -> layout) is the row's: its model and GPU name one
     there, and the row's layout is the recipe's."""
-    layout = recipes.get((str(r["model"]).strip().lower(), str(r["gpu"])))
+    layout = recipes.get(_recipe_key(r))
     return layout is not None and _row_has_layout(r, layout)
-
-
-def _recipe_ep_comm_overlap(r: pd.Series) -> bool:
-    """Whether the row's recipe (RECIPE_EP_COMM_OVERLAP) ran the all-to-all overlap."""
-    return _recipe_names_row(RECIPE_EP_COMM_OVERLAP, r)
 
 
 # Rows whose Megatron-Bridge performance recipe recomputes named modules (recompute_modules, Megatron-Core's
@@ -692,7 +692,7 @@ RECIPE_STAGE_LAYERS = {
 def _recipe_stage_layers(r: pd.Series) -> tuple[int, int]:
     """The (first, last) stage layers the row's recipe sets (RECIPE_STAGE_LAYERS) where the row's layout
     is the recipe's; (0, 0), the automatic split, otherwise."""
-    entry = RECIPE_STAGE_LAYERS.get((str(r["model"]).strip().lower(), str(r["gpu"])))
+    entry = RECIPE_STAGE_LAYERS.get(_recipe_key(r))
     return entry[1] if entry is not None and _row_has_layout(r, entry[0]) else (0, 0)
 
 
@@ -711,8 +711,7 @@ RECIPE_ACTIVATION_OFFLOAD_LAYERS = {
 def _recipe_activation_offload_layers(r: pd.Series) -> int:
     """Layers whose activations the row's recipe offloads (RECIPE_ACTIVATION_OFFLOAD_LAYERS) where the row's
     layout and precision are the recipe's; 0 otherwise."""
-    key = (str(r["model"]).strip().lower(), str(r["gpu"]), str(r["precision"]).strip().upper())
-    entry = RECIPE_ACTIVATION_OFFLOAD_LAYERS.get(key)
+    entry = RECIPE_ACTIVATION_OFFLOAD_LAYERS.get((*_recipe_key(r), str(r["precision"]).strip().upper()))
     return entry[1] if entry is not None and _row_has_layout(r, entry[0]) else 0
 
 
@@ -732,7 +731,7 @@ RECIPE_UNFUSED_ROPE_MODELS = ("gpt oss 120b", "deepseekv3 (w/o mtp)", "deepseekv
 def _recipe_recompute_modules(r: pd.Series) -> str:
     """The modules the row's recipe recomputes (RECIPE_RECOMPUTE_MODULES) where the row's layout is the
     recipe's; "" otherwise."""
-    entry = RECIPE_RECOMPUTE_MODULES.get((str(r["model"]).strip().lower(), str(r["gpu"])))
+    entry = RECIPE_RECOMPUTE_MODULES.get(_recipe_key(r))
     return entry[1] if entry is not None and _row_has_layout(r, entry[0]) else ""
 
 
@@ -955,7 +954,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
         if overlap:
             assumed.append("TP communication overlap on (the NeMo / Megatron-Bridge performance recipes enable "
                            "tp_comm_overlap with sequence parallelism; not stated per row)")
-    ep_overlap = _recipe_ep_comm_overlap(r)
+    ep_overlap = _recipe_names_row(RECIPE_EP_COMM_OVERLAP, r)
     if ep_overlap:
         assumed.append("expert-parallel all-to-all overlap on (the row's Megatron-Bridge recipe turns on "
                        "overlap_moe_expert_parallel_comm: calibration.RECIPE_EP_COMM_OVERLAP)")
