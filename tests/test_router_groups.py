@@ -169,3 +169,18 @@ def test_a_pinned_switch_the_listed_plans_cannot_run_is_said(tmp_path, capsys):
     doc = json.loads(capsys.readouterr().out)
     assert all(p["plan"]["moe_flex_dispatch"] and p["plan"]["ep"] == 8 for p in doc["plans"])
     assert not [n for n in doc["notes"] if n.startswith("--fix moe_flex_dispatch")]
+
+
+def test_the_switches_fixed_where_they_run_have_one_registry():
+    """planner.space.FIXED_WHERE_THEY_RUN is the one list of switches a --fix holds only where a plan can
+    run them: each names a plan field whose default is its ``off`` value, each boolean one has cross
+    rules that decide where it runs (OPT_IN_FLAG_RULES is derived from it), and the pin hint is a --fix."""
+    from dataclasses import fields
+    from paraplan.plan import Plan
+    from paraplan.planner.space import FIXED_WHERE_THEY_RUN, OPT_IN_FLAG_RULES
+    defaults = {f.name: f.default for f in fields(Plan)}
+    for key, switch in FIXED_WHERE_THEY_RUN.items():
+        assert defaults[key] == switch.off and switch.pin_hint.startswith("--fix ")
+    booleans = {k for k, s in FIXED_WHERE_THEY_RUN.items() if s.off is False}
+    assert set(OPT_IN_FLAG_RULES) == booleans == {"ep_comm_overlap", "moe_flex_dispatch"}
+    assert all(OPT_IN_FLAG_RULES[k] for k in booleans)

@@ -15,7 +15,7 @@ from paraplan.errors import ConfigError
 from paraplan.plan import check_plan
 from paraplan.planfile import write_plan_file
 from paraplan.planner.search import explain_infeasible, search, suggest_feasible, why_best_beats_runner_up
-from paraplan.planner.space import SpaceOptions, parse_fix
+from paraplan.planner.space import FIXED_WHERE_THEY_RUN, SpaceOptions, parse_fix
 from paraplan.planner.stages import describe_layout, stage_layout
 from paraplan.reports.text import render_estimate
 from paraplan.scenario import DEFAULT_PLAN_MEMORY_FRACTION
@@ -77,19 +77,13 @@ def plan_notes(plans, options: SpaceOptions, compressed_best=None) -> list[str]:
     return notes
 
 
-#: switches a --fix turns on only where a candidate can run them (planner.space: the others stay in
-#: the search without them): the value that means "off", and the pin that keeps only plans that can
-WHERE_THEY_RUN_FIXES = {"ep_comm_overlap": (False, "--fix ep=N (N > 1)"),
-                        "moe_flex_dispatch": (False, "--fix ep=N (N > 1)"),
-                        "recompute_modules": ("", "--fix recompute=selective")}
-
-
 def fixed_where_they_run_notes(plans, fixed, model, job, cluster) -> list[str]:
-    """For each --fix of WHERE_THEY_RUN_FIXES that some listed plans run without: which ranks, and the
+    """For each --fix of planner.space.FIXED_WHERE_THEY_RUN that some listed plans run without: which ranks, and the
     rule that keeps the first of them from it (check_plan's message), so a pinned switch the top plan
     does not use is said, not silently dropped."""
     notes = []
-    for key, (off, pin) in WHERE_THEY_RUN_FIXES.items():
+    for key, switch in FIXED_WHERE_THEY_RUN.items():
+        off, pin = switch.off, switch.pin_hint
         if fixed.get(key) in (None, off):
             continue
         without = [i + 1 for i, e in enumerate(plans) if getattr(e.plan, key) == off]

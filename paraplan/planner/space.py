@@ -270,9 +270,25 @@ def _legal_with(both: SimpleNamespace, scene, column: str, values: np.ndarray, r
     return ok
 
 
+@dataclass(frozen=True)
+class FixedWhereItRuns:
+    """A switch that ``--fix`` turns on only on the candidates whose rules let them run it; the others
+    keep ``off`` and stay in the search. ``pin_hint`` is the further ``--fix`` that leaves only
+    candidates that run it (``paraplan plan`` names it when some listed plans run without)."""
+    off: object
+    pin_hint: str
+
+
+#: every switch a ``--fix`` holds only where a plan can run it: the two opt-in MoE flags
+#: (:func:`_opt_in_flag_where_it_runs`) and Megatron-Core's fine-grained recompute modules
+#: (:func:`_recompute_modules_where_they_run`). A new such switch is added here once.
+FIXED_WHERE_THEY_RUN = {"ep_comm_overlap": FixedWhereItRuns(False, "--fix ep=N (N > 1)"),
+                        "moe_flex_dispatch": FixedWhereItRuns(False, "--fix ep=N (N > 1)"),
+                        "recompute_modules": FixedWhereItRuns("", "--fix recompute=selective")}
+
 #: the opt-in flags the search leaves off unless fixed, with the rules that say where each can run
 OPT_IN_FLAG_RULES = {column: tuple(r for r in RULES if column in r.axes)
-                     for column in ("ep_comm_overlap", "moe_flex_dispatch")}
+                     for column, switch in FIXED_WHERE_THEY_RUN.items() if switch.off is False}
 
 
 def _opt_in_flag_where_it_runs(both: SimpleNamespace, scene, column: str, wanted: bool) -> np.ndarray:
