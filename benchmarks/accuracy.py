@@ -37,7 +37,8 @@ SWEEP_SOURCE = "Hagemann 2023 sweep"
 
 
 # Clusters whose GPUs ran below their rated power: Meta's Grand Teton H100s at the 500 W default limit
-# (torchtitan's asyncTP benchmark), whose sustained clock no source we hold states.
+# (torchtitan's asyncTP benchmark), whose sustained clock is priced by an estimate
+# (hardware.model.Accelerator.power_limited_clock_factor), not a measurement; printed apart.
 POWER_CAPPED_CLUSTERS = frozenset({"grand-teton-h100"})
 
 
@@ -279,7 +280,7 @@ def main(argv=None) -> int:
     print(summary(df[df.group == "MoE"].assign(regime="MoE " + df.generation), "regime").round(1).to_string())
     capped = df.get("cluster", pd.Series(index=df.index, dtype=object)).isin(POWER_CAPPED_CLUSTERS)
     print(f"\ndense models on parts at their rated power (without {', '.join(sorted(POWER_CAPPED_CLUSTERS))}: "
-          "a power limit no source we hold prices)")
+          "a power limit priced by an estimate)")
     print(summary(df[(df.group != "MoE") & ~capped], "generation").round(1).to_string())
     if len(pairs):
         print("\nfp8 speed-up over bf16 on the same model, cluster and layout (a level error both runs share cancels)")

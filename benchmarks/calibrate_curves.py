@@ -15,7 +15,8 @@ Rows: every dense-model row of ``published_runs_calibration.csv``, ``published_r
 and ``hagemann2023_sweep_2k.csv`` that accuracy.py scores, grouped by generation (A100, Hopper, Blackwell).
 Left out of the calibration, and said so: MoE rows (their error is the MoE model's: grouped GEMMs, the
 router's host syncs, all-to-all; a GEMM level must not absorb it) and the torchtitan rows of the 500 W
-H100-96GB HBM2e (a power limit no source prices: accelerators/h100-96g-hbm2e.yaml).
+H100-96GB HBM2e (its power limit is priced by an estimate, Accelerator.power_limited_clock_factor, which
+those rows test: a level calibrated on them would absorb that estimate's error).
 
 Objective: the mean over sources of each source's throughput MAPE, so a source counts once however many
 rows it has (the sweep's 263 runs would otherwise outvote five papers). A MAPE's optimum sits near the
@@ -49,7 +50,7 @@ from paraplan.costmodels.estimate import estimate   # noqa: E402
 from paraplan.costmodels.intervals import GENERATION   # noqa: E402
 
 #: a part whose rows are left out of its generation's calibration, and why
-LEFT_OUT_PARTS = {"h100-96g-hbm2e": "500 W power limit not priced"}
+LEFT_OUT_PARTS = {"h100-96g-hbm2e": "500 W power limit: priced by an estimate these rows test"}
 GRIDS = {
     "gemm_sustained_fraction": np.round(np.arange(0.70, 1.0001, 0.0125), 4),
     "memory_efficiency": np.round(np.arange(0.40, 0.7001, 0.05), 3),

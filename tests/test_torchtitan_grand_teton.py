@@ -22,7 +22,10 @@ def test_grand_teton_part_is_an_h100_with_hbm2e():
     assert gt.memory_bytes == pytest.approx(96 * GIB)
     assert gt.memory_bandwidth_bytes_per_s == pytest.approx(2.4e12)          # torchtitan's hardware section
     assert gt.peak("bf16") == h100.peak("bf16") and gt.peak("fp8") == h100.peak("fp8")
-    assert "500" in gt.sources["peak_tflops"] and "not priced" in gt.sources["peak_tflops"]
+    assert "500" in gt.sources["peak_tflops"] and "power_limit_w" in gt.sources["peak_tflops"]
+    assert (gt.rated_power_w, gt.power_limit_w) == (700, 500) and h100.power_limit_w is None
+    assert gt.power_limited_clock_factor() == pytest.approx((500 / 700) ** (1 / 3)) == pytest.approx(0.894, abs=5e-4)
+    assert h100.power_limited_clock_factor() == 1.0
     node = load_part("systems", "grand-teton-h100")
     assert node.gpus_per_node == 8 and node.accelerator.name == "h100-96g-hbm2e"
     assert node.inter_node.bandwidth_bytes_per_s == pytest.approx(50e9)      # 400 Gb/s per GPU
@@ -141,11 +144,51 @@ def test_fp8_speedups_over_bf16_on_the_calibration_pairs(torchtitan_cases):
 
 
 def test_the_power_limit_caveat_states_what_its_runs_measured(torchtitan_cases):
-    """Every estimate on the 500 W part says the limit is not priced and how far its 12 runs fell short;
-    the figures in that line are the ones the runs give now."""
+    """Every estimate on the 500 W part says the clock its limit is priced at, that this is an estimate,
+    and how far its 12 runs fell from it; the figures in that line are the ones the runs give now."""
     estimates = [estimate(c.model, c.job, c.cluster, c.plan) for c in torchtitan_cases]
     shares = [e.step_time_s / c.measured_step_time_s for e, c in zip(estimates, torchtitan_cases)]
     line = next(a for a in estimates[0].assumptions if a.startswith("GEMMs:"))
     low, high = (float(x) for x in re.search(r"reached (\d\.\d+)-(\d\.\d+) x the estimated", line).groups())
-    assert "500 W" in line and "not priced" in line
+    assert "500 W" in line and "at 0.894 of the rated clock" in line and "estimate" in line
     assert low == pytest.approx(min(shares), abs=0.006) and high == pytest.approx(max(shares), abs=0.006)
+
+
+def test_the_power_limit_slows_tensor_core_work_only():
+    """At 500 W of 700 W the part's GEMMs and fused attention run at (5/7)^(1/3) of the clock; memory-bound
+    kernels (which draw less than the limit) and the MFU's peak stay as rated."""
+    from dataclasses import replace
+    from paraplan.costmodels.efficiency import analytical_curves
+    capped = load_part("accelerators", "h100-96g-hbm2e")
+    rated = replace(capped, power_limit_w=None)
+    c_cap, c_rated = analytical_curves(capped), analytical_curves(rated)
+    big = dict(m=16384, n=8192, k=8192)
+    gemm = (c_cap.gemm_time(**big) - c_cap.kernel_overhead_s) / (c_rated.gemm_time(**big) - c_rated.kernel_overhead_s)
+    attn = ((c_cap.flash_attention_time(1e13) - c_cap.kernel_overhead_s)
+            / (c_rated.flash_attention_time(1e13) - c_rated.kernel_overhead_s))
+    factor = capped.power_limited_clock_factor()
+    assert float(gemm) == pytest.approx(1 / factor) and float(attn) == pytest.approx(1 / factor)
+    assert float(c_cap.memory_time(1e9)) == float(c_rated.memory_time(1e9))
+    assert c_cap.tensor_peak("bf16") == pytest.approx(factor * capped.peak("bf16")) and capped.peak("bf16") == rated.peak("bf16")
+    # the limit at or above the rating prices nothing
+    assert replace(capped, power_limit_w=700).power_limited_clock_factor() == 1.0
+    assert replace(capped, power_limit_w=800).power_limited_clock_factor() == 1.0
+
+
+def test_a_power_limit_without_a_rating_is_refused(tmp_path):
+    """An accelerator file with power_limit_w but no rated_power_w has nothing to price the limit against:
+    refused naming the field."""
+    from paraplan.errors import ConfigError
+    from paraplan.hardware.catalog import parse_accelerator
+    from paraplan.io import FieldReader
+    import yaml
+    from paraplan.hardware.catalog import CATALOG_DIR
+    data = yaml.safe_load((CATALOG_DIR / "accelerators" / "h100-96g-hbm2e.yaml").read_text())
+    del data["rated_power_w"]
+    with pytest.raises(ConfigError) as err:
+        parse_accelerator(FieldReader(data, "h100-96g-hbm2e.yaml"))
+    assert "power_limit_w" in str(err.value) and "rated_power_w" in str(err.value)
+    data["rated_power_w"] = 700
+    data["power_limit_w"] = -5
+    with pytest.raises(ConfigError, match="power_limit_w"):
+        parse_accelerator(FieldReader(data, "h100-96g-hbm2e.yaml"))

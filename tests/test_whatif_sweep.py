@@ -163,3 +163,33 @@ def test_scenario_file_round_trip(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_scenario(path)
     assert err.value.field == "speed" and str(path) in str(err.value)
+
+
+def test_power_limit_sweep_slows_tensor_core_work_by_the_cube_root_law():
+    """power_limit (W per GPU): its base is the part's rated power (700 W on an H100 SXM), a multiplier scales
+    it, and a fixed plan's step slows as the limit falls while its memory does not move; the GEMMs alone
+    slow by (700 / limit)^(1/3)."""
+    plan = {"tp": 1, "pp": 1, "zero": 1, "micro_batch": 1, "recompute": "none"}
+    sc = Scenario(model="llama3-8b", cluster="dgx-h100", gpus=8, seq_len=4096, global_batch=64, plan=plan,
+                  sweeps=(parse_sweep("power_limit=x0.5,500,x1"),))
+    points = resolve_points(sc)
+    assert [p.values["power_limit"] for p in points] == [350.0, 500.0, 700.0]
+    assert [p.cluster.accelerator.power_limit_w for p in points] == [350.0, 500.0, 700.0]
+    from paraplan.reports.sweep import evaluate_point
+    results = [evaluate_point(p, sc).estimate for p in points]
+    steps = [e.step_time_s for e in results]
+    assert steps[0] > steps[1] > steps[2]
+    assert len({round(e.memory_bytes_per_gpu["total"]) for e in results}) == 1
+    # the slow-down is below the clock's: memory-bound kernels and communication keep their speed
+    assert 1.0 < steps[1] / steps[2] < (700 / 500) ** (1 / 3)
+
+
+@pytest.mark.parametrize("cluster, values, words", [
+    ("dgx-a100-80g", "power_limit=500", "above a100-80g's rated 400 W"),
+    ("mi300x-x8", "power_limit=500", "mi300x states no rated power"),
+    ("mi300x-x8", "power_limit=x0.5,x1", "mi300x states no rated power"),
+])
+def test_power_limit_sweep_refuses_what_it_cannot_price(cluster, values, words):
+    with pytest.raises(ConfigError) as err:
+        resolve_points(Scenario(model="llama3-8b", cluster=cluster, gpus=8, sweeps=(parse_sweep(values),)))
+    assert err.value.field == "--sweep power_limit" and words in str(err.value)

@@ -13,7 +13,8 @@ from paraplan.reports.sweep import MAX_PRICE, MIN_PRICE, Scenario, load_scenario
 
 EPILOG = """sweep variables: gpus, seq_len, global_batch, cluster, inter_node_bandwidth (GB/s per GPU),
 intra_node_bandwidth (GB/s per GPU), hbm (GiB), host_link_bandwidth (GB/s per GPU and direction: what
-offload moves over), offload (none, cpu, nvme, auto), attention_kernel.
+offload moves over), power_limit (W per GPU, at most the part's rated power), offload (none, cpu, nvme,
+auto), attention_kernel.
 values: lists 64,128,256; ranges 2k..128k (the ends and every power of two between, k = 1024);
 multipliers x0.5,x1,x2 (of the base value). Example:
   paraplan whatif --model gpt3-175b --cluster dgx-a100-80g --seq-len 2048 --global-batch 1536 \\

@@ -777,7 +777,7 @@ def attention_core_times(model, job, plan, curves):
         named = ~np.isnan(eff)
         # full layers at the whole query length's efficiency; windowed ones as the causal attentions of
         # equal key tiles per query tile they amount to (windowed_attention_equivalent)
-        peak = curves.accelerator.peak(dt)
+        peak = curves.tensor_peak(dt)    # the part's power-limited clock included
         full_flops = flops_fwd / window
         share, chunked = model.windowed_layer_share, model.chunked_layer_share
         seconds_per_flop = (1 - share - chunked) / (peak * np.where(named, eff, 1.0))

@@ -80,14 +80,22 @@ class AnalyticalCurves:
         """What a GEMM's waves count (gemm_split_k): output tiles, or tiles x K iterations."""
         return "tiles x K iterations (split-K)" if self.gemm_split_k else "output tiles"
 
+    def tensor_peak(self, dtype: str) -> float:
+        """The dense peak that tensor-core work (GEMMs, fused attention) runs against on this part: the
+        catalogue peak times the part's power-limited clock factor
+        (:meth:`~paraplan.hardware.model.Accelerator.power_limited_clock_factor`, 1 unless the part runs
+        below the power its plateau was measured at). MFU stays against the catalogue peak."""
+        acc = self.accelerator
+        return acc.peak(dtype) * acc.power_limited_clock_factor()
+
     def _tensor_core_time(self, m, n, k, dtype: str, groups=1.0):
         """Seconds of the arithmetic of one launch computing ``groups`` (m x k)·(k x n) products:
         2·g·m·n·k / (peak · plateau · sustained · η_wave), every group's output tiles (or, with
-        ``gemm_split_k``, their K iterations) in the waves."""
+        ``gemm_split_k``, their K iterations) in the waves; peak is :meth:`tensor_peak`."""
         acc = self.accelerator
         flops = 2.0 * groups * m * n * k
         plateau = acc.plateau(dtype) * self.gemm_sustained_fraction
-        return flops / (acc.peak(dtype) * plateau * self.wave_efficiency(m, n, k, groups))
+        return flops / (self.tensor_peak(dtype) * plateau * self.wave_efficiency(m, n, k, groups))
 
     def wave_efficiency(self, m, n, k, groups=1.0):
         """η_wave = (C/S) / ceil(C/S): the fill of the waves of C work units over S SMs, with C the
@@ -156,8 +164,8 @@ class AnalyticalCurves:
         return self._hbm_time(nbytes, kernels, eff)
 
     def flash_attention_time(self, flops, dtype: str = "bf16", kernels=1):
-        """Seconds for fused attention executing ``flops``."""
-        peak = self.accelerator.peak(dtype) * self.flash_attention_efficiency
+        """Seconds for fused attention executing ``flops`` (against :meth:`tensor_peak`)."""
+        peak = self.tensor_peak(dtype) * self.flash_attention_efficiency
         return kernels * self.kernel_overhead_s + np.asarray(flops, dtype=float) / peak
 
     def softmax_exp_time_factor(self, head_dim) -> float:
@@ -193,6 +201,9 @@ class AnalyticalCurves:
                 **({"gemm_isolated_fraction": self.gemm_isolated_fraction}
                    if self.gemm_isolated_fraction is not None else {}),
                 **({"caveat": self.caveat} if self.caveat else {}),
+                **({"power_limit_w": acc.power_limit_w, "rated_power_w": acc.rated_power_w,
+                    "power_limited_clock_factor": acc.power_limited_clock_factor()}
+                   if acc.power_limited_clock_factor() != 1.0 else {}),
                 "gemm_wave_units": self.gemm_wave_units,
                 "kernel_overhead_us": self.kernel_overhead_s * 1e6,
                 "memory_efficiency": self.memory_efficiency,

@@ -232,9 +232,13 @@ def gemm_level_assumption(plan, curves) -> tuple[str, ...]:
     if curves.gemm_level_borrowed:
         basis += "; assumed for this part, which has no calibration of its own"
     caveat = f"; {curves.caveat}" if curves.caveat else ""
+    factor = acc.power_limited_clock_factor()
+    power = (f", and GEMMs and fused attention at {factor:.3f} of the rated clock (a {acc.power_limit_w:g} W power "
+             f"limit against the {acc.rated_power_w:g} W the plateau was measured at: (limit / rated)^(1/3), an "
+             f"estimate from dynamic power ~ V^2 f)" if factor != 1.0 else "")
     return (f"GEMMs: {acc.plateau(dtype):.3f} of the {dtype} peak at best shape (MAMF) x "
             f"{curves.gemm_sustained_fraction:g} sustained in a training step ({basis}), less wave quantization "
-            f"of {curves.gemm_wave_units} over {acc.streaming_multiprocessors} SMs{caveat}",)
+            f"of {curves.gemm_wave_units} over {acc.streaming_multiprocessors} SMs{power}{caveat}",)
 
 
 def moe_host_assumption(model, plan) -> tuple[str, ...]:

@@ -31,6 +31,9 @@ def parse_link(f: FieldReader) -> Link:
 
 
 def parse_accelerator(f: FieldReader) -> Accelerator:
+    if f.has("power_limit_w") and not f.has("rated_power_w"):
+        raise ConfigError(f._name("power_limit_w"), "a power limit needs the part's rated_power_w (the board power "
+                          "its gemm_plateau_efficiency was measured at) to price it against", source=f.source)
     peaks = f.mapping("peak_tflops")
     peak_flops = {k: peaks.number(k) * 1e12 for k, v in peaks.data.items() if v is not None}
     return Accelerator(
@@ -45,6 +48,8 @@ def parse_accelerator(f: FieldReader) -> Accelerator:
         gemm_plateau_efficiency_fp8=(f.number("gemm_plateau_efficiency_fp8", at_most=1.0)
                                      if f.has("gemm_plateau_efficiency_fp8") else None),
         microscaling=_flag(f, "microscaling", False),
+        rated_power_w=f.number("rated_power_w") if f.has("rated_power_w") else None,
+        power_limit_w=f.number("power_limit_w") if f.has("power_limit_w") else None,
         sources=f.sources(),
     )
 

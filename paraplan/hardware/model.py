@@ -109,6 +109,10 @@ class Accelerator:
     flash_attention: bool = True
     gemm_plateau_efficiency_fp8: float | None = None
     microscaling: bool = False
+    #: the board power the part's GEMM plateau was measured at (its rated TDP) and the power limit it
+    #: runs at where that is lower (Meta's Grand Teton H100s: 500 W against 700 W); None: not capped
+    rated_power_w: float | None = None
+    power_limit_w: float | None = None
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     #: what a profile measured on this device (None for catalogue parts: analytical curves)
     measured: "MeasuredProfile | None" = field(default=None, compare=False, repr=False)
@@ -118,6 +122,22 @@ class Accelerator:
         if dtype == "fp8" and self.gemm_plateau_efficiency_fp8:
             return self.gemm_plateau_efficiency_fp8
         return self.gemm_plateau_efficiency
+
+    def power_limited_clock_factor(self) -> float:
+        """Sustained clock of dense tensor-core work under ``power_limit_w`` over its clock at
+        ``rated_power_w``: (P_limit / P_rated)^(1/3), 1 where the part is not capped below its rating.
+
+        A dense GEMM already runs at the board's power limit at its rated power (its plateau, MAMF, was
+        measured there), and the firmware holds a lower limit by lowering the clock. Dynamic power is
+        P = α·C·V²·f (the CMOS switching-power relation) and across the DVFS range the supply voltage
+        is lowered with the frequency, V ∝ f, so P ∝ f³ and f_limit / f_rated = (P_limit / P_rated)^(1/3):
+        0.894 at 500 W of 700 W. An estimate: it counts the whole board power as switching power
+        (leakage, which does not scale with the clock, would lower the factor: 0.874 with 100 W of it),
+        and it leaves memory-bound kernels and communication, which draw less than the limit, at full
+        speed."""
+        if self.power_limit_w is None or self.rated_power_w is None or self.power_limit_w >= self.rated_power_w:
+            return 1.0
+        return (self.power_limit_w / self.rated_power_w) ** (1.0 / 3.0)
 
     def peak(self, dtype: str) -> float:
         v = self.peak_flops.get(dtype)

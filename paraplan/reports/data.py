@@ -27,6 +27,8 @@ def format_value(var: str, v) -> str:
         return f"{v:g} GiB"
     if var.endswith("bandwidth"):
         return f"{v:.3g} GB/s"
+    if var == "power_limit":
+        return f"{v:g} W"
     if var == "offload":
         return f"offload {v}"
     if var == "attention_kernel":

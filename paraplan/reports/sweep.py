@@ -21,6 +21,7 @@ from typing import Any, Mapping
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError, shown
+from paraplan.hardware.catalog import load_part, preset_names
 from paraplan.io import read_yaml, spec_beside, spec_relative_to
 from paraplan.plan import ATTENTION_KERNELS, Plan
 from paraplan.progress import bar
@@ -31,16 +32,16 @@ from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import TrainingJob
 
 VARIABLES = ("gpus", "seq_len", "global_batch", "cluster", "inter_node_bandwidth", "intra_node_bandwidth", "hbm",
-             "host_link_bandwidth", "offload", "attention_kernel")
+             "host_link_bandwidth", "power_limit", "offload", "attention_kernel")
 INTEGER_VARS = ("gpus", "seq_len", "global_batch")
-FLOAT_VARS = ("inter_node_bandwidth", "intra_node_bandwidth", "hbm", "host_link_bandwidth")
+FLOAT_VARS = ("inter_node_bandwidth", "intra_node_bandwidth", "hbm", "host_link_bandwidth", "power_limit")
 UNITS = {"gpus": "GPUs", "seq_len": "tokens", "global_batch": "sequences", "inter_node_bandwidth": "GB/s per GPU",
          "intra_node_bandwidth": "GB/s per GPU", "hbm": "GiB", "host_link_bandwidth": "GB/s per GPU",
-         "cluster": "", "offload": "", "attention_kernel": ""}
+         "power_limit": "W per GPU", "cluster": "", "offload": "", "attention_kernel": ""}
 LABELS = {"gpus": "GPUs", "seq_len": "sequence length", "global_batch": "global batch",
           "cluster": "cluster", "inter_node_bandwidth": "inter-node bandwidth",
           "intra_node_bandwidth": "intra-node bandwidth", "hbm": "HBM per GPU",
-          "host_link_bandwidth": "host-link bandwidth (offload)", "offload": "offload",
+          "host_link_bandwidth": "host-link bandwidth (offload)", "power_limit": "GPU power limit", "offload": "offload",
           "attention_kernel": "attention kernel"}
 OFFLOAD_VALUES = ("none", "cpu", "nvme", "auto")
 #: variables whose values are names from a fixed list
@@ -353,9 +354,30 @@ def base_values(scenario: Scenario) -> dict:
             "intra_node_bandwidth": cluster.system.intra_node.bandwidth_bytes_per_s / 1e9,
             "hbm": cluster.accelerator.memory_bytes / GIB,
             "host_link_bandwidth": cluster.system.host_link_bytes_per_s / 1e9,
+            "power_limit": cluster.accelerator.power_limit_w or cluster.accelerator.rated_power_w,
             "offload": str((scenario.fixed or {}).get("offload") or (scenario.plan or {}).get("offload") or "auto"),
             "attention_kernel": str((scenario.fixed or {}).get("attention_kernel")
                                     or (scenario.plan or {}).get("attention_kernel") or "auto")}
+
+
+def _no_rated_power(accelerator) -> ConfigError:
+    rated_parts = [n for n in preset_names("accelerators") if load_part("accelerators", n).rated_power_w]
+    return ConfigError("--sweep power_limit", f"{accelerator.name} states no rated power to price a limit against",
+                       accepted=f"a cluster of a part with rated_power_w ({', '.join(rated_parts)}), or an "
+                                "accelerator file that sets it")
+
+
+def power_limited(accelerator, watts: float):
+    """The accelerator run at a board power limit of ``watts`` (``--sweep power_limit=...``): priced by its
+    power-limited clock factor against ``rated_power_w``, which the part must state; a limit above the
+    rating is refused (the firmware's maximum limit is the rated power)."""
+    rated = accelerator.rated_power_w
+    if rated is None:
+        raise _no_rated_power(accelerator)
+    if watts > rated:
+        raise ConfigError("--sweep power_limit", f"{watts:g} W is above {accelerator.name}'s rated {rated:g} W",
+                          accepted=f"a limit of at most {rated:g} W")
+    return replace(accelerator, power_limit_w=float(watts))
 
 
 def resolve_points(scenario: Scenario) -> list[Point]:
@@ -365,6 +387,8 @@ def resolve_points(scenario: Scenario) -> list[Point]:
     axes = []
     for s in scenario.sweeps:
         b = base[s.var]
+        if s.var == "power_limit" and b is None:
+            raise _no_rated_power(load_cluster(scenario.cluster, scenario.gpus).accelerator)
         if b is None and any(i.lower().startswith("x") for i in s.items):
             raise ConfigError(f"--sweep {s.var}", "a multiplier needs a base value", accepted=f"--{s.var.replace('_', '-')} N")
         if (s.var in FLOAT_VARS and any(i.lower().startswith("x") for i in s.items)
@@ -399,6 +423,8 @@ def _point(index, scenario, model, base, values) -> Point:
         cluster = cluster.with_system(accelerator=replace(cluster.accelerator, memory_bytes=v["hbm"] * GIB))
     if "host_link_bandwidth" in values:        # the GPU's link to host memory (System.host_link_bytes_per_s)
         cluster = cluster.with_system(host_link_bandwidth_bytes_per_s=v["host_link_bandwidth"] * 1e9)
+    if "power_limit" in values:
+        cluster = cluster.with_system(accelerator=power_limited(cluster.accelerator, v["power_limit"]))
     fixed = dict(scenario.fixed or {})
     allow_offload = scenario.allow_offload
     if "offload" in values:
