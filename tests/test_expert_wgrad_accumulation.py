@@ -10,6 +10,7 @@ import pytest
 from paraplan.costmodels import compute as C
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.kernels import routed_experts_gemm_time
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan, PlanBatch
 from paraplan.workloads.presets import load_model
@@ -36,7 +37,7 @@ def _by_hand(plan, dtype_bytes=2.0, main_grad_bytes=4.0):
     h, f = MODEL.hidden, MODEL.moe.expert_ffn_hidden
     extra = 0.0
     for n, k in ((2 * f, h), (h, f)):
-        forward = _f(C.routed_experts_gemm_time(CURVES, m, n, k, local, plan, True))
+        forward = _f(routed_experts_gemm_time(CURVES, m, n, k, local, plan, True))
         traffic = _f(CURVES.streaming_time(local * ((m * k + m * n) * dtype_bytes + n * k * 2 * main_grad_bytes),
                                            kernels=0))
         extra += max(0.0, CURVES.kernel_overhead_s + traffic - forward)

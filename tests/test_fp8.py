@@ -8,6 +8,7 @@ import pytest
 from paraplan.costmodels import compute as C
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.kernels import fp8_recipe_gemm_efficiency, mlp_gemm_forward_time
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan
@@ -30,7 +31,7 @@ def test_fp8_linear_gemms_faster_but_attention_and_head_unchanged():
     curves = analytical_curves(H100.accelerator)
     bf16 = dataclasses.replace(BASE, dtype="bf16").with_dp_for(8)
     fp8 = dataclasses.replace(BASE, dtype="fp8").with_dp_for(8)
-    mlp_b, mlp_f = (C.mlp_gemm_forward_time(MODEL, JOB, p, curves) for p in (bf16, fp8))
+    mlp_b, mlp_f = (mlp_gemm_forward_time(MODEL, JOB, p, curves) for p in (bf16, fp8))
     # fp8 peak is 2x bf16; the fp8 MAMF plateau (0.709) is below bf16's (0.803)
     assert mlp_b / mlp_f == pytest.approx(2 * 0.709 / 0.803, rel=0.02)
     assert C.attention_core_times(MODEL, JOB, fp8, curves)[0] == C.attention_core_times(MODEL, JOB, bf16, curves)[0]
@@ -69,7 +70,7 @@ def test_rowwise_backward_runs_per_tensor_gemms_and_rescales_their_outputs():
     plus one rescale pass per backward GEMM over the 16-bit output; torchtitan's separate wq/wk/wv and
     w1/w3 write five input gradients where a fused engine writes two."""
     curves = analytical_curves(H100.accelerator)
-    eff = C.fp8_recipe_gemm_efficiency(curves, "fp8-rowwise")
+    eff = fp8_recipe_gemm_efficiency(curves, "fp8-rowwise")
     assert eff < 1 and C.fp8_backward_gemm_factor(curves, "fp8-rowwise") == eff
     assert C.fp8_backward_gemm_factor(curves, "fp8") == 1.0 == C.fp8_backward_gemm_factor(curves, "bf16")
     titan = dataclasses.replace(BASE, dtype="fp8-rowwise", engine="torchtitan", zero=3, tp=2, dp=4, sp=True)

@@ -6,6 +6,7 @@ import pytest
 from paraplan.costmodels import compute as C
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.kernels import attention_gemm_elements_per_token
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan
@@ -82,7 +83,7 @@ def test_the_attention_core_costs_what_its_head_widths_say():
     f_mla, b_mla = C.attention_core_times(DSV3, job, plan, curves)
     f_mha, b_mha = C.attention_core_times(mha, job, plan, curves)
     assert 2.0 < float(f_mla / f_mha) < 3.0 and 2.0 < float(b_mla / b_mha) < 3.0
-    ins, outs = C.attention_gemm_elements_per_token(DSV3, 2)
+    ins, outs = attention_gemm_elements_per_token(DSV3, 2)
     assert ins == 7168 + 1536 + 512 + 128 * 128 / 2
     assert outs == 1536 + 128 * 192 / 2 + 576 + 128 * 256 / 2 + 7168
     e = estimate(DSV3, job, cluster, plan)

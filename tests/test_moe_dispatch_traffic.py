@@ -8,6 +8,7 @@ import pytest
 
 from paraplan.costmodels import compute as C
 from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.kernels import tokens_per_rank
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan
 from paraplan.workloads.presets import load_model
@@ -51,7 +52,7 @@ def test_narrow_experts_spend_a_larger_share_of_the_layer_on_permutation():
         model = load_model(name)
         plan = Plan(dp=8, ep=8, micro_batch=1, dtype="bf16", engine="megatron")
         curves = _curves(cluster)
-        T = C.tokens_per_rank(JOB, plan)
+        T = tokens_per_rank(JOB, plan)
         perm = curves.memory_time(T * C.dispatch_bytes_per_token(model, JOB, plan), kernels=0)
         gemm = C.moe_mlp_forward_time(model, JOB, plan, curves)
         return float(perm / gemm)

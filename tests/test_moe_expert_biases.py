@@ -14,6 +14,7 @@ from paraplan.costmodels import compute as C
 from paraplan.costmodels.calibration import load_h100_cases
 from paraplan.costmodels.efficiency import curves_for, with_reference_block
 from paraplan.costmodels.estimate import estimate_legal, with_stage_concurrency
+from paraplan.costmodels.kernels import micro_batches
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan
 from paraplan.workloads.presets import load_model
@@ -55,7 +56,7 @@ def test_only_megatron_with_biased_experts_pays_it():
 
 def test_the_layer_pays_exactly_the_bias_term():
     """Biases change no GEMM time: the MoE layer's forward and backward differ by the term alone."""
-    m = C.micro_batches(JOB, MEGATRON)
+    m = micro_batches(JOB, MEGATRON)
     curves = with_stage_concurrency(CURVES, MEGATRON, m)
     with_bias = C.layer_times(OSS, JOB, MEGATRON, curves, CLUSTER)
     without = C.layer_times(dataclasses.replace(OSS, bias=False), JOB, MEGATRON, curves, CLUSTER)

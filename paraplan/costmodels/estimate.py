@@ -22,6 +22,8 @@ from paraplan.costmodels.dataparallel import (OVERLAP_CONTENTION, add_traffic, c
                                               dp_exposed, dp_traffic, expert_tp_replica_allreduce_time)
 from paraplan.costmodels.efficiency import curves_for, with_reference_block
 from paraplan.costmodels.intervals import describe_interval
+from paraplan.costmodels.kernels import (device_is_host, element_bytes, megatron_grad_bytes, micro_batches,
+                                         tokens_per_rank)
 from paraplan.costmodels.offload import activation_offload_time, optimizer_and_offload, param_tensors, stage_param_tensors
 from paraplan.costmodels.pipeline import (bubble_factor, bubble_fraction, effective_compute_slowdown, overlapped_p2p_crossings,
                                          p2p_messages_on_critical_path, pipeline_crossings_on_critical_path)
@@ -37,7 +39,7 @@ RUNTIME_RESERVED_BYTES = 1.5 * 2**30
 
 def on_cuda(cluster) -> bool:
     """Whether the device runs the CUDA runtime and caching allocator (not a profiled CPU)."""
-    return not C.device_is_host(cluster)
+    return not device_is_host(cluster)
 
 
 def runtime_reserved_bytes(cluster) -> float:
@@ -174,7 +176,7 @@ def attention_kernel_assumption(model, job, plan, curves) -> tuple[str, ...]:
     if not plan.flash_attention:
         return ()
     b = plan.micro_batch
-    query_len, heads = C.tokens_per_rank(job, plan) / b, b * model.heads / plan.tp
+    query_len, heads = tokens_per_rank(job, plan) / b, b * model.heads / plan.tp
     eff = C.measured_attention_efficiency(model, plan, curves, query_len, heads)
     windowed = ""
     if model.windowed_layer_share and eff is not None and not np.isnan(float(eff)):
@@ -256,7 +258,7 @@ def expert_wgrad_assumption(model, job, plan, curves) -> tuple[str, ...]:
     if extra <= 0:
         return ()
     m = float(np.max(C.routed_expert_gemms(model, job, plan)[0]))
-    g = float(np.max(C.megatron_grad_bytes(plan)))
+    g = float(np.max(megatron_grad_bytes(plan)))
     return (f"MoE: the routed experts' weight-gradient GEMMs accumulate into {'fp32' if g >= 4 else 'bf16'} main "
             f"gradients (gradient-accumulation fusion), {g:.0f} bytes read and {g:.0f} written per weight; with "
             f"{m:.0f} tokens per expert they are bound by those bytes: +{1e3 * extra:.2f} ms per MoE layer and "
@@ -500,7 +502,7 @@ def slowest_stage(sl: StageLayers, p, lt, ht):
 def step_terms(model, job, cluster, plan, curves) -> StepTerms:
     """All time and memory terms for a plan or for a batch of plans (numpy arrays in the fields)."""
     p = np.asarray(plan.pp, dtype=float)
-    m = C.micro_batches(job, plan)
+    m = micro_batches(job, plan)
     curves = with_stage_concurrency(with_reference_block(curves, cluster), plan, m)
     lt = C.layer_times(model, job, plan, curves, cluster)
     ht = C.head_times(model, job, plan, curves, cluster)
@@ -675,7 +677,7 @@ def grad_accumulation_time(model, plan, curves, m, params, n_dp):
     z3 = np.asarray(plan.zero) == 3
     grads = np.where(z3, params / n_dp, params)
     tensors = stage_param_tensors(model, plan)
-    t = curves.streaming_time(3.0 * grads * C.element_bytes(plan), kernels=tensors)
+    t = curves.streaming_time(3.0 * grads * element_bytes(plan), kernels=tensors)
     unfused = np.where(fused, 0.0, np.maximum(np.asarray(m, dtype=float) - 1.0, 0.0) * t)
     ds_bf16 = M.deepspeed_bf16_optimizer(plan)
     if not np.any(ds_bf16):

@@ -31,8 +31,8 @@ from functools import partial
 
 import numpy as np
 
-from paraplan.costmodels.compute import (BYTES, element_bytes, einsum_dispatch_slots, expert_token_factor,
-                                         megatron_grad_bytes, micro_batches, stage_output_bytes, tokens_per_rank)
+from paraplan.costmodels.compute import einsum_dispatch_slots, expert_token_factor, stage_output_bytes
+from paraplan.costmodels.kernels import BYTES, element_bytes, megatron_grad_bytes, micro_batches, tokens_per_rank
 from paraplan.plan import (Engine, Offload, Recompute, Schedule, is_fp8, recomputes_attention_core, recomputes_module,
                            model_stage_layers, stage_layers)
 

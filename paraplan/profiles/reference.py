@@ -19,6 +19,7 @@ import numpy as np
 
 from paraplan.costmodels import compute as C
 from paraplan.costmodels.efficiency import analytical_curves, isolated_kernel_curves
+from paraplan.costmodels.kernels import attention_gemm_forward_time, mlp_gemm_forward_time
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster, load_part
 from paraplan.plan import Plan
@@ -101,7 +102,7 @@ def predicted_layer(r: dict, name: str = "h100-sxm", dtype: str = "bf16", kernel
     model, job = layer_model(r)
     plan = Plan(tp=r["tp"], dp=1, micro_batch=r["batch"], dtype=dtype, attention_kernel=kernel)
     lt = C.layer_times(model, job, plan, cv, cluster)
-    gemm = 3 * float(C.attention_gemm_forward_time(model, job, plan, cv) + C.mlp_gemm_forward_time(model, job, plan, cv))
+    gemm = 3 * float(attention_gemm_forward_time(model, job, plan, cv) + mlp_gemm_forward_time(model, job, plan, cv))
     attn = sum(float(x) for x in C.attention_core_times(model, job, plan, cv))
     cast = sum(float(x) for x in C.fp8_cast_times(model, job, plan, cv))
     total = float(lt["forward"] + lt["backward"])
