@@ -11,6 +11,7 @@ from paraplan.costmodels import compute as C
 from paraplan.costmodels.comm import ALL_GATHER, REDUCE_SCATTER
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.fp8 import fp8_cast_elements, tp_gathers_fp8
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan
 from paraplan.workloads.presets import load_model
@@ -30,7 +31,7 @@ def _ar(plan, **kw):
 @pytest.mark.parametrize("engine", ["megatron", "generic"])
 def test_te_gathers_carry_fp8_and_reduce_scatters_16_bit(engine, dtype):
     plan = replace(PLAN, engine=engine, dtype=dtype)
-    assert bool(C.tp_gathers_fp8(plan))
+    assert bool(tp_gathers_fp8(plan))
     T = JOB.seq_len * plan.micro_batch
     rs = float(C.tp_collective_time(REDUCE_SCATTER, T * MODEL.hidden * 2, plan, CLUSTER))
     ag = float(C.tp_collective_time(ALL_GATHER, T * MODEL.hidden * 1, plan, CLUSTER))
@@ -42,14 +43,14 @@ def test_te_gathers_carry_fp8_and_reduce_scatters_16_bit(engine, dtype):
                                     dict(sp=False),
                                     dict(dtype="fp8-rowwise", engine="torchtitan", vpp=1, schedule="1f1b", zero=3)])
 def test_gathers_stay_16_bit_elsewhere(change):
-    assert not bool(C.tp_gathers_fp8(replace(PLAN, **change)))
+    assert not bool(tp_gathers_fp8(replace(PLAN, **change)))
 
 
 def test_gathered_tensors_are_cast_on_their_shard():
     """the two gathered tensors of each pass are quantized before the gather: T·h·(1 - 1/tp) fewer
     elements each, forward and backward, than where the cast follows a 16-bit gather (mxfp8 here)."""
-    f8, b8 = C.fp8_cast_elements(MODEL, JOB, PLAN)
-    fmx, bmx = C.fp8_cast_elements(MODEL, JOB, replace(PLAN, dtype="mxfp8"))
+    f8, b8 = fp8_cast_elements(MODEL, JOB, PLAN)
+    fmx, bmx = fp8_cast_elements(MODEL, JOB, replace(PLAN, dtype="mxfp8"))
     T = JOB.seq_len
     assert fmx - f8 == pytest.approx(2 * T * MODEL.hidden * 3 / 4)
     assert bmx - b8 == pytest.approx(2 * T * MODEL.hidden * 3 / 4)

@@ -11,6 +11,7 @@ from paraplan.costmodels import compute as C
 from paraplan.costmodels.calibration import load_h100_cases
 from paraplan.costmodels.curvefile import curve_table
 from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.fp8 import fp8_cast_elements, tp_gathers_fp8
 from paraplan.costmodels.intervals import GENERATION
 from paraplan.hardware.catalog import load_cluster, load_part
 from paraplan.hardware.model import GIB
@@ -115,9 +116,9 @@ def test_torchtitan_float8_tensorwise_gathers_fp8_over_tp():
     assert ar[("torchtitan", "fp8")] == pytest.approx(0.75 * ar[("torchtitan", "bf16")], rel=0.02)
     for key in (("torchtitan", "fp8-rowwise"), ("megatron", "bf16")):
         assert ar[key] == pytest.approx(ar[("torchtitan", "bf16")])
-    assert not C.tp_gathers_fp8(Plan(tp=1, dp=8, zero=3, engine="torchtitan", dtype="fp8"))   # nothing gathered
-    f_tt, b_tt = C.fp8_cast_elements(model, job, _tp_plan("torchtitan", "fp8"))
-    f_rw, b_rw = C.fp8_cast_elements(model, job, _tp_plan("torchtitan", "fp8-rowwise"))
+    assert not tp_gathers_fp8(Plan(tp=1, dp=8, zero=3, engine="torchtitan", dtype="fp8"))   # nothing gathered
+    f_tt, b_tt = fp8_cast_elements(model, job, _tp_plan("torchtitan", "fp8"))
+    f_rw, b_rw = fp8_cast_elements(model, job, _tp_plan("torchtitan", "fp8-rowwise"))
     tokens = 2 * 8192
     # the QKV and MLP inputs forward, the two row-parallel output gradients backward: T·h·(1 - 1/8) less each
     assert f_rw - f_tt == pytest.approx(2 * tokens * 8192 * 7 / 8)

@@ -37,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from paraplan.costmodels.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time, ranks_per_node
-from paraplan.costmodels.compute import FP8_GATHER_BYTES_RATIO
+from paraplan.costmodels.fp8 import FP8_GATHER_BYTES_RATIO
 from paraplan.costmodels.kernels import element_bytes, megatron_grad_bytes
 from paraplan.costmodels.memory import deepspeed_bf16_optimizer, engine_of, megatron_fp8_params
 from paraplan.plan import Engine, Optimizer, expert_data_parallel, expert_group_strides, expert_parallel_folded

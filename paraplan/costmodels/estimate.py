@@ -21,6 +21,7 @@ from paraplan.costmodels import memory as M
 from paraplan.costmodels.dataparallel import (OVERLAP_CONTENTION, add_traffic, compressed_phase_factor, deepspeed_exposed,
                                               dp_exposed, dp_traffic, expert_tp_replica_allreduce_time)
 from paraplan.costmodels.efficiency import curves_for, with_reference_block
+from paraplan.costmodels.fp8 import tp_gathers_fp8
 from paraplan.costmodels.intervals import describe_interval
 from paraplan.costmodels.kernels import (device_is_host, element_bytes, megatron_grad_bytes, micro_batches,
                                          tokens_per_rank)
@@ -123,7 +124,7 @@ def assumptions_for(plan) -> tuple[str, ...]:
             DP_OVERLAP_ASSUMPTION: SCALING_DP_ASSUMPTION if plan.engine == "scaling"
             else DP_NO_OVERLAP_ASSUMPTION if not plan.overlap_grad_reduce else DP_OVERLAP_ASSUMPTION}
     base = tuple(swap.get(a, a) for a in ASSUMPTIONS)
-    fp8_tp = (FP8_TP_GATHER,) if bool(np.all(C.tp_gathers_fp8(plan))) else ()
+    fp8_tp = (FP8_TP_GATHER,) if bool(np.all(tp_gathers_fp8(plan))) else ()
     rowwise = (FP8_ROWWISE_BACKWARD,) if plan.dtype == "fp8-rowwise" else ()
     titan = (TORCHTITAN_COMPILED_BLOCKS,) if plan.engine == "torchtitan" else ()
     return base + titan + (FP8_ASSUMPTIONS if is_fp8(plan.dtype) else ()) + rowwise + fp8_tp

@@ -19,6 +19,7 @@ import numpy as np
 
 from paraplan.costmodels import compute as C
 from paraplan.costmodels.efficiency import analytical_curves, isolated_kernel_curves
+from paraplan.costmodels.fp8 import fp8_cast_times
 from paraplan.costmodels.kernels import attention_gemm_forward_time, mlp_gemm_forward_time
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster, load_part
@@ -104,7 +105,7 @@ def predicted_layer(r: dict, name: str = "h100-sxm", dtype: str = "bf16", kernel
     lt = C.layer_times(model, job, plan, cv, cluster)
     gemm = 3 * float(attention_gemm_forward_time(model, job, plan, cv) + mlp_gemm_forward_time(model, job, plan, cv))
     attn = sum(float(x) for x in C.attention_core_times(model, job, plan, cv))
-    cast = sum(float(x) for x in C.fp8_cast_times(model, job, plan, cv))
+    cast = sum(float(x) for x in fp8_cast_times(model, job, plan, cv))
     total = float(lt["forward"] + lt["backward"])
     return {"total_s": total, "gemm_s": gemm, "attention_s": attn, "cast_s": cast,
             "elementwise_s": total - gemm - attn - cast}
