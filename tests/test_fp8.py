@@ -6,6 +6,7 @@ import tomllib
 import pytest
 
 from paraplan.costmodels import compute as C
+from paraplan.costmodels.attention import attention_core_times
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import estimate
 from paraplan.costmodels.fp8 import (ROWWISE_RESCALE_BYTES_PER_ELEMENT, fp8_backward_gemm_factor, fp8_cast_elements,
@@ -36,7 +37,7 @@ def test_fp8_linear_gemms_faster_but_attention_and_head_unchanged():
     mlp_b, mlp_f = (mlp_gemm_forward_time(MODEL, JOB, p, curves) for p in (bf16, fp8))
     # fp8 peak is 2x bf16; the fp8 MAMF plateau (0.709) is below bf16's (0.803)
     assert mlp_b / mlp_f == pytest.approx(2 * 0.709 / 0.803, rel=0.02)
-    assert C.attention_core_times(MODEL, JOB, fp8, curves)[0] == C.attention_core_times(MODEL, JOB, bf16, curves)[0]
+    assert attention_core_times(MODEL, JOB, fp8, curves)[0] == attention_core_times(MODEL, JOB, bf16, curves)[0]
     assert C.head_times(MODEL, JOB, fp8, curves, H100)["head"] == C.head_times(MODEL, JOB, bf16, curves, H100)["head"]
 
 

@@ -157,7 +157,8 @@ def test_ring_attention_hides_communication_only_above_a_block_size():
     per rank (F achieved attention FLOP/s, B the link's achieved bandwidth). Below c* the ring is exposed,
     above it hidden, all but the last backward step's dK/dV chunk, which returns to its owner after the
     last attention kernel (Transformer Engine waits for it; compute._ring_exposed)."""
-    from paraplan.costmodels.compute import attention_core_times, cp_exposed_time, ring_attention_step_time
+    from paraplan.costmodels.attention import attention_core_times
+    from paraplan.costmodels.compute import cp_exposed_time, ring_attention_step_time
     model = load_model("llama2-7b")
     cluster = load_cluster("dgx-h100", 64)        # cp over 8 GPUs of one node, NVLink
     curves = analytical_curves(cluster.accelerator)

@@ -18,6 +18,9 @@ import numpy as np
 
 from paraplan.costmodels import compute as C
 from paraplan.costmodels import memory as M
+from paraplan.costmodels.attention import (FLASH1_TIME_FACTOR, attention_head_dim, chunked_attention_efficiency,
+                                           measured_attention_efficiency, softmax_exp_factor,
+                                           windowed_attention_efficiency)
 from paraplan.costmodels.dataparallel import (OVERLAP_CONTENTION, add_traffic, compressed_phase_factor, deepspeed_exposed,
                                               dp_exposed, dp_traffic, expert_tp_replica_allreduce_time)
 from paraplan.costmodels.efficiency import curves_for, with_reference_block
@@ -178,14 +181,14 @@ def attention_kernel_assumption(model, job, plan, curves) -> tuple[str, ...]:
         return ()
     b = plan.micro_batch
     query_len, heads = tokens_per_rank(job, plan) / b, b * model.heads / plan.tp
-    eff = C.measured_attention_efficiency(model, plan, curves, query_len, heads)
+    eff = measured_attention_efficiency(model, plan, curves, query_len, heads)
     windowed = ""
     if model.windowed_layer_share and eff is not None and not np.isnan(float(eff)):
-        length, _, eff_w = C.windowed_attention_efficiency(model, plan, curves, query_len, heads)
+        length, _, eff_w = windowed_attention_efficiency(model, plan, curves, query_len, heads)
         windowed = (f"; its {model.sliding_window}-key sliding-window layers run as causal attention over "
                     f"{float(length):.0f} tokens (the same key tiles per query tile) at {float(eff_w):.3f}")
     if model.chunked_layer_share and eff is not None and not np.isnan(float(eff)):
-        length, _, eff_c = C.chunked_attention_efficiency(model, plan, curves, query_len, heads)
+        length, _, eff_c = chunked_attention_efficiency(model, plan, curves, query_len, heads)
         windowed += (f"; its chunked-attention layers run as causal attentions over {float(length):.0f}-token "
                      f"chunks at {float(eff_c):.3f}")
     if plan.attention_kernel == "auto":
@@ -201,7 +204,7 @@ def attention_kernel_assumption(model, job, plan, curves) -> tuple[str, ...]:
         base = ("its calibrated fused-attention efficiency "
                 f"({getattr(curves, 'flash_attention_efficiency', 'profiled')})" if eff is None else
                 f"FlashAttention-2's measured {float(eff):.3f} of peak at {job.seq_len} tokens{windowed}")
-        return (f"attention: flash1 (FlashAttention 1.x) at 1/{C.FLASH1_TIME_FACTOR:g} of {base}: FlashAttention-2 "
+        return (f"attention: flash1 (FlashAttention 1.x) at 1/{FLASH1_TIME_FACTOR:g} of {base}: FlashAttention-2 "
                 "runs the same work about 2x faster (Dao 2023, arXiv:2307.08691, sec. 4.1)",)
     if eff is None:
         return (f"attention: no measured {plan.attention_kernel} table for this accelerator; priced at its "
@@ -214,12 +217,12 @@ def attention_kernel_assumption(model, job, plan, curves) -> tuple[str, ...]:
 def softmax_exp_assumption(model, plan, curves) -> tuple[str, ...]:
     """Said where a part runs the softmax's exponentials faster than its generation (Blackwell Ultra):
     by how much its fused attention is priced faster than its generation's."""
-    f = C.softmax_exp_factor(model, curves)
+    f = softmax_exp_factor(model, curves)
     if f == 1.0 or not plan.flash_attention:
         return ()
     return (f"attention: this part runs the softmax's exponentials {curves.attention_exp_speedup:g}x as fast as its "
             f"generation (Blackwell Ultra's SFU): fused attention priced {1 / f:.2f}x faster than on a B200/GB200 "
-            f"at head dim {C.attention_head_dim(model):g} (curves.yaml attention_exp_speedup)",)
+            f"at head dim {attention_head_dim(model):g} (curves.yaml attention_exp_speedup)",)
 
 
 def gemm_level_assumption(plan, curves) -> tuple[str, ...]:

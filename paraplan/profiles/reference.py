@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from paraplan.costmodels import compute as C
+from paraplan.costmodels.attention import attention_core_times
 from paraplan.costmodels.efficiency import analytical_curves, isolated_kernel_curves
 from paraplan.costmodels.fp8 import fp8_cast_times
 from paraplan.costmodels.kernels import attention_gemm_forward_time, mlp_gemm_forward_time
@@ -104,7 +105,7 @@ def predicted_layer(r: dict, name: str = "h100-sxm", dtype: str = "bf16", kernel
     plan = Plan(tp=r["tp"], dp=1, micro_batch=r["batch"], dtype=dtype, attention_kernel=kernel)
     lt = C.layer_times(model, job, plan, cv, cluster)
     gemm = 3 * float(attention_gemm_forward_time(model, job, plan, cv) + mlp_gemm_forward_time(model, job, plan, cv))
-    attn = sum(float(x) for x in C.attention_core_times(model, job, plan, cv))
+    attn = sum(float(x) for x in attention_core_times(model, job, plan, cv))
     cast = sum(float(x) for x in fp8_cast_times(model, job, plan, cv))
     total = float(lt["forward"] + lt["backward"])
     return {"total_s": total, "gemm_s": gemm, "attention_s": attn, "cast_s": cast,
