@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from paraplan.costmodels.comm import ALL_GATHER
-from paraplan.costmodels.compute import (TP_OVERLAP_CONTENTION, sp_backward_regather_time, tp_collective_time,
-                                         tp_gathered_bytes)
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.estimate import estimate
 from paraplan.costmodels.kernels import (attention_gemm_forward_times, linear_gemm_time, mlp_gemm_forward_times,
                                          tokens_per_rank)
+from paraplan.costmodels.tpcomm import (TP_OVERLAP_CONTENTION, sp_backward_regather_time, tp_collective_time,
+                                        tp_gathered_bytes)
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan, check_plan
 from paraplan.workloads.presets import load_model

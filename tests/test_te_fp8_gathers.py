@@ -12,6 +12,7 @@ from paraplan.costmodels.comm import ALL_GATHER, REDUCE_SCATTER
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.estimate import estimate
 from paraplan.costmodels.fp8 import fp8_cast_elements, tp_gathers_fp8
+from paraplan.costmodels.tpcomm import tp_allreduce_time, tp_collective_time
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan
 from paraplan.workloads.presets import load_model
@@ -24,7 +25,7 @@ PLAN = Plan(tp=4, pp=4, dp=4, sp=True, vpp=5, schedule="interleaved", micro_batc
 
 
 def _ar(plan, **kw):
-    return float(np.asarray(C.tp_allreduce_time(MODEL, JOB, plan, CLUSTER, **kw)))
+    return float(np.asarray(tp_allreduce_time(MODEL, JOB, plan, CLUSTER, **kw)))
 
 
 @pytest.mark.parametrize("dtype", ["fp8", "fp8-delayed"])
@@ -33,8 +34,8 @@ def test_te_gathers_carry_fp8_and_reduce_scatters_16_bit(engine, dtype):
     plan = replace(PLAN, engine=engine, dtype=dtype)
     assert bool(tp_gathers_fp8(plan))
     T = JOB.seq_len * plan.micro_batch
-    rs = float(C.tp_collective_time(REDUCE_SCATTER, T * MODEL.hidden * 2, plan, CLUSTER))
-    ag = float(C.tp_collective_time(ALL_GATHER, T * MODEL.hidden * 1, plan, CLUSTER))
+    rs = float(tp_collective_time(REDUCE_SCATTER, T * MODEL.hidden * 2, plan, CLUSTER))
+    ag = float(tp_collective_time(ALL_GATHER, T * MODEL.hidden * 1, plan, CLUSTER))
     assert _ar(plan) == pytest.approx(rs + ag, rel=1e-12)
     assert _ar(replace(plan, dtype="bf16")) > _ar(plan)
 
@@ -69,8 +70,8 @@ def test_lm_head_and_routed_tokens_gather_16_bit():
     assert routed > 0 and shared == 1.0
     assert float(C.moe_tp_collective_copies(moe, plan)) == pytest.approx(float(routed) + shared)
     job = TrainingJob(4096, 512)
-    routed_ar = float(C.tp_allreduce_time(moe, job, plan, CLUSTER, routed, fp8_gathers=False))
-    assert routed_ar == pytest.approx(float(C.tp_allreduce_time(moe, job, replace(plan, dtype="bf16"), CLUSTER, routed)))
+    routed_ar = float(tp_allreduce_time(moe, job, plan, CLUSTER, routed, fp8_gathers=False))
+    assert routed_ar == pytest.approx(float(tp_allreduce_time(moe, job, replace(plan, dtype="bf16"), CLUSTER, routed)))
 
 
 def test_estimate_says_so_and_gets_faster():

@@ -31,6 +31,7 @@ from paraplan.costmodels.kernels import (device_is_host, element_bytes, megatron
 from paraplan.costmodels.offload import activation_offload_time, optimizer_and_offload, param_tensors, stage_param_tensors
 from paraplan.costmodels.pipeline import (bubble_factor, bubble_fraction, effective_compute_slowdown, overlapped_p2p_crossings,
                                          p2p_messages_on_critical_path, pipeline_crossings_on_critical_path)
+from paraplan.costmodels.tpcomm import TP_OVERLAP_CONTENTION
 from paraplan.plan import (FLEX_DISPATCH_ENGINES, MEGATRON_FSDP_STRATEGY, Engine, Plan, Recompute, StageLayers, check_plan, compute_dtype, expert_data_parallel, gemm_dtype,
                            is_fp8, model_stage_layers, recomputes_attention_core, stage_layer_counts)
 
@@ -102,7 +103,7 @@ FP32_STATES = ("fp32 weights, gradients and activations; Adam keeps fp32 momentu
 # for one that does not overlap its data-parallel reduction
 TP_OVERLAP_ASSUMPTION = ("tensor-parallel collectives overlap the GEMMs next to them (Megatron --tp-comm-overlap: "
                          "forward and backward; torchtitan async TP: the forward's only), the hidden part slowing "
-                         f"those GEMMs by {C.TP_OVERLAP_CONTENTION} of its time; backward = 2 x forward GEMM time")
+                         f"those GEMMs by {TP_OVERLAP_CONTENTION} of its time; backward = 2 x forward GEMM time")
 DP_NO_OVERLAP_ASSUMPTION = ("data-parallel gradient reduction runs after the backward and ZeRO-3's gathers are "
                             "not prefetched: nothing hidden (overlap_grad_reduce off)")
 SCALING_DP_ASSUMPTION = ("data-parallel reduction as Scaling runs it (engine scaling): an fp32 all-reduce of every "
