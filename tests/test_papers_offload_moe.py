@@ -107,7 +107,7 @@ def test_einsum_dispatch_costs_gemms_quadratic_in_tokens():
     einsum("sec,sm->ecm") and combines with einsum("sec,ecm->sm"): 2·S·(E·C)·h FLOPs each with
     E·C = S·top_k·factor, so doubling the micro-batch quadruples the term; permute dispatch has none."""
     import dataclasses
-    from paraplan.costmodels.compute import moe_einsum_dispatch_times
+    from paraplan.costmodels.moe import moe_einsum_dispatch_times
     cluster, job = load_cluster("dgx2-v100", 128), TrainingJob(2048, 1024)
     ted = load_model("ted-6.7b-16e")
     curves = analytical_curves(cluster.accelerator)

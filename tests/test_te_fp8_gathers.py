@@ -12,6 +12,7 @@ from paraplan.costmodels.comm import ALL_GATHER, REDUCE_SCATTER
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.estimate import estimate
 from paraplan.costmodels.fp8 import fp8_cast_elements, tp_gathers_fp8
+from paraplan.costmodels.moe import moe_tp_collective_copies, moe_tp_routed_and_shared_copies
 from paraplan.costmodels.tpcomm import tp_allreduce_time, tp_collective_time
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan
@@ -66,9 +67,9 @@ def test_lm_head_and_routed_tokens_gather_16_bit():
     # an MoE layer with etp > 1: the routed copies' gathers stay 16-bit, the shared experts' carry fp8
     moe = load_model("deepseek-v3")
     plan = Plan(tp=2, etp=2, ep=8, pp=4, dp=8, sp=True, micro_batch=1, zero=1, engine="megatron", dtype="fp8")
-    routed, shared = C.moe_tp_routed_and_shared_copies(moe, plan)
+    routed, shared = moe_tp_routed_and_shared_copies(moe, plan)
     assert routed > 0 and shared == 1.0
-    assert float(C.moe_tp_collective_copies(moe, plan)) == pytest.approx(float(routed) + shared)
+    assert float(moe_tp_collective_copies(moe, plan)) == pytest.approx(float(routed) + shared)
     job = TrainingJob(4096, 512)
     routed_ar = float(tp_allreduce_time(moe, job, plan, CLUSTER, routed, fp8_gathers=False))
     assert routed_ar == pytest.approx(float(tp_allreduce_time(moe, job, replace(plan, dtype="bf16"), CLUSTER, routed)))

@@ -28,6 +28,11 @@ from paraplan.costmodels.fp8 import tp_gathers_fp8
 from paraplan.costmodels.intervals import describe_interval
 from paraplan.costmodels.kernels import (device_is_host, element_bytes, megatron_grad_bytes, micro_batches,
                                          tokens_per_rank)
+from paraplan.costmodels.moe import (EP_OVERLAP_CONTENTION, EXPERT_BIAS_BYTES_PER_COPY_BACKWARD,
+                                     EXPERT_BIAS_BYTES_PER_COPY_FORWARD, MOE_HOST_SECONDS_PER_LAYER,
+                                     dispatch_bytes_per_token, ep_unpaired_share, expert_holders_per_token,
+                                     megatron_expert_biases, moe_expert_bias_times, moe_host_floor_applies,
+                                     routed_expert_gemms, routed_experts_wgrad_accumulation_time, sorts_received_chunks)
 from paraplan.costmodels.offload import activation_offload_time, optimizer_and_offload, param_tensors, stage_param_tensors
 from paraplan.costmodels.pipeline import (bubble_factor, bubble_fraction, effective_compute_slowdown, overlapped_p2p_crossings,
                                          p2p_messages_on_critical_path, pipeline_crossings_on_critical_path)
@@ -245,24 +250,24 @@ def gemm_level_assumption(plan, curves) -> tuple[str, ...]:
 
 
 def moe_host_assumption(model, plan) -> tuple[str, ...]:
-    """Said when the plan's MoE layers carry the host-bound floor (compute.MOE_HOST_SECONDS_PER_LAYER)."""
-    if not bool(np.any(C.moe_host_floor_applies(model, plan))):
+    """Said when the plan's MoE layers carry the host-bound floor (moe.MOE_HOST_SECONDS_PER_LAYER)."""
+    if not bool(np.any(moe_host_floor_applies(model, plan))):
         return ()
     return (f"MoE: Megatron-Core's dropless dispatch waits for per-expert token counts on the host in every MoE "
-            f"layer, so a layer takes at least {1e3 * C.MOE_HOST_SECONDS_PER_LAYER:.1f} ms per micro-batch "
+            f"layer, so a layer takes at least {1e3 * MOE_HOST_SECONDS_PER_LAYER:.1f} ms per micro-batch "
             f"(forward + backward, host-bound; read from one calibration row); a capacity factor (token drop "
             f"and pad) removes the wait",)
 
 
 def expert_wgrad_assumption(model, job, plan, curves) -> tuple[str, ...]:
     """Said when the routed experts' fused gradient accumulation binds their weight-gradient GEMMs
-    (compute.routed_experts_wgrad_accumulation_time > 0)."""
+    (moe.routed_experts_wgrad_accumulation_time > 0)."""
     if model.moe is None:
         return ()
-    extra = float(np.max(C.routed_experts_wgrad_accumulation_time(model, job, plan, curves)))
+    extra = float(np.max(routed_experts_wgrad_accumulation_time(model, job, plan, curves)))
     if extra <= 0:
         return ()
-    m = float(np.max(C.routed_expert_gemms(model, job, plan)[0]))
+    m = float(np.max(routed_expert_gemms(model, job, plan)[0]))
     g = float(np.max(megatron_grad_bytes(plan)))
     return (f"MoE: the routed experts' weight-gradient GEMMs accumulate into {'fp32' if g >= 4 else 'bf16'} main "
             f"gradients (gradient-accumulation fusion), {g:.0f} bytes read and {g:.0f} written per weight; with "
@@ -272,14 +277,14 @@ def expert_wgrad_assumption(model, job, plan, curves) -> tuple[str, ...]:
 
 
 def moe_dispatch_assumption(model, job, plan) -> tuple[str, ...]:
-    """Said for an MoE model whose tokens are permuted to the experts (compute.dispatch_bytes_per_token,
-    compute.flex_dispatch_time)."""
+    """Said for an MoE model whose tokens are permuted to the experts (moe.dispatch_bytes_per_token,
+    moe.flex_dispatch_time)."""
     if model.moe is None or model.moe.dispatch != "permute":
         return ()
-    per_token = float(np.max(C.dispatch_bytes_per_token(model, job, plan)))
+    per_token = float(np.max(dispatch_bytes_per_token(model, job, plan)))
     if getattr(plan, "moe_flex_dispatch", False):
         e = model.moe
-        gpus = float(np.max(C.expert_holders_per_token(e, e.experts / max(plan.ep, 1))))
+        gpus = float(np.max(expert_holders_per_token(e, e.experts / max(plan.ep, 1))))
         routing = (f"uniform routing within {e.router_group_top_k} of {e.router_groups} expert groups, the model's "
                    f"group-limited router" if e.group_limited else "uniform routing")
         return (f"MoE: DeepEP / HybridEP dispatch (flex): a token crosses once to each node and GPU holding one of "
@@ -287,7 +292,7 @@ def moe_dispatch_assumption(model, job, plan) -> tuple[str, ...]:
                 f"of once per routed copy ({e.top_k} a token); the arrivals are permuted into expert order and "
                 f"back, {per_token / model.hidden:.0f} x hidden bytes per token and layer forward, twice that "
                 f"backward; the SMs and buffers the kernels hold are not priced",)
-    sort = bool(np.any(C.sorts_received_chunks(model, plan)))
+    sort = bool(np.any(sorts_received_chunks(model, plan)))
     flex_ok = plan.ep > 1 and plan.engine_code in FLEX_DISPATCH_ENGINES
     return (f"MoE: the token permutation streams {per_token / model.hidden:.0f} x hidden bytes per token and "
             f"layer forward, twice that backward (Megatron-Core's all-to-all dispatcher: permute, "
@@ -297,24 +302,24 @@ def moe_dispatch_assumption(model, job, plan) -> tuple[str, ...]:
 
 def expert_bias_assumption(model, job, plan, curves) -> tuple[str, ...]:
     """Said where Megatron-Core adds a biased model's expert biases outside the GEMMs
-    (compute.moe_expert_bias_times)."""
-    if not bool(np.any(C.megatron_expert_biases(model, plan))):
+    (moe.moe_expert_bias_times)."""
+    if not bool(np.any(megatron_expert_biases(model, plan))):
         return ()
-    f, b = (1e3 * float(np.max(x)) for x in C.moe_expert_bias_times(model, job, plan, curves))
+    f, b = (1e3 * float(np.max(x)) for x in moe_expert_bias_times(model, job, plan, curves))
     return (f"MoE with linear biases on Megatron-Core: TEGroupedMLP adds each expert's output bias, scaled by the "
-            f"router probability, in an eager loop after the grouped GEMM ({C.EXPERT_BIAS_BYTES_PER_COPY_FORWARD} x "
-            f"hidden bytes per routed copy forward, {C.EXPERT_BIAS_BYTES_PER_COPY_BACKWARD} backward) and refuses the "
+            f"router probability, in an eager loop after the grouped GEMM ({EXPERT_BIAS_BYTES_PER_COPY_FORWARD} x "
+            f"hidden bytes per routed copy forward, {EXPERT_BIAS_BYTES_PER_COPY_BACKWARD} backward) and refuses the "
             f"fused bias-dropout-add: {f:.2f} ms forward and {b:.2f} ms backward per MoE layer and micro-batch",)
 
 
 def ep_overlap_assumption(job, plan) -> tuple[str, ...]:
-    """Said when the plan overlaps its expert-parallel all-to-alls (compute.ep_exposed_time)."""
+    """Said when the plan overlaps its expert-parallel all-to-alls (moe.ep_exposed_time)."""
     if not getattr(plan, "ep_comm_overlap", False):
         return ()
-    u = float(C.ep_unpaired_share(job, plan))
+    u = float(ep_unpaired_share(job, plan))
     return (f"MoE: combined 1F1B pairs each micro-batch's forward with another's backward, layer by layer; a "
             f"paired pass hides its dispatch/combine all-to-alls under the other direction's compute (the hidden "
-            f"part still costs {100 * C.EP_OVERLAP_CONTENTION:.0f} % of its duration), and the {100 * u:.1f} % of "
+            f"part still costs {100 * EP_OVERLAP_CONTENTION:.0f} % of its duration), and the {100 * u:.1f} % of "
             f"passes left unpaired (warm-up and cool-down) expose theirs",)
 
 

@@ -150,7 +150,7 @@ def stage_layout(model, job, cluster, plan: Plan, *, curves=None, max_memory_fra
                 in_flight=inflight[s],
                 activation_bytes_per_layer=sum(none[i].activation_bytes for i in body) / n,
                 recomputed_activation_bytes_per_layer=sum(full[i].activation_bytes for i in body) / n,
-                # a host-bound MoE layer (compute.MOE_HOST_SECONDS_PER_LAYER) recomputes inside its
+                # a host-bound MoE layer (moe.MOE_HOST_SECONDS_PER_LAYER) recomputes inside its
                 # wait: the difference is 0 up to rounding, never below
                 recompute_time_per_layer_s=max(0.0, sum(full[i].time_s - none[i].time_s for i in body) / n)))
         try:
