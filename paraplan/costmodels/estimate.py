@@ -553,7 +553,7 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
                                           units=units))
         return t
     # the data-parallel collectives hide under a micro-batch's passes, less the time an inter-node
-    # ring-attention exchange already holds the links (compute.ring_hidden_on_network); a host-bound MoE
+    # ring-attention exchange already holds the links (cpcomm.ring_hidden_on_network); a host-bound MoE
     # layer's wait (the GPU idles, the links are free) counts in the backward's window, where the
     # per-micro-batch reductions run. Split between the passes by their compute shares, as before, a
     # faster GPU (its memory-bound kernels no faster) moved wait into the forward and shrank the window a
