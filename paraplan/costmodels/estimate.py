@@ -34,6 +34,7 @@ from paraplan.costmodels.moe import (EP_OVERLAP_CONTENTION, EXPERT_BIAS_BYTES_PE
                                      megatron_expert_biases, moe_expert_bias_times, moe_host_floor_applies,
                                      routed_expert_gemms, routed_experts_wgrad_accumulation_time, sorts_received_chunks)
 from paraplan.costmodels.offload import activation_offload_time, optimizer_and_offload, param_tensors, stage_param_tensors
+from paraplan.costmodels.p2p import p2p_receive_gather_time, p2p_time
 from paraplan.costmodels.pipeline import (bubble_factor, bubble_fraction, effective_compute_slowdown, overlapped_p2p_crossings,
                                          p2p_messages_on_critical_path, pipeline_crossings_on_critical_path)
 from paraplan.costmodels.tpcomm import TP_OVERLAP_CONTENTION
@@ -141,7 +142,7 @@ def assumptions_for(plan) -> tuple[str, ...]:
 
 def pipeline_p2p_time(model, job, plan, cluster, m, t_micro_fwd, t_micro_bwd):
     """Seconds per step of pipeline transfers on the critical path (``pp_comm``): every transfer
-    (:func:`p2p_messages_on_critical_path`) at :func:`compute.p2p_time` P, and DeepSpeed's receive-side
+    (:func:`p2p_messages_on_critical_path`) at :func:`p2p.p2p_time` P, and DeepSpeed's receive-side
     gathers, except the steady-state crossings Megatron-Core's interleaved schedule overlaps
     (:func:`overlapped_p2p_crossings`, 2·m·v). There each iteration runs one model chunk's forward and
     one's backward, W = (t_micro_fwd + t_micro_bwd) / v (``t_micro_bwd`` with recomputation and, from
@@ -150,12 +151,12 @@ def pipeline_p2p_time(model, job, plan, cluster, m, t_micro_fwd, t_micro_bwd):
     previous one, on different links) run beside it: the iteration takes max(W, P) and each transfer's
     hidden part slows the compute by OVERLAP_CONTENTION of its duration (as a data-parallel
     collective's does), so m·v · (max(0, P − W) + 2·OVERLAP_CONTENTION·min(P, W)) shows."""
-    p2p = C.p2p_time(model, job, plan, cluster)
+    p2p = p2p_time(model, job, plan, cluster)
     iterations = overlapped_p2p_crossings(plan, m) / 2
     window = (t_micro_fwd + t_micro_bwd) / np.asarray(plan.vpp, dtype=float)
     overlapped = iterations * (np.maximum(0.0, p2p - window) + 2 * OVERLAP_CONTENTION * np.minimum(p2p, window))
     return ((p2p_messages_on_critical_path(plan, m) - 2 * iterations) * p2p + overlapped
-            + pipeline_crossings_on_critical_path(plan, m) * C.p2p_receive_gather_time(model, job, plan, cluster))
+            + pipeline_crossings_on_critical_path(plan, m) * p2p_receive_gather_time(model, job, plan, cluster))
 
 
 def pipeline_transfer_assumption(plan) -> tuple[str, ...]:

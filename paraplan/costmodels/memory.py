@@ -31,9 +31,9 @@ from functools import partial
 
 import numpy as np
 
-from paraplan.costmodels.compute import stage_output_bytes
 from paraplan.costmodels.kernels import BYTES, element_bytes, megatron_grad_bytes, micro_batches, tokens_per_rank
 from paraplan.costmodels.moe import einsum_dispatch_slots, expert_token_factor
+from paraplan.costmodels.p2p import stage_output_bytes
 from paraplan.plan import (Engine, Offload, Recompute, Schedule, is_fp8, recomputes_attention_core, recomputes_module,
                            model_stage_layers, stage_layers)
 
