@@ -3,27 +3,28 @@
 Every function takes the model, the job, a plan (or a batch of plans whose fields are numpy
 arrays) and the efficiency curves, and returns seconds (scalars or arrays).
 
+:func:`layer_times` assembles a layer from the parts priced here and in the sibling modules:
+:mod:`~paraplan.costmodels.kernels` (element sizes, tokens per rank, the linear layers' GEMMs),
+:mod:`~paraplan.costmodels.attention` (the attention core), :mod:`~paraplan.costmodels.fp8` (fp8 casts and
+rescales), :mod:`~paraplan.costmodels.moe` (an MoE layer's experts, dispatch and all-to-alls),
+:mod:`~paraplan.costmodels.tpcomm` and :mod:`~paraplan.costmodels.cpcomm` (tensor- and context-parallel
+communication); the pipeline's transfers are :mod:`~paraplan.costmodels.p2p`'s.
+
 Per layer, with T = b·s/cp tokens on the rank, t = tp:
-  GEMMs (forward): QKV (T × h → (h + 2h_kv)/t), output (T × h/t → h), MLP up (T × h → (g·f)/t
-  with g = 2 for SwiGLU's gate and up, else 1), MLP down (T × f/t → h). Backward = dgrad + wgrad
-  = 2 × forward (Narayanan et al. 2021 §3: backward is twice the forward).
-  Attention core: fused (FlashAttention) at 4·b·(s/cp)·s·h/t FLOPs, halved by the causal mask,
-  backward 2.5 × forward (FlashAttention-2 recomputes QKᵀ and runs 5 GEMMs against 2); unfused:
-  batched GEMMs QKᵀ and PV plus scale-mask-softmax (fused or eager) and, for models trained with
-  it, dropout over the b·(a/t)·s_l·s scores (:func:`softmax_bytes_per_score`). Ring context
-  parallelism adds its per-step merge kernels (:func:`ring_attention_merge_times`) to the core.
+  GEMMs: backward = dgrad + wgrad = 2 × forward (Narayanan et al. 2021 §3: backward is twice the forward).
   Memory-bound kernels (forward, bytes per token): two LayerNorms 4h each, two bias-dropout-
   residual adds 7h each, the MLP activation 4f (GELU) or 6f (SwiGLU), and for unfused attention
   the q, k, v and context transposes 4(h + h_kv)·2, and a QK-norm model's RMSNorms of its
   queries and keys 4(q + k) (:func:`qk_norm_bytes_and_kernels`); replicated across tp unless sequence
   parallel, f-wide and attention parts split by tp. Backward streams twice the bytes.
   With ``dtype = fp32`` (the CPU validation runs) every activation, weight and message byte count
-  doubles (:func:`element_bytes`); the memory-bound byte counts are the 16-bit ones × 2.
+  doubles (:func:`~paraplan.costmodels.kernels.element_bytes`); the memory-bound byte counts are the
+  16-bit ones × 2.
 Recomputation (Korthikanti et al. 2022): selective re-runs the attention core forward, full
 re-runs the whole layer forward (and its tensor-parallel all-reduces); torchtitan's op-level SAC
 re-runs every other matmul and, under sequence parallelism, the two all-gathers of the layer's block
-inputs (:func:`op_sac_regather_time`); each recomputed region (the whole layer under full and
-op-level SAC, the attention core under selective) also pays the curves' ``recompute_overhead_time``
+inputs (:func:`~paraplan.costmodels.tpcomm.op_sac_regather_time`); each recomputed region (the whole
+layer under full and op-level SAC, the attention core under selective) also pays the curves' ``recompute_overhead_time``
 for its forward kernels, op-level SAC its ``op_sac_overhead_time`` (its dispatch mode's Python per op)
 (0 on the analytical GPU curves; measured on a profiled CPU, where checkpointing's bookkeeping costs
 several times an op's own time). Forward kernels counted as the terms above charge them: a layer runs 4

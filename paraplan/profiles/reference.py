@@ -5,9 +5,10 @@ A reference profile holds GEMMs by shape and layout (bf16, fp8 per-tensor and ro
 causal attention by backend and sequence length, memory-bound kernels, AdamW, and whole transformer
 layers (the per-rank shard of a tensor-parallel layer, forward + backward, bf16 and fp8), each timed
 on the device with CUDA events. The functions here compare those measurements with what
-:mod:`paraplan.costmodels.compute` predicts for the same shapes, so a change to a generation's
-curves shows at once how far it moves from the measured kernels (``benchmarks/gpu_reference_check.py``
-prints the tables; tests/test_gpu_reference.py holds the bounds).
+:mod:`paraplan.costmodels.compute` (with :mod:`~paraplan.costmodels.kernels`,
+:mod:`~paraplan.costmodels.attention` and :mod:`~paraplan.costmodels.fp8`) predicts for the same
+shapes, so a change to a generation's curves shows at once how far it moves from the measured kernels
+(``benchmarks/gpu_reference_check.py`` prints the tables; tests/test_gpu_reference.py holds the bounds).
 """
 from __future__ import annotations
 
