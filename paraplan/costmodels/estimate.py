@@ -67,7 +67,7 @@ FP8_ASSUMPTIONS = (
     "fp8: the linear layers' GEMMs (QKV, output projection, MLP, experts) run in fp8 at the fp8 peak x its MAMF "
     "plateau x the recipe's GEMM efficiency; attention, embeddings, LM head, norms and the optimizer stay in bf16/fp32",
     "fp8: every micro-batch quantizes the four GEMM inputs, the layer's weights and, backward, the output gradients "
-    "(bytes per element by recipe: compute.FP8_CAST_BYTES_PER_ELEMENT)",
+    "(bytes per element by recipe: fp8.FP8_CAST_BYTES_PER_ELEMENT)",
     "fp8: Megatron/generic (Transformer Engine) save the linear layers' inputs as their 1-byte fp8 casts (the "
     "output projection's besides FlashAttention's 16-bit output); torchtitan (torchao) saves them in 16 bit; "
     "Megatron/generic keep an fp8 copy and transpose of the stage's weights (2 bytes/param), torchtitan casts on "
@@ -76,11 +76,11 @@ FP8_ASSUMPTIONS = (
 FP8_TP_GATHER = ("fp8: sequence parallelism casts the attention and MLP inputs (and, backward, the row-parallel "
                  "output gradients) on their sequence shard and all-gathers them in fp8 (torchtitan's float8 tensorwise "
                  "TP; Transformer Engine's LayerNormLinear and grad-output gathers); the reduce-scatters, the LM head's "
-                 "and an MoE dispatcher's gathers stay 16-bit (compute.tp_gathers_fp8)")
+                 "and an MoE dispatcher's gathers stay 16-bit (fp8.tp_gathers_fp8)")
 FP8_ROWWISE_BACKWARD = ("fp8-rowwise (torchao): the forward GEMMs run row-scaled; the two backward GEMMs run the "
                         "per-tensor cuBLAS kernel without fast accumulation and a separate kernel rescales each output "
                         "(read and written once more at 16 bits; torchtitan's wq, wk, wv and w1, w3 each write their own "
-                        "input gradient): compute.fp8_rowwise_rescale_time")
+                        "input gradient): fp8.fp8_rowwise_rescale_time")
 STATES_16BIT = ("16-bit weights, gradients and activations; Adam with fp32 master weights, momentum, variance "
                 "(16 bytes/param before ZeRO)")
 TP_EXPOSED_ASSUMPTION = "tensor-parallel collectives are exposed (no TP comm overlap); backward = 2 x forward GEMM time"
