@@ -7,7 +7,8 @@ the repeats queued behind a spin kernel so that short kernels are not timed at t
 (:func:`queued_times`); inputs smaller than the L2 cache rotate among several copies so the figures
 are not the cache's.
 
-Sections (FLOP conventions as the estimator's, paraplan/costmodels/compute.py):
+Sections (FLOP conventions as the estimator's, paraplan/costmodels/compute.py and the kernels.py and
+attention.py it builds a layer from):
 
 * ``gemm``: bf16 GEMMs of dense transformer layers in their three training layouts (forward
   ``y = x Wᵀ``, dgrad ``dx = dy W``, wgrad ``dW = dyᵀ x``), 2 m n k FLOPs, over hidden sizes,

@@ -133,7 +133,7 @@ class AttentionKernel(Mode):
     name a kernel whose efficiency was measured by sequence length (where the generation has a
     measured table: cuDNN fused attention, FlashAttention-2, PyTorch's memory-efficient kernel).
     ``flash1`` is FlashAttention 1.x (the flash-attn package before 2.0): FlashAttention-2's work at
-    half its rate (``compute.FLASH1_TIME_FACTOR``)."""
+    half its rate (``attention.FLASH1_TIME_FACTOR``)."""
     AUTO = "auto"
     CUDNN = "cudnn"
     FLASH2 = "flash2"

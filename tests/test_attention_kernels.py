@@ -5,7 +5,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from paraplan.costmodels import compute as C
+from paraplan.costmodels.attention import attention_core_times, attention_occupancy, measured_attention_efficiency
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError
@@ -35,7 +35,7 @@ def test_table_reproduces_every_measured_shape():
         if r["backend"] == "math":
             continue
         plan = Plan(micro_batch=r["batch"], attention_kernel=KERNEL_OF[r["backend"]])
-        eff = C.measured_attention_efficiency(_model(r["heads"], r["head_dim"]), plan, CURVES, r["seq"],
+        eff = measured_attention_efficiency(_model(r["heads"], r["head_dim"]), plan, CURVES, r["seq"],
                                               r["batch"] * r["heads"])
         errors.append(float(eff) / r["efficiency"] - 1)
     assert len(errors) == 63
@@ -44,9 +44,9 @@ def test_table_reproduces_every_measured_shape():
 
 
 def test_occupancy_falls_with_few_heads_and_short_sequences():
-    occ = C.attention_occupancy(4096, np.array([4, 8, 16, 64, 512]), 132)
+    occ = attention_occupancy(4096, np.array([4, 8, 16, 64, 512]), 132)
     assert np.all(np.diff(occ) > 0) and occ[-1] > 0.97 and occ[0] < 0.6
-    assert C.attention_occupancy(65536, 4, 132) > 0.9
+    assert attention_occupancy(65536, 4, 132) > 0.9
 
 
 def test_named_kernels_order_the_estimate_and_auto_is_unchanged():
@@ -55,7 +55,7 @@ def test_named_kernels_order_the_estimate_and_auto_is_unchanged():
             for k in ("auto", "cudnn", "flash2", "efficient")}
     assert step["cudnn"] < step["auto"] < step["flash2"] < step["efficient"]
     # auto keeps the generation's calibrated efficiency: the attention core at 0.40 of peak
-    f, b = C.attention_core_times(model, job, Plan(tp=1, micro_batch=1), CURVES)
+    f, b = attention_core_times(model, job, Plan(tp=1, micro_batch=1), CURVES)
     flops = 4.0 * 8192 * 8192 * model.hidden / 2
     assert float(f) == pytest.approx(CURVES.kernel_overhead_s + flops / (989e12 * 0.40), rel=1e-9)
 
@@ -85,8 +85,8 @@ def test_megatron_auto_runs_transformer_engines_cudnn_attention_on_hopper():
     assert generic.step_time_s > auto.step_time_s * 1.05       # 0.40 against cuDNN's ~0.57 at 32k tokens
     assert not any("Transformer Engine's cuDNN" in a for a in generic.assumptions)
     a100 = analytical_curves(load_cluster("dgx-a100-80g", 8).accelerator)
-    f_meg = C.attention_core_times(model, job, Plan(tp=1, micro_batch=1, engine="megatron"), a100)
-    f_gen = C.attention_core_times(model, job, Plan(tp=1, micro_batch=1), a100)
+    f_meg = attention_core_times(model, job, Plan(tp=1, micro_batch=1, engine="megatron"), a100)
+    f_gen = attention_core_times(model, job, Plan(tp=1, micro_batch=1), a100)
     assert float(f_meg[0]) == float(f_gen[0])
 
 

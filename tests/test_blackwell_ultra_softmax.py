@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from paraplan.costmodels import compute as C
+from paraplan.costmodels.attention import attention_core_times
 from paraplan.costmodels.calibration import load_h100_cases, score
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import estimate
@@ -36,8 +36,8 @@ def test_gb300_attention_faster_same_levels():
     model, job = load_model("llama3-8b"), TrainingJob(8192, 16)
     plan = Plan(dp=8, micro_batch=2, dtype="fp8")
     ultra, base = analytical_curves(GB300.accelerator), analytical_curves(GB200.accelerator)
-    fwd_u, bwd_u = C.attention_core_times(model, job, plan, ultra)
-    fwd_b, bwd_b = C.attention_core_times(model, job, plan, base)
+    fwd_u, bwd_u = attention_core_times(model, job, plan, ultra)
+    fwd_b, bwd_b = attention_core_times(model, job, plan, base)
     factor = ultra.softmax_exp_time_factor(128)
     assert float(fwd_u) == pytest.approx(factor * float(fwd_b), rel=1e-9)
     assert float(bwd_u) == pytest.approx(factor * float(bwd_b), rel=1e-9)

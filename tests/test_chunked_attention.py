@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from paraplan.costmodels import compute as C
+from paraplan.costmodels.attention import attention_core_times
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
@@ -40,7 +40,7 @@ def test_attention_time_drops_above_the_chunk_only(engine):
     times = {}
     for s in (8192, 32768):
         job = TrainingJob(s, 8)
-        times[s] = [sum(C.attention_core_times(m, job, plan, curves)) for m in (SCOUT, FULL)]
+        times[s] = [sum(attention_core_times(m, job, plan, curves)) for m in (SCOUT, FULL)]
     assert times[8192][0] == pytest.approx(times[8192][1])
     ratio = times[32768][0] / times[32768][1]
     if engine == "generic":

@@ -5,9 +5,10 @@ grad_partitioned, on by default) and all-gathered back by the receiver before it
 import pytest
 
 from paraplan.costmodels.comm import ALL_GATHER, SEND_RECV, ring_time
-from paraplan.costmodels.compute import p2p_receive_gather_time, p2p_time, tp_collective_time
 from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.p2p import p2p_receive_gather_time, p2p_time
 from paraplan.costmodels.pipeline import p2p_messages_on_critical_path, pipeline_crossings_on_critical_path
+from paraplan.costmodels.tpcomm import tp_collective_time
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan, PlanBatch
 from paraplan.workloads.presets import load_model

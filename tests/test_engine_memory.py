@@ -335,6 +335,7 @@ def test_scaling_pays_its_gathered_logits_and_full_vocabulary_loss_in_step_time(
     from paraplan.costmodels import compute as C
     from paraplan.costmodels.comm import ALL_GATHER, collective_time, ranks_per_node
     from paraplan.costmodels.efficiency import curves_for
+    from paraplan.costmodels.tpcomm import vocab_parallel_loss_allreduce_time
     model = load_model("llama1-13b")
     job = TrainingJob(2048, 64)
     cluster = load_cluster("dgx-a100-80g", 8)
@@ -351,7 +352,7 @@ def test_scaling_pays_its_gathered_logits_and_full_vocabulary_loss_in_step_time(
     intra, inter = cluster.links("tp")
     gather = one(collective_time(ALL_GATHER, T * V * 2, 4, ranks_per_node(4, 1, 8), intra, inter))
     assert heads["scaling"]["tp_comm"] - heads["megatron"]["tp_comm"] == pytest.approx(
-        gather - one(C.vocab_parallel_loss_allreduce_time(job, PlanBatch.from_plans([Plan(zero=1, tp=4, dp=2)]), cluster)))
+        gather - one(vocab_parallel_loss_allreduce_time(job, PlanBatch.from_plans([Plan(zero=1, tp=4, dp=2)]), cluster)))
     assert gather > 0
 
 

@@ -7,9 +7,9 @@ import sys
 import numpy as np
 import pytest
 
-from paraplan.costmodels import compute as C
 from paraplan.costmodels.calibration import load_h100_cases
 from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.moe import EP_OVERLAP_CONTENTION, ep_exposed_time, ep_unpaired_share
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan, Recompute, Schedule
@@ -30,24 +30,24 @@ def test_each_all_to_all_hides_under_the_block_of_the_other_pass_beside_it():
     dispatch-grad | forward experts, combine | backward attention. An all-to-all longer than its window
     shows the remainder; the hidden part pays the contention share; unpaired passes pay all four."""
     job, plan = TrainingJob(seq_len=4096, global_batch=64), Plan(dp=8, ep=8, ep_comm_overlap=True)
-    u = float(C.ep_unpaired_share(job, plan))
+    u = float(ep_unpaired_share(job, plan))
     assert u == pytest.approx(1 / 8)                  # 8 micro-batches, one unpaired pass each way
     attn_f, attn_b, moe_f, moe_b = 1.0, 2.0, 3.0, 6.0    # windows 1.0, 4.0, 2.0, 2.0
-    got = C.ep_exposed_time(1.5, attn_f, attn_b, moe_f, moe_b, job, plan)
-    paired = (1.5 - 1.0) + C.EP_OVERLAP_CONTENTION * (1.0 + 1.5 + 1.5 + 1.5)
+    got = ep_exposed_time(1.5, attn_f, attn_b, moe_f, moe_b, job, plan)
+    paired = (1.5 - 1.0) + EP_OVERLAP_CONTENTION * (1.0 + 1.5 + 1.5 + 1.5)
     assert got == pytest.approx(u * 6 + (1 - u) * paired)
-    short = C.ep_exposed_time(0.5, attn_f, attn_b, moe_f, moe_b, job, plan)
-    assert short == pytest.approx(u * 2 + (1 - u) * C.EP_OVERLAP_CONTENTION * 2)
+    short = ep_exposed_time(0.5, attn_f, attn_b, moe_f, moe_b, job, plan)
+    assert short == pytest.approx(u * 2 + (1 - u) * EP_OVERLAP_CONTENTION * 2)
     off = dataclasses.replace(plan, ep_comm_overlap=False)
-    assert C.ep_exposed_time(1.5, attn_f, attn_b, moe_f, moe_b, job, off) == 6
+    assert ep_exposed_time(1.5, attn_f, attn_b, moe_f, moe_b, job, off) == 6
 
 
 def test_interleaved_warmup_is_the_unpaired_share():
     plan = Plan(pp=4, vpp=2, schedule="interleaved", dp=8, ep=8, ep_comm_overlap=True)
     job = TrainingJob(seq_len=4096, global_batch=8 * 32)          # 32 micro-batches per pipeline
-    assert float(C.ep_unpaired_share(job, plan)) == pytest.approx((2 * 3 + 1 * 4) / (32 * 2))
+    assert float(ep_unpaired_share(job, plan)) == pytest.approx((2 * 3 + 1 * 4) / (32 * 2))
     few = TrainingJob(seq_len=4096, global_batch=8 * 4)
-    assert float(C.ep_unpaired_share(few, plan)) == 1.0            # nothing to pair: all exposed
+    assert float(ep_unpaired_share(few, plan)) == 1.0            # nothing to pair: all exposed
 
 
 def test_overlap_shortens_the_step_and_keeps_memory():

@@ -10,6 +10,8 @@ import pytest
 from paraplan.costmodels import compute as C
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.kernels import routed_experts_gemm_time
+from paraplan.costmodels.moe import moe_mlp_forward_time, routed_experts_wgrad_accumulation_time
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan, PlanBatch
 from paraplan.workloads.presets import load_model
@@ -36,7 +38,7 @@ def _by_hand(plan, dtype_bytes=2.0, main_grad_bytes=4.0):
     h, f = MODEL.hidden, MODEL.moe.expert_ffn_hidden
     extra = 0.0
     for n, k in ((2 * f, h), (h, f)):
-        forward = _f(C.routed_experts_gemm_time(CURVES, m, n, k, local, plan, True))
+        forward = _f(routed_experts_gemm_time(CURVES, m, n, k, local, plan, True))
         traffic = _f(CURVES.streaming_time(local * ((m * k + m * n) * dtype_bytes + n * k * 2 * main_grad_bytes),
                                            kernels=0))
         extra += max(0.0, CURVES.kernel_overhead_s + traffic - forward)
@@ -44,9 +46,9 @@ def _by_hand(plan, dtype_bytes=2.0, main_grad_bytes=4.0):
 
 
 def test_few_tokens_per_expert_make_the_wgrad_memory_bound():
-    extra = _f(C.routed_experts_wgrad_accumulation_time(MODEL, JOB, EP1, CURVES))
+    extra = _f(routed_experts_wgrad_accumulation_time(MODEL, JOB, EP1, CURVES))
     assert extra == pytest.approx(_by_hand(EP1), rel=1e-12)
-    forward = _f(C.moe_mlp_forward_time(MODEL, JOB, EP1, CURVES))
+    forward = _f(moe_mlp_forward_time(MODEL, JOB, EP1, CURVES))
     # 256 tokens against 2048 x 1536 weights: the fp32 accumulation costs more than the forward itself
     assert extra > forward
 
@@ -54,12 +56,12 @@ def test_few_tokens_per_expert_make_the_wgrad_memory_bound():
 def test_many_tokens_per_expert_leave_the_backward_as_it_was():
     """At ep 16 each of the 8 local experts gets 4096 tokens: the wgrad stays compute-bound."""
     assert _by_hand(EP16) == 0.0
-    assert _f(C.routed_experts_wgrad_accumulation_time(MODEL, JOB, EP16, CURVES)) == 0.0
+    assert _f(routed_experts_wgrad_accumulation_time(MODEL, JOB, EP16, CURVES)) == 0.0
 
 
 def test_fp8_inputs_are_one_byte():
     plan = replace(EP1, dtype="fp8")
-    assert _f(C.routed_experts_wgrad_accumulation_time(MODEL, JOB, plan, CURVES)) == \
+    assert _f(routed_experts_wgrad_accumulation_time(MODEL, JOB, plan, CURVES)) == \
         pytest.approx(_by_hand(plan, dtype_bytes=1.0), rel=1e-12)
 
 
@@ -67,9 +69,9 @@ def test_a_bf16_main_grad_moves_half_the_accumulation_bytes():
     """--grad-reduce-in-bf16 (Megatron-Bridge's performance recipes: grad_reduce_in_fp32=False) keeps
     main_grad in bf16: 2 bytes read and 2 written per weight."""
     plan = replace(EP1, engine="megatron", grad_reduce_bf16=True)
-    got = _f(C.routed_experts_wgrad_accumulation_time(MODEL, JOB, plan, CURVES))
+    got = _f(routed_experts_wgrad_accumulation_time(MODEL, JOB, plan, CURVES))
     assert got == pytest.approx(_by_hand(plan, main_grad_bytes=2.0), rel=1e-12)
-    assert 0 < got < _f(C.routed_experts_wgrad_accumulation_time(MODEL, JOB, replace(plan, grad_reduce_bf16=False), CURVES))
+    assert 0 < got < _f(routed_experts_wgrad_accumulation_time(MODEL, JOB, replace(plan, grad_reduce_bf16=False), CURVES))
     said = [a for a in estimate(MODEL, JOB, CLUSTER, plan).assumptions if "bf16 main gradients" in a]
     assert len(said) == 1
 
@@ -78,7 +80,7 @@ def test_without_fused_accumulation_nothing_is_added():
     """A 16-bit wgrad output moves the forward's bytes; the unfused accumulation is priced apart
     (estimate.grad_accumulation_time)."""
     plan = replace(EP1, grad_accumulation_fusion=False)
-    assert _f(C.routed_experts_wgrad_accumulation_time(MODEL, JOB, plan, CURVES)) == 0.0
+    assert _f(routed_experts_wgrad_accumulation_time(MODEL, JOB, plan, CURVES)) == 0.0
 
 
 def test_dense_models_are_untouched(monkeypatch):
@@ -92,7 +94,7 @@ def test_dense_models_are_untouched(monkeypatch):
 
 def test_the_layer_backward_carries_it(monkeypatch):
     with_it = C.layer_times(MODEL, JOB, EP1, CURVES, CLUSTER)
-    extra = _f(C.routed_experts_wgrad_accumulation_time(MODEL, JOB, EP1, CURVES))
+    extra = _f(routed_experts_wgrad_accumulation_time(MODEL, JOB, EP1, CURVES))
     monkeypatch.setattr(C, "routed_experts_wgrad_accumulation_time", lambda *a, **k: 0.0)
     without = C.layer_times(MODEL, JOB, EP1, CURVES, CLUSTER)
     share = MODEL.moe_layers / MODEL.layers
@@ -102,9 +104,9 @@ def test_the_layer_backward_carries_it(monkeypatch):
 
 def test_a_mixed_batch_prices_each_plan_as_alone():
     plans = [EP1, EP16, replace(EP1, grad_accumulation_fusion=False), replace(EP1, micro_batch=4)]   # one dtype a batch
-    batch = C.routed_experts_wgrad_accumulation_time(MODEL, JOB, PlanBatch.from_plans(plans), CURVES)
+    batch = routed_experts_wgrad_accumulation_time(MODEL, JOB, PlanBatch.from_plans(plans), CURVES)
     for i, plan in enumerate(plans):
-        assert np.asarray(batch)[i] == pytest.approx(_f(C.routed_experts_wgrad_accumulation_time(MODEL, JOB, plan, CURVES)),
+        assert np.asarray(batch)[i] == pytest.approx(_f(routed_experts_wgrad_accumulation_time(MODEL, JOB, plan, CURVES)),
                                                      rel=1e-12, abs=0.0)
 
 
@@ -112,7 +114,7 @@ def test_the_step_of_an_ep1_plan_grows():
     """On a whole step of the ep 1 plan (24 MoE layers a stage, 64 micro-batches) it is no rounding error."""
     e = estimate(MODEL, JOB, CLUSTER, EP1)
     assert e.feasible
-    extra = _f(C.routed_experts_wgrad_accumulation_time(MODEL, JOB, EP1, CURVES))
+    extra = _f(routed_experts_wgrad_accumulation_time(MODEL, JOB, EP1, CURVES))
     m = e.details["micro_batches_per_step"]
     assert extra * m * MODEL.layers / EP1.pp > 0.05 * e.step_time_s
 

@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from paraplan.costmodels import compute as C
+from paraplan.costmodels.attention import FLASH1_TIME_FACTOR, attention_core_times
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError
@@ -28,17 +28,17 @@ def test_flash1_attention_core_takes_twice_its_base(cluster, base):
     efficiency, with one (Hopper) the measured FlashAttention-2 curve; forward and backward alike."""
     curves = analytical_curves(cluster.accelerator)
     plan = Plan(tp=1, micro_batch=1)
-    f1, b1 = C.attention_core_times(MODEL, JOB, Plan(tp=1, micro_batch=1, attention_kernel="flash1"), curves)
-    f2, b2 = C.attention_core_times(MODEL, JOB, Plan(tp=1, micro_batch=1, attention_kernel=base), curves)
-    assert float(f1) == pytest.approx(C.FLASH1_TIME_FACTOR * float(f2), rel=1e-12)
-    assert float(b1) == pytest.approx(C.FLASH1_TIME_FACTOR * float(b2), rel=1e-12)
+    f1, b1 = attention_core_times(MODEL, JOB, Plan(tp=1, micro_batch=1, attention_kernel="flash1"), curves)
+    f2, b2 = attention_core_times(MODEL, JOB, Plan(tp=1, micro_batch=1, attention_kernel=base), curves)
+    assert float(f1) == pytest.approx(FLASH1_TIME_FACTOR * float(f2), rel=1e-12)
+    assert float(b1) == pytest.approx(FLASH1_TIME_FACTOR * float(b2), rel=1e-12)
     # nothing else of the layer moves: the step grows by the attention it adds, and the memory is the same
     e1 = estimate(MODEL, JOB, cluster, Plan(tp=1, micro_batch=1, attention_kernel="flash1"))
     e2 = estimate(MODEL, JOB, cluster, Plan(tp=1, micro_batch=1, attention_kernel=base))
     assert e2.step_time_s < e1.step_time_s < 1.2 * e2.step_time_s
     assert e1.memory_bytes_per_gpu == e2.memory_bytes_per_gpu
     assert any("flash1 (FlashAttention 1.x) at 1/2" in a for a in e1.assumptions)
-    assert not np.isclose(float(f1), float(C.attention_core_times(MODEL, JOB, plan, curves)[0]))
+    assert not np.isclose(float(f1), float(attention_core_times(MODEL, JOB, plan, curves)[0]))
 
 
 def test_flash1_needs_flash_attention():

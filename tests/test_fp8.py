@@ -6,8 +6,12 @@ import tomllib
 import pytest
 
 from paraplan.costmodels import compute as C
+from paraplan.costmodels.attention import attention_core_times
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.fp8 import (ROWWISE_RESCALE_BYTES_PER_ELEMENT, fp8_backward_gemm_factor, fp8_cast_elements,
+                                     fp8_cast_times, fp8_rowwise_rescale_time)
+from paraplan.costmodels.kernels import fp8_recipe_gemm_efficiency, mlp_gemm_forward_time
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan
@@ -30,10 +34,10 @@ def test_fp8_linear_gemms_faster_but_attention_and_head_unchanged():
     curves = analytical_curves(H100.accelerator)
     bf16 = dataclasses.replace(BASE, dtype="bf16").with_dp_for(8)
     fp8 = dataclasses.replace(BASE, dtype="fp8").with_dp_for(8)
-    mlp_b, mlp_f = (C.mlp_gemm_forward_time(MODEL, JOB, p, curves) for p in (bf16, fp8))
+    mlp_b, mlp_f = (mlp_gemm_forward_time(MODEL, JOB, p, curves) for p in (bf16, fp8))
     # fp8 peak is 2x bf16; the fp8 MAMF plateau (0.709) is below bf16's (0.803)
     assert mlp_b / mlp_f == pytest.approx(2 * 0.709 / 0.803, rel=0.02)
-    assert C.attention_core_times(MODEL, JOB, fp8, curves)[0] == C.attention_core_times(MODEL, JOB, bf16, curves)[0]
+    assert attention_core_times(MODEL, JOB, fp8, curves)[0] == attention_core_times(MODEL, JOB, bf16, curves)[0]
     assert C.head_times(MODEL, JOB, fp8, curves, H100)["head"] == C.head_times(MODEL, JOB, bf16, curves, H100)["head"]
 
 
@@ -48,15 +52,15 @@ def test_fp8_step_is_faster_than_bf16_and_mfu_is_against_the_bf16_peak():
 def test_cast_bytes_follow_the_recipe():
     curves = analytical_curves(H100.accelerator)
     plans = {d: dataclasses.replace(BASE, dtype=d).with_dp_for(8) for d in ("fp8", "fp8-delayed", "bf16")}
-    fwd = {d: C.fp8_cast_times(MODEL, JOB, p, curves)[0] for d, p in plans.items()}
+    fwd = {d: fp8_cast_times(MODEL, JOB, p, curves)[0] for d, p in plans.items()}
     assert fwd["bf16"] == 0.0
     assert fwd["fp8-delayed"] < fwd["fp8"]                  # no separate amax pass
-    elements, _ = C.fp8_cast_elements(MODEL, JOB, plans["fp8"])
+    elements, _ = fp8_cast_elements(MODEL, JOB, plans["fp8"])
     T, h, f = 8192, MODEL.hidden, MODEL.ffn_hidden
     m = 128 // 8    # micro-batches per step: Transformer Engine quantizes the weights once per step
     assert elements == pytest.approx(T * (3 * h + f) + MODEL.params_per_layer / m)
     titan = dataclasses.replace(plans["fp8"], engine="torchtitan", zero=3)   # torchao recasts every forward
-    assert C.fp8_cast_elements(MODEL, JOB, titan)[0] == pytest.approx(T * (3 * h + f) + MODEL.params_per_layer)
+    assert fp8_cast_elements(MODEL, JOB, titan)[0] == pytest.approx(T * (3 * h + f) + MODEL.params_per_layer)
 
 
 def test_rowwise_is_slower_than_tensorwise():
@@ -69,19 +73,19 @@ def test_rowwise_backward_runs_per_tensor_gemms_and_rescales_their_outputs():
     plus one rescale pass per backward GEMM over the 16-bit output; torchtitan's separate wq/wk/wv and
     w1/w3 write five input gradients where a fused engine writes two."""
     curves = analytical_curves(H100.accelerator)
-    eff = C.fp8_recipe_gemm_efficiency(curves, "fp8-rowwise")
-    assert eff < 1 and C.fp8_backward_gemm_factor(curves, "fp8-rowwise") == eff
-    assert C.fp8_backward_gemm_factor(curves, "fp8") == 1.0 == C.fp8_backward_gemm_factor(curves, "bf16")
+    eff = fp8_recipe_gemm_efficiency(curves, "fp8-rowwise")
+    assert eff < 1 and fp8_backward_gemm_factor(curves, "fp8-rowwise") == eff
+    assert fp8_backward_gemm_factor(curves, "fp8") == 1.0 == fp8_backward_gemm_factor(curves, "bf16")
     titan = dataclasses.replace(BASE, dtype="fp8-rowwise", engine="torchtitan", zero=3, tp=2, dp=4, sp=True)
     generic = dataclasses.replace(titan, engine="generic")
-    assert C.fp8_rowwise_rescale_time(MODEL, JOB, dataclasses.replace(titan, dtype="fp8"), curves) == 0.0
+    assert fp8_rowwise_rescale_time(MODEL, JOB, dataclasses.replace(titan, dtype="fp8"), curves) == 0.0
     T, h, f = 8192, MODEL.hidden, MODEL.ffn_hidden
     attn_in = h + MODEL.q_hidden / 2                    # QKV reads h, the output projection q/tp
     per_token = {"torchtitan": attn_in + 2 * h + 2 * h + f / 2, "generic": attn_in + h + f / 2}
     for plan, name, kernels in ((titan, "torchtitan", 2 * 7), (generic, "generic", 2 * 4)):
         elements = T * per_token[name] + MODEL.params_per_layer / 2
-        expected = curves.streaming_time(C.ROWWISE_RESCALE_BYTES_PER_ELEMENT * elements, kernels=kernels)
-        assert C.fp8_rowwise_rescale_time(MODEL, JOB, plan, curves) == pytest.approx(expected)
+        expected = curves.streaming_time(ROWWISE_RESCALE_BYTES_PER_ELEMENT * elements, kernels=kernels)
+        assert fp8_rowwise_rescale_time(MODEL, JOB, plan, curves) == pytest.approx(expected)
     row = estimate(MODEL, JOB, H100, titan)
     assert any("rescales each output" in a for a in row.assumptions)
     assert not any("rescales" in a for a in est("fp8", engine="torchtitan", zero=3).assumptions)

@@ -82,7 +82,7 @@ def test_grouped_expert_gemms_priced_as_one_launch_with_the_weights_read():
     """MoE experts (DeepSeek-V3, Mixtral, Qwen3-30B-A3B shapes; 1-32 experts per GPU; 128-8192 tokens
     each) measured as torch._grouped_mm: the grouped-GEMM curve within 15 % in median (per-expert
     GEMMs priced them up to 5.6x too slow at 128 tokens, where the weights' bytes set the time)."""
-    from paraplan.costmodels import compute as C
+    from paraplan.costmodels.kernels import routed_experts_gemm_time
     from paraplan.plan import Plan
     curves = R.curves_of("h100-sxm")    # isolated kernels: the rate the lent H100 measured
     rows = R.load_reference()["sections"]["moe"]
@@ -92,8 +92,8 @@ def test_grouped_expert_gemms_priced_as_one_launch_with_the_weights_read():
         m, g, h, f = r["tokens_per_expert"], r["local_experts"], r["hidden"], r["ffn"]
         measured = r["up_grouped_s"] + r["down_grouped_s"]
         plan = Plan()
-        grouped = sum(float(C.routed_experts_gemm_time(curves, m, n, k, g, plan, True)) for n, k in ((2 * f, h), (h, f)))
-        looped = sum(float(C.routed_experts_gemm_time(curves, m, n, k, g, plan, False)) for n, k in ((2 * f, h), (h, f)))
+        grouped = sum(float(routed_experts_gemm_time(curves, m, n, k, g, plan, True)) for n, k in ((2 * f, h), (h, f)))
+        looped = sum(float(routed_experts_gemm_time(curves, m, n, k, g, plan, False)) for n, k in ((2 * f, h), (h, f)))
         errors.append(grouped / measured - 1)
         loop_errors.append(looped / measured - 1)
     assert np.median(np.abs(errors)) <= 0.15

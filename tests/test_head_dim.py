@@ -122,11 +122,11 @@ def test_sliding_window_layers_see_only_their_window():
         full.attention_flops_per_token_per_layer(s) * (1 - (s - 128) / (2 * s)))
     job, cluster = TrainingJob(s, 64), load_cluster("dgx-b200", 8)
     plan = Plan(dp=8, ep=8, zero=1)
-    from paraplan.costmodels import compute as C
+    from paraplan.costmodels.attention import attention_core_times
     from paraplan.costmodels.efficiency import curves_for
     curves = curves_for(cluster)
-    windowed = C.attention_core_times(oss, job, plan, curves)[0]
-    whole = C.attention_core_times(full, job, plan, curves)[0]
+    windowed = attention_core_times(oss, job, plan, curves)[0]
+    whole = attention_core_times(full, job, plan, curves)[0]
     assert windowed < 0.6 * whole
     with pytest.raises(ConfigError) as e:
         replace(oss, sliding_window_every=0)

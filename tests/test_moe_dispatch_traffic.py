@@ -1,13 +1,16 @@
 """The token permutation around the experts (Megatron-Core's all-to-all dispatcher, torchtitan's EP
-MoE) streams every routed copy through HBM several times; compute.dispatch_bytes_per_token prices
+MoE) streams every routed copy through HBM several times; moe.dispatch_bytes_per_token prices
 it, and it weighs most where experts are narrow (fine-grained MoE)."""
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from paraplan.costmodels import compute as C
+from paraplan.costmodels import moe
 from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.kernels import tokens_per_rank
+from paraplan.costmodels.moe import (dispatch_bytes_per_token, ep_alltoall_time, expected_destinations,
+                                     moe_mlp_forward_time)
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan
 from paraplan.workloads.presets import load_model
@@ -21,22 +24,22 @@ def test_bytes_per_token_follow_the_dispatchers_passes():
     h, k = qwen.hidden, qwen.moe.top_k
     one_per_gpu = Plan(dp=128, ep=128)           # one local expert: no regrouping after the all-to-all
     several = Plan(dp=8, ep=8)                   # 16 local experts: regroup and back
-    assert C.dispatch_bytes_per_token(qwen, JOB, one_per_gpu) == pytest.approx((4 * k + 4) * h)
-    assert C.dispatch_bytes_per_token(qwen, JOB, several) == pytest.approx((12 * k + 4) * h)
-    assert C.dispatch_bytes_per_token(qwen, JOB, Plan(dp=8, ep=1)) == pytest.approx((4 * k + 4) * h)
+    assert dispatch_bytes_per_token(qwen, JOB, one_per_gpu) == pytest.approx((4 * k + 4) * h)
+    assert dispatch_bytes_per_token(qwen, JOB, several) == pytest.approx((12 * k + 4) * h)
+    assert dispatch_bytes_per_token(qwen, JOB, Plan(dp=8, ep=1)) == pytest.approx((4 * k + 4) * h)
     # a capacity factor pads every expert: the copies grow with it
     padded = replace(qwen, moe=replace(qwen.moe, capacity_factor=1.5))
-    assert C.dispatch_bytes_per_token(padded, JOB, several) == pytest.approx((12 * k * 1.5 + 4) * h)
+    assert dispatch_bytes_per_token(padded, JOB, several) == pytest.approx((12 * k * 1.5 + 4) * h)
     # GShard einsum dispatch prices its own dense dispatch; no permutation bytes
     einsum = replace(qwen, moe=replace(qwen.moe, dispatch="einsum"))
-    assert C.dispatch_bytes_per_token(einsum, JOB, several) == 0.0
+    assert dispatch_bytes_per_token(einsum, JOB, several) == 0.0
 
 
 def test_vectorized_plans_regroup_only_where_a_gpu_holds_several_experts():
     from paraplan.plan import PlanBatch
     qwen = load_model("qwen3-30b-a3b")
     batch = PlanBatch.from_plans([Plan(dp=128, ep=128), Plan(dp=8, ep=8), Plan(dp=8, ep=1)])
-    got = np.asarray(C.dispatch_bytes_per_token(qwen, JOB, batch))
+    got = np.asarray(dispatch_bytes_per_token(qwen, JOB, batch))
     h, k = qwen.hidden, qwen.moe.top_k
     assert got == pytest.approx(np.array([4 * k + 4, 12 * k + 4, 4 * k + 4]) * h)
 
@@ -51,9 +54,9 @@ def test_narrow_experts_spend_a_larger_share_of_the_layer_on_permutation():
         model = load_model(name)
         plan = Plan(dp=8, ep=8, micro_batch=1, dtype="bf16", engine="megatron")
         curves = _curves(cluster)
-        T = C.tokens_per_rank(JOB, plan)
-        perm = curves.memory_time(T * C.dispatch_bytes_per_token(model, JOB, plan), kernels=0)
-        gemm = C.moe_mlp_forward_time(model, JOB, plan, curves)
+        T = tokens_per_rank(JOB, plan)
+        perm = curves.memory_time(T * dispatch_bytes_per_token(model, JOB, plan), kernels=0)
+        gemm = moe_mlp_forward_time(model, JOB, plan, curves)
         return float(perm / gemm)
 
     assert share("qwen3-30b-a3b") > 3 * share("mixtral-8x7b")
@@ -80,12 +83,12 @@ def test_the_permutation_slows_the_moe_step():
     cluster = load_cluster("dgx-b200", 8)
     plan = Plan(dp=8, ep=8, micro_batch=4, engine="megatron", dtype="bf16")
     with_traffic = estimate(qwen, JOB, cluster, plan).time_breakdown_s["compute"]
-    saved = C.DISPATCH_BYTES_PER_COPY, C.DISPATCH_SORT_CHUNKS_BYTES_PER_COPY, C.DISPATCH_BYTES_PER_TOKEN
+    saved = moe.DISPATCH_BYTES_PER_COPY, moe.DISPATCH_SORT_CHUNKS_BYTES_PER_COPY, moe.DISPATCH_BYTES_PER_TOKEN
     try:
-        C.DISPATCH_BYTES_PER_COPY = C.DISPATCH_SORT_CHUNKS_BYTES_PER_COPY = C.DISPATCH_BYTES_PER_TOKEN = 0
+        moe.DISPATCH_BYTES_PER_COPY = moe.DISPATCH_SORT_CHUNKS_BYTES_PER_COPY = moe.DISPATCH_BYTES_PER_TOKEN = 0
         without = estimate(qwen, JOB, cluster, plan).time_breakdown_s["compute"]
     finally:
-        C.DISPATCH_BYTES_PER_COPY, C.DISPATCH_SORT_CHUNKS_BYTES_PER_COPY, C.DISPATCH_BYTES_PER_TOKEN = saved
+        moe.DISPATCH_BYTES_PER_COPY, moe.DISPATCH_SORT_CHUNKS_BYTES_PER_COPY, moe.DISPATCH_BYTES_PER_TOKEN = saved
     assert with_traffic > 1.05 * without
 
 
@@ -98,7 +101,7 @@ def test_expected_destinations_match_counting_every_choice_of_k_experts():
     for experts, k, held in ((8, 2, 1), (12, 3, 2), (16, 4, 4), (12, 3, 12)):
         choices = list(combinations(range(experts), k))
         brute = sum(len({x // held for x in c}) for c in choices) / len(choices)
-        assert C.expected_destinations(experts, k, held) == pytest.approx(brute)
+        assert expected_destinations(experts, k, held) == pytest.approx(brute)
 
 
 def test_flex_dispatch_sends_each_token_once_per_node_and_gpu_not_per_copy():
@@ -111,12 +114,12 @@ def test_flex_dispatch_sends_each_token_once_per_node_and_gpu_not_per_copy():
     job = TrainingJob(4096, 8192)
     plan = Plan(tp=2, sp=True, pp=8, dp=64, ep=64, engine="megatron", dtype="bf16")
     h100 = load_cluster("dgx-h100", 1024)
-    alltoall = float(C.ep_alltoall_time(dsv3, job, plan, h100))
-    flex = float(C.ep_alltoall_time(dsv3, job, replace(plan, moe_flex_dispatch=True), h100))
+    alltoall = float(ep_alltoall_time(dsv3, job, plan, h100))
+    flex = float(ep_alltoall_time(dsv3, job, replace(plan, moe_flex_dispatch=True), h100))
     assert flex < 0.8 * alltoall
     nvl = load_cluster("gb200-nvl72", 64)
     one_domain = Plan(dp=64, ep=64, engine="megatron", dtype="bf16")
-    a, f = (float(C.ep_alltoall_time(dsv3, job, replace(one_domain, moe_flex_dispatch=x), nvl)) for x in (False, True))
+    a, f = (float(ep_alltoall_time(dsv3, job, replace(one_domain, moe_flex_dispatch=x), nvl)) for x in (False, True))
     assert 0.9 * a < f < a
 
 
@@ -124,10 +127,10 @@ def test_flex_dispatch_permutes_the_arrivals_without_the_regrouping():
     qwen = load_model("qwen3-30b-a3b")
     plan = Plan(dp=8, ep=8, engine="megatron")
     h, k = qwen.hidden, qwen.moe.top_k
-    arrivals = C.expected_destinations(qwen.moe.experts, k, qwen.moe.experts / 8)
-    got = C.dispatch_bytes_per_token(qwen, JOB, replace(plan, moe_flex_dispatch=True))
+    arrivals = expected_destinations(qwen.moe.experts, k, qwen.moe.experts / 8)
+    got = dispatch_bytes_per_token(qwen, JOB, replace(plan, moe_flex_dispatch=True))
     assert got == pytest.approx((4 * k + 4 * arrivals) * h)
-    assert got < C.dispatch_bytes_per_token(qwen, JOB, plan)
+    assert got < dispatch_bytes_per_token(qwen, JOB, plan)
 
 
 @pytest.mark.parametrize("kw, words", [

@@ -1,4 +1,4 @@
-"""The routed experts' output biases under Megatron-Core (compute.moe_expert_bias_times).
+"""The routed experts' output biases under Megatron-Core (moe.moe_expert_bias_times).
 
 TEGroupedMLP adds each expert's fc2 bias, scaled by the copy's router probability, after the grouped
 GEMM in an eager loop over the local experts, and refuses the fused bias-dropout-add, so a model with
@@ -14,6 +14,9 @@ from paraplan.costmodels import compute as C
 from paraplan.costmodels.calibration import load_h100_cases
 from paraplan.costmodels.efficiency import curves_for, with_reference_block
 from paraplan.costmodels.estimate import estimate_legal, with_stage_concurrency
+from paraplan.costmodels.kernels import micro_batches
+from paraplan.costmodels.moe import (EXPERT_BIAS_BYTES_PER_COPY_BACKWARD, EXPERT_BIAS_BYTES_PER_COPY_FORWARD,
+                                     moe_expert_bias_times)
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan
 from paraplan.workloads.presets import load_model
@@ -27,15 +30,15 @@ CURVES = with_reference_block(curves_for(CLUSTER), CLUSTER)
 
 
 def bias_times(model, plan):
-    f, b = C.moe_expert_bias_times(model, JOB, plan, CURVES)
+    f, b = moe_expert_bias_times(model, JOB, plan, CURVES)
     return float(f), float(b)
 
 
 def test_bytes_per_copy_and_per_token_as_the_eager_ops_stream_them():
     """Forward 12h per copy (b·p written, the add's two reads and a write, the cat's read and write),
     backward 16h; the separate attention bias add 3h more than the fused kernel's 7h forward, 2h back."""
-    assert C.EXPERT_BIAS_BYTES_PER_COPY_FORWARD == 12
-    assert C.EXPERT_BIAS_BYTES_PER_COPY_BACKWARD == 16
+    assert EXPERT_BIAS_BYTES_PER_COPY_FORWARD == 12
+    assert EXPERT_BIAS_BYTES_PER_COPY_BACKWARD == 16
     T = JOB.seq_len * MEGATRON.micro_batch
     copies = T * OSS.moe.top_k                       # tp 1, etp 1: the GPU's routed copies
     local = OSS.moe.experts / MEGATRON.ep
@@ -55,11 +58,11 @@ def test_only_megatron_with_biased_experts_pays_it():
 
 def test_the_layer_pays_exactly_the_bias_term():
     """Biases change no GEMM time: the MoE layer's forward and backward differ by the term alone."""
-    m = C.micro_batches(JOB, MEGATRON)
+    m = micro_batches(JOB, MEGATRON)
     curves = with_stage_concurrency(CURVES, MEGATRON, m)
     with_bias = C.layer_times(OSS, JOB, MEGATRON, curves, CLUSTER)
     without = C.layer_times(dataclasses.replace(OSS, bias=False), JOB, MEGATRON, curves, CLUSTER)
-    f, b = (float(x) for x in C.moe_expert_bias_times(OSS, JOB, MEGATRON, curves))
+    f, b = (float(x) for x in moe_expert_bias_times(OSS, JOB, MEGATRON, curves))
     assert float(with_bias["forward"] - without["forward"]) == pytest.approx(f)
     assert float(with_bias["backward"] - without["backward"]) == pytest.approx(b)
 

@@ -87,7 +87,7 @@ def test_an_moe_layers_tp_traffic_follows_its_expert_tensor_parallelism(kw, copi
     """The rows an MoE layer moves over tp per pass, in units of T: the routed copies all-gathered and
     reduce-scattered over the etp group (Megatron-Core), nothing where whole experts run on each rank's
     sequence shard, one all-gather of T where every tp rank holds all tokens (DeepSpeed-MoE)."""
-    from paraplan.costmodels.compute import moe_tp_collective_copies
+    from paraplan.costmodels.moe import moe_tp_collective_copies
     model, job, cluster = load_model("mixtral-8x7b"), TrainingJob(4096, 256), load_cluster("dgx-h100", 64)
     plan = check_plan(Plan(**{**dict(tp=2, dp=32, ep=8, zero=1, engine="generic"), **kw}), model, job, cluster)
     assert float(moe_tp_collective_copies(model, plan)) == copies

@@ -1,11 +1,11 @@
 """Megatron-Core's dropless MoE layers wait for token counts on the host: a per-layer floor
-(compute.MOE_HOST_SECONDS_PER_LAYER) shows as its own time term, only where it applies."""
+(moe.MOE_HOST_SECONDS_PER_LAYER) shows as its own time term, only where it applies."""
 from dataclasses import replace
 
 import pytest
 
-from paraplan.costmodels import compute as C
 from paraplan.costmodels.estimate import TIME_TERMS, estimate
+from paraplan.costmodels.moe import MOE_HOST_SECONDS_PER_LAYER
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan
 from paraplan.workloads.presets import load_model
@@ -27,7 +27,7 @@ def test_small_micro_batches_of_fine_grained_experts_are_host_bound():
     assert host > 0
     # every MoE layer and micro-batch costs at least the floor
     per_layer = (e.time_breakdown_s["compute"] + e.time_breakdown_s["ep_comm"] + host) / layer_micro_batches
-    assert per_layer >= C.MOE_HOST_SECONDS_PER_LAYER * 0.999
+    assert per_layer >= MOE_HOST_SECONDS_PER_LAYER * 0.999
     assert sum(e.time_breakdown_s[k] for k in TIME_TERMS) == pytest.approx(e.step_time_s)
     assert any("host" in a for a in e.assumptions)
 

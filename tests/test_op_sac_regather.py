@@ -5,10 +5,10 @@ from dataclasses import replace
 
 import pytest
 
-from paraplan.costmodels import compute as C
 from paraplan.costmodels.comm import ALL_GATHER
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.tpcomm import op_sac_regather_time, tp_collective_time
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan
 from paraplan.workloads.presets import load_model
@@ -22,23 +22,23 @@ PLAN = Plan(tp=8, dp=8, sp=True, micro_batch=12, zero=3, engine="torchtitan", re
 
 def test_regather_is_two_all_gathers_of_the_layer_input():
     T = 12 * 8192
-    one = C.tp_collective_time(ALL_GATHER, T * MODEL.hidden * 2, PLAN, CLUSTER)
-    assert float(C.op_sac_regather_time(MODEL, JOB, PLAN, CLUSTER)) == pytest.approx(2 * float(one), rel=1e-12)
+    one = tp_collective_time(ALL_GATHER, T * MODEL.hidden * 2, PLAN, CLUSTER)
+    assert float(op_sac_regather_time(MODEL, JOB, PLAN, CLUSTER)) == pytest.approx(2 * float(one), rel=1e-12)
     # fp8 tensorwise under torchtitan gathers fp8: half the bytes
     fp8 = replace(PLAN, dtype="fp8")
-    half = C.tp_collective_time(ALL_GATHER, T * MODEL.hidden * 1, fp8, CLUSTER)
-    assert float(C.op_sac_regather_time(MODEL, JOB, fp8, CLUSTER)) == pytest.approx(2 * float(half), rel=1e-12)
+    half = tp_collective_time(ALL_GATHER, T * MODEL.hidden * 1, fp8, CLUSTER)
+    assert float(op_sac_regather_time(MODEL, JOB, fp8, CLUSTER)) == pytest.approx(2 * float(half), rel=1e-12)
 
 
 @pytest.mark.parametrize("change", [dict(recompute="none"), dict(recompute="full"), dict(sp=False, engine="generic"),
                                     dict(tp=1, dp=64, sp=False, engine="generic")])
 def test_no_regather_elsewhere(change):
-    assert float(C.op_sac_regather_time(MODEL, JOB, replace(PLAN, **change), CLUSTER)) == 0.0
+    assert float(op_sac_regather_time(MODEL, JOB, replace(PLAN, **change), CLUSTER)) == 0.0
 
 
 def test_step_pays_it_in_exposed_tp_comm_even_with_async_tp():
     """The regathers land in tp_comm and stay there with async TP (its overlap covers the forward)."""
-    regather = float(C.op_sac_regather_time(MODEL, JOB, PLAN, CLUSTER)) * MODEL.layers
+    regather = float(op_sac_regather_time(MODEL, JOB, PLAN, CLUSTER)) * MODEL.layers
     for overlap in (False, True):
         plan = replace(PLAN, tp_comm_overlap=overlap)
         sac = estimate(MODEL, JOB, CLUSTER, plan).time_breakdown_s["tp_comm"]

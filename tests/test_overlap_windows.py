@@ -115,7 +115,7 @@ def test_ring_exchange_across_nodes_holds_the_links_the_gathers_need():
 
 def test_host_bound_moe_layer_waits_for_the_host_whatever_the_gpu_does():
     """Megatron's dropless MoE layer costs at least the host's time to issue it
-    (compute.MOE_HOST_SECONDS_PER_LAYER). That floor covers the layer's whole GPU time, its exposed
+    (moe.MOE_HOST_SECONDS_PER_LAYER). That floor covers the layer's whole GPU time, its exposed
     ring-attention exchange included, and while the GPU waits the data-parallel reduction runs: a GPU
     with twice the FLOP rate no longer lengthens such a step (before: +3.2 % for this layout at
     micro-batch 4, the ring exchange growing outside the floor; at micro-batch 4 the layer's GPU time has

@@ -6,9 +6,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from paraplan.costmodels import compute as C
 from paraplan.costmodels.dataparallel import OVERLAP_CONTENTION
 from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.p2p import p2p_time
 from paraplan.costmodels.pipeline import overlapped_p2p_crossings, pipeline_crossings_on_critical_path
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan
@@ -33,7 +33,7 @@ def test_the_overlapped_transfers_cost_their_contention_only():
     """pp_comm = 2(p-1) exposed transfers + 2mv hidden ones at OVERLAP_CONTENTION of their duration
     (each shorter than a chunk's forward here), against all of them exposed on the generic engine."""
     e = estimate(MODEL, JOB, CLUSTER, INTERLEAVED)       # 128 sequences over dp 2 at micro-batch 1: m = 64
-    p2p = float(C.p2p_time(MODEL, JOB, INTERLEAVED, CLUSTER))
+    p2p = float(p2p_time(MODEL, JOB, INTERLEAVED, CLUSTER))
     expected = 14 * p2p + 2 * 64 * 5 * OVERLAP_CONTENTION * p2p
     assert e.time_breakdown_s["pp_comm"] == pytest.approx(expected, rel=1e-6)
     generic = estimate(MODEL, JOB, CLUSTER, replace(INTERLEAVED, engine="generic"))
@@ -41,7 +41,7 @@ def test_the_overlapped_transfers_cost_their_contention_only():
     one_f_one_b = estimate(MODEL, JOB, CLUSTER, replace(INTERLEAVED, vpp=1, schedule="1f1b"))
     assert one_f_one_b.time_breakdown_s["pp_comm"] == pytest.approx(
         float(pipeline_crossings_on_critical_path(replace(INTERLEAVED, vpp=1, schedule="1f1b"), 64))
-        * float(C.p2p_time(MODEL, JOB, replace(INTERLEAVED, vpp=1, schedule="1f1b"), CLUSTER)), rel=1e-6)
+        * float(p2p_time(MODEL, JOB, replace(INTERLEAVED, vpp=1, schedule="1f1b"), CLUSTER)), rel=1e-6)
     assert np.isfinite(e.step_time_s)
 
 

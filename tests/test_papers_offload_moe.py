@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from paraplan.costmodels.compute import ulysses_alltoall_time
+from paraplan.costmodels.cpcomm import ulysses_alltoall_time
 from paraplan.costmodels.dataparallel import dp_exposed_time
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import estimate
@@ -107,7 +107,7 @@ def test_einsum_dispatch_costs_gemms_quadratic_in_tokens():
     einsum("sec,sm->ecm") and combines with einsum("sec,ecm->sm"): 2·S·(E·C)·h FLOPs each with
     E·C = S·top_k·factor, so doubling the micro-batch quadruples the term; permute dispatch has none."""
     import dataclasses
-    from paraplan.costmodels.compute import moe_einsum_dispatch_times
+    from paraplan.costmodels.moe import moe_einsum_dispatch_times
     cluster, job = load_cluster("dgx2-v100", 128), TrainingJob(2048, 1024)
     ted = load_model("ted-6.7b-16e")
     curves = analytical_curves(cluster.accelerator)
@@ -156,8 +156,9 @@ def test_ring_attention_hides_communication_only_above_a_block_size():
     curves the forward condition (cp−1)·t_kv(c) ≤ t_attn(c) gives c* = 2·(cp−1)/cp·(h_kv/h)·F/B tokens
     per rank (F achieved attention FLOP/s, B the link's achieved bandwidth). Below c* the ring is exposed,
     above it hidden, all but the last backward step's dK/dV chunk, which returns to its owner after the
-    last attention kernel (Transformer Engine waits for it; compute._ring_exposed)."""
-    from paraplan.costmodels.compute import attention_core_times, cp_exposed_time, ring_attention_step_time
+    last attention kernel (Transformer Engine waits for it; cpcomm._ring_exposed)."""
+    from paraplan.costmodels.attention import attention_core_times
+    from paraplan.costmodels.cpcomm import cp_exposed_time, ring_attention_step_time
     model = load_model("llama2-7b")
     cluster = load_cluster("dgx-h100", 64)        # cp over 8 GPUs of one node, NVLink
     curves = analytical_curves(cluster.accelerator)

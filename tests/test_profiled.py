@@ -787,7 +787,7 @@ def test_ring_exchange_hides_under_attention_on_gpus_not_on_a_profiled_cpu():
     """On a profiled CPU gloo moves ring attention's K/V on the computing cores, so the whole exchange
     (cp-1 forward steps, 2(cp-1) backward, the last dK/dV hop) is exposed; on GPUs only what exceeds the
     attention core is."""
-    from paraplan.costmodels.compute import cp_exposed_time, ring_exchange_hides, ring_exchange_times
+    from paraplan.costmodels.cpcomm import cp_exposed_time, ring_exchange_hides, ring_exchange_times
     from paraplan.profiles.cluster import cluster_from_tables
     from paraplan.validation.model import GPTConfig
     from paraplan.validation.predict import estimator_model, estimator_plan

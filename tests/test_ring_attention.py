@@ -1,4 +1,4 @@
-"""Ring context parallelism's own costs (compute.ring_attention_merge_times, compute._ring_exposed):
+"""Ring context parallelism's own costs (attention.ring_attention_merge_times, cpcomm._ring_exposed):
 the per-step merge kernels of Transformer Engine's AttnFuncWithCPAndKVP2P and the last backward dK/dV
 step, which nothing hides. Without them cp was free wherever its K/V traffic hid under attention, and
 layouts that differ only by cp (tokens per rank held by a larger micro-batch) tied exactly."""
@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from paraplan.costmodels import compute as C
+from paraplan.costmodels.attention import RING_MERGE_KERNELS_PER_STEP, ring_attention_merge_times
+from paraplan.costmodels.cpcomm import cp_exposed_time, ring_attention_step_time
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import estimate
 from paraplan.hardware.catalog import load_cluster
@@ -30,28 +31,28 @@ def test_merge_kernels_follow_the_formula_and_vanish_without_ring():
     p = _plan(4, 2)
     T = 2 * 8192 / 4
     passes = (3 * 4 + 1) / 4
-    fwd, bwd = C.ring_attention_merge_times(MODEL, JOB, p, CURVES)
+    fwd, bwd = ring_attention_merge_times(MODEL, JOB, p, CURVES)
     want_f = CURVES.memory_time(3 * 2 * passes * T * MODEL.q_hidden / 2,
-                                kernels=C.RING_MERGE_KERNELS_PER_STEP * 4)
+                                kernels=RING_MERGE_KERNELS_PER_STEP * 4)
     want_b = CURVES.memory_time(3 * 2 * passes * T * (MODEL.q_hidden + 2 * MODEL.kv_hidden) / 2,
-                                kernels=C.RING_MERGE_KERNELS_PER_STEP * 4)
+                                kernels=RING_MERGE_KERNELS_PER_STEP * 4)
     assert float(fwd) == pytest.approx(float(want_f)) and float(bwd) == pytest.approx(float(want_b))
     assert float(bwd) > float(fwd) > 0
     for plan in (_plan(1, 1), _plan(4, 2, "ulysses")):
-        assert C.ring_attention_merge_times(MODEL, JOB, plan, CURVES) == (0.0, 0.0)
+        assert ring_attention_merge_times(MODEL, JOB, plan, CURVES) == (0.0, 0.0)
     # fp32 training (the CPU validation runs) streams 4-byte elements: twice the bytes
     fp32 = Plan(**{**p.__dict__, "dtype": "fp32"})
-    f32, _ = C.ring_attention_merge_times(MODEL, JOB, fp32, CURVES)
-    overhead = CURVES.kernel_overhead_s * C.RING_MERGE_KERNELS_PER_STEP * 4
+    f32, _ = ring_attention_merge_times(MODEL, JOB, fp32, CURVES)
+    overhead = CURVES.kernel_overhead_s * RING_MERGE_KERNELS_PER_STEP * 4
     assert float(f32) - overhead == pytest.approx(2 * (float(fwd) - overhead))
 
 
 def test_last_backward_dkv_step_is_exposed_even_when_the_ring_hides():
     p = _plan(2, 1)
-    step = float(C.ring_attention_step_time(MODEL, JOB, p, CLUSTER))
+    step = float(ring_attention_step_time(MODEL, JOB, p, CLUSTER))
     huge = np.array(1e3)          # attention long enough to hide every step
-    assert float(C.cp_exposed_time(MODEL, JOB, p, CLUSTER, huge, huge)) == pytest.approx(step)
-    assert float(C.cp_exposed_time(MODEL, JOB, _plan(1, 1), CLUSTER, huge, huge)) == 0.0
+    assert float(cp_exposed_time(MODEL, JOB, p, CLUSTER, huge, huge)) == pytest.approx(step)
+    assert float(cp_exposed_time(MODEL, JOB, _plan(1, 1), CLUSTER, huge, huge)) == 0.0
 
 
 def test_layouts_that_differ_only_by_cp_no_longer_tie():

@@ -10,8 +10,8 @@ from itertools import combinations
 import pytest
 
 from paraplan.cli import main
-from paraplan.costmodels import compute as C
 from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.moe import ep_alltoall_time, expected_destinations, expert_holders_per_token
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan
@@ -40,18 +40,18 @@ def brute_force_destinations(experts, k, held, groups, picked):
     (12, 2, 1, 6, 1),     # one group picked: all k experts in it
 ])
 def test_group_limited_destinations_match_counting_every_choice(experts, k, held, groups, picked):
-    got = float(C.expected_destinations(experts, k, held, groups, picked))
+    got = float(expected_destinations(experts, k, held, groups, picked))
     assert got == pytest.approx(brute_force_destinations(experts, k, held, groups, picked))
 
 
 def test_picking_every_group_is_unlimited_routing():
     for held in (1, 2, 4, 16):
-        assert float(C.expected_destinations(16, 3, held, 4, 4)) == pytest.approx(float(C.expected_destinations(16, 3, held)))
+        assert float(expected_destinations(16, 3, held, 4, 4)) == pytest.approx(float(expected_destinations(16, 3, held)))
 
 
 def test_a_holder_that_straddles_groups_is_priced_as_unlimited_routing():
     # 6 experts per holder against groups of 4: neither inside one nor whole groups
-    assert float(C.expected_destinations(24, 3, 6, 6, 2)) == pytest.approx(float(C.expected_destinations(24, 3, 6)))
+    assert float(expected_destinations(24, 3, 6, 6, 2)) == pytest.approx(float(expected_destinations(24, 3, 6)))
 
 
 def test_deepseek_v3_is_node_limited_and_reaches_fewer_nodes_with_deep_ep():
@@ -61,16 +61,16 @@ def test_deepseek_v3_is_node_limited_and_reaches_fewer_nodes_with_deep_ep():
     dsv3 = load_model("deepseek-v3")
     assert (dsv3.moe.router_groups, dsv3.moe.router_group_top_k) == (8, 4) and dsv3.moe.group_limited
     unlimited = replace(dsv3, moe=replace(dsv3.moe, router_groups=None, router_group_top_k=None))
-    assert float(C.expert_holders_per_token(unlimited.moe, 32)) == pytest.approx(5.30, abs=0.01)
-    assert float(C.expert_holders_per_token(dsv3.moe, 32)) == pytest.approx(3.63, abs=0.01)
+    assert float(expert_holders_per_token(unlimited.moe, 32)) == pytest.approx(5.30, abs=0.01)
+    assert float(expert_holders_per_token(dsv3.moe, 32)) == pytest.approx(3.63, abs=0.01)
     job = TrainingJob(4096, 8192)
     h100 = load_cluster("dgx-h100", 1024)
     plan = Plan(tp=2, sp=True, pp=8, dp=64, ep=64, engine="megatron", dtype="bf16", moe_flex_dispatch=True)
-    limited_time = float(C.ep_alltoall_time(dsv3, job, plan, h100))
-    unlimited_time = float(C.ep_alltoall_time(unlimited, job, plan, h100))
+    limited_time = float(ep_alltoall_time(dsv3, job, plan, h100))
+    unlimited_time = float(ep_alltoall_time(unlimited, job, plan, h100))
     assert limited_time < 0.85 * unlimited_time
     a2a = replace(plan, moe_flex_dispatch=False)
-    assert float(C.ep_alltoall_time(dsv3, job, a2a, h100)) == pytest.approx(float(C.ep_alltoall_time(unlimited, job, a2a, h100)))
+    assert float(ep_alltoall_time(dsv3, job, a2a, h100)) == pytest.approx(float(ep_alltoall_time(unlimited, job, a2a, h100)))
     said = " ".join(estimate(dsv3, job, h100, plan).assumptions)
     assert "4 of 8 expert groups" in said
 

@@ -103,7 +103,7 @@ def test_scaling_pipeline_sends_whole_activations_and_waits_for_each_transfer():
     rank sends the whole replicated b·s·h activation; Megatron scatters it over tp), and its pipeline runs
     every send and receive as its own blocking instruction (twice the transfers on a stage's timeline)."""
     from paraplan.costmodels.comm import SEND_RECV, ring_time
-    from paraplan.costmodels.compute import p2p_time
+    from paraplan.costmodels.p2p import p2p_time
     from paraplan.costmodels.pipeline import p2p_messages_on_critical_path
     model, job = load_model("llama1-65b"), TrainingJob(2048, 2048)
     cluster = load_cluster("dgx-a100-80g", 128)

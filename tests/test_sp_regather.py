@@ -5,12 +5,13 @@ waited on before the weight-gradient one, so it hides under the first."""
 import numpy as np
 import pytest
 
-from paraplan.costmodels.compute import (TP_OVERLAP_CONTENTION, attention_gemm_forward_times, linear_gemm_time,
-                                         mlp_gemm_forward_times, sp_backward_regather_time, tokens_per_rank,
-                                         tp_collective_time, tp_gathered_bytes)
 from paraplan.costmodels.comm import ALL_GATHER
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.kernels import (attention_gemm_forward_times, linear_gemm_time, mlp_gemm_forward_times,
+                                         tokens_per_rank)
+from paraplan.costmodels.tpcomm import (TP_OVERLAP_CONTENTION, sp_backward_regather_time, tp_collective_time,
+                                        tp_gathered_bytes)
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan, check_plan
 from paraplan.workloads.presets import load_model

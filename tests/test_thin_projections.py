@@ -9,6 +9,8 @@ import pytest
 from paraplan.costmodels import compute as C
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.kernels import (_linear_dtype, attention_gemm_forward_times, linear_gemm_time,
+                                         mlp_gemm_forward_times)
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan, PlanBatch
 from paraplan.workloads.presets import load_model
@@ -34,47 +36,47 @@ def test_a_thin_projection_is_priced_at_its_memory_traffic(dtype):
     T, h, n = 16384, MODEL.hidden, 128
     width = 1 if dtype == "fp8" else 2
     traffic = _f(CURVES.streaming_time((T * h + h * n) * width + T * n * 2, kernels=0))
-    compute = _f(CURVES.gemm_time(T, n, h, C._linear_dtype(plan)))
+    compute = _f(CURVES.gemm_time(T, n, h, _linear_dtype(plan)))
     assert traffic > compute
-    assert _f(C.linear_gemm_time(CURVES, T, n, h, plan)) == pytest.approx(CURVES.kernel_overhead_s + traffic, rel=1e-9)
+    assert _f(linear_gemm_time(CURVES, T, n, h, plan)) == pytest.approx(CURVES.kernel_overhead_s + traffic, rel=1e-9)
 
 
 def test_a_square_gemm_stays_compute_bound():
     T, h = 16384, MODEL.hidden
-    assert _f(C.linear_gemm_time(CURVES, T, h, h, MEGATRON)) == pytest.approx(_f(CURVES.gemm_time(T, h, h, "bf16")))
+    assert _f(linear_gemm_time(CURVES, T, h, h, MEGATRON)) == pytest.approx(_f(CURVES.gemm_time(T, h, h, "bf16")))
 
 
 def test_torchtitan_runs_wq_wk_wv_and_w1_w3_apart():
     t = TITAN.tp
     T = JOB.seq_len * TITAN.micro_batch
-    qkv_titan, out_titan = C.attention_gemm_forward_times(MODEL, JOB, TITAN, CURVES)
-    qkv_fused, out_fused = C.attention_gemm_forward_times(MODEL, JOB, MEGATRON, CURVES)
-    apart = (C.linear_gemm_time(CURVES, T, MODEL.q_hidden / t, MODEL.hidden, TITAN)
-             + 2 * C.linear_gemm_time(CURVES, T, MODEL.kv_hidden / t, MODEL.hidden, TITAN))
+    qkv_titan, out_titan = attention_gemm_forward_times(MODEL, JOB, TITAN, CURVES)
+    qkv_fused, out_fused = attention_gemm_forward_times(MODEL, JOB, MEGATRON, CURVES)
+    apart = (linear_gemm_time(CURVES, T, MODEL.q_hidden / t, MODEL.hidden, TITAN)
+             + 2 * linear_gemm_time(CURVES, T, MODEL.kv_hidden / t, MODEL.hidden, TITAN))
     assert _f(qkv_titan) == pytest.approx(_f(apart), rel=1e-12)
     assert _f(qkv_titan) > 1.02 * _f(qkv_fused)         # the thin wk, wv read the input once each
     assert _f(out_titan) == pytest.approx(_f(out_fused))
-    fc1_titan, fc2_titan = C.mlp_gemm_forward_times(MODEL, JOB, TITAN, CURVES)
-    fc1_fused, fc2_fused = C.mlp_gemm_forward_times(MODEL, JOB, MEGATRON, CURVES)
-    assert _f(fc1_titan) == pytest.approx(2 * _f(C.linear_gemm_time(CURVES, T, MODEL.ffn_hidden / t, MODEL.hidden, TITAN)))
+    fc1_titan, fc2_titan = mlp_gemm_forward_times(MODEL, JOB, TITAN, CURVES)
+    fc1_fused, fc2_fused = mlp_gemm_forward_times(MODEL, JOB, MEGATRON, CURVES)
+    assert _f(fc1_titan) == pytest.approx(2 * _f(linear_gemm_time(CURVES, T, MODEL.ffn_hidden / t, MODEL.hidden, TITAN)))
     assert _f(fc1_titan) >= _f(fc1_fused)
     assert _f(fc2_titan) == pytest.approx(_f(fc2_fused))
 
 
 def test_a_gelu_mlp_has_one_first_projection_on_every_engine():
     gpt = load_model("gpt3-175b")
-    titan, fused = (C.mlp_gemm_forward_times(gpt, JOB, p, CURVES)[0] for p in (TITAN, MEGATRON))
+    titan, fused = (mlp_gemm_forward_times(gpt, JOB, p, CURVES)[0] for p in (TITAN, MEGATRON))
     assert _f(titan) == pytest.approx(_f(fused))
 
 
 def test_vectorized_plans_price_each_engine_its_own_way():
     """the planner's arrays: each plan of a mixed batch priced as when it comes alone."""
     batch = PlanBatch.from_plans([TITAN, MEGATRON])
-    qkv, _ = C.attention_gemm_forward_times(MODEL, JOB, batch, CURVES)
-    fc1, _ = C.mlp_gemm_forward_times(MODEL, JOB, batch, CURVES)
+    qkv, _ = attention_gemm_forward_times(MODEL, JOB, batch, CURVES)
+    fc1, _ = mlp_gemm_forward_times(MODEL, JOB, batch, CURVES)
     for i, plan in enumerate((TITAN, MEGATRON)):
-        alone_qkv = C.attention_gemm_forward_times(MODEL, JOB, plan, CURVES)[0]
-        alone_fc1 = C.mlp_gemm_forward_times(MODEL, JOB, plan, CURVES)[0]
+        alone_qkv = attention_gemm_forward_times(MODEL, JOB, plan, CURVES)[0]
+        alone_fc1 = mlp_gemm_forward_times(MODEL, JOB, plan, CURVES)[0]
         assert np.asarray(qkv)[i] == pytest.approx(_f(alone_qkv), rel=1e-12)
         assert np.asarray(fc1)[i] == pytest.approx(_f(alone_fc1), rel=1e-12)
     assert np.isfinite(estimate(MODEL, JOB, CLUSTER, TITAN).step_time_s)

@@ -7,11 +7,12 @@ import re
 import numpy as np
 import pytest
 
-from paraplan.costmodels import compute as C
 from paraplan.costmodels.calibration import load_h100_cases
 from paraplan.costmodels.curvefile import curve_table
 from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.fp8 import fp8_cast_elements, tp_gathers_fp8
 from paraplan.costmodels.intervals import GENERATION
+from paraplan.costmodels.tpcomm import TP_OVERLAP_CONTENTION, tp_allreduce_time, tp_exposed_time
 from paraplan.hardware.catalog import load_cluster, load_part
 from paraplan.hardware.model import GIB
 from paraplan.plan import Plan, PlanBatch
@@ -59,11 +60,11 @@ def _exposed(engine, recompute, comm=1.0, window=100.0):
     plan = PlanBatch.from_plans([Plan(tp=8, sp=True, tp_comm_overlap=True, engine=engine, recompute=recompute,
                                       zero=3 if engine == "torchtitan" else 1)])
     full = np.array([recompute == "full"])
-    return float(C.tp_exposed_time(np.array([comm]), np.array([window]), full, plan)[0])
+    return float(tp_exposed_time(np.array([comm]), np.array([window]), full, plan)[0])
 
 
 def test_torchtitan_async_tp_hides_the_forward_collectives_only():
-    c = C.TP_OVERLAP_CONTENTION
+    c = TP_OVERLAP_CONTENTION
     # a window far larger than the traffic: Megatron's userbuffers hide everything (less contention)
     assert _exposed("megatron", "none") == pytest.approx(c)
     # torchtitan: the backward's half stays exposed, the forward's half costs contention
@@ -112,15 +113,15 @@ def test_torchtitan_float8_tensorwise_gathers_fp8_over_tp():
     from paraplan.workloads.presets import load_model
     from paraplan.workloads.transformer import TrainingJob
     model, job, cluster = load_model("llama3-70b"), TrainingJob(8192, 64), load_cluster("grand-teton-h100", 64)
-    ar = {(e, d): float(np.asarray(C.tp_allreduce_time(model, job, _tp_plan(e, d), cluster)))
+    ar = {(e, d): float(np.asarray(tp_allreduce_time(model, job, _tp_plan(e, d), cluster)))
           for e, d in (("torchtitan", "bf16"), ("torchtitan", "fp8"), ("torchtitan", "fp8-rowwise"),
                        ("megatron", "bf16"))}
     assert ar[("torchtitan", "fp8")] == pytest.approx(0.75 * ar[("torchtitan", "bf16")], rel=0.02)
     for key in (("torchtitan", "fp8-rowwise"), ("megatron", "bf16")):
         assert ar[key] == pytest.approx(ar[("torchtitan", "bf16")])
-    assert not C.tp_gathers_fp8(Plan(tp=1, dp=8, zero=3, engine="torchtitan", dtype="fp8"))   # nothing gathered
-    f_tt, b_tt = C.fp8_cast_elements(model, job, _tp_plan("torchtitan", "fp8"))
-    f_rw, b_rw = C.fp8_cast_elements(model, job, _tp_plan("torchtitan", "fp8-rowwise"))
+    assert not tp_gathers_fp8(Plan(tp=1, dp=8, zero=3, engine="torchtitan", dtype="fp8"))   # nothing gathered
+    f_tt, b_tt = fp8_cast_elements(model, job, _tp_plan("torchtitan", "fp8"))
+    f_rw, b_rw = fp8_cast_elements(model, job, _tp_plan("torchtitan", "fp8-rowwise"))
     tokens = 2 * 8192
     # the QKV and MLP inputs forward, the two row-parallel output gradients backward: T·h·(1 - 1/8) less each
     assert f_rw - f_tt == pytest.approx(2 * tokens * 8192 * 7 / 8)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from paraplan.costmodels.compute import attention_core_times, softmax_bytes_per_score
+from paraplan.costmodels.attention import attention_core_times, softmax_bytes_per_score
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster

@@ -230,7 +230,7 @@ def test_expert_tensor_parallelism_splits_every_expert(world2):
     only)."""
     from paraplan.validation.model import param_specs
     from paraplan.validation.predict import estimator_model, estimator_plan
-    from paraplan.costmodels.compute import moe_tp_collective_copies
+    from paraplan.costmodels.moe import moe_tp_collective_copies
     _, results = world2
     cfg, _ = _model_and_plan(WORLD2["moe_tp2_sp_etp2"])
 

@@ -1,5 +1,5 @@
 """Sliding-window attention on the measured kernel tables: a windowed layer runs like causal attention
-over the length whose query tiles visit as many key tiles (compute.windowed_attention_equivalent), not at
+over the length whose query tiles visit as many key tiles (attention.windowed_attention_equivalent), not at
 the whole sequence's efficiency."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from paraplan.costmodels import compute as C
+from paraplan.costmodels.attention import attention_core_times, windowed_attention_equivalent
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import estimate
 from paraplan.hardware.catalog import load_cluster
@@ -27,19 +27,19 @@ def _model(window=0, every=1):
 
 
 def _core(model, seq, plan=CUDNN):
-    f, b = C.attention_core_times(model, TrainingJob(seq, 8), plan, CURVES)
+    f, b = attention_core_times(model, TrainingJob(seq, 8), plan, CURVES)
     return float(f), float(b)
 
 
 def test_equivalent_length_counts_key_tiles():
     # a 128-key window spans 2 key tiles per query tile: causal attention over 3 tiles (384 tokens)
     # averages 2; 32 query tiles visit 63 tile pairs, 10.5 such sequences
-    length, copies, share = C.windowed_attention_equivalent(128, 4096)
+    length, copies, share = windowed_attention_equivalent(128, 4096)
     assert (length, copies) == (384.0, 10.5) and share == pytest.approx(10.5 * 384 ** 2 / 4096 ** 2)
     # 4096 keys at 32k: 33 key tiles per query tile, causal attention over 65 tiles
-    assert C.windowed_attention_equivalent(4096, 32768)[0] == 8320.0
+    assert windowed_attention_equivalent(4096, 32768)[0] == 8320.0
     # a window as long as the sequence is the causal attention over it
-    assert C.windowed_attention_equivalent(8192, 8192) == (8192.0, 1.0, 1.0)
+    assert windowed_attention_equivalent(8192, 8192) == (8192.0, 1.0, 1.0)
 
 
 def test_counted_keys_of_a_causal_window():
@@ -93,6 +93,6 @@ def test_context_parallel_ranks_pay_for_their_own_queries_windows():
     """Under context parallelism a rank runs its s/cp queries' windows: the windowed layer's time falls
     with cp like the rest of the step's work, where full causal attention's does too."""
     model = _model(window=1024)
-    one = C.attention_core_times(model, TrainingJob(32768, 8), CUDNN, CURVES)[0]
-    cp4 = C.attention_core_times(model, TrainingJob(32768, 8), replace(CUDNN, cp=4), CURVES)[0]
+    one = attention_core_times(model, TrainingJob(32768, 8), CUDNN, CURVES)[0]
+    cp4 = attention_core_times(model, TrainingJob(32768, 8), replace(CUDNN, cp=4), CURVES)[0]
     assert float(cp4) == pytest.approx(float(one) / 4, rel=0.05)

@@ -741,7 +741,7 @@ def _recipe_recompute_modules(r: pd.Series) -> str:
 # cherry-picked into 2.5.1), and torchtitan's SDPA wrapper of that time put cuDNN first on Blackwell
 # (sm100) only ("Add CuDNN on B200 w/ highest priority": FLASH_ATTENTION, EFFICIENT_ATTENTION, MATH
 # otherwise), so on the H100 the flash backend ran: FlashAttention-2. Today's torchtitan sets cuDNN first
-# everywhere (compute.engine_attention_kernel).
+# everywhere (attention.engine_attention_kernel).
 SOURCE_ATTENTION_KERNEL = {
     "asyncTP_llama3_h100_2025-06_torchtitan": (
         "flash2", "attention: FlashAttention-2 (torch SDPA's flash backend: the run's torch nightly of 2025-06-14 "

@@ -37,7 +37,8 @@ from __future__ import annotations
 import numpy as np
 
 from paraplan.costmodels.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time, ranks_per_node
-from paraplan.costmodels.compute import FP8_GATHER_BYTES_RATIO, element_bytes, megatron_grad_bytes
+from paraplan.costmodels.fp8 import FP8_GATHER_BYTES_RATIO
+from paraplan.costmodels.kernels import element_bytes, megatron_grad_bytes
 from paraplan.costmodels.memory import deepspeed_bf16_optimizer, engine_of, megatron_fp8_params
 from paraplan.plan import Engine, Optimizer, expert_data_parallel, expert_group_strides, expert_parallel_folded
 
@@ -91,7 +92,7 @@ FP32_GRAD_BYTES = 4.0
 
 def dp_grad_bytes(plan):
     """Bytes per parameter that a data-parallel gradient reduction moves: Megatron-LM its main_grad
-    buffer (:func:`paraplan.costmodels.compute.megatron_grad_bytes`), torchtitan fp32 (its reduce_dtype),
+    buffer (:func:`paraplan.costmodels.kernels.megatron_grad_bytes`), torchtitan fp32 (its reduce_dtype),
     DeepSpeed's BF16_Optimizer fp32 (it reduces its fp32 accumulation buffers: get_grads_for_reduction),
     the others the element size of their gradients."""
     eng = engine_of(plan)

@@ -29,6 +29,7 @@ import numpy as np
 
 from paraplan.costmodels import compute as C
 from paraplan.costmodels.curvefile import attention_table_for, curve_table
+from paraplan.costmodels.kernels import GEMM_OPERAND_BYTES
 from paraplan.costmodels.profiled import ProfiledCurves
 from paraplan.hardware.model import Accelerator, MeasuredProfile
 from paraplan.plan import Plan
@@ -120,7 +121,7 @@ class AnalyticalCurves:
         arithmetic intensity 2mnk / bytes falls below peak FLOP/s over HBM bandwidth (H100 bf16: ~200
         FLOP per byte at the curves' rates), e.g. a 128-wide key or value projection."""
         m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
-        w_in = C.GEMM_OPERAND_BYTES.get(dtype, 2.0)
+        w_in = GEMM_OPERAND_BYTES.get(dtype, 2.0)
         w_out = 2.0 if dtype == "fp8" else w_in
         return self.streaming_time((m * k + k * n) * w_in + m * n * w_out, kernels=0)
 
@@ -138,7 +139,7 @@ class AnalyticalCurves:
         acc = self.accelerator
         m, n, k, g = (np.asarray(x, dtype=float) for x in (m, n, k, groups))
         compute = self._tensor_core_time(m, n, k, dtype, g)
-        width = C.GEMM_OPERAND_BYTES.get(dtype, 2.0)
+        width = GEMM_OPERAND_BYTES.get(dtype, 2.0)
         stream = self.streaming_time(g * (n * k + m * k + m * n) * width, kernels=0)
         return self.kernel_overhead_s + np.maximum(compute, stream)
 

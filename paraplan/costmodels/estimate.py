@@ -18,13 +18,26 @@ import numpy as np
 
 from paraplan.costmodels import compute as C
 from paraplan.costmodels import memory as M
+from paraplan.costmodels.attention import (FLASH1_TIME_FACTOR, attention_head_dim, chunked_attention_efficiency,
+                                           measured_attention_efficiency, softmax_exp_factor,
+                                           windowed_attention_efficiency)
 from paraplan.costmodels.dataparallel import (OVERLAP_CONTENTION, add_traffic, compressed_phase_factor, deepspeed_exposed,
                                               dp_exposed, dp_traffic, expert_tp_replica_allreduce_time)
 from paraplan.costmodels.efficiency import curves_for, with_reference_block
+from paraplan.costmodels.fp8 import tp_gathers_fp8
 from paraplan.costmodels.intervals import describe_interval
+from paraplan.costmodels.kernels import (device_is_host, element_bytes, megatron_grad_bytes, micro_batches,
+                                         tokens_per_rank)
+from paraplan.costmodels.moe import (EP_OVERLAP_CONTENTION, EXPERT_BIAS_BYTES_PER_COPY_BACKWARD,
+                                     EXPERT_BIAS_BYTES_PER_COPY_FORWARD, MOE_HOST_SECONDS_PER_LAYER,
+                                     dispatch_bytes_per_token, ep_unpaired_share, expert_holders_per_token,
+                                     megatron_expert_biases, moe_expert_bias_times, moe_host_floor_applies,
+                                     routed_expert_gemms, routed_experts_wgrad_accumulation_time, sorts_received_chunks)
 from paraplan.costmodels.offload import activation_offload_time, optimizer_and_offload, param_tensors, stage_param_tensors
+from paraplan.costmodels.p2p import p2p_receive_gather_time, p2p_time
 from paraplan.costmodels.pipeline import (bubble_factor, bubble_fraction, effective_compute_slowdown, overlapped_p2p_crossings,
                                          p2p_messages_on_critical_path, pipeline_crossings_on_critical_path)
+from paraplan.costmodels.tpcomm import TP_OVERLAP_CONTENTION
 from paraplan.plan import (FLEX_DISPATCH_ENGINES, MEGATRON_FSDP_STRATEGY, Engine, Plan, Recompute, StageLayers, check_plan, compute_dtype, expert_data_parallel, gemm_dtype,
                            is_fp8, model_stage_layers, recomputes_attention_core, stage_layer_counts)
 
@@ -37,7 +50,7 @@ RUNTIME_RESERVED_BYTES = 1.5 * 2**30
 
 def on_cuda(cluster) -> bool:
     """Whether the device runs the CUDA runtime and caching allocator (not a profiled CPU)."""
-    return not C.device_is_host(cluster)
+    return not device_is_host(cluster)
 
 
 def runtime_reserved_bytes(cluster) -> float:
@@ -54,7 +67,7 @@ FP8_ASSUMPTIONS = (
     "fp8: the linear layers' GEMMs (QKV, output projection, MLP, experts) run in fp8 at the fp8 peak x its MAMF "
     "plateau x the recipe's GEMM efficiency; attention, embeddings, LM head, norms and the optimizer stay in bf16/fp32",
     "fp8: every micro-batch quantizes the four GEMM inputs, the layer's weights and, backward, the output gradients "
-    "(bytes per element by recipe: compute.FP8_CAST_BYTES_PER_ELEMENT)",
+    "(bytes per element by recipe: fp8.FP8_CAST_BYTES_PER_ELEMENT)",
     "fp8: Megatron/generic (Transformer Engine) save the linear layers' inputs as their 1-byte fp8 casts (the "
     "output projection's besides FlashAttention's 16-bit output); torchtitan (torchao) saves them in 16 bit; "
     "Megatron/generic keep an fp8 copy and transpose of the stage's weights (2 bytes/param), torchtitan casts on "
@@ -63,11 +76,11 @@ FP8_ASSUMPTIONS = (
 FP8_TP_GATHER = ("fp8: sequence parallelism casts the attention and MLP inputs (and, backward, the row-parallel "
                  "output gradients) on their sequence shard and all-gathers them in fp8 (torchtitan's float8 tensorwise "
                  "TP; Transformer Engine's LayerNormLinear and grad-output gathers); the reduce-scatters, the LM head's "
-                 "and an MoE dispatcher's gathers stay 16-bit (compute.tp_gathers_fp8)")
+                 "and an MoE dispatcher's gathers stay 16-bit (fp8.tp_gathers_fp8)")
 FP8_ROWWISE_BACKWARD = ("fp8-rowwise (torchao): the forward GEMMs run row-scaled; the two backward GEMMs run the "
                         "per-tensor cuBLAS kernel without fast accumulation and a separate kernel rescales each output "
                         "(read and written once more at 16 bits; torchtitan's wq, wk, wv and w1, w3 each write their own "
-                        "input gradient): compute.fp8_rowwise_rescale_time")
+                        "input gradient): fp8.fp8_rowwise_rescale_time")
 STATES_16BIT = ("16-bit weights, gradients and activations; Adam with fp32 master weights, momentum, variance "
                 "(16 bytes/param before ZeRO)")
 TP_EXPOSED_ASSUMPTION = "tensor-parallel collectives are exposed (no TP comm overlap); backward = 2 x forward GEMM time"
@@ -96,7 +109,7 @@ FP32_STATES = ("fp32 weights, gradients and activations; Adam keeps fp32 momentu
 # for one that does not overlap its data-parallel reduction
 TP_OVERLAP_ASSUMPTION = ("tensor-parallel collectives overlap the GEMMs next to them (Megatron --tp-comm-overlap: "
                          "forward and backward; torchtitan async TP: the forward's only), the hidden part slowing "
-                         f"those GEMMs by {C.TP_OVERLAP_CONTENTION} of its time; backward = 2 x forward GEMM time")
+                         f"those GEMMs by {TP_OVERLAP_CONTENTION} of its time; backward = 2 x forward GEMM time")
 DP_NO_OVERLAP_ASSUMPTION = ("data-parallel gradient reduction runs after the backward and ZeRO-3's gathers are "
                             "not prefetched: nothing hidden (overlap_grad_reduce off)")
 SCALING_DP_ASSUMPTION = ("data-parallel reduction as Scaling runs it (engine scaling): an fp32 all-reduce of every "
@@ -121,7 +134,7 @@ def assumptions_for(plan) -> tuple[str, ...]:
             DP_OVERLAP_ASSUMPTION: SCALING_DP_ASSUMPTION if plan.engine == "scaling"
             else DP_NO_OVERLAP_ASSUMPTION if not plan.overlap_grad_reduce else DP_OVERLAP_ASSUMPTION}
     base = tuple(swap.get(a, a) for a in ASSUMPTIONS)
-    fp8_tp = (FP8_TP_GATHER,) if bool(np.all(C.tp_gathers_fp8(plan))) else ()
+    fp8_tp = (FP8_TP_GATHER,) if bool(np.all(tp_gathers_fp8(plan))) else ()
     rowwise = (FP8_ROWWISE_BACKWARD,) if plan.dtype == "fp8-rowwise" else ()
     titan = (TORCHTITAN_COMPILED_BLOCKS,) if plan.engine == "torchtitan" else ()
     return base + titan + (FP8_ASSUMPTIONS if is_fp8(plan.dtype) else ()) + rowwise + fp8_tp
@@ -129,7 +142,7 @@ def assumptions_for(plan) -> tuple[str, ...]:
 
 def pipeline_p2p_time(model, job, plan, cluster, m, t_micro_fwd, t_micro_bwd):
     """Seconds per step of pipeline transfers on the critical path (``pp_comm``): every transfer
-    (:func:`p2p_messages_on_critical_path`) at :func:`compute.p2p_time` P, and DeepSpeed's receive-side
+    (:func:`p2p_messages_on_critical_path`) at :func:`p2p.p2p_time` P, and DeepSpeed's receive-side
     gathers, except the steady-state crossings Megatron-Core's interleaved schedule overlaps
     (:func:`overlapped_p2p_crossings`, 2·m·v). There each iteration runs one model chunk's forward and
     one's backward, W = (t_micro_fwd + t_micro_bwd) / v (``t_micro_bwd`` with recomputation and, from
@@ -138,12 +151,12 @@ def pipeline_p2p_time(model, job, plan, cluster, m, t_micro_fwd, t_micro_bwd):
     previous one, on different links) run beside it: the iteration takes max(W, P) and each transfer's
     hidden part slows the compute by OVERLAP_CONTENTION of its duration (as a data-parallel
     collective's does), so m·v · (max(0, P − W) + 2·OVERLAP_CONTENTION·min(P, W)) shows."""
-    p2p = C.p2p_time(model, job, plan, cluster)
+    p2p = p2p_time(model, job, plan, cluster)
     iterations = overlapped_p2p_crossings(plan, m) / 2
     window = (t_micro_fwd + t_micro_bwd) / np.asarray(plan.vpp, dtype=float)
     overlapped = iterations * (np.maximum(0.0, p2p - window) + 2 * OVERLAP_CONTENTION * np.minimum(p2p, window))
     return ((p2p_messages_on_critical_path(plan, m) - 2 * iterations) * p2p + overlapped
-            + pipeline_crossings_on_critical_path(plan, m) * C.p2p_receive_gather_time(model, job, plan, cluster))
+            + pipeline_crossings_on_critical_path(plan, m) * p2p_receive_gather_time(model, job, plan, cluster))
 
 
 def pipeline_transfer_assumption(plan) -> tuple[str, ...]:
@@ -174,15 +187,15 @@ def attention_kernel_assumption(model, job, plan, curves) -> tuple[str, ...]:
     if not plan.flash_attention:
         return ()
     b = plan.micro_batch
-    query_len, heads = C.tokens_per_rank(job, plan) / b, b * model.heads / plan.tp
-    eff = C.measured_attention_efficiency(model, plan, curves, query_len, heads)
+    query_len, heads = tokens_per_rank(job, plan) / b, b * model.heads / plan.tp
+    eff = measured_attention_efficiency(model, plan, curves, query_len, heads)
     windowed = ""
     if model.windowed_layer_share and eff is not None and not np.isnan(float(eff)):
-        length, _, eff_w = C.windowed_attention_efficiency(model, plan, curves, query_len, heads)
+        length, _, eff_w = windowed_attention_efficiency(model, plan, curves, query_len, heads)
         windowed = (f"; its {model.sliding_window}-key sliding-window layers run as causal attention over "
                     f"{float(length):.0f} tokens (the same key tiles per query tile) at {float(eff_w):.3f}")
     if model.chunked_layer_share and eff is not None and not np.isnan(float(eff)):
-        length, _, eff_c = C.chunked_attention_efficiency(model, plan, curves, query_len, heads)
+        length, _, eff_c = chunked_attention_efficiency(model, plan, curves, query_len, heads)
         windowed += (f"; its chunked-attention layers run as causal attentions over {float(length):.0f}-token "
                      f"chunks at {float(eff_c):.3f}")
     if plan.attention_kernel == "auto":
@@ -198,7 +211,7 @@ def attention_kernel_assumption(model, job, plan, curves) -> tuple[str, ...]:
         base = ("its calibrated fused-attention efficiency "
                 f"({getattr(curves, 'flash_attention_efficiency', 'profiled')})" if eff is None else
                 f"FlashAttention-2's measured {float(eff):.3f} of peak at {job.seq_len} tokens{windowed}")
-        return (f"attention: flash1 (FlashAttention 1.x) at 1/{C.FLASH1_TIME_FACTOR:g} of {base}: FlashAttention-2 "
+        return (f"attention: flash1 (FlashAttention 1.x) at 1/{FLASH1_TIME_FACTOR:g} of {base}: FlashAttention-2 "
                 "runs the same work about 2x faster (Dao 2023, arXiv:2307.08691, sec. 4.1)",)
     if eff is None:
         return (f"attention: no measured {plan.attention_kernel} table for this accelerator; priced at its "
@@ -211,12 +224,12 @@ def attention_kernel_assumption(model, job, plan, curves) -> tuple[str, ...]:
 def softmax_exp_assumption(model, plan, curves) -> tuple[str, ...]:
     """Said where a part runs the softmax's exponentials faster than its generation (Blackwell Ultra):
     by how much its fused attention is priced faster than its generation's."""
-    f = C.softmax_exp_factor(model, curves)
+    f = softmax_exp_factor(model, curves)
     if f == 1.0 or not plan.flash_attention:
         return ()
     return (f"attention: this part runs the softmax's exponentials {curves.attention_exp_speedup:g}x as fast as its "
             f"generation (Blackwell Ultra's SFU): fused attention priced {1 / f:.2f}x faster than on a B200/GB200 "
-            f"at head dim {C.attention_head_dim(model):g} (curves.yaml attention_exp_speedup)",)
+            f"at head dim {attention_head_dim(model):g} (curves.yaml attention_exp_speedup)",)
 
 
 def gemm_level_assumption(plan, curves) -> tuple[str, ...]:
@@ -242,25 +255,25 @@ def gemm_level_assumption(plan, curves) -> tuple[str, ...]:
 
 
 def moe_host_assumption(model, plan) -> tuple[str, ...]:
-    """Said when the plan's MoE layers carry the host-bound floor (compute.MOE_HOST_SECONDS_PER_LAYER)."""
-    if not bool(np.any(C.moe_host_floor_applies(model, plan))):
+    """Said when the plan's MoE layers carry the host-bound floor (moe.MOE_HOST_SECONDS_PER_LAYER)."""
+    if not bool(np.any(moe_host_floor_applies(model, plan))):
         return ()
     return (f"MoE: Megatron-Core's dropless dispatch waits for per-expert token counts on the host in every MoE "
-            f"layer, so a layer takes at least {1e3 * C.MOE_HOST_SECONDS_PER_LAYER:.1f} ms per micro-batch "
+            f"layer, so a layer takes at least {1e3 * MOE_HOST_SECONDS_PER_LAYER:.1f} ms per micro-batch "
             f"(forward + backward, host-bound; read from one calibration row); a capacity factor (token drop "
             f"and pad) removes the wait",)
 
 
 def expert_wgrad_assumption(model, job, plan, curves) -> tuple[str, ...]:
     """Said when the routed experts' fused gradient accumulation binds their weight-gradient GEMMs
-    (compute.routed_experts_wgrad_accumulation_time > 0)."""
+    (moe.routed_experts_wgrad_accumulation_time > 0)."""
     if model.moe is None:
         return ()
-    extra = float(np.max(C.routed_experts_wgrad_accumulation_time(model, job, plan, curves)))
+    extra = float(np.max(routed_experts_wgrad_accumulation_time(model, job, plan, curves)))
     if extra <= 0:
         return ()
-    m = float(np.max(C.routed_expert_gemms(model, job, plan)[0]))
-    g = float(np.max(C.megatron_grad_bytes(plan)))
+    m = float(np.max(routed_expert_gemms(model, job, plan)[0]))
+    g = float(np.max(megatron_grad_bytes(plan)))
     return (f"MoE: the routed experts' weight-gradient GEMMs accumulate into {'fp32' if g >= 4 else 'bf16'} main "
             f"gradients (gradient-accumulation fusion), {g:.0f} bytes read and {g:.0f} written per weight; with "
             f"{m:.0f} tokens per expert they are bound by those bytes: +{1e3 * extra:.2f} ms per MoE layer and "
@@ -269,14 +282,14 @@ def expert_wgrad_assumption(model, job, plan, curves) -> tuple[str, ...]:
 
 
 def moe_dispatch_assumption(model, job, plan) -> tuple[str, ...]:
-    """Said for an MoE model whose tokens are permuted to the experts (compute.dispatch_bytes_per_token,
-    compute.flex_dispatch_time)."""
+    """Said for an MoE model whose tokens are permuted to the experts (moe.dispatch_bytes_per_token,
+    moe.flex_dispatch_time)."""
     if model.moe is None or model.moe.dispatch != "permute":
         return ()
-    per_token = float(np.max(C.dispatch_bytes_per_token(model, job, plan)))
+    per_token = float(np.max(dispatch_bytes_per_token(model, job, plan)))
     if getattr(plan, "moe_flex_dispatch", False):
         e = model.moe
-        gpus = float(np.max(C.expert_holders_per_token(e, e.experts / max(plan.ep, 1))))
+        gpus = float(np.max(expert_holders_per_token(e, e.experts / max(plan.ep, 1))))
         routing = (f"uniform routing within {e.router_group_top_k} of {e.router_groups} expert groups, the model's "
                    f"group-limited router" if e.group_limited else "uniform routing")
         return (f"MoE: DeepEP / HybridEP dispatch (flex): a token crosses once to each node and GPU holding one of "
@@ -284,7 +297,7 @@ def moe_dispatch_assumption(model, job, plan) -> tuple[str, ...]:
                 f"of once per routed copy ({e.top_k} a token); the arrivals are permuted into expert order and "
                 f"back, {per_token / model.hidden:.0f} x hidden bytes per token and layer forward, twice that "
                 f"backward; the SMs and buffers the kernels hold are not priced",)
-    sort = bool(np.any(C.sorts_received_chunks(model, plan)))
+    sort = bool(np.any(sorts_received_chunks(model, plan)))
     flex_ok = plan.ep > 1 and plan.engine_code in FLEX_DISPATCH_ENGINES
     return (f"MoE: the token permutation streams {per_token / model.hidden:.0f} x hidden bytes per token and "
             f"layer forward, twice that backward (Megatron-Core's all-to-all dispatcher: permute, "
@@ -294,24 +307,24 @@ def moe_dispatch_assumption(model, job, plan) -> tuple[str, ...]:
 
 def expert_bias_assumption(model, job, plan, curves) -> tuple[str, ...]:
     """Said where Megatron-Core adds a biased model's expert biases outside the GEMMs
-    (compute.moe_expert_bias_times)."""
-    if not bool(np.any(C.megatron_expert_biases(model, plan))):
+    (moe.moe_expert_bias_times)."""
+    if not bool(np.any(megatron_expert_biases(model, plan))):
         return ()
-    f, b = (1e3 * float(np.max(x)) for x in C.moe_expert_bias_times(model, job, plan, curves))
+    f, b = (1e3 * float(np.max(x)) for x in moe_expert_bias_times(model, job, plan, curves))
     return (f"MoE with linear biases on Megatron-Core: TEGroupedMLP adds each expert's output bias, scaled by the "
-            f"router probability, in an eager loop after the grouped GEMM ({C.EXPERT_BIAS_BYTES_PER_COPY_FORWARD} x "
-            f"hidden bytes per routed copy forward, {C.EXPERT_BIAS_BYTES_PER_COPY_BACKWARD} backward) and refuses the "
+            f"router probability, in an eager loop after the grouped GEMM ({EXPERT_BIAS_BYTES_PER_COPY_FORWARD} x "
+            f"hidden bytes per routed copy forward, {EXPERT_BIAS_BYTES_PER_COPY_BACKWARD} backward) and refuses the "
             f"fused bias-dropout-add: {f:.2f} ms forward and {b:.2f} ms backward per MoE layer and micro-batch",)
 
 
 def ep_overlap_assumption(job, plan) -> tuple[str, ...]:
-    """Said when the plan overlaps its expert-parallel all-to-alls (compute.ep_exposed_time)."""
+    """Said when the plan overlaps its expert-parallel all-to-alls (moe.ep_exposed_time)."""
     if not getattr(plan, "ep_comm_overlap", False):
         return ()
-    u = float(C.ep_unpaired_share(job, plan))
+    u = float(ep_unpaired_share(job, plan))
     return (f"MoE: combined 1F1B pairs each micro-batch's forward with another's backward, layer by layer; a "
             f"paired pass hides its dispatch/combine all-to-alls under the other direction's compute (the hidden "
-            f"part still costs {100 * C.EP_OVERLAP_CONTENTION:.0f} % of its duration), and the {100 * u:.1f} % of "
+            f"part still costs {100 * EP_OVERLAP_CONTENTION:.0f} % of its duration), and the {100 * u:.1f} % of "
             f"passes left unpaired (warm-up and cool-down) expose theirs",)
 
 
@@ -504,7 +517,7 @@ def slowest_stage(sl: StageLayers, p, lt, ht):
 def step_terms(model, job, cluster, plan, curves) -> StepTerms:
     """All time and memory terms for a plan or for a batch of plans (numpy arrays in the fields)."""
     p = np.asarray(plan.pp, dtype=float)
-    m = C.micro_batches(job, plan)
+    m = micro_batches(job, plan)
     curves = with_stage_concurrency(with_reference_block(curves, cluster), plan, m)
     lt = C.layer_times(model, job, plan, curves, cluster)
     ht = C.head_times(model, job, plan, curves, cluster)
@@ -545,7 +558,7 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
                                           units=units))
         return t
     # the data-parallel collectives hide under a micro-batch's passes, less the time an inter-node
-    # ring-attention exchange already holds the links (compute.ring_hidden_on_network); a host-bound MoE
+    # ring-attention exchange already holds the links (cpcomm.ring_hidden_on_network); a host-bound MoE
     # layer's wait (the GPU idles, the links are free) counts in the backward's window, where the
     # per-micro-batch reductions run. Split between the passes by their compute shares, as before, a
     # faster GPU (its memory-bound kernels no faster) moved wait into the forward and shrank the window a
@@ -679,7 +692,7 @@ def grad_accumulation_time(model, plan, curves, m, params, n_dp):
     z3 = np.asarray(plan.zero) == 3
     grads = np.where(z3, params / n_dp, params)
     tensors = stage_param_tensors(model, plan)
-    t = curves.streaming_time(3.0 * grads * C.element_bytes(plan), kernels=tensors)
+    t = curves.streaming_time(3.0 * grads * element_bytes(plan), kernels=tensors)
     unfused = np.where(fused, 0.0, np.maximum(np.asarray(m, dtype=float) - 1.0, 0.0) * t)
     ds_bf16 = M.deepspeed_bf16_optimizer(plan)
     if not np.any(ds_bf16):

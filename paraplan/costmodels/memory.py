@@ -31,8 +31,9 @@ from functools import partial
 
 import numpy as np
 
-from paraplan.costmodels.compute import (BYTES, element_bytes, einsum_dispatch_slots, expert_token_factor,
-                                         megatron_grad_bytes, micro_batches, stage_output_bytes, tokens_per_rank)
+from paraplan.costmodels.kernels import BYTES, element_bytes, megatron_grad_bytes, micro_batches, tokens_per_rank
+from paraplan.costmodels.moe import einsum_dispatch_slots, expert_token_factor
+from paraplan.costmodels.p2p import stage_output_bytes
 from paraplan.plan import (Engine, Offload, Recompute, Schedule, is_fp8, recomputes_attention_core, recomputes_module,
                            model_stage_layers, stage_layers)
 
@@ -392,7 +393,7 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
                                  SCALING_FLASH_OUTPUT_SAVED_BYTES_PER_HIDDEN * out * T / t, 0.0)
     if model.moe is not None and model.moe.dispatch == "einsum":
         # the 16-bit dispatch mask and combine weights (S x E·C each) saved for the einsum GEMMs'
-        # backward, on every tp rank (compute.moe_einsum_dispatch_times)
+        # backward, on every tp rank (moe.moe_einsum_dispatch_times)
         S, slots = einsum_dispatch_slots(model, job, plan)
         unsharded = unsharded + model.moe_layers / model.layers * 4 * S * slots
     s_l = T / b

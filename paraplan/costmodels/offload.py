@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from paraplan.costmodels.compute import BYTES, device_is_host, element_bytes
+from paraplan.costmodels.kernels import BYTES, device_is_host, element_bytes
 from paraplan.costmodels.memory import OPTIMIZER_BYTES_PER_PARAM
 from paraplan.plan import Offload, Optimizer, model_stage_layers
 

@@ -19,6 +19,7 @@ from paraplan.costmodels import compute as C
 from paraplan.costmodels import memory as M
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.estimate import RUNTIME_RESERVED_BYTES, layers_time
+from paraplan.costmodels.kernels import tokens_per_rank
 from paraplan.planner.ilp import (LayerCost, PipelineSpec, StageRecomputeCost, in_flight_per_stage,
                                   partition_from_boundaries, partition_stages, plan_recompute)
 from paraplan.errors import InfeasiblePlan
@@ -80,7 +81,7 @@ def layer_costs(model, job, cluster, plan: Plan, curves=None, recompute: str | N
     moe_start = model.moe.first_dense if model.moe else model.layers
     every = model.moe.every if model.moe else 1
     ht = C.head_times(model, job, p, curves, cluster)
-    T = _f(C.tokens_per_rank(job, p))
+    T = _f(tokens_per_rank(job, p))
     emb_states = sum(M.model_state_bytes(model.embedding_params / plan.tp, p).values())
     head_params = model.lm_head_params + (model.vocab * model.hidden if model.tied_embeddings else 0)
     head_states = sum(M.model_state_bytes(head_params / plan.tp, p).values())
@@ -149,7 +150,7 @@ def stage_layout(model, job, cluster, plan: Plan, *, curves=None, max_memory_fra
                 in_flight=inflight[s],
                 activation_bytes_per_layer=sum(none[i].activation_bytes for i in body) / n,
                 recomputed_activation_bytes_per_layer=sum(full[i].activation_bytes for i in body) / n,
-                # a host-bound MoE layer (compute.MOE_HOST_SECONDS_PER_LAYER) recomputes inside its
+                # a host-bound MoE layer (moe.MOE_HOST_SECONDS_PER_LAYER) recomputes inside its
                 # wait: the difference is 0 up to rounding, never below
                 recompute_time_per_layer_s=max(0.0, sum(full[i].time_s - none[i].time_s for i in body) / n)))
         try:

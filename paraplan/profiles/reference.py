@@ -5,9 +5,10 @@ A reference profile holds GEMMs by shape and layout (bf16, fp8 per-tensor and ro
 causal attention by backend and sequence length, memory-bound kernels, AdamW, and whole transformer
 layers (the per-rank shard of a tensor-parallel layer, forward + backward, bf16 and fp8), each timed
 on the device with CUDA events. The functions here compare those measurements with what
-:mod:`paraplan.costmodels.compute` predicts for the same shapes, so a change to a generation's
-curves shows at once how far it moves from the measured kernels (``benchmarks/gpu_reference_check.py``
-prints the tables; tests/test_gpu_reference.py holds the bounds).
+:mod:`paraplan.costmodels.compute` (with :mod:`~paraplan.costmodels.kernels`,
+:mod:`~paraplan.costmodels.attention` and :mod:`~paraplan.costmodels.fp8`) predicts for the same
+shapes, so a change to a generation's curves shows at once how far it moves from the measured kernels
+(``benchmarks/gpu_reference_check.py`` prints the tables; tests/test_gpu_reference.py holds the bounds).
 """
 from __future__ import annotations
 
@@ -18,7 +19,10 @@ from pathlib import Path
 import numpy as np
 
 from paraplan.costmodels import compute as C
+from paraplan.costmodels.attention import attention_core_times
 from paraplan.costmodels.efficiency import analytical_curves, isolated_kernel_curves
+from paraplan.costmodels.fp8 import fp8_cast_times
+from paraplan.costmodels.kernels import attention_gemm_forward_time, mlp_gemm_forward_time
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster, load_part
 from paraplan.plan import Plan
@@ -101,9 +105,9 @@ def predicted_layer(r: dict, name: str = "h100-sxm", dtype: str = "bf16", kernel
     model, job = layer_model(r)
     plan = Plan(tp=r["tp"], dp=1, micro_batch=r["batch"], dtype=dtype, attention_kernel=kernel)
     lt = C.layer_times(model, job, plan, cv, cluster)
-    gemm = 3 * float(C.attention_gemm_forward_time(model, job, plan, cv) + C.mlp_gemm_forward_time(model, job, plan, cv))
-    attn = sum(float(x) for x in C.attention_core_times(model, job, plan, cv))
-    cast = sum(float(x) for x in C.fp8_cast_times(model, job, plan, cv))
+    gemm = 3 * float(attention_gemm_forward_time(model, job, plan, cv) + mlp_gemm_forward_time(model, job, plan, cv))
+    attn = sum(float(x) for x in attention_core_times(model, job, plan, cv))
+    cast = sum(float(x) for x in fp8_cast_times(model, job, plan, cv))
     total = float(lt["forward"] + lt["backward"])
     return {"total_s": total, "gemm_s": gemm, "attention_s": attn, "cast_s": cast,
             "elementwise_s": total - gemm - attn - cast}

@@ -14,7 +14,7 @@ partial results with their log-sum-exp. The backward passes the K/V blocks round
 with their gradient accumulators travelling beside them; after the last step each accumulator is
 one hop from its owner and is sent there. So the forward moves K and V ``cp − 1`` times, the
 backward K, V, dK and dV ``cp − 1`` times plus dK, dV once more: what
-:func:`paraplan.costmodels.compute.ring_exchange_times` prices.
+:func:`paraplan.costmodels.cpcomm.ring_exchange_times` prices.
 
 Two forms, as the harness's two attentions. :class:`RingAttention` (``--attention math``)
 materialises each step's block of scores (``s/cp × s/cp`` per head, masked by position) and keeps

@@ -17,7 +17,7 @@ Mapping (what the harness runs -> what the estimator is told):
 * :class:`~paraplan.validation.worker.RunPlan` -> ``Plan``: tp, pp, dp, ep, cp (``cp_mode = ring``:
   the harness runs ring attention, :mod:`paraplan.validation.apply_cp`), zero, micro_batch,
   recompute, sp, vpp (``interleaved`` when > 1, else ``1f1b``), offload (``cpu``: optimizer states in host
-  memory; on a profiled CPU the estimator prices it as the same AdamW plus two copies, compute.device_is_host); ``dtype = fp32`` (the harness
+  memory; on a profiled CPU the estimator prices it as the same AdamW plus two copies, kernels.device_is_host); ``dtype = fp32`` (the harness
   trains in fp32); ``flash_attention`` only for ``--attention sdpa``; ``fused_elementwise`` off when the
   model runs SwiGLU, RMSNorm or rotary positions (eager ops, :func:`harness_runs_eager_elementwise`); ``overlap_grad_reduce``
   off below ZeRO-3 (the harness reduces gradients after the backward, not under it) and on for
@@ -54,8 +54,8 @@ from __future__ import annotations
 
 import sys
 
-from paraplan.costmodels.compute import device_is_host
 from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.kernels import device_is_host
 from paraplan.errors import ConfigError
 from paraplan.plan import Plan
 from paraplan.profiles.store import ProfileStore, machine_fingerprint
@@ -202,7 +202,7 @@ def predict_run(cfg, run, db: str | None = None, allow_profiling: bool = True, m
     kept = kept_activation_bytes(model, job, plan, e.memory_bytes_per_gpu["activations"],
                                  e.details["peak_memory_stage"])
     # the rank's full local gradients before the sync (ZeRO-1/2 shard only after it): its parameters
-    from paraplan.costmodels.compute import element_bytes
+    from paraplan.costmodels.kernels import element_bytes
     from paraplan.costmodels.memory import expert_params_per_gpu
     whole_experts = float(expert_params_per_gpu(model, plan) * element_bytes(plan)) if getattr(run, "etp", 1) == 1 else 0.0
     other = harness_other_time(run, e.memory_bytes_per_gpu["parameters"],

@@ -285,7 +285,7 @@ def launch_rows(opts: ProfileOptions, device="cpu") -> list[dict]:
 
 
 #: eager elementwise kernels timed forward + backward, with the bytes the estimator charges them per
-#: element (fp32, forward + backward; paraplan.costmodels.compute): GELU and LayerNorm 4 B forward
+#: element (fp32, forward + backward; paraplan.costmodels.compute, .attention): GELU and LayerNorm 4 B forward
 #: and twice that backward in 16-bit; scale-mask-softmax 9 + 11 B per score; cross-entropy 3 passes
 #: over fp32 logits (4 B each)
 ELEMENTWISE_OPS = {"gelu": 24.0, "layer_norm": 24.0, "scale_mask_softmax": 40.0, "cross_entropy": 12.0}

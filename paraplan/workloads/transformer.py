@@ -38,7 +38,7 @@ class MoESpec:
       GPU, E experts, C capacity per expert), dispatch is ``einsum("sec,sm->ecm")`` and combine
       ``einsum("sec,ecm->sm")``: two dense GEMMs of 2·S·(E·C)·h FLOPs each with E·C = S·top_k·factor,
       i.e. work quadratic in the tokens per micro-batch (see
-      :func:`paraplan.costmodels.compute.moe_einsum_dispatch_times`).
+      :func:`paraplan.costmodels.moe.moe_einsum_dispatch_times`).
 
     ``router_groups`` / ``router_group_top_k``: group-limited routing (Megatron-Core's
     ``moe_router_num_groups`` / ``moe_router_group_topk``; Hugging Face's ``n_group`` / ``topk_group``).

@@ -1,0 +1,59 @@
+"""Pipeline-parallel transfers of one micro-batch: the send/recv of a stage's boundary activation per tp rank
+(:func:`p2p_time`) and DeepSpeed's receive-side all-gather (:func:`p2p_receive_gather_time`). How many of
+them a schedule exposes is :mod:`paraplan.costmodels.pipeline`'s.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from paraplan.costmodels.comm import ALL_GATHER, SEND_RECV, ring_time
+from paraplan.costmodels.kernels import element_bytes, tokens_per_rank
+from paraplan.costmodels.tpcomm import tp_collective_time
+from paraplan.plan import Engine
+
+
+def stage_output_bytes(model, job, plan):
+    """Bytes of the boundary activation b·(s/cp)·h one tp rank of a stage returns (a sequence shard,
+    ÷ tp, under sequence parallelism)."""
+    T = tokens_per_rank(job, plan)
+    return T * model.hidden * element_bytes(plan) / np.where(np.asarray(plan.sp, dtype=bool), np.asarray(plan.tp, dtype=float), 1.0)
+
+
+def p2p_time(model, job, plan, cluster):
+    """One pipeline send/recv of a micro-batch's boundary activation, per tp rank (intra-node only
+    when the whole pipeline fits in a node):
+
+    * generic: the replicated output split over tp (Megatron-LM 2021's scatter-gather optimisation, the
+      code of the published 2021 runs); under sequence parallelism the output is a sequence shard already;
+    * Megatron-LM today (Megatron-Core) sends each stage's output as it is: schedules.get_tensor_shapes
+      divides the sequence by tp only under sequence parallelism and p2p_communication has no
+      scatter-gather (megatron/core/pipeline_parallel at NVIDIA/Megatron-LM 00c2c0a), so without sequence
+      parallelism every tp rank sends the whole replicated activation;
+    * Scaling likewise (PipeCommunicator.send_data, src/scaling/core/nn/parallel_module/communicator.py
+      at 01b9d21);
+    * DeepSpeed's PipelineEngine partitions what it sends over the tp group (``pipe_partitioned`` and
+      ``grad_partitioned``, on by default with tp > 1: deepspeed/runtime/pipe/engine.py at 03f6f75,
+      PartitionedTensor) and the receiver gathers it back (:func:`p2p_receive_gather_time`)."""
+    out = stage_output_bytes(model, job, plan)
+    t = np.asarray(plan.tp, dtype=float)
+    engine = np.asarray(getattr(plan, "engine_code", Engine.GENERIC))
+    sp = np.asarray(plan.sp, dtype=bool)
+    as_it_is = (engine == Engine.SCALING) | (engine == Engine.MEGATRON)
+    size = np.where(as_it_is, out, np.where(engine == Engine.DEEPSPEED, out / t, np.where(sp, out, out / t)))
+    span = np.asarray(plan.tp) * plan.cp * plan.dp * plan.pp
+    inside = span <= cluster.gpus_per_node
+    intra, inter = cluster.links("pp")
+    return np.where(inside, ring_time(SEND_RECV, size, 2, intra), ring_time(SEND_RECV, size, 2, inter))
+
+
+def p2p_receive_gather_time(model, job, plan, cluster):
+    """Seconds per crossing a receiving stage spends putting a partitioned transfer back together:
+    DeepSpeed's PipelineEngine all-gathers the received activation (forward) or gradient (backward)
+    over the tp group (``PartitionedTensor.full()``, deepspeed/runtime/pipe/engine.py at 03f6f75)
+    before it can compute; 0 on the other engines and at tp = 1. (Megatron-LM's 2021 scatter-gather
+    did the same; it is not priced, as before.)"""
+    engine = np.asarray(getattr(plan, "engine_code", Engine.GENERIC))
+    gathers = (engine == Engine.DEEPSPEED) & (np.asarray(plan.tp) > 1)
+    if not np.any(gathers):
+        return 0.0
+    return np.where(gathers, tp_collective_time(ALL_GATHER, stage_output_bytes(model, job, plan), plan, cluster), 0.0)

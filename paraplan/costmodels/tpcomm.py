@@ -1,0 +1,158 @@
+"""Tensor-parallel communication of one layer for one micro-batch: the all-reduces (reduce-scatter +
+all-gather under sequence parallelism, the gathers in fp8 where :func:`paraplan.costmodels.fp8.tp_gathers_fp8`),
+the all-gathers a sequence-parallel layer (:func:`sp_backward_regather_time`) or op-level SAC
+(:func:`op_sac_regather_time`) runs again in its backward, their overlap with the GEMMs
+(:func:`tp_exposed_time`), and the vocab-parallel cross-entropy's all-reduces.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from paraplan.costmodels.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time, ranks_per_node
+from paraplan.costmodels.fp8 import FP8_GATHER_BYTES_RATIO, tp_gathers_fp8
+from paraplan.costmodels.kernels import element_bytes, mlp_gemm_forward_times, tokens_per_rank
+from paraplan.plan import Engine, Recompute
+
+
+def tp_collective_time(kind: str, size_bytes, plan, cluster):
+    """Seconds of one collective of ``size_bytes`` over the tensor-parallel group (tp ranks at
+    stride 1, on the cluster's tp links)."""
+    k = ranks_per_node(plan.tp, 1, cluster.gpus_per_node)
+    intra, inter = cluster.links("tp")
+    return collective_time(kind, size_bytes, plan.tp, k, intra, inter)
+
+
+def tp_allreduce_time(model, job, plan, cluster, copies=1.0, fp8_gathers=True):
+    """One tensor-parallel all-reduce (or reduce-scatter + all-gather with SP) of T·h activations
+    (``copies`` x that many rows: an MoE layer's routed token copies, :func:`moe_tp_collective_copies`).
+
+    With SP the two halves are priced as themselves: on a ring link (one α and bandwidth for all
+    collectives) RS + AG equals the all-reduce exactly; a link fitted per collective from a
+    profile (gloo on a CPU, say) prices them apart; where the all-gathers carry fp8
+    (:func:`tp_gathers_fp8`, and ``fp8_gathers``: False for tensors no fp8 linear reads, the LM
+    head's input and an MoE dispatcher's routed tokens) they move half the bytes of the
+    reduce-scatters."""
+    size = tp_activation_bytes(model, job, plan) * copies
+    ar = tp_collective_time(ALL_REDUCE, size, plan, cluster)
+    sp = np.asarray(plan.sp, dtype=bool)
+    intra, inter = cluster.links("tp")
+    if not np.any(sp) or not (intra.per_op or inter.per_op or (fp8_gathers and np.any(tp_gathers_fp8(plan)))):
+        return ar
+    rs_ag = tp_collective_time(REDUCE_SCATTER, size, plan, cluster) \
+        + tp_collective_time(ALL_GATHER, tp_gathered_bytes(model, job, plan, fp8_gathers) * copies, plan, cluster)
+    return np.where(sp, rs_ag, ar)
+
+
+def tp_activation_bytes(model, job, plan):
+    """Bytes of the T·h activation a tensor-parallel collective of one layer carries (16-bit, or fp32)."""
+    return tokens_per_rank(job, plan) * model.hidden * element_bytes(plan)
+
+
+def tp_gathered_bytes(model, job, plan, fp8_gathers=True):
+    """Bytes one sequence-parallel all-gather of a layer's block input carries: the T·h activation, fp8
+    where the gathers carry fp8 (:func:`tp_gathers_fp8`: FP8_GATHER_BYTES_RATIO of it; ``fp8_gathers``
+    False: a tensor no fp8 linear reads, 16-bit whatever the plan)."""
+    fp8 = tp_gathers_fp8(plan) & bool(fp8_gathers)
+    return tp_activation_bytes(model, job, plan) * np.where(fp8, FP8_GATHER_BYTES_RATIO, 1.0)
+
+
+def op_sac_regather_time(model, job, plan, cluster):
+    """The all-gathers torchtitan's op-level SAC runs again in the backward of one layer and
+    micro-batch: its policy saves the outputs of matmuls, attention and reduce-scatters but not of
+    all-gathers (torchtitan ``_save_list``: aten.mm, the SDPA kernels,
+    _c10d_functional.reduce_scatter_tensor, abs/max for fp8; "communication ops whose outputs should be
+    saved to avoid re-communication" lists reduce-scatter and all-to-all only), so under sequence
+    parallelism the gathered inputs of the attention and MLP blocks, which the weight gradients of
+    their column-parallel projections read, are re-gathered: two all-gathers of T·h (fp8 where
+    :func:`tp_gathers_fp8`) per layer, in the backward, where async TP does not reach. 0 for other
+    recomputation modes, without sequence parallelism or tensor parallelism."""
+    applies = (np.asarray(plan.recompute_code) == Recompute.OP_SAC) & np.asarray(plan.sp, dtype=bool) \
+        & (np.asarray(plan.tp) > 1)
+    gather = tp_collective_time(ALL_GATHER, tp_gathered_bytes(model, job, plan), plan, cluster)
+    return np.where(applies, 2 * gather, 0.0)
+
+
+#: engines whose sequence-parallel column-parallel linears keep only their input's sequence shard for
+#: backward and all-gather it again there (Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication,
+#: Korthikanti et al. 2022 sec. 4.2.2; Megatron-DeepSpeed's copy; the generic engine follows the paper).
+#: torchtitan's DTensor matmuls keep the gathered input (op-level SAC aside: op_sac_regather_time), and
+#: Scaling keeps it too (memory.SCALING_SP_GATHERED_SAVED_BYTES_PER_HIDDEN).
+SP_REGATHER_ENGINES = (Engine.MEGATRON, Engine.DEEPSPEED, Engine.GENERIC)
+
+
+def sp_backward_regather_time(model, job, plan, cluster, curves, attention_times, fc1_time):
+    """Exposed seconds of the all-gathers a sequence-parallel layer runs again in its backward, per layer
+    and micro-batch: the block input of the attention's projections that read it and, in a dense layer,
+    of the MLP's first projection (an MoE layer's experts keep their gathered copies; its shared experts
+    re-gather as a dense MLP does). Megatron-LM launches each asynchronously before the input-gradient
+    GEMM and waits before the weight-gradient GEMM, so it hides under the first: exposed = max(0, gather -
+    dgrad) + contention x min(gather, dgrad), dgrad taken as the forward GEMM's time: ``attention_times``
+    the attention's projections' (:func:`attention_gemm_forward_times`), ``fc1_time`` the dense MLP's first
+    projection's (:func:`mlp_gemm_forward_times`), both as the layer already priced them. 0 without
+    sequence or tensor parallelism, under op-level SAC (op_sac_regather_time) and for engines that keep
+    the gathered input."""
+    engine = np.asarray(getattr(plan, "engine_code", Engine.GENERIC))
+    applies = np.isin(engine, SP_REGATHER_ENGINES) & np.asarray(plan.sp, dtype=bool) & (np.asarray(plan.tp) > 1) \
+        & (np.asarray(plan.recompute_code) != Recompute.OP_SAC)
+    if not np.any(applies):
+        return 0.0
+    gather = tp_collective_time(ALL_GATHER, tp_gathered_bytes(model, job, plan), plan, cluster)
+
+    def hidden(window):
+        return np.maximum(0.0, gather - window) + TP_OVERLAP_CONTENTION * np.minimum(gather, window)
+    attn = hidden(sum(time for time, (_, inp, split) in zip(attention_times, model.attention_gemms)
+                      if inp == model.hidden and split != "row"))
+    fc1 = hidden(fc1_time)
+    share_moe = model.moe_layers / model.layers
+    if share_moe and model.moe.shared_experts:
+        shared_fc1 = hidden(mlp_gemm_forward_times(model, job, plan, curves,
+                                                   width=model.moe.expert_ffn_hidden * model.moe.shared_experts)[0])
+    else:
+        shared_fc1 = 0.0
+    return np.where(applies, attn + (1 - share_moe) * fc1 + share_moe * shared_fc1, 0.0)
+
+
+# Share of an overlapped TP collective's duration that it costs the GEMM beneath it (NCCL or userbuffer
+# copy kernels take SMs and HBM bandwidth): the data-parallel figure, Lee et al. 2025's measured
+# average compute slowdown under overlapped collectives (arXiv:2507.03114: 18.9 %; calculon's
+# processor_usage for NVLink traffic is 0.15, calculon-ai/calculon @ caa4b11, systems/a100_80g.json).
+TP_OVERLAP_CONTENTION = 0.19
+
+
+def tp_exposed_time(tp_comm, gemm_forward, full_recompute, plan):
+    """Exposed tensor-parallel communication of one layer and micro-batch.
+
+    Without overlap all of it. With ``plan.tp_comm_overlap`` (Megatron-LM --tp-comm-overlap, torchtitan
+    async TP) each all-gather runs under the GEMM that consumes it and each reduce-scatter under the GEMM
+    that produces it, in chunks: the window is the layer's projection GEMMs, forward once (twice more
+    with full recomputation), backward twice; exposed = max(0, comm - window) + contention x min(comm,
+    window).
+
+    torchtitan's async TP overlaps the forward's collectives only (and their replay under full
+    recomputation): its micro-pipelining is a torch.compile pass over the all-gather -> matmul and
+    matmul -> reduce-scatter patterns, and its authors measured ~20 % forward against ~8 % end-to-end
+    speed-up on Llama 3 70B (TORCHTITAN_ASYNC_TP_SOURCE): the backward's collectives stay exposed, the
+    forward ones (2 of 4 all-reduce equivalents per layer, 4 of 6 with full recomputation) overlap
+    under the forward GEMMs."""
+    overlap = np.asarray(getattr(plan, "tp_comm_overlap", False), dtype=bool)
+    forward_only = np.asarray(getattr(plan, "engine_code", 0)) == Engine.TORCHTITAN
+    forward_passes = 1 + np.where(full_recompute, 1, 0)
+    # each forward pass and the backward run two all-reduce equivalents: the forward's share is f / (f + 1)
+    overlappable = np.where(forward_only, forward_passes / (forward_passes + 1) * tp_comm, tp_comm)
+    window = gemm_forward * (forward_passes + np.where(forward_only, 0, 2))   # backward: its GEMMs twice
+    hidden = (tp_comm - overlappable) + np.maximum(0.0, overlappable - window) \
+        + TP_OVERLAP_CONTENTION * np.minimum(overlappable, window)
+    return np.where(overlap, hidden, tp_comm)
+
+
+TORCHTITAN_ASYNC_TP_SOURCE = ("[Distributed w/ TorchTitan] Introducing Async Tensor Parallelism in PyTorch, "
+                              "discuss.pytorch.org/t/209487 (2024): up to ~29 % forward / ~8 % end-to-end speed-up "
+                              "on Llama 3 8B, ~20 % / ~8 % on 70B")
+
+
+def vocab_parallel_loss_allreduce_time(job, plan, cluster):
+    """The cross-entropy over a vocabulary split across tp (Megatron's vocab-parallel cross-entropy,
+    the validation harness's too) all-reduces three fp32 values per token: the logits' max, the sum
+    of the exponentials and the target's logit. Small messages (4·T bytes), so latency-bound: about
+    3 α per micro-batch (microseconds on NVLink, a millisecond each under gloo). 0 with tp = 1."""
+    return 3 * tp_collective_time(ALL_REDUCE, 4.0 * tokens_per_rank(job, plan), plan, cluster)
