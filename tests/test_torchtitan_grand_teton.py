@@ -193,3 +193,38 @@ def test_a_power_limit_without_a_rating_is_refused(tmp_path):
     data["power_limit_w"] = -5
     with pytest.raises(ConfigError, match="power_limit_w"):
         parse_accelerator(FieldReader(data, "h100-96g-hbm2e.yaml"))
+
+
+def test_a_cluster_file_sets_the_gpus_power_limit(tmp_path, capsys):
+    """A cluster YAML's gpu_power_limit_w runs its GPUs at that limit (the estimate slows and says the clock
+    it priced); a part without a rated power, a limit above the rating or a non-positive one is refused
+    naming the key, exit 2 and no traceback."""
+    from paraplan.cli import main
+    capped = tmp_path / "capped.yaml"
+    capped.write_text("system: dgx-h100\ngpus: 8\ngpu_power_limit_w: 500\n")
+    cluster = load_cluster(str(capped))
+    assert cluster.accelerator.power_limit_w == 500 and cluster.accelerator.name == "h100-sxm"
+    assert cluster.accelerator.power_limited_clock_factor() == pytest.approx((500 / 700) ** (1 / 3))
+    args = ["estimate", "--model", "llama3-8b", "--gpus", "8", "--seq-len", "4096", "--global-batch", "64",
+            "--tp", "1", "--zero", "1", "--format", "json"]
+    import json
+    assert main(args + ["--cluster", str(capped)]) == 0
+    slow = json.loads(capsys.readouterr().out)
+    assert main(args + ["--cluster", "dgx-h100"]) == 0
+    rated = json.loads(capsys.readouterr().out)
+    assert rated["step_time_s"] < slow["step_time_s"] < rated["step_time_s"] / capped_factor_floor()
+    assert any("0.894 of the rated clock" in a for a in slow["assumptions"])
+    assert not any("rated clock" in a for a in rated["assumptions"])
+    for text, words in (("system: mi300x-x8\ngpus: 8\ngpu_power_limit_w: 500\n", "mi300x states no rated power"),
+                        ("system: dgx-h100\ngpus: 8\ngpu_power_limit_w: 800\n", "above h100-sxm's rated 700 W"),
+                        ("system: dgx-h100\ngpus: 8\ngpu_power_limit_w: -1\n", "must be positive")):
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(text)
+        assert main(args + ["--cluster", str(bad)]) == 2
+        err = capsys.readouterr().err
+        assert "gpu_power_limit_w" in err and words in err and "Traceback" not in err
+
+
+def capped_factor_floor() -> float:
+    """The slowest a 500 W limit can make a step: every second of it at the limited clock."""
+    return (500 / 700) ** (1 / 3)

@@ -7,6 +7,7 @@ mapping from every figure's key to where it comes from; units sit in the key nam
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -183,12 +184,31 @@ def _system_named_by_gpu(spec: str) -> str:
     raise unknown_name("cluster", spec, preset_names("systems"))
 
 
+def power_limited(accelerator: Accelerator, watts: float, field: str) -> Accelerator:
+    """The accelerator run at a board power limit of ``watts``, priced by its power-limited clock factor
+    against ``rated_power_w``, which the part must state; a limit above the rating is refused (the
+    firmware's maximum limit is the rated power). ``field`` names the input in errors."""
+    rated = accelerator.rated_power_w
+    if rated is None:
+        rated_parts = [n for n in preset_names("accelerators") if load_part("accelerators", n).rated_power_w]
+        raise ConfigError(field, f"{accelerator.name} states no rated power to price a limit against",
+                          accepted=f"a cluster of a part with rated_power_w ({', '.join(rated_parts)}), or an "
+                                   "accelerator file that sets it")
+    if not watts > 0:
+        raise ConfigError(field, f"must be positive, got {watts:g}", accepted=f"watts per GPU, at most {rated:g}")
+    if watts > rated:
+        raise ConfigError(field, f"{watts:g} W is above {accelerator.name}'s rated {rated:g} W",
+                          accepted=f"a limit of at most {rated:g} W")
+    return replace(accelerator, power_limit_w=float(watts))
+
+
 def load_cluster(spec: str, gpus: int | None = None, *, inter_node_oversubscription: float = 1.0) -> Cluster:
     """A cluster from a system preset name and a GPU count, or from a YAML file (a measured
     profile, ``local`` or ``profile:NAME``, is loaded by :func:`paraplan.scenario.load_cluster`).
 
     YAML keys: ``system`` (a preset name or an inline system mapping), ``gpus``, optional
-    ``name`` and ``inter_node_oversubscription``. ``gpus`` given here overrides the file's. A system
+    ``name``, ``inter_node_oversubscription`` and ``gpu_power_limit_w`` (the board power limit the GPUs
+    run at, at most their rated power: :func:`power_limited`). ``gpus`` given here overrides the file's. A system
     file itself (a copy of a catalogue preset, edited: it has ``accelerator`` and ``gpus_per_node`` and
     no ``system``) is read as the system, with ``gpus`` from the argument (default: one node).
     """
@@ -203,6 +223,9 @@ def load_cluster(spec: str, gpus: int | None = None, *, inter_node_oversubscript
             return Cluster(name=path.stem, system=system, num_gpus=int(n),
                            inter_node_oversubscription=inter_node_oversubscription)
         system = _part("systems", f, "system")
+        if f.has("gpu_power_limit_w"):
+            watts = f.number("gpu_power_limit_w")
+            system = replace(system, accelerator=power_limited(system.accelerator, watts, f._name("gpu_power_limit_w")))
         n = gpus if gpus is not None else f.integer("gpus")
         return Cluster(name=f.string("name", path.stem), system=system, num_gpus=int(n),
                        inter_node_oversubscription=f.number("inter_node_oversubscription", 1.0))

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError, shown
-from paraplan.hardware.catalog import load_part, preset_names
+from paraplan.hardware.catalog import power_limited
 from paraplan.io import read_yaml, spec_beside, spec_relative_to
 from paraplan.plan import ATTENTION_KERNELS, Plan
 from paraplan.progress import bar
@@ -360,26 +360,6 @@ def base_values(scenario: Scenario) -> dict:
                                     or (scenario.plan or {}).get("attention_kernel") or "auto")}
 
 
-def _no_rated_power(accelerator) -> ConfigError:
-    rated_parts = [n for n in preset_names("accelerators") if load_part("accelerators", n).rated_power_w]
-    return ConfigError("--sweep power_limit", f"{accelerator.name} states no rated power to price a limit against",
-                       accepted=f"a cluster of a part with rated_power_w ({', '.join(rated_parts)}), or an "
-                                "accelerator file that sets it")
-
-
-def power_limited(accelerator, watts: float):
-    """The accelerator run at a board power limit of ``watts`` (``--sweep power_limit=...``): priced by its
-    power-limited clock factor against ``rated_power_w``, which the part must state; a limit above the
-    rating is refused (the firmware's maximum limit is the rated power)."""
-    rated = accelerator.rated_power_w
-    if rated is None:
-        raise _no_rated_power(accelerator)
-    if watts > rated:
-        raise ConfigError("--sweep power_limit", f"{watts:g} W is above {accelerator.name}'s rated {rated:g} W",
-                          accepted=f"a limit of at most {rated:g} W")
-    return replace(accelerator, power_limit_w=float(watts))
-
-
 def resolve_points(scenario: Scenario) -> list[Point]:
     """Every point of the sweep grid (first sweep outer), built and checked before anything runs."""
     model = load_model(scenario.model)
@@ -387,8 +367,8 @@ def resolve_points(scenario: Scenario) -> list[Point]:
     axes = []
     for s in scenario.sweeps:
         b = base[s.var]
-        if s.var == "power_limit" and b is None:
-            raise _no_rated_power(load_cluster(scenario.cluster, scenario.gpus).accelerator)
+        if s.var == "power_limit" and b is None:      # the part states no rating: power_limited says so
+            power_limited(load_cluster(scenario.cluster, scenario.gpus).accelerator, 1.0, "--sweep power_limit")
         if b is None and any(i.lower().startswith("x") for i in s.items):
             raise ConfigError(f"--sweep {s.var}", "a multiplier needs a base value", accepted=f"--{s.var.replace('_', '-')} N")
         if (s.var in FLOAT_VARS and any(i.lower().startswith("x") for i in s.items)
@@ -424,7 +404,8 @@ def _point(index, scenario, model, base, values) -> Point:
     if "host_link_bandwidth" in values:        # the GPU's link to host memory (System.host_link_bytes_per_s)
         cluster = cluster.with_system(host_link_bandwidth_bytes_per_s=v["host_link_bandwidth"] * 1e9)
     if "power_limit" in values:
-        cluster = cluster.with_system(accelerator=power_limited(cluster.accelerator, v["power_limit"]))
+        cluster = cluster.with_system(accelerator=power_limited(cluster.accelerator, v["power_limit"],
+                                                                "--sweep power_limit"))
     fixed = dict(scenario.fixed or {})
     allow_offload = scenario.allow_offload
     if "offload" in values:
