@@ -179,11 +179,10 @@ def test_the_power_limit_slows_tensor_core_work_only():
 def test_a_power_limit_without_a_rating_is_refused(tmp_path):
     """An accelerator file with power_limit_w but no rated_power_w has nothing to price the limit against:
     refused naming the field."""
-    from paraplan.errors import ConfigError
-    from paraplan.hardware.catalog import parse_accelerator
-    from paraplan.io import FieldReader
     import yaml
-    from paraplan.hardware.catalog import CATALOG_DIR
+    from paraplan.errors import ConfigError
+    from paraplan.hardware.catalog import CATALOG_DIR, parse_accelerator
+    from paraplan.io import FieldReader
     data = yaml.safe_load((CATALOG_DIR / "accelerators" / "h100-96g-hbm2e.yaml").read_text())
     del data["rated_power_w"]
     with pytest.raises(ConfigError) as err:

@@ -184,16 +184,22 @@ def _system_named_by_gpu(spec: str) -> str:
     raise unknown_name("cluster", spec, preset_names("systems"))
 
 
-def power_limited(accelerator: Accelerator, watts: float, field: str) -> Accelerator:
-    """The accelerator run at a board power limit of ``watts``, priced by its power-limited clock factor
-    against ``rated_power_w``, which the part must state; a limit above the rating is refused (the
-    firmware's maximum limit is the rated power). ``field`` names the input in errors."""
-    rated = accelerator.rated_power_w
-    if rated is None:
+def rated_power(accelerator: Accelerator, field: str) -> float:
+    """The part's ``rated_power_w``, which a power limit is priced against; refused, naming ``field`` and
+    the catalogue parts that state one, where the part states none."""
+    if accelerator.rated_power_w is None:
         rated_parts = [n for n in preset_names("accelerators") if load_part("accelerators", n).rated_power_w]
         raise ConfigError(field, f"{accelerator.name} states no rated power to price a limit against",
                           accepted=f"a cluster of a part with rated_power_w ({', '.join(rated_parts)}), or an "
                                    "accelerator file that sets it")
+    return accelerator.rated_power_w
+
+
+def power_limited(accelerator: Accelerator, watts: float, field: str) -> Accelerator:
+    """The accelerator run at a board power limit of ``watts``, priced by its power-limited clock factor
+    against :func:`rated_power`; a limit above the rating is refused (the firmware's maximum limit is the
+    rated power). ``field`` names the input in errors."""
+    rated = rated_power(accelerator, field)
     if not watts > 0:
         raise ConfigError(field, f"must be positive, got {watts:g}", accepted=f"watts per GPU, at most {rated:g}")
     if watts > rated:

@@ -21,7 +21,7 @@ from typing import Any, Mapping
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError, shown
-from paraplan.hardware.catalog import power_limited
+from paraplan.hardware.catalog import power_limited, rated_power
 from paraplan.io import read_yaml, spec_beside, spec_relative_to
 from paraplan.plan import ATTENTION_KERNELS, Plan
 from paraplan.progress import bar
@@ -367,8 +367,8 @@ def resolve_points(scenario: Scenario) -> list[Point]:
     axes = []
     for s in scenario.sweeps:
         b = base[s.var]
-        if s.var == "power_limit" and b is None:      # the part states no rating: power_limited says so
-            power_limited(load_cluster(scenario.cluster, scenario.gpus).accelerator, 1.0, "--sweep power_limit")
+        if s.var == "power_limit" and b is None:      # the part states no rating: refused, saying which do
+            rated_power(load_cluster(scenario.cluster, scenario.gpus).accelerator, "--sweep power_limit")
         if b is None and any(i.lower().startswith("x") for i in s.items):
             raise ConfigError(f"--sweep {s.var}", "a multiplier needs a base value", accepted=f"--{s.var.replace('_', '-')} N")
         if (s.var in FLOAT_VARS and any(i.lower().startswith("x") for i in s.items)
