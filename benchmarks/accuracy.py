@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from paraplan.costmodels.calibration import (DEFAULT_CSV, H100_CSV, korthikanti_table, load_cases, load_h100_cases,
+from paraplan.calibration import (DEFAULT_CSV, H100_CSV, korthikanti_table, load_cases, load_h100_cases,
                                              load_memory_cases, score)
 from paraplan.costmodels.estimate import ALLOCATOR_PRESSURE_HEADROOM_BYTES, churns_allocator, estimate
 from paraplan.costmodels.intervals import GENERATION, LEVEL, fit_intervals, residual_group, write_intervals

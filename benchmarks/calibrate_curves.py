@@ -44,7 +44,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).parent))
 from accuracy import SWEEP_CSV, SWEEP_SOURCE, sweep_runs   # noqa: E402  the benchmarks' reading of the sweep
 
-from paraplan.costmodels.calibration import load_cases, load_h100_cases   # noqa: E402
+from paraplan.calibration import load_cases, load_h100_cases   # noqa: E402
 from paraplan.costmodels.efficiency import analytical_curves   # noqa: E402
 from paraplan.costmodels.estimate import estimate   # noqa: E402
 from paraplan.costmodels.intervals import GENERATION   # noqa: E402

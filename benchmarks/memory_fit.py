@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from paraplan.costmodels.calibration import load_cases, load_h100_cases, short_source
+from paraplan.calibration import load_cases, load_h100_cases, short_source
 from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster

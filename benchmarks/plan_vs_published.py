@@ -13,7 +13,7 @@ import sys
 
 import numpy as np
 
-from paraplan.costmodels.calibration import load_cases
+from paraplan.calibration import load_cases
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import estimate
 from paraplan.planner.search import score_batch, search

@@ -25,7 +25,7 @@ from dataclasses import replace
 
 import pandas as pd
 
-from paraplan.costmodels.calibration import (KORTHIKANTI_SETUPS, KORTHIKANTI_TABLE5_STEP_S, korthikanti_estimate,
+from paraplan.calibration import (KORTHIKANTI_SETUPS, KORTHIKANTI_TABLE5_STEP_S, korthikanti_estimate,
                                              load_cases, load_h100_cases)
 from paraplan.costmodels.estimate import estimate
 from paraplan.costmodels.intervals import GENERATION

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from paraplan.costmodels.calibration import DEFAULT_CSV, H100_CSV
+from paraplan.calibration import DEFAULT_CSV, H100_CSV
 
 REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
 SWEEP = REFERENCE / "hagemann2023_sweep_2k.csv"

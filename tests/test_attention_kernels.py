@@ -100,7 +100,7 @@ def test_torchtitan_auto_runs_sdpa_with_cudnn_first_and_its_2025_rows_ran_flash2
     auto, cudnn, flash2 = step(), step(attention_kernel="cudnn"), step(attention_kernel="flash2")
     assert auto.step_time_s == cudnn.step_time_s < flash2.step_time_s / 1.05
     assert any("auto on torchtitan runs torch SDPA's cuDNN backend" in a for a in auto.assumptions)
-    from paraplan.costmodels.calibration import load_h100_cases
+    from paraplan.calibration import load_h100_cases
     titan = [c for c in load_h100_cases()[0] if "torchtitan" in c.source]
     assert len(titan) == 12
     assert all(c.plan.attention_kernel == "flash2" and any("pytorch/pytorch#138522" in a for a in c.assumed)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from paraplan.costmodels.attention import attention_core_times
-from paraplan.costmodels.calibration import load_h100_cases, score
+from paraplan.calibration import load_h100_cases, score
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import estimate
 from paraplan.hardware.catalog import load_cluster

@@ -1,7 +1,7 @@
 """Accuracy against published runs: the issue's targets, with the held-out split reported separately."""
 import pytest
 
-from paraplan.costmodels.calibration import load_cases, mape_by_source, score
+from paraplan.calibration import load_cases, mape_by_source, score
 from paraplan.costmodels.estimate import estimate
 
 
@@ -24,7 +24,7 @@ def test_bigscience_rows_take_what_their_notes_state():
     vocabulary padded as Megatron pads it, 250,880 at tp 8, BLOOM's released size) on Megatron-DeepSpeed,
     each assumption listed; their peak-memory rows are scored as memory, with the notes of the run's
     step-time row."""
-    from paraplan.costmodels.calibration import load_cases, load_memory_cases, vocab_from_notes
+    from paraplan.calibration import load_cases, load_memory_cases, vocab_from_notes
     assert vocab_from_notes("vocab ~250k; precision not restated", 8) == 250_880
     assert vocab_from_notes("vocab ~50k", 1) == 50_048 and vocab_from_notes("no vocabulary here", 8) is None
     cases, skipped = load_cases()
@@ -62,7 +62,7 @@ def test_held_out_sources_stay_within_target(scored):
 def test_h100_rows_carry_the_recipe_settings_they_ran_with():
     """NeMo / Megatron-Bridge rows: gradients reduced in bf16 (their performance recipes); NeMo's
     GPT-3 175B without dropout (GPTConfig175B); each setting listed among the row's assumptions."""
-    from paraplan.costmodels.calibration import load_h100_cases
+    from paraplan.calibration import load_h100_cases
     cases, _ = load_h100_cases()
     megatron = [c for c in cases if c.plan.engine == "megatron"]
     assert megatron and all(c.plan.grad_reduce_bf16 for c in megatron)
@@ -77,7 +77,7 @@ def test_megatron_fsdp_rows_run_on_megatrons_zero3():
     Megatron's layers and kernels (on the H100, Transformer Engine's cuDNN fused attention, the engine's
     pick under ``auto``) and its sharded model states, not a generic engine with a named kernel."""
     from dataclasses import replace
-    from paraplan.costmodels.calibration import load_h100_cases
+    from paraplan.calibration import load_h100_cases
     from paraplan.costmodels.estimate import estimate
     fsdp = [c for c in load_h100_cases()[0] if any("Megatron FSDP" in a for a in c.assumed)]
     assert len(fsdp) >= 4
@@ -103,7 +103,7 @@ def test_llama3_70b_megatron_fsdp_rows_offload_what_their_recipes_offload():
     under the passes, over a PCIe-class link they would not, and the offload brings the predicted peak from
     375 GiB to within 10 / 17 % of the GPU's memory."""
     from dataclasses import replace
-    from paraplan.costmodels.calibration import load_h100_cases
+    from paraplan.calibration import load_h100_cases
     from paraplan.costmodels.estimate import estimate
     rows = {c.cluster.accelerator.name: c for c in load_h100_cases()[0]
             if c.model.name == "llama3-70b" and c.plan.engine == "megatron" and c.plan.zero == 3}
@@ -124,11 +124,13 @@ def test_bloom_rows_run_on_jean_zay():
     """The bigscience rows trained on Jean Zay's A100 partition (4 Omni-Path 100 Gb/s links per node of 8
     GPUs: 6.25 GB/s per GPU), not on a DGX A100 (8 x HDR 200 Gb/s: 25 GB/s per GPU); the thinner fabric
     is what their data-parallel and pipeline traffic crosses."""
-    from paraplan.costmodels.calibration import BLOOM_SYSTEM, load_cases, load_memory_cases
+    from paraplan.calibration import a100_recipes, load_cases, load_memory_cases
+    bloom_system = a100_recipes().source_entry("bigscience").systems["dgx-a100-80g"]
+    assert bloom_system == "jean-zay-a100"
     bloom = [c for c in load_cases()[0] if c.source == "bigscience BLOOM prototypes"]
     assert len(bloom) == 11
-    assert {c.cluster.system.name for c in bloom} == {BLOOM_SYSTEM}
+    assert {c.cluster.system.name for c in bloom} == {bloom_system}
     assert bloom[0].cluster.inter_node.bandwidth_bytes_per_s == 6.25e9
     assert all(any("Jean Zay" in a for a in c.assumed) for c in bloom)
     others = [c for c in load_cases()[0] if c.source != "bigscience BLOOM prototypes"]
-    assert BLOOM_SYSTEM not in {c.cluster.system.name for c in others}
+    assert bloom_system not in {c.cluster.system.name for c in others}

@@ -439,7 +439,7 @@ def test_published_runs_that_ran_are_judged_to_fit_with_the_least_recomputation_
     does not state one (a plan that cannot take a recomputation mode, such as Megatron's combined-1F1B
     expert overlap under full recomputation, counts as not fitting with it rather than failing)."""
     mf = _memory_fit_benchmark()
-    from paraplan.costmodels.calibration import load_h100_cases
+    from paraplan.calibration import load_h100_cases
     a100 = mf.published_runs_fit()
     assert len(a100) == 76 and a100.judged_fit.all()
     h100 = mf.published_runs_fit(load_h100_cases)

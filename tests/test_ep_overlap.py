@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from paraplan.costmodels.calibration import load_h100_cases
+from paraplan.calibration import load_h100_cases
 from paraplan.costmodels.estimate import estimate
 from paraplan.costmodels.moe import EP_OVERLAP_CONTENTION, ep_exposed_time, ep_unpaired_share
 from paraplan.errors import ConfigError

@@ -100,7 +100,7 @@ def test_torchtitan_rowwise_llama3_8b_tp8_is_slower_than_bf16_as_measured():
     memory-bound, does not, so rowwise comes out at 0.99-1.0x the bf16 step there (still slower than
     tensorwise; the measured 0.81-0.85x is not reached: torchao's rowwise path of that time)."""
     from dataclasses import replace
-    from paraplan.costmodels.calibration import load_h100_cases
+    from paraplan.calibration import load_h100_cases
     cases = [c for c in load_h100_cases()[0] if "torchtitan" in c.source and c.model.layers == 32]
     assert cases and all(c.cluster.accelerator.power_limit_w == 500 for c in cases)
 

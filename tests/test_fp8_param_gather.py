@@ -9,7 +9,7 @@ import pytest
 
 from paraplan.cli import main
 from paraplan.costmodels import memory as M
-from paraplan.costmodels.calibration import load_h100_cases
+from paraplan.calibration import load_h100_cases
 from paraplan.costmodels.comm import ALL_GATHER, collective_time
 from paraplan.costmodels.dataparallel import dp_group, dp_traffic
 from paraplan.costmodels.estimate import estimate

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pandas as pd
 import pytest
 
-from paraplan.costmodels.calibration import H100_CSV
+from paraplan.calibration import H100_CSV
 from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
@@ -63,7 +63,7 @@ def test_presets_match_the_recipes_model_flops(model, tflops_per_gpu, tokens_per
 
 
 def test_calibration_file_rows_for_the_new_presets_are_scored():
-    from paraplan.costmodels.calibration import load_h100_cases
+    from paraplan.calibration import load_h100_cases
     cases, skipped = load_h100_cases()
     labels = " ".join(c.label for c in cases)
     for name in ("Qwen3_30B_a3B", "Nemotron-8B", "Nemotron-340B", "GPT3-5B"):

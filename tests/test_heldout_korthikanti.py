@@ -1,11 +1,11 @@
 """Held-out accuracy: Korthikanti et al. 2022 (arXiv:2205.05198), Selene A100-80GB, measured step
 times (Table 5) and activation memory (Fig. 1). None of these rows was used to calibrate
-curves.yaml. Configurations and figures: ``paraplan.costmodels.calibration.KORTHIKANTI_*`` (from calculon's
+curves.yaml. Configurations and figures: ``paraplan.calibration.KORTHIKANTI_*`` (from calculon's
 validation set, calculon-ai/calculon validation/seqsel/*.json; shapes from Korthikanti Table 3).
 """
 import pytest
 
-from paraplan.costmodels.calibration import (KORTHIKANTI_FIG1_ACTIVATIONS_GIB, KORTHIKANTI_SETUPS, KORTHIKANTI_TABLE5_STEP_S,
+from paraplan.calibration import (KORTHIKANTI_FIG1_ACTIVATIONS_GIB, KORTHIKANTI_SETUPS, KORTHIKANTI_TABLE5_STEP_S,
                                   korthikanti_estimate)
 from paraplan.costmodels.estimate import estimate
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from paraplan.costmodels.calibration import load_cases, short_source
+from paraplan.calibration import load_cases, short_source
 from paraplan.costmodels.estimate import ALLOCATOR_PRESSURE_HEADROOM_BYTES, churns_allocator, estimate
 from paraplan.plan import Plan
 

@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 
 from paraplan.costmodels import compute as C
-from paraplan.costmodels.calibration import load_h100_cases
+from paraplan.calibration import load_h100_cases
 from paraplan.costmodels.efficiency import curves_for, with_reference_block
 from paraplan.costmodels.estimate import estimate_legal, with_stage_concurrency
 from paraplan.costmodels.kernels import micro_batches

@@ -49,7 +49,7 @@ def test_no_floor_without_the_sync_or_where_gpu_time_exceeds_it():
 def test_floor_brings_the_host_bound_row_within_reach():
     """The row the floor is read from (Megatron-Bridge, Qwen3-30B-A3B on 8 B200, micro-batch 1,
     measured 28.19 s per step): within 10 % with the floor, 2.9x too fast without it."""
-    from paraplan.costmodels.calibration import load_h100_cases
+    from paraplan.calibration import load_h100_cases
     case = next(c for c in load_h100_cases()[0] if "Qwen3_30B_a3B DGX-B200" in c.label)
     e = estimate(case.model, case.job, case.cluster, case.plan)
     assert e.step_time_s == pytest.approx(case.measured_step_time_s, rel=0.10)

@@ -9,7 +9,7 @@ import dataclasses
 
 import pytest
 
-from paraplan.costmodels.calibration import load_h100_cases
+from paraplan.calibration import load_h100_cases
 from paraplan.costmodels.estimate import estimate
 from paraplan.costmodels.memory import activation_bytes_per_layer, routed_copy_saved_bytes, te_fp8_linears
 from paraplan.plan import Plan

@@ -84,7 +84,7 @@ def test_a_stage_layout_that_leaves_room_for_it_pays_less():
 
 
 def test_published_mtp_run_is_scored_with_its_recipe_layout():
-    from paraplan.costmodels.calibration import load_h100_cases
+    from paraplan.calibration import load_h100_cases
     cases, skipped = load_h100_cases()
     (c,) = [c for c in cases if "w/ MTP" in c.label]
     assert c.model.mtp_layers == 1 and (c.plan.first_stage_layers, c.plan.last_stage_layers) == (4, 1)

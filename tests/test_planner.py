@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from paraplan.costmodels.calibration import load_cases
+from paraplan.calibration import load_cases
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import estimate
 from paraplan.hardware.catalog import load_cluster

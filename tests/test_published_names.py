@@ -3,7 +3,7 @@ leave the architecture blank, other throughput metrics, and the reasons rows are
 import pandas as pd
 import pytest
 
-from paraplan.costmodels.calibration import FILE_COLUMNS, load_cases, load_h100_cases
+from paraplan.calibration import FILE_COLUMNS, load_cases, load_h100_cases
 from paraplan.costmodels.estimate import estimate
 from paraplan.hardware.names import system_for_gpu
 from paraplan.workloads.names import model_preset_for_name
@@ -143,7 +143,7 @@ def test_a_file_without_its_columns_or_with_unreadable_cells_says_which(tmp_path
 def test_offload_cells_are_read_and_move_the_run_to_deepspeed(tmp_path):
     """An offload cell puts the optimizer states (and, named, the parameters) on the CPU or NVMe, on
     DeepSpeed, whose ZeRO-Offload it is; the estimate then charges the transfers and the host optimizer."""
-    from paraplan.costmodels.calibration import offload_of_cell
+    from paraplan.calibration import offload_of_cell
     said = []
     assert offload_of_cell(None, said) == ("none", False) and offload_of_cell("none", said) == ("none", False)
     assert offload_of_cell("cpu (optimizer)", said) == ("cpu", False)
@@ -182,7 +182,7 @@ def test_mfu_and_model_tflops_rows_convert_with_megatrons_flop_count():
     """An MFU figure is a share of the dense 16-bit peak over Megatron's model-FLOP count: Korthikanti
     et al.'s MFU (41.5, 51.4, 56.0, 56.3 %) gives back their Table 5 step times within 1 %; a model
     TFLOP/s figure is the same count per second per GPU. Their rows stay held out of the calibration."""
-    from paraplan.costmodels.calibration import (KORTHIKANTI_SETUPS, KORTHIKANTI_TABLE5_STEP_S, load_cases,
+    from paraplan.calibration import (KORTHIKANTI_SETUPS, KORTHIKANTI_TABLE5_STEP_S, load_cases,
                                                  measured_step_time_s)
     from paraplan.hardware.catalog import load_cluster
     from paraplan.workloads.presets import load_model
@@ -201,7 +201,7 @@ def test_mfu_and_model_tflops_rows_convert_with_megatrons_flop_count():
 def test_a_year_in_a_source_name_does_not_make_it_megatron():
     """Source names map to the file's Megatron sources only when they name Megatron: an OPT or
     DeepSpeed paper from 2022 is not Korthikanti et al. (held out) nor gets Megatron 2020's defaults."""
-    from paraplan.costmodels.calibration import short_source
+    from paraplan.calibration import short_source
     assert short_source("OPT-175B logbook 2022") == "OPT-175B logbook 2022"
     assert short_source("ZeRO-Offload (Ren et al. 2021)") == "ZeRO-Offload (Ren et al. 2021)"
     assert short_source("megatron-lm-2020-images/tables.tex") == "Megatron-LM 2020"

@@ -9,7 +9,7 @@ import pytest
 
 from paraplan.costmodels import compute as C
 from paraplan.costmodels import memory as M
-from paraplan.costmodels.calibration import load_h100_cases
+from paraplan.calibration import load_h100_cases
 from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster

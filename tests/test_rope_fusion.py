@@ -15,7 +15,7 @@ import pytest
 
 from paraplan.cli import main
 from paraplan.costmodels import compute as C
-from paraplan.costmodels.calibration import load_h100_cases
+from paraplan.calibration import load_h100_cases
 from paraplan.costmodels.efficiency import curves_for, with_reference_block
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster

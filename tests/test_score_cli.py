@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from paraplan.cli import main
-from paraplan.costmodels.calibration import FILE_COLUMNS, H100_CSV, load_h100_cases, score
+from paraplan.calibration import FILE_COLUMNS, H100_CSV, load_h100_cases, score
 from paraplan.costmodels.estimate import estimate
 
 

@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from paraplan.costmodels.calibration import load_h100_cases
+from paraplan.calibration import load_h100_cases
 from paraplan.costmodels.curvefile import curve_table
 from paraplan.costmodels.estimate import estimate
 from paraplan.costmodels.fp8 import fp8_cast_elements, tp_gathers_fp8

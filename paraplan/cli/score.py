@@ -69,7 +69,8 @@ def register(subparsers) -> None:
     """Add ``score`` to the subparsers."""
     sc = subparsers.add_parser(
         "score", help="compare measured runs (a CSV in the published-run schema) with paraplan's estimates",
-        description="Read measured training runs (the columns of shared/reference/published_runs_calibration.csv; "
+        description="Read measured training runs (the columns of the published-run files paraplan ships, "
+                    "described in docs/reference/README.md; "
                     "architecture may be left blank for a preset model), estimate each, and report the throughput "
                     "error per row, per source and per hardware generation, and how many fall in the 90%% interval.")
     sc.add_argument("runs", metavar="RUNS.csv", help="measured runs, one per row")

@@ -2,7 +2,7 @@
 into system presets (hardware/catalog/systems), or the reason there is none.
 
 The cluster loader falls back to it when a spec is neither a preset nor a file, and the calibration
-loaders (costmodels/calibration.py) when a row's GPU is not in their own tables. A name is read by its
+readers (paraplan/calibration/) when a row's GPU is not in their own tables. A name is read by its
 parts (part number, memory size, form factor, system), never rounded to a preset of another part.
 """
 from __future__ import annotations

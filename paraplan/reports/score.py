@@ -1,10 +1,11 @@
 """Measured runs against paraplan's predictions: ``paraplan score RUNS.csv``.
 
-A runs file has the columns of the calibration files in shared/reference (published_runs_calibration*.csv:
-model, GPU, GPU count, every parallel degree, batch, precision, the measured metric and its value);
-architecture columns may be left blank for a model paraplan has a preset of. Each row is read by the
-loader of its hardware generation (costmodels/calibration.py: A100 and V100 rows as the A100 file's,
-the others as the H100/Blackwell file's), estimated, and compared:
+A runs file has the columns of the published-run files paraplan ships (paraplan/calibration/data/
+published_runs_calibration*.csv, described in docs/reference/README.md: model, GPU, GPU count, every
+parallel degree, batch, precision, the measured metric and its value); architecture columns may be left
+blank for a model paraplan has a preset of. Each row is read by the reader of its hardware generation
+(paraplan.calibration: A100 and V100 rows as the A100 file's, the others as the H100/Blackwell file's,
+each with its file's recipe sidecar), estimated, and compared:
 
   throughput error = predicted / measured throughput - 1 = measured step / predicted step - 1
   (> 0: paraplan is optimistic), and whether the measured step lies in the estimate's 90 % interval.
@@ -19,9 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from paraplan.costmodels.calibration import (GPU_TO_SYSTEM, H100_GPU_TO_SYSTEM, case_from_h100_row, case_from_row,
-                                             cases_of_table, h100_source, read_runs_file, short_source,
-                                             system_of_row_gpu)
+from paraplan.calibration import (a100_recipes, case_from_h100_row, case_from_row, cases_of_table, h100_recipes,
+                                  read_runs_file, source_name, system_of_row_gpu)
 from paraplan.costmodels.estimate import estimate
 from paraplan.costmodels.intervals import GENERATION
 from paraplan.hardware.catalog import load_part
@@ -39,7 +39,7 @@ class Scored:
 
 def generation_of_gpu(gpu) -> str | None:
     """The hardware generation a row's GPU name runs on (intervals.GENERATION), None if it has no preset."""
-    system = system_of_row_gpu(gpu, {**GPU_TO_SYSTEM, **H100_GPU_TO_SYSTEM}, [])
+    system = system_of_row_gpu(gpu, {**a100_recipes().gpu_systems, **h100_recipes().gpu_systems}, [])
     return None if system is None else GENERATION.get(load_part("systems", system).accelerator.name)
 
 
@@ -50,16 +50,10 @@ def read_case(i: int, row: pd.Series):
     return case_from_h100_row(i, row)
 
 
-def _source_name(name: str) -> str:
-    """The short name a row's source is reported under (either file's convention)."""
-    short = h100_source(name)
-    return short if short != name else short_source(name)
-
-
 def score_runs(path: Path | str) -> Scored:
     """Every row of a runs file read, estimated and compared (see the module docstring). Raises
     ConfigError when the file cannot be read or lacks a required column."""
-    cases, skipped = cases_of_table(read_runs_file(path), read_case, _source_name)
+    cases, skipped = cases_of_table(read_runs_file(path), read_case, source_name)
     rows = []
     for case in cases:
         e = estimate(case.model, case.job, case.cluster, case.plan)

@@ -2,7 +2,7 @@
 "GPT-3 175B", "DeepSeekV3 (w/ MTP)") read into model presets (workloads/catalog/models.yaml).
 
 :func:`paraplan.workloads.presets.load_model` falls back to it when a spec is neither a preset nor a
-file; the calibration loaders (costmodels/calibration.py) when a row's model is not in their tables.
+file; the calibration readers (paraplan/calibration/) when a row's model is not in their tables.
 """
 from __future__ import annotations
 

@@ -1,0 +1,263 @@
+"""Reading the cells of a published-run file: numbers with notes, ZeRO stages, precisions, measurements.
+
+A published-run file has the columns :data:`FILE_COLUMNS` (docs/reference/README.md describes them).
+The measured metric is turned into a step time with the source's own FLOP convention:
+  * ``tflops_per_gpu_incl_recompute`` (Megatron-LM 2021): F = 96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h))
+    (Narayanan et al. 2021 Eq. 3, full recomputation), step = F / (TFLOP/s · 1e12 · GPUs);
+  * ``tflops_per_gpu`` (model FLOPs, no recomputation) and ``mfu`` (% of the GPU's dense 16-bit peak):
+    step = F / (TFLOP/s · 1e12 · GPUs), F = B·s·(paraplan's model FLOPs per token: Megatron's
+    convention, causal attention counted whole); a source's own count may differ by a few percent;
+  * ``step_time``: as given (seconds, or ms when the unit says so); ``tokens_per_sec_per_gpu``:
+    step = B·s / (value · GPUs); ``tokens_per_sec`` (the whole job): B·s / value; ``samples_per_sec``
+    (sequences per second, the whole job): B / value.
+"""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from paraplan.errors import ConfigError
+from paraplan.workloads.transformer import TransformerModel
+
+THROUGHPUT_METRICS = ("tflops_per_gpu_incl_recompute", "step_time", "tokens_per_sec_per_gpu", "tokens_per_sec",
+                      "samples_per_sec", "tflops_per_gpu", "mfu")
+
+#: the columns of a published-run file (paraplan/calibration/data/published_runs_calibration*.csv)
+FILE_COLUMNS = ("source", "model", "params_b", "layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len",
+                "moe_experts", "moe_topk", "gpu", "num_gpus", "tp", "pp", "dp", "cp_or_sp", "ep", "vpp", "zero_stage",
+                "offload", "recompute", "micro_batch", "global_batch", "precision", "measured_metric",
+                "measured_value", "measured_unit", "notes")
+#: the columns without which no row of a file can be read; the others may be left out (read as blank)
+REQUIRED_FILE_COLUMNS = ("source", "model", "gpu", "num_gpus", "tp", "pp", "dp", "measured_metric", "measured_value")
+
+# Megatron-LM pads the vocabulary to a multiple of 128 x tp (--make-vocab-size-divisible-by 128;
+# megatron/training/tokenizer/tokenizer.py, _vocab_size_with_padding)
+MEGATRON_VOCAB_MULTIPLE = 128
+#: how the bigscience rows' notes state the vocabulary: 'vocab ~250k'
+VOCAB_IN_NOTES = re.compile(r"vocab\s*~\s*(\d+(?:\.\d+)?)\s*k\b", flags=re.IGNORECASE)
+#: how a row's notes give a sequence length its source left to the config's default
+CONFIG_DEFAULT_SEQ = re.compile(r"seq_len not stated \(config default (\d+)")
+#: how far a row's params_b may sit from the model it was read as (published sizes are rounded:
+#: "70B" for 70.6B, "8B" for 8.03B; Llama 4's totals count the vision encoder, 2 %)
+PARAMS_TOLERANCE = 0.2
+
+
+def blank(v) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v)) or (isinstance(v, str) and not v.strip())
+
+
+def int_cell(v) -> int:
+    """An integer cell: a number ('1,024' with separators), or a number followed by a note ('8 (guess)');
+    anything else raises ValueError (the row is then skipped with the cell's value)."""
+    if isinstance(v, str):
+        if re.fullmatch(r"\s*\d{1,3}(?:,\d{3})+\s*", v):          # thousands separators: '1,024'
+            v = v.replace(",", "")
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(?:\(.*\)|;.*)?\s*", v)
+        if m is None:
+            raise ValueError(f"not a number: {v!r}")
+        v = m.group(1)
+    return int(round(float(v)))
+
+
+def row_notes(r: pd.Series) -> str:
+    """The row's notes column ("" when blank)."""
+    return "" if blank(r["notes"]) else str(r["notes"])
+
+
+def notes_say_async_tp(r: pd.Series) -> bool:
+    """Whether the row's notes name torchtitan's async TP (``vanilla TP`` rows do not)."""
+    return "async tp" in row_notes(r).lower()
+
+
+def notes_guess_full_recompute(notes: str) -> bool:
+    """The row's notes guess full recomputation ('recompute not stated (guess: full)', 'recompute guess full')."""
+    return re.search(r"recompute[^;]*guess:?\s*full", notes, flags=re.IGNORECASE) is not None
+
+
+def vocab_from_notes(notes: str, tp: int) -> int | None:
+    """The vocabulary a row's notes give as ``vocab ~250k`` (the bigscience prototypes' only statement
+    of it), padded as Megatron pads it to a multiple of 128·tp: ~250k at tp 8 -> 250,880, which is
+    also BLOOM's released ``vocab_size`` (bigscience/bloom config.json). None if the notes give none."""
+    m = VOCAB_IN_NOTES.search(notes)
+    if not m:
+        return None
+    multiple = MEGATRON_VOCAB_MULTIPLE * tp
+    return int(math.ceil(float(m.group(1)) * 1000 / multiple) * multiple)
+
+
+def measured_step_time_s(metric: str, value: float, unit, global_batch: int, seq_len: int, num_gpus: int,
+                         model: TransformerModel, peak_flops_16bit: float | None = None) -> float:
+    """A row's measurement as a step time in seconds (the conventions in the module docstring).
+    Raises ValueError for a measurement that is not a positive finite number."""
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"measured_value {value!r} is not a positive number")
+    if metric in ("tflops_per_gpu", "mfu"):
+        model_flops = global_batch * seq_len * model.model_flops_per_token(seq_len)
+        if metric == "tflops_per_gpu":
+            return model_flops / (value * 1e12 * num_gpus)
+        share = value / 100 if str(unit).strip() == "%" or value > 1 else value
+        return model_flops / (share * peak_flops_16bit * num_gpus)
+    if metric == "tflops_per_gpu_incl_recompute":
+        s, L, h, V = seq_len, model.layers, model.hidden, model.vocab
+        flops = 96 * global_batch * s * L * h * h * (1 + s / (6 * h) + V / (16 * L * h))
+        return flops / (value * 1e12 * num_gpus)
+    if metric == "step_time":
+        return value / 1000 if str(unit).strip().lower() == "ms" else value
+    if metric == "tokens_per_sec":
+        return global_batch * seq_len / value
+    if metric == "samples_per_sec":
+        return global_batch / value
+    return global_batch * seq_len / (value * num_gpus)
+
+
+def peak_16bit(cluster) -> float:
+    """The dense 16-bit peak (bf16, else fp16) an MFU figure is a share of, FLOP/s."""
+    peaks = cluster.accelerator.peak_flops
+    return peaks.get("bf16") or peaks["fp16"]
+
+
+def params_mismatch(model: TransformerModel, r: pd.Series) -> str | None:
+    """Why a row's model is not the one its params_b column states (total or active parameters, in
+    billions), or None when it agrees or the column is blank: a name read into the wrong preset, or
+    columns that do not describe the model, are skipped rather than scored as another model."""
+    if blank(r.get("params_b")):
+        return None
+    try:
+        stated = float(r["params_b"])
+    except (TypeError, ValueError):
+        return None
+    sizes = {model.num_params / 1e9, model.active_params / 1e9}
+    if stated > 0 and any(abs(size - stated) <= PARAMS_TOLERANCE * stated for size in sizes):
+        return None
+    return (f"model {r['model']!r} read as {model.name} ({model.num_params / 1e9:.1f}B parameters"
+            + (f", {model.active_params / 1e9:.1f}B active" if model.moe else "")
+            + f"), but the row states {stated:g}B")
+
+
+def recompute_of_cell(text: str, assumed: list) -> str:
+    """Plan.recompute for a recompute cell: 'full' / 'full (uniform)' / 'yes' / 'activation checkpointing'
+    -> full; 'selective' -> selective; 'selective (per-op SAC)' -> op-sac; 'none' / 'no' / 'off' -> none;
+    anything else -> none, said in ``assumed``."""
+    t = str(text).strip().lower()
+    if "sac" in t:
+        return "op-sac"
+    if t.startswith("selective"):
+        return "selective"
+    if t.startswith("full") or t in ("yes", "true", "on", "1") or "checkpoint" in t:
+        return "full"
+    if t in ("none", "no", "off", "false", "0", "nan"):
+        return "none"
+    assumed.append(f"recompute cell {text!r} not understood: no recomputation taken")
+    return "none"
+
+
+def is_gpt_mlp(ffn_hidden: int | None, hidden: int) -> bool:
+    """Whether a row's MLP width says GPT (GELU, 4 x hidden; blank: the columns' GPT default) rather
+    than a gated MLP (SwiGLU, any other width): what both loaders read from columns."""
+    return ffn_hidden is None or ffn_hidden == 4 * hidden
+
+
+def zero_stage(text, default: int) -> int:
+    """The ZeRO stage a zero_stage cell states ('3', 3.0, '1 (distributed optimizer)'), else ``default``."""
+    if blank(text):
+        return default
+    m = re.match(r"\s*(\d)", str(text))
+    return int(m.group(1)) if m else default
+
+
+def cp_sp(text) -> tuple[int, bool]:
+    """(context-parallel degree, sequence parallel) a cp_or_sp cell states ('cp2; sp', 'sp (Megatron
+    sequence parallel)', 'cp4'); (1, False) when blank."""
+    t = "" if blank(text) else str(text).lower()
+    m = re.search(r"cp\s*=?\s*(\d+)", t)
+    return (int(m.group(1)) if m else 1), re.search(r"(?<![a-z])sp\b|sequence parallel", t) is not None
+
+
+def offload_of_cell(text, assumed: list) -> tuple[str, bool]:
+    """(Plan.offload, Plan.offload_params) an offload cell states: blank / 'none' / 'no' keep everything on
+    the GPU; 'nvme' or 'cpu' move the optimizer states there (ZeRO-Offload / ZeRO-Infinity), and the
+    parameters as well when the cell names them ('params', 'parameters'). Said in ``assumed``."""
+    t = "" if blank(text) else str(text).strip().lower()
+    if not t or t in ("none", "no", "off", "false", "0"):
+        return "none", False
+    where = "nvme" if "nvme" in t else "cpu" if ("cpu" in t or "host" in t or t in ("yes", "on", "true")) else ""
+    if not where:
+        assumed.append(f"offload cell {text!r} not understood: no offload taken")
+        return "none", False
+    params = "param" in t
+    assumed.append(f"optimizer states{' and parameters' if params else ''} offloaded to {where} (the row's "
+                   f"offload cell: {text!r})")
+    return where, params
+
+
+def dtype_of_precision(precision: str, assumed: list) -> str:
+    """paraplan dtype for a precision cell, "" when not understood: bf16 / amp_bf16, fp16 / mixed (fp16),
+    FP8-CS per-tensor current scaling, FP8-DS delayed scaling, FP8-MX mxfp8, torchao's float8 tensorwise /
+    rowwise; NeMo 24.07's Transformer Engine default recipe was delayed scaling; an unnamed FP8 recipe is
+    taken as current scaling (the Megatron-Bridge pages' default)."""
+    p = precision.lower()
+    if p.startswith("bf16") or p.startswith("amp_bf16") or p in ("bfloat16", "mixed (bf16)"):
+        return "bf16"
+    if p.startswith("fp16") or p.startswith("float16") or p == "mixed (fp16)":
+        return "fp16"
+    if "fp8-mx" in p or "mxfp8" in p:
+        return "mxfp8"
+    if "fp8-cs" in p or "current scaling" in p:
+        return "fp8"
+    if "fp8-ds" in p or "delayed" in p:
+        return "fp8-delayed"
+    if "fp8" in p and "block" in p:
+        return "fp8-blockwise"
+    if "transformerengine" in p:
+        assumed.append("fp8 recipe = delayed scaling (Transformer Engine's default in NeMo 24.07)")
+        return "fp8-delayed"
+    if p.startswith("fp8"):
+        assumed.append("fp8 recipe = per-tensor current scaling (not stated)")
+        return "fp8"
+    if "float8 tensorwise" in p:
+        return "fp8"
+    if "float8 rowwise" in p:
+        return "fp8-rowwise"
+    return ""
+
+
+def read_runs_file(csv_path) -> pd.DataFrame:
+    """A published-run file as a table with every FILE_COLUMNS column (absent optional ones blank).
+    Raises ConfigError naming the file and the missing required columns, or why it cannot be read."""
+    if not Path(csv_path).is_file():
+        raise ConfigError(str(csv_path), "no such file")
+    try:
+        table = pd.read_csv(csv_path)
+    except (OSError, ValueError) as e:
+        raise ConfigError(str(csv_path), f"cannot be read as a CSV table ({e})") from None
+    missing = [c for c in REQUIRED_FILE_COLUMNS if c not in table.columns]
+    if missing:
+        raise ConfigError(str(csv_path), "missing column" + "s" * (len(missing) > 1) + " " + ", ".join(missing)
+                          + "; a published-run file has " + ", ".join(FILE_COLUMNS))
+    for c in FILE_COLUMNS:
+        if c not in table.columns:
+            table[c] = None
+    return table
+
+
+def cases_of_table(table: pd.DataFrame, case_of, source_of):
+    """(usable cases, skipped rows as (row, source, reason)) of a table already read: ``case_of(i, row)``
+    gives a case or the reason the row is skipped, ``source_of(source)`` the short source name. A cell
+    that cannot be read as the number its column holds ('8 (guess)' in tp) skips its row with the value
+    and the error, not the file."""
+    cases, skipped = [], []
+    for i, r in table.iterrows():
+        try:
+            c = case_of(int(i), r)
+        except ConfigError as e:
+            c = f"a cell is out of range ({e})"
+        except (ValueError, TypeError, ZeroDivisionError) as e:
+            c = f"a cell cannot be read ({type(e).__name__}: {e})"
+        if isinstance(c, str):
+            skipped.append((int(i), source_of(str(r["source"])), c))
+        else:
+            cases.append(c)
+    return cases, skipped
