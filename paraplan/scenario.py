@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from paraplan.constants import fitted
 from paraplan.hardware import catalog
 from paraplan.hardware.model import Cluster
 from paraplan.plan import Plan
@@ -25,7 +26,7 @@ DEFAULT_MOE_IMBALANCE = 1.0
 #: false fits against false OOMs (1.00: 10.0 % / 0.8 %; 0.97: 7.7 / 2.7; 0.95: 6.2 / 5.3; 0.93:
 #: 4.2 / 7.6). At 1.0 the planner's picks left 0.2-2 GiB free. The cost: picks restricted to each
 #: sheet's runs land within 5 % of the best measured MFU on 3 of 5 setups (5 of 5 at 1.0).
-DEFAULT_PLAN_MEMORY_FRACTION = 0.95
+DEFAULT_PLAN_MEMORY_FRACTION = fitted("plan_memory_fraction")
 
 
 def load_cluster(spec: str, gpus: int | None = None, *, inter_node_oversubscription: float = 1.0,

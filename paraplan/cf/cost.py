@@ -45,15 +45,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from paraplan.constants import fitted
 from paraplan.errors import ConfigError
 from paraplan.hardware.model import Cpu
 from paraplan.cf.model import CFModel
 
-MLP_MISSES_PER_CORE = 10.0      # outstanding misses per core (Zen 2 has 22 L1D miss buffers); estimate
-ANALYTICAL_GEMM_EFFICIENCY = 0.4  # achieved/peak of a small fp32 bmm (b×d×N1 with d = 64); estimate
-ANALYTICAL_OP_OVERHEAD_S = 1e-5   # torch eager op incl. allocation and Python; estimate, profile replaces it
-ANALYTICAL_RNG_S_PER_ELEMENT = 4e-9  # torch.randint per int64 (single-threaded Philox/MT); estimate
-ANALYTICAL_INDEX_S_PER_ELEMENT = 2e-9  # torch gather/scatter_add per scalar element; estimate
+# Analytical figures a profile replaces (estimates, with their units: fitted_constants.yaml)
+MLP_MISSES_PER_CORE = fitted("cf_misses_per_core")
+ANALYTICAL_GEMM_EFFICIENCY = fitted("cf_small_gemm_efficiency")
+ANALYTICAL_OP_OVERHEAD_S = fitted("cf_torch_op_overhead")
+ANALYTICAL_RNG_S_PER_ELEMENT = fitted("cf_randint_time")
+ANALYTICAL_INDEX_S_PER_ELEMENT = fitted("cf_index_time")
 # Op counts per step by tensor-size class, counted with torch.profiler(record_shapes=True) on the
 # kernels of validation/cf_kernels.py (top-level aten ops; views and transposes cost no data pass).
 # They are constants of this torch implementation, not of HEAT's C++, and were counted, not fitted.
@@ -76,7 +78,7 @@ BASELINE_LIVE_BND = 7           # B×n×d tensors live at the step's peak, read 
 GLIBC_MMAP_THRESHOLD_MAX = 32 * 2**20  # mallopt(3): dynamic mmap threshold grows to the largest freed
                                        # chunk, at most 32 MiB on 64-bit; the trim threshold is twice it
 GLIBC_MMAP_THRESHOLD_MIN = 128 * 1024
-ANALYTICAL_FAULT_S_PER_BYTE = 1.5e-6 / 4096   # ~1.5 µs per 4 KiB page fault; estimate, profile replaces it
+ANALYTICAL_FAULT_S_PER_BYTE = fitted("cf_page_fault_time") / 4096   # a 4 KiB page fault, per byte
 BASELINE_EW_OPS_BN = 9          # on B×n: clamp_min, sub, relu, threshold_backward, ge, where, eq, ...
 
 

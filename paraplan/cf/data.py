@@ -17,11 +17,12 @@ from pathlib import Path
 
 import numpy as np
 
+from paraplan.constants import fitted
 from paraplan.errors import ConfigError
 from paraplan.io import read_text
 
-ITEM_SLOPE = 0.65   # mean of Gowalla 0.61, Yelp2018 0.65, Amazon-Book 0.68 (reference §4)
-USER_SLOPE = 0.57   # mean of 0.59, 0.54, 0.60
+ITEM_SLOPE = fitted("cf_item_popularity_slope")   # mean of Gowalla, Yelp2018 and Amazon-Book
+USER_SLOPE = fitted("cf_user_activity_slope")
 
 
 @dataclass(frozen=True)

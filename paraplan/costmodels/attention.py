@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from paraplan.constants import fitted
 from paraplan.costmodels.kernels import BYTES, _dtype, element_bytes, tokens_per_rank
 from paraplan.plan import AttentionKernel, CpMode, Engine
 
@@ -49,15 +50,11 @@ def engine_attention_kernel(plan, table):
     return np.where((kernel == AttentionKernel.AUTO) & picks_cudnn, int(AttentionKernel.CUDNN), kernel)
 
 
-# FlashAttention 1.x (the flash-attn package before 2.0) runs the work FlashAttention-2 runs at half its
-# rate: on an A100 80GB SXM4, causal and not, head dims 64 and 128, sequences 512-16k, FlashAttention-2 is
-# "around 2x faster than FlashAttention" forward + backward, 1.7-3.0x over the range (Dao 2023,
-# arXiv:2307.08691, sec. 4.1, Fig. 4). Held at the paper's 2x on every generation: where the generation has a
-# measured table the flash2 curve is the base, elsewhere its calibrated fused-attention efficiency (the
-# kernels of the runs it was calibrated on: FlashAttention-2 or unnamed). The seed paper's sweep, FlashAttention
-# 1.0.8 against FlashAttention-2 on otherwise equal layouts (73 pairs, A100, 2k): the step-time ratio is
-# predicted within +0.2 % (median) at 2x, -2.6 % when the two were priced alike (benchmarks/accuracy.py).
-FLASH1_TIME_FACTOR = 2.0
+# FlashAttention 1.x (the flash-attn package before 2.0) runs the work FlashAttention-2 runs this many
+# times slower (Dao 2023, arXiv:2307.08691, sec. 4.1: fitted_constants.yaml), on every generation: where
+# the generation has a measured table the flash2 curve is the base, elsewhere its calibrated
+# fused-attention efficiency (the kernels of the runs it was calibrated on: FlashAttention-2 or unnamed).
+FLASH1_TIME_FACTOR = fitted("flash1_time_factor")
 
 
 def flash1_factor(plan):

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from paraplan.constants import fitted
 from paraplan.costmodels.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time, ranks_per_node
 from paraplan.costmodels.fp8 import FP8_GATHER_BYTES_RATIO
 from paraplan.costmodels.kernels import element_bytes, megatron_grad_bytes
@@ -43,13 +44,9 @@ from paraplan.costmodels.memory import deepspeed_bf16_optimizer, engine_of, mega
 from paraplan.plan import Engine, Optimizer, expert_data_parallel, expert_group_strides, expert_parallel_folded
 
 # Share of an overlapped collective's duration that it costs the compute beneath it (NCCL kernels
-# occupy SMs and HBM bandwidth): 0.19, the average compute slowdown Lee et al. 2025 measured while
-# collectives overlap the compute of GPT and Llama training steps on A100, H100, MI250 and MI210
-# ("Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning",
-# arXiv:2507.03114: 18.9 % on average, 40 % at most). calculon charges 0.15 of the processor while
-# NVLink traffic runs and 0.02 for InfiniBand (calculon-ai/calculon @ caa4b11, systems/a100_80g.json);
-# the measured figure is taken for both tiers, since the NCCL kernels hold their SMs either way.
-OVERLAP_CONTENTION = 0.19
+# occupy SMs and HBM bandwidth): Lee et al. 2025's measured average (arXiv:2507.03114), for every tier
+# (fitted_constants.yaml, collective_overlap_slowdown; tensor- and expert-parallel overlap use it too)
+OVERLAP_CONTENTION = fitted("collective_overlap_slowdown")
 
 # Scaling casts its 16-bit gradients to fp32 for the data-parallel all-reduce (allreduce.py:
 # ``tensor.to(torch.float32)`` before ``all_reduce``)

@@ -16,6 +16,7 @@ from typing import Any, Mapping, Union
 
 import numpy as np
 
+from paraplan.constants import fitted
 from paraplan.costmodels import compute as C
 from paraplan.costmodels import memory as M
 from paraplan.costmodels.attention import (FLASH1_TIME_FACTOR, attention_head_dim, chunked_attention_efficiency,
@@ -45,7 +46,7 @@ SCHEMA = "paraplan.estimate/1"
 TIME_TERMS = ("compute", "recompute", "grad_accumulation", "tp_comm", "cp_comm", "ep_comm", "moe_host", "pp_comm",
               "pp_bubble", "dp_comm", "optimizer", "offload")
 MEMORY_TERMS = ("parameters", "gradients", "optimizer_states", "activations", "buffers", "allocator")
-RUNTIME_RESERVED_BYTES = 1.5 * 2**30
+RUNTIME_RESERVED_BYTES = fitted("runtime_reserved")
 
 
 def on_cuda(cluster) -> bool:
@@ -370,7 +371,7 @@ def deepspeed_dp_assumption(plan) -> tuple[str, ...]:
 # them, mosaicml/composer PR 1632; torchtitan logs them every step). The llm-foundry FSDP runs of the A100
 # calibration file predicted within 2 GiB of capacity ran 8-37 % slower than estimated, those 2.7-6.3 GiB
 # from it within -3..+5 % (README, "Memory pressure"); the cost is not priced, the plan is flagged.
-ALLOCATOR_PRESSURE_HEADROOM_BYTES = 2 * 2**30
+ALLOCATOR_PRESSURE_HEADROOM_BYTES = fitted("allocator_pressure_headroom")
 #: how the assumption line of :func:`allocator_pressure_assumption` begins (what callers look for)
 MEMORY_PRESSURE = "memory pressure"
 

@@ -31,6 +31,7 @@ from functools import partial
 
 import numpy as np
 
+from paraplan.constants import fitted
 from paraplan.costmodels.kernels import BYTES, element_bytes, megatron_grad_bytes, micro_batches, tokens_per_rank
 from paraplan.costmodels.moe import einsum_dispatch_slots, expert_token_factor
 from paraplan.costmodels.p2p import stage_output_bytes
@@ -106,14 +107,14 @@ SCALING_LOSS_BYTES_PER_LOGIT = 2.0 + 4.0 + 4.0 + 4.0
 #   1.9 %, 0.40: 6.6 % / 3.0 %, 0.46: 6.6 % / 4.2 %, 0.60: 5.8 % / 6.8 %, without the backward working
 #   set below; with it at 1.2: 0.34: 6.2 % / 2.7 %, 0.37: 5.4 % / 3.4 %, 0.40: 4.2 % / 4.2 %, 0.44:
 #   4.2 % / 4.9 %).
-SCALING_ALLOCATOR_FRAGMENTATION = 0.40
+SCALING_ALLOCATOR_FRAGMENTATION = fitted("scaling_allocator_fragmentation")
 # The PyTorch caching allocator on a CUDA device reserves more than the tensors it holds (blocks
 # rounded up and split, cached blocks of other sizes): reserved = (1 + FRAGMENTATION) x allocated
 # + RESERVE. Calibrated on the fit/OOM outcomes of Hagemann et al. 2023's sweep (522 runs,
-# shared/reference/hagemann2023_sweep_2k.csv; benchmarks/memory_fit.py) under the constraint that
-# every complete published run of shared/reference/published_runs_calibration.csv fits.
-ALLOCATOR_FRAGMENTATION = 0.16
-ALLOCATOR_RESERVE_BYTES = 0.5 * 2**30
+# arXiv:2311.05610; benchmarks/memory_fit.py) under the constraint that every complete published
+# run of paraplan/calibration/data/published_runs_calibration.csv fits (fitted_constants.yaml).
+ALLOCATOR_FRAGMENTATION = fitted("allocator_fragmentation")
+ALLOCATOR_RESERVE_BYTES = fitted("allocator_reserve")
 
 
 def optimizer_bytes_per_param(plan):
@@ -248,7 +249,7 @@ def unfused_score_bytes(model, plan):
     """Bytes per score element non-flash attention keeps for backward: UNFUSED_SCORE_BYTES with attention
     dropout, UNFUSED_SCORE_BYTES_NO_DROPOUT without (``model.dropout``), except under Scaling, whose eager
     attention keeps Korthikanti's 5 bytes either way: its OOM outcomes in the Hagemann et al. 2023 sweep
-    (shared/reference/hagemann2023_sweep_2k.csv, non-flash runs of LLaMA 13B on 64 GPUs) say so (with 2
+    (arXiv:2311.05610, non-flash runs of LLaMA 13B on 64 GPUs) say so (with 2
     bytes benchmarks/memory_fit.py's false fits rise from 4.2 % to 6.2 % of 522 runs)."""
     keeps_all = getattr(model, "dropout", True) | (engine_of(plan) == Engine.SCALING)
     return np.where(keeps_all, UNFUSED_SCORE_BYTES, UNFUSED_SCORE_BYTES_NO_DROPOUT)
@@ -694,7 +695,7 @@ def activation_bytes(model, job, plan) -> dict:
 # runs that ran are judged over, by 0.6-1.4 GiB of 80. The named engines' fused backward has no
 # fit/OOM data here: 0, as before.
 BACKWARD_LAYER_TRANSIENT = {Engine.GENERIC: 0.0, Engine.MEGATRON: 0.0, Engine.DEEPSPEED: 0.0, Engine.TORCHTITAN: 0.0,
-                            Engine.SCALING: 1.2}
+                            Engine.SCALING: fitted("scaling_backward_layer_transient")}
 _BACKWARD_LAYER_TRANSIENT_BY_ENGINE_CODE = np.array([BACKWARD_LAYER_TRANSIENT[e] for e in Engine])
 
 

@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from paraplan.constants import fitted
 from paraplan.costmodels.comm import ALL_TO_ALL, collective_time, ranks_per_node
 from paraplan.costmodels.kernels import (BYTES, GEMM_OPERAND_BYTES, _dtype, _linear_dtype, element_bytes,
                                          megatron_grad_bytes, micro_batches, mlp_gemm_forward_time,
@@ -367,15 +368,10 @@ def moe_tp_routed_and_shared_copies(model, plan):
 # splits and the grouped GEMM's per-expert sizes) and waits for them inside every MoE layer
 # (megatron/core/transformer/moe/token_dispatcher.py: cuda_dtoh_point / cuda_sync_point; "no_sync" only
 # with moe_pad_expert_input_to_capacity). The host therefore cannot queue work ahead across the layer,
-# and an MoE layer costs at least the host's own time to issue it, forward and backward. Its value is
-# read from the one calibration row whose GPU time is far below it: Qwen3-30B-A3B, 8 B200, micro-batch 1
-# (Megatron-Bridge table, shared/reference/published_runs_calibration_h100.csv): 28.19 s over 64
-# micro-batches x 48 MoE layers = 9.2 ms per layer and micro-batch against 2.7 ms of priced GPU time.
-# The same model on 16 H100 (ep 16, micro-batch 1, HybridEP dispatch as its recipe names) ran 9.7 ms
-# per layer and micro-batch; priced with this floor it comes out at 9.4 ms (its GPU time alone is
-# below the floor), with the all-to-all dispatcher its GPU time would be 12.5 ms. A host cost, so one
-# figure for every GPU generation. Token-drop-and-pad (capacity factor set) has no sync and no floor.
-MOE_HOST_SECONDS_PER_LAYER = 9.0e-3
+# and an MoE layer costs at least the host's own time to issue it, forward and backward: a figure read
+# from the Megatron-Bridge Qwen3-30B-A3B rows (fitted_constants.yaml), one for every GPU generation.
+# Token-drop-and-pad (capacity factor set) has no sync and no floor.
+MOE_HOST_SECONDS_PER_LAYER = fitted("moe_host_seconds_per_layer")
 
 
 def moe_host_floor_applies(model, plan):

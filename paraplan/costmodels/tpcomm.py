@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from paraplan.constants import fitted
 from paraplan.costmodels.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time, ranks_per_node
 from paraplan.costmodels.fp8 import FP8_GATHER_BYTES_RATIO, tp_gathers_fp8
 from paraplan.costmodels.kernels import element_bytes, mlp_gemm_forward_times, tokens_per_rank
@@ -113,10 +114,9 @@ def sp_backward_regather_time(model, job, plan, cluster, curves, attention_times
 
 
 # Share of an overlapped TP collective's duration that it costs the GEMM beneath it (NCCL or userbuffer
-# copy kernels take SMs and HBM bandwidth): the data-parallel figure, Lee et al. 2025's measured
-# average compute slowdown under overlapped collectives (arXiv:2507.03114: 18.9 %; calculon's
-# processor_usage for NVLink traffic is 0.15, calculon-ai/calculon @ caa4b11, systems/a100_80g.json).
-TP_OVERLAP_CONTENTION = 0.19
+# copy kernels take SMs and HBM bandwidth): the data-parallel figure (fitted_constants.yaml,
+# collective_overlap_slowdown)
+TP_OVERLAP_CONTENTION = fitted("collective_overlap_slowdown")
 
 
 def tp_exposed_time(tp_comm, gemm_forward, full_recompute, plan):

@@ -69,10 +69,11 @@ from typing import Iterable, Mapping, NamedTuple, Sequence
 import networkx as nx
 import numpy as np
 
+from paraplan.constants import fitted
 from paraplan.errors import ConfigError
 from paraplan.hardware.model import Cluster, Link
 
-SWITCH_HOP_LATENCY_S = 0.5e-6   # estimate: one extra switch traversal + cable per leaf—spine link
+SWITCH_HOP_LATENCY_S = fitted("switch_hop_latency")   # an estimate: one extra leaf-spine traversal
 SPINES = ("spines",)            # stands for the whole spine layer in load accounting (ideal ECMP)
 PATTERNS = ("hierarchical", "ring", "p2p")
 AXES = ("tp", "cp", "dp", "pp")

@@ -15,6 +15,7 @@ from typing import Callable
 
 import numpy as np
 
+from paraplan.constants import fitted
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.estimate import Estimate, TIME_TERMS, estimate, estimate_legal, step_terms
 from paraplan.hardware.topology import links_for_plan
@@ -182,11 +183,9 @@ def plan_differences(a, b) -> list[str]:
     return out
 
 
-#: A step-time gap between two layouts below which the ranking is a tie at the estimator's resolution:
-#: the measured one-axis changes of the Hagemann et al. 2023 sweep (benchmarks/accuracy.py: sequence
-#: parallelism, micro-batch size, recomputation, kernels on otherwise equal layouts) have their step-time
-#: ratios predicted at 1.5-9 % MAPE, the best of them at 1.5 %
-TIE_SHARE = 0.015
+#: A step-time gap between two layouts below which the ranking is a tie at the estimator's resolution
+#: (read from the sweep's one-axis pairs: fitted_constants.yaml)
+TIE_SHARE = fitted("planner_tie_share")
 
 
 def what_step_time_does_not_show(best: Estimate, runner_up: Estimate) -> list[str]:
