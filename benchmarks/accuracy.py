@@ -2,9 +2,12 @@
 
 Inputs (one set of efficiency curves per generation, paraplan/costmodels/curves.yaml; no per-row
 constants):
-  * shared/reference/published_runs_calibration.csv      (A100: Megatron-LM, llm-foundry)
-  * shared/reference/published_runs_calibration_h100.csv (H100-class and Blackwell, mostly fp8)
-  * shared/reference/hagemann2023_sweep_2k.csv           (A100: the seed paper's sweep, runs that fit)
+  * paraplan/calibration/data/published_runs_calibration.csv      (A100: Megatron-LM, llm-foundry, BLOOM)
+  * paraplan/calibration/data/published_runs_calibration_h100.csv (H100-class and Blackwell, mostly fp8)
+  * the Hagemann et al. 2023 sweep (A100: the seed paper's sweep, runs that fit), which the repository
+    cannot ship (CC BY-NC-SA 4.0): ``--sweep-csv PATH`` or the PARAPLAN_SWEEP_CSV environment variable
+    names the CSV benchmarks/sweep_from_xlsx.py makes from its spreadsheets; without it the sweep is
+    left out and the output says how to obtain it
 Printed: per-row (``--rows``), per source and per generation the throughput MAPE and bias
 (bias = mean of predicted/measured throughput - 1: positive = optimistic), the sweep's MFU MAPE and
 Spearman rank correlation (in the sheets' FLOP convention, which counts more than paraplan's), its
@@ -14,7 +17,7 @@ others, the 90 % prediction intervals per generation and their leave-one-source-
 held-out Korthikanti rows. ``--write-intervals`` stores the intervals that every
 estimate then carries (paraplan/costmodels/data/prediction_intervals.json).
 
-    python benchmarks/accuracy.py [--rows] [--write-intervals]
+    python benchmarks/accuracy.py [--sweep-csv PATH] [--rows] [--write-intervals]
 """
 from __future__ import annotations
 
@@ -27,12 +30,12 @@ import numpy as np
 import pandas as pd
 
 from paraplan.calibration import (DEFAULT_CSV, H100_CSV, korthikanti_table, load_cases, load_h100_cases,
-                                             load_memory_cases, score)
+                                  load_memory_cases, score)
+from paraplan.calibration.sweep import HOW_TO_OBTAIN, sweep_csv
 from paraplan.costmodels.estimate import ALLOCATOR_PRESSURE_HEADROOM_BYTES, churns_allocator, estimate
 from paraplan.costmodels.intervals import GENERATION, LEVEL, fit_intervals, residual_group, write_intervals
 from paraplan.errors import ConfigError
 
-SWEEP_CSV = Path(__file__).resolve().parents[2] / "shared" / "reference" / "hagemann2023_sweep_2k.csv"
 SWEEP_SOURCE = "Hagemann 2023 sweep"
 
 
@@ -219,8 +222,8 @@ def loso_coverage(df: pd.DataFrame, level: float = LEVEL):
 
 def scored_frames(csv, h100_csv, sweep_csv, report=lambda line: None):
     """Every scored row of the calibration files and the sweep: (rows with their throughput error, the
-    sweep's frame or None when its file is missing, the fp8-over-bf16 pairs, the GPU-over-GB200 pairs, the
-    input file names).
+    sweep's frame or None when ``sweep_csv`` is None or missing, the fp8-over-bf16 pairs, the GPU-over-GB200
+    pairs, the input file names).
     ``report`` gets a line per file (rows scored, skipped and why)."""
     frames, inputs, pairs, parts = [], [], [], []
     for loader, path in ((load_cases, csv), (load_h100_cases, h100_csv)):
@@ -238,7 +241,9 @@ def scored_frames(csv, h100_csv, sweep_csv, report=lambda line: None):
         for reason, n in pd.Series([f"{s}: {r}" for _, s, r in skipped]).value_counts().items():
             report(f"  skipped {n:3d}  {reason}")
     sweep = None
-    if Path(sweep_csv).exists():
+    if sweep_csv is None:
+        report(f"sweep not given, left out: {HOW_TO_OBTAIN}")
+    elif Path(sweep_csv).exists():
         sweep = sweep_frame(Path(sweep_csv))
         frames.append(sweep[["source", "case", "generation", "measured_s", "predicted_s", "error"]].assign(
             group=sweep.generation))
@@ -254,7 +259,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--csv", default=str(DEFAULT_CSV), help="A100 published runs")
     ap.add_argument("--h100-csv", default=str(H100_CSV), help="H100-class / Blackwell published runs")
-    ap.add_argument("--sweep-csv", default=str(SWEEP_CSV), help="Hagemann et al. 2023 sweep (skipped if missing)")
+    ap.add_argument("--sweep-csv", default=None,
+                    help="the Hagemann et al. 2023 sweep's CSV (benchmarks/sweep_from_xlsx.py; default: the file "
+                         "PARAPLAN_SWEEP_CSV names, else the sweep is left out)")
     ap.add_argument("--rows", action="store_true", help="print every row")
     ap.add_argument("--write-intervals", action="store_true",
                     help="store the per-generation 90%% intervals that estimates carry")
@@ -264,7 +271,8 @@ def main(argv=None) -> int:
     pd.set_option("display.max_colwidth", 80)
 
     try:
-        df, sweep, pairs, parts, inputs = scored_frames(args.csv, args.h100_csv, args.sweep_csv, report=print)
+        df, sweep, pairs, parts, inputs = scored_frames(args.csv, args.h100_csv, sweep_csv(args.sweep_csv),
+                                                        report=print)
     except ConfigError as e:
         print(f"accuracy.py: {e}", file=sys.stderr)
         return 2

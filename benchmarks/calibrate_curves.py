@@ -12,7 +12,8 @@ objective), and the sweep's one-axis pairs that isolate memory-bound kernels (ea
 RMSNorm) pull apart when it moves.
 
 Rows: every dense-model row of ``published_runs_calibration.csv``, ``published_runs_calibration_h100.csv``
-and ``hagemann2023_sweep_2k.csv`` that accuracy.py scores, grouped by generation (A100, Hopper, Blackwell).
+and the Hagemann et al. 2023 sweep (when PARAPLAN_SWEEP_CSV names its CSV) that accuracy.py scores, grouped
+by generation (A100, Hopper, Blackwell).
 Left out of the calibration, and said so: MoE rows (their error is the MoE model's: grouped GEMMs, the
 router's host syncs, all-to-all; a GEMM level must not absorb it) and the torchtitan rows of the 500 W
 H100-96GB HBM2e (its power limit is priced by an estimate, Accelerator.power_limited_clock_factor, which
@@ -42,7 +43,8 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).parent))
-from accuracy import SWEEP_CSV, SWEEP_SOURCE, sweep_runs   # noqa: E402  the benchmarks' reading of the sweep
+from accuracy import SWEEP_SOURCE, sweep_runs   # noqa: E402  the benchmarks' reading of the sweep
+from paraplan.calibration.sweep import sweep_csv   # noqa: E402
 
 from paraplan.calibration import load_cases, load_h100_cases   # noqa: E402
 from paraplan.costmodels.efficiency import analytical_curves   # noqa: E402
@@ -72,8 +74,9 @@ def calibration_rows() -> pd.DataFrame:
             rows.append({"source": c.source, "accelerator": c.cluster.accelerator.name,
                          "generation": GENERATION[c.cluster.accelerator.name], "moe": c.model.moe is not None,
                          "inputs": (c.model, c.job, c.cluster, c.plan), "measured_s": c.measured_step_time_s})
-    if SWEEP_CSV.exists():
-        for r, inputs in sweep_runs(SWEEP_CSV):
+    sweep = sweep_csv()
+    if sweep is not None and sweep.exists():
+        for r, inputs in sweep_runs(sweep):
             rows.append({"source": SWEEP_SOURCE, "accelerator": inputs[2].accelerator.name, "generation": "A100",
                          "moe": False, "inputs": inputs, "measured_s": float(r.measured_step_s)})
     df = pd.DataFrame(rows)

@@ -1,6 +1,9 @@
 """Memory fit against measured runs: which layouts of the Hagemann et al. 2023 sweep ran out of memory.
 
-``python benchmarks/memory_fit.py [--csv ../shared/reference/hagemann2023_sweep_2k.csv] [--rows]``
+``python benchmarks/memory_fit.py [--csv SWEEP.csv] [--rows]``
+
+The sweep is not in the repository (its spreadsheets are CC BY-NC-SA 4.0): ``--csv`` or the
+PARAPLAN_SWEEP_CSV environment variable names the CSV benchmarks/sweep_from_xlsx.py makes from them.
 
 Every run of the sweep's 2k-sequence sheets (Llama-1 13B/30B/65B on DGX A100-80GB, ZeRO-1, 1F1B,
 4M-token global batch; measured MFU, or OOM) is estimated with the plan it ran, and the predicted fit
@@ -16,11 +19,11 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pandas as pd
 
 from paraplan.calibration import load_cases, load_h100_cases, short_source
+from paraplan.calibration.sweep import HOW_TO_OBTAIN, sweep_csv
 from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
@@ -28,7 +31,6 @@ from paraplan.plan import Plan
 from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import TrainingJob
 
-DEFAULT_CSV = Path(__file__).resolve().parents[2] / "shared" / "reference" / "hagemann2023_sweep_2k.csv"
 CLUSTER = "dgx-a100-80g"
 
 
@@ -109,7 +111,7 @@ def _fits_with_recompute(case, recompute: str) -> bool:
 
 def published_runs_fit(loader=load_cases) -> pd.DataFrame:
     """Every complete published run of a calibration file (it ran, so it fit; default
-    shared/reference/published_runs_calibration.csv, ``load_h100_cases`` for the H100/Blackwell
+    paraplan/calibration/data/published_runs_calibration.csv, ``load_h100_cases`` for the H100/Blackwell
     file): the estimate's verdict, its memory per GPU, and whether the row states its recomputation
     (an unstated one is read as none, which the loader lists among its assumptions)."""
     cases, _ = loader()
@@ -129,10 +131,14 @@ def published_runs_fit(loader=load_cases) -> pd.DataFrame:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--csv", default=str(DEFAULT_CSV))
+    ap.add_argument("--csv", default=None, help="the sweep's CSV (default: the file PARAPLAN_SWEEP_CSV names)")
     ap.add_argument("--rows", action="store_true", help="print every judged row")
     args = ap.parse_args(argv)
-    rows = pd.read_csv(args.csv)
+    path = sweep_csv(args.csv)
+    if path is None:
+        print(f"memory_fit.py: {HOW_TO_OBTAIN}", file=sys.stderr)
+        return 2
+    rows = pd.read_csv(path)
     j = judge(rows)
     pd.set_option("display.width", 200)
     if args.rows:

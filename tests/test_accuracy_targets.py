@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from paraplan.calibration import DEFAULT_CSV, H100_CSV
+from paraplan.calibration.sweep import SWEEP_SKIP_REASON, sweep_available
 
-REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
-SWEEP = REFERENCE / "hagemann2023_sweep_2k.csv"
+SWEEP = sweep_available()
 
-pytestmark = pytest.mark.skipif(not SWEEP.exists(), reason="shared/reference not present")
+pytestmark = pytest.mark.skipif(SWEEP is None, reason=SWEEP_SKIP_REASON)
 
 
 @pytest.fixture(scope="module")

@@ -53,9 +53,10 @@ def test_sweep_fa1_against_fa2_pairs_match_the_measured_ratio():
     error is within 1.5 % (it was -2.6 % with both kernels priced alike)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import accuracy
-    if not accuracy.SWEEP_CSV.exists():
-        pytest.skip("shared/reference/hagemann2023_sweep_2k.csv is not here")
-    sweep = accuracy.sweep_frame(accuracy.SWEEP_CSV)
+    from paraplan.calibration.sweep import SWEEP_SKIP_REASON, sweep_available
+    if sweep_available() is None:
+        pytest.skip(SWEEP_SKIP_REASON)
+    sweep = accuracy.sweep_frame(sweep_available())
     pairs = accuracy.sweep_pairs(sweep).set_index("change")
     row = pairs.loc["FlashAttention 1.0.8 against FlashAttention-2"]
     assert row.pairs >= 70

@@ -1,7 +1,7 @@
 """Unfused attention's softmax: Megatron-LM's fused scale-mask-softmax against eager PyTorch ops (Scaling's
 MaskedSoftmaxTorch), and the dropout on the probabilities only for models trained with it. Checked against
 the pairs of Hagemann et al. 2023's sweep that ran the same layout with the `torch` and the `fused` kernel
-(shared/reference/hagemann2023_sweep_2k.csv): their measured step-time ratio, which a level error both
+(arXiv:2311.05610; its CSV named by PARAPLAN_SWEEP_CSV): their measured step-time ratio, which a level error both
 runs share cannot move."""
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from paraplan.calibration.sweep import SWEEP_SKIP_REASON, sweep_available
 from paraplan.costmodels.attention import attention_core_times, softmax_bytes_per_score
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.errors import ConfigError
@@ -18,7 +19,7 @@ from paraplan.plan import Plan, PlanBatch, check_plan
 from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import TrainingJob
 
-SWEEP = Path(__file__).resolve().parents[2] / "shared" / "reference" / "hagemann2023_sweep_2k.csv"
+SWEEP = sweep_available()
 
 
 def _bytes(model, **plan):
@@ -54,7 +55,7 @@ def test_eager_softmax_needs_materialised_scores():
         check_plan(Plan(dp=8, fused_softmax=False), model, TrainingJob(2048, 64), cluster)
 
 
-@pytest.mark.skipif(not SWEEP.exists(), reason="shared/reference not present")
+@pytest.mark.skipif(SWEEP is None, reason=SWEEP_SKIP_REASON)
 def test_torch_softmax_slowdown_matches_the_sweeps_pairs():
     """13 layouts ran with both kernels: eager softmax 1.09-1.20 x the fused step time. One softmax count
     for both put every pair at 1.00 (errors -8.5 .. -16.6 %); the counted bytes put each within 8 %."""

@@ -36,3 +36,14 @@ def sweep_csv(path: str | os.PathLike | None = None) -> Path | None:
         return Path(path)
     named = os.environ.get(SWEEP_ENV, "").strip()
     return Path(named) if named else None
+
+
+#: why a check that needs the sweep is skipped without it
+SWEEP_SKIP_REASON = (f"the Hagemann et al. 2023 sweep is not shipped (CC BY-NC-SA 4.0): set {SWEEP_ENV} to the CSV "
+                     "benchmarks/sweep_from_xlsx.py makes from its spreadsheets")
+
+
+def sweep_available() -> Path | None:
+    """The sweep's CSV when :data:`SWEEP_ENV` names one that exists, else None."""
+    path = sweep_csv()
+    return path if path is not None and path.is_file() else None
