@@ -80,8 +80,8 @@ def queued_times(fn, reps: int, hold_s: float = 0.02, tries: int = 3):
     kernel (``torch.cuda._sleep``) holds the stream while the host enqueues an event, the call and an
     event per repeat, so each event pair brackets the call's kernels run back to back. Without it a
     call shorter than the host's own time per Python call (~30-60 us) is timed at the host's pace:
-    the GPU idles between the events (stop 34: 167 of the 1200 reference GEMMs within 2 x the
-    fastest call, 29 us). If the host took longer than the hold, the hold doubles and the batch runs
+    the GPU idles between the events (without the hold, 167 of the 1200 reference GEMMs came out
+    within 2 x the fastest call, 29 us). If the host took longer than the hold, the hold doubles and the batch runs
     again. Returns (times, host seconds to enqueue, whether the hold covered it)."""
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]

@@ -4,7 +4,7 @@
 
 Prints, per scenario, the candidates composed and evaluated, total search time, and the
 vectorized scoring rate (candidates per second); then the time to build the fabric graph of 3072
-H100s (2:1 oversubscribed) and place a tp8 dp48 pp8 layout on it (a timed test until stop 37; a
+H100s (2:1 oversubscribed) and place a tp8 dp48 pp8 layout on it (once a timed test; a
 benchmark now, as the project's standards ask).
 """
 from __future__ import annotations

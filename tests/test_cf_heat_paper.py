@@ -1,10 +1,10 @@
 """The analytical side reproduces the tile sizes HEAT (Wang et al., ICS'23) chose on its CPUs.
 
-Sources (shared/reference/heat_cf_tiling.md): HEAT §5.1 (platforms: 2× EPYC 7742 with "32 MB L2
+Sources: the HEAT paper (ICS'23, arXiv:2304.07334 v1; ICS23-HEAT.pdf in hipdac-lab/HEAT @ 61fc46b) §5.1 (platforms: 2× EPYC 7742 with "32 MB L2
 cache and 256 MB L3 cache" per socket; A64FX with 48 cores and 32 MB L2), §5.2 (benchmark setting
 d = 128, 64 negatives), §4.2 / Algorithm 1 (tile rule: "num_threads·N1 embeddings can be held in
 the L2 cache"; sampling space (M/N2)·N1), Table 6 (chosen tile N1 and interval N2 per dataset),
-§1.5 of the reference (dataset sizes, LightGCN splits).
+the LightGCN splits' sizes (reczoo/RecZoo matching/cf/SimpleX/data/*/README.md; HEAT §5.1).
 """
 import pytest
 
@@ -16,7 +16,7 @@ from paraplan.cf.model import CFModel
 
 EPYC = load_part("cpus", "epyc-7742")
 A64FX = load_part("cpus", "a64fx")
-# training interactions of the LightGCN splits (reference §1.5)
+# training interactions of the LightGCN splits (users, items, training interactions)
 DATASETS = {"AmazonBooks": (52643, 91599, 2380730), "Yelp18": (31668, 38048, 1237259),
             "Gowalla": (29858, 40981, 810128)}
 # HEAT Table 6 (tile N1, interval N2): MF-CCL and ACCL rows

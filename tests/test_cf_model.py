@@ -45,7 +45,7 @@ def test_synthetic_is_seeded_power_law_and_splits_every_user():
     assert len(a.test) == 500  # every user has held-out items
     deg = np.sort(np.bincount(a.train_items, minlength=a.items))[::-1]
     top10 = deg[: a.items // 10].sum() / deg.sum()
-    assert 0.25 < top10 < 0.7  # reference §4: top 10% of items carry ≈ 0.42-0.44
+    assert 0.25 < top10 < 0.7  # the LightGCN test splits: top 10% of items carry ≈ 0.42-0.44
     # no pair is in both train and test
     pairs = set(zip(a.train_users.tolist(), a.train_items.tolist()))
     assert not any((u, i) in pairs for u, its in a.test.items() for i in its.tolist())

@@ -493,7 +493,7 @@ def test_pipeline_runtimes_that_keep_stage_outputs_hold_one_hidden_state_per_in_
 def test_first_stage_keeps_its_layers_and_no_second_copy_of_the_embedding_output():
     """Megatron, pp 8, full recomputation, no dropout: the first stage keeps its layers' inputs per
     in-flight micro-batch and nothing for the embedding, whose output is the first layer's input
-    (until stop 49 it was counted a second time: +1/12 of the stage here)."""
+    (it was once counted a second time: +1/12 of the stage here)."""
     plan = Plan(tp=8, pp=8, dp=1, micro_batch=1, zero=1, recompute="full", engine="megatron")
     model, job, acts, per_layer = _acts(plan, model_name="llama3-70b", seq=8192)
     assert not model.dropout

@@ -93,8 +93,8 @@ def test_rowwise_backward_runs_per_tensor_gemms_and_rescales_their_outputs():
 
 def test_torchtitan_rowwise_llama3_8b_tp8_is_slower_than_bf16_as_measured():
     """torchtitan's June 2025 async-TP benchmark measured float8 rowwise at 0.85x (vanilla TP) and 0.81x
-    (async TP) the bf16 throughput of Llama 3 8B at tp 8 on Grand Teton H100s (shared/reference,
-    published_runs_calibration_h100.csv); the estimate must put rowwise below bf16 there too (it
+    (async TP) the bf16 throughput of Llama 3 8B at tp 8 on Grand Teton H100s
+    (paraplan/calibration/data/published_runs_calibration_h100.csv); the estimate must put rowwise below bf16 there too (it
     priced it 1.03x before the rescale pass and per-tensor backward were modelled). That holds on the part at
     its rated power; at the runs' 500 W limit the GEMMs slow by the power-limited clock while the rescale pass,
     memory-bound, does not, so rowwise comes out at 0.99-1.0x the bf16 step there (still slower than

@@ -1,5 +1,6 @@
 """The hardware catalogue: every entry loads, every figure names its source, and the published
-figures we rely on (shared/reference/hardware_costmodels.md, heat_cf_tiling.md) are what the files say."""
+figures we rely on (datasheets, MLPerf system files, stas00/ml-engineering's tables, the HEAT paper's
+platforms) are what the files say."""
 from __future__ import annotations
 
 import pytest

@@ -56,7 +56,7 @@ def test_wider_heads_count_their_projections_and_attention():
 ])
 def test_presets_match_the_recipes_model_flops(model, tflops_per_gpu, tokens_per_gpu, seq, causal):
     """The published model TFLOP/s over tokens/s is the recipe's FLOPs per token: the preset's
-    shape gives the same count within 1.5 % (the files' own figures, shared/reference)."""
+    shape gives the same count within 1.5 % (the files' own figures, paraplan/calibration/data/)."""
     published = tflops_per_gpu * 1e12 / tokens_per_gpu
     ours = load_model(model).model_flops_per_token(seq, causal_halved=causal)
     assert ours == pytest.approx(published, rel=0.015)

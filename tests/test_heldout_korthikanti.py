@@ -16,7 +16,7 @@ GIB = 2**30
 def test_table5_step_times(name):
     """Full recomputation, and sequence parallelism with selective recomputation: within 15 % each
     (benchmarks/accuracy.py prints the table). 12 % and MAPE 4.0 % held while the A100 GEMM level was
-    calibrated on SC21 and llm-foundry A100-80GB only; calibrated on every A100 source (stop 39) it sits
+    calibrated on SC21 and llm-foundry A100-80GB only; calibrated on every A100 source it sits
     lower, and NVIDIA's own Megatron runs on Selene, these among them, come out pessimistic (+2..+14 %,
     full recomputation the most): the sources disagree by that much at one level."""
     full, seqsel = KORTHIKANTI_TABLE5_STEP_S[name]
@@ -26,7 +26,7 @@ def test_table5_step_times(name):
 
 
 def test_table5_step_time_mape_within_10_percent():
-    """The eight Table 5 step times together: MAPE 7.7 % (stop 39)."""
+    """The eight Table 5 step times together: MAPE 7.7 % at the calibration of every A100 source."""
     errors = [korthikanti_estimate(name, estimate, **kw).step_time_s / measured - 1
               for name, (full, seqsel) in KORTHIKANTI_TABLE5_STEP_S.items()
               for kw, measured in (({"recompute": "full"}, full), ({"recompute": "selective", "sp": True}, seqsel))]

@@ -295,7 +295,7 @@ def test_sac_fit_solves_region_and_op_costs_and_needs_two_regions():
     region, per_op = sac_overhead_fit(regions)
     assert region == pytest.approx(100e-6) and per_op == pytest.approx(50e-6)
     assert sac_overhead_fit({4: regions[4]}) is None
-    assert sac_overhead_fit({4: regions[4], 16: {"plain": 1e-4}}) is None   # a profile before stop 48
+    assert sac_overhead_fit({4: regions[4], 16: {"plain": 1e-4}}) is None   # a profile without sac rows
     c = ProfiledCurves.from_tables(training_tables(), world_size=1)
     assert c.op_sac_overhead_time(10) == pytest.approx(100e-6 + 10 * 50e-6)
     assert ProfiledCurves.from_tables(synthetic_tables()).op_sac_overhead_time(10) == 0.0

@@ -132,7 +132,7 @@ def test_fp8_speedups_over_bf16_on_the_calibration_pairs(torchtitan_cases):
     """bf16 and float8-tensorwise runs of one layout share the Grand Teton level error (the unpriced
     500 W limit, the software stack); their ratio isolates what fp8 changes. Measured 1.16-1.44x.
     With 16-bit TP all-gathers and casts of the whole gathered tensors the predictions were 10-19 %
-    low (1.00-1.17x); each is now within 11 % of its measured speed-up (within 10 % until stop 41 priced
+    low (1.00-1.17x); each is now within 11 % of its measured speed-up (within 10 % before paraplan priced
     op-SAC's backward all-gathers, which the fp8 runs move at half the bytes: the two Llama 3 8B pairs
     went from +8.2 / +5.1 % to +10.6 / +7.8 %; the 70B pairs, under full recomputation, did not move)."""
     by_key = {}

@@ -61,7 +61,7 @@ def test_a_plan_files_expert_parallelism_and_experts_are_taken(tmp_path):
     """ep and etp come from the file, and the plan's mixture of experts becomes the harness's: a few
     experts (a multiple of ep) with the model's share of them per token and its expert width ratio
     (Qwen3-30B-A3B: 8 of 128, 768 wide on hidden 2048), said in a note; --experts and --top-k given
-    win. Before stop 50 a plan file's MoE model ran dense unless --experts was given."""
+    win. (A plan file's MoE model used to run dense unless --experts was given.)"""
     path = _moe_plan_file(tmp_path / "p.json")
     flags, notes = plan_file_layout(path)
     assert flags["ep"] == 2 and flags["dp"] == 4 and flags["etp"] == 1

@@ -135,11 +135,11 @@ def test_torchrun_command_passes_multinode_flags():
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_kept_activations_of_the_llama_choices_match_the_estimate(arch, recompute):
     """One process, math attention: the saved-for-backward bytes against the estimator's kept
-    activations within 3 %. Before stop 49 the Llama choices read -13 % (none) and -15 % (selective):
+    activations within 3 %. Before the fixes below the Llama choices read -13 % (none) and -15 % (selective):
     eager RMSNorm's fp32 normalized output was not counted, the harness's q, k, v were views of the
     fused QKV output (one kept alive all of it once rotary positions or the grouped-query reshape had
     copied the others), every block kept its own rotary table, and an unfused core's K and V repeated
-    to every query head were not counted. Qwen3's QK-norm (stop 51): its input, q and k before the
+    to every query head were not counted. Qwen3's QK-norm: its input, q and k before the
     norm, and eager RMSNorm's normalized output; uncounted, the RMSNorm model with it read -16 %."""
     from dataclasses import replace
     from paraplan.validation.predict import estimator_model, estimator_plan, kept_activation_bytes_by_stage

@@ -64,7 +64,7 @@ WORLD2 = {
     "llama_tp2_sp_opsac": dict(tp=2, micro_batch=2, global_batch=4, sequence_parallel=True, recompute="op-sac",
                                attention="sdpa", **LLAMA),
     # ZeRO-3 under sequence parallelism: the norms' gradients, one sequence shard each, summed over tp
-    # (fully_shard's new parameters keep the mark; before stop 48 they lost it: 0.86 off)
+    # (fully_shard's new parameters keep the mark; when they lost it the check was 0.86 off)
     "llama_tp2_sp_zero3": dict(tp=2, zero=3, micro_batch=2, global_batch=4, sequence_parallel=True, **LLAMA),
     "pp2_opsac": dict(pp=2, micro_batch=1, global_batch=4, recompute="op-sac", attention="sdpa"),
     # grouped-query attention on the ring: K/V blocks carry the kv heads only (validation.apply_cp)
@@ -176,9 +176,9 @@ def test_kept_activations_match_the_estimate_stage_by_stage(world2, world4, worl
     (predict.kept_activation_bytes_by_stage), within 5 %: the first stage keeps no second copy of the
     embedding's output (its first layer's input), the last keeps the final norm's and the head's
     inputs (sequence shards under sp) besides the loss's logits, and the interleaved schedule's last
-    stage holds ((v - 1) p + 1) / v micro-batches. Before stop 49 the first stage read +50 %, the last
+    stage holds ((v - 1) p + 1) / v micro-batches. Before these were modelled the first stage read +50 %, the last
     -20 % (pp 2, full recomputation), the interleaved last stage -31 %, and tp 2 sp -11 % (the harness
-    kept the gathered linear inputs). Mixtures of experts since stop 50: the harness's unpermute kept a
+    kept the gathered linear inputs). Mixtures of experts, fixed since: the harness's unpermute kept a
     second copy of the expert outputs (Tensor.index_add saves its source; Megatron-Core's fused unpermute
     does not), the estimator counted eager SwiGLU's extra at the dense MLP's width instead of the routed
     copies' (7 % under on the single-process Llama-like MoE), and under expert tensor parallelism the

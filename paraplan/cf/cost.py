@@ -6,7 +6,7 @@ Pure functions. Two sources of machine rates share one step model:
 * :class:`ProfiledRates` from a measured :class:`~paraplan.cf.profile.CpuProfile`
   (row-gather time vs working-set size, bmm FLOP/s, streaming bandwidth, op overhead).
 
-Step time is a non-overlapping sum (ECM-style, reference §3.5, without overlap), op class by op
+Step time is a non-overlapping sum (ECM-style: Treibig & Hager, arXiv:0905.0792, without overlap), op class by op
 class as counted from the torch kernels with the profiler::
 
     t_step = Σ_reads rows·t_row(footprint, X)/T + Σ_bmm t_bmm(form, G, m, k, n) + Σ_ew ops·t_ew(bytes)
@@ -24,17 +24,18 @@ grow with N1 are priced at the rate of their shape; fresh_bytes are the page fau
 glibc hands back to the OS every step (:func:`fresh_bytes_per_step`). No term is fitted to the
 kernels' own timings: every rate is a microbenchmark of one primitive on random tensors.
 
-Where a random row read hits (reference §3.2): for each cache level L the per-thread share S_L is
+Where a random row read hits: for each cache level L the per-thread share S_L is
 the level's size divided by the threads that share one instance (``min(shared_by_cores, T)``,
 so Zen's 16 MB L3 is per 4-core CCX, not per socket). Data private to a thread (its tile) of
 footprint F hits level L with probability min(1, S_L/F); data shared by all threads (the
 embedding tables) is compared undivided with S_L·sharers (one instance's capacity) for shared
 levels and with S_L for private ones. The per-row time is the hit-weighted sum of the level times.
 Each level's row time is the larger of a latency bound ``lines·latency/MLP`` and a bandwidth bound
-``row_bytes/bandwidth`` (reference §3.1: random gathers are usually latency/MLP-bound).
+``row_bytes/bandwidth`` (rows gathered at random are usually latency- and MLP-bound).
 
-Departures: positive and history reads are charged as uniform over the item table (the Che
-approximation of reference §3.3 for skewed popularity would make them cheaper); the torch
+Departures: positive and history reads are charged as uniform over the item table (Che's LRU
+approximation for skewed popularity, Fricker, Robert and Roberts, arXiv:1202.3974, would make them
+cheaper); the torch
 implementation's elementwise passes and op counts were counted from ``validation/cf_kernels.py``
 and the torch profiler, and are constants of that implementation, not of HEAT's C++.
 """
@@ -115,7 +116,7 @@ def memory_levels(cpu: Cpu, threads: int, row_bytes: int) -> list[Level]:
     """Cache levels then DRAM, with per-thread shares and per-row times.
 
     t_row(L) = max(⌈row/line⌉·latency_L/MLP, row/(bw_L per core)); DRAM: max(lines·t_mem/MLP,
-    row·T/BW_mem) (reference §3.1, §3.4). Private levels (``shared_by_cores`` = 1) give each
+    row·T/BW_mem) (a cache-aware roofline: Ilic, Pratas and Sousa, IEEE CAL 2014). Private levels (``shared_by_cores`` = 1) give each
     thread the whole size; a level shared by k cores gives size/min(k, T).
     """
     _check_threads(cpu, threads)
@@ -439,7 +440,7 @@ def step_traffic_bytes(work: "StepWork") -> float:
 
 
 def tile_footprint_bytes(model: CFModel, tiling: Tiling) -> float:
-    """F = N1·(embedding row + gradient row) = N1·8d bytes (reference §3.2)."""
+    """F = N1·(embedding row + gradient row) = N1·8d bytes (fp32 rows of d values)."""
     return 2.0 * tiling.tile_rows * model.row_bytes
 
 

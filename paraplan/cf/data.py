@@ -5,7 +5,8 @@ LightGCN format (``kuandeng/LightGCN: Data/*/train.txt``): one line per user,
 
 The generator is a bipartite expected-degree (Chung-Lu) model: user weights ∝ rank^−s_u, item
 weights ∝ rank^−s_i, with slopes from the measured rank-frequency slopes of Gowalla, Yelp2018 and
-Amazon-Book (s_i ≈ 0.61-0.68, s_u ≈ 0.54-0.60; shared/reference/heat_cf_tiling.md §4). Departure:
+Amazon-Book (s_i ≈ 0.61-0.68, s_u ≈ 0.54-0.60: log-log fits over the top half of the ranks of the
+LightGCN splits, kuandeng/LightGCN Data/*/test.txt; paraplan/data/fitted_constants.yaml). Departure:
 so that a model has something to learn beyond popularity, users and items also get one of
 ``clusters`` latent groups and a fraction ``affinity`` of each user's items is drawn from the
 user's own group (with the same power-law weights inside the group).

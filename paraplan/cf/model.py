@@ -4,7 +4,8 @@ One *iteration* is one (user, positive item) training pair with ``negatives`` sa
 items, as in HEAT (ICS'23) §4; one *step* processes ``batch`` iterations; an epoch is one pass
 over the training interactions.
 
-Model (SimpleX, Mao et al. CIKM'21; HEAT Eq. 2-3, see shared/reference/heat_cf_tiling.md §2)::
+Model (SimpleX, Mao et al. CIKM'21; HEAT, ICS'23, arXiv:2304.07334, Eq. 2-3; reczoo/RecZoo
+matching/cf/SimpleX/src/SimpleX.py)::
 
     p_u  = g·e_u + (1 − g)·W·mean(e_h for h in history_u)        (g = 1: plain MF)
     L    = max(0, 1 − cos(p_u, e_i)) + (w/|N|)·Σ_{j∈N} max(0, cos(p_u, e_j) − m)

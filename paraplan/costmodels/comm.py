@@ -11,7 +11,8 @@ B and efficiency η, per-step latency α (a link fitted from a profile may carry
   send/recv           T =        α +            S/(η·B)
 
 A group of n ranks with k of them per node spans n/k nodes and runs hierarchically
-(shared/reference §2.8, "Inter-node speed depends on intra-node speed"): intra-node
+(stas00/ml-engineering @ 744d01e, network/README.md, "Inter-node speed depends on intra-node
+speed"): intra-node
 reduce-scatter over k, inter-node collective over n/k ranks on 1/k of the data (every GPU
 drives its own NIC), intra-node all-gather. The inter-node link's bandwidth is per GPU.
 

@@ -1,6 +1,6 @@
 """Data-parallel and ZeRO communication per step, and the part backward does not hide.
 
-Volumes per GPU for the stage's Ψ parameters in 16-bit (ZeRO paper §7; shared/reference §2.5),
+Volumes per GPU for the stage's Ψ parameters in 16-bit (Rajbhandari et al. 2019, ZeRO, arXiv:1910.02054 §7),
 over N_d = dp·cp ranks (the replicas of a parameter):
   stage 0    all-reduce of gradients once per step (= reduce-scatter + all-gather, 2Ψ)
   stage 1    reduce-scatter of gradients + all-gather of updated parameters once per step (2Ψ)

@@ -5,7 +5,7 @@ Formulas (each evaluated over numpy arrays as well as scalars):
 * GEMM ``C[m,n] += A[m,k] B[k,n]``: ``t = t0 + 2mnk / (peak · η_plateau · f_sustained · η_wave)`` with
   η_plateau the best-shape benchmark (MAMF), f_sustained the fraction of it a training step sustains,
   ``η_wave = (C/S) / ceil(C/S)``, ``C = ceil(m/Tm)·ceil(n/Tn)`` output tiles over S SMs
-  (NVIDIA Matrix Multiplication Background User's Guide §3; shared/reference §3.3). Where the
+  (NVIDIA Matrix Multiplication Background User's Guide §3). Where the
   accelerator's GEMM library splits the K loop across SMs (stream-K / split-K scheduling,
   ``gemm_split_k`` in curves.yaml: Hopper, measured), the units that fill the waves are the tiles'
   K iterations, ``C = ceil(m/Tm)·ceil(n/Tn)·ceil(k/Tk)`` (Osama et al. 2023, arXiv:2301.03598).
@@ -116,8 +116,8 @@ class AnalyticalCurves:
         """Seconds one (m x k)·(k x n) GEMM needs at least to move its operands and its output through
         HBM once, at the streaming rate: (mk + kn)·w_in + mn·w_out bytes, w_in the format's width (fp8
         1, 16-bit 2, fp32 4) and w_out 2 for fp8 GEMMs (bf16 output), else w_in. The memory side of a
-        per-op roofline, max(compute, memory) (llm-analysis's per-op latency, calculon's ``roofline``
-        mode; shared/reference/hardware_costmodels.md sec. 3.1-3.2): it binds only on thin GEMMs, whose
+        per-op roofline, max(compute, memory) (cli99/llm-analysis @ d841e40 analysis.py, per-op latency;
+        calculon-ai/calculon @ caa4b11 calculon/system.py, ``roofline`` mode): it binds only on thin GEMMs, whose
         arithmetic intensity 2mnk / bytes falls below peak FLOP/s over HBM bandwidth (H100 bf16: ~200
         FLOP per byte at the curves' rates), e.g. a 128-wide key or value projection."""
         m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))

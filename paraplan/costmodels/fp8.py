@@ -20,8 +20,8 @@ from paraplan.plan import Engine, is_fp8
 #   fp8-rowwise / fp8-blockwise: row(block)-wise and column(block)-wise quantizations, each
 #     reading the 16-bit tensor (scales computed in the pass)                                = 6
 #   mxfp8: both block directions written in one pass (Blackwell)                             = 4
-# (Transformer Engine's cast/cast-transpose kernels, torchao float8; shared/reference has no
-# measured figure, so these are byte counts, priced at the curves' memory-bound rate.)
+# (Transformer Engine's cast/cast-transpose kernels, torchao float8; no measured figure is published
+# for them, so these are byte counts, priced at the curves' memory-bound rate.)
 FP8_CAST_BYTES_PER_ELEMENT = {"fp8": 6, "fp8-delayed": 4, "fp8-rowwise": 6, "fp8-blockwise": 6, "mxfp8": 4}
 FP8_CAST_KERNELS_FORWARD = 8     # 4 GEMM inputs + 4 weights, one launch each (amax and cast fused)
 FP8_CAST_KERNELS_BACKWARD = 4    # 4 output gradients

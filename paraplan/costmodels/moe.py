@@ -81,8 +81,8 @@ def routed_experts_wgrad_accumulation_time(model, job, plan, curves, routed=None
 
         extra = max(0, c·t0 + streaming(E_local·((mk + mn)·w + 2g·nk)) - t_f)
 
-    the per-op roofline (llm-analysis / calculon, shared/reference/hardware_costmodels.md sec.
-    3.1-3.2) applied to the GEMM the backward runs; it equals max(t_f, roofline) - t_f where the
+    the per-op roofline (cli99/llm-analysis analysis.py; calculon-ai/calculon's ``roofline`` mode)
+    applied to the GEMM the backward runs; it equals max(t_f, roofline) - t_f where the
     accumulating wgrad moves at least the forward's bytes. 0 without the fusion (a 16-bit wgrad
     output moves the forward's bytes; the separate accumulation is estimate.grad_accumulation_time)
     and where the GEMM is compute-bound (a dense layer's m is every token of the micro-batch, so
@@ -242,7 +242,8 @@ def dispatch_bytes_per_token(model, job, plan) -> float:
 def ep_alltoall_time(model, job, plan, cluster):
     """One expert-parallel all-to-all (dispatch or combine): each GPU sends its T·k·f/tp routed
     token copies of h values across the ep group, which is carved from data parallelism (stride
-    tp·cp in the rank order). DeepSpeed-MoE (Rajbhandari et al. 2022) §5; shared/reference §2.10.
+    tp·cp in the rank order). DeepSpeed-MoE (Rajbhandari et al. 2022) §5;
+    cli99/llm-analysis @ d841e40 analysis.py, get_latency_fwd_per_layer_mlp_moe_alltoall.
     Under ``plan.moe_flex_dispatch`` the DeepEP / HybridEP kernels' traffic instead
     (:func:`flex_dispatch_time`)."""
     if model.moe is None:

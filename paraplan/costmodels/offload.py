@@ -3,7 +3,8 @@
 All functions take ``shard``: the parameters whose optimizer states one GPU owns (Ψ/N_d under
 ZeRO ≥ 1, Ψ otherwise; routed experts shard over N_d/ep).
 
-* GPU Adam: memory-bound, ~28 bytes touched per parameter (shared/reference §1.6) at the HBM's
+* GPU Adam: memory-bound, ~28 bytes touched per parameter (read the fp32 weight, momentum and
+  variance and the 16-bit gradient; write the three back and the 16-bit weight: a count) at the HBM's
   achieved bandwidth. Curves that measured the optimizer step (a profiled CPU device,
   ``curves.adam_step_time``) charge it per tensor and per parameter instead: PyTorch AdamW
   (``foreach=False``) loops over the parameter tensors, so on an eager CPU run the per-tensor

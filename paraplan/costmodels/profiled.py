@@ -47,7 +47,7 @@ not import torch). Same methods and attributes as
   hooks, region bookkeeping, the replay), ``region + kernels · per_kernel`` from two measured
   regions (the attention core and a whole block, :func:`checkpoint_overhead_fit`); on this 2-core
   machine about 0.34 ms per region and 18 µs per kernel, several times a kernel's own cost.
-* op-level SAC's machinery (profiles since stop 48, a ``sac`` row per region): the same regions under
+* op-level SAC's machinery (in profiles that carry a ``sac`` row per region): the same regions under
   a selective-checkpoint policy that keeps every output, less plain forward + backward: what its
   TorchDispatchMode costs (every op through Python in the forward, every op replayed from its cache in
   the backward), ``region + kernels · per_kernel`` (:func:`sac_overhead_fit`); measured 0.14 ms per
@@ -175,7 +175,7 @@ def sac_overhead_fit(regions: Mapping) -> tuple[float, float] | None:
     """(seconds per region, seconds per op in it) that op-level SAC's selective-checkpoint machinery
     costs a region with nothing recomputed: ``sac − plain`` of the two measured regions of n ops
     (``{n: {"plain", "sac": seconds}}``), solved as ``region + n · op`` (both clamped at 0); None
-    without two (profiles before stop 48)."""
+    without two (a profile older than its ``sac`` rows)."""
     return _region_fit((int(n), v["sac"] - v["plain"]) for n, v in regions.items() if v.get("sac") and v.get("plain"))
 
 

@@ -8,12 +8,12 @@ Nodes: ``("gpu", i)`` for every GPU (global rank i), ``("nvswitch", n)`` one NVL
 
   GPU — NVSwitch   intra-node per-GPU line rate (``system.intra_node``)              tier "nvlink"
   GPU — NIC        PCIe (``system.pcie_bandwidth_bytes_per_s``); GPU j of a node
-                   drives NIC ``j · nics_per_node // gpus_per_node`` (DGX-1: 2 GPUs
-                   share a NIC, shared/reference §1.2)                               tier "pcie"
+                   drives NIC ``j · nics_per_node // gpus_per_node`` (DGX-1: 4 NICs
+                   for 8 GPUs, 2 GPUs share one)                                     tier "pcie"
   NIC — leaf       ``system.nic_bandwidth_bytes_per_s``                             tier "network"
   leaf — spine     the leaf's uplink capacity, split evenly over the spines         tier "network"
 
-Rail-optimized (DGX SuperPOD style, reference §2.8): the nodes are cut into scalable units of
+Rail-optimized (DGX SuperPOD style): the nodes are cut into scalable units of
 ``leaf_ports`` nodes; NIC k of every node of a unit goes to rail leaf ``("leaf", unit, k)``.
 Otherwise every NIC of a group of ``leaf_ports // nics_per_node`` nodes goes to one leaf
 ``("leaf", j)``. Leaves are joined by spines (none when there is only one leaf). A leaf's uplink
@@ -38,7 +38,7 @@ A group's traffic is a set of flows, each at the same rate r; the flows of the g
 group running at the same time (``concurrent``: the sibling groups of the same axis) are routed,
 the flows on every directed edge are counted, and r = min over the edges the group uses of
 capacity / flows. That r is the per-GPU, one-direction bandwidth a ring collective sees (nccl-tests
-bus bandwidth, reference §2.8). Patterns:
+bus bandwidth, NVIDIA/nccl-tests doc/PERFORMANCE.md). Patterns:
 
 * ``"hierarchical"`` (tp, dp; the model of :mod:`paraplan.costmodels.comm`): inside one node, a ring
   over the members on NVLink. Across nodes with k members per node: an intra-node ring per node

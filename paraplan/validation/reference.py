@@ -23,7 +23,7 @@ about lr each step.
 
 How fast the trajectories separate depends on the model, its data and the batch: a 16-layer Llama-style
 model at micro-batch 2 under dp2 ZeRO-1 separated by 2.5e-4 by the thirteenth step, with first-step
-gradients within 3.6e-6 (stop 49). So each later step is held to the larger of ``LATER_LOSS_RTOL`` and
+gradients within 3.6e-6. So each later step is held to the larger of ``LATER_LOSS_RTOL`` and
 ``SPREAD_FACTOR`` times the reference's own spread up to that step (:func:`reference_spread`: the
 reference run again from parameters each moved by one unit in the last place, a rounding-sized
 difference, and run again with the batch in other micro-batches, the sums in another order). The
