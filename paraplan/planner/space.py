@@ -22,8 +22,9 @@ from typing import Mapping
 
 import numpy as np
 
+from paraplan.engines import SPECS, spec_named
 from paraplan.errors import ConfigError
-from paraplan.plan import (MODES, PLAN_FIELDS, RULES, STAGE_LAYER_FIELDS, AttentionKernel, CpMode, Dtype, Engine,
+from paraplan.plan import (MODES, PLAN_FIELDS, RULES, STAGE_LAYER_FIELDS, AttentionKernel, CpMode, Dtype,
                            Offload, Optimizer,
                            PlanBatch, Recompute, Scene, Schedule, failed_rules, parse_field, recompute_modules_mask)
 
@@ -90,7 +91,7 @@ def check_fixed(fixed: Mapping, model, job, cluster) -> None:
         return
     view = _fixed_view(fixed)
     if not hasattr(view, "engine_code"):          # one engine for the whole search: its default
-        view.engine_code = np.array([int(Engine.parse(fixed.get("engine", Engine.GENERIC.label)))])
+        view.engine_code = np.array([spec_named(fixed.get("engine")).code])
     scene = Scene(model, job, cluster, fixed.get("dp") or None)
     failed = failed_rules(view, scene, available=vars(view))
     if failed:
@@ -179,7 +180,7 @@ def axis_choices(model, job, cluster, options: SpaceOptions) -> dict[str, list]:
                "etp_is_tp": [False, True] if model.moe else [False]}
     _pin(choices, fixed)
     choices["_dtype"] = fixed.get("dtype", search_dtype(cluster.accelerator))
-    choices["_engine"] = int(Engine.parse(fixed.get("engine", Engine.GENERIC.label)))
+    choices["_engine"] = spec_named(fixed.get("engine")).code
     return choices
 
 
@@ -377,7 +378,7 @@ def compose(model, job, cluster, options: SpaceOptions | None = None) -> tuple[P
         setattr(both, column, _opt_in_flag_where_it_runs(both, scene, column, bool(fixed.get(column, False))))
     both.recompute_modules_mask = _recompute_modules_where_they_run(both, scene, fixed.get("recompute_modules", ""))
     extra = 0
-    if "recompute_modules" not in fixed and Engine(int(engine)) in (Engine.MEGATRON, Engine.GENERIC):
+    if "recompute_modules" not in fixed and SPECS[int(engine)].offers("recompute_modules"):
         both, extra = _with_recompute_module_sets(both, searched_recompute_module_sets(model))
     keep3 = _apply(_stage_rules(3), both, scene, np.ones(both.tp.size, bool), rejected, 1)
     return _batch(both, np.nonzero(keep3)[0], options, fixed), rejected, n1 * n2 + extra
@@ -387,13 +388,14 @@ def _batch(both: SimpleNamespace, idx, options: SpaceOptions, fixed: Mapping) ->
     """The kept candidates as a PlanBatch; the flags the search does not vary take their pinned
     value or the default."""
     n = idx.size
-    engine = Engine(int(both.engine_code))
-    # only Megatron-LM fuses gradient accumulation into the weight-gradient GEMMs (main_grad)
-    fusion = options.grad_accumulation_fusion and engine in (Engine.GENERIC, Engine.MEGATRON)
+    spec = SPECS[int(both.engine_code)]
+    # only Megatron-LM (and the generic engine) fuse gradient accumulation into the weight-gradient GEMMs
+    # (main_grad): the engine's default
+    fusion = options.grad_accumulation_fusion and spec.grad_accumulation_fusion
     const = {"overlap_grad_reduce": fixed.get("overlap_grad_reduce", True),
              "grad_accumulation_fusion": fixed.get("grad_accumulation_fusion", fusion),
              "fused_elementwise": fixed.get("fused_elementwise", True),
-             "rope_fusion": fixed.get("rope_fusion", True), "engine_code": int(engine)}
+             "rope_fusion": fixed.get("rope_fusion", True), "engine_code": spec.code}
     # the batch-wide flags the crossing rules read are already columns of ``both`` (:func:`_cross`)
     cols = ("tp", "pp", "dp", "cp", "sp", "vpp", "micro_batch", "schedule_code", "zero", "recompute_code",
             "offload_code", "offload_params", "ep", "etp", "cp_mode_code", "optimizer_code", "delayed_update",
