@@ -16,11 +16,13 @@ from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-# the modes and the engine's export constants are re-exported: ``from paraplan.plan import Engine`` keeps working
-from paraplan.engines import ENGINE_RULES, MEGATRON_FSDP_STRATEGY, Engine, engine_flag  # noqa: F401
+from paraplan.engines import ENGINE_RULES, Engine, engine_flag
 from paraplan.errors import ConfigError, shown
-from paraplan.modes import (FP8_DTYPES, AttentionKernel, CpMode, Dtype, Mode, Offload, Optimizer,  # noqa: F401
-                            Recompute, Schedule, compute_dtype, gemm_dtype, is_fp8)
+from paraplan.modes import AttentionKernel, CpMode, Dtype, Mode, Offload, Optimizer, Recompute, Schedule, is_fp8
+
+# re-exported, so that ``from paraplan.plan import ...`` keeps working where these lived before
+from paraplan.engines import MEGATRON_FSDP_STRATEGY  # noqa: F401
+from paraplan.modes import FP8_DTYPES, compute_dtype, gemm_dtype  # noqa: F401
 
 
 MODES: dict[str, type[Mode]] = {"schedule": Schedule, "recompute": Recompute, "offload": Offload, "dtype": Dtype,
