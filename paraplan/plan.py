@@ -1,173 +1,28 @@
 """A parallelism plan: degrees, micro-batch, schedule, ZeRO, recomputation, offload, dtype.
 
-Categorical choices are :class:`Mode` enums: a user-facing label (the string a ``Plan`` holds and
+Categorical choices are :class:`Mode` enums (``paraplan.modes``, re-exported here; the engine choice
+with the engines, ``paraplan.engines``): a user-facing label (the string a ``Plan`` holds and
 JSON shows) and an integer code (its position) that the cost formulas read, over numpy arrays of
 plans (:class:`PlanBatch`) as well as over one plan. The legality rules that tie several fields
 together live in one table, :data:`RULES`, read by ``Plan`` itself, by :func:`check_plan` and by
-the search's vectorized mask (``paraplan.planner.space.compose``).
+the search's vectorized mask (``paraplan.planner.space.compose``); the rules about what an engine
+runs are generated from its spec (``paraplan.engines.ENGINE_RULES``) and placed here by name.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
-from enum import IntEnum
 from types import SimpleNamespace
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
+from paraplan.engines import ENGINE_RULES, Engine, engine_flag
 from paraplan.errors import ConfigError, shown
+from paraplan.modes import AttentionKernel, CpMode, Dtype, Mode, Offload, Optimizer, Recompute, Schedule, is_fp8
 
-
-# label -> member, per Mode subclass (Mode.parse)
-_MODE_LABELS: dict = {}
-
-
-class Mode(IntEnum):
-    """A categorical plan choice: its integer code (declaration order) and its user-facing label."""
-
-    def __new__(cls, label: str):
-        code = len(cls.__members__)
-        obj = int.__new__(cls, code)
-        obj._value_ = code
-        obj.label = label
-        return obj
-
-    @classmethod
-    def labels(cls) -> tuple[str, ...]:
-        """The labels in code order (what ``--schedule`` and friends accept)."""
-        return tuple(m.label for m in cls)
-
-    @classmethod
-    def parse(cls, value, field: str | None = None) -> "Mode":
-        """The member for a label (or a member); ConfigError naming the field and the labels otherwise."""
-        if isinstance(value, cls):
-            return value
-        by_label = _MODE_LABELS.get(cls)
-        if by_label is None:                     # built once per mode: iterating an Enum is slow
-            by_label = _MODE_LABELS[cls] = {m.label: m for m in cls}
-        if isinstance(value, str) and value in by_label:
-            return by_label[value]
-        raise ConfigError(field or MODE_FIELD_NAMES[cls], f"unknown value {shown(value)}", accepted=", ".join(cls.labels()))
-
-
-class Schedule(Mode):
-    """Pipeline schedule."""
-    ONE_F_ONE_B = "1f1b"
-    INTERLEAVED = "interleaved"
-    GPIPE = "gpipe"
-    ZB_H1 = "zb-h1"
-
-
-class Recompute(Mode):
-    """Activation recomputation, as a saved-tensor policy: none keeps everything; selective
-    (Megatron-LM) recomputes the attention core; full keeps only each layer's input; op-sac
-    (torchtitan's op-level selective activation checkpointing) keeps every other matmul output and
-    the attention output and recomputes the rest."""
-    NONE = "none"
-    SELECTIVE = "selective"
-    FULL = "full"
-    OP_SAC = "op-sac"
-
-
-class Offload(Mode):
-    """Where optimizer states (and with ``offload_params`` the parameters) live."""
-    NONE = "none"
-    CPU = "cpu"
-    NVME = "nvme"
-
-
-class Dtype(Mode):
-    """Training precision; fp32 is plain fp32 training (the CPU validation runs).
-
-    The fp8 members are bf16 mixed precision whose linear-layer GEMMs (QKV, output projection, MLP,
-    experts) run in fp8, each with its scaling recipe; attention, embeddings, the LM head, norms and
-    the optimizer stay in bf16/fp32 (Transformer Engine and torchao float8 keep them there):
-      fp8            per-tensor current scaling: an amax pass, then the cast (TE Float8CurrentScaling,
-                     Megatron ``--fp8-recipe tensorwise``, torchtitan float8 default "tensorwise")
-      fp8-delayed    per-tensor delayed scaling from an amax history (TE DelayedScaling, Megatron's
-                     ``--fp8-recipe delayed``): scale known before the cast, amax taken in the same pass
-      fp8-rowwise    one scale per row (torchtitan/torchao ``recipe_name = "rowwise"``)
-      fp8-blockwise  1x128 activation / 128x128 weight blocks (DeepSeek-V3; TE Float8BlockScaling,
-                     Megatron ``--fp8-recipe blockwise``)
-      mxfp8          OCP microscaling, 32-element blocks with e8m0 scales, in the tensor cores of
-                     Blackwell (Megatron ``--fp8-recipe mxfp8``, TE MXFP8BlockScaling)"""
-    BF16 = "bf16"
-    FP16 = "fp16"
-    FP32 = "fp32"
-    FP8 = "fp8"
-    FP8_DELAYED = "fp8-delayed"
-    FP8_ROWWISE = "fp8-rowwise"
-    FP8_BLOCKWISE = "fp8-blockwise"
-    MXFP8 = "mxfp8"
-
-
-FP8_DTYPES = frozenset({Dtype.FP8.label, Dtype.FP8_DELAYED.label, Dtype.FP8_ROWWISE.label,
-                        Dtype.FP8_BLOCKWISE.label, Dtype.MXFP8.label})
-
-
-def is_fp8(dtype: str) -> bool:
-    """Whether the training dtype runs its linear-layer GEMMs in fp8 (any recipe)."""
-    return dtype in FP8_DTYPES
-
-
-def gemm_dtype(dtype: str) -> str:
-    """The number format of the linear-layer GEMMs: ``fp8`` for every fp8 recipe, else the dtype."""
-    return "fp8" if dtype in FP8_DTYPES else dtype
-
-
-def compute_dtype(dtype: str) -> str:
-    """The number format of everything else (attention, embeddings, LM head, the MFU peak): the
-    bf16 that fp8 recipes keep outside the linear layers, else the dtype itself."""
-    return "bf16" if dtype in FP8_DTYPES else dtype
-
-
-class CpMode(Mode):
-    """Context-parallel attention: ring (load-balanced causal chunks) or Ulysses (all-to-all over heads)."""
-    RING = "ring"
-    ULYSSES = "ulysses"
-
-
-class AttentionKernel(Mode):
-    """The fused attention kernel: ``auto`` leaves it to the engine and prices attention at the
-    generation's one calibrated efficiency (published runs rarely say which kernel ran); the others
-    name a kernel whose efficiency was measured by sequence length (where the generation has a
-    measured table: cuDNN fused attention, FlashAttention-2, PyTorch's memory-efficient kernel).
-    ``flash1`` is FlashAttention 1.x (the flash-attn package before 2.0): FlashAttention-2's work at
-    half its rate (``attention.FLASH1_TIME_FACTOR``)."""
-    AUTO = "auto"
-    CUDNN = "cudnn"
-    FLASH2 = "flash2"
-    EFFICIENT = "efficient"
-    FLASH1 = "flash1"
-
-
-class Optimizer(Mode):
-    """Adam, or a communication-compressing variant (DeepSpeed) that needs ZeRO-0."""
-    ADAM = "adam"
-    ONEBIT_ADAM = "onebit-adam"
-    ZERO_ONE_ADAM = "zero-one-adam"
-    ONEBIT_LAMB = "onebit-lamb"
-
-
-class Engine(Mode):
-    """The training engine the plan runs on: it decides which model states are held (and how they
-    are laid out), which buffers exist, and which layouts can be expressed at all.
-
-    generic: the ZeRO paper's accounting, no engine restrictions; megatron: Megatron-LM (fp32
-    main_grad, distributed optimizer; ZeRO-2/3 run as Megatron-FSDP, its
-    --data-parallel-sharding-strategy optim_grads / optim_grads_params); deepspeed: DeepSpeed ZeRO 0-3 with offload; torchtitan:
-    PyTorch FSDP2 + DTensor TP/SP + torch.distributed.pipelining; scaling: Aleph Alpha's Scaling
-    (github.com/Aleph-Alpha/scaling; its ZeRO-1 optimizer, Megatron-style TP/SP, DeepSpeed-style 1F1B
-    pipeline), the codebase of Hagemann et al. 2023's layout sweep."""
-    GENERIC = "generic"
-    MEGATRON = "megatron"
-    DEEPSPEED = "deepspeed"
-    TORCHTITAN = "torchtitan"
-    SCALING = "scaling"
-
-
-#: Megatron-FSDP's --data-parallel-sharding-strategy for the ZeRO stage a Megatron-LM plan names (ZeRO-2/3)
-MEGATRON_FSDP_STRATEGY = {2: "optim_grads", 3: "optim_grads_params"}
+# re-exported, so that ``from paraplan.plan import ...`` keeps working where these lived before
+from paraplan.engines import MEGATRON_FSDP_STRATEGY  # noqa: F401
+from paraplan.modes import FP8_DTYPES, compute_dtype, gemm_dtype  # noqa: F401
 
 
 MODES: dict[str, type[Mode]] = {"schedule": Schedule, "recompute": Recompute, "offload": Offload, "dtype": Dtype,
@@ -613,8 +468,9 @@ def _scaling_stage_layer_count(layers: int, pp, stage):
 
 
 def _is_scaling_auto_split(plan):
-    """Plans whose split Scaling makes itself: engine scaling with no explicit first / last stage layers."""
-    return ((np.asarray(getattr(plan, "engine_code", Engine.GENERIC)) == Engine.SCALING)
+    """Plans whose split Scaling makes itself: an engine that splits its layer specs (engine scaling,
+    ``Behaviour.splits_layer_specs``) with no explicit first / last stage layers."""
+    return (engine_flag(plan, "splits_layer_specs")
             & (np.asarray(getattr(plan, "first_stage_layers", 0)) == 0)
             & (np.asarray(getattr(plan, "last_stage_layers", 0)) == 0))
 
@@ -723,8 +579,9 @@ def expert_parallel_folded(plan):
     expert layers take the same tp·cp·dp ranks as the attention but regroup them as etp × ep × edp
     (etp fastest), so ep may exceed dp (Liu et al. 2025, "MoE Parallel Folding", arXiv:2504.14960;
     megatron/core/parallel_state.py builds the expert groups from the tp·cp·dp ranks). Other engines
-    carve ep from data parallelism (DeepSpeed-MoE's expert groups: dp ranks at stride tp·cp)."""
-    return np.asarray(getattr(plan, "engine_code", Engine.GENERIC)) == Engine.MEGATRON
+    carve ep from data parallelism (DeepSpeed-MoE's expert groups: dp ranks at stride tp·cp). The
+    engine's ``Behaviour.folds_expert_parallelism``."""
+    return engine_flag(plan, "folds_expert_parallelism")
 
 
 def expert_data_parallel(plan):
@@ -746,11 +603,6 @@ def expert_group_strides(plan):
 def stage_split_is_even(layers: int, plan) -> bool:
     """Whether every stage holds the same number of layers."""
     return len(set(stage_layer_counts(layers, plan))) == 1
-
-
-#: engines with Megatron-Core's flex token dispatcher (DeepEP / HybridEP): the rule below and the
-#: estimate's hint that the plan could choose it
-FLEX_DISPATCH_ENGINES = (Engine.MEGATRON, Engine.GENERIC)
 
 
 # --- legality rules --------------------------------------------------------------------------------
@@ -865,38 +717,6 @@ def _stage_fields_message(p, s: Scene) -> str:
             f"{unset} other stages; at most layers - {unset} = {L - unset}")
 
 
-#: engines that place any number of layers in each interleaved model chunk: Megatron-Core's
-#: ``--pipeline-model-parallel-layout`` (docs: "Custom Pipeline Model Parallel Layout", DeepSeek-V3's
-#: 61 layers on pp 16 x vpp 2 as "Et*3|(tt|)*29,m|L") and torchtitan's ``pipeline_parallel_split_points``
-UNEVEN_CHUNK_ENGINES = (Engine.MEGATRON, Engine.TORCHTITAN)
-
-
-def _engine_in(P, *engines: "Engine"):
-    """Whether each plan of ``P`` runs on one of ``engines`` (an OR of equalities: np.isin's sorting
-    costs more than the test on the one-plan batches every estimate checks)."""
-    code = np.asarray(P.engine_code)
-    return np.logical_or.reduce([code == int(e) for e in engines]) if engines else np.zeros(code.shape, bool)
-
-
-# fp8 recipes each engine implements: Megatron-LM ``--fp8-recipe {tensorwise, delayed, blockwise, mxfp8}``
-# (Transformer Engine); torchtitan's float8 converter (torchao: tensorwise, rowwise) and mx converter
-# (mxfp8); DeepSpeed has no fp8 recipe of its own (it runs Transformer Engine modules a user wires in).
-ENGINE_FP8_RECIPES = {
-    Engine.GENERIC: tuple(sorted(FP8_DTYPES)),
-    Engine.MEGATRON: ("fp8", "fp8-delayed", "fp8-blockwise", "mxfp8"),
-    Engine.TORCHTITAN: ("fp8", "fp8-rowwise", "mxfp8"),
-    Engine.DEEPSPEED: (),
-    Engine.SCALING: (),
-}
-
-
-def _engine_fp8_refused(engine_code, dtype: str):
-    """Per plan: an fp8 dtype the plan's engine does not implement."""
-    if not is_fp8(dtype):
-        return np.zeros(np.shape(engine_code), dtype=bool)
-    return ~np.isin(engine_code, [int(e) for e, recipes in ENGINE_FP8_RECIPES.items() if dtype in recipes])
-
-
 def _modules_the_model_lacks(s: Scene) -> int:
     """The bit mask of RECOMPUTE_MODULES the scene's model has no submodule for: mla_up_proj without
     latent attention, moe_act / moe without MoE layers, shared_experts without shared experts, mlp
@@ -913,6 +733,14 @@ def _modules_the_model_lacks(s: Scene) -> int:
 
 def _r(name, reason, kind, axes, bad, message, **kw) -> Rule:
     return Rule(name, reason, kind, frozenset(axes), bad, message, **kw)
+
+
+def _engine_rule(name: str) -> Rule:
+    """The engine rule ``name``, generated from the engine specs (``paraplan.engines.ENGINE_RULES``):
+    illegal, and read without the scene."""
+    r = ENGINE_RULES[name]
+    return Rule(r.name, r.reason, ILLEGAL, frozenset(r.axes), r.bad, r.message, field=r.field, accepted=r.accepted,
+                uses_scene=False)
 
 
 RULES: tuple[Rule, ...] = (
@@ -938,7 +766,7 @@ RULES: tuple[Rule, ...] = (
     _r("interleaved-layers-divisible", "interleaved stages need layers (+ embedding, loss) divisible by pp*vpp",
        ILLEGAL, ("pp", "vpp", "engine_code"),
        lambda P, s: ((P.vpp > 1) & ~_interleaved_split_exists(s.model.layers, P.pp * P.vpp)
-                     & ~_engine_in(P, *UNEVEN_CHUNK_ENGINES)),
+                     & ~engine_flag(P, "uneven_interleaved_chunks")),
        lambda p, s: (f"layers({s.model.layers}) % (pp({p.pp}) * vpp({p.vpp})) = "
                      f"{s.model.layers % (p.pp * p.vpp)}: interleaved (virtual) stages need the layers, or the "
                      f"layers + 1 or + 2 with the embedding and the loss counted as layers (Megatron-LM's "
@@ -1049,53 +877,14 @@ RULES: tuple[Rule, ...] = (
        lambda p, s: f"expert tensor parallelism etp({p.etp}) must divide tp({p.tp})", field="etp",
        uses_scene=False),
     # --- what each engine runs (Engine) ---------------------------------------------------------
-    _r("engine-zero-stages", "the engine has no such ZeRO stage", ILLEGAL, ("engine_code", "zero"),
-       lambda P, s: ((P.engine_code == Engine.SCALING) & (P.zero >= 2))
-       | ((P.engine_code == Engine.TORCHTITAN) & (P.zero == 1)),
-       lambda p, s: (f"--engine {Engine(p.engine_code).label} has no ZeRO-{p.zero}: " + (
-           "Scaling shards optimizer states only (optimizer zero: true, ZeRO-1)"
-           if p.engine_code == Engine.SCALING else
-           "torchtitan shards with FSDP2: ZeRO-3 (reshard after forward), ZeRO-2 (no reshard after forward) "
-           "or 0 (replicate)")),
-       field="zero", uses_scene=False),
-    _r("engine-offload", "offload is DeepSpeed's (ZeRO-Offload/Infinity)", ILLEGAL, ("engine_code", "offload_code"),
-       lambda P, s: (P.offload_code != Offload.NONE) & _engine_in(P, Engine.MEGATRON, Engine.TORCHTITAN, Engine.SCALING),
-       lambda p, s: (f"--engine {Engine(p.engine_code).label} does not offload optimizer states; CPU/NVMe offload "
-                     "is DeepSpeed's (ZeRO-Offload, ZeRO-Infinity)"),
-       field="offload", accepted="--offload none, or --engine deepspeed", uses_scene=False),
-    _r("deepspeed-pipeline-zero", "DeepSpeed's pipeline engine takes ZeRO-0/1 only", ILLEGAL,
-       ("engine_code", "pp", "zero"),
-       lambda P, s: (P.engine_code == Engine.DEEPSPEED) & (P.pp > 1) & (P.zero >= 2),
-       lambda p, s: f"DeepSpeed's PipelineEngine runs with ZeRO-0 or 1 only, not ZeRO-{p.zero} with pp({p.pp})",
-       field="zero", accepted="0, 1", uses_scene=False),
-    _r("deepspeed-pipeline-schedule", "DeepSpeed's pipeline engine runs 1F1B only", ILLEGAL,
-       ("engine_code", "pp", "schedule_code"),
-       lambda P, s: (P.engine_code == Engine.DEEPSPEED) & (P.pp > 1) & (P.schedule_code != Schedule.ONE_F_ONE_B),
-       lambda p, s: f"DeepSpeed's PipelineEngine runs 1F1B (TrainSchedule) only, not {Schedule(p.schedule_code).label}",
-       field="schedule", accepted="1f1b", uses_scene=False),
-    _r("scaling-pipeline-schedule", "Scaling's pipeline runs 1F1B only", ILLEGAL,
-       ("engine_code", "pp", "schedule_code", "vpp"),
-       lambda P, s: (P.engine_code == Engine.SCALING) & (((P.pp > 1) & (P.schedule_code != Schedule.ONE_F_ONE_B))
-                                                         | (P.vpp > 1)),
-       lambda p, s: ("Scaling's pipeline runs 1F1B (PipelineScheduleTrain) without virtual stages, not "
-                     f"{Schedule(p.schedule_code).label} with vpp({p.vpp})"),
-       field="schedule", accepted="1f1b (vpp 1)", uses_scene=False),
-    _r("scaling-no-cp", "Scaling has no context parallelism", ILLEGAL, ("engine_code", "cp"),
-       lambda P, s: (P.engine_code == Engine.SCALING) & (P.cp > 1),
-       lambda p, s: f"Scaling has no context parallelism, not cp({p.cp})", field="cp", accepted="1",
-       uses_scene=False),
-    _r("torchtitan-tp-shards-sequence", "torchtitan's tensor parallelism always shards the sequence", ILLEGAL,
-       ("engine_code", "tp", "sp"),
-       lambda P, s: (P.engine_code == Engine.TORCHTITAN) & (P.tp > 1) & ~np.asarray(P.sp, bool),
-       lambda p, s: "torchtitan's tensor parallelism always shards the sequence (SequenceParallel norms): add --sp",
-       field="sp", uses_scene=False),
-    _r("engine-cp-mode", "the engine has no such context-parallel mode", ILLEGAL, ("engine_code", "cp", "cp_mode_code"),
-       lambda P, s: (P.cp > 1) & (((P.engine_code == Engine.TORCHTITAN) & (P.cp_mode_code != CpMode.RING))
-                                  | ((P.engine_code == Engine.DEEPSPEED) & (P.cp_mode_code != CpMode.ULYSSES))),
-       lambda p, s: ("torchtitan's context parallelism is ring attention (--sp-mode ring)"
-                     if p.engine_code == Engine.TORCHTITAN else
-                     "DeepSpeed's sequence parallelism is Ulysses (--sp-mode ulysses)"),
-       field="cp_mode", uses_scene=False),
+    _engine_rule("engine-zero-stages"),
+    _engine_rule("engine-offload"),
+    _engine_rule("deepspeed-pipeline-zero"),
+    _engine_rule("deepspeed-pipeline-schedule"),
+    _engine_rule("scaling-pipeline-schedule"),
+    _engine_rule("scaling-no-cp"),
+    _engine_rule("torchtitan-tp-shards-sequence"),
+    _engine_rule("engine-cp-mode"),
     _r("attention-kernel-needs-flash", "a fused attention kernel needs fused (flash) attention", ILLEGAL,
        ("attention_kernel_code", "flash_attention"),
        lambda P, s: (P.attention_kernel_code != AttentionKernel.AUTO) & ~np.asarray(P.flash_attention, bool),
@@ -1108,24 +897,14 @@ RULES: tuple[Rule, ...] = (
        lambda p, s: ("--no-fused-softmax prices an eager softmax over the materialised score matrix, but flash "
                      "attention never materialises it: add --no-flash-attention, or drop --no-fused-softmax"),
        field="fused_softmax", accepted="true; false only with --no-flash-attention", uses_scene=False),
-    _r("engine-optimizer", "compressed optimizers are DeepSpeed's", ILLEGAL, ("engine_code", "optimizer_code"),
-       lambda P, s: (P.optimizer_code != Optimizer.ADAM) & _engine_in(P, Engine.MEGATRON, Engine.TORCHTITAN,
-                                                                       Engine.SCALING),
-       lambda p, s: f"{Optimizer(p.optimizer_code).label} is DeepSpeed's; --engine {Engine(p.engine_code).label} runs adam",
-       field="optimizer", accepted="adam", uses_scene=False),
+    _engine_rule("engine-optimizer"),
     _r("tp-comm-overlap-needs-sp", "TP communication overlap needs tp > 1 with sequence parallelism",
        ILLEGAL, ("tp_comm_overlap", "tp", "sp"),
        lambda P, s: np.asarray(P.tp_comm_overlap, bool) & ((P.tp == 1) | ~np.asarray(P.sp, bool)),
        lambda p, s: (f"--tp-comm-overlap overlaps the all-gather / reduce-scatter of sequence parallelism with "
                      f"the GEMMs; it needs tp > 1 and --sp (tp({p.tp}), sp {bool(p.sp)})"),
        field="tp_comm_overlap", accepted="--tp N>1 --sp, or no --tp-comm-overlap", uses_scene=False),
-    _r("activation-offload-engine", "activation offload is Megatron-LM's (Transformer Engine)", ILLEGAL,
-       ("engine_code", "offload_activation_layers"),
-       lambda P, s: (np.asarray(P.offload_activation_layers) > 0)
-       & ~_engine_in(P, Engine.MEGATRON, Engine.GENERIC),
-       lambda p, s: (f"offloading activations to the CPU is Megatron-LM's (--cpu-offloading, Transformer Engine); "
-                     f"engine {Engine(p.engine_code).label} has none"),
-       field="offload_activation_layers", accepted="--engine megatron or generic, or 0", uses_scene=False),
+    _engine_rule("activation-offload-engine"),
     _r("activation-offload-no-pp", "activation offload has no pipeline support", ILLEGAL,
        ("pp", "offload_activation_layers"),
        lambda P, s: (np.asarray(P.offload_activation_layers) > 0) & (P.pp > 1),
@@ -1143,21 +922,8 @@ RULES: tuple[Rule, ...] = (
        lambda P, s: np.asarray(P.offload_activation_layers) >= s.model.layers,
        lambda p, s: (f"offload_activation_layers({p.offload_activation_layers}) must be below the model's "
                      f"layers({s.model.layers})"), field="offload_activation_layers"),
-    _r("grad-reduce-bf16-megatron", "bf16 gradient reduction is Megatron-LM's option", ILLEGAL,
-       ("engine_code", "grad_reduce_bf16"),
-       lambda P, s: np.asarray(P.grad_reduce_bf16, bool) & ~_engine_in(P, Engine.MEGATRON),
-       lambda p, s: (f"a bf16 gradient buffer is Megatron-LM's option (main_grad, --grad-reduce-in-bf16); "
-                     f"engine {Engine(p.engine_code).label} keeps its own gradient dtype"),
-       field="grad_reduce_bf16", accepted="--engine megatron, or no --grad-reduce-bf16", uses_scene=False),
-    _r("fp8-param-gather-megatron-fp8", "fp8 parameters are Megatron-LM's option under an fp8 dtype", ILLEGAL,
-       ("engine_code", "fp8_param_gather", "dtype"),
-       lambda P, s: np.asarray(P.fp8_param_gather, bool) & (~_engine_in(P, Engine.MEGATRON) | (not is_fp8(P.dtype))),
-       lambda p, s: ("fp8 parameters (--fp8-param-gather) need an fp8 dtype (fp8, fp8-delayed, fp8-blockwise, "
-                     f"mxfp8); this plan trains in {p.dtype}" if p.engine_code == Engine.MEGATRON else
-                     "fp8 parameters are Megatron-LM's option (--fp8-param-gather, Transformer Engine's "
-                     f"fp8_model_init); engine {Engine(p.engine_code).label} keeps 16-bit parameters"),
-       field="fp8_param_gather", accepted="--engine megatron with an fp8 --dtype, or no --fp8-param-gather",
-       uses_scene=False),
+    _engine_rule("grad-reduce-bf16-megatron"),
+    _engine_rule("fp8-param-gather-megatron-fp8"),
     _r("fp8-param-gather-sharded", "fp8 parameters need the distributed optimizer or Megatron-FSDP", ILLEGAL,
        ("fp8_param_gather", "zero"),
        lambda P, s: np.asarray(P.fp8_param_gather, bool) & (np.asarray(P.zero) == 0),
@@ -1165,12 +931,7 @@ RULES: tuple[Rule, ...] = (
                      "Megatron-FSDP (ZeRO-2/3): its fp8 weights are refreshed by the parameter all-gather "
                      "(megatron/training/arguments.py validate_args)"),
        field="fp8_param_gather", accepted="--zero 1, 2 or 3, or no --fp8-param-gather", uses_scene=False),
-    _r("engine-tp-comm-overlap", "the engine has no TP communication overlap", ILLEGAL,
-       ("engine_code", "tp_comm_overlap"),
-       lambda P, s: np.asarray(P.tp_comm_overlap, bool) & _engine_in(P, Engine.DEEPSPEED, Engine.SCALING),
-       lambda p, s: (f"--engine {Engine(p.engine_code).label} does not overlap tensor-parallel communication "
-                     "(Megatron-LM --tp-comm-overlap and torchtitan async TP do)"),
-       field="tp_comm_overlap", accepted="--engine megatron, torchtitan or generic", uses_scene=False),
+    _engine_rule("engine-tp-comm-overlap"),
     _r("ep-comm-overlap-needs-ep", "expert-parallel communication overlap needs expert parallelism", ILLEGAL,
        ("ep_comm_overlap", "ep"),
        lambda P, s: np.asarray(P.ep_comm_overlap, bool) & (P.ep == 1),
@@ -1190,12 +951,7 @@ RULES: tuple[Rule, ...] = (
        lambda p, s: ("Megatron-Core's combined 1F1B runs layer by layer across two micro-batches and refuses full "
                      "recomputation ('disable full recomputation when enabling overlap_moe_expert_parallel_comm')"),
        field="ep_comm_overlap", accepted="--recompute none, selective or op-sac", uses_scene=False),
-    _r("engine-ep-comm-overlap", "the engine has no expert-parallel communication overlap", ILLEGAL,
-       ("engine_code", "ep_comm_overlap"),
-       lambda P, s: np.asarray(P.ep_comm_overlap, bool) & ~_engine_in(P, Engine.MEGATRON, Engine.GENERIC),
-       lambda p, s: (f"--engine {Engine(p.engine_code).label} does not overlap expert-parallel all-to-alls "
-                     "(Megatron-LM --overlap-moe-expert-parallel-comm does)"),
-       field="ep_comm_overlap", accepted="--engine megatron or generic", uses_scene=False),
+    _engine_rule("engine-ep-comm-overlap"),
     _r("ep-comm-overlap-dispatch", "expert-parallel communication overlap needs the all-to-all token dispatcher",
        ILLEGAL, ("ep_comm_overlap",),
        lambda P, s: np.asarray(P.ep_comm_overlap, bool) & (_moe(s) and s.model.moe.dispatch != "permute"),
@@ -1208,13 +964,7 @@ RULES: tuple[Rule, ...] = (
        lambda p, s: ("--moe-flex-dispatch runs the expert-parallel dispatch and combine on DeepEP / HybridEP "
                      "kernels; with ep(1) there are none"),
        field="moe_flex_dispatch", accepted="--ep N>1, or no --moe-flex-dispatch", uses_scene=False),
-    _r("engine-moe-flex-dispatch", "the engine has no DeepEP / HybridEP dispatch", ILLEGAL,
-       ("engine_code", "moe_flex_dispatch"),
-       lambda P, s: np.asarray(P.moe_flex_dispatch, bool) & ~_engine_in(P, *FLEX_DISPATCH_ENGINES),
-       lambda p, s: (f"--engine {Engine(p.engine_code).label} has no flex token dispatcher "
-                     "(Megatron-LM --moe-token-dispatcher-type flex does)"),
-       field="moe_flex_dispatch", accepted="--engine " + " or ".join(e.label for e in FLEX_DISPATCH_ENGINES),
-       uses_scene=False),
+    _engine_rule("engine-moe-flex-dispatch"),
     _r("moe-flex-dispatch-needs-permute", "DeepEP / HybridEP dispatch needs token permutation",
        ILLEGAL, ("moe_flex_dispatch",),
        lambda P, s: np.asarray(P.moe_flex_dispatch, bool) & (not _moe(s) or s.model.moe.dispatch != "permute"),
@@ -1228,12 +978,7 @@ RULES: tuple[Rule, ...] = (
                      f"recomputation recomputes (Megatron-LM --recompute-granularity selective); --recompute is "
                      f"{Recompute(p.recompute_code).label}"),
        field="recompute_modules", accepted="--recompute selective, or no --recompute-modules", uses_scene=False),
-    _r("engine-recompute-modules", "the engine has no module-level recomputation", ILLEGAL,
-       ("engine_code", "recompute_modules_mask"),
-       lambda P, s: (np.asarray(P.recompute_modules_mask) != 0) & ~_engine_in(P, Engine.MEGATRON, Engine.GENERIC),
-       lambda p, s: (f"--engine {Engine(p.engine_code).label} has no --recompute-modules (Megatron-Core's "
-                     "fine-grained recomputation)"),
-       field="recompute_modules", accepted="--engine megatron or generic", uses_scene=False),
+    _engine_rule("engine-recompute-modules"),
     _r("recompute-module-not-in-model", "a recompute module the model does not have", ILLEGAL,
        ("recompute_modules_mask",),
        lambda P, s: (np.asarray(P.recompute_modules_mask) & _modules_the_model_lacks(s)) != 0,
@@ -1243,21 +988,8 @@ RULES: tuple[Rule, ...] = (
                      "experts; mlp: dense MLP layers)"),
        field="recompute_modules",
        accepted=None),
-    _r("engine-fp8-recipe", "the engine has no such fp8 recipe", ILLEGAL, ("engine_code", "dtype"),
-       lambda P, s: _engine_fp8_refused(P.engine_code, P.dtype),
-       lambda p, s: (f"--engine {Engine(p.engine_code).label} has no {p.dtype} recipe; it offers "
-                     f"{', '.join(ENGINE_FP8_RECIPES[Engine(p.engine_code)]) or 'no fp8 training of its own'}"),
-       field="dtype", uses_scene=False),
-    _r("engine-recompute", "the engine has no such recomputation policy", ILLEGAL, ("engine_code", "recompute_code"),
-       lambda P, s: ((P.engine_code == Engine.TORCHTITAN) & (P.recompute_code == Recompute.SELECTIVE))
-       | (_engine_in(P, Engine.MEGATRON, Engine.DEEPSPEED) & (P.recompute_code == Recompute.OP_SAC))
-       | ((P.engine_code == Engine.SCALING) & ~np.isin(P.recompute_code, [int(Recompute.NONE), int(Recompute.FULL)])),
-       lambda p, s: ("torchtitan's selective checkpointing is op-level: --recompute op-sac (or none, full)"
-                     if p.engine_code == Engine.TORCHTITAN else
-                     "Scaling checkpoints every layer or nothing: --recompute full or none"
-                     if p.engine_code == Engine.SCALING else
-                     f"op-level SAC is torchtitan's; --engine {Engine(p.engine_code).label} offers none, selective, full"),
-       field="recompute", uses_scene=False),
+    _engine_rule("engine-fp8-recipe"),
+    _engine_rule("engine-recompute"),
 )
 RULES_BY_NAME = {r.name: r for r in RULES}
 

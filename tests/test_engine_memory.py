@@ -22,6 +22,7 @@ import pytest
 from paraplan.costmodels import memory as M
 from paraplan.costmodels.compute import op_sac_recomputed_matmul_share
 from paraplan.costmodels.estimate import estimate, runtime_reserved_bytes
+from paraplan.engines import SPECS, Engine
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan, PlanBatch
@@ -385,24 +386,26 @@ def test_scaling_keeps_eager_swiglu_the_flash_output_and_the_gathered_inputs_und
 
 def test_scaling_backward_holds_a_calibrated_layer_working_set_other_engines_do_not(monkeypatch):
     """Scaling's eager backward keeps, while one layer runs backward, gradient temporaries and the
-    blocks the allocator cannot reuse around them: BACKWARD_LAYER_TRANSIENT x that layer's
+    blocks the allocator cannot reuse around them: SCALING_BACKWARD_LAYER_TRANSIENT x that layer's
     no-recompute activations, on every stage, whatever the recomputation (calibrated on the sweep's
-    fit/OOM outcomes, benchmarks/memory_fit.py). The other engines charge none."""
+    fit/OOM outcomes, benchmarks/memory_fit.py). The other engines charge none (only Scaling's spec has
+    ``Behaviour.eager_temporaries``)."""
     model = load_model("llama1-13b")
     job = TrainingJob(2048, 64)
     plans = PlanBatch.from_plans([Plan(zero=1, dp=1, recompute=rc, engine=eng, pp=pp)
                                   for rc in ("none", "full") for eng in ("scaling", "generic") for pp in (1, 4)])
     layer = M.activation_bytes_per_layer(model, job, plans, recompute_code=0)
     charged = M.activation_bytes(model, job, plans)
-    monkeypatch.setattr(M, "_BACKWARD_LAYER_TRANSIENT_BY_ENGINE_CODE", np.zeros(len(M.Engine)))
+    transient = M.SCALING_BACKWARD_LAYER_TRANSIENT
+    assert transient > 0
+    monkeypatch.setattr(M, "SCALING_BACKWARD_LAYER_TRANSIENT", 0.0)
     without = M.activation_bytes(model, job, plans)
-    scaling = np.asarray(plans.engine_code) == M.Engine.SCALING
-    share = np.where(scaling, M.BACKWARD_LAYER_TRANSIENT[M.Engine.SCALING], 0.0)
+    scaling = np.asarray(plans.engine_code) == Engine.SCALING
+    share = np.where(scaling, transient, 0.0)
     for stage in ("first", "last"):
         assert np.allclose(charged[stage] - without[stage], share * layer, rtol=1e-12)
     assert (charged["first"][scaling] > without["first"][scaling]).all()
-    assert M.BACKWARD_LAYER_TRANSIENT[M.Engine.SCALING] > 0
-    assert all(M.BACKWARD_LAYER_TRANSIENT[e] == 0 for e in M.Engine if e != M.Engine.SCALING)
+    assert [s.label for s in SPECS if s.behaviour.eager_temporaries] == ["scaling"]
 
 
 def _memory_fit_benchmark():

@@ -31,7 +31,7 @@ def cmd_export(args) -> int:
             write_atomic(args.out, result.text, executable=result.text.startswith("#!"))
     else:
         sys.stdout.write(result.text)
-    for note in result.notes if args.engine == "deepspeed" else ():   # the others carry them as comments
+    for note in result.notes if not result.notes_in_text else ():   # the others carry them as comments
         print(f"paraplan: note: {note}", file=sys.stderr)
     return 0
 

@@ -14,7 +14,8 @@ import numpy as np
 
 from paraplan.constants import fitted
 from paraplan.costmodels.kernels import BYTES, _dtype, element_bytes, tokens_per_rank
-from paraplan.plan import AttentionKernel, CpMode, Engine
+from paraplan.engines import engine_flag
+from paraplan.plan import AttentionKernel, CpMode
 
 
 def attention_occupancy(query_len, batch_heads, sms, tile_rows=128):
@@ -41,12 +42,11 @@ def engine_attention_kernel(plan, table):
     (torchtitan/models/attention.py, ScaledDotProductAttentionWrapper @ 0012170), so it runs cuDNN too.
     Other engines stay ``auto`` (torch SDPA's own backend order has changed between releases: cuDNN
     last from torch 2.5.1, pytorch/pytorch#138522, first on sm90/sm100 once the bundled cuDNN passed
-    9.15)."""
+    9.15). The engine's ``Behaviour.picks_cudnn_attention``."""
     kernel = np.asarray(getattr(plan, "attention_kernel_code", AttentionKernel.AUTO))
     if "cudnn" not in table["kernels"]:
         return kernel
-    engine = np.asarray(getattr(plan, "engine_code", Engine.GENERIC))
-    picks_cudnn = (engine == Engine.MEGATRON) | (engine == Engine.TORCHTITAN)
+    picks_cudnn = engine_flag(plan, "picks_cudnn_attention")
     return np.where((kernel == AttentionKernel.AUTO) & picks_cudnn, int(AttentionKernel.CUDNN), kernel)
 
 

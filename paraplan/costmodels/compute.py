@@ -49,7 +49,8 @@ from paraplan.costmodels.moe import (MOE_HOST_SECONDS_PER_LAYER, dispatch_bytes_
                                      routed_experts_wgrad_accumulation_time)
 from paraplan.costmodels.tpcomm import (op_sac_regather_time, sp_backward_regather_time, tp_allreduce_time,
                                         tp_collective_time, tp_exposed_time, vocab_parallel_loss_allreduce_time)
-from paraplan.plan import Engine, Recompute, recomputes_attention_core, recomputes_module
+from paraplan.engines import engine_flag
+from paraplan.plan import Recompute, recomputes_attention_core, recomputes_module
 
 
 #: bytes of an activation gradient element (16-bit, also under fp8: the GEMMs write bf16)
@@ -241,8 +242,8 @@ def elementwise_forward_time(model, job, plan, curves, moe: bool = False):
     unfused = ~np.asarray(getattr(plan, "fused_elementwise", True), dtype=bool)
     replicated = replicated + np.where(unfused, UNFUSED_NORM_EXTRA_BYTES_PER_HIDDEN * h, 0.0)
     # Scaling (Aleph Alpha) fuses at most the norm: its SwiGLU and rotary embedding are eager PyTorch
-    # (scaling/core/nn/mlp.py, rotary.py: q * cos + rotate_half(q) * sin)
-    eager_rest = unfused | (np.asarray(getattr(plan, "engine_code", 0)) == Engine.SCALING)
+    # (scaling/core/nn/mlp.py, rotary.py: q * cos + rotate_half(q) * sin): Behaviour.eager_elementwise
+    eager_rest = unfused | engine_flag(plan, "eager_elementwise")
     eager_swiglu = eager_rest & (model.activation == "swiglu")
     act = act + np.where(eager_swiglu, UNFUSED_SWIGLU_EXTRA_BYTES_PER_FFN * model.ffn_hidden, 0.0)
     unfused_extra = np.where(np.asarray(plan.flash_attention, dtype=bool), 0.0, 8 * (model.q_hidden + hkv))
@@ -373,7 +374,7 @@ def head_times(model, job, plan, curves, cluster) -> dict:
     dt = _dtype(plan)
     V, h = model.vocab, model.hidden
     logits = curves.gemm_time(T, V / t, h, dt)
-    scaling = np.asarray(getattr(plan, "engine_code", Engine.GENERIC)) == Engine.SCALING
+    scaling = ~engine_flag(plan, "vocab_parallel_loss")      # the logits gathered over tp (Scaling)
     cross_entropy = np.where(scaling,
                              curves.memory_time(T * V * SCALING_LOSS_TRAFFIC_BYTES_PER_LOGIT, kernels=SCALING_LOSS_KERNELS),
                              curves.memory_time(T * V / t * 4 * 3, kernels=4))      # fp32 logits, ~3 passes

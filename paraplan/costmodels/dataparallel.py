@@ -40,8 +40,9 @@ from paraplan.constants import fitted
 from paraplan.costmodels.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time, ranks_per_node
 from paraplan.costmodels.fp8 import FP8_GATHER_BYTES_RATIO
 from paraplan.costmodels.kernels import element_bytes, megatron_grad_bytes
-from paraplan.costmodels.memory import deepspeed_bf16_optimizer, engine_of, megatron_fp8_params
-from paraplan.plan import Engine, Optimizer, expert_data_parallel, expert_group_strides, expert_parallel_folded
+from paraplan.costmodels.memory import deepspeed_bf16_optimizer, megatron_fp8_params
+from paraplan.engines import engine_flag, engine_where
+from paraplan.plan import Optimizer, expert_data_parallel, expert_group_strides, expert_parallel_folded
 
 # Share of an overlapped collective's duration that it costs the compute beneath it (NCCL kernels
 # occupy SMs and HBM bandwidth): Lee et al. 2025's measured average (arXiv:2507.03114), for every tier
@@ -75,9 +76,9 @@ def fp8_all_gather_factor(plan):
     (``float8.enable_fsdp_float8_all_gather`` with per-tensor scaling, which paraplan's export turns
     on for ``--dtype fp8`` under FSDP: weights are cast before the all-gather) and where Megatron-LM's
     parameters are fp8 (``plan.fp8_param_gather``: the distributed optimizer and Megatron-FSDP gather
-    the fp8 data), else 1."""
-    titan_fp8 = (plan.dtype == "fp8") & (np.asarray(plan.engine_code) == Engine.TORCHTITAN)
-    return np.where(titan_fp8 | megatron_fp8_params(plan), FP8_GATHER_BYTES_RATIO, 1.0)
+    the fp8 data), else 1. The dtypes an engine gathers in fp8 so: its ``Behaviour.fp8_fsdp_gather_dtypes``."""
+    fsdp_fp8 = engine_where(plan, lambda spec: plan.dtype in spec.behaviour.fp8_fsdp_gather_dtypes)
+    return np.where(fsdp_fp8 | megatron_fp8_params(plan), FP8_GATHER_BYTES_RATIO, 1.0)
 
 
 # torchtitan reduces gradients in fp32 (FP32_GRAD_BYTES): its FSDP2 MixedPrecisionPolicy takes reduce_dtype from
@@ -91,10 +92,9 @@ def dp_grad_bytes(plan):
     """Bytes per parameter that a data-parallel gradient reduction moves: Megatron-LM its main_grad
     buffer (:func:`paraplan.costmodels.kernels.megatron_grad_bytes`), torchtitan fp32 (its reduce_dtype),
     DeepSpeed's BF16_Optimizer fp32 (it reduces its fp32 accumulation buffers: get_grads_for_reduction),
-    the others the element size of their gradients."""
-    eng = engine_of(plan)
-    fp32 = (eng == Engine.TORCHTITAN) | deepspeed_bf16_optimizer(plan)
-    return np.where(eng == Engine.MEGATRON, megatron_grad_bytes(plan),
+    the others the element size of their gradients (``Behaviour.main_grad_buffer``, ``fp32_grad_reduction``)."""
+    fp32 = engine_flag(plan, "fp32_grad_reduction") | deepspeed_bf16_optimizer(plan)
+    return np.where(engine_flag(plan, "main_grad_buffer"), megatron_grad_bytes(plan),
                     np.where(fp32, np.maximum(FP32_GRAD_BYTES, element_bytes(plan)), element_bytes(plan)))
 
 
@@ -151,8 +151,9 @@ def compressed_phase_factor(plan):
 
 def deepspeed_exposed(plan):
     """(gradient reduction exposed, parameter all-gather exposed) per plan, by the DeepSpeed note above:
-    the reduction under a pipeline or at ZeRO-0, the ZeRO-1/2 all-gather; nothing for other engines."""
-    ds = engine_of(plan) == Engine.DEEPSPEED
+    the reduction under a pipeline or at ZeRO-0, the ZeRO-1/2 all-gather; nothing for engines without
+    ``Behaviour.dp_collectives_outside_backward``."""
+    ds = engine_flag(plan, "dp_collectives_outside_backward")
     z = np.asarray(plan.zero)
     return ds & ((np.asarray(plan.pp) > 1) | (z == 0)), ds & ((z == 1) | (z == 2))
 
@@ -183,7 +184,7 @@ def dp_traffic(params, plan, cluster, *, experts: bool = False, volume_factor=1.
                           + collective_time(REDUCE_SCATTER, grad_size / units, n, k, intra, inter))
     # Scaling: an fp32 all-reduce of every gradient after the backward, then (ZeRO-1) the 16-bit
     # parameter all-gather, both exposed
-    scaling = engine_of(plan) == Engine.SCALING
+    scaling = engine_flag(plan, "reduces_in_optimizer_step")
     scaling_total = 0.0
     if np.any(scaling):                         # priced only where a plan runs on Scaling
         scaling_total = (collective_time(ALL_REDUCE, SCALING_GRAD_REDUCE_BYTES * params * volume_factor,

@@ -39,7 +39,8 @@ from paraplan.costmodels.p2p import p2p_receive_gather_time, p2p_time
 from paraplan.costmodels.pipeline import (bubble_factor, bubble_fraction, effective_compute_slowdown, overlapped_p2p_crossings,
                                          p2p_messages_on_critical_path, pipeline_crossings_on_critical_path)
 from paraplan.costmodels.tpcomm import TP_OVERLAP_CONTENTION
-from paraplan.plan import (FLEX_DISPATCH_ENGINES, MEGATRON_FSDP_STRATEGY, Engine, Plan, Recompute, StageLayers, check_plan, compute_dtype, expert_data_parallel, gemm_dtype,
+from paraplan.engines import engine_flag, spec_of
+from paraplan.plan import (Plan, Recompute, StageLayers, check_plan, compute_dtype, expert_data_parallel, gemm_dtype,
                            is_fp8, model_stage_layers, recomputes_attention_core, stage_layer_counts)
 
 SCHEMA = "paraplan.estimate/1"
@@ -132,12 +133,12 @@ def assumptions_for(plan) -> tuple[str, ...]:
     swap = {STATES_16BIT: FP32_STATES if plan.dtype == "fp32" else STATES_16BIT,
             TP_EXPOSED_ASSUMPTION: TP_OVERLAP_ASSUMPTION if getattr(plan, "tp_comm_overlap", False)
             else TP_EXPOSED_ASSUMPTION,
-            DP_OVERLAP_ASSUMPTION: SCALING_DP_ASSUMPTION if plan.engine == "scaling"
+            DP_OVERLAP_ASSUMPTION: SCALING_DP_ASSUMPTION if engine_flag(plan, "reduces_in_optimizer_step")
             else DP_NO_OVERLAP_ASSUMPTION if not plan.overlap_grad_reduce else DP_OVERLAP_ASSUMPTION}
     base = tuple(swap.get(a, a) for a in ASSUMPTIONS)
     fp8_tp = (FP8_TP_GATHER,) if bool(np.all(tp_gathers_fp8(plan))) else ()
     rowwise = (FP8_ROWWISE_BACKWARD,) if plan.dtype == "fp8-rowwise" else ()
-    titan = (TORCHTITAN_COMPILED_BLOCKS,) if plan.engine == "torchtitan" else ()
+    titan = (TORCHTITAN_COMPILED_BLOCKS,) if engine_flag(plan, "compiled_blocks") else ()
     return base + titan + (FP8_ASSUMPTIONS if is_fp8(plan.dtype) else ()) + rowwise + fp8_tp
 
 
@@ -202,9 +203,7 @@ def attention_kernel_assumption(model, job, plan, curves) -> tuple[str, ...]:
     if plan.attention_kernel == "auto":
         if eff is None or np.isnan(float(eff)):
             return ()
-        who = ("Megatron-LM runs Transformer Engine's cuDNN fused attention (its preference on Hopper and newer)"
-               if plan.engine == "megatron" else
-               "torchtitan runs torch SDPA's cuDNN backend (its wrapper sets cuDNN first)")
+        who = spec_of(plan).behaviour.cudnn_attention_note    # an engine that picks cuDNN: it measured
         return (f"attention: auto on {who}: cudnn at {float(eff):.3f} of peak, measured by sequence length "
                 f"(attention_kernels.yaml) at {job.seq_len} tokens and {b * model.heads // plan.tp} heads per GPU"
                 f"{windowed}",)
@@ -299,7 +298,7 @@ def moe_dispatch_assumption(model, job, plan) -> tuple[str, ...]:
                 f"back, {per_token / model.hidden:.0f} x hidden bytes per token and layer forward, twice that "
                 f"backward; the SMs and buffers the kernels hold are not priced",)
     sort = bool(np.any(sorts_received_chunks(model, plan)))
-    flex_ok = plan.ep > 1 and plan.engine_code in FLEX_DISPATCH_ENGINES
+    flex_ok = plan.ep > 1 and spec_of(plan).offers("moe_flex_dispatch")
     return (f"MoE: the token permutation streams {per_token / model.hidden:.0f} x hidden bytes per token and "
             f"layer forward, twice that backward (Megatron-Core's all-to-all dispatcher: permute, "
             f"{'regroup by local expert and back, ' if sort else ''}unpermute, the router weights applied in the experts' activation; "
@@ -330,11 +329,14 @@ def ep_overlap_assumption(job, plan) -> tuple[str, ...]:
 
 
 def megatron_fsdp_assumption(plan) -> tuple[str, ...]:
-    """What a Megatron-LM plan at ZeRO-2/3 runs: Megatron-FSDP (memory.model_state_bytes, buffer_bytes)."""
-    if plan.engine != "megatron" or plan.zero < 2:
+    """What a Megatron-LM plan at ZeRO-2/3 runs: Megatron-FSDP (memory.model_state_bytes, buffer_bytes), the
+    sharding strategy its spec's export maps the stage to."""
+    export = spec_of(plan).export
+    strategy = export.fsdp_strategy.get(plan.zero) if export is not None else None
+    if strategy is None:
         return ()
     return (f"ZeRO-{plan.zero} on Megatron-LM is Megatron-FSDP (--use-megatron-fsdp, --data-parallel-sharding-strategy "
-            f"{MEGATRON_FSDP_STRATEGY[plan.zero]}): main_grad{' and 16-bit parameters' if plan.zero == 3 else ''} sharded over dp x cp, "
+            f"{strategy}): main_grad{' and 16-bit parameters' if plan.zero == 3 else ''} sharded over dp x cp, "
             "gathered and reduced per layer in persistent double buffers (--fsdp-double-buffer: two layers' "
             "gradients" + (" and parameters" if plan.zero == 3 else "") + ", counted in buffers)",)
 
@@ -351,7 +353,7 @@ def host_link_assumption(plan, cluster) -> tuple[str, ...]:
 def deepspeed_dp_assumption(plan) -> tuple[str, ...]:
     """What a DeepSpeed plan's data-parallel collectives rest on (dataparallel.dp_traffic: what DeepSpeed's
     source runs outside the backward)."""
-    if plan.engine != "deepspeed" or plan.dp * plan.cp <= 1:
+    if not engine_flag(plan, "dp_collectives_outside_backward") or plan.dp * plan.cp <= 1:
         return ()
     grad_exposed, gather_exposed = deepspeed_exposed(plan)
     parts = []
@@ -380,10 +382,10 @@ def churns_allocator(plan) -> bool:
     """Whether the plan's engine allocates and frees gathered parameters every layer: ZeRO-3 outside
     Megatron-LM (FSDP, DeepSpeed stage 3), and torchtitan's FSDP2 from ZeRO-2 (it frees the unsharded
     gradients after each layer's reduce-scatter). Megatron-FSDP, as exported (--fsdp-double-buffer),
-    gathers and reduces in persistent buffers (memory.buffer_bytes) and does not."""
-    eng = M.engine_of(plan)
-    z = int(plan.zero)
-    return bool((eng == Engine.TORCHTITAN and z >= 2) or (eng != Engine.MEGATRON and z >= 3))
+    gathers and reduces in persistent buffers (memory.buffer_bytes) and does not. The engine's
+    ``Behaviour.churns_allocator_from_zero``."""
+    start = spec_of(plan).behaviour.churns_allocator_from_zero
+    return start is not None and int(plan.zero) >= start
 
 
 def allocator_pressure_assumption(gpu_total, cluster, plan) -> tuple[str, ...]:
@@ -717,7 +719,7 @@ def scaling_step_passes_time(model, plan, curves, params):
     streaming_time(SCALING_STEP_BYTES_PER_PARAM · Ψ_stage, kernels = 3 per parameter tensor), every
     step whatever the micro-batch count (the all-reduce they wrap is in
     :func:`paraplan.costmodels.dataparallel.dp_exposed_time`)."""
-    scaling = M.engine_of(plan) == Engine.SCALING
+    scaling = engine_flag(plan, "reduces_in_optimizer_step")
     if not np.any(scaling):                     # priced only where a plan runs on Scaling
         return 0.0
     t = curves.streaming_time(SCALING_STEP_BYTES_PER_PARAM * params,

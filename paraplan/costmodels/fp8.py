@@ -10,7 +10,8 @@ import numpy as np
 
 from paraplan.costmodels.kernels import (attention_gemm_elements_per_token, fp8_recipe_gemm_efficiency, micro_batches,
                                          separate_input_projections, tokens_per_rank)
-from paraplan.plan import Engine, is_fp8
+from paraplan.engines import engine_flag, engine_where
+from paraplan.plan import is_fp8
 
 
 # Bytes moved per element quantized to fp8, by recipe (read 16-bit = 2, write fp8 = 1):
@@ -41,7 +42,7 @@ def fp8_cast_elements(model, job, plan):
     t = np.asarray(plan.tp, dtype=float)
     h, f, g = model.hidden, model.ffn_hidden, model.mlp_matrices - 1
     m = micro_batches(job, plan)
-    cached = np.asarray(getattr(plan, "engine_code", 0)) != Engine.TORCHTITAN
+    cached = engine_flag(plan, "caches_fp8_weights")
     weights = model.params_per_layer / t / np.where(cached, np.maximum(m, 1.0), 1.0)
     attn_in, attn_grad = attention_gemm_elements_per_token(model, t)
     # where the sequence-parallel gathers carry fp8 (tp_gathers_fp8: torchtitan's float8 tensor parallelism,
@@ -56,11 +57,6 @@ def fp8_cast_elements(model, job, plan):
 # Bytes of an fp8 element against the 16-bit tensors a collective otherwise carries (torchtitan's fp8
 # all-gathers: tensor-parallel activations here, FSDP weights in dataparallel.fp8_all_gather_factor).
 FP8_GATHER_BYTES_RATIO = 0.5
-
-
-#: fp8 formats whose sequence-parallel all-gathers Transformer Engine runs on the quantized tensor (its
-#: Float8Quantizer / Float8CurrentScalingQuantizer; MXFP8 and block-scaled gathers are not modelled: 16 bit)
-TE_FP8_GATHER_FORMATS = ("fp8", "fp8-delayed")
 
 
 def tp_gathers_fp8(plan):
@@ -83,11 +79,12 @@ def tp_gathers_fp8(plan):
       alike. MXFP8 and block-scaled formats are left at 16 bit here (not read).
 
     Only the layers' linear inputs: the LM head runs in 16 bit, and an MoE dispatcher gathers its
-    routed tokens before any quantization (:func:`tp_allreduce_time`'s ``fp8_gathers``)."""
-    engine = np.asarray(getattr(plan, "engine_code", 0))
-    titan = (engine == Engine.TORCHTITAN) & (plan.dtype == "fp8")
-    te = np.isin(engine, (Engine.MEGATRON, Engine.GENERIC)) & np.isin(plan.dtype, TE_FP8_GATHER_FORMATS)
-    return (titan | te) & np.asarray(plan.sp, dtype=bool) & (np.asarray(plan.tp) > 1)
+    routed tokens before any quantization (:func:`tp_allreduce_time`'s ``fp8_gathers``). The fp8 dtypes
+    each engine gathers so are its ``Behaviour.fp8_tp_gather_dtypes`` (Transformer Engine: fp8 and
+    fp8-delayed, its Float8Quantizer / Float8CurrentScalingQuantizer; MXFP8 and block-scaled gathers are
+    not modelled: 16 bit)."""
+    gathers = engine_where(plan, lambda spec: plan.dtype in spec.behaviour.fp8_tp_gather_dtypes)
+    return gathers & np.asarray(plan.sp, dtype=bool) & (np.asarray(plan.tp) > 1)
 
 
 def fp8_cast_times(model, job, plan, curves):

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from paraplan.plan import Engine, compute_dtype, gemm_dtype, is_fp8
+from paraplan.engines import engine_flag, main_grad_bytes
+from paraplan.plan import compute_dtype, gemm_dtype, is_fp8
 
 BYTES = 2  # 16-bit activations and weights (bf16 / fp16)
 #: bytes per element of a GEMM operand, by the GEMM's format (16-bit formats: 2)
@@ -28,9 +29,8 @@ def megatron_grad_bytes(plan):
     """Bytes per parameter of Megatron-LM's gradient buffer (main_grad), which its data-parallel
     reduce-scatter / all-reduce also moves: 4 (fp32, its default with bf16 or fp16 training:
     accumulate_allreduce_grads_in_fp32), 2 with --grad-reduce-in-bf16 (``grad_reduce_bf16``), and the
-    element size in fp32 training."""
-    bf16 = np.asarray(getattr(plan, "grad_reduce_bf16", False), dtype=bool)
-    return np.where(bf16, 2.0, np.maximum(4.0, element_bytes(plan)))
+    element size in fp32 training (``paraplan.engines.main_grad_bytes``, the megatron spec's)."""
+    return main_grad_bytes(plan, element_bytes(plan))
 
 
 def tokens_per_rank(job, plan):
@@ -109,8 +109,8 @@ def separate_input_projections(model, plan):
     each of their backward GEMMs writes its own input gradient; Megatron-LM and the generic engine fuse
     them (linear_qkv, linear_fc1): 1 each. Latent attention's projections are listed one by one already
     (1); multi-head attention's fused QKV is the GEMM of ``model.attention_gemms`` that reads the layer
-    input, so the 3 replaces it."""
-    titan = np.asarray(getattr(plan, "engine_code", 0)) == Engine.TORCHTITAN
+    input, so the 3 replaces it. The engine's ``Behaviour.separate_input_linears``."""
+    titan = engine_flag(plan, "separate_input_linears")
     return (np.where(titan & (not model.mla), 3, 1), np.where(titan, model.mlp_matrices - 1, 1))
 
 

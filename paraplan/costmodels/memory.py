@@ -32,10 +32,12 @@ from functools import partial
 import numpy as np
 
 from paraplan.constants import fitted
-from paraplan.costmodels.kernels import BYTES, element_bytes, megatron_grad_bytes, micro_batches, tokens_per_rank
+from paraplan.costmodels.kernels import BYTES, element_bytes, micro_batches, tokens_per_rank
 from paraplan.costmodels.moe import einsum_dispatch_slots, expert_token_factor
 from paraplan.costmodels.p2p import stage_output_bytes
-from paraplan.plan import (Engine, Offload, Recompute, Schedule, is_fp8, recomputes_attention_core, recomputes_module,
+from paraplan.engines import BufferArgs, StateArgs, engine_flag, engine_offers, engine_select
+from paraplan.engines import DEEPSPEED_ALLGATHER_BUCKET, DEEPSPEED_REDUCE_BUCKET, SCALING_LOSS_BYTES_PER_LOGIT  # noqa: F401
+from paraplan.plan import (Offload, Recompute, Schedule, is_fp8, recomputes_attention_core, recomputes_module,
                            model_stage_layers, stage_layers)
 
 OPTIMIZER_BYTES_PER_PARAM = 12   # fp32 master weights, momentum, variance (K in the ZeRO paper)
@@ -89,12 +91,8 @@ SCALING_SP_GATHERED_SAVED_BYTES_PER_HIDDEN = 2 * 2
 #   projection, which saves that copy: 2h bytes per token (sharded by tp) besides the projection input
 #   already counted (Megatron-LM's projection input is a view of the kernel's output).
 SCALING_FLASH_OUTPUT_SAVED_BYTES_PER_HIDDEN = 2
-# * transformer/model/layers/lm_head.py: a ColumnParallelLinear with parallel_output=False all-gathers
-#   the logits over tp, and transformer/model/losses/cross_entropy.py runs torch cross_entropy on
-#   logits.float(): every tp rank holds all V logits of its tokens. The peak, in backward: the gathered
-#   16-bit logits (2 bytes), the fp32 log-softmax cross_entropy saved (4), nll_loss's gradient (4) and
-#   log_softmax's input gradient (4); the fp32 copy of the input (4 more in forward) is freed by then.
-SCALING_LOSS_BYTES_PER_LOGIT = 2.0 + 4.0 + 4.0 + 4.0
+# * transformer/model/layers/lm_head.py and losses/cross_entropy.py: the logits gathered over tp and an fp32
+#   loss, SCALING_LOSS_BYTES_PER_LOGIT per logit (its derivation with the scaling spec, paraplan/engines/specs.py).
 # * core/optimizer/parameter_group.py keeps the 16-bit parameters in one flat buffer
 #   (flatten_dense_tensors_aligned) and the fp32 ZeRO-1 partition (and so Adam's moments) as single
 #   tensors, allocated once; its 16-bit gradients are autograd's per-parameter tensors, allocated in
@@ -163,11 +161,6 @@ def stage_params(model, plan):
     return first, middle, last
 
 
-def engine_of(plan):
-    """The plan's Engine code(s) (generic for an object without one)."""
-    return np.asarray(getattr(plan, "engine_code", Engine.GENERIC))
-
-
 def bf16_optimizer_layout(plan):
     """Layouts that DeepSpeed trains with its BF16_Optimizer (fp32 gradient accumulation): bf16 with a
     pipeline (ZeRO <= 1 there) or with ZeRO-0. DeepSpeedEngine._do_optimizer_sanity_check picks it for
@@ -178,70 +171,27 @@ def bf16_optimizer_layout(plan):
 
 
 def deepspeed_bf16_optimizer(plan):
-    """Plans whose optimizer is DeepSpeed's BF16_Optimizer: engine deepspeed on a
-    :func:`bf16_optimizer_layout`."""
-    return (engine_of(plan) == Engine.DEEPSPEED) & bf16_optimizer_layout(plan)
+    """Plans whose optimizer is DeepSpeed's BF16_Optimizer: an engine with one (deepspeed,
+    ``Behaviour.bf16_optimizer``) on a :func:`bf16_optimizer_layout`."""
+    return engine_flag(plan, "bf16_optimizer") & bf16_optimizer_layout(plan)
 
 
 def model_state_bytes(params, plan, shard_degree=None) -> dict:
     """Parameters, gradients and optimizer states on one GPU for Ψ = ``params``, sharded over
     ``shard_degree`` ranks N (default dp·cp; routed experts: dp·cp/ep), as the plan's engine holds
-    them (16-bit training; K = 12 bytes of fp32 master weights, momentum and variance):
-
-    * generic: the ZeRO paper's table above.
-    * megatron (Megatron-LM, ``megatron/training/theoretical_memory_usage.py``): 16-bit weights, fp32
-      gradient buffer (``main_grad``) and K or K/N with the distributed optimizer:
-      18 bytes/param, or 6 + 12/N; a bf16 buffer with --grad-reduce-in-bf16 (:func:`megatron_grad_bytes`):
-      16, or 4 + 12/N. ZeRO-2/3 are Megatron-FSDP (``--use-megatron-fsdp``, Megatron-Core
-      ``megatron/core/distributed/fsdp``; Megatron-Bridge's "Megatron FSDP" page: parameters, gradients and
-      optimizer states sharded over the data-parallel ranks): ``optim_grads`` shards the main_grad buffer
-      too, 2 + g/N + 12/N, ``optim_grads_params`` the 16-bit parameters as well, (2 + g + 12)/N
-      (g = :func:`megatron_grad_bytes`).
-    * deepspeed (``deepspeed/runtime/zero/stage_1_and_2.py``, ``stage3.py``; the estimators
-      ``estimate_zero2_model_states_mem_needs`` / ``estimate_zero3_model_states_mem_needs``): besides the
-      16-bit gradients, the optimizer step materializes an fp32 gradient partition (4Ψ/N).
-      Stage 0-1: 2Ψ + 2Ψ + 16Ψ/N (stage 0: N = 1); stage 2 partitions the 16-bit gradients too
-      (2Ψ + 18Ψ/N, under the estimator's 4Ψ + 16Ψ/N bound); stage 3: 18Ψ/N (16-bit parameter
-      partition, fp32 gradient partition, K). Offload keeps only the 16-bit parameters (2Ψ, or the
-      partition 2Ψ/N at stage 3) on the GPU, parameter offload not even those.
-    * scaling (Aleph Alpha's Scaling, ``core/optimizer/parameter_group.py``): the generic ZeRO-0/1
-      accounting, 16-bit weights and gradients and K or K/N (its fp32 partition, ``float_parameter_partition_owned``,
-      and Adam's moments); the fp32 gradient partition exists only inside the optimizer step.
-    * torchtitan (PyTorch FSDP2, ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``): the
-      sharded parameters are the fp32 master copy, gradients are fp32 shards, Adam keeps momentum and
-      variance: 16Ψ/N at ZeRO-3 (reshard after forward); ZeRO-2 (no reshard after forward) keeps the
-      unsharded 16-bit parameters from forward to backward (+2Ψ); ZeRO-0 (replicate) 16Ψ.
-    In fp32 training (CPU validation) weights and gradients are 4 bytes and K = 8 (no master copy)."""
+    them: its spec's ``model_states`` (``paraplan.engines.specs``: the ZeRO paper's table above for
+    generic and scaling, Megatron-LM's main_grad buffer and Megatron-FSDP, DeepSpeed's fp32 gradient
+    partition, FSDP2's fp32 shards; each with its source), evaluated for every engine a batch holds
+    (:func:`paraplan.engines.engine_select`). Parameter offload (ZeRO-Infinity) takes the parameters
+    off the GPU, optimizer offload the optimizer states. In fp32 training (CPU validation) weights and
+    gradients are 4 bytes and K = 8 (no master copy)."""
     n = np.asarray(plan.dp, dtype=float) * plan.cp if shard_degree is None else shard_degree
-    z = np.asarray(plan.zero)
     off = np.asarray(plan.offload_code) != Offload.NONE
     off_params = np.asarray(plan.offload_params, dtype=bool)
-    eng = engine_of(plan)
-    eb, k = element_bytes(plan), optimizer_bytes_per_param(plan)
-    # generic: the ZeRO paper
-    weights = np.where(z >= 3, eb * params / n, eb * params)
-    grads = np.where(z >= 2, eb * params / n, eb * params)
-    optim = np.where(z >= 1, k * params / n, k * params)
-    # ZeRO-2/3 stream each reduced gradient bucket to the host; ZeRO-1 accumulates whole 16-bit
-    # gradients on the GPU across micro-batches before its single reduction, so they stay.
-    grads = np.where(off & (z >= 2), 0.0, grads)
-    # Megatron-LM: main_grad, fp32 or bf16 with --grad-reduce-in-bf16; whole on every rank up to the
-    # distributed optimizer (ZeRO-1), sharded by Megatron-FSDP (ZeRO-2/3)
-    grads = np.where(eng == Engine.MEGATRON, megatron_grad_bytes(plan) * params / np.where(z >= 2, n, 1.0), grads)
-    # DeepSpeed: + the fp32 gradient partition of the optimizer step (on the host under offload)
-    n_ds = np.where(z >= 1, n, 1.0)
-    ds_grads = np.where(z >= 3, 4.0 * params / n, np.where(z >= 2, eb * params / n, eb * params) + 4.0 * params / n_ds)
-    ds_grads = np.where(off, np.where(z >= 2, 0.0, eb * params), ds_grads)
-    grads = np.where(eng == Engine.DEEPSPEED, ds_grads, grads)
-    # torchtitan / FSDP2: fp32 sharded parameters (the master copy) and gradients; Adam's two moments
-    n_tt = np.where(z >= 2, n, 1.0)
-    tt_weights = 4.0 * params / n_tt + np.where(z == 2, eb * params, 0.0)
-    tt = eng == Engine.TORCHTITAN
-    weights = np.where(tt, tt_weights, weights)
-    grads = np.where(tt, 4.0 * params / n_tt, grads)
-    optim = np.where(tt, FP32_OPTIMIZER_BYTES_PER_PARAM * params / n_tt, optim)
+    args = StateArgs(params, n, np.asarray(plan.zero), off, element_bytes(plan), optimizer_bytes_per_param(plan), plan)
+    weights, grads, optim = engine_select(plan, lambda spec: spec.model_states(args))
     return {"parameters": np.where(off_params, 0.0, weights),
-            "gradients": grads,
+            "gradients": np.asarray(grads),
             "optimizer_states": np.where(off, 0.0, optim)}
 
 
@@ -251,7 +201,7 @@ def unfused_score_bytes(model, plan):
     attention keeps Korthikanti's 5 bytes either way: its OOM outcomes in the Hagemann et al. 2023 sweep
     (arXiv:2311.05610, non-flash runs of LLaMA 13B on 64 GPUs) say so (with 2
     bytes benchmarks/memory_fit.py's false fits rise from 4.2 % to 6.2 % of 522 runs)."""
-    keeps_all = getattr(model, "dropout", True) | (engine_of(plan) == Engine.SCALING)
+    keeps_all = getattr(model, "dropout", True) | engine_flag(plan, "keeps_dropout_score_bytes")
     return np.where(keeps_all, UNFUSED_SCORE_BYTES, UNFUSED_SCORE_BYTES_NO_DROPOUT)
 
 
@@ -309,8 +259,8 @@ def qk_norm_rstd_bytes_per_token(model):
 
 def te_fp8_linears(plan):
     """Whether the plan's linear layers keep their inputs as Transformer Engine's fp8 casts (an fp8
-    dtype on Megatron-LM or the generic engine)."""
-    return is_fp8(plan.dtype) & np.isin(engine_of(plan), (Engine.MEGATRON, Engine.GENERIC))
+    dtype on Megatron-LM or the generic engine: ``Behaviour.saves_fp8_linear_inputs``)."""
+    return is_fp8(plan.dtype) & engine_flag(plan, "saves_fp8_linear_inputs")
 
 
 def fp8_norm_outputs(model) -> float:
@@ -337,7 +287,7 @@ def routed_copy_saved_bytes(model, plan, te_fp8):
     h = model.hidden
     etp = np.asarray(getattr(plan, "etp", 1), dtype=float)
     input_bytes = np.where(te_fp8, TE_FP8_BYTES_PER_ELEMENT, BYTES)
-    output_bytes = np.where(engine_of(plan) == Engine.MEGATRON, 0.0, BYTES)
+    output_bytes = np.where(engine_flag(plan, "router_weights_in_activation"), 0.0, BYTES)
     return (input_bytes * etp + output_bytes) * h
 
 
@@ -358,12 +308,12 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
     # for a model trained without dropout)
     unsharded = (10 if getattr(model, "dropout", True) else 8) * h * T / np.where(sp, t, 1.0)
     unfused = ~np.asarray(getattr(plan, "fused_elementwise", True), dtype=bool)
-    scaling = engine_of(plan) == Engine.SCALING
     # (16-bit units: activation-wide terms are scaled by element_bytes / BYTES below)
     unsharded = unsharded + 2 * eager_norm_saved_bytes(model, plan) / (element_bytes(plan) / BYTES) * h * T / np.where(sp, t, 1.0)
     # Scaling keeps the all-gathered linear inputs under sequence parallelism (shard 1/t counted above)
-    unsharded = unsharded + np.where(scaling & sp, SCALING_SP_GATHERED_SAVED_BYTES_PER_HIDDEN * h * T * (1 - 1 / t), 0.0)
-    eager_swiglu = (unfused | scaling) & (model.activation == "swiglu")
+    gathered_inputs = engine_flag(plan, "saves_gathered_sp_inputs")
+    unsharded = unsharded + np.where(gathered_inputs & sp, SCALING_SP_GATHERED_SAVED_BYTES_PER_HIDDEN * h * T * (1 - 1 / t), 0.0)
+    eager_swiglu = (unfused | engine_flag(plan, "eager_elementwise")) & (model.activation == "swiglu")
     te_fp8 = te_fp8_linears(plan)        # Transformer Engine keeps the linear layers' inputs as fp8 casts
     per_width = 6 if model.activation == "swiglu" else 4
     mlp = per_width * f
@@ -390,7 +340,7 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
     unsharded = unsharded - np.where(te_fp8, fp8_saving * fp8_norm_outputs(model) * h * T / np.where(sp, t, 1.0), 0.0)
     sharded = sharded + np.where(te_fp8, (TE_FP8_BYTES_PER_ELEMENT * out - fp8_saving * fc2_inputs) * T / t, 0.0)
     # Scaling: FlashAttention's own saved output besides the projection's input (a permuted copy)
-    sharded = sharded + np.where(scaling & np.asarray(plan.flash_attention, dtype=bool),
+    sharded = sharded + np.where(engine_flag(plan, "saves_permuted_flash_output") & np.asarray(plan.flash_attention, dtype=bool),
                                  SCALING_FLASH_OUTPUT_SAVED_BYTES_PER_HIDDEN * out * T / t, 0.0)
     if model.moe is not None and model.moe.dispatch == "einsum":
         # the 16-bit dispatch mask and combine weights (S x E·C each) saved for the einsum GEMMs'
@@ -500,40 +450,25 @@ def allocator_bytes(memory, plan, on_cuda):
     2023's sweep, which ran on it)."""
     churn = np.asarray(memory["activations"]) + np.asarray(memory["buffers"])
     every = churn + sum(np.asarray(memory[k]) for k in ("parameters", "gradients", "optimizer_states"))
-    eng = engine_of(plan)
-    frag = np.where(eng == Engine.GENERIC, every, churn)
-    fraction = np.where(eng == Engine.SCALING, SCALING_ALLOCATOR_FRAGMENTATION, ALLOCATOR_FRAGMENTATION)
+    frag = np.where(engine_flag(plan, "flat_state_buffers"), churn, every)
+    fraction = np.where(engine_flag(plan, "eager_temporaries"), SCALING_ALLOCATOR_FRAGMENTATION, ALLOCATOR_FRAGMENTATION)
     return np.where(on_cuda, ALLOCATOR_RESERVE_BYTES + fraction * frag, 0.0)
 
 
-# Peak bytes per logit element (tokens x vocabulary / tp) while the loss runs, by engine:
-# generic: one fp32 copy of the logits (the accounting the published runs were checked with);
-# megatron: its fused vocab-parallel cross-entropy keeps the 16-bit logits and an fp32 softmax it
-# overwrites with the gradient in place (2 + 4); deepspeed (Hugging Face models) and torchtitan run
-# plain PyTorch cross-entropy on logits upcast to fp32: 16-bit logits, the fp32 copy and the fp32
-# log-softmax it saves for backward (2 + 4 + 4).
-# scaling: SCALING_LOSS_BYTES_PER_LOGIT, and its logits are gathered over tp (LOSS_VOCAB_PARALLEL).
-LOSS_BYTES_PER_LOGIT = {Engine.GENERIC: 4.0, Engine.MEGATRON: 6.0, Engine.DEEPSPEED: 10.0, Engine.TORCHTITAN: 10.0,
-                        Engine.SCALING: SCALING_LOSS_BYTES_PER_LOGIT}
-# Whether each tp rank holds only its vocabulary shard of the logits while the loss runs.
-LOSS_VOCAB_PARALLEL = {Engine.GENERIC: True, Engine.MEGATRON: True, Engine.DEEPSPEED: True, Engine.TORCHTITAN: True,
-                       Engine.SCALING: False}
-
-
-_LOSS_BYTES_BY_ENGINE_CODE = np.array([LOSS_BYTES_PER_LOGIT[e] for e in Engine])
-_LOSS_VOCAB_PARALLEL_BY_ENGINE_CODE = np.array([LOSS_VOCAB_PARALLEL[e] for e in Engine])
-
-
 def loss_bytes_per_logit(plan):
-    """LOSS_BYTES_PER_LOGIT of the plan's engine (per plan of a batch)."""
-    return _LOSS_BYTES_BY_ENGINE_CODE[engine_of(plan)]
+    """Peak bytes per logit element (tokens x vocabulary / tp) while the loss runs, by the plan's engine
+    (``Behaviour.loss_bytes_per_logit``; per plan of a batch): generic one fp32 copy (the accounting the
+    published runs were checked with); megatron its fused vocab-parallel cross-entropy (2 + 4); deepspeed
+    and torchtitan plain PyTorch cross-entropy on fp32-upcast logits (2 + 4 + 4); scaling
+    SCALING_LOSS_BYTES_PER_LOGIT over logits gathered over tp. The derivations are with the specs."""
+    return engine_flag(plan, "loss_bytes_per_logit")
 
 
 def loss_logits_per_token(model, plan):
     """Logits one GPU holds per token while the loss runs: V / tp for a vocabulary-parallel loss, V
-    where the engine gathers the logits over tp (LOSS_VOCAB_PARALLEL)."""
+    where the engine gathers the logits over tp (``Behaviour.vocab_parallel_loss``)."""
     t = np.asarray(plan.tp, dtype=float)
-    return model.vocab / np.where(_LOSS_VOCAB_PARALLEL_BY_ENGINE_CODE[engine_of(plan)], t, 1.0)
+    return model.vocab / np.where(engine_flag(plan, "vocab_parallel_loss"), t, 1.0)
 
 
 def in_flight_micro_batches_middle(job, plan):
@@ -578,31 +513,22 @@ def in_flight_micro_batches(job, plan):
                                           np.where(sc == Schedule.INTERLEAVED, interleaved, one_f_one_b)))
 
 
-# Whether the engine's pipeline runtime keeps each stage's output until that micro-batch's backward.
-# Autograd saves none of it (the next layer, which would save it, is on the next stage), but the runtime
-# holds the tensor to call backward on it: DeepSpeed's PipelineEngine in pipe_buffers['outputs'] (a
-# 1/tp slice only under partition_activations; not modelled), torch.distributed.pipelining (torchtitan)
-# in its stage's fwd_cache, Scaling in its PIPELINE_STAGE_OUTPUT buffer until the gradient arrives.
-# Megatron-LM frees the data once sent and keeps only the autograd node (deallocate_output_tensor;
-# core_transformer_config_from_args sets deallocate_pipeline_outputs=True). The generic engine keeps
-# the papers' accounting (Korthikanti et al. 2022 count no held outputs: Megatron frees them).
-PIPELINE_HOLDS_STAGE_OUTPUTS = {Engine.GENERIC: False, Engine.MEGATRON: False, Engine.DEEPSPEED: True,
-                                Engine.TORCHTITAN: True, Engine.SCALING: True}
-_PIPELINE_HOLDS_STAGE_OUTPUTS_BY_ENGINE_CODE = np.array([PIPELINE_HOLDS_STAGE_OUTPUTS[e] for e in Engine])
-
-
 def held_stage_output_bytes(model, job, plan) -> dict:
     """Bytes of stage outputs the pipeline runtime holds at a stage's peak, on the first, a middle and
     the last stage: one hidden state per in-flight micro-batch, element_bytes·T·h (a sequence shard,
     /tp, under sequence parallelism), once per model chunk under the interleaved schedule, on every
     stage but the last (whose output is the loss), for engines whose runtime keeps them
-    (PIPELINE_HOLDS_STAGE_OUTPUTS); 0 at pp 1. Under interleaving the last stage holds the outputs
+    (``Behaviour.holds_stage_outputs``: DeepSpeed's PipelineEngine in pipe_buffers['outputs'] (a 1/tp slice
+    only under partition_activations; not modelled), torch.distributed.pipelining (torchtitan) in its
+    stage's fwd_cache, Scaling in its PIPELINE_STAGE_OUTPUT buffer until the gradient arrives; Megatron-LM
+    frees the data once sent and keeps only the autograd node, deallocate_output_tensor; the generic engine
+    keeps the papers' accounting, which counts none); 0 at pp 1. Under interleaving the last stage holds the outputs
     of its non-final chunks: (v − 1)·p of them in flight (the warm-up forwards of Megatron's
     interleaved schedule on the last rank)."""
     p = np.asarray(plan.pp, dtype=float)
     v = np.where(np.asarray(plan.schedule_code) == Schedule.INTERLEAVED, np.asarray(plan.vpp, dtype=float), 1.0)
     hidden = stage_output_bytes(model, job, plan)
-    holds = (p > 1) & _PIPELINE_HOLDS_STAGE_OUTPUTS_BY_ENGINE_CODE[engine_of(plan)]
+    holds = (p > 1) & engine_flag(plan, "holds_stage_outputs")
     first = np.where(holds, hidden * v * in_flight_micro_batches(job, plan), 0.0)
     middle = np.where(holds, hidden * v * in_flight_micro_batches_middle(job, plan), 0.0)
     last = np.where(holds, hidden * np.maximum(v - 1.0, 0.0) * p, 0.0)
@@ -684,7 +610,7 @@ def activation_bytes(model, job, plan) -> dict:
 
 # While one layer runs backward its gradient temporaries are alive beside everything the stage keeps,
 # and, under full recomputation, beside the layer's rematerialized activations: a working set of
-# BACKWARD_LAYER_TRANSIENT x that layer's no-recompute activations on top of the stage's peak, on
+# SCALING_BACKWARD_LAYER_TRANSIENT x that layer's no-recompute activations on top of the stage's peak, on
 # every stage and whatever the recomputation. Scaling's eager backward (fp32 norm upcasts, eager
 # SwiGLU, permuted attention copies) makes these many and odd-sized; its value is calibrated on the
 # sweep's fit/OOM outcomes (benchmarks/memory_fit.py) with SCALING_ALLOCATOR_FRAGMENTATION held at
@@ -694,14 +620,14 @@ def activation_bytes(model, job, plan) -> dict:
 # recomputation: the working set is most of what such a stage holds besides model states) and three
 # runs that ran are judged over, by 0.6-1.4 GiB of 80. The named engines' fused backward has no
 # fit/OOM data here: 0, as before.
-BACKWARD_LAYER_TRANSIENT = {Engine.GENERIC: 0.0, Engine.MEGATRON: 0.0, Engine.DEEPSPEED: 0.0, Engine.TORCHTITAN: 0.0,
-                            Engine.SCALING: fitted("scaling_backward_layer_transient")}
-_BACKWARD_LAYER_TRANSIENT_BY_ENGINE_CODE = np.array([BACKWARD_LAYER_TRANSIENT[e] for e in Engine])
+SCALING_BACKWARD_LAYER_TRANSIENT = fitted("scaling_backward_layer_transient")
 
 
 def backward_layer_transient(plan):
-    """BACKWARD_LAYER_TRANSIENT of the plan's engine."""
-    return _BACKWARD_LAYER_TRANSIENT_BY_ENGINE_CODE[engine_of(plan)]
+    """The backward working set in layers' worth of no-recompute activations: SCALING_BACKWARD_LAYER_TRANSIENT
+    for an engine whose eager code leaves such temporaries (``Behaviour.eager_temporaries``: scaling), 0
+    for the others."""
+    return np.where(engine_flag(plan, "eager_temporaries"), SCALING_BACKWARD_LAYER_TRANSIENT, 0.0)
 
 
 def activation_offload_gpu_relief(plan):
@@ -719,13 +645,6 @@ def offloaded_activation_bytes(model, job, plan):
     if not n.any():
         return n * 0.0
     return n * activation_bytes_per_layer(model, job, plan)
-
-
-# DeepSpeed ZeRO communication buckets (elements), its documented defaults (docs/_pages/config-json.md:
-# reduce_bucket_size 5e8, allgather_bucket_size 5e8); ZeRO-Offload double-buffers the reduce bucket
-# while it copies gradients to the host.
-DEEPSPEED_REDUCE_BUCKET = 5e8
-DEEPSPEED_ALLGATHER_BUCKET = 5e8
 
 
 def gathered_layer_params(model, plan):
@@ -746,35 +665,17 @@ def gathered_layer_params(model, plan):
 
 
 def buffer_bytes(model, plan, runtime_reserved_bytes):
-    """Runtime reserve (CUDA context, NCCL and cuBLAS workspaces) and the engine's communication buffers:
-
-    * ZeRO-3's gathered layers, the current and the prefetched one (2 x 16-bit layer parameters);
-    * DeepSpeed's gradient reduce buckets (double-buffered) and all-gather bucket at ZeRO 1-2 (and
-      under offload), one reduce bucket at ZeRO-3 (generic: under offload only);
-    * FSDP2 (torchtitan, ZeRO 2-3): besides the gathered layers, one layer's unsharded 16-bit
-      gradients and their fp32 copy for the reduce-scatter (``reduce_dtype=fp32``);
-    * Megatron-FSDP (megatron, ZeRO 2-3), run with ``--fsdp-double-buffer`` as the export writes it
-      (Megatron-LM's Megatron-FSDP user guide: "persistently allocated double buffers for
-      temporarily-defined memory needed in MegatronFSDP communications"): two layers' unsharded
-      gradients in the main_grad dtype for the reduce-scatter and, at ZeRO-3, two layers' gathered
-      16-bit parameters. The per-layer double buffer is paraplan's reading of that sentence (one
-      wrapped unit per transformer layer, as its GPT models are wrapped), not a measured figure.
-    A layer is the largest one a GPU gathers (:func:`gathered_layer_params`: an MoE layer with its local
-    experts). Megatron-LM up to ZeRO-1 reduces and gathers in place in its contiguous buffers (counted as
-    model states)."""
-    eb = element_bytes(plan)
-    layer = gathered_layer_params(model, plan)
-    z = np.asarray(plan.zero)
-    eng = engine_of(plan)
-    offload = np.asarray(plan.offload_code) != Offload.NONE
-    gathered = np.where(z >= 3, 2 * eb * layer, 0.0)
-    gathered = np.where((eng == Engine.TORCHTITAN) & (z >= 2), 2 * eb * layer + (eb + 4) * layer, gathered)
-    fsdp_grads = np.where((eng == Engine.MEGATRON) & (z >= 2), 2 * megatron_grad_bytes(plan) * layer, 0.0)
-    buckets = BYTES * (2 * DEEPSPEED_REDUCE_BUCKET + DEEPSPEED_ALLGATHER_BUCKET)
-    ds = eng == Engine.DEEPSPEED
-    bucket = np.where(offload | (ds & (z >= 1) & (z <= 2)), buckets,
-                      np.where(ds & (z >= 3), BYTES * DEEPSPEED_REDUCE_BUCKET, 0.0))
-    return runtime_reserved_bytes + gathered + fsdp_grads + bucket
+    """Runtime reserve (CUDA context, NCCL and cuBLAS workspaces) and the engine's communication
+    buffers, its spec's ``buffers`` (``paraplan.engines.specs``, each with its source): gathered
+    parameters (ZeRO-3's current and prefetched layer; FSDP2's from ZeRO-2 with one layer's gradients
+    and their fp32 copy), Megatron-FSDP's double buffers, DeepSpeed's buckets (and ZeRO-Offload's under
+    any engine that offloads), for the largest layer a GPU gathers (:func:`gathered_layer_params`: an
+    MoE layer with its local experts). Megatron-LM up to ZeRO-1 reduces and gathers in place in its
+    contiguous buffers (counted as model states)."""
+    args = BufferArgs(gathered_layer_params(model, plan), np.asarray(plan.zero),
+                      np.asarray(plan.offload_code) != Offload.NONE, element_bytes(plan), plan)
+    gathered, grads, buckets = engine_select(plan, lambda spec: spec.buffers(args))
+    return runtime_reserved_bytes + gathered + grads + buckets
 
 
 FP8_WEIGHT_COPY_BYTES = 2   # an fp8 copy of a weight and its transpose (Hopper's fp8 GEMMs are TN only)
@@ -782,9 +683,9 @@ FP8_WEIGHT_COPY_BYTES = 2   # an fp8 copy of a weight and its transpose (Hopper'
 
 def megatron_fp8_params(plan):
     """Per plan: whether Megatron-LM's parameters are the fp8 tensors themselves (``plan.fp8_param_gather``,
-    --fp8-param-gather, under an fp8 dtype)."""
+    --fp8-param-gather, on an engine that has it, under an fp8 dtype)."""
     on = np.asarray(getattr(plan, "fp8_param_gather", False), dtype=bool)
-    return on & (engine_of(plan) == Engine.MEGATRON) & is_fp8(plan.dtype)
+    return on & engine_offers(plan, "fp8_param_gather") & is_fp8(plan.dtype)
 
 
 def fp8_weight_copy_bytes(model, stage_params, plan):
@@ -806,11 +707,10 @@ def fp8_weight_copy_bytes(model, stage_params, plan):
     if not is_fp8(plan.dtype):
         return np.zeros_like(np.asarray(stage_params, dtype=float))
     layer = gathered_layer_params(model, plan)
-    eng = engine_of(plan)
     z3 = np.asarray(plan.zero) >= 3
     kept = np.where(z3, 2 * layer, np.asarray(stage_params, dtype=float))
     return np.where(megatron_fp8_params(plan), 0.0,
-                    FP8_WEIGHT_COPY_BYTES * np.where(eng == Engine.TORCHTITAN, layer, kept))
+                    FP8_WEIGHT_COPY_BYTES * np.where(engine_flag(plan, "caches_fp8_weights"), kept, layer))
 
 
 NVME_STAGING_PARAMS = 1e9   # DeepSpeed ZeRO-Infinity sub_group_size default (elements staged on the host)

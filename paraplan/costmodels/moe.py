@@ -17,7 +17,8 @@ from paraplan.costmodels.kernels import (BYTES, GEMM_OPERAND_BYTES, _dtype, _lin
                                          megatron_grad_bytes, micro_batches, mlp_gemm_forward_time,
                                          routed_experts_gemm_time, tokens_per_rank)
 from paraplan.costmodels.tpcomm import TP_OVERLAP_CONTENTION
-from paraplan.plan import Engine, expert_group_strides
+from paraplan.engines import engine_flag
+from paraplan.plan import expert_group_strides
 
 
 def expert_token_factor(model, job) -> float:
@@ -160,8 +161,8 @@ UNFUSED_BIAS_ADD_BYTES_PER_HIDDEN_BACKWARD = 2
 def megatron_expert_biases(model, plan):
     """Whether the plan's MoE layers add the routed experts' output biases in Megatron-Core's eager loop
     (:data:`EXPERT_BIAS_BYTES_PER_COPY_FORWARD`): Megatron-LM engine, a model with linear biases, token
-    permutation (TEGroupedMLP)."""
-    engine = np.asarray(getattr(plan, "engine_code", 0)) == Engine.MEGATRON
+    permutation (TEGroupedMLP): ``Behaviour.eager_expert_biases``."""
+    engine = engine_flag(plan, "eager_expert_biases")
     if model.moe is None or not model.bias or model.moe.dispatch != "permute":
         return np.zeros(np.shape(engine), dtype=bool)
     return engine
@@ -377,10 +378,11 @@ MOE_HOST_SECONDS_PER_LAYER = fitted("moe_host_seconds_per_layer")
 
 def moe_host_floor_applies(model, plan):
     """Whether the plan's MoE layers are host-bound at the MOE_HOST_SECONDS_PER_LAYER floor: Megatron-LM
-    engine, dropless (no capacity factor), permute dispatch."""
+    engine (``Behaviour.dropless_host_sync``), dropless (no capacity factor), permute dispatch."""
+    host_sync = engine_flag(plan, "dropless_host_sync")
     if model.moe is None or model.moe.capacity_factor is not None or model.moe.dispatch != "permute":
-        return np.zeros(np.shape(np.asarray(getattr(plan, "engine_code", 0))), dtype=bool)
-    return np.asarray(getattr(plan, "engine_code", 0)) == Engine.MEGATRON
+        return np.zeros(np.shape(host_sync), dtype=bool)
+    return host_sync
 
 
 # The same share for an expert-parallel all-to-all running beside the other micro-batch's kernels under

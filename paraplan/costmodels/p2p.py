@@ -9,7 +9,7 @@ import numpy as np
 from paraplan.costmodels.comm import ALL_GATHER, SEND_RECV, ring_time
 from paraplan.costmodels.kernels import element_bytes, tokens_per_rank
 from paraplan.costmodels.tpcomm import tp_collective_time
-from paraplan.plan import Engine
+from paraplan.engines import engine_flag
 
 
 def stage_output_bytes(model, job, plan):
@@ -36,10 +36,10 @@ def p2p_time(model, job, plan, cluster):
       PartitionedTensor) and the receiver gathers it back (:func:`p2p_receive_gather_time`)."""
     out = stage_output_bytes(model, job, plan)
     t = np.asarray(plan.tp, dtype=float)
-    engine = np.asarray(getattr(plan, "engine_code", Engine.GENERIC))
     sp = np.asarray(plan.sp, dtype=bool)
-    as_it_is = (engine == Engine.SCALING) | (engine == Engine.MEGATRON)
-    size = np.where(as_it_is, out, np.where(engine == Engine.DEEPSPEED, out / t, np.where(sp, out, out / t)))
+    as_it_is = engine_flag(plan, "p2p_sends_whole_output")
+    partitioned = engine_flag(plan, "p2p_partitions_over_tp")
+    size = np.where(as_it_is, out, np.where(partitioned, out / t, np.where(sp, out, out / t)))
     span = np.asarray(plan.tp) * plan.cp * plan.dp * plan.pp
     inside = span <= cluster.gpus_per_node
     intra, inter = cluster.links("pp")
@@ -52,8 +52,7 @@ def p2p_receive_gather_time(model, job, plan, cluster):
     over the tp group (``PartitionedTensor.full()``, deepspeed/runtime/pipe/engine.py at 03f6f75)
     before it can compute; 0 on the other engines and at tp = 1. (Megatron-LM's 2021 scatter-gather
     did the same; it is not priced, as before.)"""
-    engine = np.asarray(getattr(plan, "engine_code", Engine.GENERIC))
-    gathers = (engine == Engine.DEEPSPEED) & (np.asarray(plan.tp) > 1)
+    gathers = engine_flag(plan, "p2p_partitions_over_tp") & (np.asarray(plan.tp) > 1)
     if not np.any(gathers):
         return 0.0
     return np.where(gathers, tp_collective_time(ALL_GATHER, stage_output_bytes(model, job, plan), plan, cluster), 0.0)

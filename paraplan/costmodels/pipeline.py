@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from paraplan.plan import Engine, Schedule
+from paraplan.engines import engine_flag
+from paraplan.plan import Schedule
 
 
 def bubble_factor(plan):
@@ -38,7 +39,6 @@ def bubble_fraction(plan, m):
 #     (deepspeed/runtime/pipe/engine.py at 03f6f75) through deepspeed/runtime/pipe/p2p.py, whose send and
 #     recv refuse async_op and call dist.send / dist.recv.
 BLOCKING_P2P_TRANSFERS_PER_CROSSING = 2
-BLOCKING_P2P_ENGINES = (Engine.SCALING, Engine.DEEPSPEED)
 
 
 def pipeline_crossings_on_critical_path(plan, m):
@@ -53,8 +53,8 @@ def pipeline_crossings_on_critical_path(plan, m):
 def p2p_messages_on_critical_path(plan, m):
     """Pipeline transfers on the critical path per step: one per crossing
     (:func:`pipeline_crossings_on_critical_path`), BLOCKING_P2P_TRANSFERS_PER_CROSSING on the engines
-    whose send and receive are separate blocking instructions (BLOCKING_P2P_ENGINES)."""
-    blocking = np.isin(np.asarray(getattr(plan, "engine_code", Engine.GENERIC)), BLOCKING_P2P_ENGINES)
+    whose send and receive are separate blocking instructions (``Behaviour.blocking_p2p``)."""
+    blocking = engine_flag(plan, "blocking_p2p")
     per_crossing = np.where(blocking, BLOCKING_P2P_TRANSFERS_PER_CROSSING, 1.0)
     return pipeline_crossings_on_critical_path(plan, m) * per_crossing
 
@@ -67,14 +67,14 @@ def p2p_messages_on_critical_path(plan, m):
 # steady state a transfer runs while another chunk computes. The 2(p − 1) transfers of fill and drain are
 # waited for by an idle stage and stay on the critical path. Its 1F1B batches each send/recv pair and waits
 # (batch_p2p_comm), and the generic engine (Megatron-LM 2021's code, the SC21 runs) had no such overlap.
-OVERLAPPED_P2P_ENGINES = (Engine.MEGATRON,)
+# (``Behaviour.overlapped_p2p``)
 
 
 def overlapped_p2p_crossings(plan, m):
     """Crossings per step whose transfer overlaps a model chunk's compute: the 2·m·v steady-state ones
     of Megatron-Core's interleaved schedule (the note above; of the 2·(m·v + p − 1) on the critical
     path, :func:`pipeline_crossings_on_critical_path`); 0 for other engines and schedules."""
-    on = (np.isin(np.asarray(getattr(plan, "engine_code", Engine.GENERIC)), OVERLAPPED_P2P_ENGINES)
+    on = (engine_flag(plan, "overlapped_p2p")
           & (np.asarray(plan.schedule_code) == Schedule.INTERLEAVED) & (np.asarray(plan.pp) > 1))
     return np.where(on, 2 * np.asarray(m, dtype=float) * np.asarray(plan.vpp, dtype=float), 0.0)
 

@@ -12,7 +12,8 @@ from paraplan.constants import fitted
 from paraplan.costmodels.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time, ranks_per_node
 from paraplan.costmodels.fp8 import FP8_GATHER_BYTES_RATIO, tp_gathers_fp8
 from paraplan.costmodels.kernels import element_bytes, mlp_gemm_forward_times, tokens_per_rank
-from paraplan.plan import Engine, Recompute
+from paraplan.engines import engine_flag
+from paraplan.plan import Recompute
 
 
 def tp_collective_time(kind: str, size_bytes, plan, cluster):
@@ -73,14 +74,6 @@ def op_sac_regather_time(model, job, plan, cluster):
     return np.where(applies, 2 * gather, 0.0)
 
 
-#: engines whose sequence-parallel column-parallel linears keep only their input's sequence shard for
-#: backward and all-gather it again there (Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication,
-#: Korthikanti et al. 2022 sec. 4.2.2; Megatron-DeepSpeed's copy; the generic engine follows the paper).
-#: torchtitan's DTensor matmuls keep the gathered input (op-level SAC aside: op_sac_regather_time), and
-#: Scaling keeps it too (memory.SCALING_SP_GATHERED_SAVED_BYTES_PER_HIDDEN).
-SP_REGATHER_ENGINES = (Engine.MEGATRON, Engine.DEEPSPEED, Engine.GENERIC)
-
-
 def sp_backward_regather_time(model, job, plan, cluster, curves, attention_times, fc1_time):
     """Exposed seconds of the all-gathers a sequence-parallel layer runs again in its backward, per layer
     and micro-batch: the block input of the attention's projections that read it and, in a dense layer,
@@ -91,9 +84,10 @@ def sp_backward_regather_time(model, job, plan, cluster, curves, attention_times
     the attention's projections' (:func:`attention_gemm_forward_times`), ``fc1_time`` the dense MLP's first
     projection's (:func:`mlp_gemm_forward_times`), both as the layer already priced them. 0 without
     sequence or tensor parallelism, under op-level SAC (op_sac_regather_time) and for engines that keep
-    the gathered input."""
-    engine = np.asarray(getattr(plan, "engine_code", Engine.GENERIC))
-    applies = np.isin(engine, SP_REGATHER_ENGINES) & np.asarray(plan.sp, dtype=bool) & (np.asarray(plan.tp) > 1) \
+    the gathered input (``Behaviour.sp_regather``: Megatron-LM's LinearWithGradAccumulationAndAsyncCommunication,
+    Korthikanti et al. 2022 sec. 4.2.2, Megatron-DeepSpeed's copy and the generic engine re-gather;
+    torchtitan's DTensor matmuls and Scaling keep the gathered input)."""
+    applies = engine_flag(plan, "sp_regather") & np.asarray(plan.sp, dtype=bool) & (np.asarray(plan.tp) > 1) \
         & (np.asarray(plan.recompute_code) != Recompute.OP_SAC)
     if not np.any(applies):
         return 0.0
@@ -135,7 +129,7 @@ def tp_exposed_time(tp_comm, gemm_forward, full_recompute, plan):
     forward ones (2 of 4 all-reduce equivalents per layer, 4 of 6 with full recomputation) overlap
     under the forward GEMMs."""
     overlap = np.asarray(getattr(plan, "tp_comm_overlap", False), dtype=bool)
-    forward_only = np.asarray(getattr(plan, "engine_code", 0)) == Engine.TORCHTITAN
+    forward_only = engine_flag(plan, "async_tp_forward_only")
     forward_passes = 1 + np.where(full_recompute, 1, 0)
     # each forward pass and the backward run two all-reduce equivalents: the forward's share is f / (f + 1)
     overlappable = np.where(forward_only, forward_passes / (forward_passes + 1) * tp_comm, tp_comm)

@@ -14,6 +14,9 @@ text. Choices an engine cannot express exactly are handled one of two ways, alwa
 
 Option names come from the engines' own sources, recorded with their commits in
 ``tests/data/engine_options.yaml``; ``tests/test_export.py`` checks every emitted name against it.
+What is data about an engine's options (its switches' flags, fp8 recipes, schedules, sharding
+strategies, whether the text carries its notes) is in its spec's ``export``
+(``paraplan.engines.ExportMapping``); each builder here reads it from the spec it is given.
 """
 from __future__ import annotations
 
@@ -26,15 +29,16 @@ from typing import Any, Callable, Mapping
 
 from paraplan.costmodels.estimate import estimate
 from paraplan.costmodels.memory import bf16_optimizer_layout
+from paraplan.engines import SPECS, EngineSpec, spec_named
 from paraplan.errors import ConfigError
-from paraplan.plan import (MEGATRON_FSDP_STRATEGY, Engine, Plan, check_plan, interleaved_split_accounts, is_fp8, stage_layer_counts,
+from paraplan.plan import (Plan, check_plan, interleaved_split_accounts, is_fp8, stage_layer_counts,
                            virtual_stage_layer_counts)
 from paraplan.planfile import PLAN_SCHEMA
 from paraplan.scenario import load_cluster
 from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import TrainingJob
 
-ENGINES = ("megatron", "deepspeed", "torchtitan")
+ENGINES = tuple(s.label for s in SPECS if s.export is not None)     # the engines paraplan writes configs for
 RDZV_PORT = 29500
 NVME_PLACEHOLDER = "/CHANGE_ME/local_nvme"     # DeepSpeed's documented default is /local_nvme
 UNFUSED_ACCUMULATION_NOTE = ("the plan's estimate assumed gradient accumulation fused into the weight-gradient "
@@ -88,10 +92,12 @@ class Scenario:
 
 @dataclass
 class Export:
-    """Text for one engine and the notes on what was approximated."""
+    """Text for one engine and the notes on what was approximated; ``notes_in_text``: the text carries
+    them as comments (bash, TOML), else the caller shows them (JSON has no comments)."""
     engine: str
     text: str
     notes: list[str] = field(default_factory=list)
+    notes_in_text: bool = True
 
 
 # --- reading the document ---------------------------------------------------------------------------
@@ -235,8 +241,9 @@ def megatron_moe_args(m, p, notes: list[str]) -> list[tuple[str, ...]]:
     return args
 
 
-def build_megatron(s: Scenario) -> Export:
-    """pretrain_gpt.py flags (NVIDIA/Megatron-LM megatron/training/arguments.py) behind torchrun."""
+def build_megatron(s: Scenario, spec: EngineSpec) -> Export:
+    """pretrain_gpt.py flags (NVIDIA/Megatron-LM megatron/training/arguments.py) behind torchrun; the
+    switches' flags, fp8 recipes and Megatron-FSDP strategies from ``spec.export``."""
     p, m, notes = s.plan, s.model, []
     args: list[tuple[str, ...]] = [
         ("--num-layers", str(m.layers)), ("--hidden-size", str(m.hidden)),
@@ -303,7 +310,7 @@ def build_megatron(s: Scenario) -> Export:
         # --fsdp-double-buffer, the persistent buffers the estimate prices); validate_args refuses it
         # with CUDA_DEVICE_MAX_CONNECTIONS=1 and with any checkpoint format but fsdp_dtensor
         args += [("--use-megatron-fsdp",),
-                 ("--data-parallel-sharding-strategy", MEGATRON_FSDP_STRATEGY[p.zero]),
+                 ("--data-parallel-sharding-strategy", spec.export.fsdp_strategy[p.zero]),
                  ("--ckpt-format", "fsdp_dtensor"), ("--fsdp-double-buffer",)]
         notes.append(f"ZeRO-{p.zero} runs as Megatron-FSDP: leave CUDA_DEVICE_MAX_CONNECTIONS unset (Megatron-LM "
                      "refuses Megatron-FSDP with it at 1); with a Transformer Engine that cannot fuse gradient "
@@ -320,14 +327,7 @@ def build_megatron(s: Scenario) -> Export:
         args.append(("--overlap-grad-reduce",))
         if p.zero >= 1:     # the estimate hides the distributed optimizer's all-gather under the next forward
             args.append(("--overlap-param-gather",))
-    if p.tp_comm_overlap:
-        args.append(("--tp-comm-overlap",))
-    if p.ep_comm_overlap:   # combined 1F1B (needs torch >= 2.6; megatron/core/transformer/transformer_config.py)
-        args.append(("--overlap-moe-expert-parallel-comm",))
-    if p.moe_flex_dispatch:  # DeepEP (HybridEP: --moe-flex-dispatcher-backend hybridep, priced alike)
-        args += [("--moe-token-dispatcher-type", "flex"), ("--moe-flex-dispatcher-backend", "deepep")]
-    if p.grad_reduce_bf16:
-        args.append(("--grad-reduce-in-bf16",))
+    args += switch_options(p, spec)     # --tp-comm-overlap, --overlap-moe-expert-parallel-comm, ...
     if p.offload_activation_layers:
         args += [("--cpu-offloading",), ("--cpu-offloading-num-layers", str(p.offload_activation_layers))]
     if not p.grad_accumulation_fusion:
@@ -337,7 +337,7 @@ def build_megatron(s: Scenario) -> Export:
         if p.dtype == "fp8-rowwise":
             raise ConfigError("dtype", "Megatron-LM has no row-wise fp8 recipe (--fp8-recipe accepts tensorwise, "
                               "delayed, blockwise, mxfp8)", accepted="fp8, fp8-delayed, fp8-blockwise, mxfp8")
-        args += [("--fp8-format", "hybrid"), ("--fp8-recipe", _MEGATRON_FP8_RECIPES[p.dtype])]
+        args += [("--fp8-format", "hybrid"), ("--fp8-recipe", spec.export.fp8_recipes[p.dtype])]
         if p.fp8_param_gather:
             args.append(("--fp8-param-gather",))
     if p.flash_attention:
@@ -372,7 +372,14 @@ def build_megatron(s: Scenario) -> Export:
              '  "${MEGATRON_LM}/pretrain_gpt.py" \\']
     lines += ["  " + " ".join(_quote(a) for a in group) + " \\" for group in args]
     lines.append('  "$@"')
-    return Export("megatron", "\n".join(lines) + "\n", notes)
+    return Export(spec.label, "\n".join(lines) + "\n", notes, spec.export.notes_in_text)
+
+
+def switch_options(p, spec: EngineSpec) -> list[tuple]:
+    """The options the engine writes for the plan's switches that are on (``spec.export.switch_options``,
+    in its order)."""
+    return [option for field_name, options in spec.export.switch_options if getattr(p, field_name)
+            for option in options]
 
 
 def _quote(arg: str) -> str:
@@ -381,7 +388,7 @@ def _quote(arg: str) -> str:
 
 
 # --- DeepSpeed ---------------------------------------------------------------------------------------
-def build_deepspeed(s: Scenario) -> Export:
+def build_deepspeed(s: Scenario, spec: EngineSpec) -> Export:
     """A DeepSpeed config JSON (keys from deepspeed.ai/docs/config-json and deepspeed/runtime/config.py).
 
     Raises ConfigError for layouts a DeepSpeed config cannot express: context parallelism, Megatron
@@ -475,8 +482,8 @@ def build_deepspeed(s: Scenario) -> Export:
         notes.append("flash attention is chosen by the model code (e.g. attn_implementation='flash_attention_2'), "
                      "not by the DeepSpeed config")
         notes += sdpa_kernel_note(p, "a Hugging Face model with attn_implementation='sdpa'")
-    if p.grad_accumulation_fusion:
-        notes.append(UNFUSED_ACCUMULATION_NOTE.format(engine="DeepSpeed"))
+    if p.grad_accumulation_fusion and not spec.grad_accumulation_fusion:
+        notes.append(UNFUSED_ACCUMULATION_NOTE.format(engine=spec.title))
     if s.model.moe is not None:
         e = s.model.moe
         notes.append(f"experts are built in the model code, not by the DeepSpeed config: deepspeed.moe.layer.MoE("
@@ -486,38 +493,35 @@ def build_deepspeed(s: Scenario) -> Export:
                      + (f"; its gate has no group-limited routing, which the estimate prices ({e.router_group_top_k} "
                         f"of {e.router_groups} expert groups a token): re-estimate the model without router_groups"
                         if e.group_limited else ""))
-    if p.ep_comm_overlap:
-        notes.append(EP_OVERLAP_NOTE.format(engine="DeepSpeed"))
-    if p.moe_flex_dispatch:
-        notes.append(FLEX_DISPATCH_NOTE.format(engine="DeepSpeed"))
+    notes += dropped_switch_notes(p, spec)
     if s.model.mtp_layers:
-        notes.append(MTP_NOTE.format(engine="DeepSpeed"))
+        notes.append(MTP_NOTE.format(engine=spec.title))
     notes.append(f"launch: deepspeed --num_nodes {s.hosts} --num_gpus {s.procs_per_host} --hostfile HOSTFILE "
                  "train.py, where train.py passes this file to deepspeed.initialize(config=...)")
-    return Export("deepspeed", json.dumps(cfg, indent=2) + "\n", notes)
+    return Export(spec.label, json.dumps(cfg, indent=2) + "\n", notes, spec.export.notes_in_text)
+
+
+def dropped_switch_notes(p, spec: EngineSpec) -> list[str]:
+    """Notes for the expert-parallel switches the plan's estimate priced and the engine does not have."""
+    return ([EP_OVERLAP_NOTE.format(engine=spec.title)] if p.ep_comm_overlap and not spec.offers("ep_comm_overlap")
+            else []) + ([FLEX_DISPATCH_NOTE.format(engine=spec.title)]
+                        if p.moe_flex_dispatch and not spec.offers("moe_flex_dispatch") else [])
 
 
 # --- torchtitan --------------------------------------------------------------------------------------
-_TITAN_SCHEDULES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B", "zb-h1": "1F1B"}
 # paraplan preset -> torchtitan (model name, flavor): torchtitan/models/llama3 and models/deepseek_v3
 # (deepseekv3_configs "671B": 61 layers, dim 7168, 256 experts top-8, 1 shared, 3 dense, MLA q_lora 1536)
 _TITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3-405b": ("llama3", "405B"),
                   "deepseek-v3": ("deepseek_v3", "671B")}
 
 
-# paraplan fp8 dtype -> (torchtitan model converter, its section, recipe_name or None for the default)
-_TITAN_FP8 = {"fp8": ("float8", "float8", None), "fp8-rowwise": ("float8", "float8", "rowwise"),
-              "mxfp8": ("mx", "mx", "mxfp8")}
-_MEGATRON_FP8_RECIPES = {"fp8": "tensorwise", "fp8-delayed": "delayed", "fp8-blockwise": "blockwise",
-                         "mxfp8": "mxfp8"}
-
-
-def _titan_fp8_sections(p) -> tuple[list[tuple[str, Any]], list[tuple[str, list[tuple[str, Any]]]]]:
+def _titan_fp8_sections(p, recipes) -> tuple[list[tuple[str, Any]], list[tuple[str, list[tuple[str, Any]]]]]:
     """torchtitan's fp8 switches: the ``[model]`` section's ``converters`` and the converter's own
-    section (recipe; float8 all-gather under FSDP with per-tensor scaling)."""
-    if p.dtype not in _TITAN_FP8:
+    section (recipe; float8 all-gather under FSDP with per-tensor scaling). ``recipes``: paraplan fp8
+    dtype -> (model converter, its section, recipe_name or None for the default), its spec's."""
+    if p.dtype not in recipes:
         return [], []
-    converter, section, recipe = _TITAN_FP8[p.dtype]
+    converter, section, recipe = recipes[p.dtype]
     items: list[tuple[str, Any]] = [("recipe_name", recipe)] if recipe else []
     if p.dtype == "fp8" and p.zero >= 1:
         items += [("enable_fsdp_float8_all_gather", True), ("precompute_float8_dynamic_scale_for_fsdp", True),
@@ -557,7 +561,7 @@ def torchtitan_sdpa_kernel_note(p) -> list[str]:
             f"sdpa_backends = [SDPBackend.{SDPA_BACKEND_OF_KERNEL[p.attention_kernel]}] before the model is built"]
 
 
-def build_torchtitan(s: Scenario) -> Export:
+def build_torchtitan(s: Scenario, spec: EngineSpec) -> Export:
     """A torchtitan TOML job config (sections and keys of torchtitan/config/job_config.py, TOML era).
 
     Data parallelism maps by ZeRO stage: 0 -> DDP (data_parallel_replicate_degree) when dp is the only
@@ -566,10 +570,11 @@ def build_torchtitan(s: Scenario) -> Export:
     attention kernel (torch SDPA has no FlashAttention 1.x backend).
     """
     p, m, notes = s.plan, s.model, []
-    if p.dtype not in ("bf16", *_TITAN_FP8):
+    fp8_recipes = spec.export.fp8_recipes
+    if p.dtype not in ("bf16", *fp8_recipes):
         raise ConfigError("dtype", f"torchtitan has no {p.dtype} mixed precision (training.mixed_precision_param "
                           "accepts bfloat16 or float32; float8 converters: tensorwise, rowwise, mxfp8)",
-                          accepted="bf16, " + ", ".join(_TITAN_FP8))
+                          accepted="bf16, " + ", ".join(fp8_recipes))
     if p.offload == "nvme":
         raise ConfigError("offload", "torchtitan offloads to CPU memory only (training.enable_cpu_offload)",
                           accepted="--offload cpu or none")
@@ -611,26 +616,23 @@ def build_torchtitan(s: Scenario) -> Export:
                          "per step, ZeRO-2-like); FSDP also shards the stored parameters")
     if p.tp > 1 and not p.sp:
         notes.append("torchtitan's tensor-parallel plan always applies sequence parallelism to norms/dropout")
-    if p.ep_comm_overlap:
-        notes.append(EP_OVERLAP_NOTE.format(engine="torchtitan"))
-    if p.moe_flex_dispatch:
-        notes.append(FLEX_DISPATCH_NOTE.format(engine="torchtitan"))
+    notes += dropped_switch_notes(p, spec)
     if s.model.mtp_layers:
-        notes.append(MTP_NOTE.format(engine="torchtitan"))
+        notes.append(MTP_NOTE.format(engine=spec.title))
     if p.schedule == "zb-h1" and p.pp > 1:
         notes.append("zb-h1 needs one stage per rank; torch.distributed.pipelining's zero-bubble schedules "
                      "(InterleavedZeroBubble, ZBVZeroBubble) need several, so this runs 1F1B")
     if p.offload == "cpu":
         notes.append("training.enable_cpu_offload offloads parameters, gradients and optimizer states (FSDP "
                      "CPU offload), more than optimizer-only offload")
-    if p.grad_accumulation_fusion:
-        notes.append(UNFUSED_ACCUMULATION_NOTE.format(engine="torchtitan"))
+    if p.grad_accumulation_fusion and not spec.grad_accumulation_fusion:
+        notes.append(UNFUSED_ACCUMULATION_NOTE.format(engine=spec.title))
     notes += torchtitan_sdpa_kernel_note(p)
     if p.recompute == "selective":
         notes.append("selective recomputation uses torchtitan's per-op policy (selective_ac_option='op'), which "
                      "differs in detail from Megatron's attention-core recomputation")
 
-    fp8_model, fp8_sections = _titan_fp8_sections(p)
+    fp8_model, fp8_sections = _titan_fp8_sections(p, fp8_recipes)
     if p.pp > 1:      # one pipeline step holds all micro-batches of the DP rank: no gradient accumulation
         local_batch = s.global_batch // p.dp
     else:             # no pipeline: local batch is the micro-batch, the rest is gradient accumulation
@@ -646,11 +648,11 @@ def build_torchtitan(s: Scenario) -> Export:
         ("parallelism", [("data_parallel_replicate_degree", replicate), ("data_parallel_shard_degree", shard)]
          + ([("fsdp_reshard_after_forward", reshard)] if reshard else [])
          + [("tensor_parallel_degree", p.tp)]
-         + ([("enable_async_tensor_parallel", True)] if p.tp_comm_overlap else [])
+         + switch_options(p, spec)       # enable_async_tensor_parallel
          + ([("expert_parallel_degree", p.ep), ("expert_tensor_parallel_degree", p.etp)] if m.moe is not None else [])
          + [("pipeline_parallel_degree", p.pp),
             ("context_parallel_degree", p.cp)]
-         + ([("pipeline_parallel_schedule", _TITAN_SCHEDULES[p.schedule]),
+         + ([("pipeline_parallel_schedule", spec.export.schedules[p.schedule]),
              ("pipeline_parallel_microbatch_size", p.micro_batch),
              _titan_stage_split(m.layers, p)] if p.pp > 1 else [])),
         *fp8_sections,
@@ -667,7 +669,7 @@ def build_torchtitan(s: Scenario) -> Export:
     for title, items in sections:
         body.append(f"\n[{title}]")
         body += [f"{k} = {_toml_value(v)}" for k, v in items]
-    return Export("torchtitan", "\n".join(head + body) + "\n", notes)
+    return Export(spec.label, "\n".join(head + body) + "\n", notes, spec.export.notes_in_text)
 
 
 def _titan_stage_split(layers: int, p: Plan) -> tuple[str, Any]:
@@ -697,13 +699,16 @@ def _toml_value(v: Any) -> str:
 
 
 # --- public API ---------------------------------------------------------------------------------------
-_BUILDERS: dict[str, Callable[[Scenario], Export]] = {
+_BUILDERS: dict[str, Callable[[Scenario, EngineSpec], Export]] = {
     "megatron": build_megatron, "deepspeed": build_deepspeed, "torchtitan": build_torchtitan}
+if set(_BUILDERS) != set(ENGINES):
+    raise AssertionError("paraplan.planner.export: one builder per engine spec with an export mapping")
 
 
 def export(doc: Mapping[str, Any], engine: str, source: str = "plan") -> Export:
     """Export a plan document for one engine (ConfigError for unknown engines or inexpressible plans)."""
-    if engine not in _BUILDERS:
+    build = _BUILDERS.get(engine)
+    if build is None:
         close = difflib.get_close_matches(engine, ENGINES, n=1, cutoff=0.6)
         raise ConfigError("--to", f"unknown engine {engine!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
                           accepted=", ".join(ENGINES))
@@ -711,10 +716,10 @@ def export(doc: Mapping[str, Any], engine: str, source: str = "plan") -> Export:
     if scenario.plan.dtype == "fp32":
         raise ConfigError("dtype", "fp32 plans (validation on CPU) are not exported", accepted="bf16, fp16")
     scenario, note = as_engine_runs_it(scenario, engine)
-    out = _BUILDERS[engine](scenario)
+    out = build(scenario, spec_named(engine))
     first = [note] + [n for n in (launch_note(scenario),) if n]
     out.notes[:0] = first
-    if engine != "deepspeed":          # the script and the TOML carry their notes as comments
+    if out.notes_in_text:              # the script and the TOML carry their notes as comments
         lines = out.text.split("\n")
         at = next((i + 1 for i, line in enumerate(lines) if line.startswith("# Plan:")), 1)
         lines[at:at] = ["# NOTE: " + n for n in first]
@@ -733,10 +738,10 @@ def as_engine_runs_it(s: Scenario, engine: str) -> tuple[Scenario, str]:
     exporter gives and a note that it was not re-estimated; one that does not fit as the engine runs
     it gets a warning note."""
     p = s.plan
-    strict = p.engine != Engine.GENERIC.label
+    strict = spec_named(p.engine).codebase is not None      # made for a named engine, not the papers' generic one
     try:
         as_run = replace(p, engine=engine,
-                         grad_accumulation_fusion=p.grad_accumulation_fusion and engine == Engine.MEGATRON.label)
+                         grad_accumulation_fusion=p.grad_accumulation_fusion and spec_named(engine).grad_accumulation_fusion)
     except ConfigError as err:
         if strict:
             raise ConfigError(err.field, f"the plan was made for engine {p.engine}; {engine} cannot run it: "

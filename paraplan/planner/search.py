@@ -18,6 +18,7 @@ import numpy as np
 from paraplan.constants import fitted
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.estimate import Estimate, TIME_TERMS, estimate, estimate_legal, step_terms
+from paraplan.engines import spec_named
 from paraplan.hardware.topology import links_for_plan
 from paraplan.plan import PLAN_FIELDS, PlanBatch, is_fp8
 from paraplan.planner.space import SpaceOptions, compose
@@ -227,7 +228,8 @@ def suggest_feasible(model, job, cluster, options: SpaceOptions | None, max_memo
     out = []
     options = options or SpaceOptions()
     fixed = dict(options.fixed or {})
-    if fixed.get("engine") == "megatron" and is_fp8(str(fixed.get("dtype", ""))) and not fixed.get("fp8_param_gather"):
+    if (spec_named(fixed.get("engine")).offers("fp8_param_gather") and is_fp8(str(fixed.get("dtype", "")))
+            and not fixed.get("fp8_param_gather")):
         r = search(model, job, cluster, options=replace(options, fixed={**fixed, "fp8_param_gather": True}), top=1,
                    max_memory_fraction=max_memory_fraction)
         if r.best:

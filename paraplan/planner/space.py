@@ -22,8 +22,9 @@ from typing import Mapping
 
 import numpy as np
 
+from paraplan.engines import SPECS, SWITCHES, spec_named
 from paraplan.errors import ConfigError
-from paraplan.plan import (MODES, PLAN_FIELDS, RULES, STAGE_LAYER_FIELDS, AttentionKernel, CpMode, Dtype, Engine,
+from paraplan.plan import (MODES, PLAN_FIELDS, RULES, STAGE_LAYER_FIELDS, AttentionKernel, CpMode, Dtype,
                            Offload, Optimizer,
                            PlanBatch, Recompute, Scene, Schedule, failed_rules, parse_field, recompute_modules_mask)
 
@@ -90,7 +91,7 @@ def check_fixed(fixed: Mapping, model, job, cluster) -> None:
         return
     view = _fixed_view(fixed)
     if not hasattr(view, "engine_code"):          # one engine for the whole search: its default
-        view.engine_code = np.array([int(Engine.parse(fixed.get("engine", Engine.GENERIC.label)))])
+        view.engine_code = np.array([spec_named(fixed.get("engine")).code])
     scene = Scene(model, job, cluster, fixed.get("dp") or None)
     failed = failed_rules(view, scene, available=vars(view))
     if failed:
@@ -125,9 +126,8 @@ def _pin(choices: dict, fixed: Mapping) -> None:
     """Replace the choices of pinned axes by their pinned value."""
     for key, value in fixed.items():
         if key in ("dp", "dtype", "flash_attention", "overlap_grad_reduce", "grad_accumulation_fusion", "fused_elementwise",
-                   "fused_softmax", "rope_fusion", "tp_comm_overlap", "grad_reduce_bf16", "fp8_param_gather", "attention_kernel", "ep_comm_overlap",
-                   "recompute_modules",
-                   "moe_flex_dispatch", "engine", *STAGE_LAYER_FIELDS):
+                   "fused_softmax", "rope_fusion", *BATCH_SWITCHES, "attention_kernel", *FIXED_WHERE_THEY_RUN,
+                   "engine", *STAGE_LAYER_FIELDS):
             continue  # dp: a rule of the search; the rest: one value for the whole batch
         if key == "etp":
             choices["etp_is_tp"] = [value != 1]
@@ -179,7 +179,7 @@ def axis_choices(model, job, cluster, options: SpaceOptions) -> dict[str, list]:
                "etp_is_tp": [False, True] if model.moe else [False]}
     _pin(choices, fixed)
     choices["_dtype"] = fixed.get("dtype", search_dtype(cluster.accelerator))
-    choices["_engine"] = int(Engine.parse(fixed.get("engine", Engine.GENERIC.label)))
+    choices["_engine"] = spec_named(fixed.get("engine")).code
     return choices
 
 
@@ -244,16 +244,16 @@ def _second_view(b: dict, dtype, engine) -> SimpleNamespace:
 def _cross(first: SimpleNamespace, second: SimpleNamespace, keep1, keep2, fixed: Mapping,
            flash_default: bool = True) -> SimpleNamespace:
     """Survivors of both stages crossed (each degree tuple with each categorical tuple), etp filled,
-    and the batch-wide flags that rules read (TP communication overlap) as columns."""
+    and the batch-wide flags that rules read (the engine switches of BATCH_SWITCHES: TP communication
+    overlap, ...) as columns."""
     f = {k: v[keep1] for k, v in vars(first).items() if k not in ("dtype", "engine_code")}
     s = {k: v[keep2] for k, v in vars(second).items() if k not in ("dtype", "engine_code")}
     nf, ns = f["tp"].size, s["sp"].size
     both = {k: np.repeat(v, ns) for k, v in f.items()}
     both.update({k: np.tile(v, nf) for k, v in s.items()})
     both["etp"] = np.where(both["etp_is_tp"], both["tp"], 1)
-    both["tp_comm_overlap"] = np.full(nf * ns, bool(fixed.get("tp_comm_overlap", False)))
-    both["grad_reduce_bf16"] = np.full(nf * ns, bool(fixed.get("grad_reduce_bf16", False)))
-    both["fp8_param_gather"] = np.full(nf * ns, bool(fixed.get("fp8_param_gather", False)))
+    for column in BATCH_SWITCHES:
+        both[column] = np.full(nf * ns, bool(fixed.get(column, False)))
     both["flash_attention"] = np.full(nf * ns, bool(fixed.get("flash_attention", flash_default)))
     both["fused_softmax"] = np.full(nf * ns, bool(fixed.get("fused_softmax", True)))
     both["attention_kernel_code"] = np.full(nf * ns, int(AttentionKernel.parse(fixed.get("attention_kernel", "auto"))))
@@ -285,6 +285,12 @@ class FixedWhereItRuns:
 FIXED_WHERE_THEY_RUN = {"ep_comm_overlap": FixedWhereItRuns(False, "--fix ep=N (N > 1)"),
                         "moe_flex_dispatch": FixedWhereItRuns(False, "--fix ep=N (N > 1)"),
                         "recompute_modules": FixedWhereItRuns("", "--fix recompute=selective")}
+
+#: the engine switches (on/off plan fields, ``paraplan.engines.SWITCHES``) the search does not vary: off,
+#: or what ``--fix`` pins for the whole batch (the rules then drop the candidates whose engine or layout
+#: cannot run them); the others are searched (offload), stage-layer counts, or FIXED_WHERE_THEY_RUN
+BATCH_SWITCHES = tuple(sw.field for sw in SWITCHES if sw.axis == sw.field and sw.field not in FIXED_WHERE_THEY_RUN
+                       and sw.field not in STAGE_LAYER_FIELDS)
 
 #: the opt-in flags the search leaves off unless fixed, with the rules that say where each can run
 OPT_IN_FLAG_RULES = {column: tuple(r for r in RULES if column in r.axes)
@@ -377,7 +383,7 @@ def compose(model, job, cluster, options: SpaceOptions | None = None) -> tuple[P
         setattr(both, column, _opt_in_flag_where_it_runs(both, scene, column, bool(fixed.get(column, False))))
     both.recompute_modules_mask = _recompute_modules_where_they_run(both, scene, fixed.get("recompute_modules", ""))
     extra = 0
-    if "recompute_modules" not in fixed and Engine(int(engine)) in (Engine.MEGATRON, Engine.GENERIC):
+    if "recompute_modules" not in fixed and SPECS[int(engine)].offers("recompute_modules"):
         both, extra = _with_recompute_module_sets(both, searched_recompute_module_sets(model))
     keep3 = _apply(_stage_rules(3), both, scene, np.ones(both.tp.size, bool), rejected, 1)
     return _batch(both, np.nonzero(keep3)[0], options, fixed), rejected, n1 * n2 + extra
@@ -387,17 +393,18 @@ def _batch(both: SimpleNamespace, idx, options: SpaceOptions, fixed: Mapping) ->
     """The kept candidates as a PlanBatch; the flags the search does not vary take their pinned
     value or the default."""
     n = idx.size
-    engine = Engine(int(both.engine_code))
-    # only Megatron-LM fuses gradient accumulation into the weight-gradient GEMMs (main_grad)
-    fusion = options.grad_accumulation_fusion and engine in (Engine.GENERIC, Engine.MEGATRON)
+    spec = SPECS[int(both.engine_code)]
+    # only Megatron-LM (and the generic engine) fuse gradient accumulation into the weight-gradient GEMMs
+    # (main_grad): the engine's default
+    fusion = options.grad_accumulation_fusion and spec.grad_accumulation_fusion
     const = {"overlap_grad_reduce": fixed.get("overlap_grad_reduce", True),
              "grad_accumulation_fusion": fixed.get("grad_accumulation_fusion", fusion),
              "fused_elementwise": fixed.get("fused_elementwise", True),
-             "rope_fusion": fixed.get("rope_fusion", True), "engine_code": int(engine)}
+             "rope_fusion": fixed.get("rope_fusion", True), "engine_code": spec.code}
     # the batch-wide flags the crossing rules read are already columns of ``both`` (:func:`_cross`)
     cols = ("tp", "pp", "dp", "cp", "sp", "vpp", "micro_batch", "schedule_code", "zero", "recompute_code",
             "offload_code", "offload_params", "ep", "etp", "cp_mode_code", "optimizer_code", "delayed_update",
-            "tp_comm_overlap", "grad_reduce_bf16", "fp8_param_gather", "flash_attention", "fused_softmax", "attention_kernel_code", "ep_comm_overlap",
+            *BATCH_SWITCHES, "flash_attention", "fused_softmax", "attention_kernel_code", "ep_comm_overlap",
             "moe_flex_dispatch", "recompute_modules_mask",
             *STAGE_LAYER_FIELDS)
     return PlanBatch(**{k: getattr(both, k)[idx] for k in cols}, **{k: np.full(n, v) for k, v in const.items()},

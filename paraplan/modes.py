@@ -1,0 +1,159 @@
+"""The categorical choices of a plan as :class:`Mode` enums: a user-facing label (the string a
+``Plan`` holds and JSON shows) and an integer code (its position) that the cost formulas read over
+numpy arrays. The bottom of the plan layers: ``paraplan.engines`` (what each engine offers of these)
+and ``paraplan.plan`` (the plan, its rules) build on it; ``paraplan.plan`` re-exports every name.
+"""
+from __future__ import annotations
+
+from enum import IntEnum
+
+from paraplan.errors import ConfigError, shown
+
+#: the Plan field each Mode subclass is the type of (:func:`plan_field`; Mode.parse names it in errors)
+MODE_FIELDS: dict = {}
+
+
+def plan_field(name: str):
+    """Class decorator: register a Mode subclass as the type of the Plan field ``name``."""
+    def register(cls):
+        MODE_FIELDS[cls] = name
+        return cls
+    return register
+
+
+# label -> member, per Mode subclass (Mode.parse)
+_MODE_LABELS: dict = {}
+
+
+class Mode(IntEnum):
+    """A categorical plan choice: its integer code (declaration order) and its user-facing label."""
+
+    def __new__(cls, label: str):
+        code = len(cls.__members__)
+        obj = int.__new__(cls, code)
+        obj._value_ = code
+        obj.label = label
+        return obj
+
+    @classmethod
+    def labels(cls) -> tuple[str, ...]:
+        """The labels in code order (what ``--schedule`` and friends accept)."""
+        return tuple(m.label for m in cls)
+
+    @classmethod
+    def parse(cls, value, field: str | None = None) -> "Mode":
+        """The member for a label (or a member); ConfigError naming the field and the labels otherwise."""
+        if isinstance(value, cls):
+            return value
+        by_label = _MODE_LABELS.get(cls)
+        if by_label is None:                     # built once per mode: iterating an Enum is slow
+            by_label = _MODE_LABELS[cls] = {m.label: m for m in cls}
+        if isinstance(value, str) and value in by_label:
+            return by_label[value]
+        raise ConfigError(field or MODE_FIELDS[cls], f"unknown value {shown(value)}", accepted=", ".join(cls.labels()))
+
+
+@plan_field("schedule")
+class Schedule(Mode):
+    """Pipeline schedule."""
+    ONE_F_ONE_B = "1f1b"
+    INTERLEAVED = "interleaved"
+    GPIPE = "gpipe"
+    ZB_H1 = "zb-h1"
+
+
+@plan_field("recompute")
+class Recompute(Mode):
+    """Activation recomputation, as a saved-tensor policy: none keeps everything; selective
+    (Megatron-LM) recomputes the attention core; full keeps only each layer's input; op-sac
+    (torchtitan's op-level selective activation checkpointing) keeps every other matmul output and
+    the attention output and recomputes the rest."""
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+    OP_SAC = "op-sac"
+
+
+@plan_field("offload")
+class Offload(Mode):
+    """Where optimizer states (and with ``offload_params`` the parameters) live."""
+    NONE = "none"
+    CPU = "cpu"
+    NVME = "nvme"
+
+
+@plan_field("dtype")
+class Dtype(Mode):
+    """Training precision; fp32 is plain fp32 training (the CPU validation runs).
+
+    The fp8 members are bf16 mixed precision whose linear-layer GEMMs (QKV, output projection, MLP,
+    experts) run in fp8, each with its scaling recipe; attention, embeddings, the LM head, norms and
+    the optimizer stay in bf16/fp32 (Transformer Engine and torchao float8 keep them there):
+      fp8            per-tensor current scaling: an amax pass, then the cast (TE Float8CurrentScaling,
+                     Megatron ``--fp8-recipe tensorwise``, torchtitan float8 default "tensorwise")
+      fp8-delayed    per-tensor delayed scaling from an amax history (TE DelayedScaling, Megatron's
+                     ``--fp8-recipe delayed``): scale known before the cast, amax taken in the same pass
+      fp8-rowwise    one scale per row (torchtitan/torchao ``recipe_name = "rowwise"``)
+      fp8-blockwise  1x128 activation / 128x128 weight blocks (DeepSeek-V3; TE Float8BlockScaling,
+                     Megatron ``--fp8-recipe blockwise``)
+      mxfp8          OCP microscaling, 32-element blocks with e8m0 scales, in the tensor cores of
+                     Blackwell (Megatron ``--fp8-recipe mxfp8``, TE MXFP8BlockScaling)"""
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP32 = "fp32"
+    FP8 = "fp8"
+    FP8_DELAYED = "fp8-delayed"
+    FP8_ROWWISE = "fp8-rowwise"
+    FP8_BLOCKWISE = "fp8-blockwise"
+    MXFP8 = "mxfp8"
+
+
+FP8_DTYPES = frozenset({Dtype.FP8.label, Dtype.FP8_DELAYED.label, Dtype.FP8_ROWWISE.label,
+                        Dtype.FP8_BLOCKWISE.label, Dtype.MXFP8.label})
+
+
+def is_fp8(dtype: str) -> bool:
+    """Whether the training dtype runs its linear-layer GEMMs in fp8 (any recipe)."""
+    return dtype in FP8_DTYPES
+
+
+def gemm_dtype(dtype: str) -> str:
+    """The number format of the linear-layer GEMMs: ``fp8`` for every fp8 recipe, else the dtype."""
+    return "fp8" if dtype in FP8_DTYPES else dtype
+
+
+def compute_dtype(dtype: str) -> str:
+    """The number format of everything else (attention, embeddings, LM head, the MFU peak): the
+    bf16 that fp8 recipes keep outside the linear layers, else the dtype itself."""
+    return "bf16" if dtype in FP8_DTYPES else dtype
+
+
+@plan_field("cp_mode")
+class CpMode(Mode):
+    """Context-parallel attention: ring (load-balanced causal chunks) or Ulysses (all-to-all over heads)."""
+    RING = "ring"
+    ULYSSES = "ulysses"
+
+
+@plan_field("attention_kernel")
+class AttentionKernel(Mode):
+    """The fused attention kernel: ``auto`` leaves it to the engine and prices attention at the
+    generation's one calibrated efficiency (published runs rarely say which kernel ran); the others
+    name a kernel whose efficiency was measured by sequence length (where the generation has a
+    measured table: cuDNN fused attention, FlashAttention-2, PyTorch's memory-efficient kernel).
+    ``flash1`` is FlashAttention 1.x (the flash-attn package before 2.0): FlashAttention-2's work at
+    half its rate (``attention.FLASH1_TIME_FACTOR``)."""
+    AUTO = "auto"
+    CUDNN = "cudnn"
+    FLASH2 = "flash2"
+    EFFICIENT = "efficient"
+    FLASH1 = "flash1"
+
+
+@plan_field("optimizer")
+class Optimizer(Mode):
+    """Adam, or a communication-compressing variant (DeepSpeed) that needs ZeRO-0."""
+    ADAM = "adam"
+    ONEBIT_ADAM = "onebit-adam"
+    ZERO_ONE_ADAM = "zero-one-adam"
+    ONEBIT_LAMB = "onebit-lamb"
