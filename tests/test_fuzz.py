@@ -108,7 +108,7 @@ def test_validate_argument_checks_name_flags_before_torch(tmp_path):
     ap = build_parser()
     for argv, field in ((["--nproc-per-node", "3", "--tp", "2"], "--nproc-per-node"),
                         (["--hidden", "30", "--heads", "4"], "--hidden"),
-                        (["--virtual-stages", "2"], "--virtual-stages"),
+                        (["--virtual-stages", "2"], "--vpp"),   # validate's earlier spelling of --vpp
                         (["--nnodes", "2", "--node-rank", "2"], "--node-rank"),
                         (["--nnodes", "2"], "--rdzv-endpoint")):
         with pytest.raises(ConfigError) as e:
