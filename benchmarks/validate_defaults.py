@@ -2,7 +2,8 @@
 
 For each layout (``tp2``, ``dp2`` = what ``--nproc-per-node 2`` runs with no other flag, ``dp2 --zero
 1``, ``dp2 --zero 3``, ``pp2``, ``cp2``, ``dp2 --zero 1 --offload cpu``, ``dp2 --experts 8`` with ep 1 and 2, tp2 and dp2 with the Llama family's choices) the plan is built by the CLI's own parser from those flags
-(:func:`paraplan.cli.validate._plan_and_launch`), predicted with
+(:func:`paraplan.cli.validate.check_validate_args`, which sizes it:
+:func:`paraplan.validation.sizing.size_run`), predicted with
 :func:`paraplan.validation.predict.predict_run` on this machine's latest profile in ``--db``
 (profiled first, quick mode, when it has none), and run through the harness (one torchrun launch
 of world 2 per repeat holding every layout). Measured step time per repeat: the slowest rank's
@@ -34,15 +35,16 @@ LAYOUTS = {"tp2": ["--tp", "2"], "dp2": [], "dp2_zero1": ["--zero", "1"],
 
 
 def plans_as_typed(extra: list[str]):
-    """({name: GPTConfig}, {name: RunPlan}) that ``validate --nproc-per-node 2 <flags> <extra>`` runs."""
-    from paraplan.cli.validate import _model_config, _plan_and_launch, main_parser
+    """({name: GPTConfig}, {name: Plan}, {name: RunOptions}) that ``validate --nproc-per-node 2 <flags> <extra>``
+    runs."""
+    from paraplan.cli.validate import check_validate_args, main_parser
     ap = main_parser()
-    plans, cfgs = {}, {}
+    plans, cfgs, options = {}, {}, {}
     for name, flags in LAYOUTS.items():
-        args = ap.parse_args(["validate", "--nproc-per-node", "2", *flags, *extra, "--out", "unused"])
-        cfgs[name] = _model_config(args)
-        plans[name] = _plan_and_launch(args)[0]
-    return cfgs, plans
+        sized = check_validate_args(ap.parse_args(["validate", "--nproc-per-node", "2", *flags, *extra,
+                                                   "--out", tempfile.gettempdir()]))
+        cfgs[name], plans[name], options[name] = sized.model, sized.plan, sized.options
+    return cfgs, plans, options
 
 
 def main(argv=None) -> int:
@@ -55,9 +57,10 @@ def main(argv=None) -> int:
     from paraplan.validation.compare import summarize_measured
     from paraplan.validation.launch import LaunchOptions, launch_worker_batch
     from paraplan.validation.predict import predict_run
-    cfgs, plans = plans_as_typed(args.extra)
+    from paraplan.validation.config import run_spec
+    cfgs, plans, options = plans_as_typed(args.extra)
     t0 = time.time()
-    predicted = {n: predict_run(cfgs[n], p, args.db)[0] for n, p in plans.items()}
+    predicted = {n: predict_run(cfgs[n], p, options[n], args.db)[0] for n, p in plans.items()}
     measured = {n: [] for n in plans}
     breakdowns = {n: [] for n in plans}
     steps = {n: [] for n in plans}          # every rank's timed steps, per repeat
@@ -65,8 +68,7 @@ def main(argv=None) -> int:
     loads = {n: [] for n in plans}            # MoE: the busiest ep rank's routed load, per repeat
     with tempfile.TemporaryDirectory(prefix="paraplan-defaults-") as d:
         for i in range(args.repeats):
-            specs = [{"name": n, "model": asdict(cfgs[n]), "plan": asdict(p), "dump_grads": False}
-                     for n, p in plans.items()]
+            specs = [run_spec(cfgs[n], p, options[n], name=n) for n, p in plans.items()]
             res = launch_worker_batch(specs, os.path.join(d, f"rep{i}"), LaunchOptions(nproc_per_node=2,
                                                                                        timeout_s=1800))
             for n, rs in res.items():
@@ -77,7 +79,7 @@ def main(argv=None) -> int:
                 rank_breakdowns[n].append({r["rank"]: r["time_breakdown_s"] for r in rs})
                 if summary.get("expert_load_busiest") is not None:
                     loads[n].append(summary["expert_load_busiest"])
-    print(f"model {asdict(cfgs['tp2'])} (the moe layouts: --experts 8; llama: {' '.join(LLAMA)}); run: {plans['tp2'].warmup} warm-up + {plans['tp2'].steps} timed steps; "
+    print(f"model {asdict(cfgs['tp2'])} (the moe layouts: --experts 8; llama: {' '.join(LLAMA)}); run: {options['tp2'].warmup} warm-up + {options['tp2'].steps} timed steps; "
           f"{args.repeats} repeats, {time.time() - t0:.0f} s")
     print(f"{'plan':<11} {'predicted ms':>12} {'measured ms':>12} {'spread':>7} {'error':>7}   "
           f"compute/tp/cp/ep/pp/dp/opt ms: predicted | measured")
@@ -98,7 +100,7 @@ def main(argv=None) -> int:
         print(f"{n:<11} {1e3 * p:12.1f} {1e3 * m:12.1f} {100 * spread:6.1f}% {100 * (p / m - 1):+6.1f}%   {terms}")
         if loads[n]:   # predicted again with the load the router gave the busiest ep rank (--moe-imbalance)
             load = statistics.median(loads[n])
-            q = predict_run(cfgs[n], plans[n], args.db, moe_imbalance=load)[0]
+            q = predict_run(cfgs[n], plans[n], options[n], args.db, moe_imbalance=load)[0]
             rows[-1].update(expert_load_busiest=load, predicted_at_load_s=q["step_time_s"],
                             error_at_load=q["step_time_s"] / m - 1, predicted_at_load_breakdown_s=q["time_breakdown_s"])
             qb = q["time_breakdown_s"]

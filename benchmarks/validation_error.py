@@ -29,24 +29,25 @@ from dataclasses import asdict
 
 import numpy as np
 
+from paraplan.plan import Plan
+from paraplan.validation.config import RunOptions, run_spec, world_size
 from paraplan.validation.launch import LaunchOptions, launch_worker_batch
 from paraplan.validation.model import GPTConfig
 from paraplan.validation.predict import predict_run
-from paraplan.validation.worker import RunPlan
 
 CFG = GPTConfig(vocab_size=1024, seq_len=64, hidden=128, heads=4, layers=4, seed=0)
 #: steady state: on this machine the first ~20 forward/backward passes of a fresh process run up to
 #: 30 % slower (the allocator and caches settle), so 6 untimed steps precede the 8 timed ones
 RUN = dict(steps=8, warmup=6, profile_ops=False)
 
-#: name -> RunPlan fields; grouped by world size (one torchrun launch each)
+#: name -> Plan fields (and the global batch); grouped by world size (one torchrun launch each)
 LAYOUTS = {
     1: {"single_mb2": dict(micro_batch=2, global_batch=4),
         "single_mb1": dict(micro_batch=1, global_batch=4),
         "single_full_rc": dict(micro_batch=2, global_batch=4, recompute="full"),
         "single_selective_rc": dict(micro_batch=2, global_batch=4, recompute="selective")},
     2: {"tp2": dict(tp=2, micro_batch=2, global_batch=4),
-        "tp2_sp": dict(tp=2, micro_batch=2, global_batch=4, sequence_parallel=True),
+        "tp2_sp": dict(tp=2, micro_batch=2, global_batch=4, sp=True),
         "pp2": dict(pp=2, micro_batch=1, global_batch=4),
         "dp2_z0": dict(dp=2, zero=0, micro_batch=2, global_batch=4),
         "dp2_z1": dict(dp=2, zero=1, micro_batch=2, global_batch=4),
@@ -54,13 +55,13 @@ LAYOUTS = {
         "dp2_z3": dict(dp=2, zero=3, micro_batch=2, global_batch=4),
         "cp2": dict(cp=2, micro_batch=2, global_batch=4),
         "cp2_gqa": dict(cp=2, micro_batch=2, global_batch=4, kv_heads=2),
-        "tp2_sp_opsac": dict(tp=2, micro_batch=2, global_batch=4, sequence_parallel=True, recompute="op-sac",
+        "tp2_sp_opsac": dict(tp=2, micro_batch=2, global_batch=4, sp=True, recompute="op-sac",
                              attention="sdpa")},
     4: {"tp2_dp2_z1": dict(tp=2, dp=2, zero=1, micro_batch=1, global_batch=4),
         "pp2_dp2": dict(pp=2, dp=2, micro_batch=1, global_batch=8),
         "tp4": dict(tp=4, micro_batch=2, global_batch=4),
         "dp4_z2_full_rc": dict(dp=4, zero=2, micro_batch=1, global_batch=4, recompute="full"),
-        "tp2_cp2_sp": dict(tp=2, cp=2, micro_batch=1, global_batch=4, sequence_parallel=True),
+        "tp2_cp2_sp": dict(tp=2, cp=2, micro_batch=1, global_batch=4, sp=True),
         # a dropless mixture of 8 experts, top-2, in every block (validation.apply_ep)
         "moe_dp4_ep4": dict(dp=4, ep=4, micro_batch=1, global_batch=4, experts=8),
         "moe_dp4_ep2_z1": dict(dp=4, ep=2, zero=1, micro_batch=1, global_batch=4, experts=8)},
@@ -69,11 +70,14 @@ LAYOUTS = {
 MODEL_KEYS = ("experts", "top_k", "attention", "kv_heads")
 
 
-def model_and_plan(fields: dict):
-    """(GPTConfig, RunPlan fields) of a LAYOUTS entry: CFG with the model keys it names."""
+def model_and_plan(fields: dict, world: int):
+    """(GPTConfig, Plan, RunOptions) of a LAYOUTS entry of ``world`` ranks: CFG with the model keys it names,
+    the plan (dp what the ranks leave where it names none), its global batch with RUN."""
     from dataclasses import replace
     plan = dict(fields)
-    return replace(CFG, **{k: plan.pop(k) for k in MODEL_KEYS if k in plan}), plan
+    model = replace(CFG, **{k: plan.pop(k) for k in MODEL_KEYS if k in plan})
+    options = RunOptions(global_batch=plan.pop("global_batch"), **RUN)
+    return model, Plan(**plan).with_dp_for(world), options
 
 
 def spearman(x, y) -> float:
@@ -102,8 +106,7 @@ def measure(results: list[dict]) -> dict:
 def run_sweep(out_dir: str, worlds) -> dict:
     measured = {}
     for world in worlds:
-        specs = [{"name": n, "model": asdict(cfg), "plan": dict(p, **RUN), "dump_grads": False}
-                 for n, (cfg, p) in ((n, model_and_plan(f)) for n, f in LAYOUTS[world].items())]
+        specs = [run_spec(*model_and_plan(f, world), name=n) for n, f in LAYOUTS[world].items()]
         res = launch_worker_batch(specs, os.path.join(out_dir, f"world{world}"),
                                   LaunchOptions(nproc_per_node=world, timeout_s=1200))
         measured.update({n: measure(r) for n, r in res.items()})
@@ -121,8 +124,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=RUN["steps"], help="timed steps per layout")
     args = ap.parse_args(argv)
     RUN.update(warmup=args.warmup, steps=args.steps)
-    layouts = {n: model_and_plan(f) for w in args.worlds for n, f in LAYOUTS[w].items()}
-    plans = {n: RunPlan.from_dict(dict(p, **RUN)) for n, (_, p) in layouts.items()}
+    layouts = {n: model_and_plan(f, w) for w in args.worlds for n, f in LAYOUTS[w].items()}
+    plans = {n: p for n, (_, p, _) in layouts.items()}
     profile_worlds = tuple(w for w in (2, 4) if w in args.worlds) or (2,)
     t0 = time.time()
     reps, preds = [], []
@@ -134,7 +137,8 @@ def main(argv=None) -> int:
                 from paraplan.validation.profile import ProfileOptions, run_profile
                 run_profile(replace(ProfileOptions.quick(), world_sizes=profile_worlds), db=args.db)
             if args.profile or i == 0:
-                preds.append({n: predict_run(layouts[n][0], plan, args.db)[0] for n, plan in plans.items()})
+                preds.append({n: predict_run(layouts[n][0], plan, layouts[n][2], args.db)[0]
+                              for n, plan in plans.items()})
             reps.append(run_sweep(os.path.join(d, f"rep{i}"), args.worlds))
     rows = []
     for n, plan in plans.items():
@@ -145,7 +149,7 @@ def main(argv=None) -> int:
         pm = statistics.median(q[n]["memory_bytes_per_rank"] for q in preds)
         pb = {k: statistics.median(q[n]["time_breakdown_s"][k] for q in preds)
               for k in preds[0][n]["time_breakdown_s"]}
-        rows.append({"layout": n, "world": plan.world_size, "measured_step_s": ms,
+        rows.append({"layout": n, "world": world_size(plan), "measured_step_s": ms,
                      "predicted_step_s": ps, "step_err": ps / ms - 1,
                      "measured_mem_bytes": mm, "predicted_mem_bytes": pm, "mem_err": pm / mm - 1,
                      "measured_breakdown_s": bd, "predicted_breakdown_s": pb})

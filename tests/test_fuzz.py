@@ -81,8 +81,8 @@ def _run(capsys, *argv):
      "--pp: not a flag of this command; the search pins an axis with --fix AXIS=VALUE"),
     (["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--format", "jsno"], "did you mean json?"),
     # one command's spelling given to another: the spelling this command uses, not --fix or a near miss
-    (["validate", "--tp", "2", "--sp", "--nproc-per-node", "2"],
-     "--sp: unrecognized argument; this command spells it --sequence-parallel"),
+    # validate takes the shared plan flags (--sp) and its earlier spelling (--sequence-parallel) alike
+    (["validate", "--tp", "2", "--sp", "--nproc-per-node", "2"], "--out: required"),
     (["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--sequence-parallel"],
      "--sequence-parallel: not a flag of this command; estimate spells it --sp"),
     (["whatif", "--virtual-stages", "2"], "this command spells it --vpp"),
@@ -108,7 +108,7 @@ def test_validate_argument_checks_name_flags_before_torch(tmp_path):
     ap = build_parser()
     for argv, field in ((["--nproc-per-node", "3", "--tp", "2"], "--nproc-per-node"),
                         (["--hidden", "30", "--heads", "4"], "--hidden"),
-                        (["--virtual-stages", "2"], "--virtual-stages"),
+                        (["--virtual-stages", "2"], "--vpp"),   # validate's earlier spelling of --vpp
                         (["--nnodes", "2", "--node-rank", "2"], "--node-rank"),
                         (["--nnodes", "2"], "--rdzv-endpoint")):
         with pytest.raises(ConfigError) as e:

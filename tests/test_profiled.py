@@ -321,13 +321,13 @@ def test_recompute_pays_the_measured_checkpoint_overhead_per_layer():
     from paraplan.profiles.cluster import cluster_from_tables
     from paraplan.validation.model import GPTConfig
     from paraplan.validation.predict import estimator_model, estimator_plan
-    from paraplan.validation.worker import RunPlan
+    from paraplan.plan import Plan
     from paraplan.workloads.transformer import TrainingJob
     cfg = GPTConfig(layers=2)
     cluster = cluster_from_tables(training_tables(), 1)
     c = curves_for(cluster)
     model, job = estimator_model(cfg), TrainingJob(cfg.seq_len, 4)
-    base = estimator_plan(cfg, RunPlan(micro_batch=2, global_batch=4), cpu=True)
+    base = estimator_plan(cfg, Plan(dp=1, micro_batch=2), cpu=True)
     none = layer_times(model, job, base, c, cluster)
     full = layer_times(model, job, replace(base, recompute="full"), c, cluster)
     sel = layer_times(model, job, replace(base, recompute="selective"), c, cluster)
@@ -364,14 +364,14 @@ def test_estimate_charges_measured_optimizer_per_tensor():
     from paraplan.profiles.cluster import cluster_from_tables
     from paraplan.validation.model import GPTConfig, param_specs
     from paraplan.validation.predict import estimator_model, estimator_plan
-    from paraplan.validation.worker import RunPlan
+    from paraplan.plan import Plan
     from paraplan.workloads.transformer import TrainingJob
     cfg = GPTConfig(layers=2)
     cluster = cluster_from_tables(training_tables(), 2)
     model, job = estimator_model(cfg), TrainingJob(cfg.seq_len, 4)
     # the harness's tensors: 12 per block (2 norms and fused qkv, output, fc1, fc2, each with a
     # bias), token + position embedding, final norm (2) and head
-    plan0 = estimator_plan(cfg, RunPlan(dp=2, zero=0, micro_batch=2, global_batch=4), cpu=True)
+    plan0 = estimator_plan(cfg, Plan(dp=2, zero=0, micro_batch=2), cpu=True)
     assert float(param_tensors(model, plan0)) == 2 * 12 + 2 + 3 == len(param_specs(cfg))
     c = curves_for(cluster)
     e0 = estimate(model, job, cluster, plan0)
@@ -580,13 +580,13 @@ def test_unfused_gradient_accumulation_is_charged_per_extra_micro_batch():
     from paraplan.profiles.cluster import cluster_from_tables
     from paraplan.validation.model import GPTConfig
     from paraplan.validation.predict import estimator_model, estimator_plan
-    from paraplan.validation.worker import RunPlan
+    from paraplan.plan import Plan
     from paraplan.workloads.transformer import TrainingJob
     cfg = GPTConfig(layers=2)
     cluster = cluster_from_tables(training_tables(), 2)
     c = curves_for(cluster)
     model, job = estimator_model(cfg), TrainingJob(cfg.seq_len, 8)
-    plan = estimator_plan(cfg, RunPlan(dp=2, zero=0, micro_batch=1, global_batch=8), cpu=True)
+    plan = estimator_plan(cfg, Plan(dp=2, zero=0, micro_batch=1), cpu=True)
     assert not plan.grad_accumulation_fusion
     per_mb = c.streaming_time(3.0 * model.num_params * 4, kernels=stage_param_tensors(model, plan))
     assert estimate(model, job, cluster, plan).time_breakdown_s["grad_accumulation"] == pytest.approx(3 * per_mb)
@@ -724,14 +724,14 @@ def test_pipeline_stages_on_shared_cores_pay_the_slowdown_only_while_overlapping
     from paraplan.profiles.cluster import cluster_from_tables
     from paraplan.validation.model import GPTConfig
     from paraplan.validation.predict import estimator_model, estimator_plan
-    from paraplan.validation.worker import RunPlan
+    from paraplan.plan import Plan
     from paraplan.workloads.transformer import TrainingJob
     cfg = GPTConfig(layers=4)
     cluster = cluster_from_tables(training_tables(), 2)
     c = curves_for(cluster)
     assert c.compute_slowdown == pytest.approx(1.5)
     model, job = estimator_model(cfg), TrainingJob(cfg.seq_len, 2)
-    pp2, dp2 = RunPlan(pp=2, micro_batch=1, global_batch=2), RunPlan(dp=2, micro_batch=1, global_batch=2)
+    pp2, dp2 = Plan(dp=1, pp=2, micro_batch=1), Plan(dp=2, micro_batch=1)
 
     def terms(run, curves):
         e = E.estimate(model, job, cluster, estimator_plan(cfg, run, cpu=True), curves=curves)
@@ -791,11 +791,11 @@ def test_ring_exchange_hides_under_attention_on_gpus_not_on_a_profiled_cpu():
     from paraplan.profiles.cluster import cluster_from_tables
     from paraplan.validation.model import GPTConfig
     from paraplan.validation.predict import estimator_model, estimator_plan
-    from paraplan.validation.worker import RunPlan
+    from paraplan.plan import Plan
     from paraplan.workloads.transformer import TrainingJob
     cfg = GPTConfig(seq_len=256, hidden=256, heads=4, layers=2)
     model, job = estimator_model(cfg), TrainingJob(cfg.seq_len, 4)
-    plan = estimator_plan(cfg, RunPlan(cp=2, micro_batch=1, global_batch=2), cpu=True)
+    plan = estimator_plan(cfg, Plan(dp=1, cp=2, micro_batch=1), cpu=True)
     cpu = cluster_from_tables(training_tables(), 2)
     assert not ring_exchange_hides(cpu)
     step, fwd, bwd = ring_exchange_times(model, job, plan, cpu)
@@ -819,14 +819,14 @@ def test_offload_on_a_profiled_cpu_is_the_same_adamw_plus_two_exposed_copies():
     from paraplan.profiles.cluster import cluster_from_tables
     from paraplan.validation.model import GPTConfig
     from paraplan.validation.predict import estimator_model, estimator_plan
-    from paraplan.validation.worker import RunPlan
+    from paraplan.plan import Plan
     from paraplan.workloads.transformer import TrainingJob
     cfg = GPTConfig(seq_len=64, hidden=128, heads=4, layers=2)
     model, job = estimator_model(cfg), TrainingJob(cfg.seq_len, 4)
     cpu = cluster_from_tables(training_tables(), 2)
     assert O.device_is_host(cpu) and not O.device_is_host(load_cluster("dgx-h100", 2))
-    kept = estimator_plan(cfg, RunPlan(dp=2, zero=1, micro_batch=2, global_batch=4), cpu=True)
-    off = estimator_plan(cfg, RunPlan(dp=2, zero=1, offload=True, micro_batch=2, global_batch=4), cpu=True)
+    kept = estimator_plan(cfg, Plan(dp=2, zero=1, micro_batch=2), cpu=True)
+    off = estimator_plan(cfg, Plan(dp=2, zero=1, offload="cpu", micro_batch=2), cpu=True)
     assert off.offload == "cpu" and kept.offload == "none"
     a, b = estimate(model, job, cpu, kept), estimate(model, job, cpu, off)
     assert b.time_breakdown_s["optimizer"] == pytest.approx(a.time_breakdown_s["optimizer"])

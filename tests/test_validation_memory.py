@@ -3,16 +3,17 @@ import pytest
 
 from paraplan.errors import ConfigError
 from paraplan.validation.apply_pp import interleaved_1f1b, one_f_one_b, stage_layers
+from paraplan.plan import Plan
+from paraplan.validation.config import RunOptions
 from paraplan.validation.model import GPTConfig
-from paraplan.validation.worker import RunPlan, run_training
+from paraplan.validation.worker import run_training
 
 CFG = GPTConfig(layers=2, hidden=64, heads=4, seq_len=64)
 
 
 def _mem(recompute):
-    plan = RunPlan(micro_batch=2, global_batch=2, recompute=recompute, steps=1, warmup=0,
-                   profile_ops=False)
-    return run_training(CFG, plan)
+    return run_training(CFG, Plan(dp=1, micro_batch=2, recompute=recompute),
+                        RunOptions(global_batch=2, steps=1, warmup=0, profile_ops=False))
 
 
 def test_full_recompute_saves_fewer_activation_bytes_than_none():
@@ -28,8 +29,9 @@ def test_full_recompute_saves_fewer_activation_bytes_than_none():
 def _layer_bytes(cfg, recompute):
     """Saved-activation bytes one more layer adds (3 layers less 2), micro-batch 2."""
     from dataclasses import replace
-    plan = RunPlan(micro_batch=2, global_batch=2, recompute=recompute, steps=1, warmup=0, profile_ops=False)
-    peak = [run_training(replace(cfg, layers=n), plan)["memory_bytes"]["activations_peak"] for n in (2, 3)]
+    plan, options = Plan(dp=1, micro_batch=2, recompute=recompute), RunOptions(global_batch=2, steps=1, warmup=0,
+                                                                                profile_ops=False)
+    peak = [run_training(replace(cfg, layers=n), plan, options)["memory_bytes"]["activations_peak"] for n in (2, 3)]
     return peak[1] - peak[0]
 
 
@@ -47,9 +49,9 @@ def test_op_sac_keeps_every_other_matmul_and_the_attention_output(arch):
     q, kv = h, h // heads * cfg.n_kv
     kept = h + q + kv + q + (cfg.ffn + h if arch else cfg.ffn)
     assert _layer_bytes(cfg, "op-sac") == 4 * T * kept + 4 * T * heads
-    none = run_training(cfg, RunPlan(micro_batch=2, global_batch=2, steps=2, warmup=0, profile_ops=False))
-    sac = run_training(cfg, RunPlan(micro_batch=2, global_batch=2, steps=2, warmup=0, profile_ops=False,
-                                    recompute="op-sac"))
+    none = run_training(cfg, Plan(dp=1, micro_batch=2), RunOptions(global_batch=2, steps=2, warmup=0, profile_ops=False))
+    sac = run_training(cfg, Plan(dp=1, micro_batch=2, recompute="op-sac"),
+                       RunOptions(global_batch=2, steps=2, warmup=0, profile_ops=False))
     # the first step's forward is the same arithmetic (to a few ulps: the checkpointed region may
     # dispatch other CPU kernels; AMD EPYC: 2 ulps); the second step's loss tests the recomputed backward
     assert sac["losses"][0] == pytest.approx(none["losses"][0], rel=1e-6)
@@ -58,16 +60,17 @@ def test_op_sac_keeps_every_other_matmul_and_the_attention_output(arch):
 
 def test_op_sac_needs_the_fused_attention_a_dense_mlp_and_no_ring():
     from dataclasses import replace
-    plan = RunPlan(micro_batch=1, global_batch=1, steps=1, warmup=0, profile_ops=False, recompute="op-sac")
+    plan, options = Plan(dp=1, micro_batch=1, recompute="op-sac"), RunOptions(global_batch=1, steps=1, warmup=0,
+                                                                               profile_ops=False)
     for cfg, said in ((CFG, "math attention"), (replace(CFG, attention="sdpa", experts=4), "dense MLPs")):
         with pytest.raises(ConfigError, match=said):
-            run_training(cfg, plan)
+            run_training(cfg, plan, options)
 
 
 def test_activation_bytes_scale_with_micro_batch():
     small = _mem("none")["memory_bytes"]["activations_peak"]
-    plan = RunPlan(micro_batch=4, global_batch=4, steps=1, warmup=0, profile_ops=False)
-    big = run_training(CFG, plan)["memory_bytes"]["activations_peak"]
+    big = run_training(CFG, Plan(dp=1, micro_batch=4), RunOptions(global_batch=4, steps=1, warmup=0,
+                                                                  profile_ops=False))["memory_bytes"]["activations_peak"]
     assert 1.8 < big / small < 2.2
 
 
@@ -82,8 +85,7 @@ def test_model_state_bytes_single_process():
 
 
 def test_results_carry_times_and_op_profile():
-    plan = RunPlan(micro_batch=2, global_batch=2, steps=2, warmup=1, profile_ops=True)
-    r = run_training(CFG, plan)
+    r = run_training(CFG, Plan(dp=1, micro_batch=2), RunOptions(global_batch=2, steps=2, warmup=1, profile_ops=True))
     assert len(r["step_times_s"]) == 2 and all(t > 0 for t in r["step_times_s"])
     assert len(r["losses"]) == 3
     assert set(r["time_breakdown_s"]) == {"compute", "tp_comm", "pp_comm", "dp_comm",
@@ -106,12 +108,15 @@ def test_schedules_run_every_forward_before_its_backward():
 
 
 def test_bad_plans_raise_config_errors():
+    from paraplan.validation.support import check_runs
     with pytest.raises(ConfigError, match="zero"):
-        RunPlan(zero=4)
+        Plan(dp=1, zero=4)
     with pytest.raises(ConfigError, match="global_batch"):
-        RunPlan(dp=2, micro_batch=2, global_batch=6)
+        check_runs(Plan(dp=2, micro_batch=2), CFG, RunOptions(global_batch=6))
     with pytest.raises(ConfigError, match="recompute"):
-        RunPlan(recompute="some")
+        Plan(dp=1, recompute="some")
+    with pytest.raises(ConfigError, match="steps"):
+        RunOptions(steps=0)
     with pytest.raises(ConfigError, match="not divisible"):
         stage_layers(4, 3)
     with pytest.raises(ConfigError, match="interleaved"):
@@ -145,8 +150,9 @@ def test_kept_activations_of_the_llama_choices_match_the_estimate(arch, recomput
     from paraplan.validation.predict import estimator_model, estimator_plan, kept_activation_bytes_by_stage
     from paraplan.workloads.transformer import TrainingJob
     cfg = replace(GPTConfig(vocab_size=256, seq_len=32, hidden=64, heads=4, layers=4, seed=3), **arch)
-    plan = RunPlan(micro_batch=1, global_batch=1, steps=1, warmup=0, profile_ops=False, recompute=recompute)
-    measured = run_training(cfg, plan)["memory_bytes"]["activations_peak"]
+    plan = Plan(dp=1, micro_batch=1, recompute=recompute)
+    measured = run_training(cfg, plan, RunOptions(global_batch=1, steps=1, warmup=0, profile_ops=False))[
+        "memory_bytes"]["activations_peak"]
     predicted = kept_activation_bytes_by_stage(estimator_model(cfg), TrainingJob(cfg.seq_len, 1),
                                                estimator_plan(cfg, plan, True))["first"]
     assert predicted == pytest.approx(measured, rel=0.03)

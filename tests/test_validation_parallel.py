@@ -13,11 +13,12 @@ from dataclasses import replace
 
 import pytest
 
+from paraplan.plan import Plan
+from paraplan.validation.config import RunOptions, run_spec, world_size
 from paraplan.validation.launch import LaunchOptions, WorkerFailed, launch_worker, launch_worker_batch
 from paraplan.validation.model import GPTConfig
 from paraplan.validation.reference import (GRAD_RTOL, LOSS_RTOL, compare_to_reference, load_parallel_grads,
                                            reference_run, reference_spread)
-from paraplan.validation.worker import RunPlan
 
 CFG = GPTConfig(vocab_size=256, seq_len=32, hidden=64, heads=4, layers=4, seed=3)
 RUN = dict(steps=2, warmup=1, profile_ops=False)
@@ -25,9 +26,9 @@ RUN = dict(steps=2, warmup=1, profile_ops=False)
 LLAMA = dict(activation="swiglu", norm="rmsnorm", bias=False, kv_heads=2, rotary=True)
 WORLD2 = {
     "tp2": dict(tp=2, micro_batch=2, global_batch=4),
-    "tp2_sp": dict(tp=2, micro_batch=2, global_batch=4, sequence_parallel=True),
+    "tp2_sp": dict(tp=2, micro_batch=2, global_batch=4, sp=True),
     "pp2_1f1b": dict(pp=2, micro_batch=1, global_batch=4),
-    "pp2_interleaved": dict(pp=2, virtual_stages=2, micro_batch=1, global_batch=4),
+    "pp2_interleaved": dict(pp=2, vpp=2, schedule="interleaved", micro_batch=1, global_batch=4),
     "dp2_zero0": dict(dp=2, zero=0, micro_batch=1, global_batch=4),
     "dp2_zero1": dict(dp=2, zero=1, micro_batch=1, global_batch=4),
     "dp2_zero2": dict(dp=2, zero=2, micro_batch=1, global_batch=4),
@@ -38,8 +39,8 @@ WORLD2 = {
     # the same on the fused CPU flash kernel per ring step (validation.apply_cp.RingFlashAttention)
     "cp2_sdpa_selective": dict(cp=2, micro_batch=1, global_batch=4, recompute="selective", attention="sdpa"),
     # ZeRO-Offload: the master slice and AdamW's states in host memory (validation.apply_zero)
-    "dp2_zero1_offload": dict(dp=2, zero=1, offload=True, micro_batch=1, global_batch=4),
-    "dp2_zero2_offload": dict(dp=2, zero=2, offload=True, micro_batch=1, global_batch=4),
+    "dp2_zero1_offload": dict(dp=2, zero=1, offload="cpu", micro_batch=1, global_batch=4),
+    "dp2_zero2_offload": dict(dp=2, zero=2, offload="cpu", micro_batch=1, global_batch=4),
     # a dropless mixture of experts (validation.apply_ep): experts split over ep (carved from dp) and
     # exchanged by all-to-all, or all on each rank (ep 1); their gradients over their own replicas
     "moe_dp2_ep2": dict(dp=2, ep=2, micro_batch=1, global_batch=4, experts=4),
@@ -48,24 +49,24 @@ WORLD2 = {
     "moe_pp2_selective": dict(pp=2, micro_batch=1, global_batch=4, recompute="selective", experts=4, top_k=1),
     # experts under tensor parallelism (sequence parallel): split over the tp group (etp = tp: the routed
     # copies all-gathered, the partial outputs reduce-scattered back) or whole on each rank (etp 1)
-    "moe_tp2_sp_etp2": dict(tp=2, etp=2, micro_batch=2, global_batch=4, sequence_parallel=True, experts=4),
-    "llama_moe_tp2_sp_etp1": dict(tp=2, micro_batch=2, global_batch=4, sequence_parallel=True, experts=4, **LLAMA),
+    "moe_tp2_sp_etp2": dict(tp=2, etp=2, micro_batch=2, global_batch=4, sp=True, experts=4),
+    "llama_moe_tp2_sp_etp1": dict(tp=2, micro_batch=2, global_batch=4, sp=True, experts=4, **LLAMA),
     # the Llama family's choices: SwiGLU, RMSNorm, no biases, grouped-query attention, rotary positions
-    "llama_tp2_sp": dict(tp=2, micro_batch=2, global_batch=4, sequence_parallel=True, **LLAMA),
+    "llama_tp2_sp": dict(tp=2, micro_batch=2, global_batch=4, sp=True, **LLAMA),
     # Qwen3's QK-norm: each tp rank normalizes its own heads with the shared weights, whose gradients
     # are summed over tp with or without sequence parallelism (apply_tp.sync_sequence_parallel_grads)
-    "qwen_tp2_sp": dict(tp=2, micro_batch=2, global_batch=4, sequence_parallel=True, qk_norm=True, **LLAMA),
+    "qwen_tp2_sp": dict(tp=2, micro_batch=2, global_batch=4, sp=True, qk_norm=True, **LLAMA),
     "qwen_tp2": dict(tp=2, micro_batch=2, global_batch=4, qk_norm=True, **LLAMA),
     "llama_dp2_zero1_sdpa": dict(dp=2, zero=1, micro_batch=1, global_batch=4, attention="sdpa", **LLAMA),
     "llama_pp2_selective": dict(pp=2, micro_batch=1, global_batch=4, recompute="selective", **LLAMA),
     "llama_mha_cp2": dict(cp=2, micro_batch=1, global_batch=4, **dict(LLAMA, kv_heads=0)),
     # torchtitan's op-level SAC (validation.model.op_sac_context): every other matmul and the fused
     # attention kept, the rest (sequence-parallel gathers included) recomputed in the backward
-    "llama_tp2_sp_opsac": dict(tp=2, micro_batch=2, global_batch=4, sequence_parallel=True, recompute="op-sac",
+    "llama_tp2_sp_opsac": dict(tp=2, micro_batch=2, global_batch=4, sp=True, recompute="op-sac",
                                attention="sdpa", **LLAMA),
     # ZeRO-3 under sequence parallelism: the norms' gradients, one sequence shard each, summed over tp
     # (fully_shard's new parameters keep the mark; when they lost it the check was 0.86 off)
-    "llama_tp2_sp_zero3": dict(tp=2, zero=3, micro_batch=2, global_batch=4, sequence_parallel=True, **LLAMA),
+    "llama_tp2_sp_zero3": dict(tp=2, zero=3, micro_batch=2, global_batch=4, sp=True, **LLAMA),
     "pp2_opsac": dict(pp=2, micro_batch=1, global_batch=4, recompute="op-sac", attention="sdpa"),
     # grouped-query attention on the ring: K/V blocks carry the kv heads only (validation.apply_cp)
     "llama_cp2": dict(cp=2, micro_batch=1, global_batch=4, **LLAMA),
@@ -74,14 +75,14 @@ WORLD2 = {
 }
 WORLD4 = {
     "tp2_dp2_zero1_sp": dict(tp=2, dp=2, zero=1, micro_batch=1, global_batch=4,
-                             sequence_parallel=True),
+                             sp=True),
     "tp2_pp2_fullrecompute": dict(tp=2, pp=2, micro_batch=1, global_batch=4, recompute="full"),
-    "pp2_dp2_zero2_interleaved": dict(pp=2, dp=2, zero=2, virtual_stages=2, micro_batch=1,
+    "pp2_dp2_zero2_interleaved": dict(pp=2, dp=2, zero=2, vpp=2, schedule="interleaved", micro_batch=1,
                                       global_batch=8),
     "tp2_dp2_zero3_selective": dict(tp=2, dp=2, zero=3, micro_batch=1, global_batch=4,
                                     recompute="selective"),
     "cp4": dict(cp=4, micro_batch=1, global_batch=2),
-    "tp2_cp2_sp": dict(tp=2, cp=2, micro_batch=1, global_batch=4, sequence_parallel=True),
+    "tp2_cp2_sp": dict(tp=2, cp=2, micro_batch=1, global_batch=4, sp=True),
     "cp2_pp2_fullrecompute": dict(cp=2, pp=2, micro_batch=1, global_batch=4, recompute="full"),
     "cp2_dp2_zero1": dict(cp=2, dp=2, zero=1, micro_batch=1, global_batch=4),
     "cp4_sdpa": dict(cp=4, micro_batch=1, global_batch=2, attention="sdpa"),
@@ -90,36 +91,35 @@ WORLD4 = {
     "moe_cp2_dp2_ep2": dict(cp=2, dp=2, ep=2, micro_batch=1, global_batch=4, experts=4),
     "moe_pp2_dp2_ep2_fullrecompute": dict(pp=2, dp=2, ep=2, micro_batch=1, global_batch=8, recompute="full",
                                           experts=4),
-    "llama_tp2_cp2_sp": dict(tp=2, cp=2, micro_batch=1, global_batch=4, sequence_parallel=True, **LLAMA),
+    "llama_tp2_cp2_sp": dict(tp=2, cp=2, micro_batch=1, global_batch=4, sp=True, **LLAMA),
     # sequence parallelism across a pipeline: the column-parallel linears and the head keep their input's
     # sequence shard and gather it again in backward (comm.sequence_gathered_linear)
-    "tp2_sp_pp2": dict(tp=2, pp=2, micro_batch=1, global_batch=4, sequence_parallel=True),
+    "tp2_sp_pp2": dict(tp=2, pp=2, micro_batch=1, global_batch=4, sp=True),
     "llama_tp2_dp2_zero3_sp_opsac": dict(tp=2, dp=2, zero=3, micro_batch=1, global_batch=4, recompute="op-sac",
-                                         sequence_parallel=True, attention="sdpa", **LLAMA),
+                                         sp=True, attention="sdpa", **LLAMA),
     "llama_tp2_dp2_zero3": dict(tp=2, dp=2, zero=3, micro_batch=1, global_batch=4, **LLAMA),
     "llama_moe_dp4_ep2_zero2": dict(dp=4, ep=2, zero=2, micro_batch=1, global_batch=8, experts=4, **LLAMA),
-    "llama_moe_tp2_pp2_sp_etp2": dict(tp=2, pp=2, etp=2, micro_batch=1, global_batch=4, sequence_parallel=True,
+    "llama_moe_tp2_pp2_sp_etp2": dict(tp=2, pp=2, etp=2, micro_batch=1, global_batch=4, sp=True,
                                       recompute="selective", experts=4, top_k=1, **LLAMA),
-    "moe_tp2_dp2_ep2_sp": dict(tp=2, dp=2, ep=2, zero=1, micro_batch=1, global_batch=4, sequence_parallel=True,
+    "moe_tp2_dp2_ep2_sp": dict(tp=2, dp=2, ep=2, zero=1, micro_batch=1, global_batch=4, sp=True,
                                experts=4),
 }
-#: entry keys that describe the model, not the run plan
+#: entry keys that describe the model, not the plan
 MODEL_KEYS = ("attention", "experts", "top_k", "activation", "norm", "bias", "kv_heads", "rotary", "qk_norm")
 
 
-def _model_and_plan(entry: dict) -> tuple[GPTConfig, dict]:
-    """An entry's model (CFG, with the MODEL_KEYS it names) and its run plan."""
-    plan = dict(entry)
-    model = {k: plan.pop(k) for k in MODEL_KEYS if k in plan}
-    return replace(CFG, **model), dict(plan, **RUN)
+def _model_and_plan(entry: dict, world: int = 2) -> tuple[GPTConfig, Plan, RunOptions]:
+    """An entry's model (CFG, with the MODEL_KEYS it names), its Plan on ``world`` ranks (dp what they
+    leave where the entry names none) and the run's options (its global batch, RUN)."""
+    fields = dict(entry)
+    model = {k: fields.pop(k) for k in MODEL_KEYS if k in fields}
+    options = RunOptions(global_batch=fields.pop("global_batch"), **RUN)
+    return replace(CFG, **model), Plan(**fields).with_dp_for(world), options
 
 
 def _batch(tmp_path_factory, plans, world):
     out = tmp_path_factory.mktemp(f"world{world}")
-    specs = []
-    for n, entry in plans.items():
-        cfg, plan = _model_and_plan(entry)
-        specs.append({"name": n, "model": cfg.__dict__, "plan": plan, "dump_grads": True})
+    specs = [run_spec(*_model_and_plan(entry, world), dump_grads=True, name=n) for n, entry in plans.items()]
     results = launch_worker_batch(specs, str(out), LaunchOptions(nproc_per_node=world))
     return out, results
 
@@ -134,13 +134,12 @@ def world4(tmp_path_factory):
     return _batch(tmp_path_factory, WORLD4, 4)
 
 
-def _check(out, results, name, entry):
-    cfg, plan = _model_and_plan(entry)
-    plan = RunPlan.from_dict(plan)
-    ref = reference_run(cfg, plan)
+def _check(out, results, name, entry, world):
+    cfg, plan, options = _model_and_plan(entry, world)
+    ref = reference_run(cfg, plan, options)
     # routed experts: the later steps as validate holds them, to the reference's own spread (a token
     # whose best scores lie within rounding may take the other expert after the first update)
-    spread = reference_spread(cfg, plan, ref) if cfg.experts else None
+    spread = reference_spread(cfg, plan, options, ref) if cfg.experts else None
     c = compare_to_reference(results[name], ref, load_parallel_grads(str(out / name)), spread)
     assert not c["missing_grads"], c["missing_grads"]
     assert c["first_loss_rel_err"] <= LOSS_RTOL, c
@@ -148,19 +147,19 @@ def _check(out, results, name, entry):
         assert c["loss_rel_err"] <= LOSS_RTOL, c
     assert c["grad_rel_err"] <= GRAD_RTOL, (c["worst_grad"], c["grad_rel_err"])
     assert c["matches"]
-    assert len(results[name]) == plan.world_size
+    assert len(results[name]) == world_size(plan) == world
 
 
 @pytest.mark.parametrize("name", list(WORLD2))
 def test_world2_matches_single_process(world2, name):
     out, results = world2
-    _check(out, results, name, WORLD2[name])
+    _check(out, results, name, WORLD2[name], 2)
 
 
 @pytest.mark.parametrize("name", list(WORLD4))
 def test_world4_matches_single_process(world4, name):
     out, results = world4
-    _check(out, results, name, WORLD4[name])
+    _check(out, results, name, WORLD4[name], 4)
 
 
 #: layouts whose every rank's kept activations are held to the estimator's, stage by stage
@@ -186,9 +185,8 @@ def test_kept_activations_match_the_estimate_stage_by_stage(world2, world4, worl
     from paraplan.validation.predict import estimator_model, estimator_plan, kept_activation_bytes_by_stage
     from paraplan.workloads.transformer import TrainingJob
     entry = (WORLD2 if world == 2 else WORLD4)[name]
-    cfg, plan = _model_and_plan(entry)
-    run = RunPlan.from_dict(plan)
-    predicted = kept_activation_bytes_by_stage(estimator_model(cfg), TrainingJob(cfg.seq_len, run.global_batch),
+    cfg, run, options = _model_and_plan(entry, world)
+    predicted = kept_activation_bytes_by_stage(estimator_model(cfg), TrainingJob(cfg.seq_len, options.global_batch),
                                                estimator_plan(cfg, run, True))
     _, results = world2 if world == 2 else world4
     by_stage = {}
@@ -232,18 +230,16 @@ def test_expert_tensor_parallelism_splits_every_expert(world2):
     from paraplan.validation.predict import estimator_model, estimator_plan
     from paraplan.costmodels.moe import moe_tp_collective_copies
     _, results = world2
-    cfg, _ = _model_and_plan(WORLD2["moe_tp2_sp_etp2"])
+    cfg, etp2_plan, _ = _model_and_plan(WORLD2["moe_tp2_sp_etp2"])
 
     def per_rank(expert_tp):
         return sum(math.prod(s) // (2 if d is not None else 1) * 4 for _, s, d, _ in param_specs(cfg, expert_tp))
     etp2 = results["moe_tp2_sp_etp2"]
     assert [r["memory_bytes"]["parameters"] for r in etp2] == [per_rank(True)] * 2
     assert per_rank(True) < 0.6 * per_rank(False)
-    llama_cfg, plan = _model_and_plan(WORLD2["llama_moe_tp2_sp_etp1"])
-    run = RunPlan.from_dict(plan)
+    llama_cfg, run, _ = _model_and_plan(WORLD2["llama_moe_tp2_sp_etp1"])
     assert moe_tp_collective_copies(estimator_model(llama_cfg), estimator_plan(llama_cfg, run)) == 0.0
-    assert moe_tp_collective_copies(estimator_model(cfg), estimator_plan(cfg, RunPlan.from_dict(
-        _model_and_plan(WORLD2["moe_tp2_sp_etp2"])[1]))) == 2.0    # top-2 copies x etp 2 / tp 2
+    assert moe_tp_collective_copies(estimator_model(cfg), estimator_plan(cfg, etp2_plan)) == 2.0  # top-2 x etp 2 / tp 2
     assert all(r["expert_load"] == {"rank": 1.0, "busiest": 1.0} for r in etp2)
 
 
@@ -255,10 +251,10 @@ def test_tp_shards_parameters(world2):
 
 
 def test_worker_failure_is_reported_with_its_stderr(tmp_path):
-    spec = {"model": dict(CFG.__dict__, layers=3), "plan": dict(pp=2, **RUN)}
+    spec = run_spec(replace(CFG, layers=3), Plan(pp=2, dp=1), RunOptions(**RUN))
     with pytest.raises(WorkerFailed) as e:
         launch_worker(spec, str(tmp_path), LaunchOptions(nproc_per_node=2))
-    assert "layers(3) is not divisible by pp(2)" in str(e.value)
+    assert "layers(3) % (pp(2) * vpp(1)) = 1" in str(e.value)
 
 
 def test_cp_splits_activations_and_exchanges_kv(world2, world4):
@@ -296,7 +292,7 @@ def test_expert_parallelism_splits_the_experts(world2):
     is above it; with ep 1 one rank runs every expert, at its balanced share exactly."""
     from paraplan.validation.model import is_expert_param, param_specs
     _, results = world2
-    cfg, _ = _model_and_plan(WORLD2["moe_dp2_ep2"])
+    cfg, _, _ = _model_and_plan(WORLD2["moe_dp2_ep2"])
     sizes = {n: math.prod(shape) * 4 for n, shape, _, _ in param_specs(cfg)}
     dense = sum(v for n, v in sizes.items() if not is_expert_param(n))
     experts = sum(v for n, v in sizes.items() if is_expert_param(n))

@@ -34,6 +34,9 @@ def test_validate_writes_complete_report(validated):
         assert k in report, k
     assert report["world_size"] == 2 and report["backend"] == "gloo"
     assert report["loss_matches_reference"] is True
+    # the plan in the Plan's own fields, as the harness ran it (--sequence-parallel is --sp), the run apart
+    assert (report["plan"]["sp"], report["plan"]["tp"], report["plan"]["dtype"]) == (True, 2, "fp32")
+    assert report["run"]["global_batch"] == 4 and report["run"]["steps"] == 2
     for side in ("measured", "predicted"):
         for k in ("step_time_s", "memory_bytes_per_rank", "time_breakdown_s"):
             assert k in report[side]
@@ -140,17 +143,17 @@ def test_a_collective_launch_that_dies_is_run_once_more_then_reported(monkeypatc
 def test_harness_other_time_counts_one_pass_per_copy_of_the_gradients():
     """Flattening reads and writes the gradients once; the 1/dp scaling once more with dp > 1;
     FSDP2 (ZeRO-3) does neither in the harness."""
+    from paraplan.plan import Plan
     from paraplan.validation.predict import harness_other_time
-    from paraplan.validation.worker import RunPlan
     g, bw = 16e6, 32e9
-    assert harness_other_time(RunPlan(tp=2), g, bw) == pytest.approx(2 * g / bw)
-    assert harness_other_time(RunPlan(dp=2, zero=1), g, bw) == pytest.approx(4 * g / bw)
-    assert harness_other_time(RunPlan(dp=2, zero=3), g, bw) == 0.0
+    assert harness_other_time(Plan(tp=2, dp=1), g, bw) == pytest.approx(2 * g / bw)
+    assert harness_other_time(Plan(dp=2, zero=1), g, bw) == pytest.approx(4 * g / bw)
+    assert harness_other_time(Plan(dp=2, zero=3), g, bw) == 0.0
     # the sequence-parallel sync concatenates whole experts' gradients and copies them back: two passes
     s = 8e6
-    assert harness_other_time(RunPlan(tp=2, sequence_parallel=True), g, bw, s) == pytest.approx(2 * g / bw + 4 * s / bw)
-    assert harness_other_time(RunPlan(tp=2), g, bw, s) == pytest.approx(2 * g / bw)   # no sp, no such sync
-    assert harness_other_time(RunPlan(tp=2, dp=2, zero=3, sequence_parallel=True), g, bw, s) == pytest.approx(4 * s / bw)
+    assert harness_other_time(Plan(tp=2, dp=1, sp=True), g, bw, s) == pytest.approx(2 * g / bw + 4 * s / bw)
+    assert harness_other_time(Plan(tp=2, dp=1), g, bw, s) == pytest.approx(2 * g / bw)   # no sp, no such sync
+    assert harness_other_time(Plan(tp=2, dp=2, zero=3, sp=True), g, bw, s) == pytest.approx(4 * s / bw)
 
 
 def test_an_fp32_estimate_states_fp32_assumptions():
@@ -202,13 +205,14 @@ def test_later_steps_may_differ_by_the_references_own_spread_but_not_at_the_seco
 def test_the_nudged_reference_starts_one_ulp_away_and_drifts_by_rounding_only():
     """reference_spread reruns the reference from parameters each one unit in the last place away: the
     first step's loss within 1e-6 of the reference's, and the spread stays far below a wrong update's."""
+    from paraplan.plan import Plan
+    from paraplan.validation.config import RunOptions
     from paraplan.validation.model import GPTConfig
     from paraplan.validation.reference import reference_run, reference_spread
-    from paraplan.validation.worker import RunPlan
     cfg = GPTConfig(vocab_size=256, seq_len=32, hidden=64, heads=4, layers=2, seed=3)
-    plan = RunPlan(micro_batch=1, global_batch=2, steps=4, warmup=1, profile_ops=False)
-    ref = reference_run(cfg, plan)
-    spread = reference_spread(cfg, plan, ref)
+    plan, options = Plan(dp=1, micro_batch=1), RunOptions(global_batch=2, steps=4, warmup=1, profile_ops=False)
+    ref = reference_run(cfg, plan, options)
+    spread = reference_spread(cfg, plan, options, ref)
     assert len(spread) == len(ref["losses"]) == 5
     assert spread[0] < 1e-6 and max(spread) < 1e-4
 
@@ -217,15 +221,15 @@ def test_the_spread_includes_the_reference_split_into_other_micro_batches():
     """reference_spread also reruns the reference with the global batch in other micro-batches (the
     gradient sums in another order, as a parallel layout has them): its spread is at least that run's
     difference at every step, and a single-sample batch has no other split."""
+    from paraplan.plan import Plan
+    from paraplan.validation.config import RunOptions
     from paraplan.validation.model import GPTConfig
     from paraplan.validation.reference import reference_run, reference_spread, resplit_micro_batch
-    from paraplan.validation.worker import RunPlan
     cfg = GPTConfig(vocab_size=256, seq_len=32, hidden=64, heads=4, layers=2, seed=3, experts=4, top_k=1)
-    plan = RunPlan(micro_batch=1, global_batch=4, steps=2, warmup=1, profile_ops=False)
-    assert (resplit_micro_batch(plan), resplit_micro_batch(RunPlan(micro_batch=4, global_batch=4))) == (4, 1)
-    assert resplit_micro_batch(RunPlan(micro_batch=1, global_batch=1)) is None
-    ref = reference_run(cfg, plan)
-    other = reference_run(cfg, RunPlan(micro_batch=4, global_batch=4, steps=2, warmup=1, profile_ops=False),
-                          dump_grads=False)["losses"]
-    spread = reference_spread(cfg, plan, ref)
+    plan, options = Plan(dp=1, micro_batch=1), RunOptions(global_batch=4, steps=2, warmup=1, profile_ops=False)
+    assert (resplit_micro_batch(plan, options), resplit_micro_batch(Plan(dp=1, micro_batch=4), options)) == (4, 1)
+    assert resplit_micro_batch(plan, RunOptions(global_batch=1)) is None
+    ref = reference_run(cfg, plan, options)
+    other = reference_run(cfg, Plan(dp=1, micro_batch=4), options, dump_grads=False)["losses"]
+    spread = reference_spread(cfg, plan, options, ref)
     assert all(s >= abs(o - r) / abs(r) for s, o, r in zip(spread, other, ref["losses"]))

@@ -2,9 +2,13 @@
 
 Entry points
 ------------
-* :func:`paraplan.validation.launch.launch_worker` / ``launch_worker_batch`` -- run plans
-  (:class:`paraplan.validation.worker.RunPlan`) on a GPT-style model
-  (:class:`paraplan.validation.model.GPTConfig`) under torchrun, return per-rank results.
+* :func:`paraplan.validation.sizing.size_run` -- the run ``validate`` launches: a
+  :class:`paraplan.plan.Plan` as the harness runs it (:mod:`paraplan.validation.support`: what it
+  runs, runs as something else or refuses, and its own limits), the harness's GPT
+  (:class:`paraplan.validation.config.GPTConfig`) sized for the machine and the plan file's model,
+  and the run's :class:`~paraplan.validation.config.RunOptions`; no torch.
+* :func:`paraplan.validation.launch.launch_worker` / ``launch_worker_batch`` -- run them
+  (:func:`paraplan.validation.config.run_spec`) under torchrun, return per-rank results.
 * :func:`paraplan.validation.reference.compare_to_reference` -- loss/gradient agreement with
   the single-process run (:func:`~paraplan.validation.reference.reference_run`).
 * :func:`paraplan.validation.compare.build_report` -- report.json, table and figure, with the

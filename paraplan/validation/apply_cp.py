@@ -32,18 +32,7 @@ import math
 import torch
 import torch.distributed as dist
 
-from paraplan.errors import ConfigError
 from paraplan.validation import comm
-
-
-def check_cp(seq_len: int, cp: int, tp: int = 1, sequence_parallel: bool = False) -> None:
-    """Raise ConfigError unless the sequence splits into ``2·cp`` chunks (and each rank's ``s/cp``
-    tokens over tp under sequence parallelism)."""
-    if cp > 1 and seq_len % (2 * cp):
-        raise ConfigError("cp", f"seq_len({seq_len}) is not divisible by 2 * cp({cp}) (ring attention "
-                          f"balances 2*cp causal chunks)", accepted=f"cp with seq_len % (2*cp) == 0")
-    if cp > 1 and sequence_parallel and (seq_len // cp) % tp:
-        raise ConfigError("sequence_parallel", f"seq_len({seq_len}) / cp({cp}) is not divisible by tp({tp})")
 
 
 def cp_positions(seq_len: int, cp: int, rank: int) -> torch.Tensor:

@@ -30,42 +30,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from paraplan.errors import ConfigError
 from paraplan.validation import comm
-
-
-def check_ep(experts: int, ep: int, tp: int = 1, zero: int = 0, sequence_parallel: bool = False,
-             etp: int = 1, expert_width: int = 0) -> None:
-    """Raise ConfigError unless the layout can run the model's experts: ep needs experts and must
-    divide them; with tp > 1 the experts need sequence parallelism (Megatron-LM's rule for MoE under
-    tensor parallelism: each rank routes its own sequence shard) and run whole on every tp rank (etp 1,
-    any ep) or split over the tp group (etp = tp, ep 1: the harness's experts do not fold ep over
-    the tp ranks), an expert's ``expert_width`` then divisible by etp; ZeRO-3 (FSDP2 over the whole
-    data-parallel group) cannot shard experts that differ across it. (top_k within the experts is
-    GPTConfig's check, ep dividing dp RunPlan's.)"""
-    if ep > 1 and experts == 0:
-        raise ConfigError("ep", f"ep({ep}) needs a mixture-of-experts model", accepted="--experts E with E % ep == 0")
-    if experts and experts % ep:
-        raise ConfigError("ep", f"experts({experts}) is not divisible by ep({ep})",
-                          accepted=", ".join(str(d) for d in range(1, experts + 1) if experts % d == 0))
-    if etp > 1 and not experts:
-        raise ConfigError("etp", f"etp({etp}) needs a mixture-of-experts model", accepted="1 without experts")
-    if etp not in (1, tp):
-        raise ConfigError("etp", f"the harness splits an expert over the whole tp group or not at all, got "
-                          f"etp {etp} with tp {tp}", accepted=f"1, {tp}" if tp > 1 else "1")
-    if experts and expert_width % etp:
-        raise ConfigError("expert_ffn", f"an expert's width {expert_width} is not divisible by etp({etp})",
-                          accepted=f"a multiple of {etp}")
-    if experts and tp > 1 and not sequence_parallel:
-        raise ConfigError("sequence_parallel", f"mixture-of-experts layers with tp {tp} run under sequence "
-                          "parallelism (Megatron-LM requires it)", accepted="sequence parallelism on with tp > 1 "
-                          "and experts")
-    if etp > 1 and ep > 1:
-        raise ConfigError("etp", f"etp {etp} with ep {ep}: the harness runs expert tensor parallelism with ep 1 only",
-                          accepted="etp 1 with ep > 1, or ep 1 with etp = tp")
-    if ep > 1 and zero == 3:
-        raise ConfigError("zero", "ZeRO-3 with ep > 1 is not run by the harness (FSDP2 would shard experts "
-                          "that differ across the data-parallel group)", accepted="zero 0-2 with ep > 1")
 
 
 class EpContext:

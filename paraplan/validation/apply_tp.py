@@ -2,9 +2,9 @@
 
 The layers in :mod:`paraplan.validation.model` hold tp shards directly (fused qkv/fc1 split by
 output rows, o/fc2 by input columns, heads split across tp) and call the conjugate collectives
-of :mod:`paraplan.validation.comm`. This module builds the per-rank context, checks that the
-model divides, and all-reduces the gradients of replicated parameters that only saw a
-sequence shard under sequence parallelism (LayerNorms and row-parallel biases).
+of :mod:`paraplan.validation.comm`. This module builds the per-rank context and all-reduces the gradients of replicated parameters that only saw a
+sequence shard under sequence parallelism (LayerNorms and row-parallel biases). What divides over
+tp is checked before a run starts (:func:`paraplan.validation.support.check_runs`).
 """
 from __future__ import annotations
 
@@ -12,35 +12,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from paraplan.errors import ConfigError
 from paraplan.validation import comm
-from paraplan.validation.model import RECOMPUTE_CHOICES, GPTConfig, ParallelContext
-
-
-def check_tp(cfg: GPTConfig, tp: int, sequence_parallel: bool) -> None:
-    """Raise ConfigError unless heads, ffn, the vocabulary (and sequence, with SP) divide by ``tp``."""
-    if cfg.vocab_size % tp:
-        raise ConfigError("tp", f"vocab_size({cfg.vocab_size}) is not divisible by tp({tp}) "
-                          f"(the vocabulary is split over tp)")
-    if cfg.heads % tp:
-        raise ConfigError("tp", f"heads({cfg.heads}) is not divisible by tp({tp})")
-    if cfg.n_kv % tp:
-        raise ConfigError("tp", f"kv_heads({cfg.n_kv}) is not divisible by tp({tp}) (whole key/value heads per rank)")
-    if cfg.ffn % tp:
-        raise ConfigError("tp", f"ffn({cfg.ffn}) is not divisible by tp({tp})")
-    if sequence_parallel and cfg.seq_len % tp:
-        raise ConfigError("sequence_parallel", f"seq_len({cfg.seq_len}) is not divisible "
-                          f"by tp({tp})")
+from paraplan.validation.model import GPTConfig, ParallelContext
 
 
 def make_tp_context(cfg: GPTConfig, tp_group, *, sequence_parallel: bool = False,
                     recompute: str = "none") -> ParallelContext:
     """The ParallelContext for this rank of ``tp_group`` (None for a single process)."""
-    if recompute not in RECOMPUTE_CHOICES:
-        raise ConfigError("recompute", f"unknown value {recompute!r}",
-                          accepted=", ".join(RECOMPUTE_CHOICES))
     tp = 1 if tp_group is None else dist.get_world_size(tp_group)
-    check_tp(cfg, tp, sequence_parallel)
     rank = 0 if tp_group is None else dist.get_rank(tp_group)
     return ParallelContext(tp_group=tp_group if tp > 1 else None, tp_size=tp, tp_rank=rank,
                            sequence_parallel=sequence_parallel and tp > 1, recompute=recompute)

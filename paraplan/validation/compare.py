@@ -152,7 +152,7 @@ def build_report(plan: dict, results: list[dict], out_dir: str, *,
     Parameters
     ----------
     plan : dict
-        The plan that ran (RunPlan fields).
+        The plan that ran (``Plan.to_dict()`` of the plan as the harness ran it).
     results : list of dict
         Per-rank worker results (:func:`paraplan.validation.launch.launch_worker`).
     predicted : dict or None

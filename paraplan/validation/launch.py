@@ -10,6 +10,7 @@ import tempfile
 from dataclasses import dataclass
 
 from paraplan.errors import ConfigError, ParaplanError
+from paraplan.validation.config import read_run_spec, world_size
 from paraplan.validation.procs import die_with_parent, kill_pids, kill_tree, process_state
 
 WORKER_MODULE = "paraplan.validation.worker"
@@ -266,7 +267,8 @@ def launch_worker(spec: dict, out_dir: str, opts: LaunchOptions, on_poll=None,
     Parameters
     ----------
     spec : dict
-        ``{"model": {...GPTConfig fields}, "plan": {...RunPlan fields}, "dump_grads": bool}``.
+        ``{"model": {...GPTConfig fields}, "plan": {...Plan fields}, "run": {...RunOptions fields},
+        "dump_grads": bool}``: :func:`paraplan.validation.config.run_spec`.
     out_dir : str
         Where ``rank<N>.json`` (and ``grads_rank<N>.pt``, ``torchrun.log``) are written; rank
         files of an earlier run there are removed first.
@@ -276,11 +278,10 @@ def launch_worker(spec: dict, out_dir: str, opts: LaunchOptions, on_poll=None,
     log_path : str or None
         torchrun's output (default ``out_dir/torchrun.log``).
     """
-    from paraplan.validation.worker import RunPlan
-    plan = RunPlan.from_dict(dict(spec.get("plan", {})))
-    if plan.world_size != opts.world_size:
+    _, plan, _ = read_run_spec(spec)
+    if world_size(plan) != opts.world_size:
         raise ConfigError("nproc_per_node", f"tp({plan.tp}) * cp({plan.cp}) * pp({plan.pp}) * dp({plan.dp}) = "
-                          f"{plan.world_size} != nproc_per_node({opts.nproc_per_node}) * "
+                          f"{world_size(plan)} != nproc_per_node({opts.nproc_per_node}) * "
                           f"nnodes({opts.nnodes}) = {opts.world_size}")
     os.makedirs(out_dir, exist_ok=True)
     clear_results(out_dir)
@@ -301,14 +302,13 @@ def launch_worker_batch(specs: list[dict], out_dir: str, opts: LaunchOptions) ->
     ``specs`` are single-run specs each with a unique ``name``; returns name -> rank results,
     each run's files under ``out_dir/<name>``.
     """
-    from paraplan.validation.worker import RunPlan
     names = [s.get("name") for s in specs]
     if None in names or len(set(names)) != len(names):
         raise ConfigError("specs", "every spec needs a unique 'name'")
     for s in specs:
-        plan = RunPlan.from_dict(dict(s.get("plan", {})))
-        if plan.world_size != opts.world_size:
-            raise ConfigError(f"specs[{s['name']}].plan", f"world size {plan.world_size} != "
+        _, plan, _ = read_run_spec({k: v for k, v in s.items() if k != "name"})
+        if world_size(plan) != opts.world_size:
+            raise ConfigError(f"specs[{s['name']}].plan", f"world size {world_size(plan)} != "
                               f"{opts.world_size} processes")
     os.makedirs(out_dir, exist_ok=True)
     for n in names:

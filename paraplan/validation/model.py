@@ -36,92 +36,11 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from paraplan.errors import ConfigError
 from paraplan.validation import comm
 from paraplan.validation.apply_cp import ring_attention
 from paraplan.validation.apply_ep import EpContext, mlp_activation, moe_mlp
+from paraplan.validation.config import GPTConfig  # noqa: F401  (the harness model, torch-free; re-exported)
 from paraplan.validation.memory import SavedActivationCounter
-
-RECOMPUTE_CHOICES = ("none", "selective", "full", "op-sac")
-ACTIVATION_CHOICES = ("gelu", "swiglu")
-NORM_CHOICES = ("layernorm", "rmsnorm")
-
-
-@dataclass(frozen=True)
-class GPTConfig:
-    """Size of the validation model (tiny by default so CPU runs take seconds)."""
-
-    vocab_size: int = 256
-    seq_len: int = 32
-    hidden: int = 64
-    heads: int = 4
-    layers: int = 4
-    mlp_ratio: int = 4
-    seed: int = 0
-    attention: str = "math"  # "math": softmax(QK^T)V materialised (as in Korthikanti et al.
-    #                          2022's activation count); "sdpa": fused scaled_dot_product_attention
-    #: routed experts of every layer's MLP (0: a dense MLP), :mod:`paraplan.validation.apply_ep`
-    experts: int = 0
-    top_k: int = 2
-    #: an expert's inner width (0: the dense MLP's, mlp_ratio · hidden)
-    expert_ffn: int = 0
-    #: the Llama family's choices: SwiGLU MLPs (gate and up projections, mlp_ratio · hidden wide),
-    #: RMSNorm, linear layers without biases, grouped-query attention (kv_heads; 0: one per head)
-    #: and rotary positions instead of the learned ones
-    activation: str = "gelu"
-    norm: str = "layernorm"
-    bias: bool = True
-    kv_heads: int = 0
-    rotary: bool = False
-    #: Qwen3's QK-norm: an RMSNorm over each query and key head (head_dim weights shared by the heads)
-    #: after the projection, before the rotary positions
-    qk_norm: bool = False
-
-    def __post_init__(self):
-        for name in ("vocab_size", "seq_len", "hidden", "heads", "layers", "mlp_ratio"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"model.{name}", f"must be >= 1, got {getattr(self, name)}")
-        if self.attention not in ("math", "sdpa"):
-            raise ConfigError("model.attention", f"unknown value {self.attention!r}",
-                              accepted="math, sdpa")
-        for name in ("experts", "expert_ffn"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"model.{name}", f"must be >= 0, got {getattr(self, name)}")
-        if self.experts and not 1 <= self.top_k <= self.experts:
-            raise ConfigError("model.top_k", f"top_k({self.top_k}) must be between 1 and experts({self.experts})",
-                              accepted=f"1..{self.experts}")
-        if self.hidden % self.heads:
-            raise ConfigError("model.hidden", f"hidden({self.hidden}) is not divisible by "
-                              f"heads({self.heads})")
-        if self.activation not in ACTIVATION_CHOICES:
-            raise ConfigError("model.activation", f"unknown value {self.activation!r}",
-                              accepted=", ".join(ACTIVATION_CHOICES))
-        if self.norm not in NORM_CHOICES:
-            raise ConfigError("model.norm", f"unknown value {self.norm!r}", accepted=", ".join(NORM_CHOICES))
-        if self.kv_heads < 0 or self.heads % self.n_kv:
-            raise ConfigError("model.kv_heads", f"heads({self.heads}) is not a multiple of kv_heads({self.kv_heads})",
-                              accepted=", ".join(str(d) for d in range(1, self.heads + 1) if self.heads % d == 0))
-        if self.rotary and (self.hidden // self.heads) % 2:
-            raise ConfigError("model.rotary", f"rotary positions need an even head size, got {self.hidden // self.heads}")
-
-    @property
-    def ffn(self) -> int:
-        return self.mlp_ratio * self.hidden
-
-    @property
-    def expert_width(self) -> int:
-        return self.expert_ffn or self.ffn
-
-    @property
-    def n_kv(self) -> int:
-        """Key/value heads (grouped-query attention; the heads themselves without it)."""
-        return self.kv_heads or self.heads
-
-    @property
-    def gated(self) -> int:
-        """Matrices the MLP's first projection stacks: 2 for SwiGLU (gate, up), else 1."""
-        return 2 if self.activation == "swiglu" else 1
-
 
 @dataclass
 class ParallelContext:
@@ -260,25 +179,6 @@ SAC_MATMULS = (_aten.mm.default, _aten.addmm.default)
 SAC_ATTENTION = tuple(getattr(_aten, name).default for name in (
     "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention",
     "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention") if hasattr(_aten, name))
-
-
-def check_recompute(recompute: str, attention: str, experts: int, cp: int) -> None:
-    """Raise ConfigError unless the harness runs the recomputation on this model and layout: op-level
-    SAC keeps the fused attention kernel's output (the math attention has no such op), runs on dense
-    MLPs (the router's and experts' matmuls would shift its every-other count) and without context
-    parallelism (the ring runs its steps inside one autograd function, whose exchange a recomputation
-    would repeat)."""
-    if recompute != "op-sac":
-        return
-    if attention != "sdpa":
-        raise ConfigError("recompute", "op-sac keeps the fused attention kernel's output; the math attention has "
-                          "none", accepted="attention sdpa with recompute op-sac")
-    if experts:
-        raise ConfigError("recompute", "the harness runs op-sac on dense MLPs only",
-                          accepted="recompute none, selective or full with experts")
-    if cp > 1:
-        raise ConfigError("recompute", "the harness runs op-sac without context parallelism",
-                          accepted="cp 1 with recompute op-sac, or recompute none, selective or full")
 
 
 def _sac_output_bytes(op, args) -> int:

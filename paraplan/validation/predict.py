@@ -14,16 +14,19 @@ Mapping (what the harness runs -> what the estimator is told):
   a ``MoESpec`` (every layer, dropless, permute dispatch, ``expert_ffn_hidden`` the expert width),
   priced at ``moe_imbalance`` (validate --moe-imbalance, default 1 as estimate's; the run reports
   the busiest ep rank's load it measured, validation.apply_ep.expert_load).
-* :class:`~paraplan.validation.worker.RunPlan` -> ``Plan``: tp, pp, dp, ep, cp (``cp_mode = ring``:
-  the harness runs ring attention, :mod:`paraplan.validation.apply_cp`), zero, micro_batch,
-  recompute, sp, vpp (``interleaved`` when > 1, else ``1f1b``), offload (``cpu``: optimizer states in host
-  memory; on a profiled CPU the estimator prices it as the same AdamW plus two copies, kernels.device_is_host); ``dtype = fp32`` (the harness
-  trains in fp32); ``flash_attention`` only for ``--attention sdpa``; ``fused_elementwise`` off when the
-  model runs SwiGLU, RMSNorm or rotary positions (eager ops, :func:`harness_runs_eager_elementwise`); ``overlap_grad_reduce``
-  off below ZeRO-3 (the harness reduces gradients after the backward, not under it) and on for
-  ZeRO-3 (FSDP2 prefetches) except on a CPU device, where gloo's collectives run on the same
-  cores as the ranks' compute and hide nothing; ``grad_accumulation_fusion = False`` (autograd
-  adds each micro-batch's gradients into ``.grad`` with separate kernels).
+* The harness's ``Plan`` -> the estimator's: the plan as the harness runs it
+  (:func:`paraplan.validation.support.as_run`, the table of what it runs and runs as): tp, pp, dp, ep,
+  etp, cp (``cp_mode = ring``: the harness runs ring attention, :mod:`paraplan.validation.apply_cp`),
+  zero, micro_batch, recompute, sp, vpp (``interleaved`` when > 1, else ``1f1b``), offload (``cpu``:
+  optimizer states in host memory; on a profiled CPU the estimator prices it as the same AdamW plus two
+  copies, kernels.device_is_host); ``dtype = fp32`` (the harness trains in fp32); ``flash_attention``
+  only for ``--attention sdpa``; ``fused_elementwise`` off when the model runs SwiGLU, RMSNorm or rotary
+  positions (eager ops, :func:`paraplan.validation.support.runs_eager_elementwise`);
+  ``grad_accumulation_fusion = False`` (autograd adds each micro-batch's gradients into ``.grad`` with
+  separate kernels); every other field at its default (the generic engine). ``overlap_grad_reduce`` off
+  below ZeRO-3 (the harness reduces gradients after the backward, not under it) and on for ZeRO-3
+  (FSDP2 prefetches) except on a CPU device, where gloo's collectives run on the same cores as the
+  ranks' compute and hide nothing.
 * Terms, estimator -> harness names: compute + recompute + grad_accumulation -> ``compute`` (the
   harness times recomputation and the accumulation inside compute), tp_comm, cp_comm (with cp > 1),
   ep_comm (with ep > 1: the token all-to-alls and their counts), pp_comm + pp_bubble ->
@@ -53,6 +56,7 @@ approximation: fp32 activation bytes are the 16-bit formulas doubled.
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 
 from paraplan.costmodels.estimate import estimate
 from paraplan.costmodels.kernels import device_is_host
@@ -60,6 +64,8 @@ from paraplan.errors import ConfigError
 from paraplan.plan import Plan
 from paraplan.profiles.store import ProfileStore, machine_fingerprint
 from paraplan.scenario import load_cluster
+from paraplan.validation.config import RunOptions, world_size
+from paraplan.validation.support import as_run
 from paraplan.workloads.transformer import MoESpec, TrainingJob, TransformerModel
 
 TERM_MAP = {"compute": ("compute", "recompute", "grad_accumulation", "moe_host"), "tp_comm": ("tp_comm",),
@@ -94,26 +100,11 @@ def estimator_model(cfg):
                             rotary=rotary, dropout=False, moe=moe, qk_norm=getattr(cfg, "qk_norm", False))
 
 
-def estimator_plan(cfg, run, cpu: bool = False):
-    return Plan(tp=run.tp, pp=run.pp, dp=run.dp, cp=run.cp, cp_mode="ring", ep=getattr(run, "ep", 1),
-                etp=getattr(run, "etp", 1),
-                sp=run.sequence_parallel,
-                vpp=run.virtual_stages,
-                micro_batch=run.micro_batch,
-                schedule="interleaved" if run.virtual_stages > 1 else "1f1b",
-                zero=run.zero, recompute=run.recompute, dtype="fp32", offload="cpu" if run.offload else "none",
-                flash_attention=cfg.attention == "sdpa", overlap_grad_reduce=run.zero == 3 and not cpu,
-                grad_accumulation_fusion=False, fused_elementwise=not harness_runs_eager_elementwise(cfg))
-
-
-def harness_runs_eager_elementwise(cfg) -> bool:
-    """Whether the harness's model runs the norms, activation or rotary positions as eager PyTorch ops
-    (the estimator's ``fused_elementwise = False``): SwiGLU as silu and mul, RMSNorm (the model's, or
-    its QK-norm) as its composite ops (PyTorch's CPU build has no fused kernel for it), rotary as
-    q·cos + rotate_half(q)·sin. LayerNorm and GELU are one native kernel each, which the default
-    (fused) describes."""
-    return (getattr(cfg, "activation", "gelu") == "swiglu" or getattr(cfg, "norm", "layernorm") == "rmsnorm"
-            or getattr(cfg, "rotary", False) or getattr(cfg, "qk_norm", False))
+def estimator_plan(cfg, plan: Plan, cpu: bool = False) -> Plan:
+    """The estimator's plan for a harness run of ``plan`` on ``cfg``: the plan as the harness runs it
+    (:func:`paraplan.validation.support.as_run`), its ZeRO-3 overlap off on a CPU device (``cpu``)."""
+    run = as_run(plan, cfg)
+    return replace(run, overlap_grad_reduce=run.zero == 3 and not cpu)
 
 
 def ensure_profile(db: str | None, world_size: int, allow_profiling: bool = True) -> None:
@@ -134,7 +125,7 @@ def ensure_profile(db: str | None, world_size: int, allow_profiling: bool = True
     run_profile(replace(ProfileOptions.quick(), world_sizes=worlds), db=db)
 
 
-def harness_other_time(run, gradient_bytes: float, copy_bytes_per_s: float, tp_summed_bytes: float = 0.0) -> float:
+def harness_other_time(plan: Plan, gradient_bytes: float, copy_bytes_per_s: float, tp_summed_bytes: float = 0.0) -> float:
     """Seconds per step of the harness's gradient flattening and scaling (the module docstring):
     ``passes · 2 · G / B``, G the rank's gradient bytes before the sync, B the measured copy
     bandwidth (bytes read + written per second), one pass for the flattening and one more for the
@@ -143,10 +134,10 @@ def harness_other_time(run, gradient_bytes: float, copy_bytes_per_s: float, tp_s
     S (the gradients of whole experts each tp rank ran on its own shard; 0 without sp)."""
     if not copy_bytes_per_s > 0:
         return 0.0
-    sp_sync = 2 * 2.0 * float(tp_summed_bytes) / float(copy_bytes_per_s) if run.sequence_parallel and run.tp > 1 else 0.0
-    if run.zero == 3:
+    sp_sync = 2 * 2.0 * float(tp_summed_bytes) / float(copy_bytes_per_s) if plan.sp and plan.tp > 1 else 0.0
+    if plan.zero == 3:
         return sp_sync
-    passes = 1 + (run.dp > 1)
+    passes = 1 + (plan.dp > 1)
     return passes * 2.0 * float(gradient_bytes) / float(copy_bytes_per_s) + sp_sync
 
 
@@ -190,21 +181,25 @@ def to_predicted(e, other_s: float = 0.0, cp: int = 1, ep: int = 1, kept_activat
             "source": "estimate --cluster local", "notes": list(NOTES)}
 
 
-def predict_run(cfg, run, db: str | None = None, allow_profiling: bool = True, moe_imbalance: float = 1.0):
-    """(predicted dict, Estimate) for a harness model and run plan on this machine's profile;
-    ``moe_imbalance`` is the job's (the busiest expert shard's tokens over the balanced share)."""
-    ensure_profile(db, run.world_size, allow_profiling)
-    cluster = load_cluster("local", run.world_size, db=db)
+def predict_run(cfg, plan: Plan, options: RunOptions, db: str | None = None, allow_profiling: bool = True,
+                moe_imbalance: float = 1.0):
+    """(predicted dict, Estimate) for a harness model and plan (dp filled) with ``options``' global batch on
+    this machine's profile; ``moe_imbalance`` is the job's (the busiest expert shard's tokens over the
+    balanced share)."""
+    world = world_size(plan)
+    ensure_profile(db, world, allow_profiling)
+    cluster = load_cluster("local", world, db=db)
     cpu = device_is_host(cluster)
-    model, job, plan = (estimator_model(cfg), TrainingJob(cfg.seq_len, run.global_batch, moe_imbalance=moe_imbalance),
-                        estimator_plan(cfg, run, cpu))
-    e = estimate(model, job, cluster, plan)
-    kept = kept_activation_bytes(model, job, plan, e.memory_bytes_per_gpu["activations"],
+    global_batch = options.for_plan(plan).global_batch
+    model, job, est_plan = (estimator_model(cfg), TrainingJob(cfg.seq_len, global_batch, moe_imbalance=moe_imbalance),
+                            estimator_plan(cfg, plan, cpu))
+    e = estimate(model, job, cluster, est_plan)
+    kept = kept_activation_bytes(model, job, est_plan, e.memory_bytes_per_gpu["activations"],
                                  e.details["peak_memory_stage"])
     # the rank's full local gradients before the sync (ZeRO-1/2 shard only after it): its parameters
     from paraplan.costmodels.kernels import element_bytes
     from paraplan.costmodels.memory import expert_params_per_gpu
-    whole_experts = float(expert_params_per_gpu(model, plan) * element_bytes(plan)) if getattr(run, "etp", 1) == 1 else 0.0
-    other = harness_other_time(run, e.memory_bytes_per_gpu["parameters"],
+    whole_experts = float(expert_params_per_gpu(model, est_plan) * element_bytes(est_plan)) if plan.etp == 1 else 0.0
+    other = harness_other_time(plan, e.memory_bytes_per_gpu["parameters"],
                                cluster.accelerator.memory_bandwidth_bytes_per_s, whole_experts)
-    return to_predicted(e, other, run.cp, getattr(run, "ep", 1), kept), e
+    return to_predicted(e, other, plan.cp, plan.ep, kept), e

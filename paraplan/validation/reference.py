@@ -38,8 +38,9 @@ import os
 
 import torch
 
-from paraplan.validation.model import GPTConfig
-from paraplan.validation.worker import RunPlan, run_training
+from paraplan.plan import Plan
+from paraplan.validation.config import GPTConfig, RunOptions
+from paraplan.validation.worker import run_training
 
 LOSS_RTOL = 1e-5
 LATER_LOSS_RTOL = 1e-4
@@ -50,26 +51,29 @@ GRAD_FLOOR = 1e-3
 SPREAD_FACTOR = 10.0
 
 
-def reference_run(cfg: GPTConfig, plan: RunPlan, dump_grads: bool = True, nudge_seed: int | None = None,
-                  micro_batch: int | None = None) -> dict:
-    """Single-process run with the plan's batch, micro-batch (or ``micro_batch``), recompute and step
-    count (from parameters nudged one ulp with ``nudge_seed``: ``run_training``)."""
+def reference_run(cfg: GPTConfig, plan: Plan, options: RunOptions, dump_grads: bool = True,
+                  nudge_seed: int | None = None, micro_batch: int | None = None) -> dict:
+    """Single-process run with the plan's global batch (``options``, filled for the plan), micro-batch (or
+    ``micro_batch``), recompute and step count (from parameters nudged one ulp with ``nudge_seed``:
+    ``run_training``)."""
     torch.manual_seed(cfg.seed)
-    ref_plan = RunPlan(micro_batch=micro_batch or plan.micro_batch, global_batch=plan.global_batch,
-                       recompute=plan.recompute, steps=plan.steps, warmup=plan.warmup,
-                       lr=plan.lr, profile_ops=False)
-    return run_training(cfg, ref_plan, None, "cpu", dump_grads, nudge_seed=nudge_seed)
+    options = options.for_plan(plan)
+    ref_plan = Plan(dp=1, micro_batch=micro_batch or plan.micro_batch, recompute=plan.recompute)
+    ref_options = RunOptions(global_batch=options.global_batch, steps=options.steps, warmup=options.warmup,
+                             lr=options.lr, profile_ops=False)
+    return run_training(cfg, ref_plan, ref_options, None, "cpu", dump_grads, nudge_seed=nudge_seed)
 
 
-def resplit_micro_batch(plan: RunPlan) -> int | None:
+def resplit_micro_batch(plan: Plan, options: RunOptions) -> int | None:
     """Another micro-batch size for the same global batch (one micro-batch of all of it, or single samples
     where it is one already), None where the batch is a single sample."""
-    if plan.global_batch <= 1:
+    batch = options.for_plan(plan).global_batch
+    if batch <= 1:
         return None
-    return plan.global_batch if plan.micro_batch != plan.global_batch else 1
+    return batch if plan.micro_batch != batch else 1
 
 
-def reference_spread(cfg: GPTConfig, plan: RunPlan, ref: dict) -> list[float]:
+def reference_spread(cfg: GPTConfig, plan: Plan, options: RunOptions, ref: dict) -> list[float]:
     """How far rounding alone moves this model's trajectory: per step, the larger relative difference
     between the reference's losses (``ref``) and (a) the same run from parameters each nudged by one
     unit in the last place (``run_training(nudge_seed=...)``), (b) the same run with the global batch
@@ -79,10 +83,10 @@ def reference_spread(cfg: GPTConfig, plan: RunPlan, ref: dict) -> list[float]:
     the loss jumps by that token's share; the harness's 4-expert top-1 model under pp 2 lands 3.4e-4
     from the reference at the second step on an AMD EPYC host, exactly where the reference itself
     lands run as one micro-batch of 4, while a one-ulp nudge moves it by 0."""
-    runs = [reference_run(cfg, plan, dump_grads=False, nudge_seed=cfg.seed + 1)["losses"]]
-    other = resplit_micro_batch(plan)
+    runs = [reference_run(cfg, plan, options, dump_grads=False, nudge_seed=cfg.seed + 1)["losses"]]
+    other = resplit_micro_batch(plan, options)
     if other is not None:
-        runs.append(reference_run(cfg, plan, dump_grads=False, micro_batch=other)["losses"])
+        runs.append(reference_run(cfg, plan, options, dump_grads=False, micro_batch=other)["losses"])
     return [max(abs(run[i] - b) / abs(b) for run in runs) for i, b in enumerate(ref["losses"])]
 
 

@@ -1,7 +1,8 @@
 """The per-rank training program that ``torchrun`` starts (``python -m paraplan.validation.worker``).
 
-It reads one JSON spec (``{"model": {...}, "plan": {...}, "dump_grads": bool}``), builds this
-rank's share of the model for the plan, runs warm-up and timed AdamW steps and writes
+It reads one JSON spec (``{"model": {...}, "plan": {...}, "run": {...}, "dump_grads": bool}``:
+:func:`paraplan.validation.config.run_spec`, the plan a :class:`paraplan.plan.Plan` as the harness
+runs it), builds this rank's share of the model for the plan, runs warm-up and timed AdamW steps and writes
 ``rank<N>.json`` into the output directory: loss per step, step times, a time breakdown,
 per-op times from ``torch.profiler`` and memory by category. With ``dump_grads`` the first
 step's gradients (unsharded over tp and dp) are saved to ``grads_rank<N>.pt`` by the ranks with
@@ -31,90 +32,24 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from paraplan.errors import ConfigError
+from paraplan.plan import Plan
 from paraplan.validation import comm
-from paraplan.validation.apply_cp import CpContext, check_cp
+from paraplan.validation.apply_cp import CpContext
+from paraplan.validation.apply_ep import EpContext, expert_load
 from paraplan.validation.apply_pp import PipelineRunner, interleaved_1f1b, stage_layers
 from paraplan.validation.apply_tp import make_tp_context, sync_sequence_parallel_grads
-from paraplan.validation.apply_ep import EpContext, check_ep, expert_load
-from paraplan.validation.apply_zero import (ZERO_STAGES, ExpertSplitOptimizer, FsdpOptimizer, ZeroOptimizer,
-                                            apply_fsdp)
+from paraplan.validation.apply_zero import ExpertSplitOptimizer, FsdpOptimizer, ZeroOptimizer, apply_fsdp
+from paraplan.validation.config import GPTConfig, RunOptions, micro_batches, read_run_spec, world_size
 from paraplan.validation.memory import SavedActivationCounter
-from paraplan.validation.model import (RECOMPUTE_CHOICES, GPTConfig, Stage, check_recompute, is_expert_param,
-                                       param_specs, synthetic_batch)
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    """A parallel layout plus the run length; validated when built."""
-
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    cp: int = 1
-    ep: int = 1   # expert parallelism, carved from dp (validation.apply_ep)
-    etp: int = 1  # expert tensor parallelism: 1 (experts whole on every tp rank) or tp (split over it)
-    zero: int = 0
-    micro_batch: int = 1
-    global_batch: int = 0  # 0: micro_batch * dp * pp (enough micro-batches to fill the pipe)
-    recompute: str = "none"
-    sequence_parallel: bool = False
-    virtual_stages: int = 1
-    offload: bool = False   # optimizer states (and the fp32 master slice) in host memory, ZeRO 1-2
-    steps: int = 3
-    warmup: int = 1
-    lr: float = 1e-3
-    profile_ops: bool = True
-
-    def __post_init__(self):
-        for name in ("tp", "pp", "dp", "cp", "ep", "etp", "micro_batch", "virtual_stages", "steps"):
-            if getattr(self, name) < 1:
-                raise ConfigError(name, f"must be >= 1, got {getattr(self, name)}")
-        if self.warmup < 0:
-            raise ConfigError("warmup", f"must be >= 0, got {self.warmup}")
-        if self.zero not in ZERO_STAGES:
-            raise ConfigError("zero", f"unknown ZeRO stage {self.zero}", accepted="0, 1, 2, 3")
-        if self.recompute not in RECOMPUTE_CHOICES:
-            raise ConfigError("recompute", f"unknown value {self.recompute!r}",
-                              accepted=", ".join(RECOMPUTE_CHOICES))
-        if self.global_batch == 0:
-            object.__setattr__(self, "global_batch", self.micro_batch * self.dp * self.pp)
-        if self.global_batch % (self.micro_batch * self.dp):
-            raise ConfigError("global_batch", f"global_batch({self.global_batch}) is not "
-                              f"divisible by micro_batch({self.micro_batch}) * dp({self.dp})")
-        if self.zero == 3 and self.pp > 1:
-            raise ConfigError("zero", "ZeRO-3 with pp > 1 is not supported by this harness",
-                              accepted="zero 0-2 with pp > 1")
-        if self.virtual_stages > 1 and self.pp == 1:
-            raise ConfigError("virtual_stages", "interleaving needs pp > 1")
-        if self.ep > 1 and self.dp % self.ep:
-            raise ConfigError("ep", f"dp({self.dp}) is not divisible by ep({self.ep}) (expert parallelism is "
-                              f"carved from data parallelism)", accepted="ep dividing dp")
-        if self.offload and self.zero not in (1, 2):
-            raise ConfigError("offload", f"optimizer offload runs with ZeRO 1 or 2 in this harness, not zero {self.zero}",
-                              accepted="zero 1, 2")
-
-    @property
-    def world_size(self) -> int:
-        return self.tp * self.cp * self.pp * self.dp
-
-    @property
-    def micro_batches(self) -> int:
-        return self.global_batch // (self.micro_batch * self.dp)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "RunPlan":
-        known = {f.name for f in fields(cls)}
-        extra = set(d) - known
-        if extra:
-            raise ConfigError("plan", f"unknown keys {sorted(extra)}", accepted=", ".join(sorted(known)))
-        return cls(**d)
+from paraplan.validation.model import Stage, is_expert_param, param_specs, synthetic_batch
+from paraplan.validation.support import check_runs
 
 
 @dataclass
@@ -142,7 +77,7 @@ class Groups:
     edp_group: object = None
 
 
-def _expert_groups(plan: RunPlan, rank: int) -> tuple[object, object]:
+def _expert_groups(plan: Plan, rank: int) -> tuple[object, object]:
     """(ep group, expert-data-parallel group) of ``rank``; every rank creates every group, in the same
     order (torch.distributed.new_group). Rank = ((p·dp + d)·cp + c)·tp + t; an ep group is
     d = b·ep … b·ep + ep − 1 at fixed (p, c, t); an expert-data-parallel group fixes (p, t, d mod ep)
@@ -167,7 +102,7 @@ def _expert_groups(plan: RunPlan, rank: int) -> tuple[object, object]:
     return mine[0], mine[1]
 
 
-def make_groups(plan: RunPlan, device_type: str) -> Groups:
+def make_groups(plan: Plan, device_type: str) -> Groups:
     """Create the groups with a (pp, dp·cp, tp) DeviceMesh (tp the fastest-varying axis, cp next),
     one cp group per run of cp consecutive dp·cp coordinates and, with ep > 1, the expert groups
     (:func:`_expert_groups`)."""
@@ -193,10 +128,10 @@ def make_groups(plan: RunPlan, device_type: str) -> Groups:
                   cp_rank=dpcp_rank % cp, cp_group=cp_group, ep_group=ep_group, edp_group=edp_group)
 
 
-def _micro_split(t: torch.Tensor, plan: RunPlan, dp_rank: int, device, positions=None) -> list[torch.Tensor]:
+def _micro_split(t: torch.Tensor, plan: Plan, dp_rank: int, device, positions=None) -> list[torch.Tensor]:
     """This dp rank's rows of the batch in micro-batches; with ``positions`` (context parallelism)
     only those tokens of each row."""
-    rows = plan.global_batch // plan.dp
+    rows = t.shape[0] // plan.dp
     mine = t[dp_rank * rows:(dp_rank + 1) * rows]
     if positions is not None:
         mine = mine[:, positions]
@@ -232,39 +167,37 @@ def nudge_parameters(model: nn.Module, seed: int) -> None:
             p.copy_(torch.nextafter(p, torch.where(up, float("inf"), float("-inf")).to(p.dtype)))
 
 
-def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
+def run_training(cfg: GPTConfig, plan: Plan, options: RunOptions, groups: Groups | None = None,
                  device: str = "cpu", dump_grads: bool = False, on_step=None, nudge_seed: int | None = None) -> dict:
-    """Train ``plan.warmup + plan.steps`` steps; returns this rank's results dict.
+    """Train ``options.warmup + options.steps`` steps of ``plan`` (dp filled; the harness runs what
+    :func:`paraplan.validation.support.as_run` gives) on ``cfg``; returns this rank's results dict.
 
     ``on_step(done, total)`` is called after each step (and the profiled one), for progress.
     ``nudge_seed`` (single process only): move every initial parameter element by one unit in the
     last place, up or down at random (seeded), a rounding-sized difference like the ones a parallel
     layout's summation order makes (:func:`paraplan.validation.reference.reference_spread`).
 
-    With ``groups=None`` this is the single-process reference (plan must have tp=pp=dp=1
-    semantics; its global batch, micro-batch size and recompute are used).
+    With ``groups=None`` this is the single-process reference: the plan's micro-batch and
+    recomputation on one rank (no tp, pp, dp, cp, ep, ZeRO or offload), ``options``' global batch.
     """
     single = groups is None
+    options = options.for_plan(plan)
     if single:
-        plan = RunPlan(micro_batch=plan.micro_batch, global_batch=plan.global_batch,
-                       recompute=plan.recompute, steps=plan.steps, warmup=plan.warmup,
-                       lr=plan.lr, profile_ops=plan.profile_ops)
+        plan = Plan(dp=1, micro_batch=plan.micro_batch, recompute=plan.recompute)
         groups = Groups(0, 0, 0, 0, None, None, None, [0])
-    check_ep(cfg.experts, plan.ep, plan.tp, plan.zero, plan.sequence_parallel, plan.etp, cfg.expert_width)
-    check_recompute(plan.recompute, cfg.attention, cfg.experts, plan.cp)
-    ctx = make_tp_context(cfg, groups.tp_group, sequence_parallel=plan.sequence_parallel,
-                          recompute=plan.recompute)
+    check_runs(plan, cfg, options)
+    offload = plan.offload == "cpu"
+    ctx = make_tp_context(cfg, groups.tp_group, sequence_parallel=plan.sp, recompute=plan.recompute)
     ctx.ep = EpContext(groups.ep_group)
     ctx.expert_tp = plan.etp > 1
     positions = None
     if plan.cp > 1:
-        check_cp(cfg.seq_len, plan.cp, plan.tp, plan.sequence_parallel)
         ctx.cp = CpContext(groups.cp_group, cfg.seq_len)
         positions = ctx.cp.local_positions
-    layer_sets = stage_layers(cfg.layers, plan.pp, plan.virtual_stages)
-    n_chunks = plan.pp * plan.virtual_stages
+    layer_sets = stage_layers(cfg.layers, plan.pp, plan.vpp)
+    n_chunks = plan.pp * plan.vpp
     chunks = []
-    for j in range(plan.virtual_stages):
+    for j in range(plan.vpp):
         g = j * plan.pp + groups.pp_rank
         chunks.append(Stage(cfg, ctx, layer_sets[g], g == 0, g == n_chunks - 1).to(device))
     model = nn.ModuleList(chunks)
@@ -281,24 +214,24 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
         for n, p in model.named_parameters():
             p.sp_partial = n in sp_partial
         named = [(n.split(".", 1)[1], p) for n, p in model.named_parameters()]
-        opt = FsdpOptimizer(named, lr=plan.lr)
+        opt = FsdpOptimizer(named, lr=options.lr)
         before_backward = chunks[0].set_requires_gradient_sync
     elif plan.ep > 1:   # experts differ across the ep group: their own ZeRO over their replicas
         dense = [(n, p) for n, p in named if not is_expert_param(n)]
         experts = [(n, p) for n, p in named if is_expert_param(n)]
         opt = ExpertSplitOptimizer(
-            ZeroOptimizer(dense, groups.dp_group, plan.zero, lr=plan.lr, offload=plan.offload),
-            ZeroOptimizer(experts, groups.edp_group, plan.zero, lr=plan.lr, offload=plan.offload,
+            ZeroOptimizer(dense, groups.dp_group, plan.zero, lr=options.lr, offload=offload),
+            ZeroOptimizer(experts, groups.edp_group, plan.zero, lr=options.lr, offload=offload,
                           divisor=plan.dp * plan.cp))
         before_backward = None
     else:
-        opt = ZeroOptimizer(named, groups.dp_group, plan.zero, lr=plan.lr, offload=plan.offload)
+        opt = ZeroOptimizer(named, groups.dp_group, plan.zero, lr=options.lr, offload=offload)
         before_backward = None
     seq_local = cfg.seq_len // plan.cp
     seq_local = seq_local // ctx.tp_size if ctx.sequence_parallel else seq_local
     runner = PipelineRunner(chunks, groups.pp_ranks, groups.pp_rank,
                             (plan.micro_batch, seq_local, cfg.hidden), device=device)
-    schedule = interleaved_1f1b(groups.pp_rank, plan.pp, plan.micro_batches, plan.virtual_stages)
+    schedule = interleaved_1f1b(groups.pp_rank, plan.pp, micro_batches(plan, options), plan.vpp)
     is_last = groups.pp_rank == plan.pp - 1
     counter = SavedActivationCounter()
     cuda = device.startswith("cuda")
@@ -307,7 +240,7 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
 
     def one_step(step: int, record: bool):
         nonlocal grads, memory
-        inputs, targets = synthetic_batch(cfg, plan.global_batch, step)
+        inputs, targets = synthetic_batch(cfg, options.global_batch, step)
         mi = _micro_split(inputs, plan, groups.dp_rank, device, positions)
         mt = _micro_split(targets, plan, groups.dp_rank, device, positions)
         comm.TIMERS.clear()
@@ -367,18 +300,18 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
 
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    total = plan.warmup + plan.steps + (1 if plan.profile_ops else 0)
-    for step in range(plan.warmup + plan.steps):
-        one_step(step, record=step >= plan.warmup)
+    total = options.warmup + options.steps + (1 if options.profile_ops else 0)
+    for step in range(options.warmup + options.steps):
+        one_step(step, record=step >= options.warmup)
         if on_step is not None:
             on_step(step + 1, total)
     ops = {}
-    if plan.profile_ops:
+    if options.profile_ops:
         from torch.profiler import ProfilerActivity, profile
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         keep = list(losses)
         with profile(activities=acts) as prof:
-            one_step(plan.warmup + plan.steps, record=False)
+            one_step(options.warmup + options.steps, record=False)
         losses[:] = keep
         ops = _op_times(prof)
         if on_step is not None:
@@ -391,7 +324,7 @@ def run_training(cfg: GPTConfig, plan: RunPlan, groups: Groups | None = None,
     result = {
         "rank": groups.rank, "tp_rank": groups.tp_rank, "dp_rank": groups.dp_rank, "cp_rank": groups.cp_rank,
         "pp_rank": groups.pp_rank, "is_last_stage": is_last,
-        "plan": asdict(plan), "model": asdict(cfg), "device": device,
+        "plan": plan.to_dict(), "run": asdict(options), "model": asdict(cfg), "device": device,
         "backend": dist.get_backend() if dist.is_initialized() else None,
         "world_size": dist.get_world_size() if dist.is_initialized() else 1,
         "losses": losses, "step_times_s": times, "time_breakdown_s": median_bd,
@@ -428,17 +361,16 @@ def _clear_own_files(out_dir: str, rank: int) -> None:
 
 
 def _run_one(spec: dict, out_dir: str, cuda: bool, local_rank: int, status=None) -> None:
-    cfg = GPTConfig(**spec.get("model", {}))
-    plan = RunPlan.from_dict(spec.get("plan", {}))
-    if dist.get_world_size() != plan.world_size:
+    cfg, plan, options = read_run_spec(spec)
+    if dist.get_world_size() != world_size(plan):
         raise ConfigError("nproc", f"world size {dist.get_world_size()} != tp({plan.tp}) * cp({plan.cp}) * "
-                          f"pp({plan.pp}) * dp({plan.dp}) = {plan.world_size}")
+                          f"pp({plan.pp}) * dp({plan.dp}) = {world_size(plan)}")
     device = f"cuda:{local_rank}" if cuda else "cpu"
     torch.manual_seed(cfg.seed)
     groups = make_groups(plan, "cuda" if cuda else "cpu")
     os.makedirs(out_dir, exist_ok=True)
     _clear_own_files(out_dir, groups.rank)
-    result = run_training(cfg, plan, groups, device, bool(spec.get("dump_grads")), on_step=status)
+    result = run_training(cfg, plan, options, groups, device, bool(spec.get("dump_grads")), on_step=status)
     grads = result.pop("grads", None)
     r = groups.rank
     if grads is not None and groups.tp_rank == 0 and groups.cp_rank == 0 and groups.dp_rank < plan.ep:
@@ -455,12 +387,12 @@ def _run_one(spec: dict, out_dir: str, cuda: bool, local_rank: int, status=None)
 def main(argv=None) -> int:
     """torchrun entry: ``worker SPEC.json --out DIR``.
 
-    SPEC is one run (``{"model", "plan", "dump_grads"}``) written to DIR, or
-    ``{"runs": [{"name", "model", "plan", "dump_grads"}, ...]}``: several plans of the same
+    SPEC is one run (``{"model", "plan", "run", "dump_grads"}``) written to DIR, or
+    ``{"runs": [{"name", "model", "plan", "run", "dump_grads"}, ...]}``: several plans of the same
     world size in one launch, each written to DIR/<name>.
     """
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("spec", help="JSON file with model, plan and dump_grads (or runs)")
+    ap.add_argument("spec", help="JSON file with model, plan, run and dump_grads (or runs)")
     ap.add_argument("--out", required=True, help="directory for rank<N>.json")
     args = ap.parse_args(argv)
     from paraplan.validation.procs import die_with_parent, pin_from_env
