@@ -45,8 +45,10 @@ def add_validate_parser(subparsers) -> argparse.ArgumentParser:
     g = p.add_argument_group("launch")
     g.add_argument("--nproc-per-node", type=positive_int("--nproc-per-node", MAX_RANKS), default=None,
                    help="processes on this node (default: tp*pp*dp / nnodes)")
-    g.add_argument("--nnodes", type=positive_int("--nnodes", MAX_RANKS), default=1)
-    g.add_argument("--node-rank", type=non_negative_int("--node-rank", MAX_RANKS, "the first node"), default=0)
+    g.add_argument("--nnodes", type=positive_int("--nnodes", MAX_RANKS), default=1,
+                   help="nodes taking part (torchrun --nnodes; default 1)")
+    g.add_argument("--node-rank", type=non_negative_int("--node-rank", MAX_RANKS, "the first node"), default=0,
+                   help="this node's index among --nnodes (torchrun --node-rank; default 0)")
     g.add_argument("--rdzv-endpoint", default=None, help="host:port (multi-node)")
     g.add_argument("--timeout", type=number("--timeout", high=MAX_TIMEOUT_S), default=900.0,
                    help="seconds before giving up (> 0)")
@@ -72,7 +74,8 @@ def add_validate_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--offload", default=None, choices=OFFLOAD,
                    help="cpu: optimizer states and the fp32 master slice in host memory (ZeRO-Offload; "
                         "needs --zero 1 or 2; the harness has no nvme); default none")
-    g.add_argument("--sequence-parallel", action="store_true")
+    g.add_argument("--sequence-parallel", action="store_true",
+                   help="Megatron sequence parallelism over the tp group (estimate's --sp; needs --tp > 1)")
     g.add_argument("--virtual-stages", type=positive_int("--virtual-stages", MAX_SIZE), default=None,
                    help="interleaved 1F1B chunks (default 1)")
     g.add_argument("--steps", type=positive_int("--steps", MAX_SIZE), default=DEFAULT_STEPS, help="timed steps")
@@ -82,11 +85,17 @@ def add_validate_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--layers", type=positive_int("--layers", MAX_SIZE), default=None,
                    help=f"transformer blocks (default {DEFAULT_MODEL['layers']}, or the smallest multiple of pp x "
                         f"virtual stages above it: one block per pipeline chunk at least)")
-    g.add_argument("--hidden", type=positive_int("--hidden", MAX_SIZE), default=DEFAULT_MODEL["hidden"])
-    g.add_argument("--heads", type=positive_int("--heads", MAX_SIZE), default=DEFAULT_MODEL["heads"])
-    g.add_argument("--seq-len", type=positive_int("--seq-len", MAX_SIZE), default=DEFAULT_MODEL["seq_len"])
-    g.add_argument("--vocab", type=positive_int("--vocab", MAX_SIZE), default=DEFAULT_MODEL["vocab"])
-    g.add_argument("--seed", type=non_negative_int("--seed", 2**32 - 1, "the default seed"), default=0)
+    g.add_argument("--hidden", type=positive_int("--hidden", MAX_SIZE), default=DEFAULT_MODEL["hidden"],
+                   help=f"model width (default {DEFAULT_MODEL['hidden']})")
+    g.add_argument("--heads", type=positive_int("--heads", MAX_SIZE), default=DEFAULT_MODEL["heads"],
+                   help=f"attention heads (default {DEFAULT_MODEL['heads']})")
+    g.add_argument("--seq-len", type=positive_int("--seq-len", MAX_SIZE), default=DEFAULT_MODEL["seq_len"],
+                   help=f"tokens per sequence (default {DEFAULT_MODEL['seq_len']})")
+    g.add_argument("--vocab", type=positive_int("--vocab", MAX_SIZE), default=DEFAULT_MODEL["vocab"],
+                   help=f"vocabulary size (default {DEFAULT_MODEL['vocab']})")
+    g.add_argument("--seed", type=non_negative_int("--seed", 2**32 - 1, "the default seed"), default=0,
+                   help="seed of the initial weights, the same on every rank and in the single-process reference run "
+                        "(default 0)")
     g.add_argument("--attention", default=None, choices=["math", "sdpa"],
                    help="materialised softmax (default) or fused SDPA (the default with --recompute op-sac)")
     g.add_argument("--activation", default=None, choices=["gelu", "swiglu"],
