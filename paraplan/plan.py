@@ -241,8 +241,9 @@ MAX_DEGREE = 2**31 - 1    # degrees, micro-batches and stage sizes past a C int 
 #   an int default >= 1              COUNT    a positive integer (tp, pp, ...)
 #   derived_count_field(zero_means)  DERIVED  a positive integer, or 0 for what the others leave (dp)
 #   layer_count_field(zero_means)    LAYERS   a non-negative layer count, 0 meaning ``zero_means``
-#   choice_field(default, choices)   CHOICE   one of a few integers (zero)
+#   choice_field(default, ...)       CHOICE   one of a few integers (zero)
 #   mode_field(member)               MODE     the label of a Mode member; a PlanBatch holds <name>_code
+#                                             (per_batch=True: one label for the whole batch, dtype)
 #   module_list_field()              MODULES  a list of RECOMPUTE_MODULES; a PlanBatch holds <name>_mask
 # The string literal under a field is its documentation and its flag's --help (attribute_docstrings).
 SWITCH, COUNT, DERIVED, LAYERS, CHOICE, MODE, MODULES = (

@@ -250,10 +250,11 @@ SEARCHED_FIELDS = frozenset({"tp", "pp", "dp", "cp", "vpp", "micro_batch", "sche
 
 def batch_wide_columns(fixed: Mapping, options: SpaceOptions, engine: int, flash_default: bool = True) -> dict:
     """The PlanBatch columns of the Plan fields the search does not vary (all but SEARCHED_FIELDS, the
-    engine and dtype), by column: the value ``--fix`` pins, else the Plan default;
-    except flash attention (the accelerator's default) and gradient-accumulation fusion (only
-    Megatron-LM fuses it into the weight-gradient GEMMs (main_grad), and ``options`` may turn it off).
-    The engine, like dtype, is one value for the whole search, which the views hold as a scalar."""
+    engine and dtype), by column: the value ``--fix`` pins, else the Plan default. Two defaults come
+    from the scenario: flash attention (the accelerator's) and gradient-accumulation fusion (on only
+    where ``options`` allow it and the engine is Megatron-LM, which fuses it into the weight-gradient
+    GEMMs through main_grad, or generic). The engine, like dtype, is one value for the whole search,
+    held by the views as a scalar."""
     fusion = options.grad_accumulation_fusion and Engine(int(engine)) in (Engine.GENERIC, Engine.MEGATRON)
     defaults = {"flash_attention": flash_default, "grad_accumulation_fusion": fusion}
     return {s.column: s.encode(fixed.get(s.name, defaults.get(s.name, s.default)))
