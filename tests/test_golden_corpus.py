@@ -33,6 +33,6 @@ def test_echoed_plans_keep_only_the_fields_off_their_defaults():
         "plans": [{"plan": {"dp": 2, "sp": True, "flash_attention": False}, "step_time_s": 1.0}],
         "details": {"tp": 4, "x": 1}}
     assert list(record.off_defaults(doc)["plan"]) == ["tp", "dp", "sp", "flash_attention"]     # Plan's order
-    for name, argv in record.corpus():
+    for name, _ in record.corpus():
         text = (HERE / "expected" / f"{name}.json").read_text()
         assert '"moe_flex_dispatch": false' not in text and '"recompute_modules": ""' not in text, name
