@@ -7,10 +7,16 @@ plans (:class:`PlanBatch`) as well as over one plan. The legality rules that tie
 together live in one table, :data:`RULES`, read by ``Plan`` itself, by :func:`check_plan` and by
 the search's vectorized mask (``paraplan.planner.space.compose``); the rules about what an engine
 runs are generated from its spec (``paraplan.engines.ENGINE_RULES``) and placed here by name.
+
+``Plan`` is the one hand-written list of plan fields: each field's kind (:data:`PLAN_FIELD_SPECS`)
+follows from its declaration, ``PlanBatch`` is generated from it, and the string under each field is
+its documentation and its command-line flag's help (``paraplan.cli.common.add_plan_args``).
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+import functools
+import itertools
+from dataclasses import Field, asdict, dataclass, field, fields, make_dataclass, replace
 from types import SimpleNamespace
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
 
@@ -25,10 +31,6 @@ from paraplan.engines import MEGATRON_FSDP_STRATEGY  # noqa: F401
 from paraplan.modes import FP8_DTYPES, compute_dtype, gemm_dtype  # noqa: F401
 
 
-MODES: dict[str, type[Mode]] = {"schedule": Schedule, "recompute": Recompute, "offload": Offload, "dtype": Dtype,
-                                "cp_mode": CpMode, "optimizer": Optimizer, "engine": Engine,
-                                "attention_kernel": AttentionKernel}
-MODE_FIELD_NAMES = {cls: name for name, cls in MODES.items()}
 SCHEDULES = Schedule.labels()
 RECOMPUTE = Recompute.labels()
 OFFLOAD = Offload.labels()
@@ -38,14 +40,6 @@ OPTIMIZERS = Optimizer.labels()
 ENGINES = Engine.labels()
 ATTENTION_KERNELS = AttentionKernel.labels()
 ZERO_STAGES = (0, 1, 2, 3)
-POSITIVE_INT_FIELDS = ("tp", "pp", "cp", "vpp", "micro_batch", "ep", "etp")
-# layer counts a plan pins (non-negative integers): the first / last pipeline stage's layers, 0 =
-# automatic (Megatron-LM's --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers),
-# and the layers whose activations go to host memory, 0 = none (--cpu-offloading-num-layers)
-STAGE_LAYER_FIELDS = ("first_stage_layers", "last_stage_layers", "offload_activation_layers")
-#: what 0 means for each of them (their errors say it)
-STAGE_LAYER_ZERO_MEANS = {"first_stage_layers": "the automatic split", "last_stage_layers": "the automatic split",
-                          "offload_activation_layers": "none"}
 # Megatron-Core's fine-grained recomputation (--recompute-granularity selective --recompute-modules ...;
 # megatron/core/transformer/transformer_config.py, recompute_modules), in the order a plan writes them.
 # core_attn, mlp, moe and shared_experts checkpoint their submodule (keep its input, run its forward
@@ -92,189 +86,351 @@ def canonical_recompute_modules(value, where: str | None = None) -> str:
 
 
 MAX_DEGREE = 2**31 - 1    # degrees, micro-batches and stage sizes past a C int are typos (numpy overflows)
-BOOL_FIELDS = ("sp", "offload_params", "flash_attention", "overlap_grad_reduce", "delayed_update",
-               "grad_accumulation_fusion", "fused_elementwise", "fused_softmax", "rope_fusion", "tp_comm_overlap",
-               "grad_reduce_bf16", "fp8_param_gather", "ep_comm_overlap", "moe_flex_dispatch")
+
+
+# --- how a plan field is declared ------------------------------------------------------------------
+# Plan (below) is the one list of plan fields. Each field's kind says how it is checked, read from
+# text, held in a PlanBatch and offered as a command-line flag; it follows from the default, or from
+# the helper that declares the field:
+#   a bool default                   SWITCH   true or false (flag --name, or --no-name when on by default)
+#   an int default >= 1              COUNT    a positive integer (tp, pp, ...)
+#   derived_count_field(zero_means)  DERIVED  a positive integer, or 0 for what the others leave (dp)
+#   layer_count_field(zero_means)    LAYERS   a non-negative layer count, 0 meaning ``zero_means``
+#   choice_field(default, ...)       CHOICE   one of a few integers (zero)
+#   mode_field(member)               MODE     the label of a Mode member; a PlanBatch holds <name>_code
+#                                             (per_batch=True: one label for the whole batch, dtype)
+#   module_list_field()              MODULES  a list of RECOMPUTE_MODULES; a PlanBatch holds <name>_mask
+# The string literal under a field is its documentation and its flag's --help (attribute_docstrings).
+SWITCH, COUNT, DERIVED, LAYERS, CHOICE, MODE, MODULES = (
+    "switch", "count", "derived", "layers", "choice", "mode", "modules")
+#: the order Plan checks its fields in, kind by kind (of several bad fields, the first is named)
+CHECK_ORDER = (COUNT, DERIVED, MODE, CHOICE, LAYERS, SWITCH, MODULES)
+#: the kinds that hold integer counts (MAX_DEGREE bounds them)
+_COUNTING = (COUNT, DERIVED, LAYERS)
+
+
+def mode_field(default: Mode, *, per_batch: bool = False):
+    """A categorical field holding a label of ``default``'s Mode, ``default``'s by default. A PlanBatch
+    holds its codes as ``<name>_code``; with ``per_batch`` it holds one label for the whole batch
+    (dtype: the formulas branch on it in Python)."""
+    return field(default=default.label, metadata={"kind": MODE, "mode": type(default), "per_batch": per_batch})
+
+
+def choice_field(default: int, choices: tuple[int, ...], what: str):
+    """An integer field that takes one of ``choices``; ``what`` names it in the error
+    ("unknown ZeRO stage 4")."""
+    return field(default=default, metadata={"kind": CHOICE, "choices": choices, "what": what})
+
+
+def derived_count_field(zero_means: str):
+    """A positive integer, or 0 (the default) for what the other fields leave (``zero_means``); its
+    flag takes positive values only, leaving the flag out is what 0 says."""
+    return field(default=0, metadata={"kind": DERIVED, "zero_means": zero_means})
+
+
+def layer_count_field(zero_means: str):
+    """A non-negative count of layers, 0 (the default) meaning ``zero_means`` (its errors say it)."""
+    return field(default=0, metadata={"kind": LAYERS, "zero_means": zero_means})
+
+
+def module_list_field():
+    """A comma-separated list of RECOMPUTE_MODULES, held canonical (:func:`canonical_recompute_modules`);
+    a PlanBatch holds its bit mask as ``<name>_mask``. Empty by default."""
+    return field(default="", metadata={"kind": MODULES, "metavar": "MODULE[,MODULE...]"})
+
+
+@dataclass(frozen=True)
+class FieldSpec:
+    """What a Plan field's declaration says about it, derived once (:data:`PLAN_FIELD_SPECS`).
+
+    ``column`` is its PlanBatch attribute: ``<name>_code`` for a mode, ``<name>_mask`` for a module
+    list, else the name; ``per_batch`` fields are one value for the whole batch."""
+    name: str
+    kind: str
+    default: Any
+    column: str
+    mode: type[Mode] | None = None
+    choices: tuple | None = None
+    what: str | None = None
+    zero_means: str | None = None
+    metavar: str | None = None
+    per_batch: bool = False
+
+    @classmethod
+    def of(cls, f: Field) -> "FieldSpec":
+        meta = f.metadata
+        kind = meta.get("kind")
+        if kind is None:
+            if isinstance(f.default, bool):
+                kind = SWITCH
+            elif isinstance(f.default, int) and f.default >= 1:
+                kind = COUNT
+            else:
+                raise TypeError(f"Plan.{f.name}: its kind does not follow from the default {f.default!r}; declare "
+                                "it with mode_field, choice_field, derived_count_field, layer_count_field or "
+                                "module_list_field")
+        per_batch = bool(meta.get("per_batch", False))
+        column = (f"{f.name}_code" if kind == MODE and not per_batch else f"{f.name}_mask" if kind == MODULES
+                  else f.name)
+        return cls(f.name, kind, f.default, column, meta.get("mode"), meta.get("choices"), meta.get("what"),
+                   meta.get("zero_means"), meta.get("metavar"), per_batch)
+
+    def encode(self, value):
+        """A plan's value as its PlanBatch element (a mode's code, a module list's mask)."""
+        if self.kind == MODE and not self.per_batch:
+            return int(self.mode.parse(value, self.name))
+        if self.kind == MODULES:
+            return recompute_modules_mask(value)
+        return value
+
+    def decode(self, element):
+        """A PlanBatch element as the plan's value (Python int, bool or label)."""
+        if self.kind == SWITCH:
+            return bool(element)
+        if self.kind == MODE:
+            return element if self.per_batch else self.mode(int(element)).label
+        if self.kind == MODULES:
+            return recompute_modules_text(int(element))
+        return int(element)
+
+
+def _check(spec: FieldSpec, value, where: str | None):
+    """:func:`validate_field` for a field's spec."""
+    name, kind = spec.name, spec.kind
+    if kind in _COUNTING and isinstance(value, (int, np.integer)) and not isinstance(value, bool) \
+            and value > MAX_DEGREE:
+        raise ConfigError(where or name.replace("_", "-"), f"must be at most {MAX_DEGREE:,}, got {shown(value)}")
+    if kind == COUNT:
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ConfigError(where or name.replace("_", "-"), f"must be a positive integer, got {shown(value)}")
+    elif kind in (DERIVED, LAYERS):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+            raise ConfigError(where or name.replace("_", "-"), f"must be a positive integer (or 0 for "
+                              f"{spec.zero_means}), got {shown(value)}")
+    elif kind == CHOICE:
+        if isinstance(value, bool) or value not in spec.choices:
+            raise ConfigError(where or name, f"unknown {spec.what} {shown(value)}",
+                              accepted=", ".join(str(c) for c in spec.choices))
+    elif kind == MODE:
+        return spec.mode.parse(value, where or name)
+    elif kind == SWITCH:
+        if not isinstance(value, (bool, np.bool_)):
+            raise ConfigError(where or name, f"expected true or false, got {shown(value)}")
+    elif kind == MODULES:
+        return canonical_recompute_modules(value, where)
+    return value
 
 
 def validate_field(name: str, value, where: str | None = None):
-    """Check one plan field on its own (type and range); return the value (a Mode for modes).
+    """Check one plan field on its own (type and range, by its kind); return the value (a Mode for
+    modes, the canonical list for a module list; a name that is no plan field: the value as given).
 
     ``where`` names the field in the error (default: the field, as ``Plan`` reports it)."""
-    if name in (*POSITIVE_INT_FIELDS, "dp", *STAGE_LAYER_FIELDS) and isinstance(value, (int, np.integer)) \
-            and not isinstance(value, bool) and value > MAX_DEGREE:
-        raise ConfigError(where or name.replace("_", "-"), f"must be at most {MAX_DEGREE:,}, got {shown(value)}")
-    if name in POSITIVE_INT_FIELDS:
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ConfigError(where or name.replace("_", "-"), f"must be a positive integer, got {shown(value)}")
-    elif name == "dp":
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise ConfigError(where or "dp", f"must be a positive integer (or 0 for 'what is left'), got {shown(value)}")
-    elif name in STAGE_LAYER_FIELDS:
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
-            raise ConfigError(where or name.replace("_", "-"), f"must be a positive integer (or 0 for "
-                              f"{STAGE_LAYER_ZERO_MEANS[name]}), got {shown(value)}")
-    elif name == "zero":
-        if isinstance(value, bool) or value not in ZERO_STAGES:
-            raise ConfigError(where or "zero", f"unknown ZeRO stage {shown(value)}", accepted="0, 1, 2, 3")
-    elif name in MODES:
-        return MODES[name].parse(value, where)
-    elif name in BOOL_FIELDS:
-        if not isinstance(value, (bool, np.bool_)):
-            raise ConfigError(where or name, f"expected true or false, got {shown(value)}")
-    elif name == "recompute_modules":
-        return canonical_recompute_modules(value, where)
-    return value
+    spec = PLAN_FIELD_SPECS.get(name)
+    return value if spec is None else _check(spec, value, where)
 
 
 def parse_field(name: str, text, where: str | None = None):
     """A plan field's value from text (``"8"``, ``"adam"``, ``"true"``) or an already typed value,
     validated with :func:`validate_field`; modes come back as their labels."""
     where = where or name
+    spec = PLAN_FIELD_SPECS.get(name)
+    kind = spec.kind if spec else None
     if isinstance(text, str):
-        if name in POSITIVE_INT_FIELDS or name in ("dp", "zero", *STAGE_LAYER_FIELDS):
+        if kind in (*_COUNTING, CHOICE):
             try:
                 text = int(text.strip())
             except ValueError:
                 raise ConfigError(where, f"expected an integer, got {shown(text)}") from None
-        elif name in BOOL_FIELDS:
+        elif kind == SWITCH:
             low = text.strip().lower()
             if low not in ("true", "false", "1", "0"):
                 raise ConfigError(where, f"expected true or false (or 1 or 0), got {shown(text)}")
             text = low in ("true", "1")
         else:
             text = text.strip()
-    elif name in BOOL_FIELDS and isinstance(text, (int, np.integer)) and text in (0, 1):
+    elif kind == SWITCH and isinstance(text, (int, np.integer)) and text in (0, 1):
         text = bool(text)
     value = validate_field(name, text, where)
     return value.label if isinstance(value, Mode) else value
 
 
+@functools.lru_cache(maxsize=None)
+def attribute_docstrings(cls: type) -> dict[str, str]:
+    """The attribute docstrings of a class: the string literal right below each annotated field
+    (PEP 257's attribute docstrings, as torchtitan's ``torchtitan/config/job_config.py`` documents
+    its fields and Megatron-LM's ``megatron/training/argument_utils.py`` turns them into help), by
+    field name, cleaned with ``inspect.cleandoc``. Read from the source with ``ast`` on the first
+    call (the CLI's, when it builds a parser), then cached; the package never reads them otherwise."""
+    import ast
+    import inspect
+    import textwrap
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0].body
+    return {node.target.id: inspect.cleandoc(doc.value.value) for node, doc in itertools.pairwise(body)
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+            and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)}
+
+
 @dataclass(frozen=True)
 class Plan:
-    """How a job is laid out on the cluster. ``dp`` of 0 means "what the GPU count leaves"."""
+    """How a job is laid out on the cluster: one field per choice, each documented by the string
+    below it (its ``--flag``'s help). Fields are in the order JSON output and plan files show them.
+
+    Every mode field also reads as its Mode member, ``<name>_code`` (``plan.engine_code``), and the
+    module list as its bit mask, ``recompute_modules_mask``: the attributes the cost formulas read,
+    the same on a Plan as on a :class:`PlanBatch`."""
     tp: int = 1
+    """Tensor-parallel degree: each layer's weights and GEMMs split over tp GPUs (Shoeybi et al. 2019,
+    Megatron-LM; --tensor-model-parallel-size)."""
     pp: int = 1
-    dp: int = 0
+    """Pipeline-parallel degree: the layers split into pp stages that pass activations from one to the
+    next (Megatron-LM --pipeline-model-parallel-size)."""
+    dp: int = derived_count_field("'what is left'")
+    """Data-parallel degree; default: what the GPU count leaves, gpus / (tp*pp*cp) (0 in a plan file)."""
     cp: int = 1
+    """Context-parallel degree: each sequence split over cp GPUs (Megatron-LM --context-parallel-size),
+    by ring attention or Ulysses (cp_mode, on the command line --sp-mode)."""
     sp: bool = False
+    """Megatron sequence parallelism: norms and dropout run on a sequence shard of the tp group, with
+    all-gather / reduce-scatter in place of the all-reduce (Korthikanti et al. 2022; needs tp > 1)."""
     vpp: int = 1
+    """Virtual pipeline stages: model chunks per pipeline stage under the interleaved schedule
+    (Narayanan et al. 2021; Megatron-LM --num-layers-per-virtual-pipeline-stage); 1: no interleaving.
+    On estimate and whatif, --vpp above 1 without --schedule picks the interleaved schedule."""
     micro_batch: int = 1
-    schedule: str = "1f1b"
-    zero: int = 0
-    recompute: str = "none"
-    offload: str = "none"
+    """Sequences per micro-batch on each data-parallel rank; a step runs global batch / (dp *
+    micro_batch) micro-batches through the pipeline (Megatron-LM --micro-batch-size)."""
+    schedule: str = mode_field(Schedule.ONE_F_ONE_B)
+    """Pipeline schedule: 1f1b (one forward, one backward; Narayanan et al. 2021), interleaved (1F1B
+    over vpp model chunks per stage), gpipe (all forwards, then all backwards; Huang et al. 2019) or
+    zb-h1 (zero-bubble H1, its weight gradients filling the bubble; Qi et al. 2024)."""
+    zero: int = choice_field(0, ZERO_STAGES, "ZeRO stage")
+    """ZeRO stage: what the data-parallel ranks shard (Rajbhandari et al. 2020): 0 nothing, 1 the
+    optimizer states, 2 also the gradients, 3 also the parameters. Megatron-LM runs 1 as its
+    distributed optimizer, 2 and 3 as Megatron-FSDP."""
+    recompute: str = mode_field(Recompute.NONE)
+    """Activation recomputation: none; selective (Megatron: the attention core); full (layer inputs
+    only); op-sac (torchtitan: every other matmul output and the attention output)."""
+    offload: str = mode_field(Offload.NONE)
+    """Where the optimizer states (with --offload-params also the parameters) live: none (the GPU),
+    cpu (ZeRO-Offload, Ren et al. 2021) or nvme (ZeRO-Infinity, Rajbhandari et al. 2021); needs
+    ZeRO >= 1."""
     offload_params: bool = False
-    dtype: str = "bf16"
+    """With --offload cpu or nvme, the parameters live there too (DeepSpeed offload_param; needs
+    ZeRO-3)."""
+    dtype: str = mode_field(Dtype.BF16, per_batch=True)
+    """Training precision: bf16, fp16, fp32 (CPU validation), or fp8 linear layers with their scaling
+    recipe: fp8 (per-tensor current scaling), fp8-delayed, fp8-rowwise, fp8-blockwise, mxfp8
+    (Blackwell). On plan and whatif without a fixed plan: search plans in that precision."""
     flash_attention: bool = True
+    """Attention as a fused kernel that never materialises the score matrix (FlashAttention, Dao et
+    al. 2022); off: the scores and probabilities are materialised, and the softmax output is kept for
+    backward."""
     overlap_grad_reduce: bool = True
+    """The data-parallel gradient reduction overlapped with the backward pass (Megatron-LM
+    --overlap-grad-reduce, PyTorch DDP's buckets); off: it runs after the backward, on the critical
+    path."""
     ep: int = 1
+    """Expert-parallel degree: each MoE layer's experts split over ep GPUs, carved from data
+    parallelism (Megatron-Core's MoE parallel folding, --engine megatron, folds them over tp*cp*dp)."""
     etp: int = 1
-    cp_mode: str = "ring"
-    optimizer: str = "adam"
+    """Expert tensor parallelism: 1 (each expert whole on every tp rank, run on its sequence shard)
+    or tp (each expert split over the tp group; Megatron-Core --expert-tensor-parallel-size)."""
+    cp_mode: str = mode_field(CpMode.RING)
+    """How context parallelism splits attention: ring (ring attention over load-balanced causal
+    chunks) or ulysses (all-to-all over heads, DeepSpeed-Ulysses); on the command line
+    --sp-mode ring|ulysses."""
+    optimizer: str = mode_field(Optimizer.ADAM)
+    """Adam, or a communication-compressing DeepSpeed variant (onebit-adam, zero-one-adam,
+    onebit-lamb) that needs ZeRO-0."""
     delayed_update: bool = False
-    # gradient accumulation over micro-batches fused into the weight-gradient GEMMs (Megatron-LM's
-    # gradient_accumulation_fusion writes into main_grad with beta = 1); False: every micro-batch
-    # after the first adds its gradients with separate kernels (plain PyTorch, DDP no_sync, FSDP)
+    """ZeRO-Offload's one-step delayed parameter update (with --offload cpu): the CPU optimizer step
+    overlaps the next step's GPU work, with weights one step stale (Ren et al. 2021)."""
     grad_accumulation_fusion: bool = True
-    # norms (RMSNorm/LayerNorm) and the MLP's activation (SwiGLU) as fused kernels (Megatron-LM with
-    # Transformer Engine or Apex); False: eager PyTorch ops (the norm's fp32 upcast and four kernels,
-    # SwiGLU as silu and mul), which move more bytes and keep more tensors for backward
+    """Gradient accumulation over micro-batches fused into the weight-gradient GEMMs (Megatron-LM's
+    gradient_accumulation_fusion writes into main_grad with beta = 1); off: every micro-batch after
+    the first adds its gradients with separate kernels (plain PyTorch, DDP no_sync, FSDP). On plan
+    and whatif without a fixed plan: search unfused plans."""
     fused_elementwise: bool = True
-    # without flash attention: the scale-mask-softmax over the materialised scores as one fused kernel
-    # (Megatron-LM's FusedScaleMaskSoftmax, --masked-softmax-fusion, its default); False: eager PyTorch
-    # ops, a copy of the scores, an in-place mask fill and the softmax (Scaling's MaskedSoftmaxTorch,
-    # the `torch` kernel of Hagemann et al. 2023), which stream more than twice the bytes
+    """Norms (RMSNorm / LayerNorm) and the MLP's activation (SwiGLU) as fused kernels (Megatron-LM
+    with Transformer Engine or Apex); off: eager PyTorch ops (the norm's fp32 upcast and four kernels,
+    SwiGLU as silu and mul), which move more bytes and keep more tensors for backward."""
     fused_softmax: bool = True
-    # the rotary embedding of the queries and keys as one fused kernel (Megatron-LM's --apply-rope-fusion,
-    # its command line's default; Transformer Engine's fused RoPE); False: eager PyTorch (q·cos +
-    # rotate_half(q)·sin in five kernels; Megatron-LM --no-rope-fusion, and Megatron-Core's
-    # TransformerConfig default apply_rope_fusion=False, which model providers that do not set it keep)
+    """Without flash attention: the scale-mask-softmax over the materialised scores as one fused
+    kernel (Megatron-LM's FusedScaleMaskSoftmax, --masked-softmax-fusion, its default); off: eager
+    PyTorch ops, a copy of the scores, an in-place mask fill and the softmax (Megatron-LM
+    --no-masked-softmax-fusion; Scaling's MaskedSoftmaxTorch, the `torch` kernel of Hagemann et al.
+    2023), which stream more than twice the bytes."""
     rope_fusion: bool = True
-    # the engine that runs the plan (Engine): model-state layout, buffers, layouts on offer
-    engine: str = "generic"
-    # transformer layers on the first / last pipeline stage; 0 = automatic (:func:`stage_layer_counts`).
-    # Megatron-LM: --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers
-    first_stage_layers: int = 0
-    last_stage_layers: int = 0
-    # tensor-parallel collectives overlapped with the GEMMs next to them (Megatron-LM --tp-comm-overlap
-    # with Transformer Engine userbuffers; torchtitan async TP, micro-pipelined all-gather/reduce-scatter
-    # matmuls); False: every TP collective sits on the critical path
+    """The rotary embedding of the queries and keys as one fused kernel (Megatron-LM's
+    --apply-rope-fusion, its command line's default; Transformer Engine's fused RoPE); off: eager
+    PyTorch, q*cos + rotate_half(q)*sin in five kernels with five times the bytes (Megatron-LM
+    --no-rope-fusion, and Megatron-Core's TransformerConfig default apply_rope_fusion=False, which
+    model providers that do not set it keep, as Megatron-Bridge's GPT-OSS and DeepSeek-V3 do)."""
+    engine: str = mode_field(Engine.GENERIC)
+    """The engine that runs the plan: its model-state layout, buffers and the layouts it offers
+    (generic: the ZeRO paper's accounting, no restrictions; megatron, deepspeed, torchtitan,
+    scaling). On plan and whatif without a fixed plan: search what that engine runs."""
+    first_stage_layers: int = layer_count_field("the automatic split")
+    """Transformer layers on the first pipeline stage (Megatron-LM
+    --decoder-first-pipeline-num-layers); 0 (default): the automatic split (stage_layer_counts)."""
+    last_stage_layers: int = layer_count_field("the automatic split")
+    """Transformer layers on the last pipeline stage (Megatron-LM --decoder-last-pipeline-num-layers);
+    0 (default): the automatic split (stage_layer_counts)."""
     tp_comm_overlap: bool = False
-    # Megatron-LM's gradient buffer (main_grad) and its data-parallel reduction in bf16
-    # (--grad-reduce-in-bf16; Megatron-Bridge / NeMo: grad_reduce_in_fp32=False) instead of fp32:
-    # 2 bytes per parameter held and reduced instead of 4
+    """Tensor-parallel all-gather / reduce-scatter overlapped with the neighbouring GEMMs
+    (Megatron-LM --tp-comm-overlap with Transformer Engine userbuffers; torchtitan async TP,
+    micro-pipelined all-gather / reduce-scatter matmuls; needs tp > 1 and --sp); off: every TP
+    collective sits on the critical path."""
     grad_reduce_bf16: bool = False
-    # under an fp8 dtype, Megatron-LM's parameters are the fp8 tensors themselves (--fp8-param-gather,
-    # Transformer Engine's fp8_model_init; Megatron-Bridge's fp8 precision presets set fp8_param_gather):
-    # no 16-bit copy beside the fp8 weight and its transpose, and the distributed optimizer / FSDP
-    # gathers parameters in fp8; False: 16-bit parameters and fp8 copies made from them each step
+    """Megatron-LM's gradient buffer (main_grad) and its data-parallel reduction in bf16
+    (--grad-reduce-in-bf16; the Megatron-Bridge and NeMo performance recipes set
+    grad_reduce_in_fp32=False): 2 bytes per parameter held and reduced instead of 4."""
     fp8_param_gather: bool = False
-    # transformer layers whose saved activations go to host memory in forward and come back for
-    # backward (Megatron-LM --cpu-offloading --cpu-offloading-num-layers, Transformer Engine's
-    # cpu_offload context; Megatron-Bridge cpu_offloading_num_layers); 0: none
-    offload_activation_layers: int = 0
-    # the fused attention kernel (AttentionKernel): auto, or cudnn / flash2 / efficient priced by the
-    # measured efficiency by sequence length of the generation's table (attention_kernels.yaml), or
-    # flash1 (FlashAttention 1.x) at half FlashAttention-2's rate
-    attention_kernel: str = "auto"
-    # expert-parallel dispatch and combine all-to-alls of one micro-batch overlapped with the other
-    # direction's compute of the neighbouring micro-batch (Megatron-Core's combined 1F1B schedule,
-    # --overlap-moe-expert-parallel-comm; Megatron-Bridge moe_a2a_overlap); False: every all-to-all
-    # sits on the critical path
+    """Megatron-LM under an fp8 dtype: the parameters are the fp8 tensors themselves
+    (--fp8-param-gather, Transformer Engine's fp8_model_init; Megatron-Bridge's fp8 presets set it):
+    no 16-bit copy beside the fp8 weight and its transpose, and the distributed optimizer / FSDP
+    gathers parameters in fp8, 1 byte per parameter instead of 2; off: 16-bit parameters and fp8
+    copies made from them each step."""
+    offload_activation_layers: int = layer_count_field("none")
+    """Transformer layers whose saved activations go to host memory in forward and come back for
+    backward (Megatron-LM --cpu-offloading --cpu-offloading-num-layers, Transformer Engine's
+    cpu_offload context; Megatron-Bridge cpu_offloading_num_layers; pp 1, no recomputation);
+    0 (default): none."""
+    attention_kernel: str = mode_field(AttentionKernel.AUTO)
+    """The fused attention kernel: auto (the generation's calibrated efficiency), or cudnn, flash2,
+    efficient at their efficiency measured by sequence length (Hopper; attention_kernels.yaml), or
+    flash1 (FlashAttention 1.x: half FlashAttention-2's rate)."""
     ep_comm_overlap: bool = False
-    # the expert-parallel dispatch and combine run by DeepEP / HybridEP kernels (Megatron-Core's flex token
-    # dispatcher, --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep|hybridep): a token
-    # crosses once to each node and each GPU that holds one of its experts, not once per routed copy, and
-    # the copies are grouped by expert on arrival; False: the all-to-all dispatcher (--moe-token-dispatcher-type
-    # alltoall, torchtitan's expert parallelism)
+    """Expert-parallel dispatch and combine all-to-alls of one micro-batch hidden under the other
+    direction's compute of the neighbouring micro-batch (Megatron-Core's combined 1F1B,
+    --overlap-moe-expert-parallel-comm; Megatron-Bridge moe_a2a_overlap; needs ep > 1, pp 1 or the
+    interleaved schedule, no full recomputation); off: every all-to-all sits on the critical path.
+    On plan: --fix ep_comm_overlap=true turns it on for every candidate that can run it."""
     moe_flex_dispatch: bool = False
-    # Megatron-Core's fine-grained recomputation under --recompute selective: the modules recomputed
-    # (RECOMPUTE_MODULES, comma-separated: core_attn, layernorm, mla_up_proj, mlp, moe_act, moe,
-    # shared_experts); "" = the engine's default, the attention core (Megatron-LM's selective)
-    recompute_modules: str = ""
+    """The expert-parallel dispatch and combine on DeepEP / HybridEP kernels (Megatron-Core's flex
+    token dispatcher, --moe-token-dispatcher-type flex --moe-flex-dispatcher-backend deepep|hybridep):
+    a token crosses once to each node and GPU that holds one of its experts, not once per routed
+    copy, and the copies are grouped by expert on arrival (needs ep > 1, --engine megatron or
+    generic); off: the all-to-all dispatcher (--moe-token-dispatcher-type alltoall, torchtitan's
+    expert parallelism). On plan: --fix moe_flex_dispatch=true turns it on for every candidate that
+    can run it."""
+    recompute_modules: str = module_list_field()
+    """With --recompute selective: the modules Megatron-Core recomputes (--recompute-granularity
+    selective --recompute-modules), comma-separated from core_attn, layernorm, mla_up_proj, mlp,
+    moe_act, moe, shared_experts; default: the attention core (Megatron-LM's selective). On plan:
+    --fix recompute_modules=moe_act,layernorm sets them on every selective candidate that can run
+    them."""
 
     def __post_init__(self):
-        for key in (*POSITIVE_INT_FIELDS, "dp", *MODES, "zero", *STAGE_LAYER_FIELDS, *BOOL_FIELDS):
-            validate_field(key, getattr(self, key))
-        object.__setattr__(self, "recompute_modules", canonical_recompute_modules(self.recompute_modules))
+        for spec in _CHECKED:
+            value = _check(spec, getattr(self, spec.name), None)
+            if spec.kind == MODULES:                 # held canonical
+                object.__setattr__(self, spec.name, value)
         view = PlanBatch.from_plans([self])
         for rule in RULES:
             if rule.kind == ILLEGAL and not rule.uses_scene and rule.bad(view, None)[0]:
                 raise ConfigError(rule.field, rule.explain(view, None), accepted=rule.accepted)
-
-    # --- numeric codes for vectorized formulas ----------------------------------------------------
-    @property
-    def schedule_code(self) -> Schedule:
-        return Schedule.parse(self.schedule)
-
-    @property
-    def recompute_code(self) -> Recompute:
-        return Recompute.parse(self.recompute)
-
-    @property
-    def offload_code(self) -> Offload:
-        return Offload.parse(self.offload)
-
-    @property
-    def cp_mode_code(self) -> CpMode:
-        return CpMode.parse(self.cp_mode)
-
-    @property
-    def optimizer_code(self) -> Optimizer:
-        return Optimizer.parse(self.optimizer)
-
-    @property
-    def attention_kernel_code(self) -> AttentionKernel:
-        return AttentionKernel.parse(self.attention_kernel)
-
-    @property
-    def recompute_modules_mask(self) -> int:
-        return recompute_modules_mask(self.recompute_modules)
-
-    @property
-    def engine_code(self) -> Engine:
-        return Engine.parse(self.engine)
 
     @property
     def model_parallel(self) -> int:
@@ -322,101 +478,87 @@ class Plan:
         return " ".join(parts)
 
 
-PLAN_FIELDS = tuple(f.name for f in fields(Plan))
+#: every Plan field's spec (kind, default, PlanBatch column), in declaration order
+PLAN_FIELD_SPECS: dict[str, FieldSpec] = {f.name: FieldSpec.of(f) for f in fields(Plan)}
+PLAN_FIELDS = tuple(PLAN_FIELD_SPECS)
+_CHECKED = tuple(s for kind in CHECK_ORDER for s in PLAN_FIELD_SPECS.values() if s.kind == kind)
 
 
-@dataclass(frozen=True)
-class PlanBatch:
-    """Many plans as parallel numpy arrays, with the attribute names the cost formulas read."""
-    tp: np.ndarray
-    pp: np.ndarray
-    dp: np.ndarray
-    cp: np.ndarray
-    sp: np.ndarray
-    vpp: np.ndarray
-    micro_batch: np.ndarray
-    schedule_code: np.ndarray
-    zero: np.ndarray
-    recompute_code: np.ndarray
-    offload_code: np.ndarray
-    offload_params: np.ndarray
-    flash_attention: np.ndarray
-    overlap_grad_reduce: np.ndarray
-    ep: np.ndarray = None
-    etp: np.ndarray = None
-    cp_mode_code: np.ndarray = None
-    optimizer_code: np.ndarray = None
-    delayed_update: np.ndarray = None
-    grad_accumulation_fusion: np.ndarray = None
-    fused_elementwise: np.ndarray = None
-    fused_softmax: np.ndarray = None
-    rope_fusion: np.ndarray = None
-    tp_comm_overlap: np.ndarray = None
-    grad_reduce_bf16: np.ndarray = None
-    fp8_param_gather: np.ndarray = None
-    engine_code: np.ndarray = None
-    first_stage_layers: np.ndarray = None
-    last_stage_layers: np.ndarray = None
-    offload_activation_layers: np.ndarray = None
-    attention_kernel_code: np.ndarray = None
-    ep_comm_overlap: np.ndarray = None
-    moe_flex_dispatch: np.ndarray = None
-    recompute_modules_mask: np.ndarray = None
-    dtype: str = "bf16"
+def _names(kind: str) -> tuple[str, ...]:
+    return tuple(s.name for s in PLAN_FIELD_SPECS.values() if s.kind == kind)
+
+
+# The fields by kind, derived from Plan (the names modules import)
+MODES: dict[str, type[Mode]] = {s.name: s.mode for s in PLAN_FIELD_SPECS.values() if s.kind == MODE}
+MODE_FIELD_NAMES = {cls: name for name, cls in MODES.items()}
+POSITIVE_INT_FIELDS = _names(COUNT)
+BOOL_FIELDS = _names(SWITCH)
+#: layer counts a plan pins (non-negative integers), and what 0 means for each (their errors say it)
+STAGE_LAYER_FIELDS = _names(LAYERS)
+STAGE_LAYER_ZERO_MEANS = {s.name: s.zero_means for s in PLAN_FIELD_SPECS.values() if s.kind == LAYERS}
+
+
+def _column_property(spec: FieldSpec) -> property:
+    """A Plan's value as the PlanBatch column reads it: a mode's member (an int), a module list's mask."""
+    name = spec.name
+    if spec.kind == MODE:
+        parse = spec.mode.parse
+        return property(lambda self: parse(getattr(self, name)), doc=f"The {spec.mode.__name__} of ``{name}``.")
+    return property(lambda self: recompute_modules_mask(getattr(self, name)), doc=f"The bit mask of ``{name}``.")
+
+
+for _spec in PLAN_FIELD_SPECS.values():
+    if _spec.column != _spec.name:
+        setattr(Plan, _spec.column, _column_property(_spec))
+
+
+class _PlanBatchRows:
+    """The methods of :class:`PlanBatch`, generic over its columns."""
 
     def __post_init__(self):
-        n = len(self.tp)
-        for name, default in (("ep", 1), ("etp", 1), ("cp_mode_code", CpMode.RING), ("optimizer_code", Optimizer.ADAM),
-                              ("delayed_update", False), ("grad_accumulation_fusion", True), ("fused_elementwise", True), ("fused_softmax", True), ("rope_fusion", True), ("tp_comm_overlap", False), ("grad_reduce_bf16", False),
-                              ("fp8_param_gather", False),
-                              ("engine_code", Engine.GENERIC), ("first_stage_layers", 0), ("last_stage_layers", 0),
-                              ("offload_activation_layers", 0), ("attention_kernel_code", AttentionKernel.AUTO),
-                              ("ep_comm_overlap", False), ("moe_flex_dispatch", False), ("recompute_modules_mask", 0)):
-            if getattr(self, name) is None:
-                object.__setattr__(self, name, np.full(n, int(default) if isinstance(default, Mode) else default))
+        n = next((len(getattr(self, s.column)) for s in _BATCH_ARRAYS if getattr(self, s.column) is not None), None)
+        if n is None:
+            raise TypeError("PlanBatch needs at least one column")
+        for spec, default in _BATCH_DEFAULTS:
+            if getattr(self, spec.column) is None:
+                object.__setattr__(self, spec.column, np.full(n, default))
 
     @classmethod
     def from_plans(cls, plans: Sequence[Plan]) -> "PlanBatch":
         """Plans (one dtype) as a batch; ``from_plans([plan])`` is the one-plan view the rules read."""
-        names = [f.name for f in fields(cls) if f.name != "dtype"]
-        return cls(**{name: np.array([int(getattr(p, name)) if name.endswith("_code") else getattr(p, name)
-                                      for p in plans]) for name in names},
-                   dtype=plans[0].dtype if plans else "bf16")
+        columns = {s.column: np.array([getattr(p, s.column) for p in plans]) if s.column == s.name
+                   else np.array([int(getattr(p, s.column)) for p in plans]) for s in _BATCH_ARRAYS}
+        for s in _BATCH_SCALARS:
+            columns[s.column] = getattr(plans[0], s.name) if plans else s.default
+        return cls(**columns)
 
     def __len__(self) -> int:
         return len(self.tp)
 
     def take(self, index) -> "PlanBatch":
-        return PlanBatch(**{f.name: (getattr(self, f.name)[index] if f.name != "dtype" else self.dtype)
-                            for f in fields(self)})
+        """The plans at ``index`` (an index array, a mask or a slice) as a batch."""
+        return type(self)(**{s.column: getattr(self, s.column)[index] for s in _BATCH_ARRAYS},
+                          **{s.column: getattr(self, s.column) for s in _BATCH_SCALARS})
 
     def plan(self, i: int) -> Plan:
-        return Plan(tp=int(self.tp[i]), pp=int(self.pp[i]), dp=int(self.dp[i]), cp=int(self.cp[i]),
-                    sp=bool(self.sp[i]), vpp=int(self.vpp[i]), micro_batch=int(self.micro_batch[i]),
-                    schedule=Schedule(int(self.schedule_code[i])).label, zero=int(self.zero[i]),
-                    recompute=Recompute(int(self.recompute_code[i])).label,
-                    offload=Offload(int(self.offload_code[i])).label,
-                    offload_params=bool(self.offload_params[i]), dtype=self.dtype,
-                    flash_attention=bool(self.flash_attention[i]),
-                    overlap_grad_reduce=bool(self.overlap_grad_reduce[i]), ep=int(self.ep[i]), etp=int(self.etp[i]),
-                    cp_mode=CpMode(int(self.cp_mode_code[i])).label,
-                    optimizer=Optimizer(int(self.optimizer_code[i])).label,
-                    delayed_update=bool(self.delayed_update[i]),
-                    grad_accumulation_fusion=bool(self.grad_accumulation_fusion[i]),
-                    fused_elementwise=bool(self.fused_elementwise[i]),
-                    fused_softmax=bool(self.fused_softmax[i]),
-                    rope_fusion=bool(self.rope_fusion[i]),
-                    tp_comm_overlap=bool(self.tp_comm_overlap[i]),
-                    grad_reduce_bf16=bool(self.grad_reduce_bf16[i]),
-                    fp8_param_gather=bool(self.fp8_param_gather[i]),
-                    engine=Engine(int(self.engine_code[i])).label,
-                    first_stage_layers=int(self.first_stage_layers[i]),
-                    last_stage_layers=int(self.last_stage_layers[i]),
-                    offload_activation_layers=int(self.offload_activation_layers[i]),
-                    attention_kernel=AttentionKernel(int(self.attention_kernel_code[i])).label,
-                    ep_comm_overlap=bool(self.ep_comm_overlap[i]),
-                    moe_flex_dispatch=bool(self.moe_flex_dispatch[i]),
-                    recompute_modules=recompute_modules_text(int(self.recompute_modules_mask[i])))
+        """Plan ``i`` of the batch (checked, as every Plan is)."""
+        return Plan(**{s.name: s.decode(getattr(self, s.column) if s.per_batch else getattr(self, s.column)[i])
+                       for s in PLAN_FIELD_SPECS.values()})
+
+
+_BATCH_ARRAYS = tuple(s for s in PLAN_FIELD_SPECS.values() if not s.per_batch)
+_BATCH_SCALARS = tuple(s for s in PLAN_FIELD_SPECS.values() if s.per_batch)
+_BATCH_DEFAULTS = tuple((s, s.encode(s.default)) for s in _BATCH_ARRAYS)
+
+PlanBatch = make_dataclass(
+    "PlanBatch", [(s.column, Any if s.per_batch else np.ndarray, field(default=s.default if s.per_batch else None))
+                  for s in PLAN_FIELD_SPECS.values()],
+    bases=(_PlanBatchRows,), frozen=True)
+PlanBatch.__module__ = __name__
+PlanBatch.__doc__ = """Many plans as parallel numpy arrays, one attribute per Plan field, derived from
+:data:`PLAN_FIELD_SPECS`: a mode's codes as ``<name>_code`` (``engine_code``), the module list's bit masks
+as ``recompute_modules_mask``, the other fields under their names; ``dtype`` is one label for the
+whole batch. Columns left out take the Plan default; ``dataclasses.replace`` swaps one."""
 
 
 # --- layers per pipeline stage ---------------------------------------------------------------------

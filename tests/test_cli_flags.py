@@ -1,13 +1,17 @@
 """The command line's flag set (issue 13): frozen per command, one meaning per flag, no torch for --help.
 
 ``tests/data/cli_flags.json`` is the frozen snapshot: every command and subcommand with the sorted
-option strings it accepts. A flag added, renamed or dropped fails ``test_flag_set_is_frozen``; update
-the snapshot on purpose with ``python tests/test_cli_flags.py --write``.
+option strings it accepts, except the flags generated from the Plan fields (issue 63): a command that
+has one for every field records PLAN_FLAGS_ENTRY instead, so a new plan field changes no snapshot;
+``test_every_plan_field_has_its_flag_with_help`` checks those flags. A flag added, renamed or dropped
+fails ``test_flag_set_is_frozen``; update the snapshot on purpose with
+``python tests/test_cli_flags.py --write``.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from dataclasses import fields
@@ -16,9 +20,10 @@ from pathlib import Path
 import pandas as pd
 
 from paraplan.cli import build_parser, main
-from paraplan.cli.common import PLAN_FIELDS_WITHOUT_FLAG, PLAN_FLAGS
+from paraplan.cli.common import (PLAN_FIELDS_WITHOUT_FLAG, PLAN_FLAGS, ParaplanArgumentParser, add_plan_args,
+                                 add_plan_flag, plan_flag_kwargs)
 from paraplan.cli.whatif import scenario_from_cli
-from paraplan.plan import Plan
+from paraplan.plan import PLAN_FIELD_SPECS, Plan, attribute_docstrings
 from paraplan.reports.sweep import resolve_points, run_points
 
 SNAPSHOT = Path(__file__).parent / "data" / "cli_flags.json"
@@ -46,9 +51,30 @@ def _options(parser: argparse.ArgumentParser):
     return [a for a in parser._actions if a.option_strings and not isinstance(a, argparse._SubParsersAction)]
 
 
+#: what the snapshot records for a command that has a flag for every Plan field (add_plan_args)
+PLAN_FLAGS_ENTRY = "(a flag per Plan field: add_plan_args)"
+#: the commands every one of whose flags must have help text (issue 63: plan, estimate, validate)
+COMMANDS_WITH_HELP = ("paraplan", "plan", "estimate", "whatif", "validate", "list", "export", "profile", "cf")
+_GENERATED = {name: plan_flag_kwargs(f)[0] for f in fields(Plan) if (name := f.name) in PLAN_FLAGS}
+
+
+def _is_plan_flag(action: argparse.Action) -> bool:
+    """Whether ``action`` is a Plan field's flag as add_plan_args generates it (its dest and spelling)."""
+    return _GENERATED.get(action.dest) in action.option_strings and len(action.option_strings) == 1
+
+
+def _recorded_options(parser: argparse.ArgumentParser) -> list[str]:
+    """The parser's option strings, with PLAN_FLAGS_ENTRY for a complete set of generated plan flags."""
+    options = _options(parser)
+    plan_flags = [a for a in options if _is_plan_flag(a)]
+    if {a.dest for a in plan_flags} == set(PLAN_FLAGS):
+        return sorted([o for a in options if a not in plan_flags for o in a.option_strings] + [PLAN_FLAGS_ENTRY])
+    return sorted(o for a in options for o in a.option_strings)
+
+
 def flag_table() -> dict[str, list[str]]:
     """Command path -> sorted option strings: what the snapshot holds."""
-    return {name: sorted(o for a in _options(p) for o in a.option_strings) for name, p in _commands(build_parser())}
+    return {name: _recorded_options(p) for name, p in _commands(build_parser())}
 
 
 def _signature(action: argparse.Action) -> tuple:
@@ -81,6 +107,89 @@ def test_plan_flags_are_the_plan_fields():
     for old in ("--tp", "--micro-batch", "--zero", "--sp", "--sp-mode", "--plan", "--no-flash-attention",
                 "--no-overlap-grad-reduce", "--no-grad-accumulation-fusion", "--offload-params", "--delayed-update"):
         assert old in spelled
+
+
+def _help(action: argparse.Action) -> str:
+    return (action.help or "").strip() if action.help != argparse.SUPPRESS else ""
+
+
+def test_every_plan_field_has_its_flag_with_help():
+    """Each command that takes a whole plan (the snapshot's PLAN_FLAGS_ENTRY) has every Plan field's
+    flag, or the recorded alias of a field without one (cp_mode: --sp-mode), each with help; a plan
+    flag's help is its field's docstring."""
+    docs = attribute_docstrings(Plan)
+    assert set(docs) == set(PLAN_FIELD_SPECS), "every Plan field has a docstring"
+    whole = [name for name, options in json.loads(SNAPSHOT.read_text()).items() if PLAN_FLAGS_ENTRY in options]
+    assert {"estimate", "whatif"} <= set(whole)
+    parsers = dict(_commands(build_parser()))
+    for name in whole:
+        by_option = {o: a for a in _options(parsers[name]) for o in a.option_strings}
+        for f in fields(Plan):
+            flag = PLAN_FIELDS_WITHOUT_FLAG.get(f.name) or _GENERATED[f.name]
+            assert flag in by_option, f"{name}: no {flag} for Plan.{f.name}"
+            action = by_option[flag]
+            assert _help(action), f"{name} {flag}: no help"
+            if f.name in PLAN_FLAGS:
+                assert action.dest == f.name
+                assert " ".join(docs[f.name].split()) in action.help.replace("%%", "%")
+
+
+def test_add_plan_args_and_add_plan_flag_give_the_field_docstring_as_help():
+    """What any command (validate too) gets from the shared plan flags: the field's docstring on one
+    line; a flag that turns off what is on by default says so."""
+    ap = ParaplanArgumentParser(prog="x")
+    add_plan_args(ap)
+    one = ParaplanArgumentParser(prog="y")
+    for name in ("tp", "zero", "flash_attention"):
+        add_plan_flag(one, name)
+    docs = attribute_docstrings(Plan)
+    for parser in (ap, one):
+        for action in _options(parser):
+            if action.dest in PLAN_FLAGS:
+                doc = " ".join(docs[action.dest].split())
+                suffix = " On by default; this flag turns it off." if action.option_strings[0].startswith("--no-") else ""
+                assert action.help.replace("%%", "%") == doc + suffix
+    helps = {a.option_strings[0]: a.help for a in _options(one)}
+    assert set(helps) == {"-h", "--tp", "--zero", "--no-flash-attention"}
+    assert helps["--tp"].startswith("Tensor-parallel degree") and "ZeRO stage" in helps["--zero"]
+    assert helps["--no-flash-attention"].endswith("this flag turns it off.")
+
+
+def test_every_flag_has_help():
+    """Every --flag of plan, estimate, validate (and the other commands listed) says what it does."""
+    parsers = dict(_commands(build_parser()))
+    missing = {name: [a.option_strings[0] for a in _options(parsers[name]) if not _help(a)]
+               for name in COMMANDS_WITH_HELP}
+    assert not any(missing.values()), missing
+
+
+def _flags_without_help_text(help_text: str) -> list[str]:
+    """The option entries of a rendered ``--help`` with no text: argparse prints an entry's help after
+    two spaces on its line, or on the next line indented under the help column; an entry without help
+    is followed by the next entry, a group heading or nothing."""
+    lines = help_text.splitlines()
+    bare = []
+    for i, line in enumerate(lines):
+        m = re.match(r"  (-\S.*?)(?:\s{2,}(\S.*))?$", line)
+        if not m:
+            continue
+        after = lines[i + 1] if i + 1 < len(lines) else ""
+        if not m.group(2) and not re.match(r" {3,}\S", after):
+            bare.append(m.group(1))
+    return bare
+
+
+def test_help_output_shows_text_for_every_flag():
+    """``paraplan plan|estimate|validate --help`` as printed: no flag without text. The check itself
+    catches a flag without help."""
+    parsers = dict(_commands(build_parser()))
+    for name in ("plan", "estimate", "validate"):
+        assert _flags_without_help_text(parsers[name].format_help()) == [], name
+    ap = ParaplanArgumentParser(prog="x")
+    ap.add_argument("--quiet-one", action="store_true")
+    ap.add_argument("--a-rather-long-flag-name", choices=("first", "second"))
+    ap.add_argument("--said", help="has help")
+    assert _flags_without_help_text(ap.format_help()) == ["--quiet-one", "--a-rather-long-flag-name {first,second}"]
 
 
 def test_plan_flag_parsing():

@@ -13,12 +13,12 @@ import math
 import os
 import re
 import sys
-from dataclasses import MISSING, Field, fields
+from dataclasses import Field, fields
 from pathlib import Path
 
 from paraplan.errors import ConfigError, ParaplanError, shown
-from paraplan.plan import (ATTENTION_KERNELS, CP_MODES, DTYPES, ENGINES, OFFLOAD, OPTIMIZERS, RECOMPUTE, SCHEDULES, STAGE_LAYER_FIELDS,
-                           STAGE_LAYER_ZERO_MEANS, Plan)
+from paraplan.plan import (CHOICE, COUNT, CP_MODES, DERIVED, LAYERS, MODE, MODULES, PLAN_FIELD_SPECS, SWITCH, Plan,
+                           attribute_docstrings)
 from paraplan.planfile import read_plan_file
 from paraplan.scenario import Scenario, load_scenario
 
@@ -255,63 +255,6 @@ def add_scenario_args(ap: argparse.ArgumentParser, *, require: bool = True) -> N
                     help="leaf-to-spine oversubscription of the fabric (e.g. 2 for 2:1); implies --network rail")
 
 
-# Help text of the plan flags, keyed by Plan field name (fields not listed get no help line).
-PLAN_FLAG_HELP = {
-    "first_stage_layers": "transformer layers on the first pipeline stage (Megatron-LM "
-                          "--decoder-first-pipeline-num-layers); default 0: automatic split",
-    "last_stage_layers": "transformer layers on the last pipeline stage (Megatron-LM "
-                         "--decoder-last-pipeline-num-layers); default 0: automatic split",
-    "offload_activation_layers": "layers whose activations go to host memory in forward and return for "
-                                 "backward (Megatron-LM --cpu-offloading-num-layers; pp 1, no recompute); "
-                                 "default 0: none",
-    "dp": "default: what the GPU count leaves",
-    "sp": "Megatron sequence parallelism (needs tp > 1)",
-    "delayed_update": "ZeRO-Offload's one-step delayed parameter update (with --offload cpu)",
-    "grad_accumulation_fusion": "every micro-batch after the first adds its gradients with separate kernels "
-                                "(plain PyTorch, DDP no_sync, FSDP); default: fused into the wgrad GEMM "
-                                "(Megatron-LM). On plan and whatif without a fixed plan: search unfused plans",
-    "engine": "the engine that runs the plan: its model-state layout, buffers and the layouts it offers "
-              "(generic: the ZeRO paper's accounting, no restrictions)",
-    "dtype": "training precision: bf16, fp16, fp32 (CPU validation), or fp8 linear layers with their scaling "
-             "recipe: fp8 (per-tensor current scaling), fp8-delayed, fp8-rowwise, fp8-blockwise, mxfp8 "
-             "(Blackwell). On plan and whatif without a fixed plan: search plans in that precision",
-    "recompute": "none; selective (Megatron: attention core); full (layer inputs only); op-sac (torchtitan: "
-                 "every other matmul output and the attention output)",
-    "tp_comm_overlap": "overlap tensor-parallel all-gather/reduce-scatter with the neighbouring GEMMs "
-                       "(Megatron-LM --tp-comm-overlap, torchtitan async TP; needs --sp)",
-    "ep_comm_overlap": "hide the expert-parallel all-to-alls under the other direction's compute of the "
-                       "neighbouring micro-batch (Megatron-Core combined 1F1B, --overlap-moe-expert-parallel-comm; "
-                       "needs ep > 1, pp 1 or the interleaved schedule, no full recomputation). On plan: "
-                       "--fix ep_comm_overlap=true turns it on for every candidate that can run it",
-    "moe_flex_dispatch": "run the expert-parallel dispatch and combine on DeepEP / HybridEP kernels (Megatron-Core's "
-                         "flex token dispatcher): each token crosses once per destination node and GPU instead of "
-                         "once per routed copy (needs ep > 1, --engine megatron or generic). On plan: "
-                         "--fix moe_flex_dispatch=true turns it on for every candidate that can run it",
-    "recompute_modules": "with --recompute selective: the modules Megatron-Core recomputes (--recompute-modules), "
-                         "comma-separated from core_attn, layernorm, mla_up_proj, mlp, moe_act, moe, shared_experts; "
-                         "default: the attention core. On plan: --fix recompute_modules=moe_act,layernorm sets them "
-                         "on every selective candidate that can run them",
-    "grad_reduce_bf16": "Megatron-LM: keep and reduce gradients in bf16 (--grad-reduce-in-bf16; the "
-                        "Megatron-Bridge and NeMo performance recipes do): 2 bytes per parameter instead of 4",
-    "fp8_param_gather": "Megatron-LM under an fp8 --dtype: the parameters are fp8 tensors (--fp8-param-gather; "
-                        "Megatron-Bridge's fp8 presets set it): no 16-bit weights beside the fp8 copies, and "
-                        "parameter all-gathers move 1 byte per parameter instead of 2",
-    "attention_kernel": "the fused attention kernel: auto (the generation's calibrated efficiency), or cudnn, "
-                        "flash2, efficient at their efficiency measured by sequence length (Hopper), or flash1 "
-                        "(FlashAttention 1.x: half FlashAttention-2's rate)",
-    "fused_elementwise": "eager PyTorch norms and SwiGLU (fp32 upcast, several kernels, more saved "
-                         "activations) instead of fused kernels (Megatron-LM with Transformer Engine or Apex)",
-    "fused_softmax": "with --no-flash-attention: an eager PyTorch softmax over the scores (a copy, a mask fill "
-                     "and the softmax, three kernels) instead of Megatron-LM's fused scale-mask-softmax kernel "
-                     "(--no-masked-softmax-fusion)",
-    "rope_fusion": "an eager PyTorch rotary embedding (q*cos + rotate_half(q)*sin: five kernels, five times the "
-                   "bytes) instead of one fused kernel (Megatron-LM --no-rope-fusion; Megatron-Core's own default "
-                   "where a model provider keeps it, as Megatron-Bridge's GPT-OSS and DeepSeek-V3 do)",
-}
-# Accepted values of the categorical plan fields (the flag's argparse choices).
-PLAN_FLAG_CHOICES = {"schedule": SCHEDULES, "recompute": RECOMPUTE, "offload": OFFLOAD, "dtype": DTYPES,
-                     "optimizer": OPTIMIZERS, "zero": (0, 1, 2, 3), "engine": ENGINES,
-                     "attention_kernel": ATTENTION_KERNELS}
 # Plan fields without a flag of their own, and the flag that sets them instead.
 PLAN_FIELDS_WITHOUT_FLAG = {"cp_mode": "--sp-mode"}
 # Plan fields whose flag, given without any other plan flag, constrains a search (plan, whatif)
@@ -325,32 +268,42 @@ def _plan_fields() -> list[Field]:
 
 
 PLAN_FLAGS = tuple(f.name for f in _plan_fields())
+# Accepted values of the categorical plan fields that have a flag (the flag's argparse choices)
+PLAN_FLAG_CHOICES = {name: (s.mode.labels() if s.kind == MODE else s.choices) for name, s in PLAN_FIELD_SPECS.items()
+                     if s.kind in (MODE, CHOICE) and name not in PLAN_FIELDS_WITHOUT_FLAG}
+
+
+def plan_flag_help(name: str) -> str:
+    """A Plan field's flag help: the field's docstring (:func:`paraplan.plan.attribute_docstrings`),
+    on one line, with argparse's ``%`` escaped."""
+    return " ".join(attribute_docstrings(Plan).get(name, "").split()).replace("%", "%%")
 
 
 def plan_flag_kwargs(f: Field) -> tuple[str, dict]:
-    """The option string and add_argument keywords of one Plan field's flag.
+    """The option string and add_argument keywords of one Plan field's flag, from the field's kind
+    (:data:`paraplan.plan.PLAN_FIELD_SPECS`) and its docstring (the help).
 
     Every flag defaults to None ("not given"), so a plan file or the Plan default fills it.
     """
-    default = f.default if f.default is not MISSING else None
+    spec = PLAN_FIELD_SPECS[f.name]
     flag = "--" + f.name.replace("_", "-")
-    kw: dict = {"dest": f.name, "default": None}
-    if f.name in PLAN_FLAG_HELP:
-        kw["help"] = PLAN_FLAG_HELP[f.name]
-    if isinstance(default, bool):
-        if default:
+    kw: dict = {"dest": f.name, "default": None, "help": plan_flag_help(f.name)}
+    if spec.kind == SWITCH:
+        if spec.default:
+            kw["help"] += " On by default; this flag turns it off."
             return "--no-" + flag[2:], {**kw, "action": "store_false"}
         return flag, {**kw, "action": "store_true"}
-    if f.name in PLAN_FLAG_CHOICES:
-        choices = PLAN_FLAG_CHOICES[f.name]
-        return flag, {**kw, "choices": choices, **({} if isinstance(choices[0], str) else {"type": int})}
-    if f.name == "recompute_modules":
-        return flag, {**kw, "metavar": "MODULE[,MODULE...]"}
-    if isinstance(default, int):
-        if f.name in STAGE_LAYER_FIELDS:
-            return flag, {**kw, "type": non_negative_int(flag, zero_means=STAGE_LAYER_ZERO_MEANS[f.name])}
+    if spec.kind == MODE:
+        return flag, {**kw, "choices": spec.mode.labels()}
+    if spec.kind == CHOICE:
+        return flag, {**kw, "choices": spec.choices, "type": int}
+    if spec.kind == MODULES:
+        return flag, {**kw, "metavar": spec.metavar}
+    if spec.kind == LAYERS:
+        return flag, {**kw, "type": non_negative_int(flag, zero_means=spec.zero_means)}
+    if spec.kind in (COUNT, DERIVED):       # DERIVED (dp): leaving the flag out is what its 0 means
         return flag, {**kw, "type": positive_int(flag)}
-    raise TypeError(f"Plan.{f.name}: no rule for a flag of type {f.type}")
+    raise TypeError(f"Plan.{f.name}: no flag for a field of kind {spec.kind}")
 
 
 def add_plan_args(ap: argparse.ArgumentParser) -> None:

@@ -36,5 +36,6 @@ def register(sub) -> None:
     est = sub.add_parser("estimate", help="predict step time, throughput and memory of one plan")
     add_scenario_args(est, require=False)
     add_plan_args(est)
-    est.add_argument("--format", choices=("table", "json"), default="table")
+    est.add_argument("--format", choices=("table", "json"), default="table",
+                     help="table: the breakdown as text (default); json: the estimate as one JSON document")
     est.set_defaults(func=cmd_estimate)

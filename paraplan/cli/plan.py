@@ -204,6 +204,8 @@ def register(sub) -> None:
     add_plan_flag(ap, "dtype")
     ap.add_argument("--no-stage-ilp", action="store_true",
                     help="skip the pulp stage-partition and per-stage recompute ILPs for the best plan")
-    ap.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    ap.add_argument("--format", choices=("table", "json", "csv"), default="table",
+                    help="table: the ranked plans and the best one's breakdown (default); json: the search and "
+                         "every plan's estimate as one JSON document; csv: one row per ranked plan")
     ap.add_argument("--out", help="write the best plan to this plan file (JSON)")
     ap.set_defaults(func=cmd_plan)

@@ -22,11 +22,11 @@ from typing import Mapping
 
 import numpy as np
 
-from paraplan.engines import SPECS, SWITCHES, spec_named
+from paraplan.engines import SPECS, spec_named
 from paraplan.errors import ConfigError
-from paraplan.plan import (MODES, PLAN_FIELDS, RULES, STAGE_LAYER_FIELDS, AttentionKernel, CpMode, Dtype,
-                           Offload, Optimizer,
-                           PlanBatch, Recompute, Scene, Schedule, failed_rules, parse_field, recompute_modules_mask)
+from paraplan.plan import (MODES, PLAN_FIELD_SPECS, PLAN_FIELDS, RULES, STAGE_LAYER_FIELDS, CpMode, Dtype,
+                           Offload, Optimizer, PlanBatch, Recompute, Scene, Schedule, failed_rules, parse_field,
+                           recompute_modules_mask)
 
 OFFLOAD_CHOICES = ((Offload.NONE, False), (Offload.CPU, False), (Offload.NVME, False), (Offload.CPU, True),
                    (Offload.NVME, True))
@@ -123,12 +123,10 @@ def divisors(n: int) -> list[int]:
 
 
 def _pin(choices: dict, fixed: Mapping) -> None:
-    """Replace the choices of pinned axes by their pinned value."""
+    """Replace the choices of pinned axes by their pinned value. Pinned fields the search does not
+    vary are left to the batch: dp is a rule of the search, the others one value for the whole batch
+    (:func:`batch_wide_columns`)."""
     for key, value in fixed.items():
-        if key in ("dp", "dtype", "flash_attention", "overlap_grad_reduce", "grad_accumulation_fusion", "fused_elementwise",
-                   "fused_softmax", "rope_fusion", *BATCH_SWITCHES, "attention_kernel", *FIXED_WHERE_THEY_RUN,
-                   "engine", *STAGE_LAYER_FIELDS):
-            continue  # dp: a rule of the search; the rest: one value for the whole batch
         if key == "etp":
             choices["etp_is_tp"] = [value != 1]
             if value != 1:
@@ -142,6 +140,8 @@ def _pin(choices: dict, fixed: Mapping) -> None:
             params = fixed.get("offload_params")
             choices["offload"] = [i for i, (o, p) in enumerate(OFFLOAD_CHOICES)
                                   if o.label == value and (params is None or p == params)]
+        elif key not in choices:
+            continue
         elif key in MODES:
             choices[key] = [int(MODES[key].parse(value))]
         else:
@@ -241,22 +241,38 @@ def _second_view(b: dict, dtype, engine) -> SimpleNamespace:
                            etp_is_tp=b["etp_is_tp"], dtype=dtype, engine_code=engine)
 
 
-def _cross(first: SimpleNamespace, second: SimpleNamespace, keep1, keep2, fixed: Mapping,
-           flash_default: bool = True) -> SimpleNamespace:
+#: the Plan fields the search varies (its axes, with etp from etp_is_tp and offload_params from offload)
+#: or derives (dp), and the stage-layer counts the first view pins; the others are batch-wide
+#: (:func:`batch_wide_columns`)
+SEARCHED_FIELDS = frozenset({"tp", "pp", "dp", "cp", "vpp", "micro_batch", "schedule", "ep", "cp_mode", "sp", "zero",
+                             "recompute", "offload", "offload_params", "optimizer", "delayed_update", "etp",
+                             *STAGE_LAYER_FIELDS})
+
+
+def batch_wide_columns(fixed: Mapping, options: SpaceOptions, engine: int, flash_default: bool = True) -> dict:
+    """The PlanBatch columns of the Plan fields the search does not vary (all but SEARCHED_FIELDS, the
+    engine and dtype), by column: the value ``--fix`` pins, else the Plan default. Two defaults come
+    from the scenario: flash attention (the accelerator's) and gradient-accumulation fusion (on only
+    where ``options`` allow it and the engine is Megatron-LM, which fuses it into the weight-gradient
+    GEMMs through main_grad, or generic). The engine, like dtype, is one value for the whole search,
+    held by the views as a scalar."""
+    fusion = options.grad_accumulation_fusion and SPECS[int(engine)].grad_accumulation_fusion
+    defaults = {"flash_attention": flash_default, "grad_accumulation_fusion": fusion}
+    return {s.column: s.encode(fixed.get(s.name, defaults.get(s.name, s.default)))
+            for s in PLAN_FIELD_SPECS.values() if not s.per_batch and s.name not in SEARCHED_FIELDS | {"engine"}}
+
+
+def _cross(first: SimpleNamespace, second: SimpleNamespace, keep1, keep2, batch_wide: Mapping) -> SimpleNamespace:
     """Survivors of both stages crossed (each degree tuple with each categorical tuple), etp filled,
-    and the batch-wide flags that rules read (the engine switches of BATCH_SWITCHES: TP communication
-    overlap, ...) as columns."""
+    and the batch-wide columns (:func:`batch_wide_columns`), which the rules of the crossed
+    candidates may read."""
     f = {k: v[keep1] for k, v in vars(first).items() if k not in ("dtype", "engine_code")}
     s = {k: v[keep2] for k, v in vars(second).items() if k not in ("dtype", "engine_code")}
     nf, ns = f["tp"].size, s["sp"].size
     both = {k: np.repeat(v, ns) for k, v in f.items()}
     both.update({k: np.tile(v, nf) for k, v in s.items()})
     both["etp"] = np.where(both["etp_is_tp"], both["tp"], 1)
-    for column in BATCH_SWITCHES:
-        both[column] = np.full(nf * ns, bool(fixed.get(column, False)))
-    both["flash_attention"] = np.full(nf * ns, bool(fixed.get("flash_attention", flash_default)))
-    both["fused_softmax"] = np.full(nf * ns, bool(fixed.get("fused_softmax", True)))
-    both["attention_kernel_code"] = np.full(nf * ns, int(AttentionKernel.parse(fixed.get("attention_kernel", "auto"))))
+    both.update({k: np.full(nf * ns, v) for k, v in batch_wide.items()})
     return SimpleNamespace(**both, dtype=first.dtype, engine_code=first.engine_code)
 
 
@@ -285,12 +301,6 @@ class FixedWhereItRuns:
 FIXED_WHERE_THEY_RUN = {"ep_comm_overlap": FixedWhereItRuns(False, "--fix ep=N (N > 1)"),
                         "moe_flex_dispatch": FixedWhereItRuns(False, "--fix ep=N (N > 1)"),
                         "recompute_modules": FixedWhereItRuns("", "--fix recompute=selective")}
-
-#: the engine switches (on/off plan fields, ``paraplan.engines.SWITCHES``) the search does not vary: off,
-#: or what ``--fix`` pins for the whole batch (the rules then drop the candidates whose engine or layout
-#: cannot run them); the others are searched (offload), stage-layer counts, or FIXED_WHERE_THEY_RUN
-BATCH_SWITCHES = tuple(sw.field for sw in SWITCHES if sw.axis == sw.field and sw.field not in FIXED_WHERE_THEY_RUN
-                       and sw.field not in STAGE_LAYER_FIELDS)
 
 #: the opt-in flags the search leaves off unless fixed, with the rules that say where each can run
 OPT_IN_FLAG_RULES = {column: tuple(r for r in RULES if column in r.axes)
@@ -378,7 +388,8 @@ def compose(model, job, cluster, options: SpaceOptions | None = None) -> tuple[P
     keep1 = _apply(_stage_rules(1), first, scene, np.ones(n1, bool), rejected, n2)
     second = _second_view(b, dtype, engine)
     keep2 = _apply(_stage_rules(2), second, scene, np.ones(n2, bool), rejected, int(keep1.sum()))
-    both = _cross(first, second, keep1, keep2, fixed, cluster.accelerator.flash_attention)
+    both = _cross(first, second, keep1, keep2,
+                  batch_wide_columns(fixed, options, engine, cluster.accelerator.flash_attention))
     for column in OPT_IN_FLAG_RULES:
         setattr(both, column, _opt_in_flag_where_it_runs(both, scene, column, bool(fixed.get(column, False))))
     both.recompute_modules_mask = _recompute_modules_where_they_run(both, scene, fixed.get("recompute_modules", ""))
@@ -386,26 +397,11 @@ def compose(model, job, cluster, options: SpaceOptions | None = None) -> tuple[P
     if "recompute_modules" not in fixed and SPECS[int(engine)].offers("recompute_modules"):
         both, extra = _with_recompute_module_sets(both, searched_recompute_module_sets(model))
     keep3 = _apply(_stage_rules(3), both, scene, np.ones(both.tp.size, bool), rejected, 1)
-    return _batch(both, np.nonzero(keep3)[0], options, fixed), rejected, n1 * n2 + extra
+    return _batch(both, np.nonzero(keep3)[0]), rejected, n1 * n2 + extra
 
 
-def _batch(both: SimpleNamespace, idx, options: SpaceOptions, fixed: Mapping) -> PlanBatch:
-    """The kept candidates as a PlanBatch; the flags the search does not vary take their pinned
-    value or the default."""
-    n = idx.size
-    spec = SPECS[int(both.engine_code)]
-    # only Megatron-LM (and the generic engine) fuse gradient accumulation into the weight-gradient GEMMs
-    # (main_grad): the engine's default
-    fusion = options.grad_accumulation_fusion and spec.grad_accumulation_fusion
-    const = {"overlap_grad_reduce": fixed.get("overlap_grad_reduce", True),
-             "grad_accumulation_fusion": fixed.get("grad_accumulation_fusion", fusion),
-             "fused_elementwise": fixed.get("fused_elementwise", True),
-             "rope_fusion": fixed.get("rope_fusion", True), "engine_code": spec.code}
-    # the batch-wide flags the crossing rules read are already columns of ``both`` (:func:`_cross`)
-    cols = ("tp", "pp", "dp", "cp", "sp", "vpp", "micro_batch", "schedule_code", "zero", "recompute_code",
-            "offload_code", "offload_params", "ep", "etp", "cp_mode_code", "optimizer_code", "delayed_update",
-            *BATCH_SWITCHES, "flash_attention", "fused_softmax", "attention_kernel_code", "ep_comm_overlap",
-            "moe_flex_dispatch", "recompute_modules_mask",
-            *STAGE_LAYER_FIELDS)
-    return PlanBatch(**{k: getattr(both, k)[idx] for k in cols}, **{k: np.full(n, v) for k, v in const.items()},
-                     dtype=both.dtype)
+def _batch(both: SimpleNamespace, idx) -> PlanBatch:
+    """The kept candidates as a PlanBatch: every column of ``both`` at ``idx``, the engine and dtype
+    one value for the batch."""
+    columns = {k: v[idx] for k, v in vars(both).items() if k not in ("dtype", "engine_code", "etp_is_tp")}
+    return PlanBatch(**columns, engine_code=np.full(idx.size, int(both.engine_code)), dtype=both.dtype)

@@ -1,7 +1,10 @@
 """Record (or check) the golden corpus: ``python tests/golden/record.py [--check]``.
 
 Each corpus line runs ``paraplan.cli.main`` in this process; stdout is kept as
-``expected/NAME.json`` with the search time (the only field that varies between runs) removed.
+``expected/NAME.json`` with the search time (the only field that varies between runs) removed, and
+every plan it echoes (``"plan": {...}`` of an estimate) cut to the fields whose values differ from
+``Plan``'s defaults: the files compare the estimates and the plans chosen, and a new plan field with a
+default rewrites none of them (issue 63).
 """
 from __future__ import annotations
 
@@ -14,6 +17,25 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 VOLATILE = ("search_time_s",)
+
+
+def off_defaults(doc):
+    """``doc`` with each echoed plan (a dict under a "plan" key whose keys are Plan fields) cut to the
+    fields whose values differ from Plan's defaults, in Plan's order."""
+    from paraplan.plan import PLAN_FIELD_SPECS
+    if isinstance(doc, list):
+        return [off_defaults(v) for v in doc]
+    if not isinstance(doc, dict):
+        return doc
+    out = {}
+    for key, value in doc.items():
+        if key == "plan" and isinstance(value, dict) and value and set(value) <= set(PLAN_FIELD_SPECS):
+            defaults = {name: spec.default for name, spec in PLAN_FIELD_SPECS.items()}
+            out[key] = {k: v for k, v in value.items()
+                        if not (type(v) is type(defaults[k]) and v == defaults[k])}
+        else:
+            out[key] = off_defaults(value)
+    return out
 
 
 def corpus() -> list[tuple[str, list[str]]]:
@@ -39,7 +61,7 @@ def run(argv: list[str]) -> tuple[int, str]:
     if isinstance(doc, dict):
         for key in VOLATILE:
             doc.pop(key, None)
-    record = {"exit_code": code, "output": doc}
+    record = {"exit_code": code, "output": off_defaults(doc)}
     if code == 2:  # a user error: its one-line message is part of the behaviour
         record["error"] = err.getvalue()
     return code, json.dumps(record, indent=1) + "\n"
