@@ -171,7 +171,7 @@ def test_the_search_proposes_only_what_the_engine_offers():
 
 # --- what each engine holds -------------------------------------------------------------------------
 N = 8.0     # dp ranks the states are sharded over
-#: bytes per parameter by engine and ZeRO stage (README "Engines" table; docs/planner.md), 16-bit training
+#: bytes per parameter by engine and ZeRO stage (docs/usage.md "Engines" table; docs/planner.md), 16-bit training
 DOCUMENTED = {
     ("generic", 0): 2 + 2 + 12, ("generic", 1): 2 + 2 + 12 / N, ("generic", 2): 2 + 14 / N, ("generic", 3): 16 / N,
     ("megatron", 0): 2 + 4 + 12, ("megatron", 1): 6 + 12 / N, ("megatron", 2): 2 + (4 + 12) / N,
