@@ -71,8 +71,8 @@ def test_bf16_optimizer_accumulates_every_micro_batch_into_fp32():
     pipeline, not for other engines."""
     from dataclasses import replace
     from paraplan.costmodels.efficiency import curves_for
-    from paraplan.costmodels.estimate import (DEEPSPEED_BF16_ACCUMULATION_BYTES_PER_PARAM,
-                                              DEEPSPEED_BF16_ACCUMULATION_KERNELS_PER_TENSOR)
+    from paraplan.costmodels.accumulation import (DEEPSPEED_BF16_ACCUMULATION_BYTES_PER_PARAM,
+                                                  DEEPSPEED_BF16_ACCUMULATION_KERNELS_PER_TENSOR)
     from paraplan.costmodels.offload import stage_param_tensors
     model, cluster = load_model("gpt3-175b"), load_cluster("dgx-a100-80g", 384)
     job = TrainingJob(2048, 1536)

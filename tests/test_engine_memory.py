@@ -21,7 +21,8 @@ import pytest
 
 from paraplan.costmodels import memory as M
 from paraplan.costmodels.compute import op_sac_recomputed_matmul_share
-from paraplan.costmodels.estimate import estimate, runtime_reserved_bytes
+from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.memory import runtime_reserved_bytes
 from paraplan.engines import SPECS, Engine
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
@@ -79,7 +80,7 @@ def test_megatron_fsdp_buffers_are_two_layers_of_gradients_and_at_zero3_of_param
     assert buffers[2] == pytest.approx(2 * 4 * layer)
     assert buffers[3] == pytest.approx(2 * 4 * layer + 2 * 2 * layer)
     # gathered in persistent buffers: no allocator churn, unlike FSDP2 or DeepSpeed stage 3
-    from paraplan.costmodels.estimate import churns_allocator
+    from paraplan.costmodels.memory import churns_allocator
     assert not churns_allocator(Plan(tp=2, sp=True, zero=3, engine="megatron"))
     assert churns_allocator(Plan(tp=2, sp=True, zero=3, engine="deepspeed"))
     e = estimate(model, job, cluster, Plan(tp=2, sp=True, zero=3, engine="megatron"))

@@ -78,7 +78,7 @@ def test_a_bf16_main_grad_moves_half_the_accumulation_bytes():
 
 def test_without_fused_accumulation_nothing_is_added():
     """A 16-bit wgrad output moves the forward's bytes; the unfused accumulation is priced apart
-    (estimate.grad_accumulation_time)."""
+    (accumulation.grad_accumulation_time)."""
     plan = replace(EP1, grad_accumulation_fusion=False)
     assert _f(routed_experts_wgrad_accumulation_time(MODEL, JOB, plan, CURVES)) == 0.0
 

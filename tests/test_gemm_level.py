@@ -4,7 +4,8 @@ H100 measured is kept apart from it."""
 import pytest
 
 from paraplan.costmodels.efficiency import analytical_curves, isolated_kernel_curves
-from paraplan.costmodels.estimate import estimate, gemm_level_assumption
+from paraplan.costmodels.efficiency import gemm_level_assumption
+from paraplan.costmodels.estimate import estimate
 from paraplan.hardware.catalog import load_cluster, load_part
 from paraplan.plan import Plan
 from paraplan.workloads.presets import load_model

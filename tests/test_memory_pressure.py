@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 from paraplan.calibration import load_cases, short_source
-from paraplan.costmodels.estimate import ALLOCATOR_PRESSURE_HEADROOM_BYTES, churns_allocator, estimate
+from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.memory import ALLOCATOR_PRESSURE_HEADROOM_BYTES, churns_allocator
 from paraplan.plan import Plan
 
 

@@ -13,8 +13,9 @@ from paraplan.costmodels import memory as M
 from paraplan.costmodels.comm import ALL_GATHER, ALL_REDUCE, collective_time
 from paraplan.costmodels.dataparallel import dp_exposed_time, dp_group
 from paraplan.costmodels.efficiency import curves_for
-from paraplan.costmodels.estimate import (DP_OVERLAP_ASSUMPTION, SCALING_DP_ASSUMPTION, SCALING_STEP_BYTES_PER_PARAM,
-                                          assumptions_for, estimate, scaling_step_passes_time)
+from paraplan.costmodels.dataparallel import DP_OVERLAP_ASSUMPTION, SCALING_DP_ASSUMPTION
+from paraplan.costmodels.estimate import assumptions_for, estimate
+from paraplan.costmodels.offload import SCALING_STEP_BYTES_PER_PARAM, scaling_step_passes_time
 from paraplan.costmodels.offload import stage_param_tensors
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan, PlanBatch, stage_layer_counts, stage_layers

@@ -12,7 +12,8 @@ import pytest
 from paraplan.costmodels import compute as C
 from paraplan.costmodels import memory as M
 from paraplan.costmodels.efficiency import curves_for
-from paraplan.costmodels.estimate import LAST, MIDDLE, estimate, step_terms
+from paraplan.costmodels.estimate import estimate, step_terms
+from paraplan.costmodels.pipeline import LAST, MIDDLE
 from paraplan.errors import ConfigError
 from paraplan.plan import Plan, PlanBatch, check_plan, stage_layer_counts, stage_layers
 from paraplan.planner import export as ex

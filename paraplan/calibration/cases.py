@@ -66,7 +66,7 @@ def lightest_fitting_recompute(model, job, cluster, plan: Plan, assumed: list) -
 
 def score(cases, estimate_fn) -> pd.DataFrame:
     """Predicted vs measured step time per case; ``error`` = predicted/measured − 1; the predicted
-    memory headroom and whether the estimate flags memory pressure (estimate.allocator_pressure_assumption)."""
+    memory headroom and whether the estimate flags memory pressure (memory.allocator_pressure_assumption)."""
     rows = []
     for c in cases:
         e = estimate_fn(c.model, c.job, c.cluster, c.plan)

@@ -14,7 +14,7 @@ import numpy as np
 
 from paraplan.constants import fitted
 from paraplan.costmodels.kernels import BYTES, _dtype, element_bytes, tokens_per_rank
-from paraplan.engines import engine_flag
+from paraplan.engines import engine_flag, spec_of
 from paraplan.plan import AttentionKernel, CpMode
 
 
@@ -261,3 +261,63 @@ def ring_attention_merge_times(model, job, plan, curves):
                              kernels=kernels)
     ring = (c > 1) & (np.asarray(plan.cp_mode_code) != CpMode.ULYSSES)
     return np.where(ring, fwd, 0.0), np.where(ring, bwd, 0.0)
+
+
+FUSED_ATTENTION_ASSUMPTION = ("fused attention: causal mask halves the executed attention work; unfused: full score "
+                              "matrix plus the softmax's traffic (fused kernel, or eager ops with --no-fused-softmax) and "
+                              "dropout's for models trained with it")
+
+
+def fused_attention_assumption(**_) -> tuple[str, ...]:
+    """How :func:`attention_core_times` prices the core, fused or not."""
+    return (FUSED_ATTENTION_ASSUMPTION,)
+
+
+def attention_kernel_assumption(model, job, plan, curves, **_) -> tuple[str, ...]:
+    """What a plan that names its attention kernel is priced at: the measured efficiency at its
+    sequence length and heads per GPU, or, where the generation has no measured table, the
+    calibrated one (said, so the choice is not silently ignored)."""
+    if not plan.flash_attention:
+        return ()
+    b = plan.micro_batch
+    query_len, heads = tokens_per_rank(job, plan) / b, b * model.heads / plan.tp
+    eff = measured_attention_efficiency(model, plan, curves, query_len, heads)
+    windowed = ""
+    if model.windowed_layer_share and eff is not None and not np.isnan(float(eff)):
+        length, _, eff_w = windowed_attention_efficiency(model, plan, curves, query_len, heads)
+        windowed = (f"; its {model.sliding_window}-key sliding-window layers run as causal attention over "
+                    f"{float(length):.0f} tokens (the same key tiles per query tile) at {float(eff_w):.3f}")
+    if model.chunked_layer_share and eff is not None and not np.isnan(float(eff)):
+        length, _, eff_c = chunked_attention_efficiency(model, plan, curves, query_len, heads)
+        windowed += (f"; its chunked-attention layers run as causal attentions over {float(length):.0f}-token "
+                     f"chunks at {float(eff_c):.3f}")
+    if plan.attention_kernel == "auto":
+        if eff is None or np.isnan(float(eff)):
+            return ()
+        who = spec_of(plan).behaviour.cudnn_attention_note    # an engine that picks cuDNN: it measured
+        return (f"attention: auto on {who}: cudnn at {float(eff):.3f} of peak, measured by sequence length "
+                f"(attention_kernels.yaml) at {job.seq_len} tokens and {b * model.heads // plan.tp} heads per GPU"
+                f"{windowed}",)
+    if plan.attention_kernel == "flash1":
+        base = ("its calibrated fused-attention efficiency "
+                f"({getattr(curves, 'flash_attention_efficiency', 'profiled')})" if eff is None else
+                f"FlashAttention-2's measured {float(eff):.3f} of peak at {job.seq_len} tokens{windowed}")
+        return (f"attention: flash1 (FlashAttention 1.x) at 1/{FLASH1_TIME_FACTOR:g} of {base}: FlashAttention-2 "
+                "runs the same work about 2x faster (Dao 2023, arXiv:2307.08691, sec. 4.1)",)
+    if eff is None:
+        return (f"attention: no measured {plan.attention_kernel} table for this accelerator; priced at its "
+                f"calibrated fused-attention efficiency ({getattr(curves, 'flash_attention_efficiency', 'profiled')})",)
+    return (f"attention: {plan.attention_kernel} at {float(eff):.3f} of peak, measured by sequence length "
+            f"(attention_kernels.yaml) at {job.seq_len} tokens and {b * model.heads // plan.tp} heads per GPU"
+            f"{windowed}",)
+
+
+def softmax_exp_assumption(model, plan, curves, **_) -> tuple[str, ...]:
+    """Said where a part runs the softmax's exponentials faster than its generation (Blackwell Ultra):
+    by how much its fused attention is priced faster than its generation's."""
+    f = softmax_exp_factor(model, curves)
+    if f == 1.0 or not plan.flash_attention:
+        return ()
+    return (f"attention: this part runs the softmax's exponentials {curves.attention_exp_speedup:g}x as fast as its "
+            f"generation (Blackwell Ultra's SFU): fused attention priced {1 / f:.2f}x faster than on a B200/GB200 "
+            f"at head dim {attention_head_dim(model):g} (curves.yaml attention_exp_speedup)",)

@@ -87,6 +87,14 @@ def collective_time(kind: str, size_bytes, n, k, intra: Link, inter: Link):
     return np.where(nodes > 1, hier, single)
 
 
+RANK_ORDER_ASSUMPTION = "ranks ordered tp, cp, dp, pp (tp innermost): groups fill a node before spanning nodes"
+
+
+def rank_order_assumption(**_) -> tuple[str, ...]:
+    """The placement :func:`ranks_per_node` reads the groups' strides from."""
+    return (RANK_ORDER_ASSUMPTION,)
+
+
 def ranks_per_node(group_size, stride, gpus_per_node):
     """How many members of a group (size n, rank stride) sit on one node of g GPUs.
 
@@ -97,3 +105,19 @@ def ranks_per_node(group_size, stride, gpus_per_node):
     stride = np.asarray(stride, dtype=float)
     per_node = np.maximum(1.0, np.floor(gpus_per_node / stride))
     return np.minimum(n, per_node)
+
+
+def nvlink_domain_assumption(cluster, **_) -> tuple[str, ...]:
+    """The assumption a cluster cut into NVLink domains smaller than its system's node rests on
+    (:func:`paraplan.hardware.model.nvlink_domain_gpus`: equal domains of whole hosts, each inside one
+    node, as Slurm's topology/block ``--segment`` allocates), with the host resources each domain
+    then holds; nothing for a cluster inside one node or of whole nodes."""
+    if not cluster.partitioned:
+        return ()
+    s, g = cluster.system, cluster.gpus_per_node
+    hosts = g // s.gpus_per_host
+    return (f"{cluster.num_gpus} GPUs on {s.name} modelled as {cluster.num_nodes} NVLink domains of {g} GPUs "
+            f"({hosts} hosts of {s.gpus_per_host} each; {cluster.num_gpus} is not a multiple of {s.gpus_per_node}): "
+            f"placed as equal segments of whole hosts, each inside one {s.gpus_per_node}-GPU node, collectives "
+            f"between segments on the network, each domain with {hosts}/{s.hosts_per_node} of a node's NICs, CPUs, "
+            f"host memory and NVMe",)

@@ -30,6 +30,7 @@ for its forward kernels, op-level SAC its ``op_sac_overhead_time`` (its dispatch
 several times an op's own time). Forward kernels counted as the terms above charge them: a layer runs 4
 projection GEMMs, its attention core (unfused 4: QKᵀ, PV and two memory-bound kernels; fused 1)
 and 8 memory-bound kernels (12 in an MoE layer).
+A step's model and hardware FLOPs (MFU, HFU) are :func:`step_flops`'s, by FLOP_CONVENTION.
 """
 from __future__ import annotations
 
@@ -77,6 +78,19 @@ def separate_input_gradient_sum_time(model, job, plan, curves):
     kernels = np.where(materialized, (attn_sep > 1) + dense * (mlp_sep > 1), 0)
     elements = (passes(attn_sep) + dense * passes(mlp_sep)) * T * model.hidden
     return curves.streaming_time(elements * GRADIENT_BYTES, kernels=kernels)     # 0 bytes, 0 kernels where fused
+
+
+TORCHTITAN_COMPILED_BLOCKS = ("torchtitan: every transformer block compiled (torch.compile; the export sets "
+                              "training.compile), its wq, wk, wv and w1, w3 separate linears priced as separate "
+                              "GEMMs, each no faster than moving its operands once (thin key / value projections "
+                              "under tp are memory-bound), and their input gradients summed in the backward "
+                              "(compute.separate_input_gradient_sum_time)")
+
+
+def compiled_blocks_assumption(plan, **_) -> tuple[str, ...]:
+    """Said for an engine that compiles every block (``Behaviour.compiled_blocks``: torchtitan), whose
+    separate projections :func:`separate_input_gradient_sum_time` prices."""
+    return (TORCHTITAN_COMPILED_BLOCKS,) if engine_flag(plan, "compiled_blocks") else ()
 
 
 def mla_up_projection_forward_time(model, job, plan, curves):
@@ -229,6 +243,16 @@ def qk_norm_bytes_and_kernels(model, unfused):
     width = model.q_hidden + model.kv_hidden
     per = FUSED_NORM_BYTES_PER_ELEMENT + np.where(unfused, UNFUSED_NORM_EXTRA_BYTES_PER_ELEMENT, 0.0)
     return per * width, 2 * (1 + np.where(unfused, UNFUSED_NORM_EXTRA_KERNELS_EACH, 0))
+
+
+def qk_norm_assumption(model, **_) -> tuple[str, ...]:
+    """What a QK-norm model (Qwen3) adds, said with its estimate: the per-head query and key RMSNorms
+    (:func:`qk_norm_bytes_and_kernels`; their saved input: memory.qk_norm_saved_bytes_per_token)."""
+    if not getattr(model, "qk_norm", False):
+        return ()
+    return (f"QK-norm: an RMSNorm over each of the {model.heads} query and {model.kv_heads} key heads after the "
+            "projection; its input (q and k before the norm) kept for backward unless the layer is recomputed, "
+            "its bytes streamed with the layer's other norms",)
 
 
 def elementwise_forward_time(model, job, plan, curves, moe: bool = False):
@@ -387,3 +411,31 @@ def head_times(model, job, plan, curves, cluster) -> dict:
     loss_comm = np.where(scaling, gather, vocab_parallel_loss_allreduce_time(job, plan, cluster))
     return {"head": head, "embedding": embedding,
             "tp_comm": 2 * ar + (1 + mtp) * loss_comm}   # + embedding fwd, head grad
+
+
+FLOP_CONVENTION = ("model FLOPs = 3 x forward FLOPs (2 per multiply-add) of all weight GEMMs, attention "
+                   "scores QK^T and PV counted in full (causal mask not halved) and the logits; recomputation "
+                   "excluded (PaLM App. B, Korthikanti et al. 2022). HFU adds the recomputed forward FLOPs. "
+                   "MFU and HFU are against the dense peak of the plan's dtype (bf16 for fp8 plans, as NeMo, "
+                   "Megatron-Bridge and torchtitan report them).")
+
+
+def step_flops(model, job, plan):
+    """(model FLOPs, hardware FLOPs) per step by FLOP_CONVENTION: the model's FLOPs per token x the
+    step's tokens, and those plus what recomputation runs again: the whole forward (full), the
+    attention core where it is recomputed and Megatron-Core's recompute modules (selective), or the
+    matmuls op-level SAC does not save (:func:`op_sac_recomputed_matmul_share`) of the weight GEMMs."""
+    tokens = job.tokens_per_step
+    flops_model = model.model_flops_per_token(job.seq_len) * tokens
+    attn_fwd = model.layers * model.attention_flops_per_token_per_layer(job.seq_len) * tokens
+    full_fwd = model.layers * (model.matmul_flops_per_token_per_layer()
+                               + model.attention_flops_per_token_per_layer(job.seq_len)) * tokens
+    rc = np.asarray(plan.recompute_code)
+    flops_hw = flops_model + np.where(rc == Recompute.FULL, full_fwd,
+                                      np.where(rc == Recompute.SELECTIVE,
+                                               np.where(recomputes_attention_core(plan), attn_fwd, 0.0)
+                                               + recompute_modules_flops_per_token(model, plan) * tokens,
+                                               np.where(rc == Recompute.OP_SAC,
+                                                        op_sac_recomputed_matmul_share(model) * (full_fwd - attn_fwd),
+                                                        0.0)))
+    return flops_model, flops_hw

@@ -23,7 +23,7 @@ compute beneath it by OVERLAP_CONTENTION of its duration. DeepSpeed hides less (
 above DP_WINDOWS): its pipeline and ZeRO-0 gradient reduction and its ZeRO-1/2 parameter all-gather run
 exposed. Collectives that hide under one window share
 it (:func:`dp_exposed`: a stage's dense and expert parameters); the step's windows
-(:func:`paraplan.costmodels.estimate.step_terms`) include the time a host-bound MoE layer's GPU waits
+(:func:`dp_step_times`) include the time a host-bound MoE layer's GPU waits
 for the host and exclude the time an inter-node ring-attention exchange holds the links.
 
 Aleph Alpha's Scaling (engine ``scaling``; src/scaling/core/optimizer/optimizer.py and allreduce.py at
@@ -34,14 +34,16 @@ optimizer), then with ZeRO-1 all-gathers the updated 16-bit parameters (``step_s
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from paraplan.constants import fitted
 from paraplan.costmodels.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_time, ranks_per_node
 from paraplan.costmodels.fp8 import FP8_GATHER_BYTES_RATIO
-from paraplan.costmodels.kernels import element_bytes, megatron_grad_bytes
+from paraplan.costmodels.kernels import Number, element_bytes, megatron_grad_bytes
 from paraplan.costmodels.memory import deepspeed_bf16_optimizer, megatron_fp8_params
-from paraplan.engines import engine_flag, engine_where
+from paraplan.engines import engine_flag, engine_where, spec_of
 from paraplan.plan import Optimizer, expert_data_parallel, expert_group_strides, expert_parallel_folded
 
 # Share of an overlapped collective's duration that it costs the compute beneath it (NCCL kernels
@@ -58,6 +60,27 @@ def hidden_under(comm, window):
     """Exposed part of a collective overlapped with ``window`` seconds of compute, plus the slowdown
     its hidden part inflicts on that compute."""
     return np.maximum(0.0, comm - window) + OVERLAP_CONTENTION * np.minimum(comm, window)
+
+
+DP_OVERLAP_ASSUMPTION = ("data-parallel gradient reduction is bucketed and overlaps the last micro-batch's backward; "
+                         "ZeRO-3 gathers are prefetched under each micro-batch's compute; dense and expert collectives "
+                         "share those windows, which include the time the GPU idles at a dropless MoE layer's sync and "
+                         "exclude the time an inter-node ring-attention exchange holds the links")
+# what replaces it for a plan that does not overlap its data-parallel reduction, and for Scaling's
+DP_NO_OVERLAP_ASSUMPTION = ("data-parallel gradient reduction runs after the backward and ZeRO-3's gathers are "
+                            "not prefetched: nothing hidden (overlap_grad_reduce off)")
+SCALING_DP_ASSUMPTION = ("data-parallel reduction as Scaling runs it (engine scaling): an fp32 all-reduce of every "
+                         "gradient, then with ZeRO-1 the parameter all-gather, both inside the optimizer step after the "
+                         "backward, exposed")
+
+
+def dp_overlap_assumption(plan, **_) -> tuple[str, ...]:
+    """How much of the data-parallel traffic the plan hides (:func:`dp_exposed`): Scaling's exposed
+    reduction inside the optimizer step (``Behaviour.reduces_in_optimizer_step``), none without
+    ``overlap_grad_reduce``, else the bucketed overlap."""
+    if engine_flag(plan, "reduces_in_optimizer_step"):
+        return (SCALING_DP_ASSUMPTION,)
+    return (DP_NO_OVERLAP_ASSUMPTION,) if not plan.overlap_grad_reduce else (DP_OVERLAP_ASSUMPTION,)
 
 
 # Compressed-communication optimizers: (share of steps in the uncompressed warm-up, bytes per element
@@ -158,6 +181,23 @@ def deepspeed_exposed(plan):
     return ds & ((np.asarray(plan.pp) > 1) | (z == 0)), ds & ((z == 1) | (z == 2))
 
 
+def deepspeed_dp_assumption(plan, **_) -> tuple[str, ...]:
+    """What a DeepSpeed plan's data-parallel collectives rest on (:func:`dp_traffic`: what DeepSpeed's
+    source runs outside the backward, :func:`deepspeed_exposed`)."""
+    if not engine_flag(plan, "dp_collectives_outside_backward") or plan.dp * plan.cp <= 1:
+        return ()
+    grad_exposed, gather_exposed = deepspeed_exposed(plan)
+    parts = []
+    if bool(grad_exposed):
+        parts.append("the gradient reduction runs after the backward, exposed ("
+                     + ("PipelineEngine's ReduceGrads" if plan.pp > 1 else "allreduce_gradients at ZeRO-0") + ")")
+    if bool(gather_exposed):
+        parts.append("the ZeRO optimizer all-gathers the updated 16-bit parameters inside step(), exposed")
+    if bool(deepspeed_bf16_optimizer(plan)):
+        parts.append("its BF16_Optimizer all-reduces fp32 gradients (4 bytes per parameter)")
+    return ("DeepSpeed: " + "; ".join(parts),) if parts else ()
+
+
 # The windows data-parallel traffic hides under (see the module docstring), by key of :func:`dp_traffic`:
 # the last micro-batch's backward, the first micro-batch's forward, every micro-batch's backward (ZeRO-2),
 # every micro-batch's forward and backward (ZeRO-3), and none (Scaling)
@@ -231,3 +271,66 @@ def dp_exposed_time(params, plan, cluster, m, t_micro_fwd, t_micro_bwd, *, exper
     for one set of parameters: :func:`dp_exposed` of :func:`dp_traffic`."""
     traffic = dp_traffic(params, plan, cluster, experts=experts, volume_factor=volume_factor, units=units)
     return dp_exposed(traffic, plan, m, t_micro_fwd, t_micro_bwd)
+
+
+@dataclass(frozen=True)
+class DpStepTimes:
+    """Seconds per step of a stage's data-parallel / ZeRO collectives (one entry per plan for a batch):
+    exposed in the optimizer's uncompressed warm-up (every step for Adam) and in its compressed phase,
+    averaged over the two, and before any overlap."""
+    warmup: Number
+    compressed: Number
+    average: Number
+    total: Number
+    warmup_share: Number         # share of steps in the warm-up (1 for Adam: :func:`compressed_phase_factor`)
+
+
+def dp_step_times(model, plan, cluster, curves, m, pace, params, experts) -> DpStepTimes:
+    """The stage's dense and (MoE) expert collectives (:func:`dp_traffic`, sharing their windows:
+    :func:`add_traffic`), exposed under the windows of the pace-setting stage ``pace``
+    (:class:`paraplan.costmodels.pipeline.StagePace`) by :func:`dp_exposed`, ZeRO-3 in one piece per
+    layer and the root. The windows are a micro-batch's passes, less the time an inter-node
+    ring-attention exchange already holds the links (cpcomm.ring_hidden_on_network); a host-bound MoE
+    layer's wait (the GPU idles, the links are free) counts in the backward's window, where the
+    per-micro-batch reductions run. Split between the passes by their compute shares, as before, a
+    faster GPU (its memory-bound kernels no faster) moved wait into the forward and shrank the window a
+    ZeRO-2 reduce-scatter hides under by more than the step shortened (benchmarks/monotonicity.py:
+    Mixtral 8x7B on Megatron-FSDP, peak FLOP rate x2); all in the backward, it cannot. The forward's
+    window, which the once-per-step parameter all-gather of ZeRO-1/2 uses, goes without it. Where the
+    device's profile measured FSDP2's own cost per wrapped unit and micro-batch (a CPU under gloo:
+    hooks, DTensor bookkeeping, buffer copies), ZeRO-3 adds it. Compressed optimizers average their
+    warm-up and compressed phases by :func:`compressed_phase_factor`."""
+    warm, factor = compressed_phase_factor(plan)
+    units = pace.layers + 1                     # ZeRO-3's wrapped units: each layer and the root
+    compressed = bool(np.any(factor != 1))      # else the compressed phase is the warm-up phase
+
+    def traffic(volume_factor):
+        """The stage's dense and (MoE) expert collectives: they hide under the same windows."""
+        t = dp_traffic(params, plan, cluster, volume_factor=volume_factor, units=units)
+        if model.moe is not None:
+            t = add_traffic(t, dp_traffic(experts, plan, cluster, experts=True, volume_factor=volume_factor,
+                                          units=units))
+        return t
+    dp_fwd = pace.forward - pace.cp_hidden_forward
+    dp_bwd = pace.backward + pace.moe_host - pace.cp_hidden_backward
+    dp_warm, dp_total = dp_exposed(traffic(1.0), plan, m, dp_fwd, dp_bwd)
+    dp_comp = dp_exposed(traffic(factor), plan, m, dp_fwd, dp_bwd)[0] if compressed else dp_warm
+    fsdp_unit = float(getattr(curves, "fsdp_unit_overhead_s", 0.0) or 0.0)
+    if fsdp_unit:
+        fsdp_own = np.where(np.asarray(plan.zero) == 3, m * (pace.layers + 1) * fsdp_unit, 0.0)
+        dp_warm, dp_comp, dp_total = dp_warm + fsdp_own, dp_comp + fsdp_own, dp_total + fsdp_own
+    return DpStepTimes(warmup=dp_warm, compressed=dp_comp, average=warm * dp_warm + (1 - warm) * dp_comp,
+                       total=dp_total, warmup_share=warm)
+
+
+def megatron_fsdp_assumption(plan, **_) -> tuple[str, ...]:
+    """What a Megatron-LM plan at ZeRO-2/3 runs: Megatron-FSDP (memory.model_state_bytes, buffer_bytes), the
+    sharding strategy its spec's export maps the stage to."""
+    export = spec_of(plan).export
+    strategy = export.fsdp_strategy.get(plan.zero) if export is not None else None
+    if strategy is None:
+        return ()
+    return (f"ZeRO-{plan.zero} on Megatron-LM is Megatron-FSDP (--use-megatron-fsdp, --data-parallel-sharding-strategy "
+            f"{strategy}): main_grad{' and 16-bit parameters' if plan.zero == 3 else ''} sharded over dp x cp, "
+            "gathered and reduced per layer in persistent double buffers (--fsdp-double-buffer: two layers' "
+            "gradients" + (" and parameters" if plan.zero == 3 else "") + ", counted in buffers)",)

@@ -32,7 +32,7 @@ from paraplan.costmodels.curvefile import attention_table_for, curve_table
 from paraplan.costmodels.kernels import GEMM_OPERAND_BYTES
 from paraplan.costmodels.profiled import ProfiledCurves
 from paraplan.hardware.model import Accelerator, MeasuredProfile
-from paraplan.plan import Plan
+from paraplan.plan import Plan, gemm_dtype
 from paraplan.workloads.transformer import TrainingJob, TransformerModel
 
 
@@ -327,3 +327,25 @@ def with_reference_block(curves, cluster):
     f = (float(block["time_s"]) - per_kernel) / (curves.compute_slowdown * work)
     lo, hi = COMPOSITION_FACTOR_BOUNDS
     return replace(curves, composition_factor=float(min(max(f, lo), hi)))
+
+
+def gemm_level_assumption(plan, curves, **_) -> tuple[str, ...]:
+    """The GEMM rate the estimate charges and where it comes from (analytical curves only; a measured
+    profile's tables speak for themselves): the part's MAMF plateau of the plan's GEMM dtype, times the
+    share of it a training step sustains (curves.yaml, calibrated per generation on published runs),
+    less wave quantization."""
+    if getattr(curves, "kind", "") != "analytical":
+        return ()
+    acc = curves.accelerator
+    dtype = gemm_dtype(plan.dtype)
+    basis = str(curves.sources.get("gemm_sustained_fraction", "")).split(":")[0] or "curves.yaml"
+    if curves.gemm_level_borrowed:
+        basis += "; assumed for this part, which has no calibration of its own"
+    caveat = f"; {curves.caveat}" if curves.caveat else ""
+    factor = acc.power_limited_clock_factor()
+    power = (f", and GEMMs and fused attention at {factor:.3f} of the rated clock (a {acc.power_limit_w:g} W power "
+             f"limit against the {acc.rated_power_w:g} W the plateau was measured at: (limit / rated)^(1/3), an "
+             f"estimate from dynamic power ~ V^2 f)" if factor != 1.0 else "")
+    return (f"GEMMs: {acc.plateau(dtype):.3f} of the {dtype} peak at best shape (MAMF) x "
+            f"{curves.gemm_sustained_fraction:g} sustained in a training step ({basis}), less wave quantization "
+            f"of {curves.gemm_wave_units} over {acc.streaming_multiprocessors} SMs{power}{caveat}",)

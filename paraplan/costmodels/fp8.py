@@ -135,3 +135,31 @@ def fp8_rowwise_rescale_time(model, job, plan, curves):
     wgrad = model.params_per_layer / t
     linears = len(model.attention_gemms) + (attn_sep - 1) + mlp_sep + 1
     return curves.streaming_time(ROWWISE_RESCALE_BYTES_PER_ELEMENT * (dgrad + wgrad), kernels=2 * linears)
+
+
+FP8_ASSUMPTIONS = (
+    "fp8: the linear layers' GEMMs (QKV, output projection, MLP, experts) run in fp8 at the fp8 peak x its MAMF "
+    "plateau x the recipe's GEMM efficiency; attention, embeddings, LM head, norms and the optimizer stay in bf16/fp32",
+    "fp8: every micro-batch quantizes the four GEMM inputs, the layer's weights and, backward, the output gradients "
+    "(bytes per element by recipe: fp8.FP8_CAST_BYTES_PER_ELEMENT)",
+    "fp8: Megatron/generic (Transformer Engine) save the linear layers' inputs as their 1-byte fp8 casts (the "
+    "output projection's besides FlashAttention's 16-bit output); torchtitan (torchao) saves them in 16 bit; "
+    "Megatron/generic keep an fp8 copy and transpose of the stage's weights (2 bytes/param), torchtitan casts on "
+    "the fly (the gathered layer's copy only)",
+)
+FP8_ROWWISE_BACKWARD = ("fp8-rowwise (torchao): the forward GEMMs run row-scaled; the two backward GEMMs run the "
+                        "per-tensor cuBLAS kernel without fast accumulation and a separate kernel rescales each output "
+                        "(read and written once more at 16 bits; torchtitan's wq, wk, wv and w1, w3 each write their own "
+                        "input gradient): fp8.fp8_rowwise_rescale_time")
+FP8_TP_GATHER = ("fp8: sequence parallelism casts the attention and MLP inputs (and, backward, the row-parallel "
+                 "output gradients) on their sequence shard and all-gathers them in fp8 (torchtitan's float8 tensorwise "
+                 "TP; Transformer Engine's LayerNormLinear and grad-output gathers); the reduce-scatters, the LM head's "
+                 "and an MoE dispatcher's gathers stay 16-bit (fp8.tp_gathers_fp8)")
+
+
+def fp8_assumptions(plan, **_) -> tuple[str, ...]:
+    """What an fp8 plan's GEMMs, casts and saved tensors rest on (FP8_ASSUMPTIONS), the row-wise recipe's
+    backward (:func:`fp8_rowwise_rescale_time`) and fp8 sequence-parallel gathers (:func:`tp_gathers_fp8`)."""
+    rowwise = (FP8_ROWWISE_BACKWARD,) if plan.dtype == "fp8-rowwise" else ()
+    fp8_tp = (FP8_TP_GATHER,) if bool(np.all(tp_gathers_fp8(plan))) else ()
+    return (FP8_ASSUMPTIONS if is_fp8(plan.dtype) else ()) + rowwise + fp8_tp

@@ -10,10 +10,15 @@ And whether the cluster's device is a profiled CPU (:func:`device_is_host`).
 """
 from __future__ import annotations
 
+from typing import Union
+
 import numpy as np
 
 from paraplan.engines import engine_flag, main_grad_bytes
 from paraplan.plan import compute_dtype, gemm_dtype, is_fp8
+
+#: a cost of one plan, or of a batch of plans (one entry per plan)
+Number = Union[float, np.ndarray]
 
 BYTES = 2  # 16-bit activations and weights (bf16 / fp16)
 #: bytes per element of a GEMM operand, by the GEMM's format (16-bit formats: 2)

@@ -24,6 +24,7 @@ p·(1 + (p−1)/(p·v)) (NVIDIA/Megatron-LM theoretical_memory_usage.py); GPipe 
 Uneven stages (``paraplan.plan.stage_layers``): each stage's parameters and activations come from
 its own layer count; a middle stage with more layers than the first is evaluated too, with the
 in-flight micro-batches of stage 1 (min(m, p − 1) under 1F1B), a bound for every middle stage.
+:func:`peak_stage_memory` puts a GPU's memory together on the stage that holds the most.
 """
 from __future__ import annotations
 
@@ -32,16 +33,29 @@ from functools import partial
 import numpy as np
 
 from paraplan.constants import fitted
-from paraplan.costmodels.kernels import BYTES, element_bytes, micro_batches, tokens_per_rank
+from paraplan.costmodels.kernels import BYTES, device_is_host, element_bytes, micro_batches, tokens_per_rank
 from paraplan.costmodels.moe import einsum_dispatch_slots, expert_token_factor
 from paraplan.costmodels.p2p import stage_output_bytes
-from paraplan.engines import BufferArgs, StateArgs, engine_flag, engine_offers, engine_select
+from paraplan.costmodels.pipeline import FIRST, LAST, MIDDLE
+from paraplan.engines import BufferArgs, StateArgs, engine_flag, engine_offers, engine_select, spec_of
 from paraplan.engines import DEEPSPEED_ALLGATHER_BUCKET, DEEPSPEED_REDUCE_BUCKET, SCALING_LOSS_BYTES_PER_LOGIT  # noqa: F401
-from paraplan.plan import (Offload, Recompute, Schedule, is_fp8, recomputes_attention_core, recomputes_module,
-                           model_stage_layers, stage_layers)
+from paraplan.plan import (Offload, Recompute, Schedule, expert_data_parallel, is_fp8, recomputes_attention_core,
+                           recomputes_module, model_stage_layers, stage_layers)
 
+#: the memory terms of an estimate; with "total", their sum
+MEMORY_TERMS = ("parameters", "gradients", "optimizer_states", "activations", "buffers", "allocator")
 OPTIMIZER_BYTES_PER_PARAM = 12   # fp32 master weights, momentum, variance (K in the ZeRO paper)
 FP32_OPTIMIZER_BYTES_PER_PARAM = 8   # plain fp32 Adam: momentum and variance, no master copy
+STATES_16BIT = ("16-bit weights, gradients and activations; Adam with fp32 master weights, momentum, variance "
+                "(16 bytes/param before ZeRO)")
+#: what replaces STATES_16BIT for plans that train in fp32 (the CPU validation harness)
+FP32_STATES = ("fp32 weights, gradients and activations; Adam keeps fp32 momentum and variance, no master copy "
+               "(16 bytes/param before ZeRO: 4 + 4 + 8)")
+
+
+def states_assumption(plan, **_) -> tuple[str, ...]:
+    """The model states the plan keeps (:func:`model_state_bytes`): 16-bit, or fp32 for fp32 training."""
+    return (FP32_STATES if plan.dtype == "fp32" else STATES_16BIT,)
 # Eager RMSNorm keeps 4 bytes per element more than a fused kernel (its input and rstd), per norm, in
 # either precision. In 16-bit training (e.g. Hugging Face LlamaRMSNorm: x.float(); x.pow(2).mean(-1);
 # x * rsqrt(var + eps); weight * x.to(bf16)) that is the fp32 upcast of its input, read by pow and mul,
@@ -664,6 +678,26 @@ def gathered_layer_params(model, plan):
     return np.maximum(dense, moe) if model.dense_layers else moe
 
 
+RUNTIME_RESERVED_BYTES = fitted("runtime_reserved")
+RUNTIME_RESERVE_ASSUMPTION = ("1 GiB-class runtime reserve (CUDA context, NCCL, cuBLAS workspaces) of 1.5 GiB per GPU "
+                              "(none on a profiled CPU device)")
+
+
+def on_cuda(cluster) -> bool:
+    """Whether the device runs the CUDA runtime and caching allocator (not a profiled CPU)."""
+    return not device_is_host(cluster)
+
+
+def runtime_reserved_bytes(cluster) -> float:
+    """The per-GPU runtime reserve: none for a profiled CPU device (no CUDA context or NCCL)."""
+    return RUNTIME_RESERVED_BYTES if on_cuda(cluster) else 0.0
+
+
+def runtime_reserve_assumption(**_) -> tuple[str, ...]:
+    """The runtime reserve :func:`buffer_bytes` counts (RUNTIME_RESERVED_BYTES)."""
+    return (RUNTIME_RESERVE_ASSUMPTION,)
+
+
 def buffer_bytes(model, plan, runtime_reserved_bytes):
     """Runtime reserve (CUDA context, NCCL and cuBLAS workspaces) and the engine's communication
     buffers, its spec's ``buffers`` (``paraplan.engines.specs``, each with its source): gathered
@@ -730,3 +764,82 @@ def offloaded_bytes_per_gpu(shard, plan) -> dict:
     host = np.where(oc == Offload.CPU, states, np.where(oc == Offload.NVME, staging, 0.0))
     nvme = np.where(oc == Offload.NVME, states, 0.0)
     return {"host": host, "nvme": nvme}
+
+
+def peak_stage_memory(model, job, plan, cluster, sl, stage_params_, experts):
+    """(memory by MEMORY_TERMS and "total", peak stage) of the pipeline stage that holds the most, in
+    bytes per GPU: of the first, the largest middle (only when it has layers) and the last, each with
+    its own parameters ``stage_params_`` (:func:`stage_params`) and its activations
+    (:func:`activation_bytes`), the routed ``experts`` (:func:`expert_params_per_gpu`, sharded over the
+    expert-data-parallel group) and, under fp8, the fp8 weight copies (:func:`fp8_weight_copy_bytes`);
+    the first unless another holds strictly more. Then the buffers (:func:`buffer_bytes`, with the
+    runtime reserve) and what the caching allocator reserves besides (:func:`allocator_bytes`)."""
+    first_params, middle_params, last_params = stage_params_
+    acts = activation_bytes(model, job, plan)
+    expert_states = model_state_bytes(experts, plan, shard_degree=expert_data_parallel(plan))
+
+    def states_of(params_):
+        """A stage's model states with its experts' and, under fp8, its fp8 weight copies."""
+        states = {k: v + expert_states[k] for k, v in model_state_bytes(params_, plan).items()}
+        states["parameters"] = states["parameters"] + fp8_weight_copy_bytes(model, params_ + experts, plan)
+        return states
+    stage_states = {name: states_of(params_)
+                    for name, params_ in (("first", first_params), ("middle", middle_params), ("last", last_params))}
+    totals = {name: sum(states.values()) + acts[name] for name, states in stage_states.items()}
+    # the peak stage: first unless another holds strictly more (a middle stage only when it has layers)
+    peak = np.where(totals["last"] > totals["first"], LAST, FIRST)
+    peak_total = np.where(peak == LAST, totals["last"], totals["first"])
+    peak = np.where((sl.middle > 0) & (totals["middle"] > peak_total), MIDDLE, peak)
+    buffers = buffer_bytes(model, plan, runtime_reserved_bytes(cluster))
+
+    def at_peak(values: dict):
+        return np.where(peak == LAST, values["last"], np.where(peak == MIDDLE, values["middle"], values["first"]))
+    memory = {k: at_peak({name: stage_states[name][k] for name in stage_states}) for k in stage_states["first"]}
+    memory["activations"] = at_peak(acts)
+    memory["buffers"] = buffers
+    memory["allocator"] = allocator_bytes(memory, plan, on_cuda(cluster))
+    memory["total"] = sum(memory[k] for k in MEMORY_TERMS)
+    return memory, peak
+
+
+def offloaded_bytes(job, plan, shard, activations_offloaded) -> dict:
+    """Host-memory and NVMe bytes per GPU under offload: the optimizer shard's
+    (:func:`offloaded_bytes_per_gpu`) and, on the host, the offloaded activations of every micro-batch
+    in flight (:func:`offloaded_activation_bytes`, :func:`in_flight_micro_batches`)."""
+    off = offloaded_bytes_per_gpu(shard, plan)
+    off["host"] = off["host"] + activations_offloaded * in_flight_micro_batches(job, plan)
+    return off
+
+
+# A plan that gathers and frees parameters layer by layer (ZeRO-3 / FSDP) churns the caching allocator;
+# within this much of the GPU's memory it runs out of cached blocks, frees its cache and retries
+# (cudaMalloc retries: pytorch/pytorch issue 65078; Composer raises gradient accumulation when it sees
+# them, mosaicml/composer PR 1632; torchtitan logs them every step). The llm-foundry FSDP runs of the A100
+# calibration file predicted within 2 GiB of capacity ran 8-37 % slower than estimated, those 2.7-6.3 GiB
+# from it within -3..+5 % (README, "Memory pressure"); the cost is not priced, the plan is flagged.
+ALLOCATOR_PRESSURE_HEADROOM_BYTES = fitted("allocator_pressure_headroom")
+#: how the assumption line of :func:`allocator_pressure_assumption` begins (what callers look for)
+MEMORY_PRESSURE = "memory pressure"
+
+
+def churns_allocator(plan) -> bool:
+    """Whether the plan's engine allocates and frees gathered parameters every layer: ZeRO-3 outside
+    Megatron-LM (FSDP, DeepSpeed stage 3), and torchtitan's FSDP2 from ZeRO-2 (it frees the unsharded
+    gradients after each layer's reduce-scatter). Megatron-FSDP, as exported (--fsdp-double-buffer),
+    gathers and reduces in persistent buffers (:func:`buffer_bytes`) and does not. The engine's
+    ``Behaviour.churns_allocator_from_zero``."""
+    start = spec_of(plan).behaviour.churns_allocator_from_zero
+    return start is not None and int(plan.zero) >= start
+
+
+def allocator_pressure_assumption(gpu_total, cluster, plan, **_) -> tuple[str, ...]:
+    """Said when a plan that churns the allocator (:func:`churns_allocator`) peaks within
+    ALLOCATOR_PRESSURE_HEADROOM_BYTES of the GPU's memory (the peak includes the allocator's reserve)."""
+    cap = cluster.accelerator.memory_bytes
+    free = cap - gpu_total
+    if not churns_allocator(plan) or free > ALLOCATOR_PRESSURE_HEADROOM_BYTES or free < 0:
+        return ()
+    return (f"{MEMORY_PRESSURE}: the peak ({gpu_total / 2**30:.1f} GiB) leaves {free / 2**30:.1f} GiB of "
+            f"{cap / 2**30:.0f}; a ZeRO-3 / FSDP plan this close to the limit makes the caching allocator free "
+            f"its cache and retry (cudaMalloc retries), not priced: published FSDP runs this close ran 8-37 % "
+            f"slower than estimated; a smaller micro-batch or more recomputation leaves room",)

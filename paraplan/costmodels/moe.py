@@ -3,7 +3,7 @@ GEMMs (and the routed experts' weight-gradient accumulation), GShard-style einsu
 eager expert biases, the token permutation's traffic, the expert-parallel all-to-alls (DeepEP / HybridEP's
 flex dispatch by a token's expected distinct destinations), the rows its MLP moves through tensor-parallel
 collectives, the host-bound floor of a dropless Megatron-Core layer, and the all-to-alls' overlap under
-combined 1F1B.
+combined 1F1B; and the lines an estimate says about them (``*_assumption``).
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from paraplan.costmodels.kernels import (BYTES, GEMM_OPERAND_BYTES, _dtype, _lin
                                          megatron_grad_bytes, micro_batches, mlp_gemm_forward_time,
                                          routed_experts_gemm_time, tokens_per_rank)
 from paraplan.costmodels.tpcomm import TP_OVERLAP_CONTENTION
-from paraplan.engines import engine_flag
+from paraplan.engines import engine_flag, spec_of
 from paraplan.plan import expert_group_strides
 
 
@@ -85,7 +85,7 @@ def routed_experts_wgrad_accumulation_time(model, job, plan, curves, routed=None
     the per-op roofline (cli99/llm-analysis analysis.py; calculon-ai/calculon's ``roofline`` mode)
     applied to the GEMM the backward runs; it equals max(t_f, roofline) - t_f where the
     accumulating wgrad moves at least the forward's bytes. 0 without the fusion (a 16-bit wgrad
-    output moves the forward's bytes; the separate accumulation is estimate.grad_accumulation_time)
+    output moves the forward's bytes; the separate accumulation is accumulation.grad_accumulation_time)
     and where the GEMM is compute-bound (a dense layer's m is every token of the micro-batch, so
     dense GEMMs are left as they are). ``routed`` as for :func:`moe_mlp_forward_time`."""
     m, local, grouped, shapes = routed_expert_gemms(model, job, plan)
@@ -428,3 +428,77 @@ def ep_exposed_time(a2a, attention_forward, attention_backward, moe_forward, moe
     paired = sum(np.maximum(0.0, a2a - w) for w in windows) + EP_OVERLAP_CONTENTION * hidden
     u = ep_unpaired_share(job, plan)
     return np.where(overlap, u * plain + (1 - u) * paired, plain)
+
+
+def moe_dispatch_assumption(model, job, plan, **_) -> tuple[str, ...]:
+    """Said for an MoE model whose tokens are permuted to the experts (moe.dispatch_bytes_per_token,
+    moe.flex_dispatch_time)."""
+    if model.moe is None or model.moe.dispatch != "permute":
+        return ()
+    per_token = float(np.max(dispatch_bytes_per_token(model, job, plan)))
+    if getattr(plan, "moe_flex_dispatch", False):
+        e = model.moe
+        gpus = float(np.max(expert_holders_per_token(e, e.experts / max(plan.ep, 1))))
+        routing = (f"uniform routing within {e.router_group_top_k} of {e.router_groups} expert groups, the model's "
+                   f"group-limited router" if e.group_limited else "uniform routing")
+        return (f"MoE: DeepEP / HybridEP dispatch (flex): a token crosses once to each node and GPU holding one of "
+                f"its experts ({gpus:.1f} of the {plan.ep} expert-parallel GPUs on average, {routing}) instead "
+                f"of once per routed copy ({e.top_k} a token); the arrivals are permuted into expert order and "
+                f"back, {per_token / model.hidden:.0f} x hidden bytes per token and layer forward, twice that "
+                f"backward; the SMs and buffers the kernels hold are not priced",)
+    sort = bool(np.any(sorts_received_chunks(model, plan)))
+    flex_ok = plan.ep > 1 and spec_of(plan).offers("moe_flex_dispatch")
+    return (f"MoE: the token permutation streams {per_token / model.hidden:.0f} x hidden bytes per token and "
+            f"layer forward, twice that backward (Megatron-Core's all-to-all dispatcher: permute, "
+            f"{'regroup by local expert and back, ' if sort else ''}unpermute, the router weights applied in the experts' activation; "
+            f"torchtitan's passes alike){'; --moe-flex-dispatch prices DeepEP / HybridEP instead' if flex_ok else ''}",)
+
+
+def moe_host_assumption(model, plan, **_) -> tuple[str, ...]:
+    """Said when the plan's MoE layers carry the host-bound floor (moe.MOE_HOST_SECONDS_PER_LAYER)."""
+    if not bool(np.any(moe_host_floor_applies(model, plan))):
+        return ()
+    return (f"MoE: Megatron-Core's dropless dispatch waits for per-expert token counts on the host in every MoE "
+            f"layer, so a layer takes at least {1e3 * MOE_HOST_SECONDS_PER_LAYER:.1f} ms per micro-batch "
+            f"(forward + backward, host-bound; read from one calibration row); a capacity factor (token drop "
+            f"and pad) removes the wait",)
+
+
+def expert_wgrad_assumption(model, job, plan, curves, **_) -> tuple[str, ...]:
+    """Said when the routed experts' fused gradient accumulation binds their weight-gradient GEMMs
+    (moe.routed_experts_wgrad_accumulation_time > 0)."""
+    if model.moe is None:
+        return ()
+    extra = float(np.max(routed_experts_wgrad_accumulation_time(model, job, plan, curves)))
+    if extra <= 0:
+        return ()
+    m = float(np.max(routed_expert_gemms(model, job, plan)[0]))
+    g = float(np.max(megatron_grad_bytes(plan)))
+    return (f"MoE: the routed experts' weight-gradient GEMMs accumulate into {'fp32' if g >= 4 else 'bf16'} main "
+            f"gradients (gradient-accumulation fusion), {g:.0f} bytes read and {g:.0f} written per weight; with "
+            f"{m:.0f} tokens per expert they are bound by those bytes: +{1e3 * extra:.2f} ms per MoE layer and "
+            f"micro-batch over a forward-shaped wgrad (a larger micro-batch or more expert parallelism gives each "
+            f"expert more tokens)",)
+
+
+def expert_bias_assumption(model, job, plan, curves, **_) -> tuple[str, ...]:
+    """Said where Megatron-Core adds a biased model's expert biases outside the GEMMs
+    (moe.moe_expert_bias_times)."""
+    if not bool(np.any(megatron_expert_biases(model, plan))):
+        return ()
+    f, b = (1e3 * float(np.max(x)) for x in moe_expert_bias_times(model, job, plan, curves))
+    return (f"MoE with linear biases on Megatron-Core: TEGroupedMLP adds each expert's output bias, scaled by the "
+            f"router probability, in an eager loop after the grouped GEMM ({EXPERT_BIAS_BYTES_PER_COPY_FORWARD} x "
+            f"hidden bytes per routed copy forward, {EXPERT_BIAS_BYTES_PER_COPY_BACKWARD} backward) and refuses the "
+            f"fused bias-dropout-add: {f:.2f} ms forward and {b:.2f} ms backward per MoE layer and micro-batch",)
+
+
+def ep_overlap_assumption(job, plan, **_) -> tuple[str, ...]:
+    """Said when the plan overlaps its expert-parallel all-to-alls (moe.ep_exposed_time)."""
+    if not getattr(plan, "ep_comm_overlap", False):
+        return ()
+    u = float(ep_unpaired_share(job, plan))
+    return (f"MoE: combined 1F1B pairs each micro-batch's forward with another's backward, layer by layer; a "
+            f"paired pass hides its dispatch/combine all-to-alls under the other direction's compute (the hidden "
+            f"part still costs {100 * EP_OVERLAP_CONTENTION:.0f} % of its duration), and the {100 * u:.1f} % of "
+            f"passes left unpaired (warm-up and cool-down) expose theirs",)

@@ -30,6 +30,10 @@ ZeRO ≥ 1, Ψ otherwise; routed experts shard over N_d/ep).
   same memory (the gradient shard down, the updated shard back, in the plan's element size, each read and
   written at the measured copy bandwidth), with nothing to hide under: the cores that copy are the
   cores that compute.
+* Scaling (engine ``scaling``) passes over every 16-bit gradient in its ``optimizer.step()``
+  (:func:`scaling_step_passes_time`).
+
+:func:`optimizer_and_offload_times` puts them together for a step (``optimizer`` and ``offload``).
 """
 from __future__ import annotations
 
@@ -37,7 +41,8 @@ import numpy as np
 
 from paraplan.costmodels.kernels import BYTES, device_is_host, element_bytes
 from paraplan.costmodels.memory import OPTIMIZER_BYTES_PER_PARAM
-from paraplan.plan import Offload, Optimizer, model_stage_layers
+from paraplan.engines import engine_flag
+from paraplan.plan import Offload, Optimizer, expert_data_parallel, model_stage_layers
 
 ERROR_FEEDBACK_BYTES_PER_PARAM = 12
 
@@ -156,3 +161,62 @@ def optimizer_and_offload(shard, plan, cluster, curves, m, t_micro_fwd, t_micro_
     upload = np.where(delayed, 0.0, streams["params_to_gpu"])
     offload = streams["grads_to_host"] + upload + streams["nvme_optimizer_states"] + streams["param_fetch"]
     return opt_exposed, offload
+
+
+def host_link_assumption(plan, cluster, **_) -> tuple[str, ...]:
+    """The link an offloading plan's transfers take (priced on System.host_link_bytes_per_s)."""
+    if plan.offload == "none" and not plan.offload_activation_layers:
+        return ()
+    s = cluster.system
+    return (f"offload transfers take each GPU's host link, {s.host_link_name} at {s.host_link_bytes_per_s / 1e9:.0f} GB/s per "
+            "direction (sustained), hidden under the passes where the timeline allows",)
+
+
+# Scaling's optimizer.step() passes over every 16-bit gradient of the stage before its fp32 all-reduce
+# and after it (core/optimizer/optimizer.py, allreduce.py, parameter_group.py at 01b9d21), bytes per
+# parameter: loss-scale mul_ (2 + 2) and the global-norm read (2) per tensor; per bucket the flatten copy
+# (2 + 2), the division by dp (2 + 2), the cast to fp32 (2 + 4), the copy back to 16 bit (4 + 2) and the
+# copy into the gradient tensors (2 + 2).
+SCALING_STEP_BYTES_PER_PARAM = (2 + 2) + 2 + (2 + 2) + (2 + 2) + (2 + 4) + (4 + 2) + (2 + 2)
+SCALING_STEP_KERNELS_PER_TENSOR = 3          # mul_, norm and the unflattened copy back, per tensor
+
+
+def scaling_step_passes_time(model, plan, curves, params):
+    """Seconds of Scaling's gradient passes in ``optimizer.step()`` (engine scaling; 0 otherwise):
+    streaming_time(SCALING_STEP_BYTES_PER_PARAM · Ψ_stage, kernels = 3 per parameter tensor), every
+    step whatever the micro-batch count (the all-reduce they wrap is in
+    :func:`paraplan.costmodels.dataparallel.dp_exposed_time`)."""
+    scaling = engine_flag(plan, "reduces_in_optimizer_step")
+    if not np.any(scaling):                     # priced only where a plan runs on Scaling
+        return 0.0
+    t = curves.streaming_time(SCALING_STEP_BYTES_PER_PARAM * params,
+                              kernels=SCALING_STEP_KERNELS_PER_TENSOR * stage_param_tensors(model, plan))
+    return np.where(scaling, t, 0.0)
+
+
+def optimizer_shard(params, experts, plan):
+    """The parameters whose optimizer states one GPU owns (``shard`` above): the stage's ``params`` and
+    routed ``experts``, under ZeRO ≥ 1 sharded over dp·cp and over the expert-data-parallel group."""
+    n_dp = np.asarray(plan.dp, dtype=float) * plan.cp
+    n_edp = expert_data_parallel(plan)
+    z1 = np.asarray(plan.zero) >= 1
+    return np.where(z1, params / n_dp, params) + np.where(z1, experts / n_edp, experts)
+
+
+def optimizer_and_offload_times(model, plan, cluster, curves, m, pace, shard, params, dp_exposed,
+                                activations_offloaded):
+    """(``optimizer``, ``offload``) seconds per step: :func:`optimizer_and_offload` of the ``shard``
+    against the pace-setting stage ``pace`` (:class:`paraplan.costmodels.pipeline.StagePace`; the
+    delayed update hides under its m micro-batches), plus Scaling's gradient passes
+    (:func:`scaling_step_passes_time`) and the activations' offload (:func:`activation_offload_time`).
+    A micro-batch's wall time on that stage is its layers with their exposed collectives, the head, and
+    the ZeRO-3 gathers and reductions it exposes micro-batch by micro-batch (``dp_exposed`` / m);
+    ZeRO-Infinity's parameter fetch hides under all of it (:func:`offload_transfer_times`)."""
+    compute_step = m * (pace.layers_time + pace.head_compute + pace.head_tp)
+    dp_per_micro = np.where(np.asarray(plan.zero) == 3, dp_exposed / np.maximum(np.asarray(m, dtype=float), 1.0), 0.0)
+    micro_wall = pace.layers_time + pace.head_compute + pace.head_tp + dp_per_micro
+    optimizer, offload = optimizer_and_offload(shard, plan, cluster, curves, m, pace.forward, pace.backward,
+                                               compute_step, tensors=param_tensors(model, plan),
+                                               t_micro_wall=micro_wall)
+    offload = offload + activation_offload_time(activations_offloaded, cluster, m, pace.forward, pace.backward)
+    return optimizer + scaling_step_passes_time(model, plan, curves, params), offload

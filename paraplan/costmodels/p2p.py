@@ -1,6 +1,7 @@
-"""Pipeline-parallel transfers of one micro-batch: the send/recv of a stage's boundary activation per tp rank
-(:func:`p2p_time`) and DeepSpeed's receive-side all-gather (:func:`p2p_receive_gather_time`). How many of
-them a schedule exposes is :mod:`paraplan.costmodels.pipeline`'s.
+"""Pipeline-parallel transfers: the send/recv of a stage's boundary activation per tp rank
+(:func:`p2p_time`), DeepSpeed's receive-side all-gather (:func:`p2p_receive_gather_time`), and the
+seconds per step of those on the critical path (:func:`pipeline_p2p_time`, ``pp_comm``), counted by
+:mod:`paraplan.costmodels.pipeline`'s schedules; :func:`pipeline_transfer_assumption` says which.
 """
 from __future__ import annotations
 
@@ -8,8 +9,14 @@ import numpy as np
 
 from paraplan.costmodels.comm import ALL_GATHER, SEND_RECV, ring_time
 from paraplan.costmodels.kernels import element_bytes, tokens_per_rank
-from paraplan.costmodels.tpcomm import tp_collective_time
+from paraplan.costmodels.pipeline import (overlapped_p2p_crossings, p2p_messages_on_critical_path,
+                                          pipeline_crossings_on_critical_path)
+from paraplan.costmodels.tpcomm import TP_OVERLAP_CONTENTION, tp_collective_time
 from paraplan.engines import engine_flag
+
+# A transfer that overlaps compute slows it as a data-parallel or tensor-parallel collective does
+# (dataparallel.OVERLAP_CONTENTION, tpcomm.TP_OVERLAP_CONTENTION: one fitted figure)
+P2P_OVERLAP_CONTENTION = TP_OVERLAP_CONTENTION
 
 
 def stage_output_bytes(model, job, plan):
@@ -56,3 +63,35 @@ def p2p_receive_gather_time(model, job, plan, cluster):
     if not np.any(gathers):
         return 0.0
     return np.where(gathers, tp_collective_time(ALL_GATHER, stage_output_bytes(model, job, plan), plan, cluster), 0.0)
+
+
+def pipeline_p2p_time(model, job, plan, cluster, m, t_micro_fwd, t_micro_bwd):
+    """Seconds per step of pipeline transfers on the critical path (``pp_comm``): every transfer
+    (:func:`~paraplan.costmodels.pipeline.p2p_messages_on_critical_path`) at :func:`p2p_time` P, and
+    DeepSpeed's receive-side gathers, except the steady-state crossings Megatron-Core's interleaved
+    schedule overlaps (:func:`~paraplan.costmodels.pipeline.overlapped_p2p_crossings`, 2·m·v). There each
+    iteration runs one model chunk's forward and one's backward, W = (t_micro_fwd + t_micro_bwd) / v
+    (``t_micro_bwd`` with recomputation and, from the caller, a host-bound MoE layer's wait for the host,
+    when the links are free, as for the data-parallel windows), while its two transfers (an activation to
+    the next stage, a gradient to the previous one, on different links) run beside it: the iteration takes
+    max(W, P) and each transfer's hidden part slows the compute by P2P_OVERLAP_CONTENTION of its duration
+    (as a data-parallel collective's does), so m·v · (max(0, P − W) + 2·P2P_OVERLAP_CONTENTION·min(P, W))
+    shows."""
+    p2p = p2p_time(model, job, plan, cluster)
+    iterations = overlapped_p2p_crossings(plan, m) / 2
+    window = (t_micro_fwd + t_micro_bwd) / np.asarray(plan.vpp, dtype=float)
+    overlapped = iterations * (np.maximum(0.0, p2p - window) + 2 * P2P_OVERLAP_CONTENTION * np.minimum(p2p, window))
+    return ((p2p_messages_on_critical_path(plan, m) - 2 * iterations) * p2p + overlapped
+            + pipeline_crossings_on_critical_path(plan, m) * p2p_receive_gather_time(model, job, plan, cluster))
+
+
+def pipeline_transfer_assumption(plan, **_) -> tuple[str, ...]:
+    """How a pipelined plan's stage-to-stage transfers are priced (:func:`pipeline_p2p_time`)."""
+    if plan.pp <= 1:
+        return ()
+    if float(overlapped_p2p_crossings(plan, 1)) > 0:
+        return ("pipeline transfers: the interleaved schedule's steady-state sends and receives overlap the next "
+                "model chunks' compute (Megatron-Core overlap_p2p_comm, on with virtual stages); fill and drain "
+                "transfers are exposed",)
+    return ("pipeline transfers: every send and receive between stages is on the critical path (no overlap with "
+            "compute in this engine and schedule)",)

@@ -7,14 +7,22 @@ equal; the idle part, the bubble, is (p − 1)·t, i.e. a fraction (p − 1)/m o
 v ((p − 1)/(v·m), §2.2.2). ZB-H1 (Qi et al. 2024, arXiv:2401.10241) defers weight gradients to
 fill the drain and reaches (p − 1)/(3m) under its T_F = T_B = T_W assumption.
 Unequal stages (the LM head on the last): the slowest stage sets the steady-state pace,
-T = (m − 1)·t_max + Σ t_i, so extra work on the last stage is paid m times.
+T = (m − 1)·t_max + Σ t_i, so extra work on the last stage is paid m times: :func:`stage_pace` is
+that stage's time per micro-batch by term, which the step pays m times, and :func:`bubble_time` the
+(p − 1) idle slots of the largest stage.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import numpy as np
 
+from paraplan.costmodels.kernels import Number
 from paraplan.engines import engine_flag
-from paraplan.plan import Schedule
+from paraplan.plan import Schedule, StageLayers
+
+FIRST, MIDDLE, LAST = 0, 1, 2       # pipeline stages as StepTerms names them
+STAGE_NAMES = ("first", "middle", "last")
 
 
 def bubble_factor(plan):
@@ -27,6 +35,73 @@ def bubble_factor(plan):
 def bubble_fraction(plan, m):
     """Bubble ÷ ideal compute time: (p − 1)/m · factor."""
     return (np.asarray(plan.pp, dtype=float) - 1) / np.asarray(m, dtype=float) * bubble_factor(plan)
+
+
+def layers_time(n, lt):
+    """Seconds per micro-batch of ``n`` layers: forward, backward, recomputation, their collectives and
+    the MoE host wait (every per-layer term of :func:`paraplan.costmodels.compute.layer_times` the
+    step pays; the one sum the stage pace, the bubble and the planner's per-layer costs share)."""
+    return (n * (lt["forward"] + lt["backward"]) + n * lt["recompute"] + n * lt["tp_comm"] + n * lt["cp_comm"]
+            + n * lt["ep_comm"] + n * lt["moe_host"])
+
+
+def slowest_stage(sl: StageLayers, p, lt, ht):
+    """The stage that sets the pipeline's pace per micro-batch (the slowest stage
+    is paid m times): the last (its layers plus the LM head and loss, ties go to it), else the
+    largest middle stage, else the first (its layers plus the embedding)."""
+    last = layers_time(sl.last, lt) + ht["head"] + ht["tp_comm"]
+    middle = layers_time(sl.middle, lt)
+    first = layers_time(sl.first, lt) + np.where(np.asarray(p) > 1, ht["embedding"], 0.0)
+    return np.where((last >= middle) & (last >= first), LAST, np.where(middle >= first, MIDDLE, FIRST))
+
+
+@dataclass(frozen=True)
+class StagePace:
+    """Seconds per micro-batch of the stage that sets the pipeline's pace (:func:`slowest_stage`), by
+    term (one entry per plan for a batch of plans): its ``layers`` layers' terms, which
+    ``layers_time`` sums, and the head's it holds besides."""
+    stage: Number                # FIRST, MIDDLE or LAST
+    layers: Number
+    compute: Number              # its layers' forward + backward
+    recompute: Number
+    tp_comm: Number
+    cp_comm: Number
+    ep_comm: Number
+    moe_host: Number             # a host-bound MoE layer's wait for the host
+    layers_time: Number          # :func:`layers_time` of its layers
+    head_compute: Number         # LM head and loss on the last stage (and the embedding with pp = 1), embedding on the first
+    head_tp: Number              # the LM head's tensor-parallel collectives on the last stage
+    forward: Number              # its layers' forward
+    backward: Number             # their backward and recomputation
+    cp_hidden_forward: Number    # the time an inter-node ring-attention exchange holds the links, forward
+    cp_hidden_backward: Number   # and backward (cpcomm.ring_hidden_on_network)
+
+
+def stage_pace(sl: StageLayers, plan, lt, ht) -> StagePace:
+    """The pace-setting stage's terms per micro-batch from the per-layer terms ``lt``
+    (:func:`paraplan.costmodels.compute.layer_times`) and the head's ``ht``
+    (:func:`paraplan.costmodels.compute.head_times`): each layer term × the stage's layers, plus the
+    LM head and loss on the last stage (and the embedding with pp = 1) or the embedding on the first."""
+    p = np.asarray(plan.pp, dtype=float)
+    slow = slowest_stage(sl, p, lt, ht)
+    layers = np.where(slow == LAST, sl.last, np.where(slow == MIDDLE, sl.middle, sl.first))
+    recompute = layers * lt["recompute"]
+    return StagePace(
+        stage=slow, layers=layers, compute=layers * (lt["forward"] + lt["backward"]), recompute=recompute,
+        tp_comm=layers * lt["tp_comm"], cp_comm=layers * lt["cp_comm"], ep_comm=layers * lt["ep_comm"],
+        moe_host=layers * lt["moe_host"], layers_time=layers_time(layers, lt),
+        head_compute=np.where(slow == LAST, ht["head"] + np.where(p == 1, ht["embedding"], 0.0),
+                              np.where(slow == FIRST, ht["embedding"], 0.0)),
+        head_tp=np.where(slow == LAST, ht["tp_comm"], 0.0),
+        forward=layers * lt["forward"], backward=layers * lt["backward"] + recompute,
+        cp_hidden_forward=layers * lt["cp_hidden_forward"], cp_hidden_backward=layers * lt["cp_hidden_backward"])
+
+
+def bubble_time(plan, sl: StageLayers, lt):
+    """Seconds per step of the bubble (``pp_bubble``): (p − 1) idle slots of the largest stage's
+    layers (:func:`layers_time` of ``sl.largest``) × :func:`bubble_factor`."""
+    p = np.asarray(plan.pp, dtype=float)
+    return (p - 1) * layers_time(sl.largest, lt) * bubble_factor(plan)
 
 
 # Scaling and DeepSpeed run their pipelines as lists of instructions executed one after another, each
@@ -116,3 +191,14 @@ def effective_compute_slowdown(slowdown, plan, m):
     busy = (g - 1) + g * (p - 1) * stage_overlap(plan, m)
     share = np.where(n > 1, busy / np.maximum(n - 1, 1.0), 1.0)
     return 1.0 + (np.asarray(slowdown, dtype=float) - 1.0) * share
+
+
+def with_stage_concurrency(curves, plan, m):
+    """``curves`` with their measured compute slowdown of ranks sharing one machine (a profiled CPU:
+    ``compute_slowdown`` > 1) scaled to the share of time the other ranks compute alongside
+    (:func:`effective_compute_slowdown`: pipeline stages compute alone in the fill and drain);
+    unchanged without a slowdown or without pipelining."""
+    slowdown = getattr(curves, "compute_slowdown", 1.0)
+    if not slowdown > 1.0 or not np.any(np.asarray(plan.pp) > 1):
+        return curves
+    return replace(curves, compute_slowdown=effective_compute_slowdown(slowdown, plan, m))

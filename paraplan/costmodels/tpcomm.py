@@ -111,6 +111,11 @@ def sp_backward_regather_time(model, job, plan, cluster, curves, attention_times
 # copy kernels take SMs and HBM bandwidth): the data-parallel figure (fitted_constants.yaml,
 # collective_overlap_slowdown)
 TP_OVERLAP_CONTENTION = fitted("collective_overlap_slowdown")
+TP_EXPOSED_ASSUMPTION = "tensor-parallel collectives are exposed (no TP comm overlap); backward = 2 x forward GEMM time"
+# what replaces it for a plan that overlaps its TP collectives
+TP_OVERLAP_ASSUMPTION = ("tensor-parallel collectives overlap the GEMMs next to them (Megatron --tp-comm-overlap: "
+                         "forward and backward; torchtitan async TP: the forward's only), the hidden part slowing "
+                         f"those GEMMs by {TP_OVERLAP_CONTENTION} of its time; backward = 2 x forward GEMM time")
 
 
 def tp_exposed_time(tp_comm, gemm_forward, full_recompute, plan):
@@ -137,6 +142,11 @@ def tp_exposed_time(tp_comm, gemm_forward, full_recompute, plan):
     hidden = (tp_comm - overlappable) + np.maximum(0.0, overlappable - window) \
         + TP_OVERLAP_CONTENTION * np.minimum(overlappable, window)
     return np.where(overlap, hidden, tp_comm)
+
+
+def tp_overlap_assumption(plan, **_) -> tuple[str, ...]:
+    """Whether the plan's TP collectives are exposed or overlap their GEMMs (:func:`tp_exposed_time`)."""
+    return (TP_OVERLAP_ASSUMPTION if getattr(plan, "tp_comm_overlap", False) else TP_EXPOSED_ASSUMPTION,)
 
 
 TORCHTITAN_ASYNC_TP_SOURCE = ("[Distributed w/ TorchTitan] Introducing Async Tensor Parallelism in PyTorch, "

@@ -278,7 +278,7 @@ def nvlink_domain_gpus(num_gpus: int, gpus_per_node: int, gpus_per_host: int) ->
     (https://slurm.schedmd.com/topology.html; NVIDIA's developer blog "Unlock Exascale Performance
     on NVIDIA GB200 NVL72 with Slurm Topology-Aware Job Scheduling" recommends 16-tray segments for
     jobs of 128 GPUs and more). The estimate states it
-    (:func:`paraplan.costmodels.estimate.nvlink_domain_assumption`).
+    (:func:`paraplan.costmodels.comm.nvlink_domain_assumption`).
     ``num_gpus`` beyond one node must be a multiple of ``gpus_per_host`` (:meth:`System.accepts_gpus`).
     """
     if num_gpus <= gpus_per_node:
