@@ -164,7 +164,7 @@ def main(argv=None) -> int:
         err = pd.Series(throughput_error(rows, pred))
         per = err.groupby(rows.source).agg(rows="size", mape=lambda e: 100 * e.abs().mean(),
                                            bias=lambda e: 100 * e.mean())
-        print(f"  calibrated: " + ", ".join(f"{k} {v:.4f}" for k, v in params.items()))
+        print("  calibrated: " + ", ".join(f"{k} {v:.4f}" for k, v in params.items()))
         print(per.round(1).to_string())
         print(f"  all {len(rows)} rows: MAPE {100 * err.abs().mean():.1f} %, bias {100 * err.mean():+.1f} %")
         if rows.source.nunique() > 1:

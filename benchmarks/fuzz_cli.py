@@ -13,7 +13,7 @@ one key set to a hostile value or removed, an unknown key, or the whole file mad
 truncated, deeply nested, a list, a folder, or missing. Cases run in-process (``paraplan.cli.main``
 with captured output; a case over 20 s of CPU time, or still running at 60 s, is a hang);
 ``--subprocess N`` also runs N of them as real processes.
-``tests/test_fuzz.py`` runs a few hundred of the same cases in the suite.
+``tests/cli/test_fuzz.py`` runs a few hundred of the same cases in the suite.
 """
 from __future__ import annotations
 

@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
 
 from paraplan.calibration import load_cases
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import estimate
-from paraplan.planner.search import score_batch, search
+from paraplan.planner.search import score_batch
 from paraplan.planner.space import SpaceOptions, compose
 
 

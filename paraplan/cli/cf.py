@@ -165,7 +165,7 @@ def _run_plan(args) -> int:
             raise
         # the profile's lists are the user's file: shapes that do not fit together end here
         raise ConfigError("--profile", f"{args.profile}: its measured tables do not fit together "
-                          f"({type(e).__name__}: {str(e)[:100]})", accepted="a profile written by `paraplan cf profile`")
+                          f"({type(e).__name__}: {str(e)[:100]})", accepted="a profile written by `paraplan cf profile`") from e
     notes = ([batch_note] if batch_note else []) + [r.describe() for r in plan.relaxed]
     if args.format == "json":
         print(json.dumps({"cpu": cpu.name, "rates": plan.rates_name, "threads": threads, "batch": batch,

@@ -136,7 +136,6 @@ class AnalyticalCurves:
         Measured on the lent H100 (reference profile, ``moe``): DeepSeek-V3 experts at 128 tokens
         each, 32 per GPU, 1.07 ms grouped where per-expert GEMMs priced 3.6 ms; at 2048 tokens and
         more the two agree (0.9-1.05)."""
-        acc = self.accelerator
         m, n, k, g = (np.asarray(x, dtype=float) for x in (m, n, k, groups))
         compute = self._tensor_core_time(m, n, k, dtype, g)
         width = GEMM_OPERAND_BYTES.get(dtype, 2.0)

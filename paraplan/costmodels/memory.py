@@ -314,7 +314,6 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
     rc = np.asarray(plan.recompute_code if recompute_code is None else recompute_code)
     b = plan.micro_batch
     T = tokens_per_rank(job, plan)                 # b · s / cp
-    s = job.seq_len
     t = np.asarray(plan.tp, dtype=float)
     sp = np.asarray(plan.sp, dtype=bool)
     h, hkv, f, a = model.hidden, model.kv_hidden, model.ffn_hidden, model.heads

@@ -13,7 +13,7 @@ text. Choices an engine cannot express exactly are handled one of two ways, alwa
   PipelineEngine rejects; torchtitan with fp16 or NVMe offload).
 
 Option names come from the engines' own sources, recorded with their commits in
-``tests/data/engine_options.yaml``; ``tests/test_export.py`` checks every emitted name against it.
+``tests/data/engine_options.yaml``; ``tests/planner/test_export.py`` checks every emitted name against it.
 What is data about an engine's options (its switches' flags, fp8 recipes, schedules, sharding
 strategies, whether the text carries its notes) is in its spec's ``export``
 (``paraplan.engines.ExportMapping``); each builder here reads it from the spec it is given.
@@ -159,7 +159,7 @@ def _headline(s: Scenario) -> str:
 def _torchrun_args(s: Scenario) -> list[str]:
     return ["--nnodes", str(s.hosts), "--nproc-per-node", str(s.procs_per_host),
             "--rdzv-id", "paraplan", "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"${{MASTER_ADDR}}:${{MASTER_PORT}}"]
+            "--rdzv-endpoint", "${MASTER_ADDR}:${MASTER_PORT}"]
 
 
 def _megatron_uneven_stages(s: Scenario) -> list[tuple[str, ...]]:

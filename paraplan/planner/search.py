@@ -17,7 +17,7 @@ import numpy as np
 
 from paraplan.constants import fitted
 from paraplan.costmodels.efficiency import curves_for
-from paraplan.costmodels.estimate import Estimate, TIME_TERMS, estimate, estimate_legal, step_terms
+from paraplan.costmodels.estimate import Estimate, TIME_TERMS, estimate_legal, step_terms
 from paraplan.engines import spec_named
 from paraplan.hardware.topology import links_for_plan
 from paraplan.plan import PLAN_FIELDS, PlanBatch, is_fp8

@@ -8,7 +8,7 @@ on the device with CUDA events. The functions here compare those measurements wi
 :mod:`paraplan.costmodels.compute` (with :mod:`~paraplan.costmodels.kernels`,
 :mod:`~paraplan.costmodels.attention` and :mod:`~paraplan.costmodels.fp8`) predicts for the same
 shapes, so a change to a generation's curves shows at once how far it moves from the measured kernels
-(``benchmarks/gpu_reference_check.py`` prints the tables; tests/test_gpu_reference.py holds the bounds).
+(``benchmarks/gpu_reference_check.py`` prints the tables; tests/profiles/test_gpu_reference.py holds the bounds).
 """
 from __future__ import annotations
 

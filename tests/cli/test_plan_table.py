@@ -1,0 +1,116 @@
+"""The plan table and its why-line tell plans apart; ZeRO stages moot at dp·cp = 1 collapse; compressed
+optimizers are opt-in and explained; the default memory margin; stage balancing reports progress."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from paraplan.cli import main
+from paraplan.cli.plan import render_table, table_rows
+from paraplan.costmodels.estimate import estimate
+from paraplan.hardware.catalog import load_cluster
+from paraplan.plan import Plan
+from paraplan.planner.search import MOOT_ZERO, same_plan_key, search, why_best_beats_runner_up
+from paraplan.scenario import DEFAULT_PLAN_MEMORY_FRACTION
+from paraplan.workloads.presets import load_model
+from paraplan.workloads.transformer import TrainingJob
+
+ETH = ["plan", "--model", "llama3-8b", "--cluster", "a100-eth40", "--gpus", "32", "--seq-len", "4096",
+       "--global-batch", "256", "--top", "3", "--no-stage-ilp"]
+
+
+def _pair(model, cluster, gpus, job, a: dict, b: dict):
+    c = load_cluster(cluster, gpus)
+    m = load_model(model)
+    return estimate(m, job, c, Plan(**a)), estimate(m, job, c, Plan(**b))
+
+
+PAIRS = {   # two plans alike in every degree, differing in one mode only
+    "optimizer": ("gpt-1.7b", "a100-eth40", 16, TrainingJob(2048, 64), dict(tp=1, dp=16, micro_batch=4),
+                  dict(tp=1, dp=16, micro_batch=4, optimizer="zero-one-adam"), "opt"),
+    "dtype": ("gpt-1.7b", "dgx-a100-80g", 8, TrainingJob(2048, 64), dict(tp=1, dp=8, micro_batch=4),
+              dict(tp=1, dp=8, micro_batch=4, dtype="fp16"), "dtype"),
+    "cp_mode": ("llama3-8b", "dgx-h100", 8, TrainingJob(8192, 16), dict(tp=2, cp=2, dp=2, sp=True),
+                dict(tp=2, cp=2, dp=2, sp=True, cp_mode="ulysses"), "cp_mode"),
+    "ep": ("mixtral-8x7b", "dgx-h100", 16, TrainingJob(4096, 32), dict(tp=2, dp=8, ep=2, zero=1),
+           dict(tp=2, dp=8, ep=4, zero=1), "ep"),
+}
+
+
+@pytest.mark.parametrize("field", PAIRS)
+def test_plans_differing_in_one_mode_are_told_apart(field):
+    model, cluster, gpus, job, a, b, column = PAIRS[field]
+    ea, eb = _pair(model, cluster, gpus, job, a, b)
+    best, runner = sorted((ea, eb), key=lambda e: e.step_time_s)
+    df = table_rows([best, runner])
+    assert df[column].nunique() == 2                       # the column differs between the rows
+    text = render_table(df)
+    header, row1, row2 = text.splitlines()[:3]
+    assert column in header.split() and row1.split()[1:] != row2.split()[1:]
+    why = why_best_beats_runner_up(best, runner)
+    assert f"{field}: {getattr(best.plan, field)} vs {getattr(runner.plan, field)}" in why
+    assert "same plan" not in why
+
+
+def test_a_gap_under_the_tie_share_is_called_a_tie_and_a_wider_one_is_not():
+    from dataclasses import replace as dc_replace
+    from paraplan.planner.search import TIE_SHARE
+    e = estimate(load_model("gpt-1.7b"), TrainingJob(2048, 64), load_cluster("dgx-a100-80g", 8), Plan(dp=8))
+    for share, tie in ((TIE_SHARE / 2, True), (2 * TIE_SHARE, False)):
+        slower = dc_replace(e, step_time_s=e.step_time_s / (1 - share))
+        assert ("a tie at the estimator's resolution" in why_best_beats_runner_up(e, slower)) is tie
+
+
+def test_modes_alike_in_every_row_are_stated_once_below_the_table():
+    e = estimate(load_model("gpt-1.7b"), TrainingJob(2048, 64), load_cluster("dgx-a100-80g", 8), Plan(dp=8))
+    text = render_table(table_rows([e, e]))
+    assert "opt" not in text.splitlines()[0].split()
+    assert text.splitlines()[-1] == "every plan above: ep 1, cp_mode -, opt adam, dtype bf16"
+
+
+def test_zero_stages_at_dp_1_collapse_to_one_plan():
+    r = search(load_model("llama3-8b"), TrainingJob(2048, 8), load_cluster("dgx-h100", 1), top=10)
+    keys = [same_plan_key(e.plan) for e in r.plans]
+    assert len(keys) == len(set(keys)) and r.rejected_by_reason.get(MOOT_ZERO, 0) >= 1
+    # with data parallelism the stages are different plans and are not collapsed
+    a = same_plan_key(Plan(dp=2, zero=2))
+    assert a != same_plan_key(Plan(dp=2, zero=3)) and same_plan_key(Plan(dp=1, zero=2)) == same_plan_key(Plan(dp=1, zero=3))
+
+
+@pytest.mark.slow
+def test_compressed_optimizers_are_opt_in_and_explained(capsys):
+    assert main(ETH + ["--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {p["plan"]["optimizer"] for p in doc["plans"]} == {"adam"}
+    (note,) = doc["notes"]
+    assert "--allow-compressed-optimizers" in note and "zero-one-adam" in note and "x faster" in note
+    assert main(ETH + ["--allow-compressed-optimizers"]) == 0
+    out = capsys.readouterr().out
+    assert "opt zero-one-adam" in out or " zero-one-adam " in out.split("best plan")[0]
+    assert "note: zero-one-adam on the data-parallel axis: chosen because it cuts the exposed gradient" in out
+    assert "assumes it trains like Adam" in out
+
+
+def test_default_memory_margin_keeps_headroom(capsys):
+    assert main(["plan", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64", "--seq-len", "8192",
+                 "--global-batch", "512", "--top", "5", "--no-stage-ilp", "--format", "csv"]) == 0
+    import io
+    import pandas as pd
+    df = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    hbm = load_cluster("dgx-h100", 8).accelerator.memory_bytes / 2**30
+    assert DEFAULT_PLAN_MEMORY_FRACTION == 0.95
+    assert (df["headroom_GiB"] >= (1 - DEFAULT_PLAN_MEMORY_FRACTION) * hbm - 0.05).all()
+    assert {"ep", "cp_mode", "opt", "dtype"} <= set(df.columns)
+
+
+@pytest.mark.slow
+def test_stage_balancing_reports_progress():
+    env = dict(os.environ, PARAPLAN_PROGRESS="1")
+    r = subprocess.run([sys.executable, "-m", "paraplan.cli", "plan", "--model", "llama3-70b", "--cluster", "dgx-h100",
+                        "--gpus", "64", "--seq-len", "8192", "--global-batch", "512", "--top", "2", "--fix", "pp=4"],
+                       capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert "balancing 4 pipeline stages and per-stage recomputation (pulp ILPs): done in" in r.stderr
+    assert "balancing" not in r.stdout

@@ -1,0 +1,35 @@
+"""benchmarks/monotonicity.py end to end on four of its scenarios (a smaller sample): the checks the
+README states as holding on every candidate hold, and dropping recomputation stays within 0.3 %."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+_spec = importlib.util.spec_from_file_location(
+    "monotonicity", Path(__file__).resolve().parents[2] / "benchmarks" / "monotonicity.py")
+monotonicity = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(monotonicity)
+
+# a faster GPU may leave a rare host-bound Megatron-FSDP MoE plan marginally slower: its forward window, under
+# which the once-per-step parameter all-gather hides, shortens (README: 2 of 160,784 candidates, 0.01 %);
+# dropping recomputation leaves this sample's one ZeRO-3 CPU-offload Mixtral plan 0.007 % slower
+NEAR = {"peak FLOP rate x2", "no recomputation: step time"}
+
+
+@pytest.mark.parametrize("scenario", [monotonicity.SCENARIOS[i] for i in (2, 4, 6, 8)],
+                         ids=lambda s: f"{s[0]}-{s[5]}")
+@pytest.mark.slow
+def test_estimator_moves_the_right_way(scenario):
+    name, system, gpus, seq, global_batch, engine, dtype = scenario
+    rows = monotonicity.check_scenario(name, system, gpus, seq, global_batch, sample=3000, seed=5,
+                                       engine=engine, dtype=dtype)
+    assert len(rows) >= 14
+    for row in rows:
+        assert row["candidates"] > 0 or row["change"].startswith(("expert", "TP comm", "global batch",
+                                                                  "fp8 parameters")), row
+        if row["change"].startswith("fp8 parameters") and engine == "megatron" and dtype == "fp8":
+            assert row["candidates"] > 0, row
+        if row["change"] in NEAR:
+            assert row["worse"] == 0 or row["worst_ratio"] <= 1.003, row
+        else:
+            assert row["worse"] == 0, row
