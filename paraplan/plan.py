@@ -421,6 +421,14 @@ class Plan:
     moe_act, moe, shared_experts; default: the attention core (Megatron-LM's selective). On plan:
     --fix recompute_modules=moe_act,layernorm sets them on every selective candidate that can run
     them."""
+    overlap_param_gather: bool = True
+    """ZeRO-1/2's all-gather of the updated parameters overlapped with the next step's first forward,
+    bucket by bucket (Megatron-LM --overlap-param-gather; megatron/training/arguments.py validate_args
+    allows it only with --overlap-grad-reduce and the distributed optimizer or Megatron-FSDP; the
+    Megatron-Bridge and NeMo performance recipes set it). --no-overlap-param-gather: the all-gather runs
+    whole between the optimizer step and the forward, exposed, as Megatron-LM does without the flag.
+    Without --overlap-grad-reduce nothing overlaps either way; DeepSpeed's ZeRO-1/2 all-gather is exposed
+    whatever this says (its optimizer gathers inside step())."""
 
     def __post_init__(self):
         for spec in _CHECKED:

@@ -16,7 +16,8 @@ reduce_dtype), DeepSpeed's BF16_Optimizer fp32 in an all-reduce, the others thei
 Overlap (bucketed, as Megatron's --overlap-grad-reduce, DeepSpeed overlap_comm and FSDP do;
 off with ``plan.overlap_grad_reduce = False``, as in Megatron-LM's 2020-21 "local" DDP):
 gradient reduction runs under the backward of the last micro-batch, the parameter all-gather of
-stages 1-2 under the next step's first forward (Megatron --overlap-param-gather), ZeRO-3's
+stages 1-2 under the next step's first forward (Megatron --overlap-param-gather; exposed before the
+forward with ``plan.overlap_param_gather = False``, Megatron-LM's default), ZeRO-3's
 gathers are prefetched under each micro-batch's compute (also off with
 ``overlap_grad_reduce = False``); only the excess is exposed, and the hidden part slows the
 compute beneath it by OVERLAP_CONTENTION of its duration. DeepSpeed hides less (its source, in the note
@@ -69,6 +70,8 @@ DP_OVERLAP_ASSUMPTION = ("data-parallel gradient reduction is bucketed and overl
 # what replaces it for a plan that does not overlap its data-parallel reduction, and for Scaling's
 DP_NO_OVERLAP_ASSUMPTION = ("data-parallel gradient reduction runs after the backward and ZeRO-3's gathers are "
                             "not prefetched: nothing hidden (overlap_grad_reduce off)")
+PARAM_GATHER_EXPOSED_ASSUMPTION = ("ZeRO-1/2's all-gather of the updated parameters runs whole between the optimizer "
+                                   "step and the next forward, exposed (no --overlap-param-gather)")
 SCALING_DP_ASSUMPTION = ("data-parallel reduction as Scaling runs it (engine scaling): an fp32 all-reduce of every "
                          "gradient, then with ZeRO-1 the parameter all-gather, both inside the optimizer step after the "
                          "backward, exposed")
@@ -77,10 +80,16 @@ SCALING_DP_ASSUMPTION = ("data-parallel reduction as Scaling runs it (engine sca
 def dp_overlap_assumption(plan, **_) -> tuple[str, ...]:
     """How much of the data-parallel traffic the plan hides (:func:`dp_exposed`): Scaling's exposed
     reduction inside the optimizer step (``Behaviour.reduces_in_optimizer_step``), none without
-    ``overlap_grad_reduce``, else the bucketed overlap."""
+    ``overlap_grad_reduce``, else the bucketed overlap, and ZeRO-1/2's parameter all-gather exposed
+    without ``overlap_param_gather``."""
     if engine_flag(plan, "reduces_in_optimizer_step"):
         return (SCALING_DP_ASSUMPTION,)
-    return (DP_NO_OVERLAP_ASSUMPTION,) if not plan.overlap_grad_reduce else (DP_OVERLAP_ASSUMPTION,)
+    if not plan.overlap_grad_reduce:
+        return (DP_NO_OVERLAP_ASSUMPTION,)
+    if (not plan.overlap_param_gather and plan.zero in (1, 2) and plan.dp * plan.cp > 1
+            and not engine_flag(plan, "dp_collectives_outside_backward")):   # DeepSpeed's line says it
+        return (DP_OVERLAP_ASSUMPTION, PARAM_GATHER_EXPOSED_ASSUMPTION)
+    return (DP_OVERLAP_ASSUMPTION,)
 
 
 # Compressed-communication optimizers: (share of steps in the uncompressed warm-up, bytes per element
@@ -236,12 +245,15 @@ def dp_traffic(params, plan, cluster, *, experts: bool = False, volume_factor=1.
     grad_once = np.where((z == 0) | deepspeed_bf16_optimizer(plan), ar, np.where(z == 1, rs, 0.0))
     gather_once = np.where((z == 1) | (z == 2), ag, 0.0)
     ds_grad, ds_gather = deepspeed_exposed(plan)      # what DeepSpeed runs outside the backward
+    # ZeRO-1/2's parameter all-gather waits for the optimizer step and precedes the forward, exposed,
+    # unless it is overlapped with the first forward (Plan.overlap_param_gather)
+    gather_exposed = ds_gather | ~np.asarray(plan.overlap_param_gather, dtype=bool)
     return {"last_backward": np.where(plain & ~ds_grad, grad_once, 0.0),
-            "first_forward": np.where(plain & ~ds_gather, gather_once, 0.0),
+            "first_forward": np.where(plain & ~gather_exposed, gather_once, 0.0),
             "each_backward": np.where(plain & (z == 2), rs, 0.0),
             "each_micro": np.where(plain & (z == 3), per_micro3, 0.0),
             "exposed": np.where(some & scaling, scaling_total, 0.0)
-            + np.where(plain & ds_grad, grad_once, 0.0) + np.where(plain & ds_gather, gather_once, 0.0)}
+            + np.where(plain & ds_grad, grad_once, 0.0) + np.where(plain & gather_exposed, gather_once, 0.0)}
 
 
 def add_traffic(a: dict, b: dict) -> dict:

@@ -325,7 +325,7 @@ def build_megatron(s: Scenario, spec: EngineSpec) -> Export:
         notes.append("parameter offload (ZeRO-Infinity) has no Megatron-LM equivalent; parameters stay on GPU")
     if p.overlap_grad_reduce:
         args.append(("--overlap-grad-reduce",))
-        if p.zero >= 1:     # the estimate hides the distributed optimizer's all-gather under the next forward
+        if p.zero >= 1 and p.overlap_param_gather:   # the distributed optimizer's all-gather under the next forward
             args.append(("--overlap-param-gather",))
     args += switch_options(p, spec)     # --tp-comm-overlap, --overlap-moe-expert-parallel-comm, ...
     if p.offload_activation_layers:
