@@ -157,6 +157,25 @@ class FieldReader:
         return MappingProxyType({str(k): str(v) for k, v in s.items()})
 
 
+#: Size suffixes a count may carry, binary as sequence lengths are spoken (8k = 8192, 128k = 131072,
+#: 1M = 1,048,576); the same on every flag and sweep that takes a size (--seq-len, --global-batch,
+#: --gpus, whatif's --sweep seq_len=2k..128k).
+SIZE_SUFFIXES = {"k": 2**10, "m": 2**20}
+SIZE_SYNTAX = "a number, optionally with k (x1024) or M (x1024^2): 8k = 8192"
+
+
+def parse_size(text: str) -> float:
+    """A number with an optional size suffix (:data:`SIZE_SUFFIXES`, either case): ``8k`` -> 8192.0,
+    ``1.5k`` -> 1536.0, ``1M`` -> 1048576.0, ``64`` -> 64.0. ValueError when it is not one."""
+    t = str(text).strip().lower()
+    scale = SIZE_SUFFIXES.get(t[-1:], 1)
+    if scale != 1:
+        t = t[:-1]
+    if not t or t[-1:] in SIZE_SUFFIXES:
+        raise ValueError(f"not a size: {text!r}")
+    return float(t) * scale
+
+
 def current_umask() -> int:
     """The process umask, read without changing it where the kernel reports it (Linux ``/proc``),
     else by the set-and-restore idiom of ``os.umask``."""

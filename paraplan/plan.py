@@ -289,7 +289,7 @@ class Plan:
     """Data-parallel degree; default: what the GPU count leaves, gpus / (tp*pp*cp) (0 in a plan file)."""
     cp: int = 1
     """Context-parallel degree: each sequence split over cp GPUs (Megatron-LM --context-parallel-size),
-    by ring attention or Ulysses (cp_mode, on the command line --sp-mode)."""
+    by ring attention or Ulysses (cp_mode, on the command line --cp-mode)."""
     sp: bool = False
     """Megatron sequence parallelism: norms and dropout run on a sequence shard of the tp group, with
     all-gather / reduce-scatter in place of the all-reduce (Korthikanti et al. 2022; needs tp > 1)."""
@@ -338,8 +338,9 @@ class Plan:
     or tp (each expert split over the tp group; Megatron-Core --expert-tensor-parallel-size)."""
     cp_mode: str = mode_field(CpMode.RING)
     """How context parallelism splits attention: ring (ring attention over load-balanced causal
-    chunks) or ulysses (all-to-all over heads, DeepSpeed-Ulysses); on the command line
-    --sp-mode ring|ulysses."""
+    chunks; Megatron-LM --cp-comm-type p2p, its default) or ulysses (all-to-all over heads,
+    DeepSpeed-Ulysses; Megatron-LM --cp-comm-type a2a). Ties in the planner go to the engine's
+    default (the first of its EngineSpec.cp_modes)."""
     optimizer: str = mode_field(Optimizer.ADAM)
     """Adam, or a communication-compressing DeepSpeed variant (onebit-adam, zero-one-adam,
     onebit-lamb) that needs ZeRO-0."""
@@ -369,8 +370,9 @@ class Plan:
     model providers that do not set it keep, as Megatron-Bridge's GPT-OSS and DeepSeek-V3 do)."""
     engine: str = mode_field(Engine.GENERIC)
     """The engine that runs the plan: its model-state layout, buffers and the layouts it offers
-    (generic: the ZeRO paper's accounting, no restrictions; megatron, deepspeed, torchtitan,
-    scaling). On plan and whatif without a fixed plan: search what that engine runs."""
+    (megatron, deepspeed, torchtitan, scaling; generic: the ZeRO paper's accounting with no engine's
+    restrictions, what no engine runs as such). On plan and whatif without a fixed plan: search only
+    what that engine runs. Plan() defaults to generic; the commands to paraplan.scenario.DEFAULT_ENGINE."""
     first_stage_layers: int = layer_count_field("the automatic split")
     """Transformer layers on the first pipeline stage (Megatron-LM
     --decoder-first-pipeline-num-layers); 0 (default): the automatic split (stage_layer_counts)."""

@@ -20,13 +20,20 @@ from paraplan.workloads.transformer import TrainingJob, TransformerModel
 
 DEFAULT_SEQ_LEN = 2048
 DEFAULT_MOE_IMBALANCE = 1.0
-#: ``plan``'s default share of each GPU's memory a plan may use (--max-memory-fraction). 0.95 keeps
+#: The engine ``plan``, ``estimate`` and ``whatif`` plan and price for when neither ``--engine`` nor a plan
+#: file names one: Megatron-LM, the most common stack for GPU LLM training (NeMo and Megatron-Bridge build on
+#: it; most of the published runs paraplan calibrates on ran it). A plan file records its engine, so a plan
+#: keeps the engine it was planned for. ``Plan()`` in Python keeps the ``generic`` engine (the ZeRO paper's
+#: accounting, no engine's restrictions), as do ``validate`` (its harness is plain PyTorch) and old plan files.
+DEFAULT_ENGINE = "megatron"
+#: The share of each GPU's memory a plan may use, on ``plan`` and ``whatif`` alike (--max-memory-fraction,
+#: a what-if scenario file's max_memory_fraction). 0.95 keeps
 #: 4 GiB free on an 80 GiB GPU beyond the modelled allocator reserve. Chosen on the Hagemann et al.
 #: 2023 sweep (benchmarks/memory_fit.py rows, 259 OOM / 263 ran, A100-80GB): the share that balances
 #: false fits against false OOMs (1.00: 10.0 % / 0.8 %; 0.97: 7.7 / 2.7; 0.95: 6.2 / 5.3; 0.93:
 #: 4.2 / 7.6). At 1.0 the planner's picks left 0.2-2 GiB free. The cost: picks restricted to each
 #: sheet's runs land within 5 % of the best measured MFU on 3 of 5 setups (5 of 5 at 1.0).
-DEFAULT_PLAN_MEMORY_FRACTION = fitted("plan_memory_fraction")
+DEFAULT_MEMORY_FRACTION = fitted("plan_memory_fraction")
 
 
 def load_cluster(spec: str, gpus: int | None = None, *, inter_node_oversubscription: float = 1.0,

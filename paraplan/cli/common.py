@@ -13,14 +13,16 @@ import math
 import os
 import re
 import sys
+import textwrap
 from dataclasses import Field, fields
 from pathlib import Path
 
 from paraplan.errors import ConfigError, ParaplanError, shown
+from paraplan.io import parse_size
 from paraplan.plan import (CHOICE, COUNT, CP_MODES, DERIVED, LAYERS, MODE, MODULES, PLAN_FIELD_SPECS, SWITCH, Plan,
                            attribute_docstrings)
 from paraplan.planfile import read_plan_file
-from paraplan.scenario import Scenario, load_scenario
+from paraplan.scenario import DEFAULT_ENGINE, DEFAULT_MEMORY_FRACTION, DEFAULT_SEQ_LEN, Scenario, load_scenario
 
 
 # Counts beyond a C int are refused where they are read (2^31 GPUs, layers, batches ... are never
@@ -28,10 +30,16 @@ from paraplan.scenario import Scenario, load_scenario
 MAX_COUNT = 2**31 - 1
 
 
-def _integer(name: str, text: str, low: int, high: int, what: str) -> int:
+def _integer(name: str, text: str, low: int, high: int, what: str, sizes: bool = False) -> int:
     try:
-        v = int(text.strip())
-    except ValueError:
+        if not sizes:
+            v = int(text.strip())
+        else:   # 8k = 8192, 1M = 1024^2 (paraplan.io.parse_size); an integral count, within a double's range
+            f = parse_size(text)
+            if not (math.isfinite(f) and f == int(f)):
+                raise ValueError(text)
+            v = int(f)
+    except (ValueError, OverflowError):
         raise argparse.ArgumentTypeError(f"{name} must be {what}, got {shown(text)}") from None
     if v < low:
         raise argparse.ArgumentTypeError(f"{name} must be {what}, got {shown(text)}")
@@ -40,10 +48,14 @@ def _integer(name: str, text: str, low: int, high: int, what: str) -> int:
     return v
 
 
-def positive_int(name: str, maximum: int = MAX_COUNT):
-    """An argparse type that accepts integers 1..maximum and names the flag in its error."""
+def positive_int(name: str, maximum: int = MAX_COUNT, *, sizes: bool = False):
+    """An argparse type that accepts integers 1..maximum and names the flag in its error; with ``sizes``
+    also a size suffix (``8k`` = 8192, ``1M`` = 1024^2: :func:`paraplan.io.parse_size`, as whatif's
+    ``--sweep`` reads them)."""
+    what = "a positive integer" + (" (k = 1024, M = 1024^2 accepted: 8k)" if sizes else "")
+
     def parse(text: str) -> int:
-        return _integer(name, text, 1, maximum, "a positive integer")
+        return _integer(name, text, 1, maximum, what, sizes)
     return parse
 
 
@@ -121,6 +133,43 @@ def writing(flag: str, path: str):
         yield
     except OSError as e:
         raise ConfigError(flag, f"cannot write {path}: {e.strerror or e}") from None
+
+
+#: the longest line the commands print as text (longer ones wrap, their continuation indented)
+LINE_WIDTH = 120
+
+
+def wrap_lines(text: str, width: int = LINE_WIDTH) -> str:
+    """Each line of ``text`` longer than ``width`` wrapped at spaces, its continuations indented past the line's
+    own indent (two spaces past a list item's "- ", four otherwise); a word longer than the width stays whole."""
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        lead = line[:len(line) - len(line.lstrip())]
+        more = lead + ("  " if line.lstrip().startswith("- ") else "    ")
+        if " · " in line:     # a plan line: break between its items, never inside one ("(fp8 parameters)")
+            out.extend(_pack(line.split(" · "), " · ", width, more))
+            continue
+        out.extend(textwrap.wrap(line, width=width, initial_indent="", subsequent_indent=more,
+                                 break_long_words=False, break_on_hyphens=False, drop_whitespace=True)
+                   if line.strip() else [line])
+    return "\n".join(out)
+
+
+def _pack(items: list[str], sep: str, width: int, indent: str) -> list[str]:
+    """``items`` joined by ``sep`` into lines of at most ``width`` (an item longer than that alone on its line),
+    each line after the first starting with ``indent`` and the separator."""
+    lines: list[str] = []
+    current = items[0]
+    for item in items[1:]:
+        if len(current) + len(sep) + len(item) <= width:
+            current += sep + item
+        else:
+            lines.append(current)
+            current = indent + sep.lstrip() + item
+    return lines + [current]
 
 
 class ParaplanArgumentParser(argparse.ArgumentParser):
@@ -242,10 +291,12 @@ def add_scenario_args(ap: argparse.ArgumentParser, *, require: bool = True) -> N
                     "'local' (this machine's measured profile) or 'profile:NAME' (fingerprint id or hostname)")
     ap.add_argument("--db", default=None, help="profile database for --cluster local/profile:NAME "
                     "(default $PARAPLAN_PROFILE_DB or ~/.cache/paraplan/profiles.sqlite)")
-    ap.add_argument("--gpus", type=positive_int("--gpus"), help="GPU count (default: one node, or the file's)")
-    ap.add_argument("--seq-len", type=positive_int("--seq-len"), default=None, help="tokens per sequence (default 2048)")
-    ap.add_argument("--global-batch", type=positive_int("--global-batch"), default=None,
-                    help="sequences per optimizer step (default: 1 per data-parallel rank x micro-batch)")
+    ap.add_argument("--gpus", type=positive_int("--gpus", sizes=True),
+                    help="GPU count (default: one node, or the file's); 1k = 1024")
+    ap.add_argument("--seq-len", type=positive_int("--seq-len", sizes=True), default=None,
+                    help=f"tokens per sequence (default {DEFAULT_SEQ_LEN}); 8k = 8192, 128k, 1M = 1024^2")
+    ap.add_argument("--global-batch", type=positive_int("--global-batch", sizes=True), default=None,
+                    help="sequences per optimizer step (default: 1 per data-parallel rank x micro-batch); 1k = 1024")
     ap.add_argument("--moe-imbalance", type=number("--moe-imbalance", low=1.0, high=1e6, low_open=False), default=1.0,
                     help="busiest expert's tokens over the balanced share (1.0 = balanced)")
     ap.add_argument("--network", choices=("rail", "flat"), default=None,
@@ -255,8 +306,12 @@ def add_scenario_args(ap: argparse.ArgumentParser, *, require: bool = True) -> N
                     help="leaf-to-spine oversubscription of the fabric (e.g. 2 for 2:1); implies --network rail")
 
 
-# Plan fields without a flag of their own, and the flag that sets them instead.
-PLAN_FIELDS_WITHOUT_FLAG = {"cp_mode": "--sp-mode"}
+# Plan fields without a flag of their own, and the flag that sets them instead (none: every field has its
+# generated flag; cp_mode's is --cp-mode, with --sp-mode kept as a deprecated alias, DEPRECATED_SP_MODE).
+PLAN_FIELDS_WITHOUT_FLAG: dict[str, str] = {}
+#: --sp-mode, the name --cp-mode and --sp had on estimate before issue 67: still read, with a note on stderr
+DEPRECATED_SP_MODE = ("deprecated alias, kept for old scripts: --sp-mode megatron is --sp, --sp-mode ring|ulysses "
+                      "is --cp-mode ring|ulysses")
 # Plan fields whose flag, given without any other plan flag, constrains a search (plan, whatif)
 # instead of fixing a whole plan to re-estimate.
 SEARCH_CONSTRAINT_FLAGS = ("grad_accumulation_fusion", "engine", "dtype", "attention_kernel")
@@ -268,6 +323,9 @@ def _plan_fields() -> list[Field]:
 
 
 PLAN_FLAGS = tuple(f.name for f in _plan_fields())
+#: what --engine's help adds to the field's docstring: the commands' default
+ENGINE_DEFAULT_HELP = (f" Default: {DEFAULT_ENGINE} (or the engine a --plan file names); validate, whose harness is "
+                       "plain PyTorch, prices generic.")
 # Accepted values of the categorical plan fields that have a flag (the flag's argparse choices)
 PLAN_FLAG_CHOICES = {name: (s.mode.labels() if s.kind == MODE else s.choices) for name, s in PLAN_FIELD_SPECS.items()
                      if s.kind in (MODE, CHOICE) and name not in PLAN_FIELDS_WITHOUT_FLAG}
@@ -294,6 +352,8 @@ def plan_flag_kwargs(f: Field) -> tuple[str, dict]:
             return "--no-" + flag[2:], {**kw, "action": "store_false"}
         return flag, {**kw, "action": "store_true"}
     if spec.kind == MODE:
+        if f.name == "engine":     # the commands' default, not Plan()'s (paraplan.scenario.DEFAULT_ENGINE)
+            kw["help"] += ENGINE_DEFAULT_HELP
         return flag, {**kw, "choices": spec.mode.labels()}
     if spec.kind == CHOICE:
         return flag, {**kw, "choices": spec.choices, "type": int}
@@ -307,18 +367,19 @@ def plan_flag_kwargs(f: Field) -> tuple[str, dict]:
 
 
 def add_plan_args(ap: argparse.ArgumentParser) -> None:
-    """``--plan FILE``, one flag per Plan field, and the ``--sp-mode`` shorthand."""
+    """``--plan FILE``, one flag per Plan field, and the deprecated ``--sp-mode`` alias."""
     g = ap.add_argument_group("plan")
     g.add_argument("--plan", help="a plan file written by `paraplan plan --out` (flags below override it)")
     for f in _plan_fields():
         flag, kw = plan_flag_kwargs(f)
         g.add_argument(flag, **kw)
-    g.add_argument("--sp-mode", choices=("megatron", *CP_MODES),
-                   help="sequence parallelism: megatron (with tp), or ulysses / ring over --cp ranks")
+    g.add_argument("--sp-mode", choices=("megatron", *CP_MODES), help=DEPRECATED_SP_MODE)
 
 
-def add_search_args(ap: argparse.ArgumentParser, *, max_memory_fraction: float | None) -> None:
-    """The search options ``plan`` and ``whatif`` share: --fix, --no-offload, --max-memory-fraction."""
+def add_search_args(ap: argparse.ArgumentParser, *, max_memory_fraction: float | None = DEFAULT_MEMORY_FRACTION) -> None:
+    """The search options ``plan`` and ``whatif`` share: --fix, --no-offload, --max-memory-fraction (one default
+    for both, :data:`paraplan.scenario.DEFAULT_MEMORY_FRACTION`; whatif passes None so that a --scenario file's
+    value stands unless the flag is given)."""
     ap.add_argument("--fix", action="append", metavar="AXIS=VALUE", help="pin an axis or mode of the search "
                     "(at every point, for whatif), by name: any plan field, e.g. tp=8, zero=1, "
                     "schedule=interleaved, recompute=selective, optimizer=adam, cp_mode=ulysses, dtype=bf16, "
@@ -326,8 +387,8 @@ def add_search_args(ap: argparse.ArgumentParser, *, max_memory_fraction: float |
     ap.add_argument("--no-offload", action="store_true", help="do not consider CPU/NVMe offload")
     ap.add_argument("--max-memory-fraction", type=number("--max-memory-fraction", low=0.01, high=1.0, low_open=False),
                     default=max_memory_fraction,
-                    help="use at most this share of each GPU's memory (default "
-                         f"{'1.0' if max_memory_fraction is None else max_memory_fraction})")
+                    help=f"use at most this share of each GPU's memory (default {DEFAULT_MEMORY_FRACTION:g}, on plan "
+                         "and whatif alike, or a whatif --scenario file's max_memory_fraction)")
 
 
 def add_plan_flag(ap, name: str) -> None:
@@ -355,8 +416,26 @@ def scenario_defaults_from_plan_file(args, keys=("model", "cluster", "gpus", "se
             setattr(args, key, scenario.get(key))
 
 
-def plan_from_args(args) -> Plan:
-    """The plan the flags describe: ``--plan FILE`` if given, each given flag overriding it."""
+def sp_mode_fields(args) -> dict:
+    """The plan fields the deprecated ``--sp-mode`` sets (``{"sp": True}`` or ``{"cp_mode": ...}``), with a
+    note on stderr naming today's flag; ConfigError where it contradicts ``--cp-mode``."""
+    mode = getattr(args, "sp_mode", None)
+    if mode is None:
+        return {}
+    now = "--sp" if mode == "megatron" else f"--cp-mode {mode}"
+    print(f"paraplan: note: --sp-mode is deprecated; use {now}", file=sys.stderr)
+    if mode == "megatron":
+        return {"sp": True}
+    given = getattr(args, "cp_mode", None)
+    if given is not None and given != mode:
+        raise ConfigError("--sp-mode", f"{mode} contradicts --cp-mode {given}", accepted="--cp-mode alone")
+    return {"cp_mode": mode}
+
+
+def plan_from_args(args, default_engine: str | None = DEFAULT_ENGINE) -> Plan:
+    """The plan the flags describe: ``--plan FILE`` if given, each given flag overriding it. Where neither
+    names an engine, ``default_engine`` (the commands' :data:`paraplan.scenario.DEFAULT_ENGINE`; None: the
+    Plan default, generic, as validate's plain-PyTorch harness runs it). A plan file records its engine."""
     base: dict = {}
     if getattr(args, "plan", None):
         base = read_plan_file(args.plan)["plan"]
@@ -364,6 +443,8 @@ def plan_from_args(args) -> Plan:
         v = getattr(args, k, None)
         if v is not None:
             base[k] = v
+    if default_engine is not None and "engine" not in base:
+        base["engine"] = default_engine
     vpp = base.get("vpp", 1)
     # a plan file's vpp that is not a count is left to Plan.from_dict, which names the key
     if isinstance(vpp, int) and not isinstance(vpp, bool) and vpp > 1 and "schedule" not in base:
@@ -371,12 +452,18 @@ def plan_from_args(args) -> Plan:
             raise ConfigError("--vpp", f"{base['vpp']} virtual stages per pipeline stage need --pp > 1 "
                               "(the interleaved schedule)", accepted="--vpp 1, or --pp 2 or more")
         base["schedule"] = "interleaved"
-    mode = getattr(args, "sp_mode", None)
-    if mode == "megatron":
-        base["sp"] = True
-    elif mode in CP_MODES:
-        base["cp_mode"] = mode
+    base.update(sp_mode_fields(args))
     return Plan.from_dict(base, source=getattr(args, "plan", None) or "flags")
+
+
+def defaulted_engine_error(e: ConfigError) -> ConfigError:
+    """A --fix the default engine refuses, told as such: the fields the user pinned (not the engine, which
+    they did not name) and that the engine was the default, which --engine changes."""
+    if not e.field.startswith("--fix ") or "engine" not in e.field.split("--fix ", 1)[1].split(", "):
+        return e
+    pinned = [f for f in e.field.split("--fix ", 1)[1].split(", ") if f != "engine"]
+    return ConfigError("--fix " + ", ".join(pinned), f"{e.problem} ({DEFAULT_ENGINE} is the default engine; "
+                       "--engine picks another)", accepted=e.accepted, source=e.source)
 
 
 def scenario_from_args(args) -> Scenario:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from paraplan.cli.common import (add_plan_args, add_scenario_args, plan_from_args, scenario_defaults_from_plan_file,
+from paraplan.cli.common import (wrap_lines, add_plan_args, add_scenario_args, plan_from_args, scenario_defaults_from_plan_file,
                                  scenario_from_args, topology_from_args)
 from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError
@@ -27,7 +27,7 @@ def cmd_estimate(args) -> int:
     if args.format == "json":
         print(json.dumps(e.to_dict(), indent=2))
     else:
-        print(render_estimate(e))
+        print(wrap_lines(render_estimate(e)))
     return 0
 
 

@@ -3,22 +3,26 @@ from __future__ import annotations
 
 import io
 import json
+import math
 import sys
 from dataclasses import replace
 
 import pandas as pd
 
-from paraplan.cli.common import (add_plan_flag, check_out_path, positive_int, writing, add_scenario_args, add_search_args, scenario_from_args,
+from paraplan.cli.common import (defaulted_engine_error, wrap_lines, add_plan_flag, check_out_path, positive_int, writing, add_scenario_args, add_search_args, scenario_from_args,
                                  topology_from_args)
 from paraplan import progress
+from paraplan.engines import spec_named
 from paraplan.errors import ConfigError
 from paraplan.plan import check_plan
 from paraplan.planfile import write_plan_file
-from paraplan.planner.search import explain_infeasible, search, suggest_feasible, why_best_beats_runner_up
+from paraplan.planner.search import (TIE_SHARE, explain_infeasible, plan_differences, search, suggest_feasible,
+                                     why_best_beats_runner_up)
+from paraplan.planner.simplicity import complexity, describe_complexity
 from paraplan.planner.space import FIXED_WHERE_THEY_RUN, SpaceOptions, parse_fix
 from paraplan.planner.stages import describe_layout, stage_layout
 from paraplan.reports.text import render_estimate
-from paraplan.scenario import DEFAULT_PLAN_MEMORY_FRACTION
+from paraplan.scenario import DEFAULT_ENGINE, DEFAULT_MEMORY_FRACTION
 
 PLAN_SCHEMA_OUT = "paraplan.plan-search/1"
 
@@ -32,28 +36,69 @@ COMPRESSED_NOTE = ("{opt} on the data-parallel axis: chosen because it cuts the 
 
 
 def table_rows(estimates) -> pd.DataFrame:
-    """One row per ranked plan: degrees, schedule, modes, memory and speed, for the table and CSV views."""
+    """One row per ranked plan: degrees, schedule, modes, memory and speed with the step time's 90 %
+    interval and the plan's complexity (what ties are ranked by), for the table and CSV views."""
     rows = []
     for rank, e in enumerate(estimates, 1):
         p = e.plan
         mem = e.memory_bytes_per_gpu["total"]
+        low, high = (e.prediction_interval or {}).get("step_time_s") or (float("nan"), float("nan"))
         rows.append({"rank": rank, "tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "sp": "y" if p.sp else "-",
                      "vpp": p.vpp, "mb": p.micro_batch, "schedule": p.schedule, "zero": p.zero,
                      "recompute": p.recompute + (f"[{p.recompute_modules}]" if p.recompute_modules else ""), "offload": p.offload + ("+p" if p.offload_params else ""),
                      "ep": p.ep if p.etp == 1 else f"{p.ep}/etp{p.etp}",
                      "cp_mode": p.cp_mode if p.cp > 1 else "-", "opt": p.optimizer, "dtype": p.dtype,
-                     "step_s": round(e.step_time_s, 4), "tok/s/gpu": round(e.tokens_per_s_per_gpu, 1),
+                     "step_s": round(e.step_time_s, 4), "step_s_low": round(low, 4), "step_s_high": round(high, 4),
+                     "tok/s/gpu": round(e.tokens_per_s_per_gpu, 1),
                      "mfu_%": round(100 * e.mfu, 1), "mem_GiB": round(mem / 2**30, 1),
-                     "headroom_GiB": round(e.headroom_bytes / 2**30, 1)})
+                     "headroom_GiB": round(e.headroom_bytes / 2**30, 1), "complexity": int(complexity(p))})
     return pd.DataFrame(rows)
 
 
+#: Columns of the table view, in order (CSV has every column of table_rows), and the names they print under
+TABLE_COLUMNS = {"rank": "rank", "tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "sp": "sp", "vpp": "vpp", "mb": "mb",
+                 "schedule": "schedule", "zero": "zero", "recompute": "recompute", "offload": "offload", "ep": "ep",
+                 "cp_mode": "cp_mode", "opt": "opt", "dtype": "dtype", "step_s": "step_s",
+                 "interval": "90%_range", "tok/s/gpu": "tok/s/gpu", "mfu_%": "mfu_%", "mem_GiB": "mem_GiB",
+                 "complexity": "cplx"}
+
+
+def significant(x: float, digits: int = 3) -> str:
+    """``x`` to ``digits`` significant figures, without an exponent (65.22 -> 65.2, 0.4831 -> 0.483, 1234 ->
+    1230): the estimator resolves 1.5 % (TIE_SHARE), so a fourth figure says nothing; '-' for NaN."""
+    if not math.isfinite(x):
+        return "-"
+    if x == 0:
+        return "0"
+    decimals = digits - 1 - math.floor(math.log10(abs(x)))
+    return f"{round(x, decimals):.{max(decimals, 0)}f}"
+
+
+def format_columns(view: pd.DataFrame) -> str:
+    """A DataFrame of strings and numbers as text: each column as wide as its longest cell, right-aligned,
+    one space between (pandas' to_string pads every column two wide, which pushed the plan table past 120)."""
+    cells = [[str(c) for c in view.columns]] + [[str(v) for v in row] for row in view.itertuples(index=False)]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(view.columns))]
+    return "\n".join(" " + " ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells)
+
+
 def render_table(df: pd.DataFrame) -> str:
-    """The table with the mode columns that are the same in every row moved to one line below it."""
-    same = [c for c in MODE_COLUMNS if c in df and df[c].nunique() == 1]
-    text = df.drop(columns=same).to_string(index=False)
+    """The table: step times to 3 significant figures with their 90 % interval, the mode columns that are
+    the same in every row moved to one line below it, the headroom left to the CSV (the header states the
+    memory limit)."""
+    view = df.copy()
+    for column in ("step_s", "step_s_low", "step_s_high"):
+        if column in view:
+            view[column] = [significant(v) for v in view[column]]
+    if "step_s_low" in view:
+        view["interval"] = [f"{lo}-{hi}" if lo != "-" else "-" for lo, hi in zip(view["step_s_low"], view["step_s_high"])]
+    if "tok/s/gpu" in view:
+        view["tok/s/gpu"] = [f"{v:.0f}" if v >= 100 else significant(v) for v in view["tok/s/gpu"]]
+    same = [c for c in MODE_COLUMNS if c in view and view[c].nunique() == 1]
+    columns = [c for c in TABLE_COLUMNS if c in view and c not in same]
+    text = format_columns(view[columns].rename(columns=TABLE_COLUMNS))
     if same:
-        text += "\nevery plan above: " + ", ".join(f"{c} {df[c].iloc[0]}" for c in same)
+        text += "\nevery plan above: " + ", ".join(f"{c} {view[c].iloc[0]}" for c in same)
     return text
 
 
@@ -113,6 +158,65 @@ def compressed_alternative(result, model, job, cluster, options: SpaceOptions, a
                   max_memory_fraction=args.max_memory_fraction, topology=topology_from_args(args)).best
 
 
+#: reasons for rejected candidates the table view names (the rest are counted; JSON lists them all)
+REJECTED_SHOWN = 4
+
+
+def engine_line(engine: str) -> str:
+    """What the engine a search ran for is: a real engine's name and codebase, or what generic stands for."""
+    spec = spec_named(engine)
+    if spec.codebase is None:
+        return ("engine generic: the ZeRO paper's accounting with no engine's restrictions; no engine runs these plans "
+                "as such (--engine megatron|deepspeed|torchtitan|scaling plans for one)")
+    default = ", the default: --engine picks another" if engine == DEFAULT_ENGINE else ""
+    return f"engine {engine} ({spec.title}{default}): only the layouts it runs are proposed"
+
+
+def rejected_lines(rejected: dict) -> str:
+    """The rejected candidates as a short ranked list: the REJECTED_SHOWN most common reasons, then how many
+    reasons and candidates more (``--format json`` has every reason)."""
+    items = sorted(rejected.items(), key=lambda kv: (-kv[1], kv[0]))
+    total = sum(v for _, v in items)
+    lines = [f"rejected candidates: {total:,}, by reason"]
+    lines += [f"  {v:>12,}  {k}" for k, v in items[:REJECTED_SHOWN]]
+    rest = items[REJECTED_SHOWN:]
+    if rest:
+        lines.append(f"  {sum(v for _, v in rest):>12,}  for {len(rest)} more reason{'s' * (len(rest) > 1)} "
+                     "(--format json lists each)")
+    return "\n".join(lines)
+
+
+def wrote_line(path: str, best) -> str:
+    """The line --out prints: where the plan file is, what it holds and how to launch it."""
+    p = best.plan
+    target = p.engine if spec_named(p.engine).export else "megatron"
+    return (f"paraplan: wrote {path} (plan file: {p.label()}, {p.schedule}, ZeRO-{p.zero}, {p.engine}; "
+            f"paraplan export {path} --to {target} launches it)")
+
+
+def why_line(plans, fastest) -> str:
+    """Why the first plan ranks first: it beats the runner-up (its time terms, or a tie at the estimator's
+    resolution), or, where a faster plan is tied with it, it is the simpler of the two (TIE_SHARE,
+    paraplan.planner.simplicity)."""
+    best = plans[0]
+    if fastest is None or fastest.step_time_s >= best.step_time_s:
+        line = why_best_beats_runner_up(best, plans[1])
+        if plans[1].step_time_s * (1 - TIE_SHARE) < best.step_time_s:
+            line += (f"; ties rank the simpler first (best: {describe_complexity(best.plan)}; runner-up: "
+                     f"{describe_complexity(plans[1].plan)})")
+        return line
+    gap = best.step_time_s - fastest.step_time_s
+    where = f"rank {plans.index(fastest) + 1}" if fastest in plans else "not listed"
+    saves = sorted(((best.time_breakdown_s[k] - fastest.time_breakdown_s[k], k) for k in best.time_breakdown_s
+                    if abs(best.time_breakdown_s[k] - fastest.time_breakdown_s[k]) > 1e-9), key=lambda x: -abs(x[0]))[:3]
+    return (f"best is {gap:.3g} s ({100 * gap / best.step_time_s:.1f}%) slower than the fastest plan ({where}: "
+            f"{'; '.join(plan_differences(best.plan, fastest.plan)) or 'same plan'}; best pays "
+            f"{', '.join(f'{k} {chr(43) if v > 0 else chr(8722)}{abs(v):.3g} s' for v, k in saves)}): under "
+            f"{100 * TIE_SHARE:g} %, a tie at the estimator's resolution, which goes to the simpler layout (best: "
+            f"{describe_complexity(best.plan)}; fastest: {describe_complexity(fastest.plan)}; ties order by complexity, "
+            "then fewer pp, vpp and cp)")
+
+
 def cmd_plan(args) -> int:
     """Search, print the ranked plans (table, JSON or CSV), write the best to --out; 3 if none fits."""
     if args.top < 1:
@@ -128,13 +232,18 @@ def cmd_plan(args) -> int:
     for key in ("engine", "dtype"):   # search constraints: the search proposes only plans with them
         if getattr(args, key) is not None:
             fixed[key] = getattr(args, key)
+    engine_given = "engine" in fixed
+    fixed.setdefault("engine", DEFAULT_ENGINE)   # the commands' engine: only what it runs is proposed
     options = SpaceOptions(fixed=fixed, allow_offload=not args.no_offload,
                            allow_delayed_update=args.allow_delayed_update,
                            allow_compression=args.allow_compressed_optimizers,
                            grad_accumulation_fusion=args.grad_accumulation_fusion is not False)
-    result = search(model, job, cluster, options=options, top=args.top,
-                    max_memory_fraction=args.max_memory_fraction, progress=args.format != "json",
-                    topology=topology_from_args(args, cluster.num_gpus))
+    try:
+        result = search(model, job, cluster, options=options, top=args.top,
+                        max_memory_fraction=args.max_memory_fraction, progress=args.format != "json",
+                        topology=topology_from_args(args, cluster.num_gpus))
+    except ConfigError as e:
+        raise e if engine_given else defaulted_engine_error(e) from None
     print(f"searched {result.candidates_evaluated:,} candidates in {result.search_time_s:.2f} s", file=sys.stderr)
     notes = plan_notes(result.plans, options, compressed_alternative(result, model, job, cluster, options, args)) \
         + fixed_where_they_run_notes(result.plans, fixed, model, job, cluster)
@@ -142,6 +251,10 @@ def cmd_plan(args) -> int:
     if result.best is not None and result.best.plan.pp > 1 and not args.no_stage_ilp:
         with progress.step(f"balancing {result.best.plan.pp} pipeline stages and per-stage recomputation (pulp ILPs)"):
             layout = stage_layout(model, job, cluster, result.best.plan, max_memory_fraction=args.max_memory_fraction)
+    if args.out and result.plans:        # the file first: a reader that closes the pipe early (| head) loses nothing
+        with writing("--out", args.out):
+            write_plan_file(args.out, result.best, args.model, args.cluster)
+        print(wrote_line(args.out, result.best), file=sys.stderr)
     if args.format == "json":
         doc = {"schema": PLAN_SCHEMA_OUT, "candidates_evaluated": result.candidates_evaluated,
                "candidates_composed": result.candidates_composed, "rejected_by_reason": result.rejected_by_reason,
@@ -157,33 +270,27 @@ def cmd_plan(args) -> int:
         table_rows(result.plans).to_csv(buf, index=False)
         print(buf.getvalue(), end="")
     else:
-        print(f"paraplan plan — {model.name} on {cluster.name} x {cluster.num_gpus}, seq {seq_len}, "
-              f"global batch {gbs}: {result.candidates_evaluated:,} legal candidates of "
-              f"{result.candidates_composed:,} composed")
+        out = [f"paraplan plan — {model.name} on {cluster.name} x {cluster.num_gpus}, seq {seq_len}, global batch {gbs}",
+               engine_line(fixed["engine"]),
+               f"{result.candidates_evaluated:,} legal candidates of {result.candidates_composed:,} composed; memory "
+               f"limit {args.max_memory_fraction * cluster.accelerator.memory_bytes / 2**30:.1f} of "
+               f"{cluster.accelerator.memory_bytes / 2**30:.0f} GiB per GPU (--max-memory-fraction "
+               f"{args.max_memory_fraction:g})"]
+        table = render_table(table_rows(result.plans)) if result.plans else None
         if result.plans:
-            print(render_table(table_rows(result.plans)))
-            for note in notes:
-                print(f"note: {note}")
-            print()
-            print("best plan")
-            print(render_estimate(result.best))
+            out += [table] + [f"note: {note}" for note in notes]
+            out += ["", "best plan", render_estimate(result.best)]
             if len(result.plans) > 1:
-                print()
-                print("why: " + why_best_beats_runner_up(result.plans[0], result.plans[1]))
+                out += ["", "why: " + why_line(result.plans, result.fastest)]
             if layout:
-                print()
-                print(describe_layout(layout, len(layout.layer_names)))
+                out += ["", describe_layout(layout, len(layout.layer_names))]
         else:
-            print(explain_infeasible(result, cluster))
-            for s in suggest_feasible(model, job, cluster, options, args.max_memory_fraction):
-                print("  would fit: " + s)
-        print()
-        print("rejected candidates: " + ", ".join(f"{k} {v:,}" for k, v in result.rejected_by_reason.items()))
-    if args.out:
-        if not result.plans:
-            raise ConfigError("--out", "no plan fits, nothing to write")
-        with writing("--out", args.out):
-            write_plan_file(args.out, result.best, args.model, args.cluster)
+            out.append(explain_infeasible(result, cluster))
+            out += ["  would fit: " + s for s in suggest_feasible(model, job, cluster, options, args.max_memory_fraction)]
+        out += ["", rejected_lines(result.rejected_by_reason)]
+        print("\n".join(block if block is table else wrap_lines(block) for block in out))
+    if args.out and not result.plans:
+        raise ConfigError("--out", "no plan fits, nothing to write")
     return 0 if result.plans else 3
 
 
@@ -193,7 +300,7 @@ def register(sub) -> None:
     add_scenario_args(ap)
     ap.add_argument("--top", type=positive_int("--top", maximum=1000), default=10,
                     help="plans to rank and show (1-1000)")
-    add_search_args(ap, max_memory_fraction=DEFAULT_PLAN_MEMORY_FRACTION)
+    add_search_args(ap, max_memory_fraction=DEFAULT_MEMORY_FRACTION)
     ap.add_argument("--allow-compressed-optimizers", action="store_true",
                     help="consider 1-bit Adam, 0/1 Adam and 1-bit LAMB (DeepSpeed; they compress the gradient "
                          "all-reduce and change the optimizer's numerics); --fix optimizer=NAME pins one")

@@ -69,7 +69,7 @@ def add_validate_parser(subparsers) -> argparse.ArgumentParser:
     g.add_argument("--virtual-stages", dest="vpp", type=positive_int("--virtual-stages"), default=None,
                    help="the same as --vpp")
     g = p.add_argument_group("run")
-    g.add_argument("--global-batch", type=positive_int("--global-batch", MAX_SIZE), default=None,
+    g.add_argument("--global-batch", type=positive_int("--global-batch", MAX_SIZE, sizes=True), default=None,
                    help="sequences per step (default: micro-batch x dp x pp)")
     g.add_argument("--steps", type=positive_int("--steps", MAX_SIZE), default=DEFAULT_STEPS,
                    help=f"timed steps (default {DEFAULT_STEPS})")
@@ -83,7 +83,7 @@ def add_validate_parser(subparsers) -> argparse.ArgumentParser:
                    help=f"hidden size (default {DEFAULT_MODEL['hidden']})")
     g.add_argument("--heads", type=positive_int("--heads", MAX_SIZE), default=None,
                    help=f"attention heads (default {DEFAULT_MODEL['heads']})")
-    g.add_argument("--seq-len", type=positive_int("--seq-len", MAX_SIZE), default=None,
+    g.add_argument("--seq-len", type=positive_int("--seq-len", MAX_SIZE, sizes=True), default=None,
                    help=f"tokens per sequence (default {DEFAULT_MODEL['seq_len']})")
     g.add_argument("--vocab", type=positive_int("--vocab", MAX_SIZE), default=None,
                    help=f"vocabulary size (default {DEFAULT_MODEL['vocab_size']})")
@@ -166,7 +166,7 @@ def check_validate_args(args) -> SizedRun:
     if args.plan is not None:
         check_in_path("--plan", args.plan)
         notes = _tp_switches_off(args)
-    plan = plan_from_args(args)
+    plan = plan_from_args(args, default_engine=None)   # the harness is plain PyTorch: generic
     given = {k for k in PLAN_FLAGS if getattr(args, k, None) is not None}
     given |= {"sp", "cp_mode"} if args.sp_mode else set()
     asked = {key: getattr(args, MODEL_FLAG_DEST.get(key, key)) for key in MODEL_KEYS}

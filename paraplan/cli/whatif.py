@@ -5,11 +5,12 @@ import argparse
 import dataclasses
 import sys
 
-from paraplan.cli.common import (add_plan_args, check_out_path, writing, add_scenario_args, add_search_args, number, plan_flags_given,
+from paraplan.cli.common import (defaulted_engine_error, add_plan_args, check_out_path, writing, add_scenario_args, add_search_args, number, plan_flags_given,
                                  plan_from_args, scenario_defaults_from_plan_file)
 from paraplan.planner.space import parse_fix
 from paraplan.errors import ConfigError
 from paraplan.reports.sweep import MAX_PRICE, MIN_PRICE, Scenario, load_scenario, parse_sweep
+from paraplan.scenario import DEFAULT_ENGINE
 
 EPILOG = """sweep variables: gpus, seq_len, global_batch, cluster, inter_node_bandwidth (GB/s per GPU),
 intra_node_bandwidth (GB/s per GPU), hbm (GiB), host_link_bandwidth (GB/s per GPU and direction: what
@@ -22,6 +23,19 @@ multipliers x0.5,x1,x2 (of the base value). Example:
 
 
 def scenario_from_cli(args):
+    """The scenario the flags (or --scenario FILE) describe, with the commands' default engine where they name
+    none (:func:`scenario_and_engine_default`)."""
+    return scenario_and_engine_default(args)[0]
+
+
+def scenario_and_engine_default(args) -> tuple[Scenario, bool]:
+    """(the scenario with the default engine where it names none, whether it named none)."""
+    scenario = _scenario_as_given(args)
+    defaulted = "engine" not in (scenario.plan if scenario.plan is not None else scenario.fixed)
+    return _default_engine(scenario), defaulted
+
+
+def _scenario_as_given(args):
     """Scenario from --scenario FILE (flags given on the command line override its keys) or flags.
 
     Plan flags fix a whole plan, re-estimated at every point; ``--no-grad-accumulation-fusion`` alone
@@ -63,6 +77,19 @@ def scenario_from_cli(args):
     return Scenario(**overrides)
 
 
+def _default_engine(scenario: Scenario) -> Scenario:
+    """The scenario with the commands' engine (:data:`paraplan.scenario.DEFAULT_ENGINE`, as on ``plan`` and
+    ``estimate``) where neither its fixed plan nor its search constraints name one; the report's
+    scenario.yaml then records it."""
+    if scenario.plan is not None:
+        if "engine" in scenario.plan:
+            return scenario
+        return dataclasses.replace(scenario, plan={**scenario.plan, "engine": DEFAULT_ENGINE})
+    if "engine" in scenario.fixed:
+        return scenario
+    return dataclasses.replace(scenario, fixed={**scenario.fixed, "engine": DEFAULT_ENGINE})
+
+
 def _unfused_plan(scenario: Scenario) -> Scenario:
     """With --no-grad-accumulation-fusion and a whole plan from the scenario file, that plan is unfused too."""
     if scenario.grad_accumulation_fusion or scenario.plan is None:
@@ -75,9 +102,12 @@ def cmd_whatif(args) -> int:
     from paraplan.reports.report import check_out_dir, whatif   # matplotlib: only when a report is written
     from paraplan.reports.html import clusters_text
     check_out_path("--out", args.out, folder=True)
-    scenario = scenario_from_cli(args)
+    scenario, engine_defaulted = scenario_and_engine_default(args)
     check_out_dir(args.out)          # before the sweep: a folder it cannot write into fails at once
-    r = whatif(scenario=scenario, progress=not args.quiet)
+    try:
+        r = whatif(scenario=scenario, progress=not args.quiet)
+    except ConfigError as e:
+        raise defaulted_engine_error(e) if engine_defaulted else e from None
     with writing("--out", args.out):
         out = r.write(args.out)
     df = r.table
@@ -103,7 +133,7 @@ def register(sub) -> None:
     add_scenario_args(ap, require=False)
     ap.add_argument("--scenario", help="a YAML file with the scenario and sweeps (flags override its keys)")
     ap.add_argument("--sweep", action="append", metavar="VAR=VALUES", help="a swept variable (once or twice)")
-    add_search_args(ap, max_memory_fraction=None)   # None: the --scenario file's, else 1.0
+    add_search_args(ap, max_memory_fraction=None)   # None: the --scenario file's, else DEFAULT_MEMORY_FRACTION
     ap.add_argument("--price-per-gpu-hour", type=number("--price-per-gpu-hour", low=MIN_PRICE, high=MAX_PRICE, low_open=False),
                     help=f"US$ per GPU-hour ({MIN_PRICE:g} to {MAX_PRICE:g})")
     ap.add_argument("--train-tokens", type=number("--train-tokens", high=1e30), help="tokens to train, e.g. 300e9")

@@ -272,7 +272,7 @@ DEEPSPEED = EngineSpec(
     zero_stages=(0, 1, 2, 3), zero_note="",
     recompute=("none", "selective", "full"), recompute_note="op-level SAC is torchtitan's; --engine {engine} offers {offered}",
     # Megatron-DeepSpeed's sequence parallelism is Ulysses (--ds-sequence-parallel-size)
-    cp_modes=("ulysses",), cp_mode_note="DeepSpeed's sequence parallelism is Ulysses (--sp-mode ulysses)",
+    cp_modes=("ulysses",), cp_mode_note="DeepSpeed's sequence parallelism is Ulysses (--cp-mode ulysses)",
     # no fp8 recipe of its own (it runs Transformer Engine modules a user wires in)
     fp8_recipes=(),
     # 1-bit Adam, 0/1 Adam, 1-bit LAMB (deepspeed/runtime/fp16/onebit)
@@ -356,7 +356,7 @@ TORCHTITAN = EngineSpec(
     # activation_checkpoint.mode none | full | selective with selective_ac_option "op" (op-level SAC)
     recompute=("none", "full", "op-sac"),
     recompute_note="torchtitan's selective checkpointing is op-level: --recompute op-sac (or none, full)",
-    cp_modes=("ring",), cp_mode_note="torchtitan's context parallelism is ring attention (--sp-mode ring)",
+    cp_modes=("ring",), cp_mode_note="torchtitan's context parallelism is ring attention (--cp-mode ring)",
     # float8 converter (torchao: tensorwise, rowwise) and mx converter (mxfp8)
     fp8_recipes=("fp8", "fp8-rowwise", "mxfp8"),
     optimizers=("adam",),

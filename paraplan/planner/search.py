@@ -3,7 +3,8 @@ what does not fit, rank, and re-score the best exactly with ``estimate``.
 
 The vectorized stage and ``estimate`` share one implementation (``costmodels.estimate.step_terms``).
 Ranking is deterministic: step time, then peak memory, then the candidate's position in the
-composed space (whose order depends only on the inputs).
+composed space (whose order depends only on the inputs); plans tied with the fastest (within the
+estimator's resolution, TIE_SHARE) rank simplest first (``paraplan.planner.simplicity``).
 """
 from __future__ import annotations
 
@@ -15,12 +16,12 @@ from typing import Callable
 
 import numpy as np
 
-from paraplan.constants import fitted
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.estimate import Estimate, TIME_TERMS, estimate_legal, step_terms
 from paraplan.engines import spec_named
 from paraplan.hardware.topology import links_for_plan
 from paraplan.plan import PLAN_FIELDS, PlanBatch, is_fp8
+from paraplan.planner.simplicity import TIE_SHARE, prefer_simpler, ties_first_simplest
 from paraplan.planner.space import SpaceOptions, compose
 from paraplan.workloads.transformer import TrainingJob
 
@@ -37,6 +38,7 @@ class SearchResult:
     vectorized_rate_per_s: float
     plans: tuple[Estimate, ...]
     closest_infeasible: Estimate | None = None
+    fastest: Estimate | None = None      # the fastest plan re-scored (ties rank the simpler first: plans[0])
 
     @property
     def best(self) -> Estimate | None:
@@ -114,15 +116,21 @@ def search(model, job, cluster, *, options: SpaceOptions | None = None, top: int
     feasible = ~(over_gpu | over_host | over_nvme)
     index = np.arange(n)
     order = np.lexsort((index, mem, step))
-    ranked = order[feasible[order]]
+    by_step = order[feasible[order]]
+    ranked = ties_first_simplest(by_step, step, batch)   # ties: the simpler layout first
     if rescore is None:
         def rescore(plan):
             c = with_topology(cluster, plan.with_dp_for(cluster.num_gpus), topology) if topology else cluster
             return estimate_legal(model, job, c, plan.with_dp_for(cluster.num_gpus), curves=curves,
                                   max_memory_fraction=max_memory_fraction)
-    survivors = [rescore(batch.plan(int(i))) for i in ranked[:rescored_count(top)]]
+    picks = ranked[:rescored_count(top)]
+    if len(by_step) and by_step[0] not in picks:       # the fastest, which a tie may have moved down
+        picks = np.append(picks, by_step[0])
+    survivors = [rescore(batch.plan(int(i))) for i in picks]
     survivors = [e for e in survivors if e.feasible]
     survivors.sort(key=lambda e: (e.step_time_s, e.memory_bytes_per_gpu["total"]))
+    fastest = survivors[0] if survivors else None
+    survivors = prefer_simpler(survivors)
     survivors, moot = _collapse_moot_zero(survivors)
     if moot:
         rejected[MOOT_ZERO] += moot
@@ -133,7 +141,7 @@ def search(model, job, cluster, *, options: SpaceOptions | None = None, top: int
     return SearchResult(candidates_composed=composed, candidates_evaluated=n, rejected_by_reason=dict(
         sorted(rejected.items(), key=lambda kv: (-kv[1], kv[0]))), search_time_s=time.perf_counter() - t0,
         vectorized_rate_per_s=n / vec_time if vec_time > 0 else float("inf"), plans=tuple(survivors[:top]),
-        closest_infeasible=closest)
+        closest_infeasible=closest, fastest=fastest)
 
 
 MOOT_ZERO = "ZeRO stage moot without data parallelism (same plan as a higher-ranked one)"
@@ -182,11 +190,6 @@ def plan_differences(a, b) -> list[str]:
             continue
         out.append(f"{f}: {va} vs {vb}")
     return out
-
-
-#: A step-time gap between two layouts below which the ranking is a tie at the estimator's resolution
-#: (read from the sweep's one-axis pairs: fitted_constants.yaml)
-TIE_SHARE = fitted("planner_tie_share")
 
 
 def what_step_time_does_not_show(best: Estimate, runner_up: Estimate) -> list[str]:

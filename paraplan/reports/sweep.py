@@ -4,7 +4,7 @@ A point is the base scenario with the swept variables set. At each point the pla
 for the best plan (``search``) or, when the scenario fixes a whole plan, the plan is re-estimated
 (``estimate``). Value syntaxes for ``--sweep VAR=VALUES`` (items separated by commas, mixed freely):
 
-* a number: ``64``, ``8k`` (k = 1024), ``0.5`` (bandwidths in GB/s per GPU, HBM in GiB);
+* a number: ``64``, ``8k`` (k = 1024, M = 1024², :func:`paraplan.io.parse_size`), ``0.5`` (bandwidths in GB/s per GPU, HBM in GiB);
 * a range ``LO..HI``: LO, every power of two strictly between, HI (``2k..128k`` gives 2048 … 131072);
 * a multiplier ``xF``: F times the base value (``x0.5,x1,x2``);
 * a name for ``cluster`` (a system preset or cluster file) and ``offload`` (none, cpu, nvme, auto).
@@ -22,12 +22,12 @@ from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError, shown
 from paraplan.hardware.catalog import power_limited, rated_power
-from paraplan.io import read_yaml, spec_beside, spec_relative_to
+from paraplan.io import parse_size, read_yaml, spec_beside, spec_relative_to
 from paraplan.plan import ATTENTION_KERNELS, Plan
 from paraplan.progress import bar
 from paraplan.planner.search import explain_infeasible, search
 from paraplan.planner.space import SpaceOptions, normalize_fix, parse_fix
-from paraplan.scenario import DEFAULT_SEQ_LEN, default_global_batch, load_cluster
+from paraplan.scenario import DEFAULT_MEMORY_FRACTION, DEFAULT_SEQ_LEN, default_global_batch, load_cluster
 from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import TrainingJob
 
@@ -55,15 +55,11 @@ MAX_COUNT = 2**31 - 1     # GPUs, tokens, sequences: numpy and the planner count
 
 
 def _number(text: str, field_name: str) -> float:
-    t = text.strip().lower()
-    scale = 1
-    if t.endswith("k"):
-        t, scale = t[:-1], 1024
     try:
-        v = float(t) * scale
-    except ValueError:
+        v = parse_size(text)     # the size syntax of every count flag: 8k = 8192, 1M = 1024^2
+    except (ValueError, OverflowError):
         raise ConfigError(field_name, f"not a number: {text!r}",
-                          accepted="numbers (8k = 8192), ranges LO..HI, multipliers xF") from None
+                          accepted="numbers (8k = 8192, 1M = 1024^2), ranges LO..HI, multipliers xF") from None
     if not math.isfinite(v) or v <= 0:
         raise ConfigError(field_name, f"must be positive, got {shown(text)}")
     if v > MAX_VALUE:
@@ -179,7 +175,7 @@ class Scenario:
     plan: Mapping[str, Any] | None = None
     allow_offload: bool = True
     grad_accumulation_fusion: bool = True   # False: search only unfused plans (no effect with ``plan``)
-    max_memory_fraction: float = 1.0
+    max_memory_fraction: float = DEFAULT_MEMORY_FRACTION   # plan's margin (one default for both)
     price_per_gpu_hour: float | None = None
     train_tokens: float | None = None
     heatmap: bool = True
@@ -249,7 +245,7 @@ def scenario_from_mapping(data: Mapping[str, Any], source: str = "scenario") -> 
         raise ConfigError("fix", "expected a mapping AXIS: VALUE or a list of 'AXIS=VALUE'", source=source)
     if not texts:
         raise ConfigError("sweep", "give one or two sweeps (VAR: VALUES)", source=source)
-    mmf = data.get("max_memory_fraction", 1.0)
+    mmf = data.get("max_memory_fraction", DEFAULT_MEMORY_FRACTION)
     if isinstance(mmf, bool) or not isinstance(mmf, (int, float)) or not 0.01 <= mmf <= 1:
         raise ConfigError("max_memory_fraction", f"expected a number in [0.01, 1], got {shown(mmf)}", source=source)
     plan = data.get("plan")

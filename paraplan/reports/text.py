@@ -14,6 +14,10 @@ MEMORY_LABELS = {"parameters": "parameters", "gradients": "gradients", "optimize
                  "allocator": "allocator reserve"}
 
 
+#: how the plan line names an engine (the engine's own name; generic says what it stands for)
+ENGINE_TEXT = {"generic": "generic: the ZeRO paper's accounting, no engine's restrictions"}
+
+
 def bar(fraction: float, width: int = 30) -> str:
     n = max(0, min(width, round(fraction * width)))
     return "█" * n + "·" * (width - n)
@@ -54,7 +58,7 @@ def render_estimate(e) -> str:
     lines = [
         f"paraplan estimate — {e.model} on {e.cluster} x {e.num_gpus} GPUs, seq {e.seq_len}, "
         f"global batch {e.global_batch}",
-        f"plan: tp {p.tp} · pp {p.pp} · dp {p.dp} · cp {p.cp}{' · sp' if p.sp else ''}"
+        f"plan ({ENGINE_TEXT.get(getattr(p, 'engine', 'generic'), getattr(p, 'engine', 'generic'))}): tp {p.tp} · pp {p.pp} · dp {p.dp} · cp {p.cp}{' · sp' if p.sp else ''}"
         f"{f' · vpp {p.vpp}' if p.vpp > 1 else ''} · micro-batch {p.micro_batch} · {p.schedule} · "
         f"ZeRO-{p.zero} · recompute {p.recompute} · offload {p.offload}"
         f"{' (+params)' if p.offload_params else ''}{' · delayed update' if p.delayed_update else ''}"

@@ -20,7 +20,7 @@ from pathlib import Path
 import pandas as pd
 
 from paraplan.cli import build_parser, main
-from paraplan.cli.common import (PLAN_FIELDS_WITHOUT_FLAG, PLAN_FLAGS, ParaplanArgumentParser, add_plan_args,
+from paraplan.cli.common import (ENGINE_DEFAULT_HELP, PLAN_FIELDS_WITHOUT_FLAG, PLAN_FLAGS, ParaplanArgumentParser, add_plan_args,
                                  add_plan_flag, plan_flag_kwargs)
 from paraplan.cli.whatif import scenario_from_cli
 from paraplan.plan import PLAN_FIELD_SPECS, Plan, attribute_docstrings
@@ -148,6 +148,7 @@ def test_add_plan_args_and_add_plan_flag_give_the_field_docstring_as_help():
             if action.dest in PLAN_FLAGS:
                 doc = " ".join(docs[action.dest].split())
                 suffix = " On by default; this flag turns it off." if action.option_strings[0].startswith("--no-") else ""
+                suffix += ENGINE_DEFAULT_HELP if action.dest == "engine" else ""   # the commands' default engine
                 assert action.help.replace("%%", "%") == doc + suffix
     helps = {a.option_strings[0]: a.help for a in _options(one)}
     assert set(helps) == {"-h", "--tp", "--zero", "--no-flash-attention"}
@@ -253,7 +254,8 @@ def test_whatif_flag_unfuses_a_plan_from_the_scenario_file(tmp_path):
     args = build_parser().parse_args(["whatif", "--scenario", str(tmp_path / "s.yaml"),
                                       "--no-grad-accumulation-fusion", "--out", str(tmp_path / "r")])
     scenario = scenario_from_cli(args)
-    assert scenario.plan == {"tp": 2, "grad_accumulation_fusion": False}
+    # the commands' default engine where the file names none (as plan and estimate have it)
+    assert scenario.plan == {"tp": 2, "grad_accumulation_fusion": False, "engine": "megatron"}
 
 
 NO_HEAVY_IMPORTS = """

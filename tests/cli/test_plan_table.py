@@ -13,11 +13,11 @@ from paraplan.costmodels.estimate import estimate
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan
 from paraplan.planner.search import MOOT_ZERO, same_plan_key, search, why_best_beats_runner_up
-from paraplan.scenario import DEFAULT_PLAN_MEMORY_FRACTION
+from paraplan.scenario import DEFAULT_MEMORY_FRACTION
 from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import TrainingJob
 
-ETH = ["plan", "--model", "llama3-8b", "--cluster", "a100-eth40", "--gpus", "32", "--seq-len", "4096",
+ETH = ["plan", "--model", "llama3-8b", "--cluster", "a100-eth40", "--gpus", "32", "--seq-len", "4096", "--engine", "generic",
        "--global-batch", "256", "--top", "3", "--no-stage-ilp"]
 
 
@@ -100,8 +100,8 @@ def test_default_memory_margin_keeps_headroom(capsys):
     import pandas as pd
     df = pd.read_csv(io.StringIO(capsys.readouterr().out))
     hbm = load_cluster("dgx-h100", 8).accelerator.memory_bytes / 2**30
-    assert DEFAULT_PLAN_MEMORY_FRACTION == 0.95
-    assert (df["headroom_GiB"] >= (1 - DEFAULT_PLAN_MEMORY_FRACTION) * hbm - 0.05).all()
+    assert DEFAULT_MEMORY_FRACTION == 0.95
+    assert (df["headroom_GiB"] >= (1 - DEFAULT_MEMORY_FRACTION) * hbm - 0.05).all()
     assert {"ep", "cp_mode", "opt", "dtype"} <= set(df.columns)
 
 
@@ -114,3 +114,41 @@ def test_stage_balancing_reports_progress():
     assert r.returncode == 0, r.stderr
     assert "balancing 4 pipeline stages and per-stage recomputation (pulp ILPs): done in" in r.stderr
     assert "balancing" not in r.stdout
+
+
+README_PLAN = ["plan", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "64", "--seq-len", "8192",
+               "--global-batch", "512"]
+
+
+def test_the_table_prints_step_times_at_the_estimators_resolution_with_their_interval():
+    """Before issue 67: 63.4104 (4 decimals under a 1.5 % resolution) and no interval."""
+    from paraplan.cli.plan import significant
+    e = estimate(load_model("llama3-70b"), TrainingJob(8192, 512), load_cluster("dgx-h100", 64),
+                 Plan(tp=4, pp=4, cp=2, sp=True, zero=1, engine="megatron"))
+    header, row = render_table(table_rows([e])).splitlines()[:2]
+    cells = dict(zip(header.split(), row.split()))
+    low, high = e.prediction_interval["step_time_s"]
+    assert cells["step_s"] == significant(e.step_time_s) == f"{e.step_time_s:.3g}"
+    assert cells["90%_range"] == f"{significant(low)}-{significant(high)}" and low < e.step_time_s < high
+    assert cells["cplx"] == "0" and "headroom_GiB" not in cells
+    assert [significant(x) for x in (65.2199, 0.48312, 1234.5, 5.0)] == ["65.2", "0.483", "1230", "5.00"]
+
+
+def test_rejected_candidates_are_a_short_ranked_list():
+    """Before issue 67: one 616-character line naming every reason."""
+    from paraplan.cli.plan import REJECTED_SHOWN, rejected_lines
+    reasons = {f"reason {i}": 1000 * (i + 1) for i in range(12)}
+    lines = rejected_lines(reasons).splitlines()
+    assert lines[0] == f"rejected candidates: {sum(reasons.values()):,}, by reason"
+    assert [ln.split(None, 1)[1] for ln in lines[1:1 + REJECTED_SHOWN]] == [f"reason {i}" for i in (11, 10, 9, 8)]
+    assert lines[-1].split() == [f"{sum(1000 * (i + 1) for i in range(8)):,}", "for", "8", "more", "reasons",
+                                 "(--format", "json", "lists", "each)"]
+    assert len(lines) == REJECTED_SHOWN + 2
+
+
+@pytest.mark.slow
+def test_the_readme_plan_output_fits_120_columns(capsys):
+    assert main(README_PLAN) == 0
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 120
+    assert "rejected candidates:" in out and "more reason" in out and "90%_range" in out

@@ -42,7 +42,7 @@ def test_the_kind_tuples_are_derived_from_plan():
                                          "offload": Offload.labels(), "dtype": Dtype.labels(),
                                          "optimizer": Optimizer.labels(), "zero": (0, 1, 2, 3),
                                          "engine": Engine.labels(), "attention_kernel": AttentionKernel.labels()}.items()
-    assert "cp_mode" not in PLAN_FLAG_CHOICES                  # no flag of its own: --sp-mode
+    assert PLAN_FLAG_CHOICES["cp_mode"] == CpMode.labels()     # its own flag, --cp-mode (issue 67; --sp-mode before)
     assert {s.kind for s in specs} == set(CHECK_ORDER)
 
 
