@@ -16,7 +16,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 
-from paraplan.errors import ConfigError
+from paraplan.errors import ConfigError, require_extra
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS machines (
@@ -131,9 +131,10 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine_fingerprint() -> dict:
-    """Hostname, CPU model, core count, torch version and GPU names, plus a short hash ``id``."""
-    import torch
+def machine_fingerprint(needed_by: str = "--cluster local (this machine's profile)") -> dict:
+    """Hostname, CPU model, core count, torch version and GPU names, plus a short hash ``id``; MissingExtra
+    naming ``needed_by`` without torch (the fingerprint holds its version and the GPUs it sees)."""
+    torch = require_extra("torch", needed_by, alternative="name a stored profile: --cluster profile:HOSTNAME")
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
         if torch.cuda.is_available() else []
     fp = {"hostname": socket.gethostname(), "cpu_model": _cpu_model(),
