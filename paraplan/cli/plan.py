@@ -19,6 +19,7 @@ from paraplan.planner.space import FIXED_WHERE_THEY_RUN, SpaceOptions, parse_fix
 from paraplan.planner.stages import describe_layout, stage_layout
 from paraplan.reports.text import render_estimate
 from paraplan.scenario import DEFAULT_PLAN_MEMORY_FRACTION
+from paraplan.workloads.transformer import params_text
 
 PLAN_SCHEMA_OUT = "paraplan.plan-search/1"
 
@@ -143,7 +144,9 @@ def cmd_plan(args) -> int:
         with progress.step(f"balancing {result.best.plan.pp} pipeline stages and per-stage recomputation (pulp ILPs)"):
             layout = stage_layout(model, job, cluster, result.best.plan, max_memory_fraction=args.max_memory_fraction)
     if args.format == "json":
-        doc = {"schema": PLAN_SCHEMA_OUT, "candidates_evaluated": result.candidates_evaluated,
+        doc = {"schema": PLAN_SCHEMA_OUT, "model": model.name, "model_params": model.num_params,
+               "model_active_params": model.active_params, "model_approximated": list(model.approximated),
+               "candidates_evaluated": result.candidates_evaluated,
                "candidates_composed": result.candidates_composed, "rejected_by_reason": result.rejected_by_reason,
                "search_time_s": result.search_time_s, "plans": [e.to_dict() for e in result.plans],
                "best_stage_layout": layout.to_dict() if layout else None,
@@ -157,7 +160,8 @@ def cmd_plan(args) -> int:
         table_rows(result.plans).to_csv(buf, index=False)
         print(buf.getvalue(), end="")
     else:
-        print(f"paraplan plan — {model.name} on {cluster.name} x {cluster.num_gpus}, seq {seq_len}, "
+        print(f"paraplan plan — {model.name} ({params_text(model.num_params, model.active_params)}) on "
+              f"{cluster.name} x {cluster.num_gpus}, seq {seq_len}, "
               f"global batch {gbs}: {result.candidates_evaluated:,} legal candidates of "
               f"{result.candidates_composed:,} composed")
         if result.plans:
