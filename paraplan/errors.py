@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import difflib
+import unicodedata
 from typing import Iterable
 
 
@@ -18,8 +19,22 @@ def shown(value, limit: int = 40) -> str:
     return r if len(r) <= limit else f"{r[:limit - 4]}... ({len(r)} characters)"
 
 
+def printable(text: str) -> str:
+    """``text`` safe to print on one terminal line: control and format characters (newlines, escape
+    sequences, a bidi override, NUL), line and paragraph separators and lone surrogates (a file name's
+    bytes that are not UTF-8) written as escapes (``\\x1b``, ``\\u202e``, ``\\udc80``); the rest as it is."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch == " " else
+                   (repr(ch)[1:-1] if unicodedata.category(ch) != "Cs" else f"\\u{ord(ch):04x}") for ch in text)
+
+
 class ParaplanError(Exception):
-    """Base class: a problem the user can fix, printed without a traceback."""
+    """Base class: a problem the user can fix, printed without a traceback, on one line
+    (:func:`printable`: a value's newlines, escape sequences or undecodable bytes are shown escaped)."""
+
+    def __str__(self) -> str:
+        return printable(super().__str__())
 
 
 class ConfigError(ParaplanError):

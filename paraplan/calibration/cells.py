@@ -14,12 +14,13 @@ The measured metric is turned into a step time with the source's own FLOP conven
 from __future__ import annotations
 
 import math
+import os
 import re
-from pathlib import Path
 
 import pandas as pd
 
-from paraplan.errors import ConfigError
+from paraplan.errors import ConfigError, shown
+from paraplan.io import path_problem
 from paraplan.workloads.transformer import TransformerModel
 
 THROUGHPUT_METRICS = ("tflops_per_gpu_incl_recompute", "step_time", "tokens_per_sec_per_gpu", "tokens_per_sec",
@@ -301,16 +302,22 @@ def dtype_of_precision(precision: str, assumed: list) -> str:
 def read_runs_file(csv_path) -> pd.DataFrame:
     """A published-run file as a table with every FILE_COLUMNS column (absent optional ones blank).
     Raises ConfigError naming the file and the missing required columns, or why it cannot be read."""
-    if not Path(csv_path).is_file():
-        raise ConfigError(str(csv_path), "no such file")
+    field = "RUNS.csv"
+    problem = path_problem(csv_path)
+    if problem:
+        raise ConfigError(field, f"{shown(str(csv_path), 80)}: {problem}")
+    if not os.path.isfile(csv_path):        # os.path's checks say False for a name too long to look up
+        raise ConfigError(field, f"{shown(str(csv_path), 80)} is a folder" if os.path.isdir(csv_path)
+                          else f"no such file: {shown(str(csv_path), 80)}", accepted="a CSV file of measured runs")
     try:
         table = pd.read_csv(csv_path)
-    except (OSError, ValueError) as e:
-        raise ConfigError(str(csv_path), f"cannot be read as a CSV table ({e})") from None
+    except (OSError, ValueError, pd.errors.ParserError) as e:
+        raise ConfigError(field, f"cannot be read as a CSV table ({type(e).__name__}: {str(e)[:160]})",
+                          source=str(csv_path)) from None
     missing = [c for c in REQUIRED_FILE_COLUMNS if c not in table.columns]
     if missing:
-        raise ConfigError(str(csv_path), "missing column" + "s" * (len(missing) > 1) + " " + ", ".join(missing)
-                          + "; a published-run file has " + ", ".join(FILE_COLUMNS))
+        raise ConfigError(field, "missing column" + "s" * (len(missing) > 1) + " " + ", ".join(missing)
+                          + "; a published-run file has " + ", ".join(FILE_COLUMNS), source=str(csv_path))
     for c in FILE_COLUMNS:
         if c not in table.columns:
             table[c] = None

@@ -182,6 +182,8 @@ def check_validate_args(args) -> SizedRun:
     for flag, path in (("--predicted", args.predicted), ("--db", args.db)):
         if path is not None:
             check_in_path(flag, path)
+    if args.db is not None and not args.predicted:
+        ProfileStore(args.db, readonly=True)     # a database it cannot read is named now, not after the run
     return replace(sized, notes=(*sized.notes[:1], *notes, *sized.notes[1:]))
 
 
@@ -209,6 +211,8 @@ def check_profile_args(args) -> None:
         raise ConfigError("--world-sizes", f"collectives need >= 2 processes, got {bad}", accepted="integers >= 2")
     if args.db is not None:
         check_out_path("--db", args.db, folder=False)
+        if os.path.exists(args.db):
+            ProfileStore(args.db, timeout_s=5.0)   # not a database, another program's, locked or read-only: said first
 
 
 def _run_dir(out: str) -> str:

@@ -180,7 +180,7 @@ def test_profile_db_that_is_not_one_is_named(capsys, tmp_path):
     db = tmp_path / "p.sqlite"
     db.write_text("not a database\n" * 50)
     rc, _, lines = _run(capsys, "estimate", "--model", "llama3-8b", "--cluster", "profile:somehost", "--db", str(db))
-    assert rc == 2 and len(lines) == 1 and lines[0].startswith("paraplan: error: --db") and "not a readable" in lines[0]
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("paraplan: error: --db") and "not an SQLite database" in lines[0]
 
 
 def test_a_few_real_processes(tmp_path):
