@@ -747,7 +747,7 @@ ERROR_LINE = re.compile(r"^paraplan[\w -]*: error: (.*)$", re.M)
 def judge(case: Case, rc: int | None, out: str, seconds: float) -> str:
     """ok, or what went wrong: hang (killed at WALL_LIMIT_S, or ``seconds`` of CPU > HANG_S), traceback,
     warning (spilled warnings), exit-code (not
-    0/2/3), unnamed (exit 2 without one error line naming the field)."""
+    0/2/3), unnamed (exit 2 without one error line naming the field), multiline (the error went on past its line)."""
     if rc is None or seconds > HANG_S:
         return "hang"
     if "Traceback" in out:
@@ -760,6 +760,9 @@ def judge(case: Case, rc: int | None, out: str, seconds: float) -> str:
         lines = ERROR_LINE.findall(out)
         if len(lines) != 1:
             return "unnamed"
+        after = out[ERROR_LINE.search(out).end():].splitlines()
+        if any(ln.strip() and not ln.startswith("(see: ") for ln in after):
+            return "multiline"          # the message went on past its line
         if INFEASIBLE.search(lines[0]):
             return "ok"           # a valid answer: nothing fits these (legal) inputs, and it says why
         low = lines[0].lower()
@@ -773,7 +776,8 @@ def summarize(results: list[Result]) -> dict:
     return {"cases": len(results), "subprocess_cases": sum(r.case.subprocess for r in results),
             "exit_codes": dict(Counter(str(r.rc) for r in results)),
             "tracebacks": verdicts["traceback"], "hangs": verdicts["hang"],
-            "errors_not_naming_field": verdicts["unnamed"], "warning_spills": verdicts["warning"],
+            "errors_not_naming_field": verdicts["unnamed"], "errors_over_one_line": verdicts["multiline"],
+            "warning_spills": verdicts["warning"],
             "other_exit_codes": verdicts["exit-code"],
             "slowest_case_cpu_s": round(max((r.cpu_seconds for r in results), default=0.0), 2),
             "slowest_case": max(results, key=lambda r: r.cpu_seconds).case.cause if results else None,

@@ -53,6 +53,8 @@ def test_the_judge_catches_what_it_looks_for():
     assert fuzz.judge(case, 2, "paraplan plan: error: --top: must be positive\n", 0.1) == "unnamed"
     assert fuzz.judge(case, 2, "x.py:3: RuntimeWarning: overflow\nparaplan: error: --gpus: bad\n", 0.1) == "warning"
     assert fuzz.judge(case, 2, "paraplan plan: error: --gpus must be a positive integer, got '0'\n", 0.1) == "ok"
+    assert fuzz.judge(case, 2, "paraplan plan: error: --gpus: bad\n(see: paraplan plan --help)\n", 0.1) == "ok"
+    assert fuzz.judge(case, 2, "paraplan: error: --gpus: a name with\na newline\n", 0.1) == "multiline"
 
 
 def _run(capsys, *argv):
