@@ -50,11 +50,15 @@ def blank(v) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v)) or (isinstance(v, str) and not v.strip())
 
 
+#: the largest count a cell may hold (GPUs, batch, degrees): past a C int it is a typo, and numpy overflows
+MAX_CELL = 2**31 - 1
+
+
 def int_cell(v, column: str | None = None) -> int:
     """An integer cell: a whole number ('1,024' with separators, 8.0 as pandas reads a column with
     blanks), or one followed by a note ('8 (guess)', '4; per node'); anything else raises ValueError with
     the value and its ``column`` (the row is then skipped with it): a fraction (1.5 was rounded to 2), a
-    negative, inf, NaN."""
+    negative, inf, NaN, a count past ``MAX_CELL`` (2**63 overflowed numpy)."""
     text = v
     where = f"{column} cell" if column else "cell"
     if isinstance(v, str):
@@ -70,6 +74,8 @@ def int_cell(v, column: str | None = None) -> int:
         raise ValueError(f"{where} {text!r} is not a number") from None
     if not math.isfinite(f) or f < 0 or f != int(f):
         raise ValueError(f"{where} {text!r} is not a whole number")
+    if f > MAX_CELL:
+        raise ValueError(f"{where} {text!r} is past {MAX_CELL:,}")
     return int(f)
 
 

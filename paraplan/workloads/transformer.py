@@ -550,6 +550,11 @@ def params_text(total: int, active: int | None = None) -> str:
     return f"{b(total)} parameters" + (f", {b(active)} active" if active and active != total else "")
 
 
+#: the largest sequence length or global batch a job may have: past a C int they are typos, and
+#: numpy's C longs overflow on them in the planner's divisibility checks
+MAX_JOB_COUNT = 2**31 - 1
+
+
 @dataclass(frozen=True)
 class TrainingJob:
     """What one optimizer step processes: sequence length and global batch (in sequences).
@@ -563,6 +568,8 @@ class TrainingJob:
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ConfigError(key.replace("_", "-"), f"must be a positive integer, got {v!r}")
+            if v > MAX_JOB_COUNT:       # the planner's batch checks run in numpy's C longs (OverflowError)
+                raise ConfigError(key.replace("_", "-"), f"must be at most {MAX_JOB_COUNT:,}, got {v:.3g}")
         if not isinstance(self.moe_imbalance, (int, float)) or self.moe_imbalance < 1:
             raise ConfigError("moe-imbalance", f"must be >= 1.0 (1.0 = perfectly balanced experts), "
                               f"got {self.moe_imbalance!r}")

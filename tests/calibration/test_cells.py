@@ -119,3 +119,32 @@ def test_score_refuses_an_a100_precision_it_does_not_know_and_a_fractional_count
     assert {r["row"] for r in doc["rows"]} == {0, 2}
     reasons = {s["row"]: s["reason"] for s in doc["skipped"]}
     assert "precision 'fp32' not understood" in reasons[1] and "micro_batch cell 1.5 is not a whole number" in reasons[3], reasons
+
+
+@pytest.mark.parametrize("cell", [2**31, 2**63, 2**70, str(2**63), "9" * 30])
+def test_int_cell_refuses_a_count_past_a_c_int(cell):
+    """A global_batch of 2**63 went on to the plan checks, where numpy raised OverflowError (a fuzzed
+    `score` traceback)."""
+    with pytest.raises(ValueError, match="past 2,147,483,647"):
+        int_cell(cell, "global_batch")
+
+
+def test_score_skips_a_row_whose_batch_overflows(tmp_path, capsys):
+    """The fuzzed row: global_batch = 2**63 tracebacked (OverflowError: Python int too large to convert
+    to C long) in check_plan; now the row is skipped naming the cell, and a job that large is refused
+    wherever it is built (TrainingJob)."""
+    import json
+
+    from paraplan.cli import main
+    from paraplan.errors import ConfigError
+    from paraplan.workloads.transformer import TrainingJob
+    path = tmp_path / "runs.csv"
+    pd.DataFrame([_row(global_batch=2**63, cp_or_sp=2), _row(cp_or_sp=2)], columns=list(FILE_COLUMNS)).to_csv(path, index=False)
+    assert main(["score", str(path), "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["row"] for r in doc["rows"]] == [1]
+    (skipped,) = doc["skipped"]
+    assert skipped["row"] == 0 and "global_batch cell" in skipped["reason"], skipped
+    for key in ("seq_len", "global_batch"):
+        with pytest.raises(ConfigError, match=key.replace("_", "-")):
+            TrainingJob(**{"seq_len": 2048, "global_batch": 16, key: 2**63})
