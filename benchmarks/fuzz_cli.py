@@ -45,13 +45,19 @@ OK_CODES = (0, 2, 3)          # 3: plan/whatif found no plan that fits (a valid 
 
 # --- hostile values ------------------------------------------------------------------------------
 BIG_DIGITS = "9" * 5000
+#: odd text: lone surrogates (a command-line byte that is not UTF-8 arrives as one of \udc80-\udcff; a JSON
+#: "\ud800" escape gives any), NUL, a bidi override, a BOM, combining marks, emoji, line and paragraph
+#: separators, terminal escapes, other scripts' letters and digits (int() reads Arabic-Indic and fullwidth digits)
+ODD_TEXT = ("\udc80", "a\udcff.yaml", "\ud800", "x\x00y", "\u202eevil", "\ufeffllama3-8b", "e\u0301", "\U0001F600",
+            "line\nbreak", "tab\there", "\u2028", "\u0085", "\x1b[31mred", "名前", "Ｌｌａｍａ", "\u0663", "\uff18", "\udcc3\udca9")
 FLAG_VALUES = ("0", "-1", "-7", "nan", "NaN", "inf", "-inf", "1e309", "1e-320", BIG_DIGITS, "2147483648",
                "4294967297", "9223372036854775808", "18446744073709551617", "", " ", "abc", "1.5", "0x10",
-               "1_000", "2**31", "x" * 300, "ü" * 130, "3", "7", "64", "1024", "1e3", "0.5", "-0")
+               "1_000", "2**31", "x" * 300, "ü" * 130, "3", "7", "64", "1024", "1e3", "0.5", "-0",
+               "1e308", "-0.0", "4.9e-324", "+5", " 5 ", "5\n", "1e-5", "0b11", "Infinity", "-1e309") + ODD_TEXT
 # sentinels replaced in the dumped text (values yaml/json cannot dump or that must stay literal)
 S_BIG, S_NAN, S_INF, S_NINF, S_DEEP = "@@BIG@@", "@@NAN@@", "@@INF@@", "@@NINF@@", "@@DEEP@@"
 KEY_VALUES = (None, "", "abc", -1, 0, 1.5, 2**31, 2**63, 2**70, S_BIG, S_NAN, S_INF, S_NINF, S_DEEP, [], {},
-              [1, 2], {"a": 1}, True, False, "8", "x" * 300, "ü" * 130, 3, 7, 1)
+              [1, 2], {"a": 1}, True, False, "8", "x" * 300, "ü" * 130, 3, 7, 1, 1e308, -0.0, 5e-324) + ODD_TEXT
 
 
 def _literal(token: str, fmt: str) -> str:
@@ -60,9 +66,26 @@ def _literal(token: str, fmt: str) -> str:
             S_NINF: "-.inf" if fmt == "yaml" else "-Infinity"}[token]
 
 
+def _csv_text(rows) -> str:
+    """A published-run CSV of ``rows`` (dicts; a list of one or more, or one dict)."""
+    import csv
+    rows = rows if isinstance(rows, list) else [rows, GPT_ROW]
+    rows = [r if isinstance(r, dict) else {"value": r} for r in rows]
+    columns = list(dict.fromkeys(k for r in rows for k in r))
+    out = io.StringIO()
+    w = csv.DictWriter(out, fieldnames=columns)
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: "" if v is None else (json.dumps(v) if isinstance(v, (list, dict)) else v) for k, v in r.items()})
+    return out.getvalue()
+
+
 def dump(data, fmt: str) -> str:
-    """YAML or JSON text of ``data`` with the sentinels put in literally."""
-    text = json.dumps(data, indent=1) if fmt == "json" else yaml.safe_dump(data, sort_keys=False)
+    """YAML, JSON or CSV text of ``data`` with the sentinels put in literally."""
+    if fmt == "csv":
+        text = _csv_text(data)
+    else:
+        text = json.dumps(data, indent=1) if fmt == "json" else yaml.safe_dump(data, sort_keys=False)
     for s in (S_BIG, S_NAN, S_INF, S_NINF, S_DEEP):
         text = text.replace(json.dumps(s), _literal(s, fmt)).replace(f"'{s}'", _literal(s, fmt)).replace(
             s, _literal(s, fmt))
@@ -82,6 +105,17 @@ HF_GPT2 = {"model_type": "gpt2", "n_embd": 768, "n_layer": 12, "n_head": 12, "n_
            "vocab_size": 50257, "activation_function": "gelu_new", "n_inner": None, "layer_norm_epsilon": 1e-5,
            "architectures": ["GPT2LMHeadModel"]}
 HF_MIXTRAL = {**HF_LLAMA, "model_type": "mixtral", "num_local_experts": 8, "num_experts_per_tok": 2}
+#: a measured run as `paraplan score` reads it (the H100 file's columns; an H100 row scored by preset name)
+RUN_ROW = {"source": "fuzz cluster", "model": "Llama 3.1 8B", "params_b": 8.0, "layers": None, "hidden": None,
+           "heads": None, "ffn_hidden": None, "vocab": None, "seq_len": 8192, "moe_experts": None, "moe_topk": None,
+           "gpu": "H100 SXM", "num_gpus": 16, "tp": 1, "pp": 1, "dp": 8, "cp_or_sp": "2 (ulysses)", "ep": None,
+           "vpp": None, "zero_stage": "1 (distributed optimizer)", "offload": None, "recompute": None,
+           "micro_batch": 1, "global_batch": 128, "precision": "bf16", "measured_metric": "tokens_per_sec_per_gpu",
+           "measured_value": 8000.0, "measured_unit": "tokens/s/GPU", "notes": ""}
+GPT_ROW = {**RUN_ROW, "model": "GPT 7.5B", "params_b": None, "layers": 36, "hidden": 4096, "heads": 32,
+           "vocab": 51200, "seq_len": 2048, "gpu": "A100 80GB", "num_gpus": 128, "tp": 4, "dp": 32, "cp_or_sp": None,
+           "zero_stage": None, "micro_batch": 16, "global_batch": 512, "precision": "fp16", "recompute": "full",
+           "measured_metric": "tflops_per_gpu_incl_recompute", "measured_unit": "TFLOP/s/GPU", "measured_value": 150.0}
 CLUSTER_DOC = {"name": "fz-cluster", "system": "dgx-h100", "gpus": 16, "inter_node_oversubscription": 2}
 SCENARIO_DOC = {"model": "llama3-8b", "cluster": "dgx-h100", "gpus": 8, "seq_len": 2048, "global_batch": 16,
                 "sweep": {"gpus": "8,16"}, "fix": {"zero": 1}, "heatmap": False, "max_memory_fraction": 0.9}
@@ -166,6 +200,7 @@ def _bases():
     scen = FileSpec("scenario.yaml", "yaml", SCENARIO_DOC, "--scenario", ("scenario",))
     cpuprof = FileSpec("cpuprof.json", "json", _cpu_profile_doc(), "--profile", ("profile",))
     db = FileSpec("profiles.sqlite", "sqlite", None, "--db", ("db", "cluster"))
+    runs = FileSpec("runs.csv", "csv", RUN_ROW, "RUNS.csv", ("runs.csv", "RUNS.csv", "cell", "column"))
     est = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--seq-len", "2048",
            "--global-batch", "16", "--tp", "2", "--micro-batch", "1", "--zero", "1", "--format", "json"]
     plan = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--seq-len", "2048",
@@ -178,6 +213,7 @@ def _bases():
                 "--seq-len", "16", "--vocab", "64", "--steps", "1", "--warmup", "0", "--timeout", "60",
                 "--out", "{d}/val"]
     profile = ["profile", "--quick", "--world-sizes", "2", "--db", "{d}/profiles.sqlite"]
+    score = ["score", "{d}/runs.csv", "--format", "json"]
     return [
         ("estimate", est, ("--gpus", "--seq-len", "--global-batch", "--tp", "--pp", "--cp", "--vpp", "--micro-batch",
                            "--zero", "--dp", "--ep", "--etp", "--schedule", "--recompute", "--moe-imbalance",
@@ -204,17 +240,33 @@ def _bases():
                                 "--layers", "--hidden", "--heads", "--seq-len", "--vocab", "--timeout", "--out",
                                 "--recompute", "--offload", "--attention", "--db", "--predicted", "--ep", "--etp", "--experts",
                                 "--top-k", "--expert-ffn", "--moe-imbalance", "--activation", "--norm", "--kv-heads"), ()),
-        ("profile", profile, ("--world-sizes", "--db"), ()),
+        ("profile", profile, ("--world-sizes", "--db"), (db,)),
+        ("score", score, ("RUNS.csv", "--out", "--format"), (runs,)),
     ]
+
+
+#: the flags of each command that take text (names, paths, expressions): odd unicode goes there
+STRING_FLAGS = {
+    "estimate": ("--model", "--cluster", "--db", "--plan", "--recompute-modules", "--sp-mode", "--engine"),
+    "plan": ("--model", "--cluster", "--db", "--out", "--fix", "--engine", "--dtype"),
+    "export": ("PLAN.json", "--out", "--to"),
+    "whatif": ("--model", "--cluster", "--out", "--scenario", "--sweep", "--fix", "--plan"),
+    "list": ("WHAT",),
+    "cf plan": ("--cpu", "--dataset", "--profile", "--optimizer"),
+    "validate": ("--out", "--plan", "--db", "--predicted", "--rdzv-endpoint", "--recompute-modules"),
+    "profile": ("--db",),
+    "score": ("RUNS.csv", "--out"),
+}
 
 
 OUT_VALUES = ("{d}", "{d}/afile/x.json", "/proc/paraplan-fuzz/out", "{d}/" + "n" * 300, "{d}/ok-out", "")
 
 
 def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
-    """argv with ``flag``'s value replaced (or the flag added) — for the positional PLAN.json too."""
+    """argv with ``flag``'s value replaced (or the flag added) — for the positionals PLAN.json, RUNS.csv and
+    list's WHAT too."""
     argv = list(argv)
-    if flag == "PLAN.json":
+    if flag in ("PLAN.json", "RUNS.csv", "WHAT"):
         argv[1] = value
         return argv
     if flag in argv:
@@ -240,6 +292,15 @@ def _typo(rng: random.Random, word: str) -> str:
     return prefix + body
 
 
+#: what a profile database given to --db may be: not one (text, empty, a folder, missing, truncated, damaged
+#: pages), another program's or an older paraplan's (foreign tables, tables or columns missing), one with
+#: broken rows, one another process holds locked, one in a folder that cannot be written, and valid ones
+#: (rollback journal or WAL) that the command reads to the end
+DB_KINDS = ("text", "empty", "dir", "missing", "truncated", "foreign", "schema-only", "bad-rows", "old-schema",
+            "missing-tables", "corrupt", "locked", "locked-wal", "readonly", "readonly-wal", "valid", "valid-wal",
+            "future-columns", "null-shapes")
+
+
 def _mode(command: str) -> str:
     return {"validate": "validate-args", "profile": "profile-args"}.get(command, "main")
 
@@ -253,9 +314,14 @@ def _file_case(rng: random.Random, command: str, argv: list[str], spec: FileSpec
         argv = argv[:j] + argv[j + 2:]
     whole = (spec.flag, *spec.field_names)
     if spec.fmt == "sqlite":
-        argv = _set_flag(argv, "--cluster", rng.choice(("profile:fz-host", "local")))
-        kind = rng.choice(("text", "empty", "dir", "missing", "truncated", "foreign", "schema-only", "bad-rows"))
-        return Case(f"file {spec.name}: {kind}", argv, {spec.name: ("sqlite", kind)}, whole, _mode(command))
+        if "--cluster" in argv:
+            argv = _set_flag(argv, "--cluster", rng.choice(("profile:fz-host", "profile:fz-host", "local",
+                                                            "profile:fz0000", "profile:\udc80")))
+        kind = rng.choice(DB_KINDS)
+        name = f"ro/{spec.name}" if kind.startswith("readonly") else spec.name
+        if name != spec.name:
+            argv = _set_flag(argv, spec.flag, "{d}/" + name)
+        return Case(f"file {spec.name}: {kind}", argv, {name: ("sqlite", kind)}, whole, _mode(command))
     doc = json.loads(json.dumps(spec.doc))
     r = rng.random()
     if r < 0.3:
@@ -308,15 +374,18 @@ def make_cases(n: int, seed: int = 0, subprocess_every: int = 0) -> list[Case]:
     rng = random.Random(seed)
     bases = _bases()
     weights = {"estimate": 5, "plan": 3, "export": 2, "whatif": 0.6, "list": 1, "cf plan": 2, "validate": 2,
-               "profile": 1}
+               "profile": 1, "score": 1.5}
     cases = []
     for i in range(n):
         command, argv, flags, files = rng.choices(bases, weights=[weights[b[0]] for b in bases])[0]
         argv = list(argv)
-        base_files = {"plan.json": dump(_plan_doc(), "json")} if command == "export" else {}
+        base_files = {"export": {"plan.json": dump(_plan_doc(), "json")},
+                      "score": {"runs.csv": dump(RUN_ROW, "csv")}}.get(command, {})
         r = rng.random()
-        if files and r < 0.4:
+        if files and r < 0.38:
             case = _file_case(rng, command, argv, rng.choice(files))
+        elif r < 0.5:
+            case = _string_case(rng, command, argv)
         elif flags and r < 0.85:
             flag = rng.choice(flags)
             value = rng.choice(OUT_VALUES if flag == "--out" and rng.random() < 0.7 else FLAG_VALUES)
@@ -358,10 +427,32 @@ def make_cases(n: int, seed: int = 0, subprocess_every: int = 0) -> list[Case]:
                     case = Case(f"{command} mistyped choice {flag}", _set_flag(argv, flag, bad), {},
                                 (flag, flag.lstrip("-"), bad), _mode(command))
         case.files = {**base_files, **case.files}
-        if subprocess_every and i % subprocess_every == 0 and case.mode == "main":
+        if subprocess_every and i % subprocess_every == 0 and case.mode == "main" and _passable(case.argv):
             case.subprocess = True
         cases.append(case)
     return cases
+
+
+def _passable(argv) -> bool:
+    """Whether a real command line can carry ``argv`` (no NUL; lone surrogates only as undecodable bytes)."""
+    try:
+        return all("\x00" not in a and os.fsencode(a) is not None for a in argv)
+    except UnicodeEncodeError:
+        return False
+
+
+def _string_case(rng: random.Random, command: str, argv: list[str]) -> Case:
+    """A text flag of the command (a name, a path, an expression) set to odd unicode: alone, inside a
+    name, as a file name in the case's folder, or after a key (--fix tp=..., --sweep gpus=...)."""
+    flag = rng.choice(STRING_FLAGS[command])
+    odd = rng.choice(ODD_TEXT)
+    shape = rng.choice(("alone", "name", "path", "path", "yaml"))
+    value = {"alone": odd, "name": f"llama3{odd}8b", "path": "{d}/" + odd, "yaml": "{d}/m" + odd + ".yaml"}[shape]
+    if flag in ("--fix", "--sweep"):
+        value = rng.choice(("tp", "gpus", "zero", odd)) + "=" + rng.choice((odd, "8", f"8,{odd}"))
+    fields = (flag, flag.lstrip("-"), flag.lstrip("-").replace("-", "_"), "model", "cluster", "plan", "db", "out",
+              "fix", "sweep", "RUNS.csv", "what", "cpu", "dataset", "profile", "scenario", "predicted", "to")
+    return Case(f"{command} {flag} odd text {shape}", _set_flag(argv, flag, value), {}, fields, _mode(command))
 
 
 def _value_class(value: str) -> str:
@@ -387,54 +478,184 @@ class Result:
     verdict: str          # ok | traceback | hang | unnamed | warning | exit-code
 
 
-def _make_files(case: Case, d: Path) -> None:
+def _encode(text: str) -> bytes:
+    """UTF-8 bytes of a case file's text, lone surrogates kept as the bytes they stand for (\\udc80-\\udcff:
+    bytes that are not UTF-8) or as surrogate code points encoded anyway (others): what a damaged file holds."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "surrogatepass")
+
+
+def _make_files(case: Case, d: Path) -> list:
+    """Create the case's files in ``d``; returns what must stay open, or be undone, after the case."""
+    held = []
     for name, content in case.files.items():
         p = d / name
         p.parent.mkdir(parents=True, exist_ok=True)
         if content is DIR:
             p.mkdir()
         elif isinstance(content, tuple):
-            _make_db(p, content[1])
+            held += _make_db(p, content[1])
+            if content[1].startswith("readonly"):
+                held += _read_only(p.parent)
         elif isinstance(content, bytes):
             p.write_bytes(content)
         else:
-            p.write_text(content)
+            p.write_bytes(_encode(content))
+    return held
 
 
-def _make_db(p: Path, kind: str) -> None:
-    """A profile database that is not one: text, empty, a folder, truncated, another app's, rows broken."""
+class _Unmount:
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def close(self) -> None:
+        subprocess.run(["umount", "--lazy", str(self.folder)], capture_output=True)
+
+
+class _Writable:
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def close(self) -> None:
+        for p in (self.folder, *self.folder.iterdir()):
+            os.chmod(p, 0o755)
+
+
+def _read_only(folder: Path) -> list:
+    """Make ``folder`` and what is in it unwritable: permission bits (enough for a user), and for root,
+    who writes through them, a read-only bind mount where the machine allows one."""
+    for p in (*folder.iterdir(), folder):
+        os.chmod(p, 0o555 if p.is_dir() else 0o444)
+    held: list = [_Writable(folder)]
+    if os.geteuid() == 0:
+        ok = subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True).returncode == 0
+        if ok:
+            held.insert(0, _Unmount(folder))
+            subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], capture_output=True)
+    return held
+
+
+FINGERPRINT = "fz00000000000000"
+
+
+def profile_rows() -> list[dict]:
+    """Measurement rows of a small made-up CPU profile, as `paraplan profile` stores them (GEMMs, attention,
+    memory copy, launch, device memory, collectives at 2 ranks): enough for --cluster profile:fz-host."""
+    rows = []
+    for dtype, slower in (("float32", 1.0), ("bfloat16", 0.7)):
+        for n, t in ((64, 2e-5), (128, 8e-5), (256, 4e-4), (512, 3e-3)):
+            rows.append({"kind": "gemm", "op": "matmul", "device": "cpu", "dtype": dtype, "world_size": 1,
+                         "shape": {"m": n, "n": n, "k": n}, "flops": 2.0 * n ** 3, "time_s": t * slower,
+                         "flops_per_s": 2.0 * n ** 3 / (t * slower)})
+    for f, t in ((1e7, 1e-3), (1e8, 5e-3)):
+        rows.append({"kind": "sdpa", "op": "sdpa", "device": "cpu", "dtype": "float32", "world_size": 1,
+                     "shape": {"b": 1, "h": 4, "s": 64, "d": 16}, "flops": f, "time_s": t, "flops_per_s": f / t})
+    rows += [{"kind": "memcpy", "op": "copy", "device": "cpu", "dtype": "float32", "world_size": 1, "shape": {},
+              "bytes": 1 << 24, "time_s": 1e-3, "bandwidth_bytes_per_s": 2e10},
+             {"kind": "launch", "op": "add", "device": "cpu", "world_size": 1, "shape": {}, "time_s": 2e-6},
+             {"kind": "device", "op": "memory", "device": "cpu", "world_size": 1, "shape": {}, "bytes": 8 << 30}]
+    for op, steps in (("all_reduce", 2), ("all_gather", 1), ("reduce_scatter", 1), ("all_to_all", 1),
+                      ("send_recv", 1)):
+        for size in (4096, 65536, 1 << 20):
+            t = steps * 1e-4 + size / 1e9
+            rows.append({"kind": "collective", "op": op, "device": "cpu", "dtype": "float32", "world_size": 2,
+                         "shape": {"bytes": size}, "bytes": size, "time_s": t, "bus_bandwidth_bytes_per_s": size / t})
+    return rows
+
+
+def _store_profile(p: Path, wal: bool) -> None:
+    """A valid profile database of machine ``fz-host`` (rollback journal, or WAL as `paraplan profile`
+    leaves it), written with paraplan's own store."""
+    from paraplan.profiles.store import COLUMNS, SCHEMA
+    con = sqlite3.connect(p)
+    con.executescript(SCHEMA)
+    if wal:
+        con.execute("PRAGMA journal_mode = WAL")
+    con.execute("INSERT INTO machines VALUES (?,?,?,?,?,?,?)", (FINGERPRINT, "fz-host", "cpu", 2, "2.0", "[]", 0))
+    con.execute("INSERT INTO runs (fingerprint, mode, started, finished) VALUES (?, 'quick', 0, 0)", (FINGERPRINT,))
+    con.executemany(f"INSERT INTO measurements (run_id, {', '.join(COLUMNS)}) VALUES (1, {', '.join('?' * len(COLUMNS))})",
+                    [[json.dumps(r[c]) if c == "shape" else r.get(c) for c in COLUMNS] for r in profile_rows()])
+    con.commit()
+    con.close()
+
+
+def _make_db(p: Path, kind: str) -> list:
+    """A profile database that is not one, is damaged, is another program's, an old paraplan's, locked,
+    read-only, or valid. Returns what must stay open while the case runs (a connection holding a lock)."""
+    kind = kind.removeprefix("readonly-") if kind.startswith("readonly-") else kind.replace("readonly", "valid")
     if kind == "missing":
-        return
+        return []
     if kind == "dir":
         p.mkdir()
-        return
+        return []
     if kind == "text":
         p.write_text("not a database\n" * 100)
-        return
+        return []
     if kind == "empty":
         p.write_bytes(b"")
-        return
+        return []
+    if kind in ("valid", "wal", "valid-wal", "locked", "locked-wal", "corrupt", "truncated"):
+        _store_profile(p, wal=kind in ("wal", "valid-wal", "locked-wal"))
+        if kind == "truncated":
+            data = p.read_bytes()
+            p.write_bytes(data[:len(data) // 3])
+        if kind == "corrupt":           # every page after the first scribbled over: 'database disk image is malformed'
+            data = bytearray(p.read_bytes())
+            page = int.from_bytes(data[16:18], "big") or 65536
+            for start in range(page, len(data), page):
+                data[start:start + 64] = bytes((7 * i + 13) % 256 for i in range(64))
+            p.write_bytes(bytes(data))
+        if kind.startswith("locked"):    # another process in a write transaction (rollback journal: readers wait)
+            con = sqlite3.connect(p, isolation_level=None)
+            con.execute("BEGIN EXCLUSIVE")
+            return [con]
+        return []
     con = sqlite3.connect(p)
     if kind == "foreign":
         con.execute("CREATE TABLE measurements (x TEXT)")
         con.execute("CREATE TABLE machines (y INTEGER)")
         con.execute("INSERT INTO machines VALUES (1)")
+    elif kind == "missing-tables":      # an older or half-made store: machines only
+        con.execute("CREATE TABLE machines (fingerprint TEXT PRIMARY KEY, hostname TEXT)")
+        con.execute("INSERT INTO machines VALUES (?, 'fz-host')", (FINGERPRINT,))
+    elif kind == "old-schema":          # measurements without spread and the per-op columns of later versions
+        con.executescript("""
+            CREATE TABLE machines (fingerprint TEXT PRIMARY KEY, hostname TEXT, cpu_model TEXT, cpu_cores INTEGER,
+                                   torch_version TEXT, gpus TEXT, first_seen REAL);
+            CREATE TABLE runs (run_id INTEGER PRIMARY KEY AUTOINCREMENT, fingerprint TEXT, mode TEXT, started REAL,
+                               finished REAL);
+            CREATE TABLE measurements (id INTEGER PRIMARY KEY AUTOINCREMENT, run_id INTEGER, kind TEXT, op TEXT,
+                                       device TEXT, dtype TEXT, shape TEXT, time_s REAL, flops_per_s REAL);""")
+        con.execute("INSERT INTO machines VALUES (?,?,?,?,?,?,?)", (FINGERPRINT, "fz-host", "cpu", 2, "2.0", "[]", 0))
+        con.execute("INSERT INTO runs (fingerprint, mode, started, finished) VALUES (?, 'q', 0, 0)", (FINGERPRINT,))
+        con.execute("INSERT INTO measurements (run_id, kind, op, device, dtype, shape, time_s, flops_per_s) "
+                    "VALUES (1, 'gemm', 'matmul', 'cpu', 'float32', '{\"m\": 64, \"n\": 64, \"k\": 64}', 1e-4, 5e9)")
     else:
         from paraplan.profiles.store import SCHEMA
         con.executescript(SCHEMA)
+        if kind in ("bad-rows", "future-columns", "null-shapes"):
+            con.execute("INSERT INTO machines VALUES (?,'fz-host','cpu',2,'2.0','[]',0)", (FINGERPRINT,))
+            con.execute("INSERT INTO runs (fingerprint, mode, started, finished) VALUES (?,'q',0,0)", (FINGERPRINT,))
         if kind == "bad-rows":
-            con.execute("INSERT INTO machines VALUES ('fz00000000000000','fz-host','cpu',2,'2.0','[]',0)")
-            con.execute("INSERT INTO runs (fingerprint, mode, started, finished) VALUES ('fz00000000000000','q',0,0)")
             for kindname, shape in (("gemm", "{not json"), ("memcpy", "null"), ("collective", "[1,2]"),
                                     ("autograd", "{}"), ("elementwise", '{"numel": "x"}')):
                 con.execute("INSERT INTO measurements (run_id, kind, op, device, dtype, world_size, shape, bytes, "
                             "flops, time_s) VALUES (1, ?, 'op', 'cpu', 'fp32', 'two', ?, -1, 'nan', 0)",
                             (kindname, shape))
+        elif kind == "future-columns":  # a later paraplan's store: a column more, values of other types
+            con.execute("ALTER TABLE measurements ADD COLUMN future BLOB")
+            con.execute("INSERT INTO measurements (run_id, kind, op, device, dtype, world_size, shape, flops_per_s, "
+                        "time_s, future) VALUES (1, 'gemm', 'matmul', 'cpu', 'float32', 1, "
+                        "'{\"m\": 64, \"n\": 64, \"k\": 64}', X'00ff', 'fast', X'01')")
+        elif kind == "null-shapes":
+            for r in profile_rows():
+                con.execute("INSERT INTO measurements (run_id, kind, op, device, dtype, world_size, shape, bytes, "
+                            "time_s) VALUES (1, ?, ?, ?, NULL, NULL, NULL, NULL, NULL)", (r["kind"], r["op"], r["device"]))
     con.commit()
     con.close()
-    if kind == "truncated":
-        data = p.read_bytes()
-        p.write_bytes(data[:len(data) // 3])
+    return []
 
 
 def _expand(argv: list[str], d: Path) -> list[str]:
@@ -461,19 +682,21 @@ def _alarm(signum, frame):
 def run_case(case: Case) -> Result:
     """Run one case in a fresh folder and judge what came out."""
     d = Path(tempfile.mkdtemp(prefix="paraplan-fuzz-"))
+    cwd = os.getcwd()
+    held: list = []
     try:
-        _make_files(case, d)
+        held = _make_files(case, d)
         argv = _expand(case.argv, d)
-        cwd = os.getcwd()
         os.chdir(d)                  # relative outputs land in the case's folder
         t0 = time.perf_counter()
         c0 = time.process_time()
         children0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         if case.subprocess:
             try:
-                p = subprocess.run([sys.executable, "-m", "paraplan.cli", *argv], capture_output=True, text=True,
-                                   timeout=WALL_LIMIT_S, env={**os.environ, "PARAPLAN_PROGRESS": "0"}, cwd=d,
-                                   errors="replace")
+                # arguments as the bytes a shell passes (a lone \\udc80-\\udcff is a byte that is not UTF-8)
+                p = subprocess.run([sys.executable, "-m", "paraplan.cli", *map(os.fsencode, argv)],
+                                   capture_output=True, text=True, timeout=WALL_LIMIT_S,
+                                   env={**os.environ, "PARAPLAN_PROGRESS": "0"}, cwd=d, errors="replace")
                 rc, out = p.returncode, p.stdout + p.stderr
             except subprocess.TimeoutExpired:
                 rc, out = None, ""
@@ -481,7 +704,10 @@ def run_case(case: Case) -> Result:
             children = resource.getrusage(resource.RUSAGE_CHILDREN)
             cpu = (children.ru_utime - children0.ru_utime) + (children.ru_stime - children0.ru_stime)
         else:
-            buf_out, buf_err = io.StringIO(), io.StringIO()
+            # streams as a process has them under a UTF-8 locale: stdout strict (a character it cannot
+            # encode raises), stderr backslashreplace
+            buf_out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict", write_through=True)
+            buf_err = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="backslashreplace", write_through=True)
             old = signal.signal(signal.SIGALRM, _alarm)
             signal.setitimer(signal.ITIMER_REAL, WALL_LIMIT_S)
             rc = None
@@ -504,10 +730,12 @@ def run_case(case: Case) -> Result:
                 signal.signal(signal.SIGALRM, old)
             seconds = time.perf_counter() - t0
             cpu = time.process_time() - c0
-            out = buf_out.getvalue() + buf_err.getvalue()
+            out = "".join(b.buffer.getvalue().decode("utf-8", "replace") for b in (buf_out, buf_err))
         return Result(case, rc, out, seconds, cpu, judge(case, rc, out, cpu))
     finally:
         os.chdir(cwd)
+        for h in held:
+            h.close()
         shutil.rmtree(d, ignore_errors=True)
 
 
@@ -519,7 +747,7 @@ ERROR_LINE = re.compile(r"^paraplan[\w -]*: error: (.*)$", re.M)
 def judge(case: Case, rc: int | None, out: str, seconds: float) -> str:
     """ok, or what went wrong: hang (killed at WALL_LIMIT_S, or ``seconds`` of CPU > HANG_S), traceback,
     warning (spilled warnings), exit-code (not
-    0/2/3), unnamed (exit 2 without one error line naming the field)."""
+    0/2/3), unnamed (exit 2 without one error line naming the field), multiline (the error went on past its line)."""
     if rc is None or seconds > HANG_S:
         return "hang"
     if "Traceback" in out:
@@ -532,6 +760,9 @@ def judge(case: Case, rc: int | None, out: str, seconds: float) -> str:
         lines = ERROR_LINE.findall(out)
         if len(lines) != 1:
             return "unnamed"
+        after = out[ERROR_LINE.search(out).end():].splitlines()
+        if any(ln.strip() and not ln.startswith("(see: ") for ln in after):
+            return "multiline"          # the message went on past its line
         if INFEASIBLE.search(lines[0]):
             return "ok"           # a valid answer: nothing fits these (legal) inputs, and it says why
         low = lines[0].lower()
@@ -545,7 +776,8 @@ def summarize(results: list[Result]) -> dict:
     return {"cases": len(results), "subprocess_cases": sum(r.case.subprocess for r in results),
             "exit_codes": dict(Counter(str(r.rc) for r in results)),
             "tracebacks": verdicts["traceback"], "hangs": verdicts["hang"],
-            "errors_not_naming_field": verdicts["unnamed"], "warning_spills": verdicts["warning"],
+            "errors_not_naming_field": verdicts["unnamed"], "errors_over_one_line": verdicts["multiline"],
+            "warning_spills": verdicts["warning"],
             "other_exit_codes": verdicts["exit-code"],
             "slowest_case_cpu_s": round(max((r.cpu_seconds for r in results), default=0.0), 2),
             "slowest_case": max(results, key=lambda r: r.cpu_seconds).case.cause if results else None,

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import difflib
+import unicodedata
 from typing import Iterable
 
 
@@ -18,8 +19,22 @@ def shown(value, limit: int = 40) -> str:
     return r if len(r) <= limit else f"{r[:limit - 4]}... ({len(r)} characters)"
 
 
+def printable(text: str) -> str:
+    """``text`` safe to print on one terminal line: control and format characters (newlines, escape
+    sequences, a bidi override, NUL), line and paragraph separators and lone surrogates (a file name's
+    bytes that are not UTF-8) written as escapes (``\\x1b``, ``\\u202e``, ``\\udc80``); the rest as it is."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() or ch == " " else
+                   (repr(ch)[1:-1] if unicodedata.category(ch) != "Cs" else f"\\u{ord(ch):04x}") for ch in text)
+
+
 class ParaplanError(Exception):
-    """Base class: a problem the user can fix, printed without a traceback."""
+    """Base class: a problem the user can fix, printed without a traceback, on one line
+    (:func:`printable`: a value's newlines, escape sequences or undecodable bytes are shown escaped)."""
+
+    def __str__(self) -> str:
+        return printable(super().__str__())
 
 
 class ConfigError(ParaplanError):
@@ -38,6 +53,48 @@ class ConfigError(ParaplanError):
 
 class InfeasiblePlan(ParaplanError):
     """A request that cannot fit: says what overflows and by how much."""
+
+
+#: the optional extras (pyproject.toml's [project.optional-dependencies]) by the module each provides
+EXTRAS = {"torch": "torch"}
+
+
+class MissingExtra(ParaplanError):
+    """A command that needs an optional extra (torch) run without it: names the extra, what needs it and
+    the command that installs it."""
+
+    def __init__(self, module: str, needed_by: str, *, alternative: str | None = None):
+        self.module = module
+        self.extra = EXTRAS.get(module, module)
+        self.needed_by = needed_by
+        other = f"; or {alternative}" if alternative else ""
+        super().__init__(f"{needed_by} needs {module}, which is not installed: pip install 'paraplan[{self.extra}]' "
+                         f"(from a clone: pip install -e '.[{self.extra}]'){other}")
+
+
+def missing_extra_of(error: ImportError, needed_by: str) -> MissingExtra | None:
+    """The MissingExtra an ImportError stands for (a module of an extra, or one of its submodules, not
+    importable), or None when it is about something else (a bug to show as one)."""
+    name = (getattr(error, "name", None) or "").split(".")[0]
+    return MissingExtra(name, needed_by) if name in EXTRAS else None
+
+
+def require_extra(module: str, needed_by: str, *, alternative: str | None = None):
+    """Import ``module`` (an optional extra's, e.g. ``torch``) and return it; MissingExtra naming
+    ``needed_by`` (a command, a flag) and the install command when it cannot be imported. A broken
+    install (torch present but failing to load: a missing shared library) says why."""
+    import importlib
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        missing = missing_extra_of(e, needed_by)
+        if missing is not None and missing.module == module:
+            raise MissingExtra(module, needed_by, alternative=alternative) from None
+        raise MissingExtra(module, f"{needed_by} (importing {module} failed: {str(e)[:160]})",
+                           alternative=alternative) from None
+    except OSError as e:            # torch found but one of its libraries is not (libcudart, libgomp ...)
+        raise MissingExtra(module, f"{needed_by} ({module} is installed but does not load: {str(e)[:160]})",
+                           alternative=alternative) from None
 
 
 def unknown_name(field: str, value: str, known: Iterable[str], *, source: str | None = None) -> ConfigError:

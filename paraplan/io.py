@@ -21,9 +21,28 @@ MAX_INPUT_BYTES = 64 * 2**20
 MAX_NESTING = 200
 
 
+def path_problem(path) -> str | None:
+    """Why ``path`` cannot name a file at all, or None: a NUL character (no OS takes one), or a character
+    no file name holds (a lone surrogate other than \\udc80-\\udcff, which stand for bytes that are not
+    UTF-8 and name real files)."""
+    text = os.fspath(path)
+    if isinstance(text, bytes):
+        return "the path holds a NUL character" if b"\x00" in text else None
+    if "\x00" in text:
+        return "the path holds a NUL character"
+    try:
+        os.fsencode(text)
+    except UnicodeEncodeError as e:
+        return f"the path holds {shown(e.object[e.start:e.end])}, which no file name can hold (a lone surrogate)"
+    return None
+
+
 def read_text(path: Path | str, field: str = "file") -> str:
     """A file's text as UTF-8; ConfigError naming ``field`` if it cannot be read, is a folder, is
     too large or is not UTF-8 text."""
+    problem = path_problem(path)
+    if problem:
+        raise ConfigError(field, f"{shown(str(path), 80)}: {problem}")
     path = Path(path)
     try:
         if path.is_dir():

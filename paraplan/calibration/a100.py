@@ -108,7 +108,7 @@ def _richer_preset_of_same_shape(r: pd.Series) -> str | None:
     if name is None:
         return None
     m = load_model(name)
-    same = (m.layers, m.hidden, m.heads) == (int_cell(r["layers"]), int_cell(r["hidden"]), int_cell(r["heads"]))
+    same = (m.layers, m.hidden, m.heads) == (int_cell(r["layers"], "layers"), int_cell(r["hidden"], "hidden"), int_cell(r["heads"], "heads"))
     return name if same and (m.activation != "gelu" or m.kv_heads != m.heads) else None
 
 
@@ -119,7 +119,7 @@ def _setup_from_row(r: pd.Series):
     notes = str(r["notes"])
     vocab_assumed = None
     if blank(r["vocab"]) and not blank(r["tp"]):
-        vocab = vocab_from_notes(notes, int_cell(r["tp"]))
+        vocab = vocab_from_notes(notes, int_cell(r["tp"], "tp"))
         if vocab is not None:
             r = r.copy()
             r["vocab"] = vocab
@@ -157,21 +157,21 @@ def _setup_from_row(r: pd.Series):
                        "state its grouped-query attention or gated MLP)")
     else:
         megatron_gpt = entry is not None and entry.megatron_gpt
-        ffn = None if blank(r["ffn_hidden"]) else int_cell(r["ffn_hidden"])
-        gelu = is_gpt_mlp(ffn, int_cell(r["hidden"]))
+        ffn = None if blank(r["ffn_hidden"]) else int_cell(r["ffn_hidden"], "ffn_hidden")
+        gelu = is_gpt_mlp(ffn, int_cell(r["hidden"], "hidden"))
         if not gelu:
             assumed.append("SwiGLU MLP: ffn_hidden is not 4 x hidden (the GPT MLP's width)")
         model = TransformerModel(
-            name=str(r["model"]), layers=int_cell(r["layers"]), hidden=int_cell(r["hidden"]),
-            heads=int_cell(r["heads"]), vocab=int_cell(r["vocab"]), ffn_hidden=ffn,
+            name=str(r["model"]), layers=int_cell(r["layers"], "layers"), hidden=int_cell(r["hidden"], "hidden"),
+            heads=int_cell(r["heads"], "heads"), vocab=int_cell(r["vocab"], "vocab"), ffn_hidden=ffn,
             activation="gelu" if gelu else "swiglu", tied_embeddings=gelu, learned_positions=megatron_gpt and gelu,
-            rotary=not gelu, max_positions=int_cell(r["seq_len"]), bias=megatron_gpt and gelu)
-    dp, gbs = int_cell(r["dp"]), int_cell(r["global_batch"])
+            rotary=not gelu, max_positions=int_cell(r["seq_len"], "seq_len"), bias=megatron_gpt and gelu)
+    dp, gbs = int_cell(r["dp"], "dp"), int_cell(r["global_batch"], "global_batch")
     if blank(r["micro_batch"]):
         mb = gbs // dp
         assumed.append(f"micro_batch = global_batch/dp = {mb} (no accumulation; not stated)")
     else:
-        mb = int_cell(r["micro_batch"])
+        mb = int_cell(r["micro_batch"], "micro_batch")
     rec = str(r["recompute"]).lower()
     if blank(r["recompute"]):
         if r["measured_metric"] == "step_time" and "TFLOP/s per GPU reported" in notes:
@@ -187,20 +187,26 @@ def _setup_from_row(r: pd.Series):
     if blank(r["precision"]) and "bf16" in notes.lower():
         precision = "bf16"
         assumed.append("precision = bf16: the notes' guess (not restated by the source)")
-    dtype = dtype_of_precision(precision, assumed) or ("bf16" if "bf16" in precision else "fp16")
+    if blank(r["precision"]) and precision != "bf16":
+        dtype = "fp16"      # the A100 sources' Megatron-LM and DeepSpeed runs trained in fp16 unless they say
+    else:
+        dtype = dtype_of_precision(precision, assumed)
+        if not dtype:       # 'fp32', 'tf32', 'mixed': not read as fp16 (as they once were), the row skipped
+            return (f"precision {r['precision']!r} not understood (bf16, fp16, mixed (fp16), amp_bf16, FP8-CS, "
+                    "FP8-DS / delayed, FP8-MX / mxfp8, float8 tensorwise / rowwise are)")
     flash = "flashattention" in notes.lower()
     if preset and not flash:
         flash = re.search(r"no flash|unfused|eager attention", notes, flags=re.IGNORECASE) is None
         if flash:
             assumed.append("fused (flash) attention: not stated; the preset's model postdates FlashAttention")
-    vpp = 1 if blank(r["vpp"]) else int_cell(r["vpp"])
+    vpp = 1 if blank(r["vpp"]) else int_cell(r["vpp"], "vpp")
     zero = zero_stage(r["zero_stage"], default=0)
-    tp = int_cell(r["tp"])
-    cp, sp = cp_sp(r["cp_or_sp"])
-    ep = 1 if blank(r["ep"]) else int_cell(r["ep"])
+    tp = int_cell(r["tp"], "tp")
+    cp, sp, cp_mode = cp_sp(r["cp_or_sp"])
+    ep = 1 if blank(r["ep"]) else int_cell(r["ep"], "ep")
     if not preset and not blank(r["moe_experts"]):
-        model = replace(model, moe=MoESpec(experts=int_cell(r["moe_experts"]),
-                                           top_k=1 if blank(r["moe_topk"]) else int_cell(r["moe_topk"]),
+        model = replace(model, moe=MoESpec(experts=int_cell(r["moe_experts"], "moe_experts"),
+                                           top_k=1 if blank(r["moe_topk"]) else int_cell(r["moe_topk"], "moe_topk"),
                                            expert_ffn_hidden=model.ffn_hidden))
         if blank(r["moe_topk"]):
             assumed.append("MoE top-k = 1 (not stated)")
@@ -216,12 +222,12 @@ def _setup_from_row(r: pd.Series):
         engine = switched
         assumed.append(recipes.optimizer_offload_note)
     try:
-        plan = Plan(tp=tp, pp=int_cell(r["pp"]), dp=dp, cp=cp, sp=sp and tp > 1, ep=ep, vpp=vpp,
+        plan = Plan(tp=tp, pp=int_cell(r["pp"], "pp"), dp=dp, cp=cp, cp_mode=cp_mode or "ring", sp=sp and tp > 1, ep=ep, vpp=vpp,
                     schedule="interleaved" if vpp > 1 else "1f1b", micro_batch=mb, zero=zero, recompute=recompute,
                     dtype=dtype, flash_attention=flash, overlap_grad_reduce=overlap, engine=engine,
                     offload=offload, offload_params=offload_params)
-        cluster = load_cluster(system, int_cell(r["num_gpus"]))
-        job = TrainingJob(seq_len=int_cell(r["seq_len"]), global_batch=gbs)
+        cluster = load_cluster(system, int_cell(r["num_gpus"], "num_gpus"))
+        job = TrainingJob(seq_len=int_cell(r["seq_len"], "seq_len"), global_batch=gbs)
         plan = check_plan(plan, model, job, cluster)
     except ConfigError as e:
         return f"layout not expressible: {e}"

@@ -14,12 +14,13 @@ The measured metric is turned into a step time with the source's own FLOP conven
 from __future__ import annotations
 
 import math
+import os
 import re
-from pathlib import Path
 
 import pandas as pd
 
-from paraplan.errors import ConfigError
+from paraplan.errors import ConfigError, shown
+from paraplan.io import path_problem
 from paraplan.workloads.transformer import TransformerModel
 
 THROUGHPUT_METRICS = ("tflops_per_gpu_incl_recompute", "step_time", "tokens_per_sec_per_gpu", "tokens_per_sec",
@@ -49,17 +50,33 @@ def blank(v) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v)) or (isinstance(v, str) and not v.strip())
 
 
-def int_cell(v) -> int:
-    """An integer cell: a number ('1,024' with separators), or a number followed by a note ('8 (guess)');
-    anything else raises ValueError (the row is then skipped with the cell's value)."""
+#: the largest count a cell may hold (GPUs, batch, degrees): past a C int it is a typo, and numpy overflows
+MAX_CELL = 2**31 - 1
+
+
+def int_cell(v, column: str | None = None) -> int:
+    """An integer cell: a whole number ('1,024' with separators, 8.0 as pandas reads a column with
+    blanks), or one followed by a note ('8 (guess)', '4; per node'); anything else raises ValueError with
+    the value and its ``column`` (the row is then skipped with it): a fraction (1.5 was rounded to 2), a
+    negative, inf, NaN, a count past ``MAX_CELL`` (2**63 overflowed numpy)."""
+    text = v
+    where = f"{column} cell" if column else "cell"
     if isinstance(v, str):
         if re.fullmatch(r"\s*\d{1,3}(?:,\d{3})+\s*", v):          # thousands separators: '1,024'
             v = v.replace(",", "")
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(?:\(.*\)|;.*)?\s*", v)
         if m is None:
-            raise ValueError(f"not a number: {v!r}")
+            raise ValueError(f"{where} {text!r} is not a number")
         v = m.group(1)
-    return int(round(float(v)))
+    try:
+        f = float(v)
+    except (TypeError, ValueError, OverflowError):
+        raise ValueError(f"{where} {text!r} is not a number") from None
+    if not math.isfinite(f) or f < 0 or f != int(f):
+        raise ValueError(f"{where} {text!r} is not a whole number")
+    if f > MAX_CELL:
+        raise ValueError(f"{where} {text!r} is past {MAX_CELL:,}")
+    return int(f)
 
 
 def row_notes(r: pd.Series) -> str:
@@ -160,20 +177,84 @@ def is_gpt_mlp(ffn_hidden: int | None, hidden: int) -> bool:
     return ffn_hidden is None or ffn_hidden == 4 * hidden
 
 
+#: zero_stage cells that name a stage in words (lower case, parenthesised notes dropped)
+ZERO_WORDS = {"none": 0, "no": 0, "off": 0, "ddp": 0, "fsdp": 3, "full_shard": 3, "full shard": 3,
+              "distributed optimizer": 1, "distributed optimiser": 1}
+ZERO_CELL_HELP = "0-3, 'ZeRO-3', 'stage 2', '3 (FSDP)', 'FSDP', 'distributed optimizer' or 'none'"
+NUMBER = r"-?\d+(?:\.\d+)?(?:e[+-]?\d+)?"
+
+
+def _without_notes(text: str) -> str:
+    """A cell's text without its parenthesised notes ('2 (ulysses)' -> '2 ')."""
+    return re.sub(r"\([^()]*\)", " ", text)
+
+
 def zero_stage(text, default: int) -> int:
-    """The ZeRO stage a zero_stage cell states ('3', 3.0, '1 (distributed optimizer)'), else ``default``."""
+    """The ZeRO stage a zero_stage cell states ('3', 3.0, '3 (FSDP)', 'ZeRO-3', 'stage 2', 'FSDP' = 3,
+    'distributed optimizer' = 1, 'none' = 0), ``default`` when blank. Raises ValueError naming the cell for
+    anything else ('12' was read as 1, 'abc' as the default)."""
     if blank(text):
         return default
-    m = re.match(r"\s*(\d)", str(text))
-    return int(m.group(1)) if m else default
+    t = " ".join(_without_notes(str(text)).lower().split())
+    if t in ZERO_WORDS:
+        return ZERO_WORDS[t]
+    m = re.fullmatch(r"(?:(?:zero[\s_-]*(?:stage)?|stage)[\s_-]*)?(\d+(?:\.0+)?)", t)
+    if m is None or float(m.group(1)) > 3:
+        raise ValueError(f"zero_stage cell {text!r} not understood (accepted: {ZERO_CELL_HELP})")
+    return int(float(m.group(1)))
 
 
-def cp_sp(text) -> tuple[int, bool]:
-    """(context-parallel degree, sequence parallel) a cp_or_sp cell states ('cp2; sp', 'sp (Megatron
-    sequence parallel)', 'cp4'); (1, False) when blank."""
-    t = "" if blank(text) else str(text).lower()
-    m = re.search(r"cp\s*=?\s*(\d+)", t)
-    return (int(m.group(1)) if m else 1), re.search(r"(?<![a-z])sp\b|sequence parallel", t) is not None
+#: words a cp_or_sp cell may hold beside the cp degree, and the context-parallel mode some of them name
+CP_MODE_WORDS = {"ulysses": "ulysses", "a2a": "ulysses", "all-to-all": "ulysses", "alltoall": "ulysses",
+                 "ring": "ring", "p2p": "ring"}
+CP_OTHER_WORDS = frozenset("cp sp context parallel parallelism sequence megatron deepspeed attention none no off "
+                           "and with all to".split())
+CP_CELL_HELP = "a cp degree ('2', 'cp2'), 'sp', both ('cp2; sp'), a mode beside the degree ('2 (ulysses)', 'cp4 ring')"
+
+
+def cp_sp(text) -> tuple[int, bool, str | None]:
+    """(context-parallel degree, Megatron sequence parallel, cp mode or None) a cp_or_sp cell states:
+    '2' or 'cp2' (a bare number is the cp degree), 'sp (Megatron sequence parallel)', 'cp2; sp', a mode
+    beside the degree ('2 (ulysses)', 'cp4 a2a' -> ulysses; 'ring', 'p2p' -> ring; DeepSpeed-Ulysses'
+    'sequence parallel 4' is Ulysses, not Megatron's); (1, False, None) when blank or 'none'.
+
+    Raises ValueError naming the cell for what it cannot read: a degree below 1 or not whole, two degrees,
+    a degree on sp (Megatron's sp has none: it spans the tp group), a mode without a degree, an unknown
+    word. (Before issue 67 a bare '2' was read as cp 1 and '2 (ulysses)' as ring.)"""
+    if blank(text):
+        return 1, False, None
+    raw = str(text)
+    t = raw.lower()
+
+    def bad(why: str) -> ValueError:
+        return ValueError(f"cp_or_sp cell {raw!r}: {why} (accepted: {CP_CELL_HELP})")
+    mode = next((m for w, m in CP_MODE_WORDS.items() if re.search(rf"(?<![a-z]){re.escape(w)}(?![a-z])", t)), None)
+    body = _without_notes(t)
+    for w in CP_MODE_WORDS:          # read above ('a2a', 'p2p' hold no degree)
+        body = re.sub(rf"(?<![a-z]){re.escape(w)}(?![a-z])", " ", body)
+    if re.search(r"(?<![a-z])sp\s*[=:]?\s*-?\d", body):
+        raise bad("sp has no degree of its own (Megatron's sequence parallelism spans the tp group); "
+                  "write cpN (ulysses) for DeepSpeed-Ulysses")
+    numbers = re.findall(r"(?<![\d.])" + NUMBER, re.sub(r"(?<=[a-z])-(?=\d)", " -", body))
+    if len(numbers) > 1:
+        raise bad(f"two degrees ({', '.join(numbers)})")
+    words = [w for w in re.split(r"[^a-z0-9_]+", re.sub(NUMBER, " ", body)) if w]
+    unknown = [w for w in words if w not in CP_OTHER_WORDS]
+    if unknown:
+        raise bad(f"{unknown[0]!r} not understood")
+    cp = 1
+    if numbers:
+        value = float(numbers[0])
+        if not math.isfinite(value) or value != int(value):
+            raise bad(f"{numbers[0]} is not a whole number")
+        if value < 1:
+            raise bad(f"cp {numbers[0]} (a degree is >= 1)")
+        cp = int(value)
+    elif mode is not None:
+        raise bad(f"{mode} without a degree")
+    sp = (re.search(r"(?<![a-z])sp(?![a-z])", body) is not None
+          or ("sequence parallel" in t and mode != "ulysses"))
+    return cp, sp, mode
 
 
 def offload_of_cell(text, assumed: list) -> tuple[str, bool]:
@@ -227,16 +308,22 @@ def dtype_of_precision(precision: str, assumed: list) -> str:
 def read_runs_file(csv_path) -> pd.DataFrame:
     """A published-run file as a table with every FILE_COLUMNS column (absent optional ones blank).
     Raises ConfigError naming the file and the missing required columns, or why it cannot be read."""
-    if not Path(csv_path).is_file():
-        raise ConfigError(str(csv_path), "no such file")
+    field = "RUNS.csv"
+    problem = path_problem(csv_path)
+    if problem:
+        raise ConfigError(field, f"{shown(str(csv_path), 80)}: {problem}")
+    if not os.path.isfile(csv_path):        # os.path's checks say False for a name too long to look up
+        raise ConfigError(field, f"{shown(str(csv_path), 80)} is a folder" if os.path.isdir(csv_path)
+                          else f"no such file: {shown(str(csv_path), 80)}", accepted="a CSV file of measured runs")
     try:
         table = pd.read_csv(csv_path)
-    except (OSError, ValueError) as e:
-        raise ConfigError(str(csv_path), f"cannot be read as a CSV table ({e})") from None
+    except (OSError, ValueError, pd.errors.ParserError) as e:
+        raise ConfigError(field, f"cannot be read as a CSV table ({type(e).__name__}: {str(e)[:160]})",
+                          source=str(csv_path)) from None
     missing = [c for c in REQUIRED_FILE_COLUMNS if c not in table.columns]
     if missing:
-        raise ConfigError(str(csv_path), "missing column" + "s" * (len(missing) > 1) + " " + ", ".join(missing)
-                          + "; a published-run file has " + ", ".join(FILE_COLUMNS))
+        raise ConfigError(field, "missing column" + "s" * (len(missing) > 1) + " " + ", ".join(missing)
+                          + "; a published-run file has " + ", ".join(FILE_COLUMNS), source=str(csv_path))
     for c in FILE_COLUMNS:
         if c not in table.columns:
             table[c] = None

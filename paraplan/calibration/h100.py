@@ -67,7 +67,7 @@ def _blanks_filled_from_notes(r: pd.Series, assumed: list) -> pd.Series:
         r["seq_len"] = int(m.group(1))
         assumed.append(f"sequence length {m.group(1)} (not stated; the row's notes: torchtitan config default, a guess)")
     if blank(r["global_batch"]) and not blank(r["micro_batch"]) and not blank(r["dp"]):
-        r["global_batch"] = int_cell(r["micro_batch"]) * int_cell(r["dp"])
+        r["global_batch"] = int_cell(r["micro_batch"], "micro_batch") * int_cell(r["dp"], "dp")
         assumed.append("global batch = local batch x FSDP degree (torchtitan without gradient accumulation; "
                        "not stated)")
     return r
@@ -81,24 +81,24 @@ def _model_from_columns(r: pd.Series, recipes: Recipes, assumed: list) -> Transf
     missing = [k for k in ("layers", "hidden", "heads") if blank(r[k])]
     if missing:
         return f"no preset for model {r['model']!r} and its architecture is blank ({', '.join(missing)})"
-    vocab = None if blank(r["vocab"]) else int_cell(r["vocab"])
+    vocab = None if blank(r["vocab"]) else int_cell(r["vocab"], "vocab")
     if vocab is None:
-        vocab = vocab_from_notes(row_notes(r), 1 if blank(r["tp"]) else int_cell(r["tp"])) or recipes.blank_vocab
+        vocab = vocab_from_notes(row_notes(r), 1 if blank(r["tp"]) else int_cell(r["tp"], "tp")) or recipes.blank_vocab
         assumed.append(f"vocab = {vocab:,d}: not stated" + (" (the notes' figure, padded as Megatron pads it)"
                                                             if vocab != recipes.blank_vocab else
                                                             f" ({recipes.blank_vocab_note})"))
-    h = int_cell(r["hidden"])
-    ffn = None if blank(r["ffn_hidden"]) else int_cell(r["ffn_hidden"])
+    h = int_cell(r["hidden"], "hidden")
+    ffn = None if blank(r["ffn_hidden"]) else int_cell(r["ffn_hidden"], "ffn_hidden")
     gelu = is_gpt_mlp(ffn, h)
     assumed.append(f"model {r['model']!r} from the row's columns: {'GELU' if gelu else 'SwiGLU'} MLP (ffn_hidden "
                    f"{'4x' if gelu else 'not 4x'} hidden), multi-head attention, untied embeddings (not stated)")
     moe = None
     if not blank(r["moe_experts"]):
-        moe = MoESpec(experts=int_cell(r["moe_experts"]), top_k=1 if blank(r["moe_topk"]) else int_cell(r["moe_topk"]),
+        moe = MoESpec(experts=int_cell(r["moe_experts"], "moe_experts"), top_k=1 if blank(r["moe_topk"]) else int_cell(r["moe_topk"], "moe_topk"),
                       expert_ffn_hidden=ffn or 4 * h)
     try:
-        return TransformerModel(name=str(r["model"]), layers=int_cell(r["layers"]), hidden=h,
-                                heads=int_cell(r["heads"]), vocab=vocab, ffn_hidden=ffn,
+        return TransformerModel(name=str(r["model"]), layers=int_cell(r["layers"], "layers"), hidden=h,
+                                heads=int_cell(r["heads"], "heads"), vocab=vocab, ffn_hidden=ffn,
                                 activation="gelu" if gelu else "swiglu", rotary=not gelu, tied_embeddings=False,
                                 moe=moe)
     except (ConfigError, ValueError) as e:
@@ -133,7 +133,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     if not dtype:
         return (f"precision {r['precision']!r} not understood (bf16, fp16, FP8-CS, FP8-DS / delayed, FP8-MX / "
                 "mxfp8, float8 tensorwise / rowwise are)")
-    cp, sp = cp_sp(r["cp_or_sp"])
+    cp, sp, cp_mode = cp_sp(r["cp_or_sp"])
     engine = engine_of_source(str(r["source"]), assumed)
     defaults = recipes.engine_defaults[engine]
     zero = zero_stage(r["zero_stage"], default=defaults.zero)
@@ -155,8 +155,8 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     if modules:
         recompute = "selective"
         assumed[-1] = f"selective recomputation of {modules} (the row's Megatron-Bridge recipe: {SIDECAR})"
-    vpp = 1 if blank(r["vpp"]) else int_cell(r["vpp"])
-    ep = 1 if blank(r["ep"]) else int_cell(r["ep"])
+    vpp = 1 if blank(r["vpp"]) else int_cell(r["vpp"], "vpp")
+    ep = 1 if blank(r["ep"]) else int_cell(r["ep"], "ep")
     if model.moe is None and ep > 1:
         return "ep > 1 on a dense model"
     fact = recipes.fact("moe_capacity_factor", r)
@@ -168,11 +168,11 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     if fact is not None and model.dropout:
         model = replace(model, dropout=fact.value)
         assumed.append("no dropout (NeMo's GPTConfig175B: hidden_dropout = attention_dropout = 0.0)")
-    n = int_cell(r["num_gpus"])
+    n = int_cell(r["num_gpus"], "num_gpus")
     if defaults.tp_is_sequence_parallel:
-        sp = int_cell(r["tp"]) > 1
+        sp = int_cell(r["tp"], "tp") > 1
     overlap = {"async_tp_in_notes": sp and notes_say_async_tp(r),
-               "recipe": sp and int_cell(r["tp"]) > 1}.get(defaults.tp_overlap, False)
+               "recipe": sp and int_cell(r["tp"], "tp") > 1}.get(defaults.tp_overlap, False)
     if overlap and defaults.tp_overlap_note:
         assumed.append(defaults.tp_overlap_note)
     ep_overlap = recipes.fact("ep_comm_overlap", r) is not None
@@ -222,9 +222,9 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
         assumed.append(fact.note)
     try:
         cluster = load_cluster(system, n)
-        plan = Plan(tp=int_cell(r["tp"]), pp=int_cell(r["pp"]), dp=int_cell(r["dp"]), cp=cp,
-                    sp=sp and int_cell(r["tp"]) > 1, vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b",
-                    micro_batch=int_cell(r["micro_batch"]), zero=zero, recompute=recompute, dtype=dtype, ep=ep,
+        plan = Plan(tp=int_cell(r["tp"], "tp"), pp=int_cell(r["pp"], "pp"), dp=int_cell(r["dp"], "dp"), cp=cp, cp_mode=cp_mode or "ring",
+                    sp=sp and int_cell(r["tp"], "tp") > 1, vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b",
+                    micro_batch=int_cell(r["micro_batch"], "micro_batch"), zero=zero, recompute=recompute, dtype=dtype, ep=ep,
                     engine=engine, grad_accumulation_fusion=recipes.engine_defaults[engine].grad_accumulation_fusion,
                     tp_comm_overlap=overlap, grad_reduce_bf16=bf16_grads, fp8_param_gather=fp8_params,
                     ep_comm_overlap=ep_overlap, moe_flex_dispatch=flex_dispatch,
@@ -234,7 +234,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
                     offload_activation_layers=offload_layers, attention_kernel=attention_kernel)
     except ConfigError as e:
         return f"layout not expressible: {e}"
-    job = TrainingJob(seq_len=int_cell(r["seq_len"]), global_batch=int_cell(r["global_batch"]))
+    job = TrainingJob(seq_len=int_cell(r["seq_len"], "seq_len"), global_batch=int_cell(r["global_batch"], "global_batch"))
     try:
         plan = check_plan(plan, model, job, cluster)
     except ConfigError as e:
@@ -243,7 +243,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
         plan = lightest_fitting_recompute(model, job, cluster, plan, assumed)
     step = measured_step_time_s(r["measured_metric"], float(r["measured_value"]), r["measured_unit"],
                                 job.global_batch, job.seq_len, n, model, peak_16bit(cluster))
-    label = f"{r['model']} {r['gpu']} x{n} tp{plan.tp} pp{plan.pp} dp{plan.dp} cp{cp} ep{ep} {dtype}"
+    label = f"{r['model']} {r['gpu']} x{n} tp{plan.tp} pp{plan.pp} dp{plan.dp} cp{cp}{f' ({cp_mode})' if cp_mode else ''} ep{ep} {dtype}"
     return CalibrationCase(i, h100_source(str(r["source"])), label, model, job, cluster, plan, step, tuple(assumed))
 
 

@@ -94,7 +94,7 @@ class RecipeFact:
         for k, want in self.match.items():
             if k in NUMERIC_MATCH:
                 cell = row[k]
-                got = 1 if k == "vpp" and blank(cell) else (None if blank(cell) else int_cell(cell))
+                got = 1 if k == "vpp" and blank(cell) else (None if blank(cell) else int_cell(cell, k))
                 if got != want:
                     return False
             elif k == "model":

@@ -10,6 +10,7 @@ import sys
 
 from paraplan.cli import catalog, cf, estimate, export, plan, score, validate, whatif
 from paraplan.cli.common import ParaplanArgumentParser, parse_or_exit_code, run_command
+from paraplan.errors import missing_extra_of
 
 COMMANDS = (estimate, catalog, plan, export, whatif, validate, score, cf)
 
@@ -22,9 +23,27 @@ def build_parser() -> ParaplanArgumentParser:
     return ap
 
 
+def command_name(args) -> str:
+    """'paraplan cf validate': the command a parsed ``args`` runs."""
+    return " ".join(["paraplan", args.command] + ([args.cf_command] if getattr(args, "cf_command", None) else []))
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Parse and run one command: 0 done, 2 a user's error in one line (3: no plan fits, for plan/whatif).
+    An optional extra that is not installed (torch) is such an error wherever it is first imported:
+    the commands name it where they start (:func:`paraplan.errors.require_extra`); this is the net
+    under any import they do not check."""
     args, code = parse_or_exit_code(build_parser(), argv)
-    return code if args is None else run_command(args.func, args)
+    if args is None:
+        return code
+    try:
+        return run_command(args.func, args)
+    except ImportError as e:
+        missing = missing_extra_of(e, command_name(args))
+        if missing is None:
+            raise
+        print(f"paraplan: error: {missing}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

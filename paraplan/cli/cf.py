@@ -25,7 +25,7 @@ from paraplan.cf.plan import MIN_TILE_PER_NEGATIVE, heat_tile_rows, plan_tiles
 from paraplan.cf.validate import ValidateOptions, prepare_out_dir, run_validate, write_report
 from paraplan.cli.common import (MAX_COUNT, ParaplanArgumentParser, check_out_path, non_negative_int,
                                  number, parse_or_exit_code, positive_int, run_command, writing)
-from paraplan.errors import ConfigError, ParaplanError
+from paraplan.errors import ConfigError, ParaplanError, require_extra
 from paraplan.hardware.catalog import load_part
 
 
@@ -199,6 +199,7 @@ def _run_plan(args) -> int:
 def _run_profile(args) -> int:
     """``cf profile``: measure this CPU and write the profile JSON."""
     check_out_path("--out", args.out, folder=False)
+    require_extra("torch", "paraplan cf profile")
     prof = cf_profile.measure(threads=args.threads, dim=args.dim, max_ws_bytes=args.max_ws_mib * 2**20)
     with writing("--out", args.out):
         path = cf_profile.save(prof, args.out)
@@ -213,6 +214,8 @@ def _run_validate(args) -> int:
     """``cf validate``: run the chosen tiling and a sweep, print measured vs predicted."""
     if args.out is not None:
         check_out_path("--out", args.out, folder=True)
+    require_extra("torch", "paraplan cf validate")
+    if args.out is not None:
         prepare_out_dir(args.out)   # before the run: a bad --out fails in a second, not after minutes
     data = None
     if args.dataset:

@@ -17,8 +17,8 @@ import textwrap
 from dataclasses import Field, fields
 from pathlib import Path
 
-from paraplan.errors import ConfigError, ParaplanError, shown
-from paraplan.io import parse_size
+from paraplan.errors import ConfigError, ParaplanError, printable, shown
+from paraplan.io import parse_size, path_problem
 from paraplan.plan import (CHOICE, COUNT, CP_MODES, DERIVED, LAYERS, MODE, MODULES, PLAN_FIELD_SPECS, SWITCH, Plan,
                            attribute_docstrings)
 from paraplan.planfile import read_plan_file
@@ -96,6 +96,8 @@ def check_out_path(flag: str, path: str, *, folder: bool) -> None:
     folder where a file goes (or a file where a folder goes), or under a file. ConfigError naming ``flag``."""
     if not path or not path.strip():
         raise ConfigError(flag, "empty path", accepted="a file name" if not folder else "a folder name")
+    if path_problem(path):
+        raise ConfigError(flag, path_problem(path))
     long_part = _too_long_part(path)
     if long_part:
         raise ConfigError(flag, f"a name in the path is {len(os.fsencode(long_part))} bytes long",
@@ -117,6 +119,8 @@ def check_in_path(flag: str, path: str) -> None:
     """Refuse an input path that is empty, too long, missing or a folder. ConfigError naming ``flag``."""
     if not path or not path.strip():
         raise ConfigError(flag, "empty path", accepted="an existing file")
+    if path_problem(path):
+        raise ConfigError(flag, path_problem(path))
     long_part = _too_long_part(path)
     if long_part:
         raise ConfigError(flag, f"a name in the path is {len(os.fsencode(long_part))} bytes long",
@@ -189,7 +193,7 @@ class ParaplanArgumentParser(argparse.ArgumentParser):
                      and not any(k.startswith(w.split("=")[0]) for k in known)]
             if typos:
                 message = f"unrecognized arguments: {typos[0]}"
-        print(f"{self.prog}: error: {friendly_parse_error(message, self)}", file=sys.stderr)
+        print(f"{self.prog}: error: {printable(friendly_parse_error(message, self))}", file=sys.stderr)
         print(f"(see: {self.prog} --help)", file=sys.stderr)
         raise SystemExit(2)
 

@@ -23,6 +23,7 @@ from paraplan.planner.space import FIXED_WHERE_THEY_RUN, SpaceOptions, parse_fix
 from paraplan.planner.stages import describe_layout, stage_layout
 from paraplan.reports.text import render_estimate
 from paraplan.scenario import DEFAULT_ENGINE, DEFAULT_MEMORY_FRACTION
+from paraplan.workloads.transformer import params_text
 
 PLAN_SCHEMA_OUT = "paraplan.plan-search/1"
 
@@ -256,7 +257,9 @@ def cmd_plan(args) -> int:
             write_plan_file(args.out, result.best, args.model, args.cluster)
         print(wrote_line(args.out, result.best), file=sys.stderr)
     if args.format == "json":
-        doc = {"schema": PLAN_SCHEMA_OUT, "candidates_evaluated": result.candidates_evaluated,
+        doc = {"schema": PLAN_SCHEMA_OUT, "model": model.name, "model_params": model.num_params,
+               "model_active_params": model.active_params, "model_approximated": list(model.approximated),
+               "candidates_evaluated": result.candidates_evaluated,
                "candidates_composed": result.candidates_composed, "rejected_by_reason": result.rejected_by_reason,
                "search_time_s": result.search_time_s, "plans": [e.to_dict() for e in result.plans],
                "best_stage_layout": layout.to_dict() if layout else None,
@@ -270,7 +273,8 @@ def cmd_plan(args) -> int:
         table_rows(result.plans).to_csv(buf, index=False)
         print(buf.getvalue(), end="")
     else:
-        out = [f"paraplan plan — {model.name} on {cluster.name} x {cluster.num_gpus}, seq {seq_len}, global batch {gbs}",
+        out = [f"paraplan plan — {model.name} ({params_text(model.num_params, model.active_params)}) on {cluster.name} "
+               f"x {cluster.num_gpus}, seq {seq_len}, global batch {gbs}",
                engine_line(fixed["engine"]),
                f"{result.candidates_evaluated:,} legal candidates of {result.candidates_composed:,} composed; memory "
                f"limit {args.max_memory_fraction * cluster.accelerator.memory_bytes / 2**30:.1f} of "

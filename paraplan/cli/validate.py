@@ -19,7 +19,7 @@ from paraplan import progress
 from paraplan.cli.common import (PLAN_FLAGS, ParaplanArgumentParser, add_plan_args, check_in_path, check_out_path,
                                  non_negative_int, number, parse_or_exit_code, plan_from_args, positive_int,
                                  run_command)
-from paraplan.errors import ConfigError
+from paraplan.errors import ConfigError, require_extra
 from paraplan.profiles.store import ProfileStore, machine_fingerprint
 from paraplan.validation.compare import build_report, comparison_rows, format_table
 from paraplan.validation.config import RunOptions, run_spec
@@ -182,6 +182,8 @@ def check_validate_args(args) -> SizedRun:
     for flag, path in (("--predicted", args.predicted), ("--db", args.db)):
         if path is not None:
             check_in_path(flag, path)
+    if args.db is not None and not args.predicted:
+        ProfileStore(args.db, readonly=True)     # a database it cannot read is named now, not after the run
     return replace(sized, notes=(*sized.notes[:1], *notes, *sized.notes[1:]))
 
 
@@ -209,6 +211,8 @@ def check_profile_args(args) -> None:
         raise ConfigError("--world-sizes", f"collectives need >= 2 processes, got {bad}", accepted="integers >= 2")
     if args.db is not None:
         check_out_path("--db", args.db, folder=False)
+        if os.path.exists(args.db):
+            ProfileStore(args.db, timeout_s=5.0)   # not a database, another program's, locked or read-only: said first
 
 
 def _run_dir(out: str) -> str:
@@ -255,9 +259,10 @@ def run_validate(args) -> int:
     import shutil
     import time
 
+    sized = check_validate_args(args)
+    require_extra("torch", "paraplan validate")
     from paraplan.validation.reference import (SPREAD_FACTOR, compare_to_reference, load_parallel_grads,
                                                reference_run, reference_spread)
-    sized = check_validate_args(args)
     for note in sized.notes:
         print(f"paraplan: note: {note}", file=sys.stderr)
     cfg, plan, options = sized.model, sized.plan, sized.options
@@ -332,8 +337,9 @@ def run_profile(args) -> int:
     """Run the micro-benchmarks and store them; prints a short summary (every row with --rows)."""
     from paraplan.profiles.cluster import noisy_profile_warning
     from paraplan.profiles.store import profile_noise
-    from paraplan.validation.profile import ProfileOptions, run_profile as _run, summarize   # torch
     check_profile_args(args)
+    require_extra("torch", "paraplan profile")
+    from paraplan.validation.profile import ProfileOptions, run_profile as _run, summarize   # torch
     opts = ProfileOptions.quick() if args.quick else ProfileOptions.full()
     if args.world_sizes:
         opts = replace(opts, world_sizes=tuple(args.world_sizes))

@@ -101,6 +101,7 @@ def cmd_whatif(args) -> int:
     """Evaluate the sweep, write the report folder, print the points; 3 if no point fits."""
     from paraplan.reports.report import check_out_dir, whatif   # matplotlib: only when a report is written
     from paraplan.reports.html import clusters_text
+    from paraplan.reports.points_text import render_points
     check_out_path("--out", args.out, folder=True)
     scenario, engine_defaulted = scenario_and_engine_default(args)
     check_out_dir(args.out)          # before the sweep: a folder it cannot write into fails at once
@@ -114,11 +115,7 @@ def cmd_whatif(args) -> int:
     print(f"paraplan whatif: {len(df)} points in {r.seconds:.1f} s", file=sys.stderr)   # timing off stdout
     print(f"paraplan whatif — {scenario.model} on {clusters_text(scenario)}: {len(df)} points "
           f"({int(df['feasible'].sum())} fit)")
-    cols = [c for c in ("label", "gpus", "plan", "step_time_s", "tokens_per_s", "mfu", "mem_total_gib", "feasible")
-            if c in df]
-    view = df[cols].copy()
-    view["mfu"] = (100 * view["mfu"]).round(1)
-    print(view.rename(columns={"mfu": "mfu_%"}).to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    print(render_points(r.points, df))
     print(f"figures: {', '.join(r.figures)}")
     for name, why in r.skipped.items():
         print(f"skipped {name}: {why}")

@@ -255,6 +255,13 @@ def qk_norm_assumption(model, **_) -> tuple[str, ...]:
             "its bytes streamed with the layer's other norms",)
 
 
+def model_read_assumption(model, **_) -> tuple[str, ...]:
+    """What the model's file holds that its estimate does not price (a Hugging Face config's logit
+    softcapping, extra norms, ...: :attr:`paraplan.workloads.transformer.TransformerModel.approximated`),
+    one line each, so a model read from a config is never approximated silently."""
+    return tuple(f"approximated from the model's config: {note}" for note in getattr(model, "approximated", ()))
+
+
 def elementwise_forward_time(model, job, plan, curves, moe: bool = False):
     """Forward time of a layer's memory-bound kernels (norms, activations, residual adds)."""
     T = tokens_per_rank(job, plan)

@@ -29,7 +29,8 @@ from paraplan.costmodels.accumulation import grad_accumulation_time
 from paraplan.costmodels.attention import (FUSED_ATTENTION_ASSUMPTION, attention_kernel_assumption,
                                            fused_attention_assumption, softmax_exp_assumption)
 from paraplan.costmodels.comm import RANK_ORDER_ASSUMPTION, nvlink_domain_assumption, rank_order_assumption
-from paraplan.costmodels.compute import FLOP_CONVENTION, compiled_blocks_assumption, qk_norm_assumption
+from paraplan.costmodels.compute import (FLOP_CONVENTION, compiled_blocks_assumption, model_read_assumption,
+                                        qk_norm_assumption)
 from paraplan.costmodels.dataparallel import (DP_OVERLAP_ASSUMPTION, deepspeed_dp_assumption, dp_overlap_assumption,
                                               dp_step_times, expert_tp_replica_allreduce_time, megatron_fsdp_assumption)
 from paraplan.costmodels.efficiency import curves_for, gemm_level_assumption, with_reference_block
@@ -64,7 +65,7 @@ PLAN_ASSUMPTIONS = (states_assumption, rank_order_assumption, tp_overlap_assumpt
                     runtime_reserve_assumption, fused_attention_assumption, compiled_blocks_assumption,
                     fp8_assumptions)
 #: then those that read the model, job, cluster, curves or the predicted peak memory, in the order printed
-ESTIMATE_ASSUMPTIONS = (gemm_level_assumption, attention_kernel_assumption, qk_norm_assumption,
+ESTIMATE_ASSUMPTIONS = (model_read_assumption, gemm_level_assumption, attention_kernel_assumption, qk_norm_assumption,
                         pipeline_transfer_assumption, softmax_exp_assumption, moe_dispatch_assumption,
                         moe_host_assumption, expert_wgrad_assumption, expert_bias_assumption, ep_overlap_assumption,
                         nvlink_domain_assumption, megatron_fsdp_assumption, host_link_assumption,
@@ -113,6 +114,10 @@ class Estimate:
     #: 90 % prediction interval from the calibration residuals of the hardware generation
     #: (:mod:`paraplan.costmodels.intervals`); ``basis`` says where it comes from, or that there is none
     prediction_interval: Mapping[str, Any] = field(default_factory=dict)
+    #: the model's parameters as read (total; active per token for a mixture of experts), for a user to
+    #: check a config's parse against its model card
+    model_params: int = 0
+    model_active_params: int = 0
 
     @property
     def headroom_bytes(self) -> float:
@@ -121,7 +126,8 @@ class Estimate:
 
     def to_dict(self) -> dict:
         return {
-            "schema": SCHEMA, "model": self.model, "cluster": self.cluster, "num_gpus": self.num_gpus,
+            "schema": SCHEMA, "model": self.model, "model_params": self.model_params,
+            "model_active_params": self.model_active_params, "cluster": self.cluster, "num_gpus": self.num_gpus,
             "seq_len": self.seq_len, "global_batch": self.global_batch, "plan": self.plan.to_dict(),
             "feasible": self.feasible, "infeasible_reason": self.infeasible_reason,
             "step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
@@ -232,7 +238,8 @@ def estimate_legal(model, job, cluster, plan: Plan, *, curves=None, max_memory_f
     reason = infeasibility(memory["total"], host, nvme, cluster, max_memory_fraction)
     domains = nvlink_domain_assumption(cluster)
     return Estimate(
-        model=model.name, cluster=cluster.name, num_gpus=n, seq_len=job.seq_len, global_batch=job.global_batch,
+        model=model.name, model_params=model.num_params, model_active_params=model.active_params,
+        cluster=cluster.name, num_gpus=n, seq_len=job.seq_len, global_batch=job.global_batch,
         plan=plan, feasible=reason is None, infeasible_reason=reason, step_time_s=step,
         tokens_per_s=tokens_per_s, tokens_per_s_per_gpu=tokens_per_s / n,
         model_tflops_per_gpu=_f(terms.flops_model) / step / n / 1e12,

@@ -67,13 +67,17 @@ one micro-batch at a time, which needs that layer's full activations once (as in
 the optimum recomputes on each stage the fewest layers that fit; the ILP states that directly and
 is checked against enumeration of all r vectors.
 
-Solver: ``pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=0)``; the status is checked
+Solver: CBC through ``pulp.COIN_CMD(path=<the CBC pulp bundles>, msg=False, timeLimit=time_limit_s, gapRel=0)``
+(pulp 3.3 deprecates ``PULP_CBC_CMD``, the same binary; variables are made by ``prob.add_variable``,
+pulp 3.3's replacement of ``LpVariable(...)``); the status is checked
 before any value is read. An infeasible request raises ``InfeasiblePlan`` saying which stage
 overflows and by how much under the best relaxation we can state.
 """
 from __future__ import annotations
 
 import math
+import os
+import shutil
 import time
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
@@ -232,8 +236,15 @@ def _gib(x: float) -> str:
     return f"{x / GIB:.2f} GiB"
 
 
-def _cbc(time_limit_s: float, warm_start: bool = False) -> pulp.PULP_CBC_CMD:
-    return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit_s, gapRel=0, warmStart=warm_start)
+def _cbc_path() -> str:
+    """The CBC binary bundled with pulp 3 (what the deprecated ``PULP_CBC_CMD`` runs), else ``cbc`` on
+    PATH (pulp 4 bundles none: ``pip install 'pulp[cbc]'`` installs it)."""
+    bundled = pulp.COIN_CMD.executableExtension(pulp.apis.coin_api.pulp_cbc_path)
+    return bundled if os.path.isfile(bundled) else (shutil.which("cbc") or "cbc")
+
+
+def _cbc(time_limit_s: float, warm_start: bool = False) -> pulp.COIN_CMD:
+    return pulp.COIN_CMD(path=_cbc_path(), msg=False, timeLimit=time_limit_s, gapRel=0, warmStart=warm_start)
 
 
 def _check_layers(layers: Sequence[LayerCost], spec: PipelineSpec) -> None:
@@ -282,8 +293,8 @@ def _partition_core(layers: Sequence[LayerCost], spec: PipelineSpec, name: str):
         for s in range(p):
             fixed = 1 if s >= last else (0 if s < first else None)
             # binary; integer with bounds because pulp's LpBinary would reset fixed bounds to [0, 1]
-            y[i, s] = pulp.LpVariable(f"on_or_before_{i}_{s}", lowBound=0 if fixed is None else fixed,
-                                      upBound=1 if fixed is None else fixed, cat=pulp.LpInteger)
+            y[i, s] = prob.add_variable(f"on_or_before_{i}_{s}", lowBound=0 if fixed is None else fixed,
+                                        upBound=1 if fixed is None else fixed, cat=pulp.LpInteger)
     x = {(i, s): (y[i, s] - y[i, s - 1]) if s > 0 else pulp.LpAffineExpression(y[i, 0])
          for i in range(n) for s in range(p)}
     for i in range(n):
@@ -304,7 +315,7 @@ def build_partition_ilp(layers: Sequence[LayerCost], spec: PipelineSpec) -> Part
     """The min-max stage-partitioning ILP of the module docstring."""
     prob, y, x = _partition_core(layers, spec, "pipeline_stage_partition")
     unit = max(l.time_s for l in layers) or 1.0
-    T = pulp.LpVariable("bottleneck", lowBound=0)
+    T = prob.add_variable("bottleneck", lowBound=0)
     prob += T, "slowest_stage_time"
     for s in range(spec.stages):
         prob += pulp.lpSum((l.time_s / unit) * x[i, s] for i, l in enumerate(layers)) <= T, f"time_stage_{s}"
@@ -468,10 +479,10 @@ def build_recompute_ilp(stages: Sequence[StageRecomputeCost], memory_cap_bytes: 
         raise ConfigError("stages", "need at least one stage")
     C = memory_cap_bytes
     prob = pulp.LpProblem("per_stage_recomputation", pulp.LpMinimize)
-    r = {s: pulp.LpVariable(f"recomputed_{s}", lowBound=0, upBound=st.layers, cat=pulp.LpInteger)
+    r = {s: prob.add_variable(f"recomputed_{s}", lowBound=0, upBound=st.layers, cat=pulp.LpInteger)
          for s, st in enumerate(stages)}
-    u = {s: pulp.LpVariable(f"recomputes_{s}", cat=pulp.LpBinary) for s in range(len(stages))}
-    T = pulp.LpVariable("bottleneck", lowBound=0)
+    u = {s: prob.add_variable(f"recomputes_{s}", cat=pulp.LpBinary) for s in range(len(stages))}
+    T = prob.add_variable("bottleneck", lowBound=0)
     prob += T, "slowest_stage_time"
     for s, st in enumerate(stages):
         a, c, k, L = (st.activation_bytes_per_layer, st.recomputed_activation_bytes_per_layer,

@@ -32,10 +32,11 @@ import numpy as np
 
 from paraplan.costmodels.efficiency import measured_curves
 from paraplan.costmodels.profiled import measured_device
-from paraplan.errors import ConfigError
+from paraplan.errors import ConfigError, shown
+from paraplan.io import path_problem
 from paraplan.hardware.model import (GIB, Accelerator, CacheLevel, Cluster, Cpu, Link, MeasuredProfile, Nvme,
                                      System, _frozen_map)
-from paraplan.profiles.store import ProfileStore, default_db_path, machine_fingerprint, measured_tables
+from paraplan.profiles.store import ProfileStore, db_field, default_db_path, machine_fingerprint, measured_tables
 
 PROFILE_PREFIX = "profile:"
 HINT = "run `paraplan profile --quick` first"
@@ -120,9 +121,9 @@ def fitted_link(collectives: dict, name: str = "measured", world_size: int | Non
 def _resolve(spec: str, db: str | None) -> tuple[str, str]:
     """(fingerprint id, label) of the machine a spec names; ConfigError when there is none."""
     path = db or default_db_path()
-    if not os.path.exists(path):
-        raise ConfigError("cluster", f"{spec}: no profile database at {path}", accepted=HINT)
-    store = ProfileStore(path)
+    if not path_problem(path) and not os.path.exists(path):
+        raise ConfigError("cluster", f"{shown(spec, 80)}: no profile database at {shown(path, 80)}", accepted=HINT)
+    store = ProfileStore(db, readonly=True)
     if spec == "local":
         fp = machine_fingerprint()
         if store.latest_run(fp["id"]) is None:
@@ -133,10 +134,11 @@ def _resolve(spec: str, db: str | None) -> tuple[str, str]:
     ids = store.resolve(name)
     if not ids:
         known = ", ".join(f"{m['fingerprint']} ({m['hostname']})" for m in store.machines()) or "none"
-        raise ConfigError("cluster", f"{spec}: no profile named {name!r} in {path} (profiles: {known})",
-                          accepted=HINT)
+        raise ConfigError("cluster", f"{shown(spec, 80)}: no profile named {shown(name, 80)} in {shown(path, 80)} "
+                          f"(profiles: {known[:300]})", accepted=HINT)
     if len(ids) > 1:
-        raise ConfigError("cluster", f"{spec}: {name!r} matches {len(ids)} machines ({', '.join(ids)})",
+        raise ConfigError("cluster", f"{shown(spec, 80)}: {shown(name, 80)} matches {len(ids)} machines "
+                          f"({', '.join(map(str, ids))[:200]})",
                           accepted="a fingerprint id")
     return ids[0], name
 
@@ -228,7 +230,7 @@ def load_profiled_cluster(spec: str, gpus: int | None = None, db: str | None = N
         # what the database holds is the user's file: a file that is not a database, another
         # program's tables, or rows that are not what `paraplan profile` writes
         path = db or default_db_path()
-        raise ConfigError("--db", f"{path} is not a readable paraplan profile database "
+        raise ConfigError(db_field(db), f"{shown(path, 80)} is not a readable paraplan profile database "
                           f"({type(e).__name__}: {str(e)[:120]})", accepted=HINT) from None
     warn_if_noisy(tables)
     return cluster

@@ -7,6 +7,8 @@ run's rows land all together or not at all.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -14,9 +16,11 @@ import platform
 import socket
 import sqlite3
 import time
+import urllib.parse
 from dataclasses import dataclass
 
-from paraplan.errors import ConfigError
+from paraplan.errors import ConfigError, require_extra, shown
+from paraplan.io import path_problem
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS machines (
@@ -131,9 +135,10 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine_fingerprint() -> dict:
-    """Hostname, CPU model, core count, torch version and GPU names, plus a short hash ``id``."""
-    import torch
+def machine_fingerprint(needed_by: str = "--cluster local (this machine's profile)") -> dict:
+    """Hostname, CPU model, core count, torch version and GPU names, plus a short hash ``id``; MissingExtra
+    naming ``needed_by`` without torch (the fingerprint holds its version and the GPUs it sees)."""
+    torch = require_extra("torch", needed_by, alternative="name a stored profile: --cluster profile:HOSTNAME")
     gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] \
         if torch.cuda.is_available() else []
     fp = {"hostname": socket.gethostname(), "cpu_model": _cpu_model(),
@@ -142,26 +147,177 @@ def machine_fingerprint() -> dict:
     return fp
 
 
-class ProfileStore:
-    """The profile database at ``path`` (created with its schema on first use)."""
+#: the columns of each table that make it paraplan's (a table without them is another program's)
+KEY_COLUMNS = {"machines": ("fingerprint",), "runs": ("run_id", "fingerprint"), "measurements": ("run_id", "kind")}
+#: the columns a reader needs (``spread`` may be missing: profiles from before the repeats were stored)
+REQUIRED_COLUMNS = {"machines": ("fingerprint", "hostname"), "runs": ("run_id", "fingerprint"),
+                    "measurements": ("run_id", *(c for c in COLUMNS if c != "spread"))}
+#: every column of each table and its type, from SCHEMA: what `paraplan profile` adds to an older store
+ALL_COLUMNS = {"machines": (("hostname", "TEXT"), ("cpu_model", "TEXT"), ("cpu_cores", "INTEGER"),
+                            ("torch_version", "TEXT"), ("gpus", "TEXT"), ("first_seen", "REAL")),
+               "runs": (("mode", "TEXT"), ("started", "REAL"), ("finished", "REAL")),
+               "measurements": tuple((c, "TEXT" if c in ("kind", "op", "device", "dtype", "shape") else
+                                      "INTEGER" if c in ("world_size", "bytes") else "REAL") for c in COLUMNS)}
+#: how long a reader waits for another process's write lock before saying the database is locked
+READ_TIMEOUT_S = 5.0
+STORE_HINT = "a profile database written by `paraplan profile` (or a new file name)"
 
-    def __init__(self, path: str | None = None, timeout_s: float = 60.0):
+
+def db_field(path: str | None) -> str:
+    """What names the database in an error: --db, or the environment variable that chose it."""
+    return "PARAPLAN_PROFILE_DB" if path is None and os.environ.get("PARAPLAN_PROFILE_DB") else "--db"
+
+
+def describe_sqlite_error(e: Exception, timeout_s: float) -> str:
+    """What an SQLite error means for a profile database, in a user's words."""
+    text = str(e)
+    low = text.lower()
+    if "not a database" in low or "file is encrypted" in low:
+        return "is not an SQLite database (a text file, another format, or damaged from its first page)"
+    if "malformed" in low or "corrupt" in low:
+        return f"is damaged ({text})"
+    if "locked" in low or "busy" in low:
+        return f"is locked by another process (waited {timeout_s:g} s)"
+    if "readonly" in low or "read-only" in low:
+        return "cannot be written (a read-only file or folder)"
+    if "unable to open" in low:
+        return "cannot be opened (a folder, or a path whose folders are missing or unreadable)"
+    if "no such table" in low or "no such column" in low or "has no column" in low:
+        return f"is not a paraplan profile database, or one from an older paraplan ({text})"
+    return f"cannot be read ({type(e).__name__}: {text[:120]})"
+
+
+def _guarded(method):
+    """A ProfileStore method whose SQLite errors (and rows that do not decode) become the store's ConfigError."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self._errors():
+            return method(self, *args, **kwargs)
+    return run
+
+
+class ProfileStore:
+    """The profile database at ``path``: created with its schema on first use, or, ``readonly``, opened
+    without writing anything (no schema, no journal switch; a short lock timeout) as `estimate --cluster
+    local` reads it. Every problem with the file is a ConfigError naming ``--db`` (or PARAPLAN_PROFILE_DB):
+    not a database, damaged, locked, read-only, another program's tables or an older paraplan's."""
+
+    def __init__(self, path: str | None = None, timeout_s: float = 60.0, *, readonly: bool = False):
+        self.field = db_field(path)
         self.path = path or default_db_path()
-        self.timeout_s = timeout_s
-        d = os.path.dirname(os.path.abspath(self.path))
-        os.makedirs(d, exist_ok=True)
-        with self._connect() as con:
-            con.executescript(SCHEMA)
-            cols = {r[1] for r in con.execute("PRAGMA table_info(measurements)")}
-            if "spread" not in cols:   # a database from before the repeats were stored
+        self.readonly = readonly
+        self.timeout_s = min(timeout_s, READ_TIMEOUT_S) if readonly else timeout_s
+        problem = path_problem(self.path)
+        if problem:
+            raise ConfigError(self.field, problem)
+        if os.path.isdir(self.path):
+            raise ConfigError(self.field, f"{shown(self.path, 80)} is a folder", accepted=STORE_HINT)
+        if readonly:
+            if not os.path.exists(self.path):
+                raise ConfigError(self.field, f"no profile database at {shown(self.path, 80)}",
+                                  accepted="run `paraplan profile --quick` first")
+            with self._errors():
+                con = self._connect()
                 try:
-                    con.execute("ALTER TABLE measurements ADD COLUMN spread REAL")
+                    self.empty = not self._check_schema(con)
+                    self._check_pages(con)
+                finally:
+                    con.close()
+            return
+        d = os.path.dirname(os.path.abspath(self.path))
+        try:
+            os.makedirs(d, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(self.field, f"cannot create the folder of {shown(self.path, 80)}: {e.strerror or e}") \
+                from None
+        with self._errors():
+            con = self._connect()
+            try:
+                self._check_pages(con)
+                con.executescript(SCHEMA)
+                self._check_schema(con, KEY_COLUMNS)
+                self._add_missing_columns(con)
+            finally:
+                con.close()
+
+    @staticmethod
+    def _check_pages(con: sqlite3.Connection) -> None:
+        """SQLite's quick check of every page (milliseconds for a profile): a damaged file is said when it
+        is opened, not read as holding fewer rows."""
+        problem = con.execute("PRAGMA quick_check(1)").fetchone()[0]
+        if problem != "ok":
+            raise sqlite3.DatabaseError(f"database disk image is malformed: {problem}")
+
+    @staticmethod
+    def _add_missing_columns(con: sqlite3.Connection) -> None:
+        """An older store gains the columns later versions write (``spread``: the repeats' spread, ...)."""
+        for table, columns in ALL_COLUMNS.items():
+            have = {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
+            for name, kind in columns:
+                if name in have:
+                    continue
+                try:
+                    con.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
                 except sqlite3.OperationalError as e:   # another process added it meanwhile
                     if "duplicate column" not in str(e):
                         raise
 
+    @contextlib.contextmanager
+    def _errors(self):
+        """SQLite's errors (and rows that are not what `paraplan profile` writes) as a ConfigError naming
+        the database."""
+        try:
+            yield
+        except sqlite3.Error as e:
+            raise ConfigError(self.field, f"{shown(self.path, 80)} {describe_sqlite_error(e, self.timeout_s)}",
+                              accepted=STORE_HINT) from None
+        except (ValueError, TypeError) as e:      # a row's shape that is not JSON, a count that is not a number
+            raise ConfigError(self.field, f"{shown(self.path, 80)} holds a row paraplan did not write "
+                              f"({type(e).__name__}: {str(e)[:120]})", accepted=STORE_HINT) from None
+        except OSError as e:
+            raise ConfigError(self.field, f"cannot read {shown(self.path, 80)}: {e.strerror or e}") from None
+
+    #: a database without tables (a new or empty file): nothing stored
+    empty = False
+
+    def _check_schema(self, con: sqlite3.Connection, required=REQUIRED_COLUMNS) -> bool:
+        """ConfigError when the file holds tables but not paraplan's (another program's), or paraplan's
+        without the ``required`` columns (a reader's: an older store, which `paraplan profile` brings up to
+        date); an empty database passes (False: nothing stored)."""
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not tables:
+            return False
+        for table, needed in required.items():
+            if table not in tables:
+                raise ConfigError(self.field, f"{shown(self.path, 80)} is not a paraplan profile database: it has "
+                                  f"no table {table} (tables: {', '.join(sorted(tables))[:120]})", accepted=STORE_HINT)
+            cols = {r[1] for r in con.execute(f"PRAGMA table_info({table})")}
+            missing = [c for c in needed if c not in cols]
+            if missing:
+                old = table not in KEY_COLUMNS or all(c in cols for c in KEY_COLUMNS[table])
+                raise ConfigError(self.field, f"{shown(self.path, 80)}: table {table} has no column "
+                                  f"{', '.join(missing)[:160]} ("
+                                  + ("an older paraplan's store: run `paraplan profile` to bring it up to date)" if old
+                                     else "another program's database)"), accepted=STORE_HINT)
+        return True
+
     def _connect(self) -> sqlite3.Connection:
-        con = sqlite3.connect(self.path, timeout=self.timeout_s, isolation_level=None)
+        if self.readonly:
+            uri = "file:" + urllib.parse.quote(os.fsencode(os.path.abspath(self.path))) + "?mode=ro"
+            con = sqlite3.connect(uri, uri=True, timeout=self.timeout_s, isolation_level=None)
+            try:
+                con.execute(f"PRAGMA busy_timeout = {int(self.timeout_s * 1000)}")
+                con.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+            except sqlite3.OperationalError as e:
+                if "unable to open" not in str(e):
+                    raise
+                # a WAL database in a folder this process cannot write to: SQLite cannot make the shared-memory
+                # file beside it; the file alone is read as it is (what the last writer checkpointed)
+                con.close()
+                con = sqlite3.connect(uri + "&immutable=1", uri=True, timeout=self.timeout_s, isolation_level=None)
+            con.row_factory = sqlite3.Row
+            return con
+        con = sqlite3.connect(os.fsencode(self.path), timeout=self.timeout_s, isolation_level=None)
         con.execute(f"PRAGMA busy_timeout = {int(self.timeout_s * 1000)}")
         if con.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
             self._switch_to_wal(con)
@@ -185,6 +341,7 @@ class ProfileStore:
                     raise
                 time.sleep(0.01)
 
+    @_guarded
     def add_run(self, fingerprint: dict, mode: str, rows: list[dict],
                 started: float | None = None) -> int:
         """Insert one profiling run and its measurement rows atomically; returns ``run_id``."""
@@ -213,8 +370,11 @@ class ProfileStore:
         finally:
             con.close()
 
+    @_guarded
     def latest_run(self, fingerprint_id: str, kind: str | None = None) -> int | None:
         """Newest run id for a machine (that has rows of ``kind`` if given)."""
+        if self.empty:
+            return None
         con = self._connect()
         try:
             q = ("SELECT MAX(r.run_id) FROM runs r JOIN measurements m ON m.run_id = r.run_id "
@@ -224,11 +384,17 @@ class ProfileStore:
         finally:
             con.close()
 
+    @_guarded
     def machines(self) -> list[dict]:
         """Every machine with a stored run: fingerprint, hostname, cpu_model, gpus, runs."""
+        if self.empty:
+            return []
         con = self._connect()
         try:
-            q = ("SELECT m.fingerprint, m.hostname, m.cpu_model, m.gpus, COUNT(r.run_id) AS runs "
+            cols = {r[1] for r in con.execute("PRAGMA table_info(machines)")}
+            q = ("SELECT m.fingerprint, m.hostname, " + ("m.cpu_model, m.gpus, " if {"cpu_model", "gpus"} <= cols
+                                                         else "NULL AS cpu_model, NULL AS gpus, ") +
+                 "COUNT(r.run_id) AS runs "
                  "FROM machines m JOIN runs r ON r.fingerprint = m.fingerprint GROUP BY m.fingerprint")
             return [dict(r) for r in con.execute(q)]
         finally:
@@ -243,6 +409,7 @@ class ProfileStore:
         return [m["fingerprint"] for m in ms
                 if m["fingerprint"].startswith(name) or m["hostname"] == name]
 
+    @_guarded
     def measurements(self, run_id: int | None = None, kind: str | None = None) -> list[dict]:
         """Rows as dicts (``shape`` decoded), optionally for one run and/or kind."""
         where, args = [], []
@@ -253,15 +420,20 @@ class ProfileStore:
             where.append("kind = ?")
             args.append(kind)
         q = "SELECT * FROM measurements" + (" WHERE " + " AND ".join(where) if where else "")
+        if self.empty:
+            return []
         con = self._connect()
         try:
             out = [dict(r) for r in con.execute(q + " ORDER BY id", args)]
         finally:
             con.close()
         for r in out:
+            for c in COLUMNS:            # an older store's missing columns read as blank
+                r.setdefault(c, None)
             r["shape"] = json.loads(r["shape"]) if r["shape"] else None
         return out
 
+    @_guarded
     def count(self, table: str = "measurements") -> int:
         if table not in ("machines", "runs", "measurements"):
             raise ValueError(table)
@@ -289,7 +461,7 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
         back, ``collectives_in_step`` the same issued after IN_STEP_COMPUTE_S of compute (absent in
         older profiles).
     """
-    store = ProfileStore(db)
+    store = ProfileStore(db, readonly=True)
     fid = fingerprint_id or machine_fingerprint()["id"]
     run_id = store.latest_run(fid)
     if run_id is None:

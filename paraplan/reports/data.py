@@ -12,11 +12,14 @@ import pandas as pd
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import MEMORY_TERMS, TIME_TERMS, estimate
 from paraplan.planner.search import score_batch
+from paraplan.plan import PLAN_FIELDS
 from paraplan.planner.space import SpaceOptions, axis_choices, compose
 from paraplan.reports.sweep import GIB, LABELS
 
+#: the best plan's fields in the points table: the degrees and main modes first, then every other field
 PLAN_COLUMNS = ("tp", "pp", "dp", "cp", "vpp", "sp", "micro_batch", "schedule", "zero", "recompute", "offload",
                 "offload_params")
+PLAN_COLUMNS += tuple(k for k in PLAN_FIELDS if k not in PLAN_COLUMNS)
 
 
 def format_value(var: str, v) -> str:

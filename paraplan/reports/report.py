@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -201,10 +202,14 @@ SVG_SALT = "paraplan-whatif"
 
 def figure_bytes(fig, fmt: str) -> bytes:
     """A figure as PNG or SVG bytes, identical across runs: matplotlib salts SVG ids with a random
-    uuid unless ``svg.hashsalt`` is set, and stamps a date unless the metadata drops it."""
+    uuid unless ``svg.hashsalt`` is set, and stamps a date unless the metadata drops it. A name in a
+    title or label that the font has no glyph for (fullwidth letters, CJK, emoji in a model's name)
+    draws as an empty box: matplotlib's "Glyph ... missing from font(s)" warning for it is dropped here
+    rather than spilled on the user's terminal once per figure (the report's text and CSVs keep the name)."""
     import matplotlib
     buf = io.BytesIO()
-    with matplotlib.rc_context({"svg.hashsalt": SVG_SALT}):
+    with matplotlib.rc_context({"svg.hashsalt": SVG_SALT}), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from font", category=UserWarning)
         fig.savefig(buf, format=fmt, metadata={"Date": None} if fmt == "svg" else {"Software": None})
     return buf.getvalue()
 

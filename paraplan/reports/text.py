@@ -1,6 +1,8 @@
 """Plain-text rendering of estimates: a breakdown with bars, readable at a glance."""
 from __future__ import annotations
 
+from paraplan.workloads.transformer import params_text
+
 GIB = 2**30
 TIME_LABELS = {"compute": "compute", "recompute": "recomputation",
                "grad_accumulation": "gradient accumulation (unfused)", "tp_comm": "tensor-parallel comm",
@@ -55,8 +57,9 @@ def interval_line(e) -> str:
 
 def render_estimate(e) -> str:
     p = e.plan
+    size = f" ({params_text(e.model_params, e.model_active_params)})" if e.model_params else ""
     lines = [
-        f"paraplan estimate — {e.model} on {e.cluster} x {e.num_gpus} GPUs, seq {e.seq_len}, "
+        f"paraplan estimate — {e.model}{size} on {e.cluster} x {e.num_gpus} GPUs, seq {e.seq_len}, "
         f"global batch {e.global_batch}",
         f"plan ({ENGINE_TEXT.get(getattr(p, 'engine', 'generic'), getattr(p, 'engine', 'generic'))}): tp {p.tp} · pp {p.pp} · dp {p.dp} · cp {p.cp}{' · sp' if p.sp else ''}"
         f"{f' · vpp {p.vpp}' if p.vpp > 1 else ''} · micro-batch {p.micro_batch} · {p.schedule} · "

@@ -18,7 +18,7 @@ MODEL_FILE_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden"
                    "tied_embeddings", "norm", "bias", "learned_positions", "max_positions", "moe",
                    "rotary", "dropout", "head_dim",
                    "sliding_window", "sliding_window_every", "mla", "mtp_layers", "qk_norm", "attention_chunk",
-                   "global_attention_every")
+                   "global_attention_every", "qkv_bias")
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim")
 MOE_KEYS = ("experts", "top_k", "expert_ffn_hidden", "shared_experts", "every", "first_dense", "capacity_factor",
             "dispatch", "router_groups", "router_group_top_k")
@@ -75,7 +75,8 @@ def model_from_mapping(data: Mapping[str, Any], source: str) -> TransformerModel
         sliding_window_every=f.integer("sliding_window_every", 1),
         mtp_layers=f.integer("mtp_layers", 0, positive=False), qk_norm=_bool(f, "qk_norm", False),
         attention_chunk=f.integer("attention_chunk", 0, positive=False),
-        global_attention_every=f.integer("global_attention_every", 0, positive=False))
+        global_attention_every=f.integer("global_attention_every", 0, positive=False),
+        qkv_bias=_bool(f, "qkv_bias", False))
 
 
 #: Hugging Face config keys of the residual (hidden) dropout probability, by model family
@@ -167,8 +168,24 @@ _HF_GATED_MODEL_TYPES = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "q
 # files' q_norm / k_norm: Qwen3Attention, Qwen3MoeAttention, Gemma3Attention, Olmo2Attention); their
 # configs carry no key for it
 _HF_QK_NORM_MODEL_TYPES = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2"}
-# model types whose HF config ties the LM head to the embedding unless it says otherwise
-_HF_TIED_BY_DEFAULT = {"gpt2", "gpt_neo", "opt", "bloom", "gptj"}
+# model types whose HF config ties the LM head to the embedding unless it says otherwise (transformers'
+# config classes: GPT2Config ... and GemmaConfig, Gemma2Config, Gemma3TextConfig default tie_word_embeddings=True;
+# the Gemma configs on the hub leave the key out)
+_HF_TIED_BY_DEFAULT = {"gpt2", "gpt_neo", "opt", "bloom", "gptj", "gemma", "gemma2", "gemma3", "gemma3_text"}
+# model types whose attention has q, k and v biases and no output bias, with no config key saying so
+# (transformers' Qwen2Attention: q_proj, k_proj, v_proj bias=True, o_proj bias=False)
+_HF_QKV_BIAS_MODEL_TYPES = {"qwen2", "qwen2_moe", "qwen2_vl", "qwen2_5_vl"}
+# model types that alternate sliding-window and global layers without a layer_types key: every other layer
+# (Gemma2DecoderLayer: is_sliding = not bool(layer_idx % 2)), or all but each k-th (Gemma 3's
+# sliding_window_pattern, default 6: Gemma3TextConfig)
+_HF_WINDOW_EVERY_OTHER = {"gemma2"}
+_HF_WINDOW_PATTERN_DEFAULT = {"gemma3": 6, "gemma3_text": 6}
+# model types with two more RMSNorms per layer, after attention and after the MLP (Gemma2DecoderLayer's
+# post_attention_layernorm and post_feedforward_layernorm beside the pre-norms)
+_HF_SANDWICH_NORM = {"gemma2", "gemma3", "gemma3_text"}
+# model types whose defaults this reader knows (a missing key takes their config class's default)
+_HF_KNOWN_MODEL_TYPES = (_HF_GATED_MODEL_TYPES | _HF_QK_NORM_MODEL_TYPES | _HF_TIED_BY_DEFAULT
+                         | _HF_QKV_BIAS_MODEL_TYPES | {"qwen3_moe", "gpt_oss", "llama4_text", "kimi_k2"})
 
 
 def _hf_key(data: Mapping[str, Any], field: str) -> str:
@@ -238,20 +255,100 @@ def _hf_chunked_attention(f: FieldReader) -> dict:
     return {"attention_chunk": f.integer("attention_chunk_size"), "global_attention_every": every}
 
 
-def _hf_sliding_window(f: FieldReader) -> dict:
-    """Sliding-window attention of an HF config: ``sliding_window`` keys, on the layers ``layer_types``
-    marks "sliding_attention" (GPT-OSS alternates: every 2nd), else on every layer unless
-    ``use_sliding_window`` is false (Qwen2/3 carry a window they do not use)."""
+def _window_share(window: int, windowed: int, layers: int, notes: list, where: str) -> dict:
+    """The model fields of a sliding window on ``windowed`` of ``layers`` layers: 1 in k layers
+    (``sliding_window_every``) or all but 1 in k (``global_attention_every``); a share neither states
+    exactly is priced at the nearest one and said in ``notes``."""
+    if windowed <= 0:
+        return {}
+    if windowed >= layers:
+        return {"sliding_window": window}
+    if 2 * windowed <= layers:
+        k = max(1, round(layers / windowed))
+        fields, share = {"sliding_window": window, "sliding_window_every": k}, 1 / k
+    else:
+        k = max(2, round(layers / (layers - windowed)))
+        fields, share = {"sliding_window": window, "global_attention_every": k}, 1 - 1 / k
+    if abs(share * layers - windowed) > 1e-9:
+        notes.append(f"sliding window on {windowed} of {layers} layers ({where}) priced as on {share * layers:.1f}")
+    return fields
+
+
+def _hf_sliding_window(f: FieldReader, model_type: str, layers: int, notes: list) -> dict:
+    """Sliding-window attention of an HF config: ``sliding_window`` keys on the layers ``layer_types``
+    marks "sliding_attention" (GPT-OSS and Gemma 2 alternate: every 2nd), else on all but every
+    ``sliding_window_pattern``-th layer (Gemma 3: 6), else as the model type does without either key
+    (Gemma 2: every other layer; Gemma 3: all but every 6th), else with ``use_sliding_window`` and
+    ``max_window_layers`` (Qwen2: the layers from max_window_layers on), else on every layer (Mistral
+    7B v0.1). ``use_sliding_window: false`` turns it off (Qwen2/3 carry a window they do not use)."""
     if not f.has("sliding_window") or f.data.get("use_sliding_window") is False:
         return {}
     window = f.integer("sliding_window")
     types = f.data.get("layer_types")
     if isinstance(types, list) and types:
-        windowed = sum(1 for t in types if t == "sliding_attention")
-        if not windowed:
-            return {}
-        return {"sliding_window": window, "sliding_window_every": max(1, round(len(types) / windowed))}
+        other = sorted({str(t) for t in types} - {"sliding_attention", "full_attention"})
+        if other:
+            notes.append(f"layer_types {', '.join(other)} priced as full attention")
+        return _window_share(window, sum(1 for t in types if t == "sliding_attention"), len(types), notes,
+                             "layer_types")
+    pattern = f.data.get("sliding_window_pattern", _HF_WINDOW_PATTERN_DEFAULT.get(model_type))
+    if pattern is not None:
+        k = f.integer("sliding_window_pattern") if f.has("sliding_window_pattern") else pattern
+        return {"sliding_window": window} if k == 1 else {"sliding_window": window, "global_attention_every": k}
+    if model_type in _HF_WINDOW_EVERY_OTHER:
+        return {"sliding_window": window, "sliding_window_every": 2}
+    if f.data.get("use_sliding_window") is True and f.has("max_window_layers"):
+        first = min(layers, f.integer("max_window_layers", positive=False))
+        return _window_share(window, layers - first, layers, notes, "max_window_layers")
     return {"sliding_window": window}
+
+
+def _hf_moe_extras(f: FieldReader, moe: MoESpec | None, layers: int, notes: list) -> MoESpec | None:
+    """What else an MoE config says: a shared expert of its own width (Qwen2-MoE's
+    ``shared_expert_intermediate_size``: counted as that many experts of the routed width, the same
+    parameters and FLOPs; its sigmoid gate not counted) and dense layers (``mlp_only_layers``: a prefix
+    0..k-1 is ``first_dense`` k; any other set is priced as MoE layers, said in ``notes``)."""
+    if moe is None:
+        return None
+    from dataclasses import replace
+    width = f.integer("shared_expert_intermediate_size", 0, positive=False)
+    if width:
+        shared = max(1, round(width / moe.expert_ffn_hidden))
+        if shared * moe.expert_ffn_hidden != width:
+            notes.append(f"shared expert of width {width} priced as {shared} of the routed width "
+                         f"{moe.expert_ffn_hidden}")
+        moe = replace(moe, shared_experts=moe.shared_experts + shared)
+    dense = f.data.get("mlp_only_layers")
+    if isinstance(dense, list) and dense:
+        if all(isinstance(i, int) and not isinstance(i, bool) for i in dense) and sorted(dense) == list(
+                range(len(dense))) and moe.every == 1 and len(dense) < layers:
+            return replace(moe, first_dense=len(dense))
+        notes.append(f"dense layers mlp_only_layers {shown(dense, 60)} priced as MoE layers")
+    return moe
+
+
+def _hf_notes(data: Mapping[str, Any], model_type: str, act: str, gated: bool, family: str) -> list[str]:
+    """What a config holds that the model does not price, one line each (:attr:`TransformerModel.approximated`)."""
+    notes = []
+    for key, what, where in (
+            ("attn_logit_softcapping", "attention logit softcapping", "a tanh over every attention score: "
+             "inside the fused kernel (FlashAttention >= 2.6 softcap), elementwise passes over the scores in eager "
+             "attention"),
+            ("final_logit_softcapping", "final logit softcapping", "a tanh over the b·s·vocab logits")):
+        v = data.get(key)
+        if v not in (None, 0, 0.0, False):
+            notes.append(f"{what} ({key} {shown(v)}) not priced: {where}")
+    if gated and family == "gelu":
+        notes.append(f"gated GELU MLP ({act}) priced as SwiGLU: the same three GEMMs, another elementwise activation")
+    if model_type in _HF_SANDWICH_NORM:
+        notes.append("the post-attention and post-MLP RMSNorms not counted: 2·hidden parameters and two "
+                     "memory-bound norms per layer")
+    if data.get("mlp_bias") is True and data.get("attention_bias") is not True:
+        notes.append("MLP biases (mlp_bias) not counted")
+    if model_type not in _HF_KNOWN_MODEL_TYPES and data.get("tie_word_embeddings") is None:
+        notes.append(f"tie_word_embeddings not stated for model_type {shown(model_type)}: "
+                     f"{'tied' if model_type in _HF_TIED_BY_DEFAULT else 'untied'} LM head assumed")
+    return notes
 
 
 def _hf_activation(f: FieldReader) -> str:
@@ -265,30 +362,53 @@ def _hf_activation(f: FieldReader) -> str:
     return family
 
 
+def _text_config(data: Mapping[str, Any], notes: list) -> Mapping[str, Any]:
+    """A multimodal config's ``text_config`` (Llama 4, Gemma 3, Qwen2-VL) when the top level has no layers
+    of its own: the text model is read, and its vision encoder is said not to be counted."""
+    inner = data.get("text_config")
+    if not isinstance(inner, dict) or any(data.get(k) is not None for k in HF_KEYS["layers"]):
+        return data
+    notes.append("the text model only (text_config): the vision encoder and projector are not counted")
+    return {**{k: v for k, v in data.items() if k not in ("text_config", "vision_config")}, **inner}
+
+
 def model_from_hf_config(data: Mapping[str, Any], source: str) -> TransformerModel:
     """Read a Hugging Face ``config.json``: Llama-style keys (num_hidden_layers, hidden_size,
     num_attention_heads, num_key_value_heads, intermediate_size, vocab_size, hidden_act,
     tie_word_embeddings, max_position_embeddings) or their GPT-2 style aliases (n_layer, n_embd, n_head,
-    n_inner, activation_function, n_positions): :data:`HF_KEYS`. Errors name the file's own key."""
+    n_inner, activation_function, n_positions): :data:`HF_KEYS`. Errors name the file's own key.
+
+    What the model type implies without a key is read as its transformers config and modelling classes
+    do: Qwen2's q/k/v biases, Gemma's tied head and alternating sliding-window layers, Qwen3's QK-norm.
+    What the file holds that the model does not price (logit softcapping, Gemma's extra norms, a GeGLU
+    priced as SwiGLU, ...) is kept in ``approximated`` and said with every estimate."""
+    notes: list[str] = []
+    data = _text_config(data, notes)
     f = FieldReader(data, source)
     model_type = f.string("model_type", "")
     family = _hf_activation(f)
     gated = model_type in _HF_GATED_MODEL_TYPES or family == "swiglu"
     name = data.get("_name_or_path") or model_type or Path(source).parent.name or "hf-model"
     keys = {field: _hf_key(data, field) for field in HF_KEYS}
+    act = str(data.get(keys["activation"], ""))
     try:
-        return TransformerModel(
-            name=str(name)[:200], layers=_hf_int(f, "layers"), hidden=_hf_int(f, "hidden"), heads=_hf_int(f, "heads"),
+        layers = _hf_int(f, "layers")
+        bias = _bool(f, "attention_bias", not gated)
+        model = TransformerModel(
+            name=str(name)[:200], layers=layers, hidden=_hf_int(f, "hidden"), heads=_hf_int(f, "heads"),
             vocab=_hf_int(f, "vocab"), kv_heads=_hf_int(f, "kv_heads", None), ffn_hidden=_hf_int(f, "ffn_hidden", None),
             activation="swiglu" if gated else family,
             tied_embeddings=_bool(f, "tie_word_embeddings", model_type in _HF_TIED_BY_DEFAULT),
-            norm="rmsnorm" if gated else "layernorm", bias=_bool(f, "attention_bias", not gated),
+            norm="rmsnorm" if gated else "layernorm", bias=bias,
+            qkv_bias=not bias and _bool(f, "qkv_bias", model_type in _HF_QKV_BIAS_MODEL_TYPES),
             learned_positions=model_type in ("gpt2", "opt", "gpt_neo") or "n_positions" in data,
-            max_positions=_hf_int(f, "max_positions", 0, positive=False), moe=_hf_moe(f),
-            rotary="rope_theta" in data or "rotary_dim" in data or "rope_scaling" in data,
+            max_positions=_hf_int(f, "max_positions", 0, positive=False),
+            moe=_hf_moe_extras(f, _hf_moe(f), layers, notes),
+            rotary="rope_theta" in data or "rotary_dim" in data or "rope_scaling" in data or "rope_parameters" in data,
             dropout=_hf_dropout(data), **{"head_dim": _hf_int(f, "head_dim", None), **_hf_mla(f)},
             mtp_layers=f.integer("num_nextn_predict_layers", 0, positive=False),
-            qk_norm=model_type in _HF_QK_NORM_MODEL_TYPES, **_hf_sliding_window(f), **_hf_chunked_attention(f))
+            qk_norm=model_type in _HF_QK_NORM_MODEL_TYPES, **_hf_sliding_window(f, model_type, layers, notes),
+            **_hf_chunked_attention(f))
     except ConfigError as e:
         if e.source == source:
             raise
@@ -298,6 +418,8 @@ def model_from_hf_config(data: Mapping[str, Any], source: str) -> TransformerMod
         for ours, theirs in keys.items():
             problem = re.sub(rf"\b{ours}\b", theirs, problem)
         raise ConfigError(field, problem, accepted=e.accepted, source=source) from None
+    from dataclasses import replace
+    return replace(model, approximated=tuple(notes + _hf_notes(data, model_type, act, gated, family)))
 
 
 def _is_file(path: Path) -> bool:

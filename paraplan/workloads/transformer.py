@@ -151,13 +151,15 @@ class TransformerModel:
     #: queries (and the attention output) are heads · head_dim wide, not hidden (``q_hidden``)
     head_dim: int | None = None
     #: keys each query sees in the sliding-window attention layers (0: every layer attends to the whole
-    #: causal prefix); ``sliding_window_every`` = k: every k-th layer is windowed (1: all; GPT-OSS
-    #: alternates windowed and full layers: 2)
+    #: causal prefix); ``sliding_window_every`` = k: every k-th layer is windowed (1: all; GPT-OSS and
+    #: Gemma 2 alternate windowed and full layers: 2); or, with ``global_attention_every`` = k, every layer
+    #: but each k-th is windowed (Gemma 3: 5 local layers to 1 global, 6)
     sliding_window: int = 0
     sliding_window_every: int = 1
     #: chunked local attention (Llama 4's ``attention_chunk_size``): a query attends causally to the keys
     #: of its own chunk of ``attention_chunk`` tokens only; every ``global_attention_every``-th layer
-    #: attends to the whole causal prefix instead (Llama 4: its no-RoPE layers, one in 4; 0: no layer)
+    #: attends to the whole causal prefix instead (Llama 4: its no-RoPE layers, one in 4; 0: no layer).
+    #: ``global_attention_every`` does the same for a sliding window
     attention_chunk: int = 0
     global_attention_every: int = 0
     #: multi-head latent attention in place of the Q/K/V projections (DeepSeek-V2/V3); ``head_dim`` is
@@ -173,6 +175,13 @@ class TransformerModel:
     #: (Qwen3's q_norm / k_norm, Megatron-Core ``qk_layernorm``; Gemma 3 and OLMo 2 likewise): one more
     #: memory-bound norm over the layer's (q + k) widths per token, whose input backward keeps
     qk_norm: bool = False
+    #: biases on the query, key and value projections only, in a model otherwise without biases
+    #: (``bias`` False): Qwen2's Qwen2Attention (q, k, v with bias, o without; Megatron-Core
+    #: ``add_qkv_bias``); adds (q + 2·kv) parameters per layer
+    qkv_bias: bool = False
+    #: what the file the model was read from holds that this model does not price (Hugging Face configs:
+    #: logit softcapping, extra norms, ...), one line each; every estimate of the model says them
+    approximated: tuple[str, ...] = ()
 
     def __post_init__(self):
         for key in ("layers", "hidden", "heads", "vocab"):
@@ -214,6 +223,10 @@ class TransformerModel:
             if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "sliding_window" else 1):
                 raise ConfigError(key, f"must be a {'non-negative' if key == 'sliding_window' else 'positive'} "
                                   f"integer, got {v!r}", source=self.name)
+        if self.sliding_window and self.sliding_window_every > 1 and self.global_attention_every:
+            raise ConfigError("global_attention_every", "a sliding window is on 1 in sliding_window_every layers "
+                              "or on all but 1 in global_attention_every layers, not both",
+                              accepted="sliding_window_every: 1, or global_attention_every: 0", source=self.name)
         if self.activation not in ACTIVATIONS:
             raise ConfigError("activation", f"unknown activation {self.activation!r}",
                               accepted=", ".join(ACTIVATIONS), source=self.name)
@@ -313,7 +326,9 @@ class TransformerModel:
         if self.mla:
             return self.attention_weights_per_layer + self.mla.q_lora_rank + self.mla.kv_lora_rank
         q, hkv = self.q_hidden, self.kv_hidden
-        return self.attention_weights_per_layer + ((q + 2 * hkv) + self.hidden if self.bias else 0)
+        if self.bias:
+            return self.attention_weights_per_layer + (q + 2 * hkv) + self.hidden
+        return self.attention_weights_per_layer + ((q + 2 * hkv) if self.qkv_bias else 0)
 
     @property
     def mlp_params_per_layer(self) -> int:
@@ -441,8 +456,13 @@ class TransformerModel:
 
     @property
     def windowed_layer_share(self) -> float:
-        """Share of the layers whose attention is a sliding window (0 without one)."""
-        return 1.0 / self.sliding_window_every if self.sliding_window else 0.0
+        """Share of the layers whose attention is a sliding window (0 without one): 1 in
+        ``sliding_window_every``, or all but 1 in ``global_attention_every``."""
+        if not self.sliding_window:
+            return 0.0
+        if self.global_attention_every:
+            return 1.0 - 1.0 / self.global_attention_every
+        return 1.0 / self.sliding_window_every
 
     @property
     def chunked_layer_share(self) -> float:
@@ -498,12 +518,16 @@ class TransformerModel:
             kv += f", head_dim {self.head_dim}"
         if self.sliding_window:
             every = "" if self.sliding_window_every == 1 else f" on 1 in {self.sliding_window_every} layers"
+            if self.global_attention_every:
+                every = f", global on 1 in {self.global_attention_every} layers"
             kv += f", sliding window {self.sliding_window}{every}"
         if self.attention_chunk:
             every = f", global on 1 in {self.global_attention_every} layers" if self.global_attention_every else ""
             kv += f", chunked attention {self.attention_chunk}{every}"
         if self.qk_norm:
             kv += ", QK-norm"
+        if self.qkv_bias and not self.bias:
+            kv += ", QKV bias"
         moe = ""
         if self.moe:
             e = self.moe
@@ -516,6 +540,19 @@ class TransformerModel:
                 f"{self.heads} heads{kv}, ffn {self.ffn_hidden} ({self.activation}), vocab {self.vocab}"
                 f"{', tied' if self.tied_embeddings else ''}{moe}"
                 f"{f', multi-token prediction depth {self.mtp_layers}' if self.mtp_layers else ''}")
+
+
+def params_text(total: int, active: int | None = None) -> str:
+    """'8.03B parameters', '46.7B parameters, 12.9B active': a model's size as a header prints it (three
+    significant digits, what a model card rounds to)."""
+    def b(n: float) -> str:
+        return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
+    return f"{b(total)} parameters" + (f", {b(active)} active" if active and active != total else "")
+
+
+#: the largest sequence length or global batch a job may have: past a C int they are typos, and
+#: numpy's C longs overflow on them in the planner's divisibility checks
+MAX_JOB_COUNT = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -531,6 +568,8 @@ class TrainingJob:
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ConfigError(key.replace("_", "-"), f"must be a positive integer, got {v!r}")
+            if v > MAX_JOB_COUNT:       # the planner's batch checks run in numpy's C longs (OverflowError)
+                raise ConfigError(key.replace("_", "-"), f"must be at most {MAX_JOB_COUNT:,}, got {v:.3g}")
         if not isinstance(self.moe_imbalance, (int, float)) or self.moe_imbalance < 1:
             raise ConfigError("moe-imbalance", f"must be >= 1.0 (1.0 = perfectly balanced experts), "
                               f"got {self.moe_imbalance!r}")

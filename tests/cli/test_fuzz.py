@@ -53,6 +53,8 @@ def test_the_judge_catches_what_it_looks_for():
     assert fuzz.judge(case, 2, "paraplan plan: error: --top: must be positive\n", 0.1) == "unnamed"
     assert fuzz.judge(case, 2, "x.py:3: RuntimeWarning: overflow\nparaplan: error: --gpus: bad\n", 0.1) == "warning"
     assert fuzz.judge(case, 2, "paraplan plan: error: --gpus must be a positive integer, got '0'\n", 0.1) == "ok"
+    assert fuzz.judge(case, 2, "paraplan plan: error: --gpus: bad\n(see: paraplan plan --help)\n", 0.1) == "ok"
+    assert fuzz.judge(case, 2, "paraplan: error: --gpus: a name with\na newline\n", 0.1) == "multiline"
 
 
 def _run(capsys, *argv):
@@ -180,7 +182,7 @@ def test_profile_db_that_is_not_one_is_named(capsys, tmp_path):
     db = tmp_path / "p.sqlite"
     db.write_text("not a database\n" * 50)
     rc, _, lines = _run(capsys, "estimate", "--model", "llama3-8b", "--cluster", "profile:somehost", "--db", str(db))
-    assert rc == 2 and len(lines) == 1 and lines[0].startswith("paraplan: error: --db") and "not a readable" in lines[0]
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("paraplan: error: --db") and "not an SQLite database" in lines[0]
 
 
 def test_a_few_real_processes(tmp_path):

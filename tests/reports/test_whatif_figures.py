@@ -311,3 +311,25 @@ def test_efficiency_curves_are_data_and_merged_when_identical(hbm_offload):
     a100 = load_cluster("dgx-a100-80g", 8).accelerator
     both = efficiency_data({a.name: analytical_curves(a) for a in (h100, h200, a100)})
     assert list(dict.fromkeys(both["accelerator"])) == [f"{h100.name}, {h200.name}", a100.name]
+
+
+def test_a_name_the_font_cannot_draw_spills_no_warning(tmp_path, capsys):
+    """A model named in fullwidth letters or CJK (a model file's ``name``) is drawn as boxes in the
+    figures' titles; matplotlib's "Glyph ... missing from font(s)" UserWarning, printed six times per
+    report by a fuzzed `whatif`, stays off the terminal."""
+    import warnings
+
+    import yaml
+
+    from paraplan.cli import main
+    doc = {"name": "Ｌｌａｍａ８ 名前", "layers": 4, "hidden": 512, "heads": 8, "kv_heads": 8, "ffn_hidden": 1024,
+           "vocab": 32000, "activation": "swiglu", "norm": "rmsnorm", "max_positions": 4096}
+    model = tmp_path / "model.yaml"
+    model.write_text(yaml.safe_dump(doc, allow_unicode=True), encoding="utf-8")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rc = main(["whatif", "--model", str(model), "--cluster", "dgx-h100", "--gpus", "8", "--sweep", "gpus=8,16",
+                   "--no-heatmap", "--quiet", "--out", str(tmp_path / "report")])
+    assert rc == 0
+    assert [str(w.message) for w in caught] == []
+    assert "Warning" not in capsys.readouterr().err
