@@ -11,14 +11,15 @@ import yaml
 from paraplan.errors import ConfigError, unknown_name
 from paraplan.io import FieldReader, read_json, read_yaml, shown
 from paraplan.workloads.names import model_preset_for_name
-from paraplan.workloads.transformer import ACTIVATIONS, MOE_DISPATCH, MLASpec, MoESpec, TransformerModel
+from paraplan.workloads.transformer import ACTIVATIONS, MOE_DISPATCH, MambaSpec, MLASpec, MoESpec, TransformerModel
 
 MODELS_FILE = Path(__file__).parent / "catalog" / "models.yaml"
 MODEL_FILE_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation",
                    "tied_embeddings", "norm", "bias", "learned_positions", "max_positions", "moe",
                    "rotary", "dropout", "head_dim",
                    "sliding_window", "sliding_window_every", "mla", "mtp_layers", "qk_norm", "attention_chunk",
-                   "global_attention_every")
+                   "global_attention_every", "layer_pattern", "mamba")
+MAMBA_KEYS = ("heads", "head_dim", "state", "groups", "conv_kernel", "chunk")
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim")
 MOE_KEYS = ("experts", "top_k", "expert_ffn_hidden", "shared_experts", "every", "first_dense", "capacity_factor",
             "dispatch", "router_groups", "router_group_top_k")
@@ -60,8 +61,9 @@ def model_from_mapping(data: Mapping[str, Any], source: str) -> TransformerModel
     hidden = f.integer("hidden")
     moe = moe_from_mapping(f.mapping("moe"), source) if f.has("moe") else None
     mla = mla_from_mapping(f.mapping("mla"), source) if f.has("mla") else None
+    mamba = mamba_from_mapping(f.mapping("mamba"), source) if f.has("mamba") else None
     return TransformerModel(
-        moe=moe, mla=mla,
+        moe=moe, mla=mla, mamba=mamba, layer_pattern=f.string("layer_pattern", ""),
         name=f.string("name", Path(source).stem), layers=f.integer("layers"), hidden=hidden,
         heads=f.integer("heads"), vocab=f.integer("vocab"),
         kv_heads=f.integer("kv_heads") if f.has("kv_heads") else None,
@@ -109,6 +111,52 @@ def moe_from_mapping(f: FieldReader, source: str) -> MoESpec:
                    router_group_top_k=f.integer("router_group_top_k") if f.has("router_group_top_k") else None)
 
 
+def mamba_from_mapping(f: FieldReader, source: str) -> MambaSpec:
+    """The ``mamba:`` block of a model file (the Mamba-2 mixer of a hybrid ``layer_pattern``'s M layers)."""
+    unknown = sorted(set(f.data) - set(MAMBA_KEYS))
+    if unknown:
+        raise ConfigError(f"mamba.{unknown[0]}", "unknown key", accepted=", ".join(MAMBA_KEYS), source=source)
+    return MambaSpec(heads=f.integer("heads"), head_dim=f.integer("head_dim"), state=f.integer("state"),
+                     groups=f.integer("groups"), conv_kernel=f.integer("conv_kernel", 4), chunk=f.integer("chunk", 128))
+
+
+def _hf_hybrid(f: FieldReader) -> dict:
+    """The hybrid layer pattern of a Hugging Face config (Nemotron-H, ``model_type`` nemotron_h:
+    ``hybrid_override_pattern``, one character per layer, M Mamba-2, * attention, - MLP; the Mamba-2
+    mixer from ``mamba_num_heads``, ``mamba_head_dim``, ``ssm_state_size``, ``n_groups``, ``conv_kernel``,
+    ``chunk_size``, as transformers' NemotronHConfig names them (configuration_nemotron_h.py; vLLM's copy
+    also reads ``mamba_n_groups``, ``mamba_d_conv``, ``mamba_chunk_size``); heads default to
+    expand · hidden / head_dim as Megatron-Core derives them). Empty without a pattern."""
+    pattern = f.data.get("hybrid_override_pattern")
+    if pattern is None:
+        return {}
+    if not isinstance(pattern, str) or not pattern:
+        raise ConfigError("hybrid_override_pattern", f"expected a non-empty string, got {pattern!r}", source=f.source)
+    out: dict = {"layer_pattern": pattern}
+    if "M" not in pattern:
+        return out
+
+    def key(*names, default=None):
+        name = next((n for n in names if f.data.get(n) is not None), None)
+        if name is None:
+            if default is None:
+                raise ConfigError(" / ".join(names), "missing required field (one of these keys) of a Mamba layer",
+                                  source=f.source)
+            return default
+        return f.integer(name)
+    head_dim = key("mamba_head_dim")
+    hidden = f.integer(_hf_key(f.data, "hidden"))
+    heads = key("mamba_num_heads", default=(key("mamba_expand", "expand", default=2) * hidden) // head_dim)
+    try:
+        out["mamba"] = MambaSpec(heads=heads, head_dim=head_dim, state=key("ssm_state_size", "mamba_d_state"),
+                                 groups=key("n_groups", "mamba_n_groups"), conv_kernel=key("conv_kernel", "mamba_d_conv", default=4),
+                                 chunk=key("chunk_size", "mamba_chunk_size", default=128))
+    except ConfigError as e:
+        hf = {"mamba.groups": "n_groups", "mamba.heads": "mamba_num_heads"}.get(e.field, e.field)
+        raise ConfigError(hf, e.problem, accepted=e.accepted, source=f.source) from None
+    return out
+
+
 def mla_from_mapping(f: FieldReader, source: str) -> MLASpec:
     """The ``mla:`` block of a model file (multi-head latent attention; ``head_dim`` of the model is
     then the non-rotary query/key width per head)."""
@@ -149,10 +197,10 @@ HF_KEYS = {"hidden": ("hidden_size", "n_embd", "d_model"),
            "ffn_hidden": ("intermediate_size", "n_inner", "ffn_dim", "d_ff"),
            "vocab": ("vocab_size",),
            "max_positions": ("max_position_embeddings", "n_positions", "n_ctx"),
-           "activation": ("hidden_act", "activation_function", "hidden_activation"),
+           "activation": ("hidden_act", "activation_function", "hidden_activation", "mlp_hidden_act"),
            "tied_embeddings": ("tie_word_embeddings",),
            "bias": ("attention_bias",),
-           "head_dim": ("head_dim",)}
+           "head_dim": ("head_dim", "attention_head_dim")}
 HF_MARKERS = tuple(k for keys in HF_KEYS.values() for k in keys if k not in ("vocab_size", "head_dim")) + (
     "model_type", "architectures")
 # Hugging Face activation names (transformers ``ACT2FN``) by the family the cost model prices.
@@ -167,6 +215,9 @@ _HF_GATED_MODEL_TYPES = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "q
 # files' q_norm / k_norm: Qwen3Attention, Qwen3MoeAttention, Gemma3Attention, Olmo2Attention); their
 # configs carry no key for it
 _HF_QK_NORM_MODEL_TYPES = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2"}
+# model types with RMSNorm though their MLP is not gated (Nemotron-H: squared-ReLU MLPs, RMSNorm everywhere,
+# transformers' modeling_nemotron_h.py NemotronHRMSNorm)
+_HF_RMSNORM_MODEL_TYPES = {"nemotron_h"}
 # model types whose HF config ties the LM head to the embedding unless it says otherwise
 _HF_TIED_BY_DEFAULT = {"gpt2", "gpt_neo", "opt", "bloom", "gptj"}
 
@@ -282,13 +333,14 @@ def model_from_hf_config(data: Mapping[str, Any], source: str) -> TransformerMod
             vocab=_hf_int(f, "vocab"), kv_heads=_hf_int(f, "kv_heads", None), ffn_hidden=_hf_int(f, "ffn_hidden", None),
             activation="swiglu" if gated else family,
             tied_embeddings=_bool(f, "tie_word_embeddings", model_type in _HF_TIED_BY_DEFAULT),
-            norm="rmsnorm" if gated else "layernorm", bias=_bool(f, "attention_bias", not gated),
+            norm="rmsnorm" if gated or model_type in _HF_RMSNORM_MODEL_TYPES else "layernorm", bias=_bool(f, "attention_bias", not gated),
             learned_positions=model_type in ("gpt2", "opt", "gpt_neo") or "n_positions" in data,
             max_positions=_hf_int(f, "max_positions", 0, positive=False), moe=_hf_moe(f),
             rotary="rope_theta" in data or "rotary_dim" in data or "rope_scaling" in data,
             dropout=_hf_dropout(data), **{"head_dim": _hf_int(f, "head_dim", None), **_hf_mla(f)},
             mtp_layers=f.integer("num_nextn_predict_layers", 0, positive=False),
-            qk_norm=model_type in _HF_QK_NORM_MODEL_TYPES, **_hf_sliding_window(f), **_hf_chunked_attention(f))
+            qk_norm=model_type in _HF_QK_NORM_MODEL_TYPES, **_hf_sliding_window(f), **_hf_chunked_attention(f),
+            **_hf_hybrid(f))
     except ConfigError as e:
         if e.source == source:
             raise
