@@ -36,6 +36,7 @@ from paraplan.costmodels.efficiency import curves_for, gemm_level_assumption, wi
 from paraplan.costmodels.fp8 import fp8_assumptions
 from paraplan.costmodels.intervals import describe_interval
 from paraplan.costmodels.kernels import Number, micro_batches
+from paraplan.costmodels.mamba import ssd_kernel_assumption
 from paraplan.costmodels.memory import (RUNTIME_RESERVE_ASSUMPTION, STATES_16BIT, allocator_pressure_assumption,
                                         runtime_reserve_assumption, states_assumption)
 from paraplan.costmodels.moe import (ep_overlap_assumption, expert_bias_assumption, expert_wgrad_assumption,
@@ -64,7 +65,7 @@ PLAN_ASSUMPTIONS = (states_assumption, rank_order_assumption, tp_overlap_assumpt
                     runtime_reserve_assumption, fused_attention_assumption, compiled_blocks_assumption,
                     fp8_assumptions)
 #: then those that read the model, job, cluster, curves or the predicted peak memory, in the order printed
-ESTIMATE_ASSUMPTIONS = (gemm_level_assumption, attention_kernel_assumption, qk_norm_assumption,
+ESTIMATE_ASSUMPTIONS = (gemm_level_assumption, attention_kernel_assumption, qk_norm_assumption, ssd_kernel_assumption,
                         pipeline_transfer_assumption, softmax_exp_assumption, moe_dispatch_assumption,
                         moe_host_assumption, expert_wgrad_assumption, expert_bias_assumption, ep_overlap_assumption,
                         nvlink_domain_assumption, megatron_fsdp_assumption, host_link_assumption,
@@ -245,6 +246,8 @@ def estimate_legal(model, job, cluster, plan: Plan, *, curves=None, max_memory_f
                  "peak_memory_stage": STAGE_NAMES[int(terms.peak_stage)],
                  "layers_per_stage": stage_layer_counts(model.layers, plan),
                  **({"mtp_blocks_on_last_stage": model.mtp_layers} if model.mtp_layers else {}),
+                 **({"hybrid_layers": C.hybrid_layer_breakdown(model, job, plan, curves, cluster)}
+                    if getattr(model, "layer_pattern", "") else {}),
                  "gpu_memory_bytes": cluster.accelerator.memory_bytes,
                  "model_params": model.num_params, "active_params": model.active_params,
                  **({"optimizer_warmup_share": _f(terms.warmup_share),
