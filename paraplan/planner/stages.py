@@ -23,6 +23,7 @@ from paraplan.costmodels.kernels import tokens_per_rank
 from paraplan.planner.ilp import (LayerCost, PipelineSpec, StageRecomputeCost, in_flight_per_stage,
                                   partition_from_boundaries, partition_stages, plan_recompute)
 from paraplan.errors import InfeasiblePlan
+from paraplan.workloads.transformer import LAYER_KINDS
 from paraplan.plan import Plan, expert_data_parallel, stage_layer_counts
 
 
@@ -76,6 +77,8 @@ def layer_costs(model, job, cluster, plan: Plan, curves=None, recompute: str | N
         acts = M.activation_bytes_per_layer(m, job, p)
         return LayerCost("moe" if moe_layer else "dense", _f(t), _f(states), _f(acts))
 
+    if getattr(model, "layer_pattern", ""):
+        return _hybrid_layer_costs(model, job, cluster, plan, p, curves)
     dense = one_layer(False)
     moe = one_layer(True) if model.moe else None
     moe_start = model.moe.first_dense if model.moe else model.layers
@@ -92,6 +95,32 @@ def layer_costs(model, job, cluster, plan: Plan, curves=None, recompute: str | N
     out.append(LayerCost("lm_head", _f(ht["head"] + ht["tp_comm"]), _f(head_states),
                          4.0 * T * model.vocab / plan.tp + 2 * T * model.hidden))
     return out
+
+
+def _embedding_and_head(model, job, cluster, plan: Plan, p: Plan, curves) -> tuple[LayerCost, LayerCost]:
+    ht = C.head_times(model, job, p, curves, cluster)
+    T = _f(tokens_per_rank(job, p))
+    emb_states = sum(M.model_state_bytes(model.embedding_params / plan.tp, p).values())
+    head_params = model.lm_head_params + (model.vocab * model.hidden if model.tied_embeddings else 0)
+    head_states = sum(M.model_state_bytes(head_params / plan.tp, p).values())
+    return (LayerCost("embedding", _f(ht["embedding"]), _f(emb_states), 3 * T * model.hidden),
+            LayerCost("lm_head", _f(ht["head"] + ht["tp_comm"]), _f(head_states),
+                      4.0 * T * model.vocab / plan.tp + 2 * T * model.hidden))
+
+
+def _hybrid_layer_costs(model, job, cluster, plan: Plan, p: Plan, curves) -> list[LayerCost]:
+    """A hybrid pattern's layers in order, each its kind's cost (compute.hybrid_kind_times,
+    memory.hybrid_kind_activation_bytes, its kind's parameters over tp): Mamba, attention and MLP layers
+    weigh differently, so the partition ILP balances stages by the pattern, not by layer counts."""
+    times = C.hybrid_kind_times(model, job, p, curves, cluster)
+    acts = M.hybrid_kind_activation_bytes(model, job, p)
+    kinds = {}
+    for k in times:
+        states = sum(M.model_state_bytes(model.kind_params(k) / plan.tp, p).values())
+        kinds[k] = LayerCost(k, _f(layers_time(1, times[k])), _f(states), _f(acts[k]))
+    emb, head = _embedding_and_head(model, job, cluster, plan, p, curves)
+    layers = [replace(kinds[LAYER_KINDS[c]], name=f"{LAYER_KINDS[c]}-{i}") for i, c in enumerate(model.layer_pattern)]
+    return [emb, *layers, head]
 
 
 def _pipeline_time(stage_times, m: int) -> float:
