@@ -128,3 +128,18 @@ def test_plan_on_nemotron_h_56b_shows_the_layers_by_kind(capsys):
     for word in ("Mamba-2      54 layers", "attention    10 layers", "MLP          54 layers", "Mamba-2 SSD scan"):
         assert word in out
     assert np.isfinite(float(out.split("step time")[1].split()[0]))
+
+
+def test_megatron_export_runs_the_hybrid_with_pretrain_mamba(tmp_path):
+    from paraplan.planfile import write_plan_file
+    from paraplan.planner import export as ex
+    e = estimate(H8, JOB, H100, Plan(engine="megatron", tp=2, sp=True, zero=1))
+    f = tmp_path / "plan.json"
+    write_plan_file(f, e, "nemotron-h-8b", "dgx-h100")
+    import json
+    script = ex.to_megatron(json.loads(f.read_text()))
+    for flag in ("pretrain_mamba.py", "--hybrid-override-pattern 'M-M-M-M*-", "--mamba-num-heads 128",
+                 "--mamba-head-dim 64", "--mamba-state-dim 128", "--mamba-num-groups 8", "--squared-relu",
+                 "--position-embedding-type none"):
+        assert flag in script
+    assert "pretrain_gpt.py" not in script
