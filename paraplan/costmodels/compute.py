@@ -39,12 +39,13 @@ import numpy as np
 from paraplan.costmodels.attention import attention_core_times, ring_attention_merge_times, softmax_bytes_per_score
 from paraplan.costmodels.comm import ALL_GATHER
 from paraplan.costmodels.cpcomm import cp_exposed_time, ring_exchange_times, ring_hidden_on_network
-from paraplan.costmodels.fp8 import fp8_backward_gemm_factor, fp8_cast_times, fp8_rowwise_rescale_time
+from paraplan.costmodels.fp8 import (FP8_CAST_BYTES_PER_ELEMENT, fp8_backward_gemm_factor, fp8_cast_times,
+                                    fp8_rowwise_rescale_time)
 from paraplan.costmodels.mamba import (GATED_NORM_BYTES_PER_CHANNEL, mamba_cp_alltoall_time, mamba_gemm_forward_times,
                                        ssd_scan_times)
 from paraplan.costmodels.kernels import (BYTES, _dtype, attention_gemm_forward_times, element_bytes, linear_gemm_time,
-                                         mlp_gemm_forward_time, mlp_gemm_forward_times, separate_input_projections,
-                                         tokens_per_rank)
+                                         micro_batches, mlp_gemm_forward_time, mlp_gemm_forward_times,
+                                         separate_input_projections, tokens_per_rank)
 from paraplan.costmodels.moe import (MOE_HOST_SECONDS_PER_LAYER, dispatch_bytes_per_token, ep_alltoall_time,
                                      ep_exposed_time, expert_token_factor, moe_einsum_dispatch_times,
                                      moe_expert_bias_times, moe_host_floor_applies, moe_mlp_forward_time,
@@ -54,7 +55,7 @@ from paraplan.costmodels.tpcomm import (TP_OVERLAP_CONTENTION, op_sac_regather_t
                                         tp_allreduce_time, tp_collective_time, tp_exposed_time, tp_gathered_bytes,
                                         vocab_parallel_loss_allreduce_time)
 from paraplan.engines import engine_flag
-from paraplan.plan import Recompute, recomputes_attention_core, recomputes_module
+from paraplan.plan import Recompute, is_fp8, recomputes_attention_core, recomputes_module
 
 
 #: bytes of an activation gradient element (16-bit, also under fp8: the GEMMs write bf16)
@@ -335,9 +336,10 @@ def hybrid_kind_times(model, job, plan, curves, cluster) -> dict:
     regather_applies = engine_flag(plan, "sp_regather") & sp & (np.asarray(plan.tp) > 1)
     gather = tp_collective_time(ALL_GATHER, tp_gathered_bytes(model, job, plan), plan, cluster)
 
-    def kind(gemm, first_gemm, core_f, core_b, elem, kernels, core_kernels=0, cp=0.0, cp_hidden=(0.0, 0.0)):
-        fwd = gemm + core_f + elem
-        bwd = backward_gemms * gemm + core_b + 2 * elem
+    def kind(name, gemm, first_gemm, core_f, core_b, elem, kernels, core_kernels=0, cp=0.0, cp_hidden=(0.0, 0.0)):
+        cast_f, cast_b = hybrid_fp8_cast_times(model, job, plan, curves, name)
+        fwd = gemm + core_f + elem + cast_f
+        bwd = backward_gemms * gemm + core_b + 2 * elem + cast_b
         regather = np.where(regather_applies, np.maximum(0.0, gather - first_gemm)
                             + TP_OVERLAP_CONTENTION * np.minimum(gather, first_gemm), 0.0)
         tp = tp_exposed_time(ar * passes, gemm, full, plan) + regather
@@ -356,7 +358,7 @@ def hybrid_kind_times(model, job, plan, curves, cluster) -> dict:
         scan_f, scan_b = ssd_scan_times(model, job, plan, curves)
         gated = curves.memory_time(T * GATED_NORM_BYTES_PER_CHANNEL * d_inner / t * wide, kernels=1)
         a2a = mamba_cp_alltoall_time(model, job, plan, cluster)
-        out["mamba"] = kind(in_proj + out_proj, in_proj, scan_f, scan_b, norm_add + gated,
+        out["mamba"] = kind("mamba", in_proj + out_proj, in_proj, scan_f, scan_b, norm_add + gated,
                             2 + 1 + HYBRID_NORM_ADD_KERNELS + 6, cp=np.where(full, 3, 2) * a2a)
     if model.kind_count("attention"):
         attn_times = attention_gemm_forward_times(model, job, plan, curves)
@@ -372,14 +374,39 @@ def hybrid_kind_times(model, job, plan, curves, cluster) -> dict:
         qk_bytes, qk_kernels = qk_norm_bytes_and_kernels(model, ~np.asarray(getattr(plan, "fused_elementwise", True), dtype=bool))
         qk = curves.memory_time(T * qk_bytes / t * wide, kernels=qk_kernels) if model.qk_norm else 0.0
         core_kernels = np.where(np.asarray(plan.flash_attention, dtype=bool), 1.0, 2.0 + softmax_bytes_per_score(model, plan)[1][0])
-        out["attention"] = kind(sum(attn_times), attn_times[0], core_f, core_b, norm_add + rope + qk,
+        out["attention"] = kind("attention", sum(attn_times), attn_times[0], core_f, core_b, norm_add + rope + qk,
                                 2 + core_kernels + HYBRID_NORM_ADD_KERNELS, core_kernels, cp, cp_hidden)
     if model.kind_count("mlp"):
         fc1, fc2 = mlp_gemm_forward_times(model, job, plan, curves)
         per_width = 6 if model.activation == "swiglu" else 4
         act = curves.memory_time(T * per_width * model.ffn_hidden / t * wide, kernels=1)
-        out["mlp"] = kind(fc1 + fc2, fc1, 0.0, 0.0, norm_add + act, 2 + 1 + HYBRID_NORM_ADD_KERNELS)
+        out["mlp"] = kind("mlp", fc1 + fc2, fc1, 0.0, 0.0, norm_add + act, 2 + 1 + HYBRID_NORM_ADD_KERNELS)
     return out
+
+
+def hybrid_fp8_cast_times(model, job, plan, curves, kind: str):
+    """(forward, backward) seconds of one hybrid layer's fp8 casts (0 outside fp8), as
+    :func:`~paraplan.costmodels.fp8.fp8_cast_elements` counts a transformer layer's, for the kind's two
+    linears: forward the inputs (the block input T·h, the second linear's T x its input / tp) and the
+    layer's weights (/ tp, / m where the engine caches the fp8 copy over the step's micro-batches);
+    backward the output gradients (T x the first linear's output / tp, T·h)."""
+    if not is_fp8(plan.dtype):
+        return 0.0, 0.0
+    T = tokens_per_rank(job, plan)
+    t = np.asarray(plan.tp, dtype=float)
+    h = model.hidden
+    if kind == "mamba":
+        first_out, second_in = model.mamba.in_proj_width, model.mamba.d_inner
+    elif kind == "attention":
+        first_out, second_in = model.q_hidden + 2 * model.kv_hidden, model.attn_out_hidden
+    else:
+        first_out, second_in = (model.mlp_matrices - 1) * model.ffn_hidden, model.ffn_hidden
+    m = micro_batches(job, plan)
+    weights = model.kind_params(kind) / t / np.where(engine_flag(plan, "caches_fp8_weights"), np.maximum(m, 1.0), 1.0)
+    per = FP8_CAST_BYTES_PER_ELEMENT[plan.dtype]
+    cast = getattr(curves, "fp8_cast_time", curves.streaming_time)
+    return (cast(per * (T * (h + second_in / t) + weights), kernels=4),
+            cast(per * T * (first_out / t + h), kernels=2))
 
 
 def hybrid_layer_times(model, job, plan, curves, cluster) -> dict:

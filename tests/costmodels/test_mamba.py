@@ -143,3 +143,16 @@ def test_megatron_export_runs_the_hybrid_with_pretrain_mamba(tmp_path):
                  "--position-embedding-type none"):
         assert flag in script
     assert "pretrain_gpt.py" not in script
+
+
+def test_fp8_casts_of_each_kind():
+    """fp8 (Nemotron-H 56B's recipe): each layer quantizes its two linears' inputs and weights forward and their
+    output gradients backward; none in bf16."""
+    curves = curves_for(H100)
+    assert C.hybrid_fp8_cast_times(H8, JOB, _plan(), curves, "mamba") == (0.0, 0.0)
+    fp8 = _plan(dtype="fp8")
+    f, b = C.hybrid_fp8_cast_times(H8, JOB, fp8, curves, "mamba")
+    m = 8  # micro-batches: 64 sequences over dp 8, Transformer Engine caches the weights' fp8 copy per step
+    elements = 8192 * (4096 + 8192) + H8.kind_params("mamba") / m
+    assert float(f) == pytest.approx(float(curves.fp8_cast_time(6 * elements, kernels=4)))
+    assert float(b) == pytest.approx(float(curves.fp8_cast_time(6 * 8192 * (18560 + 4096), kernels=2)))
