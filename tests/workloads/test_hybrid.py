@@ -23,7 +23,8 @@ def test_mamba2_mixer_parameters_by_hand():
 # The presets' totals: nemotron-h-8b's equals, to the parameter, a tensor-by-tensor count of the released
 # Nemotron-H-8B-Base-8K checkpoint (8,100,852,736); both round to the model cards' "8B" and "56B"
 # (huggingface.co/nvidia/Nemotron-H-56B-Base-8K: "This model has 56B model parameters").
-GOLDEN = {"nemotron-h-8b": (8_100_852_736, 8.0, 0.013), "nemotron-h-56b": (56_324_350_464, 56.0, 0.006)}
+GOLDEN = {"nemotron-h-8b": (8_100_852_736, 8.0, 0.013), "nemotron-h-56b": (56_324_350_464, 56.0, 0.006),
+          "nemotron-h-47b": (46_791_554_816, 47.0, 0.005)}
 
 
 @pytest.mark.parametrize("name", sorted(GOLDEN))
@@ -91,3 +92,12 @@ def test_hybrid_model_file_round_trip(tmp_path):
     mixer = 64 * (2 * 128 + 32 + 4) + (128 + 32) * 5 + 12 + 128 + 128 * 64
     assert m.kind_params("mamba") == mixer + 64
     assert m.num_params == mixer + 64 + (4 * 64 * 64 + 64) + (2 * 64 * 256 + 64) + 2 * 10 * 64 + 64
+
+
+@pytest.mark.parametrize("name,preset", [("nvidia/Nemotron-H-8B-Base-8K", "nemotron-h-8b"),
+                                         ("Nemotron-H 56B", "nemotron-h-56b"),
+                                         ("Nemotron-H-47B-Base-8K", "nemotron-h-47b"),
+                                         ("Llama-3.1-70B", "llama3-70b"), ("Qwen3-8B", "qwen3-8b")])
+def test_published_names_of_nemotron_h_read_as_the_presets(name, preset):
+    """Model cards write the context length after the name ("-8K"): it does not change the model."""
+    assert load_model(name).name == preset
