@@ -65,11 +65,11 @@ PLAN_ASSUMPTIONS = (states_assumption, rank_order_assumption, tp_overlap_assumpt
                     runtime_reserve_assumption, fused_attention_assumption, compiled_blocks_assumption,
                     fp8_assumptions)
 #: then those that read the model, job, cluster, curves or the predicted peak memory, in the order printed
-ESTIMATE_ASSUMPTIONS = (gemm_level_assumption, attention_kernel_assumption, qk_norm_assumption, ssd_kernel_assumption,
+ESTIMATE_ASSUMPTIONS = (gemm_level_assumption, attention_kernel_assumption, qk_norm_assumption,
                         pipeline_transfer_assumption, softmax_exp_assumption, moe_dispatch_assumption,
                         moe_host_assumption, expert_wgrad_assumption, expert_bias_assumption, ep_overlap_assumption,
                         nvlink_domain_assumption, megatron_fsdp_assumption, host_link_assumption,
-                        deepspeed_dp_assumption, allocator_pressure_assumption)
+                        deepspeed_dp_assumption, allocator_pressure_assumption, ssd_kernel_assumption)
 
 
 def assumptions_for(plan) -> tuple[str, ...]:

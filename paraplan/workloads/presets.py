@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 import re
 from pathlib import Path
 from typing import Any, Mapping
@@ -18,8 +19,7 @@ MODEL_FILE_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden"
                    "tied_embeddings", "norm", "bias", "learned_positions", "max_positions", "moe",
                    "rotary", "dropout", "head_dim",
                    "sliding_window", "sliding_window_every", "mla", "mtp_layers", "qk_norm", "attention_chunk",
-                   "global_attention_every", "layer_pattern", "mamba")
-MAMBA_KEYS = ("heads", "head_dim", "state", "groups", "conv_kernel", "chunk")
+                   "global_attention_every")
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim")
 MOE_KEYS = ("experts", "top_k", "expert_ffn_hidden", "shared_experts", "every", "first_dense", "capacity_factor",
             "dispatch", "router_groups", "router_group_top_k")
@@ -50,9 +50,10 @@ def _bool(f: FieldReader, key: str, default: bool) -> bool:
 def model_from_mapping(data: Mapping[str, Any], source: str) -> TransformerModel:
     """Build a model from our file format (keys in ``MODEL_FILE_KEYS``; defaults: kv_heads = heads,
     ffn_hidden = 4·hidden, activation gelu, untied)."""
-    unknown = sorted(set(data) - set(MODEL_FILE_KEYS) - {"source"})
+    keys = MODEL_FILE_KEYS + HYBRID_FILE_KEYS
+    unknown = sorted(set(data) - set(keys) - {"source"})
     if unknown:
-        raise ConfigError(unknown[0], "unknown key", accepted=", ".join(MODEL_FILE_KEYS), source=source)
+        raise ConfigError(unknown[0], "unknown key", accepted=", ".join(keys), source=source)
     f = FieldReader(data, source)
     activation = f.string("activation", "gelu")
     if activation not in ACTIVATIONS:
@@ -111,6 +112,14 @@ def moe_from_mapping(f: FieldReader, source: str) -> MoESpec:
                    router_group_top_k=f.integer("router_group_top_k") if f.has("router_group_top_k") else None)
 
 
+#: model-file keys of a hybrid Mamba-2 / attention model (beside MODEL_FILE_KEYS) and of its ``mamba:`` block
+HYBRID_FILE_KEYS = ("layer_pattern", "mamba")
+MAMBA_KEYS = ("heads", "head_dim", "state", "groups", "conv_kernel", "chunk")
+# model types with RMSNorm though their MLP is not gated (Nemotron-H: squared-ReLU MLPs, RMSNorm everywhere,
+# transformers' modeling_nemotron_h.py NemotronHRMSNorm)
+_HF_RMSNORM_MODEL_TYPES = {"nemotron_h"}
+
+
 def mamba_from_mapping(f: FieldReader, source: str) -> MambaSpec:
     """The ``mamba:`` block of a model file (the Mamba-2 mixer of a hybrid ``layer_pattern``'s M layers)."""
     unknown = sorted(set(f.data) - set(MAMBA_KEYS))
@@ -155,6 +164,25 @@ def _hf_hybrid(f: FieldReader) -> dict:
         hf = {"mamba.groups": "n_groups", "mamba.heads": "mamba_num_heads"}.get(e.field, e.field)
         raise ConfigError(hf, e.problem, accepted=e.accepted, source=f.source) from None
     return out
+
+
+def with_hf_hybrid(model: TransformerModel, data: Mapping[str, Any], source: str) -> TransformerModel:
+    """A model read from a Hugging Face config with the config's hybrid layer pattern and Mamba-2 mixer
+    (:func:`_hf_hybrid`) and, for Nemotron-H, its RMSNorms; the model itself where the config has no pattern.
+    Errors name the file's keys (``num_hidden_layers`` for a pattern of another length)."""
+    f = FieldReader(data, source)
+    hybrid = _hf_hybrid(f)
+    if not hybrid:
+        return model
+    norm = "rmsnorm" if data.get("model_type") in _HF_RMSNORM_MODEL_TYPES else model.norm
+    try:
+        return replace(model, norm=norm, **hybrid)
+    except ConfigError as e:
+        if e.source == source:
+            raise
+        field = {"layer_pattern": "hybrid_override_pattern", "mamba": "hybrid_override_pattern"}.get(e.field, e.field)
+        raise ConfigError(field, e.problem.replace("layers is", "num_hidden_layers is"), accepted=e.accepted,
+                          source=source) from None
 
 
 def mla_from_mapping(f: FieldReader, source: str) -> MLASpec:
@@ -215,9 +243,6 @@ _HF_GATED_MODEL_TYPES = {"llama", "mistral", "mixtral", "qwen2", "qwen2_moe", "q
 # files' q_norm / k_norm: Qwen3Attention, Qwen3MoeAttention, Gemma3Attention, Olmo2Attention); their
 # configs carry no key for it
 _HF_QK_NORM_MODEL_TYPES = {"qwen3", "qwen3_moe", "gemma3", "gemma3_text", "olmo2"}
-# model types with RMSNorm though their MLP is not gated (Nemotron-H: squared-ReLU MLPs, RMSNorm everywhere,
-# transformers' modeling_nemotron_h.py NemotronHRMSNorm)
-_HF_RMSNORM_MODEL_TYPES = {"nemotron_h"}
 # model types whose HF config ties the LM head to the embedding unless it says otherwise
 _HF_TIED_BY_DEFAULT = {"gpt2", "gpt_neo", "opt", "bloom", "gptj"}
 
@@ -333,14 +358,13 @@ def model_from_hf_config(data: Mapping[str, Any], source: str) -> TransformerMod
             vocab=_hf_int(f, "vocab"), kv_heads=_hf_int(f, "kv_heads", None), ffn_hidden=_hf_int(f, "ffn_hidden", None),
             activation="swiglu" if gated else family,
             tied_embeddings=_bool(f, "tie_word_embeddings", model_type in _HF_TIED_BY_DEFAULT),
-            norm="rmsnorm" if gated or model_type in _HF_RMSNORM_MODEL_TYPES else "layernorm", bias=_bool(f, "attention_bias", not gated),
+            norm="rmsnorm" if gated else "layernorm", bias=_bool(f, "attention_bias", not gated),
             learned_positions=model_type in ("gpt2", "opt", "gpt_neo") or "n_positions" in data,
             max_positions=_hf_int(f, "max_positions", 0, positive=False), moe=_hf_moe(f),
             rotary="rope_theta" in data or "rotary_dim" in data or "rope_scaling" in data,
             dropout=_hf_dropout(data), **{"head_dim": _hf_int(f, "head_dim", None), **_hf_mla(f)},
             mtp_layers=f.integer("num_nextn_predict_layers", 0, positive=False),
-            qk_norm=model_type in _HF_QK_NORM_MODEL_TYPES, **_hf_sliding_window(f), **_hf_chunked_attention(f),
-            **_hf_hybrid(f))
+            qk_norm=model_type in _HF_QK_NORM_MODEL_TYPES, **_hf_sliding_window(f), **_hf_chunked_attention(f))
     except ConfigError as e:
         if e.source == source:
             raise
@@ -376,7 +400,7 @@ def load_model(spec: str) -> TransformerModel:
         else:
             data = read_yaml(path, "model")
         if any(k in data for k in HF_MARKERS):
-            return model_from_hf_config(data, str(path))
+            return with_hf_hybrid(model_from_hf_config(data, str(path)), data, str(path))
         return model_from_mapping(data, str(path))
     spelled = model_preset_for_name(spec, table)
     if spelled is not None:         # "Llama 3.1 70B", "meta-llama/Llama-3.1-70B": the estimate names the preset

@@ -247,16 +247,16 @@ class TransformerModel:
     #: one transformer block like the model's last (MoE in an MoE model), and the shared LM head with its
     #: own cross-entropy; the embedding and the head are shared with the main model (no parameters)
     mtp_layers: int = 0
-    #: an RMSNorm over each query and key head after the QKV projection, before the rotary embedding
-    #: (Qwen3's q_norm / k_norm, Megatron-Core ``qk_layernorm``; Gemma 3 and OLMo 2 likewise): one more
-    #: memory-bound norm over the layer's (q + k) widths per token, whose input backward keeps
-    qk_norm: bool = False
     #: hybrid layer pattern, one character per layer (:data:`LAYER_KINDS`: M a Mamba-2 mixer, * a
     #: self-attention layer, - an MLP layer; Megatron-LM ``--hybrid-override-pattern``, Hugging Face
     #: ``hybrid_override_pattern``); "" for a transformer whose every layer is attention + MLP
     layer_pattern: str = ""
     #: the Mamba-2 mixer of the pattern's M layers
     mamba: MambaSpec | None = None
+    #: an RMSNorm over each query and key head after the QKV projection, before the rotary embedding
+    #: (Qwen3's q_norm / k_norm, Megatron-Core ``qk_layernorm``; Gemma 3 and OLMo 2 likewise): one more
+    #: memory-bound norm over the layer's (q + k) widths per token, whose input backward keeps
+    qk_norm: bool = False
 
     def __post_init__(self):
         for key in ("layers", "hidden", "heads", "vocab"):
@@ -655,6 +655,11 @@ class TransformerModel:
 
     def describe(self) -> str:
         kv = f", kv_heads {self.kv_heads}" if self.kv_heads != self.heads else ""
+        if self.layer_pattern:
+            m = self.mamba
+            kv += (f", hybrid {self.kind_count('mamba')} Mamba-2 / {self.kind_count('attention')} attention / "
+                   f"{self.kind_count('mlp')} MLP layers"
+                   + (f" (Mamba-2 {m.heads} heads x {m.head_dim}, state {m.state}, {m.groups} groups)" if m else ""))
         if self.mla:
             m = self.mla
             kv += (f", latent attention (q_lora {m.q_lora_rank}, kv_lora {m.kv_lora_rank}, head dims "
@@ -669,11 +674,6 @@ class TransformerModel:
             kv += f", chunked attention {self.attention_chunk}{every}"
         if self.qk_norm:
             kv += ", QK-norm"
-        if self.layer_pattern:
-            m = self.mamba
-            kv += (f", hybrid {self.kind_count('mamba')} Mamba-2 / {self.kind_count('attention')} attention / "
-                   f"{self.kind_count('mlp')} MLP layers"
-                   + (f" (Mamba-2 {m.heads} heads x {m.head_dim}, state {m.state}, {m.groups} groups)" if m else ""))
         moe = ""
         if self.moe:
             e = self.moe

@@ -8,7 +8,7 @@ from paraplan.errors import ConfigError
 from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import MambaSpec
 
-DATA = Path(__file__).parent / "data"
+DATA = Path(__file__).parent / "data" / "written"
 
 
 def test_mamba2_mixer_parameters_by_hand():
@@ -101,3 +101,13 @@ def test_hybrid_model_file_round_trip(tmp_path):
 def test_published_names_of_nemotron_h_read_as_the_presets(name, preset):
     """Model cards write the context length after the name ("-8K"): it does not change the model."""
     assert load_model(name).name == preset
+
+
+def test_hugging_face_pattern_of_the_wrong_length_names_the_file_key(tmp_path):
+    import json
+    cfg = json.loads((DATA / "nemotron_h_8b_config.json").read_text())
+    f = tmp_path / "config.json"
+    f.write_text(json.dumps({**cfg, "num_hidden_layers": 50}))
+    with pytest.raises(ConfigError) as e:
+        load_model(str(f))
+    assert e.value.field == "hybrid_override_pattern" and "num_hidden_layers is 50" in str(e.value)
