@@ -859,6 +859,19 @@ def _mamba(s: Scene):
 HYBRID_ENGINES = (Engine.MEGATRON, Engine.GENERIC)
 
 
+def _megatron_hybrid_stage_split_refused(P, s: Scene):
+    """Megatron-LM's hybrid stack gives every pipeline rank num_layers // pp consecutive layers of the
+    pattern and asserts there is no virtual pipeline (NVIDIA/Megatron-LM megatron/core/ssm/mamba_block.py,
+    MambaStack._select_layers_for_pipeline_parallel): uneven stages, interleaving and a pp that does not
+    divide the layers (whose remainder layers it would drop) do not run there."""
+    if not getattr(s.model, "layer_pattern", ""):
+        return np.zeros(np.shape(np.asarray(P.pp)), dtype=bool)
+    megatron = np.asarray(P.engine_code) == int(Engine.MEGATRON)
+    split = ((s.model.layers % np.asarray(P.pp)) != 0) | (np.asarray(P.vpp) > 1) \
+        | (np.asarray(P.first_stage_layers) > 0) | (np.asarray(P.last_stage_layers) > 0)
+    return megatron & split
+
+
 def _hybrid_engine_refused(P, s: Scene):
     code = np.asarray(P.engine_code)
     return bool(getattr(s.model, "layer_pattern", "")) & ~np.isin(code, [int(e) for e in HYBRID_ENGINES])
@@ -930,6 +943,13 @@ RULES: tuple[Rule, ...] = (
                      f"{Engine(int(p.engine_code)).label} has no Mamba layer: Megatron-LM runs it (pretrain_mamba.py "
                      "--is-hybrid-model --hybrid-override-pattern)"),
        field="engine", accepted="megatron, generic"),
+    _r("megatron-hybrid-even-stages", "Megatron-LM splits a hybrid's layers evenly over pp, without interleaving",
+       ILLEGAL, ("pp", "vpp", "engine_code", "first_stage_layers", "last_stage_layers"),
+       _megatron_hybrid_stage_split_refused,
+       lambda p, s: (f"Megatron-LM's hybrid Mamba stack gives each of pp({p.pp}) stages layers({s.model.layers}) // pp "
+                     f"layers and has no interleaved schedule (mamba_block.py MambaStack): pp must divide "
+                     f"{s.model.layers}, vpp 1, no first/last stage layers"),
+       field="pp", accepted="a pp that divides the layers, vpp 1"),
     _r("tp-splits-mamba-heads", "tp does not divide the Mamba heads and groups", ILLEGAL, ("tp",),
        lambda P, s: _mamba(s) is not None and ((_mamba(s).heads % P.tp != 0) | (_mamba(s).groups % P.tp != 0)),
        lambda p, s: (f"Mamba heads({_mamba(s).heads}) and groups({_mamba(s).groups}) must both be divisible by "

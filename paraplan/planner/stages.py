@@ -123,6 +123,12 @@ def _hybrid_layer_costs(model, job, cluster, plan: Plan, p: Plan, curves) -> lis
     return [emb, *layers, head]
 
 
+def _megatron_hybrid(model, plan: Plan) -> bool:
+    """Megatron-LM's hybrid Mamba stack splits the pattern evenly over pp (mamba_block.py MambaStack
+    ._select_layers_for_pipeline_parallel): it runs no other split, so there is none to balance."""
+    return bool(getattr(model, "layer_pattern", "")) and plan.engine == "megatron"
+
+
 def _pipeline_time(stage_times, m: int) -> float:
     """1F1B with unequal stages: (m − 1)·t_max + Σ t_i (pipeline.py)."""
     return (m - 1) * max(stage_times) + sum(stage_times)
@@ -132,7 +138,7 @@ def stage_layout(model, job, cluster, plan: Plan, *, curves=None, max_memory_fra
                  time_limit_s: float = 5.0) -> StageLayout | None:
     """Balanced stages and per-stage recomputation for a plan with pp > 1 (None for pp = 1)."""
     plan = plan.with_dp_for(cluster.num_gpus)
-    if plan.pp == 1:
+    if plan.pp == 1 or _megatron_hybrid(model, plan):
         return None
     m = job.global_batch // (plan.dp * plan.micro_batch)
     cap = cluster.accelerator.memory_bytes * max_memory_fraction

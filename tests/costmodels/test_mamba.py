@@ -156,3 +156,18 @@ def test_fp8_casts_of_each_kind():
     elements = 8192 * (4096 + 8192) + H8.kind_params("mamba") / m
     assert float(f) == pytest.approx(float(curves.fp8_cast_time(6 * elements, kernels=4)))
     assert float(b) == pytest.approx(float(curves.fp8_cast_time(6 * 8192 * (18560 + 4096), kernels=2)))
+
+
+def test_megatron_splits_a_hybrid_evenly_without_interleaving():
+    """Megatron-LM's MambaStack gives each pipeline rank num_layers // pp layers and asserts no virtual
+    pipeline: 118 layers do not run on pp 4 there, nor interleaved; the generic engine prices them."""
+    h56 = load_model("nemotron-h-56b")
+    cluster = load_cluster("dgx-h100", 64)
+    job = TrainingJob(8192, 768)
+    for plan in (Plan(engine="megatron", tp=4, pp=4, sp=True), Plan(engine="megatron", tp=4, pp=2, vpp=2,
+                                                                     schedule="interleaved", sp=True)):
+        with pytest.raises(ConfigError) as e:
+            estimate(h56, job, cluster, plan)
+        assert e.value.field == "pp" and "mamba_block.py" in str(e.value)
+    assert estimate(h56, job, cluster, Plan(engine="megatron", tp=4, pp=2, sp=True)).details["layers_per_stage"] == [59, 59]
+    assert estimate(h56, job, cluster, Plan(engine="generic", tp=4, pp=4, sp=True)).step_time_s > 0
