@@ -847,6 +847,36 @@ def _moe(s: Scene) -> bool:
     return s.model.moe is not None
 
 
+def _mamba(s: Scene):
+    """The scene's Mamba-2 mixer (a hybrid layer pattern's M layers), or None."""
+    return getattr(s.model, "mamba", None)
+
+
+#: engines that run hybrid Mamba-2 / attention layer patterns: Megatron-LM (pretrain_mamba.py with
+#: --is-hybrid-model --hybrid-override-pattern; megatron/core/models/mamba/mamba_model.py, MambaStack in
+#: megatron/core/ssm/mamba_block.py) and the generic engine (the papers). DeepSpeed, torchtitan and Scaling
+#: have no Mamba layer in their model code.
+HYBRID_ENGINES = (Engine.MEGATRON, Engine.GENERIC)
+
+
+def _megatron_hybrid_stage_split_refused(P, s: Scene):
+    """Megatron-LM's hybrid stack gives every pipeline rank num_layers // pp consecutive layers of the
+    pattern and asserts there is no virtual pipeline (NVIDIA/Megatron-LM megatron/core/ssm/mamba_block.py,
+    MambaStack._select_layers_for_pipeline_parallel): uneven stages, interleaving and a pp that does not
+    divide the layers (whose remainder layers it would drop) do not run there."""
+    if not getattr(s.model, "layer_pattern", ""):
+        return np.zeros(np.shape(np.asarray(P.pp)), dtype=bool)
+    megatron = np.asarray(P.engine_code) == int(Engine.MEGATRON)
+    split = ((s.model.layers % np.asarray(P.pp)) != 0) | (np.asarray(P.vpp) > 1) \
+        | (np.asarray(P.first_stage_layers) > 0) | (np.asarray(P.last_stage_layers) > 0)
+    return megatron & split
+
+
+def _hybrid_engine_refused(P, s: Scene):
+    code = np.asarray(P.engine_code)
+    return bool(getattr(s.model, "layer_pattern", "")) & ~np.isin(code, [int(e) for e in HYBRID_ENGINES])
+
+
 def _experts_message(p, s: Scene) -> str:
     e = s.model.moe.experts
     return f"experts({e}) % ep({p.ep}) = {e % p.ep}, must be 0"
@@ -907,6 +937,27 @@ RULES: tuple[Rule, ...] = (
     _r("tp-kv-heads", "tp and the KV heads do not divide one another", ILLEGAL, ("tp",),
        lambda P, s: (s.model.kv_heads % P.tp != 0) & (P.tp % s.model.kv_heads != 0),
        lambda p, s: f"kv_heads({s.model.kv_heads}) and tp({p.tp}) must divide one another"),
+    _r("hybrid-needs-megatron", "the engine does not run hybrid Mamba-2 / attention layer patterns", ILLEGAL,
+       ("engine_code",), _hybrid_engine_refused,
+       lambda p, s: (f"{s.model.name} is a hybrid Mamba-2 / attention model (layer_pattern); "
+                     f"{Engine(int(p.engine_code)).label} has no Mamba layer: Megatron-LM runs it (pretrain_mamba.py "
+                     "--is-hybrid-model --hybrid-override-pattern)"),
+       field="engine", accepted="megatron, generic"),
+    _r("megatron-hybrid-even-stages", "Megatron-LM splits a hybrid's layers evenly over pp, without interleaving",
+       ILLEGAL, ("pp", "vpp", "engine_code", "first_stage_layers", "last_stage_layers"),
+       _megatron_hybrid_stage_split_refused,
+       lambda p, s: (f"Megatron-LM's hybrid Mamba stack gives each of pp({p.pp}) stages layers({s.model.layers}) // pp "
+                     f"layers and has no interleaved schedule (mamba_block.py MambaStack): pp must divide "
+                     f"{s.model.layers}, vpp 1, no first/last stage layers"),
+       field="pp", accepted="a pp that divides the layers, vpp 1"),
+    _r("tp-splits-mamba-heads", "tp does not divide the Mamba heads and groups", ILLEGAL, ("tp",),
+       lambda P, s: _mamba(s) is not None and ((_mamba(s).heads % P.tp != 0) | (_mamba(s).groups % P.tp != 0)),
+       lambda p, s: (f"Mamba heads({_mamba(s).heads}) and groups({_mamba(s).groups}) must both be divisible by "
+                     f"tp({p.tp}) (Megatron-Core MambaMixer shards heads and groups over tp)")),
+    _r("cp-splits-mamba-heads", "cp does not divide the Mamba heads per tp rank", ILLEGAL, ("tp", "cp"),
+       lambda P, s: _mamba(s) is not None and ((P.cp > 1) & ((_mamba(s).heads // P.tp) % P.cp != 0)),
+       lambda p, s: (f"Mamba heads per tp rank ({_mamba(s).heads // p.tp}) % cp({p.cp}) must be 0 (Megatron-Core "
+                     "MambaContextParallel gives each cp rank whole heads)")),
     _r("batch-divisible", "global batch not divisible by dp*micro_batch", ILLEGAL, ("dp", "micro_batch"),
        lambda P, s: (P.dp > 0) & ~_batch_ok(P, s),
        lambda p, s: (f"global_batch({s.job.global_batch}) % (dp({p.dp}) * micro_batch({p.micro_batch})) = "

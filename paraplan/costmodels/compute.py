@@ -39,19 +39,23 @@ import numpy as np
 from paraplan.costmodels.attention import attention_core_times, ring_attention_merge_times, softmax_bytes_per_score
 from paraplan.costmodels.comm import ALL_GATHER
 from paraplan.costmodels.cpcomm import cp_exposed_time, ring_exchange_times, ring_hidden_on_network
-from paraplan.costmodels.fp8 import fp8_backward_gemm_factor, fp8_cast_times, fp8_rowwise_rescale_time
+from paraplan.costmodels.fp8 import (FP8_CAST_BYTES_PER_ELEMENT, fp8_backward_gemm_factor, fp8_cast_times,
+                                    fp8_rowwise_rescale_time)
+from paraplan.costmodels.mamba import (GATED_NORM_BYTES_PER_CHANNEL, mamba_cp_alltoall_time, mamba_gemm_forward_times,
+                                       ssd_scan_times)
 from paraplan.costmodels.kernels import (BYTES, _dtype, attention_gemm_forward_times, element_bytes, linear_gemm_time,
-                                         mlp_gemm_forward_time, mlp_gemm_forward_times, separate_input_projections,
-                                         tokens_per_rank)
+                                         micro_batches, mlp_gemm_forward_time, mlp_gemm_forward_times,
+                                         separate_input_projections, tokens_per_rank)
 from paraplan.costmodels.moe import (MOE_HOST_SECONDS_PER_LAYER, dispatch_bytes_per_token, ep_alltoall_time,
                                      ep_exposed_time, expert_token_factor, moe_einsum_dispatch_times,
                                      moe_expert_bias_times, moe_host_floor_applies, moe_mlp_forward_time,
                                      moe_tp_routed_and_shared_copies, routed_experts_forward_times,
                                      routed_experts_wgrad_accumulation_time)
-from paraplan.costmodels.tpcomm import (op_sac_regather_time, sp_backward_regather_time, tp_allreduce_time,
-                                        tp_collective_time, tp_exposed_time, vocab_parallel_loss_allreduce_time)
+from paraplan.costmodels.tpcomm import (TP_OVERLAP_CONTENTION, op_sac_regather_time, sp_backward_regather_time,
+                                        tp_allreduce_time, tp_collective_time, tp_exposed_time, tp_gathered_bytes,
+                                        vocab_parallel_loss_allreduce_time)
 from paraplan.engines import engine_flag
-from paraplan.plan import Recompute, recomputes_attention_core, recomputes_module
+from paraplan.plan import Recompute, is_fp8, recomputes_attention_core, recomputes_module
 
 
 #: bytes of an activation gradient element (16-bit, also under fp8: the GEMMs write bf16)
@@ -158,7 +162,7 @@ def recompute_modules_flops_per_token(model, plan):
     attention's up-projections (mla_up_proj); 2 FLOPs per multiply-add. Norms and activations are
     memory-bound and count none."""
     mods = np.asarray(getattr(plan, "recompute_modules_mask", 0))
-    if not np.any(mods):
+    if not np.any(mods) or getattr(model, "layer_pattern", ""):     # not modelled for hybrids (hybrid_kind_times)
         return 0.0
     h, g = model.hidden, model.mlp_matrices
     L = model.layers
@@ -298,9 +302,151 @@ def op_sac_recomputed_matmul_share(model) -> float:
     return (hkv + q + f) / (2 * q + 2 * hkv + mlp_mats * f)
 
 
+#: forward bytes per token of one hybrid layer's pre-norm (read and write 2h) and residual add (read 2 x 2h,
+#: write 2h), the halves of a transformer layer's 22h less the dropout masks (Nemotron-H trains without)
+HYBRID_NORM_ADD_BYTES_PER_HIDDEN = 10
+HYBRID_NORM_ADD_KERNELS = 2
+
+
+def hybrid_kind_times(model, job, plan, curves, cluster) -> dict:
+    """Per-micro-batch times on one GPU of one layer of each kind of a hybrid pattern
+    (``model.layer_pattern``): {"mamba" | "attention" | "mlp": the terms of :func:`layer_times`}.
+
+    Each layer is a pre-norm, its mixer or MLP and a residual add (Megatron-Core MambaLayer,
+    TransformerLayer with only self-attention or only an MLP: megatron/core/ssm/mamba_block.py), so each
+    runs one all-reduce equivalent per pass under tensor parallelism:
+
+    * mamba: in_proj and out_proj GEMMs (:func:`~paraplan.costmodels.mamba.mamba_gemm_forward_times`),
+      the convolution and SSD scan (:func:`~paraplan.costmodels.mamba.ssd_scan_times`), the gated norm;
+    * attention: the projections and the attention core as a transformer layer prices them, the rotary
+      embedding where the model has one; the only layers with a term quadratic in the sequence;
+    * mlp: the two projections and the activation.
+
+    Backward: GEMMs twice (dgrad + wgrad), memory-bound kernels twice the bytes. Full recomputation runs
+    each layer's forward again; selective recomputes the attention core of the attention layers;
+    Megatron's other recompute modules and op-level SAC are not modelled for hybrids (op-level SAC is
+    priced as full). Context parallelism: the attention layers as a transformer's (ring or Ulysses), the
+    Mamba layers by Megatron-Core's MambaContextParallel all-to-alls
+    (:func:`~paraplan.costmodels.mamba.mamba_cp_alltoall_time`, exposed), the MLP layers none."""
+    T = tokens_per_rank(job, plan)
+    t = np.asarray(plan.tp, dtype=float)
+    sp = np.asarray(plan.sp, dtype=bool)
+    wide = element_bytes(plan) / BYTES
+    h = model.hidden
+    backward_gemms = 2 * fp8_backward_gemm_factor(curves, plan.dtype)
+    norm_add = curves.memory_time(T * HYBRID_NORM_ADD_BYTES_PER_HIDDEN * h / np.where(sp, t, 1.0) * wide,
+                                  kernels=HYBRID_NORM_ADD_KERNELS)
+    ar = tp_allreduce_time(model, job, plan, cluster)
+    rc = np.asarray(plan.recompute_code)
+    full = (rc == Recompute.FULL) | (rc == Recompute.OP_SAC)
+    passes = np.where(full, 3, 2)
+    regather_applies = engine_flag(plan, "sp_regather") & sp & (np.asarray(plan.tp) > 1)
+    gather = tp_collective_time(ALL_GATHER, tp_gathered_bytes(model, job, plan), plan, cluster)
+
+    def kind(name, gemm, first_gemm, core_f, core_b, elem, kernels, core_kernels=0, cp=0.0, cp_hidden=(0.0, 0.0)):
+        cast_f, cast_b = hybrid_fp8_cast_times(model, job, plan, curves, name)
+        fwd = gemm + core_f + elem + cast_f
+        bwd = backward_gemms * gemm + core_b + 2 * elem + cast_b
+        regather = np.where(regather_applies, np.maximum(0.0, gather - first_gemm)
+                            + TP_OVERLAP_CONTENTION * np.minimum(gather, first_gemm), 0.0)
+        tp = tp_exposed_time(ar * passes, gemm, full, plan) + regather
+        selective = np.where((rc == Recompute.SELECTIVE) & recomputes_attention_core(plan), core_f, 0.0)
+        replay = np.where(rc > 0, curves.recompute_overhead_time(np.where(full, kernels, core_kernels)), 0.0)
+        recompute = np.where(full, fwd, selective) + replay
+        zero = 0.0 * fwd
+        return {"forward": fwd, "backward": bwd, "recompute": recompute, "tp_comm": tp, "cp_comm": zero + cp,
+                "ep_comm": zero, "moe_host": zero, "tp_allreduce": ar, "cp_hidden_forward": zero + cp_hidden[0],
+                "cp_hidden_backward": zero + cp_hidden[1]}
+
+    out = {}
+    if model.kind_count("mamba"):
+        d_inner = model.mamba.d_inner
+        in_proj, out_proj = mamba_gemm_forward_times(model, job, plan, curves)
+        scan_f, scan_b = ssd_scan_times(model, job, plan, curves)
+        gated = curves.memory_time(T * GATED_NORM_BYTES_PER_CHANNEL * d_inner / t * wide, kernels=1)
+        a2a = mamba_cp_alltoall_time(model, job, plan, cluster)
+        out["mamba"] = kind("mamba", in_proj + out_proj, in_proj, scan_f, scan_b, norm_add + gated,
+                            2 + 1 + HYBRID_NORM_ADD_KERNELS + 6, cp=np.where(full, 3, 2) * a2a)
+    if model.kind_count("attention"):
+        attn_times = attention_gemm_forward_times(model, job, plan, curves)
+        core_f, core_b = attention_core_times(model, job, plan, curves)
+        merge_f, merge_b = ring_attention_merge_times(model, job, plan, curves)
+        core_f, core_b = core_f + merge_f, core_b + merge_b
+        exchange = ring_exchange_times(model, job, plan, cluster)
+        cp = cp_exposed_time(model, job, plan, cluster, core_f, core_b, exchange)
+        cp_hidden = ring_hidden_on_network(model, job, plan, cluster, core_f, core_b, exchange)
+        eager_rope = rope_runs_eager(plan, engine_flag(plan, "eager_elementwise"))
+        rope = curves.memory_time(T * rope_bytes_per_token(model, eager_rope) / t * wide,
+                                  kernels=np.where(eager_rope, EAGER_ROPE_KERNELS, FUSED_ROPE_KERNELS)) if model.rotary else 0.0
+        qk_bytes, qk_kernels = qk_norm_bytes_and_kernels(model, ~np.asarray(getattr(plan, "fused_elementwise", True), dtype=bool))
+        qk = curves.memory_time(T * qk_bytes / t * wide, kernels=qk_kernels) if model.qk_norm else 0.0
+        core_kernels = np.where(np.asarray(plan.flash_attention, dtype=bool), 1.0, 2.0 + softmax_bytes_per_score(model, plan)[1][0])
+        out["attention"] = kind("attention", sum(attn_times), attn_times[0], core_f, core_b, norm_add + rope + qk,
+                                2 + core_kernels + HYBRID_NORM_ADD_KERNELS, core_kernels, cp, cp_hidden)
+    if model.kind_count("mlp"):
+        fc1, fc2 = mlp_gemm_forward_times(model, job, plan, curves)
+        per_width = 6 if model.activation == "swiglu" else 4
+        act = curves.memory_time(T * per_width * model.ffn_hidden / t * wide, kernels=1)
+        out["mlp"] = kind("mlp", fc1 + fc2, fc1, 0.0, 0.0, norm_add + act, 2 + 1 + HYBRID_NORM_ADD_KERNELS)
+    return out
+
+
+def hybrid_fp8_cast_times(model, job, plan, curves, kind: str):
+    """(forward, backward) seconds of one hybrid layer's fp8 casts (0 outside fp8), as
+    :func:`~paraplan.costmodels.fp8.fp8_cast_elements` counts a transformer layer's, for the kind's two
+    linears: forward the inputs (the block input T·h, the second linear's T x its input / tp) and the
+    layer's weights (/ tp, / m where the engine caches the fp8 copy over the step's micro-batches);
+    backward the output gradients (T x the first linear's output / tp, T·h)."""
+    if not is_fp8(plan.dtype):
+        return 0.0, 0.0
+    T = tokens_per_rank(job, plan)
+    t = np.asarray(plan.tp, dtype=float)
+    h = model.hidden
+    if kind == "mamba":
+        first_out, second_in = model.mamba.in_proj_width, model.mamba.d_inner
+    elif kind == "attention":
+        first_out, second_in = model.q_hidden + 2 * model.kv_hidden, model.attn_out_hidden
+    else:
+        first_out, second_in = (model.mlp_matrices - 1) * model.ffn_hidden, model.ffn_hidden
+    m = micro_batches(job, plan)
+    weights = model.kind_params(kind) / t / np.where(engine_flag(plan, "caches_fp8_weights"), np.maximum(m, 1.0), 1.0)
+    per = FP8_CAST_BYTES_PER_ELEMENT[plan.dtype]
+    cast = getattr(curves, "fp8_cast_time", curves.streaming_time)
+    return (cast(per * (T * (h + second_in / t) + weights), kernels=4),
+            cast(per * T * (first_out / t + h), kernels=2))
+
+
+def hybrid_layer_times(model, job, plan, curves, cluster) -> dict:
+    """:func:`layer_times` of a hybrid pattern: each term averaged over its layers
+    (:func:`hybrid_kind_times`, weighted by each kind's share of the layers)."""
+    kinds = hybrid_kind_times(model, job, plan, curves, cluster)
+    terms = next(iter(kinds.values())).keys()
+    return {term: sum(model.kind_share(k) * times[term] for k, times in kinds.items()) for term in terms}
+
+
+def hybrid_layer_breakdown(model, job, plan, curves, cluster) -> dict:
+    """What each kind of a hybrid pattern costs one GPU per micro-batch, for the estimate's report:
+    {kind: {"layers", "forward_ms", "backward_ms" (one layer), "all_layers_ms" (every layer of the kind,
+    forward + backward + recompute + exposed tp/cp communication, as if on one stage), "share" (of the
+    sum over kinds)}}; {} for a model without a layer pattern. One plan (scalars)."""
+    if not getattr(model, "layer_pattern", ""):
+        return {}
+    kinds = hybrid_kind_times(model, job, plan, curves, cluster)
+    per = {k: float(np.asarray(v["forward"] + v["backward"] + v["recompute"] + v["tp_comm"] + v["cp_comm"]))
+           for k, v in kinds.items()}
+    total = sum(model.kind_count(k) * x for k, x in per.items()) or 1.0
+    return {k: {"layers": model.kind_count(k), "forward_ms": 1e3 * float(np.asarray(v["forward"])),
+                "backward_ms": 1e3 * float(np.asarray(v["backward"])),
+                "all_layers_ms": 1e3 * model.kind_count(k) * per[k], "share": model.kind_count(k) * per[k] / total}
+            for k, v in kinds.items()}
+
+
 def layer_times(model, job, plan, curves, cluster) -> dict:
     """Per-layer, per-micro-batch times on one GPU, by term (seconds), averaged over the model's
-    dense and MoE layers (weights: their counts)."""
+    dense and MoE layers (weights: their counts), or over a hybrid pattern's kinds
+    (:func:`hybrid_layer_times`)."""
+    if getattr(model, "layer_pattern", ""):
+        return hybrid_layer_times(model, job, plan, curves, cluster)
     attn_times = attention_gemm_forward_times(model, job, plan, curves)
     attn_gemm = sum(attn_times)
     attn_f, attn_b = attention_core_times(model, job, plan, curves)
@@ -436,8 +582,11 @@ def step_flops(model, job, plan):
     flops_model = model.model_flops_per_token(job.seq_len) * tokens
     attn_fwd = model.layers * model.attention_flops_per_token_per_layer(job.seq_len) * tokens
     full_fwd = model.layers * (model.matmul_flops_per_token_per_layer()
-                               + model.attention_flops_per_token_per_layer(job.seq_len)) * tokens
+                               + model.attention_flops_per_token_per_layer(job.seq_len)
+                               + model.scan_flops_per_token_per_layer()) * tokens
     rc = np.asarray(plan.recompute_code)
+    if getattr(model, "layer_pattern", ""):          # op-level SAC priced as full for hybrids (hybrid_kind_times)
+        rc = np.where(rc == Recompute.OP_SAC, int(Recompute.FULL), rc)
     flops_hw = flops_model + np.where(rc == Recompute.FULL, full_fwd,
                                       np.where(rc == Recompute.SELECTIVE,
                                                np.where(recomputes_attention_core(plan), attn_fwd, 0.0)

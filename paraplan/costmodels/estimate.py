@@ -37,6 +37,7 @@ from paraplan.costmodels.efficiency import curves_for, gemm_level_assumption, wi
 from paraplan.costmodels.fp8 import fp8_assumptions
 from paraplan.costmodels.intervals import describe_interval
 from paraplan.costmodels.kernels import Number, micro_batches
+from paraplan.costmodels.mamba import ssd_kernel_assumption
 from paraplan.costmodels.memory import (RUNTIME_RESERVE_ASSUMPTION, STATES_16BIT, allocator_pressure_assumption,
                                         runtime_reserve_assumption, states_assumption)
 from paraplan.costmodels.moe import (ep_overlap_assumption, expert_bias_assumption, expert_wgrad_assumption,
@@ -69,7 +70,7 @@ ESTIMATE_ASSUMPTIONS = (model_read_assumption, gemm_level_assumption, attention_
                         pipeline_transfer_assumption, softmax_exp_assumption, moe_dispatch_assumption,
                         moe_host_assumption, expert_wgrad_assumption, expert_bias_assumption, ep_overlap_assumption,
                         nvlink_domain_assumption, megatron_fsdp_assumption, host_link_assumption,
-                        deepspeed_dp_assumption, allocator_pressure_assumption)
+                        deepspeed_dp_assumption, allocator_pressure_assumption, ssd_kernel_assumption)
 
 
 def assumptions_for(plan) -> tuple[str, ...]:
@@ -252,6 +253,8 @@ def estimate_legal(model, job, cluster, plan: Plan, *, curves=None, max_memory_f
                  "peak_memory_stage": STAGE_NAMES[int(terms.peak_stage)],
                  "layers_per_stage": stage_layer_counts(model.layers, plan),
                  **({"mtp_blocks_on_last_stage": model.mtp_layers} if model.mtp_layers else {}),
+                 **({"hybrid_layers": C.hybrid_layer_breakdown(model, job, plan, curves, cluster)}
+                    if getattr(model, "layer_pattern", "") else {}),
                  "gpu_memory_bytes": cluster.accelerator.memory_bytes,
                  "model_params": model.num_params, "active_params": model.active_params,
                  **({"optimizer_warmup_share": _f(terms.warmup_share),

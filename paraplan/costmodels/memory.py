@@ -34,6 +34,7 @@ import numpy as np
 
 from paraplan.constants import fitted
 from paraplan.costmodels.kernels import BYTES, device_is_host, element_bytes, micro_batches, tokens_per_rank
+from paraplan.costmodels.mamba import mamba_saved_bytes_per_token
 from paraplan.costmodels.moe import einsum_dispatch_slots, expert_token_factor
 from paraplan.costmodels.p2p import stage_output_bytes
 from paraplan.costmodels.pipeline import FIRST, LAST, MIDDLE
@@ -305,12 +306,62 @@ def routed_copy_saved_bytes(model, plan, te_fp8):
     return (input_bytes * etp + output_bytes) * h
 
 
+def hybrid_kind_activation_bytes(model, job, plan, recompute_code=None) -> dict:
+    """Bytes one layer of each kind of a hybrid pattern keeps for backward for one micro-batch:
+    {"mamba" | "attention" | "mlp": bytes}. Every layer keeps its pre-norm's input and its first
+    projection's input (2h + 2h per token, a sequence shard under sequence parallelism, and a 1-byte
+    dropout mask h where the model trains with dropout); then
+
+    * mamba: :func:`~paraplan.costmodels.mamba.mamba_saved_bytes_per_token` (in_proj's output, the scan's
+      output, the gated norm's and out_proj's inputs, split over tp);
+    * attention: Q, K, V and the output projection's input (2q + 2k + 2v + 2o per token over tp) and the
+      softmax statistics (flash: 4 bytes per head and token) or the score matrices (unfused), and a
+      QK-norm model's norm inputs, as a transformer layer keeps them;
+    * mlp: the activation's input and output, (4 or 6)·f per token over tp.
+
+    Full recomputation keeps the layer's input (h per token, 16-bit); selective drops the attention core's
+    scores where it recomputes them (Megatron's other recompute modules are not modelled for hybrids;
+    op-level SAC is priced as full)."""
+    rc = np.asarray(plan.recompute_code if recompute_code is None else recompute_code)
+    b = plan.micro_batch
+    T = tokens_per_rank(job, plan)
+    t = np.asarray(plan.tp, dtype=float)
+    sp = np.asarray(plan.sp, dtype=bool)
+    wide = element_bytes(plan) / BYTES
+    h = model.hidden
+    shard = np.where(sp, t, 1.0)
+    block = ((5 if getattr(model, "dropout", True) else 4) * h * T / shard) * wide
+    full = element_bytes(plan) * h * T / shard
+    refull = (rc == Recompute.FULL) | (rc == Recompute.OP_SAC)
+    out = {}
+    if model.kind_count("mamba"):
+        sharded, _ = mamba_saved_bytes_per_token(model)
+        out["mamba"] = np.where(refull, full, block + wide * sharded * T / t)
+    if model.kind_count("attention"):
+        q, hkv, v, o = model.q_hidden, model.kv_hidden, model.v_hidden, model.attn_out_hidden
+        sharded = wide * (2 * q + 2 * hkv + 2 * v + 2 * o + qk_norm_saved_bytes_per_token(model, plan)) * T / t
+        flash = np.asarray(plan.flash_attention, dtype=bool)
+        scores = np.where(flash, 4.0 * model.heads * (T / b) * b / t,
+                          wide * (unfused_score_bytes(model, plan) * score_elements(model, job, plan)
+                                  + grouped_kv_expansion_bytes_per_token(model) * T / t))
+        rstd = qk_norm_rstd_bytes_per_token(model) * T / t
+        drop_scores = (rc == Recompute.SELECTIVE) & recomputes_attention_core(plan)
+        out["attention"] = np.where(refull, full, block + sharded + rstd + np.where(drop_scores, 0.0, scores))
+    if model.kind_count("mlp"):
+        per_width = 6 if model.activation == "swiglu" else 4
+        out["mlp"] = np.where(refull, full, block + wide * per_width * model.ffn_hidden * T / t)
+    return out
+
+
 def activation_bytes_per_layer(model, job, plan, recompute_code=None):
     """Bytes one layer keeps for backward for one micro-batch (generalized Korthikanti Table 2),
-    averaged over dense and MoE layers. An MoE layer keeps, instead of the dense MLP's (4 or 6)·f
+    averaged over dense and MoE layers, or over a hybrid pattern's kinds (:func:`hybrid_kind_activation_bytes`). An MoE layer keeps, instead of the dense MLP's (4 or 6)·f
     bytes per token, the experts' (4 or 6)·f_e per routed token copy (top_k x expert_token_factor)
     and per shared expert, the permuted token copies the engine keeps (:func:`routed_copy_saved_bytes`)
     and fp32 router logits (4E)."""
+    if getattr(model, "layer_pattern", ""):
+        kinds = hybrid_kind_activation_bytes(model, job, plan, recompute_code)
+        return sum(model.kind_share(k) * v for k, v in kinds.items())
     rc = np.asarray(plan.recompute_code if recompute_code is None else recompute_code)
     b = plan.micro_batch
     T = tokens_per_rank(job, plan)                 # b · s / cp

@@ -241,6 +241,27 @@ def megatron_moe_args(m, p, notes: list[str]) -> list[tuple[str, ...]]:
     return args
 
 
+def megatron_hybrid_args(m, notes: list[str]) -> list[tuple[str, ...]]:
+    """A hybrid Mamba-2 / attention model's flags: pretrain_mamba.py (NVIDIA/Megatron-LM, MambaModel built by
+    mamba_builders.py) reads the layer pattern and the Mamba mixer's shape (megatron/training/arguments.py
+    --hybrid-override-pattern, --mamba-state-dim, --mamba-head-dim, --mamba-num-groups, --mamba-num-heads;
+    megatron/core/ssm/mamba_mixer.py reads them as config.mamba_*); the MLP layers' squared ReLU is
+    --squared-relu (Nemotron-H: NVIDIA/NeMo nemo/collections/llm/gpt/model/ssm.py NemotronHConfigBase)."""
+    mb = m.mamba
+    args: list[tuple[str, ...]] = [("--hybrid-override-pattern", m.layer_pattern)]
+    if mb is not None:
+        args += [("--mamba-num-heads", str(mb.heads)), ("--mamba-head-dim", str(mb.head_dim)),
+                 ("--mamba-state-dim", str(mb.state)), ("--mamba-num-groups", str(mb.groups))]
+        if mb.chunk != 128 or mb.conv_kernel != 4:
+            notes.append(f"Mamba chunk {mb.chunk} / convolution kernel {mb.conv_kernel}: Megatron-LM's MambaMixer "
+                         "fixes 128 and 4 (its constructor defaults), so the run uses those")
+    if m.head_dim * m.heads != m.hidden:
+        args.append(("--kv-channels", str(m.head_dim)))
+    notes.append("hybrid Mamba-2 / attention model: pretrain_mamba.py (needs mamba-ssm and causal-conv1d); "
+                 "newer Megatron-LM releases also want --is-hybrid-model")
+    return args
+
+
 def build_megatron(s: Scenario, spec: EngineSpec) -> Export:
     """pretrain_gpt.py flags (NVIDIA/Megatron-LM megatron/training/arguments.py) behind torchrun; the
     switches' flags, fp8 recipes and Megatron-FSDP strategies from ``spec.export``."""
@@ -259,12 +280,18 @@ def build_megatron(s: Scenario, spec: EngineSpec) -> Export:
         args.append(("--kv-channels", str(m.head_dim)))     # head width when it is not hidden / heads
     if m.mtp_layers:     # multi-token prediction (DeepSeek-V3): Megatron-Core places it on the last stage
         args.append(("--mtp-num-layers", str(m.mtp_layers)))
+    hybrid = bool(getattr(m, "layer_pattern", ""))
+    if hybrid:
+        args += megatron_hybrid_args(m, notes)
     args += [("--seq-length", str(s.seq_len)),
              ("--max-position-embeddings", str(max(s.seq_len, m.max_positions or 0))),
-             ("--position-embedding-type", "learned_absolute" if m.learned_positions else "rope"),
+             ("--position-embedding-type", "learned_absolute" if m.learned_positions
+              else "rope" if m.rotary or not hybrid else "none"),
              ("--normalization", "RMSNorm" if m.norm == "rmsnorm" else "LayerNorm")]
     if m.activation == "swiglu":
         args.append(("--swiglu",))
+    elif m.activation == "relu" and hybrid:
+        args.append(("--squared-relu",))
     elif m.activation == "relu":
         notes.append("the model uses ReLU; Megatron-LM has no plain-ReLU flag (--squared-relu is a different "
                      "function), so this script keeps Megatron's default GELU (same shapes and FLOPs)")
@@ -361,7 +388,8 @@ def build_megatron(s: Scenario, spec: EngineSpec) -> Export:
              f"# Plan: {_headline(s)}",
              "# Run the same script on every node with NODE_RANK unset (c10d rendezvous assigns ranks);",
              "# MASTER_ADDR is the host of the rendezvous (any one node). Extra arguments are passed to",
-             "# pretrain_gpt.py, e.g. --data-path ... --tokenizer-type ... to replace the mock data.",
+             f"# {'pretrain_mamba.py' if hybrid else 'pretrain_gpt.py'}, e.g. --data-path ... --tokenizer-type ... to "
+             "replace the mock data.",
              *(f"# NOTE: {n}" for n in notes),
              "set -euo pipefail",
              ': "${MEGATRON_LM:=/path/to/Megatron-LM}"',
@@ -369,7 +397,7 @@ def build_megatron(s: Scenario, spec: EngineSpec) -> Export:
              f': "${{MASTER_PORT:={RDZV_PORT}}}"',
              "",
              "torchrun " + " ".join(_quote(a) for a in _torchrun_args(s)) + " \\",
-             '  "${MEGATRON_LM}/pretrain_gpt.py" \\']
+             f'  "${{MEGATRON_LM}}/{"pretrain_mamba.py" if hybrid else "pretrain_gpt.py"}" \\']
     lines += ["  " + " ".join(_quote(a) for a in group) + " \\" for group in args]
     lines.append('  "$@"')
     return Export(spec.label, "\n".join(lines) + "\n", notes, spec.export.notes_in_text)

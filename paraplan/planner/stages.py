@@ -23,6 +23,7 @@ from paraplan.costmodels.kernels import tokens_per_rank
 from paraplan.planner.ilp import (LayerCost, PipelineSpec, StageRecomputeCost, in_flight_per_stage,
                                   partition_from_boundaries, partition_stages, plan_recompute)
 from paraplan.errors import InfeasiblePlan
+from paraplan.workloads.transformer import LAYER_KINDS
 from paraplan.plan import Plan, expert_data_parallel, stage_layer_counts
 
 
@@ -76,6 +77,8 @@ def layer_costs(model, job, cluster, plan: Plan, curves=None, recompute: str | N
         acts = M.activation_bytes_per_layer(m, job, p)
         return LayerCost("moe" if moe_layer else "dense", _f(t), _f(states), _f(acts))
 
+    if getattr(model, "layer_pattern", ""):
+        return _hybrid_layer_costs(model, job, cluster, plan, p, curves)
     dense = one_layer(False)
     moe = one_layer(True) if model.moe else None
     moe_start = model.moe.first_dense if model.moe else model.layers
@@ -94,6 +97,38 @@ def layer_costs(model, job, cluster, plan: Plan, curves=None, recompute: str | N
     return out
 
 
+def _embedding_and_head(model, job, cluster, plan: Plan, p: Plan, curves) -> tuple[LayerCost, LayerCost]:
+    ht = C.head_times(model, job, p, curves, cluster)
+    T = _f(tokens_per_rank(job, p))
+    emb_states = sum(M.model_state_bytes(model.embedding_params / plan.tp, p).values())
+    head_params = model.lm_head_params + (model.vocab * model.hidden if model.tied_embeddings else 0)
+    head_states = sum(M.model_state_bytes(head_params / plan.tp, p).values())
+    return (LayerCost("embedding", _f(ht["embedding"]), _f(emb_states), 3 * T * model.hidden),
+            LayerCost("lm_head", _f(ht["head"] + ht["tp_comm"]), _f(head_states),
+                      4.0 * T * model.vocab / plan.tp + 2 * T * model.hidden))
+
+
+def _hybrid_layer_costs(model, job, cluster, plan: Plan, p: Plan, curves) -> list[LayerCost]:
+    """A hybrid pattern's layers in order, each its kind's cost (compute.hybrid_kind_times,
+    memory.hybrid_kind_activation_bytes, its kind's parameters over tp): Mamba, attention and MLP layers
+    weigh differently, so the partition ILP balances stages by the pattern, not by layer counts."""
+    times = C.hybrid_kind_times(model, job, p, curves, cluster)
+    acts = M.hybrid_kind_activation_bytes(model, job, p)
+    kinds = {}
+    for k in times:
+        states = sum(M.model_state_bytes(model.kind_params(k) / plan.tp, p).values())
+        kinds[k] = LayerCost(k, _f(layers_time(1, times[k])), _f(states), _f(acts[k]))
+    emb, head = _embedding_and_head(model, job, cluster, plan, p, curves)
+    layers = [replace(kinds[LAYER_KINDS[c]], name=f"{LAYER_KINDS[c]}-{i}") for i, c in enumerate(model.layer_pattern)]
+    return [emb, *layers, head]
+
+
+def _megatron_hybrid(model, plan: Plan) -> bool:
+    """Megatron-LM's hybrid Mamba stack splits the pattern evenly over pp (mamba_block.py MambaStack
+    ._select_layers_for_pipeline_parallel): it runs no other split, so there is none to balance."""
+    return bool(getattr(model, "layer_pattern", "")) and plan.engine == "megatron"
+
+
 def _pipeline_time(stage_times, m: int) -> float:
     """1F1B with unequal stages: (m − 1)·t_max + Σ t_i (pipeline.py)."""
     return (m - 1) * max(stage_times) + sum(stage_times)
@@ -103,7 +138,7 @@ def stage_layout(model, job, cluster, plan: Plan, *, curves=None, max_memory_fra
                  time_limit_s: float = 5.0) -> StageLayout | None:
     """Balanced stages and per-stage recomputation for a plan with pp > 1 (None for pp = 1)."""
     plan = plan.with_dp_for(cluster.num_gpus)
-    if plan.pp == 1:
+    if plan.pp == 1 or _megatron_hybrid(model, plan):
         return None
     m = job.global_batch // (plan.dp * plan.micro_batch)
     cap = cluster.accelerator.memory_bytes * max_memory_fraction

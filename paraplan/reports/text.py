@@ -55,6 +55,22 @@ def interval_line(e) -> str:
             f"MFU {100 * mlo:.1f}-{100 * mhi:.1f}%  ({iv['basis']})")
 
 
+HYBRID_KIND_LABELS = {"mamba": "Mamba-2", "attention": "attention", "mlp": "MLP"}
+
+
+def hybrid_layer_lines(kinds) -> list[str]:
+    """A hybrid model's layers by kind (estimate details ``hybrid_layers``): count, one layer's forward
+    and backward per micro-batch, and the kind's share of the layers' time."""
+    if not kinds:
+        return []
+    lines = ["  layers by kind  (forward / backward of one layer, one micro-batch on one GPU; share of all layers' "
+             "time with recompute and exposed tp/cp comm)"]
+    for k, v in kinds.items():
+        lines.append(f"    {HYBRID_KIND_LABELS.get(k, k):10s} {v['layers']:4d} layers  {v['forward_ms']:8.2f} / "
+                     f"{v['backward_ms']:8.2f} ms  {100 * v['share']:5.1f}%  {bar(v['share'])}")
+    return lines
+
+
 def render_estimate(e) -> str:
     p = e.plan
     size = f" ({params_text(e.model_params, e.model_active_params)})" if e.model_params else ""
@@ -97,6 +113,7 @@ def render_estimate(e) -> str:
         lines.append(f"  layers/stage    {fmt_stage_layers(counts)}"
                      f"{' (even)' if even else ' (uneven: the largest stage sets the pace)'}"
                      f"{f'; + {mtp} multi-token-prediction block(s) and head pass(es) on the last' if mtp else ''}")
+    lines += hybrid_layer_lines(e.details.get("hybrid_layers"))
     lines += [
         "",
         "  time per step",

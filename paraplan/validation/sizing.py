@@ -124,6 +124,9 @@ def plan_model_architecture(path) -> tuple[dict, list[str], int]:
     notes = [f"architecture of {name}: {arch['activation']}, {arch['norm']}, "
              f"{'biases' if arch['bias'] else 'no biases'}, {'rotary' if arch['rotary'] else 'learned'} positions"
              + (", QK-norm" if arch["qk_norm"] else "")]
+    if getattr(m, "layer_pattern", ""):
+        notes.append(f"{name} is a hybrid Mamba-2 / attention model; the harness has no Mamba-2 layer and runs "
+                     "transformer (attention + MLP) layers: it checks the plan's layout, not the Mamba-2 layer's cost")
     ratio = m.heads // m.kv_heads if m.kv_heads and m.heads % m.kv_heads == 0 else 1
     return arch, notes, ratio
 

@@ -15,7 +15,8 @@ def _canonical(text: str) -> str:
     return re.sub(r"[^a-z0-9]", "", re.sub(r"(?<=\d)\.(?=\d)", "p", text.lower()))
 
 
-_QUALIFIERS = re.compile(r"\b(?:meta|hf|base|instruct|chat|pretrain(?:ing)?|model|dense)\b")
+# words that qualify a name without changing the model, and a context length ("Nemotron-H-8B-Base-8K": 8K)
+_QUALIFIERS = re.compile(r"\b(?:meta|hf|base|instruct|chat|pretrain(?:ing)?|model|dense|\d+k)\b")
 _LLAMA = re.compile(r"llama[\s_-]*(?:(\d)(?:\.\d+)?[\s_-]+)?(\d+)\s*b\b")
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 import re
 from pathlib import Path
 from typing import Any, Mapping
@@ -11,7 +12,7 @@ import yaml
 from paraplan.errors import ConfigError, unknown_name
 from paraplan.io import FieldReader, read_json, read_yaml, shown
 from paraplan.workloads.names import model_preset_for_name
-from paraplan.workloads.transformer import ACTIVATIONS, MOE_DISPATCH, MLASpec, MoESpec, TransformerModel
+from paraplan.workloads.transformer import ACTIVATIONS, MOE_DISPATCH, MambaSpec, MLASpec, MoESpec, TransformerModel
 
 MODELS_FILE = Path(__file__).parent / "catalog" / "models.yaml"
 MODEL_FILE_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab", "activation",
@@ -49,9 +50,10 @@ def _bool(f: FieldReader, key: str, default: bool) -> bool:
 def model_from_mapping(data: Mapping[str, Any], source: str) -> TransformerModel:
     """Build a model from our file format (keys in ``MODEL_FILE_KEYS``; defaults: kv_heads = heads,
     ffn_hidden = 4·hidden, activation gelu, untied)."""
-    unknown = sorted(set(data) - set(MODEL_FILE_KEYS) - {"source"})
+    keys = MODEL_FILE_KEYS + HYBRID_FILE_KEYS
+    unknown = sorted(set(data) - set(keys) - {"source"})
     if unknown:
-        raise ConfigError(unknown[0], "unknown key", accepted=", ".join(MODEL_FILE_KEYS), source=source)
+        raise ConfigError(unknown[0], "unknown key", accepted=", ".join(keys), source=source)
     f = FieldReader(data, source)
     activation = f.string("activation", "gelu")
     if activation not in ACTIVATIONS:
@@ -60,8 +62,9 @@ def model_from_mapping(data: Mapping[str, Any], source: str) -> TransformerModel
     hidden = f.integer("hidden")
     moe = moe_from_mapping(f.mapping("moe"), source) if f.has("moe") else None
     mla = mla_from_mapping(f.mapping("mla"), source) if f.has("mla") else None
+    mamba = mamba_from_mapping(f.mapping("mamba"), source) if f.has("mamba") else None
     return TransformerModel(
-        moe=moe, mla=mla,
+        moe=moe, mla=mla, mamba=mamba, layer_pattern=f.string("layer_pattern", ""),
         name=f.string("name", Path(source).stem), layers=f.integer("layers"), hidden=hidden,
         heads=f.integer("heads"), vocab=f.integer("vocab"),
         kv_heads=f.integer("kv_heads") if f.has("kv_heads") else None,
@@ -110,6 +113,79 @@ def moe_from_mapping(f: FieldReader, source: str) -> MoESpec:
                    router_group_top_k=f.integer("router_group_top_k") if f.has("router_group_top_k") else None)
 
 
+#: model-file keys of a hybrid Mamba-2 / attention model (beside MODEL_FILE_KEYS) and of its ``mamba:`` block
+HYBRID_FILE_KEYS = ("layer_pattern", "mamba")
+MAMBA_KEYS = ("heads", "head_dim", "state", "groups", "conv_kernel", "chunk")
+# model types with RMSNorm though their MLP is not gated (Nemotron-H: squared-ReLU MLPs, RMSNorm everywhere,
+# transformers' modeling_nemotron_h.py NemotronHRMSNorm)
+_HF_RMSNORM_MODEL_TYPES = {"nemotron_h"}
+
+
+def mamba_from_mapping(f: FieldReader, source: str) -> MambaSpec:
+    """The ``mamba:`` block of a model file (the Mamba-2 mixer of a hybrid ``layer_pattern``'s M layers)."""
+    unknown = sorted(set(f.data) - set(MAMBA_KEYS))
+    if unknown:
+        raise ConfigError(f"mamba.{unknown[0]}", "unknown key", accepted=", ".join(MAMBA_KEYS), source=source)
+    return MambaSpec(heads=f.integer("heads"), head_dim=f.integer("head_dim"), state=f.integer("state"),
+                     groups=f.integer("groups"), conv_kernel=f.integer("conv_kernel", 4), chunk=f.integer("chunk", 128))
+
+
+def _hf_hybrid(f: FieldReader) -> dict:
+    """The hybrid layer pattern of a Hugging Face config (Nemotron-H, ``model_type`` nemotron_h:
+    ``hybrid_override_pattern``, one character per layer, M Mamba-2, * attention, - MLP; the Mamba-2
+    mixer from ``mamba_num_heads``, ``mamba_head_dim``, ``ssm_state_size``, ``n_groups``, ``conv_kernel``,
+    ``chunk_size``, as transformers' NemotronHConfig names them (configuration_nemotron_h.py; vLLM's copy
+    also reads ``mamba_n_groups``, ``mamba_d_conv``, ``mamba_chunk_size``); heads default to
+    expand · hidden / head_dim as Megatron-Core derives them). Empty without a pattern."""
+    pattern = f.data.get("hybrid_override_pattern")
+    if pattern is None:
+        return {}
+    if not isinstance(pattern, str) or not pattern:
+        raise ConfigError("hybrid_override_pattern", f"expected a non-empty string, got {pattern!r}", source=f.source)
+    out: dict = {"layer_pattern": pattern}
+    if "M" not in pattern:
+        return out
+
+    def key(*names, default=None):
+        name = next((n for n in names if f.data.get(n) is not None), None)
+        if name is None:
+            if default is None:
+                raise ConfigError(" / ".join(names), "missing required field (one of these keys) of a Mamba layer",
+                                  source=f.source)
+            return default
+        return f.integer(name)
+    head_dim = key("mamba_head_dim")
+    hidden = f.integer(_hf_key(f.data, "hidden"))
+    heads = key("mamba_num_heads", default=(key("mamba_expand", "expand", default=2) * hidden) // head_dim)
+    try:
+        out["mamba"] = MambaSpec(heads=heads, head_dim=head_dim, state=key("ssm_state_size", "mamba_d_state"),
+                                 groups=key("n_groups", "mamba_n_groups"), conv_kernel=key("conv_kernel", "mamba_d_conv", default=4),
+                                 chunk=key("chunk_size", "mamba_chunk_size", default=128))
+    except ConfigError as e:
+        hf = {"mamba.groups": "n_groups", "mamba.heads": "mamba_num_heads"}.get(e.field, e.field)
+        raise ConfigError(hf, e.problem, accepted=e.accepted, source=f.source) from None
+    return out
+
+
+def with_hf_hybrid(model: TransformerModel, data: Mapping[str, Any], source: str) -> TransformerModel:
+    """A model read from a Hugging Face config with the config's hybrid layer pattern and Mamba-2 mixer
+    (:func:`_hf_hybrid`) and, for Nemotron-H, its RMSNorms; the model itself where the config has no pattern.
+    Errors name the file's keys (``num_hidden_layers`` for a pattern of another length)."""
+    f = FieldReader(data, source)
+    hybrid = _hf_hybrid(f)
+    if not hybrid:
+        return model
+    norm = "rmsnorm" if data.get("model_type") in _HF_RMSNORM_MODEL_TYPES else model.norm
+    try:
+        return replace(model, norm=norm, **hybrid)
+    except ConfigError as e:
+        if e.source == source:
+            raise
+        field = {"layer_pattern": "hybrid_override_pattern", "mamba": "hybrid_override_pattern"}.get(e.field, e.field)
+        raise ConfigError(field, e.problem.replace("layers is", "num_hidden_layers is"), accepted=e.accepted,
+                          source=source) from None
+
+
 def mla_from_mapping(f: FieldReader, source: str) -> MLASpec:
     """The ``mla:`` block of a model file (multi-head latent attention; ``head_dim`` of the model is
     then the non-rotary query/key width per head)."""
@@ -150,10 +226,10 @@ HF_KEYS = {"hidden": ("hidden_size", "n_embd", "d_model"),
            "ffn_hidden": ("intermediate_size", "n_inner", "ffn_dim", "d_ff"),
            "vocab": ("vocab_size",),
            "max_positions": ("max_position_embeddings", "n_positions", "n_ctx"),
-           "activation": ("hidden_act", "activation_function", "hidden_activation"),
+           "activation": ("hidden_act", "activation_function", "hidden_activation", "mlp_hidden_act"),
            "tied_embeddings": ("tie_word_embeddings",),
            "bias": ("attention_bias",),
-           "head_dim": ("head_dim",)}
+           "head_dim": ("head_dim", "attention_head_dim")}
 HF_MARKERS = tuple(k for keys in HF_KEYS.values() for k in keys if k not in ("vocab_size", "head_dim")) + (
     "model_type", "architectures")
 # Hugging Face activation names (transformers ``ACT2FN``) by the family the cost model prices.
@@ -446,7 +522,7 @@ def load_model(spec: str) -> TransformerModel:
         else:
             data = read_yaml(path, "model")
         if any(k in data for k in HF_MARKERS):
-            return model_from_hf_config(data, str(path))
+            return with_hf_hybrid(model_from_hf_config(data, str(path)), data, str(path))
         return model_from_mapping(data, str(path))
     spelled = model_preset_for_name(spec, table)
     if spelled is not None:         # "Llama 3.1 70B", "meta-llama/Llama-3.1-70B": the estimate names the preset

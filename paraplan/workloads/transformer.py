@@ -122,6 +122,84 @@ class MLASpec:
                                   f"integer, got {v!r}")
 
 
+#: layer kinds of a hybrid layer pattern (Megatron-LM ``--hybrid-override-pattern``, Hugging Face
+#: ``hybrid_override_pattern``; megatron/core/ssm/mamba_hybrid_layer_allocation.py Symbols): one
+#: character per layer, each layer a pre-norm, its mixer or MLP and a residual add
+LAYER_KINDS = {"M": "mamba", "*": "attention", "-": "mlp"}
+
+
+@dataclass(frozen=True)
+class MambaSpec:
+    """A Mamba-2 (SSD) mixer (Dao & Gu 2024, "Transformers are SSMs", arXiv:2405.21060; Megatron-Core
+    ``MambaMixer``, NVIDIA/Megatron-LM @ 00bebb4 megatron/core/ssm/mamba_mixer.py): ``heads`` heads of
+    ``head_dim`` channels (d_inner = heads · head_dim), ``groups`` groups of B and C of ``state``
+    channels each (the SSM state N), a causal depthwise convolution of ``conv_kernel`` taps over x, B and
+    C, and the chunked scan in chunks of ``chunk`` tokens (Megatron's ``chunk_size``, 128).
+
+    Parameters (mamba_mixer.py ``__init__``; no projection biases, a convolution bias):
+      in_proj   h x (2·d_inner + 2·G·N + H)   (z, x, B, C, dt; column parallel)
+      conv1d    (d_inner + 2·G·N) x (k + 1)    (weight and bias)
+      A_log, D, dt_bias   3·H
+      norm      d_inner                        (the gated RMSNorm)
+      out_proj  d_inner x h                    (row parallel)
+    """
+    heads: int
+    head_dim: int
+    state: int
+    groups: int
+    conv_kernel: int = 4
+    chunk: int = 128
+
+    def __post_init__(self):
+        for key in ("heads", "head_dim", "state", "groups", "conv_kernel", "chunk"):
+            v = getattr(self, key)
+            if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+                raise ConfigError(f"mamba.{key}", f"must be a positive integer, got {v!r}")
+        if self.heads % self.groups:
+            raise ConfigError("mamba.groups", f"{self.groups} groups do not split {self.heads} heads evenly",
+                              accepted=f"a divisor of mamba.heads ({self.heads})")
+
+    @property
+    def d_inner(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def bc_width(self) -> int:
+        """Channels of B and C together: 2·G·N."""
+        return 2 * self.groups * self.state
+
+    @property
+    def in_proj_width(self) -> int:
+        """Output width of in_proj: z, x, B, C and dt, 2·d_inner + 2·G·N + H."""
+        return 2 * self.d_inner + self.bc_width + self.heads
+
+    @property
+    def conv_width(self) -> int:
+        """Channels the causal convolution runs over: x, B and C, d_inner + 2·G·N."""
+        return self.d_inner + self.bc_width
+
+    def gemms(self, hidden: int) -> tuple[tuple[int, int, str], ...]:
+        """The mixer's weight GEMMs as (output width, input width, tp split): in_proj column parallel,
+        out_proj row parallel (Megatron-Core shards heads, groups and d_inner over tp)."""
+        return ((self.in_proj_width, hidden, "column"), (hidden, self.d_inner, "row"))
+
+    def params(self, hidden: int) -> int:
+        """Parameters of the mixer (the layer's pre-norm not included)."""
+        return (sum(o * i for o, i, _ in self.gemms(hidden)) + self.conv_width * (self.conv_kernel + 1)
+                + 3 * self.heads + self.d_inner)
+
+    def scan_flops_per_token(self) -> float:
+        """Forward FLOPs per token of the SSD chunked scan (Dao & Gu 2024 sec. 6, the SSD algorithm's
+        four steps, chunk length Q, head dim P, state N, H heads in G groups; 2 FLOPs per multiply-add):
+        intra-chunk C·Bᵀ per group 2·Q·N and its masked product with X per head 2·Q·P (the diagonal
+        blocks, computed whole as the kernels do), the chunk states Bᵀ·X 2·N·P per head, and the
+        states' contribution to the output C·state 2·N·P per head; the inter-chunk recurrence
+        (H·N·P per chunk) and the convolution (2·k per channel) are negligible beside them and not
+        counted. Linear in the sequence length: no attention-like quadratic term."""
+        Q, P, N = self.chunk, self.head_dim, self.state
+        return 2.0 * self.groups * Q * N + self.heads * (2.0 * Q * P + 4.0 * N * P)
+
+
 @dataclass(frozen=True)
 class TransformerModel:
     """Shape of a decoder-only transformer. ``ffn_hidden`` is the MLP's inner width."""
@@ -171,6 +249,12 @@ class TransformerModel:
     #: one transformer block like the model's last (MoE in an MoE model), and the shared LM head with its
     #: own cross-entropy; the embedding and the head are shared with the main model (no parameters)
     mtp_layers: int = 0
+    #: hybrid layer pattern, one character per layer (:data:`LAYER_KINDS`: M a Mamba-2 mixer, * a
+    #: self-attention layer, - an MLP layer; Megatron-LM ``--hybrid-override-pattern``, Hugging Face
+    #: ``hybrid_override_pattern``); "" for a transformer whose every layer is attention + MLP
+    layer_pattern: str = ""
+    #: the Mamba-2 mixer of the pattern's M layers
+    mamba: MambaSpec | None = None
     #: an RMSNorm over each query and key head after the QKV projection, before the rotary embedding
     #: (Qwen3's q_norm / k_norm, Megatron-Core ``qk_layernorm``; Gemma 3 and OLMo 2 likewise): one more
     #: memory-bound norm over the layer's (q + k) widths per token, whose input backward keeps
@@ -232,6 +316,75 @@ class TransformerModel:
                               accepted=", ".join(ACTIVATIONS), source=self.name)
         if self.norm not in ("layernorm", "rmsnorm"):
             raise ConfigError("norm", f"unknown norm {self.norm!r}", accepted="layernorm, rmsnorm", source=self.name)
+        self._check_pattern()
+
+    def _check_pattern(self):
+        p = self.layer_pattern
+        if not isinstance(p, str):
+            raise ConfigError("layer_pattern", f"expected a string, got {p!r}", source=self.name)
+        if not p:
+            if self.mamba is not None:
+                raise ConfigError("mamba", "a Mamba mixer needs a layer_pattern with M layers", source=self.name)
+            return
+        bad = sorted(set(p) - set(LAYER_KINDS))
+        if bad:
+            raise ConfigError("layer_pattern", f"unknown layer kind {bad[0]!r} in {p[:60]!r}"
+                              + (" (MoE layers E are not modelled in hybrid patterns)" if "E" in bad else ""),
+                              accepted="M (Mamba-2), * (attention), - (MLP)", source=self.name)
+        if len(p) != self.layers:
+            raise ConfigError("layer_pattern", f"{len(p)} layers in the pattern, layers is {self.layers}",
+                              accepted=f"a pattern of {self.layers} characters", source=self.name)
+        if "M" in p and self.mamba is None:
+            raise ConfigError("mamba", "the layer_pattern has Mamba layers (M) but the model gives no mamba block",
+                              source=self.name)
+        for key, value in (("moe", self.moe), ("mla", self.mla), ("mtp_layers", self.mtp_layers)):
+            if value:
+                raise ConfigError(key, "not modelled together with a hybrid layer_pattern", source=self.name)
+
+    # --- hybrid layer patterns --------------------------------------------------------------------
+    @property
+    def is_hybrid(self) -> bool:
+        """Whether the layers follow a hybrid pattern (:attr:`layer_pattern`)."""
+        return bool(self.layer_pattern)
+
+    def kind_count(self, kind: str) -> int:
+        """Layers of one kind ("mamba", "attention", "mlp"); a transformer's every layer is both an
+        attention and an MLP layer."""
+        if not self.layer_pattern:
+            return self.layers if kind in ("attention", "mlp") else 0
+        symbol = next(k for k, v in LAYER_KINDS.items() if v == kind)
+        return self.layer_pattern.count(symbol)
+
+    def kind_share(self, kind: str) -> float:
+        """Layers of one kind over all layers (1 for attention and MLP in a transformer)."""
+        return self.kind_count(kind) / self.layers
+
+    @property
+    def single_norm_params(self) -> int:
+        return 2 * self.hidden if self.norm == "layernorm" else self.hidden
+
+    def kind_params(self, kind: str) -> int:
+        """Parameters of one layer of a hybrid pattern's kind: its pre-norm and its mixer or MLP."""
+        if kind == "mamba":
+            return self.mamba.params(self.hidden) + self.single_norm_params
+        if kind == "attention":
+            return self.attention_params_per_layer + self.single_norm_params + (2 * self.head_dim if self.qk_norm else 0)
+        return self.mlp_params_per_layer + self.single_norm_params
+
+    def kind_matmul_flops_per_token(self, kind: str) -> float:
+        """Forward weight-GEMM FLOPs per token of one layer of a kind (2 per multiply-add)."""
+        if kind == "mamba":
+            return 2.0 * sum(o * i for o, i, _ in self.mamba.gemms(self.hidden))
+        if kind == "attention":
+            return 2.0 * self.attention_weights_per_layer
+        return 2.0 * self.mlp_matrices * self.hidden * self.ffn_hidden
+
+    def scan_flops_per_token_per_layer(self) -> float:
+        """Forward SSD-scan FLOPs per token averaged over the layers (:meth:`MambaSpec.scan_flops_per_token`
+        on the Mamba layers' share; 0 without them)."""
+        if self.mamba is None:
+            return 0.0
+        return self.kind_share("mamba") * self.mamba.scan_flops_per_token()
 
     # --- shapes -----------------------------------------------------------------------------------
     @property
@@ -345,7 +498,10 @@ class TransformerModel:
 
     @property
     def params_per_layer(self) -> int:
-        """Parameters of a dense layer."""
+        """Parameters of a dense layer (of a hybrid pattern: its largest layer, what a sharded layer
+        gathers at most)."""
+        if self.layer_pattern:
+            return max(self.kind_params(LAYER_KINDS[c]) for c in set(self.layer_pattern))
         return self.attention_params_per_layer + self.mlp_params_per_layer + self.norm_params_per_layer
 
     # --- mixture of experts -------------------------------------------------------------------------
@@ -408,6 +564,9 @@ class TransformerModel:
 
     @property
     def num_params(self) -> int:
+        if self.layer_pattern:
+            return (sum(self.kind_params(LAYER_KINDS[c]) for c in self.layer_pattern)
+                    + self.embedding_params + self.lm_head_params)
         return (self.dense_layers * self.params_per_layer + self.moe_layers * self.params_per_moe_layer
                 + self.embedding_params + self.lm_head_params + self.mtp_params)
 
@@ -429,7 +588,10 @@ class TransformerModel:
     # --- FLOPs ------------------------------------------------------------------------------------
     def matmul_flops_per_token_per_layer(self) -> float:
         """Forward FLOPs per token of a layer's weight GEMMs, 2 · (weights a token meets), averaged
-        over dense and MoE layers (an MoE layer counts its router, top-k and shared experts)."""
+        over dense and MoE layers (an MoE layer counts its router, top-k and shared experts) or over a
+        hybrid pattern's kinds."""
+        if self.layer_pattern:
+            return sum(self.kind_share(k) * self.kind_matmul_flops_per_token(k) for k in LAYER_KINDS.values())
         if not self.moe:
             return self._block_matmul_flops_per_token(moe=False)
         return (self.dense_layers * self._block_matmul_flops_per_token(moe=False)
@@ -488,8 +650,10 @@ class TransformerModel:
     def attention_flops_per_token_per_layer(self, seq_len: int, causal_halved: bool = False) -> float:
         """Forward FLOPs per token of QKᵀ and PV: 2 · keys · heads · (qk_head_dim + v_head_dim)
         (= 4·s·h for the usual head width and full attention; keys halved if causal masking is counted;
-        windowed layers see min(window, s) keys: ``attention_keys_per_query``)."""
-        return self._attention_flops_per_token(self.attention_keys_per_query(seq_len, causal_halved))
+        windowed layers see min(window, s) keys: ``attention_keys_per_query``). Averaged over the
+        layers: a hybrid pattern's attention layers only (its Mamba and MLP layers have no such term)."""
+        keys = self.attention_keys_per_query(seq_len, causal_halved)
+        return self.kind_share("attention") * self._attention_flops_per_token(keys)
 
     def _attention_flops_per_token(self, keys) -> float:
         """Forward QKᵀ and PV FLOPs per token that attends to ``keys`` keys."""
@@ -505,11 +669,17 @@ class TransformerModel:
         token·(1/1) (Korthikanti et al. 2022, model FLOPs; Narayanan et al. 2021 Eq. 3 with k = 3).
         """
         fwd = self.layers * (self.matmul_flops_per_token_per_layer()
-                             + self.attention_flops_per_token_per_layer(seq_len, causal_halved))
+                             + self.attention_flops_per_token_per_layer(seq_len, causal_halved)
+                             + self.scan_flops_per_token_per_layer())
         return 3 * (fwd + self.logit_flops_per_token() + self.mtp_flops_per_token(seq_len, causal_halved))
 
     def describe(self) -> str:
         kv = f", kv_heads {self.kv_heads}" if self.kv_heads != self.heads else ""
+        if self.layer_pattern:
+            m = self.mamba
+            kv += (f", hybrid {self.kind_count('mamba')} Mamba-2 / {self.kind_count('attention')} attention / "
+                   f"{self.kind_count('mlp')} MLP layers"
+                   + (f" (Mamba-2 {m.heads} heads x {m.head_dim}, state {m.state}, {m.groups} groups)" if m else ""))
         if self.mla:
             m = self.mla
             kv += (f", latent attention (q_lora {m.q_lora_rank}, kv_lora {m.kv_lora_rank}, head dims "
