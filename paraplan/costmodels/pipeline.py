@@ -6,8 +6,9 @@ equal; the idle part, the bubble, is (p − 1)·t, i.e. a fraction (p − 1)/m o
 (GPipe and 1F1B, Narayanan et al. 2021 §2.2.1). Interleaving v model chunks per GPU divides it by
 v ((p − 1)/(v·m), §2.2.2). ZB-H1 (Qi et al. 2024, arXiv:2401.10241) defers weight gradients to
 fill the drain and reaches (p − 1)/(3m) under its T_F = T_B = T_W assumption.
-ZBV, DualPipe and DualPipeV (:func:`bubble_time`) are priced from the stage's forward F, full backward
-B and weight-gradient part W: ZBV (Qi et al. 2024 sec. 6; two chunks per rank in a V) attains ZB-H2's
+ZB-H1, ZBV, DualPipe and DualPipeV (:func:`bubble_time`) are priced from the stage's forward F, full
+backward B and weight-gradient part W (ZB-H1 (p − 1)(F + B − 2W), which is the (p − 1)/(3m) above at
+equal times and wider under recomputation): ZBV (Qi et al. 2024 sec. 6; two chunks per rank in a V) attains ZB-H2's
 (p − 1)(F + B − 3W) at half-stage chunks, 0 when T_F = T_B = T_W; DualPipe (DeepSeek-V3 technical
 report, arXiv:2412.19437, Table 2; github.com/deepseek-ai/DualPipe README) (p/2 − 1)(F&B + B − 3W)
 with two parameter copies and p + 1 micro-batches in flight; DualPipeV, DualPipe cut in half onto p
@@ -168,6 +169,8 @@ def schedule_bubble(p, sc, f, b, w):
     """Bubble seconds of the schedules priced from F, B, W (forward, full backward, its weight part, of
     the stage per micro-batch) over p ranks; NaN for the others. Each formula from its source:
 
+    * ZB-H1: (p − 1)·(F + B − 2W) (Qi et al. 2024 sec. 2.1, T_F + T_B − T_W with T_B the input gradient;
+      DeepSeek-V3 Table 2's ZB1P row), a third of 1F1B's at equal times.
     * ZBV: (p − 1)·max(0, F + B − 3W)/2. ZB-H2's bubble, (p − 1)(T_F + T_B − 2T_W) with T_B the input
       gradient (Qi et al. 2024 sec. 2.2), is (p − 1)(F + B − 3W) with a full B; ZB-V reaches it at half-
       stage chunks (sec. 6: "zero bubble" with ZB-H2's memory at 1F1B's; 0 when T_F = T_B = T_W, the
@@ -176,21 +179,24 @@ def schedule_bubble(p, sc, f, b, w):
       shrink, what it hides is communication (DeepSeek-V3 Table 2).
     * DualPipeV: DualPipe on 2p half-size chunks, (p − 1)·max(0, F&B + B − 3W)/2."""
     fb = f + b
+    zb_h1 = (p - 1) * np.maximum(0.0, f + b - 2 * w)
     zbv = (p - 1) * np.maximum(0.0, f + b - 3 * w) / 2
     dualpipe = np.maximum(p / 2 - 1, 0.0) * np.maximum(0.0, fb + b - 3 * w)
     dualpipe_v = (p - 1) * np.maximum(0.0, fb + b - 3 * w) / 2
-    return np.where(sc == Schedule.ZBV, zbv, np.where(sc == Schedule.DUALPIPE, dualpipe,
-                                                      np.where(sc == Schedule.DUALPIPE_V, dualpipe_v, np.nan)))
+    return np.where(sc == Schedule.ZB_H1, zb_h1,
+                    np.where(sc == Schedule.ZBV, zbv, np.where(sc == Schedule.DUALPIPE, dualpipe,
+                                                               np.where(sc == Schedule.DUALPIPE_V, dualpipe_v, np.nan))))
 
 
 def bubble_time(plan, sl: StageLayers, lt):
     """Seconds per step of the bubble (``pp_bubble``): (p − 1) idle slots of the largest stage's
-    layers (:func:`layers_time` of ``sl.largest``) × :func:`bubble_factor`; ZBV, DualPipe and DualPipeV
-    from that stage's F, B and W (:func:`schedule_bubble`)."""
+    layers (:func:`layers_time` of ``sl.largest``) × :func:`bubble_factor`; the zero-bubble schedules
+    (ZB-H1, ZBV, DualPipe, DualPipeV) from that stage's F, B and W (:func:`schedule_bubble`), so that
+    recomputation, which lengthens B and not W, widens their bubble as it does in the runs."""
     p = np.asarray(plan.pp, dtype=float)
     sc = np.asarray(plan.schedule_code)
     plain = (p - 1) * layers_time(sl.largest, lt) * bubble_factor(plan)
-    new = is_schedule(plan, Schedule.ZBV, Schedule.DUALPIPE, Schedule.DUALPIPE_V)
+    new = is_schedule(plan, Schedule.ZB_H1, Schedule.ZBV, Schedule.DUALPIPE, Schedule.DUALPIPE_V)
     if not np.any(new):
         return plain
     return np.where(new & (p > 1), schedule_bubble(p, sc, *forward_backward_weight(sl.largest, lt)), plain)
