@@ -260,6 +260,7 @@ def build_megatron(s: Scenario, spec: EngineSpec) -> Export:
     """pretrain_gpt.py flags (NVIDIA/Megatron-LM megatron/training/arguments.py) behind torchrun; the
     switches' flags, fp8 recipes and Megatron-FSDP strategies from ``spec.export``."""
     p, m, notes = s.plan, s.model, []
+    refuse_unrun_schedule(p, spec, "1f1b, interleaved (zb-h1 and gpipe run as 1F1B)")
     args: list[tuple[str, ...]] = [
         ("--num-layers", str(m.layers)), ("--hidden-size", str(m.hidden)),
         ("--ffn-hidden-size", str(m.ffn_hidden)), ("--num-attention-heads", str(m.heads)),
@@ -708,11 +709,11 @@ def _titan_stage_split(layers: int, p: Plan) -> tuple[str, Any]:
     """Layers per (virtual) stage when even; else the split points, the layer each (virtual) stage
     after the first begins with ("layers.N", torchtitan/config/job_config.py
     pipeline_parallel_split_points; pp * vpp stages with interleaving)."""
-    if p.schedule in ("zbv", "dualpipev"):      # two stages per rank, placed in a V by torchtitan
-        counts = virtual_stage_layer_counts(layers, SimpleNamespace(pp=p.pp, vpp=2))
-    else:
-        counts = virtual_stage_layer_counts(layers, p)
-    if len(set(counts)) == 1:
+    v_shape = p.schedule in ("zbv", "dualpipev")
+    # ZBV / DualPipeV: two stages per rank that torchtitan places in a V, always as split points (the
+    # 2·pp stages explicit, whatever weight its layers-per-stage count gives the embedding and the head)
+    counts = virtual_stage_layer_counts(layers, SimpleNamespace(pp=p.pp, vpp=2) if v_shape else p)
+    if len(set(counts)) == 1 and not v_shape:
         return ("pipeline_parallel_layers_per_stage", layers // len(counts))
     starts, at = [], 0
     for c in counts[:-1]:
