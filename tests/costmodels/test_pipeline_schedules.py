@@ -205,3 +205,32 @@ def test_torchtitan_runs_the_v_schedules(schedule):
     assert Plan(pp=4, schedule=schedule, engine="torchtitan", zero=2).schedule == schedule
     assert Plan(pp=4, schedule=schedule, ep=2, engine="torchtitan", zero=2,
                 ep_comm_overlap=schedule == "dualpipev").pp == 4
+
+
+# --- the planner searches them --------------------------------------------------------------------------
+def test_plan_puts_the_schedules_side_by_side(capsys):
+    """`paraplan plan` on an MoE model: every schedule the generic engine runs is searched, and the best
+    plan of each is printed side by side; DualPipe's rows carry the expert overlap where it is fixed on."""
+    from paraplan.cli import main
+    assert main(["plan", "--model", "qwen3-30b-a3b", "--cluster", "dgx-h100", "--gpus", "64", "--seq-len", "4096",
+                 "--global-batch", "512", "--engine", "generic", "--fix", "pp=4", "--fix", "ep=8",
+                 "--fix", "ep_comm_overlap=true", "--fix", "recompute=selective", "--fix", "zero=1",
+                 "--top", "3", "--no-stage-ilp"]) == 0
+    out = capsys.readouterr().out
+    side = out.split("schedules side by side")[1].split("\nbest plan")[0]
+    rows = {line.split()[0]: line.split() for line in side.splitlines()[2:] if line.strip()}
+    assert {"1f1b", "interleaved", "zb-h1", "zbv", "dualpipe", "dualpipev"} <= set(rows)
+    steps = [float(r[1]) for r in rows.values()]
+    assert steps == sorted(steps)                                          # fastest first
+    bubble = {k: float(r[2]) for k, r in rows.items()}
+    assert bubble["zbv"] < bubble["zb-h1"] < bubble["1f1b"]
+    assert "ep-overlap" in " ".join(rows["dualpipe"]) and "ep-overlap" not in " ".join(rows["zbv"])
+
+
+def test_megatron_plans_propose_none_of_them():
+    from paraplan.planner.search import search
+    from paraplan.planner.space import SpaceOptions
+    r = search(load_model("qwen3-30b-a3b"), TrainingJob(seq_len=4096, global_batch=512), load_cluster("dgx-h100", 64),
+               options=SpaceOptions(fixed={"engine": "megatron", "pp": 4, "ep": 8, "zero": 1}), top=3)
+    assert set(r.by_schedule) <= {"1f1b", "interleaved", "zb-h1", "gpipe"} and r.by_schedule
+    assert r.rejected_by_reason["Megatron-LM runs no ZBV, DualPipe or DualPipeV schedule"] > 0
