@@ -234,3 +234,18 @@ def test_megatron_plans_propose_none_of_them():
                options=SpaceOptions(fixed={"engine": "megatron", "pp": 4, "ep": 8, "zero": 1}), top=3)
     assert set(r.by_schedule) <= {"1f1b", "interleaved", "zb-h1", "gpipe"} and r.by_schedule
     assert r.rejected_by_reason["Megatron-LM runs no ZBV, DualPipe or DualPipeV schedule"] > 0
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--gpus", "24", "--global-batch", "48", "--pp", "3", "--schedule", "dualpipe", "--engine", "generic"],
+     "paraplan: error: --schedule: DualPipe pairs rank r with rank pp - 1 - r and needs an even pp"),
+    (["--gpus", "8", "--pp", "4", "--schedule", "zbv"],            # the default engine, Megatron-LM
+     "paraplan: error: --schedule: Megatron-LM's pipeline schedules are 1F1B and interleaved 1F1B"),
+])
+@pytest.mark.slow
+def test_estimate_refuses_in_one_line(argv, words):
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "paraplan.cli", "estimate", "--model", "llama3-8b", "--cluster", "dgx-h100",
+                        *argv], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.startswith(words) and len(r.stderr.strip().splitlines()) == 1, r.stderr
