@@ -249,3 +249,12 @@ def test_estimate_refuses_in_one_line(argv, words):
     r = subprocess.run([sys.executable, "-m", "paraplan.cli", "estimate", "--model", "llama3-8b", "--cluster", "dgx-h100",
                         *argv], capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.startswith(words) and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_the_stage_ilp_leaves_the_two_chunk_schedules_alone():
+    """The partition ILP cuts one contiguous stage per rank; a V or DualPipe rank holds two chunks."""
+    from paraplan.planner.stages import stage_layout
+    model, job, cluster = load_model("llama3-8b"), TrainingJob(seq_len=4096, global_batch=64), load_cluster("dgx-h100", 8)
+    assert stage_layout(model, job, cluster, Plan(pp=4, dp=2, schedule="1f1b")) is not None
+    for schedule in ("zbv", "dualpipe", "dualpipev"):
+        assert stage_layout(model, job, cluster, Plan(pp=4, dp=2, schedule=schedule)) is None
