@@ -188,6 +188,16 @@ def schedule_bubble(p, sc, f, b, w):
                                                                np.where(sc == Schedule.DUALPIPE_V, dualpipe_v, np.nan))))
 
 
+def reported_bubble_fraction(plan, m, sl: StageLayers, lt, bubble):
+    """The bubble ÷ ideal compute time an estimate reports: :func:`bubble_fraction` for GPipe, 1F1B and
+    interleaved; for the schedules priced from F, B and W (:func:`bubble_time`) their ``bubble`` seconds ÷
+    (m × the largest stage's :func:`layers_time`), so the share said agrees with the time charged."""
+    p = np.asarray(plan.pp, dtype=float)
+    fbw = is_schedule(plan, Schedule.ZB_H1, Schedule.ZBV, Schedule.DUALPIPE, Schedule.DUALPIPE_V) & (p > 1)
+    ideal = np.asarray(m, dtype=float) * layers_time(sl.largest, lt)
+    return np.where(fbw, np.asarray(bubble) / np.maximum(ideal, 1e-30), bubble_fraction(plan, m))
+
+
 def bubble_time(plan, sl: StageLayers, lt):
     """Seconds per step of the bubble (``pp_bubble``): (p − 1) idle slots of the largest stage's
     layers (:func:`layers_time` of ``sl.largest``) × :func:`bubble_factor`; the zero-bubble schedules
