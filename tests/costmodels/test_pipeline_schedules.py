@@ -272,3 +272,19 @@ def test_the_reported_bubble_share_is_the_time_charged(schedule):
     # the stage pass time behind both: 1F1B's bubble is (p − 1) of them
     t = one.time_breakdown_s["pp_bubble"] / 15
     assert share == pytest.approx(e.time_breakdown_s["pp_bubble"] / (m * t), rel=1e-6)
+
+
+@pytest.mark.slow
+def test_the_planner_doc_example_is_what_the_cli_prints(capsys):
+    """docs/planner.md's DeepSeek-V3 side-by-side: every line of its block is in what the command prints."""
+    from pathlib import Path
+
+    from paraplan.cli import main
+    text = (Path(__file__).resolve().parents[2] / "docs" / "planner.md").read_text()
+    start = text.index("```\n", text.index("### Pipeline schedules")) + 4
+    shown = text[start:text.index("```", start)].splitlines()
+    assert main(["plan", "--model", "deepseek-v3", "--cluster", "dgx-h100", "--gpus", "2048", "--seq-len", "4096",
+                 "--global-batch", "15360", "--engine", "generic", "--fix", "ep=64", "--fix", "ep_comm_overlap=true",
+                 "--top", "3"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert len(shown) == 8 and [line for line in shown if line not in printed] == []
