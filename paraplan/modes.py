@@ -60,6 +60,9 @@ class Schedule(Mode):
     INTERLEAVED = "interleaved"
     GPIPE = "gpipe"
     ZB_H1 = "zb-h1"
+    ZBV = "zbv"
+    DUALPIPE = "dualpipe"
+    DUALPIPE_V = "dualpipev"
 
 
 @plan_field("recompute")

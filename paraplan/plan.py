@@ -303,7 +303,11 @@ class Plan:
     schedule: str = mode_field(Schedule.ONE_F_ONE_B)
     """Pipeline schedule: 1f1b (one forward, one backward; Narayanan et al. 2021), interleaved (1F1B
     over vpp model chunks per stage), gpipe (all forwards, then all backwards; Huang et al. 2019) or
-    zb-h1 (zero-bubble H1, its weight gradients filling the bubble; Qi et al. 2024)."""
+    zb-h1 (zero-bubble H1, its weight gradients filling the bubble; Qi et al. 2024), zbv (zero-bubble V:
+    two chunks per rank in a V, 1F1B's activation memory; Qi et al. 2024 sec. 6), dualpipe (DeepSeek-V3's
+    bidirectional pipeline: two parameter copies, pp + 1 micro-batches in flight, forward and backward
+    chunks overlapped; even pp, micro-batches even and >= 2*pp) or dualpipev (DualPipe folded onto one
+    parameter copy, two V-placed chunks per rank; >= 2*pp micro-batches)."""
     zero: int = choice_field(0, ZERO_STAGES, "ZeRO stage")
     """ZeRO stage: what the data-parallel ranks shard (Rajbhandari et al. 2020): 0 nothing, 1 the
     optimizer states, 2 also the gradients, 3 also the parameters. Megatron-LM runs 1 as its
@@ -1009,6 +1013,44 @@ RULES: tuple[Rule, ...] = (
        lambda P, s: (P.schedule_code == Schedule.INTERLEAVED) & _batch_ok(P, s) & (_micro_batches(P, s) % P.pp != 0),
        lambda p, s: (lambda m: f"micro-batches per step ({m}) % pp({p.pp}) = {m % p.pp}; the interleaved "
                                "schedule needs a multiple of pp")(s.job.global_batch // (p.dp * p.micro_batch))),
+    _r("dualpipe-even-pp", "DualPipe needs an even pp", ILLEGAL, ("pp", "schedule_code"),
+       lambda P, s: (P.schedule_code == Schedule.DUALPIPE) & (P.pp > 1) & (P.pp % 2 != 0),
+       lambda p, s: (f"DualPipe pairs rank r with rank pp - 1 - r and needs an even pp, not pp({p.pp}) "
+                     "(dualpipe/dualpipe.py: assert num_ranks % 2 == 0)"),
+       field="schedule", accepted="--pp 2, 4, 6, ...", uses_scene=False),
+    _r("dualpipe-micro-batches", "DualPipe needs an even number of micro-batches, at least 2*pp", ILLEGAL,
+       ("schedule_code", "dp", "micro_batch", "pp"),
+       lambda P, s: ((P.schedule_code == Schedule.DUALPIPE) & (P.pp > 1) & _batch_ok(P, s)
+                     & ((_micro_batches(P, s) % 2 != 0) | (_micro_batches(P, s) < 2 * P.pp))),
+       lambda p, s: (lambda m: f"micro-batches per step ({m}): DualPipe splits them between its two directions and "
+                               f"needs an even number, at least 2 * pp({p.pp}) = {2 * p.pp} (dualpipe/dualpipe.py: "
+                               "assert num_chunks % 2 == 0 and num_chunks >= num_ranks * 2)")(
+           s.job.global_batch // (p.dp * p.micro_batch)),
+       field="schedule"),
+    _r("dualpipev-micro-batches", "DualPipeV needs at least 2*pp micro-batches", ILLEGAL,
+       ("schedule_code", "dp", "micro_batch", "pp"),
+       lambda P, s: ((P.schedule_code == Schedule.DUALPIPE_V) & (P.pp > 1) & _batch_ok(P, s)
+                     & (_micro_batches(P, s) < 2 * P.pp)),
+       lambda p, s: (lambda m: f"micro-batches per step ({m}) < 2 * pp({p.pp}): ScheduleDualPipeV requires at "
+                               "least as many micro-batches as its 2 * pp stages (torch.distributed.pipelining)")(
+           s.job.global_batch // (p.dp * p.micro_batch)),
+       field="schedule"),
+    _r("v-schedule-layers", "ZBV, DualPipe and DualPipeV need two layers per pipeline rank", ILLEGAL,
+       ("schedule_code", "pp"),
+       lambda P, s: (np.isin(np.asarray(P.schedule_code), [int(Schedule.ZBV), int(Schedule.DUALPIPE),
+                                                            int(Schedule.DUALPIPE_V)])
+                     & (P.pp > 1) & (s.model.layers < 2 * P.pp)),
+       lambda p, s: (f"{Schedule(p.schedule_code).label} places two model chunks on every rank: "
+                     f"{s.model.layers} layers < 2 * pp({p.pp})"),
+       field="schedule"),
+    _r("v-schedule-stage-layers", "first/last stage layers not modelled with two chunks per rank", ILLEGAL,
+       ("schedule_code", "first_stage_layers", "last_stage_layers"),
+       lambda P, s: (((P.first_stage_layers > 0) | (P.last_stage_layers > 0))
+                     & np.isin(np.asarray(P.schedule_code), [int(Schedule.ZBV), int(Schedule.DUALPIPE),
+                                                             int(Schedule.DUALPIPE_V)])),
+       lambda p, s: (f"first_stage_layers / last_stage_layers with {Schedule(p.schedule_code).label}: its ranks hold "
+                     "two chunks each (the first rank both the first and the last); uneven stages are not modelled"),
+       field="first_stage_layers", accepted="0 (automatic)", uses_scene=False),
     _r("seq-splits-over-cp", "seq_len not divisible by cp", ILLEGAL, ("cp",),
        lambda P, s: s.job.seq_len % P.cp != 0, _seq_shard_message),
     _r("ring-balanced-chunks", "ring attention needs seq_len divisible by 2*cp", ILLEGAL, ("cp", "cp_mode_code"),
@@ -1084,6 +1126,8 @@ RULES: tuple[Rule, ...] = (
     _engine_rule("engine-offload"),
     _engine_rule("deepspeed-pipeline-zero"),
     _engine_rule("deepspeed-pipeline-schedule"),
+    _engine_rule("megatron-pipeline-schedule"),
+    _engine_rule("torchtitan-pipeline-schedule"),
     _engine_rule("scaling-pipeline-schedule"),
     _engine_rule("scaling-no-cp"),
     _engine_rule("torchtitan-tp-shards-sequence"),
@@ -1141,13 +1185,17 @@ RULES: tuple[Rule, ...] = (
        lambda p, s: ("--ep-comm-overlap hides the expert-parallel all-to-alls; with ep(1) there are none "
                      "(Megatron-Core: 'only supported with expert model parallelism')"),
        field="ep_comm_overlap", accepted="--ep N>1, or no --ep-comm-overlap", uses_scene=False),
-    _r("ep-comm-overlap-schedule", "expert-parallel communication overlap needs pp 1 or the interleaved schedule",
-       ILLEGAL, ("ep_comm_overlap", "pp", "schedule_code"),
-       lambda P, s: np.asarray(P.ep_comm_overlap, bool) & (P.pp > 1) & (P.schedule_code != Schedule.INTERLEAVED),
-       lambda p, s: (f"Megatron-Core's combined 1F1B pairs micro-batches without pipelining or in the interleaved "
-                     f"schedule only; pp({p.pp}) runs {Schedule(p.schedule_code).label} "
-                     "(megatron/core/transformer/transformer_config.py)"),
-       field="ep_comm_overlap", accepted="--pp 1, or --schedule interleaved --vpp N>1", uses_scene=False),
+    _r("ep-comm-overlap-schedule", "expert-parallel communication overlap needs pp 1, the interleaved schedule "
+       "or DualPipe(V)", ILLEGAL, ("ep_comm_overlap", "pp", "schedule_code"),
+       lambda P, s: (np.asarray(P.ep_comm_overlap, bool) & (P.pp > 1)
+                     & ~np.isin(np.asarray(P.schedule_code), [int(Schedule.INTERLEAVED), int(Schedule.DUALPIPE),
+                                                              int(Schedule.DUALPIPE_V)])),
+       lambda p, s: (f"the expert all-to-all hides behind another micro-batch's pass only where a schedule pairs a "
+                     f"forward with a backward: Megatron-Core's combined 1F1B without pipelining or interleaved "
+                     f"(megatron/core/transformer/transformer_config.py), DualPipe and DualPipeV; pp({p.pp}) runs "
+                     f"{Schedule(p.schedule_code).label}"),
+       field="ep_comm_overlap", accepted="--pp 1, --schedule interleaved --vpp N>1, --schedule dualpipe or dualpipev",
+       uses_scene=False),
     _r("ep-comm-overlap-no-full-recompute", "expert-parallel communication overlap excludes full recomputation",
        ILLEGAL, ("ep_comm_overlap", "recompute_code"),
        lambda P, s: np.asarray(P.ep_comm_overlap, bool) & (np.asarray(P.recompute_code) == int(Recompute.FULL)),
@@ -1155,6 +1203,7 @@ RULES: tuple[Rule, ...] = (
                      "recomputation ('disable full recomputation when enabling overlap_moe_expert_parallel_comm')"),
        field="ep_comm_overlap", accepted="--recompute none, selective or op-sac", uses_scene=False),
     _engine_rule("engine-ep-comm-overlap"),
+    _engine_rule("torchtitan-ep-overlap-dualpipev"),
     _r("ep-comm-overlap-dispatch", "expert-parallel communication overlap needs the all-to-all token dispatcher",
        ILLEGAL, ("ep_comm_overlap",),
        lambda P, s: np.asarray(P.ep_comm_overlap, bool) & (_moe(s) and s.model.moe.dispatch != "permute"),

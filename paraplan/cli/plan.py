@@ -218,6 +218,25 @@ def why_line(plans, fastest) -> str:
             "then fewer pp, vpp and cp)")
 
 
+def schedule_lines(by_schedule: dict) -> list[str]:
+    """The best plan of each pipeline schedule, fastest first: step time, its bubble, exposed expert
+    all-to-all and pipeline transfers, memory, and the rest of the plan (``SearchResult.by_schedule``)."""
+    if len(by_schedule) < 2:
+        return []
+    rows = [("schedule", "step_s", "bubble_s", "ep_a2a_s", "pp_p2p_s", "mem_GiB", "plan")]
+    for label, e in by_schedule.items():
+        t, p = e.time_breakdown_s, e.plan
+        rest = (f"tp {p.tp} pp {p.pp} dp {p.dp}" + (f" cp {p.cp}" if p.cp > 1 else "") + (f" vpp {p.vpp}" if p.vpp > 1 else "")
+                + (f" ep {p.ep}" if p.ep > 1 else "") + f" mb {p.micro_batch} ZeRO-{p.zero} {p.recompute}"
+                + (" ep-overlap" if p.ep_comm_overlap else ""))
+        rows.append((label, f"{e.step_time_s:.2f}", f"{t['pp_bubble']:.3f}", f"{t['ep_comm']:.3f}", f"{t['pp_comm']:.3f}",
+                     f"{e.memory_bytes_per_gpu['total'] / 2**30:.1f}", rest))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return (["schedules side by side (the best plan of each that fits; --fix schedule=NAME ranks one):"]
+            + ["  " + "  ".join(c.rjust(w) if 0 < i < 6 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+               for r in rows])
+
+
 def cmd_plan(args) -> int:
     """Search, print the ranked plans (table, JSON or CSV), write the best to --out; 3 if none fits."""
     if args.top < 1:
@@ -281,8 +300,11 @@ def cmd_plan(args) -> int:
                f"{cluster.accelerator.memory_bytes / 2**30:.0f} GiB per GPU (--max-memory-fraction "
                f"{args.max_memory_fraction:g})"]
         table = render_table(table_rows(result.plans)) if result.plans else None
+        side = None
         if result.plans:
             out += [table] + [f"note: {note}" for note in notes]
+            side = "\n".join(schedule_lines(result.by_schedule))
+            out += ["", side] if side else []
             out += ["", "best plan", render_estimate(result.best)]
             if len(result.plans) > 1:
                 out += ["", "why: " + why_line(result.plans, result.fastest)]
@@ -292,7 +314,7 @@ def cmd_plan(args) -> int:
             out.append(explain_infeasible(result, cluster))
             out += ["  would fit: " + s for s in suggest_feasible(model, job, cluster, options, args.max_memory_fraction)]
         out += ["", rejected_lines(result.rejected_by_reason)]
-        print("\n".join(block if block is table else wrap_lines(block) for block in out))
+        print("\n".join(block if block is table or block is side else wrap_lines(block) for block in out))
     if args.out and not result.plans:
         raise ConfigError("--out", "no plan fits, nothing to write")
     return 0 if result.plans else 3

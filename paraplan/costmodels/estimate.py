@@ -44,7 +44,7 @@ from paraplan.costmodels.moe import (ep_overlap_assumption, expert_bias_assumpti
                                      moe_dispatch_assumption, moe_host_assumption)
 from paraplan.costmodels.offload import host_link_assumption, optimizer_and_offload_times, optimizer_shard
 from paraplan.costmodels.p2p import pipeline_p2p_time, pipeline_transfer_assumption
-from paraplan.costmodels.pipeline import (LAST, STAGE_NAMES, bubble_fraction, bubble_time, stage_pace,
+from paraplan.costmodels.pipeline import (LAST, STAGE_NAMES, bubble_time, reported_bubble_fraction, stage_pace,
                                           with_stage_concurrency)
 from paraplan.costmodels.tpcomm import TP_EXPOSED_ASSUMPTION, tp_overlap_assumption
 from paraplan.plan import Plan, StageLayers, check_plan, compute_dtype, model_stage_layers, stage_layer_counts
@@ -206,7 +206,8 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
                      micro_batches=m, flops_model=flops_model, flops_hardware=flops_hw,
                      dp_comm_total=dp.total, last_stage_is_peak=peak == LAST, peak_stage=peak,
                      slowest_stage=pace.stage, stage_layers=sl,
-                     bubble_fraction=bubble_fraction(plan, m), warmup_share=dp.warmup_share,
+                     bubble_fraction=reported_bubble_fraction(plan, m, sl, lt, time["pp_bubble"]),
+                     warmup_share=dp.warmup_share,
                      step_warmup=step - dp.average + dp.warmup, step_compressed=step - dp.average + dp.compressed,
                      dp_comm_warmup=dp.warmup, dp_comm_compressed=dp.compressed)
 

@@ -37,7 +37,7 @@ from paraplan.costmodels.kernels import BYTES, device_is_host, element_bytes, mi
 from paraplan.costmodels.mamba import mamba_saved_bytes_per_token
 from paraplan.costmodels.moe import einsum_dispatch_slots, expert_token_factor
 from paraplan.costmodels.p2p import stage_output_bytes
-from paraplan.costmodels.pipeline import FIRST, LAST, MIDDLE
+from paraplan.costmodels.pipeline import FIRST, LAST, MIDDLE, V_SCHEDULES, is_schedule, parameter_copies
 from paraplan.engines import BufferArgs, StateArgs, engine_flag, engine_offers, engine_select, spec_of
 from paraplan.engines import DEEPSPEED_ALLGATHER_BUCKET, DEEPSPEED_REDUCE_BUCKET, SCALING_LOSS_BYTES_PER_LOGIT  # noqa: F401
 from paraplan.plan import (Offload, Recompute, Schedule, expert_data_parallel, is_fp8, recomputes_attention_core,
@@ -151,7 +151,9 @@ def expert_params_per_gpu(model, plan):
     first, middle, last = (_share(model.moe_layers, model.layers, n) for n in (sl.first, sl.middle, sl.last))
     # the multi-token-prediction blocks (MoE blocks in an MoE model) where model_stage_layers puts them
     moe_layers = np.maximum(np.maximum(first + with_mtp.first - sl.first, middle), last + with_mtp.last - sl.last)
-    return moe_layers * model.routed_expert_params_per_moe_layer / (np.asarray(plan.ep, dtype=float) * plan.etp)
+    # DualPipe's second parameter copy (pipeline.parameter_copies) holds its experts too
+    return (moe_layers * model.routed_expert_params_per_moe_layer / (np.asarray(plan.ep, dtype=float) * plan.etp)
+            * parameter_copies(plan))
 
 
 def stage_params(model, plan):
@@ -159,7 +161,8 @@ def stage_params(model, plan):
     (``paraplan.plan.stage_layers``; the largest middle stage, 0 without one) split by tp; the
     embedding sits on the first stage, the LM head (a copy of a tied embedding when pp > 1) on the
     last. Routed experts are counted apart (:func:`expert_params_per_gpu`). The multi-token-prediction
-    module's own parameters (``model.mtp_params`` less its routed experts) sit with the head."""
+    module's own parameters (``model.mtp_params`` less its routed experts) sit with the head. Under
+    DualPipe every stage holds two copies (:func:`paraplan.costmodels.pipeline.parameter_copies`)."""
     t = np.asarray(plan.tp, dtype=float)
     p = np.asarray(plan.pp, dtype=float)
     sl = stage_layers(model.layers, plan)
@@ -173,7 +176,10 @@ def stage_params(model, plan):
     first = np.where(p > 1, first_layers + emb, first_layers + emb + head)
     last = np.where(p > 1, _share(non_expert, model.layers, sl.last) / t + head + tied_copy, first)
     middle = _share(non_expert, model.layers, sl.middle) / t
-    return first, middle, last
+    # DualPipe: every rank holds its stage of both directions' pipelines, two copies of the parameters
+    # (pipeline.parameter_copies); the copies' own gradient exchange is not modelled
+    copies = parameter_copies(plan)
+    return first * copies, middle * copies, last * copies
 
 
 def bf16_optimizer_layout(plan):
@@ -535,15 +541,43 @@ def loss_logits_per_token(model, plan):
     return model.vocab / np.where(engine_flag(plan, "vocab_parallel_loss"), t, 1.0)
 
 
-def in_flight_micro_batches_middle(job, plan):
-    """Micro-batches a middle stage holds at its peak, bounded by stage 1's: min(m, p − 1) under
-    1F1B and ZB-H1, m under GPipe (the interleaved schedule keeps stages even, so its middle
-    stages never exceed the first: the first stage's count)."""
+def v_and_dual_in_flight(job, plan):
+    """Micro-batches (in whole stages' worth of layers) every rank holds at its peak under ZBV, DualPipe
+    and DualPipeV, whose peaks are the same on every rank (NaN for the other schedules):
+
+    * ZBV: min(m, p), 1F1B's first stage on every rank (Qi et al. 2024 sec. 6, "the same peak memory
+      as 1F1B", balanced over the ranks; torch.distributed.pipelining's ScheduleZBVZeroBubble tables at
+      PyTorch 2.13 peak at 2p half-stage chunk forwards on every rank, e.g. 16 at p = 8, m = 32);
+    * DualPipe: min(m, p + 1) (DeepSeek-V3 technical report Table 2, "Activation PP+1");
+    * DualPipeV: min(m, p + 1/2), 2p + 1 half-stage chunks (ScheduleDualPipeV's tables: 17 at p = 8,
+      m = 32 or 64; DualPipe's p + 1 over 2p half-size chunks)."""
     m = micro_batches(job, plan)
     p = np.asarray(plan.pp, dtype=float)
     sc = np.asarray(plan.schedule_code)
-    return np.where(sc == Schedule.GPIPE, m, np.where(sc == Schedule.INTERLEAVED, in_flight_micro_batches(job, plan),
-                                                      np.minimum(m, np.maximum(p - 1, 1.0))))
+    return np.where(sc == Schedule.ZBV, np.minimum(m, p),
+                    np.where(sc == Schedule.DUALPIPE, np.minimum(m, p + 1),
+                             np.where(sc == Schedule.DUALPIPE_V, np.minimum(m, p + 0.5), np.nan)))
+
+
+def _with_v_and_dual(job, plan, counts):
+    """``counts`` with :func:`v_and_dual_in_flight` where the plan runs ZBV, DualPipe or DualPipeV (pp > 1)."""
+    new = is_schedule(plan, Schedule.ZBV, Schedule.DUALPIPE, Schedule.DUALPIPE_V) & (np.asarray(plan.pp) > 1)
+    if not np.any(new):
+        return counts
+    return np.where(new, v_and_dual_in_flight(job, plan), counts)
+
+
+def in_flight_micro_batches_middle(job, plan):
+    """Micro-batches a middle stage holds at its peak, bounded by stage 1's: min(m, p − 1) under
+    1F1B and ZB-H1, m under GPipe (the interleaved schedule keeps stages even, so its middle
+    stages never exceed the first: the first stage's count); ZBV, DualPipe and DualPipeV:
+    :func:`v_and_dual_in_flight`."""
+    m = micro_batches(job, plan)
+    p = np.asarray(plan.pp, dtype=float)
+    sc = np.asarray(plan.schedule_code)
+    counts = np.where(sc == Schedule.GPIPE, m, np.where(sc == Schedule.INTERLEAVED, in_flight_micro_batches(job, plan),
+                                                        np.minimum(m, np.maximum(p - 1, 1.0))))
+    return _with_v_and_dual(job, plan, counts)
 
 
 def in_flight_micro_batches_last(job, plan):
@@ -557,7 +591,8 @@ def in_flight_micro_batches_last(job, plan):
     v = np.asarray(plan.vpp, dtype=float)
     sc = np.asarray(plan.schedule_code)
     interleaved = np.minimum(((v - 1) * p + 1) / v, m)
-    return np.where(p == 1, 1.0, np.where(sc == Schedule.GPIPE, m, np.where(sc == Schedule.INTERLEAVED, interleaved, 1.0)))
+    counts = np.where(p == 1, 1.0, np.where(sc == Schedule.GPIPE, m, np.where(sc == Schedule.INTERLEAVED, interleaved, 1.0)))
+    return _with_v_and_dual(job, plan, counts)
 
 
 def in_flight_micro_batches(job, plan):
@@ -573,8 +608,9 @@ def in_flight_micro_batches(job, plan):
     sc = np.asarray(plan.schedule_code)
     one_f_one_b = np.minimum(m, p)
     interleaved = np.minimum(p * (1 + (p - 1) / (p * v)), m)
-    return np.where(p == 1, 1.0, np.where(sc == Schedule.GPIPE, m,
-                                          np.where(sc == Schedule.INTERLEAVED, interleaved, one_f_one_b)))
+    counts = np.where(p == 1, 1.0, np.where(sc == Schedule.GPIPE, m,
+                                            np.where(sc == Schedule.INTERLEAVED, interleaved, one_f_one_b)))
+    return _with_v_and_dual(job, plan, counts)
 
 
 def held_stage_output_bytes(model, job, plan) -> dict:
@@ -591,11 +627,17 @@ def held_stage_output_bytes(model, job, plan) -> dict:
     interleaved schedule on the last rank)."""
     p = np.asarray(plan.pp, dtype=float)
     v = np.where(np.asarray(plan.schedule_code) == Schedule.INTERLEAVED, np.asarray(plan.vpp, dtype=float), 1.0)
+    # ZBV and DualPipeV: the in-flight count is in stages' worth, each of two half-stage chunks that each
+    # keep an output (torch.distributed.pipelining's fwd_cache per stage); their last rank holds the
+    # outputs of its first chunk like any other (its second chunk is not the loss)
+    v_shape = is_schedule(plan, *V_SCHEDULES) & (np.asarray(plan.pp) > 1)
+    v = np.where(v_shape, 2.0, v)
     hidden = stage_output_bytes(model, job, plan)
     holds = (p > 1) & engine_flag(plan, "holds_stage_outputs")
     first = np.where(holds, hidden * v * in_flight_micro_batches(job, plan), 0.0)
     middle = np.where(holds, hidden * v * in_flight_micro_batches_middle(job, plan), 0.0)
-    last = np.where(holds, hidden * np.maximum(v - 1.0, 0.0) * p, 0.0)
+    last = np.where(holds, np.where(v_shape, hidden * v * in_flight_micro_batches_last(job, plan),
+                                    hidden * np.maximum(v - 1.0, 0.0) * p), 0.0)
     return {"first": first, "middle": middle, "last": last}
 
 

@@ -18,7 +18,7 @@ from paraplan.costmodels.kernels import (BYTES, GEMM_OPERAND_BYTES, _dtype, _lin
                                          routed_experts_gemm_time, tokens_per_rank)
 from paraplan.costmodels.tpcomm import TP_OVERLAP_CONTENTION
 from paraplan.engines import engine_flag, spec_of
-from paraplan.plan import expert_group_strides
+from paraplan.plan import Schedule, expert_group_strides
 
 
 def expert_token_factor(model, job) -> float:
@@ -399,7 +399,27 @@ def ep_unpaired_share(job, plan):
     p = np.asarray(plan.pp, dtype=float)
     v = np.asarray(plan.vpp, dtype=float)
     warmup = np.where(p == 1, 1.0, 2 * (p - 1) + (v - 1) * p)
-    return np.minimum(1.0, warmup / (m * np.where(p == 1, 1.0, v)))
+    share = np.minimum(1.0, warmup / (m * np.where(p == 1, 1.0, v)))
+    return np.where(p > 1, dualpipe_unpaired_share(m, p, plan.schedule_code, share), share)
+
+
+def dualpipe_unpaired_share(m, p, schedule_code, otherwise):
+    """Share of a rank's passes that DualPipe and DualPipeV run alone, not in an overlapped forward-and-
+    backward pair, on the ranks with the fewest pairs (the first and last, which set the pace):
+
+    * DualPipe: (3p/2 − 1)/m. Its step() (dualpipe/dualpipe.py at bb214e8) runs m forwards per rank, of
+      which steps 4 (2·(m/2 − p + h + 1) _forward_backward_chunk calls) and 5 (p/2 − h − 1) pair
+      m − 3p/2 + h + 1, h = min(rank, p − 1 − rank);
+    * DualPipeV: (3p − 1)/(2m). torch.distributed.pipelining's ScheduleDualPipeV (PyTorch 2.13) runs 2m
+      chunk forwards per rank, 2m − 3p + 1 of them in OVERLAP_F_B actions on rank 0 (counted from its
+      tables: 5 of 16 at p = 4, m = 8; 105 of 128 at p = 8, m = 64).
+
+    ``otherwise`` for the other schedules."""
+    sc = np.asarray(schedule_code)
+    m = np.asarray(m, dtype=float)
+    dual = np.minimum(1.0, (1.5 * p - 1) / m)
+    dual_v = np.minimum(1.0, (3 * p - 1) / (2 * m))
+    return np.where(sc == Schedule.DUALPIPE, dual, np.where(sc == Schedule.DUALPIPE_V, dual_v, otherwise))
 
 
 def ep_exposed_time(a2a, attention_forward, attention_backward, moe_forward, moe_backward, job, plan):
@@ -498,7 +518,12 @@ def ep_overlap_assumption(job, plan, **_) -> tuple[str, ...]:
     if not getattr(plan, "ep_comm_overlap", False):
         return ()
     u = float(ep_unpaired_share(job, plan))
-    return (f"MoE: combined 1F1B pairs each micro-batch's forward with another's backward, layer by layer; a "
+    sc = int(np.max(np.asarray(plan.schedule_code)))
+    pairing = ("DualPipe (DeepSeek-V3 sec. 3.2.1, its overlapped forward-and-backward chunks)"
+               if sc == Schedule.DUALPIPE and plan.pp > 1 else
+               "DualPipeV (ScheduleDualPipeV's OVERLAP_F_B actions)" if sc == Schedule.DUALPIPE_V and plan.pp > 1
+               else "combined 1F1B")
+    return (f"MoE: {pairing} pairs each micro-batch's forward with another's backward, layer by layer; a "
             f"paired pass hides its dispatch/combine all-to-alls under the other direction's compute (the hidden "
             f"part still costs {100 * EP_OVERLAP_CONTENTION:.0f} % of its duration), and the {100 * u:.1f} % of "
             f"passes left unpaired (warm-up and cool-down) expose theirs",)

@@ -6,6 +6,15 @@ equal; the idle part, the bubble, is (p − 1)·t, i.e. a fraction (p − 1)/m o
 (GPipe and 1F1B, Narayanan et al. 2021 §2.2.1). Interleaving v model chunks per GPU divides it by
 v ((p − 1)/(v·m), §2.2.2). ZB-H1 (Qi et al. 2024, arXiv:2401.10241) defers weight gradients to
 fill the drain and reaches (p − 1)/(3m) under its T_F = T_B = T_W assumption.
+ZB-H1, ZBV, DualPipe and DualPipeV (:func:`bubble_time`) are priced from the stage's forward F, full
+backward B and weight-gradient part W (ZB-H1 (p − 1)(F + B − 2W), which is the (p − 1)/(3m) above at
+equal times and wider under recomputation): ZBV (Qi et al. 2024 sec. 6; two chunks per rank in a V) attains ZB-H2's
+(p − 1)(F + B − 3W) at half-stage chunks, 0 when T_F = T_B = T_W; DualPipe (DeepSeek-V3 technical
+report, arXiv:2412.19437, Table 2; github.com/deepseek-ai/DualPipe README) (p/2 − 1)(F&B + B − 3W)
+with two parameter copies and p + 1 micro-batches in flight; DualPipeV, DualPipe cut in half onto p
+ranks with two V-placed chunks each (torch.distributed.pipelining ScheduleDualPipeV), the same
+formula over 2p half-size chunks. DualPipe's overlap of one micro-batch's forward with another's
+backward hides the expert-parallel all-to-all (``paraplan.costmodels.moe.ep_exposed_time``).
 Unequal stages (the LM head on the last): the slowest stage sets the steady-state pace,
 T = (m − 1)·t_max + Σ t_i, so extra work on the last stage is paid m times: :func:`stage_pace` is
 that stage's time per micro-batch by term, which the step pays m times, and :func:`bubble_time` the
@@ -25,11 +34,59 @@ FIRST, MIDDLE, LAST = 0, 1, 2       # pipeline stages as StepTerms names them
 STAGE_NAMES = ("first", "middle", "last")
 
 
-def bubble_factor(plan):
-    """Multiplier on the (p − 1)·t bubble: 1 (GPipe, 1F1B), 1/v (interleaved), 1/3 (ZB-H1)."""
+#: schedules that place two model chunks on every rank in a V (rank r holds chunks r and 2p − 1 − r):
+#: torch.distributed.pipelining's ScheduleZBVZeroBubble and ScheduleDualPipeV ("ZBV requires exactly 2
+#: stages per rank"; generate_stage_to_rank_mapping(..., style="v"), torch/distributed/pipelining/
+#: schedules.py, PyTorch 2.13)
+V_SCHEDULES = (Schedule.ZBV, Schedule.DUALPIPE_V)
+#: schedules whose forward of one micro-batch runs beside the backward of another (F&B chunks), which
+#: is what hides the expert-parallel all-to-all: DualPipe's _forward_backward_chunk (dualpipe/dualpipe.py
+#: at bb214e8) and ScheduleDualPipeV's OVERLAP_F_B actions
+OVERLAPPED_FB_SCHEDULES = (Schedule.DUALPIPE, Schedule.DUALPIPE_V)
+
+# The weight-gradient part W of a layer's backward: the weight GEMMs, half the backward's GEMMs, so W is
+# about half the backward B (Qi et al. 2024 Table 1: B = sbh(24h + 8s), W = sbh·24h per layer, whose
+# ratio tends to 1 when s ≪ 3h; attention's extra 8s·sbh sits in B). Recomputation belongs to B (it runs
+# before the input gradient), never to W. A modelling assumption: paraplan does not time W apart.
+WEIGHT_GRAD_SHARE_OF_BACKWARD = 0.5
+
+
+def is_schedule(plan, *schedules):
+    """Boolean array: the plan's schedule is one of ``schedules``."""
+    sc = np.asarray(plan.schedule_code)
+    return np.isin(sc, [int(s) for s in schedules])
+
+
+def chunks_per_rank(plan):
+    """Model chunks one pipeline rank holds: vpp under the interleaved schedule, 2 under ZBV and DualPipeV
+    (the V placement) and DualPipe (one stage of each direction's pipeline), 1 otherwise."""
     sc = np.asarray(plan.schedule_code)
     v = np.asarray(plan.vpp, dtype=float)
-    return np.where(sc == Schedule.INTERLEAVED, 1 / v, np.where(sc == Schedule.ZB_H1, 1 / 3, 1.0))
+    two = is_schedule(plan, Schedule.ZBV, Schedule.DUALPIPE, Schedule.DUALPIPE_V)
+    return np.where(sc == Schedule.INTERLEAVED, v, np.where(two, 2.0, 1.0))
+
+
+def parameter_copies(plan):
+    """Copies of its stage's parameters a pipeline rank holds: 2 under DualPipe, whose rank r holds stage r
+    of the forward-direction pipeline and stage p − 1 − r of the reverse one (DualPipe(modules=(m0, m1)),
+    dualpipe/dualpipe.py at bb214e8; "DualPipe requires keeping two copies of the model parameters",
+    DeepSeek-V3 technical report sec. 3.2.1; README table: Parameter 2×), with their gradients and
+    optimizer states; 1 otherwise (DualPipeV folds the two copies onto one)."""
+    return np.where(is_schedule(plan, Schedule.DUALPIPE) & (np.asarray(plan.pp) > 1), 2.0, 1.0)
+
+
+def bubble_factor(plan):
+    """Multiplier on the (p − 1)·t bubble under T_F = T_B = T_W (F = W = B/2 for a full backward B):
+    1 (GPipe, 1F1B), 1/v (interleaved), 1/3 (ZB-H1), 0 (ZBV), (p − 2)/(3(p − 1)) (DualPipe,
+    (p/2 − 1)(F + 2B − 3W) = (p − 2)·F against (p − 1)·3F), 1/3 (DualPipeV, (p − 1)(F + 2B − 3W)/2).
+    :func:`bubble_time` prices the new schedules from the stage's own F, B and W."""
+    sc = np.asarray(plan.schedule_code)
+    v = np.asarray(plan.vpp, dtype=float)
+    p = np.asarray(plan.pp, dtype=float)
+    dualpipe = (p - 2) / np.maximum(3 * (p - 1), 1.0)
+    return np.where(sc == Schedule.INTERLEAVED, 1 / v,
+                    np.where((sc == Schedule.ZB_H1) | (sc == Schedule.DUALPIPE_V), 1 / 3,
+                             np.where(sc == Schedule.ZBV, 0.0, np.where(sc == Schedule.DUALPIPE, dualpipe, 1.0))))
 
 
 def bubble_fraction(plan, m):
@@ -97,11 +154,62 @@ def stage_pace(sl: StageLayers, plan, lt, ht) -> StagePace:
         cp_hidden_forward=layers * lt["cp_hidden_forward"], cp_hidden_backward=layers * lt["cp_hidden_backward"])
 
 
+def forward_backward_weight(n, lt):
+    """(F, B, W) seconds per micro-batch of ``n`` layers: :func:`layers_time` split in proportion to
+    the layers' forward and backward (with recomputation) compute, each carrying its share of the
+    layers' communication; W is WEIGHT_GRAD_SHARE_OF_BACKWARD of the backward without recomputation."""
+    t = layers_time(n, lt)
+    f, b, r = np.asarray(lt["forward"]), np.asarray(lt["backward"]), np.asarray(lt["recompute"])
+    total = np.maximum(f + b + r, 1e-30)
+    forward = t * f / total
+    return forward, t - forward, t * WEIGHT_GRAD_SHARE_OF_BACKWARD * b / total
+
+
+def schedule_bubble(p, sc, f, b, w):
+    """Bubble seconds of the schedules priced from F, B, W (forward, full backward, its weight part, of
+    the stage per micro-batch) over p ranks; NaN for the others. Each formula from its source:
+
+    * ZB-H1: (p − 1)·(F + B − 2W) (Qi et al. 2024 sec. 2.1, T_F + T_B − T_W with T_B the input gradient;
+      DeepSeek-V3 Table 2's ZB1P row), a third of 1F1B's at equal times.
+    * ZBV: (p − 1)·max(0, F + B − 3W)/2. ZB-H2's bubble, (p − 1)(T_F + T_B − 2T_W) with T_B the input
+      gradient (Qi et al. 2024 sec. 2.2), is (p − 1)(F + B − 3W) with a full B; ZB-V reaches it at half-
+      stage chunks (sec. 6: "zero bubble" with ZB-H2's memory at 1F1B's; 0 when T_F = T_B = T_W, the
+      sail-sg table "Bubble Rate 0").
+    * DualPipe: (p/2 − 1)·max(0, F&B + B − 3W), F&B = F + B: the overlapped pair's compute does not
+      shrink, what it hides is communication (DeepSeek-V3 Table 2).
+    * DualPipeV: DualPipe on 2p half-size chunks, (p − 1)·max(0, F&B + B − 3W)/2."""
+    fb = f + b
+    zb_h1 = (p - 1) * np.maximum(0.0, f + b - 2 * w)
+    zbv = (p - 1) * np.maximum(0.0, f + b - 3 * w) / 2
+    dualpipe = np.maximum(p / 2 - 1, 0.0) * np.maximum(0.0, fb + b - 3 * w)
+    dualpipe_v = (p - 1) * np.maximum(0.0, fb + b - 3 * w) / 2
+    return np.where(sc == Schedule.ZB_H1, zb_h1,
+                    np.where(sc == Schedule.ZBV, zbv, np.where(sc == Schedule.DUALPIPE, dualpipe,
+                                                               np.where(sc == Schedule.DUALPIPE_V, dualpipe_v, np.nan))))
+
+
+def reported_bubble_fraction(plan, m, sl: StageLayers, lt, bubble):
+    """The bubble ÷ ideal compute time an estimate reports: :func:`bubble_fraction` for GPipe, 1F1B and
+    interleaved; for the schedules priced from F, B and W (:func:`bubble_time`) their ``bubble`` seconds ÷
+    (m × the largest stage's :func:`layers_time`), so the share said agrees with the time charged."""
+    p = np.asarray(plan.pp, dtype=float)
+    fbw = is_schedule(plan, Schedule.ZB_H1, Schedule.ZBV, Schedule.DUALPIPE, Schedule.DUALPIPE_V) & (p > 1)
+    ideal = np.asarray(m, dtype=float) * layers_time(sl.largest, lt)
+    return np.where(fbw, np.asarray(bubble) / np.maximum(ideal, 1e-30), bubble_fraction(plan, m))
+
+
 def bubble_time(plan, sl: StageLayers, lt):
     """Seconds per step of the bubble (``pp_bubble``): (p − 1) idle slots of the largest stage's
-    layers (:func:`layers_time` of ``sl.largest``) × :func:`bubble_factor`."""
+    layers (:func:`layers_time` of ``sl.largest``) × :func:`bubble_factor`; the zero-bubble schedules
+    (ZB-H1, ZBV, DualPipe, DualPipeV) from that stage's F, B and W (:func:`schedule_bubble`), so that
+    recomputation, which lengthens B and not W, widens their bubble as it does in the runs."""
     p = np.asarray(plan.pp, dtype=float)
-    return (p - 1) * layers_time(sl.largest, lt) * bubble_factor(plan)
+    sc = np.asarray(plan.schedule_code)
+    plain = (p - 1) * layers_time(sl.largest, lt) * bubble_factor(plan)
+    new = is_schedule(plan, Schedule.ZB_H1, Schedule.ZBV, Schedule.DUALPIPE, Schedule.DUALPIPE_V)
+    if not np.any(new):
+        return plain
+    return np.where(new & (p > 1), schedule_bubble(p, sc, *forward_backward_weight(sl.largest, lt)), plain)
 
 
 # Scaling and DeepSpeed run their pipelines as lists of instructions executed one after another, each
@@ -118,10 +226,12 @@ BLOCKING_P2P_TRANSFERS_PER_CROSSING = 2
 
 def pipeline_crossings_on_critical_path(plan, m):
     """Stage-boundary crossings on the critical path per step: each micro-batch crosses every
-    model-chunk boundary forward and backward, and (p − 1) more in fill and drain: 2·(m·v + p − 1);
-    zero without pipelining."""
+    model-chunk boundary forward and backward, and (p − 1) more in fill and drain: 2·(m·v + p − 1),
+    v the chunks per rank (:func:`chunks_per_rank`: ZBV's two chunks double the pipeline traffic, the
+    sail-sg table's "Pipeline Communication Volume 2x"; DualPipe's two chunks are one stage of each
+    direction, each micro-batch crossing p − 1 boundaries as under 1F1B); zero without pipelining."""
     p = np.asarray(plan.pp, dtype=float)
-    v = np.asarray(plan.vpp, dtype=float)
+    v = np.where(is_schedule(plan, Schedule.DUALPIPE), 1.0, chunks_per_rank(plan))
     return np.where(p > 1, 2 * (m * v + p - 1), 0.0)
 
 

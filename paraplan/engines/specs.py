@@ -50,7 +50,7 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("ep_comm_overlap", "ep_comm_overlap", lambda P: np.asarray(P.ep_comm_overlap, bool),
            "engine-ep-comm-overlap", "the engine has no expert-parallel communication overlap",
            "--engine {engine} does not overlap expert-parallel all-to-alls "
-           "(Megatron-LM --overlap-moe-expert-parallel-comm does)", "--engine {engines}"),
+           "(Megatron-LM --overlap-moe-expert-parallel-comm and torchtitan's DualPipeV do)", "--engine {engines}"),
     Switch("moe_flex_dispatch", "moe_flex_dispatch", lambda P: np.asarray(P.moe_flex_dispatch, bool),
            "engine-moe-flex-dispatch", "the engine has no DeepEP / HybridEP dispatch",
            "--engine {engine} has no flex token dispatcher (Megatron-LM --moe-token-dispatcher-type flex does)",
@@ -181,7 +181,20 @@ MEGATRON = EngineSpec(
     optimizers=("adam",),
     switches=frozenset({"offload_activation_layers", "grad_reduce_bf16", "fp8_param_gather", "tp_comm_overlap",
                         "ep_comm_overlap", "moe_flex_dispatch", "recompute_modules"}),
-    refusals=(),
+    refusals=(
+        # megatron/core/pipeline_parallel/schedules.py get_forward_backward_func: no pipelining, 1F1B
+        # (forward_backward_pipelining_without_interleaving) or interleaved 1F1B; no V placement, no
+        # bidirectional DualPipe (those live in forks: sail-sg/zero-bubble-pipeline-parallelism's
+        # zerobubble/scheduler/zbv.py, Ascend MindSpeed's --schedules-method dualpipev)
+        Refusal("megatron-pipeline-schedule", "Megatron-LM runs no ZBV, DualPipe or DualPipeV schedule",
+                ("pp", "schedule_code"),
+                lambda P: (P.pp > 1) & np.isin(np.asarray(P.schedule_code),
+                                               [int(Schedule.ZBV), int(Schedule.DUALPIPE), int(Schedule.DUALPIPE_V)]),
+                lambda p: (f"Megatron-LM's pipeline schedules are 1F1B and interleaved 1F1B "
+                           f"(megatron/core/pipeline_parallel/schedules.py), not {Schedule(p.schedule_code).label}; "
+                           "ZBV and DualPipe exist only in forks (sail-sg zero-bubble, MindSpeed)"),
+                field="schedule", accepted="1f1b, interleaved (zb-h1 and gpipe run as 1F1B)"),
+    ),
     # gradient_accumulation_fusion writes into main_grad with beta = 1 (its default)
     grad_accumulation_fusion=True,
     behaviour=Behaviour(
@@ -360,8 +373,28 @@ TORCHTITAN = EngineSpec(
     # float8 converter (torchao: tensorwise, rowwise) and mx converter (mxfp8)
     fp8_recipes=("fp8", "fp8-rowwise", "mxfp8"),
     optimizers=("adam",),
-    switches=frozenset({"tp_comm_overlap"}),   # parallelism.enable_async_tensor_parallel
+    # parallelism.enable_async_tensor_parallel; pipeline_parallel_expert_parallel_overlap registers
+    # overlap_callback for ScheduleDualPipeV's OVERLAP_F_B actions (torchtitan/distributed/pipeline_parallel.py
+    # and dual_pipe_v.py at 02ef790)
+    switches=frozenset({"tp_comm_overlap", "ep_comm_overlap"}),
     refusals=(
+        # torchtitan/distributed/pipeline_parallel.py (02ef790): torch.distributed.pipelining's schedules by
+        # name (get_schedule_class), ZBVZeroBubble and DualPipeV placed in a V (style "v", 2 stages per
+        # rank); no bidirectional DualPipe with its two parameter copies
+        Refusal("torchtitan-pipeline-schedule", "torchtitan runs DualPipeV, not DualPipe",
+                ("pp", "schedule_code"), lambda P: (P.pp > 1) & (np.asarray(P.schedule_code) == Schedule.DUALPIPE),
+                lambda p: ("torchtitan runs torch.distributed.pipelining's schedules (get_schedule_class): DualPipeV "
+                           "(one parameter copy, V placement), not DualPipe's two directions with two parameter "
+                           "copies"),
+                field="schedule", accepted="1f1b, interleaved, gpipe, zbv, dualpipev"),
+        Refusal("torchtitan-ep-overlap-dualpipev", "torchtitan overlaps the expert all-to-all under DualPipeV only",
+                ("ep_comm_overlap", "schedule_code", "pp"),
+                lambda P: np.asarray(P.ep_comm_overlap, bool) & ((np.asarray(P.schedule_code) != Schedule.DUALPIPE_V)
+                                                                 | (P.pp == 1)),
+                lambda p: ("torchtitan overlaps the expert-parallel all-to-all only in ScheduleDualPipeV's "
+                           "forward-backward pairs (pipeline_parallel_expert_parallel_overlap), not under "
+                           f"{Schedule(p.schedule_code).label} with pp({p.pp})"),
+                field="ep_comm_overlap", accepted="--schedule dualpipev --pp N>1, or no --ep-comm-overlap"),
         # torchtitan/models/llama3/infra/parallelize.py: the TP plan applies SequenceParallel to the norms
         Refusal("torchtitan-tp-shards-sequence", "torchtitan's tensor parallelism always shards the sequence",
                 ("tp", "sp"), lambda P: (P.tp > 1) & ~np.asarray(P.sp, bool),
@@ -401,11 +434,13 @@ TORCHTITAN = EngineSpec(
         churns_allocator_from_zero=2),
     export=ExportMapping(
         format="toml", notes_in_text=True,
-        switch_options=(("tp_comm_overlap", (("enable_async_tensor_parallel", True),)),),   # [parallelism]
+        switch_options=(("tp_comm_overlap", (("enable_async_tensor_parallel", True),)),   # [parallelism]
+                        ("ep_comm_overlap", (("pipeline_parallel_expert_parallel_overlap", True),))),
         # paraplan fp8 dtype -> (model converter, its section, recipe_name or None for the default)
         fp8_recipes={"fp8": ("float8", "float8", None), "fp8-rowwise": ("float8", "float8", "rowwise"),
                      "mxfp8": ("mx", "mx", "mxfp8")},
-        schedules={"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B", "zb-h1": "1F1B"}),
+        schedules={"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B", "zb-h1": "1F1B",
+                   "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}),
 )
 
 

@@ -25,6 +25,7 @@ import difflib
 import json
 import shlex
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 from typing import Any, Callable, Mapping
 
 from paraplan.costmodels.estimate import estimate
@@ -262,10 +263,25 @@ def megatron_hybrid_args(m, notes: list[str]) -> list[tuple[str, ...]]:
     return args
 
 
+#: the schedules that place two chunks on every rank (ZBV, DualPipeV) or run two directions (DualPipe)
+TWO_CHUNK_SCHEDULES = ("zbv", "dualpipe", "dualpipev")
+
+
+def refuse_unrun_schedule(p: Plan, spec: EngineSpec, runs: str) -> None:
+    """ConfigError where the engine has no flag for the plan's ZBV, DualPipe or DualPipeV schedule: it would
+    run another layout (one chunk per rank, one parameter copy), so the export is refused, not approximated.
+    ``runs``: the schedules the engine runs."""
+    if p.pp > 1 and p.schedule in TWO_CHUNK_SCHEDULES and p.schedule not in spec.export.schedules:
+        raise ConfigError("schedule", f"{spec.title} has no {p.schedule} schedule ({runs}); exporting it would run "
+                          "another layout than the estimate's", accepted=f"{runs}; zbv and dualpipev: --to torchtitan"
+                          + ("" if p.schedule != "dualpipe" else "; dualpipe: DeepSeek's DualPipe runtime only"))
+
+
 def build_megatron(s: Scenario, spec: EngineSpec) -> Export:
     """pretrain_gpt.py flags (NVIDIA/Megatron-LM megatron/training/arguments.py) behind torchrun; the
     switches' flags, fp8 recipes and Megatron-FSDP strategies from ``spec.export``."""
     p, m, notes = s.plan, s.model, []
+    refuse_unrun_schedule(p, spec, "1f1b, interleaved (zb-h1 and gpipe run as 1F1B)")
     args: list[tuple[str, ...]] = [
         ("--num-layers", str(m.layers)), ("--hidden-size", str(m.hidden)),
         ("--ffn-hidden-size", str(m.ffn_hidden)), ("--num-attention-heads", str(m.heads)),
@@ -439,6 +455,7 @@ def build_deepspeed(s: Scenario, spec: EngineSpec) -> Export:
         raise ConfigError("zero", f"DeepSpeed's PipelineEngine rejects ZeRO-{p.zero} with pipeline parallelism "
                           "(ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism)",
                           accepted="--zero 0 or 1 with pp > 1")
+    refuse_unrun_schedule(p, spec, "1f1b (its PipelineEngine's TrainSchedule)")
     if p.schedule == "interleaved":
         raise ConfigError("schedule", "DeepSpeed's pipeline engine has no interleaved (virtual-stage) schedule",
                           accepted="1f1b with pp > 1, or --to megatron / --to torchtitan")
@@ -598,6 +615,7 @@ def build_torchtitan(s: Scenario, spec: EngineSpec) -> Export:
     attention kernel (torch SDPA has no FlashAttention 1.x backend).
     """
     p, m, notes = s.plan, s.model, []
+    refuse_unrun_schedule(p, spec, "1f1b, interleaved, gpipe, zbv, dualpipev (torch.distributed.pipelining)")
     fp8_recipes = spec.export.fp8_recipes
     if p.dtype not in ("bf16", *fp8_recipes):
         raise ConfigError("dtype", f"torchtitan has no {p.dtype} mixed precision (training.mixed_precision_param "
@@ -645,6 +663,10 @@ def build_torchtitan(s: Scenario, spec: EngineSpec) -> Export:
     if p.tp > 1 and not p.sp:
         notes.append("torchtitan's tensor-parallel plan always applies sequence parallelism to norms/dropout")
     notes += dropped_switch_notes(p, spec)
+    if p.ep_comm_overlap and not (p.schedule == "dualpipev" and p.pp > 1):
+        # torchtitan overlaps the expert all-to-all in DualPipeV's OVERLAP_F_B actions only
+        notes.append(EP_OVERLAP_NOTE.format(engine=spec.title) + " (torchtitan overlaps it under DualPipeV only)")
+        p = replace(p, ep_comm_overlap=False)
     if s.model.mtp_layers:
         notes.append(MTP_NOTE.format(engine=spec.title))
     if p.schedule == "zb-h1" and p.pp > 1:
@@ -660,6 +682,14 @@ def build_torchtitan(s: Scenario, spec: EngineSpec) -> Export:
         notes.append("selective recomputation uses torchtitan's per-op policy (selective_ac_option='op'), which "
                      "differs in detail from Megatron's attention-core recomputation")
 
+    v_shape = p.pp > 1 and p.schedule in ("zbv", "dualpipev")
+    if v_shape:
+        notes.append(f"{spec.export.schedules[p.schedule]} places two stages on every rank in a V (rank r: stages r "
+                     f"and {2 * p.pp - 1}-r) and refuses torch.compile'd stages, so compile is off; the estimate "
+                     "priced compiled blocks (fused casts and elementwise kernels) and is optimistic by that much")
+    if p.ep_comm_overlap and p.schedule == "dualpipev":
+        notes.append("pipeline_parallel_expert_parallel_overlap runs torchtitan's overlap_callback for DualPipeV's "
+                     "OVERLAP_F_B actions (torchtitan/distributed/dual_pipe_v.py; DeepSeek-V3 models)")
     fp8_model, fp8_sections = _titan_fp8_sections(p, fp8_recipes)
     if p.pp > 1:      # one pipeline step holds all micro-batches of the DP rank: no gradient accumulation
         local_batch = s.global_batch // p.dp
@@ -671,7 +701,10 @@ def build_torchtitan(s: Scenario, spec: EngineSpec) -> Export:
         ("training", [("local_batch_size", local_batch), ("global_batch_size", s.global_batch),
                       ("seq_len", s.seq_len), ("steps", TRAIN_ITERS), ("mixed_precision_param", "bfloat16"),
                       ("mixed_precision_reduce", "float32")]   # the estimate reduces fp32 gradients
-         + [("compile", True)]     # the estimate prices compiled blocks (fused casts, gradient sums); async TP needs it
+         # the estimate prices compiled blocks (fused casts, gradient sums); async TP needs it. ZBVZeroBubble
+         # and DualPipeV refuse compiled stages (_check_torch_compile_compatibility: "not supported with stage
+         # modules that have used torch.compile", torch/distributed/pipelining/schedules.py, PyTorch 2.13)
+         + [("compile", not v_shape)]
          + ([("enable_cpu_offload", True)] if p.offload == "cpu" else [])),
         ("parallelism", [("data_parallel_replicate_degree", replicate), ("data_parallel_shard_degree", shard)]
          + ([("fsdp_reshard_after_forward", reshard)] if reshard else [])
@@ -704,9 +737,12 @@ def _titan_stage_split(layers: int, p: Plan) -> tuple[str, Any]:
     """Layers per (virtual) stage when even; else the split points, the layer each (virtual) stage
     after the first begins with ("layers.N", torchtitan/config/job_config.py
     pipeline_parallel_split_points; pp * vpp stages with interleaving)."""
-    counts = virtual_stage_layer_counts(layers, p)
-    if len(set(counts)) == 1:
-        return ("pipeline_parallel_layers_per_stage", layers // (p.pp * p.vpp))
+    v_shape = p.schedule in ("zbv", "dualpipev")
+    # ZBV / DualPipeV: two stages per rank that torchtitan places in a V, always as split points (the
+    # 2·pp stages explicit, whatever weight its layers-per-stage count gives the embedding and the head)
+    counts = virtual_stage_layer_counts(layers, SimpleNamespace(pp=p.pp, vpp=2) if v_shape else p)
+    if len(set(counts)) == 1 and not v_shape:
+        return ("pipeline_parallel_layers_per_stage", layers // len(counts))
     starts, at = [], 0
     for c in counts[:-1]:
         at += c

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -39,6 +39,9 @@ class SearchResult:
     plans: tuple[Estimate, ...]
     closest_infeasible: Estimate | None = None
     fastest: Estimate | None = None      # the fastest plan re-scored (ties rank the simpler first: plans[0])
+    #: the best plan of each pipeline schedule that has one that fits (schedule label -> its estimate), in
+    #: step-time order: the schedules side by side (``paraplan plan`` prints them with pp > 1)
+    by_schedule: dict = field(default_factory=dict)
 
     @property
     def best(self) -> Estimate | None:
@@ -134,6 +137,7 @@ def search(model, job, cluster, *, options: SpaceOptions | None = None, top: int
     survivors, moot = _collapse_moot_zero(survivors)
     if moot:
         rejected[MOOT_ZERO] += moot
+    by_schedule = best_by_schedule(batch, ranked, rescore)
     closest = None
     if not survivors and n:
         ratio = mem / (cluster.accelerator.memory_bytes * max_memory_fraction)
@@ -141,7 +145,22 @@ def search(model, job, cluster, *, options: SpaceOptions | None = None, top: int
     return SearchResult(candidates_composed=composed, candidates_evaluated=n, rejected_by_reason=dict(
         sorted(rejected.items(), key=lambda kv: (-kv[1], kv[0]))), search_time_s=time.perf_counter() - t0,
         vectorized_rate_per_s=n / vec_time if vec_time > 0 else float("inf"), plans=tuple(survivors[:top]),
-        closest_infeasible=closest, fastest=fastest)
+        closest_infeasible=closest, fastest=fastest, by_schedule=by_schedule)
+
+
+def best_by_schedule(batch, ranked: np.ndarray, rescore: Callable) -> dict:
+    """The fastest fitting candidate of each pipeline schedule (first of its schedule in ``ranked``, re-scored),
+    fastest first: what the search chose between. Only where some plan pipelines (pp > 1)."""
+    if len(ranked) == 0 or not np.any(np.asarray(batch.take(ranked).pp) > 1):
+        return {}
+    codes = np.asarray(batch.take(ranked).schedule_code)
+    found = []
+    for code in np.unique(codes):
+        e = rescore(batch.plan(int(ranked[int(np.argmax(codes == code))])))
+        if e.feasible:
+            found.append(e)
+    found.sort(key=lambda e: (e.step_time_s, e.memory_bytes_per_gpu["total"]))
+    return {e.plan.schedule: e for e in found}
 
 
 MOOT_ZERO = "ZeRO stage moot without data parallelism (same plan as a higher-ranked one)"

@@ -29,12 +29,14 @@ TIE_SHARE = fitted("planner_tie_share")
 #: What a mode's choice adds to a plan's complexity (0: the plain, common setting).
 #: schedule: 1F1B is every engine's pipeline schedule; interleaving needs virtual stages and more p2p
 #: (Megatron-LM's own); GPipe holds every micro-batch; zero-bubble H1 splits the backward pass, which few
-#: codebases run (Qi et al. 2024; Megatron-LM and torchtitan have it behind options).
+#: codebases run (Qi et al. 2024; Megatron-LM and torchtitan have it behind options); ZBV too, with two
+#: V-placed chunks per rank (torchtitan's ZBVZeroBubble); DualPipeV adds overlapped forward-backward
+#: chunks (torchtitan), DualPipe two parameter copies and DeepSeek's own runtime.
 #: recompute: none is the plain setting; any policy re-runs part of the forward pass.
 #: offload: host-memory and PCIe traffic and host RAM per node to provision; NVMe more so.
 #: optimizer: the compressed DeepSpeed optimizers change the optimizer's numerics.
 CHOICE_COSTS: dict[type[Mode], dict[str, int]] = {
-    Schedule: {"1f1b": 0, "interleaved": 1, "gpipe": 1, "zb-h1": 2},
+    Schedule: {"1f1b": 0, "interleaved": 1, "gpipe": 1, "zb-h1": 2, "zbv": 2, "dualpipev": 3, "dualpipe": 3},
     Recompute: {"none": 0, "selective": 1, "full": 1, "op-sac": 1},
     Offload: {"none": 0, "cpu": 2, "nvme": 3},
     Optimizer: {"adam": 0, "onebit-adam": 2, "zero-one-adam": 2, "onebit-lamb": 2},

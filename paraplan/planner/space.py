@@ -311,7 +311,8 @@ def _opt_in_flag_where_it_runs(both: SimpleNamespace, scene, column: str, wanted
     """An opt-in flag's column: off, or (``--fix column=true``) on for every candidate its rules
     (OPT_IN_FLAG_RULES) allow, off for the others, which stay in the search as they are.
 
-    * ep_comm_overlap, Megatron-Core's combined 1F1B: ep > 1, pp 1 or interleaved, no full
+    * ep_comm_overlap, Megatron-Core's combined 1F1B and DualPipe's paired chunks: ep > 1, pp 1, interleaved,
+      dualpipe or dualpipev (torchtitan: dualpipev only), no full
       recomputation, an engine that has it;
     * moe_flex_dispatch, DeepEP / HybridEP: ep > 1, an engine with the flex dispatcher, permuting MoE;
       not searched by default since the SMs and buffers its kernels hold are not priced."""

@@ -136,9 +136,11 @@ def _pipeline_time(stage_times, m: int) -> float:
 
 def stage_layout(model, job, cluster, plan: Plan, *, curves=None, max_memory_fraction: float = 1.0,
                  time_limit_s: float = 5.0) -> StageLayout | None:
-    """Balanced stages and per-stage recomputation for a plan with pp > 1 (None for pp = 1)."""
+    """Balanced stages and per-stage recomputation for a plan with pp > 1 (None for pp = 1, and for ZBV,
+    DualPipe and DualPipeV, whose ranks hold two chunks each, the first both ends of the model: the
+    partition ILP cuts one contiguous stage per rank)."""
     plan = plan.with_dp_for(cluster.num_gpus)
-    if plan.pp == 1 or _megatron_hybrid(model, plan):
+    if plan.pp == 1 or _megatron_hybrid(model, plan) or plan.schedule in ("zbv", "dualpipe", "dualpipev"):
         return None
     m = job.global_batch // (plan.dp * plan.micro_batch)
     cap = cluster.accelerator.memory_bytes * max_memory_fraction

@@ -89,6 +89,9 @@ SUPPORT: tuple[Support, ...] = (
        runs_as=lambda plan, model: "interleaved" if plan.vpp > 1 else "1f1b", as_text="1F1B"),
     _s("schedule", ("zb-h1", "gpipe"), RUNS_AS, "the harness has no zero-bubble or GPipe schedule",
        runs_as="1f1b", as_text="1F1B"),
+    _s("schedule", ("zbv", "dualpipe", "dualpipev"), REFUSED,
+       "V-placed or bidirectional schedules (ZBV, DualPipe, DualPipeV: two chunks per rank)",
+       accepted="1f1b, interleaved (zb-h1 and gpipe run as 1F1B)"),
     _s("zero", (0, 1, 2), RUNS, "the harness's sharded AdamW: gradients all-reduced (0) or reduce-scattered "
        "and the parameters all-gathered (1, 2)"),
     _s("zero", (3,), RUNS, "FSDP2's fully_shard over the data-parallel ranks"),

@@ -82,12 +82,17 @@ SWITCH_PLANS = {   # a plan that turns the switch on and passes every rule but t
 }
 
 
+#: where an engine runs a switch only in one layout (torchtitan: the expert all-to-all overlap under DualPipeV)
+SWITCH_PLAN_ON_ENGINE = {("ep_comm_overlap", "torchtitan"): dict(pp=2, schedule="dualpipev")}
+
+
 @pytest.mark.parametrize("switch", SWITCHES, ids=lambda sw: sw.field)
 def test_a_switch_the_spec_refuses_is_refused_by_plan_with_its_message(switch):
     assert set(SWITCH_PLANS) == {sw.field for sw in SWITCHES}
     for spec in SPECS:
         zero = min(z for z in spec.zero_stages if z >= 1)     # fp8 parameters and offload need ZeRO >= 1
-        err = _refused(engine=spec.label, zero=zero, **SWITCH_PLANS[switch.field])
+        plan = {**SWITCH_PLANS[switch.field], **SWITCH_PLAN_ON_ENGINE.get((switch.field, spec.label), {})}
+        err = _refused(engine=spec.label, zero=zero, **plan)
         if spec.offers(switch.field):
             assert err is None, (spec.label, err)
             continue
@@ -146,7 +151,10 @@ def test_an_engines_own_refusals_are_refused_by_plan_with_their_message():
              "deepspeed-pipeline-schedule": dict(pp=2, schedule="gpipe"),
              "scaling-pipeline-schedule": dict(pp=2, vpp=2, schedule="interleaved"),
              "scaling-no-cp": dict(cp=2),
-             "torchtitan-tp-shards-sequence": dict(tp=2)}
+             "torchtitan-tp-shards-sequence": dict(tp=2),
+             "megatron-pipeline-schedule": dict(pp=2, schedule="zbv"),
+             "torchtitan-pipeline-schedule": dict(pp=2, schedule="dualpipe"),
+             "torchtitan-ep-overlap-dualpipev": dict(pp=2, vpp=2, schedule="interleaved", ep=2, ep_comm_overlap=True)}
     assert set(cases) == {ref.rule for s in SPECS for ref in s.refusals}
     for spec in SPECS:
         for ref in spec.refusals:
@@ -245,6 +253,10 @@ def test_what_torchtitan_holds_and_refuses_is_one_spec():
     assert tt.model_states.__name__ == "torchtitan_states" and tt.buffers.__name__ == "torchtitan_buffers"
     assert tt.zero_stages == (0, 2, 3) and tt.recompute == ("none", "full", "op-sac") and tt.cp_modes == ("ring",)
     assert tt.fp8_recipes == ("fp8", "fp8-rowwise", "mxfp8") and tt.optimizers == ("adam",)
-    assert tt.switches == {"tp_comm_overlap"} and [r.rule for r in tt.refusals] == ["torchtitan-tp-shards-sequence"]
+    assert tt.switches == {"tp_comm_overlap", "ep_comm_overlap"}
+    assert [r.rule for r in tt.refusals] == ["torchtitan-pipeline-schedule", "torchtitan-ep-overlap-dualpipev",
+                                             "torchtitan-tp-shards-sequence"]
+    assert (tt.export.schedules["zbv"], tt.export.schedules["dualpipev"]) == ("ZBVZeroBubble", "DualPipeV")
+    assert "dualpipe" not in tt.export.schedules
     assert tt.behaviour.fp32_grad_reduction and tt.behaviour.holds_stage_outputs and not tt.behaviour.sp_regather
     assert tt.export.format == "toml" and tt.export.schedules["interleaved"] == "Interleaved1F1B"

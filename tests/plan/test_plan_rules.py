@@ -21,7 +21,7 @@ SCENARIO = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--s
 
 # --- modes -------------------------------------------------------------------------------------------
 def test_modes_keep_their_codes_and_labels():
-    assert SCHEDULES == ("1f1b", "interleaved", "gpipe", "zb-h1")
+    assert SCHEDULES == ("1f1b", "interleaved", "gpipe", "zb-h1", "zbv", "dualpipe", "dualpipev")
     assert CP_MODES == ("ring", "ulysses")
     assert OPTIMIZERS == ("adam", "onebit-adam", "zero-one-adam", "onebit-lamb")
     assert Schedule.ONE_F_ONE_B.label == "1f1b" and Schedule.ONE_F_ONE_B == 0 and Schedule.ZB_H1 == 3
@@ -34,7 +34,7 @@ def test_modes_keep_their_codes_and_labels():
 def test_mode_parse_names_field_and_accepted():
     with pytest.raises(ConfigError) as e:
         Schedule.parse("1F1B")
-    assert e.value.field == "schedule" and e.value.accepted == "1f1b, interleaved, gpipe, zb-h1"
+    assert e.value.field == "schedule" and e.value.accepted == "1f1b, interleaved, gpipe, zb-h1, zbv, dualpipe, dualpipev"
 
 
 def test_plan_batch_round_trips_plans():

@@ -13,6 +13,7 @@ from paraplan.costmodels.estimate import estimate
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan
 from paraplan.planner.search import score_batch, search
+from paraplan.planner.simplicity import TIE_SHARE
 from paraplan.planner.space import SpaceOptions, compose
 from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import TrainingJob
@@ -47,8 +48,10 @@ def test_published_layout_is_in_the_space_and_the_best_is_at_least_as_fast(case)
     assert _in_space(batch, plan).sum() == 1
     published = estimate(case.model, case.job, case.cluster, plan)
     assert published.feasible, "a run that was really trained must fit the memory model"
-    best = search(case.model, case.job, case.cluster, top=1).best
-    assert best.step_time_s <= published.step_time_s * (1 + 1e-9)
+    result = search(case.model, case.job, case.cluster, top=1)
+    assert result.fastest.step_time_s <= published.step_time_s * (1 + 1e-9)
+    # the plan ranked first may be a simpler layout tied with the fastest (within the estimator's resolution)
+    assert result.best.step_time_s <= published.step_time_s * (1 + TIE_SHARE)
 
 
 def test_micro_batch_one_is_usually_best_with_pipelines():
