@@ -14,15 +14,17 @@ from paraplan.workloads.names import model_preset_for_name
     ("H100 SXM5", "dgx-h100"), ("H100-96GB HBM2e (Grand Teton, 500W)", "grand-teton-h100"),
     ("H200 SXM 141GB", "dgx-h200"), ("DGX-H200", "dgx-h200"), ("HGX B200", "dgx-b200"), ("GB200 NVL72", "gb200-nvl72"),
     ("DGX-GB300", "gb300-nvl72"), ("V100-SXM2-16GB", "dgx1-v100"), ("V100 32GB", "dgx2-v100"), ("H800", "hgx-h800"),
-    ("MI300X", "mi300x-x8")])
+    ("MI300X", "mi300x-x8"), ("B300", "dgx-b300"), ("HGX B300", "dgx-b300"), ("B300-SXM-270GB", "dgx-b300"),
+    ("DGX-B300", "dgx-b300"), ("GB300 NVL72", "gb300-nvl72"), ("AMD Instinct MI355X", "mi355x-x8"),
+    ("MI325X 256GB HBM3E", "mi325x-x8"), ("MI350X-OAM-288GB", "mi350x-x8")])
 def test_gpu_names_read_into_system_presets(name, system):
     found = system_for_gpu(name)
     assert not isinstance(found, str) and found.preset == system and found.assumption is None
 
 
 def test_gpu_names_without_a_preset_say_why_and_unstated_memory_is_said():
-    for name, words in (("H100 PCIe", "PCIe"), ("A100-PCIe-40GB", "PCIe"), ("B300", "B300"), ("TPU v4", "no system preset"),
-                        ("MI250X", "MI300X only"), ("GH200", "GH200"),
+    for name, words in (("H100 PCIe", "PCIe"), ("A100-PCIe-40GB", "PCIe"), ("TPU v4", "no system preset"),
+                        ("MI250X", "MI355X are"), ("GH200", "GH200"),
                         ("dgx-h1000", "no system preset"), ("xb200", "no system preset")):
         reason = system_for_gpu(name)
         assert isinstance(reason, str) and words in reason and repr(name) in reason
