@@ -42,7 +42,7 @@ SWITCHES: tuple[Switch, ...] = (
            "--engine {engines} with an fp8 --dtype, or no --fp8-param-gather",
            requires=lambda P: is_fp8(P.dtype), requires_axes=("dtype",),
            requirement="fp8 parameters (--fp8-param-gather) need an fp8 dtype (fp8, fp8-delayed, fp8-blockwise, "
-                       "mxfp8); this plan trains in {dtype}"),
+                       "mxfp8; or nvfp4: --fp4-param-gather); this plan trains in {dtype}"),
     Switch("tp_comm_overlap", "tp_comm_overlap", lambda P: np.asarray(P.tp_comm_overlap, bool),
            "engine-tp-comm-overlap", "the engine has no TP communication overlap",
            "--engine {engine} does not overlap tensor-parallel communication "
@@ -176,8 +176,10 @@ MEGATRON = EngineSpec(
     # --recompute-granularity selective | full; op-level SAC is torchtitan's
     recompute=("none", "selective", "full"), recompute_note="op-level SAC is torchtitan's; --engine {engine} offers {offered}",
     cp_modes=("ring", "ulysses"), cp_mode_note="",
-    # --fp8-recipe {tensorwise, delayed, blockwise, mxfp8} (Transformer Engine); no row-wise recipe
-    fp8_recipes=("fp8", "fp8-delayed", "fp8-blockwise", "mxfp8"),
+    # --fp8-recipe {tensorwise, delayed, blockwise, mxfp8} (Transformer Engine); no row-wise recipe;
+    # --fp4-format e2m1 --fp4-recipe nvfp4 (choices ['nvfp4'] only: no mxfp4; NVIDIA/Megatron-LM @ 307dcf3 :
+    # megatron/training/arguments.py, _add_transformer_engine_args)
+    fp8_recipes=("fp8", "fp8-delayed", "fp8-blockwise", "mxfp8", "nvfp4"),
     optimizers=("adam",),
     switches=frozenset({"offload_activation_layers", "grad_reduce_bf16", "fp8_param_gather", "tp_comm_overlap",
                         "ep_comm_overlap", "moe_flex_dispatch", "recompute_modules"}),
@@ -232,7 +234,8 @@ MEGATRON = EngineSpec(
                         ("moe_flex_dispatch", (("--moe-token-dispatcher-type", "flex"),
                                                ("--moe-flex-dispatcher-backend", "deepep"))),
                         ("grad_reduce_bf16", (("--grad-reduce-in-bf16",),))),
-        fp8_recipes={"fp8": "tensorwise", "fp8-delayed": "delayed", "fp8-blockwise": "blockwise", "mxfp8": "mxfp8"},
+        fp8_recipes={"fp8": "tensorwise", "fp8-delayed": "delayed", "fp8-blockwise": "blockwise", "mxfp8": "mxfp8",
+                     "nvfp4": "nvfp4"},
         fsdp_strategy=MEGATRON_FSDP_STRATEGY),
 )
 
