@@ -82,7 +82,10 @@ def tp_gathers_fp8(plan):
       backward ``grad_output_preprocess`` gathers the quantized output gradient the same way ("FP8
       with all-gather: unfused bgrad, fused cast + transpose"; NVIDIA/TransformerEngine
       transformer_engine/pytorch/module/layernorm_linear.py, base.py), the userbuffers overlap path
-      alike. MXFP8 and block-scaled formats are left at 16 bit here (not read).
+      alike. NVFP4 too: its sequence-parallel input and gradient are quantized after an amax reduction and
+      gathered in NVFP4 (Transformer Engine docs, features/low_precision_training/nvfp4, "Distributed
+      training"; 0.5625 bytes per element, tpcomm.tp_gathered_bytes). MXFP8 and block-scaled fp8 formats
+      are left at 16 bit here (not read).
 
     Only the layers' linear inputs: the LM head runs in 16 bit, and an MoE dispatcher gathers its
     routed tokens before any quantization (:func:`tp_allreduce_time`'s ``fp8_gathers``). The fp8 dtypes
@@ -171,7 +174,7 @@ FP4_ASSUMPTIONS = (
     "optimizer stay in bf16/fp32",
     "fp4 ({dtype}): every micro-batch quantizes the GEMM inputs, weights and output gradients at {cast:g} bytes per "
     "element ({detail}); quantized copies and saved inputs at {qb:g} bytes per element (4-bit values and their block "
-    "scales); sequence-parallel and parameter all-gathers priced in 16 bit (fp4 gathers not modelled)",
+    "scales); {gathers}",
 )
 FP4_CAST_DETAIL = {"nvfp4": "amax pass for the fp32 tensor scale, row-wise 1x16 cast, column-wise cast behind the "
                             "wgrad GEMM's random Hadamard transform", "mxfp4": "one pass writing both block directions"}
@@ -182,8 +185,11 @@ def fp8_assumptions(plan, **_) -> tuple[str, ...]:
     FP4_ASSUMPTIONS), the row-wise recipe's backward (:func:`fp8_rowwise_rescale_time`) and fp8
     sequence-parallel gathers (:func:`tp_gathers_fp8`)."""
     if is_fp4(plan.dtype):
+        gathers = ("sequence-parallel all-gathers carry the quantized inputs and output gradients (Transformer Engine's "
+                   "NVFP4 gathers after an amax reduction; fp8.tp_gathers_fp8)" if bool(np.all(tp_gathers_fp8(plan)))
+                   else "sequence-parallel all-gathers in 16 bit")
         return tuple(a.format(dtype=plan.dtype, cast=FP8_CAST_BYTES_PER_ELEMENT[plan.dtype], qb=quantized_bytes(plan.dtype),
-                              detail=FP4_CAST_DETAIL[plan.dtype]) for a in FP4_ASSUMPTIONS)
+                              detail=FP4_CAST_DETAIL[plan.dtype], gathers=gathers) for a in FP4_ASSUMPTIONS)
     rowwise = (FP8_ROWWISE_BACKWARD,) if plan.dtype == "fp8-rowwise" else ()
     fp8_tp = (FP8_TP_GATHER,) if bool(np.all(tp_gathers_fp8(plan))) else ()
     return (FP8_ASSUMPTIONS if is_fp8(plan.dtype) else ()) + rowwise + fp8_tp

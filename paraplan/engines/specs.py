@@ -121,7 +121,7 @@ GENERIC = EngineSpec(
         saves_permuted_flash_output=False, picks_cudnn_attention=False, cudnn_attention_note="",
         compiled_blocks=False, separate_input_linears=False,
         # fp8 as Transformer Engine runs it (the megatron engine's fp8 facts)
-        caches_fp8_weights=True, saves_fp8_linear_inputs=True, fp8_tp_gather_dtypes=("fp8", "fp8-delayed"),
+        caches_fp8_weights=True, saves_fp8_linear_inputs=True, fp8_tp_gather_dtypes=("fp8", "fp8-delayed", "nvfp4"),
         fp8_fsdp_gather_dtypes=(),
         router_weights_in_activation=False, eager_expert_biases=False, dropless_host_sync=False,
         folds_expert_parallelism=False,
@@ -212,8 +212,10 @@ MEGATRON = EngineSpec(
         compiled_blocks=False, separate_input_linears=False,   # linear_qkv, linear_fc1 fused
         # Transformer Engine: the fp8 weight cached per step (is_first_microbatch), the linears' inputs
         # saved as fp8 casts (module/linear.py, layernorm_linear.py), fp8 sequence-parallel gathers for
-        # the per-tensor recipes (gather_along_first_dim with a quantizer)
-        caches_fp8_weights=True, saves_fp8_linear_inputs=True, fp8_tp_gather_dtypes=("fp8", "fp8-delayed"),
+        # the per-tensor recipes (gather_along_first_dim with a quantizer), and NVFP4 gathers: the input and
+        # gradient of sequence parallelism quantized after an amax reduction, so all ranks share the fp32
+        # tensor scale (Transformer Engine docs, features/low_precision_training/nvfp4, "Distributed training")
+        caches_fp8_weights=True, saves_fp8_linear_inputs=True, fp8_tp_gather_dtypes=("fp8", "fp8-delayed", "nvfp4"),
         fp8_fsdp_gather_dtypes=(),
         # MoE (megatron/core/transformer/moe): TEGroupedMLP weights the copies inside its activation
         # (weighted_bias_swiglu_impl) and adds expert biases in an eager loop; the dropless dispatcher syncs

@@ -62,8 +62,9 @@ def test_nvfp4_weight_copies_and_casts_in_bytes_of_the_format():
     params = 1e9
     fp8, fp4 = (fp8_weight_copy_bytes(MODEL, params, plan(d)) for d in ("fp8", "nvfp4"))
     assert float(fp8) == pytest.approx(2 * params) and float(fp4) == pytest.approx(1.125 * params)
-    # block-scaled fp8 casts 6 bytes per element, and neither gathers quantized: same elements, the recipe's bytes
-    f8, f4 = (fp8_cast_times(MODEL, JOB, plan(d), curves)[0] for d in ("fp8-blockwise", "nvfp4"))
+    # per-tensor fp8 casts 6 bytes per element, and both cast the gathered tensors on their sequence shard:
+    # same elements, the recipe's bytes
+    f8, f4 = (fp8_cast_times(MODEL, JOB, plan(d), curves)[0] for d in ("fp8", "nvfp4"))
     assert f4 / f8 == pytest.approx(7.125 / 6, rel=0.05)
 
 
@@ -124,3 +125,22 @@ def test_megatron_export_writes_the_fp4_flags():
     assert flags["--first-last-layers-bf16"] is True and flags["--num-layers-at-start-in-bf16"] == "0"
     assert flags["--num-layers-at-end-in-bf16"] == str(round(0.16 * 80))
     assert flags["--fp4-param-gather"] is True and "--fp8-recipe" not in flags and "--fp8-param-gather" not in flags
+
+
+@pytest.mark.parametrize("cell, dtype", [("NVFP4", "nvfp4"), ("nvfp4", "nvfp4"), ("FP4", "nvfp4"), ("MXFP4", "mxfp4"),
+                                         ("FP8-MX", "mxfp8"), ("BF16", "bf16")])
+def test_published_precision_cells_read_nvfp4_and_mxfp4(cell, dtype):
+    """Published runs name the recipe as Megatron-Bridge's tables do ("NVFP4"): read, not refused."""
+    from paraplan.calibration.cells import dtype_of_precision
+    assumed = []
+    assert dtype_of_precision(cell, assumed) == dtype
+    assert bool(assumed) == (cell == "FP4")
+
+
+def test_sequence_parallel_gathers_carry_nvfp4_under_transformer_engine():
+    """TE quantizes the sequence-parallel input and gradient after an amax reduction and gathers them in
+    NVFP4: 0.5625 of a byte per element against bf16's 2; torchtitan has no nvfp4 recipe at all."""
+    from paraplan.costmodels.tpcomm import tp_gathered_bytes
+    b, f4 = (tp_gathered_bytes(MODEL, JOB, plan(d)) for d in ("bf16", "nvfp4"))
+    assert float(f4 / b) == pytest.approx(0.5625 / 2)
+    assert float(tp_gathered_bytes(MODEL, JOB, plan("nvfp4", sp=False))) == pytest.approx(float(b))
