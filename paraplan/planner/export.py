@@ -450,7 +450,7 @@ def build_deepspeed(s: Scenario, spec: EngineSpec) -> Export:
         "wall_clock_breakdown": False,
     }
     if is_fp8(p.dtype):
-        raise ConfigError("dtype", "DeepSpeed has no fp8 training recipe of its own (fp8 runs through "
+        raise ConfigError("dtype", f"DeepSpeed has no {p.dtype} training recipe of its own (fp8 and fp4 run through "
                           "Transformer Engine modules in the model code)", accepted="bf16, fp16")
     cfg["bf16" if p.dtype == "bf16" else "fp16"] = ({"enabled": True} if p.dtype == "bf16"
                                                     else {"enabled": True, "loss_scale": 0})
