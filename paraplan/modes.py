@@ -100,7 +100,18 @@ class Dtype(Mode):
       fp8-blockwise  1x128 activation / 128x128 weight blocks (DeepSeek-V3; TE Float8BlockScaling,
                      Megatron ``--fp8-recipe blockwise``)
       mxfp8          OCP microscaling, 32-element blocks with e8m0 scales, in the tensor cores of
-                     Blackwell (Megatron ``--fp8-recipe mxfp8``, TE MXFP8BlockScaling)"""
+                     Blackwell (Megatron ``--fp8-recipe mxfp8``, TE MXFP8BlockScaling)
+
+    The fp4 members run the same linear-layer GEMMs (fprop, dgrad and wgrad) in 4-bit E2M1 with
+    block scales, on parts whose tensor cores take the format (``Accelerator.fp4_formats``), and keep
+    the same layers as fp8 outside it; they reuse the fp8 machinery (casts, cached weight copies,
+    saved quantized inputs) with their own byte counts (:data:`QUANTIZED_BYTES`):
+      nvfp4          NVIDIA's NVFP4: 16-element blocks with an fp8 E4M3 scale, plus one fp32 scale per
+                     tensor; weights in 16x16 blocks, a 16-point random Hadamard transform on the wgrad
+                     GEMM's inputs, stochastic rounding of gradients (TE NVFP4BlockScaling; Megatron
+                     ``--fp4-format e2m1 --fp4-recipe nvfp4``); Blackwell (sm100+). The recipe keeps a
+                     share of the linear layers in bf16 (NVFP4_BF16_LINEAR_SHARE)
+      mxfp4          OCP MXFP4: 32-element blocks with e8m0 scales (AMD CDNA 4's MXFP4, Blackwell's)"""
     BF16 = "bf16"
     FP16 = "fp16"
     FP32 = "fp32"
@@ -109,19 +120,47 @@ class Dtype(Mode):
     FP8_ROWWISE = "fp8-rowwise"
     FP8_BLOCKWISE = "fp8-blockwise"
     MXFP8 = "mxfp8"
+    NVFP4 = "nvfp4"
+    MXFP4 = "mxfp4"
 
 
+#: the 4-bit recipes (their linear-layer GEMMs run at the part's fp4 peak)
+FP4_DTYPES = frozenset({Dtype.NVFP4.label, Dtype.MXFP4.label})
+#: every dtype whose linear layers run quantized with a scaling recipe (the fp8 recipes and the fp4 ones,
+#: which reuse the fp8 machinery: casts, cached weight copies, saved quantized inputs, engine recipes)
 FP8_DTYPES = frozenset({Dtype.FP8.label, Dtype.FP8_DELAYED.label, Dtype.FP8_ROWWISE.label,
-                        Dtype.FP8_BLOCKWISE.label, Dtype.MXFP8.label})
+                        Dtype.FP8_BLOCKWISE.label, Dtype.MXFP8.label}) | FP4_DTYPES
+
+#: bytes per element of a quantized tensor, its block scales included: fp8 1 (per-tensor / per-row
+#: scales are negligible); NVFP4 0.5 + 1/16 (an E4M3 scale per 16 elements; the fp32 per-tensor scale
+#: is negligible), MXFP4 0.5 + 1/32 (an E8M0 scale per 32 elements). Sources: Transformer Engine
+#: docs, features/low_precision_training/nvfp4 ("x = x_e2m1 * s_block * s_global", s_block FP8 E4M3
+#: per 16 consecutive elements, s_global FP32 per tensor); OCP Microscaling Formats (MX) v1.0 (MXFP4:
+#: k = 32, E8M0 scale)
+QUANTIZED_BYTES = {Dtype.NVFP4.label: 0.5 + 1 / 16, Dtype.MXFP4.label: 0.5 + 1 / 32}
 
 
 def is_fp8(dtype: str) -> bool:
-    """Whether the training dtype runs its linear-layer GEMMs in fp8 (any recipe)."""
+    """Whether the training dtype runs its linear-layer GEMMs quantized with a scaling recipe: any fp8
+    recipe, or an fp4 one (:data:`FP4_DTYPES`, which reuses the fp8 machinery)."""
     return dtype in FP8_DTYPES
 
 
+def is_fp4(dtype: str) -> bool:
+    """Whether the training dtype runs its linear-layer GEMMs in a 4-bit format (nvfp4, mxfp4)."""
+    return dtype in FP4_DTYPES
+
+
+def quantized_bytes(dtype: str) -> float:
+    """Bytes per element of the recipe's quantized tensors (:data:`QUANTIZED_BYTES`; 1 for fp8)."""
+    return QUANTIZED_BYTES.get(dtype, 1.0)
+
+
 def gemm_dtype(dtype: str) -> str:
-    """The number format of the linear-layer GEMMs: ``fp8`` for every fp8 recipe, else the dtype."""
+    """The number format of the linear-layer GEMMs: ``fp8`` for every fp8 recipe, ``fp4`` for the
+    4-bit ones, else the dtype."""
+    if dtype in FP4_DTYPES:
+        return "fp4"
     return "fp8" if dtype in FP8_DTYPES else dtype
 
 

@@ -28,7 +28,7 @@ from paraplan.modes import AttentionKernel, CpMode, Dtype, Mode, Offload, Optimi
 
 # re-exported, so that ``from paraplan.plan import ...`` keeps working where these lived before
 from paraplan.engines import MEGATRON_FSDP_STRATEGY  # noqa: F401
-from paraplan.modes import FP8_DTYPES, compute_dtype, gemm_dtype  # noqa: F401
+from paraplan.modes import FP4_DTYPES, FP8_DTYPES, compute_dtype, gemm_dtype, is_fp4, quantized_bytes  # noqa: F401
 
 
 SCHEDULES = Schedule.labels()
@@ -325,7 +325,9 @@ class Plan:
     dtype: str = mode_field(Dtype.BF16, per_batch=True)
     """Training precision: bf16, fp16, fp32 (CPU validation), or fp8 linear layers with their scaling
     recipe: fp8 (per-tensor current scaling), fp8-delayed, fp8-rowwise, fp8-blockwise, mxfp8
-    (Blackwell). On plan and whatif without a fixed plan: search plans in that precision."""
+    (Blackwell), or fp4 linear layers: nvfp4 (Blackwell: B200, GB200, B300, GB300), mxfp4 (parts
+    with MXFP4 tensor cores: Blackwell, AMD MI350X / MI355X). On plan and whatif without a fixed
+    plan: search plans in that precision."""
     flash_attention: bool = True
     """Attention as a fused kernel that never materialises the score matrix (FlashAttention, Dao et
     al. 2022); off: the scores and probabilities are materialised, and the softmax output is kept for
@@ -929,6 +931,17 @@ def _engine_rule(name: str) -> Rule:
                 uses_scene=False)
 
 
+def _fp4_refusal(dtype: str, accelerator) -> str:
+    """Why an fp4 dtype is refused on ``accelerator``, with the dtypes it does take."""
+    takes = [d for d in Dtype.labels() if d not in FP4_DTYPES or d in accelerator.fp4_formats]
+    takes = [d for d in takes if d != "fp32" and (gemm_dtype(d) in accelerator.peak_flops or d in ("bf16", "fp16"))
+             and (d != Dtype.MXFP8.label or accelerator.microscaling)]
+    has = (f"its fp4 tensor cores take {', '.join(accelerator.fp4_formats)}" if accelerator.fp4_formats
+           else "it has no fp4 tensor cores")
+    return (f"{accelerator.name} cannot train in {dtype}: {has} (nvfp4 runs on Blackwell: b200, gb200, b300, gb300; "
+            f"mxfp4 on Blackwell and AMD mi350x, mi355x); accepted here: {', '.join(takes)}")
+
+
 RULES: tuple[Rule, ...] = (
     _r("degrees-divide-gpus", "tp*pp*cp does not divide the GPU count", ILLEGAL, ("tp", "pp", "cp"),
        lambda P, s: s.gpus % _mp(P) != 0, _degrees_message),
@@ -1068,6 +1081,10 @@ RULES: tuple[Rule, ...] = (
        lambda p, s: (f"{s.cluster.accelerator.name} has no microscaling (MX) tensor cores; mxfp8 runs on "
                      "Blackwell (b200, gb200, gb300); use --dtype fp8 or fp8-blockwise"),
        field="dtype", accepted="fp8, fp8-delayed, fp8-rowwise, fp8-blockwise"),
+    _r("fp4-supported", "no tensor cores for this fp4 format on this accelerator", ILLEGAL, ("dtype",),
+       lambda P, s: is_fp4(P.dtype) and P.dtype not in s.cluster.accelerator.fp4_formats,
+       lambda p, s: _fp4_refusal(p.dtype, s.cluster.accelerator),
+       field="dtype", accepted=None),
     _r("ep-needs-moe", "expert parallelism needs a mixture-of-experts model", ILLEGAL, ("ep",),
        lambda P, s: (P.ep > 1) & (not _moe(s)),
        lambda p, s: f"ep({p.ep}) needs a mixture-of-experts model; {s.model.name} is dense"),

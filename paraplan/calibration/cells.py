@@ -277,9 +277,16 @@ def offload_of_cell(text, assumed: list) -> tuple[str, bool]:
 def dtype_of_precision(precision: str, assumed: list) -> str:
     """paraplan dtype for a precision cell, "" when not understood: bf16 / amp_bf16, fp16 / mixed (fp16),
     FP8-CS per-tensor current scaling, FP8-DS delayed scaling, FP8-MX mxfp8, torchao's float8 tensorwise /
-    rowwise; NeMo 24.07's Transformer Engine default recipe was delayed scaling; an unnamed FP8 recipe is
-    taken as current scaling (the Megatron-Bridge pages' default)."""
+    rowwise; NVFP4 (Megatron-Bridge's "NVFP4", Transformer Engine's NVFP4BlockScaling) and MXFP4; NeMo
+    24.07's Transformer Engine default recipe was delayed scaling; an unnamed FP8 recipe is taken as
+    current scaling (the Megatron-Bridge pages' default)."""
     p = precision.lower()
+    if "mxfp4" in p or "mx-fp4" in p or "fp4-mx" in p:
+        return "mxfp4"
+    if "nvfp4" in p or "fp4" in p:
+        if "nvfp4" not in p:
+            assumed.append("fp4 recipe = NVFP4 (Transformer Engine's NVFP4BlockScaling; not stated)")
+        return "nvfp4"
     if p.startswith("bf16") or p.startswith("amp_bf16") or p in ("bfloat16", "mixed (bf16)"):
         return "bf16"
     if p.startswith("fp16") or p.startswith("float16") or p == "mixed (fp16)":

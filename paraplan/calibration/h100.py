@@ -132,7 +132,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     dtype = dtype_of_precision(str(r["precision"]), assumed)
     if not dtype:
         return (f"precision {r['precision']!r} not understood (bf16, fp16, FP8-CS, FP8-DS / delayed, FP8-MX / "
-                "mxfp8, float8 tensorwise / rowwise are)")
+                "mxfp8, float8 tensorwise / rowwise, NVFP4, MXFP4 are)")
     cp, sp, cp_mode = cp_sp(r["cp_or_sp"])
     engine = engine_of_source(str(r["source"]), assumed)
     defaults = recipes.engine_defaults[engine]

@@ -5,16 +5,31 @@ from paraplan.hardware.catalog import load_part, preset_names
 from paraplan.workloads.presets import load_model, model_names
 
 
+#: the dense peaks ``list`` prints per accelerator, in this order
+LISTED_PEAKS = ("bf16", "fp8", "fp4")
+
+
+def _sources(part, indent: str = "      ") -> None:
+    """Print each figure's source of a catalogue part (``--sources``)."""
+    for key, src in part.sources.items():
+        print(f"{indent}{key}: {src}")
+
+
 def cmd_list(args) -> int:
-    """Print the presets of one kind (or all hardware)."""
+    """Print the presets of one kind (or all hardware); ``--sources`` adds every figure's source."""
     what = args.what
+    sources = getattr(args, "sources", False)
     if what in ("hardware", "accelerators"):
-        print("accelerators")
+        print("accelerators (dense peaks in TFLOP/s; fp4 formats the tensor cores train in)")
         for n in preset_names("accelerators"):
             a = load_part("accelerators", n)
-            peak = a.peak_flops.get("bf16") or a.peak_flops.get("fp16")
-            print(f"  {n:12s} {a.model:28s} {a.memory_bytes / 2**30:6.0f} GiB  {a.memory_bandwidth_bytes_per_s / 1e12:5.2f} TB/s"
-                  f"  {peak / 1e12:7.1f} TFLOP/s 16-bit")
+            peaks = {k: a.peak_flops.get(k) or (a.peak_flops.get("fp16") if k == "bf16" else None) for k in LISTED_PEAKS}
+            peak_text = "  ".join(f"{k} {v / 1e12:7.1f}" if v else f"{k} {'-':>7s}" for k, v in peaks.items())
+            fp4 = f"  ({', '.join(a.fp4_formats)})" if a.fp4_formats else ""
+            print(f"  {n:14s} {a.model:36s} {a.memory_bytes / 2**30:5.0f} GiB  {a.memory_bandwidth_bytes_per_s / 1e12:5.2f} TB/s"
+                  f"  {peak_text}{fp4}")
+            if sources:
+                _sources(a)
     if what in ("hardware", "systems"):
         print("systems (use as --cluster NAME --gpus N)")
         for n in preset_names("systems"):
@@ -26,6 +41,8 @@ def cmd_list(args) -> int:
                   f"  host {s.host_cpu_sockets} x {s.host_cpu.name}, {s.host_memory_bytes / 2**30:.0f} GiB"
                   + (f"  ({s.hosts_per_node} hosts of {s.gpus_per_host} GPUs; --gpus: {s.accepted_gpus()})"
                      if s.hosts_per_node > 1 else ""))
+            if sources:
+                _sources(s)
     if what in ("hardware", "cpus"):
         print("CPUs")
         for n in preset_names("cpus"):
@@ -50,4 +67,6 @@ def register(sub) -> None:
     """Add ``list`` to the subparsers."""
     ls = sub.add_parser("list", help="show presets")
     ls.add_argument("what", choices=("hardware", "models", "accelerators", "systems", "cpus", "nvme"))
+    ls.add_argument("--sources", action="store_true",
+                    help="under each accelerator and system, every figure's source (catalogue files' sources)")
     ls.set_defaults(func=cmd_list)

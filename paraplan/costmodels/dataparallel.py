@@ -45,7 +45,7 @@ from paraplan.costmodels.fp8 import FP8_GATHER_BYTES_RATIO
 from paraplan.costmodels.kernels import Number, element_bytes, megatron_grad_bytes
 from paraplan.costmodels.memory import deepspeed_bf16_optimizer, megatron_fp8_params
 from paraplan.engines import engine_flag, engine_where, spec_of
-from paraplan.plan import Optimizer, expert_data_parallel, expert_group_strides, expert_parallel_folded
+from paraplan.plan import Optimizer, expert_data_parallel, quantized_bytes, expert_group_strides, expert_parallel_folded
 
 # Share of an overlapped collective's duration that it costs the compute beneath it (NCCL kernels
 # occupy SMs and HBM bandwidth): Lee et al. 2025's measured average (arXiv:2507.03114), for every tier
@@ -108,9 +108,10 @@ def fp8_all_gather_factor(plan):
     (``float8.enable_fsdp_float8_all_gather`` with per-tensor scaling, which paraplan's export turns
     on for ``--dtype fp8`` under FSDP: weights are cast before the all-gather) and where Megatron-LM's
     parameters are fp8 (``plan.fp8_param_gather``: the distributed optimizer and Megatron-FSDP gather
-    the fp8 data), else 1. The dtypes an engine gathers in fp8 so: its ``Behaviour.fp8_fsdp_gather_dtypes``."""
+    the fp8 data; 0.28 for fp4 parameters: 0.5625 bytes of NVFP4 data and scales over 2), else 1. The dtypes an engine gathers in fp8 so: its ``Behaviour.fp8_fsdp_gather_dtypes``."""
     fsdp_fp8 = engine_where(plan, lambda spec: plan.dtype in spec.behaviour.fp8_fsdp_gather_dtypes)
-    return np.where(fsdp_fp8 | megatron_fp8_params(plan), FP8_GATHER_BYTES_RATIO, 1.0)
+    # fp4 parameters (Megatron --fp4-param-gather under nvfp4) gather their 4-bit data and block scales
+    return np.where(fsdp_fp8 | megatron_fp8_params(plan), FP8_GATHER_BYTES_RATIO * quantized_bytes(plan.dtype), 1.0)
 
 
 # torchtitan reduces gradients in fp32 (FP32_GRAD_BYTES): its FSDP2 MixedPrecisionPolicy takes reduce_dtype from

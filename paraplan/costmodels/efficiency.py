@@ -115,14 +115,15 @@ class AnalyticalCurves:
     def gemm_memory_time(self, m, n, k, dtype: str = "bf16"):
         """Seconds one (m x k)·(k x n) GEMM needs at least to move its operands and its output through
         HBM once, at the streaming rate: (mk + kn)·w_in + mn·w_out bytes, w_in the format's width (fp8
-        1, 16-bit 2, fp32 4) and w_out 2 for fp8 GEMMs (bf16 output), else w_in. The memory side of a
+        1, NVFP4 0.5625 with its block scales, 16-bit 2, fp32 4) and w_out 2 for fp8 and fp4 GEMMs (bf16
+        output), else w_in. The memory side of a
         per-op roofline, max(compute, memory) (cli99/llm-analysis @ d841e40 analysis.py, per-op latency;
         calculon-ai/calculon @ caa4b11 calculon/system.py, ``roofline`` mode): it binds only on thin GEMMs, whose
         arithmetic intensity 2mnk / bytes falls below peak FLOP/s over HBM bandwidth (H100 bf16: ~200
         FLOP per byte at the curves' rates), e.g. a 128-wide key or value projection."""
         m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
         w_in = GEMM_OPERAND_BYTES.get(dtype, 2.0)
-        w_out = 2.0 if dtype == "fp8" else w_in
+        w_out = 2.0 if dtype in ("fp8", "fp4") else w_in
         return self.streaming_time((m * k + k * n) * w_in + m * n * w_out, kernels=0)
 
     def grouped_gemm_time(self, m, n, k, groups, dtype: str = "bf16"):

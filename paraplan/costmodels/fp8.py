@@ -11,7 +11,7 @@ import numpy as np
 from paraplan.costmodels.kernels import (attention_gemm_elements_per_token, fp8_recipe_gemm_efficiency, micro_batches,
                                          separate_input_projections, tokens_per_rank)
 from paraplan.engines import engine_flag, engine_where
-from paraplan.plan import is_fp8
+from paraplan.plan import is_fp4, is_fp8, quantized_bytes
 
 
 # Bytes moved per element quantized to fp8, by recipe (read 16-bit = 2, write fp8 = 1):
@@ -23,7 +23,13 @@ from paraplan.plan import is_fp8
 #   mxfp8: both block directions written in one pass (Blackwell)                             = 4
 # (Transformer Engine's cast/cast-transpose kernels, torchao float8; no measured figure is published
 # for them, so these are byte counts, priced at the curves' memory-bound rate.)
-FP8_CAST_BYTES_PER_ELEMENT = {"fp8": 6, "fp8-delayed": 4, "fp8-rowwise": 6, "fp8-blockwise": 6, "mxfp8": 4}
+#   nvfp4: a per-tensor amax pass for the fp32 global scale 2, the row-wise 1x16 cast 2 + 0.5625, and
+#     the column-wise cast for the wgrad GEMM behind its 16-point random Hadamard transform, which
+#     re-reads the 16-bit tensor 2 + 0.5625 (Transformer Engine NVFP4BlockScaling: RHT "only for
+#     wgrad GEMM"; docs features/low_precision_training/nvfp4)                               = 7.125
+#   mxfp4: both block directions written in one pass, as mxfp8, at 0.53125 bytes each     = 3.0625
+FP8_CAST_BYTES_PER_ELEMENT = {"fp8": 6, "fp8-delayed": 4, "fp8-rowwise": 6, "fp8-blockwise": 6, "mxfp8": 4,
+                              "nvfp4": 2 + 2 * (2 + 0.5 + 1 / 16), "mxfp4": 2 + 2 * (0.5 + 1 / 32)}
 FP8_CAST_KERNELS_FORWARD = 8     # 4 GEMM inputs + 4 weights, one launch each (amax and cast fused)
 FP8_CAST_KERNELS_BACKWARD = 4    # 4 output gradients
 
@@ -76,7 +82,10 @@ def tp_gathers_fp8(plan):
       backward ``grad_output_preprocess`` gathers the quantized output gradient the same way ("FP8
       with all-gather: unfused bgrad, fused cast + transpose"; NVIDIA/TransformerEngine
       transformer_engine/pytorch/module/layernorm_linear.py, base.py), the userbuffers overlap path
-      alike. MXFP8 and block-scaled formats are left at 16 bit here (not read).
+      alike. NVFP4 too: its sequence-parallel input and gradient are quantized after an amax reduction and
+      gathered in NVFP4 (Transformer Engine docs, features/low_precision_training/nvfp4, "Distributed
+      training"; 0.5625 bytes per element, tpcomm.tp_gathered_bytes). MXFP8 and block-scaled fp8 formats
+      are left at 16 bit here (not read).
 
     Only the layers' linear inputs: the LM head runs in 16 bit, and an MoE dispatcher gathers its
     routed tokens before any quantization (:func:`tp_allreduce_time`'s ``fp8_gathers``). The fp8 dtypes
@@ -157,9 +166,30 @@ FP8_TP_GATHER = ("fp8: sequence parallelism casts the attention and MLP inputs (
                  "and an MoE dispatcher's gathers stay 16-bit (fp8.tp_gathers_fp8)")
 
 
+FP4_ASSUMPTIONS = (
+    "fp4 ({dtype}): the linear layers' fprop, dgrad and wgrad GEMMs run in 4-bit E2M1 at the part's dense fp4 peak "
+    "x its fp8 MAMF plateau (no fp4 MAMF is published), block scales consumed by the tensor cores; "
+    "16 % of the linear GEMM work stays in bf16 (the NVFP4 recipe's high-precision layers, arXiv:2509.25149; "
+    "kernels.FP4_BF16_LINEAR_SHARE), blended over all stages; attention, embeddings, LM head, norms and the "
+    "optimizer stay in bf16/fp32",
+    "fp4 ({dtype}): every micro-batch quantizes the GEMM inputs, weights and output gradients at {cast:g} bytes per "
+    "element ({detail}); quantized copies and saved inputs at {qb:g} bytes per element (4-bit values and their block "
+    "scales); {gathers}",
+)
+FP4_CAST_DETAIL = {"nvfp4": "amax pass for the fp32 tensor scale, row-wise 1x16 cast, column-wise cast behind the "
+                            "wgrad GEMM's random Hadamard transform", "mxfp4": "one pass writing both block directions"}
+
+
 def fp8_assumptions(plan, **_) -> tuple[str, ...]:
-    """What an fp8 plan's GEMMs, casts and saved tensors rest on (FP8_ASSUMPTIONS), the row-wise recipe's
-    backward (:func:`fp8_rowwise_rescale_time`) and fp8 sequence-parallel gathers (:func:`tp_gathers_fp8`)."""
+    """What an fp8 plan's GEMMs, casts and saved tensors rest on (FP8_ASSUMPTIONS; an fp4 plan's:
+    FP4_ASSUMPTIONS), the row-wise recipe's backward (:func:`fp8_rowwise_rescale_time`) and fp8
+    sequence-parallel gathers (:func:`tp_gathers_fp8`)."""
+    if is_fp4(plan.dtype):
+        gathers = ("sequence-parallel all-gathers carry the quantized inputs and output gradients (Transformer Engine's "
+                   "NVFP4 gathers after an amax reduction; fp8.tp_gathers_fp8)" if bool(np.all(tp_gathers_fp8(plan)))
+                   else "sequence-parallel all-gathers in 16 bit")
+        return tuple(a.format(dtype=plan.dtype, cast=FP8_CAST_BYTES_PER_ELEMENT[plan.dtype], qb=quantized_bytes(plan.dtype),
+                              detail=FP4_CAST_DETAIL[plan.dtype], gathers=gathers) for a in FP4_ASSUMPTIONS)
     rowwise = (FP8_ROWWISE_BACKWARD,) if plan.dtype == "fp8-rowwise" else ()
     fp8_tp = (FP8_TP_GATHER,) if bool(np.all(tp_gathers_fp8(plan))) else ()
     return (FP8_ASSUMPTIONS if is_fp8(plan.dtype) else ()) + rowwise + fp8_tp

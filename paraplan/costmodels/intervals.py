@@ -49,7 +49,7 @@ MOE_REGIME = "MoE"
 GENERATION = {"a100-40g": "A100", "a100-80g": "A100", "v100-16g": "V100", "v100-32g": "V100",
               "h100-sxm": "H100-class", "h200": "H100-class", "h800-sxm": "H100-class", "gh200": "H100-class",
               "gh200-144g": "H100-class", "h100-96g-hbm2e": "H100-class", "b200": "Blackwell", "gb200": "Blackwell", "gb300": "Blackwell",
-              "mi300x": "MI300X"}
+              "b300": "Blackwell", "mi300x": "MI300X", "mi325x": "MI300X", "mi350x": "MI355X", "mi355x": "MI355X"}
 
 
 @dataclass(frozen=True)

@@ -15,14 +15,25 @@ from typing import Union
 import numpy as np
 
 from paraplan.engines import engine_flag, main_grad_bytes
-from paraplan.plan import compute_dtype, gemm_dtype, is_fp8
+from paraplan.plan import compute_dtype, gemm_dtype, is_fp4, is_fp8
 
 #: a cost of one plan, or of a batch of plans (one entry per plan)
 Number = Union[float, np.ndarray]
 
 BYTES = 2  # 16-bit activations and weights (bf16 / fp16)
-#: bytes per element of a GEMM operand, by the GEMM's format (16-bit formats: 2)
-GEMM_OPERAND_BYTES = {"fp8": 1.0, "fp32": 4.0, "tf32": 4.0}
+#: bytes per element of a GEMM operand, by the GEMM's format (16-bit formats: 2; fp4: NVFP4's 0.5 + an
+#: E4M3 scale per 16 elements, paraplan.modes.QUANTIZED_BYTES, the wider of the two fp4 formats)
+GEMM_OPERAND_BYTES = {"fp8": 1.0, "fp4": 0.5 + 1 / 16, "fp32": 4.0, "tf32": 4.0}
+
+#: Share of the linear layers' GEMM work an fp4 recipe keeps in bf16. NVIDIA's NVFP4 pretraining
+#: recipe keeps "selective high-precision layers" -- about 16 % of the linear layers, mostly the
+#: final blocks, in BF16 (Pretraining Large Language Models with NVFP4, arXiv:2509.25149, sec. 4,
+#: 12B hybrid Mamba-Transformer); Megatron-LM sets it with --first-last-layers-bf16
+#: --num-layers-at-start-in-bf16 / --num-layers-at-end-in-bf16 (NVIDIA/Megatron-LM @ 307dcf3 :
+#: megatron/training/arguments.py). Priced as a blend over the whole model (every stage alike), not
+#: per pipeline stage. mxfp4 takes the same share (no MXFP4 training recipe says otherwise). A recipe's
+#: choice, taken from the paper
+FP4_BF16_LINEAR_SHARE = 0.16
 
 
 def element_bytes(plan):
@@ -61,13 +72,25 @@ def linear_gemm_time(curves, m, n, k, plan, count=1):
     """A linear layer's GEMM: in the plan's GEMM format, slowed under fp8 by the recipe's scaling
     work inside the GEMM (``fp8_recipe_gemm_efficiency`` of the curves: per-row / per-block scales
     are applied in the GEMM's main loop or epilogue; per-tensor scales cost nothing there)."""
-    dtype = _linear_dtype(plan)
+    t = _linear_gemm_time_in(curves, m, n, k, _linear_dtype(plan), count)
+    if is_fp8(plan.dtype):
+        t = t / fp8_recipe_gemm_efficiency(curves, plan.dtype)
+    if is_fp4(plan.dtype):
+        t = fp4_blend(t, _linear_gemm_time_in(curves, m, n, k, "bf16", count))
+    return t
+
+
+def _linear_gemm_time_in(curves, m, n, k, dtype, count):
     t = curves.gemm_time(m, n, k, dtype, count=count)
     if hasattr(curves, "gemm_memory_time"):     # analytical curves: the roofline's memory side
         t = np.maximum(t, count * (curves.kernel_overhead_s + curves.gemm_memory_time(m, n, k, dtype)))
-    if is_fp8(plan.dtype):
-        t = t / fp8_recipe_gemm_efficiency(curves, plan.dtype)
     return t
+
+
+def fp4_blend(t_fp4, t_bf16):
+    """A linear GEMM's time under an fp4 recipe: (1 - s)·t_fp4 + s·t_bf16 with s the share of linear
+    layers the recipe keeps in bf16 (:data:`FP4_BF16_LINEAR_SHARE`)."""
+    return (1 - FP4_BF16_LINEAR_SHARE) * t_fp4 + FP4_BF16_LINEAR_SHARE * t_bf16
 
 
 def routed_experts_gemm_time(curves, m, n, k, groups, plan, grouped: bool):
@@ -80,6 +103,8 @@ def routed_experts_gemm_time(curves, m, n, k, groups, plan, grouped: bool):
     t = curves.grouped_gemm_time(m, n, k, groups, _linear_dtype(plan))
     if is_fp8(plan.dtype):
         t = t / fp8_recipe_gemm_efficiency(curves, plan.dtype)
+    if is_fp4(plan.dtype):
+        t = fp4_blend(t, curves.grouped_gemm_time(m, n, k, groups, "bf16"))
     return t
 
 

@@ -40,7 +40,8 @@ from paraplan.costmodels.p2p import stage_output_bytes
 from paraplan.costmodels.pipeline import FIRST, LAST, MIDDLE, V_SCHEDULES, is_schedule, parameter_copies
 from paraplan.engines import BufferArgs, StateArgs, engine_flag, engine_offers, engine_select, spec_of
 from paraplan.engines import DEEPSPEED_ALLGATHER_BUCKET, DEEPSPEED_REDUCE_BUCKET, SCALING_LOSS_BYTES_PER_LOGIT  # noqa: F401
-from paraplan.plan import (Offload, Recompute, Schedule, expert_data_parallel, is_fp8, recomputes_attention_core,
+from paraplan.plan import (Offload, Recompute, Schedule, expert_data_parallel, is_fp8, quantized_bytes,
+                           recomputes_attention_core,
                            recomputes_module, model_stage_layers, stage_layers)
 
 #: the memory terms of an estimate; with "total", their sum
@@ -307,7 +308,7 @@ def routed_copy_saved_bytes(model, plan, te_fp8):
       (moe/token_dispatcher.py, combine_postprocess), so it keeps none."""
     h = model.hidden
     etp = np.asarray(getattr(plan, "etp", 1), dtype=float)
-    input_bytes = np.where(te_fp8, TE_FP8_BYTES_PER_ELEMENT, BYTES)
+    input_bytes = np.where(te_fp8, quantized_bytes(plan.dtype), BYTES)
     output_bytes = np.where(engine_flag(plan, "router_weights_in_activation"), 0.0, BYTES)
     return (input_bytes * etp + output_bytes) * h
 
@@ -406,9 +407,9 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
     # Transformer Engine in fp8 saves its linear layers' inputs as the fp8 casts it fed the GEMMs:
     # BYTES - TE_FP8_BYTES_PER_ELEMENT less per element of the norm outputs a linear layer takes
     # (fp8_norm_outputs) and of FC2's input, an fp8 copy more of the out-projection's input
-    fp8_saving = BYTES - TE_FP8_BYTES_PER_ELEMENT
+    fp8_saving = BYTES - quantized_bytes(plan.dtype)    # TE_FP8_BYTES_PER_ELEMENT under fp8, less under fp4
     unsharded = unsharded - np.where(te_fp8, fp8_saving * fp8_norm_outputs(model) * h * T / np.where(sp, t, 1.0), 0.0)
-    sharded = sharded + np.where(te_fp8, (TE_FP8_BYTES_PER_ELEMENT * out - fp8_saving * fc2_inputs) * T / t, 0.0)
+    sharded = sharded + np.where(te_fp8, (quantized_bytes(plan.dtype) * out - fp8_saving * fc2_inputs) * T / t, 0.0)
     # Scaling: FlashAttention's own saved output besides the projection's input (a permuted copy)
     sharded = sharded + np.where(engine_flag(plan, "saves_permuted_flash_output") & np.asarray(plan.flash_attention, dtype=bool),
                                  SCALING_FLASH_OUTPUT_SAVED_BYTES_PER_HIDDEN * out * T / t, 0.0)
@@ -460,7 +461,7 @@ def recompute_modules_saved_bytes(model, job, plan, te_fp8, eager_swiglu):
     t = np.asarray(plan.tp, dtype=float)
     sp_div = np.where(np.asarray(plan.sp, dtype=bool), t, 1.0)
     h, f = model.hidden, model.ffn_hidden
-    fp8_saving = np.where(te_fp8, BYTES - TE_FP8_BYTES_PER_ELEMENT, 0.0)
+    fp8_saving = np.where(te_fp8, BYTES - quantized_bytes(plan.dtype), 0.0)
     linear_input = BYTES - fp8_saving                    # bytes per element of a saved linear-layer input
     per_width = 6 if model.activation == "swiglu" else 4
     share = model.moe_layers / model.layers if model.moe is not None else 0.0
@@ -805,6 +806,9 @@ def buffer_bytes(model, plan, runtime_reserved_bytes):
 
 
 FP8_WEIGHT_COPY_BYTES = 2   # an fp8 copy of a weight and its transpose (Hopper's fp8 GEMMs are TN only)
+# (times paraplan.modes.quantized_bytes: 1 under fp8; under NVFP4 the row- and column-wise 4-bit copies
+# with their E4M3 block scales, 2 x 0.5625 = 1.125 bytes per parameter; Transformer Engine's NVFP4 weights
+# keep both usages, quantized once per step in 16x16 blocks)
 
 
 def megatron_fp8_params(plan):
@@ -836,7 +840,8 @@ def fp8_weight_copy_bytes(model, stage_params, plan):
     z3 = np.asarray(plan.zero) >= 3
     kept = np.where(z3, 2 * layer, np.asarray(stage_params, dtype=float))
     return np.where(megatron_fp8_params(plan), 0.0,
-                    FP8_WEIGHT_COPY_BYTES * np.where(engine_flag(plan, "caches_fp8_weights"), kept, layer))
+                    FP8_WEIGHT_COPY_BYTES * quantized_bytes(plan.dtype)
+                    * np.where(engine_flag(plan, "caches_fp8_weights"), kept, layer))
 
 
 NVME_STAGING_PARAMS = 1e9   # DeepSpeed ZeRO-Infinity sub_group_size default (elements staged on the host)

@@ -76,7 +76,7 @@ DTYPE_NAMES = {"float32": "fp32", "tfloat32": "tf32", "bfloat16": "bf16", "float
 #: nearest dtype first (same width, then the other 16-bit one, then wider/narrower)
 NEAREST = {"bf16": ("fp16", "fp32", "tf32"), "fp16": ("bf16", "fp32", "tf32"),
            "fp32": ("tf32", "bf16", "fp16"), "tf32": ("fp32", "bf16", "fp16"),
-           "fp8": ("bf16", "fp16", "fp32", "tf32")}
+           "fp8": ("bf16", "fp16", "fp32", "tf32"), "fp4": ("fp8", "bf16", "fp16", "fp32", "tf32")}
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from paraplan.costmodels.comm import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, col
 from paraplan.costmodels.fp8 import FP8_GATHER_BYTES_RATIO, tp_gathers_fp8
 from paraplan.costmodels.kernels import element_bytes, mlp_gemm_forward_times, tokens_per_rank
 from paraplan.engines import engine_flag
-from paraplan.plan import Recompute
+from paraplan.plan import Recompute, quantized_bytes
 
 
 def tp_collective_time(kind: str, size_bytes, plan, cluster):
@@ -55,7 +55,8 @@ def tp_gathered_bytes(model, job, plan, fp8_gathers=True):
     where the gathers carry fp8 (:func:`tp_gathers_fp8`: FP8_GATHER_BYTES_RATIO of it; ``fp8_gathers``
     False: a tensor no fp8 linear reads, 16-bit whatever the plan)."""
     fp8 = tp_gathers_fp8(plan) & bool(fp8_gathers)
-    return tp_activation_bytes(model, job, plan) * np.where(fp8, FP8_GATHER_BYTES_RATIO, 1.0)
+    # an NVFP4 gather carries 0.5625 bytes per element (4-bit data and E4M3 block scales): quantized_bytes
+    return tp_activation_bytes(model, job, plan) * np.where(fp8, FP8_GATHER_BYTES_RATIO * quantized_bytes(plan.dtype), 1.0)
 
 
 def op_sac_regather_time(model, job, plan, cluster):

@@ -42,7 +42,7 @@ SWITCHES: tuple[Switch, ...] = (
            "--engine {engines} with an fp8 --dtype, or no --fp8-param-gather",
            requires=lambda P: is_fp8(P.dtype), requires_axes=("dtype",),
            requirement="fp8 parameters (--fp8-param-gather) need an fp8 dtype (fp8, fp8-delayed, fp8-blockwise, "
-                       "mxfp8); this plan trains in {dtype}"),
+                       "mxfp8; or nvfp4: --fp4-param-gather); this plan trains in {dtype}"),
     Switch("tp_comm_overlap", "tp_comm_overlap", lambda P: np.asarray(P.tp_comm_overlap, bool),
            "engine-tp-comm-overlap", "the engine has no TP communication overlap",
            "--engine {engine} does not overlap tensor-parallel communication "
@@ -121,7 +121,7 @@ GENERIC = EngineSpec(
         saves_permuted_flash_output=False, picks_cudnn_attention=False, cudnn_attention_note="",
         compiled_blocks=False, separate_input_linears=False,
         # fp8 as Transformer Engine runs it (the megatron engine's fp8 facts)
-        caches_fp8_weights=True, saves_fp8_linear_inputs=True, fp8_tp_gather_dtypes=("fp8", "fp8-delayed"),
+        caches_fp8_weights=True, saves_fp8_linear_inputs=True, fp8_tp_gather_dtypes=("fp8", "fp8-delayed", "nvfp4"),
         fp8_fsdp_gather_dtypes=(),
         router_weights_in_activation=False, eager_expert_biases=False, dropless_host_sync=False,
         folds_expert_parallelism=False,
@@ -176,8 +176,10 @@ MEGATRON = EngineSpec(
     # --recompute-granularity selective | full; op-level SAC is torchtitan's
     recompute=("none", "selective", "full"), recompute_note="op-level SAC is torchtitan's; --engine {engine} offers {offered}",
     cp_modes=("ring", "ulysses"), cp_mode_note="",
-    # --fp8-recipe {tensorwise, delayed, blockwise, mxfp8} (Transformer Engine); no row-wise recipe
-    fp8_recipes=("fp8", "fp8-delayed", "fp8-blockwise", "mxfp8"),
+    # --fp8-recipe {tensorwise, delayed, blockwise, mxfp8} (Transformer Engine); no row-wise recipe;
+    # --fp4-format e2m1 --fp4-recipe nvfp4 (choices ['nvfp4'] only: no mxfp4; NVIDIA/Megatron-LM @ 307dcf3 :
+    # megatron/training/arguments.py, _add_transformer_engine_args)
+    fp8_recipes=("fp8", "fp8-delayed", "fp8-blockwise", "mxfp8", "nvfp4"),
     optimizers=("adam",),
     switches=frozenset({"offload_activation_layers", "grad_reduce_bf16", "fp8_param_gather", "tp_comm_overlap",
                         "ep_comm_overlap", "moe_flex_dispatch", "recompute_modules"}),
@@ -223,8 +225,10 @@ MEGATRON = EngineSpec(
         compiled_blocks=False, separate_input_linears=False,   # linear_qkv, linear_fc1 fused
         # Transformer Engine: the fp8 weight cached per step (is_first_microbatch), the linears' inputs
         # saved as fp8 casts (module/linear.py, layernorm_linear.py), fp8 sequence-parallel gathers for
-        # the per-tensor recipes (gather_along_first_dim with a quantizer)
-        caches_fp8_weights=True, saves_fp8_linear_inputs=True, fp8_tp_gather_dtypes=("fp8", "fp8-delayed"),
+        # the per-tensor recipes (gather_along_first_dim with a quantizer), and NVFP4 gathers: the input and
+        # gradient of sequence parallelism quantized after an amax reduction, so all ranks share the fp32
+        # tensor scale (Transformer Engine docs, features/low_precision_training/nvfp4, "Distributed training")
+        caches_fp8_weights=True, saves_fp8_linear_inputs=True, fp8_tp_gather_dtypes=("fp8", "fp8-delayed", "nvfp4"),
         fp8_fsdp_gather_dtypes=(),
         # MoE (megatron/core/transformer/moe): TEGroupedMLP weights the copies inside its activation
         # (weighted_bias_swiglu_impl) and adds expert biases in an eager loop; the dropless dispatcher syncs
@@ -245,7 +249,8 @@ MEGATRON = EngineSpec(
                         ("moe_flex_dispatch", (("--moe-token-dispatcher-type", "flex"),
                                                ("--moe-flex-dispatcher-backend", "deepep"))),
                         ("grad_reduce_bf16", (("--grad-reduce-in-bf16",),))),
-        fp8_recipes={"fp8": "tensorwise", "fp8-delayed": "delayed", "fp8-blockwise": "blockwise", "mxfp8": "mxfp8"},
+        fp8_recipes={"fp8": "tensorwise", "fp8-delayed": "delayed", "fp8-blockwise": "blockwise", "mxfp8": "mxfp8",
+                     "nvfp4": "nvfp4"},
         fsdp_strategy=MEGATRON_FSDP_STRATEGY),
 )
 

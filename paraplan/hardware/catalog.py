@@ -49,10 +49,27 @@ def parse_accelerator(f: FieldReader) -> Accelerator:
         gemm_plateau_efficiency_fp8=(f.number("gemm_plateau_efficiency_fp8", at_most=1.0)
                                      if f.has("gemm_plateau_efficiency_fp8") else None),
         microscaling=_flag(f, "microscaling", False),
+        fp4_formats=_fp4_formats(f, peak_flops),
         rated_power_w=f.number("rated_power_w") if f.has("rated_power_w") else None,
         power_limit_w=f.number("power_limit_w") if f.has("power_limit_w") else None,
         sources=f.sources(),
     )
+
+
+FP4_FORMATS = ("nvfp4", "mxfp4")
+
+
+def _fp4_formats(f: FieldReader, peak_flops: dict) -> tuple:
+    """``fp4_formats``: a list of the 4-bit training formats the part's tensor cores take (nvfp4,
+    mxfp4); it needs an ``fp4`` entry in ``peak_tflops`` to price them at."""
+    v = f.raw("fp4_formats", [])
+    if not isinstance(v, list) or any(x not in FP4_FORMATS for x in v):
+        raise ConfigError(f._name("fp4_formats"), f"expected a list of {', '.join(FP4_FORMATS)}, got {v!r}",
+                          accepted=f"a list of {', '.join(FP4_FORMATS)}", source=f.source)
+    if v and not peak_flops.get("fp4"):
+        raise ConfigError(f._name("fp4_formats"), "an fp4 format needs an fp4 figure in peak_tflops to price it at",
+                          accepted="peak_tflops with fp4, or no fp4_formats", source=f.source)
+    return tuple(v)
 
 
 def _flag(f: FieldReader, key: str, default: bool) -> bool:

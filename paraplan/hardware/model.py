@@ -109,6 +109,9 @@ class Accelerator:
     flash_attention: bool = True
     gemm_plateau_efficiency_fp8: float | None = None
     microscaling: bool = False
+    #: the 4-bit training formats the tensor cores take (``nvfp4``, ``mxfp4``), where ``peak_flops``
+    #: has an ``fp4`` figure; empty: no fp4 training (Hopper, Ampere, CDNA 3)
+    fp4_formats: tuple = ()
     #: the board power the part's GEMM plateau was measured at (its rated TDP) and the power limit it
     #: runs at where that is lower (Meta's Grand Teton H100s: 500 W against 700 W); None: not capped
     rated_power_w: float | None = None
@@ -118,8 +121,10 @@ class Accelerator:
     measured: "MeasuredProfile | None" = field(default=None, compare=False, repr=False)
 
     def plateau(self, dtype: str) -> float:
-        """The GEMM plateau efficiency (MAMF / peak) for GEMMs in ``dtype``."""
-        if dtype == "fp8" and self.gemm_plateau_efficiency_fp8:
+        """The GEMM plateau efficiency (MAMF / peak) for GEMMs in ``dtype``. fp4 GEMMs take the fp8
+        plateau where the part has one (no fp4 MAMF measurement is published for any part: an
+        estimate, said with the estimate), else the bf16 one."""
+        if dtype in ("fp8", "fp4") and self.gemm_plateau_efficiency_fp8:
             return self.gemm_plateau_efficiency_fp8
         return self.gemm_plateau_efficiency
 

@@ -36,10 +36,13 @@ def _names(text: str, *parts: str) -> bool:
 #: the system preset each runs on, or the reason there is none (a string)
 PARTS_BEFORE_H100 = (
     (("mi300x",), Resolved("mi300x-x8")),
-    (("mi250x?", "mi325x?", "mi355x?"), "no preset for this AMD part (MI300X only)"),
+    (("mi325x",), Resolved("mi325x-x8")),
+    (("mi350x",), Resolved("mi350x-x8")),
+    (("mi355x",), Resolved("mi355x-x8")),
+    (("mi250x?", "mi325", "mi355"), "no preset for this AMD part (MI300X, MI325X, MI350X, MI355X are)"),
     (("gb300",), Resolved("gb300-nvl72")),
     (("gb200",), Resolved("gb200-nvl72")),
-    (("b300",), "no B300 preset (GB300 NVL72 and B200 are catalogued)"),
+    (("b300",), Resolved("dgx-b300")),
     (("b200",), Resolved("dgx-b200")),
     (("gh200",), "no GH200 system preset (only the accelerator is catalogued)"),
     (("h800",), Resolved("hgx-h800")),
@@ -50,8 +53,8 @@ PARTS_BEFORE_H100 = (
 def system_for_gpu(name: str) -> Resolved | str:
     """The system preset (hardware/catalog/systems) a published GPU name runs on, or why there is none.
 
-    Read in this order: the AMD MI300X; NVIDIA Grace-Blackwell (GB300, GB200: NVL72 racks) before
-    Blackwell B200 (DGX/HGX 8-GPU); H800, H200, then H100 (an HBM2e / 96 GB / Grand Teton part is the
+    Read in this order: the AMD MI300X, MI325X, MI350X, MI355X (8-GPU platforms); NVIDIA Grace-Blackwell (GB300, GB200: NVL72 racks) before
+    Blackwell Ultra B300 and Blackwell B200 (DGX/HGX 8-GPU); H800, H200, then H100 (an HBM2e / 96 GB / Grand Teton part is the
     500 W Grand Teton H100; PCIe and NVL cards have lower clocks and no preset); A100 by memory (40 or
     80 GB; PCIe has no preset); V100 by memory (16 GB: DGX-1, 32 GB: DGX-2). An A100 or V100 without a
     memory size takes the larger part and says so."""
@@ -81,4 +84,4 @@ def system_for_gpu(name: str) -> Resolved | str:
         if mem == 32 or "dgx-2" in t or "dgx2" in t:
             return Resolved("dgx2-v100")
         return Resolved("dgx2-v100", f"GPU {name!r}: memory not stated, the 32 GB V100 (DGX-2) taken")
-    return f"GPU {name!r} has no system preset (A100, V100, H100, H200, H800, B200, GB200, GB300, MI300X are)"
+    return f"GPU {name!r} has no system preset (A100, V100, H100, H200, H800, B200, GB200, GB300, B300, MI300X, MI325X, MI350X, MI355X are)"

@@ -30,9 +30,10 @@ from typing import Any, Callable, Mapping
 
 from paraplan.costmodels.estimate import estimate
 from paraplan.costmodels.memory import bf16_optimizer_layout
+from paraplan.costmodels.kernels import FP4_BF16_LINEAR_SHARE
 from paraplan.engines import SPECS, EngineSpec, spec_named
 from paraplan.errors import ConfigError
-from paraplan.plan import (Plan, check_plan, interleaved_split_accounts, is_fp8, stage_layer_counts,
+from paraplan.plan import (Plan, check_plan, interleaved_split_accounts, is_fp4, is_fp8, stage_layer_counts,
                            virtual_stage_layer_counts)
 from paraplan.planfile import PLAN_SCHEMA
 from paraplan.scenario import load_cluster
@@ -215,6 +216,26 @@ def megatron_moe_layer_freq(m) -> str | None:
     return f"([0]*{e.first_dense}+([1]+[0]*{e.every - 1})*{rest // e.every}+[0]*{rest % e.every})"
 
 
+def megatron_fp4_args(p, spec, layers: int, notes: list[str]) -> list[tuple[str, ...]]:
+    """Megatron-LM's flags for an fp4 plan (NVIDIA/Megatron-LM @ 307dcf3 : megatron/training/arguments.py,
+    _add_transformer_engine_args): ``--fp4-format e2m1 --fp4-recipe nvfp4`` (the recipe's only choice;
+    Transformer Engine's NVFP4BlockScaling), the last round(FP4_BF16_LINEAR_SHARE x layers) layers in bf16
+    (``--first-last-layers-bf16 --num-layers-at-start-in-bf16 0 --num-layers-at-end-in-bf16 N``: the share
+    the estimate keeps in bf16, NVIDIA's NVFP4 recipe keeping mostly final layers high-precision,
+    arXiv:2509.25149), and ``--fp4-param-gather`` for fp4 parameters (``plan.fp8_param_gather``)."""
+    tail = max(1, round(FP4_BF16_LINEAR_SHARE * layers))
+    args = [("--fp4-format", "e2m1"), ("--fp4-recipe", spec.export.fp8_recipes[p.dtype]),
+            ("--first-last-layers-bf16",), ("--num-layers-at-start-in-bf16", "0"),
+            ("--num-layers-at-end-in-bf16", str(tail))]
+    notes.append(f"nvfp4: the last {tail} of {layers} layers run in bf16 (--num-layers-at-end-in-bf16 {tail}), the "
+                 f"{100 * FP4_BF16_LINEAR_SHARE:g} % of linear GEMM work the estimate keeps in bf16 (NVIDIA's NVFP4 "
+                 "recipe keeps about 16 % of the linear layers high-precision, arXiv:2509.25149); Transformer Engine's "
+                 "NVFP4BlockScaling runs it on Blackwell (sm100+)")
+    if p.fp8_param_gather:
+        args.append(("--fp4-param-gather",))
+    return args
+
+
 def megatron_moe_args(m, p, notes: list[str]) -> list[tuple[str, ...]]:
     """The MoE flags of pretrain_gpt.py (megatron/training/arguments.py, Megatron-Core MoE README):
     experts, top-k, expert width, shared experts, which layers, expert parallelism, grouped GEMM and
@@ -376,7 +397,9 @@ def build_megatron(s: Scenario, spec: EngineSpec) -> Export:
     if not p.grad_accumulation_fusion:
         args.append(("--no-gradient-accumulation-fusion",))
     args.append(("--fp16",) if p.dtype == "fp16" else ("--bf16",))
-    if is_fp8(p.dtype):
+    if is_fp4(p.dtype):
+        args += megatron_fp4_args(p, spec, s.model.layers, notes)
+    elif is_fp8(p.dtype):
         if p.dtype == "fp8-rowwise":
             raise ConfigError("dtype", "Megatron-LM has no row-wise fp8 recipe (--fp8-recipe accepts tensorwise, "
                               "delayed, blockwise, mxfp8)", accepted="fp8, fp8-delayed, fp8-blockwise, mxfp8")
@@ -472,7 +495,7 @@ def build_deepspeed(s: Scenario, spec: EngineSpec) -> Export:
         "wall_clock_breakdown": False,
     }
     if is_fp8(p.dtype):
-        raise ConfigError("dtype", "DeepSpeed has no fp8 training recipe of its own (fp8 runs through "
+        raise ConfigError("dtype", f"DeepSpeed has no {p.dtype} training recipe of its own (fp8 and fp4 run through "
                           "Transformer Engine modules in the model code)", accepted="bf16, fp16")
     cfg["bf16" if p.dtype == "bf16" else "fp16"] = ({"enabled": True} if p.dtype == "bf16"
                                                     else {"enabled": True, "loss_scale": 0})

@@ -107,7 +107,7 @@ SUPPORT: tuple[Support, ...] = (
     _s("dtype", ("fp32",), RUNS, "fp32 throughout"),
     _s("dtype", ("bf16", "fp16"), RUNS_AS, "the harness trains in fp32; the prediction doubles the 16-bit "
        "activation bytes", runs_as="fp32"),
-    _s("dtype", _FP8, REFUSED, "fp8", accepted="bf16, fp16, fp32 (run as fp32)"),
+    _s("dtype", _FP8, REFUSED, "fp8 and fp4", accepted="bf16, fp16, fp32 (run as fp32)"),
     _s("flash_attention", None, RUNS_AS, "the harness model's attention decides: --attention math (the "
        "default) materialises the scores, sdpa is fused", runs_as=lambda plan, model: model.attention == "sdpa",
        as_text="--attention's"),
