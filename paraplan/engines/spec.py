@@ -206,15 +206,22 @@ class ExportMapping:
     """What ``paraplan.planner.export`` writes for the engine where it is data (the builders read it;
     every option name is checked against the engine's source in tests/data/engine_options.yaml).
 
+    ``target``: the engine release the export is written for (named in its header, checked by
+    benchmarks/engine_configs/check_exports.py with that release's own config code);
     ``switch_options``: (Plan field, the options written when it is on), in the order written;
     ``fp8_recipes``: paraplan fp8 dtype -> the engine's recipe; ``schedules``: paraplan schedule ->
-    the engine's; ``fsdp_strategy``: ZeRO stage -> the sharded data-parallel strategy it runs as."""
-    format: str                    # "bash", "json" or "toml"
-    notes_in_text: bool            # notes as comments in the text (bash, TOML); JSON's go to stderr
+    the engine's, for the schedules the engine runs (a plan with another is exported as the nearest
+    plan it runs: 1F1B); ``fsdp_strategy``: ZeRO stage -> the sharded data-parallel strategy it runs
+    as; ``attention_kernels``: the named attention kernels the engine can be made to run (``auto``
+    always), the others exported as ``auto``."""
+    format: str                    # "bash", "json" or "python"
+    notes_in_text: bool            # notes as comments in the text (bash, Python); JSON's go to stderr
+    target: str = ""
     switch_options: tuple = ()
     fp8_recipes: Mapping[str, Any] = field(default_factory=dict)
     schedules: Mapping[str, str] = field(default_factory=dict)
     fsdp_strategy: Mapping[int, str] = field(default_factory=dict)
+    attention_kernels: tuple = ("auto", "cudnn", "flash2", "efficient", "flash1")
 
 
 @dataclass(frozen=True)

@@ -224,6 +224,13 @@ MEGATRON = EngineSpec(
         churns_allocator_from_zero=None),
     export=ExportMapping(
         format="bash", notes_in_text=True,
+        # the flags as megatron-core 0.16.1's config classes (TransformerConfig, DistributedDataParallelConfig,
+        # OptimizerConfig) read them; the newest release pip installs on Python 3.11 (0.17 and later need 3.12)
+        target="Megatron-LM core_v0.16.1 (megatron-core 0.16.1)",
+        # stock Megatron-LM runs 1F1B and its interleaved form (megatron/core/pipeline_parallel/schedules.py)
+        schedules={"1f1b": "1F1B", "interleaved": "interleaved 1F1B"},
+        # Transformer Engine's fused (cuDNN) and flash backends (--attention-backend fused | flash)
+        attention_kernels=("auto", "cudnn", "flash2"),
         # pretrain_gpt.py flags (megatron/training/arguments.py), in the order the script writes them:
         # combined 1F1B (needs torch >= 2.6; megatron/core/transformer/transformer_config.py); DeepEP
         # (HybridEP: --moe-flex-dispatcher-backend hybridep, priced alike)
@@ -317,7 +324,9 @@ DEEPSPEED = EngineSpec(
         # all_gather_dp_groups in step() run outside the backward
         dp_collectives_outside_backward=True, reduces_in_optimizer_step=False,
         churns_allocator_from_zero=3),
-    export=ExportMapping(format="json", notes_in_text=False),
+    export=ExportMapping(format="json", notes_in_text=False, target="DeepSpeed 0.19.8",
+                         # PipelineEngine's TrainSchedule (deepspeed/runtime/pipe/schedule.py)
+                         schedules={"1f1b": "TrainSchedule"}),
 )
 
 
@@ -400,12 +409,18 @@ TORCHTITAN = EngineSpec(
         # FSDP2 frees the unsharded gradients after each layer's reduce-scatter from ZeRO-2
         churns_allocator_from_zero=2),
     export=ExportMapping(
-        format="toml", notes_in_text=True,
-        switch_options=(("tp_comm_overlap", (("enable_async_tensor_parallel", True),)),),   # [parallelism]
+        # a Python config registry (torchtitan/config/manager.py: --module / --config, section.key overrides);
+        # the TOML job config of releases up to 0.2.2 behind --torchtitan-format toml
+        format="python", notes_in_text=True, target="torchtitan 0.3.0",
+        switch_options=(("tp_comm_overlap", (("enable_async_tensor_parallel", True),)),),   # [compile] in 0.3.0
         # paraplan fp8 dtype -> (model converter, its section, recipe_name or None for the default)
         fp8_recipes={"fp8": ("float8", "float8", None), "fp8-rowwise": ("float8", "float8", "rowwise"),
                      "mxfp8": ("mx", "mx", "mxfp8")},
-        schedules={"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B", "zb-h1": "1F1B"}),
+        # torch.distributed.pipelining schedules (get_schedule_class); its zero-bubble schedules need several
+        # stages per rank, so zb-h1 (one stage per rank) is exported as 1F1B, re-estimated
+        schedules={"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"},
+        # torch SDPA / flash-attn backends; no FlashAttention 1.x
+        attention_kernels=("auto", "cudnn", "flash2", "efficient")),
 )
 
 

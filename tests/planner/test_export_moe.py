@@ -4,7 +4,8 @@ import dataclasses
 
 from paraplan.plan import Plan
 from paraplan.planner import export as ex
-from paraplan.planner.export import PLAN_SCHEMA, megatron_moe_layer_freq
+from paraplan.planfile import PLAN_SCHEMA
+from paraplan.planner.export import megatron_moe_layer_freq
 from paraplan.workloads.presets import load_model
 
 
