@@ -172,7 +172,7 @@ def _python(s: Scenario, name: str, flavor: str, function: str, settings, notes,
         imports.append(f"from torchtitan.distributed.activation_checkpoint import {AC_CLASS[ac]}")
     if fp8 is not None:
         imports.append(f"from torchtitan.components.quantization import {fp8[0]}")
-    lines = [f"# torchtitan config registry written by `paraplan export --to torchtitan`.",
+    lines = ["# torchtitan config registry written by `paraplan export --to torchtitan`.",
              f"# Plan: {headline(s)}",
              f"# Targets {target}: its ConfigManager loads the function below (torchtitan/config/manager.py).",
              f"# Launch on every node: {launch}",

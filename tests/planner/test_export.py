@@ -39,7 +39,7 @@ PLANS = {
     "llama8b-zbh1-cp": doc("llama3-8b", "dgx-h100", 16, 8192, 32, tp=2, pp=2, cp=2, schedule="zb-h1",
                            flash_attention=False, overlap_grad_reduce=False),
     "llama8b-autotp-cpu": doc("llama3-8b", "dgx-h100", 8, 4096, 64, tp=2, zero=2, offload="cpu"),
-    "gpt7.5b-ddp": doc("gpt-7.5b", "dgx-a100-80g", 8, 2048, 32, micro_batch=4),
+    "gpt7.5b-ddp": doc("gpt-7.5b", "dgx-a100-80g", 8, 2048, 32, micro_batch=4, recompute="full"),
     "qwen3-moe-ep-flex": doc("qwen3-30b-a3b", "dgx-h200", 16, 4096, 512, dp=16, ep=8, zero=1, moe_flex_dispatch=True),
     "deepseek-moe-ep-capacity": doc("deepseek-v3", "dgx-b200", 1024, 4096, 8192, tp=2, sp=True, pp=16, dp=32, ep=32,
                                     zero=1, recompute="full", dtype="fp8"),
@@ -119,7 +119,7 @@ def test_deepspeed_keys_are_documented(name):
 
 @pytest.mark.parametrize("name", TITAN_OK)
 def test_torchtitan_keys_are_documented(name):
-    cfg = tomllib.loads(ex.to_torchtitan(PLANS[name]))
+    cfg = tomllib.loads(ex.to_torchtitan(PLANS[name], "toml"))
     keys = {f"{section}.{key}" for section, items in cfg.items() for key in items}
     assert keys <= set(OPTIONS["torchtitan"]["keys"]), keys - set(OPTIONS["torchtitan"]["keys"])
     for path, accepted in OPTIONS["torchtitan"]["choices"].items():
@@ -247,7 +247,7 @@ def test_deepspeed_autotp_and_cpu_offload():
 
 
 def test_torchtitan_encodes_3d_interleaved_plan():
-    cfg = tomllib.loads(ex.to_torchtitan(PLANS["llama70b-3d-interleaved"]))
+    cfg = tomllib.loads(ex.to_torchtitan(PLANS["llama70b-3d-interleaved"], "toml"))
     par = cfg["parallelism"]
     assert (par["tensor_parallel_degree"], par["pipeline_parallel_degree"], par["context_parallel_degree"]) == (4, 4, 1)
     assert par["data_parallel_shard_degree"] == 4 and par["data_parallel_replicate_degree"] == 1
@@ -260,7 +260,7 @@ def test_torchtitan_encodes_3d_interleaved_plan():
 
 
 def test_torchtitan_ddp_and_custom_model_note():
-    text = ex.to_torchtitan(PLANS["gpt7.5b-ddp"])
+    text = ex.to_torchtitan(PLANS["gpt7.5b-ddp"], "toml")
     cfg = tomllib.loads(text)
     assert cfg["parallelism"]["data_parallel_replicate_degree"] == 8
     assert cfg["parallelism"]["data_parallel_shard_degree"] == 1
@@ -270,7 +270,7 @@ def test_torchtitan_ddp_and_custom_model_note():
 
 
 def test_torchtitan_cpu_offload_and_zero2():
-    cfg = tomllib.loads(ex.to_torchtitan(PLANS["llama8b-autotp-cpu"]))
+    cfg = tomllib.loads(ex.to_torchtitan(PLANS["llama8b-autotp-cpu"], "toml"))
     assert cfg["training"]["enable_cpu_offload"] is True
     assert cfg["parallelism"]["fsdp_reshard_after_forward"] == "never"
     assert cfg["parallelism"]["data_parallel_shard_degree"] == 4
@@ -301,7 +301,7 @@ def test_megatron_batch_arithmetic(name):
 @pytest.mark.parametrize("name", TITAN_OK)
 def test_torchtitan_batch_arithmetic(name):
     s = scenario(name)
-    cfg = tomllib.loads(ex.to_torchtitan(PLANS[name]))
+    cfg = tomllib.loads(ex.to_torchtitan(PLANS[name], "toml"))
     t, par = cfg["training"], cfg["parallelism"]
     dp = par["data_parallel_replicate_degree"] * par["data_parallel_shard_degree"]
     assert dp == s.plan.dp
@@ -448,7 +448,7 @@ def test_any_legal_plan_exports_documented_names(d):
         assert cfg["train_batch_size"] == (cfg["train_micro_batch_size_per_gpu"]
                                            * cfg["gradient_accumulation_steps"] * d["plan"]["dp"])
     try:
-        toml = tomllib.loads(ex.to_torchtitan(d))
+        toml = tomllib.loads(ex.to_torchtitan(d, "toml"))
     except ConfigError as e:
         assert e.field in {"dtype", "offload"}
     else:

@@ -1,0 +1,98 @@
+"""Issue 67: an export is the plan it estimated, on a release it names, read back to the same estimate.
+
+Each listed bug has a test that failed before (on 0d7fd21): op-SAC written as torchtitan mode "op-sac";
+DeepSeek-V3's plan exported to Megatron-LM without recomputation; Ulysses without --cp-comm-type a2a; no
+torchtitan 0.3.0 format and no target release; --optimizer-cpu-offload beside "megatron does not offload".
+"""
+import tomllib
+
+import pytest
+
+from paraplan.costmodels.estimate import estimate
+from paraplan.errors import ConfigError
+from paraplan.planfile import PLAN_SCHEMA
+from paraplan.planner import export as ex
+from paraplan.planner.readback import read_back
+from paraplan.planner.readers import read_export, read_megatron_args
+
+
+def doc(model, cluster, gpus, seq_len, global_batch, **plan):
+    return {"schema": PLAN_SCHEMA, "estimate": {},
+            "scenario": {"model": model, "cluster": cluster, "gpus": gpus, "seq_len": seq_len, "global_batch": global_batch},
+            "plan": plan}
+
+
+OP_SAC = doc("llama3-8b", "dgx-h100", 16, 4096, 64, tp=2, sp=True, zero=3, recompute="op-sac", engine="torchtitan")
+# `plan --model deepseek-v3 --cluster dgx-h100 --gpus 1024 --seq-len 4096 --global-batch 4096` (generic engine)
+DSV3 = doc("deepseek-v3", "dgx-h100", 1024, 4096, 4096, tp=2, pp=16, dp=32, sp=True, schedule="zb-h1", zero=1,
+           recompute="op-sac", ep=4, etp=2)
+ULYSSES = doc("llama3-70b", "dgx-h100", 64, 8192, 512, tp=2, pp=4, cp=4, cp_mode="ulysses", sp=True, zero=1,
+              recompute="full", engine="megatron")
+# the README's first plan (generic engine): zb-h1 with a CPU-offloaded optimizer
+README = doc("llama3-70b", "dgx-h100", 64, 8192, 512, tp=2, pp=4, dp=2, cp=4, sp=True, schedule="zb-h1", zero=1,
+             offload="cpu", cp_mode="ulysses")
+
+
+def test_torchtitan_op_sac_is_selective_op_in_toml():
+    cfg = tomllib.loads(ex.export(OP_SAC, "torchtitan", torchtitan_format="toml").text)
+    assert cfg["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+
+
+def test_torchtitan_op_sac_is_selective_ac_in_the_python_registry():
+    text = ex.export(OP_SAC, "torchtitan").text
+    assert "ACTIVATION_CHECKPOINT = 'selective'" in text and "SelectiveAC.Config()" in text
+    compile(text, "tt.py", "exec")                       # a Python module
+    assert read_export("torchtitan", text).plan.recompute == "op-sac"
+
+
+def test_deepseek_v3_megatron_export_recomputes_and_says_both_estimates():
+    out = ex.export(DSV3, "megatron")
+    assert "--recompute-granularity" in out.text
+    assert "planned (engine generic)" in out.summary and "as megatron runs it" in out.summary
+    assert "1F1B for zb-h1" in out.summary
+    s = ex.load_scenario(DSV3)      # without recomputation the layout does not fit as Megatron-LM runs it
+    from dataclasses import replace
+    bare = replace(out.plan, recompute="none", recompute_modules="")
+    assert not estimate(s.model, s.job, s.cluster, bare).feasible
+    assert estimate(s.model, s.job, s.cluster, out.plan).feasible
+
+
+def test_ulysses_exports_cp_comm_type_a2a_and_ring_p2p():
+    flags = ex.to_megatron(ULYSSES)
+    assert "--cp-comm-type a2a" in flags
+    ring = dict(ULYSSES, plan={**ULYSSES["plan"], "cp_mode": "ring"})
+    assert "--cp-comm-type p2p" in ex.to_megatron(ring)
+    assert read_export("megatron", flags).plan.cp_mode == "ulysses"
+
+
+def test_every_export_names_the_release_it_targets():
+    assert "# Targets Megatron-LM core_v0.16.1" in ex.to_megatron(ULYSSES)
+    assert "# Targets torchtitan 0.3.0" in ex.to_torchtitan(OP_SAC)
+    assert "# Targets torchtitan 0.2.2" in ex.to_torchtitan(OP_SAC, "toml")
+    assert ex.export(ULYSSES, "torchtitan").target == "torchtitan 0.3.0"
+    with pytest.raises(ConfigError):
+        ex.export(OP_SAC, "torchtitan", torchtitan_format="yaml")
+
+
+def test_no_flag_contradicts_a_note_offload_is_dropped_or_refused():
+    plan = dict(README, plan={**README["plan"], "recompute": "full"})   # fits once offload is dropped
+    out = ex.export(plan, "megatron")
+    assert "--optimizer-cpu-offload" not in out.text
+    assert "does not offload" not in out.text
+    assert "no offload" in out.summary and "1F1B for zb-h1" in out.summary
+    with pytest.raises(ConfigError, match="does not fit.*GPU memory"):      # the README's own plan does not
+        ex.export(README, "megatron")
+
+
+@pytest.mark.parametrize("d,engine", [(ULYSSES, "megatron"), (DSV3, "megatron"), (OP_SAC, "torchtitan"),
+                                      (doc("gpt-1.7b", "dgx-a100-80g", 8, 2048, 64, zero=2, recompute="full"), "deepspeed")])
+def test_exports_read_back_to_the_same_estimate(d, engine):
+    assert read_back(d, engine).same
+
+
+def test_reader_names_what_a_plan_cannot_express():
+    read = read_megatron_args(["--tensor-model-parallel-size", "2", "--cp-comm-type", "allgather", "--context-parallel-size",
+                               "2", "--optimizer-cpu-offload", "--bf16", "--frobnicate"])
+    assert read.plan.tp == 2 and read.plan.cp == 2
+    joined = " ".join(read.unexpressed)
+    assert "allgather" in joined and "--optimizer-cpu-offload" in joined and "--frobnicate" in joined
