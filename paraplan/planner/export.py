@@ -31,12 +31,12 @@ from typing import Any, Callable, Mapping
 from paraplan.costmodels.memory import bf16_optimizer_layout
 from paraplan.engines import EngineSpec, spec_named
 from paraplan.errors import ConfigError
-from paraplan.plan import interleaved_split_accounts, is_fp8, stage_layer_counts, virtual_stage_layer_counts
+from paraplan.plan import check_plan, interleaved_split_accounts, is_fp8, stage_layer_counts, virtual_stage_layer_counts
 from paraplan.planner.export_common import (ENGINES, LEARNING_RATE, MTP_NOTE, NVME_PLACEHOLDER, RDZV_PORT,  # noqa: F401
                                             TRAIN_ITERS, Export, Scenario, headline, launch_note, load_scenario,
                                             sdpa_kernel_note)
 from paraplan.planner.export_torchtitan import TORCHTITAN_FORMATS, build_torchtitan
-from paraplan.planner.runnable import AsRun, as_engine_runs
+from paraplan.planner.runnable import AsRun, as_engine_runs, nearest_runnable
 
 #: Megatron-LM --cp-comm-type for each context-parallel mode (megatron/training/arguments.py: p2p, a2a,
 #: allgather, a2a+p2p; Transformer Engine's attention: p2p is ring attention, a2a DeepSpeed-Ulysses)
@@ -393,12 +393,29 @@ def export(doc: Mapping[str, Any], engine: str, source: str = "plan", torchtitan
     scenario = load_scenario(doc, source)
     if scenario.plan.dtype == "fp32":
         raise ConfigError("dtype", "fp32 plans (validation on CPU) are not exported", accepted="bf16, fp16")
-    fp8 = TORCHTITAN_FORMATS[torchtitan_format].fp8_recipes if engine == "torchtitan" else None
-    run = as_engine_runs(scenario.plan, engine, scenario.model, scenario.job, scenario.cluster, fp8_recipes=fp8,
-                         expert_tp=not (engine == "torchtitan" and torchtitan_format == "python"))
-    scenario = replace(scenario, plan=run.runs)
+    titan = TORCHTITAN_FORMATS[torchtitan_format] if engine == "torchtitan" else None
+    fp8 = titan.fp8_recipes if titan else None
+    kernels = titan.attention_kernels if titan else None
+    expert_tp = not (engine == "torchtitan" and torchtitan_format == "python")
     spec = spec_named(engine)
-    out = build(scenario, spec, torchtitan_format) if engine == "torchtitan" else build(scenario, spec)
+
+    def write(plan) -> Export:
+        s = replace(scenario, plan=plan)
+        return build(s, spec, torchtitan_format) if engine == "torchtitan" else build(s, spec)
+
+    # a layout the engine cannot run (DeepSpeed with context parallelism, ...) is refused as such before
+    # its memory is looked at: the nearest plan is written once without the estimate, which raises it
+    nearest, _ = nearest_runnable(scenario.plan, engine, fp8, expert_tp, kernels)
+    try:
+        nearest = check_plan(nearest, scenario.model, scenario.job, scenario.cluster)
+    except ConfigError:
+        pass                     # as_engine_runs says which rule it breaks
+    else:
+        write(nearest)
+    run = as_engine_runs(scenario.plan, engine, scenario.model, scenario.job, scenario.cluster, fp8_recipes=fp8,
+                         expert_tp=expert_tp, attention_kernels=kernels)
+    scenario = replace(scenario, plan=run.runs)
+    out = write(run.runs)
     out.summary, out.plan = run.summary(), run.runs
     out.target = out.target or spec.export.target
     first = [_estimate_note(run)] + [n for n in (launch_note(scenario),) if n]

@@ -25,7 +25,8 @@ from typing import Any, Mapping
 from paraplan.engines import EngineSpec
 from paraplan.errors import ConfigError
 from paraplan.plan import Plan, virtual_stage_layer_counts
-from paraplan.planner.export_common import MTP_NOTE, RDZV_PORT, TRAIN_ITERS, Export, Scenario, headline
+from paraplan.planner.export_common import (MTP_NOTE, RDZV_PORT, SDPA_BACKEND_OF_KERNEL, TRAIN_ITERS, Export,
+                                            Scenario, headline)
 
 # paraplan preset -> torchtitan (model, flavor, its config_registry function): torchtitan 0.3.0
 # torchtitan/models/{llama3,deepseek_v3,qwen3}/config_registry.py and their model_registry flavors
@@ -46,21 +47,28 @@ AC_CLASS = {"selective": "SelectiveAC", "full": "FullAC"}
 
 @dataclass(frozen=True)
 class TitanFormat:
-    """One torchtitan config format: the release it targets and its fp8 recipes (paraplan fp8 dtype ->
-    (converter, recipe_name))."""
+    """One torchtitan config format: the release it targets, its fp8 recipes (paraplan fp8 dtype ->
+    (converter, recipe_name)) and the attention kernels a plan can name for it (the others run as the
+    nearest plan, ``auto``)."""
     target: str
     fp8_recipes: Mapping[str, tuple]
+    attention_kernels: tuple
 
 
 #: the formats ``export --torchtitan-format`` writes. torchtitan 0.3.0's Float8LinearConverter takes
 #: recipe_name rowwise | rowwise_with_gw_hp (no per-tensor recipe), MXFP8LinearConverter mxfp8; 0.2.2's
-#: [quantize.linear.float8] recipe_name tensorwise | rowwise | rowwise_with_gw_hp, [quantize.linear.mx]
+#: [quantize.linear.float8] recipe_name tensorwise | rowwise | rowwise_with_gw_hp, [quantize.linear.mx].
+#: Attention: 0.3.0's language models run FlexAttention (torchtitan/models/common/config_utils.py,
+#: get_attention_config: flex, the model registries' default, flex_flash or varlen; "sdpa is no longer
+#: supported for language models"), so no named kernel is pinned; 0.2.2's run torch SDPA inside
+#: ScaledDotProductAttentionWrapper (torchtitan/models/attention.py: cuDNN, flash, math, set_priority)
 TORCHTITAN_FORMATS = {
     "python": TitanFormat("torchtitan 0.3.0", {"fp8-rowwise": ("Float8LinearConverter", "rowwise"),
-                                                "mxfp8": ("MXFP8LinearConverter", None)}),
+                                                "mxfp8": ("MXFP8LinearConverter", None)}, ("auto",)),
     "toml": TitanFormat("torchtitan 0.2.2", {"fp8": ("quantize.linear.float8", "tensorwise"),
                                               "fp8-rowwise": ("quantize.linear.float8", "rowwise"),
-                                              "mxfp8": ("quantize.linear.mx", "mxfp8_cublas")}),
+                                              "mxfp8": ("quantize.linear.mx", "mxfp8_cublas")},
+                        ("auto", "cudnn", "flash2", "efficient")),
 }
 
 
@@ -131,10 +139,22 @@ def titan_settings(s: Scenario, spec: EngineSpec, output: str) -> tuple[dict[str
         compile_["enable_async_tensor_parallel"] = True
     if s.model.mtp_layers:
         notes.append(MTP_NOTE.format(engine=spec.title))
-    if p.flash_attention and p.attention_kernel != "auto":
-        notes.append(f"the plan was priced with the {p.attention_kernel} attention kernel; torchtitan's model registry "
-                     "picks the attention backend (attn_backend flex, flex_flash or varlen): choose the one that runs it")
+    if not fmt_is_python:
+        notes += sdpa_wrapper_note(p)
     return {"training": training, "parallelism": parallelism, "compile": compile_}, notes
+
+
+def sdpa_wrapper_note(p: Plan) -> list[str]:
+    """How to pin a named attention kernel under torchtitan 0.2.x, whose ScaledDotProductAttentionWrapper
+    runs every call under its own ``sdpa_kernel(sdpa_backends, set_priority=True)`` (cuDNN first;
+    torchtitan 0.2.2 torchtitan/models/attention.py), which replaces any backend choice made around the
+    step. Nothing for ``auto`` or ``cudnn``, the backend it runs first."""
+    if not p.flash_attention or p.attention_kernel in ("auto", "cudnn"):
+        return []
+    return [f"the plan was priced with the {p.attention_kernel} attention kernel; torchtitan's "
+            f"ScaledDotProductAttentionWrapper tries cuDNN first inside every call (a sdpa_kernel context around "
+            f"the step does not reach it): set torchtitan.models.attention.ScaledDotProductAttentionWrapper."
+            f"sdpa_backends = [SDPBackend.{SDPA_BACKEND_OF_KERNEL[p.attention_kernel]}] before the model is built"]
 
 
 def build_torchtitan(s: Scenario, spec: EngineSpec, fmt: str = "python") -> Export:

@@ -40,14 +40,15 @@ def _switch_default(name: str) -> Any:
     return Plan.__dataclass_fields__[name].default
 
 
-def nearest_runnable(plan: Plan, engine: str, fp8_recipes=None,
-                     expert_tp: bool = True) -> tuple[Plan, tuple[Change, ...]]:
+def nearest_runnable(plan: Plan, engine: str, fp8_recipes=None, expert_tp: bool = True,
+                     attention_kernels=None) -> tuple[Plan, tuple[Change, ...]]:
     """The plan as ``engine`` runs it: every choice the engine's spec (and its export mapping) does not
     offer replaced by the nearest one it does, and the list of what changed. The engine field itself
     and gradient-accumulation fusion (Megatron-LM's only) follow the engine without counting as a
     change of the layout. ``fp8_recipes``: the fp8 dtypes the written format has (default: the spec's
     export mapping's); ``expert_tp``: whether the format has an expert-tensor-parallel degree (torchtitan
-    0.3.0 has none). Raises ConfigError where the result breaks a rule of ``Plan``."""
+    0.3.0 has none); ``attention_kernels``: the named kernels the written format can pin (default: the
+    spec's export mapping's). Raises ConfigError where the result breaks a rule of ``Plan``."""
     spec = spec_named(engine)
     mapping = spec.export
     p, changes = plan, []
@@ -62,6 +63,8 @@ def nearest_runnable(plan: Plan, engine: str, fp8_recipes=None,
     schedules = tuple(mapping.schedules) if mapping is not None and mapping.schedules else ("1f1b", "interleaved")
     if p.pp > 1 and p.schedule not in schedules:
         change("schedule", "1f1b", f"1F1B for {p.schedule}")
+        if p.vpp > 1:          # 1F1B runs one model chunk a stage (the interleaved schedule's chunks merged)
+            change("vpp", 1, f"one model chunk per stage for vpp {p.vpp}")
     if p.recompute not in spec.recompute:
         runs = _nearest_recompute(p.recompute, spec.recompute)
         change("recompute", runs, f"{runs} recomputation for {p.recompute}")
@@ -87,7 +90,8 @@ def nearest_runnable(plan: Plan, engine: str, fp8_recipes=None,
         change("fp8_param_gather", False, "16-bit parameters")
     if p.optimizer not in spec.optimizers:
         change("optimizer", spec.optimizers[0], f"{spec.optimizers[0]} for {p.optimizer}")
-    if mapping is not None and p.flash_attention and p.attention_kernel not in mapping.attention_kernels:
+    kernels = attention_kernels if attention_kernels is not None else (mapping.attention_kernels if mapping else None)
+    if kernels is not None and p.flash_attention and p.attention_kernel not in kernels:
         change("attention_kernel", "auto", f"its own attention kernel for {p.attention_kernel}")
     if engine == "torchtitan" and p.tp > 1 and not p.sp:
         change("sp", True, "sequence parallelism (its TP plan shards the sequence)")
@@ -97,6 +101,10 @@ def nearest_runnable(plan: Plan, engine: str, fp8_recipes=None,
         change("etp", 1, "experts not split over tp")
     if engine == "deepspeed" and p.pp > 1 and new.get("zero", p.zero) >= 2:
         change("zero", 1, f"ZeRO-1 for ZeRO-{p.zero} (its pipeline engine)")
+    if new.get("zero", p.zero) < min(3, p.zero):       # the stage came down: what needed it goes with it
+        change("offload_params", False, "no parameter offload (it needs ZeRO-3)")
+        if engine == "deepspeed" and new.get("offload", p.offload) == "nvme":
+            change("offload", "cpu", "CPU offload for NVMe (its NVMe offload needs ZeRO-3)")
     try:
         return replace(p, **new), tuple(changes)
     except ConfigError as err:
@@ -153,12 +161,13 @@ def _gib(est) -> float:
     return est.memory_bytes_per_gpu["total"] / GIB
 
 
-def as_engine_runs(plan: Plan, engine: str, model, job, cluster, fp8_recipes=None, expert_tp: bool = True) -> AsRun:
+def as_engine_runs(plan: Plan, engine: str, model, job, cluster, fp8_recipes=None, expert_tp: bool = True,
+                   attention_kernels=None) -> AsRun:
     """The nearest plan ``engine`` runs (:func:`nearest_runnable`), checked against the model, the job and
     the cluster, and estimated beside ``plan``. Where recomputation had to change and the nearest policy
     does not fit, the engine's stronger policies are tried. ConfigError when the engine cannot run any
     nearest plan (a rule it breaks) or the nearest plan does not fit: what overflows and by how much."""
-    runs, changes = nearest_runnable(plan, engine, fp8_recipes, expert_tp)
+    runs, changes = nearest_runnable(plan, engine, fp8_recipes, expert_tp, attention_kernels)
     try:
         runs = check_plan(runs, model, job, cluster)
     except ConfigError as err:

@@ -247,4 +247,5 @@ def test_what_torchtitan_holds_and_refuses_is_one_spec():
     assert tt.fp8_recipes == ("fp8", "fp8-rowwise", "mxfp8") and tt.optimizers == ("adam",)
     assert tt.switches == {"tp_comm_overlap"} and [r.rule for r in tt.refusals] == ["torchtitan-tp-shards-sequence"]
     assert tt.behaviour.fp32_grad_reduction and tt.behaviour.holds_stage_outputs and not tt.behaviour.sp_regather
-    assert tt.export.format == "toml" and tt.export.schedules["interleaved"] == "Interleaved1F1B"
+    assert tt.export.format == "python" and tt.export.target == "torchtitan 0.3.0"
+    assert tt.export.schedules["interleaved"] == "Interleaved1F1B" and "zb-h1" not in tt.export.schedules

@@ -4,6 +4,7 @@ Each listed bug has a test that failed before (on 0d7fd21): op-SAC written as to
 DeepSeek-V3's plan exported to Megatron-LM without recomputation; Ulysses without --cp-comm-type a2a; no
 torchtitan 0.3.0 format and no target release; --optimizer-cpu-offload beside "megatron does not offload".
 """
+import json
 import tomllib
 
 import pytest
@@ -96,3 +97,27 @@ def test_reader_names_what_a_plan_cannot_express():
     assert read.plan.tp == 2 and read.plan.cp == 2
     joined = " ".join(read.unexpressed)
     assert "allgather" in joined and "--optimizer-cpu-offload" in joined and "--frobnicate" in joined
+
+
+def test_a_lower_zero_stage_drops_what_needed_the_higher_one():
+    """DeepSpeed's pipeline engine runs ZeRO-1 at most: a ZeRO-3 plan with NVMe and parameter offload
+    runs with CPU optimizer offload and its parameters on the GPU (NVMe and parameter offload need
+    ZeRO-3); the nearest plan once broke Plan's rule for parameter offload instead."""
+    d = doc("llama3-8b", "dgx-h100", 32, 4096, 128, pp=2, zero=3, offload="nvme", offload_params=True,
+            recompute="full")
+    out = ex.export(d, "deepspeed")
+    assert (out.plan.zero, out.plan.offload, out.plan.offload_params) == (1, "cpu", False)
+    assert json.loads(out.text)["zero_optimization"] == {
+        "stage": 1, "overlap_comm": True, "contiguous_gradients": True,
+        "offload_optimizer": {"device": "cpu", "pin_memory": True}}
+    assert "ZeRO-1 for ZeRO-3" in out.summary and "CPU offload for NVMe" in out.summary
+    assert read_back(d, "deepspeed").same
+
+
+def test_a_layout_refusal_comes_before_the_memory_check():
+    """DeepSpeed has no context parallelism: a plan with cp is refused for that, not for the memory its
+    nearest plan would need (which was the error before)."""
+    d = doc("llama3-8b", "dgx-h100", 16, 8192, 32, tp=2, pp=2, cp=2, flash_attention=False)   # 92 of 80 GiB
+    with pytest.raises(ConfigError) as e:
+        ex.export(d, "deepspeed")
+    assert e.value.field == "cp"
