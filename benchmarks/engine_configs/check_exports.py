@@ -14,6 +14,11 @@ Runs in the engines' venv (requirements.txt beside this file), never imports par
 * torchtitan 0.3.0: ConfigManager().parse_args(["--module", M, "--config", "paraplan_job"]) on the
   exported module, then ParallelDims(world_size) and the pipeline schedule class; 0.2.2 (TOML): its
   ConfigManager with --job.config_file, in a subprocess with 0.2.2 first on sys.path.
+* The torchtitan spec's facts (facts.json, written by corpus.py) against the installed 0.3.0: each fp8
+  converter and recipe exists and no per-tensor recipe is left out (components/quantization/float8.py
+  Float8LinearConverter.Config.recipe_name), no expert-tensor-parallel degree unless the spec says so
+  (config/configs.py ParallelismConfig), no SDPA backend for language models unless the spec names kernels
+  (models/common/config_utils.py get_attention_config).
 Prints, per engine and release, exports checked, rejections (target 0) and each rejection's message.
 """
 from __future__ import annotations
@@ -180,6 +185,42 @@ def check_torchtitan(path: Path, gpus: int) -> None:
         raise ValueError("expert parallel degree does not divide dp_shard * cp * tp (torchtitan's mesh constraint)")
 
 
+def check_torchtitan_facts(facts: dict) -> list[str]:
+    """What the torchtitan spec's export mapping says the installed release runs, held against its code:
+    the list of facts that do not hold (empty when all do)."""
+    import typing
+
+    import torchtitan.components.quantization as quantization
+    from torchtitan.config.configs import ParallelismConfig
+    from torchtitan.models.common.config_utils import get_attention_config
+
+    wrong = []
+    float8_recipes = set(typing.get_args(typing.get_type_hints(
+        quantization.Float8LinearConverter.Config)["recipe_name"]))
+    for dtype, (cls, recipe) in facts["fp8_recipes"].items():
+        converter = getattr(quantization, cls, None)
+        if converter is None:
+            wrong.append(f"fp8 {dtype}: torchtitan.components.quantization has no {cls}")
+        elif recipe and cls == "Float8LinearConverter" and recipe not in float8_recipes:
+            wrong.append(f"fp8 {dtype}: Float8LinearConverter recipe_name {recipe!r} not in {sorted(float8_recipes)}")
+    named = {r for c, r in facts["fp8_recipes"].values() if c == "Float8LinearConverter"}
+    if "tensorwise" in float8_recipes and "tensorwise" not in named:
+        wrong.append("fp8: Float8LinearConverter takes recipe_name 'tensorwise', the spec says it has none")
+    has_etp = "expert_tensor_parallel_degree" in {f.name for f in dataclasses.fields(ParallelismConfig)}
+    if has_etp != facts["expert_tensor_parallel"]:
+        wrong.append(f"ParallelismConfig expert_tensor_parallel_degree: {has_etp}, the spec says "
+                     f"{facts['expert_tensor_parallel']}")
+    try:
+        get_attention_config("sdpa")
+        sdpa = True
+    except ValueError:
+        sdpa = False
+    if sdpa != (facts["attention_kernels"] != ["auto"]):
+        wrong.append(f"attention: get_attention_config('sdpa') {'accepted' if sdpa else 'refused'}, the spec names "
+                     f"kernels {facts['attention_kernels']}")
+    return wrong
+
+
 #: messages of checks that need a GPU build: torchtitan's float8 converters build only with torchao on SM89+,
 #: megatron-core's fp8 checks read Transformer Engine's version
 NEEDS_GPU = ("torchao is not installed", "only supported on NVIDIA SM89", "'>=' not supported between instances of "
@@ -252,15 +293,22 @@ def main() -> int:
         if res.returncode:
             bad.append(f"torchtitan 0.2.2 check failed: {res.stderr[-500:]}")
         counts[key] = [len(toml), bad]
-    total_bad = 0
+    facts = args.corpus / "facts.json"
+    wrong = check_torchtitan_facts(json.loads(facts.read_text())["torchtitan"]) if facts.exists() else []
+    total_bad = len(wrong)
     for key, (n, bad) in sorted(counts.items()):
         total_bad += len(bad)
         print(f"{key}: {n} exports parsed by the engine's own code, {len(bad)} rejected")
         for b in bad:
             print(f"  REJECTED {b}")
+    if facts.exists():
+        print(f"torchtitan spec facts (fp8 converters, expert TP, attention) against torchtitan {versions['torchtitan']}: "
+              f"{len(wrong)} wrong")
+    for w in wrong:
+        print(f"  WRONG FACT {w}")
     for u in unchecked:
         print(f"  UNCHECKED ON CPU {u}")
-    print(f"checked {sum(n for n, _ in counts.values())} exports in {time.time() - t0:.0f} s; {total_bad} rejected; "
+    print(f"checked {sum(n for n, _ in counts.values())} exports in {time.time() - t0:.0f} s; {total_bad} rejected or wrong; "
           f"{len(unchecked)} fp8 exports left unchecked (their checks need CUDA libraries)")
     return 1 if total_bad else 0
 

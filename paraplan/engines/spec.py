@@ -213,7 +213,9 @@ class ExportMapping:
     the engine's, for the schedules the engine runs (a plan with another is exported as the nearest
     plan it runs: 1F1B); ``fsdp_strategy``: ZeRO stage -> the sharded data-parallel strategy it runs
     as; ``attention_kernels``: the named attention kernels the engine can be made to run (``auto``
-    always), the others exported as ``auto``."""
+    always), the others exported as ``auto``; ``expert_tensor_parallel``: whether the target release
+    has an expert-tensor-parallel degree of its own (a plan with ``etp > 1`` is otherwise exported as
+    the nearest plan, ``etp = 1``)."""
     format: str                    # "bash", "json" or "python"
     notes_in_text: bool            # notes as comments in the text (bash, Python); JSON's go to stderr
     target: str = ""
@@ -222,6 +224,7 @@ class ExportMapping:
     schedules: Mapping[str, str] = field(default_factory=dict)
     fsdp_strategy: Mapping[int, str] = field(default_factory=dict)
     attention_kernels: tuple = ("auto", "cudnn", "flash2", "efficient", "flash1")
+    expert_tensor_parallel: bool = True
 
 
 @dataclass(frozen=True)

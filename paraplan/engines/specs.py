@@ -409,18 +409,29 @@ TORCHTITAN = EngineSpec(
         # FSDP2 frees the unsharded gradients after each layer's reduce-scatter from ZeRO-2
         churns_allocator_from_zero=2),
     export=ExportMapping(
-        # a Python config registry (torchtitan/config/manager.py: --module / --config, section.key overrides);
-        # the TOML job config of releases up to 0.2.2 behind --torchtitan-format toml
+        # What torchtitan 0.3.0, the release the export targets, runs (its wheel's source, checked against the
+        # installed release by benchmarks/engine_configs/check_exports.py). A Python config registry
+        # (torchtitan/config/manager.py: --module / --config, section.key overrides); the TOML job config of
+        # releases up to 0.2.2 behind --torchtitan-format toml (paraplan.planner.export_torchtitan).
         format="python", notes_in_text=True, target="torchtitan 0.3.0",
         switch_options=(("tp_comm_overlap", (("enable_async_tensor_parallel", True),)),),   # [compile] in 0.3.0
-        # paraplan fp8 dtype -> (model converter, its section, recipe_name or None for the default)
-        fp8_recipes={"fp8": ("float8", "float8", None), "fp8-rowwise": ("float8", "float8", "rowwise"),
-                     "mxfp8": ("mx", "mx", "mxfp8")},
+        # paraplan fp8 dtype -> (converter class, recipe_name or None for its default).
+        # torchtitan/components/quantization/float8.py: Float8LinearConverter.Config.recipe_name is
+        # Literal["rowwise", "rowwise_with_gw_hp"]: no per-tensor (tensorwise) recipe, and with it no float8
+        # FSDP all-gather (0.2.x's enable_fsdp_float8_all_gather is gone); mx.py: MXFP8LinearConverter.
+        # The engine's fp8_recipes keep "fp8" (tensorwise): the torchtitan of the published runs
+        # (paraplan/calibration) and 0.2.2's TOML ran it; a 0.3.0 export runs such a plan row-wise.
+        fp8_recipes={"fp8-rowwise": ("Float8LinearConverter", "rowwise"), "mxfp8": ("MXFP8LinearConverter", None)},
         # torch.distributed.pipelining schedules (get_schedule_class); its zero-bubble schedules need several
         # stages per rank, so zb-h1 (one stage per rank) is exported as 1F1B, re-estimated
         schedules={"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"},
-        # torch SDPA / flash-attn backends; no FlashAttention 1.x
-        attention_kernels=("auto", "cudnn", "flash2", "efficient")),
+        # torchtitan/models/common/config_utils.py get_attention_config: attn_backend flex (the registries'
+        # default), flex_flash or varlen; "sdpa is no longer supported for language models": no torch SDPA
+        # backend (cuDNN, flash, memory-efficient) can be named, the plan runs its own kernel (auto)
+        attention_kernels=("auto",),
+        # torchtitan/config/configs.py ParallelismConfig: expert_parallel_degree only, no
+        # expert_tensor_parallel_degree (0.2.x had one); "EP borrows ranks from FSDP and TP"
+        expert_tensor_parallel=False),
 )
 
 

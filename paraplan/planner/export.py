@@ -396,7 +396,7 @@ def export(doc: Mapping[str, Any], engine: str, source: str = "plan", torchtitan
     titan = TORCHTITAN_FORMATS[torchtitan_format] if engine == "torchtitan" else None
     fp8 = titan.fp8_recipes if titan else None
     kernels = titan.attention_kernels if titan else None
-    expert_tp = not (engine == "torchtitan" and torchtitan_format == "python")
+    expert_tp = titan.expert_tensor_parallel if titan else None
     spec = spec_named(engine)
 
     def write(plan) -> Export:

@@ -22,7 +22,7 @@ import pprint
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from paraplan.engines import EngineSpec
+from paraplan.engines import TORCHTITAN, EngineSpec
 from paraplan.errors import ConfigError
 from paraplan.plan import Plan, virtual_stage_layer_counts
 from paraplan.planner.export_common import (MTP_NOTE, RDZV_PORT, SDPA_BACKEND_OF_KERNEL, TRAIN_ITERS, Export,
@@ -48,27 +48,26 @@ AC_CLASS = {"selective": "SelectiveAC", "full": "FullAC"}
 @dataclass(frozen=True)
 class TitanFormat:
     """One torchtitan config format: the release it targets, its fp8 recipes (paraplan fp8 dtype ->
-    (converter, recipe_name)) and the attention kernels a plan can name for it (the others run as the
-    nearest plan, ``auto``)."""
+    (converter, recipe_name)), the attention kernels a plan can name for it (the others run as the
+    nearest plan, ``auto``) and whether it has an expert-tensor-parallel degree."""
     target: str
     fp8_recipes: Mapping[str, tuple]
     attention_kernels: tuple
+    expert_tensor_parallel: bool
 
 
-#: the formats ``export --torchtitan-format`` writes. torchtitan 0.3.0's Float8LinearConverter takes
-#: recipe_name rowwise | rowwise_with_gw_hp (no per-tensor recipe), MXFP8LinearConverter mxfp8; 0.2.2's
-#: [quantize.linear.float8] recipe_name tensorwise | rowwise | rowwise_with_gw_hp, [quantize.linear.mx].
-#: Attention: 0.3.0's language models run FlexAttention (torchtitan/models/common/config_utils.py,
-#: get_attention_config: flex, the model registries' default, flex_flash or varlen; "sdpa is no longer
-#: supported for language models"), so no named kernel is pinned; 0.2.2's run torch SDPA inside
-#: ScaledDotProductAttentionWrapper (torchtitan/models/attention.py: cuDNN, flash, math, set_priority)
+_TT = TORCHTITAN.export
+#: the formats ``export --torchtitan-format`` writes. ``python``: torchtitan 0.3.0, the engine spec's
+#: export mapping (paraplan/engines/specs.py: its fp8 converters, FlexAttention, no expert TP). ``toml``:
+#: 0.2.2's [quantize.linear.float8] recipe_name tensorwise | rowwise | rowwise_with_gw_hp,
+#: [quantize.linear.mx]; its models run torch SDPA inside ScaledDotProductAttentionWrapper
+#: (torchtitan/models/attention.py: cuDNN, flash, math, set_priority); Parallelism.expert_tensor_parallel_degree
 TORCHTITAN_FORMATS = {
-    "python": TitanFormat("torchtitan 0.3.0", {"fp8-rowwise": ("Float8LinearConverter", "rowwise"),
-                                                "mxfp8": ("MXFP8LinearConverter", None)}, ("auto",)),
+    "python": TitanFormat(_TT.target, _TT.fp8_recipes, _TT.attention_kernels, _TT.expert_tensor_parallel),
     "toml": TitanFormat("torchtitan 0.2.2", {"fp8": ("quantize.linear.float8", "tensorwise"),
                                               "fp8-rowwise": ("quantize.linear.float8", "rowwise"),
                                               "mxfp8": ("quantize.linear.mx", "mxfp8_cublas")},
-                        ("auto", "cudnn", "flash2", "efficient")),
+                        ("auto", "cudnn", "flash2", "efficient"), True),
 }
 
 

@@ -40,14 +40,14 @@ def _switch_default(name: str) -> Any:
     return Plan.__dataclass_fields__[name].default
 
 
-def nearest_runnable(plan: Plan, engine: str, fp8_recipes=None, expert_tp: bool = True,
+def nearest_runnable(plan: Plan, engine: str, fp8_recipes=None, expert_tp: bool | None = None,
                      attention_kernels=None) -> tuple[Plan, tuple[Change, ...]]:
     """The plan as ``engine`` runs it: every choice the engine's spec (and its export mapping) does not
     offer replaced by the nearest one it does, and the list of what changed. The engine field itself
     and gradient-accumulation fusion (Megatron-LM's only) follow the engine without counting as a
     change of the layout. ``fp8_recipes``: the fp8 dtypes the written format has (default: the spec's
-    export mapping's); ``expert_tp``: whether the format has an expert-tensor-parallel degree (torchtitan
-    0.3.0 has none); ``attention_kernels``: the named kernels the written format can pin (default: the
+    export mapping's); ``expert_tp``: whether the format has an expert-tensor-parallel degree (default:
+    the spec's export mapping's; torchtitan 0.3.0 has none); ``attention_kernels``: the named kernels the written format can pin (default: the
     spec's export mapping's). Raises ConfigError where the result breaks a rule of ``Plan``."""
     spec = spec_named(engine)
     mapping = spec.export
@@ -97,6 +97,8 @@ def nearest_runnable(plan: Plan, engine: str, fp8_recipes=None, expert_tp: bool 
         change("sp", True, "sequence parallelism (its TP plan shards the sequence)")
     if engine == "torchtitan" and new.get("zero", p.zero) == 0 and p.model_parallel > 1:
         change("zero", 2, "FSDP (ZeRO-2) for ZeRO-0 (its DDP is 1-D data parallelism only)")
+    if expert_tp is None:
+        expert_tp = mapping.expert_tensor_parallel if mapping is not None else True
     if not expert_tp and p.etp > 1:
         change("etp", 1, "experts not split over tp")
     if engine == "deepspeed" and p.pp > 1 and new.get("zero", p.zero) >= 2:
@@ -161,7 +163,7 @@ def _gib(est) -> float:
     return est.memory_bytes_per_gpu["total"] / GIB
 
 
-def as_engine_runs(plan: Plan, engine: str, model, job, cluster, fp8_recipes=None, expert_tp: bool = True,
+def as_engine_runs(plan: Plan, engine: str, model, job, cluster, fp8_recipes=None, expert_tp: bool | None = None,
                    attention_kernels=None) -> AsRun:
     """The nearest plan ``engine`` runs (:func:`nearest_runnable`), checked against the model, the job and
     the cluster, and estimated beside ``plan``. Where recomputation had to change and the nearest policy
