@@ -95,6 +95,16 @@ def nearest_runnable(plan: Plan, engine: str, fp8_recipes=None, expert_tp: bool 
         change("attention_kernel", "auto", f"its own attention kernel for {p.attention_kernel}")
     if engine == "torchtitan" and p.tp > 1 and not p.sp:
         change("sp", True, "sequence parallelism (its TP plan shards the sequence)")
+    if engine == "torchtitan" and not p.flash_attention:
+        # no unfused attention to choose: 0.3.0's language models run FlexAttention (flex, flex_flash or varlen,
+        # torchtitan/models/common/config_utils.py get_attention_config), 0.2.2's torch SDPA
+        # (torchtitan/models/attention.py ScaledDotProductAttentionWrapper)
+        change("flash_attention", True, "its fused attention for unfused")
+        change("fused_softmax", True, "fused softmax")
+    if engine == "torchtitan" and not p.overlap_grad_reduce:
+        # FSDP2 / replicate reduce the gradients during the backward; no option turns that off (torchtitan
+        # 0.3.0 torchtitan/config/configs.py ParallelismConfig, 0.2.2 job_config.py Parallelism)
+        change("overlap_grad_reduce", True, "gradient reduction overlapped (FSDP2 always overlaps it)")
     if engine == "torchtitan" and new.get("zero", p.zero) == 0 and p.model_parallel > 1:
         change("zero", 2, "FSDP (ZeRO-2) for ZeRO-0 (its DDP is 1-D data parallelism only)")
     if expert_tp is None:
