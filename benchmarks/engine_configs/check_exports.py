@@ -14,6 +14,8 @@ Runs in the engines' venv (requirements.txt beside this file), never imports par
 * torchtitan 0.3.0: ConfigManager().parse_args(["--module", M, "--config", "paraplan_job"]) on the
   exported module, then ParallelDims(world_size) and the pipeline schedule class; 0.2.2 (TOML): its
   ConfigManager with --job.config_file, in a subprocess with 0.2.2 first on sys.path.
+* DeepSpeed's spec facts (facts.json): the optimizers 0.19.8 has (runtime/config.py DEEPSPEED_OPTIMIZERS), no
+  delayed parameter update (runtime/zero/offload_config.py).
 * The torchtitan spec's facts (facts.json, written by corpus.py) against the installed 0.3.0: each fp8
   converter and recipe exists and no per-tensor recipe is left out (components/quantization/float8.py
   Float8LinearConverter.Config.recipe_name), no expert-tensor-parallel degree unless the spec says so
@@ -221,6 +223,31 @@ def check_torchtitan_facts(facts: dict) -> list[str]:
     return wrong
 
 
+#: paraplan optimizer -> DeepSpeed's optimizer type name (deepspeed/runtime/config.py, lowercased)
+DEEPSPEED_OPTIMIZER_NAMES = {"adam": "adam", "onebit-adam": "onebitadam", "zero-one-adam": "zerooneadam",
+                             "onebit-lamb": "onebitlamb"}
+
+
+def check_deepspeed_facts(facts: dict) -> list[str]:
+    """The DeepSpeed spec's export mapping against the installed release: the optimizers it says the
+    release has (export_optimizers) are DEEPSPEED_OPTIMIZERS, the spec's others are not, and its offload
+    config has a delayed parameter update only where the spec says so."""
+    from deepspeed.runtime.config import DEEPSPEED_OPTIMIZERS
+    from deepspeed.runtime.zero.offload_config import DeepSpeedZeroOffloadOptimizerConfig
+
+    wrong = []
+    runs = set(facts["export_optimizers"] or facts["optimizers"])
+    for opt in facts["optimizers"]:
+        has = DEEPSPEED_OPTIMIZER_NAMES[opt] in DEEPSPEED_OPTIMIZERS
+        if has != (opt in runs):
+            wrong.append(f"optimizer {opt}: {'in' if has else 'not in'} DEEPSPEED_OPTIMIZERS, the spec says "
+                         f"{'it runs' if opt in runs else 'it does not'}")
+    delayed = any("delay" in name for name in DeepSpeedZeroOffloadOptimizerConfig.model_fields)
+    if delayed != facts["delayed_update"]:
+        wrong.append(f"offload_optimizer delayed update field: {delayed}, the spec says {facts['delayed_update']}")
+    return wrong
+
+
 #: messages of checks that need a GPU build: torchtitan's float8 converters build only with torchao on SM89+,
 #: megatron-core's fp8 checks read Transformer Engine's version
 NEEDS_GPU = ("torchao is not installed", "only supported on NVIDIA SM89", "'>=' not supported between instances of "
@@ -294,7 +321,10 @@ def main() -> int:
             bad.append(f"torchtitan 0.2.2 check failed: {res.stderr[-500:]}")
         counts[key] = [len(toml), bad]
     facts = args.corpus / "facts.json"
-    wrong = check_torchtitan_facts(json.loads(facts.read_text())["torchtitan"]) if facts.exists() else []
+    wrong = []
+    if facts.exists():
+        known = json.loads(facts.read_text())
+        wrong = check_torchtitan_facts(known["torchtitan"]) + check_deepspeed_facts(known["deepspeed"])
     total_bad = len(wrong)
     for key, (n, bad) in sorted(counts.items()):
         total_bad += len(bad)
@@ -302,8 +332,8 @@ def main() -> int:
         for b in bad:
             print(f"  REJECTED {b}")
     if facts.exists():
-        print(f"torchtitan spec facts (fp8 converters, expert TP, attention) against torchtitan {versions['torchtitan']}: "
-              f"{len(wrong)} wrong")
+        print(f"spec facts against torchtitan {versions['torchtitan']} (fp8 converters, expert TP, attention) and "
+              f"deepspeed {versions['deepspeed']} (optimizers, delayed update): {len(wrong)} wrong")
     for w in wrong:
         print(f"  WRONG FACT {w}")
     for u in unchecked:

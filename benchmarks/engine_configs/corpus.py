@@ -5,9 +5,9 @@ check_exports.py, in the engines' venv).
     python benchmarks/engine_configs/corpus.py OUT_DIR
 
 OUT_DIR/manifest.json lists each export (engine, format, file, target release, GPUs) and the read-back
-result; the exports themselves are files beside it; OUT_DIR/facts.json holds what the torchtitan spec's export
-mapping says torchtitan 0.3.0 runs (fp8 converters, attention kernels, expert TP), which check_exports.py
-holds against the installed release. Prints the counts.
+result; the exports themselves are files beside it; OUT_DIR/facts.json holds what the torchtitan and DeepSpeed specs'
+export mappings say their target releases run (fp8 converters, attention kernels, expert TP; optimizers,
+delayed update), which check_exports.py holds against the installed releases. Prints the counts.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from paraplan.engines import TORCHTITAN
+from paraplan.engines import DEEPSPEED, TORCHTITAN
 from paraplan.errors import ConfigError
 from paraplan.planfile import PLAN_SCHEMA
 from paraplan.planner.readback import read_back
@@ -98,7 +98,10 @@ def main(out: Path) -> int:
     tt = TORCHTITAN.export
     (out / "facts.json").write_text(json.dumps({"torchtitan": {
         "target": tt.target, "fp8_recipes": tt.fp8_recipes, "attention_kernels": tt.attention_kernels,
-        "expert_tensor_parallel": tt.expert_tensor_parallel}}, indent=1))
+        "expert_tensor_parallel": tt.expert_tensor_parallel},
+        "deepspeed": {"target": DEEPSPEED.export.target, "optimizers": DEEPSPEED.optimizers,
+                      "export_optimizers": DEEPSPEED.export.optimizers, "delayed_update": DEEPSPEED.export.delayed_update}},
+        indent=1))
     by = {}
     for m in manifest:
         key = f"{m['engine']} ({m['target']})"

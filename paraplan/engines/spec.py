@@ -215,7 +215,9 @@ class ExportMapping:
     as; ``attention_kernels``: the named attention kernels the engine can be made to run (``auto``
     always), the others exported as ``auto``; ``expert_tensor_parallel``: whether the target release
     has an expert-tensor-parallel degree of its own (a plan with ``etp > 1`` is otherwise exported as
-    the nearest plan, ``etp = 1``)."""
+    the nearest plan, ``etp = 1``); ``optimizers``: the spec's optimizers the target release still has
+    (None: all of them; the others are exported as the nearest plan, Adam); ``delayed_update``: whether
+    it runs ZeRO-Offload's one-step delayed parameter update."""
     format: str                    # "bash", "json" or "python"
     notes_in_text: bool            # notes as comments in the text (bash, Python); JSON's go to stderr
     target: str = ""
@@ -225,6 +227,8 @@ class ExportMapping:
     fsdp_strategy: Mapping[int, str] = field(default_factory=dict)
     attention_kernels: tuple = ("auto", "cudnn", "flash2", "efficient", "flash1")
     expert_tensor_parallel: bool = True
+    optimizers: tuple | None = None
+    delayed_update: bool = False
 
 
 @dataclass(frozen=True)

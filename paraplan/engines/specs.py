@@ -326,7 +326,17 @@ DEEPSPEED = EngineSpec(
         churns_allocator_from_zero=3),
     export=ExportMapping(format="json", notes_in_text=False, target="DeepSpeed 0.19.8",
                          # PipelineEngine's TrainSchedule (deepspeed/runtime/pipe/schedule.py)
-                         schedules={"1f1b": "TrainSchedule"}),
+                         schedules={"1f1b": "TrainSchedule"},
+                         # DeepSpeed 0.19.8 deepspeed/runtime/config.py DEEPSPEED_OPTIMIZERS: adagrad, adam, adamw,
+                         # lamb, muadam, muadamw, musgd, lion, muon; the 1-bit optimizers (onebitadam,
+                         # zerooneadam, onebitlamb, deepspeed/runtime/fp16/onebit) no longer ship: a plan with
+                         # one is exported as the nearest plan, Adam. The spec keeps them for the releases and
+                         # papers that ran them.
+                         optimizers=("adam",),
+                         # deepspeed/runtime/zero/offload_config.py DeepSpeedZeroOffloadOptimizerConfig: device,
+                         # nvme_path, buffer_count, pin_memory, pipeline_read/write, fast_init, ratio,
+                         # super_offload, cpuadam_cores_perc; no delayed parameter update
+                         delayed_update=False),
 )
 
 

@@ -88,8 +88,11 @@ def nearest_runnable(plan: Plan, engine: str, fp8_recipes=None, expert_tp: bool 
         change("dtype", runs, f"{runs} for {p.dtype}")
     if not is_fp8(new.get("dtype", p.dtype)):
         change("fp8_param_gather", False, "16-bit parameters")
-    if p.optimizer not in spec.optimizers:
-        change("optimizer", spec.optimizers[0], f"{spec.optimizers[0]} for {p.optimizer}")
+    optimizers = mapping.optimizers if mapping is not None and mapping.optimizers is not None else spec.optimizers
+    if p.optimizer not in optimizers:
+        change("optimizer", optimizers[0], f"{optimizers[0]} for {p.optimizer}")
+    if mapping is not None and not mapping.delayed_update:
+        change("delayed_update", False, "no delayed update")
     kernels = attention_kernels if attention_kernels is not None else (mapping.attention_kernels if mapping else None)
     if kernels is not None and p.flash_attention and p.attention_kernel not in kernels:
         change("attention_kernel", "auto", f"its own attention kernel for {p.attention_kernel}")
