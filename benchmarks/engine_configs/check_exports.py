@@ -156,6 +156,14 @@ def check_deepspeed(text: str, dp: int) -> None:
 
     import deepspeed.comm as ds_dist
     if not ds_dist.is_initialized():         # one gloo rank, so that DeepSpeedConfig asks the mpu for the dp size
+        # On a CPU machine deepspeed.comm's TorchBackend JIT-compiles its shared-memory all-reduce kernel
+        # (ShareMemCommBuilder, deepspeed/comm/torch.py build_shm_op) unless the op is marked incompatible:
+        # minutes of C++ on a fresh CI machine for a kernel one rank checking configs never calls
+        import deepspeed.ops
+        from deepspeed.accelerator import get_accelerator
+        shm = get_accelerator().create_op_builder("ShareMemCommBuilder")
+        if shm is not None:
+            deepspeed.ops.__compatible_ops__[shm.NAME] = False
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533", RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
         ds_dist.init_distributed(dist_backend="gloo", auto_mpi_discovery=False, verbose=False)
 
@@ -287,6 +295,7 @@ def main() -> int:
           f"torchtitan {versions['torchtitan']}" + (", torchtitan 0.2.2 (TOML)" if args.torchtitan022 else ""))
     counts: dict[str, list] = {}
     toml, unchecked = [], []
+    seconds: dict[str, float] = {}
     t0 = time.time()
     for m in manifest:
         path = args.corpus / m["file"]
@@ -296,6 +305,7 @@ def main() -> int:
             continue
         counts.setdefault(key, [0, []])
         counts[key][0] += 1
+        started = time.time()
         try:
             if m["engine"] == "megatron":
                 check_megatron(path.read_text(), m["gpus"])
@@ -311,8 +321,10 @@ def main() -> int:
                 unchecked.append(f"{m['file']}: {text}")
             else:
                 counts[key][1].append(f"{m['file']}: {text}")
+        seconds[key] = seconds.get(key, 0.0) + time.time() - started
     if toml and args.torchtitan022:
         key = toml[0][0]
+        started = time.time()
         env = dict(os.environ, PYTHONPATH=str(args.torchtitan022))
         res = subprocess.run([sys.executable, "-c", TT022, *map(str, (p for _, p in toml))], env=env,
                              capture_output=True, text=True)
@@ -320,6 +332,7 @@ def main() -> int:
         if res.returncode:
             bad.append(f"torchtitan 0.2.2 check failed: {res.stderr[-500:]}")
         counts[key] = [len(toml), bad]
+        seconds[key] = time.time() - started
     facts = args.corpus / "facts.json"
     wrong = []
     if facts.exists():
@@ -328,7 +341,7 @@ def main() -> int:
     total_bad = len(wrong)
     for key, (n, bad) in sorted(counts.items()):
         total_bad += len(bad)
-        print(f"{key}: {n} exports parsed by the engine's own code, {len(bad)} rejected")
+        print(f"{key}: {n} exports parsed by the engine's own code, {len(bad)} rejected ({seconds.get(key, 0):.0f} s)")
         for b in bad:
             print(f"  REJECTED {b}")
     if facts.exists():
