@@ -104,6 +104,10 @@ def nearest_runnable(plan: Plan, engine: str, fp8_recipes=None, expert_tp: bool 
         # (torchtitan/models/attention.py ScaledDotProductAttentionWrapper)
         change("flash_attention", True, "its fused attention for unfused")
         change("fused_softmax", True, "fused softmax")
+    if engine == "torchtitan" and not p.fused_elementwise:
+        # the export compiles the model (compile.enable, components model and loss): torch.compile fuses the
+        # elementwise chains the estimate would otherwise price as eager kernels
+        change("fused_elementwise", True, "compiled elementwise ops")
     if engine == "torchtitan" and not p.overlap_grad_reduce:
         # FSDP2 / replicate reduce the gradients during the backward; no option turns that off (torchtitan
         # 0.3.0 torchtitan/config/configs.py ParallelismConfig, 0.2.2 job_config.py Parallelism)

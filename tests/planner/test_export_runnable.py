@@ -128,6 +128,7 @@ def test_a_layout_refusal_comes_before_the_memory_check():
     ({"flash_attention": False}, "its fused attention for unfused"),
     ({"flash_attention": False, "fused_softmax": False}, "fused softmax"),
     ({"overlap_grad_reduce": False}, "gradient reduction overlapped"),
+    ({"fused_elementwise": False}, "compiled elementwise ops"),      # the export turns compile on
 ])
 def test_torchtitan_runs_fused_attention_and_overlapped_reduction(fmt, planned, phrase):
     """torchtitan has no unfused attention (0.3.0: FlexAttention, models/common/config_utils.py; 0.2.2: torch
@@ -138,7 +139,7 @@ def test_torchtitan_runs_fused_attention_and_overlapped_reduction(fmt, planned, 
     d = doc("gpt-1.7b", "dgx-a100-80g", 8, 2048, 64, **planned)
     out = ex.export(d, "torchtitan", torchtitan_format=fmt)
     assert out.plan.flash_attention and out.plan.fused_softmax and out.plan.overlap_grad_reduce
-    assert phrase in out.summary
+    assert out.plan.fused_elementwise and phrase in out.summary
     assert read_back(d, "torchtitan", fmt).same
 
 
