@@ -858,29 +858,21 @@ def _mamba(s: Scene):
     return getattr(s.model, "mamba", None)
 
 
-#: engines that run hybrid Mamba-2 / attention layer patterns: Megatron-LM (pretrain_mamba.py with
-#: --is-hybrid-model --hybrid-override-pattern; megatron/core/models/mamba/mamba_model.py, MambaStack in
-#: megatron/core/ssm/mamba_block.py) and the generic engine (the papers). DeepSpeed, torchtitan and Scaling
-#: have no Mamba layer in their model code.
-HYBRID_ENGINES = (Engine.MEGATRON, Engine.GENERIC)
-
-
-def _megatron_hybrid_stage_split_refused(P, s: Scene):
+def _even_hybrid_stage_split_refused(P, s: Scene):
     """Megatron-LM's hybrid stack gives every pipeline rank num_layers // pp consecutive layers of the
     pattern and asserts there is no virtual pipeline (NVIDIA/Megatron-LM megatron/core/ssm/mamba_block.py,
     MambaStack._select_layers_for_pipeline_parallel): uneven stages, interleaving and a pp that does not
     divide the layers (whose remainder layers it would drop) do not run there."""
     if not getattr(s.model, "layer_pattern", ""):
         return np.zeros(np.shape(np.asarray(P.pp)), dtype=bool)
-    megatron = np.asarray(P.engine_code) == int(Engine.MEGATRON)
+    even = engine_flag(P, "hybrid_layers") == "even"
     split = ((s.model.layers % np.asarray(P.pp)) != 0) | (np.asarray(P.vpp) > 1) \
         | (np.asarray(P.first_stage_layers) > 0) | (np.asarray(P.last_stage_layers) > 0)
-    return megatron & split
+    return even & split
 
 
 def _hybrid_engine_refused(P, s: Scene):
-    code = np.asarray(P.engine_code)
-    return bool(getattr(s.model, "layer_pattern", "")) & ~np.isin(code, [int(e) for e in HYBRID_ENGINES])
+    return bool(getattr(s.model, "layer_pattern", "")) & (engine_flag(P, "hybrid_layers") == "none")
 
 
 def _experts_message(p, s: Scene) -> str:
@@ -962,7 +954,7 @@ RULES: tuple[Rule, ...] = (
        field="engine", accepted="megatron, generic"),
     _r("megatron-hybrid-even-stages", "Megatron-LM splits a hybrid's layers evenly over pp, without interleaving",
        ILLEGAL, ("pp", "vpp", "engine_code", "first_stage_layers", "last_stage_layers"),
-       _megatron_hybrid_stage_split_refused,
+       _even_hybrid_stage_split_refused,
        lambda p, s: (f"Megatron-LM's hybrid Mamba stack gives each of pp({p.pp}) stages layers({s.model.layers}) // pp "
                      f"layers and has no interleaved schedule (mamba_block.py MambaStack): pp must divide "
                      f"{s.model.layers}, vpp 1, no first/last stage layers"),

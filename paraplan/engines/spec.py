@@ -158,6 +158,10 @@ class Behaviour:
     reduces_in_optimizer_step: bool
     #: the lowest ZeRO stage at which gathered parameters are allocated and freed every layer (None: never)
     churns_allocator_from_zero: int | None
+    #: hybrid Mamba-2 / attention layer patterns: "none" (no Mamba layer in its model code), "even" (its
+    #: hybrid stack gives every pipeline rank layers // pp consecutive layers, no interleaving: Megatron-LM's
+    #: MambaStack, megatron/core/ssm/mamba_block.py), "any" (any stage split: the papers' accounting)
+    hybrid_layers: str = "none"
 
 
 BEHAVIOUR_FIELDS = frozenset(f.name for f in fields(Behaviour))
@@ -206,15 +210,48 @@ class ExportMapping:
     """What ``paraplan.planner.export`` writes for the engine where it is data (the builders read it;
     every option name is checked against the engine's source in tests/data/engine_options.yaml).
 
+    ``target``: the engine release the export is written for (named in its header, checked by
+    benchmarks/engine_configs/check_exports.py with that release's own config code);
     ``switch_options``: (Plan field, the options written when it is on), in the order written;
     ``fp8_recipes``: paraplan fp8 dtype -> the engine's recipe; ``schedules``: paraplan schedule ->
-    the engine's; ``fsdp_strategy``: ZeRO stage -> the sharded data-parallel strategy it runs as."""
-    format: str                    # "bash", "json" or "toml"
-    notes_in_text: bool            # notes as comments in the text (bash, TOML); JSON's go to stderr
+    the engine's, for the schedules the engine runs (a plan with another is exported as the nearest
+    plan it runs: 1F1B); ``fsdp_strategy``: ZeRO stage -> the sharded data-parallel strategy it runs
+    as; ``attention_kernels``: the named attention kernels the engine can be made to run (``auto``
+    always), the others exported as ``auto``; ``expert_tensor_parallel``: whether the target release
+    has an expert-tensor-parallel degree of its own (a plan with ``etp > 1`` is otherwise exported as
+    the nearest plan, ``etp = 1``); ``optimizers``: the spec's optimizers the target release still has
+    (None: all of them; the others are exported as the nearest plan, Adam); ``delayed_update``: whether
+    it runs ZeRO-Offload's one-step delayed parameter update; ``eager_schedules``: schedules the target
+    runs only with eager (uncompiled) model chunks, exported with compile off and re-estimated with unfused
+    elementwise kernels; ``switches_without_option``: switches the engine's spec offers (a newer source has
+    them) that the target release has no option for, exported off and re-estimated; the fields below them:
+    what the target runs whatever the plan says."""
+    format: str                    # "bash", "json" or "python"
+    notes_in_text: bool            # notes as comments in the text (bash, Python); JSON's go to stderr
+    target: str = ""
     switch_options: tuple = ()
     fp8_recipes: Mapping[str, Any] = field(default_factory=dict)
     schedules: Mapping[str, str] = field(default_factory=dict)
     fsdp_strategy: Mapping[int, str] = field(default_factory=dict)
+    attention_kernels: tuple = ("auto", "cudnn", "flash2", "efficient", "flash1")
+    expert_tensor_parallel: bool = True
+    optimizers: tuple | None = None
+    delayed_update: bool = False
+    eager_schedules: tuple = ()
+    switches_without_option: tuple = ()
+    #: what the target runs whatever the plan says (each a nearest-plan change of
+    #: paraplan.planner.runnable): its TP plan shards the sequence (sp with tp > 1); attention always fused
+    #: (no unfused kernel to choose); the model always compiled (elementwise chains fused) outside
+    #: ``eager_schedules``; gradient reduction always overlapped with the backward; ZeRO-0 data parallelism
+    #: only without model parallelism (else FSDP, ZeRO-2)
+    tp_shards_sequence: bool = False
+    attention_always_fused: bool = False
+    compiles_model: bool = False
+    grad_reduce_always_overlapped: bool = False
+    zero0_needs_pure_dp: bool = False
+    #: the highest ZeRO stage its pipeline runs (None: any) and the lowest at which it offloads to NVMe
+    pipeline_max_zero: int | None = None
+    nvme_offload_min_zero: int = 0
 
 
 @dataclass(frozen=True)

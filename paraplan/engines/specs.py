@@ -127,7 +127,7 @@ GENERIC = EngineSpec(
         folds_expert_parallelism=False,
         main_grad_buffer=False, fp32_grad_reduction=False, bf16_optimizer=False,
         dp_collectives_outside_backward=False, reduces_in_optimizer_step=False,
-        churns_allocator_from_zero=3),
+        hybrid_layers="any", churns_allocator_from_zero=3),
 )
 
 
@@ -238,9 +238,16 @@ MEGATRON = EngineSpec(
         main_grad_buffer=True, fp32_grad_reduction=False, bf16_optimizer=False,
         dp_collectives_outside_backward=False, reduces_in_optimizer_step=False,
         # Megatron-FSDP gathers and reduces in persistent double buffers (--fsdp-double-buffer)
-        churns_allocator_from_zero=None),
+        hybrid_layers="even", churns_allocator_from_zero=None),
     export=ExportMapping(
         format="bash", notes_in_text=True,
+        # the flags as megatron-core 0.16.1's config classes (TransformerConfig, DistributedDataParallelConfig,
+        # OptimizerConfig) read them; the newest release pip installs on Python 3.11 (0.17 and later need 3.12)
+        target="Megatron-LM core_v0.16.1 (megatron-core 0.16.1)",
+        # stock Megatron-LM runs 1F1B and its interleaved form (megatron/core/pipeline_parallel/schedules.py)
+        schedules={"1f1b": "1F1B", "interleaved": "interleaved 1F1B"},
+        # Transformer Engine's fused (cuDNN) and flash backends (--attention-backend fused | flash)
+        attention_kernels=("auto", "cudnn", "flash2"),
         # pretrain_gpt.py flags (megatron/training/arguments.py), in the order the script writes them:
         # combined 1F1B (needs torch >= 2.6; megatron/core/transformer/transformer_config.py); DeepEP
         # (HybridEP: --moe-flex-dispatcher-backend hybridep, priced alike)
@@ -335,7 +342,22 @@ DEEPSPEED = EngineSpec(
         # all_gather_dp_groups in step() run outside the backward
         dp_collectives_outside_backward=True, reduces_in_optimizer_step=False,
         churns_allocator_from_zero=3),
-    export=ExportMapping(format="json", notes_in_text=False),
+    export=ExportMapping(format="json", notes_in_text=False, target="DeepSpeed 0.19.8",
+                         # PipelineEngine's TrainSchedule (deepspeed/runtime/pipe/schedule.py)
+                         schedules={"1f1b": "TrainSchedule"},
+                         # its PipelineEngine asserts ZeRO stage < 2 (deepspeed/runtime/pipe/engine.py); NVMe
+                         # offload of the optimizer needs ZeRO-3 (deepspeed/runtime/zero/offload_config.py)
+                         pipeline_max_zero=1, nvme_offload_min_zero=3,
+                         # DeepSpeed 0.19.8 deepspeed/runtime/config.py DEEPSPEED_OPTIMIZERS: adagrad, adam, adamw,
+                         # lamb, muadam, muadamw, musgd, lion, muon; the 1-bit optimizers (onebitadam,
+                         # zerooneadam, onebitlamb, deepspeed/runtime/fp16/onebit) no longer ship: a plan with
+                         # one is exported as the nearest plan, Adam. The spec keeps them for the releases and
+                         # papers that ran them.
+                         optimizers=("adam",),
+                         # deepspeed/runtime/zero/offload_config.py DeepSpeedZeroOffloadOptimizerConfig: device,
+                         # nvme_path, buffer_count, pin_memory, pipeline_read/write, fast_init, ratio,
+                         # super_offload, cpuadam_cores_perc; no delayed parameter update
+                         delayed_update=False),
 )
 
 
@@ -438,14 +460,46 @@ TORCHTITAN = EngineSpec(
         # FSDP2 frees the unsharded gradients after each layer's reduce-scatter from ZeRO-2
         churns_allocator_from_zero=2),
     export=ExportMapping(
-        format="toml", notes_in_text=True,
-        switch_options=(("tp_comm_overlap", (("enable_async_tensor_parallel", True),)),   # [parallelism]
-                        ("ep_comm_overlap", (("pipeline_parallel_expert_parallel_overlap", True),))),
-        # paraplan fp8 dtype -> (model converter, its section, recipe_name or None for the default)
-        fp8_recipes={"fp8": ("float8", "float8", None), "fp8-rowwise": ("float8", "float8", "rowwise"),
-                     "mxfp8": ("mx", "mx", "mxfp8")},
-        schedules={"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B", "zb-h1": "1F1B",
-                   "zbv": "ZBVZeroBubble", "dualpipev": "DualPipeV"}),
+        # What torchtitan 0.3.0, the release the export targets, runs (its wheel's source, checked against the
+        # installed release by benchmarks/engine_configs/check_exports.py). A Python config registry
+        # (torchtitan/config/manager.py: --module / --config, section.key overrides); the TOML job config of
+        # releases up to 0.2.2 behind --torchtitan-format toml (paraplan.planner.export_torchtitan).
+        format="python", notes_in_text=True, target="torchtitan 0.3.0",
+        switch_options=(("tp_comm_overlap", (("enable_async_tensor_parallel", True),)),),   # [compile] in 0.3.0
+        # paraplan fp8 dtype -> (converter class, recipe_name or None for its default).
+        # torchtitan/components/quantization/float8.py: Float8LinearConverter.Config.recipe_name is
+        # Literal["rowwise", "rowwise_with_gw_hp"]: no per-tensor (tensorwise) recipe, and with it no float8
+        # FSDP all-gather (0.2.x's enable_fsdp_float8_all_gather is gone); mx.py: MXFP8LinearConverter.
+        # The engine's fp8_recipes keep "fp8" (tensorwise): the torchtitan of the published runs
+        # (paraplan/calibration) and 0.2.2's TOML ran it; a 0.3.0 export runs such a plan row-wise.
+        fp8_recipes={"fp8-rowwise": ("Float8LinearConverter", "rowwise"), "mxfp8": ("MXFP8LinearConverter", None)},
+        # torch.distributed.pipelining schedules (get_schedule_class); its zero-bubble schedules need several
+        # stages per rank, so zb-h1 (one stage per rank) is exported as 1F1B, re-estimated
+        # ZBVZeroBubble and DualPipeV: two V-placed stages per rank (torch.distributed.pipelining; torchtitan
+        # runs them uncompiled, paraplan.planner.export_torchtitan)
+        schedules={"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B", "zbv": "ZBVZeroBubble",
+                   "dualpipev": "DualPipeV"},
+        # ScheduleZBVZeroBubble / ScheduleDualPipeV refuse torch.compile'd stage modules
+        # (_check_torch_compile_compatibility, torch/distributed/pipelining/schedules.py, PyTorch 2.13)
+        eager_schedules=("zbv", "dualpipev"),
+        # 0.3.0 has no pipeline_parallel_expert_parallel_overlap (ParallelismConfig, torchtitan/config/configs.py;
+        # the DualPipeV overlap callback is in later sources and experiments/graph_trainer only)
+        switches_without_option=("ep_comm_overlap",),
+        # its TP plan shards the sequence (sequence parallelism always on with tp); no unfused attention: 0.3.0's
+        # language models run FlexAttention (flex, flex_flash or varlen, torchtitan/models/common/config_utils.py
+        # get_attention_config), 0.2.2's torch SDPA (torchtitan/models/attention.py); the export compiles the
+        # model (compile.enable, components model and loss); FSDP2 / replicate reduce gradients during the
+        # backward with no option to turn it off (0.3.0 torchtitan/config/configs.py ParallelismConfig, 0.2.2
+        # job_config.py Parallelism); its DDP is 1-D data parallelism only (ZeRO-0 with tp/pp/cp runs FSDP)
+        tp_shards_sequence=True, attention_always_fused=True, compiles_model=True,
+        grad_reduce_always_overlapped=True, zero0_needs_pure_dp=True,
+        # torchtitan/models/common/config_utils.py get_attention_config: attn_backend flex (the registries'
+        # default), flex_flash or varlen; "sdpa is no longer supported for language models": no torch SDPA
+        # backend (cuDNN, flash, memory-efficient) can be named, the plan runs its own kernel (auto)
+        attention_kernels=("auto",),
+        # torchtitan/config/configs.py ParallelismConfig: expert_parallel_degree only, no
+        # expert_tensor_parallel_degree (0.2.x had one); "EP borrows ranks from FSDP and TP"
+        expert_tensor_parallel=False),
 )
 
 

@@ -1,160 +1,48 @@
-"""Launch configs from a plan file: Megatron-LM (bash + torchrun), DeepSpeed (config JSON), torchtitan (TOML).
+"""Launch configs from a plan file: Megatron-LM (bash + torchrun), DeepSpeed (config JSON), torchtitan
+(a Python config registry for its 0.3.0 release; the TOML job config of 0.2.x behind a flag).
 
 Each exporter is a pure function of a plan document (the dict ``read_plan_file`` returns) and returns
-text. Choices an engine cannot express exactly are handled one of two ways, always visibly:
+text for the engine release its spec names (``ExportMapping.target``, written in the header).
 
-* **closest supported setting plus a note** when the job still runs with the same layout and only a
-  secondary property changes (e.g. ``zb-h1`` runs as 1F1B on stock Megatron-LM; NVMe offload as
-  Megatron's CPU optimizer offload). Notes appear as ``# NOTE:`` comments in bash and TOML output;
-  JSON has no comments, so DeepSpeed notes come back from :func:`export_notes` (the CLI prints
-  them on stderr).
-* **ConfigError** when the engine would run a different layout than the plan (e.g. DeepSpeed with
-  context parallelism, or ZeRO-2/3 together with DeepSpeed pipeline parallelism, which its
-  PipelineEngine rejects; torchtitan with fp16 or NVMe offload).
+What is written is always a plan the engine runs, estimated: where the plan holds a choice the engine
+does not run (optimizer offload on Megatron-LM, zb-h1 on a stock pipeline, op-level SAC outside
+torchtitan, ...), the export is of the nearest plan it runs (``paraplan.planner.runnable``), estimated
+with the same ``estimate`` and shown beside the plan's own estimate (:attr:`Export.summary`); a nearest
+plan that does not fit is a ConfigError naming what overflows. Where the engine would run a *different
+layout* (DeepSpeed with context parallelism, tp with pp, ...) the export is a ConfigError. What the
+config itself cannot say (model code to adapt, a launcher to write) is a note: ``# NOTE:`` comments in
+bash and Python output; JSON has no comments, so DeepSpeed notes come back in :attr:`Export.notes` (the
+CLI prints them on stderr).
 
-Option names come from the engines' own sources, recorded with their commits in
-``tests/data/engine_options.yaml``; ``tests/planner/test_export.py`` checks every emitted name against it.
-What is data about an engine's options (its switches' flags, fp8 recipes, schedules, sharding
-strategies, whether the text carries its notes) is in its spec's ``export``
+The engines' own configuration code checks the exports of a corpus covering every plan field
+(benchmarks/engine_configs/check_exports.py, in CI); ``paraplan.planner.readers`` reads each export back
+into a Plan. What is data about an engine's options (its switches' flags, fp8 recipes, schedules,
+sharding strategies, the release it targets) is in its spec's ``export``
 (``paraplan.engines.ExportMapping``); each builder here reads it from the spec it is given.
 """
 from __future__ import annotations
 
 import difflib
-
 import json
 import shlex
-from dataclasses import dataclass, field, replace
-from types import SimpleNamespace
+from dataclasses import replace
 from typing import Any, Callable, Mapping
 
-from paraplan.costmodels.estimate import estimate
-from paraplan.costmodels.memory import bf16_optimizer_layout
 from paraplan.costmodels.kernels import FP4_BF16_LINEAR_SHARE
-from paraplan.engines import SPECS, EngineSpec, spec_named
+from paraplan.costmodels.memory import bf16_optimizer_layout
+from paraplan.engines import EngineSpec, spec_named
 from paraplan.errors import ConfigError
-from paraplan.plan import (Plan, check_plan, interleaved_split_accounts, is_fp4, is_fp8, stage_layer_counts,
+from paraplan.plan import (check_plan, interleaved_split_accounts, is_fp4, is_fp8, stage_layer_counts,
                            virtual_stage_layer_counts)
-from paraplan.planfile import PLAN_SCHEMA
-from paraplan.scenario import load_cluster
-from paraplan.workloads.presets import load_model
-from paraplan.workloads.transformer import TrainingJob
+from paraplan.planner.export_common import (ENGINES, LEARNING_RATE, MTP_NOTE, NVME_PLACEHOLDER, RDZV_PORT,  # noqa: F401
+                                            TRAIN_ITERS, Export, Scenario, headline, launch_note, load_scenario,
+                                            refuse_unrun_schedule, sdpa_kernel_note)
+from paraplan.planner.export_torchtitan import TORCHTITAN_FORMATS, build_torchtitan
+from paraplan.planner.runnable import AsRun, as_engine_runs, nearest_runnable
 
-ENGINES = tuple(s.label for s in SPECS if s.export is not None)     # the engines paraplan writes configs for
-RDZV_PORT = 29500
-NVME_PLACEHOLDER = "/CHANGE_ME/local_nvme"     # DeepSpeed's documented default is /local_nvme
-UNFUSED_ACCUMULATION_NOTE = ("the plan's estimate assumed gradient accumulation fused into the weight-gradient "
-                             "GEMMs (Megatron-LM); {engine} adds each micro-batch's gradients with separate "
-                             "kernels: re-estimate with --no-grad-accumulation-fusion for its step time")
-EP_OVERLAP_NOTE = ("the plan's estimate hides the expert-parallel all-to-alls under the neighbouring micro-batch "
-                   "(Megatron-Core's combined 1F1B, --overlap-moe-expert-parallel-comm); {engine} has no such "
-                   "schedule: re-estimate without --ep-comm-overlap for its step time")
-FLEX_DISPATCH_NOTE = ("the plan's estimate prices DeepEP / HybridEP dispatch (Megatron-Core's flex token dispatcher, "
-                      "--moe-token-dispatcher-type flex); {engine} runs its all-to-all dispatch: re-estimate without "
-                      "--moe-flex-dispatch for its step time")
-TRAIN_ITERS = 100                              # a smoke-test length; override on the command line
-LEARNING_RATE = 1.0e-4
-
-
-@dataclass(frozen=True)
-class Scenario:
-    """What an exporter needs: the checked plan (dp filled) and the job around it."""
-    plan: Plan
-    model: Any                      # TransformerModel
-    model_spec: str
-    cluster_spec: str
-    cluster: Any                    # Cluster, resolved from cluster_spec for the plan's GPU count
-    seq_len: int
-    global_batch: int
-
-    @property
-    def gpus(self) -> int:
-        return self.cluster.num_gpus
-
-    @property
-    def hosts(self) -> int:
-        """Hosts the launcher starts on (torchrun --nnodes, deepspeed --num_nodes): DGX nodes, NVL72
-        compute trays (``Cluster.num_hosts``), not NVLink domains."""
-        return self.cluster.num_hosts
-
-    @property
-    def procs_per_host(self) -> int:
-        """Ranks per host (torchrun --nproc-per-node, deepspeed --num_gpus): ``Cluster.gpus_per_host``."""
-        return self.cluster.gpus_per_host
-
-    @property
-    def job(self) -> TrainingJob:
-        return TrainingJob(self.seq_len, self.global_batch)
-
-    @property
-    def grad_accum(self) -> int:
-        """Micro-batches per data-parallel rank per optimizer step."""
-        return self.global_batch // (self.plan.dp * self.plan.micro_batch)
-
-
-@dataclass
-class Export:
-    """Text for one engine and the notes on what was approximated; ``notes_in_text``: the text carries
-    them as comments (bash, TOML), else the caller shows them (JSON has no comments)."""
-    engine: str
-    text: str
-    notes: list[str] = field(default_factory=list)
-    notes_in_text: bool = True
-
-
-# --- reading the document ---------------------------------------------------------------------------
-def load_scenario(doc: Mapping[str, Any], source: str = "plan") -> Scenario:
-    """Validate a plan document and resolve its model and cluster (ConfigError on any problem)."""
-
-    if not isinstance(doc, Mapping) or doc.get("schema") != PLAN_SCHEMA:
-        raise ConfigError("schema", f"not a paraplan plan document (expected schema {PLAN_SCHEMA!r})",
-                          source=source)
-    sc, raw_plan = doc.get("scenario"), doc.get("plan")
-    for key, value in (("scenario", sc), ("plan", raw_plan)):
-        if not isinstance(value, Mapping):
-            raise ConfigError(key, "missing or not a mapping", source=source)
-    missing = [k for k in ("model", "cluster", "gpus", "seq_len", "global_batch") if sc.get(k) in (None, "")]
-    if missing:
-        raise ConfigError(f"scenario.{missing[0]}", "missing", source=source,
-                          accepted="scenario with model, cluster, gpus, seq_len, global_batch")
-    for key in ("gpus", "seq_len", "global_batch"):
-        v = sc[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ConfigError(f"scenario.{key}", f"must be a positive integer, got {v!r}", source=source)
-    model = load_model(str(sc["model"]))
-    cluster = load_cluster(str(sc["cluster"]), sc["gpus"])
-    plan = check_plan(Plan.from_dict(raw_plan, source=source), model,
-                      TrainingJob(sc["seq_len"], sc["global_batch"]), cluster)
-    return Scenario(plan=plan, model=model, model_spec=str(sc["model"]), cluster_spec=str(sc["cluster"]),
-                    cluster=cluster,
-                    seq_len=sc["seq_len"], global_batch=sc["global_batch"])
-
-
-def _domains(s: Scenario) -> str:
-    """", in NVLink domains of N GPUs" where a host is not a whole NVLink domain (NVL72), else ""."""
-    c = s.cluster
-    if c.system.gpus_per_host == c.system.gpus_per_node:
-        return ""
-    return f", in {c.num_nodes} NVLink domain(s) of {c.gpus_per_node}"
-
-
-def launch_note(s: Scenario) -> str | None:
-    """What the launch leaves idle: hosts started with fewer ranks than they hold GPUs, where the GPU
-    count does not fill whole hosts (6 GB200: 3 ranks on each of 2 trays); None when they are full."""
-    c = s.cluster
-    full = min(c.num_gpus, c.system.gpus_per_host)
-    if s.procs_per_host == full:
-        return None
-    return (f"{s.gpus} GPUs do not fill whole {c.system.gpus_per_host}-GPU hosts: the launch starts "
-            f"{s.procs_per_host} ranks on each of {s.hosts} hosts (launchers start the same number on every "
-            f"host), leaving {c.system.gpus_per_host - s.procs_per_host} GPU(s) of each idle")
-
-
-def _headline(s: Scenario) -> str:
-    p = s.plan
-    return (f"{s.model_spec} on {s.gpus} x {s.cluster_spec} ({s.hosts} node(s) x {s.procs_per_host} GPUs{_domains(s)}): "
-            f"{p.label()}, schedule {p.schedule}, ZeRO {p.zero}, recompute {p.recompute}, offload {p.offload}"
-            f"{' +params' if p.offload_params else ''}, {p.dtype}; seq {s.seq_len}, global batch {s.global_batch}")
+#: Megatron-LM --cp-comm-type for each context-parallel mode (megatron/training/arguments.py: p2p, a2a,
+#: allgather, a2a+p2p; Transformer Engine's attention: p2p is ring attention, a2a DeepSpeed-Ulysses)
+MEGATRON_CP_COMM_TYPE = {"ring": "p2p", "ulysses": "a2a"}
 
 
 # --- Megatron-LM -------------------------------------------------------------------------------------
@@ -197,11 +85,6 @@ def megatron_pipeline_layout(chunk_layers: list[int]) -> str:
     parts[0] = "E" + ("," if parts[0] else "") + parts[0]
     parts[-1] = parts[-1] + ("," if parts[-1] else "") + "L"
     return "|".join(parts)
-
-
-MTP_NOTE = ("the model trains with multi-token prediction (depth as in the estimate); {engine} builds no MTP "
-            "module from this config: add it in the model code, or the run trains without it (and runs faster "
-            "than the estimate)")
 
 
 def megatron_moe_layer_freq(m) -> str | None:
@@ -284,20 +167,6 @@ def megatron_hybrid_args(m, notes: list[str]) -> list[tuple[str, ...]]:
     return args
 
 
-#: the schedules that place two chunks on every rank (ZBV, DualPipeV) or run two directions (DualPipe)
-TWO_CHUNK_SCHEDULES = ("zbv", "dualpipe", "dualpipev")
-
-
-def refuse_unrun_schedule(p: Plan, spec: EngineSpec, runs: str) -> None:
-    """ConfigError where the engine has no flag for the plan's ZBV, DualPipe or DualPipeV schedule: it would
-    run another layout (one chunk per rank, one parameter copy), so the export is refused, not approximated.
-    ``runs``: the schedules the engine runs."""
-    if p.pp > 1 and p.schedule in TWO_CHUNK_SCHEDULES and p.schedule not in spec.export.schedules:
-        raise ConfigError("schedule", f"{spec.title} has no {p.schedule} schedule ({runs}); exporting it would run "
-                          "another layout than the estimate's", accepted=f"{runs}; zbv and dualpipev: --to torchtitan"
-                          + ("" if p.schedule != "dualpipe" else "; dualpipe: DeepSeek's DualPipe runtime only"))
-
-
 def build_megatron(s: Scenario, spec: EngineSpec) -> Export:
     """pretrain_gpt.py flags (NVIDIA/Megatron-LM megatron/training/arguments.py) behind torchrun; the
     switches' flags, fp8 recipes and Megatron-FSDP strategies from ``spec.export``."""
@@ -343,6 +212,8 @@ def build_megatron(s: Scenario, spec: EngineSpec) -> Export:
     # parallel layout
     args += [("--tensor-model-parallel-size", str(p.tp)), ("--pipeline-model-parallel-size", str(p.pp)),
              ("--context-parallel-size", str(p.cp))]
+    if p.cp > 1:     # Transformer Engine's context-parallel attention: p2p is ring attention, a2a Ulysses
+        args.append(("--cp-comm-type", MEGATRON_CP_COMM_TYPE[p.cp_mode]))
     if p.sp:
         args.append(("--sequence-parallel",))
     uneven = _megatron_uneven_stages(s)
@@ -350,13 +221,6 @@ def build_megatron(s: Scenario, spec: EngineSpec) -> Export:
     if p.schedule == "interleaved" and not any(a[0] == "--pipeline-model-parallel-layout" for a in uneven):
         args.append(("--num-layers-per-virtual-pipeline-stage",
                      str(max(virtual_stage_layer_counts(m.layers, p)))))
-    elif p.schedule == "zb-h1" and p.pp > 1:
-        notes.append("schedule zb-h1 (zero-bubble H1, Qi et al. 2023) needs a zero-bubble fork of Megatron-LM "
-                     "(sail-sg/zero-bubble-pipeline-parallelism); stock Megatron-LM runs its closest schedule, "
-                     "non-interleaved 1F1B, with a larger bubble than the estimate assumed")
-    elif p.schedule == "gpipe" and p.pp > 1:
-        notes.append("schedule gpipe has no Megatron-LM flag; Megatron-LM runs 1F1B, which has the same "
-                     "bubble and keeps at most pp micro-batches of activations in flight")
     args += [("--micro-batch-size", str(p.micro_batch)), ("--global-batch-size", str(s.global_batch))]
 
     # memory
@@ -379,14 +243,8 @@ def build_megatron(s: Scenario, spec: EngineSpec) -> Export:
         notes.append(f"ZeRO-{p.zero} runs as Megatron-FSDP: leave CUDA_DEVICE_MAX_CONNECTIONS unset (Megatron-LM "
                      "refuses Megatron-FSDP with it at 1); with a Transformer Engine that cannot fuse gradient "
                      "accumulation under FSDP add --no-gradient-accumulation-fusion (Megatron-LM warns about it)")
-    if p.offload != "none":
-        # validate_args requires the precision-aware optimizer for the hybrid CPU/GPU optimizer
-        args += [("--optimizer-cpu-offload",), ("--use-precision-aware-optimizer",)]
-        if p.offload == "nvme":
-            notes.append("NVMe offload has no Megatron-LM flag; --optimizer-cpu-offload keeps the optimizer "
-                         "states in host memory instead (check that they fit)")
-    if p.offload_params:
-        notes.append("parameter offload (ZeRO-Infinity) has no Megatron-LM equivalent; parameters stay on GPU")
+    # no optimizer offload: the megatron engine keeps its optimizer states on the GPU (a plan with offload is
+    # exported as its nearest plan without, paraplan.planner.runnable)
     if p.overlap_grad_reduce:
         args.append(("--overlap-grad-reduce",))
         if p.zero >= 1 and p.overlap_param_gather:   # the distributed optimizer's all-gather under the next forward
@@ -422,13 +280,14 @@ def build_megatron(s: Scenario, spec: EngineSpec) -> Export:
         args.append(("--no-rope-fusion",))
     args += [("--train-iters", str(TRAIN_ITERS)), ("--lr", f"{LEARNING_RATE:g}")]
 
+    script = "pretrain_mamba.py" if hybrid else "pretrain_gpt.py"
     lines = ["#!/usr/bin/env bash",
              "# Megatron-LM launch script written by `paraplan export --to megatron`.",
-             f"# Plan: {_headline(s)}",
+             f"# Plan: {headline(s)}",
+             f"# Targets {spec.export.target}: {script} of that Megatron-LM release.",
              "# Run the same script on every node with NODE_RANK unset (c10d rendezvous assigns ranks);",
              "# MASTER_ADDR is the host of the rendezvous (any one node). Extra arguments are passed to",
-             f"# {'pretrain_mamba.py' if hybrid else 'pretrain_gpt.py'}, e.g. --data-path ... --tokenizer-type ... to "
-             "replace the mock data.",
+             f"# {script}, e.g. --data-path ... --tokenizer-type ... to replace the mock data.",
              *(f"# NOTE: {n}" for n in notes),
              "set -euo pipefail",
              ': "${MEGATRON_LM:=/path/to/Megatron-LM}"',
@@ -436,10 +295,10 @@ def build_megatron(s: Scenario, spec: EngineSpec) -> Export:
              f': "${{MASTER_PORT:={RDZV_PORT}}}"',
              "",
              "torchrun " + " ".join(_quote(a) for a in _torchrun_args(s)) + " \\",
-             f'  "${{MEGATRON_LM}}/{"pretrain_mamba.py" if hybrid else "pretrain_gpt.py"}" \\']
+             f'  "${{MEGATRON_LM}}/{script}" \\']
     lines += ["  " + " ".join(_quote(a) for a in group) + " \\" for group in args]
     lines.append('  "$@"')
-    return Export(spec.label, "\n".join(lines) + "\n", notes, spec.export.notes_in_text)
+    return Export(spec.label, "\n".join(lines) + "\n", notes, spec.export.notes_in_text, spec.export.target)
 
 
 def switch_options(p, spec: EngineSpec) -> list[tuple]:
@@ -550,8 +409,6 @@ def build_deepspeed(s: Scenario, spec: EngineSpec) -> Export:
         notes.append("flash attention is chosen by the model code (e.g. attn_implementation='flash_attention_2'), "
                      "not by the DeepSpeed config")
         notes += sdpa_kernel_note(p, "a Hugging Face model with attn_implementation='sdpa'")
-    if p.grad_accumulation_fusion and not spec.grad_accumulation_fusion:
-        notes.append(UNFUSED_ACCUMULATION_NOTE.format(engine=spec.title))
     if s.model.moe is not None:
         e = s.model.moe
         notes.append(f"experts are built in the model code, not by the DeepSpeed config: deepspeed.moe.layer.MoE("
@@ -561,228 +418,11 @@ def build_deepspeed(s: Scenario, spec: EngineSpec) -> Export:
                      + (f"; its gate has no group-limited routing, which the estimate prices ({e.router_group_top_k} "
                         f"of {e.router_groups} expert groups a token): re-estimate the model without router_groups"
                         if e.group_limited else ""))
-    notes += dropped_switch_notes(p, spec)
     if s.model.mtp_layers:
         notes.append(MTP_NOTE.format(engine=spec.title))
     notes.append(f"launch: deepspeed --num_nodes {s.hosts} --num_gpus {s.procs_per_host} --hostfile HOSTFILE "
                  "train.py, where train.py passes this file to deepspeed.initialize(config=...)")
-    return Export(spec.label, json.dumps(cfg, indent=2) + "\n", notes, spec.export.notes_in_text)
-
-
-def dropped_switch_notes(p, spec: EngineSpec) -> list[str]:
-    """Notes for the expert-parallel switches the plan's estimate priced and the engine does not have."""
-    return ([EP_OVERLAP_NOTE.format(engine=spec.title)] if p.ep_comm_overlap and not spec.offers("ep_comm_overlap")
-            else []) + ([FLEX_DISPATCH_NOTE.format(engine=spec.title)]
-                        if p.moe_flex_dispatch and not spec.offers("moe_flex_dispatch") else [])
-
-
-# --- torchtitan --------------------------------------------------------------------------------------
-# paraplan preset -> torchtitan (model name, flavor): torchtitan/models/llama3 and models/deepseek_v3
-# (deepseekv3_configs "671B": 61 layers, dim 7168, 256 experts top-8, 1 shared, 3 dense, MLA q_lora 1536)
-_TITAN_FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"), "llama3-405b": ("llama3", "405B"),
-                  "deepseek-v3": ("deepseek_v3", "671B")}
-
-
-def _titan_fp8_sections(p, recipes) -> tuple[list[tuple[str, Any]], list[tuple[str, list[tuple[str, Any]]]]]:
-    """torchtitan's fp8 switches: the ``[model]`` section's ``converters`` and the converter's own
-    section (recipe; float8 all-gather under FSDP with per-tensor scaling). ``recipes``: paraplan fp8
-    dtype -> (model converter, its section, recipe_name or None for the default), its spec's."""
-    if p.dtype not in recipes:
-        return [], []
-    converter, section, recipe = recipes[p.dtype]
-    items: list[tuple[str, Any]] = [("recipe_name", recipe)] if recipe else []
-    if p.dtype == "fp8" and p.zero >= 1:
-        items += [("enable_fsdp_float8_all_gather", True), ("precompute_float8_dynamic_scale_for_fsdp", True),
-                  ("force_recompute_fp8_weight_in_bwd", True)]   # recommended with FSDP: no unsharded fp8 weights kept
-    return [("converters", [converter])], [(section, items)]
-
-
-#: the SDPA backend that pins each named attention kernel (torch.nn.attention.SDPBackend)
-SDPA_BACKEND_OF_KERNEL = {"cudnn": "CUDNN_ATTENTION", "flash2": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
-
-
-def sdpa_kernel_note(p, engine: str) -> list[str]:
-    """For engines whose attention goes through torch's scaled_dot_product_attention: how to pin the
-    kernel the plan was priced with (torch otherwise picks by version and shape: 2.11 picked cuDNN
-    on an H100)."""
-    if not p.flash_attention or p.attention_kernel == "auto":
-        return []
-    if p.attention_kernel == "flash1":
-        return [f"the plan was priced with FlashAttention 1.x, which torch's scaled_dot_product_attention does not "
-                f"have (its flash backend is FlashAttention-2): {engine} runs it only where the model code calls "
-                "the flash-attn 1.x package (flash_attn<2) itself; under SDPA expect attention faster than priced"]
-    return [f"the plan was priced with the {p.attention_kernel} attention kernel; {engine} calls "
-            f"torch's scaled_dot_product_attention, which picks its own backend: pin it by running the "
-            f"step under torch.nn.attention.sdpa_kernel(SDPBackend.{SDPA_BACKEND_OF_KERNEL[p.attention_kernel]})"]
-
-
-def torchtitan_sdpa_kernel_note(p) -> list[str]:
-    """How to pin a named attention kernel under torchtitan, whose ScaledDotProductAttentionWrapper runs
-    every call under its own ``sdpa_kernel(sdpa_backends, set_priority=True)`` (cuDNN first;
-    torchtitan/models/attention.py), which replaces any backend choice made around the step. Nothing
-    for ``auto`` or ``cudnn``, the backend it runs first."""
-    if not p.flash_attention or p.attention_kernel in ("auto", "cudnn"):
-        return []
-    return [f"the plan was priced with the {p.attention_kernel} attention kernel; torchtitan's "
-            f"ScaledDotProductAttentionWrapper tries cuDNN first inside every call (a sdpa_kernel context around "
-            f"the step does not reach it): set torchtitan.models.attention.ScaledDotProductAttentionWrapper."
-            f"sdpa_backends = [SDPBackend.{SDPA_BACKEND_OF_KERNEL[p.attention_kernel]}] before the model is built"]
-
-
-def build_torchtitan(s: Scenario, spec: EngineSpec) -> Export:
-    """A torchtitan TOML job config (sections and keys of torchtitan/config/job_config.py, TOML era).
-
-    Data parallelism maps by ZeRO stage: 0 -> DDP (data_parallel_replicate_degree) when dp is the only
-    axis, 1-3 -> FSDP2 (data_parallel_shard_degree). Raises ConfigError for fp16 (torchtitan trains
-    in bf16 or fp32 only), for NVMe offload (torchtitan offloads to CPU memory only) and for the flash1
-    attention kernel (torch SDPA has no FlashAttention 1.x backend).
-    """
-    p, m, notes = s.plan, s.model, []
-    refuse_unrun_schedule(p, spec, "1f1b, interleaved, gpipe, zbv, dualpipev (torch.distributed.pipelining)")
-    fp8_recipes = spec.export.fp8_recipes
-    if p.dtype not in ("bf16", *fp8_recipes):
-        raise ConfigError("dtype", f"torchtitan has no {p.dtype} mixed precision (training.mixed_precision_param "
-                          "accepts bfloat16 or float32; float8 converters: tensorwise, rowwise, mxfp8)",
-                          accepted="bf16, " + ", ".join(fp8_recipes))
-    if p.offload == "nvme":
-        raise ConfigError("offload", "torchtitan offloads to CPU memory only (training.enable_cpu_offload)",
-                          accepted="--offload cpu or none")
-    if p.flash_attention and p.attention_kernel == "flash1":
-        raise ConfigError("attention_kernel", "torchtitan runs attention through torch's scaled_dot_product_attention, "
-                          "which has no FlashAttention 1.x backend", accepted="auto, cudnn, flash2, efficient")
-
-    name, flavor = _TITAN_FLAVORS.get(s.model_spec, ("llama3", None))
-    if flavor is None:
-        flavor = "paraplan-" + "".join(c if c.isalnum() else "-" for c in m.name)
-        notes.append(f"torchtitan has no flavor for this model; register {flavor!r} in torchtitan's "
-                     f"{name} model args with dim={m.hidden}, n_layers={m.layers}, n_heads={m.heads}, "
-                     f"n_kv_heads={m.kv_heads}, vocab_size={m.vocab}, FFN width {m.ffn_hidden}"
-                     + (f", multi-head latent attention (q_lora_rank={m.mla.q_lora_rank}, "
-                        f"kv_lora_rank={m.mla.kv_lora_rank}, qk_nope_head_dim={m.head_dim}, "
-                        f"qk_rope_head_dim={m.mla.qk_rope_head_dim}, v_head_dim={m.mla.v_head_dim}: torchtitan's "
-                        "deepseek_v3 model)" if m.mla else f", head_dim={m.head_dim}" if m.q_hidden != m.hidden else "")
-                     + (f", MoE: {m.moe.experts} routed experts of width {m.moe.expert_ffn_hidden}, top-{m.moe.top_k}, "
-                        f"{m.moe.shared_experts} shared, {m.moe_layers} MoE layers"
-                        + (f", num_expert_groups={m.moe.router_groups}, num_limited_groups={m.moe.router_group_top_k}"
-                           if m.moe.router_groups is not None else "") + " (torchtitan's MoE args)"
-                        if m.moe is not None else ""))
-    if (m.activation, m.norm, m.learned_positions) != ("swiglu", "rmsnorm", False):
-        notes.append(f"torchtitan's {name} architecture is SwiGLU/RMSNorm/RoPE; this model is "
-                     f"{m.activation}/{m.norm}{'/learned positions' if m.learned_positions else ''}, so "
-                     "the layout carries over but the model code must be adapted")
-
-    mp = p.tp * p.pp * p.cp
-    if p.zero == 0 and mp == 1:
-        replicate, shard, reshard = p.dp, 1, None
-    else:
-        replicate, shard = 1, p.dp
-        reshard = "default" if p.zero == 3 else "never"
-        if p.zero == 0:
-            notes.append("ZeRO-0 with tp/pp/cp: torchtitan's DDP path supports only 1-D data parallelism, so "
-                         "data parallelism uses FSDP (parameters sharded, less memory than planned)")
-        elif p.zero in (1, 2):
-            notes.append(f"ZeRO-{p.zero} maps to FSDP with reshard_after_forward=never (parameters gathered once "
-                         "per step, ZeRO-2-like); FSDP also shards the stored parameters")
-    if p.tp > 1 and not p.sp:
-        notes.append("torchtitan's tensor-parallel plan always applies sequence parallelism to norms/dropout")
-    notes += dropped_switch_notes(p, spec)
-    if p.ep_comm_overlap and not (p.schedule == "dualpipev" and p.pp > 1):
-        # torchtitan overlaps the expert all-to-all in DualPipeV's OVERLAP_F_B actions only
-        notes.append(EP_OVERLAP_NOTE.format(engine=spec.title) + " (torchtitan overlaps it under DualPipeV only)")
-        p = replace(p, ep_comm_overlap=False)
-    if s.model.mtp_layers:
-        notes.append(MTP_NOTE.format(engine=spec.title))
-    if p.schedule == "zb-h1" and p.pp > 1:
-        notes.append("zb-h1 needs one stage per rank; torch.distributed.pipelining's zero-bubble schedules "
-                     "(InterleavedZeroBubble, ZBVZeroBubble) need several, so this runs 1F1B")
-    if p.offload == "cpu":
-        notes.append("training.enable_cpu_offload offloads parameters, gradients and optimizer states (FSDP "
-                     "CPU offload), more than optimizer-only offload")
-    if p.grad_accumulation_fusion and not spec.grad_accumulation_fusion:
-        notes.append(UNFUSED_ACCUMULATION_NOTE.format(engine=spec.title))
-    notes += torchtitan_sdpa_kernel_note(p)
-    if p.recompute == "selective":
-        notes.append("selective recomputation uses torchtitan's per-op policy (selective_ac_option='op'), which "
-                     "differs in detail from Megatron's attention-core recomputation")
-
-    v_shape = p.pp > 1 and p.schedule in ("zbv", "dualpipev")
-    if v_shape:
-        notes.append(f"{spec.export.schedules[p.schedule]} places two stages on every rank in a V (rank r: stages r "
-                     f"and {2 * p.pp - 1}-r) and refuses torch.compile'd stages, so compile is off; the estimate "
-                     "priced compiled blocks (fused casts and elementwise kernels) and is optimistic by that much")
-    if p.ep_comm_overlap and p.schedule == "dualpipev":
-        notes.append("pipeline_parallel_expert_parallel_overlap runs torchtitan's overlap_callback for DualPipeV's "
-                     "OVERLAP_F_B actions (torchtitan/distributed/dual_pipe_v.py; DeepSeek-V3 models)")
-    fp8_model, fp8_sections = _titan_fp8_sections(p, fp8_recipes)
-    if p.pp > 1:      # one pipeline step holds all micro-batches of the DP rank: no gradient accumulation
-        local_batch = s.global_batch // p.dp
-    else:             # no pipeline: local batch is the micro-batch, the rest is gradient accumulation
-        local_batch = p.micro_batch
-    sections: list[tuple[str, list[tuple[str, Any]]]] = [
-        ("job", [("description", f"paraplan export: {s.model_spec} {p.label()}"), ("dump_folder", "./outputs")]),
-        ("model", [("name", name), ("flavor", flavor), *fp8_model]),
-        ("training", [("local_batch_size", local_batch), ("global_batch_size", s.global_batch),
-                      ("seq_len", s.seq_len), ("steps", TRAIN_ITERS), ("mixed_precision_param", "bfloat16"),
-                      ("mixed_precision_reduce", "float32")]   # the estimate reduces fp32 gradients
-         # the estimate prices compiled blocks (fused casts, gradient sums); async TP needs it. ZBVZeroBubble
-         # and DualPipeV refuse compiled stages (_check_torch_compile_compatibility: "not supported with stage
-         # modules that have used torch.compile", torch/distributed/pipelining/schedules.py, PyTorch 2.13)
-         + [("compile", not v_shape)]
-         + ([("enable_cpu_offload", True)] if p.offload == "cpu" else [])),
-        ("parallelism", [("data_parallel_replicate_degree", replicate), ("data_parallel_shard_degree", shard)]
-         + ([("fsdp_reshard_after_forward", reshard)] if reshard else [])
-         + [("tensor_parallel_degree", p.tp)]
-         + switch_options(p, spec)       # enable_async_tensor_parallel
-         + ([("expert_parallel_degree", p.ep), ("expert_tensor_parallel_degree", p.etp)] if m.moe is not None else [])
-         + [("pipeline_parallel_degree", p.pp),
-            ("context_parallel_degree", p.cp)]
-         + ([("pipeline_parallel_schedule", spec.export.schedules[p.schedule]),
-             ("pipeline_parallel_microbatch_size", p.micro_batch),
-             _titan_stage_split(m.layers, p)] if p.pp > 1 else [])),
-        *fp8_sections,
-        ("activation_checkpoint", [("mode", p.recompute)]
-         + ([("selective_ac_option", "op")] if p.recompute == "selective" else [])),
-    ]
-    head = ["# torchtitan job config written by `paraplan export --to torchtitan`.",
-            f"# Plan: {_headline(s)}",
-            "# Targets the TOML job config of torchtitan/config/job_config.py; launch on every node with",
-            f"#   torchrun --nnodes {s.hosts} --nproc-per-node {s.procs_per_host} --rdzv-backend c10d "
-            f"--rdzv-endpoint $MASTER_ADDR:{RDZV_PORT} -m torchtitan.train --job.config_file THIS_FILE",
-            *(f"# NOTE: {n}" for n in notes)]
-    body = []
-    for title, items in sections:
-        body.append(f"\n[{title}]")
-        body += [f"{k} = {_toml_value(v)}" for k, v in items]
-    return Export(spec.label, "\n".join(head + body) + "\n", notes, spec.export.notes_in_text)
-
-
-def _titan_stage_split(layers: int, p: Plan) -> tuple[str, Any]:
-    """Layers per (virtual) stage when even; else the split points, the layer each (virtual) stage
-    after the first begins with ("layers.N", torchtitan/config/job_config.py
-    pipeline_parallel_split_points; pp * vpp stages with interleaving)."""
-    v_shape = p.schedule in ("zbv", "dualpipev")
-    # ZBV / DualPipeV: two stages per rank that torchtitan places in a V, always as split points (the
-    # 2·pp stages explicit, whatever weight its layers-per-stage count gives the embedding and the head)
-    counts = virtual_stage_layer_counts(layers, SimpleNamespace(pp=p.pp, vpp=2) if v_shape else p)
-    if len(set(counts)) == 1 and not v_shape:
-        return ("pipeline_parallel_layers_per_stage", layers // len(counts))
-    starts, at = [], 0
-    for c in counts[:-1]:
-        at += c
-        starts.append(f"layers.{at}")
-    return ("pipeline_parallel_split_points", starts)
-
-
-def _toml_value(v: Any) -> str:
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)          # a JSON string is a valid TOML basic string
-    raise TypeError(f"no TOML form for {v!r}")
+    return Export(spec.label, json.dumps(cfg, indent=2) + "\n", notes, spec.export.notes_in_text, spec.export.target)
 
 
 # --- public API ---------------------------------------------------------------------------------------
@@ -792,21 +432,49 @@ if set(_BUILDERS) != set(ENGINES):
     raise AssertionError("paraplan.planner.export: one builder per engine spec with an export mapping")
 
 
-def export(doc: Mapping[str, Any], engine: str, source: str = "plan") -> Export:
-    """Export a plan document for one engine (ConfigError for unknown engines or inexpressible plans)."""
+def export(doc: Mapping[str, Any], engine: str, source: str = "plan", torchtitan_format: str = "python") -> Export:
+    """Export a plan document for one engine: the nearest plan the engine runs, for the release its spec
+    targets (``torchtitan_format``: ``python`` for torchtitan 0.3.0, ``toml`` for 0.2.x). ConfigError for
+    unknown engines or formats, layouts the engine cannot run, and nearest plans that do not fit."""
     build = _BUILDERS.get(engine)
     if build is None:
         close = difflib.get_close_matches(engine, ENGINES, n=1, cutoff=0.6)
         raise ConfigError("--to", f"unknown engine {engine!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
                           accepted=", ".join(ENGINES))
+    if torchtitan_format not in TORCHTITAN_FORMATS:
+        raise ConfigError("--torchtitan-format", f"unknown format {torchtitan_format!r}",
+                          accepted=", ".join(TORCHTITAN_FORMATS))
     scenario = load_scenario(doc, source)
     if scenario.plan.dtype == "fp32":
         raise ConfigError("dtype", "fp32 plans (validation on CPU) are not exported", accepted="bf16, fp16")
-    scenario, note = as_engine_runs_it(scenario, engine)
-    out = build(scenario, spec_named(engine))
-    first = [note] + [n for n in (launch_note(scenario),) if n]
+    titan = TORCHTITAN_FORMATS[torchtitan_format] if engine == "torchtitan" else None
+    fp8 = titan.fp8_recipes if titan else None
+    kernels = titan.attention_kernels if titan else None
+    expert_tp = titan.expert_tensor_parallel if titan else None
+    spec = spec_named(engine)
+
+    def write(plan) -> Export:
+        s = replace(scenario, plan=plan)
+        return build(s, spec, torchtitan_format) if engine == "torchtitan" else build(s, spec)
+
+    # a layout the engine cannot run (DeepSpeed with context parallelism, ...) is refused as such before
+    # its memory is looked at: the nearest plan is written once without the estimate, which raises it
+    nearest, _ = nearest_runnable(scenario.plan, engine, fp8, expert_tp, kernels)
+    try:
+        nearest = check_plan(nearest, scenario.model, scenario.job, scenario.cluster)
+    except ConfigError:
+        pass                     # as_engine_runs says which rule it breaks
+    else:
+        write(nearest)
+    run = as_engine_runs(scenario.plan, engine, scenario.model, scenario.job, scenario.cluster, fp8_recipes=fp8,
+                         expert_tp=expert_tp, attention_kernels=kernels)
+    scenario = replace(scenario, plan=run.runs)
+    out = write(run.runs)
+    out.summary, out.plan = run.summary(), run.runs
+    out.target = out.target or spec.export.target
+    first = [_estimate_note(run)] + [n for n in (launch_note(scenario),) if n]
     out.notes[:0] = first
-    if out.notes_in_text:              # the script and the TOML carry their notes as comments
+    if out.notes_in_text:              # the script and the Python / TOML config carry their notes as comments
         lines = out.text.split("\n")
         at = next((i + 1 for i, line in enumerate(lines) if line.startswith("# Plan:")), 1)
         lines[at:at] = ["# NOTE: " + n for n in first]
@@ -814,48 +482,12 @@ def export(doc: Mapping[str, Any], engine: str, source: str = "plan") -> Export:
     return out
 
 
-def as_engine_runs_it(s: Scenario, engine: str) -> tuple[Scenario, str]:
-    """The scenario with the plan as ``engine`` runs it (its model-state layout and buffers; gradient
-    accumulation fused only on Megatron-LM), re-estimated, and a note comparing that estimate with
-    the plan's own.
-
-    A plan made for another named engine must be runnable and fit as ``engine`` runs it (ConfigError
-    otherwise: the rule's message, or what overflows and by how much). A generic plan (no engine
-    chosen) that the engine cannot express is exported as before, approximated, with the notes the
-    exporter gives and a note that it was not re-estimated; one that does not fit as the engine runs
-    it gets a warning note."""
-    p = s.plan
-    strict = spec_named(p.engine).codebase is not None      # made for a named engine, not the papers' generic one
-    try:
-        as_run = replace(p, engine=engine,
-                         grad_accumulation_fusion=p.grad_accumulation_fusion and spec_named(engine).grad_accumulation_fusion)
-    except ConfigError as err:
-        if strict:
-            raise ConfigError(err.field, f"the plan was made for engine {p.engine}; {engine} cannot run it: "
-                              f"{err.problem}", accepted=err.accepted) from None
-        return s, (f"not re-estimated for {engine}: {err.problem}; the export approximates the layout (notes "
-                   f"below); `paraplan plan --engine {engine}` plans for what {engine} runs")
-    after = estimate(s.model, s.job, s.cluster, as_run)
-    before = after if as_run == p else estimate(s.model, s.job, s.cluster, p)
-    gib = 2**30
-    mem_before, mem_after = before.memory_bytes_per_gpu["total"] / gib, after.memory_bytes_per_gpu["total"] / gib
-    hbm = s.cluster.accelerator.memory_bytes / gib
-    unfused = (" (its own model states and buffers; gradient accumulation unfused, as "
-               "--no-grad-accumulation-fusion estimates it)" if p.grad_accumulation_fusion != as_run.grad_accumulation_fusion
-               else " (its own model states and buffers)")
-    if not after.feasible:
-        text = (f"as {engine} runs it{unfused} the plan needs {mem_after:.1f} GiB per GPU of {hbm:.1f} GiB "
-                f"(plan file, engine {p.engine}: {mem_before:.1f} GiB): {after.infeasible_reason}; "
-                f"re-plan with `paraplan plan --engine {engine}`")
-        if strict:
-            raise ConfigError("engine", text)
-        return replace(s, plan=as_run), "WARNING: " + text
-    if as_run == p:
-        return s, (f"estimate as {engine} runs it: step {after.step_time_s:.3f} s, {mem_after:.1f} of {hbm:.1f} GiB "
-                   f"per GPU (the plan file's)")
-    return replace(s, plan=as_run), (
-        f"re-estimated as {engine} runs it{unfused}: step {after.step_time_s:.3f} s (plan file, engine {p.engine}: "
-        f"{before.step_time_s:.3f} s), {mem_after:.1f} of {hbm:.1f} GiB per GPU (plan file: {mem_before:.1f})")
+def _estimate_note(run: AsRun) -> str:
+    """The first note: both estimates, and whether the export is the plan itself or its nearest runnable."""
+    if run.same:
+        return f"the plan as {run.engine} runs it: {run.summary()}"
+    return (f"{run.engine} does not run every choice of this plan; this is the nearest plan it runs, "
+            f"re-estimated: {run.summary()}")
 
 
 def to_megatron(doc: Mapping[str, Any]) -> str:
@@ -868,9 +500,9 @@ def to_deepspeed(doc: Mapping[str, Any]) -> str:
     return export(doc, "deepspeed").text
 
 
-def to_torchtitan(doc: Mapping[str, Any]) -> str:
-    """A torchtitan TOML job config."""
-    return export(doc, "torchtitan").text
+def to_torchtitan(doc: Mapping[str, Any], torchtitan_format: str = "python") -> str:
+    """A torchtitan 0.3.0 Python config registry (``toml``: a torchtitan 0.2.x TOML job config)."""
+    return export(doc, "torchtitan", torchtitan_format=torchtitan_format).text
 
 
 def export_notes(doc: Mapping[str, Any], engine: str) -> list[str]:

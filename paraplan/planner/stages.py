@@ -22,6 +22,7 @@ from paraplan.costmodels.estimate import RUNTIME_RESERVED_BYTES, layers_time
 from paraplan.costmodels.kernels import tokens_per_rank
 from paraplan.planner.ilp import (LayerCost, PipelineSpec, StageRecomputeCost, in_flight_per_stage,
                                   partition_from_boundaries, partition_stages, plan_recompute)
+from paraplan.engines import spec_named
 from paraplan.errors import InfeasiblePlan
 from paraplan.workloads.transformer import LAYER_KINDS
 from paraplan.plan import Plan, expert_data_parallel, stage_layer_counts
@@ -126,7 +127,7 @@ def _hybrid_layer_costs(model, job, cluster, plan: Plan, p: Plan, curves) -> lis
 def _megatron_hybrid(model, plan: Plan) -> bool:
     """Megatron-LM's hybrid Mamba stack splits the pattern evenly over pp (mamba_block.py MambaStack
     ._select_layers_for_pipeline_parallel): it runs no other split, so there is none to balance."""
-    return bool(getattr(model, "layer_pattern", "")) and plan.engine == "megatron"
+    return bool(getattr(model, "layer_pattern", "")) and spec_named(plan.engine).behaviour.hybrid_layers == "even"
 
 
 def _pipeline_time(stage_times, m: int) -> float:

@@ -117,11 +117,13 @@ def test_kernel_needs_flash_attention_and_megatron_export_maps_it():
     model, job = load_model("llama3-8b"), TrainingJob(8192, 64)
     for kernel, flag in (("cudnn", "--attention-backend fused"), ("flash2", "--attention-backend flash"),
                          ("auto", "--use-flash-attn")):
-        est = estimate(model, job, H100, Plan(tp=1, micro_batch=1, attention_kernel=kernel))
+        est = estimate(model, job, H100, Plan(tp=1, micro_batch=1, zero=3, attention_kernel=kernel))
         assert flag in export(plan_document(est, "llama3-8b", "dgx-h100"), "megatron").text
-    est = estimate(model, job, H100, Plan(tp=1, micro_batch=1, attention_kernel="efficient"))
-    with pytest.raises(ConfigError, match="memory-efficient"):
-        export(plan_document(est, "llama3-8b", "dgx-h100"), "megatron")
+    # Transformer Engine has no memory-efficient kernel: the nearest plan Megatron-LM runs is its own (auto)
+    est = estimate(model, job, H100, Plan(tp=1, micro_batch=1, zero=3, attention_kernel="efficient"))
+    out = export(plan_document(est, "llama3-8b", "dgx-h100"), "megatron")
+    assert out.plan.attention_kernel == "auto" and "--use-flash-attn" in out.text
+    assert "its own attention kernel for efficient" in out.summary
 
 
 def test_cli_names_the_kernel_and_refuses_bad_values(capsys):
@@ -140,19 +142,26 @@ def test_cli_names_the_kernel_and_refuses_bad_values(capsys):
 
 def test_torchtitan_and_deepspeed_exports_say_how_to_pin_the_kernel():
     model, job = load_model("llama3-8b"), TrainingJob(8192, 64)
-    est = estimate(model, job, H100, Plan(tp=1, micro_batch=1, attention_kernel="flash2"))
-    doc = plan_document(est, "llama3-8b", "dgx-h100")
-    for engine in ("torchtitan", "deepspeed"):
-        out = export(doc, engine)
-        assert any("SDPBackend.FLASH_ATTENTION" in n for n in out.notes), engine
-    titan = export(doc, "torchtitan").notes
+
+    def doc(**kw):
+        return plan_document(estimate(model, job, H100, Plan(tp=1, micro_batch=1, zero=3, **kw)), "llama3-8b", "dgx-h100")
+
+    flash2 = doc(attention_kernel="flash2")
+    assert any("SDPBackend.FLASH_ATTENTION" in n for n in export(flash2, "deepspeed").notes)
+    # torchtitan 0.2.2 (TOML) runs torch SDPA inside its ScaledDotProductAttentionWrapper, cuDNN first
+    titan = export(flash2, "torchtitan", torchtitan_format="toml").notes
     assert any("ScaledDotProductAttentionWrapper.sdpa_backends = [SDPBackend.FLASH_ATTENTION]" in n for n in titan)
-    auto = plan_document(estimate(model, job, H100, Plan(tp=1, micro_batch=1)), "llama3-8b", "dgx-h100")
-    assert not any("SDPBackend" in n for n in export(auto, "torchtitan").notes)
-    cudnn = plan_document(estimate(model, job, H100, Plan(tp=1, micro_batch=1, attention_kernel="cudnn")),
-                          "llama3-8b", "dgx-h100")
-    assert not any("SDPBackend" in n for n in export(cudnn, "torchtitan").notes)     # what it runs first
+    assert not any("SDPBackend" in n for n in export(doc(), "torchtitan", torchtitan_format="toml").notes)
+    cudnn = doc(attention_kernel="cudnn")
+    assert not any("SDPBackend" in n                                                   # what it runs first
+                   for n in export(cudnn, "torchtitan", torchtitan_format="toml").notes)
     assert any("SDPBackend.CUDNN_ATTENTION" in n for n in export(cudnn, "deepspeed").notes)
+    # torchtitan 0.3.0's language models run FlexAttention, not SDPA: no named kernel can be pinned, so
+    # the export is the nearest plan, its own kernel (auto), re-estimated
+    for kernel in ("flash2", "cudnn"):
+        out = export(doc(attention_kernel=kernel), "torchtitan")
+        assert out.plan.attention_kernel == "auto" and f"its own attention kernel for {kernel}" in out.summary
+        assert not any("SDPBackend" in n for n in out.notes)
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan, Recompute, Schedule
 from paraplan.planner import export as ex
-from paraplan.planner.export import PLAN_SCHEMA
+from paraplan.planfile import PLAN_SCHEMA
 from paraplan.planner.space import SpaceOptions, compose
 from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import TrainingJob
@@ -93,8 +93,9 @@ def test_exports_say_it():
            "plan": dataclasses.asdict(dataclasses.replace(BASE, ep_comm_overlap=True)), "estimate": {}}
     assert "--overlap-moe-expert-parallel-comm" in ex.to_megatron(doc)
     doc["plan"].update(engine="generic", dtype="bf16")
-    for target in ("torchtitan", "deepspeed"):
-        assert any("combined 1F1B" in n for n in ex.export(doc, target).notes), target
+    for target in ("torchtitan", "deepspeed"):      # no combined 1F1B: the nearest plan, unoverlapped, re-estimated
+        out = ex.export(doc, target)
+        assert not out.plan.ep_comm_overlap and "no EP overlap" in out.notes[0], target
     doc["plan"]["ep_comm_overlap"] = False
     assert "--overlap-moe-expert-parallel-comm" not in ex.to_megatron(doc)
 

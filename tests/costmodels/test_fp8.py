@@ -1,6 +1,7 @@
 """fp8 training as a dtype with its recipe: which GEMMs run in fp8, the cast kernels, fp8 weight
 copies, the engines' recipes and the exports."""
 import dataclasses
+import json
 import tomllib
 
 import pytest
@@ -172,19 +173,29 @@ def test_megatron_export_maps_the_recipe(dtype, recipe):
 
 
 def test_torchtitan_export_maps_the_converters():
-    tensorwise = tomllib.loads(ex.to_torchtitan(_doc("fp8", "torchtitan", 3)))
-    assert tensorwise["model"]["converters"] == ["float8"]
-    assert tensorwise["float8"]["enable_fsdp_float8_all_gather"] is True
-    rowwise = tomllib.loads(ex.to_torchtitan(_doc("fp8-rowwise", "torchtitan", 3)))
-    assert rowwise["float8"] == {"recipe_name": "rowwise"}
+    from tests.planner.test_export import module_literals
+    # torchtitan 0.2.2 (TOML): [quantize.linear.float8], per-tensor scaling with the float8 FSDP all-gather
+    tensorwise = tomllib.loads(ex.to_torchtitan(_doc("fp8", "torchtitan", 3), "toml"))
+    assert tensorwise["model"]["converters"] == ["quantize.linear.float8"]
+    float8 = tensorwise["quantize"]["linear"]["float8"]
+    assert float8["recipe_name"] == "tensorwise" and float8["enable_fsdp_float8_all_gather"] is True
+    rowwise = tomllib.loads(ex.to_torchtitan(_doc("fp8-rowwise", "torchtitan", 3), "toml"))
+    assert rowwise["quantize"]["linear"]["float8"] == {"recipe_name": "rowwise"}
+    # torchtitan 0.3.0: Float8LinearConverter has row-wise recipes only; a per-tensor plan runs row-wise
+    assert module_literals(ex.to_torchtitan(_doc("fp8-rowwise", "torchtitan", 3)))["FP8"] == ["Float8LinearConverter", "rowwise"]
+    out = ex.export(_doc("fp8", "torchtitan", 3), "torchtitan")
+    assert out.plan.dtype == "fp8-rowwise" and "fp8-rowwise for fp8" in out.summary
+    assert "Float8LinearConverter.Config(model_compile_enabled=True, recipe_name='rowwise')" in out.text
 
 
-def test_deepspeed_export_refuses_fp8():
+def test_deepspeed_export_runs_bf16_for_fp8():
+    """DeepSpeed has no fp8 recipe of its own (its spec has none): the nearest plan it runs is bf16,
+    re-estimated beside the fp8 plan's estimate."""
     doc = _doc("fp8", "generic", 3)
     doc["plan"].update(tp=1, dp=8, sp=False)
-    with pytest.raises(ConfigError) as e:
-        ex.to_deepspeed(doc)
-    assert e.value.field == "dtype"
+    out = ex.export(doc, "deepspeed")
+    assert out.plan.dtype == "bf16" and json.loads(out.text)["bf16"] == {"enabled": True}
+    assert "bf16 for fp8" in out.summary
 
 
 def test_planner_searches_in_fp8_when_asked(capsys):
@@ -223,5 +234,7 @@ def test_tp_comm_overlap_exports():
     assert "--tp-comm-overlap" in ex.to_megatron(doc)
     doc = _doc("bf16", "torchtitan", 3)
     doc["plan"]["tp_comm_overlap"] = True
-    cfg = tomllib.loads(ex.to_torchtitan(doc))
-    assert cfg["parallelism"]["enable_async_tensor_parallel"] is True and cfg["training"]["compile"] is True
+    cfg = tomllib.loads(ex.to_torchtitan(doc, "toml"))                  # torchtitan 0.2.2
+    assert cfg["parallelism"]["enable_async_tensor_parallel"] is True and cfg["compile"]["enable"] is True
+    from tests.planner.test_export import module_literals              # torchtitan 0.3.0: under compile
+    assert module_literals(ex.to_torchtitan(doc))["SETTINGS"]["compile"]["enable_async_tensor_parallel"] is True

@@ -105,11 +105,14 @@ def test_megatron_export_names_the_latent_attention():
 def test_torchtitan_export_names_its_deepseek_v3_flavor():
     import dataclasses
     from paraplan.planner import export as ex
-    from paraplan.planner.export import PLAN_SCHEMA
+    from paraplan.planfile import PLAN_SCHEMA
     from paraplan.plan import Plan
     doc = {"schema": PLAN_SCHEMA, "scenario": {"model": "deepseek-v3", "cluster": "dgx-b200", "gpus": 1024,
                                                "seq_len": 4096, "global_batch": 8192},
            "plan": dataclasses.asdict(Plan(pp=16, ep=64, zero=3, engine="torchtitan", recompute="full")), "estimate": {}}
-    out = ex.export(doc, "torchtitan")
-    assert 'name = "deepseek_v3"' in out.text and 'flavor = "671B"' in out.text
+    out = ex.export(doc, "torchtitan")                  # torchtitan 0.3.0: its registry function and flavor
+    assert "MODEL = 'deepseek_v3'" in out.text and "FLAVOR = '671B'" in out.text
+    assert "from torchtitan.models.deepseek_v3.config_registry import deepseek_v3_671b" in out.text
     assert not any("has no flavor" in n for n in out.notes)
+    toml = ex.export(doc, "torchtitan", torchtitan_format="toml").text          # torchtitan 0.2.2
+    assert 'name = "deepseek_v3"' in toml and 'flavor = "671B"' in toml

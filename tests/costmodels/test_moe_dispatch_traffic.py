@@ -167,7 +167,7 @@ def test_search_leaves_it_off_unless_fixed_then_on_wherever_it_runs():
 def test_exports_map_it_or_say_they_cannot():
     import dataclasses
     from paraplan.planner import export as ex
-    from paraplan.planner.export import PLAN_SCHEMA
+    from paraplan.planfile import PLAN_SCHEMA
     plan = Plan(dp=16, ep=8, micro_batch=1, zero=1, engine="megatron", moe_flex_dispatch=True)
     doc = {"schema": PLAN_SCHEMA, "scenario": {"model": "qwen3-30b-a3b", "cluster": "dgx-h200", "gpus": 16,
                                                "seq_len": 4096, "global_batch": 512},
@@ -175,8 +175,9 @@ def test_exports_map_it_or_say_they_cannot():
     text = ex.to_megatron(doc)
     assert "--moe-token-dispatcher-type flex" in text and "--moe-flex-dispatcher-backend deepep" in text
     doc["plan"].update(engine="generic")
-    for target in ("torchtitan", "deepspeed"):
-        assert any("re-estimate without --moe-flex-dispatch" in n for n in ex.export(doc, target).notes), target
+    for target in ("torchtitan", "deepspeed"):      # no flex dispatcher: the nearest plan, all-to-all, re-estimated
+        out = ex.export(doc, target)
+        assert not out.plan.moe_flex_dispatch and "all-to-all dispatch" in out.notes[0], target
     doc["plan"]["moe_flex_dispatch"] = False
     assert "flex" not in ex.to_megatron(doc)
 

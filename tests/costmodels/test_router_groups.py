@@ -140,9 +140,11 @@ def test_exports_carry_the_router_groups(tmp_path):
         return {"schema": PLAN_SCHEMA, "plan": plan, "estimate": {},
                 "scenario": {"model": model, "cluster": "dgx-h100", "gpus": gpus, "seq_len": 4096,
                              "global_batch": 8192}}
-    script = ex.to_megatron(doc("deepseek-v3", 1024, tp=2, sp=True, pp=8, dp=64, ep=64, zero=1))
+    # full recomputation: 28 of 80 GiB as Megatron-LM runs it (81 without)
+    script = ex.to_megatron(doc("deepseek-v3", 1024, tp=2, sp=True, pp=8, dp=64, ep=64, zero=1, recompute="full"))
     assert "--moe-router-num-groups 8" in script and "--moe-router-group-topk 4" in script
-    assert "--moe-router-num-groups" not in ex.to_megatron(doc("qwen3-30b-a3b", 16, dp=16, ep=8, zero=1))
+    assert "--moe-router-num-groups" not in ex.to_megatron(doc("qwen3-30b-a3b", 16, dp=16, ep=8, zero=1,
+                                                                recompute="full"))
     small = tmp_path / "small-moe.yaml"
     small.write_text("name: small-moe\nlayers: 4\nhidden: 1024\nheads: 8\nffn_hidden: 4096\nvocab: 32000\n"
                      "moe: {experts: 64, top_k: 4, expert_ffn_hidden: 512, router_groups: 8, router_group_top_k: 2}\n")

@@ -108,4 +108,11 @@ def test_the_torchtitan_export_compiles():
     doc = {"schema": PLAN_SCHEMA, "scenario": {"model": "llama3-8b", "cluster": "dgx-h100", "gpus": 8,
                                                "seq_len": 8192, "global_batch": 128},
            "plan": {"tp": 2, "dp": 4, "sp": True, "zero": 3, "engine": "torchtitan", "recompute": "full"}, "estimate": {}}
-    assert tomllib.loads(ex.to_torchtitan(doc))["training"]["compile"] is True
+    from tests.planner.test_export import module_literals
+    compiled = {"enable": True, "components": ["model", "loss"]}
+    assert tomllib.loads(ex.to_torchtitan(doc, "toml"))["compile"] == compiled              # torchtitan 0.2.2
+    assert module_literals(ex.to_torchtitan(doc))["SETTINGS"]["compile"] == compiled        # torchtitan 0.3.0
+    doc["plan"]["tp_comm_overlap"] = True               # async TP: [parallelism] in 0.2.2, compile in 0.3.0
+    toml = tomllib.loads(ex.to_torchtitan(doc, "toml"))
+    assert toml["compile"] == compiled and toml["parallelism"]["enable_async_tensor_parallel"] is True
+    assert module_literals(ex.to_torchtitan(doc))["SETTINGS"]["compile"] == {**compiled, "enable_async_tensor_parallel": True}

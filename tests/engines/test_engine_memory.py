@@ -256,28 +256,33 @@ def test_export_re_estimates_the_layout_as_the_target_engine_runs_it():
     doc = _doc("llama3-8b", "dgx-h100", 16, 2048, 256, zero=1, micro_batch=2)
     out = export(doc, "deepspeed")
     note = out.notes[0]
-    assert note.startswith("re-estimated as deepspeed runs it")
+    assert note.startswith("the plan as deepspeed runs it: planned (engine generic): ")
     ds = estimate(load_model("llama3-8b"), TrainingJob(2048, 256), load_cluster("dgx-h100", 16),
                   Plan(zero=1, micro_batch=2, engine="deepspeed", grad_accumulation_fusion=False))
-    assert f"step {ds.step_time_s:.3f} s" in note
+    assert f"as deepspeed runs it (its own model states; gradient accumulation unfused): {ds.step_time_s:.3f} s/step" in note
     assert f"{ds.memory_bytes_per_gpu['total'] / GIB:.1f} of 80.0 GiB" in note
-    # Megatron's script carries the same kind of note as a comment, with Megatron's own numbers
+    # Megatron's script carries the same note as a comment, with Megatron's own numbers
     text = export(doc, "megatron").text
-    assert "# NOTE: re-estimated as megatron runs it" in text
+    assert "# NOTE: the plan as megatron runs it: planned (engine generic)" in text
 
 
-def test_export_of_a_plan_made_for_another_engine_is_checked_not_approximated():
+def test_export_of_a_plan_the_engine_cannot_run_is_its_nearest_plan_re_estimated():
+    """Issue 67: a plan (made for another engine, or the generic one) with choices the target engine does
+    not run is exported as the nearest plan it runs, estimated, beside the plan's own estimate; never
+    approximated with a note that contradicts the flags."""
     from paraplan.planner.export import export
     megatron_plan = _doc("llama3-8b", "dgx-h100", 16, 2048, 256, tp=2, zero=1, engine="megatron")
-    with pytest.raises(ConfigError) as err:
-        export(megatron_plan, "torchtitan")       # torchtitan: TP implies SP, and it has no ZeRO-1
-    assert "made for engine megatron" in str(err.value) and err.value.field in ("zero", "sp")
-    # a generic plan the engine cannot express is still exported, approximated, and says so
+    out = export(megatron_plan, "torchtitan")       # torchtitan: TP implies SP, and it has no ZeRO-1
+    assert (out.plan.sp, out.plan.zero) == (True, 2)
+    assert out.summary.startswith("planned (engine megatron): ") and "ZeRO-2 for ZeRO-1" in out.summary
+    assert "sequence parallelism" in out.summary
     generic = _doc("llama3-8b", "dgx-h100", 16, 2048, 256, zero=3, offload="cpu")
-    assert export(generic, "megatron").notes[0].startswith("not re-estimated for megatron")
-    # ZeRO-3 alone Megatron-LM runs (Megatron-FSDP): re-estimated, with its flags
+    out = export(generic, "megatron")              # Megatron-LM keeps its optimizer states on the GPU
+    assert out.notes[0].startswith("megatron does not run every choice of this plan; this is the nearest plan")
+    assert "no offload" in out.notes[0] and "--optimizer-cpu-offload" not in out.text
+    # ZeRO-3 alone Megatron-LM runs (Megatron-FSDP): the plan itself, with its flags
     out = export(_doc("llama3-8b", "dgx-h100", 16, 2048, 256, zero=3), "megatron")
-    assert out.notes[0].startswith("re-estimated as megatron runs it")
+    assert out.notes[0].startswith("the plan as megatron runs it")
     assert "--use-megatron-fsdp" in out.text and "optim_grads_params" in out.text
 
 
@@ -293,8 +298,9 @@ def test_export_refuses_a_named_engine_plan_that_overflows_as_the_target_runs_it
     ds_plan = _doc("llama3-8b", "dgx-h100", 8, 2048, 32, **kw, engine="deepspeed", grad_accumulation_fusion=False)
     with pytest.raises(ConfigError) as err:
         export(ds_plan, "megatron")
-    assert err.value.field == "engine" and "over by" in str(err.value) and "--engine megatron" in str(err.value)
-    assert export(ds_plan, "deepspeed").notes[0].startswith("estimate as deepspeed runs it")
+    assert err.value.field == "plan" and "over by" in str(err.value) and "--engine megatron" in str(err.value)
+    assert "planned (engine deepspeed)" in str(err.value) and "as megatron runs it" in str(err.value)
+    assert export(ds_plan, "deepspeed").notes[0].startswith("the plan as deepspeed runs it")
 
 
 def test_loss_peak_follows_the_engines_cross_entropy():

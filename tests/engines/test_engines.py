@@ -259,4 +259,32 @@ def test_what_torchtitan_holds_and_refuses_is_one_spec():
     assert (tt.export.schedules["zbv"], tt.export.schedules["dualpipev"]) == ("ZBVZeroBubble", "DualPipeV")
     assert "dualpipe" not in tt.export.schedules
     assert tt.behaviour.fp32_grad_reduction and tt.behaviour.holds_stage_outputs and not tt.behaviour.sp_regather
-    assert tt.export.format == "toml" and tt.export.schedules["interleaved"] == "Interleaved1F1B"
+    assert tt.export.format == "python" and tt.export.target == "torchtitan 0.3.0"
+    assert tt.export.schedules["interleaved"] == "Interleaved1F1B" and "zb-h1" not in tt.export.schedules
+
+
+def test_torchtitan_export_mapping_states_what_torchtitan_030_runs():
+    """The export mapping is torchtitan 0.3.0's (the release it targets; each fact cited in specs.py and
+    checked against the installed release by benchmarks/engine_configs/check_exports.py): row-wise float8
+    and MXFP8 converters but no per-tensor recipe (float8.py: recipe_name Literal["rowwise",
+    "rowwise_with_gw_hp"]), FlexAttention with no SDPA backend to name (models/common/config_utils.py), no
+    expert-tensor-parallel degree (config/configs.py ParallelismConfig). So the nearest plan it runs, asked
+    of the spec alone, has row-wise fp8, its own attention kernel and experts not split over tp (before,
+    the mapping still held 0.2.x's facts and nearest_runnable kept all three)."""
+    from paraplan.planner.runnable import nearest_runnable
+    tt = spec_named("torchtitan").export
+    assert tt.fp8_recipes == {"fp8-rowwise": ("Float8LinearConverter", "rowwise"), "mxfp8": ("MXFP8LinearConverter", None)}
+    assert tt.attention_kernels == ("auto",) and tt.expert_tensor_parallel is False
+    assert all(s.export.expert_tensor_parallel for s in SPECS if s.export is not None and s.label != "torchtitan")
+    # the engine itself (its cost model, the published runs it is calibrated on) keeps per-tensor fp8
+    assert "fp8" in spec_named("torchtitan").fp8_recipes
+    planned = Plan(tp=2, sp=True, ep=2, etp=2, zero=3, dtype="fp8", attention_kernel="flash2", engine="torchtitan")
+    runs, changes = nearest_runnable(planned, "torchtitan")
+    assert (runs.dtype, runs.attention_kernel, runs.etp) == ("fp8-rowwise", "auto", 1)
+    assert {c.field for c in changes} == {"dtype", "attention_kernel", "etp"}
+    # the TOML format (torchtitan 0.2.2) still names them: the export module's table, not the spec's
+    from paraplan.planner.export_torchtitan import TORCHTITAN_FORMATS
+    toml = TORCHTITAN_FORMATS["toml"]
+    assert toml.fp8_recipes["fp8"] == ("quantize.linear.float8", "tensorwise") and toml.expert_tensor_parallel
+    runs, _ = nearest_runnable(planned, "torchtitan", toml.fp8_recipes, toml.expert_tensor_parallel, toml.attention_kernels)
+    assert (runs.dtype, runs.attention_kernel, runs.etp) == ("fp8", "flash2", 2)

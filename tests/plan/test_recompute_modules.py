@@ -14,7 +14,7 @@ from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import RECOMPUTE_MODULE_BIT, Plan, Recompute, check_plan
 from paraplan.planner import export as ex
-from paraplan.planner.export import PLAN_SCHEMA
+from paraplan.planfile import PLAN_SCHEMA
 from paraplan.planner.space import SpaceOptions, compose
 from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import TrainingJob

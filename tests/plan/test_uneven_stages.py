@@ -22,7 +22,7 @@ from paraplan.planner.space import SpaceOptions, axis_choices
 from paraplan.planner.stages import stage_layout
 from paraplan.reports.text import render_estimate
 from paraplan.scenario import load_scenario
-from tests.planner.test_export import OPTIONS, doc, parse_megatron
+from tests.planner.test_export import OPTIONS, doc, module_literals, parse_megatron
 
 
 def _scene(model, cluster, gpus, seq=2048, batch=2048):
@@ -134,9 +134,10 @@ def test_llama3_405b_interleaved_layout_estimates_and_exports():
     assert "--decoder-first-pipeline-num-layers" not in flags
     assert set(flags) <= set(OPTIONS["megatron"]["flags"])
     d["plan"].update(engine="torchtitan", zero=3)
-    titan = tomllib.loads(ex.to_torchtitan(d))
-    points = titan["parallelism"]["pipeline_parallel_split_points"]
-    assert len(points) == 8 * 8 - 1 and points[0] == "layers.1" and points[-1] == "layers.125"
+    titan = tomllib.loads(ex.to_torchtitan(d, "toml"))
+    chunks = titan["parallelism"]["module_fqns_per_model_part"]        # pp 8 x vpp 8 chunks: 1, 2 x 62, 1 layers
+    assert [sum(n.startswith("layers.") for n in c) for c in chunks] == [1] + [2] * 62 + [1]
+    assert chunks[0] == ["tok_embeddings", "layers.0"] and chunks[-1] == ["layers.125", "norm", "output"]
 
 
 # --- costs ---------------------------------------------------------------------------------------------
@@ -265,17 +266,26 @@ def test_megatron_spells_out_a_split_first_last_flags_cannot_express():
 
 
 def test_deepspeed_notes_the_partition_method():
-    e = ex.export(doc("bloom-176b", "dgx-a100-80g", 384, 2048, 2048, tp=1, pp=12, dp=32, zero=1), "deepspeed")
+    # 70 layers on 24 stages, full recomputation: 52 of 80 GiB as DeepSpeed runs it (139 at pp 12 without)
+    e = ex.export(doc("bloom-176b", "dgx-a100-80g", 384, 2048, 2048, tp=1, pp=24, dp=16, zero=1, recompute="full"),
+                  "deepspeed")
     assert any("partition_method='type:" in n for n in e.notes)
 
 
-def test_torchtitan_writes_split_points():
+def test_torchtitan_writes_the_modules_of_each_stage():
+    """126 layers on 16 stages (7, 8 x 14, 7): each stage's modules (parallelism.module_fqns_per_model_part,
+    in torchtitan 0.2.2's TOML and 0.3.0's module alike), the embedding first, the norm and head last."""
     d = doc("llama3-405b", "dgx-h100", 1024, 4096, 1024, tp=8, pp=16, micro_batch=1, recompute="full")
-    cfg = tomllib.loads(ex.to_torchtitan(d))
-    points = cfg["parallelism"]["pipeline_parallel_split_points"]
-    assert points[0] == "layers.7" and points[-1] == "layers.119" and len(points) == 15
+    cfg = tomllib.loads(ex.to_torchtitan(d, "toml"))
+    chunks = cfg["parallelism"]["module_fqns_per_model_part"]
+    assert [sum(n.startswith("layers.") for n in c) for c in chunks] == [7] + [8] * 14 + [7]
+    assert chunks[0][:2] == ["tok_embeddings", "layers.0"] and chunks[1][0] == "layers.7"
+    assert chunks[-1][-3:] == ["layers.125", "norm", "output"]
     assert "pipeline_parallel_layers_per_stage" not in cfg["parallelism"]
-    assert "parallelism.pipeline_parallel_split_points" in OPTIONS["torchtitan"]["keys"]
+    assert "parallelism.module_fqns_per_model_part" in OPTIONS["torchtitan"]["keys"]
+    module = module_literals(ex.to_torchtitan(d))["SETTINGS"]["parallelism"]["module_fqns_per_model_part"]
+    assert [c[:1] + c[-2:] for c in module[::15]] == [["tok_embeddings", "layers.5", "layers.6"],
+                                                      ["layers.119", "norm", "lm_head"]]   # 0.3.0's head: lm_head
 
 
 def test_cli_plan_with_the_stage_and_recompute_ilps_on_126_layers_at_pp4(capsys):

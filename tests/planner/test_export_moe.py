@@ -4,7 +4,9 @@ import dataclasses
 
 from paraplan.plan import Plan
 from paraplan.planner import export as ex
-from paraplan.planner.export import PLAN_SCHEMA, megatron_moe_layer_freq
+from paraplan.planfile import PLAN_SCHEMA
+from paraplan.planner.export import megatron_moe_layer_freq
+from paraplan.planner.readers import read_export
 from paraplan.workloads.presets import load_model
 
 
@@ -60,8 +62,12 @@ def test_dense_models_get_no_moe_flags():
 
 def test_torchtitan_and_deepspeed_exports_carry_expert_parallelism():
     doc = _doc("qwen3-30b-a3b", "dgx-h200", 16, 4096, 512, Plan(dp=16, ep=8, micro_batch=1, zero=1, engine="generic"))
-    titan = ex.export(doc, "torchtitan")
-    assert "expert_parallel_degree = 8" in titan.text and "expert_tensor_parallel_degree = 1" in titan.text
-    assert any("128 routed experts" in n for n in titan.notes)
+    titan = ex.export(doc, "torchtitan")                 # torchtitan 0.3.0: no expert-tensor-parallel degree
+    settings = read_export("torchtitan", titan.text)
+    assert settings.plan.ep == 8 and "'expert_parallel_degree': 8" in titan.text
+    assert "expert_tensor_parallel_degree" not in titan.text
+    assert "MODEL = 'qwen3'" in titan.text and "FLAVOR = '30B-A3B'" in titan.text    # its own Qwen3 MoE flavor
+    toml = ex.export(doc, "torchtitan", torchtitan_format="toml")                      # 0.2.2 has both
+    assert "expert_parallel_degree = 8" in toml.text and "expert_tensor_parallel_degree = 1" in toml.text
     ds = ex.export(doc, "deepspeed")
     assert any("deepspeed.moe.layer.MoE(num_experts=128, ep_size=8, k=8" in n for n in ds.notes)

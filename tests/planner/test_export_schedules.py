@@ -1,15 +1,14 @@
 """Exports of ZBV, DualPipe and DualPipeV: torchtitan writes the V schedules (torch.distributed.pipelining's
 ZBVZeroBubble and DualPipeV); Megatron-LM and DeepSpeed, which run neither, and torchtitan for DualPipe
-refuse with the reason rather than approximate another layout."""
+export the nearest plan they run (1F1B), re-estimated beside the plan's."""
 import tomllib
 from pathlib import Path
 
 import pytest
 import yaml
 
-from paraplan.errors import ConfigError
 from paraplan.planner import export as ex
-from paraplan.planner.export import PLAN_SCHEMA
+from paraplan.planfile import PLAN_SCHEMA
 
 OPTIONS = yaml.safe_load((Path(__file__).resolve().parents[1] / "data" / "engine_options.yaml").read_text())
 
@@ -24,40 +23,50 @@ def doc(schedule, **plan):
 
 @pytest.mark.parametrize("schedule, name", [("zbv", "ZBVZeroBubble"), ("dualpipev", "DualPipeV")])
 def test_torchtitan_writes_the_v_schedules(schedule, name):
-    out = ex.export(doc(schedule, engine="torchtitan"), "torchtitan")
+    """Both formats write the schedule, its 2·pp V-placed chunks and compile off (torch refuses compiled
+    stages there); the re-estimate prices the eager elementwise kernels that follows from it."""
+    out = ex.export(doc(schedule, engine="torchtitan", grad_accumulation_fusion=False), "torchtitan",
+                    torchtitan_format="toml")
     cfg = tomllib.loads(out.text)
     par = cfg["parallelism"]
     assert par["pipeline_parallel_schedule"] == name and par["pipeline_parallel_degree"] == 4
-    # 2 * pp = 8 stages of the 32 layers: 7 split points, every 4 layers
-    assert par["pipeline_parallel_split_points"] == [f"layers.{4 * i}" for i in range(1, 8)]
-    assert cfg["training"]["compile"] is False          # the V schedules refuse compiled stages
+    chunks = par["module_fqns_per_model_part"]          # 2 * pp = 8 chunks of the 32 layers, 4 layers each
+    assert len(chunks) == 8 and [sum(m.startswith("layers.") for m in c) for c in chunks] == [4] * 8
+    assert cfg["compile"]["enable"] is False
     assert any("refuses torch.compile'd stages" in n for n in out.notes)
+    assert f"eager elementwise ops ({schedule} refuses compiled stages)" in out.notes[0]
     keys = {f"{section}.{key}" for section, items in cfg.items() for key in items}
     assert keys <= set(OPTIONS["torchtitan"]["keys"]), keys - set(OPTIONS["torchtitan"]["keys"])
-    assert par["pipeline_parallel_schedule"] in OPTIONS["torchtitan"]["choices"]["parallelism.pipeline_parallel_schedule"]
+    assert name in OPTIONS["torchtitan"]["choices"]["parallelism.pipeline_parallel_schedule"]
+    python = ex.export(doc(schedule, engine="torchtitan", grad_accumulation_fusion=False), "torchtitan")
+    assert f"'pipeline_parallel_schedule': '{name}'" in python.text and "'enable': False" in python.text
 
 
-def test_torchtitan_dualpipev_with_the_expert_overlap():
-    d = doc("dualpipev", engine="torchtitan", ep=4, ep_comm_overlap=True, recompute="op-sac")
+def test_torchtitan_dualpipev_expert_overlap_is_exported_off_and_re_estimated():
+    """torchtitan 0.3.0 has no option for DualPipeV's expert all-to-all overlap: the export is the nearest
+    plan without it, and its estimate says so (it was written as an option 0.3.0 does not read)."""
+    d = doc("dualpipev", engine="torchtitan", ep=4, ep_comm_overlap=True, recompute="op-sac",
+            grad_accumulation_fusion=False)
     d["scenario"].update(model="qwen3-30b-a3b", global_batch=64)
-    cfg = tomllib.loads(ex.to_torchtitan(d))
-    assert cfg["parallelism"]["pipeline_parallel_expert_parallel_overlap"] is True
+    out = ex.export(d, "torchtitan", torchtitan_format="toml")
+    cfg = tomllib.loads(out.text)
+    assert "pipeline_parallel_expert_parallel_overlap" not in cfg["parallelism"]
     assert cfg["parallelism"]["expert_parallel_degree"] == 4
-    d["plan"]["ep_comm_overlap"] = False
-    assert "pipeline_parallel_expert_parallel_overlap" not in tomllib.loads(ex.to_torchtitan(d))["parallelism"]
+    assert "no EP overlap (no option in torchtitan 0.3.0)" in out.notes[0]
 
 
 @pytest.mark.parametrize("schedule", ["zbv", "dualpipe", "dualpipev"])
-@pytest.mark.parametrize("target, runs", [("megatron", "Megatron-LM has no"), ("deepspeed", "DeepSpeed has no")])
-def test_engines_without_the_schedule_refuse_the_export(schedule, target, runs):
-    with pytest.raises(ConfigError) as err:
-        ex.export(doc(schedule, zero=1), target)           # a generic plan: not re-estimated, then refused
-    assert err.value.field == "schedule" and f"{runs} {schedule} schedule" in str(err.value)
-    assert "zbv and dualpipev: --to torchtitan" in err.value.accepted
+@pytest.mark.parametrize("target", ["megatron", "deepspeed"])
+def test_engines_without_the_schedule_export_the_nearest_plan(schedule, target):
+    """Megatron-LM and DeepSpeed run none of the three: the export is the nearest plan they run (1F1B),
+    re-estimated beside the plan's own estimate."""
+    out = ex.export(doc(schedule, zero=1), target)
+    assert f"1F1B for {schedule}" in out.notes[0] and "planned (engine generic)" in out.notes[0]
+    if target == "megatron":
+        assert "--num-layers-per-virtual-pipeline-stage" not in out.text
 
 
-def test_torchtitan_refuses_dualpipe():
-    with pytest.raises(ConfigError) as err:
-        ex.export(doc("dualpipe", zero=1), "torchtitan")
-    assert err.value.field == "schedule" and "torchtitan has no dualpipe schedule" in str(err.value)
-    assert "DeepSeek's DualPipe runtime only" in err.value.accepted
+def test_torchtitan_runs_dualpipe_as_its_nearest_plan():
+    out = ex.export(doc("dualpipe", zero=2), "torchtitan", torchtitan_format="toml")     # a generic plan
+    assert tomllib.loads(out.text)["parallelism"]["pipeline_parallel_schedule"] == "1F1B"
+    assert "1F1B for dualpipe" in out.notes[0]
