@@ -18,8 +18,8 @@ MEMORY_LABELS = {"parameters": "parameters", "gradients": "gradients", "optimize
                  "allocator": "allocator reserve"}
 
 
-#: significant digits of a step time as printed: the estimator resolves about 1.5 % (its calibration
-#: spread), so a fourth digit (0.4032 s, 12.345 s) claims more than it knows
+#: significant digits of a step time as printed (a display choice): the estimator resolves about 1.5 %
+#: (planner_tie_share), so a fourth digit (0.4032 s, 12.345 s) claims more than it knows
 STEP_DIGITS = 3
 
 
