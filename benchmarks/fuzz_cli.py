@@ -12,7 +12,8 @@ YAML, plan file JSON, whatif scenario YAML, CF CPU profile JSON, profile SQLite 
 one key set to a hostile value or removed, an unknown key, or the whole file made empty, non-UTF-8,
 truncated, deeply nested, a list, a folder, or missing. Cases run in-process (``paraplan.cli.main``
 with captured output; a case over 20 s of CPU time, or still running at 60 s, is a hang);
-``--subprocess N`` also runs N of them as real processes. ``--part K/N --json partK.json`` runs the K-th of
+``--subprocess N`` also runs up to N of them as real processes (every cases/N-th, where a real command line can
+carry its arguments and it runs paraplan.cli.main). ``--part K/N --json partK.json`` runs the K-th of
 N slices of the same case list (so N parts, one after another or on other cores, are one whole run);
 ``--add part*.json`` adds their summaries up.
 ``tests/cli/test_fuzz.py`` runs a few hundred of the same cases in the suite.
