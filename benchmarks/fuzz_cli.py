@@ -17,6 +17,19 @@ carry its arguments and it runs paraplan.cli.main). ``--part K/N --json partK.js
 N slices of the same case list (so N parts, one after another or on other cores, are one whole run);
 ``--add part*.json`` adds their summaries up.
 ``tests/cli/test_fuzz.py`` runs a few hundred of the same cases in the suite.
+
+Runs (``--cases 10000 --seed 0``, 2-core machine shared with other jobs, load average 7-12):
+
+- before (branch rough67 at 703cfee, one process, 1,206 s): exit codes 2: 8,211, 0: 1,755, 3: 29, 1: 5;
+  5 tracebacks (score: global_batch / num_gpus = 2**63 overflowed numpy in check_plan; whatif --out with
+  bytes that are not UTF-8: 'wrote ...' raised UnicodeEncodeError on a strict stdout, 3 cases), 2 warning
+  spills (a model named in fullwidth digits: matplotlib's missing-glyph UserWarning), 1 'unnamed' (validate
+  --virtual-stages +5 named --vpp, the flag it spells: the judge's error); 0 hangs; slowest case 3.8 s CPU.
+- after (7385d77; later commits change only tests and this text; ``--part 1/2`` and ``--part 2/2`` side by
+  side, 1,362 s wall, ``--add``): 10,000 cases
+  (14 as real processes), exit codes 2: 8,211, 0: 1,760, 3: 29; 0 tracebacks, 0 hangs, 0 errors not naming
+  their field, 0 over one line, 0 warning spills, 0 other exit codes; slowest case ``plan --top '1_000'``
+  4.07 s CPU (42 s wall under that load; limits 20 s CPU, 60 s wall); median case 0.045 s wall.
 """
 from __future__ import annotations
 
