@@ -18,6 +18,11 @@ MEMORY_LABELS = {"parameters": "parameters", "gradients": "gradients", "optimize
                  "allocator": "allocator reserve"}
 
 
+def bar(fraction: float, width: int = 30) -> str:
+    n = max(0, min(width, round(fraction * width)))
+    return "█" * n + "·" * (width - n)
+
+
 #: significant digits of a step time as printed (a display choice): the estimator resolves about 1.5 %
 #: (planner_tie_share), so a fourth digit (0.4032 s, 12.345 s) claims more than it knows
 STEP_DIGITS = 3
@@ -30,11 +35,6 @@ def significant(x, digits: int = STEP_DIGITS) -> str:
         return "-"
     rounded = float(f"{x:.{digits}g}")
     return f"{rounded:,.0f}" if 10 ** (digits - 1) <= abs(rounded) < 1e12 else f"{rounded:g}"
-
-
-def bar(fraction: float, width: int = 30) -> str:
-    n = max(0, min(width, round(fraction * width)))
-    return "█" * n + "·" * (width - n)
 
 
 def fmt_time(s: float) -> str:
