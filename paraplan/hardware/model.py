@@ -317,6 +317,11 @@ def system_of_hosts(system: System, hosts: int) -> System:
                    nvme_drives=max(1, round(system.nvme_drives * share)))
 
 
+#: the most GPUs a cluster may have: past a C int a count is a typo, and numpy's C longs overflow on
+#: it in the plan checks (``gpus % (tp * pp * cp)``)
+MAX_CLUSTER_GPUS = 2**31 - 1
+
+
 @dataclass(frozen=True)
 class Cluster:
     """A number of GPUs of one system type: part of one node, whole nodes, or, where a node (an
@@ -333,6 +338,8 @@ class Cluster:
         s = self.system
         if self.num_gpus < 1:
             raise ConfigError("gpus", f"must be a positive integer, got {self.num_gpus}")
+        if self.num_gpus > MAX_CLUSTER_GPUS:      # numpy's C longs overflow on it in the plan checks
+            raise ConfigError("gpus", f"must be at most {MAX_CLUSTER_GPUS:,}, got {self.num_gpus:.3g}")
         if not s.accepts_gpus(self.num_gpus):
             whole = "whole nodes" if s.gpus_per_host == s.gpus_per_node else f"whole {s.gpus_per_host}-GPU hosts"
             raise ConfigError(

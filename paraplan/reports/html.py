@@ -15,7 +15,7 @@ import yaml
 from paraplan.costmodels.estimate import MEMORY_TERMS, TIME_TERMS
 from paraplan.reports.data import describe_point, format_value, si
 from paraplan.reports.sweep import GIB, LABELS
-from paraplan.reports.text import MEMORY_LABELS, TIME_LABELS
+from paraplan.reports.text import MEMORY_LABELS, TIME_LABELS, significant
 
 FIGURE_ORDER = ("scaling", "throughput", "breakdown", "memory", "heatmap", "pareto", "cost", "efficiency")
 FIGURE_TITLES = {"scaling": "Scaling curve", "throughput": "Throughput across the sweep",
@@ -112,7 +112,7 @@ def _points_table(r) -> str:
                 f"{' (+params)' if p.offload_params else ''}")
         cls = "" if pr.feasible else ' class="bad"'
         rows.append(f"<tr{cls}>{cells}<td>{pr.point.cluster.num_gpus}</td><td class=\"l\">{_e(plan)}</td>"
-                    f"<td>{e.step_time_s:.3f}</td><td>{si(e.tokens_per_s)}</td><td>{100 * e.mfu:.1f}</td>"
+                    f"<td>{significant(e.step_time_s)}</td><td>{si(e.tokens_per_s)}</td><td>{100 * e.mfu:.1f}</td>"
                     f"<td>{e.memory_bytes_per_gpu['total'] / GIB:.1f}</td>"
                     f"<td>{e.details['gpu_memory_bytes'] / GIB:.0f}</td>"
                     f"<td class=\"l\">{'fits' if pr.feasible else _e(pr.reason)}</td></tr>")
@@ -128,14 +128,14 @@ def _breakdowns(r) -> str:
         if e is None:
             out.append(f"<details><summary>{_e(label)}: no plan</summary><p>{_e(pr.reason)}</p></details>")
             continue
-        t = "".join(f'<tr><td class="l">{_e(TIME_LABELS[k])}</td><td>{e.time_breakdown_s[k]:.4f}</td>'
+        t = "".join(f'<tr><td class="l">{_e(TIME_LABELS[k])}</td><td>{significant(e.time_breakdown_s[k])}</td>'
                     f"<td>{100 * e.time_breakdown_s[k] / e.step_time_s:.1f}</td></tr>" for k in TIME_TERMS)
         m = "".join(f'<tr><td class="l">{_e(MEMORY_LABELS[k])}</td><td>{e.memory_bytes_per_gpu[k] / GIB:.2f}</td></tr>'
                     for k in MEMORY_TERMS)
-        out.append(f"<details><summary>{_e(label)}: {_e(e.plan.label())}, {e.step_time_s:.3f} s/step, "
+        out.append(f"<details><summary>{_e(label)}: {_e(e.plan.label())}, {significant(e.step_time_s)} s/step, "
                    f"{e.memory_bytes_per_gpu['total'] / GIB:.1f} GiB/GPU</summary>"
                    f'<div style="display:flex;gap:2em;flex-wrap:wrap"><table><tr><th class="l">time term</th>'
-                   f"<th>s</th><th>%</th></tr>{t}<tr><th class=\"l\">step</th><th>{e.step_time_s:.4f}</th><th>100</th>"
+                   f"<th>s</th><th>%</th></tr>{t}<tr><th class=\"l\">step</th><th>{significant(e.step_time_s)}</th><th>100</th>"
                    f'</tr></table><table><tr><th class="l">memory term</th><th>GiB</th></tr>{m}<tr><th class="l">total'
                    f"</th><th>{e.memory_bytes_per_gpu['total'] / GIB:.2f}</th></tr></table>"
                    f"<pre>{_e(json.dumps(e.plan.to_dict()))}</pre></div></details>")

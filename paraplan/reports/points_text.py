@@ -12,6 +12,7 @@ from typing import Sequence
 import pandas as pd
 
 from paraplan.plan import PLAN_FIELD_SPECS, PLAN_FIELDS
+from paraplan.reports.text import significant
 
 #: the plan fields the label (``Plan.label()``) already shows
 IN_LABEL = ("tp", "pp", "dp", "cp", "vpp", "micro_batch", "sp")
@@ -55,12 +56,7 @@ def shared_choices(plans: Sequence[dict], differing: Sequence[str]) -> list[str]
     return [f"{k} {first[k]}" for k in (*named, *others)]
 
 
-def _fmt(x, digits: int) -> str:
-    """``x`` to ``digits`` significant digits, without an exponent from 1 to a trillion ('6,730')."""
-    if x is None or (isinstance(x, float) and not math.isfinite(x)):
-        return "-"
-    rounded = float(f"{x:.{digits}g}")
-    return f"{rounded:,.0f}" if 10 ** (digits - 1) <= abs(rounded) < 1e12 else f"{rounded:g}"
+_fmt = significant      # three significant digits (the estimator's ~1.5 % resolution)
 
 
 def render_points(results, table: pd.DataFrame) -> str:

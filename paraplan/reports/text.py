@@ -1,6 +1,8 @@
 """Plain-text rendering of estimates: a breakdown with bars, readable at a glance."""
 from __future__ import annotations
 
+import math
+
 from paraplan.workloads.transformer import params_text
 
 GIB = 2**30
@@ -23,6 +25,20 @@ ENGINE_TEXT = {"generic": "generic: the ZeRO paper's accounting, no engine's res
 def bar(fraction: float, width: int = 30) -> str:
     n = max(0, min(width, round(fraction * width)))
     return "█" * n + "·" * (width - n)
+
+
+#: significant digits of a step time as printed (a display choice): the estimator resolves about 1.5 %
+#: (planner_tie_share), so a fourth digit (0.4032 s, 12.345 s) claims more than it knows
+STEP_DIGITS = 3
+
+
+def significant(x, digits: int = STEP_DIGITS) -> str:
+    """``x`` to ``digits`` significant digits, without an exponent from 1 to a trillion ('6,730', '0.403',
+    '12.3'); '-' for None, NaN or inf."""
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "-"
+    rounded = float(f"{x:.{digits}g}")
+    return f"{rounded:,.0f}" if 10 ** (digits - 1) <= abs(rounded) < 1e12 else f"{rounded:g}"
 
 
 def fmt_time(s: float) -> str:
@@ -94,7 +110,7 @@ def render_estimate(e) -> str:
     ]
     status = "fits" if e.feasible else f"DOES NOT FIT — {e.infeasible_reason}"
     lines += [
-        f"  step time       {e.step_time_s:10.3f} s      ({e.details['micro_batches_per_step']:.0f} micro-batches, "
+        f"  step time       {significant(e.step_time_s):>10} s      ({e.details['micro_batches_per_step']:.0f} micro-batches, "
         f"bubble {100 * e.details['bubble_fraction']:.1f}%)",
         f"  throughput      {e.tokens_per_s:10.0f} tokens/s  ({e.tokens_per_s_per_gpu:.1f} per GPU)",
         f"  model TFLOP/s   {e.model_tflops_per_gpu:10.1f} per GPU   MFU {100 * e.mfu:.1f}%   HFU {100 * e.hfu:.1f}%",

@@ -129,22 +129,28 @@ def test_int_cell_refuses_a_count_past_a_c_int(cell):
         int_cell(cell, "global_batch")
 
 
-def test_score_skips_a_row_whose_batch_overflows(tmp_path, capsys):
-    """The fuzzed row: global_batch = 2**63 tracebacked (OverflowError: Python int too large to convert
-    to C long) in check_plan; now the row is skipped naming the cell, and a job that large is refused
-    wherever it is built (TrainingJob)."""
+@pytest.mark.parametrize("column", ["global_batch", "num_gpus"])
+def test_score_skips_a_row_whose_count_overflows(tmp_path, capsys, column):
+    """The fuzzed rows: global_batch or num_gpus = 2**63 tracebacked (OverflowError: Python int too large to
+    convert to C long) in check_plan; now the row is skipped naming the cell, and a job or a cluster that
+    large is refused wherever it is built (TrainingJob, Cluster)."""
     import json
 
     from paraplan.cli import main
     from paraplan.errors import ConfigError
+    from paraplan.hardware.catalog import load_cluster
+    from paraplan.hardware.model import Cluster
     from paraplan.workloads.transformer import TrainingJob
     path = tmp_path / "runs.csv"
-    pd.DataFrame([_row(global_batch=2**63, cp_or_sp=2), _row(cp_or_sp=2)], columns=list(FILE_COLUMNS)).to_csv(path, index=False)
+    pd.DataFrame([_row(**{column: 2**63}, cp_or_sp=2), _row(cp_or_sp=2)], columns=list(FILE_COLUMNS)).to_csv(path, index=False)
     assert main(["score", str(path), "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert [r["row"] for r in doc["rows"]] == [1]
     (skipped,) = doc["skipped"]
-    assert skipped["row"] == 0 and "global_batch cell" in skipped["reason"], skipped
+    assert skipped["row"] == 0 and f"{column} cell" in skipped["reason"], skipped
     for key in ("seq_len", "global_batch"):
         with pytest.raises(ConfigError, match=key.replace("_", "-")):
             TrainingJob(**{"seq_len": 2048, "global_batch": 16, key: 2**63})
+    system = load_cluster("dgx-h100", 8).system
+    with pytest.raises(ConfigError, match="gpus.*at most 2,147,483,647"):
+        Cluster("big", system, 2**63)

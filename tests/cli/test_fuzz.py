@@ -7,8 +7,10 @@ validate and profile) runs in-process and a few as real processes; then the issu
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import time
@@ -30,7 +32,7 @@ _spec.loader.exec_module(fuzz)
 @pytest.mark.slow
 def test_fuzzed_cli_inputs_end_cleanly_and_name_their_field(monkeypatch):
     monkeypatch.setenv("PARAPLAN_PROGRESS", "0")
-    cases = fuzz.make_cases(300, seed=20261123, subprocess_every=75)
+    cases = fuzz.make_cases(300, seed=20261123, subprocess_every=50)   # every 50th case a real process can take
     results = [fuzz.run_case(c) for c in cases]
     bad = [(r.verdict, r.case.cause, " ".join(r.case.argv)[:200], r.output[-600:]) for r in results
            if r.verdict != "ok"]
@@ -55,6 +57,29 @@ def test_the_judge_catches_what_it_looks_for():
     assert fuzz.judge(case, 2, "paraplan plan: error: --gpus must be a positive integer, got '0'\n", 0.1) == "ok"
     assert fuzz.judge(case, 2, "paraplan plan: error: --gpus: bad\n(see: paraplan plan --help)\n", 0.1) == "ok"
     assert fuzz.judge(case, 2, "paraplan: error: --gpus: a name with\na newline\n", 0.1) == "multiline"
+    # an error about another spelling of a flag names the flag it stands for (validate --virtual-stages +5)
+    alias = fuzz.Case("x", ["validate"], fields=fuzz._flag_names("--virtual-stages"))
+    assert fuzz.judge(alias, 2, "paraplan: error: --vpp: 5 virtual stages per pipeline stage need --pp > 1\n", 0.1) == "ok"
+
+
+def test_parts_of_a_run_are_the_whole_run():
+    """``--part K/N`` slices the one case list (no case lost or run twice), and ``--add`` adds the parts'
+    summaries: counts summed, the slowest case kept, and whether the parts make up the whole run."""
+    n = 1001
+    bounds = [fuzz._part(f"{k}/3", n) for k in (1, 2, 3)]
+    assert bounds[0][0] == 0 and bounds[-1][1] == n and all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    with pytest.raises(ValueError, match="K/N"):
+        fuzz._part("4/3", n)
+
+    def part(lo, hi, slow, codes, causes):
+        return {"cases": hi - lo, "subprocess_cases": 1, "tracebacks": causes.get("traceback: x", 0), "hangs": 0,
+                "errors_not_naming_field": 0, "errors_over_one_line": 0, "warning_spills": 0, "other_exit_codes": 0,
+                "seconds": 10.0, "exit_codes": codes, "slowest_case_cpu_s": slow, "slowest_case": f"case {slow}",
+                "slowest_case_wall_s": slow * 2, "by_cause": causes, "range": [lo, hi]}
+    s = fuzz.add_summaries([part(0, 6, 1.5, {"0": 2, "2": 4}, {}), part(6, 10, 3.0, {"2": 3, "1": 1}, {"traceback: x": 1})])
+    assert (s["cases"], s["tracebacks"], s["seconds"], s["exit_codes"]) == (10, 1, 20.0, {"2": 7, "0": 2, "1": 1})
+    assert (s["slowest_case"], s["slowest_case_wall_s"], s["whole"]) == ("case 3.0", 6.0, True)
+    assert not fuzz.add_summaries([part(6, 10, 3.0, {"2": 4}, {})])["whole"]
 
 
 def _run(capsys, *argv):
@@ -204,3 +229,23 @@ def test_denormal_price_is_refused_not_a_warning_spill(capsys):
                "--price-per-gpu-hour", "1e-320", "--out", "unused-report"])
     err = capsys.readouterr().err
     assert rc == 2 and err.startswith("paraplan whatif: error: --price-per-gpu-hour") and "Warning" not in err
+
+
+def test_a_path_whose_bytes_are_not_utf8_is_echoed_escaped(tmp_path):
+    """``whatif --out $'\\x80'`` (found by the 10,000-case fuzz run): the report was written, then the
+    ``wrote ...`` line raised UnicodeEncodeError on a strict UTF-8 stdout (en_US.UTF-8; Python reads the
+    byte as '\\udc80'), a traceback after the work was done. Now it prints the byte escaped, and in-process
+    callers get their strict stream back afterwards."""
+    import io
+
+    r = subprocess.run([sys.executable, "-m", "paraplan.cli", "whatif", "--model", "llama3-8b", "--cluster",
+                        "dgx-h100", "--gpus", "8", "--sweep", "gpus=8,16", "--no-heatmap", "--quiet", "--out", b"\x80"],
+                       capture_output=True, timeout=120, cwd=tmp_path,
+                       env={**os.environ, "PYTHONIOENCODING": "utf-8:strict", "PARAPLAN_PROGRESS": "0"})
+    assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr[-800:]
+    assert b"wrote \\udc80/report.html" in r.stdout
+    assert (tmp_path / os.fsdecode(b"\x80") / "report.html").is_file()
+    out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="strict", write_through=True)
+    with contextlib.redirect_stdout(out):
+        assert main(["list", "models"]) == 0
+    assert out.errors == "strict"
