@@ -188,14 +188,17 @@ MEGATRON = EngineSpec(
         # (forward_backward_pipelining_without_interleaving) or interleaved 1F1B; no V placement, no
         # bidirectional DualPipe (those live in forks: sail-sg/zero-bubble-pipeline-parallelism's
         # zerobubble/scheduler/zbv.py, Ascend MindSpeed's --schedules-method dualpipev)
-        Refusal("megatron-pipeline-schedule", "Megatron-LM runs no ZBV, DualPipe or DualPipeV schedule",
+        # (the planner proposes only what runs: GPipe and zero-bubble H1 would run as 1F1B)
+        Refusal("megatron-pipeline-schedule", "Megatron-LM runs 1F1B and interleaved 1F1B only",
                 ("pp", "schedule_code"),
                 lambda P: (P.pp > 1) & np.isin(np.asarray(P.schedule_code),
-                                               [int(Schedule.ZBV), int(Schedule.DUALPIPE), int(Schedule.DUALPIPE_V)]),
+                                               [int(Schedule.GPIPE), int(Schedule.ZB_H1), int(Schedule.ZBV),
+                                                int(Schedule.DUALPIPE), int(Schedule.DUALPIPE_V)]),
                 lambda p: (f"Megatron-LM's pipeline schedules are 1F1B and interleaved 1F1B "
                            f"(megatron/core/pipeline_parallel/schedules.py), not {Schedule(p.schedule_code).label}; "
-                           "ZBV and DualPipe exist only in forks (sail-sg zero-bubble, MindSpeed)"),
-                field="schedule", accepted="1f1b, interleaved (zb-h1 and gpipe run as 1F1B)"),
+                           "zero-bubble, ZBV and DualPipe schedules exist only in forks (sail-sg zero-bubble, "
+                           "MindSpeed)"),
+                field="schedule", accepted="1f1b, interleaved"),
     ),
     # gradient_accumulation_fusion writes into main_grad with beta = 1 (its default)
     grad_accumulation_fusion=True,
@@ -408,11 +411,15 @@ TORCHTITAN = EngineSpec(
         # torchtitan/distributed/pipeline_parallel.py (02ef790): torch.distributed.pipelining's schedules by
         # name (get_schedule_class), ZBVZeroBubble and DualPipeV placed in a V (style "v", 2 stages per
         # rank); no bidirectional DualPipe with its two parameter copies
-        Refusal("torchtitan-pipeline-schedule", "torchtitan runs DualPipeV, not DualPipe",
-                ("pp", "schedule_code"), lambda P: (P.pp > 1) & (np.asarray(P.schedule_code) == Schedule.DUALPIPE),
+        # torch's zero-bubble schedules need several stages per rank (ScheduleInterleavedZeroBubble, ZBV): a
+        # one-stage-per-rank ZB-H1 does not run there
+        Refusal("torchtitan-pipeline-schedule", "torchtitan runs DualPipeV and ZBV, not DualPipe or one-stage ZB-H1",
+                ("pp", "schedule_code"),
+                lambda P: (P.pp > 1) & np.isin(np.asarray(P.schedule_code), [int(Schedule.DUALPIPE), int(Schedule.ZB_H1)]),
                 lambda p: ("torchtitan runs torch.distributed.pipelining's schedules (get_schedule_class): DualPipeV "
                            "(one parameter copy, V placement), not DualPipe's two directions with two parameter "
-                           "copies"),
+                           "copies; its zero-bubble schedules place several stages on each rank (zbv), not "
+                           f"one-stage {Schedule(p.schedule_code).label}"),
                 field="schedule", accepted="1f1b, interleaved, gpipe, zbv, dualpipev"),
         Refusal("torchtitan-ep-overlap-dualpipev", "torchtitan overlaps the expert all-to-all under DualPipeV only",
                 ("ep_comm_overlap", "schedule_code", "pp"),

@@ -23,8 +23,8 @@ CURVES = analytical_curves(CLUSTER.system.accelerator)
 
 
 def _plan(cp, mb, mode="ring"):
-    return Plan(tp=2, pp=4, dp=32 // cp, cp=cp, sp=True, micro_batch=mb, zero=1, schedule="zb-h1",
-                cp_mode=mode, engine="megatron", dtype="fp8")
+    return Plan(tp=2, pp=4, dp=32 // cp, cp=cp, sp=True, micro_batch=mb, zero=1, schedule="interleaved",
+                vpp=2, cp_mode=mode, engine="megatron", dtype="fp8")
 
 
 def test_merge_kernels_follow_the_formula_and_vanish_without_ring():

@@ -544,10 +544,11 @@ def test_last_stage_in_flight_micro_batches_follow_the_schedule():
     inter = M.in_flight_micro_batches_last(job, Plan(tp=8, pp=8, dp=1, vpp=3, schedule="interleaved", micro_batch=1))
     gpipe = M.in_flight_micro_batches_last(job, Plan(tp=8, pp=8, dp=1, schedule="gpipe", micro_batch=1))
     assert (float(one), float(inter), float(gpipe)) == (1.0, pytest.approx((2 * 8 + 1) / 3), 64.0)
-    model, _, acts_1f1b, per_layer = _acts(Plan(tp=8, pp=8, dp=1, micro_batch=1, engine="megatron", recompute="full"))
-    _, _, acts_gpipe, _ = _acts(Plan(tp=8, pp=8, dp=1, micro_batch=1, engine="megatron", recompute="full", schedule="gpipe"))
+    # the generic engine: Megatron-LM runs no GPipe schedule
+    model, _, acts_1f1b, per_layer = _acts(Plan(tp=8, pp=8, dp=1, micro_batch=1, engine="generic", recompute="full"))
+    _, _, acts_gpipe, _ = _acts(Plan(tp=8, pp=8, dp=1, micro_batch=1, engine="generic", recompute="full", schedule="gpipe"))
     layers = model.layers / 8
-    plan = Plan(tp=8, pp=8, dp=1, micro_batch=1, engine="megatron")
+    plan = Plan(tp=8, pp=8, dp=1, micro_batch=1, engine="generic")
     logits = float(M.loss_bytes_per_logit(plan) * 2048 * M.loss_logits_per_token(model, plan)) + 2 * 2 * 2048 * model.hidden
     assert float(acts_gpipe["last"] - acts_1f1b["last"]) == pytest.approx(63 * (layers * float(per_layer) + logits))
 

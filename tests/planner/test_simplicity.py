@@ -49,13 +49,13 @@ def _est(plan: Plan, step: float):
 
 def test_a_tie_goes_to_the_simpler_plan_and_a_clear_win_to_the_faster():
     simple = Plan(tp=4, pp=4, cp=2, sp=True, zero=1, engine="megatron")
-    fancy = replace(simple, schedule="zb-h1", cp_mode="ulysses")
+    fancy = replace(simple, schedule="interleaved", vpp=2, cp_mode="ulysses")
     inside = 1.0 / (1.0 - TIE_SHARE / 2)       # half the resolution slower
     outside = 1.0 / (1.0 - 2 * TIE_SHARE)
     assert [e.plan.schedule for e in prefer_simpler([_est(fancy, 60.0), _est(simple, 60.0 * inside)])] == \
-        ["1f1b", "zb-h1"]
+        ["1f1b", "interleaved"]
     assert [e.plan.schedule for e in prefer_simpler([_est(fancy, 60.0), _est(simple, 60.0 * outside)])] == \
-        ["zb-h1", "1f1b"]
+        ["interleaved", "1f1b"]
 
 
 def test_ties_order_by_complexity_then_fewer_pp_vpp_cp_then_time():
