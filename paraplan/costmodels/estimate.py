@@ -18,7 +18,7 @@ the order an estimate prints them; a new line is a function in its term module a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 import numpy as np
@@ -174,6 +174,18 @@ class MemoryTerms:
     experts: Number                     # routed-expert parameters
     shard: Number                       # parameters whose optimizer states one GPU owns
     activations_offloaded: Number
+
+
+    def take(self, index, n: int) -> "MemoryTerms":
+        """These terms for the plans at ``index`` of the ``n`` they were computed for (values that are the
+        same for every plan, scalars, stay as they are)."""
+        def pick(v):
+            if isinstance(v, dict):
+                return {k: pick(x) for k, x in v.items()}
+            if isinstance(v, tuple):
+                return type(v)(*map(pick, v)) if hasattr(v, "_fields") else tuple(map(pick, v))
+            return v[index] if np.ndim(v) == 1 and np.shape(v)[0] == n else v
+        return MemoryTerms(*(pick(getattr(self, f.name)) for f in fields(self)))
 
 
 def memory_terms(model, job, cluster, plan) -> MemoryTerms:

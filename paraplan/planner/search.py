@@ -19,7 +19,6 @@ from paraplan.constants import fitted
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.estimate import Estimate, TIME_TERMS, estimate_legal, memory_terms, step_terms
 from paraplan.engines import spec_named
-from paraplan.hardware.topology import links_for_plan
 from paraplan.plan import PLAN_FIELDS, PlanBatch, is_fp8
 from paraplan.planner.space import SpaceOptions, compose_candidates
 from paraplan.workloads.transformer import TrainingJob
@@ -84,18 +83,20 @@ def score_fitting(model, job, cluster, batch: PlanBatch, curves, max_memory_frac
     memory first (:func:`~paraplan.costmodels.estimate.memory_terms`, a third of the cost), then the
     time terms of those that fit. Most of a large space does not fit (DeepSeek-V3 on 1024 H100: 83 %),
     so this halves the vectorized stage there; elementwise numpy gives the same step times on a subset."""
-    mem, over_gpu, over_host, over_nvme = memory_limits(memory_terms(model, job, cluster, batch), cluster,
-                                                        max_memory_fraction)
+    held = memory_terms(model, job, cluster, batch)
+    mem, over_gpu, over_host, over_nvme = memory_limits(held, cluster, max_memory_fraction)
     step = np.full(len(batch), np.inf)
     fit = np.nonzero(~(over_gpu | over_host | over_nvme))[0]
     if fit.size:
-        step[fit] = np.asarray(step_terms(model, job, cluster, batch.take(fit), curves).step, float)
+        step[fit] = np.asarray(step_terms(model, job, cluster, batch.take(fit), curves,
+                                          mem=held.take(fit, len(batch))).step, float)
     return step, mem, over_gpu, over_host, over_nvme
 
 
 def with_topology(cluster, plan, topology: dict):
     """The cluster with the links each axis's groups get from the networkx placement
     (:func:`paraplan.hardware.topology.links_for_plan`)."""
+    from paraplan.hardware.topology import links_for_plan   # networkx: imported only where a fabric is modelled
     links = links_for_plan(cluster, plan.tp, plan.cp, plan.dp, plan.pp, **topology)
     axis_links = {axis: (tl.intra_node, tl.inter_node) for axis, tl in links.items()}
     axis_links.setdefault("ep", axis_links.get("dp"))
