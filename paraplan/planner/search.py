@@ -133,9 +133,8 @@ def search(model, job, cluster, *, options: SpaceOptions | None = None, top: int
         if mask.any():
             rejected[reason] += int(mask.sum())
     feasible = ~(over_gpu | over_host | over_nvme)
-    index = np.arange(n)
-    order = np.lexsort((index, mem, step))
-    ranked = order[feasible[order]]
+    fit = np.flatnonzero(feasible)          # sorting only what fits: the same order (DeepSeek-V3: a sixth of the sort)
+    ranked = fit[np.lexsort((fit, mem[fit], step[fit]))]
     if rescore is None:
         def rescore(plan):
             c = with_topology(cluster, plan.with_dp_for(cluster.num_gpus), topology) if topology else cluster
