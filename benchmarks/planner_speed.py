@@ -21,8 +21,21 @@ Three parts:
    and the vectorized scoring rate.
 3. The networkx fabric of 3072 H100s (2:1 oversubscribed) built and a tp8 dp48 pp8 layout placed.
 
-Measured on the 2-core development machine (shared with other jobs; least of 2 runs), 0d7fd21 -> issue 67:
-see docs/planner.md, "How fast".
+Measured 7 December 2026 on the 2-core development machine, shared with other jobs (load average 10-13
+throughout), least of 3 runs, 0d7fd21 -> issue 67 (docs/planner.md, "How fast"):
+
+                                                 wall s          CPU s          search s       stage s
+                                                 before  after   before  after  before  after  before after
+    plan GPT 1T / 3072 A100                      12.72    4.45    3.86   1.32    6.35   2.77   6.89   0.03
+    plan GPT-3 175B / 1024 A100                   9.71    4.91    2.84   1.35    5.07   2.48   2.52   0.01
+    plan Llama 3 70B / 64 H100 (README)          10.87    3.42    2.79   1.05    3.15   1.22   3.77   0.02
+    plan DeepSeek-V3 / 1024 H100                 59.72   12.24   16.29   3.59   65.86  13.89   2.93   0.03
+    whatif GPT-3 175B, 64..4096 A100 (README)    56.61   36.60   15.04  10.26
+    whatif Llama 3 70B, H100/H200 x 4k..32k      67.52   46.73   12.68   7.75
+
+Every plan, step time, memory and stage layout the same (GPT 1T's stage split: the same, now proven optimal:
+'Feasible (time limit)' -> 'Optimal'); both whatif report folders byte-identical. The issue's 9.4 s / 27 s /
+23-25 s were measured on a quieter machine; at this load only the CPU column compares with them.
 """
 from __future__ import annotations
 
@@ -296,8 +309,10 @@ def main(argv=None) -> int:
             before = args.before_tree.resolve()
         elif not args.no_before:
             before = export_rev(args.before, tmp / "before")
-        print(f"before: {before or '-'}   after: {ROOT}   ({os.cpu_count()} cores, python {sys.version.split()[0]})\n")
+        print(f"before: {before or '-'}   after: {ROOT}   ({os.cpu_count()} cores, python {sys.version.split()[0]}, "
+              f"load average {os.getloadavg()[0]:.1f})\n")
         part1(before, ROOT, max(1, args.repeat), work)
+        print(f"(load average {os.getloadavg()[0]:.1f} at the end of part 1)")
     part2()
     part3()
     return 0
