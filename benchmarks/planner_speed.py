@@ -35,7 +35,8 @@ throughout), least of 3 runs, 0d7fd21 -> issue 67 (docs/planner.md, "How fast"):
 
 Every plan, step time, memory and stage layout the same (GPT 1T's stage split: the same, now proven optimal:
 'Feasible (time limit)' -> 'Optimal'); both whatif report folders byte-identical. The issue's 9.4 s / 27 s /
-23-25 s were measured on a quieter machine; at this load only the CPU column compares with them.
+23-25 s were measured on a quieter machine; at this load only the CPU column compares with them (and the
+before CPU understates the old code idle: CBC stopped at 5 s elapsed, pulp's timeMode='elapsed').
 """
 from __future__ import annotations
 
