@@ -647,6 +647,18 @@ def model_stage_layers(model, plan) -> StageLayers:
     return StageLayers(first, sl.middle, last, np.maximum(np.maximum(first, sl.middle), last))
 
 
+#: plans from which :func:`stage_layers` looks the automatic split up per pipeline depth
+_SPLIT_TABLE_MIN = 256
+
+
+def _split_by_depth(layers: int, deepest: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(first, largest middle, last) stage layers of the automatic split (no first / last stage layers set)
+    for every pipeline depth 0..``deepest`` (:func:`_stage_split`, the same formula; index 0 unused)."""
+    depths = np.arange(deepest + 1, dtype=np.int64)
+    f, extra_mid, base, l_ = _stage_split(layers, depths, 0, 0)
+    return f, np.where(depths > 2, base + (extra_mid > 0), 0), l_
+
+
 def stage_layers(layers: int, plan) -> StageLayers:
     """Layers per pipeline stage for a plan or a :class:`PlanBatch`, vectorized.
 
@@ -663,8 +675,13 @@ def stage_layers(layers: int, plan) -> StageLayers:
     pp = np.asarray(plan.pp)
     first = np.asarray(getattr(plan, "first_stage_layers", 0))
     last = np.asarray(getattr(plan, "last_stage_layers", 0))
-    f, extra_mid, base, l_ = _stage_split(layers, pp, first, last)
-    middle = np.where(pp > 2, base + (extra_mid > 0), 0)
+    if pp.size >= _SPLIT_TABLE_MIN and not first.any() and not last.any() and 1 <= pp.min() and pp.max() <= 4096:
+        # the automatic split depends on pp alone: worked out once per pipeline depth and looked up
+        # (the search's chunks of 200,000 plans hold a few depths; the same integers, a seventh of the time)
+        f, middle, l_ = (table[pp] for table in _split_by_depth(layers, int(pp.max())))
+    else:
+        f, extra_mid, base, l_ = _stage_split(layers, pp, first, last)
+        middle = np.where(pp > 2, base + (extra_mid > 0), 0)
     scaling = _is_scaling_auto_split(plan) & (pp > 1)
     if np.any(scaling):
         # Scaling's own split (SCALING_EXTRA_LAYER_SPECS); its largest middle stage is the second

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+import paraplan
+
 from paraplan.constants import ENTRY_KEYS, fitted, fitted_entries
 from paraplan.errors import ConfigError
 
@@ -141,3 +143,26 @@ def test_an_unknown_name_is_refused_with_the_known_ones():
 def test_gib_entries_are_bytes():
     assert fitted("allocator_reserve") == 0.5 * 2**30
     assert fitted("allocator_pressure_headroom") == 2 * 2**30
+
+
+def test_data_yaml_loader_reads_every_shipped_file_as_pyyamls_safe_loader_does():
+    """The package's data files are read with libyaml's parser where PyYAML has it (start-up: models.yaml in
+    3 ms instead of 120 ms); the objects must be those of ``yaml.safe_load``, types and key order included."""
+    import yaml
+    from paraplan.constants import DATA_YAML_LOADER, load_data_yaml
+
+    def same(a, b):
+        if type(a) is not type(b):
+            return False
+        if isinstance(a, dict):
+            return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, list):
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+        return a == b or (a != a and b != b)        # NaN
+
+    files = sorted(Path(paraplan.__file__).parent.rglob("*.yaml"))
+    assert len(files) >= 40
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        assert same(load_data_yaml(text), yaml.safe_load(text)), path
+    assert DATA_YAML_LOADER is getattr(yaml, "CSafeLoader", yaml.SafeLoader)

@@ -269,7 +269,7 @@ def cmd_plan(args) -> int:
         + fixed_where_they_run_notes(result.plans, fixed, model, job, cluster)
     layout = None
     if result.best is not None and result.best.plan.pp > 1 and not args.no_stage_ilp:
-        with progress.step(f"balancing {result.best.plan.pp} pipeline stages and per-stage recomputation (pulp ILPs)"):
+        with progress.step(f"balancing {result.best.plan.pp} pipeline stages and per-stage recomputation"):
             layout = stage_layout(model, job, cluster, result.best.plan, max_memory_fraction=args.max_memory_fraction)
     if args.out and result.plans:        # the file first: a reader that closes the pipe early (| head) loses nothing
         with writing("--out", args.out):
@@ -336,7 +336,7 @@ def register(sub) -> None:
     add_plan_flag(ap, "engine")
     add_plan_flag(ap, "dtype")
     ap.add_argument("--no-stage-ilp", action="store_true",
-                    help="skip the pulp stage-partition and per-stage recompute ILPs for the best plan")
+                    help="skip balancing the best plan's pipeline stages and per-stage recomputation")
     ap.add_argument("--format", choices=("table", "json", "csv"), default="table",
                     help="table: the ranked plans and the best one's breakdown (default); json: the search and "
                          "every plan's estimate as one JSON document; csv: one row per ranked plan")

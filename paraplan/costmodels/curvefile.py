@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-import yaml
+from paraplan.constants import load_data_yaml
 
 CURVES_FILE = Path(__file__).parent / "curves.yaml"
 
@@ -13,7 +13,7 @@ CURVES_FILE = Path(__file__).parent / "curves.yaml"
 @functools.lru_cache(maxsize=1)
 def curve_table() -> dict:
     """``curves.yaml`` as a mapping: ``default`` and one entry per accelerator name."""
-    return yaml.safe_load(CURVES_FILE.read_text())
+    return load_data_yaml(CURVES_FILE.read_text())
 
 
 ATTENTION_FILE = Path(__file__).parent / "attention_kernels.yaml"
@@ -22,7 +22,7 @@ ATTENTION_FILE = Path(__file__).parent / "attention_kernels.yaml"
 @functools.lru_cache(maxsize=1)
 def attention_kernel_tables() -> dict:
     """``attention_kernels.yaml``: measured fused-attention efficiency per generation and kernel."""
-    return yaml.safe_load(ATTENTION_FILE.read_text())
+    return load_data_yaml(ATTENTION_FILE.read_text())
 
 
 def attention_table_for(accelerator_name: str) -> dict | None:

@@ -18,7 +18,7 @@ the order an estimate prints them; a new line is a function in its term module a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 import numpy as np
@@ -167,22 +167,64 @@ class StepTerms:
     dp_comm_compressed: Number
 
 
-def step_terms(model, job, cluster, plan, curves) -> StepTerms:
-    """All time and memory terms for a plan or for a batch of plans (numpy arrays in the fields): the
-    per-micro-batch terms of the stage that sets the pace, paid m times, and one call per other term."""
-    m = micro_batches(job, plan)
-    curves = with_stage_concurrency(with_reference_block(curves, cluster), plan, m)
-    lt = C.layer_times(model, job, plan, curves, cluster)
+@dataclass(frozen=True)
+class MemoryTerms:
+    """What a plan (or a batch of plans) holds: GPU memory of the peak stage, host and NVMe under offload,
+    and the parameter counts both memory and time read. Bytes per GPU; parameters per GPU."""
+    memory: Mapping[str, Number]        # MEMORY_TERMS and "total" -> bytes on the peak stage's GPU
+    peak_stage: Number                  # FIRST, MIDDLE or LAST
+    host_per_gpu: Number
+    nvme_per_gpu: Number
+    stage_layers: StageLayers           # with the multi-token-prediction blocks on the last stage
+    stage_params: tuple                 # (first, largest middle, last) non-expert parameters
+    params: Number                      # the largest stage's
+    experts: Number                     # routed-expert parameters
+    shard: Number                       # parameters whose optimizer states one GPU owns
+    activations_offloaded: Number
+
+
+    def take(self, index, n: int) -> "MemoryTerms":
+        """These terms for the plans at ``index`` of the ``n`` they were computed for (values that are the
+        same for every plan, scalars, stay as they are)."""
+        def pick(v):
+            if isinstance(v, dict):
+                return {k: pick(x) for k, x in v.items()}
+            if isinstance(v, tuple):
+                return type(v)(*map(pick, v)) if hasattr(v, "_fields") else tuple(map(pick, v))
+            return v[index] if np.ndim(v) == 1 and np.shape(v)[0] == n else v
+        return MemoryTerms(*(pick(getattr(self, f.name)) for f in fields(self)))
+
+
+def memory_terms(model, job, cluster, plan) -> MemoryTerms:
+    """The memory half of :func:`step_terms` (no efficiency curves, no time): what the planner checks
+    first, so that it prices time only for candidates that fit."""
     sl = model_stage_layers(model, plan)          # multi-token-prediction blocks on the last stage
-    pace = stage_pace(sl, plan, lt, C.head_times(model, job, plan, curves, cluster))
     first_params, middle_params, last_params = M.stage_params(model, plan)
     params = np.maximum(np.maximum(first_params, last_params), middle_params)      # the largest stage's
     experts = M.expert_params_per_gpu(model, plan)
-    dp = dp_step_times(model, plan, cluster, curves, m, pace, params, experts)
     shard = optimizer_shard(params, experts, plan)
     acts_offloaded = M.offloaded_activation_bytes(model, job, plan)
+    memory, peak = M.peak_stage_memory(model, job, plan, cluster, sl, (first_params, middle_params, last_params),
+                                       experts)
+    off = M.offloaded_bytes(job, plan, shard, acts_offloaded)
+    return MemoryTerms(memory, peak, off["host"], off["nvme"], sl, (first_params, middle_params, last_params),
+                       params, experts, shard, acts_offloaded)
+
+
+def step_terms(model, job, cluster, plan, curves, mem: MemoryTerms | None = None) -> StepTerms:
+    """All time and memory terms for a plan or for a batch of plans (numpy arrays in the fields): the
+    per-micro-batch terms of the stage that sets the pace, paid m times, and one call per other term.
+    ``mem``: :func:`memory_terms` of the same plans, when the caller has them."""
+    if mem is None:
+        mem = memory_terms(model, job, cluster, plan)
+    m = micro_batches(job, plan)
+    curves = with_stage_concurrency(with_reference_block(curves, cluster), plan, m)
+    lt = C.layer_times(model, job, plan, curves, cluster)
+    sl, params, experts, shard = mem.stage_layers, mem.params, mem.experts, mem.shard
+    pace = stage_pace(sl, plan, lt, C.head_times(model, job, plan, curves, cluster))
+    dp = dp_step_times(model, plan, cluster, curves, m, pace, params, experts)
     optimizer, offload = optimizer_and_offload_times(model, plan, cluster, curves, m, pace, shard, params,
-                                                     dp.average, acts_offloaded)
+                                                     dp.average, mem.activations_offloaded)
     time = {
         "compute": m * (pace.compute + pace.head_compute),
         "recompute": m * pace.recompute,
@@ -198,13 +240,10 @@ def step_terms(model, job, cluster, plan, curves) -> StepTerms:
         "offload": offload,
     }
     step = sum(time.values())
-    memory, peak = M.peak_stage_memory(model, job, plan, cluster, sl, (first_params, middle_params, last_params),
-                                       experts)
-    off = M.offloaded_bytes(job, plan, shard, acts_offloaded)
     flops_model, flops_hw = C.step_flops(model, job, plan)
-    return StepTerms(time=time, step=step, memory=memory, host_per_gpu=off["host"], nvme_per_gpu=off["nvme"],
-                     micro_batches=m, flops_model=flops_model, flops_hardware=flops_hw,
-                     dp_comm_total=dp.total, last_stage_is_peak=peak == LAST, peak_stage=peak,
+    return StepTerms(time=time, step=step, memory=mem.memory, host_per_gpu=mem.host_per_gpu,
+                     nvme_per_gpu=mem.nvme_per_gpu, micro_batches=m, flops_model=flops_model, flops_hardware=flops_hw,
+                     dp_comm_total=dp.total, last_stage_is_peak=mem.peak_stage == LAST, peak_stage=mem.peak_stage,
                      slowest_stage=pace.stage, stage_layers=sl,
                      bubble_fraction=reported_bubble_fraction(plan, m, sl, lt, time["pp_bubble"]),
                      warmup_share=dp.warmup_share,

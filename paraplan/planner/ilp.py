@@ -40,7 +40,11 @@ optimum and CBC cannot close the gap within a minute, nor find a good split cold
 ``partition_stages`` warm-starts CBC from the DP split by default: the answer is then never worse
 than the exact DP optimum, and its status says whether CBC also proved it ("Optimal") or ran
 out of time ("Feasible (time limit)"). (A bisection over θ with feasibility ILPs and window cuts
-"layers i..e must not share a stage" was tried and was slower still on these sizes.)
+"layers i..e must not share a stage" was tried and was slower still on these sizes.) The planner
+(``paraplan.planner.stages``) therefore uses the DP alone: it is exact, takes milliseconds at
+p = 64, n = 130 where CBC spent its whole 5 s limit failing to prove the same split, and breaks
+ties deterministically (the earliest boundary that reaches the optimum, stage by stage); the ILP
+stays the formulation the DP is checked against.
 
 2. Per-stage recomputation (``build_recompute_ilp`` / ``solve_recompute_ilp``; ``plan_recompute``)
 ---------------------------------------------------------------------------------------------------
@@ -65,7 +69,11 @@ The a_s·u[s] term is the working set of a rematerialised layer: backward recomp
 one micro-batch at a time, which needs that layer's full activations once (as in
 ``costmodels.memory.activation_bytes``). Since r[s] only trades time for memory on its own stage,
 the optimum recomputes on each stage the fewest layers that fit; the ILP states that directly and
-is checked against enumeration of all r vectors.
+is checked against enumeration of all r vectors. ``recompute_fewest_that_fit`` is that optimum in
+closed form (each stage's smallest r that fits, found by enumerating r = 0 … L_s): the same
+bottleneck and the same total added time as the ILP; where recomputing costs no time on a stage
+(ρ_s = 0, any r is optimal) it recomputes the fewest layers. The planner uses it; CBC's two solves
+in a subprocess cost 0.1-0.2 s for what is a loop over at most p·(L_s + 1) values.
 
 Solver: CBC through ``pulp.COIN_CMD(path=<the CBC pulp bundles>, msg=False, timeLimit=time_limit_s, gapRel=0)``
 (pulp 3.3 deprecates ``PULP_CBC_CMD``, the same binary; variables are made by ``prob.add_variable``,
@@ -552,6 +560,28 @@ def plan_recompute(stages: Sequence[StageRecomputeCost], memory_cap_bytes: float
     """
     return solve_recompute_ilp(build_recompute_ilp(stages, memory_cap_bytes), stages, memory_cap_bytes,
                                time_limit_s=time_limit_s)
+
+
+def recompute_fewest_that_fit(stages: Sequence[StageRecomputeCost], memory_cap_bytes: float) -> RecomputePlan:
+    """The optimum of the recomputation ILP in closed form: on each stage the fewest recomputed layers
+    that fit (``plan_recompute``'s slowest stage and, tie-broken, its least added time).
+
+    A stage's r changes only its own time (non-decreasing in r, ρ_s ≥ 0) and memory, so the slowest stage
+    is least when every stage takes its smallest feasible r, and so is the total added time Σ ρ_s·r_s.
+    Memory is not monotone in r (r ≥ 1 adds one rematerialised layer), hence the enumeration of
+    r = 0 … L_s rather than a formula.
+
+    Raises
+    ------
+    InfeasiblePlan : some stage fits with no r; says which and by how much (as ``plan_recompute``).
+    """
+    if not stages:
+        raise ConfigError("stages", "need at least one stage")
+    start = time.perf_counter()
+    r = [next((x for x in range(st.layers + 1) if st.memory_bytes(x) <= memory_cap_bytes), None) for st in stages]
+    if None in r:
+        raise explain_recompute_infeasible(stages, memory_cap_bytes)
+    return recompute_plan_from_counts(stages, r, status="Optimal", solve_time_s=time.perf_counter() - start)
 
 
 def explain_recompute_infeasible(stages: Sequence[StageRecomputeCost], memory_cap_bytes: float) -> InfeasiblePlan:

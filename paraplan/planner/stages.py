@@ -1,13 +1,19 @@
-"""Uneven pipeline stages and per-stage recomputation for a chosen plan, with the ILPs of ilp.py.
+"""Uneven pipeline stages and per-stage recomputation for a chosen plan (the optima of the ILPs of ilp.py).
 
 The closed-form estimate splits layers evenly. Real models are not even: the embedding sits on the
 first stage, the LM head (and the loss over the vocabulary) on the last, MoE layers weigh more than
 dense ones, and under 1F1B stage s holds min(m, p − s) micro-batches. Here every layer becomes an
 ``ilp.LayerCost`` built from the same cost model (forward + backward + the plan's recomputation and
 tensor/context/expert communication, model-state bytes after tp/ep/ZeRO, activation bytes per
-micro-batch), the partition ILP balances the slowest stage under the memory cap, and the
-recomputation ILP then picks how many layers each stage recomputes (Megatron's
+micro-batch), the partition balances the slowest stage under the memory cap, and the
+recomputation then picks how many layers each stage recomputes (Megatron's
 --recompute-num-layers, per stage) so every stage fits at the least added time.
+
+Both are the optima of the ILPs of ``ilp.py``, found by exact methods that need no solver: the
+contiguous partition by dynamic programming (``partition_stages_dp``, milliseconds; CBC spent its
+whole time limit, 5 s, on a 64-stage pipeline without proving the same split), the recomputation by
+taking each stage's fewest layers that fit (``recompute_fewest_that_fit``). ``ilp=True`` solves the
+ILPs with CBC instead (tests compare the two).
 """
 from __future__ import annotations
 
@@ -21,7 +27,8 @@ from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.estimate import RUNTIME_RESERVED_BYTES, layers_time
 from paraplan.costmodels.kernels import tokens_per_rank
 from paraplan.planner.ilp import (LayerCost, PipelineSpec, StageRecomputeCost, in_flight_per_stage,
-                                  partition_from_boundaries, partition_stages, plan_recompute)
+                                  partition_from_boundaries, partition_stages, partition_stages_dp, plan_recompute,
+                                  recompute_fewest_that_fit)
 from paraplan.engines import spec_named
 from paraplan.errors import InfeasiblePlan
 from paraplan.workloads.transformer import LAYER_KINDS
@@ -136,10 +143,13 @@ def _pipeline_time(stage_times, m: int) -> float:
 
 
 def stage_layout(model, job, cluster, plan: Plan, *, curves=None, max_memory_fraction: float = 1.0,
-                 time_limit_s: float = 5.0) -> StageLayout | None:
+                 time_limit_s: float = 5.0, ilp: bool = False) -> StageLayout | None:
     """Balanced stages and per-stage recomputation for a plan with pp > 1 (None for pp = 1, and for ZBV,
     DualPipe and DualPipeV, whose ranks hold two chunks each, the first both ends of the model: the
-    partition ILP cuts one contiguous stage per rank)."""
+    partition cuts one contiguous stage per rank; and for Megatron-LM's even hybrid split).
+
+    Exact without a solver (``partition_stages_dp``, ``recompute_fewest_that_fit``); ``ilp=True``
+    solves the two ILPs with CBC instead, each within ``time_limit_s``."""
     plan = plan.with_dp_for(cluster.num_gpus)
     if plan.pp == 1 or _megatron_hybrid(model, plan) or plan.schedule in ("zbv", "dualpipe", "dualpipev"):
         return None
@@ -152,7 +162,7 @@ def stage_layout(model, job, cluster, plan: Plan, *, curves=None, max_memory_fra
     layers = layer_costs(model, job, cluster, plan, curves)
     if plan.recompute != "full":
         # partition on the plan's time with each layer's most frugal memory (its input only, as under
-        # full recomputation); the recompute ILP below then decides where recomputing is needed
+        # full recomputation); the per-stage recomputation below then decides where recomputing is needed
         frugal = layer_costs(model, job, cluster, plan, curves, recompute="full")
         layers = [replace(l, activation_bytes=f.activation_bytes) for l, f in zip(layers, frugal)]
     # the plan's own split (paraplan.plan.stage_layer_counts, uneven when pp does not divide the
@@ -163,7 +173,7 @@ def stage_layout(model, job, cluster, plan: Plan, *, curves=None, max_memory_fra
                         fixed_bytes_per_stage=fixed)
     uniform = partition_from_boundaries(layers, free, uniform_b)
     try:
-        part = partition_stages(layers, spec, time_limit_s=time_limit_s)
+        part = partition_stages(layers, spec, time_limit_s=time_limit_s) if ilp else partition_stages_dp(layers, spec)
     except InfeasiblePlan as e:
         return StageLayout(tuple(l.name for l in layers), uniform_b, uniform.bottleneck_time_s, (), float("nan"),
                            (), (), f"infeasible: {e}", None, None, _pipeline_time(uniform.stage_time_s, m),
@@ -171,7 +181,7 @@ def stage_layout(model, job, cluster, plan: Plan, *, curves=None, max_memory_fra
     rec_layers = rec_status = None
     if plan.recompute != "full":
         # per-stage recompute on the balanced split: recompute whole layers only where memory needs it
-        full = layer_costs(model, job, cluster, plan, curves, recompute="full")
+        full = frugal
         none = layer_costs(model, job, cluster, plan, curves, recompute="none")
         inflight = in_flight_per_stage(plan.pp, m, schedule)
         b = list(part.boundaries) + [len(layers)]
@@ -192,7 +202,7 @@ def stage_layout(model, job, cluster, plan: Plan, *, curves=None, max_memory_fra
                 # wait: the difference is 0 up to rounding, never below
                 recompute_time_per_layer_s=max(0.0, sum(full[i].time_s - none[i].time_s for i in body) / n)))
         try:
-            rp = plan_recompute(stages, cap, time_limit_s=time_limit_s)
+            rp = plan_recompute(stages, cap, time_limit_s=time_limit_s) if ilp else recompute_fewest_that_fit(stages, cap)
             rec_layers, rec_status = rp.layers_recomputed, rp.status
         except InfeasiblePlan as e:
             rec_status = f"infeasible: {e}"
@@ -208,12 +218,12 @@ def stage_layout(model, job, cluster, plan: Plan, *, curves=None, max_memory_fra
 
 def describe_layout(layout: StageLayout, n_layers_total: int) -> str:
     if not layout.boundaries:
-        return f"stage layout (pulp/CBC): {layout.partition_status}"
+        return f"stage layout: {layout.partition_status}"
     b = list(layout.boundaries) + [n_layers_total]
     counts = [b[i + 1] - b[i] for i in range(len(b) - 1)]
     u = list(layout.uniform_boundaries) + [n_layers_total]
     ucounts = [u[i + 1] - u[i] for i in range(len(u) - 1)]
-    lines = [f"stage layout (pulp/CBC, {layout.partition_status}): items per stage {counts} "
+    lines = [f"stage layout ({layout.partition_status}): items per stage {counts} "
              f"(embedding and LM head count as items; uniform {ucounts})",
              f"  slowest stage {layout.bottleneck_s * 1e3:.1f} ms vs {layout.uniform_bottleneck_s * 1e3:.1f} ms uniform;"
              f" pipeline {layout.pipeline_time_balanced_s:.3f} s vs {layout.pipeline_time_uniform_s:.3f} s uniform"

@@ -11,7 +11,7 @@ import pandas as pd
 
 from paraplan.costmodels.efficiency import analytical_curves
 from paraplan.costmodels.estimate import MEMORY_TERMS, TIME_TERMS, estimate
-from paraplan.planner.search import score_batch
+from paraplan.planner.search import score_fitting
 from paraplan.plan import PLAN_FIELDS
 from paraplan.planner.space import SpaceOptions, axis_choices, compose
 from paraplan.reports.sweep import GIB, LABELS
@@ -212,7 +212,7 @@ def heatmap_data(point, scenario) -> pd.DataFrame:
     choices = axis_choices(model, job, cluster, options)
     batch, _, _ = compose(model, job, cluster, options)
     frac = scenario.max_memory_fraction
-    step, mem, over_gpu, over_host, over_nvme = score_batch(model, job, cluster, batch, curves, frac)
+    step, mem, over_gpu, over_host, over_nvme = score_fitting(model, job, cluster, batch, curves, frac)
     feasible = ~(over_gpu | over_host | over_nvme)
     index = np.arange(len(batch))
     order = np.lexsort((index, mem, step))

@@ -11,8 +11,13 @@ for the best plan (``search``) or, when the scenario fixes a whole plan, the pla
 """
 from __future__ import annotations
 
+import ctypes
 import math
+import multiprocessing as mp
+import os
+import signal
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass, field, replace
 from itertools import product
 from pathlib import Path
@@ -452,17 +457,105 @@ def evaluate_point(point: Point, scenario: Scenario, curves_cache: dict | None =
     return PointResult(point, r.best, reason, r.candidates_evaluated, time.perf_counter() - t0)
 
 
-def run_points(points, scenario: Scenario, progress: bool = False) -> list[PointResult]:
-    """Evaluate every point in order; with ``progress``, a bar on stderr (``paraplan.progress``)."""
+def run_points(points, scenario: Scenario, progress: bool = False, jobs: int | None = None) -> list[PointResult]:
+    """Evaluate every point; with ``progress``, a bar on stderr (``paraplan.progress``).
+
+    The points are independent searches, so they run in ``jobs`` worker processes (default: one per core
+    this process may use, at most one per point). Each point's result does not depend on where or in
+    which order it ran, and the results come back in the points' order, so the report is the same
+    byte for byte as one process would write it (tests compare them). Workers are forked where the
+    platform can (Linux), which hands them the points without pickling; elsewhere, or with one job,
+    the points run here one after the other. An error raised at a point is raised again here, the
+    first in the points' order, as one process would have raised it."""
+    jobs = min(len(points), default_jobs() if jobs is None else max(1, int(jobs)))
+    if jobs > 1 and _FORK in mp.get_all_start_methods():
+        return _run_parallel(points, scenario, progress, jobs)
     if not progress:
         return [evaluate_point(p, scenario) for p in points]
     with bar(total=len(points), desc="what-if", unit="point") as b:
         out = []
         for p in points:
-            b.set_postfix_str(", ".join(f"{k}={v}" for k, v in p.values.items()), refresh=False)
+            b.set_postfix_str(_point_label(p), refresh=False)
             out.append(evaluate_point(p, scenario))
             b.update(1)
     return out
+
+
+_FORK = "fork"
+
+
+def default_jobs() -> int:
+    """The cores this process may run on (its CPU affinity where the platform says, else the CPU count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:                                     # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def _point_label(p: Point) -> str:
+    return ", ".join(f"{k}={v}" for k, v in p.values.items())
+
+
+#: what a worker process evaluates: (points, scenario), set by :func:`_start_worker` (inherited by fork)
+_WORK: tuple | None = None
+
+
+def _start_worker(points, scenario, parent_pid: int) -> None:
+    """A worker's set-up: its points; Ctrl-C is the parent's to handle; on Linux it is killed with its
+    parent (prctl PR_SET_PDEATHSIG), so a killed ``whatif`` leaves no worker computing."""
+    global _WORK
+    _WORK = (points, scenario)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):                          # not Linux: the pool's own clean-up
+        pass
+    if os.getppid() != parent_pid:                             # the parent died before prctl
+        os._exit(1)
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _evaluate_in_worker(i: int):
+    """(i, (estimate, reason, candidates, seconds)) or (i, (exception class, args, attributes)): the
+    errors are sent as their parts, since ConfigError's constructor takes other arguments than its args."""
+    points, scenario = _WORK
+    try:
+        r = evaluate_point(points[i], scenario)
+        return i, True, (r.estimate, r.reason, r.candidates, r.seconds)
+    except Exception as e:  # noqa: BLE001 - raised again in the parent, whatever it is
+        return i, False, (type(e), e.args, dict(vars(e)))
+
+
+def _raise_again(cls, args, attributes):
+    err = cls.__new__(cls, *args)
+    err.args = args
+    err.__dict__.update(attributes)
+    raise err
+
+
+def _run_parallel(points, scenario: Scenario, progress: bool, jobs: int) -> list[PointResult]:
+    """:func:`run_points` over ``jobs`` forked workers, started before the progress bar's thread exists."""
+    pool = mp.get_context(_FORK).Pool(jobs, initializer=_start_worker, initargs=(points, scenario, os.getpid()))
+    try:
+        done: dict[int, tuple] = {}
+        with bar(total=len(points), desc="what-if", unit="point") if progress else nullcontext() as b:
+            for i, ok, outcome in pool.imap_unordered(_evaluate_in_worker, range(len(points))):
+                done[i] = (ok, outcome)
+                if b is not None:                   # the point just done; drawn now, results come in bursts
+                    b.update(1)
+                    b.set_postfix_str(_point_label(points[i]))
+        out = []
+        for i, p in enumerate(points):
+            ok, outcome = done[i]
+            if not ok:
+                _raise_again(*outcome)
+            out.append(PointResult(p, *outcome))
+        return out
+    finally:
+        pool.terminate()
+        pool.join()
 
 
 def base_point(scenario: Scenario) -> Point:

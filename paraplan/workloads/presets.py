@@ -7,8 +7,8 @@ import re
 from pathlib import Path
 from typing import Any, Mapping
 
-import yaml
 
+from paraplan.constants import load_data_yaml
 from paraplan.errors import ConfigError, unknown_name
 from paraplan.io import FieldReader, read_json, read_yaml, shown
 from paraplan.workloads.names import model_preset_for_name
@@ -27,7 +27,7 @@ MOE_KEYS = ("experts", "top_k", "expert_ffn_hidden", "shared_experts", "every", 
 
 @functools.lru_cache(maxsize=1)
 def _preset_table() -> dict[str, dict]:
-    data = yaml.safe_load(MODELS_FILE.read_text())
+    data = load_data_yaml(MODELS_FILE.read_text())
     return {k: v for k, v in data.items() if not k.startswith("_")}
 
 

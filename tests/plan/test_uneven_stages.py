@@ -62,6 +62,25 @@ def test_vectorized_split_matches_the_scalar_one():
         assert (sl.first[i], sl.last[i], sl.largest[i]) == (c[0], c[-1], max(c))
 
 
+@pytest.mark.parametrize("engine", ["generic", "megatron", "scaling"])
+@pytest.mark.parametrize("layers", [1, 3, 61, 80, 95, 126])
+def test_split_looked_up_per_depth_is_the_formulas(monkeypatch, layers, engine):
+    """A batch of automatic splits (the search's chunks) is looked up per pipeline depth: the same arrays,
+    dtypes included, as the formula on every plan (engine scaling's own split on top of it)."""
+    import paraplan.plan as P
+    plans = [Plan(pp=p, engine=engine) for p in (1, 2, 3, 4, 5, 7, 8, 12, 16, 32, 64) for _ in range(30)]
+    batch = PlanBatch.from_plans(plans)
+    looked_up = stage_layers(layers, batch)
+    monkeypatch.setattr(P, "_SPLIT_TABLE_MIN", 10**9)
+    formula = stage_layers(layers, batch)
+    for a, b in zip(looked_up, formula):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    with_first = replace(batch, first_stage_layers=np.where(batch.pp > 1, 1, 0))   # explicit first stages
+    formula = stage_layers(layers, with_first)
+    monkeypatch.setattr(P, "_SPLIT_TABLE_MIN", 1)
+    assert all(np.array_equal(a, b) for a, b in zip(stage_layers(layers, with_first), formula))   # not looked up
+
+
 def test_explicit_first_last_fields():
     plan = Plan(pp=4, first_stage_layers=3, last_stage_layers=2)
     assert stage_layer_counts(61, plan) == [3, 28, 28, 2]

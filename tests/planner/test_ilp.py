@@ -9,7 +9,8 @@ import pytest
 from paraplan.errors import InfeasiblePlan
 from paraplan.planner.ilp import (LayerCost, PipelineSpec, StageRecomputeCost, build_partition_ilp,
                                   build_recompute_ilp, in_flight_per_stage, partition_stages,
-                                  partition_stages_dp, plan_recompute, recompute_plan_from_counts)
+                                  partition_stages_dp, plan_recompute, recompute_fewest_that_fit,
+                                  recompute_plan_from_counts)
 
 GiB = 2**30
 
@@ -184,6 +185,38 @@ def test_recompute_ilp_matches_brute_force_on_random_instances():
         assert all(m <= cap for m in got.stage_memory_bytes)
         assert all(0 <= r <= st.layers for r, st in zip(got.layers_recomputed, stages))
     assert feasible >= 20 and infeasible >= 5
+
+
+def test_fewest_layers_that_fit_is_the_recompute_ilps_optimum():
+    """The closed form the planner uses (each stage's fewest recomputed layers that fit) reaches the ILP's
+    slowest stage and added time on every random instance, fails where it fails, with the same message;
+    where recomputing costs time on every stage the layers are the ILP's too (the optimum is unique)."""
+    rng = random.Random(99)
+    checked = 0
+    for _ in range(60):
+        stages, cap = random_recompute_instance(rng)
+        want = brute_recompute(stages, cap)
+        if want is None:
+            with pytest.raises(InfeasiblePlan) as closed:
+                recompute_fewest_that_fit(stages, cap)
+            with pytest.raises(InfeasiblePlan) as ilp:
+                plan_recompute(stages, cap)
+            assert str(closed.value) == str(ilp.value)
+            continue
+        got, ilp = recompute_fewest_that_fit(stages, cap), plan_recompute(stages, cap)
+        assert close(got.bottleneck_time_s, want[0]) and close(got.added_time_s, want[1]), (stages, cap, got, want)
+        assert got.status == "Optimal" and all(m <= cap for m in got.stage_memory_bytes)
+        if all(st.recompute_time_per_layer_s > 0 for st in stages):
+            assert got.layers_recomputed == ilp.layers_recomputed
+            checked += 1
+    assert checked >= 20
+
+
+def test_fewest_layers_that_fit_breaks_free_ties_towards_fewer_layers():
+    """A stage whose recomputation costs no time (a host-bound MoE layer recomputes inside its wait): any r
+    that fits is optimal; the closed form recomputes the fewest, deterministically."""
+    free = StageRecomputeCost(4, 1.0, 0, 4, GiB, 0, 0.0)                 # 4·(4−r)·1 GiB + 1 GiB ≤ 10 GiB ⇒ r ≥ 2
+    assert recompute_fewest_that_fit([free], 10 * GiB).layers_recomputed == (2,)
 
 
 def test_recompute_model_names_every_constraint():

@@ -49,7 +49,8 @@ def test_output_folder(report, capsys):
         assert (report / "figures" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert (report / "figures" / f"{name}.svg").read_text().lstrip().startswith("<?xml")
     df = pd.read_csv(report / "points.csv")
-    assert list(df["gpus"]) == [8, 16, 32, 64] and list(df["feasible"]) == [False, True, True, True]
+    # 16 GPUs: Megatron-LM's best, tp4 pp2 ZeRO-3 with full recomputation, needs 79.9 GiB, over the 0.95 margin
+    assert list(df["gpus"]) == [8, 16, 32, 64] and list(df["feasible"]) == [False, False, True, True]
     for col in ("sweep_gpus", "tp", "pp", "dp", "step_time_s", "tokens_per_s", "mfu", "mem_total_gib",
                 "time_compute_s", "mem_activations_gib", "train_usd"):
         assert col in df
@@ -161,17 +162,17 @@ def test_failed_run_leaves_no_partial_folder(tmp_path, monkeypatch, capsys):
         raise RuntimeError("disk full")
     monkeypatch.setattr(R, "render_html", boom)
     with pytest.raises(RuntimeError):
-        main(BASE + ["--gpus", "16", "--sweep", "hbm=x1", "--no-heatmap", "--out", str(out)])
+        main(BASE + ["--gpus", "32", "--sweep", "hbm=x1", "--no-heatmap", "--out", str(out)])
     assert not out.exists() and _siblings(out) == []
 
     # the user's files in the folder survive a failed run and a good one; the report is added whole
     out.mkdir()
     (out / "old.txt").write_text("the user's notes")
     with pytest.raises(RuntimeError):
-        main(BASE + ["--gpus", "16", "--sweep", "hbm=x1", "--no-heatmap", "--out", str(out)])
+        main(BASE + ["--gpus", "32", "--sweep", "hbm=x1", "--no-heatmap", "--out", str(out)])
     assert sorted(p.name for p in out.iterdir()) == ["old.txt"] and _siblings(out) == []
     monkeypatch.undo()
-    assert main(BASE + ["--gpus", "16", "--sweep", "hbm=x1", "--no-heatmap", "--out", str(out)]) == 0
+    assert main(BASE + ["--gpus", "32", "--sweep", "hbm=x1", "--no-heatmap", "--out", str(out)]) == 0
     assert (out / "old.txt").read_text() == "the user's notes" and (out / "report.html").exists()
     assert _siblings(out) == []
     first = (out / "points.csv").read_bytes()
