@@ -23,7 +23,8 @@ from paraplan.calibration.cases import (CalibrationCase, MemoryCase, lightest_fi
 from paraplan.calibration.cells import (THROUGHPUT_METRICS, VOCAB_IN_NOTES, blank, cases_of_table, cp_sp,
                                         dtype_of_precision, int_cell, is_gpt_mlp, measured_step_time_s,
                                         notes_guess_full_recompute, offload_of_cell, params_mismatch,
-                                        peak_16bit, read_runs_file, recompute_of_cell, vocab_from_notes,
+                                        peak_16bit, read_runs_file, recompute_of_cell, row_notes,
+                                        source_counts_causal_half, vocab_from_notes,
                                         zero_stage)
 from paraplan.calibration.recipes import a100_recipes
 from paraplan.errors import ConfigError
@@ -57,7 +58,8 @@ def case_from_row(i: int, r: pd.Series) -> CalibrationCase | str:
         return setup
     model, job, cluster, plan, assumed, src, gbs, mb = setup
     step = measured_step_time_s(r["measured_metric"], float(r["measured_value"]), r["measured_unit"], gbs,
-                                job.seq_len, cluster.num_gpus, model, peak_16bit(cluster))
+                                job.seq_len, cluster.num_gpus, model, peak_16bit(cluster),
+                                source_counts_causal_half(r["source"], row_notes(r)))
     return CalibrationCase(i, src, _row_label(r, cluster, plan, mb, job), model, job, cluster, plan, step,
                            tuple(assumed))
 

@@ -5,8 +5,10 @@ The measured metric is turned into a step time with the source's own FLOP conven
   * ``tflops_per_gpu_incl_recompute`` (Megatron-LM 2021): F = 96·B·s·L·h²·(1 + s/(6h) + V/(16·L·h))
     (Narayanan et al. 2021 Eq. 3, full recomputation), step = F / (TFLOP/s · 1e12 · GPUs);
   * ``tflops_per_gpu`` (model FLOPs, no recomputation) and ``mfu`` (% of the GPU's dense 16-bit peak):
-    step = F / (TFLOP/s · 1e12 · GPUs), F = B·s·(paraplan's model FLOPs per token: Megatron's
-    convention, causal attention counted whole); a source's own count may differ by a few percent;
+    step = F / (TFLOP/s · 1e12 · GPUs), F = B·s·(paraplan's model FLOPs per token: causal attention
+    counted whole, or halved where the source counts it so: :func:`source_counts_causal_half`, whose
+    rules are paraplan/data/flop_conventions.yaml; at 128k tokens the two counts differ by 1.70x for
+    Llama 3 8B, 1.36x at 32k); a source's own count may otherwise differ by a few percent;
   * ``step_time``: as given (seconds, or ms when the unit says so); ``tokens_per_sec_per_gpu``:
     step = B·s / (value · GPUs); ``tokens_per_sec`` (the whole job): B·s / value; ``samples_per_sec``
     (sequences per second, the whole job): B / value.
@@ -16,8 +18,11 @@ from __future__ import annotations
 import math
 import os
 import re
+from functools import lru_cache
+from pathlib import Path
 
 import pandas as pd
+import yaml
 
 from paraplan.errors import ConfigError, shown
 from paraplan.io import path_problem
@@ -105,14 +110,53 @@ def vocab_from_notes(notes: str, tp: int) -> int | None:
     return int(math.ceil(float(m.group(1)) * 1000 / multiple) * multiple)
 
 
+#: where each source's FLOP convention for causal attention is read (FLOP_CONVENTIONS_FILE's header)
+FLOP_CONVENTIONS_FILE = Path(__file__).parents[1] / "data" / "flop_conventions.yaml"
+#: how a row's notes state its own count: 'FLOPs count causal attention halved' (or 'whole')
+NOTES_CAUSAL_COUNT = re.compile(r"flops?\b[^;]*causal attention (halved|whole)", flags=re.IGNORECASE)
+ATTENTION_COUNTS = ("whole", "halved")
+
+
+@lru_cache(maxsize=1)
+def flop_convention_rules() -> tuple[tuple[tuple[str, ...], bool], ...]:
+    """((words, halved), ...) of FLOP_CONVENTIONS_FILE in order, then ((), the default). Raises
+    ConfigError for a rule without a source or with a count other than whole / halved."""
+    with open(FLOP_CONVENTIONS_FILE, encoding="utf-8") as f:
+        doc = yaml.safe_load(f)
+    rules = []
+    for i, r in enumerate(doc["rules"]):
+        if r.get("attention") not in ATTENTION_COUNTS or not str(r.get("source", "")).strip() or not r.get("words"):
+            raise ConfigError(f"{FLOP_CONVENTIONS_FILE.name}: rules[{i}]",
+                              "needs words, attention (whole or halved) and the source it was read from")
+        rules.append((tuple(str(w).lower() for w in r["words"]), r["attention"] == "halved"))
+    if doc.get("otherwise") not in ATTENTION_COUNTS:
+        raise ConfigError(f"{FLOP_CONVENTIONS_FILE.name}: otherwise", "must be whole or halved")
+    return (*rules, ((), doc["otherwise"] == "halved"))
+
+
+def source_counts_causal_half(source, notes: str = "") -> bool:
+    """Whether the TFLOP/s or MFU a source publishes counts causal attention's QK^T and PV halved: the
+    row's notes where they say so ('FLOPs count causal attention halved'), else the first rule of
+    FLOP_CONVENTIONS_FILE whose words all occur in the lower-cased source (Megatron-Bridge's and, since
+    July 2025, MaxText's counts halve it; torchtitan's and NeMo's count it whole), else whole."""
+    said = NOTES_CAUSAL_COUNT.search(notes or "")
+    if said:
+        return said.group(1).lower() == "halved"
+    s = str(source).lower()
+    return next(halved for words, halved in flop_convention_rules() if all(w in s for w in words))
+
+
 def measured_step_time_s(metric: str, value: float, unit, global_batch: int, seq_len: int, num_gpus: int,
-                         model: TransformerModel, peak_flops_16bit: float | None = None) -> float:
+                         model: TransformerModel, peak_flops_16bit: float | None = None,
+                         causal_halved: bool = False) -> float:
     """A row's measurement as a step time in seconds (the conventions in the module docstring).
-    Raises ValueError for a measurement that is not a positive finite number."""
+    ``causal_halved``: the source's TFLOP/s or MFU counts causal attention halved
+    (:func:`source_counts_causal_half`). Raises ValueError for a measurement that is not a positive
+    finite number."""
     if not (value > 0 and math.isfinite(value)):
         raise ValueError(f"measured_value {value!r} is not a positive number")
     if metric in ("tflops_per_gpu", "mfu"):
-        model_flops = global_batch * seq_len * model.model_flops_per_token(seq_len)
+        model_flops = global_batch * seq_len * model.model_flops_per_token(seq_len, causal_halved)
         if metric == "tflops_per_gpu":
             return model_flops / (value * 1e12 * num_gpus)
         share = value / 100 if str(unit).strip() == "%" or value > 1 else value

@@ -19,7 +19,8 @@ from paraplan.calibration.cases import CalibrationCase, lightest_fitting_recompu
 from paraplan.calibration.cells import (CONFIG_DEFAULT_SEQ, THROUGHPUT_METRICS, blank, cases_of_table, cp_sp,
                                         dtype_of_precision, int_cell, is_gpt_mlp, measured_step_time_s,
                                         notes_say_async_tp, offload_of_cell, params_mismatch, peak_16bit,
-                                        read_runs_file, recompute_of_cell, row_notes, vocab_from_notes,
+                                        read_runs_file, recompute_of_cell, row_notes, source_counts_causal_half,
+                                        vocab_from_notes,
                                         zero_stage)
 from paraplan.calibration.recipes import Recipes, a100_recipes, h100_recipes
 from paraplan.errors import ConfigError
@@ -242,7 +243,8 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     if infer_recompute:
         plan = lightest_fitting_recompute(model, job, cluster, plan, assumed)
     step = measured_step_time_s(r["measured_metric"], float(r["measured_value"]), r["measured_unit"],
-                                job.global_batch, job.seq_len, n, model, peak_16bit(cluster))
+                                job.global_batch, job.seq_len, n, model, peak_16bit(cluster),
+                                source_counts_causal_half(r["source"], row_notes(r)))
     label = f"{r['model']} {r['gpu']} x{n} tp{plan.tp} pp{plan.pp} dp{plan.dp} cp{cp}{f' ({cp_mode})' if cp_mode else ''} ep{ep} {dtype}"
     return CalibrationCase(i, h100_source(str(r["source"])), label, model, job, cluster, plan, step, tuple(assumed))
 

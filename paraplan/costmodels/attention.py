@@ -44,10 +44,31 @@ def engine_attention_kernel(plan, table):
     last from torch 2.5.1, pytorch/pytorch#138522, first on sm90/sm100 once the bundled cuDNN passed
     9.15). The engine's ``Behaviour.picks_cudnn_attention``."""
     kernel = np.asarray(getattr(plan, "attention_kernel_code", AttentionKernel.AUTO))
+    auto = kernel == AttentionKernel.AUTO
+    if "flash2" in table["kernels"]:            # DeepSpeed: FlashAttention-2 (DEEPSPEED_FLASH2_NOTE)
+        kernel = np.where(auto & runs_flash2_attention(plan), int(AttentionKernel.FLASH2), kernel)
     if "cudnn" not in table["kernels"]:
         return kernel
     picks_cudnn = engine_flag(plan, "picks_cudnn_attention")
-    return np.where((kernel == AttentionKernel.AUTO) & picks_cudnn, int(AttentionKernel.CUDNN), kernel)
+    return np.where(auto & picks_cudnn, int(AttentionKernel.CUDNN), kernel)
+
+
+# DeepSpeed does not pick the attention kernel; the model code it trains does, and its long-sequence
+# path runs FlashAttention-2: Megatron-DeepSpeed's --use-flash-attn-v2 (megatron/model/transformer.py,
+# FlashSelfAttention over the flash-attn 2.x package's flash_attn_varlen_func), which its
+# DeepSpeed-Ulysses example scripts set (examples_deepspeed/sequence_parallel/, microsoft/Megatron-DeepSpeed);
+# Hugging Face models under DeepSpeed run attn_implementation="flash_attention_2" or torch SDPA, whose
+# flash backend is FlashAttention-2 and which ranked cuDNN last from torch 2.5.1 (pytorch/pytorch#138522).
+# On Hopper FlashAttention-2 reaches about a third of the bf16 peak at 16k-64k tokens (Dao 2023,
+# arXiv:2307.08691, H100 figure: ~335 TFLOP/s forward + backward; the measured flash2 table), not the
+# 0.40 that `auto` assumes for an unknown kernel, nor cuDNN's 0.55-0.57.
+DEEPSPEED_FLASH2_NOTE = ("DeepSpeed runs FlashAttention-2 (Megatron-DeepSpeed --use-flash-attn-v2, as its "
+                         "Ulysses examples set; torch SDPA's flash backend)")
+
+
+def runs_flash2_attention(plan):
+    """Per plan: whether its engine's ``auto`` attention is FlashAttention-2 (DeepSpeed: the note above)."""
+    return engine_flag(plan, "auto_attention_is_flash2")
 
 
 # FlashAttention 1.x (the flash-attn package before 2.0) runs the work FlashAttention-2 runs this many
@@ -183,6 +204,23 @@ def chunked_attention_efficiency(model, plan, curves, query_len, batch_heads):
     return length, length / s, eff
 
 
+def attention_kernel_shape(model, job, plan):
+    """(queries per sequence, sequences x heads) one fused-attention kernel sees on a rank, what its
+    measured efficiency is read at: ring context parallelism (and cp = 1) runs each rank's s/cp queries
+    over the b·h/tp heads of its tensor-parallel shard; DeepSpeed-Ulysses' all-to-all hands each rank
+    the whole sequence of h/(tp·cp) heads (Jacobs et al. 2023, arXiv:2309.14509, sec. 3.1), so its
+    kernel runs all s queries over b·h/(tp·cp) heads. The FLOPs are the same; the efficiency is not:
+    at 8k tokens and cp 8 Ulysses' kernel runs at the 8k rate, not the 1k one."""
+    b = plan.micro_batch
+    t = np.asarray(plan.tp, dtype=float)
+    c = np.asarray(plan.cp, dtype=float)
+    ulysses = (c > 1) & (np.asarray(plan.cp_mode_code) == CpMode.ULYSSES)
+    s_l = tokens_per_rank(job, plan) / b
+    query_len = np.where(ulysses, float(job.seq_len), s_l)
+    heads = np.where(ulysses, b * model.heads / (t * c), b * model.heads / t)
+    return query_len, heads
+
+
 def attention_core_times(model, job, plan, curves):
     """(forward, backward) time of the attention core (QKᵀ, softmax, PV) for one micro-batch.
     Fused: at the generation's calibrated efficiency, or, where the plan names a kernel, its
@@ -198,8 +236,8 @@ def attention_core_times(model, job, plan, curves):
     flops_fwd = 2.0 * b * s_l * s * (model.q_hidden + model.attn_out_hidden) / t / 2 * window
     fused_f = curves.flash_attention_time(flops_fwd, dt)
     fused_b = curves.flash_attention_time(2.5 * flops_fwd, dt)
-    heads_gpu = b * model.heads / t
-    eff = measured_attention_efficiency(model, plan, curves, s_l, heads_gpu)
+    q_len, heads_gpu = attention_kernel_shape(model, job, plan)
+    eff = measured_attention_efficiency(model, plan, curves, q_len, heads_gpu)
     if eff is not None:
         named = ~np.isnan(eff)
         # full layers at the whole query length's efficiency; windowed ones as the causal attentions of
@@ -208,12 +246,12 @@ def attention_core_times(model, job, plan, curves):
         full_flops = flops_fwd / window
         share, chunked = model.windowed_layer_share, model.chunked_layer_share
         seconds_per_flop = (1 - share - chunked) / (peak * np.where(named, eff, 1.0))
-        if share:   # time_share is of the causal attention over this rank's s_l queries: s_l/s of full_flops
-            _, time_share, eff_w = windowed_attention_efficiency(model, plan, curves, s_l, heads_gpu)
-            seconds_per_flop = seconds_per_flop + share * time_share * (s_l / s) / (peak * np.where(named, eff_w, 1.0))
+        if share:   # time_share is of the causal attention over the kernel's q_len queries: q_len/s of full_flops
+            _, time_share, eff_w = windowed_attention_efficiency(model, plan, curves, q_len, heads_gpu)
+            seconds_per_flop = seconds_per_flop + share * time_share * (q_len / s) / (peak * np.where(named, eff_w, 1.0))
         if chunked:  # likewise: chunks of causal attention (chunked_attention_efficiency)
-            _, time_share, eff_c = chunked_attention_efficiency(model, plan, curves, s_l, heads_gpu)
-            seconds_per_flop = seconds_per_flop + chunked * time_share * (s_l / s) / (peak * np.where(named, eff_c, 1.0))
+            _, time_share, eff_c = chunked_attention_efficiency(model, plan, curves, q_len, heads_gpu)
+            seconds_per_flop = seconds_per_flop + chunked * time_share * (q_len / s) / (peak * np.where(named, eff_c, 1.0))
         named_f = curves.kernel_overhead_s + full_flops * seconds_per_flop
         fused_f = np.where(named, named_f, fused_f)
         fused_b = np.where(named, curves.kernel_overhead_s + 2.5 * (named_f - curves.kernel_overhead_s), fused_b)
@@ -280,7 +318,7 @@ def attention_kernel_assumption(model, job, plan, curves, **_) -> tuple[str, ...
     if not plan.flash_attention:
         return ()
     b = plan.micro_batch
-    query_len, heads = tokens_per_rank(job, plan) / b, b * model.heads / plan.tp
+    query_len, heads = (float(v) for v in attention_kernel_shape(model, job, plan))
     eff = measured_attention_efficiency(model, plan, curves, query_len, heads)
     windowed = ""
     if model.windowed_layer_share and eff is not None and not np.isnan(float(eff)):
@@ -294,6 +332,10 @@ def attention_kernel_assumption(model, job, plan, curves, **_) -> tuple[str, ...
     if plan.attention_kernel == "auto":
         if eff is None or np.isnan(float(eff)):
             return ()
+        if bool(runs_flash2_attention(plan)):
+            return (f"attention: auto: {DEEPSPEED_FLASH2_NOTE}: flash2 at {float(eff):.3f} of peak, measured by "
+                    f"sequence length (attention_kernels.yaml) at {job.seq_len} tokens and "
+                    f"{b * model.heads // plan.tp} heads per GPU{windowed}",)
         who = spec_of(plan).behaviour.cudnn_attention_note    # an engine that picks cuDNN: it measured
         return (f"attention: auto on {who}: cudnn at {float(eff):.3f} of peak, measured by sequence length "
                 f"(attention_kernels.yaml) at {job.seq_len} tokens and {b * model.heads // plan.tp} heads per GPU"

@@ -131,6 +131,39 @@ def dp_grad_bytes(plan):
                     np.where(fp32, np.maximum(FP32_GRAD_BYTES, element_bytes(plan)), element_bytes(plan)))
 
 
+# FSDP2 (torch.distributed.fsdp.fully_shard: torchtitan's data parallelism) copies around its collectives
+# on the GPU, pytorch/pytorch torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py (v2.5-2.9):
+#   foreach_all_gather_copy_out  after waiting on each all-gather, on the compute stream, one
+#       split_with_sizes_copy moves the gathered flat buffer into every parameter's unsharded tensor:
+#       read + write of the unit's gathered bytes (FSDP2_COPY_OUT_ACCESSES), every all-gather: 2 per
+#       micro-batch at ZeRO-3 (forward, and backward after reshard_after_forward), 1 at ZeRO-2;
+#   foreach_reduce  torch._chunk_cat of the unit's unsharded 16-bit gradients into the reduce-scatter
+#       input in reduce_dtype (torchtitan: fp32), on the reduce-scatter stream before each reduce-scatter:
+#       read e, write g bytes per parameter.
+# all_gather_copy_in copies the rank's own shard only (1/N of it): left out. FSDP1's FlatParameter
+# gathers straight into the parameters' storage and Megatron-FSDP and DeepSpeed into persistent
+# buffers their parameters view, so only FSDP2 pays these copies.
+FSDP2_COPY_OUT_ACCESSES = 2
+
+
+def fsdp2_copy_times(params, plan, curves, units):
+    """(copy-out, chunk-cat) seconds per micro-batch of FSDP2's copies around its collectives for
+    ``params`` parameters in ``units`` wrapped units (the note above): copy-out
+    gathers · 2 · e_gather · Ψ bytes on the compute stream, gathers = 2 at ZeRO-3, 1 at ZeRO-2;
+    chunk-cat (e + g) · Ψ on the reduce-scatter stream ahead of the reduce-scatter (e the 16-bit
+    gradient, g :func:`dp_grad_bytes`), one streaming kernel per unit and copy. 0 for other engines, for
+    ZeRO-0/1 and for a single data-parallel rank (nothing is sharded)."""
+    z = np.asarray(plan.zero)
+    fsdp2 = engine_flag(plan, "fsdp2_copies") & (z >= 2)
+    gathers = np.where(z == 3, 2.0, 1.0)
+    e = element_bytes(plan)
+    copy_out = curves.streaming_time(gathers * FSDP2_COPY_OUT_ACCESSES * e * fp8_all_gather_factor(plan) * params,
+                                     kernels=gathers * units)
+    chunk_cat = curves.streaming_time((e + dp_grad_bytes(plan)) * params, kernels=units)
+    sharded = fsdp2 & (np.asarray(plan.dp) * np.asarray(plan.cp) > 1)
+    return np.where(sharded, copy_out, 0.0), np.where(sharded, chunk_cat, 0.0)
+
+
 def dp_group(plan, cluster, experts: bool = False):
     """(ranks, ranks per node) of the group that holds replicas of a parameter: dp·cp ranks at
     stride tp; for routed experts the expert-data-parallel group (:func:`paraplan.plan.expert_data_parallel`
@@ -311,26 +344,36 @@ def dp_step_times(model, plan, cluster, curves, m, pace, params, experts) -> DpS
     Mixtral 8x7B on Megatron-FSDP, peak FLOP rate x2); all in the backward, it cannot. The forward's
     window, which the once-per-step parameter all-gather of ZeRO-1/2 uses, goes without it. Where the
     device's profile measured FSDP2's own cost per wrapped unit and micro-batch (a CPU under gloo:
-    hooks, DTensor bookkeeping, buffer copies), ZeRO-3 adds it. Compressed optimizers average their
+    hooks, DTensor bookkeeping, buffer copies), ZeRO-3 adds it; elsewhere FSDP2's copies are priced
+    (:func:`fsdp2_copy_times`: the copy-out exposed, the chunk-cat with the reduce-scatters it precedes).
+    Compressed optimizers average their
     warm-up and compressed phases by :func:`compressed_phase_factor`."""
     warm, factor = compressed_phase_factor(plan)
     units = pace.layers + 1                     # ZeRO-3's wrapped units: each layer and the root
     compressed = bool(np.any(factor != 1))      # else the compressed phase is the warm-up phase
 
+    fsdp_unit = float(getattr(curves, "fsdp_unit_overhead_s", 0.0) or 0.0)
+    # FSDP2's copies (fsdp2_copy_times), where no profile measured FSDP2's own cost per unit (which has them)
+    copy_out, chunk_cat = (0.0, 0.0) if fsdp_unit else fsdp2_copy_times(
+        params + (experts if model.moe is not None else 0.0), plan, curves, units)
+
     def traffic(volume_factor):
-        """The stage's dense and (MoE) expert collectives: they hide under the same windows."""
+        """The stage's dense and (MoE) expert collectives: they hide under the same windows; FSDP2's
+        chunk-cat runs on the reduce-scatter stream, ahead of each reduce-scatter."""
         t = dp_traffic(params, plan, cluster, volume_factor=volume_factor, units=units)
         if model.moe is not None:
             t = add_traffic(t, dp_traffic(experts, plan, cluster, experts=True, volume_factor=volume_factor,
                                           units=units))
-        return t
+        return {**t, "each_micro": t["each_micro"] + chunk_cat}
     dp_fwd = pace.forward - pace.cp_hidden_forward
     dp_bwd = pace.backward + pace.moe_host - pace.cp_hidden_backward
     dp_warm, dp_total = dp_exposed(traffic(1.0), plan, m, dp_fwd, dp_bwd)
     dp_comp = dp_exposed(traffic(factor), plan, m, dp_fwd, dp_bwd)[0] if compressed else dp_warm
-    fsdp_unit = float(getattr(curves, "fsdp_unit_overhead_s", 0.0) or 0.0)
     if fsdp_unit:
         fsdp_own = np.where(np.asarray(plan.zero) == 3, m * (pace.layers + 1) * fsdp_unit, 0.0)
+        dp_warm, dp_comp, dp_total = dp_warm + fsdp_own, dp_comp + fsdp_own, dp_total + fsdp_own
+    else:   # FSDP2's copy-out waits for each all-gather on the compute stream: nothing hides it
+        fsdp_own = m * copy_out
         dp_warm, dp_comp, dp_total = dp_warm + fsdp_own, dp_comp + fsdp_own, dp_total + fsdp_own
     return DpStepTimes(warmup=dp_warm, compressed=dp_comp, average=warm * dp_warm + (1 - warm) * dp_comp,
                        total=dp_total, warmup_share=warm)

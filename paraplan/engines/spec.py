@@ -162,6 +162,11 @@ class Behaviour:
     #: hybrid stack gives every pipeline rank layers // pp consecutive layers, no interleaving: Megatron-LM's
     #: MambaStack, megatron/core/ssm/mamba_block.py), "any" (any stage split: the papers' accounting)
     hybrid_layers: str = "none"
+    #: ZeRO-2/3 run as FSDP2 (torch.distributed.fsdp fully_shard), whose copy-out after each all-gather and
+    #: chunk-cat before each reduce-scatter are priced (costmodels/dataparallel.fsdp2_copy_times)
+    fsdp2_copies: bool = False
+    #: attention left to ``auto`` runs FlashAttention-2 (costmodels/attention.runs_flash2_attention)
+    auto_attention_is_flash2: bool = False
 
 
 BEHAVIOUR_FIELDS = frozenset(f.name for f in fields(Behaviour))

@@ -344,7 +344,7 @@ DEEPSPEED = EngineSpec(
         # PipelineEngine._exec_reduce_grads, allreduce_gradients at ZeRO-0 and the ZeRO-1/2 optimizer's
         # all_gather_dp_groups in step() run outside the backward
         dp_collectives_outside_backward=True, reduces_in_optimizer_step=False,
-        churns_allocator_from_zero=3),
+        auto_attention_is_flash2=True, churns_allocator_from_zero=3),
     export=ExportMapping(format="json", notes_in_text=False, target="DeepSpeed 0.19.8",
                          # PipelineEngine's TrainSchedule (deepspeed/runtime/pipe/schedule.py)
                          schedules={"1f1b": "TrainSchedule"},
@@ -465,7 +465,7 @@ TORCHTITAN = EngineSpec(
         main_grad_buffer=False, fp32_grad_reduction=True, bf16_optimizer=False,
         dp_collectives_outside_backward=False, reduces_in_optimizer_step=False,
         # FSDP2 frees the unsharded gradients after each layer's reduce-scatter from ZeRO-2
-        churns_allocator_from_zero=2),
+        fsdp2_copies=True, churns_allocator_from_zero=2),
     export=ExportMapping(
         # What torchtitan 0.3.0, the release the export targets, runs (its wheel's source, checked against the
         # installed release by benchmarks/engine_configs/check_exports.py). A Python config registry
