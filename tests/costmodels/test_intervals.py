@@ -20,12 +20,18 @@ def test_quantile_interval_is_exp_of_residual_quantiles():
 
 
 def test_generation_with_too_few_rows_or_one_source_is_pooled_and_says_so():
-    res = {"A100": [("a", 0.0), ("b", 0.1)] * 5, "Blackwell": [("c", -0.2)] * 20}
+    res = {"A100": [("a", 0.0), ("b", 0.1), ("d", 0.05)] * 4, "Blackwell": [("c", -0.2)] * 18}
     iv = I.fit_intervals(res)
-    assert not iv["A100"].pooled and iv["A100"].rows == 10
+    assert not iv["A100"].pooled and iv["A100"].rows == 12
     assert iv["Blackwell"].pooled and iv["Blackwell"].rows == 30     # one source: all rows pooled
     assert "pooled" in iv["Blackwell"].basis()
     assert iv["Blackwell"].basis().startswith("30 calibration rows of all generations")   # not "of Blackwell"
+
+
+def test_a_generation_of_two_sources_is_pooled():
+    """Two sources cannot say how far a third lies: the generation borrows every generation's rows."""
+    res = {"H100-class": [("a", 0.0), ("b", 0.05)] * 6, "A100": [("c", -0.2), ("d", 0.2), ("e", 0.0)] * 4}
+    assert I.fit_intervals(res)["H100-class"].pooled and not I.fit_intervals(res)["A100"].pooled
 
 
 def test_weighted_quantiles_make_every_source_count_the_same():
@@ -121,7 +127,7 @@ def test_whatif_throughput_figure_draws_the_band_only_where_calibrated():
 
 
 def test_moe_rows_form_their_own_regime_even_from_one_source():
-    res = {"H100-class": [("a", 0.0), ("b", 0.05)] * 5, I.MOE_REGIME: [("c", -0.8), ("c", -0.3)] * 4}
+    res = {"H100-class": [("a", 0.0), ("b", 0.05), ("d", 0.02)] * 4, I.MOE_REGIME: [("c", -0.8), ("c", -0.3)] * 4}
     iv = I.fit_intervals(res)
     moe = iv[I.MOE_REGIME]
     assert not moe.pooled and moe.rows == 8 and "MoE models (all generations)" in moe.basis()
