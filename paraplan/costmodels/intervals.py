@@ -310,7 +310,7 @@ def _arrays(rows: Sequence[Evidence]) -> dict:
 def distances_to(x: Evidence, rows: Sequence[Evidence], scales: Mapping[str, float] = DEFAULT_SCALES) -> np.ndarray:
     """D(x, row) per row: sum over numeric features of |log2(x / row)| / scale, plus each categorical
     feature's weight where x and the row differ."""
-    a = _arrays(rows)
+    a = _stored_arrays() if rows is stored_evidence() else _arrays(rows)
     d = np.zeros(len(rows))
     for f in NUMERIC:
         d += np.abs(a[f] - np.log2(getattr(x, f))) / scales[f]
@@ -372,6 +372,11 @@ def extrapolation_notes(x: Evidence, rows: Sequence[Evidence]) -> list[str]:
 @lru_cache(maxsize=1)
 def stored_evidence() -> tuple[Evidence, ...]:
     return tuple(Evidence(*row) for row in _stored().get("evidence", {}).get("rows", ()))
+
+
+@lru_cache(maxsize=1)
+def _stored_arrays() -> dict:
+    return _arrays(stored_evidence())
 
 
 def stored_scales() -> dict:
