@@ -52,8 +52,68 @@ def table_rows(estimates) -> pd.DataFrame:
                      "step_s": round(e.step_time_s, 4), "step_s_low": round(low, 4), "step_s_high": round(high, 4),
                      "tok/s/gpu": round(e.tokens_per_s_per_gpu, 1),
                      "mfu_%": round(100 * e.mfu, 1), "mem_GiB": round(mem / 2**30, 1),
-                     "headroom_GiB": round(e.headroom_bytes / 2**30, 1), "complexity": int(complexity(p))})
+                     "headroom_GiB": round(e.headroom_bytes / 2**30, 1), "complexity": int(complexity(p)),
+                     **interval_columns(e)})
     return pd.DataFrame(rows)
+
+
+def interval_columns(e) -> dict:
+    """A plan row's 90 % interval of MFU, its p10 throughput per GPU and its evidence distance (NaN where
+    the hardware has no calibration data)."""
+    iv = getattr(e, "prediction_interval", None) or {}
+    nan = float("nan")
+    lo, hi = iv.get("mfu", (nan, nan))
+    p10 = iv.get("tokens_per_s_p10", nan) / e.num_gpus
+    return {"mfu_lo90_%": round(100 * lo, 1), "mfu_hi90_%": round(100 * hi, 1), "tok/s/gpu_p10": round(p10, 1),
+            "evidence": round(iv.get("evidence_distance", nan), 2)}
+
+
+#: what ``--rank-by`` orders the plans by (each estimate's throughput: its median, or the low end)
+RANK_BY = ("median", "p10")
+#: plans the search returns for ``--rank-by p10`` to re-rank, as a multiple of --top (the search ranks by median)
+P10_RERANK_POOL = 3
+
+
+def rank_plans(plans, rank_by: str):
+    """The plans ordered by ``rank_by``: ``median`` keeps the search's order (predicted throughput);
+    ``p10`` orders by the throughput the plan reaches with 90 % probability under its interval (plans
+    without one keep their median), ties kept in the search's order."""
+    if rank_by == "median":
+        return tuple(plans)
+    key = [(e.prediction_interval or {}).get("tokens_per_s_p10", e.tokens_per_s) for e in plans]
+    order = sorted(range(len(plans)), key=lambda i: -key[i])
+    return tuple(plans[i] for i in order)
+
+
+def uncertainty_notes(plans) -> list[str]:
+    """Notes on the ranking's uncertainty: the plans below rank 1 whose throughput lies inside rank 1's
+    90 % interval (their order is within the model's error), and a rank 1 outside the calibration
+    evidence while a plan inside it lies within rank 1's interval."""
+    if len(plans) < 2:
+        return []
+    top = plans[0]
+    iv = top.prediction_interval or {}
+    if "tokens_per_s" not in iv:
+        return []
+    low, high = iv["tokens_per_s"]
+    within = [r for r, e in enumerate(plans[1:], 2) if e.tokens_per_s >= low]
+    notes = []
+    if within:
+        ranks = f"rank {within[0]}" if len(within) == 1 else f"ranks {within[0]}-{within[-1]}" \
+            if within == list(range(within[0], within[-1] + 1)) else "ranks " + ", ".join(map(str, within))
+        notes.append(f"{ranks} lie{'s' if len(within) == 1 else ''} within rank 1's 90% interval "
+                     f"({low / top.num_gpus:.0f}-{high / top.num_gpus:.0f} tokens/s per GPU): the top plans differ by "
+                     "less than the model's uncertainty")
+    outside = iv.get("extrapolating") or []
+    if outside:
+        inside = [r for r, e in enumerate(plans[1:], 2) if e.tokens_per_s >= low
+                  and not (e.prediction_interval or {}).get("extrapolating")]
+        if inside:
+            e = plans[inside[0] - 1]
+            notes.append(f"rank 1 lies outside the calibration evidence ({'; '.join(n.removeprefix('extrapolating: ') for n in outside)}); "
+                         f"rank {inside[0]} lies within it (evidence distance {e.prediction_interval.get('evidence_distance', 0):.2f} "
+                         f"against {iv.get('evidence_distance', 0):.2f}) and within rank 1's 90% interval: the safer pick")
+    return notes
 
 
 #: Columns of the table view, in order (CSV has every column of table_rows), and the names they print under
@@ -61,7 +121,7 @@ TABLE_COLUMNS = {"rank": "rank", "tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp",
                  "schedule": "schedule", "zero": "zero", "recompute": "recompute", "offload": "offload", "ep": "ep",
                  "cp_mode": "cp_mode", "opt": "opt", "dtype": "dtype", "step_s": "step_s",
                  "interval": "90%_range", "tok/s/gpu": "tok/s/gpu", "mfu_%": "mfu_%", "mem_GiB": "mem_GiB",
-                 "complexity": "cplx"}
+                 "evidence": "evid", "complexity": "cplx"}
 
 
 def significant(x: float, digits: int = 3) -> str:
@@ -258,15 +318,18 @@ def cmd_plan(args) -> int:
                            allow_delayed_update=args.allow_delayed_update,
                            allow_compression=args.allow_compressed_optimizers,
                            grad_accumulation_fusion=args.grad_accumulation_fusion is not False)
+    rank_by = getattr(args, "rank_by", "median")
+    pool = args.top if rank_by == "median" else min(1000, P10_RERANK_POOL * args.top)
     try:
-        result = search(model, job, cluster, options=options, top=args.top,
+        result = search(model, job, cluster, options=options, top=pool,
                         max_memory_fraction=args.max_memory_fraction, progress=args.format != "json",
                         topology=topology_from_args(args, cluster.num_gpus))
     except ConfigError as e:
         raise e if engine_given else defaulted_engine_error(e) from None
+    result = replace(result, plans=rank_plans(result.plans, rank_by)[:args.top])
     print(f"searched {result.candidates_evaluated:,} candidates in {result.search_time_s:.2f} s", file=sys.stderr)
     notes = plan_notes(result.plans, options, compressed_alternative(result, model, job, cluster, options, args)) \
-        + fixed_where_they_run_notes(result.plans, fixed, model, job, cluster)
+        + fixed_where_they_run_notes(result.plans, fixed, model, job, cluster) + uncertainty_notes(result.plans)
     layout = None
     if result.best is not None and result.best.plan.pp > 1 and not args.no_stage_ilp:
         with progress.step(f"balancing {result.best.plan.pp} pipeline stages and per-stage recomputation"):
@@ -326,6 +389,11 @@ def register(sub) -> None:
     add_scenario_args(ap)
     ap.add_argument("--top", type=positive_int("--top", maximum=1000), default=10,
                     help="plans to rank and show (1-1000)")
+    ap.add_argument("--rank-by", choices=RANK_BY, default="median",
+                    help="order the plans by their predicted throughput (median, default) or by the low end of "
+                         "its uncertainty (p10: the throughput reached with 90%% probability under the plan's "
+                         "interval, which widens away from the calibration evidence); benchmarks/loso.py measured "
+                         "median's picks no less safe on held-out sources")
     add_search_args(ap, max_memory_fraction=DEFAULT_MEMORY_FRACTION)
     ap.add_argument("--allow-compressed-optimizers", action="store_true",
                     help="consider 1-bit Adam, 0/1 Adam and 1-bit LAMB (DeepSpeed; they compress the gradient "

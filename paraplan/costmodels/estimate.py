@@ -35,7 +35,7 @@ from paraplan.costmodels.dataparallel import (DP_OVERLAP_ASSUMPTION, deepspeed_d
                                               dp_step_times, expert_tp_replica_allreduce_time, megatron_fsdp_assumption)
 from paraplan.costmodels.efficiency import curves_for, gemm_level_assumption, with_reference_block
 from paraplan.costmodels.fp8 import fp8_assumptions
-from paraplan.costmodels.intervals import describe_interval
+from paraplan.costmodels.intervals import describe_interval, features_of
 from paraplan.costmodels.kernels import Number, micro_batches
 from paraplan.costmodels.mamba import ssd_kernel_assumption
 from paraplan.costmodels.memory import (RUNTIME_RESERVE_ASSUMPTION, STATES_16BIT, allocator_pressure_assumption,
@@ -308,7 +308,8 @@ def estimate_legal(model, job, cluster, plan: Plan, *, curves=None, max_memory_f
         efficiency_curves=curves.describe(),
         assumptions=assumptions(model, job, cluster, plan, curves, memory["total"]),
         prediction_interval=describe_interval(cluster.accelerator.name, tokens_per_s, step,
-                                              _f(terms.flops_model) / step / n / peak, moe=model.moe is not None))
+                                              _f(terms.flops_model) / step / n / peak, moe=model.moe is not None,
+                                              evidence=features_of(model, job, cluster, plan)))
 
 
 def infeasibility(gpu_total, host_per_node, nvme_per_node, cluster, max_memory_fraction=1.0) -> str | None:

@@ -23,9 +23,21 @@ wider than a dense model's on the same hardware, so an MoE estimate carries the 
 from every generation together, and a dense estimate its generation's dense rows' interval. The
 regime uses its own rows from ``MIN_ROWS`` on even from a single source (it says how many).
 
-A generation with fewer than ``MIN_ROWS`` rows or only one source borrows the residuals of all
+A generation with fewer than ``MIN_ROWS`` rows or fewer than ``MIN_SOURCES`` (3) sources borrows the residuals of all
 generations pooled and says so; a generation with no rows at all gets no interval, and the estimate
 says that its hardware has no calibration data. The stored file names its inputs and the date.
+
+**Widening away from the evidence** (normalized split-conformal, Papadopoulos et al. 2002 /
+Lei et al. 2018 "Distribution-free predictive inference for regression" sec. 5.2, on leave-one-source-out
+residuals). A plan's *evidence distance* D is the L1 distance, over the features of
+:class:`Evidence` (sequence length, GPU count, model size: log2 ratios over their scales; MoE or
+dense, engine, fp8 or not, hardware generation: a mismatch costs its weight), to the nearest
+calibration row. A calibration row's residual r (ln measured/predicted, predicted with the curves
+refitted without its source: ``benchmarks/accuracy.py``) is scored s = r / (1 + k·D), D measured to
+the *other* sources' rows; the quantiles above are taken of s, and a plan at distance D gets
+``[low^(1+k·D), high^(1+k·D)]``. k is the smallest of a grid whose leave-one-source-out coverage
+reaches the nominal level. The scales, k and the evidence rows live in
+``paraplan/data/prediction_intervals.json`` with how they were fitted.
 """
 from __future__ import annotations
 
@@ -38,10 +50,13 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from paraplan.io import write_atomic
+from paraplan.modes import is_fp8
 
-INTERVALS_JSON = Path(__file__).parent / "data" / "prediction_intervals.json"
+INTERVALS_JSON = Path(__file__).parents[1] / "data" / "prediction_intervals.json"
 LEVEL = 0.9
 MIN_ROWS = 8
+#: sources a generation needs for intervals of its own: with two, nothing measures how far a third lies
+MIN_SOURCES = 3
 #: residual group of every Mixture-of-Experts row, whatever its hardware generation
 MOE_REGIME = "MoE"
 
@@ -69,7 +84,7 @@ class Interval:
         sources = f"{len(self.sources)} source{'s' * (len(self.sources) != 1)}"
         if self.pooled:
             return (f"{self.rows} calibration rows of all generations from {sources}, pooled: {self.generation} "
-                    f"has too few of its own (fewer than {MIN_ROWS} rows, or one source)")
+                    f"has too few of its own (fewer than {MIN_ROWS} rows, or fewer than {MIN_SOURCES} sources)")
         what = "MoE models (all generations)" if self.generation == MOE_REGIME else self.generation
         return f"{self.rows} calibration rows of {what} from {sources}"
 
@@ -100,9 +115,11 @@ def source_weights(sources: Sequence[str]) -> np.ndarray:
 
 def _basis(residuals: Mapping[str, Sequence[tuple[str, float]]], generation: str):
     """(rows, pooled?) an interval for ``generation`` is fitted on: its own rows when they number at
-    least MIN_ROWS from at least two sources, else every generation's rows pooled."""
+    least MIN_ROWS from at least MIN_SOURCES sources, else every generation's rows pooled. Two sources
+    are not enough: leaving one out (benchmarks/accuracy.py) left H100-class with two sources that agree
+    and torchtitan's power-capped rows 8-25 % below their interval (41.7 % covered; 91.7 % pooled)."""
     own = list(residuals.get(generation, ()))
-    if len(own) >= MIN_ROWS and (len({s for s, _ in own}) >= 2 or generation == MOE_REGIME):
+    if len(own) >= MIN_ROWS and (len({s for s, _ in own}) >= MIN_SOURCES or generation == MOE_REGIME):
         return own, False
     return [row for rows in residuals.values() for row in rows], True
 
@@ -160,14 +177,27 @@ def fit_intervals(residuals: Mapping[str, Sequence[tuple[str, float]]], level: f
     return out
 
 
-def write_intervals(intervals: Mapping[str, Interval], inputs: Sequence[str], path: Path = INTERVALS_JSON) -> None:
+def write_intervals(intervals: Mapping[str, Interval], inputs: Sequence[str], path: Path = INTERVALS_JSON,
+                    widening: Mapping | None = None, evidence: Sequence["Evidence"] = (),
+                    scales: Mapping[str, float] | None = None, p10: Mapping[str, float] | None = None) -> None:
+    """Stores the intervals per group, the widening slope k with how it was fitted, the distance
+    scales and the calibration rows' features (the evidence a plan's distance is measured to)."""
     doc = {"level": LEVEL, "inputs": list(inputs),
-           "method": ("source-weighted quantiles of ln(measured/predicted throughput) per generation, at the quantile "
-                      "level whose leave-one-source-out coverage reaches the nominal level (benchmarks/accuracy.py)"),
+           "method": ("source-weighted quantiles of s = ln(measured/predicted throughput) / (1 + k * D) per generation "
+                      "(MoE apart), predicted with the efficiency curves refitted without the row's source and D its "
+                      "evidence distance to the other sources' rows, at the quantile level whose leave-one-source-out "
+                      "coverage reaches the nominal level (benchmarks/accuracy.py --write-intervals)"),
+           "distance": {"scales": dict(scales or DEFAULT_SCALES), "how": SCALES_HOW},
+           "widening": dict(widening or {"k": 0.0}),
            "generations": {g: {"low": round(i.low, 4), "high": round(i.high, 4), "rows": i.rows,
                                "sources": list(i.sources), "pooled": i.pooled,
-                               "quantile_level": i.quantile_level} for g, i in sorted(intervals.items())}}
-    write_atomic(path, json.dumps(doc, indent=1) + "\n")
+                               "quantile_level": i.quantile_level,
+                               **({"p10": round(p10[g], 4)} if p10 and g in p10 else {})}
+                           for g, i in sorted(intervals.items())},
+           "evidence": {"columns": list(EVIDENCE_COLUMNS), "rows": "__ROWS__"}}
+    rows = sorted({e.as_row() for e in evidence})
+    text = json.dumps(doc, indent=1).replace('"__ROWS__"', "[\n" + ",\n".join(f"   {json.dumps(r)}" for r in rows) + "\n  ]")
+    write_atomic(path, text + "\n")
 
 
 @lru_cache(maxsize=1)
@@ -201,12 +231,162 @@ def interval_for(accelerator_name: str, moe: bool = False) -> Interval | None:
 
 
 def describe_interval(accelerator_name: str, tokens_per_s: float, step_time_s: float, mfu: float,
-                      moe: bool = False) -> dict:
-    """The interval block an estimate carries (printed and in JSON)."""
+                      moe: bool = False, evidence: "Evidence | None" = None) -> dict:
+    """The interval block an estimate carries (printed and in JSON): the group's multipliers raised to
+    1 + k·D (D: ``evidence``'s distance to the stored calibration rows), the distance and the plain
+    extrapolation notes (:func:`extrapolation_notes`)."""
     iv = interval_for(accelerator_name, moe)
     if iv is None:
         gen = GENERATION.get(accelerator_name, accelerator_name)
         return {"level": LEVEL, "basis": f"no calibration data for {gen}: no prediction interval"}
-    return {"level": iv.level, "tokens_per_s": [tokens_per_s * iv.low, tokens_per_s * iv.high],
-            "step_time_s": [step_time_s / iv.high, step_time_s / iv.low], "mfu": [mfu * iv.low, mfu * iv.high],
-            "basis": iv.basis()}
+    low, high, p10, dist, notes = iv.low, iv.high, _stored_p10(iv.generation), None, []
+    if evidence is not None:
+        stored = stored_evidence()
+        if stored:
+            dist = evidence_distance(evidence, stored, stored_scales())
+            widen = 1.0 + widening_k() * dist
+            low, high, p10 = low ** widen, high ** widen, (p10 ** widen if p10 is not None else None)
+            notes = extrapolation_notes(evidence, stored)
+    out = {"level": iv.level, "tokens_per_s": [tokens_per_s * low, tokens_per_s * high],
+           "step_time_s": [step_time_s / high, step_time_s / low], "mfu": [mfu * low, mfu * high],
+           "basis": iv.basis()}
+    if p10 is not None:
+        out["tokens_per_s_p10"] = tokens_per_s * p10
+    if dist is not None:
+        out["evidence_distance"] = round(dist, 3)
+        out["extrapolating"] = notes
+    return out
+
+
+# --- evidence: the features a plan's distance from the calibration rows is measured on ---------------
+
+EVIDENCE_COLUMNS = ("source", "generation", "seq_len", "gpus", "params", "moe", "engine", "fp8", "pp", "cp")
+
+#: log2 units per unit of distance (numeric features) and the cost of a mismatch (categorical)
+DEFAULT_SCALES = {"seq_len": 1.0, "gpus": 2.0, "params": 2.0, "pp": 2.0, "cp": 1.0, "moe": 1.0, "engine": 0.5,
+                  "fp8": 0.5, "generation": 1.0}
+NUMERIC = ("seq_len", "gpus", "params", "pp", "cp")
+#: the engine-agnostic default (paraplan.modes.Engine.GENERIC): it matches every calibration row's engine
+GENERIC_ENGINE = "generic"
+SCALES_HOW = ("chosen, not fitted: one unit of distance = a doubling of the sequence, 4x the GPUs or 4x the "
+              "parameters, 4x the pipeline depth, a doubling of the context-parallel degree, an MoE model against dense rows, another hardware generation; half a unit = another "
+              "engine or another number format (fp8 against 16-bit). Only k (widening) is fitted on them")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """The features of a run that its calibration evidence is judged on."""
+    source: str
+    generation: str
+    seq_len: int
+    gpus: int
+    params: float
+    moe: bool
+    engine: str
+    fp8: bool
+    pp: int = 1
+    cp: int = 1
+
+    def as_row(self) -> tuple:
+        return (self.source, self.generation, int(self.seq_len), int(self.gpus), float(self.params),
+                bool(self.moe), self.engine, bool(self.fp8), int(self.pp), int(self.cp))
+
+
+def features_of(model, job, cluster, plan, source: str = "") -> Evidence:
+    """The evidence features of an estimate's inputs."""
+    return Evidence(source, GENERATION.get(cluster.accelerator.name, cluster.accelerator.name), int(job.seq_len),
+                    int(cluster.num_gpus), float(model.num_params), model.moe is not None, str(plan.engine),
+                    bool(is_fp8(plan.dtype)), int(plan.pp), int(plan.cp))
+
+
+def _arrays(rows: Sequence[Evidence]) -> dict:
+    return {"generation": np.array([r.generation for r in rows]), "seq_len": np.log2([r.seq_len for r in rows]),
+            "gpus": np.log2([r.gpus for r in rows]), "params": np.log2([r.params for r in rows]),
+            "moe": np.array([r.moe for r in rows]), "engine": np.array([r.engine for r in rows]),
+            "fp8": np.array([r.fp8 for r in rows]), "pp": np.log2([r.pp for r in rows]),
+            "cp": np.log2([r.cp for r in rows])}
+
+
+def distances_to(x: Evidence, rows: Sequence[Evidence], scales: Mapping[str, float] = DEFAULT_SCALES) -> np.ndarray:
+    """D(x, row) per row: sum over numeric features of |log2(x / row)| / scale, plus each categorical
+    feature's weight where x and the row differ."""
+    a = _stored_arrays() if rows is stored_evidence() else _arrays(rows)
+    d = np.zeros(len(rows))
+    for f in NUMERIC:
+        d += np.abs(a[f] - np.log2(getattr(x, f))) / scales[f]
+    for f in ("moe", "fp8", "generation"):
+        d += scales[f] * (a[f] != getattr(x, f))
+    if x.engine != GENERIC_ENGINE:      # the engine-agnostic default is no engine of its own: no mismatch
+        d += scales["engine"] * (a["engine"] != x.engine)
+    return d
+
+
+def evidence_distance(x: Evidence, rows: Sequence[Evidence], scales: Mapping[str, float] = DEFAULT_SCALES) -> float:
+    """Distance to the nearest row (0: a calibration row has x's features); inf without rows."""
+    return float(distances_to(x, rows, scales).min()) if len(rows) else float("inf")
+
+
+def held_out_distances(rows: Sequence[Evidence], scales: Mapping[str, float] = DEFAULT_SCALES,
+                       exclude: str | None = None) -> np.ndarray:
+    """Each row's distance to the rows of the other sources (and not of ``exclude``): how far it
+    lies from the evidence when its own source is held out."""
+    src = np.array([r.source for r in rows])
+    out = np.empty(len(rows))
+    for i, r in enumerate(rows):
+        keep = (src != r.source) & (src != exclude) if exclude is not None else src != r.source
+        d = distances_to(r, rows, scales)[keep]
+        out[i] = d.min() if d.size else np.inf
+    return out
+
+
+def _fmt_count(n: float) -> str:
+    return f"{n / 1e12:.1f}T" if n >= 1e12 else f"{n / 1e9:.0f}B" if n >= 1e9 else f"{n / 1e6:.0f}M"
+
+
+def extrapolation_notes(x: Evidence, rows: Sequence[Evidence]) -> list[str]:
+    """Plain notes where ``x`` lies outside the calibration rows of its hardware generation (all rows
+    where the generation has none): a sequence, GPU count or model size beyond their range, an MoE
+    model, engine or number format none of them ran. Empty: within the evidence on every feature."""
+    own = [r for r in rows if r.generation == x.generation]
+    notes = [] if own else [f"extrapolating: no calibration row on {x.generation}"]
+    pool = own or list(rows)
+    where = f"{x.generation} calibration rows" if own else "calibration rows"
+    for f, what, fmt in (("seq_len", "sequence", str), ("gpus", "GPUs", str), ("params", "model size", _fmt_count),
+                         ("pp", "pipeline depth", str), ("cp", "context parallelism", str)):
+        vals = [getattr(r, f) for r in pool]
+        v = getattr(x, f)
+        if v > max(vals) * 1.001:
+            notes.append(f"extrapolating: {what} {fmt(v)}, {where} reach {fmt(max(vals))}")
+        elif v < min(vals) * 0.999:
+            notes.append(f"extrapolating: {what} {fmt(v)}, {where} start at {fmt(min(vals))}")
+    same_kind = [r for r in pool if r.moe == x.moe]
+    if not same_kind:
+        notes.append(f"extrapolating: {'an MoE' if x.moe else 'a dense'} model, no {where} of one")
+    if x.engine != GENERIC_ENGINE and not any(r.engine == x.engine for r in same_kind or pool):
+        notes.append(f"extrapolating: engine {x.engine}, no {where} of {'MoE' if x.moe else 'dense'} models ran it")
+    if not any(r.fp8 == x.fp8 for r in pool):
+        notes.append(f"extrapolating: {'fp8' if x.fp8 else '16-bit'} GEMMs, no {where} ran them")
+    return notes
+
+
+@lru_cache(maxsize=1)
+def stored_evidence() -> tuple[Evidence, ...]:
+    return tuple(Evidence(*row) for row in _stored().get("evidence", {}).get("rows", ()))
+
+
+@lru_cache(maxsize=1)
+def _stored_arrays() -> dict:
+    return _arrays(stored_evidence())
+
+
+def stored_scales() -> dict:
+    return {**DEFAULT_SCALES, **_stored().get("distance", {}).get("scales", {})}
+
+
+def widening_k() -> float:
+    return float(_stored().get("widening", {}).get("k", 0.0))
+
+
+def _stored_p10(group: str) -> float | None:
+    entry = _stored().get("generations", {}).get(group, {})
+    return float(entry["p10"]) if "p10" in entry else None

@@ -67,8 +67,13 @@ def interval_line(e) -> str:
         return f"  90% interval    none — {iv.get('basis', 'no calibration data')}"
     lo, hi = iv["tokens_per_s"]
     mlo, mhi = iv["mfu"]
-    return (f"  {100 * iv['level']:.0f}% interval    {lo / e.num_gpus:.0f}-{hi / e.num_gpus:.0f} tokens/s per GPU, "
+    line = (f"  {100 * iv['level']:.0f}% interval    {lo / e.num_gpus:.0f}-{hi / e.num_gpus:.0f} tokens/s per GPU, "
             f"MFU {100 * mlo:.1f}-{100 * mhi:.1f}%  ({iv['basis']})")
+    if "evidence_distance" in iv:
+        line += (f"\n  evidence        distance {iv['evidence_distance']:.2f} from the nearest calibration row "
+                 "(widens the interval)")
+        line += "".join(f"\n                  {note}" for note in iv.get("extrapolating", ()))
+    return line
 
 
 HYBRID_KIND_LABELS = {"mamba": "Mamba-2", "attention": "attention", "mlp": "MLP"}

@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 
 import pytest
 
@@ -84,7 +85,7 @@ def test_compressed_optimizers_are_opt_in_and_explained(capsys):
     assert main(ETH + ["--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert {p["plan"]["optimizer"] for p in doc["plans"]} == {"adam"}
-    (note,) = doc["notes"]
+    (note,) = [n for n in doc["notes"] if "within rank 1's 90% interval" not in n]    # the uncertainty note apart
     assert "--allow-compressed-optimizers" in note and "zero-one-adam" in note and "x faster" in note
     assert main(ETH + ["--allow-compressed-optimizers"]) == 0
     out = capsys.readouterr().out
@@ -152,3 +153,60 @@ def test_the_readme_plan_output_fits_120_columns(capsys):
     out = capsys.readouterr().out
     assert max(len(line) for line in out.splitlines()) <= 120
     assert "rejected candidates:" in out and "more reason" in out and "90%_range" in out
+
+
+# --- the ranking's uncertainty (issue 64) -----------------------------------------------------------------
+
+def _with_interval(e, low, high, p10, notes=(), distance=0.0):
+    iv = {"level": 0.9, "tokens_per_s": [e.tokens_per_s * low, e.tokens_per_s * high],
+          "mfu": [e.mfu * low, e.mfu * high], "tokens_per_s_p10": e.tokens_per_s * p10,
+          "evidence_distance": distance, "extrapolating": list(notes), "basis": "test"}
+    return replace(e, prediction_interval=iv)
+
+
+def _two_plans():
+    m, c, j = load_model("llama3-8b"), load_cluster("dgx-h100", 8), TrainingJob(4096, 64)
+    return estimate(m, j, c, Plan(dp=8, zero=1)), estimate(m, j, c, Plan(dp=8, zero=1, recompute="full"))
+
+
+def test_rank_by_p10_reorders_by_the_low_end_and_median_keeps_the_order():
+    from paraplan.cli.plan import rank_plans
+    fast, slow = _two_plans()
+    assert fast.tokens_per_s > slow.tokens_per_s
+    far = _with_interval(fast, 0.5, 1.3, 0.6, ["extrapolating: sequence 131072"], 4.0)
+    near = _with_interval(slow, 0.9, 1.1, 0.95)
+    assert rank_plans((far, near), "median") == (far, near)
+    assert rank_plans((far, near), "p10") == (near, far)
+
+
+def test_uncertainty_notes_name_ties_and_the_better_evidenced_plan():
+    from paraplan.cli.plan import uncertainty_notes
+    fast, slow = _two_plans()
+    far = _with_interval(fast, 0.5, 1.3, 0.6, ["extrapolating: sequence 131072, calibration rows reach 16384"], 4.0)
+    near = _with_interval(slow, 0.9, 1.1, 0.95)
+    tie, outside = uncertainty_notes((far, near))
+    assert tie.startswith("rank 2 lies within rank 1's 90% interval")
+    assert "rank 1 lies outside the calibration evidence (sequence 131072" in outside and "rank 2 lies within it" in outside
+    tight = _with_interval(fast, 0.999, 1.001, 0.9995)      # rank 2 below rank 1's interval: no note
+    assert uncertainty_notes((tight, near)) == []
+
+
+def test_plan_rows_carry_their_interval_in_table_and_csv(capsys):
+    args = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--seq-len", "4096",
+            "--global-batch", "64", "--top", "3", "--no-stage-ilp"]
+    assert main(args + ["--format", "csv"]) == 0
+    import io
+    import pandas as pd
+    df = pd.read_csv(io.StringIO(capsys.readouterr().out))
+    assert (df["mfu_lo90_%"] < df["mfu_%"]).all() and (df["mfu_%"] < df["mfu_hi90_%"]).all()
+    assert (df["tok/s/gpu_p10"] < df["tok/s/gpu"]).all() and df["evidence"].notna().all()
+    assert main(args + ["--rank-by", "p10"]) == 0
+    out = capsys.readouterr().out
+    table = out.split("best plan")[0]
+    assert "90%_range" in table and "evid" in table.split()
+
+
+def test_rank_by_rejects_other_values(capsys):
+    assert main(ETH + ["--rank-by", "mean"]) == 2
+    err = capsys.readouterr().err
+    assert "--rank-by" in err and "median" in err and "p10" in err and "Traceback" not in err

@@ -20,12 +20,18 @@ def test_quantile_interval_is_exp_of_residual_quantiles():
 
 
 def test_generation_with_too_few_rows_or_one_source_is_pooled_and_says_so():
-    res = {"A100": [("a", 0.0), ("b", 0.1)] * 5, "Blackwell": [("c", -0.2)] * 20}
+    res = {"A100": [("a", 0.0), ("b", 0.1), ("d", 0.05)] * 4, "Blackwell": [("c", -0.2)] * 18}
     iv = I.fit_intervals(res)
-    assert not iv["A100"].pooled and iv["A100"].rows == 10
+    assert not iv["A100"].pooled and iv["A100"].rows == 12
     assert iv["Blackwell"].pooled and iv["Blackwell"].rows == 30     # one source: all rows pooled
     assert "pooled" in iv["Blackwell"].basis()
     assert iv["Blackwell"].basis().startswith("30 calibration rows of all generations")   # not "of Blackwell"
+
+
+def test_a_generation_of_two_sources_is_pooled():
+    """Two sources cannot say how far a third lies: the generation borrows every generation's rows."""
+    res = {"H100-class": [("a", 0.0), ("b", 0.05)] * 6, "A100": [("c", -0.2), ("d", 0.2), ("e", 0.0)] * 4}
+    assert I.fit_intervals(res)["H100-class"].pooled and not I.fit_intervals(res)["A100"].pooled
 
 
 def test_weighted_quantiles_make_every_source_count_the_same():
@@ -76,9 +82,12 @@ def test_estimates_carry_the_interval_of_their_generation():
     iv = I.interval_for("a100-80g")
     assert iv is not None and iv.generation == "A100"
     lo, hi = e.prediction_interval["tokens_per_s"]
-    assert lo == pytest.approx(e.tokens_per_s * iv.low) and hi == pytest.approx(e.tokens_per_s * iv.high)
+    w = 1 + I.widening_k() * e.prediction_interval["evidence_distance"]     # widened with the evidence distance
+    assert lo == pytest.approx(e.tokens_per_s * iv.low ** w, rel=1e-3)
+    assert hi == pytest.approx(e.tokens_per_s * iv.high ** w, rel=1e-3)
     s_lo, s_hi = e.prediction_interval["step_time_s"]
-    assert s_lo == pytest.approx(e.step_time_s / iv.high) and s_hi == pytest.approx(e.step_time_s / iv.low)
+    assert s_lo == pytest.approx(e.step_time_s / iv.high ** w, rel=1e-3)
+    assert s_hi == pytest.approx(e.step_time_s / iv.low ** w, rel=1e-3)
     assert "A100" in e.prediction_interval["basis"]
     assert json.loads(json.dumps(e.to_dict()))["prediction_interval"]["level"] == 0.9
 
@@ -118,7 +127,7 @@ def test_whatif_throughput_figure_draws_the_band_only_where_calibrated():
 
 
 def test_moe_rows_form_their_own_regime_even_from_one_source():
-    res = {"H100-class": [("a", 0.0), ("b", 0.05)] * 5, I.MOE_REGIME: [("c", -0.8), ("c", -0.3)] * 4}
+    res = {"H100-class": [("a", 0.0), ("b", 0.05), ("d", 0.02)] * 4, I.MOE_REGIME: [("c", -0.8), ("c", -0.3)] * 4}
     iv = I.fit_intervals(res)
     moe = iv[I.MOE_REGIME]
     assert not moe.pooled and moe.rows == 8 and "MoE models (all generations)" in moe.basis()
@@ -137,3 +146,60 @@ def test_moe_estimate_takes_the_moe_interval_when_one_is_stored(monkeypatch):
     assert I.interval_for("mi300x", moe=True) is None          # no generation: no interval at all
     del stored["generations"][I.MOE_REGIME]
     assert I.interval_for("h100-sxm", moe=True).low == 0.9      # none stored: the generation's
+
+
+def _ev(**kw):
+    base = dict(source="s", generation="H100-class", seq_len=4096, gpus=64, params=8e9, moe=False,
+                engine="megatron", fp8=False, pp=1, cp=1)
+    return I.Evidence(**{**base, **kw})
+
+
+def test_evidence_distance_counts_doublings_and_mismatches():
+    rows = [_ev()]
+    assert I.evidence_distance(_ev(), rows) == 0.0
+    assert I.evidence_distance(_ev(seq_len=8192), rows) == pytest.approx(1.0)       # one doubling of the sequence
+    assert I.evidence_distance(_ev(gpus=256), rows) == pytest.approx(1.0)           # 4x the GPUs
+    assert I.evidence_distance(_ev(engine="deepspeed"), rows) == pytest.approx(0.5)
+    assert I.evidence_distance(_ev(moe=True, fp8=True), rows) == pytest.approx(1.5)
+    assert I.evidence_distance(_ev(seq_len=8192), rows + [_ev(seq_len=8192, source="t")]) == 0.0   # the nearest row
+
+
+def test_held_out_distance_ignores_the_rows_own_source():
+    rows = [_ev(source="a"), _ev(source="a", seq_len=8192), _ev(source="b", seq_len=16384)]
+    d = I.held_out_distances(rows)
+    assert list(d) == pytest.approx([2.0, 1.0, 1.0])
+    held = I.held_out_distances(rows, exclude="b")      # a's rows: no other source left; b's row: a's rows
+    assert np.isinf(held[:2]).all() and held[2] == pytest.approx(1.0)
+
+
+def test_extrapolation_notes_say_what_lies_beyond_the_rows():
+    rows = [_ev(seq_len=2048), _ev(seq_len=16384, gpus=512)]
+    assert I.extrapolation_notes(_ev(), rows) == []
+    notes = I.extrapolation_notes(_ev(seq_len=131072, moe=True), rows)
+    assert "extrapolating: sequence 131072, H100-class calibration rows reach 16384" in notes
+    assert any("MoE" in n for n in notes)
+    assert I.extrapolation_notes(_ev(generation="MI300X"), rows)[0] == "extrapolating: no calibration row on MI300X"
+
+
+def test_interval_widens_away_from_the_evidence():
+    """The same model and GPUs at 4k and at 128k tokens: the long sequence lies far from every calibration
+    row, its interval is wider (as a share of the prediction) and it says so."""
+    if I.widening_k() <= 0:
+        pytest.skip("the stored widening slope is 0")
+    near = estimate(load_model("llama3-8b"), TrainingJob(4096, 64), load_cluster("dgx-h100", 8),
+                    Plan(dp=8, zero=1, recompute="full")).prediction_interval
+    far = estimate(load_model("llama3-8b"), TrainingJob(131072, 8), load_cluster("dgx-h100", 8),
+                   Plan(dp=1, cp=8, zero=1, recompute="full")).prediction_interval
+    width = lambda iv: iv["mfu"][1] / iv["mfu"][0]        # noqa: E731
+    assert far["evidence_distance"] > near["evidence_distance"] and width(far) > width(near)
+    assert any(n.startswith("extrapolating: sequence 131072") for n in far["extrapolating"])
+
+
+def test_stored_interval_holds_leave_one_source_out():
+    """The stored fit says how it was fitted and what it reached: >= 88 % leave-one-source-out coverage
+    with a median half-width <= 25 % (benchmarks/accuracy.py --write-intervals)."""
+    stored = json.loads(I.INTERVALS_JSON.read_text())
+    w = stored["widening"]
+    assert "how" in w and "how" in stored["distance"] and w["loso_coverage_pct"] >= 88.0
+    assert w["loso_median_half_width_pct"] <= 25.0
+    assert len(stored["evidence"]["rows"]) >= 100 and all(len(r) == len(I.EVIDENCE_COLUMNS) for r in stored["evidence"]["rows"])

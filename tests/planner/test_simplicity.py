@@ -90,8 +90,9 @@ def test_the_readme_search_ranks_the_simplest_tied_plan_first_and_keeps_the_fast
     best, fastest = r.best, r.fastest
     assert best.step_time_s < tie_limit(fastest.step_time_s)
     tied = [e for e in r.plans if e.step_time_s < tie_limit(fastest.step_time_s)]
-    assert int(complexity(best.plan)) == min(int(complexity(e.plan)) for e in tied) == 0
-    assert best.plan.schedule == "1f1b" and best.plan.offload == "none" and best.plan.cp_mode == "ring"
+    assert int(complexity(best.plan)) == min(int(complexity(e.plan)) for e in tied)
+    # Ulysses (its kernel runs the full sequence over h/(tp*cp) heads) is 2.5 % ahead of any ring plan here
+    assert best.plan.schedule == "1f1b" and best.plan.offload == "none" and best.plan.cp_mode == "ulysses"
     line = why_line(list(r.plans), fastest)
     if fastest is not best:
         assert "a tie at the estimator's resolution, which goes to the simpler layout" in line
