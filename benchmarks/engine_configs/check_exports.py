@@ -54,14 +54,21 @@ MEGATRON_TRAINING_ARGS = {
     "moe_layer_freq", "use_distributed_optimizer", "optimizer_cpu_offload", "use_precision_aware_optimizer",
     "overlap_param_gather", "overlap_grad_reduce", "cpu_offloading", "cpu_offloading_num_layers", "normalization",
     "num_virtual_stages_per_pipeline_rank", "pipeline_model_parallel_layout", "attention_backend",
+    # renamed into config fields below: --fp4-format (dest fp4), --fp4-param-gather (fp4_param), --squared-relu
+    # (activation_func); --hybrid-override-pattern is pretrain_mamba.py's, read by its MambaModel builder
+    # (megatron/training/arguments.py, NVIDIA/Megatron-LM core_v0.16.1)
+    "fp4_format", "fp4_param_gather", "squared_relu", "hybrid_override_pattern",
 }
+
+#: the Megatron-LM entry points an export runs (GPT-style models; hybrid Mamba-2 / attention models)
+MEGATRON_SCRIPTS = r"pretrain_(gpt|mamba)\.py"
 
 
 def megatron_args(text: str) -> tuple[dict, int]:
     joined = re.sub(r"\\\n", " ", text)
-    line = next(x for x in joined.splitlines() if "pretrain_gpt.py" in x and not x.startswith("#"))
+    line = next(x for x in joined.splitlines() if re.search(MEGATRON_SCRIPTS, x) and not x.startswith("#"))
     tokens = [t for t in shlex.split(line) if t != "$@"]
-    at = next(i for i, t in enumerate(tokens) if t.endswith("pretrain_gpt.py"))
+    at = next(i for i, t in enumerate(tokens) if t.endswith(("pretrain_gpt.py", "pretrain_mamba.py")))
     launch = tokens[1:at]
     gpus = int(launch[launch.index("--nnodes") + 1]) * int(launch[launch.index("--nproc-per-node") + 1])
     args, i, rest = {}, 0, tokens[at + 1:]
@@ -112,6 +119,13 @@ def check_megatron(text: str, gpus: int) -> None:
         kw["fp8_param"] = True
     if "fp8_format" in a:
         kw["fp8"] = a["fp8_format"]
+    if "fp4_format" in a:
+        kw["fp4"] = a["fp4_format"]
+    if a.get("fp4_param_gather"):
+        kw["fp4_param"] = True
+    if a.get("squared_relu"):
+        from megatron.core.activations import squared_relu
+        kw["activation_func"] = squared_relu
     if a.get("swiglu"):
         kw.update(gated_linear_unit=True, activation_func=F.silu)
     if "cp_comm_type" in a:

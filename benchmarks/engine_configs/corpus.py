@@ -28,6 +28,8 @@ BASES = {
     "gpt1.7b": ("gpt-1.7b", "dgx-a100-80g", 8, 2048, 64),
     "qwen3moe": ("qwen3-30b-a3b", "dgx-h200", 16, 4096, 512),
     "dsv3": ("deepseek-v3", "dgx-b200", 1024, 4096, 8192),
+    "llama8bB200": ("llama3-8b", "dgx-b200", 16, 4096, 64),
+    "nemotronh8b": ("nemotron-h-8b", "dgx-h100", 16, 4096, 64),
 }
 # plan variations per base: every field and value the exporters read
 DENSE = [
@@ -48,7 +50,14 @@ DENSE = [
     {"attention_kernel": "flash1"}, {"rope_fusion": False}, {"fused_elementwise": False},
     {"overlap_grad_reduce": False}, {"grad_accumulation_fusion": False}, {"grad_reduce_bf16": True, "zero": 1},
     {"offload_activation_layers": 4}, {"optimizer": "onebit-adam"}, {"micro_batch": 2},
+    {"zero": 1, "overlap_param_gather": False},
+    {"pp": 4, "schedule": "zbv", "zero": 1}, {"pp": 4, "schedule": "dualpipev", "zero": 1},
+    {"pp": 4, "schedule": "dualpipe", "zero": 1},
 ]
+#: fp4 on a part with fp4 tensor cores (Blackwell); hybrid Mamba-2 / attention layouts
+FP4 = [{"dtype": "nvfp4", "zero": 1}, {"dtype": "nvfp4", "zero": 1, "fp8_param_gather": True}, {"dtype": "mxfp4", "zero": 1}]
+HYBRID = [{}, {"zero": 1}, {"tp": 2, "sp": True, "zero": 1}, {"pp": 2, "zero": 1}, {"cp": 2, "zero": 1},
+          {"recompute": "full", "zero": 1}]
 MOE = [{"ep": 8, "zero": 1}, {"ep": 8, "zero": 1, "moe_flex_dispatch": True}, {"ep": 8, "zero": 1, "ep_comm_overlap": True},
        {"ep": 4, "tp": 2, "sp": True, "etp": 2, "zero": 1}, {"ep": 8, "recompute": "selective",
                                                              "recompute_modules": "moe_act,layernorm", "zero": 1}]
@@ -64,7 +73,8 @@ SUFFIX = {"megatron": "sh", "deepspeed": "json", ("torchtitan", "python"): "py",
 def plans():
     """(name, plan document) for every base, variation and the engine the plan was made for."""
     for base, (model, cluster, gpus, seq, gb) in BASES.items():
-        variations = DSV3 if base == "dsv3" else DENSE + (MOE if base == "qwen3moe" else [])
+        variations = {"dsv3": DSV3, "llama8bB200": FP4, "nemotronh8b": HYBRID}.get(
+            base, DENSE + (MOE if base == "qwen3moe" else []))
         for i, v in enumerate(variations):
             for engine in PLAN_ENGINES:
                 yield f"{base}-{i:02d}-{engine}", {

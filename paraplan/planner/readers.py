@@ -52,6 +52,9 @@ TITAN_FP8 = {("Float8LinearConverter", "rowwise"): "fp8-rowwise", ("MXFP8LinearC
              ("quantize.linear.float8", "tensorwise"): "fp8", ("quantize.linear.float8", "rowwise"): "fp8-rowwise",
              ("quantize.linear.mx", "mxfp8_cublas"): "mxfp8"}
 
+#: the Megatron-LM entry points an export runs (GPT-style models; hybrid Mamba-2 / attention models)
+MEGATRON_SCRIPTS = r"pretrain_(gpt|mamba)\.py"
+
 
 @dataclass(frozen=True)
 class ReadConfig:
@@ -142,6 +145,8 @@ def read_megatron_args(argv: Sequence[str]) -> ReadConfig:
         p["last_stage_layers"] = int(f["--decoder-last-pipeline-num-layers"])
     p["zero"] = (MEGATRON_FSDP_ZERO.get(f.get("--data-parallel-sharding-strategy"), 3) if "--use-megatron-fsdp" in f
                  else 1 if "--use-distributed-optimizer" in f else 0)
+    if p["zero"] >= 1 and p["overlap_grad_reduce"]:    # the export writes it beside --overlap-grad-reduce only
+        p["overlap_param_gather"] = "--overlap-param-gather" in f
     granularity = f.get("--recompute-granularity") or ("selective" if "--recompute-activations" in f else None)
     p["recompute"] = granularity or "none"
     if granularity == "full" and (f.get("--recompute-method"), f.get("--recompute-num-layers")) not in (("uniform", "1"), (None, None)):
@@ -153,8 +158,11 @@ def read_megatron_args(argv: Sequence[str]) -> ReadConfig:
         known = [m for m in mods if m in RECOMPUTE_MODULES]
         unexpressed += [f"--recompute-modules {m}" for m in mods if m not in RECOMPUTE_MODULES]
         p["recompute_modules"] = "" if known == ["core_attn"] else ",".join(known)
-    p["dtype"] = ("fp16" if "--fp16" in f else MEGATRON_FP8.get(f.get("--fp8-recipe"), "fp8") if "--fp8-format" in f
+    p["dtype"] = ("fp16" if "--fp16" in f else MEGATRON_FP8.get(f.get("--fp4-recipe"), "nvfp4") if "--fp4-format" in f
+                  else MEGATRON_FP8.get(f.get("--fp8-recipe"), "fp8") if "--fp8-format" in f
                   else "bf16" if "--bf16" in f else "fp32")
+    if "--fp4-param-gather" in f:
+        p["fp8_param_gather"] = True
     backend = f.get("--attention-backend")
     p["flash_attention"] = "--use-flash-attn" in f or backend in ("fused", "flash")
     p["attention_kernel"] = {"fused": "cudnn", "flash": "flash2"}.get(backend, "auto")
@@ -182,18 +190,20 @@ _MEGATRON_READ = (
     "--pipeline-model-parallel-layout", "--decoder-first-pipeline-num-layers", "--decoder-last-pipeline-num-layers",
     "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--use-distributed-optimizer", "--recompute-granularity",
     "--recompute-activations", "--recompute-modules", "--fp16", "--bf16", "--fp8-recipe", "--attention-backend",
-    "--use-flash-attn", "--cp-comm-type", "--optimizer-cpu-offload")
+    "--use-flash-attn", "--cp-comm-type", "--optimizer-cpu-offload", "--fp4-format", "--fp4-recipe",
+    "--fp4-param-gather")
 
 
 def read_megatron_script(text: str) -> ReadConfig:
     """A launch script (``paraplan export --to megatron``'s, or any torchrun line running pretrain_gpt.py):
     the pretrain_gpt.py flags, and the GPU count from torchrun's --nnodes x --nproc-per-node."""
     joined = re.sub(r"\\\n", " ", text)
-    line = next((x for x in joined.splitlines() if "pretrain_gpt.py" in x and not x.lstrip().startswith("#")), None)
+    line = next((x for x in joined.splitlines() if re.search(MEGATRON_SCRIPTS, x) and not x.lstrip().startswith("#")),
+                None)
     if line is None:
-        raise ConfigError("script", "no line runs pretrain_gpt.py")
+        raise ConfigError("script", "no line runs pretrain_gpt.py or pretrain_mamba.py")
     tokens = [t for t in shlex.split(line) if t != "$@"]
-    at = next(i for i, t in enumerate(tokens) if t.endswith("pretrain_gpt.py"))
+    at = next(i for i, t in enumerate(tokens) if t.endswith(("pretrain_gpt.py", "pretrain_mamba.py")))
     launcher = megatron_flags([t for t in tokens[1:at] if t.startswith("--") or not t.startswith("$")])
     read = read_megatron_args(tokens[at + 1:])
     gpus = None
@@ -262,7 +272,9 @@ def read_torchtitan_sections(sections: Mapping[str, Mapping[str, Any]], activati
         if par.get("pipeline_parallel_schedule", "1F1B") not in TITAN_SCHEDULES:
             unexpressed.append(f"pipeline_parallel_schedule {par.get('pipeline_parallel_schedule')} (read as 1F1B)")
         chunks = par.get("module_fqns_per_model_part")
-        if chunks:
+        if chunks and p["schedule"] in ("zbv", "dualpipev"):     # two V-placed chunks a rank: one stage each
+            p["vpp"] = 1
+        elif chunks:
             p["vpp"] = max(1, len(chunks) // pp)
             counts = [sum(1 for n in c if str(n).startswith("layers.")) for c in chunks]
             if p["vpp"] == 1:
@@ -271,6 +283,8 @@ def read_torchtitan_sections(sections: Mapping[str, Mapping[str, Any]], activati
                     unexpressed.append(f"unequal middle pipeline stages {counts[1:-1]}")
     else:
         p["micro_batch"] = int(tr.get("local_batch_size", 1))
+    # compile off (the V schedules' stages run eager): elementwise chains run as separate kernels
+    p["fused_elementwise"] = bool(comp.get("enable", True))
     if tr.get("enable_cpu_offload"):
         unexpressed.append("training.enable_cpu_offload (the torchtitan engine keeps its states on the GPU)")
     p["recompute"] = TITAN_AC.get(activation_checkpoint, "none")

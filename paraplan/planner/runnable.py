@@ -112,6 +112,8 @@ def nearest_runnable(plan: Plan, engine: str, fp8_recipes=None, expert_tp: bool 
             change(name, _switch_default(name), _SWITCH_PHRASES.get(name, f"no {name}") + f" (no option in {m.target})")
     if m.grad_reduce_always_overlapped and not p.overlap_grad_reduce:
         change("overlap_grad_reduce", True, "gradient reduction overlapped (FSDP2 always overlaps it)")
+    if m.grad_reduce_always_overlapped and not p.overlap_param_gather:
+        change("overlap_param_gather", True, "parameter all-gather overlapped (FSDP2 prefetches it)")
     if m.zero0_needs_pure_dp and new.get("zero", p.zero) == 0 and p.model_parallel > 1:
         change("zero", 2, "FSDP (ZeRO-2) for ZeRO-0 (its DDP is 1-D data parallelism only)")
     if expert_tp is None:

@@ -169,8 +169,10 @@ def test_whatif_sweeps_the_attention_kernel(tmp_path, capsys):
     import pandas as pd
     from paraplan.cli import main
     out = tmp_path / "wk"
+    # the generic engine: its auto is the unknown kernel (Megatron-LM's auto runs cuDNN, equal to cudnn)
     argv = ["whatif", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--global-batch", "64",
-            "--seq-len", "8192", "--sweep", "attention_kernel=auto,cudnn,flash2,efficient", "--out", str(out)]
+            "--seq-len", "8192", "--engine", "generic", "--sweep", "attention_kernel=auto,cudnn,flash2,efficient",
+            "--out", str(out)]
     assert main(argv) == 0
     pts = pd.read_csv(out / "points.csv")
     col = "sweep_attention_kernel"
