@@ -155,6 +155,8 @@ def render_table(df: pd.DataFrame) -> str:
         view["interval"] = [f"{lo}-{hi}" if lo != "-" else "-" for lo, hi in zip(view["step_s_low"], view["step_s_high"])]
     if "tok/s/gpu" in view:
         view["tok/s/gpu"] = [f"{v:.0f}" if v >= 100 else significant(v) for v in view["tok/s/gpu"]]
+    if "evidence" in view:       # '-' where the hardware has no calibration data (no interval either)
+        view["evidence"] = [f"{v:.2f}" if math.isfinite(v) else "-" for v in view["evidence"]]
     same = [c for c in MODE_COLUMNS if c in view and view[c].nunique() == 1]
     columns = [c for c in TABLE_COLUMNS if c in view and c not in same]
     text = format_columns(view[columns].rename(columns=TABLE_COLUMNS))
