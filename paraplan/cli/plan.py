@@ -252,7 +252,7 @@ def rejected_lines(rejected: dict) -> str:
 def wrote_line(path: str, best) -> str:
     """The line --out prints: where the plan file is, what it holds and how to launch it."""
     p = best.plan
-    target = p.engine if spec_named(p.engine).export else "megatron"
+    target = p.engine if spec_named(p.engine).export else DEFAULT_ENGINE
     return (f"paraplan: wrote {path} (plan file: {p.label()}, {p.schedule}, ZeRO-{p.zero}, {p.engine}; "
             f"paraplan export {path} --to {target} launches it)")
 

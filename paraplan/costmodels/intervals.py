@@ -50,6 +50,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from paraplan.io import write_atomic
+from paraplan.engines import Engine
 from paraplan.modes import is_fp8
 
 INTERVALS_JSON = Path(__file__).parents[1] / "data" / "prediction_intervals.json"
@@ -267,7 +268,7 @@ DEFAULT_SCALES = {"seq_len": 1.0, "gpus": 2.0, "params": 2.0, "pp": 2.0, "cp": 1
                   "fp8": 0.5, "generation": 1.0}
 NUMERIC = ("seq_len", "gpus", "params", "pp", "cp")
 #: the engine-agnostic default (paraplan.modes.Engine.GENERIC): it matches every calibration row's engine
-GENERIC_ENGINE = "generic"
+GENERIC_ENGINE = Engine.GENERIC.label
 SCALES_HOW = ("chosen, not fitted: one unit of distance = a doubling of the sequence, 4x the GPUs or 4x the "
               "parameters, 4x the pipeline depth, a doubling of the context-parallel degree, an MoE model against dense rows, another hardware generation; half a unit = another "
               "engine or another number format (fp8 against 16-bit). Only k (widening) is fitted on them")

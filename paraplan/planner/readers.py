@@ -23,14 +23,14 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from paraplan.engines import spec_named
+from paraplan.engines import DEEPSPEED, MEGATRON, TORCHTITAN
 from paraplan.errors import ConfigError
 from paraplan.plan import RECOMPUTE_MODULES, Plan
 
 #: Megatron-LM --fp8-recipe -> paraplan dtype (the megatron engine's export mapping, inverted)
-MEGATRON_FP8 = {v: k for k, v in spec_named("megatron").export.fp8_recipes.items()}
+MEGATRON_FP8 = {v: k for k, v in MEGATRON.export.fp8_recipes.items()}
 MEGATRON_CP_MODE = {"p2p": "ring", "a2a": "ulysses"}
-MEGATRON_FSDP_ZERO = {v: k for k, v in spec_named("megatron").export.fsdp_strategy.items()}
+MEGATRON_FSDP_ZERO = {v: k for k, v in MEGATRON.export.fsdp_strategy.items()}
 #: flags that say nothing a Plan holds (model shape, data, launch length): read into ``model`` / ignored
 MEGATRON_MODEL_FLAGS = {"--num-layers": "layers", "--hidden-size": "hidden", "--ffn-hidden-size": "ffn_hidden",
                         "--num-attention-heads": "heads", "--num-query-groups": "kv_heads", "--vocab-size": "vocab",
@@ -45,7 +45,7 @@ MEGATRON_IGNORED = {
     "--ckpt-format", "--fsdp-double-buffer", "--use-precision-aware-optimizer", "--fp8-format", "--data-path",
     "--recompute-method", "--recompute-num-layers", "--cpu-offloading", "--seq-length", "--micro-batch-size",
     "--global-batch-size", "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"}
-TITAN_SCHEDULES = {v: k for k, v in spec_named("torchtitan").export.schedules.items()}
+TITAN_SCHEDULES = {v: k for k, v in TORCHTITAN.export.schedules.items()}
 TITAN_AC = {"selective": "op-sac", "full": "full", "none": "none", None: "none"}
 #: torchtitan fp8 converter (0.3.0 class or 0.2.x name, recipe) -> paraplan dtype
 TITAN_FP8 = {("Float8LinearConverter", "rowwise"): "fp8-rowwise", ("MXFP8LinearConverter", None): "mxfp8",
@@ -176,7 +176,7 @@ def read_megatron_args(argv: Sequence[str]) -> ReadConfig:
     known = (set(MEGATRON_MODEL_FLAGS) | MEGATRON_IGNORED | set(_MEGATRON_READ))
     unexpressed += [f"{k} (not read)" for k in f if k not in known]
     model = {name: int(f[flag]) for flag, name in MEGATRON_MODEL_FLAGS.items() if flag in f}
-    return ReadConfig("megatron", _plan("megatron", p, unexpressed), int(f["--seq-length"]) if "--seq-length" in f else None,
+    return ReadConfig(MEGATRON.label, _plan(MEGATRON.label, p, unexpressed), int(f["--seq-length"]) if "--seq-length" in f else None,
                       int(f["--global-batch-size"]) if "--global-batch-size" in f else None, None, model,
                       tuple(unexpressed))
 
@@ -238,7 +238,7 @@ def read_deepspeed_config(cfg: Mapping[str, Any]) -> ReadConfig:
     if "activation_checkpointing" in cfg:
         p["recompute"] = "full" if pipe.get("activation_checkpoint_interval", 0) == 1 or p["pp"] == 1 else "selective"
         unexpressed.append("recomputation policy: the model code wraps its layers (read as full recomputation)")
-    return ReadConfig("deepspeed", _plan("deepspeed", p, unexpressed), None,
+    return ReadConfig(DEEPSPEED.label, _plan(DEEPSPEED.label, p, unexpressed), None,
                       int(batch) if batch is not None else None, None, {}, tuple(unexpressed))
 
 
@@ -293,7 +293,7 @@ def read_torchtitan_sections(sections: Mapping[str, Mapping[str, Any]], activati
     p["dtype"] = TITAN_FP8.get(tuple(fp8), "bf16") if fp8 else "bf16"
     if tr.get("mixed_precision_param", "bfloat16") != "bfloat16":
         p["dtype"] = "fp32"
-    return ReadConfig("torchtitan", _plan("torchtitan", p, unexpressed),
+    return ReadConfig(TORCHTITAN.label, _plan(TORCHTITAN.label, p, unexpressed),
                       int(tr["seq_len"]) if "seq_len" in tr else None,
                       int(tr["global_batch_size"]) if int(tr.get("global_batch_size", -1)) > 0 else None,
                       None, {}, tuple(unexpressed))
@@ -352,7 +352,7 @@ def _read_deepspeed_text(text: str) -> ReadConfig:
 
 #: the reader of each engine's export text (torchtitan: the 0.3.0 Python module or the 0.2.2 TOML)
 EXPORT_READERS = {
-    "megatron": read_megatron_script,
-    "deepspeed": _read_deepspeed_text,
-    "torchtitan": lambda text: read_torchtitan_module(text) if "SETTINGS = " in text else read_torchtitan_toml(text),
+    MEGATRON.label: read_megatron_script,
+    DEEPSPEED.label: _read_deepspeed_text,
+    TORCHTITAN.label: lambda text: read_torchtitan_module(text) if "SETTINGS = " in text else read_torchtitan_toml(text),
 }
