@@ -1151,6 +1151,7 @@ RULES: tuple[Rule, ...] = (
     _engine_rule("engine-zero-stages"),
     _engine_rule("engine-offload"),
     _engine_rule("deepspeed-pipeline-zero"),
+    _engine_rule("torchtitan-ddp-pure-dp"),
     _engine_rule("deepspeed-pipeline-schedule"),
     _engine_rule("megatron-pipeline-schedule"),
     _engine_rule("torchtitan-pipeline-schedule"),

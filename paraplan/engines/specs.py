@@ -421,6 +421,15 @@ TORCHTITAN = EngineSpec(
                            "copies; its zero-bubble schedules place several stages on each rank (zbv), not "
                            f"one-stage {Schedule(p.schedule_code).label}"),
                 field="schedule", accepted="1f1b, interleaved, gpipe, zbv, dualpipev"),
+        # unsharded data parallelism is 1-D only: torchtitan 0.2.2's DDP raises "DDP has not supported > 1D
+        # parallelism" (torchtitan/models/llama3/infra/parallelize.py); 0.3.0 applies fully_shard to every model
+        # (torchtitan/models/llama3/parallelize.py), so a ZeRO-0 plan with tp, pp or cp runs as FSDP2
+        Refusal("torchtitan-ddp-pure-dp", "torchtitan replicates (ZeRO-0) only without tp, pp or cp",
+                ("zero", "tp", "pp", "cp"),
+                lambda P: (np.asarray(P.zero) == 0) & ((np.asarray(P.tp) * np.asarray(P.pp) * np.asarray(P.cp)) > 1),
+                lambda p: (f"torchtitan's unsharded data parallelism (DDP) is 1-D: with tp({p.tp}) pp({p.pp}) cp({p.cp}) "
+                           "it shards with FSDP2 (ZeRO-2 without resharding, ZeRO-3 with)"),
+                field="zero", accepted="2 or 3 with tp, pp or cp > 1; 0 for pure data parallelism"),
         Refusal("torchtitan-ep-overlap-dualpipev", "torchtitan overlaps the expert all-to-all under DualPipeV only",
                 ("ep_comm_overlap", "schedule_code", "pp"),
                 lambda P: np.asarray(P.ep_comm_overlap, bool) & ((np.asarray(P.schedule_code) != Schedule.DUALPIPE_V)

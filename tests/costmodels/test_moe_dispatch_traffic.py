@@ -135,7 +135,7 @@ def test_flex_dispatch_permutes_the_arrivals_without_the_regrouping():
 
 @pytest.mark.parametrize("kw, words", [
     (dict(ep=1, dp=16), "with ep(1) there are none"),
-    (dict(engine="torchtitan", tp=2, sp=True, dp=8), "no flex token dispatcher"),
+    (dict(engine="torchtitan", tp=2, sp=True, dp=8, zero=2), "no flex token dispatcher"),
     (dict(engine="deepspeed"), "no flex token dispatcher"),
 ])
 def test_plans_that_cannot_run_flex_dispatch_are_refused_by_name(kw, words):

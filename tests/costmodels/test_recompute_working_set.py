@@ -42,7 +42,8 @@ def test_rematerialized_bytes_are_what_the_layer_dropped(recompute, modules):
     FlashAttention drops only the kernel's softmax statistics."""
     sc = load_scenario("llama3-8b", "dgx-a100-80g", gpus=8, seq_len=4096, global_batch=64)
     plan = Plan(tp=2, pp=1, dp=4, micro_batch=2, recompute=recompute, recompute_modules=modules,
-                engine="torchtitan" if recompute == "op-sac" else "megatron", sp=True)
+                engine="torchtitan" if recompute == "op-sac" else "megatron", sp=True,
+                zero=2 if recompute == "op-sac" else 0)
     job = sc.job(plan)
     kept = M.activation_bytes_per_layer(sc.model, job, plan)
     none = M.activation_bytes_per_layer(sc.model, job, plan, recompute_code=Recompute.NONE)

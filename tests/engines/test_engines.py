@@ -140,7 +140,7 @@ def test_the_shared_choices_a_spec_refuses_are_refused_by_plan_with_its_note(spe
             assert err.problem == f"{opt} is DeepSpeed's; --engine {spec.label} runs adam" and err.accepted == "adam"
     if spec.cp_modes:        # an engine without cp modes refuses cp itself (scaling-no-cp)
         for mode in ("ring", "ulysses"):
-            err = _refused(engine=spec.label, cp=2, cp_mode=mode)
+            err = _refused(engine=spec.label, cp=2, cp_mode=mode, zero=0 if spec.label != "torchtitan" else 2)
             assert (err is None) == (mode in spec.cp_modes)
             if err:
                 assert (err.field, err.problem) == ("cp_mode", spec.cp_mode_note)
@@ -151,10 +151,12 @@ def test_an_engines_own_refusals_are_refused_by_plan_with_their_message():
              "deepspeed-pipeline-schedule": dict(pp=2, schedule="gpipe"),
              "scaling-pipeline-schedule": dict(pp=2, vpp=2, schedule="interleaved"),
              "scaling-no-cp": dict(cp=2),
-             "torchtitan-tp-shards-sequence": dict(tp=2),
+             "torchtitan-tp-shards-sequence": dict(tp=2, zero=2),
              "megatron-pipeline-schedule": dict(pp=2, schedule="zbv"),
-             "torchtitan-pipeline-schedule": dict(pp=2, schedule="dualpipe"),
-             "torchtitan-ep-overlap-dualpipev": dict(pp=2, vpp=2, schedule="interleaved", ep=2, ep_comm_overlap=True)}
+             "torchtitan-pipeline-schedule": dict(pp=2, schedule="dualpipe", zero=2),
+             "torchtitan-ep-overlap-dualpipev": dict(pp=2, vpp=2, schedule="interleaved", ep=2, ep_comm_overlap=True,
+                                                     zero=2),
+             "torchtitan-ddp-pure-dp": dict(pp=2, zero=0)}
     assert set(cases) == {ref.rule for s in SPECS for ref in s.refusals}
     for spec in SPECS:
         for ref in spec.refusals:
@@ -254,8 +256,8 @@ def test_what_torchtitan_holds_and_refuses_is_one_spec():
     assert tt.zero_stages == (0, 2, 3) and tt.recompute == ("none", "full", "op-sac") and tt.cp_modes == ("ring",)
     assert tt.fp8_recipes == ("fp8", "fp8-rowwise", "mxfp8") and tt.optimizers == ("adam",)
     assert tt.switches == {"tp_comm_overlap", "ep_comm_overlap"}
-    assert [r.rule for r in tt.refusals] == ["torchtitan-pipeline-schedule", "torchtitan-ep-overlap-dualpipev",
-                                             "torchtitan-tp-shards-sequence"]
+    assert [r.rule for r in tt.refusals] == ["torchtitan-pipeline-schedule", "torchtitan-ddp-pure-dp",
+                                             "torchtitan-ep-overlap-dualpipev", "torchtitan-tp-shards-sequence"]
     assert (tt.export.schedules["zbv"], tt.export.schedules["dualpipev"]) == ("ZBVZeroBubble", "DualPipeV")
     assert "dualpipe" not in tt.export.schedules
     assert tt.behaviour.fp32_grad_reduction and tt.behaviour.holds_stage_outputs and not tt.behaviour.sp_regather
