@@ -30,6 +30,9 @@ Runs (``--cases 10000 --seed 0``, 2-core machine shared with other jobs, load av
   (14 as real processes), exit codes 2: 8,211, 0: 1,760, 3: 29; 0 tracebacks, 0 hangs, 0 errors not naming
   their field, 0 over one line, 0 warning spills, 0 other exit codes; slowest case ``plan --top '1_000'``
   4.07 s CPU (42 s wall under that load; limits 20 s CPU, 60 s wall); median case 0.045 s wall.
+- main at the end of 7 December (issues 64, 66 and 67 merged; parts side by side on an idle machine, 435 s of
+  case time): 10,000 cases (14 real processes), exit codes 2: 8,209, 0: 1,762, 3: 29; 0 tracebacks, 0 hangs,
+  0 errors not naming their field, 0 over one line, 0 warning spills; slowest ``plan --top '1_000'`` 4.54 s CPU.
 - main fab42d8 merged with 327d1b5 (a merge-tree, not committed; parts side by side, 1,085 s wall): 10,000
   cases, exit codes 2: 8,209, 0: 1,762, 3: 29; 0 tracebacks, 0 hangs, 0 unnamed, 0 multiline, 0 warnings;
   slowest ``plan --top '1_000'`` 4.4 s CPU.

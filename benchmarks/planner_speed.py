@@ -33,7 +33,12 @@ throughout), least of 3 runs, 0d7fd21 -> issue 67 (docs/planner.md, "How fast"):
     whatif GPT-3 175B, 64..4096 A100 (README)    56.61   36.60   15.04  10.26
     whatif Llama 3 70B, H100/H200 x 4k..32k      67.52   46.73   12.68   7.75
 
-Every plan, step time, memory and stage layout the same (GPT 1T's stage split: the same, now proven optimal:
+Idle (load average 0.5), least of 2, main after issues 64/66/67 merged (answers differ from 0d7fd21's on
+purpose: default engine, engine-true schedules, Ulysses kernel shape), wall s before -> after:
+GPT 1T 7.47 -> 0.92, GPT-3 175B 2.44 -> 0.84, Llama 3 70B (README) 2.53 -> 0.77, DeepSeek-V3 16.80 -> 4.15,
+whatif GPT-3 175B 13.19 -> 4.68, whatif Llama 3 70B 10.78 -> 4.18.
+
+The loaded run above: every plan, step time, memory and stage layout the same (GPT 1T's stage split: the same, now proven optimal:
 'Feasible (time limit)' -> 'Optimal'); both whatif report folders byte-identical. The issue's 9.4 s / 27 s /
 23-25 s were measured on a quieter machine; at this load only the CPU column compares with them (and the
 before CPU understates the old code idle: CBC stopped at 5 s elapsed, pulp's timeMode='elapsed').
