@@ -36,7 +36,7 @@ from paraplan.plan import (check_plan, interleaved_split_accounts, is_fp4, is_fp
                            virtual_stage_layer_counts)
 from paraplan.planner.export_common import (ENGINES, LEARNING_RATE, MTP_NOTE, NVME_PLACEHOLDER, RDZV_PORT,  # noqa: F401
                                             TRAIN_ITERS, Export, Scenario, headline, launch_note, load_scenario,
-                                            refuse_unrun_schedule, sdpa_kernel_note)
+                                            sdpa_kernel_note)
 from paraplan.planner.export_torchtitan import TORCHTITAN_FORMATS, build_torchtitan
 from paraplan.planner.runnable import AsRun, as_engine_runs, nearest_runnable
 
@@ -171,7 +171,6 @@ def build_megatron(s: Scenario, spec: EngineSpec) -> Export:
     """pretrain_gpt.py flags (NVIDIA/Megatron-LM megatron/training/arguments.py) behind torchrun; the
     switches' flags, fp8 recipes and Megatron-FSDP strategies from ``spec.export``."""
     p, m, notes = s.plan, s.model, []
-    refuse_unrun_schedule(p, spec, "1f1b, interleaved (zb-h1 and gpipe run as 1F1B)")
     args: list[tuple[str, ...]] = [
         ("--num-layers", str(m.layers)), ("--hidden-size", str(m.hidden)),
         ("--ffn-hidden-size", str(m.ffn_hidden)), ("--num-attention-heads", str(m.heads)),
@@ -337,7 +336,6 @@ def build_deepspeed(s: Scenario, spec: EngineSpec) -> Export:
         raise ConfigError("zero", f"DeepSpeed's PipelineEngine rejects ZeRO-{p.zero} with pipeline parallelism "
                           "(ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism)",
                           accepted="--zero 0 or 1 with pp > 1")
-    refuse_unrun_schedule(p, spec, "1f1b (its PipelineEngine's TrainSchedule)")
     if p.schedule == "interleaved":
         raise ConfigError("schedule", "DeepSpeed's pipeline engine has no interleaved (virtual-stage) schedule",
                           accepted="1f1b with pp > 1, or --to megatron / --to torchtitan")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from paraplan.engines import SPECS, EngineSpec
+from paraplan.engines import SPECS
 from paraplan.errors import ConfigError
 from paraplan.plan import Plan, check_plan
 from paraplan.planfile import PLAN_SCHEMA
@@ -149,17 +149,3 @@ def sdpa_kernel_note(p, engine: str) -> list[str]:
     return [f"the plan was priced with the {p.attention_kernel} attention kernel; {engine} calls "
             f"torch's scaled_dot_product_attention, which picks its own backend: pin it by running the "
             f"step under torch.nn.attention.sdpa_kernel(SDPBackend.{SDPA_BACKEND_OF_KERNEL[p.attention_kernel]})"]
-
-
-#: the schedules that place two chunks on every rank (ZBV, DualPipeV) or run two directions (DualPipe)
-TWO_CHUNK_SCHEDULES = ("zbv", "dualpipe", "dualpipev")
-
-
-def refuse_unrun_schedule(p: Plan, spec: EngineSpec, runs: str) -> None:
-    """ConfigError where the engine has no flag for the plan's ZBV, DualPipe or DualPipeV schedule: it would
-    run another layout (one chunk per rank, one parameter copy), so the export is refused, not approximated.
-    ``runs``: the schedules the engine runs."""
-    if p.pp > 1 and p.schedule in TWO_CHUNK_SCHEDULES and p.schedule not in spec.export.schedules:
-        raise ConfigError("schedule", f"{spec.title} has no {p.schedule} schedule ({runs}); exporting it would run "
-                          "another layout than the estimate's", accepted=f"{runs}; zbv and dualpipev: --to torchtitan"
-                          + ("" if p.schedule != "dualpipe" else "; dualpipe: DeepSeek's DualPipe runtime only"))

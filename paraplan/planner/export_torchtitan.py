@@ -23,11 +23,12 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Mapping
 
+from paraplan.costmodels.pipeline import V_SCHEDULES
 from paraplan.engines import TORCHTITAN, EngineSpec
 from paraplan.errors import ConfigError
 from paraplan.plan import Plan, virtual_stage_layer_counts
 from paraplan.planner.export_common import (MTP_NOTE, RDZV_PORT, SDPA_BACKEND_OF_KERNEL, TRAIN_ITERS, Export,
-                                            Scenario, headline, refuse_unrun_schedule)
+                                            Scenario, headline)
 
 # paraplan preset -> torchtitan (model, flavor, its config_registry function): torchtitan 0.3.0
 # torchtitan/models/{llama3,deepseek_v3,qwen3}/config_registry.py and their model_registry flavors
@@ -89,9 +90,8 @@ def titan_model(s: Scenario) -> tuple[tuple[str, str, str], list[str]]:
            f"{m.moe.shared_experts} shared, {m.moe_layers} MoE layers" if m.moe is not None else "")]
 
 
-#: torch.distributed.pipelining's schedules with two stages per rank placed in a V (rank r: stages r and
-#: 2·pp − 1 − r), which refuse torch.compile'd stages (_check_torch_compile_compatibility, PyTorch 2.13)
-V_SCHEDULES = ("zbv", "dualpipev")
+#: the schedules whose two stages a rank are placed in a V (paraplan.costmodels.pipeline.V_SCHEDULES)
+V_SCHEDULE_LABELS = tuple(s.label for s in V_SCHEDULES)
 
 
 def stage_modules(layers: int, p: Plan, output: str) -> list[list[str]]:
@@ -99,7 +99,7 @@ def stage_modules(layers: int, p: Plan, output: str) -> list[list[str]]:
     the plan's layers per (virtual) stage (2·pp chunks under ZBV and DualPipeV), the embedding on the
     first, the final norm and ``output`` (the LM head: ``lm_head`` in 0.3.0, ``output`` in 0.2.x) on the last."""
     chunks, at = [], 0
-    shape = SimpleNamespace(pp=p.pp, vpp=2) if p.schedule in V_SCHEDULES else p     # two chunks a rank
+    shape = SimpleNamespace(pp=p.pp, vpp=2) if p.schedule in V_SCHEDULE_LABELS else p     # two chunks a rank
     for c in virtual_stage_layer_counts(layers, shape):
         chunks.append([f"layers.{i}" for i in range(at, at + c)])
         at += c
@@ -111,7 +111,6 @@ def stage_modules(layers: int, p: Plan, output: str) -> list[list[str]]:
 def titan_settings(s: Scenario, spec: EngineSpec, output: str) -> tuple[dict[str, dict[str, Any]], list[str]]:
     """The plan's fields as torchtitan sections (``section -> {key: value}``, 0.3.0 names), and notes."""
     p, m, notes = s.plan, s.model, []
-    refuse_unrun_schedule(p, spec, "1f1b, interleaved, gpipe, zbv, dualpipev (torch.distributed.pipelining)")
     fmt_is_python = output == "lm_head"
     if p.dtype not in ("bf16", "fp8", "fp8-rowwise", "fp8-delayed", "fp8-blockwise", "mxfp8"):
         raise ConfigError("dtype", f"torchtitan has no {p.dtype} mixed precision (training.mixed_precision_param "

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from paraplan.engines import DEEPSPEED, MEGATRON, TORCHTITAN
+from paraplan.planner.export_torchtitan import V_SCHEDULE_LABELS
 from paraplan.errors import ConfigError
 from paraplan.plan import RECOMPUTE_MODULES, Plan
 
@@ -272,7 +273,7 @@ def read_torchtitan_sections(sections: Mapping[str, Mapping[str, Any]], activati
         if par.get("pipeline_parallel_schedule", "1F1B") not in TITAN_SCHEDULES:
             unexpressed.append(f"pipeline_parallel_schedule {par.get('pipeline_parallel_schedule')} (read as 1F1B)")
         chunks = par.get("module_fqns_per_model_part")
-        if chunks and p["schedule"] in ("zbv", "dualpipev"):     # two V-placed chunks a rank: one stage each
+        if chunks and p["schedule"] in V_SCHEDULE_LABELS:     # two V-placed chunks a rank: one stage each
             p["vpp"] = 1
         elif chunks:
             p["vpp"] = max(1, len(chunks) // pp)
