@@ -17,6 +17,7 @@ torchtitan/distributed/activation_checkpoint.py, torchtitan 0.2.2 torchtitan/con
 from __future__ import annotations
 
 import ast
+import json
 import re
 import shlex
 import tomllib
@@ -347,7 +348,6 @@ def read_export(engine: str, text: str) -> ReadConfig:
 
 
 def _read_deepspeed_text(text: str) -> ReadConfig:
-    import json
     return read_deepspeed_config(json.loads(text))
 
 
