@@ -736,7 +736,10 @@ def virtual_stage_layer_counts(layers: int, plan) -> list[int]:
     chunks, the middle ones first, then the last, then the first (they hold the LM head and the
     embedding). Where Megatron-LM's embedding / loss accounting makes the layers divide
     (:func:`interleaved_split_accounts`) this is exactly its split; otherwise it is the layout a
-    ``--pipeline-model-parallel-layout`` (Megatron-Core) or torchtitan's split points give."""
+    ``--pipeline-model-parallel-layout`` (Megatron-Core; its docs' "Custom Pipeline Model Parallel
+    Layout" puts DeepSeek-V3's 61 layers on pp 16 x vpp 2 as ``Et*3|(tt|)*29,m|L``) or torchtitan's split
+    points give. Every engine that runs the interleaved schedule takes such uneven chunks, so no layer
+    count is refused for interleaving beyond one layer per chunk (rule ``layer-per-stage``)."""
     vpp = int(plan.vpp)
     if vpp == 1:
         return stage_layer_counts(layers, plan)
@@ -992,16 +995,6 @@ RULES: tuple[Rule, ...] = (
        lambda P, s: s.model.layers < P.pp * P.vpp,
        lambda p, s: (f"layers({s.model.layers}) < pp({p.pp}) * vpp({p.vpp}) = {p.pp * p.vpp}: every "
                      "(virtual) pipeline stage needs at least one layer")),
-    _r("interleaved-layers-divisible", "interleaved stages need layers (+ embedding, loss) divisible by pp*vpp",
-       ILLEGAL, ("pp", "vpp", "engine_code"),
-       lambda P, s: ((P.vpp > 1) & ~_interleaved_split_exists(s.model.layers, P.pp * P.vpp)
-                     & ~engine_flag(P, "uneven_interleaved_chunks")),
-       lambda p, s: (f"layers({s.model.layers}) % (pp({p.pp}) * vpp({p.vpp})) = "
-                     f"{s.model.layers % (p.pp * p.vpp)}: interleaved (virtual) stages need the layers, or the "
-                     f"layers + 1 or + 2 with the embedding and the loss counted as layers (Megatron-LM's "
-                     f"--account-for-embedding/loss-in-pipeline-split), divisible by pp * vpp = {p.pp * p.vpp}; "
-                     f"--engine megatron (--pipeline-model-parallel-layout) and torchtitan (split points) "
-                     f"take uneven chunks")),
     _r("stage-layers-need-pp", "first/last stage layers need pp >= 2", ILLEGAL,
        ("pp", "first_stage_layers", "last_stage_layers"),
        lambda P, s: ((P.first_stage_layers > 0) | (P.last_stage_layers > 0)) & (P.pp < 2),

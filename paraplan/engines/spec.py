@@ -96,8 +96,6 @@ class Behaviour:
     holds_stage_outputs: bool
     #: pipeline: the stages split L + embedding, norm and head as uniform "layer specs" (plan.stage_layers)
     splits_layer_specs: bool
-    #: interleaved stages may hold any number of layers per model chunk (the interleaved-layers rule)
-    uneven_interleaved_chunks: bool
     #: sequence parallelism: column-parallel linears keep the input shard and all-gather it again in
     #: backward (costmodels/tpcomm.py)
     sp_regather: bool

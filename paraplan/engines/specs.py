@@ -111,7 +111,7 @@ GENERIC = EngineSpec(
         # pipeline: Megatron-LM 2021's code (the SC21 runs): batched send/recv pairs, no overlap, the
         # output scattered over tp (its scatter-gather optimisation), nothing held after sending
         blocking_p2p=False, overlapped_p2p=False, p2p_sends_whole_output=False, p2p_partitions_over_tp=False,
-        holds_stage_outputs=False, splits_layer_specs=False, uneven_interleaved_chunks=False,
+        holds_stage_outputs=False, splits_layer_specs=False,
         # sequence parallelism as Korthikanti et al. 2022 sec. 4.2.2 write it
         sp_regather=True, saves_gathered_sp_inputs=False, async_tp_forward_only=False,
         # one fp32 copy of the logits: the accounting the published runs were checked with
@@ -209,9 +209,6 @@ MEGATRON = EngineSpec(
         # is freed once sent (deallocate_output_tensor, deallocate_pipeline_outputs=True)
         blocking_p2p=False, overlapped_p2p=True, p2p_sends_whole_output=True, p2p_partitions_over_tp=False,
         holds_stage_outputs=False, splits_layer_specs=False,
-        # --pipeline-model-parallel-layout (docs: "Custom Pipeline Model Parallel Layout", DeepSeek-V3's 61
-        # layers on pp 16 x vpp 2 as "Et*3|(tt|)*29,m|L")
-        uneven_interleaved_chunks=True,
         # LinearWithGradAccumulationAndAsyncCommunication re-gathers the sequence shard in backward
         sp_regather=True, saves_gathered_sp_inputs=False, async_tp_forward_only=False,
         # the fused vocab-parallel cross-entropy keeps the 16-bit logits and an fp32 softmax it overwrites
@@ -324,7 +321,7 @@ DEEPSPEED = EngineSpec(
         # partitioned over tp (pipe_partitioned, grad_partitioned) and gathered by the receiver
         # (PartitionedTensor.full()); the outputs kept in pipe_buffers['outputs'] until backward
         blocking_p2p=True, overlapped_p2p=False, p2p_sends_whole_output=False, p2p_partitions_over_tp=True,
-        holds_stage_outputs=True, splits_layer_specs=False, uneven_interleaved_chunks=False,
+        holds_stage_outputs=True, splits_layer_specs=False,
         sp_regather=True,   # Megatron-DeepSpeed's copy of Megatron's sequence parallelism
         saves_gathered_sp_inputs=False, async_tp_forward_only=False,
         # Hugging Face models: plain PyTorch cross-entropy on logits upcast to fp32: the 16-bit logits, the
@@ -449,7 +446,7 @@ TORCHTITAN = EngineSpec(
         # torch.distributed.pipelining: the stage output kept in the stage's fwd_cache until backward;
         # pipeline_parallel_split_points place any number of layers per stage
         blocking_p2p=False, overlapped_p2p=False, p2p_sends_whole_output=False, p2p_partitions_over_tp=False,
-        holds_stage_outputs=True, splits_layer_specs=False, uneven_interleaved_chunks=True,
+        holds_stage_outputs=True, splits_layer_specs=False,
         # DTensor matmuls keep the gathered input (op-level SAC aside: tpcomm.op_sac_regather_time); async TP
         # micro-pipelines the forward's collectives only (TORCHTITAN_ASYNC_TP_SOURCE in tpcomm.py)
         sp_regather=False, saves_gathered_sp_inputs=False, async_tp_forward_only=True,
@@ -559,7 +556,7 @@ SCALING = EngineSpec(
         # whole output sent, kept in its PIPELINE_STAGE_OUTPUT buffer until the gradient arrives;
         # pipe_partition_uniform over its L + 3 layer specs (plan.SCALING_EXTRA_LAYER_SPECS)
         blocking_p2p=True, overlapped_p2p=False, p2p_sends_whole_output=True, p2p_partitions_over_tp=False,
-        holds_stage_outputs=True, splits_layer_specs=True, uneven_interleaved_chunks=False,
+        holds_stage_outputs=True, splits_layer_specs=True,
         # core/nn/norm/rms_norm.py gathers the norm output under sequence parallelism and the column-parallel
         # linears save the gathered tensor (memory.SCALING_SP_GATHERED_SAVED_BYTES_PER_HIDDEN)
         sp_regather=False, saves_gathered_sp_inputs=True, async_tp_forward_only=False,

@@ -288,3 +288,16 @@ def test_the_planner_doc_example_is_what_the_cli_prints(capsys):
                  "--top", "3"]) == 0
     printed = capsys.readouterr().out.splitlines()
     assert len(shown) == 8 and [line for line in shown if line not in printed] == []
+
+
+@pytest.mark.slow
+def test_deepseek_v3_plan_chooses_among_all_five_schedules():
+    """Issue 66's example: DeepSeek-V3 (61 layers) on 2048 H100s with the generic engine ranks a fitting plan of
+    1F1B, interleaved (uneven chunks: 61 layers divide into no pp*vpp), zb-h1, ZBV and DualPipe(V)."""
+    from paraplan.planner.search import search
+    from paraplan.planner.space import SpaceOptions
+    r = search(load_model("deepseek-v3"), TrainingJob(seq_len=4096, global_batch=15360), load_cluster("dgx-h100", 2048),
+               options=SpaceOptions(fixed={"engine": "generic", "ep": 64, "ep_comm_overlap": True}), top=3)
+    assert {"1f1b", "interleaved", "zb-h1", "zbv", "dualpipe", "dualpipev"} <= set(r.by_schedule)
+    inter = r.by_schedule["interleaved"]
+    assert inter.plan.vpp > 1 and 61 % (inter.plan.pp * inter.plan.vpp) != 0

@@ -138,7 +138,7 @@ def test_api_fixed_by_name():
 
 @pytest.mark.parametrize("fixed, field", [({"tp": 3}, "--fix tp"), ({"zero": 5}, "--fix zero"),
                                           ({"optimizer": 0}, "--fix optimizer"), ({"nope": 1}, "--fix"),
-                                          ({"pp": 3, "vpp": 2}, "--fix pp, vpp"),
+                                          ({"pp": 16, "vpp": 4}, "--fix pp, vpp"),
                                           ({"pp": 64, "vpp": 1}, "--fix pp, vpp")])
 def test_api_fixed_errors(fixed, field):
     model, job, cluster = _llama()

@@ -112,10 +112,11 @@ def test_layer_count_and_interleaving_rules():
     model, job, cluster = _scene("bloom-176b", "dgx-a100-80g", 384)
     with pytest.raises(ConfigError, match="every \\(virtual\\) pipeline stage needs at least one layer"):
         check_plan(Plan(tp=1, pp=96, dp=4), model, job, cluster)
-    with pytest.raises(ConfigError, match=r"layers\(70\) % \(pp\(12\) \* vpp\(4\)\) = 22: .*embedding and the loss"):
-        check_plan(Plan(tp=4, pp=12, dp=8, vpp=4, schedule="interleaved", micro_batch=2), model, job, cluster)
     # 70 + embedding + loss = 72 = 12 x 2 x 3: Megatron-LM's --account-for-*-in-pipeline-split
     model, job, cluster = _scene("bloom-176b", "dgx-a100-80g", 384, batch=1536)   # 96 micro-batches of 2
+    # 70 layers on 48 chunks divide under no accounting: uneven chunks of 1 or 2 layers, as every engine that
+    # interleaves takes them (Megatron-Core's pipeline layout, torchtitan's split points)
+    check_plan(Plan(tp=4, pp=12, dp=8, vpp=4, schedule="interleaved", micro_batch=2), model, job, cluster)
     check_plan(Plan(tp=4, pp=12, dp=8, vpp=2, schedule="interleaved", micro_batch=2), model, job, cluster)
     check_plan(BLOOM_PLAN, model, job, cluster)       # 70 % 12 != 0 is legal now
 
