@@ -105,12 +105,6 @@ def read_logs(args) -> list:
     return logs
 
 
-def rows_csv(logs) -> str:
-    """The logs' runs as a published-run file (the columns ``paraplan score RUNS.csv`` reads)."""
-    from paraplan.calibration import FILE_COLUMNS
-    return pd.DataFrame([log.row for log in logs], columns=list(FILE_COLUMNS)).to_csv(index=False)
-
-
 #: the layout a log may not print (paraplan.planner.runlogs.LAYOUT_FIELDS, kept here so that the parser
 #: is built without importing the readers)
 LAYOUT_FIELDS = ("tp", "pp", "cp", "ep", "vpp", "micro_batch", "zero", "dtype", "recompute", "schedule", "sp",
@@ -142,7 +136,8 @@ def cmd_score(args) -> int:
             else "\n".join(_log_lines(logs)) * bool(logs) + _text(scored, by_source, by_generation, args.rows or bool(logs)))
     if args.write_rows:
         with writing("--write-rows", args.write_rows):
-            write_atomic(args.write_rows, rows_csv(logs))
+            from paraplan.planner.runlogs import runs_csv
+            write_atomic(args.write_rows, runs_csv(logs))
     if args.out:
         with writing("--out", args.out):
             write_atomic(args.out, text)

@@ -23,10 +23,13 @@ says what it reads, from which engine source file):
 """
 from __future__ import annotations
 
+import csv
 import gzip
+import io
 import os
 from pathlib import Path
 
+from paraplan.calibration import FILE_COLUMNS
 from paraplan.errors import ConfigError, shown
 from paraplan.io import path_problem
 from paraplan.planner.runlogs import deepspeed, megatron, mlperf, torchtitan
@@ -40,7 +43,7 @@ KINDS = tuple(READERS)
 MAX_BYTES = 256 * 2**20
 
 __all__ = ["KINDS", "LAYOUT_FIELDS", "Measured", "Overrides", "RunLog", "case_of", "detect_kind", "read_run_log",
-           "read_log_text"]
+           "read_log_text", "runs_csv"]
 
 
 def detect_kind(text: str) -> str | None:
@@ -102,3 +105,14 @@ def read_run_log(log: str | Path, *, kind: str | None = None, overrides: Overrid
     engine_word = {"megatron": "Megatron-LM", "torchtitan": "torchtitan", "deepspeed": "DeepSpeed",
                    "mlperf": "MLPerf Training"}[found]
     return READERS[found](text, source or f"{engine_word} log {name}", overrides)
+
+
+def runs_csv(logs) -> str:
+    """Read logs as the text of a runs file: the published-run columns (:data:`FILE_COLUMNS`), one row
+    per log, which ``paraplan score RUNS.csv`` (and calibrate) read back."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(FILE_COLUMNS), lineterminator="\n")
+    writer.writeheader()
+    for log in logs:
+        writer.writerow({k: ("" if v is None else v) for k, v in log.row.items()})
+    return out.getvalue()
