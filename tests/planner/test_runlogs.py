@@ -4,6 +4,7 @@ the median of the steps after the warm-up, golden numbers taken from the files; 
 for a log without its configuration, a truncated log, an unknown format, and what the user must add."""
 import gzip
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ MEGATRON = LOGS / "megatron_deepspeed_llama_tp2pp2.log"
 MEGATRON_NO_ARGS = LOGS / "megatron_llama2_3p5b_4090_no_arguments.log"
 MLPERF = LOGS / "mlperf_v4.0_nvidia_eos_n64_gpt3_result_0.txt"
 DEEPSPEED = LOGS / "deepspeed_0.19.8_cpu_zero1_dp2.log"
+DEEPSPEED_GPU = LOGS / "deepspeed_fate_gpt2_zero2_excerpt.log"
 TINY_MODEL = LOGS / "deepspeed_cpu_tiny_model.yaml"
 TITAN_STEPS = LOGS / "torchtitan_pr1437_flex_debug_steps.log"
 TITAN_MESH = LOGS / "torchtitan_pr1349_fsdp8_debug_steps.log"
@@ -28,7 +30,7 @@ MLPERF_LAYOUT = {"tp": 4, "pp": 8, "vpp": 4, "micro_batch": 2, "dtype": "fp8-del
 
 
 @pytest.mark.parametrize("path, kind", [(MEGATRON, "megatron"), (MEGATRON_NO_ARGS, "megatron"), (MLPERF, "mlperf"),
-                                        (DEEPSPEED, "deepspeed"), (TITAN_STEPS, "torchtitan"),
+                                        (DEEPSPEED, "deepspeed"), (DEEPSPEED_GPU, "deepspeed"), (TITAN_STEPS, "torchtitan"),
                                         (TITAN_MESH, "torchtitan")])
 def test_each_kind_is_detected_from_its_content(path, kind):
     assert detect_kind(path.read_text()) == kind
@@ -118,6 +120,20 @@ def test_deepspeed_log_reads_its_json_config_and_throughput_timer():
     assert log.skipped == (3, 4) and log.measured.steps == tuple(range(5, 13))
     assert log.measured.step_time_s == pytest.approx(0.16133956773376465)
     assert log.measured.peak_memory_gib == pytest.approx(0.48)
+
+
+def test_a_public_deepspeed_excerpt_with_only_the_configs_json_line():
+    """FATE's DeepSpeed-on-Eggroll page (GPT-2, ZeRO-2, one GPU): the print's last lines and four timer
+    lines, two of them broken by the page ('MemA          llocated')."""
+    given = Overrides(model=str(LOGS / "gpt2_small_model.yaml"), gpu="A100-80GB", seq_len=128)
+    with pytest.raises(ConfigError, match="GPU count; give --gpus N"):
+        read_run_log(DEEPSPEED_GPU, overrides=given)
+    log = read_run_log(DEEPSPEED_GPU, overrides=replace(given, gpus=1))
+    assert (log.plan.zero, log.plan.dp, log.plan.micro_batch, log.plan.dtype, log.global_batch) == (2, 1, 16, "fp32", 16)
+    assert log.skipped == (10, 20) and log.measured.steps == (30, 40)
+    assert log.measured.step_time_s == pytest.approx(statistics.median([16 / 110.59852763526753,
+                                                                        16 / 109.53330286609649]))
+    assert log.measured.peak_memory_gib == pytest.approx(6.12)
 
 
 def test_torchtitan_step_lines_and_the_layout_when_no_config_is_printed():

@@ -56,7 +56,8 @@ def detect_kind(text: str) -> str | None:
         return "torchtitan"
     if megatron.ARGS_START.search(text) or "elapsed time per iteration (ms)" in text:
         return "megatron"
-    if deepspeed.ENGINE_CONFIG.search(text) or "CurrSamplesPerSec=" in text or deepspeed.PIPE_STEP.search(text):
+    if (deepspeed.ENGINE_CONFIG.search(text) or deepspeed.USER_JSON_LINE.search(text) or "CurrSamplesPerSec=" in text
+            or deepspeed.PIPE_STEP.search(text)):
         return "deepspeed"
     return None
 
