@@ -23,7 +23,7 @@ from paraplan.calibration.cases import (CalibrationCase, MemoryCase, lightest_fi
 from paraplan.calibration.cells import (THROUGHPUT_METRICS, VOCAB_IN_NOTES, blank, cases_of_table, cp_sp,
                                         dtype_of_precision, int_cell, is_gpt_mlp, measured_step_time_s,
                                         notes_guess_full_recompute, offload_of_cell, params_mismatch,
-                                        peak_16bit, read_runs_file, recompute_of_cell, row_notes,
+                                        peak_16bit, preset_with_row_shape, read_runs_file, recompute_of_cell, row_notes,
                                         source_counts_causal_half, vocab_from_notes,
                                         zero_stage)
 from paraplan.calibration.recipes import a100_recipes
@@ -150,11 +150,15 @@ def _setup_from_row(r: pd.Series):
         system = entry.systems[system]
         assumed.append(entry.system_note)
     if preset and blank_architecture:
-        model = load_model(preset)
+        model = preset_with_row_shape(load_model(preset), r, assumed)
+        if isinstance(model, str):
+            return model
         assumed.append(f"architecture of the {preset} preset: the row names {r['model']!r} and leaves "
                        + ", ".join(blank_architecture) + " blank")
     elif preset:
-        model = load_model(preset)
+        model = preset_with_row_shape(load_model(preset), r, assumed)
+        if isinstance(model, str):
+            return model
         assumed.append(f"architecture of the {preset} preset, whose shape the row's columns give (they cannot "
                        "state its grouped-query attention or gated MLP)")
     else:

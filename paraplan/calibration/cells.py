@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import os
 import re
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -198,6 +199,48 @@ def params_mismatch(model: TransformerModel, r: pd.Series) -> str | None:
             + f"), but the row states {stated:g}B")
 
 
+#: the architecture columns a row may state beside a preset's name, and the model field each sets
+SHAPE_COLUMNS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "moe_experts", "moe_topk")
+
+
+def preset_with_row_shape(model: TransformerModel, r: pd.Series, assumed: list) -> TransformerModel | str:
+    """The preset ``model`` a row's name denotes, with the architecture its columns state where they
+    differ (before issue 65 a row naming 'Llama 3 8B' with 16 layers was scored as the 32-layer
+    preset, silently): layers, hidden, heads, ffn_hidden, vocab, moe_experts, moe_topk. What the
+    columns cannot state (grouped-query attention, the MLP's activation, norms, tied embeddings)
+    stays the preset's. Each difference is said in ``assumed``; a blank column keeps the preset's.
+    Returns the reason instead when the row's shape does not make a model with the preset's
+    attention (heads not a multiple of its key/value heads) or sets experts on a dense preset."""
+    moe = model.moe
+    preset = {"layers": model.layers, "hidden": model.hidden, "heads": model.heads, "ffn_hidden": model.ffn_hidden,
+              "vocab": model.vocab, "moe_experts": moe.experts if moe else None, "moe_topk": moe.top_k if moe else None}
+    stated = {c: int_cell(r[c], c) for c in SHAPE_COLUMNS if c in r.index and not blank(r[c])}
+    differ = {c: v for c, v in stated.items() if v != preset[c]}
+    if not differ:
+        return model
+    if moe is None and ({"moe_experts", "moe_topk"} & set(differ)):
+        return (f"model {r['model']!r} reads as the dense {model.name} preset, but the row states "
+                + ", ".join(f"{c} {differ[c]}" for c in ("moe_experts", "moe_topk") if c in differ)
+                + " (leave them blank, or name a model without a preset to read its columns)")
+    fields = {k: differ[k] for k in ("layers", "hidden", "heads", "ffn_hidden", "vocab") if k in differ}
+    if moe is not None and ({"moe_experts", "moe_topk"} & set(differ)):
+        fields["moe"] = replace(moe, experts=differ.get("moe_experts", moe.experts), top_k=differ.get("moe_topk", moe.top_k))
+    kv = model.kv_heads
+    if "heads" in fields and kv and fields["heads"] % kv:
+        return (f"model {r['model']!r}: the row's heads {fields['heads']} are not a multiple of the {model.name} "
+                f"preset's {kv} key/value heads")
+    if "hidden" in fields and model.head_dim is None and fields["hidden"] % fields.get("heads", model.heads):
+        return f"model {r['model']!r}: the row's hidden {fields['hidden']} is not a multiple of its heads"
+    try:
+        shaped = replace(model, **fields)
+    except (ConfigError, ValueError) as e:
+        return f"model {r['model']!r}: the row's shape does not make a model with the {model.name} preset's ({e})"
+    assumed.append(f"architecture of the {model.name} preset with the row's "
+                   + ", ".join(f"{c} {v} (preset {preset[c]})" for c, v in differ.items())
+                   + ": its attention, MLP activation and norms are the preset's")
+    return shaped
+
+
 def recompute_of_cell(text: str, assumed: list) -> str:
     """Plan.recompute for a recompute cell: 'full' / 'full (uniform)' / 'yes' / 'activation checkpointing'
     -> full; 'selective' -> selective; 'selective (per-op SAC)' -> op-sac; 'none' / 'no' / 'off' -> none;
@@ -323,8 +366,11 @@ def dtype_of_precision(precision: str, assumed: list) -> str:
     FP8-CS per-tensor current scaling, FP8-DS delayed scaling, FP8-MX mxfp8, torchao's float8 tensorwise /
     rowwise; NVFP4 (Megatron-Bridge's "NVFP4", Transformer Engine's NVFP4BlockScaling) and MXFP4; NeMo
     24.07's Transformer Engine default recipe was delayed scaling; an unnamed FP8 recipe is taken as
-    current scaling (the Megatron-Bridge pages' default)."""
+    current scaling (the Megatron-Bridge pages' default); ``amp_fp8`` (Composer's and llm-foundry's name
+    beside ``amp_bf16``) is fp8 of an unnamed recipe (before issue 65 it was refused as not understood)."""
     p = precision.lower()
+    if p.startswith("amp_fp8"):     # Composer / llm-foundry's precision names: amp_bf16, amp_fp8
+        p = p.removeprefix("amp_")
     if "mxfp4" in p or "mx-fp4" in p or "fp4-mx" in p:
         return "mxfp4"
     if "nvfp4" in p or "fp4" in p:

@@ -18,11 +18,12 @@ import pandas as pd
 from paraplan.calibration.cases import CalibrationCase, lightest_fitting_recompute, system_of_row_gpu
 from paraplan.calibration.cells import (CONFIG_DEFAULT_SEQ, THROUGHPUT_METRICS, blank, cases_of_table, cp_sp,
                                         dtype_of_precision, int_cell, is_gpt_mlp, measured_step_time_s,
-                                        notes_say_async_tp, offload_of_cell, params_mismatch, peak_16bit,
+                                        notes_say_async_tp, offload_of_cell, params_mismatch, peak_16bit, preset_with_row_shape,
                                         read_runs_file, recompute_of_cell, row_notes, source_counts_causal_half,
                                         vocab_from_notes,
                                         zero_stage)
 from paraplan.calibration.recipes import Recipes, a100_recipes, h100_recipes
+from paraplan.engines import spec_named
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import MEGATRON_FSDP_STRATEGY, Plan, check_plan
@@ -115,7 +116,8 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     preset = recipes.preset_of_model(r["model"])
     if preset is None:
         preset = model_preset_for_name(r["model"])
-    model = load_model(preset) if preset else _model_from_columns(r, recipes, assumed)
+    model = (preset_with_row_shape(load_model(preset), r, assumed) if preset
+             else _model_from_columns(r, recipes, assumed))
     if isinstance(model, str):
         return model
     mismatch = params_mismatch(model, r)
@@ -137,6 +139,11 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     cp, sp, cp_mode = cp_sp(r["cp_or_sp"])
     engine = engine_of_source(str(r["source"]), assumed)
     defaults = recipes.engine_defaults[engine]
+    if dtype in defaults.unmodelled_precisions:
+        return (f"precision {r['precision']!r} on a {engine} row: {defaults.unmodelled_precisions[dtype]}; "
+                f"paraplan's {engine} engine does not model it (its low-precision recipes: "
+                f"{', '.join(spec_named(engine).fp8_recipes) or 'none'}); leave the row out or name the engine "
+                "the run used in the source column")
     zero = zero_stage(r["zero_stage"], default=defaults.zero)
     if blank(r["zero_stage"]):
         assumed.append(defaults.zero_note)
@@ -151,6 +158,9 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     if blank(r["recompute"]) and defaults.performance_recipe:
         assumed.append("no activation recomputation (not stated)")
     recompute = recompute_of_cell(rec, assumed)
+    if recompute == "selective" and defaults.selective_recompute != "selective":
+        recompute = defaults.selective_recompute
+        assumed.append(defaults.selective_recompute_note)
     fact = recipes.fact("recompute_modules", r) if blank(r["recompute"]) else None
     modules = fact.value if fact is not None else ""
     if modules:

@@ -77,6 +77,12 @@ class EngineDefaults:
     grad_reduce_bf16: bool = False
     grad_reduce_bf16_note: str = ""
     fill_from_notes: bool = False             # blank sequence length and global batch from notes and defaults
+    #: what a row's 'selective' recompute cell runs as on this engine (torchtitan's is per-op SAC), and why
+    selective_recompute: str = "selective"
+    selective_recompute_note: str = ""
+    #: precisions the engine trains with a recipe paraplan does not model: dtype -> what the engine runs
+    #: (a row in one is skipped with that reason, not refused as an unexpressible layout)
+    unmodelled_precisions: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,12 @@ def score_runs(path: Path | str) -> Scored:
     """Every row of a runs file read, estimated and compared (see the module docstring). Raises
     ConfigError when the file cannot be read or lacks a required column."""
     cases, skipped = cases_of_table(read_runs_file(path), read_case, source_name)
+    return score_cases(cases, skipped)
+
+
+def score_cases(cases, skipped=()) -> Scored:
+    """Calibration cases (a runs file's, or the runs read from training logs:
+    :func:`paraplan.planner.runlogs.case_of`) estimated and compared (the module docstring)."""
     rows = []
     for case in cases:
         e = estimate(case.model, case.job, case.cluster, case.plan)
