@@ -400,6 +400,17 @@ def dp_step_times(model, plan, cluster, curves, m, pace, params, experts) -> DpS
                        total=dp_total, warmup_share=warm)
 
 
+def fsdp_once_assumption(plan, **_) -> tuple[str, ...]:
+    """Said when a plan's ZeRO-2/3 collectives run once per step under its pipeline
+    (:func:`fsdp_syncs_once_per_step`)."""
+    if not bool(np.any(fsdp_syncs_once_per_step(plan))):
+        return ()
+    return (f"ZeRO-{plan.zero} under pipeline parallelism ({plan.pp} stages): the stage's parameters are gathered once "
+            "per step and kept unsharded across the micro-batches, its gradients accumulated unsharded and "
+            "reduce-scattered once after the last backward (FSDP under torch.distributed.pipelining); memory holds "
+            "the unsharded parameters and gradients, traffic is ZeRO-1's",)
+
+
 def megatron_fsdp_assumption(plan, **_) -> tuple[str, ...]:
     """What a Megatron-LM plan at ZeRO-2/3 runs: Megatron-FSDP (memory.model_state_bytes, buffer_bytes), the
     sharding strategy its spec's export maps the stage to."""

@@ -95,9 +95,22 @@ def zero_paper_buffers(b: BufferArgs) -> EngineBuffers:
 
 
 # --- generic: the papers' accounting ------------------------------------------------------------------
+def generic_states(a: StateArgs) -> ModelStates:
+    """The ZeRO paper's states (:func:`zero_paper_states`), except ZeRO-2/3 under pipeline parallelism,
+    which keep the 16-bit parameters and gradients unsharded through the step (the stage's parameters
+    gathered once, its gradients accumulated whole and reduce-scattered once after the last micro-batch:
+    ``Behaviour.fsdp_syncs_once_under_pp``, as FSDP runs under a pipeline, the note at GENERIC's
+    behaviour): (e + e)Ψ + KΨ/N, ZeRO-1's states."""
+    zp = zero_paper_states(a)
+    under_pp = (np.asarray(a.plan.pp) > 1) & (a.zero >= 2)
+    whole = a.element_bytes * a.params
+    return ModelStates(np.where(under_pp, whole, zp.parameters),
+                       np.where(under_pp & ~(a.offload & (a.zero >= 2)), whole, zp.gradients), zp.optimizer_states)
+
+
 GENERIC = EngineSpec(
     engine=Engine.GENERIC, title="generic", codebase=None,
-    model_states=zero_paper_states, buffers=zero_paper_buffers,
+    model_states=generic_states, buffers=zero_paper_buffers,
     zero_stages=(0, 1, 2, 3), zero_note="",
     recompute=("none", "selective", "full", "op-sac"), recompute_note="",
     cp_modes=("ring", "ulysses"), cp_mode_note="",
@@ -127,7 +140,14 @@ GENERIC = EngineSpec(
         folds_expert_parallelism=False,
         main_grad_buffer=False, fp32_grad_reduction=False, bf16_optimizer=False,
         dp_collectives_outside_backward=False, reduces_in_optimizer_step=False,
-        hybrid_layers="any", churns_allocator_from_zero=3),
+        hybrid_layers="any", churns_allocator_from_zero=3,
+        # ZeRO-2/3 under a pipeline as the runs that train so publish it: PyTorch FSDP under
+        # torch.distributed.pipelining (torchtitan's facts, at TORCHTITAN) and Llama 3's FSDP ("for model shards
+        # we do not reshard after forward computation", Llama 3 paper, arXiv:2407.21783 sec. 3.3.2); DeepSpeed
+        # refuses ZeRO-2/3 with its pipeline and Megatron-FSDP reduce-scatters sharded gradients every
+        # micro-batch (its no_sync: "For grads shard mode there will actually always be gradient sync
+        # happening", MegatronFSDP.no_sync in Megatron-LM's megatron_fsdp.py): --engine megatron
+        fsdp_syncs_once_under_pp=True),
 )
 
 

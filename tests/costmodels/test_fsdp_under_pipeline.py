@@ -30,11 +30,29 @@ CLUSTER = load_cluster("dgx-h100", 512)
 PLAN = Plan(tp=8, pp=4, dp=16, sp=True, zero=3, engine="torchtitan", micro_batch=1, recompute="full")
 
 
-def test_only_torchtitan_pipelines_at_zero2_3_sync_once():
+def test_fsdp_pipelines_at_zero2_3_sync_once_but_megatron_fsdp_every_micro_batch():
+    """torchtitan and the generic engine (the published FSDP-under-pipeline runs) sync once per step;
+    Megatron-FSDP reduce-scatters sharded gradients every micro-batch (MegatronFSDP.no_sync: "For grads shard
+    mode there will actually always be gradient sync happening"); without a pipeline nothing changes."""
     plans = [PLAN, replace(PLAN, zero=2), replace(PLAN, pp=1, dp=64), replace(PLAN, engine="generic"),
-             replace(PLAN, engine="megatron")]
+             replace(PLAN, engine="megatron"), replace(PLAN, engine="generic", zero=1)]
     got = [bool(np.ravel(fsdp_syncs_once_per_step(PlanBatch.from_plans([p])))[0]) for p in plans]
-    assert got == [True, True, False, False, False]
+    assert got == [True, True, False, True, False, False]
+    lines = estimate(MODEL, TrainingJob(8192, 128), CLUSTER, PLAN).assumptions
+    assert any(a.startswith("ZeRO-3 under pipeline parallelism (4 stages)") for a in lines)
+    flat = estimate(MODEL, TrainingJob(8192, 128), CLUSTER, replace(PLAN, pp=1, dp=64)).assumptions
+    assert not any("under pipeline parallelism" in a for a in flat)
+
+
+def test_generic_zero3_under_pp_holds_zero1_states():
+    """The papers' accounting under a pipeline: ZeRO-2/3 keep the 16-bit parameters and gradients whole through
+    the step, (e + e)Ψ + KΨ/N, ZeRO-1's states, and move ZeRO-1's traffic."""
+    job = TrainingJob(8192, 128)
+    z3 = estimate(MODEL, job, CLUSTER, replace(PLAN, engine="generic"))
+    z1 = estimate(MODEL, job, CLUSTER, replace(PLAN, engine="generic", zero=1))
+    for key in ("parameters", "gradients", "optimizer_states"):
+        assert z3.memory_bytes_per_gpu[key] == pytest.approx(z1.memory_bytes_per_gpu[key])
+    assert z3.time_breakdown_s["dp_comm"] == pytest.approx(z1.time_breakdown_s["dp_comm"], rel=0.02)
 
 
 def test_traffic_is_one_gather_and_one_reduce_scatter_per_step():
