@@ -45,8 +45,8 @@ from paraplan.costmodels.moe import (ep_overlap_assumption, expert_bias_assumpti
                                      moe_dispatch_assumption, moe_host_assumption)
 from paraplan.costmodels.offload import host_link_assumption, optimizer_and_offload_times, optimizer_shard
 from paraplan.costmodels.p2p import pipeline_p2p_time, pipeline_transfer_assumption
-from paraplan.costmodels.pipeline import (LAST, STAGE_NAMES, bubble_time, reported_bubble_fraction, stage_pace,
-                                          with_stage_concurrency)
+from paraplan.costmodels.pipeline import (LAST, STAGE_NAMES, bubble_time, deep_pipeline_bubble_assumption,
+                                          reported_bubble_fraction, stage_pace, with_stage_concurrency)
 from paraplan.costmodels.tpcomm import TP_EXPOSED_ASSUMPTION, tp_overlap_assumption
 from paraplan.plan import Plan, StageLayers, check_plan, compute_dtype, model_stage_layers, stage_layer_counts
 
@@ -68,7 +68,7 @@ PLAN_ASSUMPTIONS = (states_assumption, rank_order_assumption, tp_overlap_assumpt
                     fp8_assumptions)
 #: then those that read the model, job, cluster, curves or the predicted peak memory, in the order printed
 ESTIMATE_ASSUMPTIONS = (model_read_assumption, gemm_level_assumption, attention_kernel_assumption, qk_norm_assumption,
-                        pipeline_transfer_assumption, softmax_exp_assumption, moe_dispatch_assumption,
+                        pipeline_transfer_assumption, deep_pipeline_bubble_assumption, softmax_exp_assumption, moe_dispatch_assumption,
                         moe_host_assumption, expert_wgrad_assumption, expert_bias_assumption, ep_overlap_assumption,
                         nvlink_domain_assumption, megatron_fsdp_assumption, host_link_assumption,
                         deepspeed_dp_assumption, allocator_pressure_assumption, ssd_kernel_assumption)
