@@ -94,7 +94,8 @@ def bubble_fraction(plan, m):
     return (np.asarray(plan.pp, dtype=float) - 1) / np.asarray(m, dtype=float) * bubble_factor(plan)
 
 
-#: the 1F1B / GPipe bubble share of the compute from which an estimate says how interleaving would cut it
+#: the 1F1B / GPipe bubble share of the compute from which deep_pipeline_bubble_assumption prints its line (a
+#: reporting threshold: half the compute idle)
 LARGE_BUBBLE_FRACTION = 0.5
 
 
