@@ -10,6 +10,9 @@ over N_d = dp·cp ranks (the replicas of a parameter):
              issued per wrapped unit (each layer of the stage and the root: FSDP's per-block
              ``fully_shard``, torchtitan, llm-foundry), so a step pays (layers + 1) times the
              latency of each collective: T = units · (2·AG(Ψ/units) + RS(Ψ/units))
+  stages 2-3 under pipeline parallelism on an engine that keeps FSDP unsharded across the micro-batches
+             (torchtitan's FSDP2 under torch.distributed.pipelining: :func:`fsdp_syncs_once_per_step`):
+             one all-gather and one reduce-scatter per step, as stage 1 (2Ψ), whatever the micro-batches
 Gradients move in the engine's gradient dtype (:func:`dp_grad_bytes`): Megatron-LM reduces its fp32
 main_grad buffer (4 bytes per parameter; 2 with --grad-reduce-in-bf16), torchtitan fp32 (FSDP2's
 reduce_dtype), DeepSpeed's BF16_Optimizer fp32 in an all-reduce, the others their 16-bit gradients.
@@ -155,13 +158,25 @@ def fsdp2_copy_times(params, plan, curves, units):
     ZeRO-0/1 and for a single data-parallel rank (nothing is sharded)."""
     z = np.asarray(plan.zero)
     fsdp2 = engine_flag(plan, "fsdp2_copies") & (z >= 2)
-    gathers = np.where(z == 3, 2.0, 1.0)
+    gathers = np.where((z == 3) & ~fsdp_syncs_once_per_step(plan), 2.0, 1.0)
     e = element_bytes(plan)
     copy_out = curves.streaming_time(gathers * FSDP2_COPY_OUT_ACCESSES * e * fp8_all_gather_factor(plan) * params,
                                      kernels=gathers * units)
     chunk_cat = curves.streaming_time((e + dp_grad_bytes(plan)) * params, kernels=units)
     sharded = fsdp2 & (np.asarray(plan.dp) * np.asarray(plan.cp) > 1)
     return np.where(sharded, copy_out, 0.0), np.where(sharded, chunk_cat, 0.0)
+
+
+def fsdp_syncs_once_per_step(plan):
+    """Plans whose ZeRO-2/3 collectives run once per step, not once per micro-batch: pipeline-parallel
+    plans (pp > 1) at ZeRO-2/3 on an engine that keeps FSDP's parameters unsharded across the
+    micro-batches and reduce-scatters the accumulated gradients once, after the last micro-batch's
+    backward (``Behaviour.fsdp_syncs_once_under_pp``: torchtitan's FSDP2 under torch.distributed.pipelining,
+    the note at its spec). Their traffic is then ZeRO-2's once-per-step pattern: one all-gather of the
+    stage's parameters under the first forward, one reduce-scatter of its gradients under the last
+    backward (:func:`dp_traffic`); the memory this costs is the engine spec's (unsharded parameters
+    and fp32 gradients held through the step)."""
+    return engine_flag(plan, "fsdp_syncs_once_under_pp") & (np.asarray(plan.pp) > 1) & (np.asarray(plan.zero) >= 2)
 
 
 def dp_group(plan, cluster, experts: bool = False):
@@ -276,16 +291,19 @@ def dp_traffic(params, plan, cluster, *, experts: bool = False, volume_factor=1.
     plain = some & ~scaling
     # the once-per-step gradient reduction (DeepSpeed's BF16_Optimizer all-reduces, ZeRO-1 or not) and
     # the once-per-step parameter all-gather of ZeRO-1/2
-    grad_once = np.where((z == 0) | deepspeed_bf16_optimizer(plan), ar, np.where(z == 1, rs, 0.0))
-    gather_once = np.where((z == 1) | (z == 2), ag, 0.0)
+    # FSDP under a pipeline that syncs once per step (fsdp_syncs_once_per_step): ZeRO-2/3 reduce-scatter
+    # once after the last backward and gather once before the first forward
+    once = fsdp_syncs_once_per_step(plan)
+    grad_once = np.where((z == 0) | deepspeed_bf16_optimizer(plan), ar, np.where((z == 1) | once, rs, 0.0))
+    gather_once = np.where((z == 1) | (z == 2) | once, ag, 0.0)
     ds_grad, ds_gather = deepspeed_exposed(plan)      # what DeepSpeed runs outside the backward
     # ZeRO-1/2's parameter all-gather waits for the optimizer step and precedes the forward, exposed,
     # unless it is overlapped with the first forward (Plan.overlap_param_gather)
     gather_exposed = ds_gather | ~np.asarray(plan.overlap_param_gather, dtype=bool)
     return {"last_backward": np.where(plain & ~ds_grad, grad_once, 0.0),
             "first_forward": np.where(plain & ~gather_exposed, gather_once, 0.0),
-            "each_backward": np.where(plain & (z == 2), rs, 0.0),
-            "each_micro": np.where(plain & (z == 3), per_micro3, 0.0),
+            "each_backward": np.where(plain & (z == 2) & ~once, rs, 0.0),
+            "each_micro": np.where(plain & (z == 3) & ~once, per_micro3, 0.0),
             "exposed": np.where(some & scaling, scaling_total, 0.0)
             + np.where(plain & ds_grad, grad_once, 0.0) + np.where(plain & gather_exposed, gather_once, 0.0)}
 
@@ -364,7 +382,10 @@ def dp_step_times(model, plan, cluster, curves, m, pace, params, experts) -> DpS
         if model.moe is not None:
             t = add_traffic(t, dp_traffic(experts, plan, cluster, experts=True, volume_factor=volume_factor,
                                           units=units))
-        return {**t, "each_micro": t["each_micro"] + chunk_cat}
+        # once per step (fsdp_syncs_once_per_step): the one chunk-cat precedes the one reduce-scatter
+        once = fsdp_syncs_once_per_step(plan)
+        return {**t, "each_micro": t["each_micro"] + np.where(once, 0.0, chunk_cat),
+                "last_backward": t["last_backward"] + np.where(once, chunk_cat, 0.0)}
     dp_fwd = pace.forward - pace.cp_hidden_forward
     dp_bwd = pace.backward + pace.moe_host - pace.cp_hidden_backward
     dp_warm, dp_total = dp_exposed(traffic(1.0), plan, m, dp_fwd, dp_bwd)
@@ -373,10 +394,21 @@ def dp_step_times(model, plan, cluster, curves, m, pace, params, experts) -> DpS
         fsdp_own = np.where(np.asarray(plan.zero) == 3, m * (pace.layers + 1) * fsdp_unit, 0.0)
         dp_warm, dp_comp, dp_total = dp_warm + fsdp_own, dp_comp + fsdp_own, dp_total + fsdp_own
     else:   # FSDP2's copy-out waits for each all-gather on the compute stream: nothing hides it
-        fsdp_own = m * copy_out
+        fsdp_own = np.where(fsdp_syncs_once_per_step(plan), 1.0, m) * copy_out
         dp_warm, dp_comp, dp_total = dp_warm + fsdp_own, dp_comp + fsdp_own, dp_total + fsdp_own
     return DpStepTimes(warmup=dp_warm, compressed=dp_comp, average=warm * dp_warm + (1 - warm) * dp_comp,
                        total=dp_total, warmup_share=warm)
+
+
+def fsdp_once_assumption(plan, **_) -> tuple[str, ...]:
+    """Said when a plan's ZeRO-2/3 collectives run once per step under its pipeline
+    (:func:`fsdp_syncs_once_per_step`)."""
+    if not bool(np.any(fsdp_syncs_once_per_step(plan))):
+        return ()
+    return (f"ZeRO-{plan.zero} under pipeline parallelism ({plan.pp} stages): the stage's parameters are gathered once "
+            "per step and kept unsharded across the micro-batches, its gradients accumulated unsharded and "
+            "reduce-scattered once after the last backward (FSDP under torch.distributed.pipelining); memory holds "
+            "the unsharded parameters and gradients, traffic is ZeRO-1's",)
 
 
 def megatron_fsdp_assumption(plan, **_) -> tuple[str, ...]:

@@ -32,7 +32,8 @@ from paraplan.costmodels.comm import RANK_ORDER_ASSUMPTION, nvlink_domain_assump
 from paraplan.costmodels.compute import (FLOP_CONVENTION, compiled_blocks_assumption, model_read_assumption,
                                         qk_norm_assumption)
 from paraplan.costmodels.dataparallel import (DP_OVERLAP_ASSUMPTION, deepspeed_dp_assumption, dp_overlap_assumption,
-                                              dp_step_times, expert_tp_replica_allreduce_time, megatron_fsdp_assumption)
+                                              dp_step_times, expert_tp_replica_allreduce_time, fsdp_once_assumption,
+                                              megatron_fsdp_assumption)
 from paraplan.costmodels.efficiency import curves_for, gemm_level_assumption, with_reference_block
 from paraplan.costmodels.fp8 import fp8_assumptions
 from paraplan.costmodels.intervals import describe_interval, features_of
@@ -44,8 +45,8 @@ from paraplan.costmodels.moe import (ep_overlap_assumption, expert_bias_assumpti
                                      moe_dispatch_assumption, moe_host_assumption)
 from paraplan.costmodels.offload import host_link_assumption, optimizer_and_offload_times, optimizer_shard
 from paraplan.costmodels.p2p import pipeline_p2p_time, pipeline_transfer_assumption
-from paraplan.costmodels.pipeline import (LAST, STAGE_NAMES, bubble_time, reported_bubble_fraction, stage_pace,
-                                          with_stage_concurrency)
+from paraplan.costmodels.pipeline import (LAST, STAGE_NAMES, bubble_time, deep_pipeline_bubble_assumption,
+                                          reported_bubble_fraction, stage_pace, with_stage_concurrency)
 from paraplan.costmodels.tpcomm import TP_EXPOSED_ASSUMPTION, tp_overlap_assumption
 from paraplan.plan import Plan, StageLayers, check_plan, compute_dtype, model_stage_layers, stage_layer_counts
 
@@ -63,11 +64,11 @@ ASSUMPTIONS = (STATES_16BIT, RANK_ORDER_ASSUMPTION, TP_EXPOSED_ASSUMPTION, DP_OV
                RUNTIME_RESERVE_ASSUMPTION, FUSED_ATTENTION_ASSUMPTION)
 #: the assumption lines that depend on the plan alone (:func:`assumptions_for`), in the order printed
 PLAN_ASSUMPTIONS = (states_assumption, rank_order_assumption, tp_overlap_assumption, dp_overlap_assumption,
-                    runtime_reserve_assumption, fused_attention_assumption, compiled_blocks_assumption,
+                    fsdp_once_assumption, runtime_reserve_assumption, fused_attention_assumption, compiled_blocks_assumption,
                     fp8_assumptions)
 #: then those that read the model, job, cluster, curves or the predicted peak memory, in the order printed
 ESTIMATE_ASSUMPTIONS = (model_read_assumption, gemm_level_assumption, attention_kernel_assumption, qk_norm_assumption,
-                        pipeline_transfer_assumption, softmax_exp_assumption, moe_dispatch_assumption,
+                        pipeline_transfer_assumption, deep_pipeline_bubble_assumption, softmax_exp_assumption, moe_dispatch_assumption,
                         moe_host_assumption, expert_wgrad_assumption, expert_bias_assumption, ep_overlap_assumption,
                         nvlink_domain_assumption, megatron_fsdp_assumption, host_link_assumption,
                         deepspeed_dp_assumption, allocator_pressure_assumption, ssd_kernel_assumption)

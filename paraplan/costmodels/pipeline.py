@@ -26,7 +26,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from paraplan.costmodels.kernels import Number
+from paraplan.costmodels.kernels import Number, micro_batches
 from paraplan.engines import engine_flag
 from paraplan.plan import Schedule, StageLayers
 
@@ -92,6 +92,30 @@ def bubble_factor(plan):
 def bubble_fraction(plan, m):
     """Bubble ÷ ideal compute time: (p − 1)/m · factor."""
     return (np.asarray(plan.pp, dtype=float) - 1) / np.asarray(m, dtype=float) * bubble_factor(plan)
+
+
+#: the 1F1B / GPipe bubble share of the compute from which deep_pipeline_bubble_assumption prints its line (a
+#: reporting threshold: half the compute idle)
+LARGE_BUBBLE_FRACTION = 0.5
+
+
+def deep_pipeline_bubble_assumption(job, plan, **_) -> tuple[str, ...]:
+    """Said when a plain 1F1B or GPipe pipeline idles half its compute or more, (p − 1)/m ≥
+    LARGE_BUBBLE_FRACTION: a deep pipeline over few micro-batches, as the global batch leaves the largest
+    jobs (Llama 3 405B on 16,384 H100: 16 stages over 16 micro-batches a replica, Llama 3 paper arXiv:2407.21783
+    Table 4). Runs at that depth interleave (the same paper, sec. 3.3.2: V stages per rank, bubble
+    (p − 1)/(V·m)); a published layout that does not state its virtual stages is priced as written."""
+    p = int(plan.pp)
+    if p <= 1 or not bool(is_schedule(plan, Schedule.ONE_F_ONE_B, Schedule.GPIPE)):
+        return ()
+    m = float(micro_batches(job, plan))
+    share = (p - 1) / max(m, 1.0)
+    if share < LARGE_BUBBLE_FRACTION:
+        return ()
+    return (f"pipeline bubble: {p} stages over {m:.0f} micro-batches idle (p - 1)/m = {100 * share:.0f} % of the "
+            f"compute under {Schedule(plan.schedule_code).label}; an interleaved schedule "
+            f"with v virtual stages per rank cuts it to (p - 1)/(v m) (--schedule interleaved --vpp v), as the "
+            f"published runs at this depth do",)
 
 
 def layers_time(n, lt):

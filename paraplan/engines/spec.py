@@ -165,6 +165,10 @@ class Behaviour:
     fsdp2_copies: bool = False
     #: attention left to ``auto`` runs FlashAttention-2 (costmodels/attention.runs_flash2_attention)
     auto_attention_is_flash2: bool = False
+    #: under pipeline parallelism ZeRO-2/3 gather the parameters once per step and keep them unsharded across
+    #: the micro-batches, accumulate unsharded gradients and reduce-scatter them once after the last
+    #: micro-batch's backward (costmodels/dataparallel.fsdp_syncs_once_per_step; the engines' specs memory)
+    fsdp_syncs_once_under_pp: bool = False
 
 
 BEHAVIOUR_FIELDS = frozenset(f.name for f in fields(Behaviour))

@@ -95,9 +95,22 @@ def zero_paper_buffers(b: BufferArgs) -> EngineBuffers:
 
 
 # --- generic: the papers' accounting ------------------------------------------------------------------
+def generic_states(a: StateArgs) -> ModelStates:
+    """The ZeRO paper's states (:func:`zero_paper_states`), except ZeRO-2/3 under pipeline parallelism,
+    which keep the 16-bit parameters and gradients unsharded through the step (the stage's parameters
+    gathered once, its gradients accumulated whole and reduce-scattered once after the last micro-batch:
+    ``Behaviour.fsdp_syncs_once_under_pp``, as FSDP runs under a pipeline, the note at GENERIC's
+    behaviour): (e + e)Ψ + KΨ/N, ZeRO-1's states."""
+    zp = zero_paper_states(a)
+    under_pp = (np.asarray(a.plan.pp) > 1) & (a.zero >= 2)
+    whole = a.element_bytes * a.params
+    return ModelStates(np.where(under_pp, whole, zp.parameters),
+                       np.where(under_pp & ~(a.offload & (a.zero >= 2)), whole, zp.gradients), zp.optimizer_states)
+
+
 GENERIC = EngineSpec(
     engine=Engine.GENERIC, title="generic", codebase=None,
-    model_states=zero_paper_states, buffers=zero_paper_buffers,
+    model_states=generic_states, buffers=zero_paper_buffers,
     zero_stages=(0, 1, 2, 3), zero_note="",
     recompute=("none", "selective", "full", "op-sac"), recompute_note="",
     cp_modes=("ring", "ulysses"), cp_mode_note="",
@@ -127,7 +140,14 @@ GENERIC = EngineSpec(
         folds_expert_parallelism=False,
         main_grad_buffer=False, fp32_grad_reduction=False, bf16_optimizer=False,
         dp_collectives_outside_backward=False, reduces_in_optimizer_step=False,
-        hybrid_layers="any", churns_allocator_from_zero=3),
+        hybrid_layers="any", churns_allocator_from_zero=3,
+        # ZeRO-2/3 under a pipeline as the runs that train so publish it: PyTorch FSDP under
+        # torch.distributed.pipelining (torchtitan's facts, at TORCHTITAN) and Llama 3's FSDP ("for model shards
+        # we do not reshard after forward computation", Llama 3 paper, arXiv:2407.21783 sec. 3.3.2); DeepSpeed
+        # refuses ZeRO-2/3 with its pipeline and Megatron-FSDP reduce-scatters sharded gradients every
+        # micro-batch (its no_sync: "For grads shard mode there will actually always be gradient sync
+        # happening", MegatronFSDP.no_sync in Megatron-LM's megatron_fsdp.py): --engine megatron
+        fsdp_syncs_once_under_pp=True),
 )
 
 
@@ -369,11 +389,18 @@ def torchtitan_states(a: StateArgs) -> ModelStates:
     """PyTorch FSDP2 with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)`` (torchtitan's
     default): the sharded parameters are the fp32 master copy, gradients are fp32 shards, Adam keeps
     momentum and variance: 16Ψ/N at ZeRO-3 (reshard after forward); ZeRO-2 (no reshard after forward)
-    keeps the unsharded 16-bit parameters from forward to backward (+2Ψ); ZeRO-0 (replicate) 16Ψ."""
+    keeps the unsharded 16-bit parameters from forward to backward (+2Ψ); ZeRO-0 (replicate) 16Ψ.
+    Under pipeline parallelism (``Behaviour.fsdp_syncs_once_under_pp``) ZeRO-3 keeps the unsharded 16-bit
+    parameters across the micro-batches as ZeRO-2 does (+2Ψ), and both keep the stage's unsharded
+    gradients, accumulated in reduce_dtype (fp32) while gradient sync is off (FSDPParam
+    ``to_accumulated_grad_if_needed``, torch/distributed/fsdp/_fully_shard/_fsdp_param.py), until the
+    one reduce-scatter after the last micro-batch (+4Ψ)."""
     params, n, z, eb = a.params, a.shard, a.zero, a.element_bytes
     n_tt = np.where(z >= 2, n, 1.0)
-    weights = FP32_BYTES * params / n_tt + np.where(z == 2, eb * params, 0.0)
-    return ModelStates(weights, FP32_BYTES * params / n_tt, ADAM_MOMENTS_BYTES * params / n_tt)
+    under_pp = (np.asarray(a.plan.pp) > 1) & (z >= 2)
+    weights = FP32_BYTES * params / n_tt + np.where((z == 2) | under_pp, eb * params, 0.0)
+    grads = FP32_BYTES * params / n_tt + np.where(under_pp, FP32_BYTES * params, 0.0)
+    return ModelStates(weights, grads, ADAM_MOMENTS_BYTES * params / n_tt)
 
 
 def torchtitan_buffers(b: BufferArgs) -> EngineBuffers:
@@ -471,7 +498,13 @@ TORCHTITAN = EngineSpec(
         main_grad_buffer=False, fp32_grad_reduction=True, bf16_optimizer=False,
         dp_collectives_outside_backward=False, reduces_in_optimizer_step=False,
         # FSDP2 frees the unsharded gradients after each layer's reduce-scatter from ZeRO-2
-        fsdp2_copies=True, churns_allocator_from_zero=2),
+        fsdp2_copies=True, churns_allocator_from_zero=2,
+        # under pp, apply_fsdp's default reshard_after_forward policy is ``not pp_enabled`` ("For PP, do not
+        # reshard after forward to avoid per-microbatch all-gathers", torchtitan/models/llama3/parallelize.py),
+        # and torch.distributed.pipelining's stage runs every backward but the last with
+        # set_reshard_after_backward(False) and set_requires_gradient_sync(False), then FSDP's post-backward
+        # once (pytorch/pytorch torch/distributed/pipelining/stage.py, backward_maybe_with_nosync)
+        fsdp_syncs_once_under_pp=True),
     export=ExportMapping(
         # What torchtitan 0.3.0, the release the export targets, runs (its wheel's source, checked against the
         # installed release by benchmarks/engine_configs/check_exports.py). A Python config registry
