@@ -7,8 +7,10 @@ from typing import Mapping
 import pandas as pd
 
 from paraplan.costmodels.estimate import MEMORY_PRESSURE, estimate
+from paraplan.engines import spec_of
 from paraplan.hardware.names import system_for_gpu
-from paraplan.plan import Plan
+from paraplan.errors import ConfigError
+from paraplan.plan import Plan, check_plan, is_fp8
 from paraplan.workloads.transformer import TrainingJob, TransformerModel
 
 
@@ -62,6 +64,45 @@ def lightest_fitting_recompute(model, job, cluster, plan: Plan, assumed: list) -
             return candidate
     assumed.append("recompute = full: not stated, and no recomputation fits the estimate's memory")
     return replace(plan, recompute="full")
+
+
+#: memory switches a source may leave unstated, lightest first: each cuts what a GPU holds and none slows the
+#: step in the estimate (Megatron-LM's --grad-reduce-in-bf16: main_grad 2 bytes instead of 4; --fp8-param-gather:
+#: no 16-bit copy beside the fp8 weight); before them the optimizer states sharded (ZeRO-1, Megatron's
+#: distributed optimizer, which NeMo and Megatron-Bridge recipes use), after them recomputation, which costs time
+UNSTATED_MEMORY_SWITCHES = ("grad_reduce_bf16", "fp8_param_gather")
+
+
+def lightest_fitting_settings(model, job, cluster, plan: Plan, stated, assumed: list) -> Plan:
+    """A run whose source does not state its memory settings ran, so it fitted: ``plan`` as it is when its
+    estimate fits; else, one at a time and keeping each, the engine's memory switches the source leaves
+    unstated (:data:`UNSTATED_MEMORY_SWITCHES`, where the engine offers them and the dtype allows), then
+    selective and full recomputation where ``recompute`` is unstated, until the estimate fits. ``stated``:
+    the plan fields the source (or the user) names, left as they are. Each change is said in ``assumed``;
+    a plan that fits with none of them comes back as the most memory-frugal one tried, said so."""
+    if estimate(model, job, cluster, plan).feasible:
+        return plan
+    spec, tried = spec_of(plan), []
+    steps = [("zero", 1)] if "zero" not in stated and plan.zero == 0 and 1 in spec.zero_stages else []
+    steps += [(k, True) for k in UNSTATED_MEMORY_SWITCHES
+             if k not in stated and spec.offers(k) and (k != "fp8_param_gather" or is_fp8(plan.dtype))]
+    if "recompute" not in stated:
+        steps += [("recompute", m) for m in ("selective", "full") if m in spec.recompute]
+    for field, value in steps:
+        if getattr(plan, field) == value:
+            continue
+        try:
+            plan = check_plan(replace(plan, **{field: value}), model, job, cluster)
+        except ConfigError:
+            continue
+        tried.append(f"{field} = {value}")
+        if estimate(model, job, cluster, plan).feasible:
+            assumed.append(f"{', '.join(tried)}: not stated by the source, and the run fitted: the lightest settings "
+                           "the engine offers until the estimate fits")
+            return plan
+    if tried:
+        assumed.append(f"{', '.join(tried)}: not stated by the source; the estimate does not fit even so")
+    return plan
 
 
 def score(cases, estimate_fn) -> pd.DataFrame:

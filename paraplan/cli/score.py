@@ -45,6 +45,7 @@ def _log_lines(logs) -> list[str]:
         lines.append(f"  {log.source} [{log.kind}]: steps {m.steps[0]}..{m.steps[-1]} ({len(m.steps)} kept"
                      + (f"; warm-up {', '.join(map(str, m.skipped))} skipped" if m.skipped else "") + "): "
                      + ", ".join(got))
+        lines += [f"    assumed: {n}" for n in log.notes if "not stated by the source" in n]
     return lines + [""]
 
 

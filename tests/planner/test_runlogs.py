@@ -107,6 +107,24 @@ def test_mlperf_result_log_reads_its_submission_and_blocks():
     assert log.measured.tokens_per_s_per_gpu == pytest.approx(2304 * 2048 / log.measured.step_time_s / 512)
 
 
+def test_a_log_without_its_configuration_runs_the_lightest_memory_settings_that_fit():
+    """The MLPerf result log states no optimizer sharding, gradient or parameter precision; the run ran on
+    80 GB H100s, so it fitted. As read, ZeRO-0 with fp32 gradient buffers and 16-bit weights beside the fp8
+    copies estimates 94 GiB (DOES NOT FIT); the lightest settings Megatron-LM offers until it fits are the
+    distributed optimizer, bf16 gradient reduction and fp8 parameters (NVIDIA's run_and_time.sh sets
+    USE_DIST_OPTIMIZER=True), each said; a setting the user gives is kept as given."""
+    from paraplan.costmodels.estimate import estimate
+    log = read_run_log(MLPERF, overrides=Overrides(layout=MLPERF_LAYOUT))
+    case = case_of(log)
+    assert (log.plan.zero, log.plan.grad_reduce_bf16, log.plan.fp8_param_gather) == (1, True, True)
+    assert estimate(case.model, case.job, case.cluster, case.plan).feasible
+    assert not estimate(case.model, case.job, case.cluster, replace(case.plan, zero=0, grad_reduce_bf16=False,
+                                                                        fp8_param_gather=False)).feasible
+    assert any("not stated by the source, and the run fitted" in n for n in log.notes)
+    stated = read_run_log(MLPERF, overrides=Overrides(layout={**MLPERF_LAYOUT, "zero": 0, "recompute": "none"}))
+    assert stated.plan.zero == 0 and stated.plan.recompute == "none"
+
+
 def test_deepspeed_log_reads_its_json_config_and_throughput_timer():
     with pytest.raises(ConfigError, match="model's architecture.*--model"):
         read_run_log(DEEPSPEED)

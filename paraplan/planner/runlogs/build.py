@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Any, Mapping
 
 from paraplan.calibration import CalibrationCase
+from paraplan.calibration.cases import lightest_fitting_settings
 from paraplan.errors import ConfigError
 from paraplan.plan import Plan, check_plan
 from paraplan.planner.readers import ReadConfig
@@ -78,6 +79,11 @@ def finish(kind: str, source: str, config: ReadConfig | None, plan: Plan | None,
                           cluster)
     except ConfigError as e:
         raise ConfigError(f"{kind} log", f"{e.field}: {e.problem}") from None
+    if config is None:
+        # a log that prints no configuration (an MLPerf result log) states none of the memory settings the
+        # user did not give: the run fitted, so the lightest the engine offers that fits, said
+        stated = set(overrides.layout) - {"dtype"}
+        plan = lightest_fitting_settings(model, job, cluster, plan, stated, notes)
     row = published_row(kind, source, model, plan, gpu, gpus, seq_len, global_batch, measured)
     engine = plan.engine
     return RunLog(kind, source, engine, config, plan, model, seq_len, global_batch, gpu, gpus, measured, row,
