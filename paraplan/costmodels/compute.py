@@ -140,34 +140,50 @@ def recompute_modules_time(model, job, plan, curves):
                            + curves.memory_time(T * per_width * model.ffn_hidden / t * wide, kernels=1))
     moe = act = shared = 0.0
     if model.moe is not None:
-        e = model.moe
-        routed = e.top_k * expert_token_factor(model, job)
-        moe = share * (moe_mlp_forward_time(model, job, plan, curves)
-                       + curves.memory_time(T * mlp_activation_bytes_per_token(model, job, True, plan) / t * wide, kernels=4)
-                       + moe_expert_bias_times(model, job, plan, curves)[0])
-        act = share * curves.memory_time(T * per_width * e.expert_ffn_hidden * routed / t * wide, kernels=1)
-        if e.shared_experts:
-            width = e.shared_experts * e.expert_ffn_hidden
-            shared = share * (mlp_gemm_forward_time(model, job, plan, curves, width=width)
-                              + curves.memory_time(T * per_width * width / t * wide, kernels=1))
+        moe, act, shared = (share * x for x in moe_module_recompute_times(model, job, plan, curves))
     in_moe = np.where(recomputes_module(plan, "moe"), moe,
                       np.where(recomputes_module(plan, "moe_act"), act, 0.0) + np.where(recomputes_module(plan, "shared_experts"), shared, 0.0))
     return (np.where(recomputes_module(plan, "layernorm"), norms, 0.0) + np.where(recomputes_module(plan, "mla_up_proj"), up, 0.0)
             + np.where(recomputes_module(plan, "mlp"), dense, 0.0) + in_moe)
 
 
+def moe_module_recompute_times(model, job, plan, curves) -> tuple:
+    """(moe, moe_act, shared_experts): the seconds one MoE layer's forward pieces take when Megatron-Core's
+    recompute module of that name runs them again in backward (:func:`recompute_modules_time`): the whole
+    MoE MLP (router, experts, their activation and the permutation's bytes, the eager expert biases), the
+    routed experts' activation over their token copies, the shared experts' forward."""
+    e = model.moe
+    T = tokens_per_rank(job, plan)
+    t = np.asarray(plan.tp, dtype=float)
+    wide = element_bytes(plan) / BYTES
+    per_width = 6 if model.activation == "swiglu" else 4
+    routed = e.top_k * expert_token_factor(model, job)
+    moe = (moe_mlp_forward_time(model, job, plan, curves)
+           + curves.memory_time(T * mlp_activation_bytes_per_token(model, job, True, plan) / t * wide, kernels=4)
+           + moe_expert_bias_times(model, job, plan, curves)[0])
+    act = curves.memory_time(T * per_width * e.expert_ffn_hidden * routed / t * wide, kernels=1)
+    shared = 0.0
+    if e.shared_experts:
+        width = e.shared_experts * e.expert_ffn_hidden
+        shared = (mlp_gemm_forward_time(model, job, plan, curves, width=width)
+                  + curves.memory_time(T * per_width * width / t * wide, kernels=1))
+    return moe, act, shared
+
+
 def recompute_modules_flops_per_token(model, plan):
     """Model FLOPs per token (all layers) of the GEMMs fine-grained recomputation runs again: dense
     MLPs (mlp), MoE layers' router and routed + shared experts (moe; shared_experts alone), latent
     attention's up-projections (mla_up_proj); 2 FLOPs per multiply-add. Norms and activations are
-    memory-bound and count none."""
+    memory-bound and count none. A hybrid pattern: its E layers' moe and shared_experts only (the
+    modules :func:`hybrid_kind_times` prices)."""
     mods = np.asarray(getattr(plan, "recompute_modules_mask", 0))
-    if not np.any(mods) or getattr(model, "layer_pattern", ""):     # not modelled for hybrids (hybrid_kind_times)
+    if not np.any(mods):
         return 0.0
+    hybrid = bool(getattr(model, "layer_pattern", ""))   # a hybrid's E layers only (hybrid_kind_times)
     h, g = model.hidden, model.mlp_matrices
     L = model.layers
     moe_layers = model.moe_layers if model.moe is not None else 0
-    dense = 2 * g * h * model.ffn_hidden * (L - moe_layers)
+    dense = 0.0 if hybrid else 2 * g * h * model.ffn_hidden * (L - moe_layers)
     up = 2 * L * sum(out * inp for out, inp, _ in model.mla_up_projection_gemms)
     moe = shared = 0.0
     if model.moe is not None:
@@ -326,6 +342,7 @@ def hybrid_kind_times(model, job, plan, curves, cluster) -> dict:
 
     Backward: GEMMs twice (dgrad + wgrad), memory-bound kernels twice the bytes. Full recomputation runs
     each layer's forward again; selective recomputes the attention core of the attention layers;
+    the E layers' moe, moe_act and shared_experts modules re-run their parts (:func:`hybrid_moe_parts`);
     Megatron's other recompute modules and op-level SAC are not modelled for hybrids (op-level SAC is
     priced as full). Context parallelism: the attention layers as a transformer's (ring or Ulysses), the
     Mamba layers by Megatron-Core's MambaContextParallel all-to-alls
@@ -346,7 +363,7 @@ def hybrid_kind_times(model, job, plan, curves, cluster) -> dict:
     gather = tp_collective_time(ALL_GATHER, tp_gathered_bytes(model, job, plan), plan, cluster)
 
     def kind(name, gemm, first_gemm, core_f, core_b, elem, kernels, core_kernels=0, cp=0.0, cp_hidden=(0.0, 0.0),
-             extra=(0.0, 0.0), tp_ar=None, ep=None):
+             extra=(0.0, 0.0), tp_ar=None, ep=None, modules=0.0, ep_replay=0.0):
         cast_f, cast_b = hybrid_fp8_cast_times(model, job, plan, curves, name)
         fwd = gemm + core_f + elem + cast_f + extra[0]
         bwd = backward_gemms * gemm + core_b + 2 * elem + cast_b + extra[1]
@@ -355,11 +372,11 @@ def hybrid_kind_times(model, job, plan, curves, cluster) -> dict:
         tp = tp_exposed_time((ar if tp_ar is None else tp_ar) * passes, gemm, full, plan) + regather
         selective = np.where((rc == Recompute.SELECTIVE) & recomputes_attention_core(plan), core_f, 0.0)
         replay = np.where(rc > 0, curves.recompute_overhead_time(np.where(full, kernels, core_kernels)), 0.0)
-        recompute = np.where(full, fwd, selective) + replay
+        recompute = np.where(full, fwd, selective + modules) + replay
         zero = 0.0 * fwd
         host = zero
-        if ep is not None:      # an MoE layer's all-to-alls; full recomputation runs the forward's two again
-            ep = np.where(full, 6 * ep, 4 * ep)
+        if ep is not None:      # an MoE layer's all-to-alls; full recomputation (or the moe module) runs the forward's two again
+            ep = np.where(full, 6 * ep, 4 * ep + ep_replay)
             gpu = fwd * np.where(full, 2, 1) + bwd + ep + tp + cp
             host = np.where(moe_host_floor_applies(model, plan), np.maximum(0.0, MOE_HOST_SECONDS_PER_LAYER - gpu), 0.0)
         return {"forward": fwd, "backward": bwd, "recompute": recompute, "tp_comm": tp, "cp_comm": zero + cp,
@@ -397,11 +414,11 @@ def hybrid_kind_times(model, job, plan, curves, cluster) -> dict:
         act = curves.memory_time(T * per_width * model.ffn_hidden / t * wide, kernels=1)
         out["mlp"] = kind("mlp", fc1 + fc2, fc1, 0.0, 0.0, norm_add + act, 2 + 1 + HYBRID_NORM_ADD_KERNELS)
     if model.kind_count("moe"):
-        out["moe"] = kind("moe", *hybrid_moe_parts(model, job, plan, curves, cluster, norm_add))
+        out["moe"] = kind("moe", **hybrid_moe_parts(model, job, plan, curves, cluster, norm_add))
     return out
 
 
-def hybrid_moe_parts(model, job, plan, curves, cluster, norm_add) -> tuple:
+def hybrid_moe_parts(model, job, plan, curves, cluster, norm_add) -> dict:
     """The arguments of one hybrid E layer (pre-norm, router, routed and shared experts, residual add:
     Megatron-Core's TransformerLayer with only an MoE MLP, megatron/core/ssm/mamba_block.py), priced with
     the transformer MoE layer's own functions (:mod:`~paraplan.costmodels.moe`): the router GEMM, the
@@ -412,7 +429,10 @@ def hybrid_moe_parts(model, job, plan, curves, cluster, norm_add) -> tuple:
     biases, the tensor-parallel gathers of routed copies and the shared experts' all-reduce
     (:func:`moe_tp_routed_and_shared_copies`), and the dispatch and combine all-to-alls over ep
     (:func:`ep_alltoall_time`; exposed: MambaModel runs no combined 1F1B, plan.py refuses
-    ep_comm_overlap for hybrids); the host-bound floor of a dropless layer as a transformer's."""
+    ep_comm_overlap for hybrids); the host-bound floor of a dropless layer as a transformer's. Megatron-Core's
+    recompute modules moe, moe_act and shared_experts re-run their parts in backward
+    (:func:`moe_module_recompute_times`; moe its dispatch and combine too). The arguments of
+    :func:`hybrid_kind_times`'s ``kind``."""
     T = tokens_per_rank(job, plan)
     t = np.asarray(plan.tp, dtype=float)
     wide = element_bytes(plan) / BYTES
@@ -428,8 +448,16 @@ def hybrid_moe_parts(model, job, plan, curves, cluster, norm_add) -> tuple:
     if shared:
         ar = ar + tp_allreduce_time(model, job, plan, cluster, shared)
     kernels = 1 + 2 + 4 + HYBRID_NORM_ADD_KERNELS       # router, the experts' two grouped GEMMs, permute / act
-    return (gemm, routed[0], 0.0, 0.0, elem, kernels, 0, 0.0, (0.0, 0.0), extra, ar,
-            ep_alltoall_time(model, job, plan, cluster))
+    a2a = ep_alltoall_time(model, job, plan, cluster)
+    modules = ep_replay = 0.0
+    if np.any(np.asarray(getattr(plan, "recompute_modules_mask", 0))):
+        moe, act, shared_time = moe_module_recompute_times(model, job, plan, curves)
+        whole = recomputes_module(plan, "moe")
+        modules = np.where(whole, moe, np.where(recomputes_module(plan, "moe_act"), act, 0.0)
+                           + np.where(recomputes_module(plan, "shared_experts"), shared_time, 0.0))
+        ep_replay = np.where(whole, 2 * a2a, 0.0)
+    return {"gemm": gemm, "first_gemm": routed[0], "core_f": 0.0, "core_b": 0.0, "elem": elem, "kernels": kernels,
+            "extra": extra, "tp_ar": ar, "ep": a2a, "modules": modules, "ep_replay": ep_replay}
 
 
 def hybrid_fp8_cast_times(model, job, plan, curves, kind: str):

@@ -329,8 +329,8 @@ def hybrid_kind_activation_bytes(model, job, plan, recompute_code=None) -> dict:
       router logits).
 
     Full recomputation keeps the layer's input (h per token, 16-bit); selective drops the attention core's
-    scores where it recomputes them (Megatron's other recompute modules are not modelled for hybrids;
-    op-level SAC is priced as full)."""
+    scores where it recomputes them, and the E layers' moe, moe_act and shared_experts modules what they
+    re-run (Megatron's other recompute modules are not modelled for hybrids; op-level SAC is priced as full)."""
     rc = np.asarray(plan.recompute_code if recompute_code is None else recompute_code)
     b = plan.micro_batch
     T = tokens_per_rank(job, plan)
@@ -368,12 +368,22 @@ def hybrid_moe_saved_bytes_per_token(model, job, plan):
     """16-bit bytes per token (over tp) a hybrid E layer keeps beyond its block input, as a transformer MoE
     layer's MLP keeps them (:func:`activation_bytes_per_layer`): the experts' activation inputs and outputs,
     (4 or 6)·f_e per routed copy (top_k x expert_token_factor) and per shared expert, the permuted token
-    copies the engine keeps (:func:`routed_copy_saved_bytes`) and the fp32 router logits (4E)."""
+    copies the engine keeps (:func:`routed_copy_saved_bytes`) and the fp32 router logits (4E); less what the
+    recompute modules moe, moe_act and shared_experts re-run instead of keeping."""
     e = model.moe
     per_width = 6 if model.activation == "swiglu" else 4
     routed = e.top_k * expert_token_factor(model, job)
-    return (per_width * e.expert_ffn_hidden * (routed + e.shared_experts)
+    kept = (per_width * e.expert_ffn_hidden * (routed + e.shared_experts)
             + routed * routed_copy_saved_bytes(model, plan, te_fp8_linears(plan)) + 4 * e.experts)
+    if not np.any(np.asarray(getattr(plan, "recompute_modules_mask", 0))):
+        return kept
+    # Megatron-Core's recompute modules (as recompute_modules_saved_bytes): moe keeps none of it, moe_act
+    # drops the routed experts' activation output (FC2's input, 2·f_e per copy), shared_experts the shared
+    # experts' FC1 outputs and activations
+    has = partial(recomputes_module, plan)
+    dropped = (np.where(has("moe_act"), 2 * e.expert_ffn_hidden * routed, 0.0)
+               + np.where(has("shared_experts"), per_width * e.expert_ffn_hidden * e.shared_experts, 0.0))
+    return np.where(has("moe"), 0.0, kept - dropped)
 
 
 def activation_bytes_per_layer(model, job, plan, recompute_code=None):

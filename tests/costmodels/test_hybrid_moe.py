@@ -150,3 +150,24 @@ def test_megatron_export_and_read_back(tmp_path):
     assert script.count("--kv-channels") == 1 and "--moe-layer-freq" not in script
     rb = read_back(doc, "megatron", "python")
     assert rb.same, rb.line
+
+
+def test_moe_recompute_modules_trade_time_for_memory_in_the_e_layers():
+    """Megatron-Core's moe_act drops the routed experts' activation output (2·f_e per copy) and re-runs the
+    activation; moe keeps nothing of the layer but its input and re-runs it with its all-to-alls."""
+    curves = curves_for(H100)
+    plain = _plan(recompute="selective")
+    act = _plan(recompute="selective", recompute_modules="moe_act")
+    whole = _plan(recompute="selective", recompute_modules="moe")
+    kept = {p: float(M.hybrid_kind_activation_bytes(N3, JOB, x)["moe"]) for p, x in
+            (("plain", plain), ("act", act), ("whole", whole))}
+    assert kept["plain"] - kept["act"] == 8192 * 2 * fe * k
+    assert kept["whole"] == 8192 * 4 * h
+    times = {p: C.hybrid_kind_times(N3, JOB, x, curves, H100)["moe"] for p, x in
+             (("plain", plain), ("act", act), ("whole", whole))}
+    assert float(times["plain"]["recompute"]) < float(times["act"]["recompute"]) < float(times["whole"]["recompute"])
+    a2a = float(ep_alltoall_time(N3, JOB, plain, H100))
+    assert float(times["whole"]["ep_comm"]) == pytest.approx(6 * a2a)
+    # the Mamba and attention layers keep what they kept
+    assert float(M.hybrid_kind_activation_bytes(N3, JOB, act)["mamba"]) == float(
+        M.hybrid_kind_activation_bytes(N3, JOB, plain)["mamba"])
