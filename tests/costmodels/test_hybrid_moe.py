@@ -171,3 +171,18 @@ def test_moe_recompute_modules_trade_time_for_memory_in_the_e_layers():
     # the Mamba and attention layers keep what they kept
     assert float(M.hybrid_kind_activation_bytes(N3, JOB, act)["mamba"]) == float(
         M.hybrid_kind_activation_bytes(N3, JOB, plain)["mamba"])
+
+
+def test_stage_costs_hold_an_e_layers_experts_over_ep():
+    """The partition ILP's per-layer weights: an E layer's routed experts count over ep (as a transformer
+    MoE layer's), so doubling ep shrinks the E layers' model states and leaves the Mamba layers'."""
+    from paraplan.planner.stages import layer_costs
+    c8, c16 = ({c.name.split("-")[0]: c for c in layer_costs(N3, JOB, H100, _plan(ep=ep, engine="generic"))[1:-1]}
+               for ep in (8, 16))
+    assert [c.name for c in layer_costs(N3, JOB, H100, _plan())[1:4]] == ["mamba-0", "moe-1", "mamba-2"]
+    assert c16["moe"].weight_bytes < c8["moe"].weight_bytes
+    assert c16["mamba"].weight_bytes == c8["mamba"].weight_bytes
+    # with every expert on each GPU the layer would weigh about ep times as much (its experts are 98 % of it)
+    p = _plan(engine="generic")
+    whole = sum(M.model_state_bytes(N3.kind_params("moe") / p.tp, p).values())
+    assert c8["moe"].weight_bytes < whole / 4
