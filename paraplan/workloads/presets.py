@@ -177,6 +177,13 @@ def with_hf_hybrid(model: TransformerModel, data: Mapping[str, Any], source: str
     hybrid = _hf_hybrid(f)
     if not hybrid:
         return model
+    if data.get("moe_latent_size"):
+        # Nemotron 3 Super's LatentMoE (Megatron-Bridge Nemotron3SuperProvider moe_latent_size 1024): the
+        # routed experts and their all-to-alls run at a latent width, which the MoE layer here does not price
+        raise ConfigError("moe_latent_size", f"LatentMoE (routed experts at latent width {shown(data['moe_latent_size'])}, "
+                          "Nemotron 3 Super) is not modelled: its experts' weights, FLOPs and all-to-all bytes would be "
+                          "priced at the hidden width", accepted="a config without moe_latent_size (Nemotron 3 Nano)",
+                          source=source)
     norm = "rmsnorm" if data.get("model_type") in _HF_RMSNORM_MODEL_TYPES else model.norm
     try:
         return replace(model, norm=norm, **hybrid)
