@@ -1224,6 +1224,13 @@ RULES: tuple[Rule, ...] = (
        field="ep_comm_overlap", accepted="--recompute none, selective or op-sac", uses_scene=False),
     _engine_rule("engine-ep-comm-overlap"),
     _engine_rule("torchtitan-ep-overlap-dualpipev"),
+    _r("ep-comm-overlap-hybrid", "expert-parallel communication overlap is not run for hybrid Mamba models",
+       ILLEGAL, ("ep_comm_overlap",),
+       lambda P, s: np.asarray(P.ep_comm_overlap, bool) & bool(getattr(s.model, "layer_pattern", "")),
+       lambda p, s: (f"{s.model.name} is a hybrid model (layer_pattern): --ep-comm-overlap runs combined 1F1B through "
+                     "GPTModel.build_schedule_plan, which Megatron-Core's MambaModel does not have "
+                     "(megatron/core/models/mamba/mamba_model.py)"),
+       field="ep_comm_overlap", accepted="no --ep-comm-overlap for a hybrid layer_pattern"),
     _r("ep-comm-overlap-dispatch", "expert-parallel communication overlap needs the all-to-all token dispatcher",
        ILLEGAL, ("ep_comm_overlap",),
        lambda P, s: np.asarray(P.ep_comm_overlap, bool) & (_moe(s) and s.model.moe.dispatch != "permute"),

@@ -140,34 +140,50 @@ def recompute_modules_time(model, job, plan, curves):
                            + curves.memory_time(T * per_width * model.ffn_hidden / t * wide, kernels=1))
     moe = act = shared = 0.0
     if model.moe is not None:
-        e = model.moe
-        routed = e.top_k * expert_token_factor(model, job)
-        moe = share * (moe_mlp_forward_time(model, job, plan, curves)
-                       + curves.memory_time(T * mlp_activation_bytes_per_token(model, job, True, plan) / t * wide, kernels=4)
-                       + moe_expert_bias_times(model, job, plan, curves)[0])
-        act = share * curves.memory_time(T * per_width * e.expert_ffn_hidden * routed / t * wide, kernels=1)
-        if e.shared_experts:
-            width = e.shared_experts * e.expert_ffn_hidden
-            shared = share * (mlp_gemm_forward_time(model, job, plan, curves, width=width)
-                              + curves.memory_time(T * per_width * width / t * wide, kernels=1))
+        moe, act, shared = (share * x for x in moe_module_recompute_times(model, job, plan, curves))
     in_moe = np.where(recomputes_module(plan, "moe"), moe,
                       np.where(recomputes_module(plan, "moe_act"), act, 0.0) + np.where(recomputes_module(plan, "shared_experts"), shared, 0.0))
     return (np.where(recomputes_module(plan, "layernorm"), norms, 0.0) + np.where(recomputes_module(plan, "mla_up_proj"), up, 0.0)
             + np.where(recomputes_module(plan, "mlp"), dense, 0.0) + in_moe)
 
 
+def moe_module_recompute_times(model, job, plan, curves) -> tuple:
+    """(moe, moe_act, shared_experts): the seconds one MoE layer's forward pieces take when Megatron-Core's
+    recompute module of that name runs them again in backward (:func:`recompute_modules_time`): the whole
+    MoE MLP (router, experts, their activation and the permutation's bytes, the eager expert biases), the
+    routed experts' activation over their token copies, the shared experts' forward."""
+    e = model.moe
+    T = tokens_per_rank(job, plan)
+    t = np.asarray(plan.tp, dtype=float)
+    wide = element_bytes(plan) / BYTES
+    per_width = 6 if model.activation == "swiglu" else 4
+    routed = e.top_k * expert_token_factor(model, job)
+    moe = (moe_mlp_forward_time(model, job, plan, curves)
+           + curves.memory_time(T * mlp_activation_bytes_per_token(model, job, True, plan) / t * wide, kernels=4)
+           + moe_expert_bias_times(model, job, plan, curves)[0])
+    act = curves.memory_time(T * per_width * e.expert_ffn_hidden * routed / t * wide, kernels=1)
+    shared = 0.0
+    if e.shared_experts:
+        width = e.shared_experts * e.expert_ffn_hidden
+        shared = (mlp_gemm_forward_time(model, job, plan, curves, width=width)
+                  + curves.memory_time(T * per_width * width / t * wide, kernels=1))
+    return moe, act, shared
+
+
 def recompute_modules_flops_per_token(model, plan):
     """Model FLOPs per token (all layers) of the GEMMs fine-grained recomputation runs again: dense
     MLPs (mlp), MoE layers' router and routed + shared experts (moe; shared_experts alone), latent
     attention's up-projections (mla_up_proj); 2 FLOPs per multiply-add. Norms and activations are
-    memory-bound and count none."""
+    memory-bound and count none. A hybrid pattern: its E layers' moe and shared_experts only (the
+    modules :func:`hybrid_kind_times` prices)."""
     mods = np.asarray(getattr(plan, "recompute_modules_mask", 0))
-    if not np.any(mods) or getattr(model, "layer_pattern", ""):     # not modelled for hybrids (hybrid_kind_times)
+    if not np.any(mods):
         return 0.0
+    hybrid = bool(getattr(model, "layer_pattern", ""))   # a hybrid's E layers only (hybrid_kind_times)
     h, g = model.hidden, model.mlp_matrices
     L = model.layers
     moe_layers = model.moe_layers if model.moe is not None else 0
-    dense = 2 * g * h * model.ffn_hidden * (L - moe_layers)
+    dense = 0.0 if hybrid else 2 * g * h * model.ffn_hidden * (L - moe_layers)
     up = 2 * L * sum(out * inp for out, inp, _ in model.mla_up_projection_gemms)
     moe = shared = 0.0
     if model.moe is not None:
@@ -310,7 +326,7 @@ HYBRID_NORM_ADD_KERNELS = 2
 
 def hybrid_kind_times(model, job, plan, curves, cluster) -> dict:
     """Per-micro-batch times on one GPU of one layer of each kind of a hybrid pattern
-    (``model.layer_pattern``): {"mamba" | "attention" | "mlp": the terms of :func:`layer_times`}.
+    (``model.layer_pattern``): {"mamba" | "attention" | "mlp" | "moe": the terms of :func:`layer_times`}.
 
     Each layer is a pre-norm, its mixer or MLP and a residual add (Megatron-Core MambaLayer,
     TransformerLayer with only self-attention or only an MLP: megatron/core/ssm/mamba_block.py), so each
@@ -320,10 +336,13 @@ def hybrid_kind_times(model, job, plan, curves, cluster) -> dict:
       the convolution and SSD scan (:func:`~paraplan.costmodels.mamba.ssd_scan_times`), the gated norm;
     * attention: the projections and the attention core as a transformer layer prices them, the rotary
       embedding where the model has one; the only layers with a term quadratic in the sequence;
-    * mlp: the two projections and the activation.
+    * mlp: the two projections and the activation;
+    * moe: the router, routed and shared experts, token permutation and expert-parallel all-to-alls
+      (:func:`hybrid_moe_parts`, the transformer MoE layer's functions).
 
     Backward: GEMMs twice (dgrad + wgrad), memory-bound kernels twice the bytes. Full recomputation runs
     each layer's forward again; selective recomputes the attention core of the attention layers;
+    the E layers' moe, moe_act and shared_experts modules re-run their parts (:func:`hybrid_moe_parts`);
     Megatron's other recompute modules and op-level SAC are not modelled for hybrids (op-level SAC is
     priced as full). Context parallelism: the attention layers as a transformer's (ring or Ulysses), the
     Mamba layers by Megatron-Core's MambaContextParallel all-to-alls
@@ -343,20 +362,26 @@ def hybrid_kind_times(model, job, plan, curves, cluster) -> dict:
     regather_applies = engine_flag(plan, "sp_regather") & sp & (np.asarray(plan.tp) > 1)
     gather = tp_collective_time(ALL_GATHER, tp_gathered_bytes(model, job, plan), plan, cluster)
 
-    def kind(name, gemm, first_gemm, core_f, core_b, elem, kernels, core_kernels=0, cp=0.0, cp_hidden=(0.0, 0.0)):
+    def kind(name, gemm, first_gemm, core_f, core_b, elem, kernels, core_kernels=0, cp=0.0, cp_hidden=(0.0, 0.0),
+             extra=(0.0, 0.0), tp_ar=None, ep=None, modules=0.0, ep_replay=0.0):
         cast_f, cast_b = hybrid_fp8_cast_times(model, job, plan, curves, name)
-        fwd = gemm + core_f + elem + cast_f
-        bwd = backward_gemms * gemm + core_b + 2 * elem + cast_b
+        fwd = gemm + core_f + elem + cast_f + extra[0]
+        bwd = backward_gemms * gemm + core_b + 2 * elem + cast_b + extra[1]
         regather = np.where(regather_applies, np.maximum(0.0, gather - first_gemm)
                             + TP_OVERLAP_CONTENTION * np.minimum(gather, first_gemm), 0.0)
-        tp = tp_exposed_time(ar * passes, gemm, full, plan) + regather
+        tp = tp_exposed_time((ar if tp_ar is None else tp_ar) * passes, gemm, full, plan) + regather
         selective = np.where((rc == Recompute.SELECTIVE) & recomputes_attention_core(plan), core_f, 0.0)
         replay = np.where(rc > 0, curves.recompute_overhead_time(np.where(full, kernels, core_kernels)), 0.0)
-        recompute = np.where(full, fwd, selective) + replay
+        recompute = np.where(full, fwd, selective + modules) + replay
         zero = 0.0 * fwd
+        host = zero
+        if ep is not None:      # an MoE layer's all-to-alls; full recomputation (or the moe module) runs the forward's two again
+            ep = np.where(full, 6 * ep, 4 * ep + ep_replay)
+            gpu = fwd * np.where(full, 2, 1) + bwd + ep + tp + cp
+            host = np.where(moe_host_floor_applies(model, plan), np.maximum(0.0, MOE_HOST_SECONDS_PER_LAYER - gpu), 0.0)
         return {"forward": fwd, "backward": bwd, "recompute": recompute, "tp_comm": tp, "cp_comm": zero + cp,
-                "ep_comm": zero, "moe_host": zero, "tp_allreduce": ar, "cp_hidden_forward": zero + cp_hidden[0],
-                "cp_hidden_backward": zero + cp_hidden[1]}
+                "ep_comm": zero if ep is None else ep, "moe_host": host, "tp_allreduce": ar,
+                "cp_hidden_forward": zero + cp_hidden[0], "cp_hidden_backward": zero + cp_hidden[1]}
 
     out = {}
     if model.kind_count("mamba"):
@@ -388,7 +413,51 @@ def hybrid_kind_times(model, job, plan, curves, cluster) -> dict:
         per_width = 6 if model.activation == "swiglu" else 4
         act = curves.memory_time(T * per_width * model.ffn_hidden / t * wide, kernels=1)
         out["mlp"] = kind("mlp", fc1 + fc2, fc1, 0.0, 0.0, norm_add + act, 2 + 1 + HYBRID_NORM_ADD_KERNELS)
+    if model.kind_count("moe"):
+        out["moe"] = kind("moe", **hybrid_moe_parts(model, job, plan, curves, cluster, norm_add))
     return out
+
+
+def hybrid_moe_parts(model, job, plan, curves, cluster, norm_add) -> dict:
+    """The arguments of one hybrid E layer (pre-norm, router, routed and shared experts, residual add:
+    Megatron-Core's TransformerLayer with only an MoE MLP, megatron/core/ssm/mamba_block.py), priced with
+    the transformer MoE layer's own functions (:mod:`~paraplan.costmodels.moe`): the router GEMM, the
+    routed experts' grouped GEMMs at the busiest expert's tokens (top_k x ``job.moe_imbalance``, split
+    over ep and etp) and the shared experts (:func:`moe_mlp_forward_time`), the routed experts' wgrad
+    accumulation, the experts' activation and the token permutation's bytes
+    (:func:`mlp_activation_bytes_per_token`), Megatron-Core's eager expert biases where the model has
+    biases, the tensor-parallel gathers of routed copies and the shared experts' all-reduce
+    (:func:`moe_tp_routed_and_shared_copies`), and the dispatch and combine all-to-alls over ep
+    (:func:`ep_alltoall_time`; exposed: MambaModel runs no combined 1F1B, plan.py refuses
+    ep_comm_overlap for hybrids); the host-bound floor of a dropless layer as a transformer's. Megatron-Core's
+    recompute modules moe, moe_act and shared_experts re-run their parts in backward
+    (:func:`moe_module_recompute_times`; moe its dispatch and combine too). The arguments of
+    :func:`hybrid_kind_times`'s ``kind``."""
+    T = tokens_per_rank(job, plan)
+    t = np.asarray(plan.tp, dtype=float)
+    wide = element_bytes(plan) / BYTES
+    routed = routed_experts_forward_times(model, job, plan, curves)
+    gemm = moe_mlp_forward_time(model, job, plan, curves, routed)
+    elem = norm_add + curves.memory_time(T * mlp_activation_bytes_per_token(model, job, True, plan) / t * wide, kernels=4)
+    einsum_f, einsum_b = moe_einsum_dispatch_times(model, job, plan, curves)
+    bias_f, bias_b = moe_expert_bias_times(model, job, plan, curves)
+    extra = (einsum_f + bias_f, einsum_b + bias_b + routed_experts_wgrad_accumulation_time(model, job, plan, curves, routed))
+    routed_copies, shared = moe_tp_routed_and_shared_copies(model, plan)
+    ar = np.where(routed_copies > 0, tp_allreduce_time(model, job, plan, cluster, np.maximum(routed_copies, 1e-9),
+                                                       fp8_gathers=False), 0.0)
+    if shared:
+        ar = ar + tp_allreduce_time(model, job, plan, cluster, shared)
+    kernels = 1 + 2 + 4 + HYBRID_NORM_ADD_KERNELS       # router, the experts' two grouped GEMMs, permute / act
+    a2a = ep_alltoall_time(model, job, plan, cluster)
+    modules = ep_replay = 0.0
+    if np.any(np.asarray(getattr(plan, "recompute_modules_mask", 0))):
+        moe, act, shared_time = moe_module_recompute_times(model, job, plan, curves)
+        whole = recomputes_module(plan, "moe")
+        modules = np.where(whole, moe, np.where(recomputes_module(plan, "moe_act"), act, 0.0)
+                           + np.where(recomputes_module(plan, "shared_experts"), shared_time, 0.0))
+        ep_replay = np.where(whole, 2 * a2a, 0.0)
+    return {"gemm": gemm, "first_gemm": routed[0], "core_f": 0.0, "core_b": 0.0, "elem": elem, "kernels": kernels,
+            "extra": extra, "tp_ar": ar, "ep": a2a, "modules": modules, "ep_replay": ep_replay}
 
 
 def hybrid_fp8_cast_times(model, job, plan, curves, kind: str):
@@ -406,10 +475,17 @@ def hybrid_fp8_cast_times(model, job, plan, curves, kind: str):
         first_out, second_in = model.mamba.in_proj_width, model.mamba.d_inner
     elif kind == "attention":
         first_out, second_in = model.q_hidden + 2 * model.kv_hidden, model.attn_out_hidden
+    elif kind == "moe":     # the experts a token meets (routed copies and shared), their local weights
+        width = model.moe.expert_ffn_hidden * (model.moe.top_k + model.moe.shared_experts)
+        first_out, second_in = (model.mlp_matrices - 1) * width, width
     else:
         first_out, second_in = (model.mlp_matrices - 1) * model.ffn_hidden, model.ffn_hidden
     m = micro_batches(job, plan)
-    weights = model.kind_params(kind) / t / np.where(engine_flag(plan, "caches_fp8_weights"), np.maximum(m, 1.0), 1.0)
+    params = model.kind_params(kind)
+    if kind == "moe":
+        routed = model.routed_expert_params_per_moe_layer
+        params = params - routed + routed * t / (np.asarray(plan.ep, dtype=float) * np.asarray(plan.etp, dtype=float))
+    weights = params / t / np.where(engine_flag(plan, "caches_fp8_weights"), np.maximum(m, 1.0), 1.0)
     per = FP8_CAST_BYTES_PER_ELEMENT[plan.dtype]
     cast = getattr(curves, "fp8_cast_time", curves.streaming_time)
     return (cast(per * (T * (h + second_in / t) + weights), kernels=4),
@@ -427,12 +503,14 @@ def hybrid_layer_times(model, job, plan, curves, cluster) -> dict:
 def hybrid_layer_breakdown(model, job, plan, curves, cluster) -> dict:
     """What each kind of a hybrid pattern costs one GPU per micro-batch, for the estimate's report:
     {kind: {"layers", "forward_ms", "backward_ms" (one layer), "all_layers_ms" (every layer of the kind,
-    forward + backward + recompute + exposed tp/cp communication, as if on one stage), "share" (of the
+    forward + backward + recompute + exposed tp/cp/ep communication and an MoE layer's host wait, as if on
+    one stage), "share" (of the
     sum over kinds)}}; {} for a model without a layer pattern. One plan (scalars)."""
     if not getattr(model, "layer_pattern", ""):
         return {}
     kinds = hybrid_kind_times(model, job, plan, curves, cluster)
-    per = {k: float(np.asarray(v["forward"] + v["backward"] + v["recompute"] + v["tp_comm"] + v["cp_comm"]))
+    per = {k: float(np.asarray(v["forward"] + v["backward"] + v["recompute"] + v["tp_comm"] + v["cp_comm"]
+                               + v["ep_comm"] + v["moe_host"]))
            for k, v in kinds.items()}
     total = sum(model.kind_count(k) * x for k, x in per.items()) or 1.0
     return {k: {"layers": model.kind_count(k), "forward_ms": 1e3 * float(np.asarray(v["forward"])),

@@ -315,7 +315,7 @@ def routed_copy_saved_bytes(model, plan, te_fp8):
 
 def hybrid_kind_activation_bytes(model, job, plan, recompute_code=None) -> dict:
     """Bytes one layer of each kind of a hybrid pattern keeps for backward for one micro-batch:
-    {"mamba" | "attention" | "mlp": bytes}. Every layer keeps its pre-norm's input and its first
+    {"mamba" | "attention" | "mlp" | "moe": bytes}. Every layer keeps its pre-norm's input and its first
     projection's input (2h + 2h per token, a sequence shard under sequence parallelism, and a 1-byte
     dropout mask h where the model trains with dropout); then
 
@@ -324,11 +324,13 @@ def hybrid_kind_activation_bytes(model, job, plan, recompute_code=None) -> dict:
     * attention: Q, K, V and the output projection's input (2q + 2k + 2v + 2o per token over tp) and the
       softmax statistics (flash: 4 bytes per head and token) or the score matrices (unfused), and a
       QK-norm model's norm inputs, as a transformer layer keeps them;
-    * mlp: the activation's input and output, (4 or 6)·f per token over tp.
+    * mlp: the activation's input and output, (4 or 6)·f per token over tp;
+    * moe: :func:`hybrid_moe_saved_bytes_per_token` (the experts' activations, the permuted copies, the
+      router logits).
 
     Full recomputation keeps the layer's input (h per token, 16-bit); selective drops the attention core's
-    scores where it recomputes them (Megatron's other recompute modules are not modelled for hybrids;
-    op-level SAC is priced as full)."""
+    scores where it recomputes them, and the E layers' moe, moe_act and shared_experts modules what they
+    re-run (Megatron's other recompute modules are not modelled for hybrids; op-level SAC is priced as full)."""
     rc = np.asarray(plan.recompute_code if recompute_code is None else recompute_code)
     b = plan.micro_batch
     T = tokens_per_rank(job, plan)
@@ -357,7 +359,31 @@ def hybrid_kind_activation_bytes(model, job, plan, recompute_code=None) -> dict:
     if model.kind_count("mlp"):
         per_width = 6 if model.activation == "swiglu" else 4
         out["mlp"] = np.where(refull, full, block + wide * per_width * model.ffn_hidden * T / t)
+    if model.kind_count("moe"):
+        out["moe"] = np.where(refull, full, block + wide * hybrid_moe_saved_bytes_per_token(model, job, plan) * T / t)
     return out
+
+
+def hybrid_moe_saved_bytes_per_token(model, job, plan):
+    """16-bit bytes per token (over tp) a hybrid E layer keeps beyond its block input, as a transformer MoE
+    layer's MLP keeps them (:func:`activation_bytes_per_layer`): the experts' activation inputs and outputs,
+    (4 or 6)·f_e per routed copy (top_k x expert_token_factor) and per shared expert, the permuted token
+    copies the engine keeps (:func:`routed_copy_saved_bytes`) and the fp32 router logits (4E); less what the
+    recompute modules moe, moe_act and shared_experts re-run instead of keeping."""
+    e = model.moe
+    per_width = 6 if model.activation == "swiglu" else 4
+    routed = e.top_k * expert_token_factor(model, job)
+    kept = (per_width * e.expert_ffn_hidden * (routed + e.shared_experts)
+            + routed * routed_copy_saved_bytes(model, plan, te_fp8_linears(plan)) + 4 * e.experts)
+    if not np.any(np.asarray(getattr(plan, "recompute_modules_mask", 0))):
+        return kept
+    # Megatron-Core's recompute modules (as recompute_modules_saved_bytes): moe keeps none of it, moe_act
+    # drops the routed experts' activation output (FC2's input, 2·f_e per copy), shared_experts the shared
+    # experts' FC1 outputs and activations
+    has = partial(recomputes_module, plan)
+    dropped = (np.where(has("moe_act"), 2 * e.expert_ffn_hidden * routed, 0.0)
+               + np.where(has("shared_experts"), per_width * e.expert_ffn_hidden * e.shared_experts, 0.0))
+    return np.where(has("moe"), 0.0, kept - dropped)
 
 
 def activation_bytes_per_layer(model, job, plan, recompute_code=None):
@@ -760,12 +786,17 @@ def gathered_layer_params(model, plan):
     and shared experts over tp plus its local routed experts, E/ep of them, each over etp (the expert
     shard's gather runs over the expert-data-parallel group and brings back all of them)."""
     t = np.asarray(plan.tp, dtype=float)
-    dense = model.params_per_layer / t
     e = model.moe
+    hybrid = e is not None and bool(getattr(model, "layer_pattern", ""))
+    if hybrid:      # a hybrid's largest Mamba, attention or MLP layer, and its E layers without attention
+        dense = max((model.kind_params(k) for k in ("mamba", "attention", "mlp") if model.kind_count(k)), default=0) / t
+    else:
+        dense = model.params_per_layer / t
     if e is None:
         return dense
-    shared = (model.attention_params_per_layer + model.norm_params_per_layer + model.router_params
-              + e.shared_experts * model.expert_mlp_params) / t
+    shared = ((model.kind_params("moe") - model.routed_expert_params_per_moe_layer) / t if hybrid else
+              (model.attention_params_per_layer + model.norm_params_per_layer + model.router_params
+               + e.shared_experts * model.expert_mlp_params) / t)
     local = e.experts / np.asarray(plan.ep, dtype=float) * model.expert_mlp_params / np.asarray(plan.etp, dtype=float)
     moe = shared + local
     return np.maximum(dense, moe) if model.dense_layers else moe

@@ -160,8 +160,6 @@ def megatron_hybrid_args(m, notes: list[str]) -> list[tuple[str, ...]]:
         if mb.chunk != 128 or mb.conv_kernel != 4:
             notes.append(f"Mamba chunk {mb.chunk} / convolution kernel {mb.conv_kernel}: Megatron-LM's MambaMixer "
                          "fixes 128 and 4 (its constructor defaults), so the run uses those")
-    if m.head_dim * m.heads != m.hidden:
-        args.append(("--kv-channels", str(m.head_dim)))
     notes.append("hybrid Mamba-2 / attention model: pretrain_mamba.py (needs mamba-ssm and causal-conv1d); "
                  "newer Megatron-LM releases also want --is-hybrid-model")
     return args

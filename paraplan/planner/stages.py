@@ -118,13 +118,18 @@ def _embedding_and_head(model, job, cluster, plan: Plan, p: Plan, curves) -> tup
 
 def _hybrid_layer_costs(model, job, cluster, plan: Plan, p: Plan, curves) -> list[LayerCost]:
     """A hybrid pattern's layers in order, each its kind's cost (compute.hybrid_kind_times,
-    memory.hybrid_kind_activation_bytes, its kind's parameters over tp): Mamba, attention and MLP layers
+    memory.hybrid_kind_activation_bytes, its kind's parameters over tp, an E layer's routed experts over
+    ep·etp as a transformer MoE layer's): Mamba, attention, MLP and MoE layers
     weigh differently, so the partition ILP balances stages by the pattern, not by layer counts."""
     times = C.hybrid_kind_times(model, job, p, curves, cluster)
     acts = M.hybrid_kind_activation_bytes(model, job, p)
     kinds = {}
     for k in times:
-        states = sum(M.model_state_bytes(model.kind_params(k) / plan.tp, p).values())
+        routed = model.routed_expert_params_per_moe_layer if k == "moe" else 0
+        states = sum(M.model_state_bytes((model.kind_params(k) - routed) / plan.tp, p).values())
+        if routed:      # an E layer's routed experts over ep·etp, sharded over the expert-data-parallel group
+            states += sum(M.model_state_bytes(routed / (plan.ep * plan.etp), p,
+                                              shard_degree=expert_data_parallel(plan)).values())
         kinds[k] = LayerCost(k, _f(layers_time(1, times[k])), _f(states), _f(acts[k]))
     emb, head = _embedding_and_head(model, job, cluster, plan, p, curves)
     layers = [replace(kinds[LAYER_KINDS[c]], name=f"{LAYER_KINDS[c]}-{i}") for i, c in enumerate(model.layer_pattern)]

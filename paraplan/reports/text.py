@@ -76,7 +76,7 @@ def interval_line(e) -> str:
     return line
 
 
-HYBRID_KIND_LABELS = {"mamba": "Mamba-2", "attention": "attention", "mlp": "MLP"}
+HYBRID_KIND_LABELS = {"mamba": "Mamba-2", "attention": "attention", "mlp": "MLP", "moe": "MoE"}
 
 
 def hybrid_layer_lines(kinds) -> list[str]:
@@ -85,7 +85,7 @@ def hybrid_layer_lines(kinds) -> list[str]:
     if not kinds:
         return []
     lines = ["  layers by kind  (forward / backward of one layer, one micro-batch on one GPU; share of all layers' "
-             "time with recompute and exposed tp/cp comm)"]
+             "time with recompute and exposed tp/cp/ep comm)"]
     for k, v in kinds.items():
         lines.append(f"    {HYBRID_KIND_LABELS.get(k, k):10s} {v['layers']:4d} layers  {v['forward_ms']:8.2f} / "
                      f"{v['backward_ms']:8.2f} ms  {100 * v['share']:5.1f}%  {bar(v['share'])}")

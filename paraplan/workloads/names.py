@@ -16,7 +16,7 @@ def _canonical(text: str) -> str:
 
 
 # words that qualify a name without changing the model, and a context length ("Nemotron-H-8B-Base-8K": 8K)
-_QUALIFIERS = re.compile(r"\b(?:meta|hf|base|instruct|chat|pretrain(?:ing)?|model|dense|\d+k)\b")
+_QUALIFIERS = re.compile(r"\b(?:meta|nvidia|hf|base|instruct|chat|pretrain(?:ing)?|model|dense|\d+k)\b")
 _LLAMA = re.compile(r"llama[\s_-]*(?:(\d)(?:\.\d+)?[\s_-]+)?(\d+)\s*b\b")
 
 

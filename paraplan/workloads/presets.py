@@ -132,7 +132,9 @@ def mamba_from_mapping(f: FieldReader, source: str) -> MambaSpec:
 
 def _hf_hybrid(f: FieldReader) -> dict:
     """The hybrid layer pattern of a Hugging Face config (Nemotron-H, ``model_type`` nemotron_h:
-    ``hybrid_override_pattern``, one character per layer, M Mamba-2, * attention, - MLP; the Mamba-2
+    ``hybrid_override_pattern``, one character per layer, M Mamba-2, * attention, - MLP, E MoE (Nemotron 3:
+    the MoE keys ``n_routed_experts``, ``num_experts_per_tok``, ``moe_intermediate_size``,
+    ``moe_shared_expert_intermediate_size`` read by :func:`_hf_moe`); the Mamba-2
     mixer from ``mamba_num_heads``, ``mamba_head_dim``, ``ssm_state_size``, ``n_groups``, ``conv_kernel``,
     ``chunk_size``, as transformers' NemotronHConfig names them (configuration_nemotron_h.py; vLLM's copy
     also reads ``mamba_n_groups``, ``mamba_d_conv``, ``mamba_chunk_size``); heads default to
@@ -175,13 +177,21 @@ def with_hf_hybrid(model: TransformerModel, data: Mapping[str, Any], source: str
     hybrid = _hf_hybrid(f)
     if not hybrid:
         return model
+    if data.get("moe_latent_size"):
+        # Nemotron 3 Super's LatentMoE (Megatron-Bridge Nemotron3SuperProvider moe_latent_size 1024): the
+        # routed experts and their all-to-alls run at a latent width, which the MoE layer here does not price
+        raise ConfigError("moe_latent_size", f"LatentMoE (routed experts at latent width {shown(data['moe_latent_size'])}, "
+                          "Nemotron 3 Super) is not modelled: its experts' weights, FLOPs and all-to-all bytes would be "
+                          "priced at the hidden width", accepted="a config without moe_latent_size (Nemotron 3 Nano)",
+                          source=source)
     norm = "rmsnorm" if data.get("model_type") in _HF_RMSNORM_MODEL_TYPES else model.norm
     try:
         return replace(model, norm=norm, **hybrid)
     except ConfigError as e:
         if e.source == source:
             raise
-        field = {"layer_pattern": "hybrid_override_pattern", "mamba": "hybrid_override_pattern"}.get(e.field, e.field)
+        field = {"layer_pattern": "hybrid_override_pattern", "mamba": "hybrid_override_pattern",
+                 "moe": "n_routed_experts"}.get(e.field, e.field)
         raise ConfigError(field, e.problem.replace("layers is", "num_hidden_layers is"), accepted=e.accepted,
                           source=source) from None
 
@@ -388,6 +398,12 @@ def _hf_moe_extras(f: FieldReader, moe: MoESpec | None, layers: int, notes: list
         return None
     from dataclasses import replace
     width = f.integer("shared_expert_intermediate_size", 0, positive=False)
+    if f.has("moe_shared_expert_intermediate_size"):
+        # Nemotron-H / Nemotron 3 (transformers' NemotronHConfig): n_shared_experts shared experts of
+        # moe_shared_expert_intermediate_size each, in place of the routed width n_shared_experts counts
+        each = f.integer("moe_shared_expert_intermediate_size", 0, positive=False)
+        width = each * f.integer("n_shared_experts", 1, positive=False)
+        moe = replace(moe, shared_experts=0)
     if width:
         shared = max(1, round(width / moe.expert_ffn_hidden))
         if shared * moe.expert_ffn_hidden != width:

@@ -124,8 +124,10 @@ class MLASpec:
 
 #: layer kinds of a hybrid layer pattern (Megatron-LM ``--hybrid-override-pattern``, Hugging Face
 #: ``hybrid_override_pattern``; megatron/core/ssm/mamba_hybrid_layer_allocation.py Symbols): one
-#: character per layer, each layer a pre-norm, its mixer or MLP and a residual add
-LAYER_KINDS = {"M": "mamba", "*": "attention", "-": "mlp"}
+#: character per layer, each layer a pre-norm, its mixer or MLP and a residual add; E is an MoE layer
+#: (Symbols.MOE, NVIDIA/Megatron-LM @ 00caa53: a TransformerLayer with only an MoE MLP, the model's
+#: ``moe:`` block; Nemotron 3 Nano's "MEMEM*EMEMEM*...")
+LAYER_KINDS = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
 
 
 @dataclass(frozen=True)
@@ -250,7 +252,7 @@ class TransformerModel:
     #: own cross-entropy; the embedding and the head are shared with the main model (no parameters)
     mtp_layers: int = 0
     #: hybrid layer pattern, one character per layer (:data:`LAYER_KINDS`: M a Mamba-2 mixer, * a
-    #: self-attention layer, - an MLP layer; Megatron-LM ``--hybrid-override-pattern``, Hugging Face
+    #: self-attention layer, - an MLP layer, E an MoE layer of the ``moe`` block; Megatron-LM ``--hybrid-override-pattern``, Hugging Face
     #: ``hybrid_override_pattern``); "" for a transformer whose every layer is attention + MLP
     layer_pattern: str = ""
     #: the Mamba-2 mixer of the pattern's M layers
@@ -328,16 +330,24 @@ class TransformerModel:
             return
         bad = sorted(set(p) - set(LAYER_KINDS))
         if bad:
-            raise ConfigError("layer_pattern", f"unknown layer kind {bad[0]!r} in {p[:60]!r}"
-                              + (" (MoE layers E are not modelled in hybrid patterns)" if "E" in bad else ""),
-                              accepted="M (Mamba-2), * (attention), - (MLP)", source=self.name)
+            raise ConfigError("layer_pattern", f"unknown layer kind {bad[0]!r} in {p[:60]!r}",
+                              accepted="M (Mamba-2), * (attention), - (MLP), E (MoE)", source=self.name)
         if len(p) != self.layers:
             raise ConfigError("layer_pattern", f"{len(p)} layers in the pattern, layers is {self.layers}",
                               accepted=f"a pattern of {self.layers} characters", source=self.name)
         if "M" in p and self.mamba is None:
             raise ConfigError("mamba", "the layer_pattern has Mamba layers (M) but the model gives no mamba block",
                               source=self.name)
-        for key, value in (("moe", self.moe), ("mla", self.mla), ("mtp_layers", self.mtp_layers)):
+        if "E" in p and self.moe is None:
+            raise ConfigError("moe", "the layer_pattern has MoE layers (E) but the model gives no moe block",
+                              accepted="a moe: block (experts, top_k, expert_ffn_hidden, shared_experts)", source=self.name)
+        if self.moe is not None and "E" not in p:
+            raise ConfigError("moe", "a hybrid model's moe block prices its E layers; the layer_pattern has none",
+                              accepted="E layers in the layer_pattern, or no moe block", source=self.name)
+        if self.moe is not None and (self.moe.every != 1 or self.moe.first_dense):
+            raise ConfigError("moe.every", "a hybrid layer_pattern places its MoE layers (E) itself",
+                              accepted="every: 1 and first_dense: 0 (the defaults)", source=self.name)
+        for key, value in (("mla", self.mla), ("mtp_layers", self.mtp_layers)):
             if value:
                 raise ConfigError(key, "not modelled together with a hybrid layer_pattern", source=self.name)
 
@@ -348,8 +358,8 @@ class TransformerModel:
         return bool(self.layer_pattern)
 
     def kind_count(self, kind: str) -> int:
-        """Layers of one kind ("mamba", "attention", "mlp"); a transformer's every layer is both an
-        attention and an MLP layer."""
+        """Layers of one kind ("mamba", "attention", "mlp", "moe"); a transformer's every layer is both an
+        attention and an MLP layer (its MoE layers: :attr:`moe_layers`)."""
         if not self.layer_pattern:
             return self.layers if kind in ("attention", "mlp") else 0
         symbol = next(k for k, v in LAYER_KINDS.items() if v == kind)
@@ -369,7 +379,18 @@ class TransformerModel:
             return self.mamba.params(self.hidden) + self.single_norm_params
         if kind == "attention":
             return self.attention_params_per_layer + self.single_norm_params + (2 * self.head_dim if self.qk_norm else 0)
+        if kind == "moe":
+            return (self.router_params + (self.moe.experts + self.moe.shared_experts) * self.expert_mlp_params
+                    + self.single_norm_params)
         return self.mlp_params_per_layer + self.single_norm_params
+
+    def kind_active_params(self, kind: str) -> int:
+        """Parameters of one layer of a kind that a token passes through: an MoE layer's pre-norm, router,
+        top-k routed and shared experts; every parameter of the other kinds."""
+        if kind != "moe":
+            return self.kind_params(kind)
+        return (self.router_params + (self.moe.top_k + self.moe.shared_experts) * self.expert_mlp_params
+                + self.single_norm_params)
 
     def kind_matmul_flops_per_token(self, kind: str) -> float:
         """Forward weight-GEMM FLOPs per token of one layer of a kind (2 per multiply-add)."""
@@ -377,6 +398,10 @@ class TransformerModel:
             return 2.0 * sum(o * i for o, i, _ in self.mamba.gemms(self.hidden))
         if kind == "attention":
             return 2.0 * self.attention_weights_per_layer
+        if kind == "moe":       # the router, top-k routed and shared experts
+            e = self.moe
+            return 2.0 * (self.hidden * e.experts
+                          + (e.top_k + e.shared_experts) * self.mlp_matrices * self.hidden * e.expert_ffn_hidden)
         return 2.0 * self.mlp_matrices * self.hidden * self.ffn_hidden
 
     def scan_flops_per_token_per_layer(self) -> float:
@@ -507,9 +532,11 @@ class TransformerModel:
     # --- mixture of experts -------------------------------------------------------------------------
     @property
     def moe_layers(self) -> int:
-        """Layers whose MLP is a mixture of experts (0 for a dense model)."""
+        """Layers whose MLP is a mixture of experts (0 for a dense model; a hybrid pattern's E layers)."""
         if self.moe is None:
             return 0
+        if self.layer_pattern:
+            return self.layer_pattern.count("E")
         return max(0, self.layers - self.moe.first_dense) // self.moe.every
 
     @property
@@ -581,6 +608,9 @@ class TransformerModel:
         multi-token-prediction depths' included."""
         if not self.moe:
             return self.num_params
+        if self.layer_pattern:
+            return (sum(self.kind_active_params(LAYER_KINDS[c]) for c in self.layer_pattern)
+                    + self.embedding_params + self.lm_head_params)
         return (self.dense_layers * self.params_per_layer + self.moe_layers * self._moe_active_per_layer
                 + self.embedding_params + self.lm_head_params
                 + self.mtp_layers * (self._moe_active_per_layer + self.mtp_projection_params))
@@ -591,7 +621,8 @@ class TransformerModel:
         over dense and MoE layers (an MoE layer counts its router, top-k and shared experts) or over a
         hybrid pattern's kinds."""
         if self.layer_pattern:
-            return sum(self.kind_share(k) * self.kind_matmul_flops_per_token(k) for k in LAYER_KINDS.values())
+            return sum(self.kind_share(k) * self.kind_matmul_flops_per_token(k) for k in LAYER_KINDS.values()
+                       if self.kind_count(k))
         if not self.moe:
             return self._block_matmul_flops_per_token(moe=False)
         return (self.dense_layers * self._block_matmul_flops_per_token(moe=False)
@@ -678,7 +709,7 @@ class TransformerModel:
         if self.layer_pattern:
             m = self.mamba
             kv += (f", hybrid {self.kind_count('mamba')} Mamba-2 / {self.kind_count('attention')} attention / "
-                   f"{self.kind_count('mlp')} MLP layers"
+                   f"{self.kind_count('mlp')} MLP" + (f" / {self.kind_count('moe')} MoE" if self.moe else "") + " layers"
                    + (f" (Mamba-2 {m.heads} heads x {m.head_dim}, state {m.state}, {m.groups} groups)" if m else ""))
         if self.mla:
             m = self.mla

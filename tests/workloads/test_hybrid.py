@@ -67,8 +67,10 @@ def test_hugging_face_config_reads_the_hybrid_pattern():
 
 @pytest.mark.parametrize("body,field", [
     ("layers: 3\nhidden: 64\nheads: 4\nvocab: 10\nlayer_pattern: 'M*-'\n", "mamba"),
-    ("layers: 3\nhidden: 64\nheads: 4\nvocab: 10\nlayer_pattern: 'ME-'\nmamba: {heads: 4, head_dim: 32, state: 16, groups: 1}\n",
+    ("layers: 3\nhidden: 64\nheads: 4\nvocab: 10\nlayer_pattern: 'MX-'\nmamba: {heads: 4, head_dim: 32, state: 16, groups: 1}\n",
      "layer_pattern"),
+    ("layers: 3\nhidden: 64\nheads: 4\nvocab: 10\nlayer_pattern: 'ME-'\nmamba: {heads: 4, head_dim: 32, state: 16, groups: 1}\n",
+     "moe"),
     ("layers: 4\nhidden: 64\nheads: 4\nvocab: 10\nlayer_pattern: 'M*-'\nmamba: {heads: 4, head_dim: 32, state: 16, groups: 1}\n",
      "layer_pattern"),
     ("layers: 3\nhidden: 64\nheads: 4\nvocab: 10\nlayer_pattern: 'M*-'\nmamba: {heads: 4, head_dim: 32, state: 16, groups: 3}\n",
