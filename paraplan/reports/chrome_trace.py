@@ -39,8 +39,8 @@ def trace_events(timeline: Timeline) -> list[dict]:
     used = {(s.rank, s.track) for s in timeline.slices}
     events: list[dict] = []
     for r in range(timeline.ranks):
-        label = f"pipeline rank {r}" + (" (sets the pace: the estimate's terms)" if r == timeline.pace_rank
-                                        and timeline.ranks > 1 else "")
+        label = f"pipeline rank {r}" + ("" if timeline.ranks == 1 else " (sets the pace: the estimate's terms)"
+                                        if r == timeline.pace_rank else " (laid out with the pace rank's times)")
         events.append({"ph": "M", "name": "process_name", "pid": r, "tid": 0, "args": {"name": label}})
         events.append({"ph": "M", "name": "process_sort_index", "pid": r, "tid": 0, "args": {"sort_index": r}})
         for key, name in TRACKS:
@@ -64,7 +64,8 @@ def chrome_trace(timeline: Timeline, estimate=None) -> dict:
     given ``estimate``) and the notes on what the layout splits or aggregates."""
     other = {"schema": SCHEMA, "title": f"{timeline.title}: {timeline.plan_line}", "step_time_s": timeline.step_time_s,
              "schedule": timeline.schedule, "pipeline_ranks": timeline.ranks, "pace_rank": timeline.pace_rank,
-             "micro_batches": timeline.micro_batches, "chunks_per_rank": timeline.chunks_per_rank,
+             "micro_batches": timeline.micro_batches,
+             "micro_batch_group": timeline.micro_batch_group, "chunks_per_rank": timeline.chunks_per_rank,
              "notes": list(timeline.notes)}
     if estimate is not None:
         other["plan"] = estimate.plan.to_dict()

@@ -12,26 +12,28 @@ How it is laid out (:func:`build_timeline`):
    and under the zero-bubble schedules the weight-gradient part W = WEIGHT_GRAD_SHARE_OF_BACKWARD of
    the backward, the share ``paraplan.costmodels.pipeline`` prices their bubble with. Each collective
    term is split between forward and backward in the same 1 : 2, and drawn after the compute it
-   follows (in the run it interleaves with each layer's GEMMs). Every slice says in its args which of
-   these are the estimate's numbers and which a split of them.
+   follows (in the run it interleaves with each layer's GEMMs). The timeline's ``notes`` (the trace's
+   ``otherData``) say which numbers are the estimate's and which a split of them.
 2. *Order.* Every rank runs its operations (F, B, W of each micro-batch on each of its model chunks)
    in the schedule's order: GPipe (all forwards, then all backwards), 1F1B (p − r − 1 warm-up
-   forwards, then one forward one backward), interleaved (Megatron-LM's order over v chunks, groups of
-   p micro-batches), and for ZB-H1, ZBV, DualPipe and DualPipeV a list schedule in the schedule's chunk
-   placement (:data:`~paraplan.costmodels.pipeline.V_SCHEDULES`, DualPipe's two directions) that runs a
-   ready backward before a forward before a weight gradient, with the forwards in flight capped — the
-   shape of those schedules, not the engines' exact action lists. An operation starts when its rank is
-   free and its input has crossed from the neighbouring chunk's rank (one transfer's time,
-   ``pp_comm`` ÷ the crossings on the critical path, ``pipeline_crossings_on_critical_path``).
-3. *Fitted to the estimate.* The estimate charges the pipeline's idle time by formula
-   (``pp_bubble``: ``paraplan.costmodels.pipeline.bubble_time``; ``pp_comm``: ``p2p.pipeline_p2p_time``),
-   the simulation in 2 by construction. The pace-setting rank's waits are split into transfer waits
-   (the last transfer time before an operation whose input crossed ranks) and the rest (bubble), and
-   the whole timeline is re-timed by one piecewise-linear clock that keeps that rank's work as it is
-   and stretches its transfer waits to total ``pp_comm`` and its bubble to total ``pp_bubble``. So
-   the pace rank's slices add up to the estimate's terms and the pipeline phase lasts exactly what the
-   estimate charges; the other ranks keep their order and their dependencies, their slices re-timed by
-   the same clock (their args say so).
+   forwards, then one forward one backward; without pipelining F0 B0 F1 B1 ...), interleaved
+   (Megatron-LM's order over v chunks in groups of p micro-batches), and for ZB-H1, ZBV, DualPipe and
+   DualPipeV a list schedule in the schedule's chunk placement (:data:`~paraplan.costmodels.pipeline.
+   V_SCHEDULES`, DualPipe's two directions) that runs a ready backward before a forward before a weight
+   gradient, with the forwards in flight capped — the shape of those schedules, not the engines' exact
+   action lists. An operation starts when its rank is free and its input has finished; an input from
+   another rank is received first, a blocking receive (the estimate puts every transfer on the critical
+   path), the pace rank's receives together ``pp_comm``. The other ranks hold fewer layers than the pace
+   rank (no LM head): under GPipe, 1F1B and interleaved their work per micro-batch is the largest
+   stage's without the head, which the estimate's bubble is priced on (pp_bubble ÷ ((p − 1)·factor)).
+3. *Fitted to the estimate.* The estimate charges the pipeline's idle time by formula (``pp_bubble``:
+   ``paraplan.costmodels.pipeline.bubble_time``), the simulation in 2 by construction. The whole
+   timeline is re-timed by one piecewise-linear clock that keeps the pace rank's work as it is and
+   stretches (or shrinks) its idle stretches to total ``pp_bubble``. So the pace rank's slices add up to
+   the estimate's terms and the pipeline phase lasts exactly what the estimate charges; the other ranks
+   keep their order and dependencies, their slices re-timed by the same clock.
+   Above MAX_OPERATIONS operations, consecutive micro-batches are drawn in groups (the timeline's notes
+   say how many).
 4. *The step's tail*, on every rank: unfused gradient accumulation, the exposed data-parallel
    communication (``dp_comm``), the optimizer step and the exposed offload transfers. The hidden part of
    the data-parallel communication (``dp_comm_total_s − dp_comm``: the cost model knows its total, not
@@ -43,7 +45,7 @@ The timeline's length is the estimate's step time, and the pace rank's slices, s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 
@@ -99,6 +101,7 @@ class Timeline:
     ranks: int                 # pipeline ranks
     pace_rank: int             # the rank whose slices add up to the estimate's terms
     micro_batches: int
+    micro_batch_group: int     # micro-batches drawn as one operation (1 unless there are very many)
     chunks_per_rank: int
     schedule: str              # the plan's schedule, "no pipeline" with pp 1
     title: str                 # model, GPUs, cluster
@@ -116,8 +119,7 @@ class Timeline:
         return out
 
 
-@dataclass(frozen=True)
-class _Op:
+class _Op(NamedTuple):
     kind: str        # "F", "B" or "W"
     mb: int
     chunk: int       # global model chunk index in the micro-batch's path
@@ -237,7 +239,8 @@ def _list_schedule(schedule, p, m, C, rank_of, split_w, dur, ready_at, done):
     """The list scheduler: each rank keeps, per chunk and kind, its next micro-batch; of the operations
     whose inputs are there when the rank is free it runs a backward first, then a forward (under the
     in-flight cap; the last chunk's forward, whose backward follows at once, always), then a weight
-    gradient; operations are placed in time order, so every decision sees what has finished."""
+    gradient; operations are placed in time order, so every decision sees what has finished. A rank's
+    pick is recomputed only when its own state or an input of its next operations changed."""
     kinds = ("B", "F", "W") if split_w else ("B", "F")
     queues: list[dict[tuple[str, int], list[int]]] = [dict() for _ in range(p)]
     for mb in range(m):
@@ -253,34 +256,41 @@ def _list_schedule(schedule, p, m, C, rank_of, split_w, dur, ready_at, done):
     free = [0.0] * p
     remaining = sum(len(q) for qs in queues for q in qs.values())
     priority = {"B": 0, "F": 1, "W": 2}
-    while remaining:
-        best = None
-        for r in range(p):
-            cands = []
-            for (k, c), q in queues[r].items():
-                if not q:
-                    continue
-                op = _Op(k, q[-1], c)
-                if k == "F" and in_flight[r] >= limit[r] and c != C - 1:
-                    continue
-                t = ready_at(op)
-                if t is not None:
-                    cands.append((t, op))
-            if not cands:
+
+    def pick_of(r):
+        cands = []
+        for (k, c), q in queues[r].items():
+            if not q or (k == "F" and in_flight[r] >= limit[r] and c != C - 1):
                 continue
-            t0 = max(free[r], min(t for t, _ in cands))
-            pick = min((op for t, op in cands if t <= t0), key=lambda o: (priority[o.kind], o.mb, -o.chunk))
-            if best is None or t0 < best[0]:
-                best = (t0, r, pick)
+            op = _Op(k, q[-1], c)
+            t = ready_at(op)
+            if t is not None:
+                cands.append((t, op))
+        if not cands:
+            return None
+        t0 = max(free[r], min(t for t, _ in cands))
+        return t0, min((op for t, op in cands if t <= t0), key=lambda o: (priority[o.kind], o.mb, -o.chunk))
+
+    picks = [pick_of(r) for r in range(p)]
+    while remaining:
+        best = min((r for r in range(p) if picks[r] is not None), key=lambda r: picks[r][0], default=None)
         if best is None:           # every rank at its cap waiting for a backward that cannot come: widen
             limit = [x + 1 for x in limit]
+            picks = [pick_of(r) for r in range(p)]
             continue
-        t0, r, op = best
-        queues[r][(op.kind, op.chunk)].pop()
+        t0, op = picks[best]
+        queues[best][(op.kind, op.chunk)].pop()
         done[op] = (t0, t0 + dur(op))
-        free[r] = done[op][1]
-        in_flight[r] += 1 if op.kind == "F" else (-1 if op.kind == "B" else 0)
+        free[best] = done[op][1]
+        in_flight[best] += 1 if op.kind == "F" else (-1 if op.kind == "B" else 0)
         remaining -= 1
+        touched = {best}
+        if op.kind == "F" and op.chunk + 1 < C:
+            touched.add(rank_of(op.mb, op.chunk + 1))
+        if op.kind == "B" and op.chunk > 0:
+            touched.add(rank_of(op.mb, op.chunk - 1))
+        for r in touched:
+            picks[r] = pick_of(r)
     return done
 
 
@@ -309,6 +319,18 @@ def dp_track_name(plan) -> str:
     return "dp all-reduce"
 
 
+#: Operations (forward, backward, weight gradient of one micro-batch on one model chunk) a timeline lays out
+#: one by one; above it consecutive micro-batches are drawn in groups (a 512-micro-batch step on 8 stages
+#: with 2 chunks each under ZBV has 24,576)
+MAX_OPERATIONS = 30_000
+
+
+def micro_batch_group(m: int, chunks: int, kinds: int) -> int:
+    """Micro-batches drawn as one operation: 1 while the m·chunks·kinds operations stay within
+    MAX_OPERATIONS, else the fewest that bring them within it."""
+    return max(1, -(-m * chunks * kinds // MAX_OPERATIONS))
+
+
 def _other_rank_scale(estimate, schedule: Schedule, p: int, v: int, pace_time: float) -> float:
     """Time per micro-batch of the ranks that do not set the pace, ÷ the pace rank's. The estimate prices
     the bubble of GPipe, 1F1B and interleaved on the largest stage's layers without the LM head,
@@ -334,9 +356,15 @@ def build_timeline(estimate) -> Timeline:
     m = max(1, int(round(float(estimate.details.get("micro_batches_per_step", 1)))))
     schedule = Schedule(int(plan.schedule_code)) if p > 1 else Schedule.ONE_F_ONE_B
     v = int(plan.vpp) if schedule == Schedule.INTERLEAVED else 1
-    C, rank_of, per_rank = _schedule_shape(schedule, p, v, m)
     split_w = p > 1 and schedule in (Schedule.ZB_H1, Schedule.ZBV, Schedule.DUALPIPE, Schedule.DUALPIPE_V)
+    chunks = {Schedule.INTERLEAVED: v, Schedule.ZBV: 2, Schedule.DUALPIPE_V: 2}.get(schedule, 1) * p
+    group = micro_batch_group(m, chunks, 3 if split_w else 2)
+    n = -(-m // group)                       # the operations' "micro-batches": groups of ``group``
+    C, rank_of, per_rank = _schedule_shape(schedule, p, v, n)
     pace = pace_rank_of(estimate)
+
+    def size(g: int) -> int:
+        return min(m, (g + 1) * group) - g * group
 
     # one operation's parts on the pace rank, seconds (one micro-batch's work ÷ the chunks a rank runs of it)
     fwd_c = t["compute"] / m * FORWARD_SHARE_OF_COMPUTE / per_rank
@@ -360,20 +388,20 @@ def build_timeline(estimate) -> Timeline:
     # the pipeline transfers: each input that crosses ranks is received before its operation runs (the
     # estimate puts every crossing on the critical path, p2p.pipeline_p2p_time); the pace rank's receives
     # add up to pp_comm
-    pace_receives = sum(1 for mb in range(m) for c in range(C) for k in ("F", "B")
-                        if rank_of(mb, c) == pace and crosses(_Op(k, mb, c)))
+    pace_receives = sum(1 for g in range(n) for c in range(C) for k in ("F", "B")
+                        if rank_of(g, c) == pace and crosses(_Op(k, g, c)))
     recv = t["pp_comm"] / pace_receives if pace_receives else 0.0
-    cache: dict[tuple[str, bool, bool], list] = {}
+    cache: dict[tuple[str, bool, bool, int], list] = {}
 
     def parts(op: _Op) -> list:
-        key = (op.kind, rank_of(op.mb, op.chunk) == pace, crosses(op))
+        key = (op.kind, rank_of(op.mb, op.chunk) == pace, crosses(op), size(op.mb))
         if key not in cache:
-            scale = 1.0 if key[1] else rho
+            scale = (1.0 if key[1] else rho) * key[3]
             lst = [(cat, tr, what, x * scale) for cat, tr, what, x in base[op.kind]]
             cache[key] = ([("pp_comm", "pp", "recv", recv)] if key[2] and recv > 0 else []) + lst
         return cache[key]
 
-    done, rank_of = _simulate(schedule, p, v, m, split_w, lambda op: sum(x[3] for x in parts(op)))
+    done, rank_of = _simulate(schedule, p, v, n, split_w, lambda op: sum(x[3] for x in parts(op)))
     by_rank: list[list[tuple[float, float, _Op]]] = [[] for _ in range(p)]
     for op, (s, e) in done.items():
         by_rank[rank_of(op.mb, op.chunk)].append((s, e, op))
@@ -417,14 +445,20 @@ def build_timeline(estimate) -> Timeline:
     if recv > 0:
         notes.append(f"every pipeline transfer is a blocking receive of {recv * 1e6:.1f} us before the operation "
                      "it feeds (pp_comm / the pace rank's receives)")
+    if group > 1:
+        notes.append(f"micro-batches drawn in groups of {group} (F0-{group - 1} is the forward of micro-batches 0 to "
+                     f"{group - 1}): {m} micro-batches would make more than {MAX_OPERATIONS:,} operations")
     label_chunks = C > p
     names = {"forward": "F", "backward": "B", "weight-grad": "W", "recompute": "R"}
-    phase = {"F": "forward", "B": "backward", "W": "weight gradient"}
+
+    def mb_label(g: int):
+        return g if group == 1 else f"{g * group}-{g * group + size(g) - 1}"
+
     for r in range(p):
-        rank_note = {} if r == pace else {"note": OTHER_RANK_NOTE}
         for s, _e, op in by_rank[r]:
             x = s
-            suffix = f"{op.mb}" + (f".{op.chunk}" if label_chunks else "")
+            mb = mb_label(op.mb)
+            suffix = f"{mb}" + (f".{op.chunk}" if label_chunks else "")
             for cat, track, what, d in parts(op):
                 a, b = clock(x), clock(x + d)
                 x += d
@@ -432,22 +466,13 @@ def build_timeline(estimate) -> Timeline:
                     continue
                 name = (names[what] + suffix if what in names else
                         f"recv {op.kind}{suffix}" if what == "recv" else f"{track} {op.kind}{suffix}")
-                args = {"micro_batch": op.mb, "chunk": op.chunk, "phase": phase[op.kind], "exposed_s": b - a,
-                        "term": cat, **rank_note}
-                if what in ("forward", "backward", "weight-grad"):
-                    args["split"] = SPLIT_NOTE
-                elif what == "recv":
-                    args["what"] = ("the input from the neighbouring chunk's rank (activation for a forward, "
-                                    "gradient for a backward), a blocking receive on the critical path")
-                elif track != "compute":
-                    args["split"] = COMM_SPLIT_NOTE
+                args = {"micro_batch": mb, "chunk": op.chunk, "exposed_s": b - a} if label_chunks else \
+                    {"micro_batch": mb, "exposed_s": b - a}
                 slices.append(Slice(r, track, name, cat, a, b - a, b - a, args))
         for g0, g1 in gaps(r):
             a, b = clock(g0), clock(g1)
             if b - a > 0:
-                slices.append(Slice(r, "compute", "bubble", "pp_bubble", a, b - a, b - a,
-                                    {"exposed_s": b - a, "what": "idle: waiting for another stage (pipeline bubble)",
-                                     **rank_note}))
+                slices.append(Slice(r, "compute", "bubble", "pp_bubble", a, b - a, b - a, {"exposed_s": b - a}))
     t0 = clock(t_sim)
     extra = [("pp_bubble", "compute", "bubble (schedule formula)", t["pp_bubble"] if idle <= 0 else 0.0,
               "the bubble the estimate's formula charges (pipeline.bubble_time) where this layout leaves none"),
@@ -490,7 +515,7 @@ def build_timeline(estimate) -> Timeline:
     title = f"{estimate.model} on {estimate.num_gpus} × {estimate.cluster}"
     plan_line = f"{plan.label()}, {m} micro-batches, step {step * 1e3:.1f} ms"
     return Timeline(slices=tuple(sorted(slices, key=lambda s: (s.rank, s.start_s, s.track))), step_time_s=step,
-                    ranks=p, pace_rank=pace, micro_batches=m, chunks_per_rank=per_rank,
+                    ranks=p, pace_rank=pace, micro_batches=m, micro_batch_group=group, chunks_per_rank=per_rank,
                     schedule=str(plan.schedule) if p > 1 else "no pipeline", title=title, plan_line=plan_line,
                     dp_track_name=dp_name,
                     notes=tuple(notes))
