@@ -419,8 +419,8 @@ def efficiency_figure(data, title: str) -> Figure:
 
 
 #: colour of each kind of slice in the timeline figure: the step-time breakdown's colour of its term, the
-#: forward / backward / weight-gradient shades of compute's blue
-TIMELINE_COLORS = {"forward": "#4c72b0", "backward": "#2a3f6b", "weight-grad": "#7fa3d9",
+#: forward and backward shades of compute's blue, the deferred weight gradient teal
+TIMELINE_COLORS = {"forward": "#4c72b0", "backward": "#2a3f6b", "weight-grad": "#2a9d8f",
                    "recompute": TIME_COLORS["recompute"], "pp_bubble": "#eeeeee", "tp_comm": TIME_COLORS["tp_comm"],
                    "cp_comm": TIME_COLORS["cp_comm"], "ep_comm": TIME_COLORS["ep_comm"],
                    "moe_host": TIME_COLORS["moe_host"], "pp_comm": TIME_COLORS["pp_comm"],
@@ -430,7 +430,7 @@ TIMELINE_COLORS = {"forward": "#4c72b0", "backward": "#2a3f6b", "weight-grad": "
 TIMELINE_LABELS = {"forward": "forward", "backward": "backward (input + weight gradients)",
                    "weight-grad": "weight gradient (deferred)", "recompute": "recomputation",
                    "pp_bubble": "bubble (idle)", "tp_comm": "tp collectives", "cp_comm": "cp exchange",
-                   "ep_comm": "ep all-to-all", "moe_host": "MoE host wait", "pp_comm": "pp send/recv wait",
+                   "ep_comm": "ep all-to-all", "moe_host": "MoE host wait", "pp_comm": "pp receive (blocking)",
                    "dp_comm": "dp communication (exposed)", "dp hidden": "dp communication (hidden under backward)",
                    "grad_accumulation": "gradient accumulation", "optimizer": "optimizer step",
                    "offload": "offload transfers"}

@@ -53,7 +53,7 @@ from paraplan.costmodels.pipeline import WEIGHT_GRAD_SHARE_OF_BACKWARD
 from paraplan.errors import ConfigError
 from paraplan.modes import Schedule
 
-#: Forward : backward compute per micro-batch where the estimate has only their sum: the backward runs two
+#: Forward : backward compute per micro-batch, where the cost model prices only their sum: the backward runs two
 #: GEMMs (input and weight gradient) per forward GEMM (Narayanan et al. 2021 §3.2, 6 = 2 + 4 FLOPs per
 #: parameter and token).
 FORWARD_SHARE_OF_COMPUTE = 1 / 3
