@@ -70,8 +70,8 @@ SPLIT_NOTE = ("the estimate prices forward + backward compute as one total; spli
               "(FORWARD_SHARE_OF_COMPUTE)")
 COMM_SPLIT_NOTE = ("the estimate prices this collective per micro-batch as one total; split forward : backward "
                    "1:2 and drawn after the compute (in the run it interleaves with each layer's GEMMs)")
-OTHER_RANK_NOTE = ("laid out with the pace-setting stage's times per micro-batch (the estimate prices that stage "
-                   "only) and re-timed by the clock that fits the pace rank to the estimate")
+OTHER_RANK_NOTE = ("laid out in the schedule's order and re-timed by the clock that fits the pace rank to the "
+                   "estimate (which prices the pace-setting stage only)")
 
 
 @dataclass(frozen=True)
@@ -440,11 +440,17 @@ def build_timeline(estimate) -> Timeline:
     notes = [SPLIT_NOTE, COMM_SPLIT_NOTE]
     if p > 1:
         notes.append(f"rank {pace} sets the pace: its slices add up to the estimate's terms; the others are "
-                     + OTHER_RANK_NOTE + (f" (their work per micro-batch x{rho:.3f}: the largest stage without "
-                                          "the LM head, as the bubble is priced)" if rho != 1.0 else ""))
+                     + OTHER_RANK_NOTE + "; their work per micro-batch is the pace rank's"
+                     + (f" x {rho:.3f} (the largest stage without the LM head, which the bubble is priced on)"
+                        if rho != 1.0 else ""))
     if recv > 0:
         notes.append(f"every pipeline transfer is a blocking receive of {recv * 1e6:.1f} us before the operation "
                      "it feeds (pp_comm / the pace rank's receives)")
+    for flag, what in (("tp_comm_overlap", "tp collectives overlapped with their GEMMs"),
+                       ("ep_comm_overlap", "ep all-to-alls hidden under the neighbouring micro-batch's compute")):
+        if getattr(plan, flag, False):
+            notes.append(f"{what}: the cost model prices only the exposed part, which is what the {flag.split('_')[0]} "
+                         "track shows; the hidden part is not drawn")
     if group > 1:
         notes.append(f"micro-batches drawn in groups of {group} (F0-{group - 1} is the forward of micro-batches 0 to "
                      f"{group - 1}): {m} micro-batches would make more than {MAX_OPERATIONS:,} operations")
