@@ -307,6 +307,8 @@ def cmd_plan(args) -> int:
         raise ConfigError("--max-memory-fraction", f"must be in [0.01, 1], got {args.max_memory_fraction}")
     if args.out is not None:
         check_out_path("--out", args.out, folder=False)
+    if args.trace is not None:
+        check_out_path("--trace", args.trace, folder=False)
     sc = scenario_from_args(args)
     model, cluster, job = sc.model, sc.cluster, sc.job()
     seq_len, gbs = job.seq_len, job.global_batch
@@ -340,6 +342,11 @@ def cmd_plan(args) -> int:
         with writing("--out", args.out):
             write_plan_file(args.out, result.best, args.model, args.cluster)
         print(wrote_line(args.out, result.best), file=sys.stderr)
+    if args.trace and result.plans:
+        from paraplan.reports.chrome_trace import write_trace, wrote_trace_line
+        with writing("--trace", args.trace):
+            events = write_trace(args.trace, result.best)
+        print(wrote_trace_line(args.trace, events), file=sys.stderr)
     if args.format == "json":
         doc = {"schema": PLAN_SCHEMA_OUT, "model": model.name, "model_params": model.num_params,
                "model_active_params": model.active_params, "model_approximated": list(model.approximated),
@@ -411,4 +418,6 @@ def register(sub) -> None:
                     help="table: the ranked plans and the best one's breakdown (default); json: the search and "
                          "every plan's estimate as one JSON document; csv: one row per ranked plan")
     ap.add_argument("--out", help="write the best plan to this plan file (JSON)")
+    ap.add_argument("--trace", metavar="FILE.json", default=None,
+                    help="write the best plan's predicted step as a Chrome trace (as estimate --trace)")
     ap.set_defaults(func=cmd_plan)

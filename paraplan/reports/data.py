@@ -292,3 +292,21 @@ def si(x: float) -> str:
         if abs(x) >= scale:
             return f"{x / scale:.3g}{unit}"
     return f"{x:.3g}"
+
+
+def timeline_data(timeline) -> pd.DataFrame:
+    """The slices of a predicted step's timeline (:func:`paraplan.reports.timeline.build_timeline`), one row
+    each: pipeline rank, track, name, the estimate's term, start and duration and the exposed seconds."""
+    return pd.DataFrame([{"rank": s.rank, "track": s.track, "name": s.name, "term": s.category,
+                          "start_s": s.start_s, "dur_s": s.dur_s, "exposed_s": s.exposed_s}
+                         for s in timeline.slices],
+                        columns=["rank", "track", "name", "term", "start_s", "dur_s", "exposed_s"])
+
+
+def fastest_point(results):
+    """The point whose plan fits with the most tokens/s (the first on a tie), or None."""
+    best = None
+    for pr in results:
+        if pr.feasible and (best is None or pr.estimate.tokens_per_s > best.estimate.tokens_per_s):
+            best = pr
+    return best

@@ -416,3 +416,86 @@ def efficiency_figure(data, title: str) -> Figure:
     ax.legend(fontsize=8)
     ax.set_title(title, fontsize=10)
     return fig
+
+
+#: colour of each kind of slice in the timeline figure: the step-time breakdown's colour of its term, the
+#: forward and backward shades of compute's blue, the deferred weight gradient teal
+TIMELINE_COLORS = {"forward": "#4c72b0", "backward": "#2a3f6b", "weight-grad": "#2a9d8f",
+                   "recompute": TIME_COLORS["recompute"], "pp_bubble": "#eeeeee", "tp_comm": TIME_COLORS["tp_comm"],
+                   "cp_comm": TIME_COLORS["cp_comm"], "ep_comm": TIME_COLORS["ep_comm"],
+                   "moe_host": TIME_COLORS["moe_host"], "pp_comm": TIME_COLORS["pp_comm"],
+                   "dp_comm": TIME_COLORS["dp_comm"], "dp hidden": "#b7dbbf",
+                   "grad_accumulation": TIME_COLORS["grad_accumulation"], "optimizer": TIME_COLORS["optimizer"],
+                   "offload": TIME_COLORS["offload"]}
+TIMELINE_LABELS = {"forward": "forward", "backward": "backward (input + weight gradients)",
+                   "weight-grad": "weight gradient (deferred)", "recompute": "recomputation",
+                   "pp_bubble": "bubble (idle)", "tp_comm": "tp collectives", "cp_comm": "cp exchange",
+                   "ep_comm": "ep all-to-all", "moe_host": "MoE host wait", "pp_comm": "pp receive (blocking)",
+                   "dp_comm": "dp communication (exposed)", "dp hidden": "dp communication (hidden under backward)",
+                   "grad_accumulation": "gradient accumulation", "optimizer": "optimizer step",
+                   "offload": "offload transfers"}
+#: rows of one pipeline rank in the timeline figure: (tracks drawn on it, height, offset below the rank's top)
+TIMELINE_ROWS = (("compute", 0.46, 0.0), ("comm", 0.2, 0.5), ("dp", 0.14, 0.74))
+
+
+def _timeline_kind(s) -> str:
+    """The colour key of a slice: compute's phase, the hidden dp part, else its category."""
+    if s.track == "compute" and s.category in ("compute",):
+        return {"F": "forward", "B": "backward", "W": "weight-grad"}.get(s.name[:1], "forward")
+    if s.category == "dp_comm" and s.exposed_s <= 0:
+        return "dp hidden"
+    return s.category
+
+
+def _timeline_row(s) -> str:
+    if s.track == "compute":
+        return "compute"
+    return "dp" if s.track in ("dp", "offload") else "comm"
+
+
+def timeline_figure(timeline, title: str | None = None) -> Figure:
+    """Gantt chart of a predicted step (:func:`paraplan.reports.timeline.build_timeline`): one band per
+    pipeline rank, its compute on top (forward, backward, weight gradient, recomputation, the bubble in
+    grey), its per-micro-batch communication below (tp, cp, ep, the MoE host wait, pipeline transfer
+    waits), then the data-parallel communication (hidden part pale) and the offload transfers. The rank
+    marked ★ sets the pace: its bars add up to the estimate's terms."""
+    p = timeline.ranks
+    title = title or f"{timeline.title}\n{timeline.plan_line}"
+    fig = _figure(12, 2.4 + 0.75 * p, title)
+    ax = fig.add_subplot(1, 1, 1)
+    bars: dict[tuple[int, str, str], list[tuple[float, float]]] = {}
+    for s in timeline.slices:
+        bars.setdefault((s.rank, _timeline_row(s), _timeline_kind(s)), []).append((s.start_s * 1e3, s.dur_s * 1e3))
+    rows = {name: (h, off) for name, h, off in TIMELINE_ROWS}
+    dense = max((len(v) for v in bars.values()), default=0) > 150
+    for (rank, row, kind), spans in bars.items():
+        h, off = rows[row]
+        y = rank * 1.0 + off
+        ax.broken_barh(spans, (y, h), facecolors=TIMELINE_COLORS.get(kind, "#999999"),
+                       edgecolor="none" if dense else "white", linewidth=0 if dense else 0.4,
+                       hatch="///" if kind == "pp_bubble" else None)
+    if not dense:                      # micro-batch numbers on the pace rank's forwards and backwards
+        for s in timeline.slices:
+            if (s.rank == timeline.pace_rank or p <= 8) and s.track == "compute" and s.category == "compute" \
+                    and s.dur_s >= timeline.step_time_s / 60:
+                ax.text((s.start_s + s.dur_s / 2) * 1e3, s.rank + 0.23, s.name, ha="center", va="center",
+                        fontsize=6, color="white")
+    ax.set_ylim(p - 0.05, -0.1)
+    ax.set_yticks([r + 0.23 for r in range(p)])
+    ax.set_yticklabels([f"{'★ ' if r == timeline.pace_rank and p > 1 else ''}rank {r}" for r in range(p)])
+    ax.set_xlim(0, timeline.step_time_s * 1e3)
+    ax.set_xlabel("time in the step (ms)")
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_axisbelow(True)
+    kinds = [k for k in TIMELINE_COLORS if any(key[2] == k for key in bars)]
+    labels = dict(TIMELINE_LABELS, **({"backward": "backward (input gradient)"} if "weight-grad" in kinds else {}))
+    handles = [Patch(facecolor=TIMELINE_COLORS[k], edgecolor="#999999" if k == "pp_bubble" else "none",
+                     hatch="///" if k == "pp_bubble" else None, label=labels[k]) for k in kinds]
+    fig.legend(handles=handles, fontsize=7, loc="outside lower center", ncol=min(5, len(handles)), frameon=False)
+    sub = (f"{timeline.schedule}{' schedule' if p > 1 else ''}, {timeline.micro_batches} micro-batches"
+           + (f" × {timeline.chunks_per_rank} chunks per rank" if timeline.chunks_per_rank > 1 else "")
+           + (f"; ★ rank {timeline.pace_rank} sets the pace: its bars add up to the estimate's terms" if p > 1 else "")
+           + "\nper rank: compute, then its communication, then data-parallel and offload")
+    ax.set_title(sub, fontsize=8, color="#555555")
+    fig.suptitle(title, fontsize=11)
+    return fig

@@ -17,9 +17,10 @@ from paraplan.reports.data import describe_point, format_value, si
 from paraplan.reports.sweep import GIB, LABELS
 from paraplan.reports.text import MEMORY_LABELS, TIME_LABELS, significant
 
-FIGURE_ORDER = ("scaling", "throughput", "breakdown", "memory", "heatmap", "pareto", "cost", "efficiency")
+FIGURE_ORDER = ("scaling", "throughput", "breakdown", "timeline", "memory", "heatmap", "pareto", "cost", "efficiency")
 FIGURE_TITLES = {"scaling": "Scaling curve", "throughput": "Throughput across the sweep",
-                 "breakdown": "Step-time breakdown", "memory": "Memory per GPU",
+                 "breakdown": "Step-time breakdown", "timeline": "Predicted step timeline (fastest point)",
+                 "memory": "Memory per GPU",
                  "heatmap": "tp × pp heat-map (base scenario)", "pareto": "Pareto front: time, cost, memory",
                  "cost": "Cost to train", "efficiency": "Efficiency curves used"}
 
@@ -66,6 +67,11 @@ CAPTIONS = {
                   " The shaded band is the 90 % prediction interval from the calibration residuals of the "
                   "hardware generation (none for hardware without calibration data).",
     "breakdown": "Where each optimizer step goes, stacked; the bar height is the predicted step time.",
+    "timeline": "The fastest point's predicted step laid out in time: per pipeline rank the forward, backward "
+                "(and deferred weight-gradient) and recomputation of each micro-batch in the schedule's order, the "
+                "bubble hatched, then the rank's communication (tp, cp, ep, pipeline receives) and its data-parallel "
+                "and offload traffic (the hidden part pale). The starred rank sets the pace: its bars add up to the "
+                "breakdown's terms. paraplan estimate --trace FILE.json writes the same as a Chrome / Perfetto trace.",
     "memory": "Per-GPU memory of the peak pipeline stage, stacked, against the GPU's HBM.",
     "heatmap": "Best predicted tokens/s for each (tp, pp), best over every other axis; hatched cells have legal "
                "layouts but none fits in memory, '–' has no legal layout.",

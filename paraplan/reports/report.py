@@ -7,6 +7,7 @@ Python API (notebooks)::
                sweep={"cluster": ["dgx-h100", "dgx-h200"]}, price_per_gpu_hour=2.5, train_tokens=15e12)
     r.table                 # pandas DataFrame, one row per point
     r.figures["breakdown"]  # matplotlib Figure
+    r.figures["timeline"]   # the fastest point's predicted step as a Gantt chart
     r.data["breakdown"]     # the numbers that figure draws
     r.skipped               # figures not drawn for this sweep, and why
     r.write("report-dir")   # PNG + SVG figures, points.csv, report.html (atomic)
@@ -29,6 +30,7 @@ from paraplan.io import check_publish_dir, publish_folder
 from paraplan.reports import data as D
 from paraplan.reports import figures as F
 from paraplan.reports.html import FIGURE_ORDER, render_html
+from paraplan.reports.timeline import build_timeline
 from paraplan.reports.sweep import (LABELS, Point, PointResult, Scenario, base_point, load_scenario,
                                     parse_sweep, resolve_points, run_points, scenario_from_mapping,
                                     with_specs_relative_to)
@@ -45,6 +47,7 @@ class WhatIfResult:
     data: dict[str, pd.DataFrame] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     heatmap_point: Point | None = None
+    timeline_point: Point | None = None      # the point the timeline figure lays out (the fastest that fits)
     seconds: float = 0.0
 
     def write(self, out_dir) -> Path:
@@ -151,10 +154,19 @@ def build_figures(r: WhatIfResult) -> None:
     if any_estimate:
         r.data["breakdown"] = D.breakdown_data(df)
         r.figures["breakdown"] = F.breakdown_figure(r.data["breakdown"], _title(sc, r.points, "Step time"), xlabel)
+        fastest = D.fastest_point(r.points)
+        if fastest is not None:
+            tl = build_timeline(fastest.estimate)
+            r.timeline_point = fastest.point
+            r.data["timeline"] = D.timeline_data(tl)
+            r.figures["timeline"] = F.timeline_figure(
+                tl, f"Predicted step of the fastest point: {D.describe_point(fastest.point)}\n{tl.plan_line}")
+        else:
+            r.skipped["timeline"] = "no point has a plan that fits"
         r.data["memory"] = D.memory_data(df)
         r.figures["memory"] = F.memory_figure(r.data["memory"], _title(sc, r.points, "Memory per GPU"), xlabel)
     else:
-        r.skipped["breakdown"] = r.skipped["memory"] = "no point has a plan (nothing fits anywhere)"
+        r.skipped["breakdown"] = r.skipped["memory"] = r.skipped["timeline"] = "no point has a plan (nothing fits anywhere)"
 
     if not sc.heatmap:
         r.skipped["heatmap"] = "turned off (--no-heatmap)"

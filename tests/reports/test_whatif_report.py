@@ -44,7 +44,7 @@ def test_output_folder(report, capsys):
     for name in names - {".paraplan"}:
         assert os.readlink(report / name) == f".paraplan/current/{name}"
     figs = {p.name for p in (report / "figures").iterdir()}
-    for name in ("scaling", "breakdown", "memory", "heatmap", "pareto", "cost"):
+    for name in ("scaling", "breakdown", "timeline", "memory", "heatmap", "pareto", "cost"):
         assert f"{name}.png" in figs and f"{name}.svg" in figs
         assert (report / "figures" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert (report / "figures" / f"{name}.svg").read_text().lstrip().startswith("<?xml")
@@ -56,7 +56,11 @@ def test_output_folder(report, capsys):
         assert col in df
     html = (report / "report.html").read_text()
     assert "http://" not in html and "https://" not in html and "src=\"figures" not in html   # self-contained
-    assert html.count("data:image/png;base64,") == 7
+    assert html.count("data:image/png;base64,") == 8       # the seven figures drawn and the efficiency curves
+    assert 'id="fig-timeline"' in html and "estimate --trace" in html
+    timeline = pd.read_csv(report / "data" / "timeline.csv")
+    fastest = df.loc[df["tokens_per_s"].idxmax()]
+    assert (timeline["start_s"] + timeline["dur_s"]).max() == pytest.approx(fastest["step_time_s"], rel=1e-9)
     assert "Assumptions" in html and "FLOP convention" in html and "gemm_plateau_efficiency" in html
     assert "Not drawn for this sweep" in html and "Throughput across the sweep" in html
 
@@ -121,7 +125,7 @@ def test_report_opens_in_headless_chromium(report, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     check = _check(r.stdout)
     assert check["status"] == "done"
-    assert int(check["images-total"]) == 7
+    assert int(check["images-total"]) == 8
     assert check["images-loaded"] == check["images-total"]
     assert check["errors"] == "0", check.get("error-messages")
     assert _console_lines(r.stderr) == []
