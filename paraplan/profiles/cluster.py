@@ -19,6 +19,8 @@ file) becomes one node of ``gpus`` ranks:
   of n ranks fits only the launch with n ranks (the nearest measured world size): ranks that
   share a CPU's cores run their collectives slower per byte as more of them are busy, which one
   α-β pair over every world size cannot express.
+* A calibrated profile (``paraplan calibrate``) multiplies each calibrated collective's time by its
+  fitted factor (:func:`calibrated_link`); its compute factors ride on the curves.
 * Host CPU, PCIe and NVMe: the measured host copy bandwidth where there is one; figures that
   are not measured are placeholders, named as such in ``sources``.
 """
@@ -118,6 +120,29 @@ def fitted_link(collectives: dict, name: str = "measured", world_size: int | Non
                 measured_world=world)
 
 
+def calibrated_link(link: Link, factors: dict) -> Link:
+    """``link`` with each collective ``op`` in ``factors`` (``{op: factor}``, the keys of STEPS)
+    ``factor`` times slower: α times the factor and B over it (the op's own fit, else the link's),
+    and its measured times times the factor; other ops as they were."""
+    from dataclasses import replace
+    ops = {op: float(f) for op, f in factors.items() if op in STEPS and float(f) != 1.0}
+    if not ops:
+        return link
+    per_op = dict(link.per_op)
+    measured = dict(link.measured or {})
+    for op, f in ops.items():
+        alpha, bw = link.alpha_beta(op)
+        per_op[op] = (alpha * f, bw / f)
+        if op in measured:
+            measured[op] = tuple((s, t * f) for s, t in measured[op])
+    return replace(link, per_op=per_op, measured=measured)
+
+
+def resolve_profile(spec: str, db: str | None = None) -> tuple[str, str]:
+    """(fingerprint id, label) of the machine ``local`` or ``profile:NAME`` names; ConfigError when there is none."""
+    return _resolve(spec, db)
+
+
 def _resolve(spec: str, db: str | None) -> tuple[str, str]:
     """(fingerprint id, label) of the machine a spec names; ConfigError when there is none."""
     path = db or default_db_path()
@@ -187,6 +212,7 @@ def cluster_from_tables(tables: dict, gpus: int | None = None, label: str = "loc
     else:
         link = fitted_link(measured_collectives, world_size=n,
                            name=f"measured collectives{' in step' if in_step else ''} ({label})")
+    link = calibrated_link(link, tables.get("calibration") or {})
     acc = _with(acc, scale_up_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s)
     host_bw = (tables.get("memory_bandwidth") or {}).get("cpu") or curves.memory_bandwidth_bytes_per_s
     cores = os.cpu_count() or 1
