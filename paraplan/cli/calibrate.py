@@ -9,11 +9,12 @@ from paraplan.errors import ConfigError
 
 
 def cmd_calibrate(args) -> int:
-    from paraplan.validation.calibrate import (base_tables, calibrate, factors_table, loro_table, pool_runs, read_run,
+    from paraplan.validation.calibrate import (base_tables, calibrate, estimable, factors_table, loro_table, pool_runs, read_run, row_runs,
                                                store_calibrated, trace_vs_estimate)
     from paraplan.validation.trace import format_terms
-    if not args.runs:
-        raise ConfigError("runs", "no runs given", accepted="one or more folders `paraplan validate --out DIR` wrote")
+    if not args.runs and not args.rows:
+        raise ConfigError("runs", "no runs given", accepted="folders `paraplan validate --out DIR` wrote, "
+                          "or --rows RUNS.csv (the published-run schema)")
     if args.cluster != "local" and not args.cluster.startswith("profile:"):
         raise ConfigError("cluster", f"{args.cluster!r} is not a stored profile", accepted="local or profile:NAME")
     if args.name is not None and (not args.name or len(args.name) > 64 or not args.name.replace("-", "").replace(
@@ -21,6 +22,19 @@ def cmd_calibrate(args) -> int:
         raise ConfigError("name", f"{args.name[:80]!r}", accepted="1-64 letters, digits, '-', '_' or '.'")
     runs = pool_runs([read_run(p) for p in args.runs])
     tables, label = base_tables(args.cluster, args.db)
+    if args.rows:
+        from paraplan.calibration import cases_of_table, read_runs_file, source_name
+        from paraplan.reports.score import read_case
+        cases, skipped = cases_of_table(read_runs_file(args.rows), read_case, source_name)
+        for i, src, reason in skipped:
+            print(f"paraplan: note: --rows row {i} ({src}) skipped: {reason}", file=sys.stderr)
+        runs += row_runs(cases)
+    runs, unusable = estimable(runs, tables)
+    for name, reason in unusable:
+        print(f"paraplan: note: {name} skipped: not estimable on {args.cluster}: {reason}", file=sys.stderr)
+    if not runs:
+        raise ConfigError("runs", f"none of the runs can be estimated on {args.cluster}",
+                          accepted="runs in a dtype and on GPU counts the profile measured")
     if args.show:
         for r in runs:
             step, pred = trace_vs_estimate(r, tables)
@@ -60,6 +74,9 @@ def register(subparsers) -> None:
                     "leave-one-run-out step-time error before and after; with --name store the calibrated profile "
                     "(use it as --cluster profile:NAME). See docs/calibrate.md.")
     p.add_argument("runs", nargs="*", metavar="RUN_DIR", help="folders `paraplan validate --out` wrote")
+    p.add_argument("--rows", default=None, metavar="RUNS.csv",
+                   help="measured runs in the published-run CSV schema (`paraplan score`'s input), each estimated "
+                        "at its GPU count on the profile: one equation on its step time")
     p.add_argument("--cluster", default="local", help="the profile to calibrate: local (default) or profile:NAME")
     p.add_argument("--db", default=None, help="profile database (default $PARAPLAN_PROFILE_DB or ~/.cache)")
     p.add_argument("--name", default=None, help="store the calibrated profile under this name")

@@ -59,8 +59,9 @@ from paraplan.validation.trace import COMPUTE, StepTerms, read_trace
 COMPUTE_KNOBS = ("gemm", "attention", "memory", "optimizer")
 COMM_KNOBS = tuple(STEPS)
 KNOBS = COMPUTE_KNOBS + COMM_KNOBS
-#: harness terms the fit uses (``other``, the harness's gradient flattening, is no knob's)
-TERMS = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "optimizer")
+#: harness terms the fit uses (``other``, the harness's gradient flattening, is no knob's); ``step``: a
+#: published-run row's one measurement
+TERMS = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "optimizer", "step")
 #: a knob that moves no run's predicted step by this share is not fitted
 MIN_INFLUENCE = 0.02
 RIDGE = 1e-4
@@ -99,6 +100,54 @@ class Run:
         return {k: v / s for k, v in tot.items()} if s > 0 else None
 
 
+@dataclass(frozen=True)
+class RowRun:
+    """A measured run given as a row of the published-run CSV schema (``paraplan score``'s input, or the
+    rows ``paraplan score --log ... --write-rows`` writes from an engine's log): its model, job and plan,
+    estimated on the calibrated profile at its GPU count (one node of the profile), one equation on
+    its step time."""
+    name: str
+    model: object
+    job: object
+    plan: Plan
+    gpus: int
+    measured_step_s: float
+    traces: tuple = ()
+    repeats: int = 1
+
+    @property
+    def measured_terms(self) -> dict:
+        return {"step": self.measured_step_s}
+
+    @property
+    def step_times_s(self) -> tuple:
+        return (self.measured_step_s,)
+
+    def trace_shares(self) -> None:
+        return None
+
+
+def row_runs(cases) -> list[RowRun]:
+    """RowRuns of published-run cases (:class:`paraplan.calibration.cases.CalibrationCase`)."""
+    return [RowRun(f"row{c.row}", c.model, c.job, c.plan, int(c.cluster.num_gpus), float(c.measured_step_time_s))
+            for c in cases]
+
+
+def estimable(runs: list, tables: dict) -> tuple[list, list]:
+    """(the runs the profile can estimate, [(name, reason)] for those it cannot: a row whose dtype the
+    profile has no rate for, a plan the profile's one node cannot hold)."""
+    from paraplan.errors import ParaplanError
+    ok, skipped = [], []
+    for r in runs:
+        try:
+            predict(r, tables)
+        except (ParaplanError, KeyError, ValueError) as e:
+            skipped.append((r.name, str(e).strip("'")[:160]))
+            continue
+        ok.append(r)
+    return ok, skipped
+
+
 def read_run(path: str) -> Run:
     """A validate output folder as a Run (ConfigError naming the folder and what is missing)."""
     if not os.path.isdir(path):
@@ -123,13 +172,15 @@ def read_run(path: str) -> Run:
                           accepted=HINT) from None
     if not step > 0:
         raise ConfigError("runs", f"{rp}: measured step time {step!r} is not positive", accepted=HINT)
-    files = [os.path.join(path, t) for t in rep.get("traces") or []] or \
-        sorted(glob.glob(os.path.join(path, "traces", "*.json")))
-    traces = tuple(read_trace(f).mean() for f in files if os.path.isfile(f))
+    files = [f for f in (os.path.join(path, t) for t in rep.get("traces") or []) if os.path.isfile(f)] or \
+        sorted(glob.glob(os.path.join(path, "traces", "*.json")) + glob.glob(os.path.join(path, "traces", "*.json.gz")))
+    traces = tuple(read_trace(f).mean() for f in files)
     return Run(os.path.basename(os.path.normpath(path)), path, cfg, plan, options, step, terms, traces, steps)
 
 
-def _key(run: Run) -> str:
+def _key(run) -> str:
+    if isinstance(run, RowRun):
+        return run.name
     return json.dumps([run.plan.to_dict(), run.cfg.__dict__, run.options.for_plan(run.plan).global_batch],
                       sort_keys=True, default=str)
 
@@ -156,9 +207,14 @@ def pool_runs(runs: list[Run]) -> list[Run]:
     return out
 
 
-def predict(run: Run, tables: dict, factors: dict | None = None) -> dict:
-    """The harness's predicted dict of ``run`` on the profile ``tables`` with ``factors`` applied."""
+def predict(run, tables: dict, factors: dict | None = None) -> dict:
+    """The harness's predicted dict of ``run`` on the profile ``tables`` with ``factors`` applied (for a
+    RowRun: ``step_time_s`` and the one term ``step``)."""
     t = dict(tables, calibration={**(tables.get("calibration") or {}), **(factors or {})})
+    if isinstance(run, RowRun):
+        from paraplan.costmodels.estimate import estimate
+        e = estimate(run.model, run.job, cluster_from_tables(t, run.gpus, "calibrating"), run.plan)
+        return {"step_time_s": e.step_time_s, "time_breakdown_s": {"step": e.step_time_s}}
     cluster = cluster_from_tables(t, run.world, "calibrating")
     return predict_on_cluster(run.cfg, run.plan, run.options, cluster)[0]
 

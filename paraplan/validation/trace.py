@@ -35,6 +35,7 @@ The collective kinds: ``all_reduce``, ``reduce_scatter``, ``all_gather``, ``all_
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -153,33 +154,59 @@ def _clip(events, lo: float, hi: float):
     return [e for e in events if e["ts"] >= lo and e["ts"] + e["dur"] <= hi + 1e-3]
 
 
-def _self_times(events) -> list[tuple[dict, float, int]]:
-    """(event, self microseconds, depth) for complete events of one thread: duration less that of
+def _self_times(events) -> list[tuple[dict, list, int]]:
+    """(event, self intervals, depth) for complete events of one thread: its interval less those of
     its direct children (events nested in time)."""
     out = []
-    stack: list[list] = []      # [event, end, children_us, depth]
+    stack: list[list] = []      # [event, end, children intervals, depth]
+
+    def close(done):
+        e, end, kids, depth = done
+        own, at = [], e["ts"]
+        for a, b in kids:
+            if a > at:
+                own.append((at, a))
+            at = max(at, b)
+        if end > at:
+            own.append((at, end))
+        out.append((e, own, depth))
     for e in sorted(events, key=lambda e: (e["ts"], -e["dur"])):
         end = e["ts"] + e["dur"]
         while stack and stack[-1][1] <= e["ts"] + 1e-3:
-            done = stack.pop()
-            out.append((done[0], done[0]["dur"] - done[2], done[3]))
+            close(stack.pop())
         if stack:
-            stack[-1][2] += e["dur"]
-        stack.append([e, end, 0.0, len(stack)])
+            stack[-1][2].append((e["ts"], min(end, stack[-1][1])))
+        stack.append([e, end, [], len(stack)])
     while stack:
-        done = stack.pop()
-        out.append((done[0], done[0]["dur"] - done[2], done[3]))
+        close(stack.pop())
     return out
+
+
+def _length(intervals) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def _read_json(path: str):
+    """The JSON in ``path``, gunzipped first when it is gzip (``.json.gz``, as the TensorBoard plugin's
+    ``tensorboard_trace_handler`` writes them)."""
+    with open(path, "rb") as f:
+        gz = f.read(2) == b"\x1f\x8b"
+    with (gzip.open(path, "rt", encoding="utf-8") if gz else open(path, encoding="utf-8")) as f:
+        return json.load(f)
 
 
 def load_events(path: str) -> list[dict]:
     """The complete events of a Chrome-trace JSON file (ConfigError naming the file otherwise)."""
+    return _load(path)[0]
+
+
+def _load(path: str) -> tuple[list[dict], int | None]:
+    """(complete events, the rank its ``distributedInfo`` names or None) of a trace file."""
     if not os.path.isfile(path):
         raise ConfigError("trace", f"{path}: no such file", accepted="a PyTorch profiler trace (export_chrome_trace)")
     try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        data = _read_json(path)
+    except (OSError, EOFError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConfigError("trace", f"{path}: not a JSON trace ({type(e).__name__}: {str(e)[:80]})",
                           accepted="a PyTorch profiler trace (export_chrome_trace)") from None
     events = data.get("traceEvents") if isinstance(data, dict) else data if isinstance(data, list) else None
@@ -194,16 +221,12 @@ def load_events(path: str) -> list[dict]:
     if not any(e.get("cat") in ("cpu_op", "kernel") for e in out):
         raise ConfigError("trace", f"{path}: no operator or kernel events (cat cpu_op or kernel)",
                           accepted="a PyTorch profiler trace (export_chrome_trace)")
-    return out
-
-
-def _rank_of(path: str) -> int | None:
+    info = data.get("distributedInfo") if isinstance(data, dict) else None
     try:
-        with open(path, encoding="utf-8") as f:
-            info = json.load(f).get("distributedInfo") or {}
-        return int(info["rank"]) if "rank" in info else None
-    except (OSError, ValueError, AttributeError, TypeError, KeyError):
-        return None
+        rank = int(info["rank"]) if isinstance(info, dict) and "rank" in info else None
+    except (TypeError, ValueError):
+        rank = None
+    return out, rank
 
 
 def _step_ranges(events) -> list[tuple[str, float, float, object]]:
@@ -222,23 +245,6 @@ def _cpu_step(events, name, lo, hi, tid) -> StepTerms:
     mine = [e for e in inside if e.get("tid") == tid and e.get("cat") in ("cpu_op", "user_annotation")
             and not _STEP.match(e["name"])]
     opt_ranges = _union((e["ts"], e["ts"] + e["dur"]) for e in mine if _OPTIMIZER.match(e["name"]))
-    compute = dict.fromkeys(COMPUTE, 0.0)
-    optimizer = 0.0
-    busy = []
-    compute_iv = []
-    for e, self_us, depth in _self_times(mine):
-        if depth == 0:
-            busy.append((e["ts"], e["ts"] + e["dur"]))
-        if e.get("cat") != "cpu_op" or collective_kind(e["name"]) and e["name"].startswith("c10d::"):
-            continue
-        in_opt = any(a <= e["ts"] < b for a, b in opt_ranges)
-        if in_opt:
-            optimizer += self_us
-            continue
-        term = "gemm" if e["name"] in _GEMM_OPS else "attention" if _ATTENTION_OP.match(e["name"]) else "memory"
-        compute[term] += self_us
-        if depth == 0:
-            compute_iv.append((e["ts"], e["ts"] + e["dur"]))
     comm_ranges = [e for e in inside if _COMM_RANGE.match(e["name"])]
     if not comm_ranges:     # no backend ranges: the c10d ops on the step's thread
         comm_ranges = [e for e in mine if e["name"].startswith("c10d::")]
@@ -247,8 +253,28 @@ def _cpu_step(events, name, lo, hi, tid) -> StepTerms:
         kind = collective_kind(e["name"])
         if kind is not None:
             comm_iv.setdefault(kind, []).append((e["ts"], e["ts"] + e["dur"]))
-    coll, over = _comm_terms(comm_iv, _union(compute_iv))
-    idle = (hi - lo) - sum(b - a for a, b in _union(busy))
+    comm_all = _union(iv for ivs in comm_iv.values() for iv in ivs)
+    compute = dict.fromkeys(COMPUTE, 0.0)
+    optimizer = 0.0
+    kernel_iv = []
+    for e, own, _depth in _self_times(mine):
+        if e["name"].startswith("c10d::"):
+            continue
+        aten = e["name"].startswith("aten::")
+        # a wrapper's own time while a collective runs (an autograd node or Python function blocked in
+        # its wait) is waiting, not work; an ATen kernel's is work that overlaps the collective
+        t = _length(own) - (0.0 if aten else _covered(own, comm_all))
+        if any(a <= e["ts"] < b for a, b in opt_ranges):
+            optimizer += t
+            continue
+        if e.get("cat") != "cpu_op":
+            continue
+        term = "gemm" if e["name"] in _GEMM_OPS else "attention" if _ATTENTION_OP.match(e["name"]) else "memory"
+        compute[term] += t
+        if aten:
+            kernel_iv.extend(own)
+    coll, over = _comm_terms(comm_iv, _union(kernel_iv))
+    idle = (hi - lo) - sum(compute.values()) - optimizer
     us = 1e-6
     return StepTerms(name, (hi - lo) * us, {k: v * us for k, v in compute.items()}, optimizer * us,
                      {k: v * us for k, v in coll.items()}, {k: v * us for k, v in over.items()}, max(idle, 0.0) * us)
@@ -291,12 +317,12 @@ def _cuda_step(events, name, lo, hi) -> StepTerms:
 
 def read_trace(path: str) -> TraceSummary:
     """Measured seconds per term, per step, of one rank's profiler trace (module docstring)."""
-    events = load_events(path)
+    events, rank = _load(path)
     cuda = any(e.get("cat") == "kernel" for e in events)
     steps = []
     for name, lo, hi, tid in _step_ranges(events):
         steps.append(_cuda_step(events, name, lo, hi) if cuda else _cpu_step(events, name, lo, hi, tid))
-    return TraceSummary(path=path, kind="cuda" if cuda else "cpu", rank=_rank_of(path), steps=tuple(steps))
+    return TraceSummary(path=path, kind="cuda" if cuda else "cpu", rank=rank, steps=tuple(steps))
 
 
 def format_terms(summary: StepTerms, predicted: dict | None = None) -> str:
