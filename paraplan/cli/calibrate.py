@@ -16,10 +16,10 @@ def cmd_calibrate(args) -> int:
         raise ConfigError("runs", "no runs given", accepted="folders `paraplan validate --out DIR` wrote, "
                           "or --rows RUNS.csv (the published-run schema)")
     if args.cluster != "local" and not args.cluster.startswith("profile:"):
-        raise ConfigError("cluster", f"{args.cluster!r} is not a stored profile", accepted="local or profile:NAME")
+        raise ConfigError("--cluster", f"{args.cluster!r} is not a stored profile", accepted="local or profile:NAME")
     if args.name is not None and (not args.name or len(args.name) > 64 or not args.name.replace("-", "").replace(
             "_", "").replace(".", "").isalnum()):
-        raise ConfigError("name", f"{args.name[:80]!r}", accepted="1-64 letters, digits, '-', '_' or '.'")
+        raise ConfigError("--name", f"{args.name[:80]!r}", accepted="1-64 letters, digits, '-', '_' or '.'")
     runs = pool_runs([read_run(p) for p in args.runs])
     tables, label = base_tables(args.cluster, args.db)
     if args.rows:
@@ -56,7 +56,7 @@ def cmd_calibrate(args) -> int:
         print(loro_table(cal), end="")
     if args.name:
         if not cal.fit.factors:
-            raise ConfigError("name", "nothing was fitted: no knob is constrained by these runs",
+            raise ConfigError("--name", "nothing was fitted: no knob is constrained by these runs",
                               accepted="runs whose terms the knobs move (see the table)")
         fid, run_id = store_calibrated(args.name, cal, tables, args.db)
         print(f"stored as profile:{args.name} (machine {fid}, run {run_id}): "

@@ -318,8 +318,8 @@ def with_reference_block(curves, cluster):
 
     def layer(slowdown):
         # on the measurements as they are: a calibrated profile's factors apply on top of the solved factor
-        lt = C.layer_times(model, job, plan, replace(curves, compute_slowdown=slowdown, composition_factor=1.0,
-                                                     calibration={}), cluster)
+        lt = C.layer_times(model, job, plan, replace(curves.uncalibrated(), compute_slowdown=slowdown,
+                                                     composition_factor=1.0), cluster)
         return float(lt["forward"] + lt["backward"])
     per_kernel = layer(0.0)
     work = layer(1.0) - per_kernel

@@ -61,14 +61,15 @@ not import torch). Same methods and attributes as
 * CPU-Adam efficiency and Adam bytes per parameter are not measured: curves.yaml's defaults.
 * a calibrated profile (``paraplan calibrate``, :mod:`paraplan.validation.calibrate`) carries
   ``calibration`` = {knob: factor} fitted to measured runs: ``gemm`` multiplies the GEMMs' work,
-  ``attention`` fused attention's, ``memory`` the memory-bound kernels' (bytes / rate), ``optimizer``
-  the measured AdamW step; each multiplies what the profile's measurement gives (per-kernel costs stay
-  as measured), after the reference block's composition factor, which is solved on the uncalibrated curves.
+  ``attention`` fused attention's, ``memory`` the memory-bound kernels' (bytes / rate), ``kernel`` the
+  per-kernel cost (and the launch cost), ``optimizer`` the measured AdamW step; each multiplies what
+  the profile's measurement gives, after the reference block's composition factor, which is solved on
+  the uncalibrated curves (:meth:`ProfiledCurves.uncalibrated`).
   The collective knobs ride on the cluster's link (:func:`paraplan.profiles.cluster.calibrated_link`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 import numpy as np
@@ -298,8 +299,16 @@ class ProfiledCurves:
     kind = "profiled"
 
     def factor(self, knob: str) -> float:
-        """The calibrated factor on ``knob`` (gemm, attention, memory, optimizer; 1 when not calibrated)."""
+        """The calibrated factor on ``knob`` (gemm, attention, memory, kernel, optimizer; 1 when not calibrated)."""
         return float(self.calibration.get(knob, 1.0))
+
+    def uncalibrated(self) -> "ProfiledCurves":
+        """These curves without their calibration factors (the measurements as they are)."""
+        if not self.calibration:
+            return self
+        k = self.factor("kernel")
+        return replace(self, calibration={}, kernel_overhead_s=self.kernel_overhead_s / k,
+                       launch_overhead_s=None if self.launch_overhead_s is None else self.launch_overhead_s / k)
 
     @classmethod
     def from_tables(cls, tables: dict, name: str = "local", world_size: int | None = None) -> "ProfiledCurves":
@@ -353,9 +362,10 @@ class ProfiledCurves:
                 sources_train["op_sac_overhead"] = (
                     "measured: the same regions under a selective-checkpoint policy that keeps every output, "
                     "minus plain forward + backward")
+        kernel = float((tables.get("calibration") or {}).get("kernel", 1.0))   # a calibrated profile's factor
         return cls(
-            name=name, device=dev, kernel_overhead_s=t0, gemm=gemm,
-            launch_overhead_s=launch, compute_slowdown=train.get("slowdown", 1.0),
+            name=name, device=dev, kernel_overhead_s=t0 * kernel, gemm=gemm,
+            launch_overhead_s=launch * kernel, compute_slowdown=train.get("slowdown", 1.0),
             reference_block=train.get("block"),
             adam_time_per_tensor_s=train.get("adam_tensor_s"), adam_time_per_param_s=train.get("adam_param_s"),
             adam_time_per_param_flat_s=train.get("adam_flat_param_s"),

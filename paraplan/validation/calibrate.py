@@ -56,7 +56,7 @@ from paraplan.validation.config import GPTConfig, RunOptions, world_size
 from paraplan.validation.predict import predict_on_cluster
 from paraplan.validation.trace import COMPUTE, StepTerms, read_trace
 
-COMPUTE_KNOBS = ("gemm", "attention", "memory", "optimizer")
+COMPUTE_KNOBS = ("gemm", "attention", "memory", "kernel", "optimizer")
 COMM_KNOBS = tuple(STEPS)
 KNOBS = COMPUTE_KNOBS + COMM_KNOBS
 #: harness terms the fit uses (``other``, the harness's gradient flattening, is no knob's); ``step``: a
@@ -95,7 +95,8 @@ class Run:
         """Share of gemm, attention and memory in the traces' compute operators (summed over ranks)."""
         if not self.traces:
             return None
-        tot = {k: sum(t.compute_s.get(k, 0.0) for t in self.traces) for k in COMPUTE}
+        keys = [k for k in COMPUTE if any(k in t.compute_s for t in self.traces)]    # host: CPU traces only
+        tot = {k: sum(t.compute_s.get(k, 0.0) for t in self.traces) for k in keys}
         s = sum(tot.values())
         return {k: v / s for k, v in tot.items()} if s > 0 else None
 
@@ -229,18 +230,59 @@ def sensitivities(run: Run, tables: dict) -> tuple[dict, dict]:
     return base, out
 
 
+#: the compute knobs (tied into one ``compute`` factor when no run has a trace to split the compute term)
+SPLIT = ("gemm", "attention", "memory", "kernel")
+#: two knobs whose columns are this collinear over the fit's equations are fitted as one factor
+COLLINEAR = 0.995
+
+
+def compute_groups(shares: dict, measured: float, predicted: float, sens: dict) -> list[tuple[tuple, float]]:
+    """The compute term split by a run's trace shares: [(knobs, x-target)] with, per group,
+    ``Σ_k S_k (f_k − 1) = share · measured − Σ_k S_k`` (the group's measured part less its predicted
+    part). Groups: gemm, attention, and the rest, memory-bound work and per-kernel costs together: a
+    trace cannot tell them apart (an ATen op's self time holds its dispatch as well as its work; the
+    trace's ``host`` time, autograd nodes and Python, is only part of what the profile's per-kernel cost
+    measures), the runs can where their kernels move different bytes (:func:`fit` ties the two when
+    they do not). What no knob multiplies (the predicted compute less every knob's part) goes with the rest."""
+    groups = [(("gemm",), ("gemm",)), (("attention",), ("attention",)), (("memory", "kernel"), ("memory", "host"))]
+    unscaled = predicted - sum(sens[k]["compute"] for k in SPLIT)
+    out = []
+    for knobs, keys in groups:
+        part = sum(sens[k]["compute"] for k in knobs) + (unscaled if "memory" in knobs else 0.0)
+        share = sum(shares.get(key, 0.0) for key in keys)
+        if part <= 0 and share <= 0:
+            continue
+        out.append((knobs, share * measured - part))
+    return out
+
+
 @dataclass(frozen=True)
 class Fit:
     """Fitted factors of the knobs the runs constrain, and why the others were not fitted."""
     factors: dict
     unconstrained: dict
     runs: tuple
-    tied: tuple = ()              # knobs fitted as one factor (no traces to separate them)
+    tied: tuple = ()              # groups of knobs fitted as one factor (no traces, or runs that cannot separate them)
     clamped: tuple = field(default_factory=tuple)
 
 
 def _influence(runs, sens, k: str) -> float:
     return max(sum(abs(v) for v in sens[r.name][k].values()) / r.measured_step_s for r in runs)
+
+
+def _collinear_groups(a: np.ndarray, cols: list) -> list[tuple]:
+    """``cols`` grouped where their columns of ``a`` are collinear (|cos| > COLLINEAR), in order."""
+    norm = np.linalg.norm(a, axis=0)
+    groups: list[list] = []
+    for i, k in enumerate(cols):
+        for g in groups:
+            j = cols.index(g[0])
+            if norm[i] > 0 and norm[j] > 0 and abs(a[:, i] @ a[:, j]) / (norm[i] * norm[j]) > COLLINEAR:
+                g.append(k)
+                break
+        else:
+            groups.append([k])
+    return [tuple(g) for g in groups]
 
 
 def fit(runs: list[Run], base: dict, sens: dict) -> Fit:
@@ -262,13 +304,13 @@ def fit(runs: list[Run], base: dict, sens: dict) -> Fit:
         else:
             why = f"moves no run's step by {100 * MIN_INFLUENCE:.0f} % (at most {100 * infl:.1f} %)"
         unconstrained[k] = why
-    traced = all(r.trace_shares() for r in runs)
-    tied = () if traced else tuple(k for k in ("gemm", "attention", "memory") if k in knobs)
-    cols = [k for k in knobs if k not in tied] + (["compute"] if tied else [])
+    traced = any(r.trace_shares() for r in runs)
+    compute = () if traced else tuple(k for k in SPLIT if k in knobs)
+    cols = [k for k in knobs if k not in compute] + (["compute"] if compute else [])
 
     def col(r, k, term):
         if k == "compute":
-            return sum(sens[r.name][j][term] for j in tied)
+            return sum(sens[r.name][j][term] for j in compute)
         return sens[r.name][k][term]
     rows, rhs = [], []
     for r in runs:
@@ -280,23 +322,22 @@ def fit(runs: list[Run], base: dict, sens: dict) -> Fit:
                 continue
             m, pt = r.measured_terms[term], p[term]
             if term == "compute" and shares:
-                split = [k for k in ("gemm", "attention") if k in cols and sens[r.name][k]["compute"] > 0]
-                rest_m, rest_p = m, pt
-                for k in split:      # S_k f_k = share_k · measured compute
-                    s_k = sens[r.name][k]["compute"]
-                    rows.append([w * (s_k if j == k else 0.0) for j in cols])
-                    rhs.append(w * (shares[k] * m - s_k))
-                    rest_m -= shares[k] * m
-                    rest_p -= s_k
-                rows.append([w * (col(r, j, term) if j not in split else 0.0) for j in cols])
-                rhs.append(w * (rest_m - rest_p))
+                for knobs_g, target in compute_groups(shares, m, pt, sens[r.name]):
+                    rows.append([w * (sens[r.name][j]["compute"] if j in knobs_g else 0.0) for j in cols])
+                    rhs.append(w * target)
                 continue
             rows.append([w * col(r, j, term) for j in cols])
             rhs.append(w * (m - pt))
     factors: dict = {}
     clamped = []
+    a = np.array(rows, dtype=float).reshape(len(rows), len(cols))
+    groups = _collinear_groups(a, cols)
+    if len(groups) < len(cols):         # knobs the runs cannot tell apart: one factor on each group
+        a = np.stack([a[:, [cols.index(k) for k in g]].sum(axis=1) for g in groups], axis=1)
+        cols = [g[0] for g in groups]
+    members = {g[0]: tuple(j for m in g for j in (compute if m == "compute" else (m,))) for g in groups}
     if cols:
-        a = np.vstack([np.array(rows, dtype=float), np.sqrt(RIDGE) * np.eye(len(cols))])
+        a = np.vstack([a, np.sqrt(RIDGE) * np.eye(len(cols))])
         b = np.concatenate([np.array(rhs, dtype=float), np.zeros(len(cols))])
         x = np.linalg.lstsq(a, b, rcond=None)[0]
         for k, xi in zip(cols, x):
@@ -305,8 +346,9 @@ def fit(runs: list[Run], base: dict, sens: dict) -> Fit:
             if not lo <= f <= hi:
                 clamped.append(k)
                 f = min(max(f, lo), hi)
-            for j in (tied if k == "compute" else (k,)):
+            for j in members[k]:
                 factors[j] = f
+    tied = tuple(g for g in members.values() if len(g) > 1)
     return Fit(factors, unconstrained, tuple(r.name for r in runs), tied, tuple(clamped))
 
 
@@ -363,7 +405,7 @@ def store_calibrated(name: str, cal: Calibration, tables: dict, db: str | None =
     fid = f"calibrated-{name}"
     clash = [m for m in store.machines() if m["fingerprint"] != fid and name in (m["hostname"], m["fingerprint"])]
     if clash:
-        raise ConfigError("name", f"{name!r} already names machine {clash[0]['fingerprint']} "
+        raise ConfigError("--name", f"{name!r} already names machine {clash[0]['fingerprint']} "
                           f"({clash[0]['hostname']}) in {store.path}", accepted="another name")
     rows = [r for r in store.measurements(tables["run_id"]) if r["kind"] != "calibration"]
     for k, v in sorted(cal.fit.factors.items()):
@@ -386,8 +428,8 @@ def factors_table(cal: Calibration) -> str:
         if k in cal.fit.factors:
             v = cal.fit.factors[k]
             lo, hi = cal.spread.get(k, (v, v))
-            tied = " (one factor with " + ", ".join(j for j in cal.fit.tied if j != k) + ")" \
-                if k in cal.fit.tied and len(cal.fit.tied) > 1 else ""
+            group = next((g for g in cal.fit.tied if k in g), ())
+            tied = " (one factor with " + ", ".join(j for j in group if j != k) + ")" if group else ""
             lines.append(f"{k:<16} {v:>8.3f} {f'{lo:.3f} - {hi:.3f}':>24}{tied}")
     for k, why in cal.fit.unconstrained.items():
         lines.append(f"{k:<16} {'-':>8}   not fitted: {why}")
@@ -409,12 +451,13 @@ def loro_table(cal: Calibration) -> str:
 
 def trace_vs_estimate(run: Run, tables: dict) -> tuple[StepTerms | None, dict]:
     """The run's slowest traced rank's terms and the estimate's for the same names: gemm, attention,
-    memory (the parts the knobs multiply, :func:`sensitivities`; per-kernel costs are in ``memory``),
-    optimizer and ``comm.<kind>``."""
+    host (the per-kernel costs), memory (the rest of compute) (the parts the knobs multiply,
+    :func:`sensitivities`), optimizer and ``comm.<kind>``."""
     base, sens = sensitivities(run, tables)
     pb = base["time_breakdown_s"]
     pred = {k: sens[k]["compute"] for k in ("gemm", "attention")}
-    pred["memory"] = max(0.0, pb.get("compute", 0.0) - pred["gemm"] - pred["attention"])
+    pred["host"] = sens["kernel"]["compute"]
+    pred["memory"] = max(0.0, pb.get("compute", 0.0) - pred["gemm"] - pred["attention"] - pred["host"])
     pred["optimizer"] = pb.get("optimizer", 0.0)
     for k in COMM_KNOBS:
         t = sum(sens[k].values())

@@ -24,8 +24,10 @@ none), the time of each term:
   the thread that runs the step: ``gemm`` (``aten::mm``, ``addmm``, ``bmm``, ``baddbmm``,
   ``addbmm``, ``_int_mm``), ``attention`` (``aten::_scaled_dot_product_*`` /
   ``_flash_attention_*`` / ``_efficient_attention_*``), ``optimizer`` (everything inside an
-  ``Optimizer.step#`` range), ``memory`` (every other operator: elementwise kernels, norms, copies,
-  and the autograd engine's own bookkeeping, all memory- or launch-bound on a CPU). Collectives:
+  ``Optimizer.step#`` range), ``memory`` (every other ATen operator: elementwise kernels, norms,
+  softmax, copies), ``host`` (the self time of what is not an ATen operator: the autograd engine's
+  nodes and bookkeeping, Python functions: the per-kernel cost on the host; a wrapper's own time
+  while a collective runs, blocked in its wait, is idle). Collectives:
   the ``gloo:<op>`` / ``nccl:<op>`` ranges (on gloo's run-loop threads) by kind, and the part of
   them that overlaps the step thread's compute operators. Idle: the step's span less the union of
   the step thread's top-level operators (Python between ops, waiting on a collective).
@@ -44,7 +46,7 @@ from dataclasses import dataclass, field
 from paraplan.errors import ConfigError
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "all_to_all", "send_recv", "broadcast", "barrier")
-COMPUTE = ("gemm", "attention", "memory")
+COMPUTE = ("gemm", "attention", "memory", "host")
 #: per-term names in a table (collectives as ``comm.<kind>``)
 TERMS = COMPUTE + ("optimizer",)
 
@@ -269,7 +271,8 @@ def _cpu_step(events, name, lo, hi, tid) -> StepTerms:
             continue
         if e.get("cat") != "cpu_op":
             continue
-        term = "gemm" if e["name"] in _GEMM_OPS else "attention" if _ATTENTION_OP.match(e["name"]) else "memory"
+        term = "gemm" if e["name"] in _GEMM_OPS else "attention" if _ATTENTION_OP.match(e["name"]) else \
+            "memory" if aten else "host"
         compute[term] += t
         if aten:
             kernel_iv.extend(own)
@@ -288,7 +291,7 @@ def _cuda_step(events, name, lo, hi) -> StepTerms:
     opt_corr = {e.get("args", {}).get("correlation") for e in inside if e.get("cat") == "cuda_runtime"
                 and any(a <= e["ts"] < b for a, b in opt_ranges)}
     opt_corr.discard(None)
-    compute = dict.fromkeys(COMPUTE, 0.0)
+    compute = dict.fromkeys(("gemm", "attention", "memory"), 0.0)
     optimizer = 0.0
     comm_iv: dict = {}
     compute_iv = []

@@ -1,0 +1,154 @@
+"""`paraplan calibrate` on real validate runs kept as fixtures (tests/data/traces/: dp2, tp2, pp2 of a tiny
+GPT on two gloo ranks, and the profile they were predicted with, stored here in a fresh database).
+No torch: reading reports and traces, fitting and estimating are the planner's side."""
+import json
+import os
+import sqlite3
+
+import pytest
+
+from paraplan.cli import main
+from paraplan.costmodels.efficiency import curves_for
+from paraplan.profiles.store import ProfileStore
+from paraplan.scenario import load_cluster
+from paraplan.validation.calibrate import (KNOBS, base_tables, calibrate, fit, pool_runs, predict, read_run,
+                                           sensitivities)
+
+DATA = os.path.join(os.path.dirname(__file__), "..", "data", "traces")
+LAYOUTS = ("dp2", "tp2", "pp2")
+
+
+def run_dir(name):
+    return os.path.join(DATA, name)
+
+
+@pytest.fixture
+def db(tmp_path):
+    with open(os.path.join(DATA, "profile.json")) as f:
+        prof = json.load(f)
+    path = str(tmp_path / "profiles.sqlite")
+    ProfileStore(path).add_run(prof["machine"], "quick", prof["rows"])
+    return path
+
+
+@pytest.fixture
+def runs():
+    return [read_run(run_dir(n)) for n in LAYOUTS]
+
+
+def test_read_run_takes_plan_model_measurement_and_every_ranks_trace(runs):
+    dp2, tp2, pp2 = runs
+    assert (dp2.plan.dp, tp2.plan.tp, pp2.plan.pp) == (2, 2, 2)
+    assert dp2.cfg.hidden == 64 and dp2.cfg.layers == 2
+    assert all(len(r.traces) == 2 and r.measured_step_s > 0 and len(r.step_times_s) == 3 for r in runs)
+    shares = dp2.trace_shares()
+    assert shares["gemm"] > 0.05 and shares["memory"] > 0.05 and sum(shares.values()) == pytest.approx(1.0)
+
+
+def test_sensitivities_are_the_parts_each_knob_multiplies(db, runs):
+    tables, _ = base_tables("profile:vm", db)
+    dp2, tp2, pp2 = runs
+    base, sens = sensitivities(dp2, tables)
+    assert sens["all_reduce"]["dp_comm"] == pytest.approx(base["time_breakdown_s"]["dp_comm"], rel=1e-6)
+    assert sens["optimizer"]["optimizer"] == pytest.approx(base["time_breakdown_s"]["optimizer"], rel=1e-6)
+    assert sens["gemm"]["compute"] > 0 and sens["memory"]["compute"] > 0 and sens["send_recv"]["compute"] == 0
+    # linear: the knobs at 1.5 move each term by half their sensitivity
+    half = predict(dp2, tables, {"gemm": 1.5, "all_reduce": 1.5})["time_breakdown_s"]
+    assert half["compute"] == pytest.approx(base["time_breakdown_s"]["compute"] + 0.5 * sens["gemm"]["compute"], rel=1e-6)
+    assert half["dp_comm"] == pytest.approx(1.5 * base["time_breakdown_s"]["dp_comm"], rel=1e-6)
+    # a pipeline's bubble follows its stages' compute
+    _, s_pp = sensitivities(pp2, tables)
+    assert s_pp["gemm"]["pp_comm"] > 0 and s_pp["send_recv"]["pp_comm"] > 0
+
+
+def test_fit_refuses_what_the_runs_do_not_constrain(db, runs):
+    tables, _ = base_tables("profile:vm", db)
+    dp2 = runs[0]
+    b, s = sensitivities(dp2, tables)
+    f = fit([dp2], {dp2.name: b}, {dp2.name: s})
+    assert "send_recv" in f.unconstrained and "pp > 1" in f.unconstrained["send_recv"]
+    assert "attention" in f.unconstrained and "sdpa" in f.unconstrained["attention"]
+    assert "all_reduce" in f.factors and "send_recv" not in f.factors
+    assert set(f.factors) | set(f.unconstrained) == set(KNOBS)
+
+
+def test_calibrate_fits_each_measured_term_and_loro_reports_every_run(db, runs):
+    tables, _ = base_tables("profile:vm", db)
+    cal = calibrate(runs, tables)
+    assert [x["run"] for x in cal.loro] == list(LAYOUTS)
+    # fitted on all three: each run's step closer than the profile alone (in-sample)
+    for r in runs:
+        before = abs(predict(r, tables)["step_time_s"] / r.measured_step_s - 1)
+        after = abs(predict(r, tables, cal.fit.factors)["step_time_s"] / r.measured_step_s - 1)
+        assert after < before, (r.name, before, after)
+    assert all(0.2 <= v <= 5.0 for v in cal.fit.factors.values())
+    # pp2 left out: nothing else has a send/recv, so that fold does not fit it
+    assert "send_recv" in next(x for x in cal.loro if x["run"] == "pp2")["unfitted"]
+
+
+def test_runs_of_one_plan_pool_into_one(runs):
+    dp2 = runs[0]
+    pooled = pool_runs([dp2, dp2, runs[1]])
+    assert [r.name for r in pooled] == ["dp2", "tp2"] and pooled[0].repeats == 2
+    assert len(pooled[0].traces) == 4 and len(pooled[0].step_times_s) == 6
+
+
+def test_cli_stores_a_profile_that_estimate_uses(db, capsys):
+    code = main(["calibrate", *map(run_dir, LAYOUTS), "--cluster", "profile:vm", "--db", db, "--name", "mine",
+                 "--show"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "comm.all_reduce" in out and "comm.send_recv" in out and "overlapped" in out
+    assert "not fitted" in out and "err before" in out
+    assert "stored as profile:mine" in err
+    rows = ProfileStore(db).measurements(kind="calibration")
+    assert {r["op"] for r in rows} >= {"gemm", "optimizer", "all_reduce", "send_recv"}
+    base = load_cluster("profile:vm", 2, db=db)
+    cal = load_cluster("profile:mine", 2, db=db)
+    factors = {r["op"]: r["shape"]["factor"] for r in rows}
+    assert curves_for(cal).calibration == factors
+    a, b = base.system.intra_node.alpha_beta("all_reduce"), cal.system.intra_node.alpha_beta("all_reduce")
+    assert b[0] == pytest.approx(a[0] * factors["all_reduce"]) and b[1] == pytest.approx(a[1] / factors["all_reduce"])
+    args = ["estimate", "--model", "llama3-8b", "--gpus", "2", "--seq-len", "256", "--global-batch", "2",
+            "--micro-batch", "1", "--dp", "2", "--db", db, "--format", "json"]
+    assert main([*args, "--cluster", "profile:vm"]) == 0
+    before = json.loads(capsys.readouterr().out)
+    assert main([*args, "--cluster", "profile:mine"]) == 0
+    after = json.loads(capsys.readouterr().out)
+    assert after["step_time_s"] != pytest.approx(before["step_time_s"], rel=1e-3)
+    # calibrating again under the name adds a newer run; the name of another machine is refused
+    assert main(["calibrate", run_dir("dp2"), "--cluster", "profile:vm", "--db", db, "--name", "mine"]) == 0
+    capsys.readouterr()
+    assert main(["calibrate", run_dir("dp2"), "--cluster", "profile:vm", "--db", db, "--name", "vm"]) == 2
+    assert "already names machine" in capsys.readouterr().err
+
+
+def test_json_format(db, capsys):
+    assert main(["calibrate", run_dir("dp2"), run_dir("tp2"), "--cluster", "profile:vm", "--db", db,
+                 "--format", "json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) >= {"factors", "spread", "unconstrained", "leave_one_run_out"}
+    assert len(doc["leave_one_run_out"]) == 2
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["calibrate"], "no runs given"),
+    (["calibrate", "/nonexistent/run"], "no such folder"),
+    (["calibrate", DATA], "no report.json"),
+    (["calibrate", run_dir("dp2"), "--cluster", "dgx-h100"], "not a stored profile"),
+    (["calibrate", run_dir("dp2"), "--name", "a b"], "--name"),
+])
+def test_bad_input_is_one_line(argv, message, db, capsys):
+    assert main([*argv, "--db", db]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("paraplan: error:") and message in err, err
+
+
+def test_a_report_that_is_not_validates_and_a_missing_profile(tmp_path, db, capsys):
+    (tmp_path / "report.json").write_text(json.dumps({"plan": {}}))
+    assert main(["calibrate", str(tmp_path), "--db", db]) == 2
+    assert "not a validate report" in capsys.readouterr().err
+    assert main(["calibrate", run_dir("dp2"), "--cluster", "profile:nobody", "--db", db]) == 2
+    assert "no profile named" in capsys.readouterr().err
+    con = sqlite3.connect(db)
+    assert con.execute("SELECT COUNT(*) FROM measurements WHERE kind = 'calibration'").fetchone()[0] == 0
