@@ -12,9 +12,9 @@ def cmd_calibrate(args) -> int:
     from paraplan.validation.calibrate import (base_tables, calibrate, estimable, factors_table, loro_table, pool_runs, read_run, row_runs,
                                                store_calibrated, trace_vs_estimate)
     from paraplan.validation.trace import format_terms
-    if not args.runs and not args.rows:
+    if not args.runs and not args.runs_csv:
         raise ConfigError("runs", "no runs given", accepted="folders `paraplan validate --out DIR` wrote, "
-                          "or --rows RUNS.csv (the published-run schema)")
+                          "or --runs-csv RUNS.csv (the published-run schema)")
     if args.cluster != "local" and not args.cluster.startswith("profile:"):
         raise ConfigError("--cluster", f"{args.cluster!r} is not a stored profile", accepted="local or profile:NAME")
     if args.name is not None and (not args.name or len(args.name) > 64 or not args.name.replace("-", "").replace(
@@ -22,12 +22,12 @@ def cmd_calibrate(args) -> int:
         raise ConfigError("--name", f"{args.name[:80]!r}", accepted="1-64 letters, digits, '-', '_' or '.'")
     runs = pool_runs([read_run(p) for p in args.runs])
     tables, label = base_tables(args.cluster, args.db)
-    if args.rows:
+    if args.runs_csv:
         from paraplan.calibration import cases_of_table, read_runs_file, source_name
         from paraplan.reports.score import read_case
-        cases, skipped = cases_of_table(read_runs_file(args.rows), read_case, source_name)
+        cases, skipped = cases_of_table(read_runs_file(args.runs_csv), read_case, source_name)
         for i, src, reason in skipped:
-            print(f"paraplan: note: --rows row {i} ({src}) skipped: {reason}", file=sys.stderr)
+            print(f"paraplan: note: --runs-csv row {i} ({src}) skipped: {reason}", file=sys.stderr)
         runs += row_runs(cases)
     runs, unusable = estimable(runs, tables)
     for name, reason in unusable:
@@ -74,7 +74,7 @@ def register(subparsers) -> None:
                     "leave-one-run-out step-time error before and after; with --name store the calibrated profile "
                     "(use it as --cluster profile:NAME). See docs/calibrate.md.")
     p.add_argument("runs", nargs="*", metavar="RUN_DIR", help="folders `paraplan validate --out` wrote")
-    p.add_argument("--rows", default=None, metavar="RUNS.csv",
+    p.add_argument("--runs-csv", default=None, metavar="RUNS.csv",
                    help="measured runs in the published-run CSV schema (`paraplan score`'s input), each estimated "
                         "at its GPU count on the profile: one equation on its step time")
     p.add_argument("--cluster", default="local", help="the profile to calibrate: local (default) or profile:NAME")
@@ -83,5 +83,6 @@ def register(subparsers) -> None:
     p.add_argument("--show", action="store_true",
                    help="first print each run's traced terms beside the estimate's (gemm, attention, memory, "
                         "optimizer, each collective and its overlap, idle)")
-    p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="table (default) or json: factors, spread, unconstrained knobs, leave-one-run-out rows")
     p.set_defaults(func=cmd_calibrate)
