@@ -121,21 +121,30 @@ def fitted_link(collectives: dict, name: str = "measured", world_size: int | Non
 
 
 def calibrated_link(link: Link, factors: dict) -> Link:
-    """``link`` with each collective ``op`` in ``factors`` (``{op: factor}``, the keys of STEPS)
-    ``factor`` times slower: α times the factor and B over it (the op's own fit, else the link's),
-    and its measured times times the factor; other ops as they were."""
+    """``link`` with the calibrated collectives: ``{op}.latency`` multiplies the op's α and
+    ``{op}.bandwidth`` its β = 1/B (the op's own fit, else the link's); ``{op}`` alone both. The
+    measured times the link interpolates inside its sizes are scaled by what the factors do to the
+    α-β time at that size, ``(f_α·steps·α + f_β·factor·S/B) / (steps·α + factor·S/B)`` at the
+    measured world size; other ops as they were."""
     from dataclasses import replace
-    ops = {op: float(f) for op, f in factors.items() if op in STEPS and float(f) != 1.0}
-    if not ops:
-        return link
     per_op = dict(link.per_op)
     measured = dict(link.measured or {})
-    for op, f in ops.items():
+    changed = False
+    for op in STEPS:
+        both = float(factors.get(op, 1.0))
+        fa = float(factors.get(f"{op}.latency", both))
+        fb = float(factors.get(f"{op}.bandwidth", both))
+        if fa == 1.0 and fb == 1.0:
+            continue
+        changed = True
         alpha, bw = link.alpha_beta(op)
-        per_op[op] = (alpha * f, bw / f)
+        per_op[op] = (alpha * fa, bw / fb)
         if op in measured:
-            measured[op] = tuple((s, t * f) for s, t in measured[op])
-    return replace(link, per_op=per_op, measured=measured)
+            n = max(int(link.measured_world), 2)
+            ta, tb = STEPS[op](n) * alpha, [FACTOR[op](n) * s / bw for s, _ in measured[op]]
+            measured[op] = tuple((s, t * (fa * ta + fb * b) / (ta + b) if ta + b > 0 else t * fb)
+                                 for (s, t), b in zip(measured[op], tb))
+    return replace(link, per_op=per_op, measured=measured) if changed else link
 
 
 def resolve_profile(spec: str, db: str | None = None) -> tuple[str, str]:

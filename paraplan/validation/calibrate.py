@@ -9,9 +9,12 @@ What is fitted: one factor per *knob*, multiplying what the profile's measuremen
 (:class:`paraplan.costmodels.profiled.ProfiledCurves`, :func:`paraplan.profiles.cluster.calibrated_link`):
 
 * ``gemm``: the GEMMs' work; ``attention``: fused attention's; ``memory``: the memory-bound kernels'
-  (elementwise, norms, softmax: bytes over the rate); ``optimizer``: the AdamW step;
-* one per collective kind (``all_reduce``, ``reduce_scatter``, ``all_gather``, ``all_to_all``,
-  ``send_recv``): its time (α and 1/B together).
+  (elementwise, norms, softmax: bytes over the rate); ``kernel``: the per-kernel cost (dispatch,
+  autograd, launch); ``optimizer``: the AdamW step;
+* two per collective kind (``all_reduce``, ``reduce_scatter``, ``all_gather``, ``all_to_all``,
+  ``send_recv``): ``<kind>.latency`` on its α and ``<kind>.bandwidth`` on its β = 1/B, told apart
+  where the runs' messages span sizes (a run's many small tensor-parallel all-reduces against one
+  large gradient all-reduce), one factor otherwise.
 
 The estimate is linear in each factor (each multiplies an additive part of a term; the pipeline
 bubble follows the stage's compute), so a knob's *sensitivity* on a run is measured by running the
@@ -21,14 +24,16 @@ tp/pp/dp communication, optimizer)
 
     Σ_k S[k][term] · (f_k − 1) = measured_term − predicted_term,
 
-and where the run has traces the compute equation splits in two with the traces' share of GEMM
-self time in the compute operators s (mean over ranks): ``S[gemm] · f_gemm = s · measured compute``
-and the rest of compute likewise (attention the same way where fused attention ran). Rows are
+(a published-run row: one, on its step) and where the run has traces the compute equation splits
+with the traces' shares of the compute operators' self time (over all ranks): ``S[gemm] · f_gemm =
+s_gemm · measured compute``, attention likewise, and the rest (memory-bound work and per-kernel
+costs together, :func:`compute_groups`). Rows are
 divided by the run's measured step (each run weighs the same); least squares with a small pull of
 each factor towards 1 (ridge 1e-4, for knobs the runs barely separate); factors clamped to
 [0.2, 5]. A knob is *unconstrained*, not fitted and left at 1, when it moves no run's predicted
-step by MIN_INFLUENCE: the table says why (e.g. no run had dp, tp or cp > 1: all_reduce not fitted).
-Without traces GEMM and memory-bound work are one factor (``compute``: only their sum is measured).
+step by MIN_INFLUENCE: the table says why (e.g. no run had dp, tp or cp > 1: all_reduce.latency and .bandwidth not fitted).
+Without traces the compute knobs are one factor (``compute``: only their sum is measured), and knobs
+whose equations are collinear (|cos| > COLLINEAR: the runs cannot tell them apart) are fitted as one.
 
 Spread: the factors refitted with each run left out (their range). Leave-one-run-out error: each
 run predicted by the real estimator on the profile calibrated on the other runs, against the
@@ -57,7 +62,8 @@ from paraplan.validation.predict import predict_on_cluster
 from paraplan.validation.trace import COMPUTE, StepTerms, read_trace
 
 COMPUTE_KNOBS = ("gemm", "attention", "memory", "kernel", "optimizer")
-COMM_KNOBS = tuple(STEPS)
+#: per collective kind its latency (α) and bandwidth (β = 1/B) factors
+COMM_KNOBS = tuple(f"{op}.{part}" for op in STEPS for part in ("latency", "bandwidth"))
 KNOBS = COMPUTE_KNOBS + COMM_KNOBS
 #: harness terms the fit uses (``other``, the harness's gradient flattening, is no knob's); ``step``: a
 #: published-run row's one measurement
@@ -297,8 +303,9 @@ def fit(runs: list[Run], base: dict, sens: dict) -> Fit:
         if infl >= MIN_INFLUENCE:
             knobs.append(k)
             continue
-        if k in COMM_SOURCES:
-            why = f"no run has it ({COMM_SOURCES[k]}) or it moves no step by {100 * MIN_INFLUENCE:.0f} %"
+        if k.split(".")[0] in COMM_SOURCES:
+            why = (f"no run has it ({COMM_SOURCES[k.split('.')[0]]}) or it moves no step by "
+                   f"{100 * MIN_INFLUENCE:.0f} % (at most {100 * infl:.1f} %)")
         elif k == "attention":
             why = "no run ran fused attention (--attention sdpa)"
         else:
@@ -423,16 +430,16 @@ def store_calibrated(name: str, cal: Calibration, tables: dict, db: str | None =
 
 def factors_table(cal: Calibration) -> str:
     """Fitted factors with their leave-one-out spread, and the knobs not fitted with why."""
-    lines = [f"{'knob':<16} {'factor':>8} {'spread (leave one out)':>24}"]
+    lines = [f"{'knob':<24} {'factor':>8} {'spread (leave one out)':>24}"]
     for k in KNOBS:
         if k in cal.fit.factors:
             v = cal.fit.factors[k]
             lo, hi = cal.spread.get(k, (v, v))
             group = next((g for g in cal.fit.tied if k in g), ())
             tied = " (one factor with " + ", ".join(j for j in group if j != k) + ")" if group else ""
-            lines.append(f"{k:<16} {v:>8.3f} {f'{lo:.3f} - {hi:.3f}':>24}{tied}")
+            lines.append(f"{k:<24} {v:>8.3f} {f'{lo:.3f} - {hi:.3f}':>24}{tied}")
     for k, why in cal.fit.unconstrained.items():
-        lines.append(f"{k:<16} {'-':>8}   not fitted: {why}")
+        lines.append(f"{k:<24} {'-':>8}   not fitted: {why}")
     if cal.fit.clamped:
         lines.append(f"clamped to {BOUNDS}: {', '.join(cal.fit.clamped)}")
     return "\n".join(lines) + "\n"
@@ -459,9 +466,9 @@ def trace_vs_estimate(run: Run, tables: dict) -> tuple[StepTerms | None, dict]:
     pred["host"] = sens["kernel"]["compute"]
     pred["memory"] = max(0.0, pb.get("compute", 0.0) - pred["gemm"] - pred["attention"] - pred["host"])
     pred["optimizer"] = pb.get("optimizer", 0.0)
-    for k in COMM_KNOBS:
-        t = sum(sens[k].values())
+    for op in STEPS:
+        t = sum(sum(sens[f"{op}.{part}"].values()) for part in ("latency", "bandwidth"))
         if t > 0:
-            pred[f"comm.{k}"] = t
+            pred[f"comm.{op}"] = t
     slowest = max(run.traces, key=lambda t: t.span_s) if run.traces else None
     return slowest, pred
