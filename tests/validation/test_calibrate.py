@@ -161,3 +161,21 @@ def test_a_report_that_is_not_validates_and_a_missing_profile(tmp_path, db, caps
     assert "no profile named" in capsys.readouterr().err
     con = sqlite3.connect(db)
     assert con.execute("SELECT COUNT(*) FROM measurements WHERE kind = 'calibration'").fetchone()[0] == 0
+
+
+def test_factors_multiply_their_part_after_the_composition_factor(db):
+    from paraplan.profiles.cluster import cluster_from_tables
+    tables, _ = base_tables("profile:vm", db)
+    base = curves_for(cluster_from_tables(tables, 2))
+    factors = {"gemm": 2.0, "memory": 3.0, "kernel": 1.5, "optimizer": 0.5, "attention": 4.0}
+    cal = curves_for(cluster_from_tables(dict(tables, calibration=factors), 2))
+    # the reference block's composition factor is solved on the measurements, not undone by the factors
+    assert base.composition_factor == pytest.approx(cal.composition_factor)
+    assert cal.kernel_overhead_s == pytest.approx(1.5 * base.kernel_overhead_s)
+    g0, g1 = base.gemm_time(256, 256, 256, "fp32"), cal.gemm_time(256, 256, 256, "fp32")
+    assert g1 - 1.5 * base.kernel_overhead_s == pytest.approx(2.0 * (g0 - base.kernel_overhead_s))
+    m0, m1 = base.memory_time(1e8, kernels=0), cal.memory_time(1e8, kernels=0)
+    assert m1 == pytest.approx(3.0 * m0)
+    assert cal.adam_step_time(1e6, 10) == pytest.approx(0.5 * base.adam_step_time(1e6, 10))
+    assert cal.flash_attention_time(1e9, kernels=0) == pytest.approx(4.0 * base.flash_attention_time(1e9, kernels=0))
+    assert cal.uncalibrated().kernel_overhead_s == pytest.approx(base.kernel_overhead_s)

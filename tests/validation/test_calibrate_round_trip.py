@@ -61,8 +61,8 @@ def test_calibrate_round_trip_improves_leave_one_run_out_and_stores_a_usable_pro
     assert [r.name for r in pooled] == ["dp2", "tp2", "pp2"] and all(r.repeats == 2 for r in pooled)
     assert all(len(r.traces) == 4 and r.trace_shares()["gemm"] > 0 for r in pooled)
     cal = calibrate(pooled, base_tables("local", db)[0])
-    assert {"gemm", "memory", "optimizer", "all_reduce", "send_recv"} <= set(cal.fit.factors)
-    assert "attention" in cal.fit.unconstrained and "all_to_all" in cal.fit.unconstrained
+    assert {"gemm", "optimizer", "all_reduce.latency", "send_recv.latency"} <= set(cal.fit.factors)
+    assert "attention" in cal.fit.unconstrained and "all_to_all.latency" in cal.fit.unconstrained
     before = sum(abs(x["err_before"]) for x in cal.loro)
     after = sum(abs(x["err_after"]) for x in cal.loro)
     assert after < before, cal.loro
