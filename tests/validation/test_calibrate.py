@@ -179,3 +179,22 @@ def test_factors_multiply_their_part_after_the_composition_factor(db):
     assert cal.adam_step_time(1e6, 10) == pytest.approx(0.5 * base.adam_step_time(1e6, 10))
     assert cal.flash_attention_time(1e9, kernels=0) == pytest.approx(4.0 * base.flash_attention_time(1e9, kernels=0))
     assert cal.uncalibrated().kernel_overhead_s == pytest.approx(base.kernel_overhead_s)
+
+
+ROW_COLUMNS = ("source,model,params_b,layers,hidden,heads,ffn_hidden,vocab,seq_len,moe_experts,moe_topk,gpu,num_gpus,"
+               "tp,pp,dp,cp_or_sp,ep,vpp,zero_stage,offload,recompute,micro_batch,global_batch,precision,"
+               "measured_metric,measured_value,measured_unit,notes")
+
+
+def test_runs_csv_rows_are_step_equations_and_unestimable_rows_a_note(db, tmp_path, capsys):
+    # rows in the published-run schema: the fixture's model on 2 GPUs in bf16 (the profile measured bf16
+    # GEMMs) and in fp16 (it did not: no rate to estimate with)
+    rows = [ROW_COLUMNS,
+            "a log,tiny-gpt,0.0001,2,64,2,256,128,64,,,H100-SXM,2,1,1,2,,,,0,,none,1,2,bf16,step_time,40,ms,",
+            "a log,tiny-gpt,0.0001,2,64,2,256,128,64,,,H100-SXM,2,1,1,2,,,,0,,none,1,2,fp16,step_time,40,ms,"]
+    csv = tmp_path / "runs.csv"
+    csv.write_text("\n".join(rows) + "\n")
+    assert main(["calibrate", "--runs-csv", str(csv), run_dir("dp2"), "--cluster", "profile:vm", "--db", db]) == 0
+    out, err = capsys.readouterr()
+    assert "row0 " in out and "row1" not in out
+    assert "row1 skipped: not estimable on profile:vm" in err and "fp16" in err
