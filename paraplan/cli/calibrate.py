@@ -43,6 +43,10 @@ def cmd_calibrate(args) -> int:
                 print("  (no traces in this folder)")
             else:
                 print(format_terms(step, pred), end="")
+            if r.concurrency:
+                print("compute under another rank's compute: "
+                      + ", ".join(f"{100 * c:.0f} %" for c in r.concurrency) + " of each rank's (the profile's "
+                      "contention slowdown was measured with every rank busy)")
             print()
     cal = calibrate(runs, tables, label)
     if args.format == "json":

@@ -59,7 +59,7 @@ from paraplan.profiles.cluster import STEPS, cluster_from_tables, resolve_profil
 from paraplan.profiles.store import ProfileStore, measured_tables
 from paraplan.validation.config import GPTConfig, RunOptions, world_size
 from paraplan.validation.predict import predict_on_cluster
-from paraplan.validation.trace import COMPUTE, StepTerms, read_trace
+from paraplan.validation.trace import COMPUTE, StepTerms, compute_concurrency, read_trace
 
 COMPUTE_KNOBS = ("gemm", "attention", "memory", "kernel", "optimizer")
 #: per collective kind its latency (α) and bandwidth (β = 1/B) factors
@@ -92,6 +92,7 @@ class Run:
     traces: tuple = ()            # StepTerms per rank (mean over its profiled steps)
     step_times_s: tuple = ()      # the timed steps of the slowest rank
     repeats: int = 1              # validate runs of this configuration pooled (:func:`pool_runs`)
+    concurrency: tuple = ()       # per rank, its compute's share under another rank's (trace.compute_concurrency)
 
     @property
     def world(self) -> int:
@@ -182,7 +183,9 @@ def read_run(path: str) -> Run:
     files = [f for f in (os.path.join(path, t) for t in rep.get("traces") or []) if os.path.isfile(f)] or \
         sorted(glob.glob(os.path.join(path, "traces", "*.json")) + glob.glob(os.path.join(path, "traces", "*.json.gz")))
     traces = tuple(read_trace(f).mean() for f in files)
-    return Run(os.path.basename(os.path.normpath(path)), path, cfg, plan, options, step, terms, traces, steps)
+    concurrency = tuple(compute_concurrency(files)) if len(files) > 1 else ()
+    return Run(os.path.basename(os.path.normpath(path)), path, cfg, plan, options, step, terms, traces, steps,
+               concurrency=concurrency)
 
 
 def _key(run) -> str:
@@ -210,7 +213,8 @@ def pool_runs(runs: list[Run]) -> list[Run]:
         steps = tuple(x for r in group for x in r.step_times_s)
         terms = {k: statistics.median(r.measured_terms.get(k, 0.0) for r in group) for k in first.measured_terms}
         out.append(Run(first.name, first.path, first.cfg, first.plan, first.options, statistics.median(steps), terms,
-                       tuple(t for r in group for t in r.traces), steps, len(group)))
+                       tuple(t for r in group for t in r.traces), steps, len(group),
+                       tuple(c for r in group for c in r.concurrency)))
     return out
 
 

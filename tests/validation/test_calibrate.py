@@ -107,6 +107,7 @@ def test_cli_stores_a_profile_that_estimate_uses(db, capsys):
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "comm.all_reduce" in out and "comm.send_recv" in out and "overlapped" in out
+    assert "compute under another rank's compute" in out
     assert "not fitted" in out and "err before" in out
     assert "stored as profile:mine" in err
     rows = ProfileStore(db).measurements(kind="calibration")

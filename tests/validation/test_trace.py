@@ -101,3 +101,13 @@ def test_bad_traces_are_one_config_error(tmp_path):
         {"ph": "X", "name": "frame", "cat": "blink", "ts": 0, "dur": 5}]}))
     with pytest.raises(ConfigError, match="no operator or kernel events"):
         read_trace(str(tmp_path / "chrome.json"))
+
+
+def test_compute_concurrency_of_ranks_on_one_clock():
+    from paraplan.validation.trace import compute_concurrency
+    share = {lay: compute_concurrency([fixture(lay, 0), fixture(lay, 1)]) for lay in ("dp2", "pp2")}
+    assert all(0 <= c <= 1 for cs in share.values() for c in cs)
+    # a pipeline's stages compute together less than data-parallel replicas do
+    assert max(share["pp2"]) < max(share["dp2"])
+    # against itself a rank computes together all the time
+    assert compute_concurrency([fixture("dp2"), fixture("dp2")]) == pytest.approx([1.0, 1.0])
