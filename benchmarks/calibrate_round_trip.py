@@ -71,6 +71,8 @@ def main(argv=None) -> int:
     spreads = {r.name: (min(r.step_times_s), max(r.step_times_s)) for r in runs}
     print("measured step spread (min - max over all timed steps): "
           + ", ".join(f"{n} {1e3 * lo:.0f}-{1e3 * hi:.0f} ms" for n, (lo, hi) in spreads.items()))
+    print("compute under the other rank's compute (per rank and round): "
+          + "; ".join(f"{r.name} " + " ".join(f"{c:.2f}" for c in r.concurrency) for r in runs))
     fid, run_id = store_calibrated(args.name, cal, tables, args.db)
     r = subprocess.run([sys.executable, "-m", "paraplan.cli", "estimate", "--model", "llama3-8b", "--cluster",
                         f"profile:{args.name}", "--gpus", "2", "--seq-len", "256", "--global-batch", "2",
