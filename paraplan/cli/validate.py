@@ -232,8 +232,11 @@ def _run_dir(out: str) -> str:
 
 def keep_traces(run_dir: str, out: str) -> list[str]:
     """Move each rank's profiled-step Chrome trace (``trace_rank<N>.json``, worker) from the run's
-    scratch folder to ``out/traces/`` (replaced whole); their paths relative to ``out``."""
+    scratch folder to ``out/traces/`` (an earlier run's traces there removed first); their paths
+    relative to ``out``, sorted by name."""
     import glob
+    for stale in glob.glob(os.path.join(out, "traces", "trace_rank*.json")):   # an earlier run's ranks
+        os.remove(stale)
     kept = []
     for path in sorted(glob.glob(os.path.join(run_dir, "trace_rank*.json"))):
         dest = os.path.join(out, "traces", os.path.basename(path))

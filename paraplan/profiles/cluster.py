@@ -19,8 +19,8 @@ file) becomes one node of ``gpus`` ranks:
   of n ranks fits only the launch with n ranks (the nearest measured world size): ranks that
   share a CPU's cores run their collectives slower per byte as more of them are busy, which one
   α-β pair over every world size cannot express.
-* A calibrated profile (``paraplan calibrate``) multiplies each calibrated collective's time by its
-  fitted factor (:func:`calibrated_link`); its compute factors ride on the curves.
+* A calibrated profile (``paraplan calibrate``) multiplies each calibrated collective's α and β by
+  its fitted latency and bandwidth factors (:func:`calibrated_link`); its compute factors ride on the curves.
 * Host CPU, PCIe and NVMe: the measured host copy bandwidth where there is one; figures that
   are not measured are placeholders, named as such in ``sources``.
 """
