@@ -68,7 +68,7 @@ KNOBS = COMPUTE_KNOBS + COMM_KNOBS
 #: harness terms the fit uses (``other``, the harness's gradient flattening, is no knob's); ``step``: a
 #: published-run row's one measurement
 TERMS = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "optimizer", "step")
-#: a knob that moves no run's predicted step by this share is not fitted
+#: a knob that moves no run's predicted step by this share stays at 1: the runs do not constrain it
 MIN_INFLUENCE = 0.02
 RIDGE = 1e-4
 BOUNDS = (0.2, 5.0)
@@ -242,7 +242,7 @@ def sensitivities(run: Run, tables: dict) -> tuple[dict, dict]:
 
 #: the compute knobs (tied into one ``compute`` factor when no run has a trace to split the compute term)
 SPLIT = ("gemm", "attention", "memory", "kernel")
-#: two knobs whose columns are this collinear over the fit's equations are fitted as one factor
+#: two knobs whose columns in the equations are this collinear share one factor
 COLLINEAR = 0.995
 
 
