@@ -1,7 +1,7 @@
 """paraplan command line: parse, load, call, print. Errors a user can fix print one line, exit 2.
 
 One module per command (``estimate``, ``list``, ``plan``, ``export``, ``whatif``, ``validate`` and
-``profile``, ``score``, ``cf``), each with a ``register(subparsers)``; the flags they share live in
+``profile``, ``score``, ``cf``, ``calibrate``), each with a ``register(subparsers)``; the flags they share live in
 :mod:`paraplan.cli.common`.
 """
 from __future__ import annotations
@@ -9,11 +9,11 @@ from __future__ import annotations
 import contextlib
 import sys
 
-from paraplan.cli import catalog, cf, estimate, export, plan, score, validate, whatif
+from paraplan.cli import calibrate, catalog, cf, estimate, export, plan, score, validate, whatif
 from paraplan.cli.common import ParaplanArgumentParser, parse_or_exit_code, run_command
 from paraplan.errors import missing_extra_of
 
-COMMANDS = (estimate, catalog, plan, export, whatif, validate, score, cf)
+COMMANDS = (estimate, catalog, plan, export, whatif, validate, score, cf, calibrate)
 
 
 def build_parser() -> ParaplanArgumentParser:

@@ -230,6 +230,22 @@ def _run_dir(out: str) -> str:
     return path
 
 
+def keep_traces(run_dir: str, out: str) -> list[str]:
+    """Move each rank's profiled-step Chrome trace (``trace_rank<N>.json``, worker) from the run's
+    scratch folder to ``out/traces/`` (an earlier run's traces there removed first); their paths
+    relative to ``out``, sorted by name."""
+    import glob
+    for stale in glob.glob(os.path.join(out, "traces", "trace_rank*.json")):   # an earlier run's ranks
+        os.remove(stale)
+    kept = []
+    for path in sorted(glob.glob(os.path.join(run_dir, "trace_rank*.json"))):
+        dest = os.path.join(out, "traces", os.path.basename(path))
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        os.replace(path, dest)
+        kept.append(os.path.relpath(dest, out))
+    return kept
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -295,11 +311,12 @@ def run_validate(args) -> int:
                 spread = reference_spread(cfg, plan, options, ref)
             ref_check = compare_to_reference(results, ref, load_parallel_grads(run_dir), spread)
             ref_check.pop("parallel_losses", None)
+        traces = keep_traces(run_dir, args.out)
         report = build_report(plan.to_dict(), results, args.out, predicted=predicted,
                               reference_check=ref_check, model=asdict(cfg),
                               extra={"run": asdict(options), "notes": list(sized.notes),
                                      "machine": machine_fingerprint(), "profile_db": args.db,
-                                     "estimate": estimate_dict})
+                                     "estimate": estimate_dict, "traces": traces})
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
     print(format_table(comparison_rows(report["measured"], predicted)), end="")

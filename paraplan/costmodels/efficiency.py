@@ -317,8 +317,9 @@ def with_reference_block(curves, cluster):
     model, job, plan = reference_block_model(block["shape"])
 
     def layer(slowdown):
-        lt = C.layer_times(model, job, plan, replace(curves, compute_slowdown=slowdown, composition_factor=1.0),
-                           cluster)
+        # on the measurements as they are: a calibrated profile's factors apply on top of the solved factor
+        lt = C.layer_times(model, job, plan, replace(curves.uncalibrated(), compute_slowdown=slowdown,
+                                                     composition_factor=1.0), cluster)
         return float(lt["forward"] + lt["backward"])
     per_kernel = layer(0.0)
     work = layer(1.0) - per_kernel

@@ -59,10 +59,17 @@ not import torch). Same methods and attributes as
   optimizer step (``fsdp_adam_tensor_overhead_s``: AdamW on the stack's DTensor shards minus AdamW on
   plain tensors of the same shapes), both charged by the estimator under ZeRO-3 only.
 * CPU-Adam efficiency and Adam bytes per parameter are not measured: curves.yaml's defaults.
+* a calibrated profile (``paraplan calibrate``, :mod:`paraplan.validation.calibrate`) carries
+  ``calibration`` = {knob: factor} fitted to measured runs: ``gemm`` multiplies the GEMMs' work,
+  ``attention`` fused attention's, ``memory`` the memory-bound kernels' (bytes / rate), ``kernel`` the
+  per-kernel cost (and the launch cost), ``optimizer`` the measured AdamW step; each multiplies what
+  the profile's measurement gives, after the reference block's composition factor, which is solved on
+  the uncalibrated curves (:meth:`ProfiledCurves.uncalibrated`).
+  The collective knobs ride on the cluster's link (:func:`paraplan.profiles.cluster.calibrated_link`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping
 
 import numpy as np
@@ -286,8 +293,22 @@ class ProfiledCurves:
     #: of their FLOPs, at ``routed_tokens`` tokens per expert (``routed`` rows); None where not measured
     routed_factor: float | None = None
     routed_tokens: int = 0
+    #: fitted factors of a calibrated profile ({knob: factor}; empty: the measurements as they are)
+    calibration: Mapping[str, float] = field(default_factory=dict, compare=False)
 
     kind = "profiled"
+
+    def factor(self, knob: str) -> float:
+        """The calibrated factor on ``knob`` (gemm, attention, memory, kernel, optimizer; 1 when not calibrated)."""
+        return float(self.calibration.get(knob, 1.0))
+
+    def uncalibrated(self) -> "ProfiledCurves":
+        """These curves without their calibration factors (the measurements as they are)."""
+        if not self.calibration:
+            return self
+        k = self.factor("kernel")
+        return replace(self, calibration={}, kernel_overhead_s=self.kernel_overhead_s / k,
+                       launch_overhead_s=None if self.launch_overhead_s is None else self.launch_overhead_s / k)
 
     @classmethod
     def from_tables(cls, tables: dict, name: str = "local", world_size: int | None = None) -> "ProfiledCurves":
@@ -341,9 +362,10 @@ class ProfiledCurves:
                 sources_train["op_sac_overhead"] = (
                     "measured: the same regions under a selective-checkpoint policy that keeps every output, "
                     "minus plain forward + backward")
+        kernel = float((tables.get("calibration") or {}).get("kernel", 1.0))   # a calibrated profile's factor
         return cls(
-            name=name, device=dev, kernel_overhead_s=t0, gemm=gemm,
-            launch_overhead_s=launch, compute_slowdown=train.get("slowdown", 1.0),
+            name=name, device=dev, kernel_overhead_s=t0 * kernel, gemm=gemm,
+            launch_overhead_s=launch * kernel, compute_slowdown=train.get("slowdown", 1.0),
             reference_block=train.get("block"),
             adam_time_per_tensor_s=train.get("adam_tensor_s"), adam_time_per_param_s=train.get("adam_param_s"),
             adam_time_per_param_flat_s=train.get("adam_flat_param_s"),
@@ -370,7 +392,8 @@ class ProfiledCurves:
                      "measured device copy bandwidth (read + write bytes)",
                      "cpu_adam_memory_efficiency": "curves.yaml default (not measured)",
                      "gpu_adam_bytes_per_param": "curves.yaml default (not measured)", **sources_train},
-            run_id=tables.get("run_id"), fingerprint=tables.get("fingerprint"))
+            run_id=tables.get("run_id"), fingerprint=tables.get("fingerprint"),
+            calibration=dict(tables.get("calibration") or {}))
 
     # ------------------------------------------------------------------ lookups
     def resolve_dtype(self, dtype: str) -> str:
@@ -400,7 +423,7 @@ class ProfiledCurves:
         m, n, k = (np.asarray(x, dtype=float) for x in (m, n, k))
         flops = 2.0 * m * n * k
         curve = self.gemm[self.resolve_dtype(dtype)]
-        return count * (self.kernel_overhead_s + self.work_factor * curve(flops))
+        return count * (self.kernel_overhead_s + self.work_factor * self.factor("gemm") * curve(flops))
 
     @property
     def memory_bound_bytes_per_s(self) -> float:
@@ -414,7 +437,7 @@ class ProfiledCurves:
         """Seconds for memory-bound kernels moving ``nbytes`` (the estimator's accounting) in
         ``kernels`` launches, at :attr:`memory_bound_bytes_per_s`."""
         return kernels * self.kernel_overhead_s + \
-            self.work_factor * np.asarray(nbytes, dtype=float) / self.memory_bound_bytes_per_s
+            self.work_factor * self.factor("memory") * np.asarray(nbytes, dtype=float) / self.memory_bound_bytes_per_s
 
     def streaming_time(self, nbytes, kernels=1):
         """Seconds for plain streaming kernels (an in-place add, a copy) moving ``nbytes``: the
@@ -441,7 +464,7 @@ class ProfiledCurves:
     def flash_attention_time(self, flops, dtype: str = "bf16", kernels=1):
         """Seconds for fused attention executing ``flops`` (measured SDPA rate)."""
         curve = self.sdpa if self.sdpa is not None else self.gemm[self.resolve_dtype(dtype)]
-        return kernels * self.kernel_overhead_s + self.work_factor * curve(flops)
+        return kernels * self.kernel_overhead_s + self.work_factor * self.factor("attention") * curve(flops)
 
     @property
     def work_factor(self) -> float:
@@ -456,7 +479,8 @@ class ProfiledCurves:
             return None
         tensors = np.asarray(tensors, dtype=float)
         params = np.asarray(params, dtype=float)
-        return tensors * self.adam_time_per_tensor_s + params * self.adam_per_param_time(params / np.maximum(tensors, 1.0))
+        return self.factor("optimizer") * (tensors * self.adam_time_per_tensor_s +
+                                           params * self.adam_per_param_time(params / np.maximum(tensors, 1.0)))
 
     def adam_per_param_time(self, elements_per_tensor):
         """AdamW's seconds per element at ``elements_per_tensor``: the small-tensor fit, moving
@@ -511,5 +535,6 @@ class ProfiledCurves:
                 "elementwise_gb_per_s": None if self.elementwise_bandwidth_bytes_per_s is None
                 else self.elementwise_bandwidth_bytes_per_s / 1e9,
                 "sdpa_measured": self.sdpa is not None,
+                "calibration": dict(self.calibration),
                 "cpu_adam_memory_efficiency": self.cpu_adam_memory_efficiency,
                 "sources": dict(self.sources)}

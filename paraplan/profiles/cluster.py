@@ -19,6 +19,8 @@ file) becomes one node of ``gpus`` ranks:
   of n ranks fits only the launch with n ranks (the nearest measured world size): ranks that
   share a CPU's cores run their collectives slower per byte as more of them are busy, which one
   α-β pair over every world size cannot express.
+* A calibrated profile (``paraplan calibrate``) multiplies each calibrated collective's α and β by
+  its fitted latency and bandwidth factors (:func:`calibrated_link`); its compute factors ride on the curves.
 * Host CPU, PCIe and NVMe: the measured host copy bandwidth where there is one; figures that
   are not measured are placeholders, named as such in ``sources``.
 """
@@ -118,6 +120,38 @@ def fitted_link(collectives: dict, name: str = "measured", world_size: int | Non
                 measured_world=world)
 
 
+def calibrated_link(link: Link, factors: dict) -> Link:
+    """``link`` with the calibrated collectives: ``{op}.latency`` multiplies the op's α and
+    ``{op}.bandwidth`` its β = 1/B (the op's own fit, else the link's); ``{op}`` alone both. The
+    measured times the link interpolates inside its sizes are scaled by what the factors do to the
+    α-β time at that size, ``(f_α·steps·α + f_β·factor·S/B) / (steps·α + factor·S/B)`` at the
+    measured world size; other ops as they were."""
+    from dataclasses import replace
+    per_op = dict(link.per_op)
+    measured = dict(link.measured or {})
+    changed = False
+    for op in STEPS:
+        both = float(factors.get(op, 1.0))
+        fa = float(factors.get(f"{op}.latency", both))
+        fb = float(factors.get(f"{op}.bandwidth", both))
+        if fa == 1.0 and fb == 1.0:
+            continue
+        changed = True
+        alpha, bw = link.alpha_beta(op)
+        per_op[op] = (alpha * fa, bw / fb)
+        if op in measured:
+            n = max(int(link.measured_world), 2)
+            ta, tb = STEPS[op](n) * alpha, [FACTOR[op](n) * s / bw for s, _ in measured[op]]
+            measured[op] = tuple((s, t * (fa * ta + fb * b) / (ta + b) if ta + b > 0 else t * fb)
+                                 for (s, t), b in zip(measured[op], tb))
+    return replace(link, per_op=per_op, measured=measured) if changed else link
+
+
+def resolve_profile(spec: str, db: str | None = None) -> tuple[str, str]:
+    """(fingerprint id, label) of the machine ``local`` or ``profile:NAME`` names; ConfigError when there is none."""
+    return _resolve(spec, db)
+
+
 def _resolve(spec: str, db: str | None) -> tuple[str, str]:
     """(fingerprint id, label) of the machine a spec names; ConfigError when there is none."""
     path = db or default_db_path()
@@ -187,6 +221,7 @@ def cluster_from_tables(tables: dict, gpus: int | None = None, label: str = "loc
     else:
         link = fitted_link(measured_collectives, world_size=n,
                            name=f"measured collectives{' in step' if in_step else ''} ({label})")
+    link = calibrated_link(link, tables.get("calibration") or {})
     acc = _with(acc, scale_up_bandwidth_bytes_per_s=link.bandwidth_bytes_per_s)
     host_bw = (tables.get("memory_bandwidth") or {}).get("cpu") or curves.memory_bandwidth_bytes_per_s
     cores = os.cpu_count() or 1

@@ -470,9 +470,12 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
     rows = store.measurements(run_id)
     out = {"fingerprint": fid, "run_id": run_id, "noise": profile_noise(rows), "gemm": [], "gemm_linear": [], "sdpa": [],
            "memory_bandwidth": {}, "launch": {}, "elementwise": {}, "device_memory": {}, "h2d": None, "d2h": None, "collectives": {}, "collectives_in_step": {},
-           "training": {}}
+           "training": {}, "calibration": {}}
     for r in rows:
         k = r["kind"]
+        if k == "calibration":      # a calibrated profile's fitted factor (paraplan calibrate)
+            out["calibration"][r["op"]] = float((r["shape"] or {})["factor"])
+            continue
         if k == "gemm_linear":
             out["gemm_linear"].append({"device": r["device"], "dtype": r["dtype"], **r["shape"],
                                        "flops": r["flops"], "flops_per_s": r["flops_per_s"]})

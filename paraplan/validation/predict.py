@@ -188,7 +188,12 @@ def predict_run(cfg, plan: Plan, options: RunOptions, db: str | None = None, all
     balanced share)."""
     world = world_size(plan)
     ensure_profile(db, world, allow_profiling)
-    cluster = load_cluster("local", world, db=db)
+    return predict_on_cluster(cfg, plan, options, load_cluster("local", world, db=db), moe_imbalance)
+
+
+def predict_on_cluster(cfg, plan: Plan, options: RunOptions, cluster, moe_imbalance: float = 1.0):
+    """:func:`predict_run` on a given cluster (a profile's, :func:`paraplan.profiles.cluster.cluster_from_tables`):
+    (predicted dict, Estimate)."""
     cpu = device_is_host(cluster)
     global_batch = options.for_plan(plan).global_batch
     model, job, est_plan = (estimator_model(cfg), TrainingJob(cfg.seq_len, global_batch, moe_imbalance=moe_imbalance),

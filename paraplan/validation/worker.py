@@ -168,11 +168,14 @@ def nudge_parameters(model: nn.Module, seed: int) -> None:
 
 
 def run_training(cfg: GPTConfig, plan: Plan, options: RunOptions, groups: Groups | None = None,
-                 device: str = "cpu", dump_grads: bool = False, on_step=None, nudge_seed: int | None = None) -> dict:
+                 device: str = "cpu", dump_grads: bool = False, on_step=None, nudge_seed: int | None = None,
+                 trace_path: str | None = None) -> dict:
     """Train ``options.warmup + options.steps`` steps of ``plan`` (dp filled; the harness runs what
     :func:`paraplan.validation.support.as_run` gives) on ``cfg``; returns this rank's results dict.
 
     ``on_step(done, total)`` is called after each step (and the profiled one), for progress.
+    ``trace_path``: where the profiled step's Chrome trace goes (``export_chrome_trace``: the
+    profiler's own JSON, its step marked ``ProfilerStep#N``; read by :mod:`paraplan.validation.trace`).
     ``nudge_seed`` (single process only): move every initial parameter element by one unit in the
     last place, up or down at random (seeded), a rounding-sized difference like the ones a parallel
     layout's summation order makes (:func:`paraplan.validation.reference.reference_spread`).
@@ -307,13 +310,19 @@ def run_training(cfg: GPTConfig, plan: Plan, options: RunOptions, groups: Groups
             on_step(step + 1, total)
     ops = {}
     if options.profile_ops:
-        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler import ProfilerActivity, profile, record_function
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
         keep = list(losses)
         with profile(activities=acts) as prof:
-            one_step(options.warmup + options.steps, record=False)
+            # named as the profiler names the steps of a scheduled run, for trace readers
+            with record_function(f"ProfilerStep#{options.warmup + options.steps}"):
+                one_step(options.warmup + options.steps, record=False)
         losses[:] = keep
         ops = _op_times(prof)
+        if trace_path:
+            tmp = f"{trace_path}.{os.getpid()}.tmp"
+            prof.export_chrome_trace(tmp)
+            os.replace(tmp, trace_path)
         if on_step is not None:
             on_step(total, total)
     memory.pop("optimizer_states_after_step", None)
@@ -353,7 +362,7 @@ def write_status(status_dir: str, rank: int, **record) -> None:
 
 def _clear_own_files(out_dir: str, rank: int) -> None:
     """Remove this rank's results of an earlier run in ``out_dir`` (never merged into this one)."""
-    for name in (f"rank{rank}.json", f"grads_rank{rank}.pt"):
+    for name in (f"rank{rank}.json", f"grads_rank{rank}.pt", f"trace_rank{rank}.json"):
         try:
             os.remove(os.path.join(out_dir, name))
         except FileNotFoundError:
@@ -370,7 +379,8 @@ def _run_one(spec: dict, out_dir: str, cuda: bool, local_rank: int, status=None)
     groups = make_groups(plan, "cuda" if cuda else "cpu")
     os.makedirs(out_dir, exist_ok=True)
     _clear_own_files(out_dir, groups.rank)
-    result = run_training(cfg, plan, options, groups, device, bool(spec.get("dump_grads")), on_step=status)
+    result = run_training(cfg, plan, options, groups, device, bool(spec.get("dump_grads")), on_step=status,
+                          trace_path=os.path.join(out_dir, f"trace_rank{groups.rank}.json"))
     grads = result.pop("grads", None)
     r = groups.rank
     if grads is not None and groups.tp_rank == 0 and groups.cp_rank == 0 and groups.dp_rank < plan.ep:

@@ -54,7 +54,8 @@ def _options(parser: argparse.ArgumentParser):
 #: what the snapshot records for a command that has a flag for every Plan field (add_plan_args)
 PLAN_FLAGS_ENTRY = "(a flag per Plan field: add_plan_args)"
 #: the commands every one of whose flags must have help text (issue 63: plan, estimate, validate)
-COMMANDS_WITH_HELP = ("paraplan", "plan", "estimate", "whatif", "validate", "list", "export", "profile", "cf")
+COMMANDS_WITH_HELP = ("paraplan", "plan", "estimate", "whatif", "validate", "list", "export", "profile", "cf",
+                      "calibrate")
 _GENERATED = {name: plan_flag_kwargs(f)[0] for f in fields(Plan) if (name := f.name) in PLAN_FLAGS}
 
 

@@ -1,0 +1,88 @@
+"""The calibration round trip on this machine: validate -> traces and reports -> calibrate -> re-predict.
+
+Runs ``paraplan validate`` (torchrun, gloo, the harness's GPT, the profiler on for one step whose
+Chrome trace each rank keeps) on three layouts of two ranks, ``--rounds`` times in turn (dp2, tp2,
+pp2, dp2, tp2, ...: on a shared machine whose load drifts each layout sees the same mix of quiet and
+busy moments; a layout's rounds are pooled, medians), then calibrates leave-one-run-out: the
+factors fitted on two layouts, the third predicted by the estimator on the calibrated profile, and
+prints per layout the measured step, the prediction before (the stored profile as it is) and after,
+and both errors; then the factors fitted on all three, and stores them as ``profile:NAME`` and checks
+that ``paraplan estimate --cluster profile:NAME`` runs.
+
+    python benchmarks/calibrate_round_trip.py [--rounds 3] [--steps 10] [--db FILE] [--out DIR]
+
+Uses the profile database ``--db`` (default ``$PARAPLAN_PROFILE_DB`` or the cache); the machine must
+have a profile there (``paraplan profile --quick``). Exit 1 when a layout's error is not smaller after.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+LAYOUTS = {"dp2": ["--dp", "2"], "tp2": ["--tp", "2"], "pp2": ["--pp", "2"]}
+
+
+def validate(name: str, flags: list[str], out: str, steps: int, env: dict) -> None:
+    cmd = [sys.executable, "-m", "paraplan.cli", "validate", *flags, "--no-reference", "--steps", str(steps),
+           "--out", out]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if r.returncode != 0:
+        sys.exit(f"{name}: validate failed ({r.returncode}): {r.stderr.strip()[-400:]}")
+    line = next((ln for ln in r.stdout.splitlines() if "step time measured" in ln), "")
+    print(f"  {line}", flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--db", default=None)
+    ap.add_argument("--out", default=None, help="folder for the validate outputs (default: a temporary one)")
+    ap.add_argument("--name", default="round-trip", help="name of the stored calibrated profile")
+    args = ap.parse_args(argv)
+    env = dict(os.environ)
+    if args.db:
+        env["PARAPLAN_PROFILE_DB"] = args.db
+        os.environ["PARAPLAN_PROFILE_DB"] = args.db
+    out = args.out or tempfile.mkdtemp(prefix="calibrate-round-trip-")
+    t0 = time.perf_counter()
+    dirs = []
+    for k in range(args.rounds):
+        print(f"round {k + 1}/{args.rounds}", flush=True)
+        for name, flags in LAYOUTS.items():
+            d = os.path.join(out, f"round{k}", name)
+            validate(name, flags, d, args.steps, env)
+            dirs.append(d)
+    from paraplan.validation.calibrate import (base_tables, calibrate, factors_table, loro_table, pool_runs,
+                                               read_run, store_calibrated)
+    runs = pool_runs([read_run(d) for d in dirs])
+    tables, label = base_tables("local", args.db)
+    cal = calibrate(runs, tables, label)
+    print(f"\n{len(dirs)} validate runs in {time.perf_counter() - t0:.0f} s, pooled into {len(runs)} layouts "
+          f"(median of {args.rounds} x {args.steps} timed steps each)\n")
+    print("leave-one-run-out (fit on the other two layouts, predict this one):")
+    print(loro_table(cal))
+    print("fitted on all three:")
+    print(factors_table(cal))
+    spreads = {r.name: (min(r.step_times_s), max(r.step_times_s)) for r in runs}
+    print("measured step spread (min - max over all timed steps): "
+          + ", ".join(f"{n} {1e3 * lo:.0f}-{1e3 * hi:.0f} ms" for n, (lo, hi) in spreads.items()))
+    print("compute under the other rank's compute (per rank and round): "
+          + "; ".join(f"{r.name} " + " ".join(f"{c:.2f}" for c in r.concurrency) for r in runs))
+    fid, run_id = store_calibrated(args.name, cal, tables, args.db)
+    r = subprocess.run([sys.executable, "-m", "paraplan.cli", "estimate", "--model", "llama3-8b", "--cluster",
+                        f"profile:{args.name}", "--gpus", "2", "--seq-len", "256", "--global-batch", "2",
+                        "--micro-batch", "1", "--dp", "2"], env=env, capture_output=True, text=True)
+    print(f"\nstored profile:{args.name}; `paraplan estimate --cluster profile:{args.name}` exit {r.returncode}")
+    worse = [x["run"] for x in cal.loro if abs(x["err_after"]) >= abs(x["err_before"])]
+    if worse:
+        print(f"not improved: {', '.join(worse)}")
+    return 1 if worse or r.returncode != 0 else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

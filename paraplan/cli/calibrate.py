@@ -1,0 +1,92 @@
+"""`paraplan calibrate RUN_DIR... [--name NAME] [--cluster local|profile:NAME] [--db FILE] [--show]`:
+fit this cluster's efficiency factors to measured runs (paraplan/validation/calibrate.py)."""
+from __future__ import annotations
+
+import json
+import sys
+
+from paraplan.errors import ConfigError
+
+
+def cmd_calibrate(args) -> int:
+    from paraplan.validation.calibrate import (base_tables, calibrate, estimable, factors_table, loro_table, pool_runs, read_run, row_runs,
+                                               store_calibrated, trace_vs_estimate)
+    from paraplan.validation.trace import format_terms
+    if not args.runs and not args.runs_csv:
+        raise ConfigError("runs", "no runs given", accepted="folders `paraplan validate --out DIR` wrote, "
+                          "or --runs-csv RUNS.csv (the published-run schema)")
+    if args.cluster != "local" and not args.cluster.startswith("profile:"):
+        raise ConfigError("--cluster", f"{args.cluster!r} is not a stored profile", accepted="local or profile:NAME")
+    if args.name is not None and (not args.name or len(args.name) > 64 or not args.name.replace("-", "").replace(
+            "_", "").replace(".", "").isalnum()):
+        raise ConfigError("--name", f"{args.name[:80]!r}", accepted="1-64 letters, digits, '-', '_' or '.'")
+    runs = pool_runs([read_run(p) for p in args.runs])
+    tables, label = base_tables(args.cluster, args.db)
+    if args.runs_csv:
+        from paraplan.calibration import cases_of_table, read_runs_file, source_name
+        from paraplan.reports.score import read_case
+        cases, skipped = cases_of_table(read_runs_file(args.runs_csv), read_case, source_name)
+        for i, src, reason in skipped:
+            print(f"paraplan: note: --runs-csv row {i} ({src}) skipped: {reason}", file=sys.stderr)
+        runs += row_runs(cases)
+    runs, unusable = estimable(runs, tables)
+    for name, reason in unusable:
+        print(f"paraplan: note: {name} skipped: not estimable on {args.cluster}: {reason}", file=sys.stderr)
+    if not runs:
+        raise ConfigError("runs", f"none of the runs can be estimated on {args.cluster}",
+                          accepted="runs in a dtype and on GPU counts the profile measured")
+    if args.show:
+        for r in runs:
+            step, pred = trace_vs_estimate(r, tables)
+            print(f"{r.name}: profiled step of the slowest traced rank against the estimate on {args.cluster}")
+            if step is None:
+                print("  (no traces in this folder)")
+            else:
+                print(format_terms(step, pred), end="")
+            if r.concurrency:
+                print("compute under another rank's compute: "
+                      + ", ".join(f"{100 * c:.0f} %" for c in r.concurrency) + " of each rank's (the profile's "
+                      "contention slowdown was measured with every rank busy)")
+            print()
+    cal = calibrate(runs, tables, label)
+    if args.format == "json":
+        print(json.dumps({"factors": cal.fit.factors, "spread": cal.spread, "unconstrained": cal.fit.unconstrained,
+                          "tied": list(cal.fit.tied), "runs": list(cal.fit.runs), "leave_one_run_out": list(cal.loro),
+                          "base": args.cluster}, indent=1))
+    else:
+        print(f"calibrated on {len(runs)} run(s) against {args.cluster} (profile run {tables.get('run_id')})")
+        print(factors_table(cal), end="")
+        print()
+        print(loro_table(cal), end="")
+    if args.name:
+        if not cal.fit.factors:
+            raise ConfigError("--name", "nothing was fitted: no knob is constrained by these runs",
+                              accepted="runs whose terms the knobs move (see the table)")
+        fid, run_id = store_calibrated(args.name, cal, tables, args.db)
+        print(f"stored as profile:{args.name} (machine {fid}, run {run_id}): "
+              f"--cluster profile:{args.name} estimates and plans with it", file=sys.stderr)
+    return 0
+
+
+def register(subparsers) -> None:
+    """Add ``calibrate`` to the subparsers."""
+    p = subparsers.add_parser(
+        "calibrate", help="fit this cluster's efficiency factors to measured runs (validate folders)",
+        description="Fit factors on the profile's GEMM, attention, memory-bound, optimizer and per-collective times "
+                    "to the measured step terms and profiler traces of `paraplan validate` runs; print them with "
+                    "their leave-one-run-out spread, which knobs the runs do not constrain, and each run's "
+                    "leave-one-run-out step-time error before and after; with --name store the calibrated profile "
+                    "(use it as --cluster profile:NAME). See docs/calibrate.md.")
+    p.add_argument("runs", nargs="*", metavar="RUN_DIR", help="folders `paraplan validate --out` wrote")
+    p.add_argument("--runs-csv", default=None, metavar="RUNS.csv",
+                   help="measured runs in the published-run CSV schema (`paraplan score`'s input), each estimated "
+                        "at its GPU count on the profile: one equation on its step time")
+    p.add_argument("--cluster", default="local", help="the profile to calibrate: local (default) or profile:NAME")
+    p.add_argument("--db", default=None, help="profile database (default $PARAPLAN_PROFILE_DB or ~/.cache)")
+    p.add_argument("--name", default=None, help="store the calibrated profile under this name")
+    p.add_argument("--show", action="store_true",
+                   help="first print each run's traced terms beside the estimate's (gemm, attention, memory, "
+                        "optimizer, each collective and its overlap, idle)")
+    p.add_argument("--format", choices=("table", "json"), default="table",
+                   help="table (default) or json: factors, spread, unconstrained knobs, leave-one-run-out rows")
+    p.set_defaults(func=cmd_calibrate)

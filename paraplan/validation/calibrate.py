@@ -1,0 +1,478 @@
+"""``paraplan calibrate``: fit this cluster's efficiency levels to measured runs.
+
+Input: ``paraplan validate --out DIR`` folders (their ``report.json``: the plan, the harness model,
+the measured step and its terms, the median over the timed steps of the slowest rank; and
+``traces/trace_rank<N>.json``: each rank's profiled step, read by :mod:`paraplan.validation.trace`),
+and the stored profile the estimate started from (``local`` or ``profile:NAME``).
+
+What is fitted: one factor per *knob*, multiplying what the profile's measurement gives
+(:class:`paraplan.costmodels.profiled.ProfiledCurves`, :func:`paraplan.profiles.cluster.calibrated_link`):
+
+* ``gemm``: the GEMMs' work; ``attention``: fused attention's; ``memory``: the memory-bound kernels'
+  (elementwise, norms, softmax: bytes over the rate); ``kernel``: the per-kernel cost (dispatch,
+  autograd, launch); ``optimizer``: the AdamW step;
+* two per collective kind (``all_reduce``, ``reduce_scatter``, ``all_gather``, ``all_to_all``,
+  ``send_recv``): ``<kind>.latency`` on its α and ``<kind>.bandwidth`` on its β = 1/B, told apart
+  where the runs' messages span sizes (a run's many small tensor-parallel all-reduces against one
+  large gradient all-reduce), one factor otherwise.
+
+The estimate is linear in each factor (each multiplies an additive part of a term; the pipeline
+bubble follows the stage's compute), so a knob's *sensitivity* on a run is measured by running the
+real estimator with that factor at 2 against 1: ``S[k][term] = pred_term(k = 2) − pred_term(k = 1)``,
+the part of the term the knob multiplies. Each run gives one equation per harness term (compute,
+tp/pp/dp communication, optimizer)
+
+    Σ_k S[k][term] · (f_k − 1) = measured_term − predicted_term,
+
+(a published-run row: one, on its step) and where the run has traces the compute equation splits
+with the traces' shares of the compute operators' self time (over all ranks): ``S[gemm] · f_gemm =
+s_gemm · measured compute``, attention likewise, and the rest (memory-bound work and per-kernel
+costs together, :func:`compute_groups`). Rows are
+divided by the run's measured step (each run weighs the same); least squares with a small pull of
+each factor towards 1 (ridge 1e-4, for knobs the runs barely separate); factors clamped to
+[0.2, 5]. A knob is *unconstrained*, not fitted and left at 1, when it moves no run's predicted
+step by MIN_INFLUENCE: the table says why (e.g. no run had dp, tp or cp > 1: all_reduce.latency and .bandwidth not fitted).
+Without traces the compute knobs are one factor (``compute``: only their sum is measured), and knobs
+whose equations are collinear (|cos| > COLLINEAR: the runs cannot tell them apart) are fitted as one.
+
+Spread: the factors refitted with each run left out (their range). Leave-one-run-out error: each
+run predicted by the real estimator on the profile calibrated on the other runs, against the
+uncalibrated profile's prediction.
+
+The calibrated profile is stored under ``--name`` as a machine of its own in the profile database
+(hostname NAME, fingerprint ``calibrated-NAME``): the base profile's rows copied, plus one
+``calibration`` row per fitted knob (its factor, spread and the runs it came from in ``shape``), so
+``--cluster profile:NAME`` estimates and plans with it.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from paraplan.errors import ConfigError
+from paraplan.plan import Plan
+from paraplan.profiles.cluster import STEPS, cluster_from_tables, resolve_profile
+from paraplan.profiles.store import ProfileStore, measured_tables
+from paraplan.validation.config import GPTConfig, RunOptions, world_size
+from paraplan.validation.predict import predict_on_cluster
+from paraplan.validation.trace import COMPUTE, StepTerms, compute_concurrency, read_trace
+
+COMPUTE_KNOBS = ("gemm", "attention", "memory", "kernel", "optimizer")
+#: per collective kind its latency (α) and bandwidth (β = 1/B) factors
+COMM_KNOBS = tuple(f"{op}.{part}" for op in STEPS for part in ("latency", "bandwidth"))
+KNOBS = COMPUTE_KNOBS + COMM_KNOBS
+#: harness terms the fit uses (``other``, the harness's gradient flattening, is no knob's); ``step``: a
+#: published-run row's one measurement
+TERMS = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "optimizer", "step")
+#: a knob that moves no run's predicted step by this share stays at 1: the runs do not constrain it
+MIN_INFLUENCE = 0.02
+RIDGE = 1e-4
+BOUNDS = (0.2, 5.0)
+#: which plan fields make each collective appear in a harness run (for the unconstrained message)
+COMM_SOURCES = {"all_reduce": "dp, tp or cp > 1", "reduce_scatter": "ZeRO >= 1 with dp > 1 or sp",
+                "all_gather": "ZeRO >= 1 with dp > 1 or sp", "all_to_all": "ep > 1",
+                "send_recv": "pp > 1 or cp > 1"}
+HINT = "a folder `paraplan validate --out DIR` wrote (report.json, traces/)"
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured run: what ran and what it measured."""
+    name: str
+    path: str
+    cfg: GPTConfig
+    plan: Plan
+    options: RunOptions
+    measured_step_s: float
+    measured_terms: dict
+    traces: tuple = ()            # StepTerms per rank (mean over its profiled steps)
+    step_times_s: tuple = ()      # the timed steps of the slowest rank
+    repeats: int = 1              # validate runs of this configuration pooled (:func:`pool_runs`)
+    concurrency: tuple = ()       # per rank, its compute's share under another rank's (trace.compute_concurrency)
+
+    @property
+    def world(self) -> int:
+        return world_size(self.plan)
+
+    def trace_shares(self) -> dict | None:
+        """Share of gemm, attention and memory in the traces' compute operators (summed over ranks)."""
+        if not self.traces:
+            return None
+        keys = [k for k in COMPUTE if any(k in t.compute_s for t in self.traces)]    # host: CPU traces only
+        tot = {k: sum(t.compute_s.get(k, 0.0) for t in self.traces) for k in keys}
+        s = sum(tot.values())
+        return {k: v / s for k, v in tot.items()} if s > 0 else None
+
+
+@dataclass(frozen=True)
+class RowRun:
+    """A measured run given as a row of the published-run CSV schema (``paraplan score``'s input, or the
+    rows ``paraplan score --log ... --write-rows`` writes from an engine's log): its model, job and plan,
+    estimated on the calibrated profile at its GPU count (one node of the profile), one equation on
+    its step time."""
+    name: str
+    model: object
+    job: object
+    plan: Plan
+    gpus: int
+    measured_step_s: float
+    traces: tuple = ()
+    repeats: int = 1
+
+    @property
+    def measured_terms(self) -> dict:
+        return {"step": self.measured_step_s}
+
+    @property
+    def step_times_s(self) -> tuple:
+        return (self.measured_step_s,)
+
+    def trace_shares(self) -> None:
+        return None
+
+
+def row_runs(cases) -> list[RowRun]:
+    """RowRuns of published-run cases (:class:`paraplan.calibration.cases.CalibrationCase`)."""
+    return [RowRun(f"row{c.row}", c.model, c.job, c.plan, int(c.cluster.num_gpus), float(c.measured_step_time_s))
+            for c in cases]
+
+
+def estimable(runs: list, tables: dict) -> tuple[list, list]:
+    """(the runs the profile can estimate, [(name, reason)] for those it cannot: a row whose dtype the
+    profile has no rate for, a plan the profile's one node cannot hold)."""
+    from paraplan.errors import ParaplanError
+    ok, skipped = [], []
+    for r in runs:
+        try:
+            predict(r, tables)
+        except (ParaplanError, KeyError, ValueError) as e:
+            skipped.append((r.name, str(e).strip("'")[:160]))
+            continue
+        ok.append(r)
+    return ok, skipped
+
+
+def read_run(path: str) -> Run:
+    """A validate output folder as a Run (ConfigError naming the folder and what is missing)."""
+    if not os.path.isdir(path):
+        raise ConfigError("runs", f"{path}: no such folder", accepted=HINT)
+    rp = os.path.join(path, "report.json")
+    if not os.path.isfile(rp):
+        raise ConfigError("runs", f"{path}: no report.json", accepted=HINT)
+    try:
+        with open(rp, encoding="utf-8") as f:
+            rep = json.load(f)
+        model = dict(rep["model"])
+        cfg = GPTConfig(**model)
+        plan = Plan.from_dict(rep["plan"], source=rp)
+        run = {k: v for k, v in rep.get("run", {}).items() if k in RunOptions.__dataclass_fields__}
+        options = RunOptions(**run)
+        measured = rep["measured"]
+        step = float(measured["step_time_s"])
+        terms = {k: float(v) for k, v in measured["time_breakdown_s"].items()}
+        steps = tuple(float(x) for x in measured.get("step_times_s") or (step,))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ConfigError("runs", f"{rp}: not a validate report ({type(e).__name__}: {str(e)[:80]})",
+                          accepted=HINT) from None
+    if not step > 0:
+        raise ConfigError("runs", f"{rp}: measured step time {step!r} is not positive", accepted=HINT)
+    files = [f for f in (os.path.join(path, t) for t in rep.get("traces") or []) if os.path.isfile(f)] or \
+        sorted(glob.glob(os.path.join(path, "traces", "*.json")) + glob.glob(os.path.join(path, "traces", "*.json.gz")))
+    traces = tuple(read_trace(f).mean() for f in files)
+    concurrency = tuple(compute_concurrency(files)) if len(files) > 1 else ()
+    return Run(os.path.basename(os.path.normpath(path)), path, cfg, plan, options, step, terms, traces, steps,
+               concurrency=concurrency)
+
+
+def _key(run) -> str:
+    if isinstance(run, RowRun):
+        return run.name
+    return json.dumps([run.plan.to_dict(), run.cfg.__dict__, run.options.for_plan(run.plan).global_batch],
+                      sort_keys=True, default=str)
+
+
+def pool_runs(runs: list[Run]) -> list[Run]:
+    """Runs of the same plan, model and batch pooled into one (in the order first seen): the step is
+    the median of all their timed steps, each term the median of their terms, the traces all of
+    theirs. On a machine whose load drifts, repeats taken in turn with the other plans' runs give each
+    plan the same mix of quiet and busy moments; leave-one-run-out then leaves the whole plan out."""
+    import statistics
+    groups: dict = {}
+    for r in runs:
+        groups.setdefault(_key(r), []).append(r)
+    out = []
+    for group in groups.values():
+        if len(group) == 1:
+            out.append(group[0])
+            continue
+        first = group[0]
+        steps = tuple(x for r in group for x in r.step_times_s)
+        terms = {k: statistics.median(r.measured_terms.get(k, 0.0) for r in group) for k in first.measured_terms}
+        out.append(Run(first.name, first.path, first.cfg, first.plan, first.options, statistics.median(steps), terms,
+                       tuple(t for r in group for t in r.traces), steps, len(group),
+                       tuple(c for r in group for c in r.concurrency)))
+    return out
+
+
+def predict(run, tables: dict, factors: dict | None = None) -> dict:
+    """The harness's predicted dict of ``run`` on the profile ``tables`` with ``factors`` applied (for a
+    RowRun: ``step_time_s`` and the one term ``step``)."""
+    t = dict(tables, calibration={**(tables.get("calibration") or {}), **(factors or {})})
+    if isinstance(run, RowRun):
+        from paraplan.costmodels.estimate import estimate
+        e = estimate(run.model, run.job, cluster_from_tables(t, run.gpus, "calibrating"), run.plan)
+        return {"step_time_s": e.step_time_s, "time_breakdown_s": {"step": e.step_time_s}}
+    cluster = cluster_from_tables(t, run.world, "calibrating")
+    return predict_on_cluster(run.cfg, run.plan, run.options, cluster)[0]
+
+
+def sensitivities(run: Run, tables: dict) -> tuple[dict, dict]:
+    """(base predicted dict, {knob: {term: seconds the knob multiplies}}) on ``tables``."""
+    base = predict(run, tables)
+    out = {}
+    for k in KNOBS:
+        twice = predict(run, tables, {k: 2.0})
+        out[k] = {t: twice["time_breakdown_s"].get(t, 0.0) - base["time_breakdown_s"].get(t, 0.0) for t in TERMS}
+    return base, out
+
+
+#: the compute knobs (tied into one ``compute`` factor when no run has a trace to split the compute term)
+SPLIT = ("gemm", "attention", "memory", "kernel")
+#: two knobs whose columns in the equations are this collinear share one factor
+COLLINEAR = 0.995
+
+
+def compute_groups(shares: dict, measured: float, predicted: float, sens: dict) -> list[tuple[tuple, float]]:
+    """The compute term split by a run's trace shares: [(knobs, x-target)] with, per group,
+    ``Σ_k S_k (f_k − 1) = share · measured − Σ_k S_k`` (the group's measured part less its predicted
+    part). Groups: gemm, attention, and the rest, memory-bound work and per-kernel costs together: a
+    trace cannot tell them apart (an ATen op's self time holds its dispatch as well as its work; the
+    trace's ``host`` time, autograd nodes and Python, is only part of what the profile's per-kernel cost
+    measures), the runs can where their kernels move different bytes (:func:`fit` ties the two when
+    they do not). What no knob multiplies (the predicted compute less every knob's part) goes with the rest."""
+    groups = [(("gemm",), ("gemm",)), (("attention",), ("attention",)), (("memory", "kernel"), ("memory", "host"))]
+    unscaled = predicted - sum(sens[k]["compute"] for k in SPLIT)
+    out = []
+    for knobs, keys in groups:
+        part = sum(sens[k]["compute"] for k in knobs) + (unscaled if "memory" in knobs else 0.0)
+        share = sum(shares.get(key, 0.0) for key in keys)
+        if part <= 0 and share <= 0:
+            continue
+        out.append((knobs, share * measured - part))
+    return out
+
+
+@dataclass(frozen=True)
+class Fit:
+    """Fitted factors of the knobs the runs constrain, and why the others were not fitted."""
+    factors: dict
+    unconstrained: dict
+    runs: tuple
+    tied: tuple = ()              # groups of knobs fitted as one factor (no traces, or runs that cannot separate them)
+    clamped: tuple = field(default_factory=tuple)
+
+
+def _influence(runs, sens, k: str) -> float:
+    return max(sum(abs(v) for v in sens[r.name][k].values()) / r.measured_step_s for r in runs)
+
+
+def _collinear_groups(a: np.ndarray, cols: list) -> list[tuple]:
+    """``cols`` grouped where their columns of ``a`` are collinear (|cos| > COLLINEAR), in order."""
+    norm = np.linalg.norm(a, axis=0)
+    groups: list[list] = []
+    for i, k in enumerate(cols):
+        for g in groups:
+            j = cols.index(g[0])
+            if norm[i] > 0 and norm[j] > 0 and abs(a[:, i] @ a[:, j]) / (norm[i] * norm[j]) > COLLINEAR:
+                g.append(k)
+                break
+        else:
+            groups.append([k])
+    return [tuple(g) for g in groups]
+
+
+def fit(runs: list[Run], base: dict, sens: dict) -> Fit:
+    """Least-squares factors (module docstring) from ``runs`` with their base predictions and
+    sensitivities (:func:`sensitivities`, keyed by run name)."""
+    if not runs:
+        raise ConfigError("runs", "no runs to calibrate on", accepted=HINT)
+    unconstrained = {}
+    knobs = []
+    for k in KNOBS:
+        infl = _influence(runs, sens, k)
+        if infl >= MIN_INFLUENCE:
+            knobs.append(k)
+            continue
+        if k.split(".")[0] in COMM_SOURCES:
+            why = (f"no run has it ({COMM_SOURCES[k.split('.')[0]]}) or it moves no step by "
+                   f"{100 * MIN_INFLUENCE:.0f} % (at most {100 * infl:.1f} %)")
+        elif k == "attention":
+            why = "no run ran fused attention (--attention sdpa)"
+        else:
+            why = f"moves no run's step by {100 * MIN_INFLUENCE:.0f} % (at most {100 * infl:.1f} %)"
+        unconstrained[k] = why
+    traced = any(r.trace_shares() for r in runs)
+    compute = () if traced else tuple(k for k in SPLIT if k in knobs)
+    cols = [k for k in knobs if k not in compute] + (["compute"] if compute else [])
+
+    def col(r, k, term):
+        if k == "compute":
+            return sum(sens[r.name][j][term] for j in compute)
+        return sens[r.name][k][term]
+    rows, rhs = [], []
+    for r in runs:
+        w = 1.0 / r.measured_step_s
+        p = base[r.name]["time_breakdown_s"]
+        shares = r.trace_shares() if traced else None
+        for term in TERMS:
+            if term not in r.measured_terms or term not in p:
+                continue
+            m, pt = r.measured_terms[term], p[term]
+            if term == "compute" and shares:
+                for knobs_g, target in compute_groups(shares, m, pt, sens[r.name]):
+                    rows.append([w * (sens[r.name][j]["compute"] if j in knobs_g else 0.0) for j in cols])
+                    rhs.append(w * target)
+                continue
+            rows.append([w * col(r, j, term) for j in cols])
+            rhs.append(w * (m - pt))
+    factors: dict = {}
+    clamped = []
+    a = np.array(rows, dtype=float).reshape(len(rows), len(cols))
+    groups = _collinear_groups(a, cols)
+    if len(groups) < len(cols):         # knobs the runs cannot tell apart: one factor on each group
+        a = np.stack([a[:, [cols.index(k) for k in g]].sum(axis=1) for g in groups], axis=1)
+        cols = [g[0] for g in groups]
+    members = {g[0]: tuple(j for m in g for j in (compute if m == "compute" else (m,))) for g in groups}
+    if cols:
+        a = np.vstack([a, np.sqrt(RIDGE) * np.eye(len(cols))])
+        b = np.concatenate([np.array(rhs, dtype=float), np.zeros(len(cols))])
+        x = np.linalg.lstsq(a, b, rcond=None)[0]
+        for k, xi in zip(cols, x):
+            f = 1.0 + float(xi)
+            lo, hi = BOUNDS
+            if not lo <= f <= hi:
+                clamped.append(k)
+                f = min(max(f, lo), hi)
+            for j in members[k]:
+                factors[j] = f
+    tied = tuple(g for g in members.values() if len(g) > 1)
+    return Fit(factors, unconstrained, tuple(r.name for r in runs), tied, tuple(clamped))
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The fit on every run, its spread, and the leave-one-run-out table."""
+    fit: Fit
+    spread: dict                  # knob -> (min, max) over the leave-one-out fits
+    loro: tuple                   # per run: {run, measured, before, after, err_before, err_after, factors}
+    base_label: str
+
+
+def calibrate(runs: list[Run], tables: dict, base_label: str = "local") -> Calibration:
+    """Fit on all ``runs``, the spread over leave-one-out fits, and each run's leave-one-run-out error
+    before (``tables`` as they are) and after (calibrated on the other runs), predicted by the estimator."""
+    if not runs:
+        raise ConfigError("runs", "no runs to calibrate on", accepted=HINT)
+    names = [r.name for r in runs]
+    if len(set(names)) != len(names):
+        runs = [replace(r, name=f"{r.name}#{i}") for i, r in enumerate(runs)]
+    base, sens = {}, {}
+    for r in runs:
+        base[r.name], sens[r.name] = sensitivities(r, tables)
+    whole = fit(runs, base, sens)
+    loro = []
+    spread: dict = {}
+    if len(runs) >= 2:
+        for r in runs:
+            others = [o for o in runs if o is not r]
+            f = fit(others, base, sens)
+            for k, v in f.factors.items():
+                lo, hi = spread.get(k, (v, v))
+                spread[k] = (min(lo, v), max(hi, v))
+            before = base[r.name]["step_time_s"]
+            after = predict(r, tables, f.factors)["step_time_s"]
+            m = r.measured_step_s
+            loro.append({"run": r.name, "measured_s": m, "before_s": before, "after_s": after,
+                         "err_before": (before - m) / m, "err_after": (after - m) / m, "factors": f.factors,
+                         "unfitted": sorted(f.unconstrained)})
+    return Calibration(whole, spread, tuple(loro), base_label)
+
+
+def base_tables(spec: str = "local", db: str | None = None) -> tuple[dict, str]:
+    """(tables, label) of the profile ``spec`` names (``local`` or ``profile:NAME``)."""
+    fid, label = resolve_profile(spec, db)
+    return measured_tables(db, fid), label
+
+
+def store_calibrated(name: str, cal: Calibration, tables: dict, db: str | None = None) -> tuple[str, int]:
+    """Store the base profile's rows plus one ``calibration`` row per fitted knob as machine
+    ``calibrated-NAME`` (hostname NAME); (fingerprint id, run id). ConfigError when NAME is another
+    machine's hostname or id."""
+    store = ProfileStore(db)
+    fid = f"calibrated-{name}"
+    clash = [m for m in store.machines() if m["fingerprint"] != fid and name in (m["hostname"], m["fingerprint"])]
+    if clash:
+        raise ConfigError("--name", f"{name!r} already names machine {clash[0]['fingerprint']} "
+                          f"({clash[0]['hostname']}) in {store.path}", accepted="another name")
+    rows = [r for r in store.measurements(tables["run_id"]) if r["kind"] != "calibration"]
+    for k, v in sorted(cal.fit.factors.items()):
+        lo, hi = cal.spread.get(k, (v, v))
+        rows.append({"kind": "calibration", "op": k, "device": None, "dtype": None, "world_size": None,
+                     "shape": {"factor": v, "spread": [lo, hi], "runs": list(cal.fit.runs),
+                               "base": f"{tables.get('fingerprint')} run {tables.get('run_id')}"},
+                     "bytes": None, "flops": None, "time_s": None, "flops_per_s": None,
+                     "bandwidth_bytes_per_s": None, "bus_bandwidth_bytes_per_s": None, "spread": None})
+    fp = {"id": fid, "hostname": name, "cpu_model": f"calibrated from {tables.get('fingerprint')}",
+          "cpu_cores": None, "torch_version": None, "gpus": []}
+    run_id = store.add_run(fp, f"calibrated from {tables.get('fingerprint')} run {tables.get('run_id')}", rows)
+    return fid, run_id
+
+
+def factors_table(cal: Calibration) -> str:
+    """Fitted factors with their leave-one-out spread, and the knobs not fitted with why."""
+    lines = [f"{'knob':<24} {'factor':>8} {'spread (leave one out)':>24}"]
+    for k in KNOBS:
+        if k in cal.fit.factors:
+            v = cal.fit.factors[k]
+            lo, hi = cal.spread.get(k, (v, v))
+            group = next((g for g in cal.fit.tied if k in g), ())
+            tied = " (one factor with " + ", ".join(j for j in group if j != k) + ")" if group else ""
+            lines.append(f"{k:<24} {v:>8.3f} {f'{lo:.3f} - {hi:.3f}':>24}{tied}")
+    for k, why in cal.fit.unconstrained.items():
+        lines.append(f"{k:<24} {'-':>8}   not fitted: {why}")
+    if cal.fit.clamped:
+        lines.append(f"clamped to {BOUNDS}: {', '.join(cal.fit.clamped)}")
+    return "\n".join(lines) + "\n"
+
+
+def loro_table(cal: Calibration) -> str:
+    """Each run: measured step, predicted before and after (calibrated on the others), the errors."""
+    if not cal.loro:
+        return "leave-one-run-out: needs two runs at least\n"
+    lines = [f"{'run':<14} {'measured ms':>11} {'before ms':>10} {'after ms':>9} {'err before':>11} {'err after':>10}"]
+    for r in cal.loro:
+        lines.append(f"{r['run'][:14]:<14} {1e3 * r['measured_s']:>11.1f} {1e3 * r['before_s']:>10.1f} "
+                     f"{1e3 * r['after_s']:>9.1f} {100 * r['err_before']:>+10.1f}% {100 * r['err_after']:>+9.1f}%")
+    return "\n".join(lines) + "\n"
+
+
+def trace_vs_estimate(run: Run, tables: dict) -> tuple[StepTerms | None, dict]:
+    """The run's slowest traced rank's terms and the estimate's for the same names: gemm, attention,
+    host (the per-kernel costs), memory (the rest of compute) (the parts the knobs multiply,
+    :func:`sensitivities`), optimizer and ``comm.<kind>``."""
+    base, sens = sensitivities(run, tables)
+    pb = base["time_breakdown_s"]
+    pred = {k: sens[k]["compute"] for k in ("gemm", "attention")}
+    pred["host"] = sens["kernel"]["compute"]
+    pred["memory"] = max(0.0, pb.get("compute", 0.0) - pred["gemm"] - pred["attention"] - pred["host"])
+    pred["optimizer"] = pb.get("optimizer", 0.0)
+    for op in STEPS:
+        t = sum(sum(sens[f"{op}.{part}"].values()) for part in ("latency", "bandwidth"))
+        if t > 0:
+            pred[f"comm.{op}"] = t
+    slowest = max(run.traces, key=lambda t: t.span_s) if run.traces else None
+    return slowest, pred
