@@ -305,8 +305,10 @@ def routed_copy_saved_bytes(model, plan, te_fp8):
       scores' gradient. Megatron-Core weights the copies inside the experts' activation instead
       (moe/experts.py: TEGroupedMLP's weighted_bias_swiglu_impl over permuted_probs, whose backward
       needs only FC1's output, already counted) and unpermutes without probabilities
-      (moe/token_dispatcher.py, combine_postprocess), so it keeps none."""
-    h = model.hidden
+      (moe/token_dispatcher.py, combine_postprocess), so it keeps none.
+
+    LatentMoE: the copies are ℓ wide (``model.moe_width``; the projection runs before the dispatch)."""
+    h = model.moe_width
     etp = np.asarray(getattr(plan, "etp", 1), dtype=float)
     input_bytes = np.where(te_fp8, quantized_bytes(plan.dtype), BYTES)
     output_bytes = np.where(engine_flag(plan, "router_weights_in_activation"), 0.0, BYTES)
@@ -364,6 +366,13 @@ def hybrid_kind_activation_bytes(model, job, plan, recompute_code=None) -> dict:
     return out
 
 
+def latent_saved_bytes_per_token(model) -> int:
+    """16-bit bytes per token LatentMoE's projections keep beyond what the layer keeps anyway: fc2_latent_proj's
+    input, the combined ℓ-wide output (2ℓ); fc1_latent_proj's input is the h-wide token the router and the
+    shared experts read, counted with the block. 0 without a latent."""
+    return 2 * model.moe.latent_size if model.moe is not None else 0
+
+
 def hybrid_moe_saved_bytes_per_token(model, job, plan):
     """16-bit bytes per token (over tp) a hybrid E layer keeps beyond its block input, as a transformer MoE
     layer's MLP keeps them (:func:`activation_bytes_per_layer`): the experts' activation inputs and outputs,
@@ -374,7 +383,8 @@ def hybrid_moe_saved_bytes_per_token(model, job, plan):
     per_width = 6 if model.activation == "swiglu" else 4
     routed = e.top_k * expert_token_factor(model, job)
     kept = (per_width * e.expert_ffn_hidden * (routed + e.shared_experts)
-            + routed * routed_copy_saved_bytes(model, plan, te_fp8_linears(plan)) + 4 * e.experts)
+            + routed * routed_copy_saved_bytes(model, plan, te_fp8_linears(plan)) + 4 * e.experts
+            + latent_saved_bytes_per_token(model))
     if not np.any(np.asarray(getattr(plan, "recompute_modules_mask", 0))):
         return kept
     # Megatron-Core's recompute modules (as recompute_modules_saved_bytes): moe keeps none of it, moe_act
@@ -419,7 +429,7 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
         e = model.moe
         routed = e.top_k * expert_token_factor(model, job)
         moe_mlp = per_width * e.expert_ffn_hidden * (routed + e.shared_experts) \
-            + routed * routed_copy_saved_bytes(model, plan, te_fp8) + 4 * e.experts
+            + routed * routed_copy_saved_bytes(model, plan, te_fp8) + 4 * e.experts + latent_saved_bytes_per_token(model)
         share = model.moe_layers / model.layers
         mlp = (1 - share) * mlp + share * moe_mlp
         fc2_inputs = (1 - share) * f + share * e.expert_ffn_hidden * (routed + e.shared_experts)
@@ -501,7 +511,8 @@ def recompute_modules_saved_bytes(model, job, plan, te_fp8, eager_swiglu):
         routed = e.top_k * expert_token_factor(model, job)
         fe = e.expert_ffn_hidden
         moe_all = share * ((per_width * fe - fp8_saving * fe) * (routed + e.shared_experts)
-                           + routed * routed_copy_saved_bytes(model, plan, te_fp8) + 4 * e.experts) * T / t
+                           + routed * routed_copy_saved_bytes(model, plan, te_fp8) + 4 * e.experts
+                           + latent_saved_bytes_per_token(model)) * T / t
         moe_act = share * linear_input * fe * routed * T / t
         shared = share * (per_width * fe - fp8_saving * fe) * e.shared_experts * T / t
     in_moe = np.where(has("moe"), moe_all, np.where(has("moe_act"), moe_act, 0.0) + np.where(has("shared_experts"), shared, 0.0))
@@ -796,8 +807,8 @@ def gathered_layer_params(model, plan):
         return dense
     shared = ((model.kind_params("moe") - model.routed_expert_params_per_moe_layer) / t if hybrid else
               (model.attention_params_per_layer + model.norm_params_per_layer + model.router_params
-               + e.shared_experts * model.expert_mlp_params) / t)
-    local = e.experts / np.asarray(plan.ep, dtype=float) * model.expert_mlp_params / np.asarray(plan.etp, dtype=float)
+               + model.latent_projection_params + e.shared_experts * model.expert_mlp_params) / t)
+    local = e.experts / np.asarray(plan.ep, dtype=float) * model.routed_expert_mlp_params / np.asarray(plan.etp, dtype=float)
     moe = shared + local
     return np.maximum(dense, moe) if model.dense_layers else moe
 

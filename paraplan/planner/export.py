@@ -121,13 +121,15 @@ def megatron_fp4_args(p, spec, layers: int, notes: list[str]) -> list[tuple[str,
 
 def megatron_moe_args(m, p, notes: list[str]) -> list[tuple[str, ...]]:
     """The MoE flags of pretrain_gpt.py (megatron/training/arguments.py, Megatron-Core MoE README):
-    experts, top-k, expert width, shared experts, which layers, expert parallelism, grouped GEMM and
+    experts, top-k, expert width, shared experts, the LatentMoE latent, which layers, expert parallelism, grouped GEMM and
     the fused permutation the estimate prices, the token dispatcher, capacity (token drop and pad)."""
     e = m.moe
     args: list[tuple[str, ...]] = [("--num-experts", str(e.experts)), ("--moe-router-topk", str(e.top_k)),
                                    ("--moe-ffn-hidden-size", str(e.expert_ffn_hidden))]
     if e.shared_experts:
         args.append(("--moe-shared-expert-intermediate-size", str(e.shared_experts * e.expert_ffn_hidden)))
+    if e.latent_size:       # LatentMoE: TransformerConfig.moe_latent_size (megatron/core/transformer/moe/moe_layer.py)
+        args.append(("--moe-latent-size", str(e.latent_size)))
     freq = megatron_moe_layer_freq(m)
     if freq:
         args.append(("--moe-layer-freq", freq))

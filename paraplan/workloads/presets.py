@@ -22,7 +22,7 @@ MODEL_FILE_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden"
                    "global_attention_every", "qkv_bias")
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim")
 MOE_KEYS = ("experts", "top_k", "expert_ffn_hidden", "shared_experts", "every", "first_dense", "capacity_factor",
-            "dispatch", "router_groups", "router_group_top_k")
+            "dispatch", "router_groups", "router_group_top_k", "latent_size")
 
 
 @functools.lru_cache(maxsize=1)
@@ -110,7 +110,8 @@ def moe_from_mapping(f: FieldReader, source: str) -> MoESpec:
                    first_dense=f.integer("first_dense", 0, positive=False), capacity_factor=cf,
                    dispatch=_moe_dispatch(f, source),
                    router_groups=f.integer("router_groups") if f.has("router_groups") else None,
-                   router_group_top_k=f.integer("router_group_top_k") if f.has("router_group_top_k") else None)
+                   router_group_top_k=f.integer("router_group_top_k") if f.has("router_group_top_k") else None,
+                   latent_size=f.integer("latent_size", 0, positive=False))
 
 
 #: model-file keys of a hybrid Mamba-2 / attention model (beside MODEL_FILE_KEYS) and of its ``mamba:`` block
@@ -177,13 +178,14 @@ def with_hf_hybrid(model: TransformerModel, data: Mapping[str, Any], source: str
     hybrid = _hf_hybrid(f)
     if not hybrid:
         return model
-    if data.get("moe_latent_size"):
-        # Nemotron 3 Super's LatentMoE (Megatron-Bridge Nemotron3SuperProvider moe_latent_size 1024): the
-        # routed experts and their all-to-alls run at a latent width, which the MoE layer here does not price
-        raise ConfigError("moe_latent_size", f"LatentMoE (routed experts at latent width {shown(data['moe_latent_size'])}, "
-                          "Nemotron 3 Super) is not modelled: its experts' weights, FLOPs and all-to-all bytes would be "
-                          "priced at the hidden width", accepted="a config without moe_latent_size (Nemotron 3 Nano)",
-                          source=source)
+    if model.mtp_layers:
+        # Nemotron 3 Super's checkpoint: num_nextn_predict_layers 1 of mtp_hybrid_override_pattern "*E" (Megatron-LM:
+        # the pattern's "/"-separated suffix, megatron/core/ssm/mamba_hybrid_layer_allocation.py MTP_SEPARATOR)
+        key = "mtp_hybrid_override_pattern" if data.get("mtp_hybrid_override_pattern") else "num_nextn_predict_layers"
+        raise ConfigError(key, f"multi-token prediction built from hybrid layers ({model.mtp_layers} depth(s) of "
+                          f"{shown(data.get('mtp_hybrid_override_pattern') or 'hybrid layers')}) is not modelled",
+                          accepted="a config without num_nextn_predict_layers (the preset nemotron3-super-120b-a12b "
+                          "prices Nemotron 3 Super without its MTP depth)", source=source)
     norm = "rmsnorm" if data.get("model_type") in _HF_RMSNORM_MODEL_TYPES else model.norm
     try:
         return replace(model, norm=norm, **hybrid)
@@ -303,13 +305,16 @@ def _hf_moe(f: FieldReader) -> MoESpec | None:
     if top_k > experts:
         raise ConfigError("num_experts_per_tok", f"{top_k} is more than {key} ({experts})", source=f.source)
     groups, picked = _hf_router_groups(f)
+    # LatentMoE (Nemotron 3 Super: moe_latent_size 1024; null or absent: none)
+    latent = f.integer("moe_latent_size", 0, positive=False) if f.data.get("moe_latent_size") is not None else 0
     try:
         return MoESpec(experts=experts, top_k=top_k, expert_ffn_hidden=f.integer(width_key),
                        shared_experts=f.integer("n_shared_experts", 0, positive=False),
                        every=f.integer(every_key, 1), first_dense=f.integer("first_k_dense_replace", 0, positive=False),
-                       router_groups=groups, router_group_top_k=picked)
+                       router_groups=groups, router_group_top_k=picked, latent_size=latent)
     except ConfigError as e:
-        hf_key = {"moe.router_groups": "n_group", "moe.router_group_top_k": "topk_group"}.get(e.field)
+        hf_key = {"moe.router_groups": "n_group", "moe.router_group_top_k": "topk_group",
+                  "moe.latent_size": "moe_latent_size"}.get(e.field)
         if hf_key is None:
             raise
         raise ConfigError(hf_key, e.problem, accepted=e.accepted, source=f.source) from None

@@ -57,13 +57,14 @@ class MoESpec:
     dispatch: str = "permute"
     router_groups: int | None = None
     router_group_top_k: int | None = None
+    latent_size: int = 0
 
     def __post_init__(self):
         for key in ("experts", "top_k", "expert_ffn_hidden", "every"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ConfigError(f"moe.{key}", f"must be a positive integer, got {v!r}")
-        for key in ("shared_experts", "first_dense"):
+        for key in ("shared_experts", "first_dense", "latent_size"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"moe.{key}", f"must be a non-negative integer, got {v!r}")
@@ -380,8 +381,8 @@ class TransformerModel:
         if kind == "attention":
             return self.attention_params_per_layer + self.single_norm_params + (2 * self.head_dim if self.qk_norm else 0)
         if kind == "moe":
-            return (self.router_params + (self.moe.experts + self.moe.shared_experts) * self.expert_mlp_params
-                    + self.single_norm_params)
+            return (self.router_params + self.latent_projection_params + self.routed_expert_params_per_moe_layer
+                    + self.moe.shared_experts * self.expert_mlp_params + self.single_norm_params)
         return self.mlp_params_per_layer + self.single_norm_params
 
     def kind_active_params(self, kind: str) -> int:
@@ -389,8 +390,8 @@ class TransformerModel:
         top-k routed and shared experts; every parameter of the other kinds."""
         if kind != "moe":
             return self.kind_params(kind)
-        return (self.router_params + (self.moe.top_k + self.moe.shared_experts) * self.expert_mlp_params
-                + self.single_norm_params)
+        return (self.router_params + self.latent_projection_params + self.moe.top_k * self.routed_expert_mlp_params
+                + self.moe.shared_experts * self.expert_mlp_params + self.single_norm_params)
 
     def kind_matmul_flops_per_token(self, kind: str) -> float:
         """Forward weight-GEMM FLOPs per token of one layer of a kind (2 per multiply-add)."""
@@ -398,10 +399,8 @@ class TransformerModel:
             return 2.0 * sum(o * i for o, i, _ in self.mamba.gemms(self.hidden))
         if kind == "attention":
             return 2.0 * self.attention_weights_per_layer
-        if kind == "moe":       # the router, top-k routed and shared experts
-            e = self.moe
-            return 2.0 * (self.hidden * e.experts
-                          + (e.top_k + e.shared_experts) * self.mlp_matrices * self.hidden * e.expert_ffn_hidden)
+        if kind == "moe":       # the router, the latent projections, top-k routed and shared experts
+            return 2.0 * self.moe_weights_per_token
         return 2.0 * self.mlp_matrices * self.hidden * self.ffn_hidden
 
     def scan_flops_per_token_per_layer(self) -> float:
@@ -545,9 +544,43 @@ class TransformerModel:
 
     @property
     def expert_mlp_params(self) -> int:
-        """One expert's MLP weights (and biases)."""
-        h, f = self.hidden, self.moe.expert_ffn_hidden
-        return self.mlp_matrices * h * f + ((f * (self.mlp_matrices - 1) + h) if self.bias else 0)
+        """One shared expert's MLP weights (and biases), h wide (of a model without LatentMoE also one
+        routed expert's: :attr:`routed_expert_mlp_params`)."""
+        return self._expert_params(self.hidden)
+
+    def _expert_params(self, width: int) -> int:
+        f = self.moe.expert_ffn_hidden
+        return self.mlp_matrices * width * f + ((f * (self.mlp_matrices - 1) + width) if self.bias else 0)
+
+    @property
+    def moe_width(self) -> int:
+        """Width of the routed experts' input and output and of the tokens the dispatcher permutes and the
+        all-to-alls move: the LatentMoE latent ℓ (``moe.latent_size``), else the hidden size."""
+        return (self.moe.latent_size or self.hidden) if self.moe else self.hidden
+
+    @property
+    def routed_expert_mlp_params(self) -> int:
+        """One routed expert's MLP weights (and biases), :attr:`moe_width` wide."""
+        return self._expert_params(self.moe_width)
+
+    @property
+    def latent_projection_params(self) -> int:
+        """LatentMoE's two projections per MoE layer, h x ℓ down and ℓ x h up (and their biases); 0 without
+        a latent (Megatron-Core moe_layer.py fc1_latent_proj / fc2_latent_proj)."""
+        if not self.moe or not self.moe.latent_size:
+            return 0
+        h, ell = self.hidden, self.moe.latent_size
+        return 2 * h * ell + ((h + ell) if self.bias else 0)
+
+    @property
+    def moe_weights_per_token(self) -> int:
+        """Weights one token meets in an MoE layer's MLP (half its forward GEMM FLOPs): the router h·E, the
+        latent projections 2·h·ℓ, top_k routed experts of g·ℓ·f_e (ℓ = :attr:`moe_width`) and the shared
+        experts' g·h·f_e each."""
+        e = self.moe
+        g = self.mlp_matrices
+        return (self.hidden * e.experts + (2 * self.hidden * e.latent_size if e.latent_size else 0)
+                + e.top_k * g * self.moe_width * e.expert_ffn_hidden + e.shared_experts * g * self.hidden * e.expert_ffn_hidden)
 
     @property
     def router_params(self) -> int:
@@ -555,7 +588,7 @@ class TransformerModel:
 
     @property
     def routed_expert_params_per_moe_layer(self) -> int:
-        return self.moe.experts * self.expert_mlp_params if self.moe else 0
+        return self.moe.experts * self.routed_expert_mlp_params if self.moe else 0
 
     @property
     def params_per_moe_layer(self) -> int:
@@ -563,7 +596,8 @@ class TransformerModel:
         if not self.moe:
             return 0
         return (self.attention_params_per_layer + self.norm_params_per_layer + self.router_params
-                + (self.moe.experts + self.moe.shared_experts) * self.expert_mlp_params)
+                + self.latent_projection_params + self.routed_expert_params_per_moe_layer
+                + self.moe.shared_experts * self.expert_mlp_params)
 
     @property
     def embedding_params(self) -> int:
@@ -600,7 +634,8 @@ class TransformerModel:
     @property
     def _moe_active_per_layer(self) -> int:
         return (self.attention_params_per_layer + self.norm_params_per_layer + self.router_params
-                + (self.moe.top_k + self.moe.shared_experts) * self.expert_mlp_params)
+                + self.latent_projection_params + self.moe.top_k * self.routed_expert_mlp_params
+                + self.moe.shared_experts * self.expert_mlp_params)
 
     @property
     def active_params(self) -> int:
@@ -634,8 +669,7 @@ class TransformerModel:
         attention = self.attention_weights_per_layer
         if not moe:
             return 2 * (attention + self.mlp_matrices * h * f)
-        e = self.moe
-        return 2 * (attention + h * e.experts + (e.top_k + e.shared_experts) * self.mlp_matrices * h * e.expert_ffn_hidden)
+        return 2 * (attention + self.moe_weights_per_token)
 
     def mtp_flops_per_token(self, seq_len: int, causal_halved: bool = False) -> float:
         """Forward FLOPs per token of the multi-token-prediction module: per depth the 2h -> h
