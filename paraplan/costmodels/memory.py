@@ -150,8 +150,11 @@ def expert_params_per_gpu(model, plan):
         return 0.0
     sl, with_mtp = stage_layers(model.layers, plan), model_stage_layers(model, plan)
     first, middle, last = (_share(model.moe_layers, model.layers, n) for n in (sl.first, sl.middle, sl.last))
-    # the multi-token-prediction blocks (MoE blocks in an MoE model) where model_stage_layers puts them
-    moe_layers = np.maximum(np.maximum(first + with_mtp.first - sl.first, middle), last + with_mtp.last - sl.last)
+    # the multi-token-prediction blocks (MoE blocks in an MoE model; a hybrid depth's E layers) where
+    # model_stage_layers puts them
+    mtp_moe = model.mtp_moe_layers / max(model.mtp_layers * model.mtp_block_layers, 1)
+    moe_layers = np.maximum(np.maximum(first + (with_mtp.first - sl.first) * mtp_moe, middle),
+                            last + (with_mtp.last - sl.last) * mtp_moe)
     # DualPipe's second parameter copy (pipeline.parameter_copies) holds its experts too
     return (moe_layers * model.routed_expert_params_per_moe_layer / (np.asarray(plan.ep, dtype=float) * plan.etp)
             * parameter_copies(plan))
@@ -171,7 +174,7 @@ def stage_params(model, plan):
     non_expert = model.num_params - model.mtp_params - model.embedding_params - model.lm_head_params \
         - model.moe_layers * routed
     emb = model.embedding_params / t
-    head = (model.lm_head_params + model.mtp_params - model.mtp_layers * routed) / t
+    head = (model.lm_head_params + model.mtp_params - model.mtp_moe_layers * routed) / t
     tied_copy = np.where(model.tied_embeddings & (p > 1), model.vocab * model.hidden / t, 0.0)
     first_layers = _share(non_expert, model.layers, sl.first) / t
     first = np.where(p > 1, first_layers + emb, first_layers + emb + head)

@@ -63,8 +63,10 @@ def model_from_mapping(data: Mapping[str, Any], source: str) -> TransformerModel
     moe = moe_from_mapping(f.mapping("moe"), source) if f.has("moe") else None
     mla = mla_from_mapping(f.mapping("mla"), source) if f.has("mla") else None
     mamba = mamba_from_mapping(f.mapping("mamba"), source) if f.has("mamba") else None
+    pattern, mtp = _unified_pattern(f)
     return TransformerModel(
-        moe=moe, mla=mla, mamba=mamba, layer_pattern=f.string("layer_pattern", ""),
+        moe=moe, mla=mla, mamba=mamba, layer_pattern=pattern, mtp_pattern=mtp.get("mtp_pattern", ""),
+        mtp_repeated=_bool(f, "mtp_repeated", False),
         name=f.string("name", Path(source).stem), layers=f.integer("layers"), hidden=hidden,
         heads=f.integer("heads"), vocab=f.integer("vocab"),
         kv_heads=f.integer("kv_heads") if f.has("kv_heads") else None,
@@ -76,10 +78,29 @@ def model_from_mapping(data: Mapping[str, Any], source: str) -> TransformerModel
         dropout=_bool(f, "dropout", True), head_dim=f.integer("head_dim") if f.has("head_dim") else None,
         sliding_window=f.integer("sliding_window", 0, positive=False),
         sliding_window_every=f.integer("sliding_window_every", 1),
-        mtp_layers=f.integer("mtp_layers", 0, positive=False), qk_norm=_bool(f, "qk_norm", False),
+        mtp_layers=mtp.get("mtp_layers", f.integer("mtp_layers", 0, positive=False)), qk_norm=_bool(f, "qk_norm", False),
         attention_chunk=f.integer("attention_chunk", 0, positive=False),
         global_attention_every=f.integer("global_attention_every", 0, positive=False),
         qkv_bias=_bool(f, "qkv_bias", False))
+
+
+def _unified_pattern(f: FieldReader) -> tuple[str, dict]:
+    """A model file's ``layer_pattern`` and its multi-token-prediction fields: ``mtp_pattern`` and
+    ``mtp_layers`` as written, or Megatron-LM's unified syntax "MAIN/MTP/MTP" (one "/"-separated copy of the
+    depth's layers per depth, all alike; NVIDIA/Megatron-LM @ 00caa53 megatron/core/ssm/
+    mamba_hybrid_layer_allocation.py ``parse_hybrid_pattern``)."""
+    pattern = f.string("layer_pattern", "")
+    written = {"mtp_pattern": f.string("mtp_pattern")} if f.has("mtp_pattern") else {}
+    if "/" not in pattern:
+        return pattern, written
+    main, *depths = pattern.split("/")
+    if written or f.has("mtp_layers"):
+        raise ConfigError("layer_pattern", "gives the multi-token-prediction depths after '/'; mtp_pattern and "
+                          "mtp_layers then go", source=f.source)
+    if not depths[0] or any(d != depths[0] for d in depths):
+        raise ConfigError("layer_pattern", f"the depths after '/' must be alike and non-empty, got {depths!r}",
+                          accepted="MAIN/MTP/MTP... (Megatron-LM's unified hybrid pattern)", source=f.source)
+    return main, {"mtp_pattern": depths[0], "mtp_layers": len(depths)}
 
 
 #: Hugging Face config keys of the residual (hidden) dropout probability, by model family
@@ -115,7 +136,7 @@ def moe_from_mapping(f: FieldReader, source: str) -> MoESpec:
 
 
 #: model-file keys of a hybrid Mamba-2 / attention model (beside MODEL_FILE_KEYS) and of its ``mamba:`` block
-HYBRID_FILE_KEYS = ("layer_pattern", "mamba")
+HYBRID_FILE_KEYS = ("layer_pattern", "mamba", "mtp_pattern", "mtp_repeated")
 MAMBA_KEYS = ("heads", "head_dim", "state", "groups", "conv_kernel", "chunk")
 # model types with RMSNorm though their MLP is not gated (Nemotron-H: squared-ReLU MLPs, RMSNorm everywhere,
 # transformers' modeling_nemotron_h.py NemotronHRMSNorm)
@@ -181,11 +202,12 @@ def with_hf_hybrid(model: TransformerModel, data: Mapping[str, Any], source: str
     if model.mtp_layers:
         # Nemotron 3 Super's checkpoint: num_nextn_predict_layers 1 of mtp_hybrid_override_pattern "*E" (Megatron-LM:
         # the pattern's "/"-separated suffix, megatron/core/ssm/mamba_hybrid_layer_allocation.py MTP_SEPARATOR)
-        key = "mtp_hybrid_override_pattern" if data.get("mtp_hybrid_override_pattern") else "num_nextn_predict_layers"
-        raise ConfigError(key, f"multi-token prediction built from hybrid layers ({model.mtp_layers} depth(s) of "
-                          f"{shown(data.get('mtp_hybrid_override_pattern') or 'hybrid layers')}) is not modelled",
-                          accepted="a config without num_nextn_predict_layers (the preset nemotron3-super-120b-a12b "
-                          "prices Nemotron 3 Super without its MTP depth)", source=source)
+        mtp = data.get("mtp_hybrid_override_pattern")
+        if not isinstance(mtp, str) or not mtp:
+            raise ConfigError("mtp_hybrid_override_pattern", f"a hybrid model's {model.mtp_layers} multi-token-prediction "
+                              f"depth(s) (num_nextn_predict_layers) need the layers of a depth, got {shown(mtp)}",
+                              accepted='a pattern such as "*E" (Nemotron 3 Super)', source=source)
+        hybrid["mtp_pattern"] = mtp
     norm = "rmsnorm" if data.get("model_type") in _HF_RMSNORM_MODEL_TYPES else model.norm
     try:
         return replace(model, norm=norm, **hybrid)
@@ -193,7 +215,7 @@ def with_hf_hybrid(model: TransformerModel, data: Mapping[str, Any], source: str
         if e.source == source:
             raise
         field = {"layer_pattern": "hybrid_override_pattern", "mamba": "hybrid_override_pattern",
-                 "moe": "n_routed_experts"}.get(e.field, e.field)
+                 "moe": "n_routed_experts", "mtp_pattern": "mtp_hybrid_override_pattern"}.get(e.field, e.field)
         raise ConfigError(field, e.problem.replace("layers is", "num_hidden_layers is"), accepted=e.accepted,
                           source=source) from None
 

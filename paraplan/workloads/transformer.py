@@ -256,6 +256,17 @@ class TransformerModel:
     #: self-attention layer, - an MLP layer, E an MoE layer of the ``moe`` block; Megatron-LM ``--hybrid-override-pattern``, Hugging Face
     #: ``hybrid_override_pattern``); "" for a transformer whose every layer is attention + MLP
     layer_pattern: str = ""
+    #: the hybrid layers of one multi-token-prediction depth (with ``mtp_layers`` depths after the main
+    #: stack): Megatron-LM's "/"-separated suffix of ``--hybrid-override-pattern`` ("MAIN/*E/*E": two depths
+    #: of an attention and an MoE layer; NVIDIA/Megatron-LM @ 00caa53 megatron/core/ssm/
+    #: mamba_hybrid_layer_allocation.py ``parse_hybrid_pattern``), Hugging Face ``mtp_hybrid_override_pattern``
+    #: with ``num_nextn_predict_layers`` (Nemotron 3 Super: "*E", 1). Each depth adds the 2h -> h projection
+    #: and its two RMSNorms, these layers and the shared head's logits and loss, as a transformer's depth
+    mtp_pattern: str = ""
+    #: the depths run one depth's layers again (Megatron-LM ``--mtp-use-repeated-layer``, Nemotron 3 Super's
+    #: training: ``--mtp-num-layers 2`` over the checkpoint's one depth): the parameters of one depth, the
+    #: compute and activations of all ``mtp_layers``
+    mtp_repeated: bool = False
     #: the Mamba-2 mixer of the pattern's M layers
     mamba: MambaSpec | None = None
     #: an RMSNorm over each query and key head after the QKV projection, before the rotary embedding
@@ -328,6 +339,7 @@ class TransformerModel:
         if not p:
             if self.mamba is not None:
                 raise ConfigError("mamba", "a Mamba mixer needs a layer_pattern with M layers", source=self.name)
+            self._check_mtp_pattern()
             return
         bad = sorted(set(p) - set(LAYER_KINDS))
         if bad:
@@ -348,9 +360,34 @@ class TransformerModel:
         if self.moe is not None and (self.moe.every != 1 or self.moe.first_dense):
             raise ConfigError("moe.every", "a hybrid layer_pattern places its MoE layers (E) itself",
                               accepted="every: 1 and first_dense: 0 (the defaults)", source=self.name)
-        for key, value in (("mla", self.mla), ("mtp_layers", self.mtp_layers)):
-            if value:
-                raise ConfigError(key, "not modelled together with a hybrid layer_pattern", source=self.name)
+        if self.mla:
+            raise ConfigError("mla", "not modelled together with a hybrid layer_pattern", source=self.name)
+        self._check_mtp_pattern()
+
+    def _check_mtp_pattern(self):
+        q = self.mtp_pattern
+        if not isinstance(q, str):
+            raise ConfigError("mtp_pattern", f"expected a string, got {q!r}", source=self.name)
+        if not self.layer_pattern:
+            if q:
+                raise ConfigError("mtp_pattern", "the hybrid layers of a multi-token-prediction depth need a "
+                                  "hybrid layer_pattern", source=self.name)
+            return
+        if self.mtp_repeated and not self.mtp_layers:
+            raise ConfigError("mtp_repeated", "repeats a multi-token-prediction depth, but mtp_layers is 0",
+                              source=self.name)
+        if bool(q) != bool(self.mtp_layers):
+            raise ConfigError("mtp_pattern" if q else "mtp_layers", "a hybrid model's multi-token prediction needs "
+                              "both its depth count (mtp_layers) and the layers of one depth (mtp_pattern)",
+                              accepted="mtp_layers >= 1 with mtp_pattern (\"*E\"), or neither", source=self.name)
+        bad = sorted(set(q) - set(LAYER_KINDS))
+        if bad:
+            raise ConfigError("mtp_pattern", f"unknown layer kind {bad[0]!r} in {q[:60]!r}",
+                              accepted="M (Mamba-2), * (attention), - (MLP), E (MoE)", source=self.name)
+        for symbol, block, value in (("M", "mamba", self.mamba), ("E", "moe", self.moe)):
+            if symbol in q and value is None:
+                raise ConfigError("mtp_pattern", f"has {symbol} layers but the model gives no {block} block",
+                                  source=self.name)
 
     # --- hybrid layer patterns --------------------------------------------------------------------
     @property
@@ -619,15 +656,38 @@ class TransformerModel:
     @property
     def mtp_params(self) -> int:
         """Parameters of the multi-token-prediction module: per depth its block (an MoE layer in an MoE
-        model) and :attr:`mtp_projection_params`; 0 without one."""
-        block = self.params_per_moe_layer if self.moe else self.params_per_layer
-        return self.mtp_layers * (block + self.mtp_projection_params)
+        model; a hybrid's :attr:`mtp_pattern` layers) and :attr:`mtp_projection_params`; 0 without one."""
+        if self.mtp_pattern:
+            block = sum(self.kind_params(LAYER_KINDS[c]) for c in self.mtp_pattern)
+        else:
+            block = self.params_per_moe_layer if self.moe else self.params_per_layer
+        return self.mtp_param_depths * (block + self.mtp_projection_params)
+
+    @property
+    def mtp_param_depths(self) -> int:
+        """Multi-token-prediction depths that hold parameters of their own: 1 of repeated depths
+        (:attr:`mtp_repeated`), else every depth."""
+        return min(self.mtp_layers, 1) if self.mtp_repeated else self.mtp_layers
+
+    @property
+    def mtp_block_layers(self) -> int:
+        """Layers of one multi-token-prediction depth, each counted as a layer of the last stage: a hybrid's
+        :attr:`mtp_pattern` layers, else one transformer block."""
+        return len(self.mtp_pattern) if self.mtp_pattern else 1
+
+    @property
+    def mtp_moe_layers(self) -> int:
+        """MoE layers of the multi-token-prediction module whose routed experts are held (over ep): per depth
+        with parameters of its own (:attr:`mtp_param_depths`) the E layers of a hybrid's :attr:`mtp_pattern`,
+        else its block (an MoE model's)."""
+        per_depth = self.mtp_pattern.count("E") if self.mtp_pattern else (1 if self.moe else 0)
+        return self.mtp_param_depths * per_depth
 
     @property
     def num_params(self) -> int:
         if self.layer_pattern:
             return (sum(self.kind_params(LAYER_KINDS[c]) for c in self.layer_pattern)
-                    + self.embedding_params + self.lm_head_params)
+                    + self.embedding_params + self.lm_head_params + self.mtp_params)
         return (self.dense_layers * self.params_per_layer + self.moe_layers * self.params_per_moe_layer
                 + self.embedding_params + self.lm_head_params + self.mtp_params)
 
@@ -644,8 +704,10 @@ class TransformerModel:
         if not self.moe:
             return self.num_params
         if self.layer_pattern:
+            mtp = self.mtp_param_depths * (sum(self.kind_active_params(LAYER_KINDS[c]) for c in self.mtp_pattern)
+                                           + self.mtp_projection_params)
             return (sum(self.kind_active_params(LAYER_KINDS[c]) for c in self.layer_pattern)
-                    + self.embedding_params + self.lm_head_params)
+                    + self.embedding_params + self.lm_head_params + mtp)
         return (self.dense_layers * self.params_per_layer + self.moe_layers * self._moe_active_per_layer
                 + self.embedding_params + self.lm_head_params
                 + self.mtp_layers * (self._moe_active_per_layer + self.mtp_projection_params))
@@ -673,12 +735,19 @@ class TransformerModel:
 
     def mtp_flops_per_token(self, seq_len: int, causal_halved: bool = False) -> float:
         """Forward FLOPs per token of the multi-token-prediction module: per depth the 2h -> h
-        projection (2·2h·h), its block's GEMMs and attention (a full-attention layer) and the shared
-        head's logits; 0 without one."""
+        projection (2·2h·h), its block's GEMMs and attention (a full-attention layer; a hybrid depth: its
+        :attr:`mtp_pattern` layers' GEMMs, attention scores and SSD scans) and the shared head's logits; 0
+        without one."""
         if not self.mtp_layers:
             return 0.0
         attention = self._attention_flops_per_token(seq_len / 2 if causal_halved else seq_len)
-        block = self._block_matmul_flops_per_token(moe=self.moe is not None)
+        if self.mtp_pattern:    # a hybrid depth: its layers' GEMMs, attention layers' scores, Mamba layers' scans
+            q = self.mtp_pattern
+            block = sum(self.kind_matmul_flops_per_token(LAYER_KINDS[c]) for c in q)
+            attention = q.count("*") * attention
+            block += q.count("M") * self.mamba.scan_flops_per_token() if "M" in q else 0.0
+        else:
+            block = self._block_matmul_flops_per_token(moe=self.moe is not None)
         return self.mtp_layers * (4 * self.hidden * self.hidden + block + attention + self.logit_flops_per_token())
 
     @property
