@@ -152,6 +152,23 @@ def mamba_from_mapping(f: FieldReader, source: str) -> MambaSpec:
                      groups=f.integer("groups"), conv_kernel=f.integer("conv_kernel", 4), chunk=f.integer("chunk", 128))
 
 
+#: transformers' NemotronHConfig ``layers_block_type`` / ``mtp_layers_block_type`` names -> pattern characters
+_HF_BLOCK_TYPES = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+
+
+def _hf_pattern(data: Mapping[str, Any], pattern_key: str, list_key: str) -> str | None:
+    """A hybrid pattern as a config writes it: the string under ``pattern_key`` or, in newer NemotronHConfig
+    files, the list of kinds under ``list_key`` (["mamba", "moe", ..., "attention"]); None without either."""
+    pattern = data.get(pattern_key)
+    if pattern is not None or not data.get(list_key):
+        return pattern
+    kinds = data[list_key]
+    if not isinstance(kinds, list) or any(k not in _HF_BLOCK_TYPES for k in kinds):
+        bad = next((k for k in kinds if k not in _HF_BLOCK_TYPES), kinds) if isinstance(kinds, list) else kinds
+        raise ConfigError(list_key, f"unknown layer kind {shown(bad)}", accepted=", ".join(_HF_BLOCK_TYPES))
+    return "".join(_HF_BLOCK_TYPES[k] for k in kinds)
+
+
 def _hf_hybrid(f: FieldReader) -> dict:
     """The hybrid layer pattern of a Hugging Face config (Nemotron-H, ``model_type`` nemotron_h:
     ``hybrid_override_pattern``, one character per layer, M Mamba-2, * attention, - MLP, E MoE (Nemotron 3:
@@ -160,8 +177,10 @@ def _hf_hybrid(f: FieldReader) -> dict:
     mixer from ``mamba_num_heads``, ``mamba_head_dim``, ``ssm_state_size``, ``n_groups``, ``conv_kernel``,
     ``chunk_size``, as transformers' NemotronHConfig names them (configuration_nemotron_h.py; vLLM's copy
     also reads ``mamba_n_groups``, ``mamba_d_conv``, ``mamba_chunk_size``); heads default to
-    expand · hidden / head_dim as Megatron-Core derives them). Empty without a pattern."""
-    pattern = f.data.get("hybrid_override_pattern")
+    expand · hidden / head_dim as Megatron-Core derives them). Newer NemotronHConfig files list the kinds
+    instead (``layers_block_type``: "mamba", "attention", "mlp", "moe"; :func:`_hf_pattern`). Empty without a
+    pattern."""
+    pattern = _hf_pattern(f.data, "hybrid_override_pattern", "layers_block_type")
     if pattern is None:
         return {}
     if not isinstance(pattern, str) or not pattern:
@@ -202,7 +221,7 @@ def with_hf_hybrid(model: TransformerModel, data: Mapping[str, Any], source: str
     if model.mtp_layers:
         # Nemotron 3 Super's checkpoint: num_nextn_predict_layers 1 of mtp_hybrid_override_pattern "*E" (Megatron-LM:
         # the pattern's "/"-separated suffix, megatron/core/ssm/mamba_hybrid_layer_allocation.py MTP_SEPARATOR)
-        mtp = data.get("mtp_hybrid_override_pattern")
+        mtp = _hf_pattern(data, "mtp_hybrid_override_pattern", "mtp_layers_block_type")
         if not isinstance(mtp, str) or not mtp:
             raise ConfigError("mtp_hybrid_override_pattern", f"a hybrid model's {model.mtp_layers} multi-token-prediction "
                               f"depth(s) (num_nextn_predict_layers) need the layers of a depth, got {shown(mtp)}",

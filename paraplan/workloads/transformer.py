@@ -838,12 +838,15 @@ class TransformerModel:
             moe = (f", MoE {e.experts}x{e.expert_ffn_hidden} top-{e.top_k}"
                    f"{f' +{e.shared_experts} shared' if e.shared_experts else ''}"
                    f"{f' within {e.router_group_top_k} of {e.router_groups} groups' if e.group_limited else ''}"
+                   f"{f' at latent {e.latent_size}' if e.latent_size else ''}"
                    f" in {self.moe_layers} layers, "
                    f"{self.active_params / 1e9:.2f}B active")
         return (f"{self.name}: {self.num_params / 1e9:.2f}B params, {self.layers} layers, hidden {self.hidden}, "
                 f"{self.heads} heads{kv}, ffn {self.ffn_hidden} ({self.activation}), vocab {self.vocab}"
                 f"{', tied' if self.tied_embeddings else ''}{moe}"
-                f"{f', multi-token prediction depth {self.mtp_layers}' if self.mtp_layers else ''}")
+                f"{f', multi-token prediction depth {self.mtp_layers}' if self.mtp_layers else ''}"
+                f"{f' of {self.mtp_pattern!r}' if self.mtp_pattern else ''}"
+                f"{' (one depth repeated)' if self.mtp_repeated else ''}")
 
 
 def params_text(total: int, active: int | None = None) -> str:

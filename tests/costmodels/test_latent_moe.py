@@ -142,6 +142,21 @@ def test_hybrid_mtp_of_the_released_config():
     assert m.mtp_flops_per_token(s) == want
 
 
+def test_newer_configs_list_the_layer_kinds():
+    """transformers' newer NemotronHConfig writes ``layers_block_type`` and ``mtp_layers_block_type`` lists of
+    kinds in place of the pattern strings: the same model."""
+    cfg = json.loads((DATA / "nemotron3_super_120b_a12b_config.json").read_text())
+    kinds = {"M": "mamba", "*": "attention", "-": "mlp", "E": "moe"}
+    listed = {k: v for k, v in cfg.items() if k != "hybrid_override_pattern"}
+    listed["layers_block_type"] = [kinds[c] for c in cfg["hybrid_override_pattern"]]
+    a = load_model_from(listed, num_nextn_predict_layers=1, mtp_layers_block_type=["attention", "moe"])
+    b = load_model_from(cfg, num_nextn_predict_layers=1, mtp_hybrid_override_pattern="*E")
+    assert (a.layer_pattern, a.mtp_pattern, a.num_params) == (b.layer_pattern, b.mtp_pattern, b.num_params)
+    with pytest.raises(ConfigError) as e:
+        load_model_from({**listed, "layers_block_type": ["ssm"] + listed["layers_block_type"][1:]})
+    assert e.value.field == "layers_block_type"
+
+
 def load_model_from(cfg, **extra):
     import tempfile
     with tempfile.TemporaryDirectory() as d:
