@@ -164,7 +164,8 @@ def stage_params(model, plan):
     """(first-stage, middle-stage, last-stage) non-expert parameters per GPU: each stage's layers
     (``paraplan.plan.stage_layers``; the largest middle stage, 0 without one) split by tp; the
     embedding sits on the first stage, the LM head (a copy of a tied embedding when pp > 1) on the
-    last. Routed experts are counted apart (:func:`expert_params_per_gpu`). The multi-token-prediction
+    last. Routed experts are counted apart (:func:`expert_params_per_gpu`); LatentMoE's projections are whole on
+    every tp rank. The multi-token-prediction
     module's own parameters (``model.mtp_params`` less its routed experts) sit with the head. Under
     DualPipe every stage holds two copies (:func:`paraplan.costmodels.pipeline.parameter_copies`)."""
     t = np.asarray(plan.tp, dtype=float)
@@ -173,13 +174,19 @@ def stage_params(model, plan):
     routed = model.routed_expert_params_per_moe_layer
     non_expert = model.num_params - model.mtp_params - model.embedding_params - model.lm_head_params \
         - model.moe_layers * routed
+    # LatentMoE's projections are duplicated on every tp rank (TELinear parallel_mode="duplicated"), not split
+    duplicated = model.moe_layers * model.latent_projection_params * (1 - 1 / t)
     emb = model.embedding_params / t
     head = (model.lm_head_params + model.mtp_params - model.mtp_moe_layers * routed) / t
     tied_copy = np.where(model.tied_embeddings & (p > 1), model.vocab * model.hidden / t, 0.0)
-    first_layers = _share(non_expert, model.layers, sl.first) / t
+
+    def layers_share(n):
+        return (_share(non_expert, model.layers, n) / t + _share(duplicated, model.layers, n)) if model.moe \
+            else _share(non_expert, model.layers, n) / t
+    first_layers = layers_share(sl.first)
     first = np.where(p > 1, first_layers + emb, first_layers + emb + head)
-    last = np.where(p > 1, _share(non_expert, model.layers, sl.last) / t + head + tied_copy, first)
-    middle = _share(non_expert, model.layers, sl.middle) / t
+    last = np.where(p > 1, layers_share(sl.last) + head + tied_copy, first)
+    middle = layers_share(sl.middle)
     # DualPipe: every rank holds its stage of both directions' pipelines, two copies of the parameters
     # (pipeline.parameter_copies); the copies' own gradient exchange is not modelled
     copies = parameter_copies(plan)

@@ -111,6 +111,9 @@ def test_expert_weights_per_gpu_are_latent_wide():
     """Each GPU holds E/ep routed experts of 2·ℓ·f per E layer (pp 1: all 40 E layers)."""
     for ep in (8, 64):
         assert float(M.expert_params_per_gpu(S, _plan(ep=ep))) == pytest.approx(40 * E / ep * 2 * ell * f)
+    # the projections are duplicated on every tp rank (TELinear parallel_mode="duplicated"): tp 4 holds all of them
+    one, four = (float(M.stage_params(S, _plan(tp=t, sp=t > 1))[0]) for t in (1, 4))
+    assert four - one / 4 == pytest.approx(40 * 2 * h * ell * (1 - 1 / 4))
 
 
 def test_hugging_face_config_reads_the_latent():
