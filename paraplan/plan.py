@@ -638,7 +638,8 @@ def model_stage_layers(model, plan) -> StageLayers:
     (``model.mtp_layers``) on the last stage, where Megatron-LM places them beside the loss (the
     one stage of pp = 1 holds them too): what a stage's time, memory and parameters count."""
     sl = stage_layers(model.layers, plan)
-    mtp = getattr(model, "mtp_layers", 0)
+    # a hybrid's depth counts its mtp_pattern layers (each priced as an average layer of the stack)
+    mtp = getattr(model, "mtp_layers", 0) * getattr(model, "mtp_block_layers", 1)
     if not mtp:
         return sl
     one_stage = np.asarray(plan.pp) == 1

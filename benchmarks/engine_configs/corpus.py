@@ -31,6 +31,8 @@ BASES = {
     "llama8bB200": ("llama3-8b", "dgx-b200", 16, 4096, 64),
     "nemotronh8b": ("nemotron-h-8b", "dgx-h100", 16, 4096, 64),
     "nemotron3nano": ("nemotron3-nano-30b-a3b", "dgx-h100", 64, 8192, 768),
+    "nemotron3super": ("nemotron3-super-120b-a12b", "dgx-b200", 256, 8192, 1536),
+    "nemotron3supermtp": ("nemotron3-super-120b-a12b-mtp", "dgx-b200", 256, 8192, 1536),
 }
 # plan variations per base: every field and value the exporters read
 DENSE = [
@@ -64,6 +66,9 @@ MOE = [{"ep": 8, "zero": 1}, {"ep": 8, "zero": 1, "moe_flex_dispatch": True}, {"
                                                              "recompute_modules": "moe_act,layernorm", "zero": 1}]
 #: hybrid Mamba-2 / attention / MoE (Nemotron 3 Nano: E layers)
 HYBRID_MOE = [{"ep": 8, "tp": 2, "sp": True, "zero": 1, "micro_batch": 2}, {"ep": 8, "tp": 2, "sp": True, "zero": 1, "moe_flex_dispatch": True}]
+#: Nemotron 3 Super: LatentMoE E layers (--moe-latent-size), NVFP4 on Blackwell; and with its hybrid MTP depths
+HYBRID_LATENT_MOE = [{"ep": 8, "pp": 4, "zero": 1, "recompute": "selective", "recompute_modules": "layernorm,moe_act",
+                      "dtype": "nvfp4"}]
 DSV3 = [{"tp": 2, "sp": True, "pp": 16, "ep": 32, "zero": 1, "recompute": "full", "dtype": "fp8"},
         {"tp": 2, "sp": True, "pp": 16, "ep": 32, "zero": 1, "recompute": "op-sac", "schedule": "zb-h1"},
         {"tp": 2, "sp": True, "pp": 16, "vpp": 2, "schedule": "interleaved", "ep": 32, "zero": 1, "recompute": "full"},
@@ -76,7 +81,8 @@ SUFFIX = {"megatron": "sh", "deepspeed": "json", ("torchtitan", "python"): "py",
 def plans():
     """(name, plan document) for every base, variation and the engine the plan was made for."""
     for base, (model, cluster, gpus, seq, gb) in BASES.items():
-        variations = {"dsv3": DSV3, "llama8bB200": FP4, "nemotronh8b": HYBRID, "nemotron3nano": HYBRID_MOE}.get(
+        variations = {"dsv3": DSV3, "llama8bB200": FP4, "nemotronh8b": HYBRID, "nemotron3nano": HYBRID_MOE,
+                      "nemotron3super": HYBRID_LATENT_MOE, "nemotron3supermtp": HYBRID_LATENT_MOE}.get(
             base, DENSE + (MOE if base == "qwen3moe" else []))
         for i, v in enumerate(variations):
             for engine in PLAN_ENGINES:

@@ -172,7 +172,7 @@ def moe_module_recompute_times(model, job, plan, curves) -> tuple:
 
 def recompute_modules_flops_per_token(model, plan):
     """Model FLOPs per token (all layers) of the GEMMs fine-grained recomputation runs again: dense
-    MLPs (mlp), MoE layers' router and routed + shared experts (moe; shared_experts alone), latent
+    MLPs (mlp), MoE layers' router, LatentMoE projections and routed + shared experts (moe; shared_experts alone), latent
     attention's up-projections (mla_up_proj); 2 FLOPs per multiply-add. Norms and activations are
     memory-bound and count none. A hybrid pattern: its E layers' moe and shared_experts only (the
     modules :func:`hybrid_kind_times` prices)."""
@@ -189,7 +189,7 @@ def recompute_modules_flops_per_token(model, plan):
     if model.moe is not None:
         e = model.moe
         shared = 2 * g * h * e.expert_ffn_hidden * e.shared_experts * moe_layers
-        moe = 2 * g * h * e.expert_ffn_hidden * e.top_k * moe_layers + shared + 2 * h * e.experts * moe_layers
+        moe = 2 * model.moe_weights_per_token * moe_layers    # router, latent projections, routed and shared
     return (np.where(recomputes_module(plan, "mlp"), dense, 0.0) + np.where(recomputes_module(plan, "mla_up_proj"), up, 0.0)
             + np.where(recomputes_module(plan, "moe"), moe, np.where(recomputes_module(plan, "shared_experts"), shared, 0.0)))
 

@@ -150,8 +150,11 @@ def expert_params_per_gpu(model, plan):
         return 0.0
     sl, with_mtp = stage_layers(model.layers, plan), model_stage_layers(model, plan)
     first, middle, last = (_share(model.moe_layers, model.layers, n) for n in (sl.first, sl.middle, sl.last))
-    # the multi-token-prediction blocks (MoE blocks in an MoE model) where model_stage_layers puts them
-    moe_layers = np.maximum(np.maximum(first + with_mtp.first - sl.first, middle), last + with_mtp.last - sl.last)
+    # the multi-token-prediction blocks (MoE blocks in an MoE model; a hybrid depth's E layers) where
+    # model_stage_layers puts them
+    mtp_moe = model.mtp_moe_layers / max(model.mtp_layers * model.mtp_block_layers, 1)
+    moe_layers = np.maximum(np.maximum(first + (with_mtp.first - sl.first) * mtp_moe, middle),
+                            last + (with_mtp.last - sl.last) * mtp_moe)
     # DualPipe's second parameter copy (pipeline.parameter_copies) holds its experts too
     return (moe_layers * model.routed_expert_params_per_moe_layer / (np.asarray(plan.ep, dtype=float) * plan.etp)
             * parameter_copies(plan))
@@ -161,7 +164,8 @@ def stage_params(model, plan):
     """(first-stage, middle-stage, last-stage) non-expert parameters per GPU: each stage's layers
     (``paraplan.plan.stage_layers``; the largest middle stage, 0 without one) split by tp; the
     embedding sits on the first stage, the LM head (a copy of a tied embedding when pp > 1) on the
-    last. Routed experts are counted apart (:func:`expert_params_per_gpu`). The multi-token-prediction
+    last. Routed experts are counted apart (:func:`expert_params_per_gpu`); LatentMoE's projections are whole on
+    every tp rank. The multi-token-prediction
     module's own parameters (``model.mtp_params`` less its routed experts) sit with the head. Under
     DualPipe every stage holds two copies (:func:`paraplan.costmodels.pipeline.parameter_copies`)."""
     t = np.asarray(plan.tp, dtype=float)
@@ -170,13 +174,19 @@ def stage_params(model, plan):
     routed = model.routed_expert_params_per_moe_layer
     non_expert = model.num_params - model.mtp_params - model.embedding_params - model.lm_head_params \
         - model.moe_layers * routed
+    # LatentMoE's projections are duplicated on every tp rank (TELinear parallel_mode="duplicated"), not split
+    duplicated = model.moe_layers * model.latent_projection_params * (1 - 1 / t)
     emb = model.embedding_params / t
-    head = (model.lm_head_params + model.mtp_params - model.mtp_layers * routed) / t
+    head = (model.lm_head_params + model.mtp_params - model.mtp_moe_layers * routed) / t
     tied_copy = np.where(model.tied_embeddings & (p > 1), model.vocab * model.hidden / t, 0.0)
-    first_layers = _share(non_expert, model.layers, sl.first) / t
+
+    def layers_share(n):
+        return (_share(non_expert, model.layers, n) / t + _share(duplicated, model.layers, n)) if model.moe \
+            else _share(non_expert, model.layers, n) / t
+    first_layers = layers_share(sl.first)
     first = np.where(p > 1, first_layers + emb, first_layers + emb + head)
-    last = np.where(p > 1, _share(non_expert, model.layers, sl.last) / t + head + tied_copy, first)
-    middle = _share(non_expert, model.layers, sl.middle) / t
+    last = np.where(p > 1, layers_share(sl.last) + head + tied_copy, first)
+    middle = layers_share(sl.middle)
     # DualPipe: every rank holds its stage of both directions' pipelines, two copies of the parameters
     # (pipeline.parameter_copies); the copies' own gradient exchange is not modelled
     copies = parameter_copies(plan)
@@ -305,8 +315,10 @@ def routed_copy_saved_bytes(model, plan, te_fp8):
       scores' gradient. Megatron-Core weights the copies inside the experts' activation instead
       (moe/experts.py: TEGroupedMLP's weighted_bias_swiglu_impl over permuted_probs, whose backward
       needs only FC1's output, already counted) and unpermutes without probabilities
-      (moe/token_dispatcher.py, combine_postprocess), so it keeps none."""
-    h = model.hidden
+      (moe/token_dispatcher.py, combine_postprocess), so it keeps none.
+
+    LatentMoE: the copies are ℓ wide (``model.moe_width``; the projection runs before the dispatch)."""
+    h = model.moe_width
     etp = np.asarray(getattr(plan, "etp", 1), dtype=float)
     input_bytes = np.where(te_fp8, quantized_bytes(plan.dtype), BYTES)
     output_bytes = np.where(engine_flag(plan, "router_weights_in_activation"), 0.0, BYTES)
@@ -364,6 +376,13 @@ def hybrid_kind_activation_bytes(model, job, plan, recompute_code=None) -> dict:
     return out
 
 
+def latent_saved_bytes_per_token(model) -> int:
+    """16-bit bytes per token LatentMoE's projections keep beyond what the layer keeps anyway: fc2_latent_proj's
+    input, the combined ℓ-wide output (2ℓ); fc1_latent_proj's input is the h-wide token the router and the
+    shared experts read, counted with the block. 0 without a latent."""
+    return 2 * model.moe.latent_size if model.moe is not None else 0
+
+
 def hybrid_moe_saved_bytes_per_token(model, job, plan):
     """16-bit bytes per token (over tp) a hybrid E layer keeps beyond its block input, as a transformer MoE
     layer's MLP keeps them (:func:`activation_bytes_per_layer`): the experts' activation inputs and outputs,
@@ -374,7 +393,8 @@ def hybrid_moe_saved_bytes_per_token(model, job, plan):
     per_width = 6 if model.activation == "swiglu" else 4
     routed = e.top_k * expert_token_factor(model, job)
     kept = (per_width * e.expert_ffn_hidden * (routed + e.shared_experts)
-            + routed * routed_copy_saved_bytes(model, plan, te_fp8_linears(plan)) + 4 * e.experts)
+            + routed * routed_copy_saved_bytes(model, plan, te_fp8_linears(plan)) + 4 * e.experts
+            + latent_saved_bytes_per_token(model))
     if not np.any(np.asarray(getattr(plan, "recompute_modules_mask", 0))):
         return kept
     # Megatron-Core's recompute modules (as recompute_modules_saved_bytes): moe keeps none of it, moe_act
@@ -419,7 +439,7 @@ def activation_bytes_per_layer(model, job, plan, recompute_code=None):
         e = model.moe
         routed = e.top_k * expert_token_factor(model, job)
         moe_mlp = per_width * e.expert_ffn_hidden * (routed + e.shared_experts) \
-            + routed * routed_copy_saved_bytes(model, plan, te_fp8) + 4 * e.experts
+            + routed * routed_copy_saved_bytes(model, plan, te_fp8) + 4 * e.experts + latent_saved_bytes_per_token(model)
         share = model.moe_layers / model.layers
         mlp = (1 - share) * mlp + share * moe_mlp
         fc2_inputs = (1 - share) * f + share * e.expert_ffn_hidden * (routed + e.shared_experts)
@@ -501,7 +521,8 @@ def recompute_modules_saved_bytes(model, job, plan, te_fp8, eager_swiglu):
         routed = e.top_k * expert_token_factor(model, job)
         fe = e.expert_ffn_hidden
         moe_all = share * ((per_width * fe - fp8_saving * fe) * (routed + e.shared_experts)
-                           + routed * routed_copy_saved_bytes(model, plan, te_fp8) + 4 * e.experts) * T / t
+                           + routed * routed_copy_saved_bytes(model, plan, te_fp8) + 4 * e.experts
+                           + latent_saved_bytes_per_token(model)) * T / t
         moe_act = share * linear_input * fe * routed * T / t
         shared = share * (per_width * fe - fp8_saving * fe) * e.shared_experts * T / t
     in_moe = np.where(has("moe"), moe_all, np.where(has("moe_act"), moe_act, 0.0) + np.where(has("shared_experts"), shared, 0.0))
@@ -796,8 +817,8 @@ def gathered_layer_params(model, plan):
         return dense
     shared = ((model.kind_params("moe") - model.routed_expert_params_per_moe_layer) / t if hybrid else
               (model.attention_params_per_layer + model.norm_params_per_layer + model.router_params
-               + e.shared_experts * model.expert_mlp_params) / t)
-    local = e.experts / np.asarray(plan.ep, dtype=float) * model.expert_mlp_params / np.asarray(plan.etp, dtype=float)
+               + model.latent_projection_params + e.shared_experts * model.expert_mlp_params) / t)
+    local = e.experts / np.asarray(plan.ep, dtype=float) * model.routed_expert_mlp_params / np.asarray(plan.etp, dtype=float)
     moe = shared + local
     return np.maximum(dense, moe) if model.dense_layers else moe
 

@@ -36,7 +36,7 @@ def routed_expert_gemms(model, job, plan):
     t = np.asarray(plan.tp, dtype=float)
     ep = np.asarray(plan.ep, dtype=float)
     etp = np.asarray(plan.etp, dtype=float)
-    h, g, fe = model.hidden, model.mlp_matrices - 1, e.expert_ffn_hidden
+    h, g, fe = model.moe_width, model.mlp_matrices - 1, e.expert_ffn_hidden     # LatentMoE: ℓ wide
     m = T * e.top_k * expert_token_factor(model, job) * ep / e.experts * etp / t
     return m, e.experts / ep, e.dispatch == "permute", [(g * fe / etp, h), (h, fe / etp)]
 
@@ -62,7 +62,27 @@ def moe_mlp_forward_time(model, job, plan, curves, routed=None):
     shared = mlp_gemm_forward_time(model, job, plan, curves, width=e.shared_experts * e.expert_ffn_hidden) \
         if e.shared_experts else 0.0
     router = curves.gemm_time(tokens_per_rank(job, plan), e.experts, model.hidden, _dtype(plan))
-    return sum(routed) + shared + router
+    return sum(routed) + shared + router + latent_projection_time(model, job, plan, curves)
+
+
+def latent_projection_tokens(job, plan):
+    """Tokens LatentMoE's projections see on one GPU: a sequence shard under sequence parallelism (the
+    MoE layer's input is tp-split there), else every token of the micro-batch (the projections are
+    duplicated on each tp rank: TELinear parallel_mode="duplicated")."""
+    t = np.asarray(plan.tp, dtype=float)
+    return tokens_per_rank(job, plan) / np.where(np.asarray(plan.sp, dtype=bool), t, 1.0)
+
+
+def latent_projection_time(model, job, plan, curves):
+    """Forward seconds of LatentMoE's two projections on one GPU (0 without a latent): fc1_latent_proj
+    (T x h)·(h x ℓ) before the dispatch and fc2_latent_proj (T x ℓ)·(ℓ x h) after the combine,
+    2·2·h·ℓ FLOPs per token (NVIDIA/Megatron-LM @ 0011998 megatron/core/transformer/moe/moe_layer.py,
+    ``router_and_preprocess`` and ``combine``); T: :func:`latent_projection_tokens`."""
+    ell = model.moe.latent_size
+    if not ell:
+        return 0.0
+    T, h, dt = latent_projection_tokens(job, plan), model.hidden, _dtype(plan)
+    return curves.gemm_time(T, ell, h, dt) + curves.gemm_time(T, h, ell, dt)
 
 
 def routed_experts_wgrad_accumulation_time(model, job, plan, curves, routed=None):
@@ -128,7 +148,7 @@ def moe_einsum_dispatch_times(model, job, plan, curves):
     if model.moe is None or model.moe.dispatch != "einsum":
         return 0.0, 0.0
     S, slots = einsum_dispatch_slots(model, job, plan)
-    h, dt = model.hidden, _dtype(plan)
+    h, dt = model.moe_width, _dtype(plan)
     dispatch = curves.gemm_time(slots, h, S, dt)        # (E·C x S) @ (S x h)
     combine = curves.gemm_time(S, h, slots, dt)         # (S x E·C) @ (E·C x h)
     grad_weights = curves.gemm_time(S, slots, h, dt)    # d(combine weights) = d(out) @ expert_outᵀ
@@ -185,11 +205,12 @@ def moe_expert_bias_times(model, job, plan, curves):
     tokens = T / np.where(np.asarray(plan.sp, dtype=bool), t, 1.0)
     h, wide = model.hidden, element_bytes(plan) / BYTES
     # plain multiplies, adds and copies whose bytes are counted exactly: the streaming rate
-    forward = curves.streaming_time(wide * h * (copies * EXPERT_BIAS_BYTES_PER_COPY_FORWARD
-                                                + tokens * UNFUSED_BIAS_ADD_BYTES_PER_HIDDEN_FORWARD),
+    ell = model.moe_width           # the routed copies' width (LatentMoE: ℓ)
+    forward = curves.streaming_time(wide * (ell * copies * EXPERT_BIAS_BYTES_PER_COPY_FORWARD
+                                            + h * tokens * UNFUSED_BIAS_ADD_BYTES_PER_HIDDEN_FORWARD),
                                     kernels=2 * local + 1 + 1)
-    backward = curves.streaming_time(wide * h * (copies * EXPERT_BIAS_BYTES_PER_COPY_BACKWARD
-                                                 + tokens * UNFUSED_BIAS_ADD_BYTES_PER_HIDDEN_BACKWARD),
+    backward = curves.streaming_time(wide * (ell * copies * EXPERT_BIAS_BYTES_PER_COPY_BACKWARD
+                                             + h * tokens * UNFUSED_BIAS_ADD_BYTES_PER_HIDDEN_BACKWARD),
                                      kernels=4 * local + 1 + 1)
     return np.where(applies, forward, 0.0), np.where(applies, backward, 0.0)
 
@@ -237,12 +258,12 @@ def dispatch_bytes_per_token(model, job, plan) -> float:
         ep = np.asarray(plan.ep, dtype=float)
         arrivals = expert_holders_per_token(e, e.experts / ep) * expert_token_factor(model, job)
         alltoall = np.where(flex, DISPATCH_BYTES_PER_COPY * copies + DISPATCH_BYTES_PER_TOKEN * arrivals, alltoall)
-    return alltoall * model.hidden
+    return alltoall * model.moe_width
 
 
 def ep_alltoall_time(model, job, plan, cluster):
     """One expert-parallel all-to-all (dispatch or combine): each GPU sends its T·k·f/tp routed
-    token copies of h values across the ep group, which is carved from data parallelism (stride
+    token copies of h values (LatentMoE: ℓ, ``model.moe_width``) across the ep group, which is carved from data parallelism (stride
     tp·cp in the rank order). DeepSpeed-MoE (Rajbhandari et al. 2022) §5;
     cli99/llm-analysis @ d841e40 analysis.py, get_latency_fwd_per_layer_mlp_moe_alltoall.
     Under ``plan.moe_flex_dispatch`` the DeepEP / HybridEP kernels' traffic instead
@@ -250,7 +271,7 @@ def ep_alltoall_time(model, job, plan, cluster):
     if model.moe is None:
         return 0.0
     T = tokens_per_rank(job, plan)
-    size = T * model.moe.top_k * expert_token_factor(model, job) * model.hidden * element_bytes(plan) / np.asarray(plan.tp, float)
+    size = T * model.moe.top_k * expert_token_factor(model, job) * model.moe_width * element_bytes(plan) / np.asarray(plan.tp, float)
     k = ranks_per_node(plan.ep, expert_group_strides(plan)[0], cluster.gpus_per_node)
     intra, inter = cluster.links("ep")
     alltoall = collective_time(ALL_TO_ALL, size, plan.ep, k, intra, inter)
@@ -320,7 +341,7 @@ def flex_dispatch_time(model, job, plan, cluster):
     e = model.moe
     T = tokens_per_rank(job, plan)
     ep = np.asarray(plan.ep, dtype=float)
-    one_copy = T * expert_token_factor(model, job) * model.hidden * element_bytes(plan) / np.asarray(plan.tp, float)
+    one_copy = T * expert_token_factor(model, job) * model.moe_width * element_bytes(plan) / np.asarray(plan.tp, float)
     k_l = np.minimum(ranks_per_node(plan.ep, expert_group_strides(plan)[0], cluster.gpus_per_node), ep)
     nodes = ep / k_l
     gpus_hit = expert_holders_per_token(e, e.experts / ep)
@@ -455,7 +476,8 @@ def moe_dispatch_assumption(model, job, plan, **_) -> tuple[str, ...]:
     moe.flex_dispatch_time)."""
     if model.moe is None or model.moe.dispatch != "permute":
         return ()
-    per_token = float(np.max(dispatch_bytes_per_token(model, job, plan)))
+    per_token = float(np.max(dispatch_bytes_per_token(model, job, plan))) / model.moe_width
+    width = "hidden" if not model.moe.latent_size else f"latent ({model.moe.latent_size}, LatentMoE)"
     if getattr(plan, "moe_flex_dispatch", False):
         e = model.moe
         gpus = float(np.max(expert_holders_per_token(e, e.experts / max(plan.ep, 1))))
@@ -464,11 +486,11 @@ def moe_dispatch_assumption(model, job, plan, **_) -> tuple[str, ...]:
         return (f"MoE: DeepEP / HybridEP dispatch (flex): a token crosses once to each node and GPU holding one of "
                 f"its experts ({gpus:.1f} of the {plan.ep} expert-parallel GPUs on average, {routing}) instead "
                 f"of once per routed copy ({e.top_k} a token); the arrivals are permuted into expert order and "
-                f"back, {per_token / model.hidden:.0f} x hidden bytes per token and layer forward, twice that "
+                f"back, {per_token:.0f} x {width} bytes per token and layer forward, twice that "
                 f"backward; the SMs and buffers the kernels hold are not priced",)
     sort = bool(np.any(sorts_received_chunks(model, plan)))
     flex_ok = plan.ep > 1 and spec_of(plan).offers("moe_flex_dispatch")
-    return (f"MoE: the token permutation streams {per_token / model.hidden:.0f} x hidden bytes per token and "
+    return (f"MoE: the token permutation streams {per_token:.0f} x {width} bytes per token and "
             f"layer forward, twice that backward (Megatron-Core's all-to-all dispatcher: permute, "
             f"{'regroup by local expert and back, ' if sort else ''}unpermute, the router weights applied in the experts' activation; "
             f"torchtitan's passes alike){'; --moe-flex-dispatch prices DeepEP / HybridEP instead' if flex_ok else ''}",)

@@ -121,13 +121,15 @@ def megatron_fp4_args(p, spec, layers: int, notes: list[str]) -> list[tuple[str,
 
 def megatron_moe_args(m, p, notes: list[str]) -> list[tuple[str, ...]]:
     """The MoE flags of pretrain_gpt.py (megatron/training/arguments.py, Megatron-Core MoE README):
-    experts, top-k, expert width, shared experts, which layers, expert parallelism, grouped GEMM and
+    experts, top-k, expert width, shared experts, the LatentMoE latent, which layers, expert parallelism, grouped GEMM and
     the fused permutation the estimate prices, the token dispatcher, capacity (token drop and pad)."""
     e = m.moe
     args: list[tuple[str, ...]] = [("--num-experts", str(e.experts)), ("--moe-router-topk", str(e.top_k)),
                                    ("--moe-ffn-hidden-size", str(e.expert_ffn_hidden))]
     if e.shared_experts:
         args.append(("--moe-shared-expert-intermediate-size", str(e.shared_experts * e.expert_ffn_hidden)))
+    if e.latent_size:       # LatentMoE: TransformerConfig.moe_latent_size (megatron/core/transformer/moe/moe_layer.py)
+        args.append(("--moe-latent-size", str(e.latent_size)))
     freq = megatron_moe_layer_freq(m)
     if freq:
         args.append(("--moe-layer-freq", freq))
@@ -153,7 +155,19 @@ def megatron_hybrid_args(m, notes: list[str]) -> list[tuple[str, ...]]:
     megatron/core/ssm/mamba_mixer.py reads them as config.mamba_*); the MLP layers' squared ReLU is
     --squared-relu (Nemotron-H: NVIDIA/NeMo nemo/collections/llm/gpt/model/ssm.py NemotronHConfigBase)."""
     mb = m.mamba
-    args: list[tuple[str, ...]] = [("--hybrid-override-pattern", m.layer_pattern)]
+    pattern = m.layer_pattern
+    if getattr(m, "mtp_pattern", ""):
+        # Megatron-LM's unified pattern: one "/"-separated copy of a depth's layers per depth, from which it infers
+        # --mtp-num-layers (NVIDIA/Megatron-LM @ 00caa53 megatron/core/ssm/mamba_hybrid_layer_allocation.py
+        # parse_hybrid_pattern; megatron/training/arguments.py converts the legacy --mtp-hybrid-override-pattern)
+        pattern += "".join("/" + m.mtp_pattern for _ in range(m.mtp_layers))
+        notes.append(f"multi-token prediction from hybrid layers ({m.mtp_layers} depth(s) of {m.mtp_pattern!r} after "
+                     "'/' in --hybrid-override-pattern): a Megatron-LM with the unified hybrid pattern "
+                     "(megatron/core/ssm/mamba_hybrid_layer_allocation.py MTP_SEPARATOR); core_v0.16.1's MambaModel "
+                     "has no MTP"
+                     + ("; the depths repeat one depth's layers: add --mtp-use-repeated-layer (that Megatron-LM's "
+                        "flag)" if m.mtp_repeated else ""))
+    args: list[tuple[str, ...]] = [("--hybrid-override-pattern", pattern)]
     if mb is not None:
         args += [("--mamba-num-heads", str(mb.heads)), ("--mamba-head-dim", str(mb.head_dim)),
                  ("--mamba-state-dim", str(mb.state)), ("--mamba-num-groups", str(mb.groups))]

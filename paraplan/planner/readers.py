@@ -36,7 +36,8 @@ MEGATRON_FSDP_ZERO = {v: k for k, v in MEGATRON.export.fsdp_strategy.items()}
 #: flags that say nothing a Plan holds (model shape, data, launch length): read into ``model`` / ignored
 MEGATRON_MODEL_FLAGS = {"--num-layers": "layers", "--hidden-size": "hidden", "--ffn-hidden-size": "ffn_hidden",
                         "--num-attention-heads": "heads", "--num-query-groups": "kv_heads", "--vocab-size": "vocab",
-                        "--num-experts": "experts", "--moe-router-topk": "top_k", "--mtp-num-layers": "mtp_layers"}
+                        "--num-experts": "experts", "--moe-router-topk": "top_k", "--mtp-num-layers": "mtp_layers",
+                        "--moe-latent-size": "latent_size"}
 MEGATRON_IGNORED = {
     "--group-query-attention", "--multi-latent-attention", "--q-lora-rank", "--kv-lora-rank", "--qk-head-dim",
     "--qk-pos-emb-head-dim", "--v-head-dim", "--kv-channels", "--max-position-embeddings", "--position-embedding-type",

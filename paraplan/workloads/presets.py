@@ -22,7 +22,7 @@ MODEL_FILE_KEYS = ("name", "layers", "hidden", "heads", "kv_heads", "ffn_hidden"
                    "global_attention_every", "qkv_bias")
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "v_head_dim")
 MOE_KEYS = ("experts", "top_k", "expert_ffn_hidden", "shared_experts", "every", "first_dense", "capacity_factor",
-            "dispatch", "router_groups", "router_group_top_k")
+            "dispatch", "router_groups", "router_group_top_k", "latent_size")
 
 
 @functools.lru_cache(maxsize=1)
@@ -63,8 +63,10 @@ def model_from_mapping(data: Mapping[str, Any], source: str) -> TransformerModel
     moe = moe_from_mapping(f.mapping("moe"), source) if f.has("moe") else None
     mla = mla_from_mapping(f.mapping("mla"), source) if f.has("mla") else None
     mamba = mamba_from_mapping(f.mapping("mamba"), source) if f.has("mamba") else None
+    pattern, mtp = _unified_pattern(f)
     return TransformerModel(
-        moe=moe, mla=mla, mamba=mamba, layer_pattern=f.string("layer_pattern", ""),
+        moe=moe, mla=mla, mamba=mamba, layer_pattern=pattern, mtp_pattern=mtp.get("mtp_pattern", ""),
+        mtp_repeated=_bool(f, "mtp_repeated", False),
         name=f.string("name", Path(source).stem), layers=f.integer("layers"), hidden=hidden,
         heads=f.integer("heads"), vocab=f.integer("vocab"),
         kv_heads=f.integer("kv_heads") if f.has("kv_heads") else None,
@@ -76,10 +78,29 @@ def model_from_mapping(data: Mapping[str, Any], source: str) -> TransformerModel
         dropout=_bool(f, "dropout", True), head_dim=f.integer("head_dim") if f.has("head_dim") else None,
         sliding_window=f.integer("sliding_window", 0, positive=False),
         sliding_window_every=f.integer("sliding_window_every", 1),
-        mtp_layers=f.integer("mtp_layers", 0, positive=False), qk_norm=_bool(f, "qk_norm", False),
+        mtp_layers=mtp.get("mtp_layers", f.integer("mtp_layers", 0, positive=False)), qk_norm=_bool(f, "qk_norm", False),
         attention_chunk=f.integer("attention_chunk", 0, positive=False),
         global_attention_every=f.integer("global_attention_every", 0, positive=False),
         qkv_bias=_bool(f, "qkv_bias", False))
+
+
+def _unified_pattern(f: FieldReader) -> tuple[str, dict]:
+    """A model file's ``layer_pattern`` and its multi-token-prediction fields: ``mtp_pattern`` and
+    ``mtp_layers`` as written, or Megatron-LM's unified syntax "MAIN/MTP/MTP" (one "/"-separated copy of the
+    depth's layers per depth, all alike; NVIDIA/Megatron-LM @ 00caa53 megatron/core/ssm/
+    mamba_hybrid_layer_allocation.py ``parse_hybrid_pattern``)."""
+    pattern = f.string("layer_pattern", "")
+    written = {"mtp_pattern": f.string("mtp_pattern")} if f.has("mtp_pattern") else {}
+    if "/" not in pattern:
+        return pattern, written
+    main, *depths = pattern.split("/")
+    if written or f.has("mtp_layers"):
+        raise ConfigError("layer_pattern", "gives the multi-token-prediction depths after '/'; mtp_pattern and "
+                          "mtp_layers then go", source=f.source)
+    if not depths[0] or any(d != depths[0] for d in depths):
+        raise ConfigError("layer_pattern", f"the depths after '/' must be alike and non-empty, got {depths!r}",
+                          accepted="MAIN/MTP/MTP... (Megatron-LM's unified hybrid pattern)", source=f.source)
+    return main, {"mtp_pattern": depths[0], "mtp_layers": len(depths)}
 
 
 #: Hugging Face config keys of the residual (hidden) dropout probability, by model family
@@ -110,11 +131,12 @@ def moe_from_mapping(f: FieldReader, source: str) -> MoESpec:
                    first_dense=f.integer("first_dense", 0, positive=False), capacity_factor=cf,
                    dispatch=_moe_dispatch(f, source),
                    router_groups=f.integer("router_groups") if f.has("router_groups") else None,
-                   router_group_top_k=f.integer("router_group_top_k") if f.has("router_group_top_k") else None)
+                   router_group_top_k=f.integer("router_group_top_k") if f.has("router_group_top_k") else None,
+                   latent_size=f.integer("latent_size", 0, positive=False))
 
 
 #: model-file keys of a hybrid Mamba-2 / attention model (beside MODEL_FILE_KEYS) and of its ``mamba:`` block
-HYBRID_FILE_KEYS = ("layer_pattern", "mamba")
+HYBRID_FILE_KEYS = ("layer_pattern", "mamba", "mtp_pattern", "mtp_repeated")
 MAMBA_KEYS = ("heads", "head_dim", "state", "groups", "conv_kernel", "chunk")
 # model types with RMSNorm though their MLP is not gated (Nemotron-H: squared-ReLU MLPs, RMSNorm everywhere,
 # transformers' modeling_nemotron_h.py NemotronHRMSNorm)
@@ -130,6 +152,23 @@ def mamba_from_mapping(f: FieldReader, source: str) -> MambaSpec:
                      groups=f.integer("groups"), conv_kernel=f.integer("conv_kernel", 4), chunk=f.integer("chunk", 128))
 
 
+#: transformers' NemotronHConfig ``layers_block_type`` / ``mtp_layers_block_type`` names -> pattern characters
+_HF_BLOCK_TYPES = {"mamba": "M", "attention": "*", "mlp": "-", "moe": "E"}
+
+
+def _hf_pattern(data: Mapping[str, Any], pattern_key: str, list_key: str) -> str | None:
+    """A hybrid pattern as a config writes it: the string under ``pattern_key`` or, in newer NemotronHConfig
+    files, the list of kinds under ``list_key`` (["mamba", "moe", ..., "attention"]); None without either."""
+    pattern = data.get(pattern_key)
+    if pattern is not None or not data.get(list_key):
+        return pattern
+    kinds = data[list_key]
+    if not isinstance(kinds, list) or any(k not in _HF_BLOCK_TYPES for k in kinds):
+        bad = next((k for k in kinds if k not in _HF_BLOCK_TYPES), kinds) if isinstance(kinds, list) else kinds
+        raise ConfigError(list_key, f"unknown layer kind {shown(bad)}", accepted=", ".join(_HF_BLOCK_TYPES))
+    return "".join(_HF_BLOCK_TYPES[k] for k in kinds)
+
+
 def _hf_hybrid(f: FieldReader) -> dict:
     """The hybrid layer pattern of a Hugging Face config (Nemotron-H, ``model_type`` nemotron_h:
     ``hybrid_override_pattern``, one character per layer, M Mamba-2, * attention, - MLP, E MoE (Nemotron 3:
@@ -138,8 +177,10 @@ def _hf_hybrid(f: FieldReader) -> dict:
     mixer from ``mamba_num_heads``, ``mamba_head_dim``, ``ssm_state_size``, ``n_groups``, ``conv_kernel``,
     ``chunk_size``, as transformers' NemotronHConfig names them (configuration_nemotron_h.py; vLLM's copy
     also reads ``mamba_n_groups``, ``mamba_d_conv``, ``mamba_chunk_size``); heads default to
-    expand · hidden / head_dim as Megatron-Core derives them). Empty without a pattern."""
-    pattern = f.data.get("hybrid_override_pattern")
+    expand · hidden / head_dim as Megatron-Core derives them). Newer NemotronHConfig files list the kinds
+    instead (``layers_block_type``: "mamba", "attention", "mlp", "moe"; :func:`_hf_pattern`). Empty without a
+    pattern."""
+    pattern = _hf_pattern(f.data, "hybrid_override_pattern", "layers_block_type")
     if pattern is None:
         return {}
     if not isinstance(pattern, str) or not pattern:
@@ -177,13 +218,15 @@ def with_hf_hybrid(model: TransformerModel, data: Mapping[str, Any], source: str
     hybrid = _hf_hybrid(f)
     if not hybrid:
         return model
-    if data.get("moe_latent_size"):
-        # Nemotron 3 Super's LatentMoE (Megatron-Bridge Nemotron3SuperProvider moe_latent_size 1024): the
-        # routed experts and their all-to-alls run at a latent width, which the MoE layer here does not price
-        raise ConfigError("moe_latent_size", f"LatentMoE (routed experts at latent width {shown(data['moe_latent_size'])}, "
-                          "Nemotron 3 Super) is not modelled: its experts' weights, FLOPs and all-to-all bytes would be "
-                          "priced at the hidden width", accepted="a config without moe_latent_size (Nemotron 3 Nano)",
-                          source=source)
+    if model.mtp_layers:
+        # Nemotron 3 Super's checkpoint: num_nextn_predict_layers 1 of mtp_hybrid_override_pattern "*E" (Megatron-LM:
+        # the pattern's "/"-separated suffix, megatron/core/ssm/mamba_hybrid_layer_allocation.py MTP_SEPARATOR)
+        mtp = _hf_pattern(data, "mtp_hybrid_override_pattern", "mtp_layers_block_type")
+        if not isinstance(mtp, str) or not mtp:
+            raise ConfigError("mtp_hybrid_override_pattern", f"a hybrid model's {model.mtp_layers} multi-token-prediction "
+                              f"depth(s) (num_nextn_predict_layers) need the layers of a depth, got {shown(mtp)}",
+                              accepted='a pattern such as "*E" (Nemotron 3 Super)', source=source)
+        hybrid["mtp_pattern"] = mtp
     norm = "rmsnorm" if data.get("model_type") in _HF_RMSNORM_MODEL_TYPES else model.norm
     try:
         return replace(model, norm=norm, **hybrid)
@@ -191,7 +234,7 @@ def with_hf_hybrid(model: TransformerModel, data: Mapping[str, Any], source: str
         if e.source == source:
             raise
         field = {"layer_pattern": "hybrid_override_pattern", "mamba": "hybrid_override_pattern",
-                 "moe": "n_routed_experts"}.get(e.field, e.field)
+                 "moe": "n_routed_experts", "mtp_pattern": "mtp_hybrid_override_pattern"}.get(e.field, e.field)
         raise ConfigError(field, e.problem.replace("layers is", "num_hidden_layers is"), accepted=e.accepted,
                           source=source) from None
 
@@ -303,13 +346,16 @@ def _hf_moe(f: FieldReader) -> MoESpec | None:
     if top_k > experts:
         raise ConfigError("num_experts_per_tok", f"{top_k} is more than {key} ({experts})", source=f.source)
     groups, picked = _hf_router_groups(f)
+    # LatentMoE (Nemotron 3 Super: moe_latent_size 1024; null or absent: none)
+    latent = f.integer("moe_latent_size", 0, positive=False) if f.data.get("moe_latent_size") is not None else 0
     try:
         return MoESpec(experts=experts, top_k=top_k, expert_ffn_hidden=f.integer(width_key),
                        shared_experts=f.integer("n_shared_experts", 0, positive=False),
                        every=f.integer(every_key, 1), first_dense=f.integer("first_k_dense_replace", 0, positive=False),
-                       router_groups=groups, router_group_top_k=picked)
+                       router_groups=groups, router_group_top_k=picked, latent_size=latent)
     except ConfigError as e:
-        hf_key = {"moe.router_groups": "n_group", "moe.router_group_top_k": "topk_group"}.get(e.field)
+        hf_key = {"moe.router_groups": "n_group", "moe.router_group_top_k": "topk_group",
+                  "moe.latent_size": "moe_latent_size"}.get(e.field)
         if hf_key is None:
             raise
         raise ConfigError(hf_key, e.problem, accepted=e.accepted, source=f.source) from None

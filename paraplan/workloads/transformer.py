@@ -57,13 +57,14 @@ class MoESpec:
     dispatch: str = "permute"
     router_groups: int | None = None
     router_group_top_k: int | None = None
+    latent_size: int = 0
 
     def __post_init__(self):
         for key in ("experts", "top_k", "expert_ffn_hidden", "every"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
                 raise ConfigError(f"moe.{key}", f"must be a positive integer, got {v!r}")
-        for key in ("shared_experts", "first_dense"):
+        for key in ("shared_experts", "first_dense", "latent_size"):
             v = getattr(self, key)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ConfigError(f"moe.{key}", f"must be a non-negative integer, got {v!r}")
@@ -255,6 +256,17 @@ class TransformerModel:
     #: self-attention layer, - an MLP layer, E an MoE layer of the ``moe`` block; Megatron-LM ``--hybrid-override-pattern``, Hugging Face
     #: ``hybrid_override_pattern``); "" for a transformer whose every layer is attention + MLP
     layer_pattern: str = ""
+    #: the hybrid layers of one multi-token-prediction depth (with ``mtp_layers`` depths after the main
+    #: stack): Megatron-LM's "/"-separated suffix of ``--hybrid-override-pattern`` ("MAIN/*E/*E": two depths
+    #: of an attention and an MoE layer; NVIDIA/Megatron-LM @ 00caa53 megatron/core/ssm/
+    #: mamba_hybrid_layer_allocation.py ``parse_hybrid_pattern``), Hugging Face ``mtp_hybrid_override_pattern``
+    #: with ``num_nextn_predict_layers`` (Nemotron 3 Super: "*E", 1). Each depth adds the 2h -> h projection
+    #: and its two RMSNorms, these layers and the shared head's logits and loss, as a transformer's depth
+    mtp_pattern: str = ""
+    #: the depths run one depth's layers again (Megatron-LM ``--mtp-use-repeated-layer``, Nemotron 3 Super's
+    #: training: ``--mtp-num-layers 2`` over the checkpoint's one depth): the parameters of one depth, the
+    #: compute and activations of all ``mtp_layers``
+    mtp_repeated: bool = False
     #: the Mamba-2 mixer of the pattern's M layers
     mamba: MambaSpec | None = None
     #: an RMSNorm over each query and key head after the QKV projection, before the rotary embedding
@@ -327,6 +339,7 @@ class TransformerModel:
         if not p:
             if self.mamba is not None:
                 raise ConfigError("mamba", "a Mamba mixer needs a layer_pattern with M layers", source=self.name)
+            self._check_mtp_pattern()
             return
         bad = sorted(set(p) - set(LAYER_KINDS))
         if bad:
@@ -347,9 +360,34 @@ class TransformerModel:
         if self.moe is not None and (self.moe.every != 1 or self.moe.first_dense):
             raise ConfigError("moe.every", "a hybrid layer_pattern places its MoE layers (E) itself",
                               accepted="every: 1 and first_dense: 0 (the defaults)", source=self.name)
-        for key, value in (("mla", self.mla), ("mtp_layers", self.mtp_layers)):
-            if value:
-                raise ConfigError(key, "not modelled together with a hybrid layer_pattern", source=self.name)
+        if self.mla:
+            raise ConfigError("mla", "not modelled together with a hybrid layer_pattern", source=self.name)
+        self._check_mtp_pattern()
+
+    def _check_mtp_pattern(self):
+        q = self.mtp_pattern
+        if not isinstance(q, str):
+            raise ConfigError("mtp_pattern", f"expected a string, got {q!r}", source=self.name)
+        if not self.layer_pattern:
+            if q:
+                raise ConfigError("mtp_pattern", "the hybrid layers of a multi-token-prediction depth need a "
+                                  "hybrid layer_pattern", source=self.name)
+            return
+        if self.mtp_repeated and not self.mtp_layers:
+            raise ConfigError("mtp_repeated", "repeats a multi-token-prediction depth, but mtp_layers is 0",
+                              source=self.name)
+        if bool(q) != bool(self.mtp_layers):
+            raise ConfigError("mtp_pattern" if q else "mtp_layers", "a hybrid model's multi-token prediction needs "
+                              "both its depth count (mtp_layers) and the layers of one depth (mtp_pattern)",
+                              accepted="mtp_layers >= 1 with mtp_pattern (\"*E\"), or neither", source=self.name)
+        bad = sorted(set(q) - set(LAYER_KINDS))
+        if bad:
+            raise ConfigError("mtp_pattern", f"unknown layer kind {bad[0]!r} in {q[:60]!r}",
+                              accepted="M (Mamba-2), * (attention), - (MLP), E (MoE)", source=self.name)
+        for symbol, block, value in (("M", "mamba", self.mamba), ("E", "moe", self.moe)):
+            if symbol in q and value is None:
+                raise ConfigError("mtp_pattern", f"has {symbol} layers but the model gives no {block} block",
+                                  source=self.name)
 
     # --- hybrid layer patterns --------------------------------------------------------------------
     @property
@@ -380,8 +418,8 @@ class TransformerModel:
         if kind == "attention":
             return self.attention_params_per_layer + self.single_norm_params + (2 * self.head_dim if self.qk_norm else 0)
         if kind == "moe":
-            return (self.router_params + (self.moe.experts + self.moe.shared_experts) * self.expert_mlp_params
-                    + self.single_norm_params)
+            return (self.router_params + self.latent_projection_params + self.routed_expert_params_per_moe_layer
+                    + self.moe.shared_experts * self.expert_mlp_params + self.single_norm_params)
         return self.mlp_params_per_layer + self.single_norm_params
 
     def kind_active_params(self, kind: str) -> int:
@@ -389,8 +427,8 @@ class TransformerModel:
         top-k routed and shared experts; every parameter of the other kinds."""
         if kind != "moe":
             return self.kind_params(kind)
-        return (self.router_params + (self.moe.top_k + self.moe.shared_experts) * self.expert_mlp_params
-                + self.single_norm_params)
+        return (self.router_params + self.latent_projection_params + self.moe.top_k * self.routed_expert_mlp_params
+                + self.moe.shared_experts * self.expert_mlp_params + self.single_norm_params)
 
     def kind_matmul_flops_per_token(self, kind: str) -> float:
         """Forward weight-GEMM FLOPs per token of one layer of a kind (2 per multiply-add)."""
@@ -398,10 +436,8 @@ class TransformerModel:
             return 2.0 * sum(o * i for o, i, _ in self.mamba.gemms(self.hidden))
         if kind == "attention":
             return 2.0 * self.attention_weights_per_layer
-        if kind == "moe":       # the router, top-k routed and shared experts
-            e = self.moe
-            return 2.0 * (self.hidden * e.experts
-                          + (e.top_k + e.shared_experts) * self.mlp_matrices * self.hidden * e.expert_ffn_hidden)
+        if kind == "moe":       # the router, the latent projections, top-k routed and shared experts
+            return 2.0 * self.moe_weights_per_token
         return 2.0 * self.mlp_matrices * self.hidden * self.ffn_hidden
 
     def scan_flops_per_token_per_layer(self) -> float:
@@ -545,9 +581,43 @@ class TransformerModel:
 
     @property
     def expert_mlp_params(self) -> int:
-        """One expert's MLP weights (and biases)."""
-        h, f = self.hidden, self.moe.expert_ffn_hidden
-        return self.mlp_matrices * h * f + ((f * (self.mlp_matrices - 1) + h) if self.bias else 0)
+        """One shared expert's MLP weights (and biases), h wide (of a model without LatentMoE also one
+        routed expert's: :attr:`routed_expert_mlp_params`)."""
+        return self._expert_params(self.hidden)
+
+    def _expert_params(self, width: int) -> int:
+        f = self.moe.expert_ffn_hidden
+        return self.mlp_matrices * width * f + ((f * (self.mlp_matrices - 1) + width) if self.bias else 0)
+
+    @property
+    def moe_width(self) -> int:
+        """Width of the routed experts' input and output and of the tokens the dispatcher permutes and the
+        all-to-alls move: the LatentMoE latent ℓ (``moe.latent_size``), else the hidden size."""
+        return (self.moe.latent_size or self.hidden) if self.moe else self.hidden
+
+    @property
+    def routed_expert_mlp_params(self) -> int:
+        """One routed expert's MLP weights (and biases), :attr:`moe_width` wide."""
+        return self._expert_params(self.moe_width)
+
+    @property
+    def latent_projection_params(self) -> int:
+        """LatentMoE's two projections per MoE layer, h x ℓ down and ℓ x h up (and their biases); 0 without
+        a latent (Megatron-Core moe_layer.py fc1_latent_proj / fc2_latent_proj)."""
+        if not self.moe or not self.moe.latent_size:
+            return 0
+        h, ell = self.hidden, self.moe.latent_size
+        return 2 * h * ell + ((h + ell) if self.bias else 0)
+
+    @property
+    def moe_weights_per_token(self) -> int:
+        """Weights one token meets in an MoE layer's MLP (half its forward GEMM FLOPs): the router h·E, the
+        latent projections 2·h·ℓ, top_k routed experts of g·ℓ·f_e (ℓ = :attr:`moe_width`) and the shared
+        experts' g·h·f_e each."""
+        e = self.moe
+        g = self.mlp_matrices
+        return (self.hidden * e.experts + (2 * self.hidden * e.latent_size if e.latent_size else 0)
+                + e.top_k * g * self.moe_width * e.expert_ffn_hidden + e.shared_experts * g * self.hidden * e.expert_ffn_hidden)
 
     @property
     def router_params(self) -> int:
@@ -555,7 +625,7 @@ class TransformerModel:
 
     @property
     def routed_expert_params_per_moe_layer(self) -> int:
-        return self.moe.experts * self.expert_mlp_params if self.moe else 0
+        return self.moe.experts * self.routed_expert_mlp_params if self.moe else 0
 
     @property
     def params_per_moe_layer(self) -> int:
@@ -563,7 +633,8 @@ class TransformerModel:
         if not self.moe:
             return 0
         return (self.attention_params_per_layer + self.norm_params_per_layer + self.router_params
-                + (self.moe.experts + self.moe.shared_experts) * self.expert_mlp_params)
+                + self.latent_projection_params + self.routed_expert_params_per_moe_layer
+                + self.moe.shared_experts * self.expert_mlp_params)
 
     @property
     def embedding_params(self) -> int:
@@ -585,22 +656,46 @@ class TransformerModel:
     @property
     def mtp_params(self) -> int:
         """Parameters of the multi-token-prediction module: per depth its block (an MoE layer in an MoE
-        model) and :attr:`mtp_projection_params`; 0 without one."""
-        block = self.params_per_moe_layer if self.moe else self.params_per_layer
-        return self.mtp_layers * (block + self.mtp_projection_params)
+        model; a hybrid's :attr:`mtp_pattern` layers) and :attr:`mtp_projection_params`; 0 without one."""
+        if self.mtp_pattern:
+            block = sum(self.kind_params(LAYER_KINDS[c]) for c in self.mtp_pattern)
+        else:
+            block = self.params_per_moe_layer if self.moe else self.params_per_layer
+        return self.mtp_param_depths * (block + self.mtp_projection_params)
+
+    @property
+    def mtp_param_depths(self) -> int:
+        """Multi-token-prediction depths that hold parameters of their own: 1 of repeated depths
+        (:attr:`mtp_repeated`), else every depth."""
+        return min(self.mtp_layers, 1) if self.mtp_repeated else self.mtp_layers
+
+    @property
+    def mtp_block_layers(self) -> int:
+        """Layers of one multi-token-prediction depth, each counted as a layer of the last stage: a hybrid's
+        :attr:`mtp_pattern` layers, else one transformer block."""
+        return len(self.mtp_pattern) if self.mtp_pattern else 1
+
+    @property
+    def mtp_moe_layers(self) -> int:
+        """MoE layers of the multi-token-prediction module whose routed experts are held (over ep): per depth
+        with parameters of its own (:attr:`mtp_param_depths`) the E layers of a hybrid's :attr:`mtp_pattern`,
+        else its block (an MoE model's)."""
+        per_depth = self.mtp_pattern.count("E") if self.mtp_pattern else (1 if self.moe else 0)
+        return self.mtp_param_depths * per_depth
 
     @property
     def num_params(self) -> int:
         if self.layer_pattern:
             return (sum(self.kind_params(LAYER_KINDS[c]) for c in self.layer_pattern)
-                    + self.embedding_params + self.lm_head_params)
+                    + self.embedding_params + self.lm_head_params + self.mtp_params)
         return (self.dense_layers * self.params_per_layer + self.moe_layers * self.params_per_moe_layer
                 + self.embedding_params + self.lm_head_params + self.mtp_params)
 
     @property
     def _moe_active_per_layer(self) -> int:
         return (self.attention_params_per_layer + self.norm_params_per_layer + self.router_params
-                + (self.moe.top_k + self.moe.shared_experts) * self.expert_mlp_params)
+                + self.latent_projection_params + self.moe.top_k * self.routed_expert_mlp_params
+                + self.moe.shared_experts * self.expert_mlp_params)
 
     @property
     def active_params(self) -> int:
@@ -609,8 +704,10 @@ class TransformerModel:
         if not self.moe:
             return self.num_params
         if self.layer_pattern:
+            mtp = self.mtp_param_depths * (sum(self.kind_active_params(LAYER_KINDS[c]) for c in self.mtp_pattern)
+                                           + self.mtp_projection_params)
             return (sum(self.kind_active_params(LAYER_KINDS[c]) for c in self.layer_pattern)
-                    + self.embedding_params + self.lm_head_params)
+                    + self.embedding_params + self.lm_head_params + mtp)
         return (self.dense_layers * self.params_per_layer + self.moe_layers * self._moe_active_per_layer
                 + self.embedding_params + self.lm_head_params
                 + self.mtp_layers * (self._moe_active_per_layer + self.mtp_projection_params))
@@ -634,17 +731,23 @@ class TransformerModel:
         attention = self.attention_weights_per_layer
         if not moe:
             return 2 * (attention + self.mlp_matrices * h * f)
-        e = self.moe
-        return 2 * (attention + h * e.experts + (e.top_k + e.shared_experts) * self.mlp_matrices * h * e.expert_ffn_hidden)
+        return 2 * (attention + self.moe_weights_per_token)
 
     def mtp_flops_per_token(self, seq_len: int, causal_halved: bool = False) -> float:
         """Forward FLOPs per token of the multi-token-prediction module: per depth the 2h -> h
-        projection (2·2h·h), its block's GEMMs and attention (a full-attention layer) and the shared
-        head's logits; 0 without one."""
+        projection (2·2h·h), its block's GEMMs and attention (a full-attention layer; a hybrid depth: its
+        :attr:`mtp_pattern` layers' GEMMs, attention scores and SSD scans) and the shared head's logits; 0
+        without one."""
         if not self.mtp_layers:
             return 0.0
         attention = self._attention_flops_per_token(seq_len / 2 if causal_halved else seq_len)
-        block = self._block_matmul_flops_per_token(moe=self.moe is not None)
+        if self.mtp_pattern:    # a hybrid depth: its layers' GEMMs, attention layers' scores, Mamba layers' scans
+            q = self.mtp_pattern
+            block = sum(self.kind_matmul_flops_per_token(LAYER_KINDS[c]) for c in q)
+            attention = q.count("*") * attention
+            block += q.count("M") * self.mamba.scan_flops_per_token() if "M" in q else 0.0
+        else:
+            block = self._block_matmul_flops_per_token(moe=self.moe is not None)
         return self.mtp_layers * (4 * self.hidden * self.hidden + block + attention + self.logit_flops_per_token())
 
     @property
@@ -735,12 +838,15 @@ class TransformerModel:
             moe = (f", MoE {e.experts}x{e.expert_ffn_hidden} top-{e.top_k}"
                    f"{f' +{e.shared_experts} shared' if e.shared_experts else ''}"
                    f"{f' within {e.router_group_top_k} of {e.router_groups} groups' if e.group_limited else ''}"
+                   f"{f' at latent {e.latent_size}' if e.latent_size else ''}"
                    f" in {self.moe_layers} layers, "
                    f"{self.active_params / 1e9:.2f}B active")
         return (f"{self.name}: {self.num_params / 1e9:.2f}B params, {self.layers} layers, hidden {self.hidden}, "
                 f"{self.heads} heads{kv}, ffn {self.ffn_hidden} ({self.activation}), vocab {self.vocab}"
                 f"{', tied' if self.tied_embeddings else ''}{moe}"
-                f"{f', multi-token prediction depth {self.mtp_layers}' if self.mtp_layers else ''}")
+                f"{f', multi-token prediction depth {self.mtp_layers}' if self.mtp_layers else ''}"
+                f"{f' of {self.mtp_pattern!r}' if self.mtp_pattern else ''}"
+                f"{' (one depth repeated)' if self.mtp_repeated else ''}")
 
 
 def params_text(total: int, active: int | None = None) -> str:

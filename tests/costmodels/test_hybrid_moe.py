@@ -187,13 +187,3 @@ def test_stage_costs_hold_an_e_layers_experts_over_ep():
     whole = sum(M.model_state_bytes(N3.kind_params("moe") / p.tp, p).values())
     assert c8["moe"].weight_bytes < whole / 4
 
-
-def test_latent_moe_configs_are_refused_by_their_key(tmp_path):
-    """Nemotron 3 Super's LatentMoE is not priced: a config with moe_latent_size is refused naming it, not
-    priced silently at the hidden width."""
-    cfg = json.loads((DATA / "nemotron3_nano_30b_a3b_config.json").read_text())
-    f = tmp_path / "config.json"
-    f.write_text(json.dumps({**cfg, "moe_latent_size": 1024}))
-    with pytest.raises(ConfigError) as e:
-        load_model(str(f))
-    assert e.value.field == "moe_latent_size"

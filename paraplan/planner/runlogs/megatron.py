@@ -116,7 +116,8 @@ def model_from_args(args: dict[str, str], vocab: int | None) -> tuple[Transforme
     moe = None
     if experts and experts > 1:
         moe = MoESpec(experts=experts, top_k=_int(args, "moe_router_topk") or 2,
-                      expert_ffn_hidden=_int(args, "moe_ffn_hidden_size") or ffn or 4 * hidden)
+                      expert_ffn_hidden=_int(args, "moe_ffn_hidden_size") or ffn or 4 * hidden,
+                      latent_size=_int(args, "moe_latent_size") or 0)     # LatentMoE (None: none)
     dropout = float(args.get("hidden_dropout", "0.1") or 0.1) > 0
     model = TransformerModel(
         name=f"megatron-log-{layers}L-{hidden}h", layers=layers, hidden=hidden, heads=heads, vocab=vocab,
