@@ -38,6 +38,7 @@ import pandas as pd
 from memory_fit import CLUSTER, plan_of
 from paraplan.calibration.sweep import HOW_TO_OBTAIN, sweep_csv
 from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.memory import planner_memory_limit
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
 from paraplan.planner.simplicity import prefer_simpler
@@ -57,6 +58,7 @@ class Judged:
     row: object
     estimate: object | None
     error: str | None
+    cluster: object = None
 
 
 def judge_runs(rows: pd.DataFrame) -> list[Judged]:
@@ -67,9 +69,9 @@ def judge_runs(rows: pd.DataFrame) -> list[Judged]:
         cluster = load_cluster(CLUSTER, int(row.gpus))
         job = TrainingJob(int(row.seq_len), int(row.global_batch_tokens) // int(row.seq_len))
         try:
-            out.append(Judged(row, estimate(model, job, cluster, plan_of(row)), None))
+            out.append(Judged(row, estimate(model, job, cluster, plan_of(row)), None, cluster))
         except ConfigError as err:
-            out.append(Judged(row, None, str(err)))
+            out.append(Judged(row, None, str(err), cluster))
     return out
 
 
@@ -83,9 +85,8 @@ def frame(judged: list[Judged], fraction: float = DEFAULT_MEMORY_FRACTION) -> pd
         rec.update(oom=bool(r.oom), measured_mfu=r.measured_mfu, error=j.error)
         if e is not None:
             total = e.memory_bytes_per_gpu["total"]
-            cap = e.details["gpu_memory_bytes"]
             iv = e.prediction_interval or {}
-            rec.update(predicted_gib=total / 2**30, fits_estimate=bool(e.feasible), fits_planner=total <= fraction * cap,
+            rec.update(predicted_gib=total / 2**30, fits_estimate=bool(e.feasible), fits_planner=fits_planner(j, fraction),
                        predicted_mfu=e.mfu, step_s=e.step_time_s, tokens_p10=iv.get("tokens_per_s_p10", e.tokens_per_s))
         recs.append(rec)
     return pd.DataFrame(recs)
@@ -109,12 +110,19 @@ def fit_table(df: pd.DataFrame, verdict: str, by=("sheet",)) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def fits_planner(j: Judged, fraction: float = DEFAULT_MEMORY_FRACTION) -> bool:
+    """Whether the planner admits the run's layout: its predicted total within the planner's limit
+    (paraplan.costmodels.memory.planner_memory_limit: ``fraction`` of the GPU, less the allocator-pressure
+    headroom for ZeRO-3 / FSDP plans, which the sweep has none of)."""
+    e = j.estimate
+    return e is not None and e.memory_bytes_per_gpu["total"] <= float(planner_memory_limit(e.plan, j.cluster, fraction))
+
+
 def ranked(judged: list[Judged], rank_by: str, fraction: float = DEFAULT_MEMORY_FRACTION) -> list[Judged]:
     """The runs the planner judges to fit (within ``fraction`` of the GPU), in the order ``paraplan plan``
     gives them: by step time with ties within planner_tie_share to the simpler layout
     (paraplan.planner.simplicity.prefer_simpler), then, for p10, stably by the interval's low end."""
-    fits = [j for j in judged if j.estimate is not None
-            and j.estimate.memory_bytes_per_gpu["total"] <= fraction * j.estimate.details["gpu_memory_bytes"]]
+    fits = [j for j in judged if fits_planner(j, fraction)]
     by_est = {id(j.estimate): j for j in fits}
     order = [by_est[id(e)] for e in prefer_simpler(sorted((j.estimate for j in fits), key=lambda e: e.step_time_s))]
     if rank_by == "p10":
