@@ -25,7 +25,39 @@ Printed, per setup and overall:
   measured MFU of the setup (0 where the pick ran out of memory), for rank-by median and p10.
   The estimates are in-sample: the sweep is among the calibration rows of the A100 curves.
 
-Figures, 2026-12-07 (sheets64; 522 runs, 259 OOM, 263 ran) -- see the module's NOTES below, printed too.
+Figures, 2026-12-07 (issue 64; 522 runs, 259 OOM, 263 ran; in-sample):
+* verdicts: the estimate's 11 false fits (4.2 %) / 13 false OOMs (4.9 %); the planner's the same at its default share
+  1.0 (at 0.95: 8 / 21 = 3.1 % / 8.0 %). Per setup: 13B/32 0 / 0; 13B/64 7 (10.4 %) / 2 (2.7 %); 30B/256 3 (3.4 %)
+  / 2 (2.6 %); 30B/64 1 (3.7 %) / 6 (25.0 %: three layouts run twice); 65B/128 0 / 3 (4.2 %).
+* picks (rank-by median and p10 alike): 13B/32 1.000, 13B/64 1.000, 30B/256 0.950 (tp1 pp4 mb1 for the best tp2 pp4
+  mb1: predicted 50.8 % against 49.6 % MFU, measured 46.8 % against 49.2 %), 30B/64 0.991, 65B/128 0.997; 5 of 5
+  within 5 %. Before issue 64 (0.95 share, fewer stages first in a tie): 0.894, 0.893, 0.800, 0.845, 0.997 (1 of 5).
+  Split by kernel (``--by-kernel``, 14 groups): 8 of 14.
+Causes of what remains (none fixed here: no source that would fix them):
+* false fits, 13B/64: 6 are non-flash (torch, fused softmax) full-recomputation runs at micro-batch 8 (predicted
+  51-79 GiB). Every micro-batch-8 non-flash run of the sheet ran out of memory, while micro-batch 4 tp1 pp2 ran at
+  53.7 GiB predicted with the same score matrix per layer (b·a/t·s² = 671M elements) as micro-batch 8 tp2 pp2 (51.2
+  GiB, OOM): no per-layer attention term separates them (one layer's 5 saved + 4 transient bytes per score element
+  is 5.6 GiB at tp2). These are the sheet's older trials (ids 97xxx, an earlier Scaling than the 132xxx
+  FlashAttention-2 runs). The 7th is FlashAttention 1.0.8 tp2 pp1 micro-batch 8 (55.7 GiB, OOM) whose
+  FlashAttention-2 twin ran: FA1's fp32 dq accumulator (4·T·h/t bytes, 0.16 GiB) cannot tell them apart.
+* false fits, 30B/256: full recomputation micro-batch 2 at tp2 pp1 (74.0 and 78.2 GiB) OOM while tp1 pp2 with the
+  same model states ran (74.8, 83.2 GiB); 30B/64: tp4 pp1 micro-batch 2 (75.7 GiB). Not found.
+* false OOMs: all 13 predicted 80.4-86.8 GiB (0.5-8.5 % over); 11 are no-recomputation FlashAttention-2 layouts
+  with 30-50 GiB of activations, on which the Scaling allocator fraction (0.40) charges 13-21 GiB. A fit that
+  charges saved activations (0.30) apart from the backward working set (0.5, with 2.6 layers of transients) reaches
+  7 / 8 (2.7 % / 3.0 %), but no source separates the two: not adopted.
+* picks: the time model, not memory. In the 30B sheets the layouts holding 8.1B parameters per GPU (tp·pp = 4) run
+  slower than predicted the fewer GPUs of a data-parallel group share a node: tp1 pp4 +9 %, tp2 pp2 +28 %, tp4 pp1
+  +31..54 % on 256 GPUs, tp4 pp1 +8..11 % on 64, while their priced exposed fp32 all-reduce and all-gather is
+  0.7-1.9 s of 21-23 s (costmodels/dataparallel.py, comm.py). On 13B the sign flips (tp1 pp1 mb1 -11 %: its
+  compute term alone is 27.0 s against 26.5 s measured). Inside the 1.5 % tie the planner preferred fewer stages
+  until issue 64: of 208 tied measured pairs differing in pp alone, the fewer-stage run was faster in 24 %.
+``paraplan plan`` itself (the whole space, --engine scaling --fix zero=1 --no-offload, 2k, 2048 sequences) picks
+FlashAttention-2 with fused norms and no recomputation everywhere: 13B/32 tp1 pp1 mb1 (the measured best), 30B/64
+tp2 pp4 mb2 sp (0.991), 65B/128 tp2 pp4 mb1 sp (its non-SP twin is the best); 13B/64 tp2 pp1 mb2 sp and 30B/256
+tp2 pp2 mb1 sp, unmeasured on those sheets (no SP runs there), whose non-SP twins measured 0.893 and 0.800 of the
+best (the measured best is rank 2, 0.2 % behind, on 13B/64).
 """
 from __future__ import annotations
 
