@@ -27,12 +27,13 @@ DEFAULT_MOE_IMBALANCE = 1.0
 #: accounting, no engine's restrictions), as do ``validate`` (its harness is plain PyTorch) and old plan files.
 DEFAULT_ENGINE = "megatron"
 #: The share of each GPU's memory a plan may use, on ``plan`` and ``whatif`` alike (--max-memory-fraction,
-#: a what-if scenario file's max_memory_fraction). 0.95 keeps
-#: 4 GiB free on an 80 GiB GPU beyond the modelled allocator reserve. Chosen on the Hagemann et al.
-#: 2023 sweep (benchmarks/memory_fit.py rows, 259 OOM / 263 ran, A100-80GB): the share that balances
-#: false fits against false OOMs (1.00: 10.0 % / 0.8 %; 0.97: 7.7 / 2.7; 0.95: 6.2 / 5.3; 0.93:
-#: 4.2 / 7.6). At 1.0 the planner's picks left 0.2-2 GiB free. The cost: picks restricted to each
-#: sheet's runs land within 5 % of the best measured MFU on 3 of 5 setups (5 of 5 at 1.0).
+#: a what-if scenario file's max_memory_fraction): all of it (the estimate's total holds the caching
+#: allocator's reserve and fragmentation and the runtime reserve already); plans that churn the allocator
+#: (ZeRO-3 / FSDP) keep 2 GiB free besides (paraplan.costmodels.memory.planner_memory_limit). Chosen on the
+#: Hagemann et al. 2023 sweep (benchmarks/sweep_memory_picks.py, 259 OOM / 263 ran, A100-80GB): the share at
+#: most 1 that minimizes the larger of the false-fit and false-OOM rates (1.00: 4.2 % / 4.9 %; 0.97: 3.1 / 6.8;
+#: 0.95: 3.1 / 8.0), and the one at which the planner's pick among each sheet's layouts is within 5 % of the
+#: best measured run on 5 of 5 sheets (0.95: 2 of 5; the sweep's fastest runs are memory-tight).
 DEFAULT_MEMORY_FRACTION = fitted("plan_memory_fraction")
 
 

@@ -277,7 +277,7 @@ def why_line(plans, fastest) -> str:
             f"{', '.join(f'{k} {chr(43) if v > 0 else chr(8722)}{abs(v):.3g} s' for v, k in saves)}): under "
             f"{100 * TIE_SHARE:g} %, a tie at the estimator's resolution, which goes to the simpler layout (best: "
             f"{describe_complexity(best.plan)}; fastest: {describe_complexity(fastest.plan)}; ties order by complexity, "
-            "then fewer pp, vpp and cp)")
+            "then fewer vpp and cp, then step time)")
 
 
 def schedule_lines(by_schedule: dict) -> list[str]:

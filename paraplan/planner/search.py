@@ -18,6 +18,7 @@ import numpy as np
 
 from paraplan.costmodels.efficiency import curves_for
 from paraplan.costmodels.estimate import Estimate, TIME_TERMS, estimate_legal, memory_terms, step_terms
+from paraplan.costmodels.memory import planner_memory_limit
 from paraplan.engines import spec_named
 from paraplan.plan import PLAN_FIELDS, PlanBatch, is_fp8
 from paraplan.planner.simplicity import TIE_SHARE, prefer_simpler, ties_first_simplest
@@ -66,12 +67,16 @@ class _Progress:
             sys.stderr.write("\n")
 
 
-def memory_limits(terms, cluster, max_memory_fraction: float):
+def memory_limits(terms, cluster, max_memory_fraction: float, batch=None):
     """(GPU bytes, over GPU memory, over host memory, over NVMe) per candidate, from ``terms`` (a
-    :class:`~paraplan.costmodels.estimate.MemoryTerms` or ``StepTerms``)."""
+    :class:`~paraplan.costmodels.estimate.MemoryTerms` or ``StepTerms``). With the candidates' ``batch``
+    the GPU limit is :func:`~paraplan.costmodels.memory.planner_memory_limit` (ZeRO-3 / FSDP plans keep
+    the allocator-pressure headroom free besides the fraction)."""
     g = cluster.gpus_per_node
     mem = np.asarray(terms.memory["total"], float)
-    over_gpu = mem > cluster.accelerator.memory_bytes * max_memory_fraction
+    limit = cluster.accelerator.memory_bytes * max_memory_fraction if batch is None else \
+        planner_memory_limit(batch, cluster, max_memory_fraction)
+    over_gpu = mem > limit
     over_host = np.asarray(terms.host_per_gpu * g > cluster.node_system.host_memory_bytes)
     over_nvme = np.asarray(terms.nvme_per_gpu * g > cluster.node_system.nvme_capacity_bytes)
     return mem, over_gpu, over_host, over_nvme
@@ -80,7 +85,7 @@ def memory_limits(terms, cluster, max_memory_fraction: float):
 def score_batch(model, job, cluster, batch: PlanBatch, curves, max_memory_fraction: float):
     """Vectorized step time, memory and feasibility reasons for every candidate."""
     terms = step_terms(model, job, cluster, batch, curves)
-    return (np.asarray(terms.step, float), *memory_limits(terms, cluster, max_memory_fraction))
+    return (np.asarray(terms.step, float), *memory_limits(terms, cluster, max_memory_fraction, batch))
 
 
 def score_fitting(model, job, cluster, batch: PlanBatch, curves, max_memory_fraction: float):
@@ -89,7 +94,7 @@ def score_fitting(model, job, cluster, batch: PlanBatch, curves, max_memory_frac
     time terms of those that fit. Most of a large space does not fit (DeepSeek-V3 on 1024 H100: 83 %),
     so this halves the vectorized stage there; elementwise numpy gives the same step times on a subset."""
     held = memory_terms(model, job, cluster, batch)
-    mem, over_gpu, over_host, over_nvme = memory_limits(held, cluster, max_memory_fraction)
+    mem, over_gpu, over_host, over_nvme = memory_limits(held, cluster, max_memory_fraction, batch)
     step = np.full(len(batch), np.inf)
     fit = np.nonzero(~(over_gpu | over_host | over_nvme))[0]
     if fit.size:

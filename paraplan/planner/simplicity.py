@@ -9,8 +9,15 @@ tied with the fastest, the ranking orders by
 1. **complexity**, the sum of :data:`CHOICE_COSTS` over the plan's choices (0: the plain setting every
    engine runs by default; more: what takes extra setup, extra code paths or extra memory traffic to run,
    and fails in more ways),
-2. then fewer pipeline stages (pp), fewer virtual stages (vpp) and a smaller context-parallel group (cp),
+2. then fewer virtual stages (vpp) and a smaller context-parallel group (cp),
 3. then step time (and memory: the search's order).
+
+The number of pipeline stages is not a key: inside the tie the estimator's own order is the better guess.
+On the Hagemann et al. 2023 sweep (arXiv:2311.05610; 2k sheets, Scaling, A100) 208 pairs of measured runs
+of one setup differ in pp alone (same recomputation) and are predicted within the tie share of each other:
+the one with fewer stages ran faster in 24 % of them (median measured ratio 0.945), the one predicted
+faster in 57 % (54-59 % on every sheet); preferring fewer stages put the planner's pick among each sheet's
+layouts at 0.80 and 0.85 of the best measured run on the two 30B sheets (benchmarks/sweep_memory_picks.py).
 
 Plans outside the tie keep the order of their step times. Written over numpy arrays, so one function
 orders a PlanBatch's millions of candidates and a handful of estimated plans alike.
@@ -77,8 +84,8 @@ def complexity(plan) -> np.ndarray:
 
 
 def simplicity_order(plan) -> tuple[np.ndarray, ...]:
-    """The keys ties are ordered by, most significant first: complexity, pp, vpp, cp."""
-    return complexity(plan), np.asarray(plan.pp), np.asarray(plan.vpp), np.asarray(plan.cp)
+    """The keys ties are ordered by, most significant first: complexity, vpp, cp."""
+    return complexity(plan), np.asarray(plan.vpp), np.asarray(plan.cp)
 
 
 def tie_limit(fastest_step_s: float) -> float:

@@ -85,7 +85,7 @@ def test_plan_and_whatif_share_one_memory_margin(tmp_path):
     """Before: plan 0.95, whatif 1.0 (the README's H200 point filled 140.8 of 141 GiB)."""
     plan = build_parser().parse_args(PLAN)
     whatif = scenario_from_cli(build_parser().parse_args(WHATIF + ["--out", str(tmp_path / "r")]))
-    assert plan.max_memory_fraction == whatif.max_memory_fraction == DEFAULT_MEMORY_FRACTION == 0.95
+    assert plan.max_memory_fraction == whatif.max_memory_fraction == DEFAULT_MEMORY_FRACTION == 1.0
     (tmp_path / "s.yaml").write_text("model: gpt-1.7b\ncluster: dgx-a100-80g\nsweep: {gpus: '8,16'}\n")
     from_file = scenario_from_cli(build_parser().parse_args(["whatif", "--scenario", str(tmp_path / "s.yaml"),
                                                              "--out", str(tmp_path / "r")]))

@@ -101,7 +101,7 @@ def test_default_memory_margin_keeps_headroom(capsys):
     import pandas as pd
     df = pd.read_csv(io.StringIO(capsys.readouterr().out))
     hbm = load_cluster("dgx-h100", 8).accelerator.memory_bytes / 2**30
-    assert DEFAULT_MEMORY_FRACTION == 0.95
+    assert DEFAULT_MEMORY_FRACTION == 1.0
     assert (df["headroom_GiB"] >= (1 - DEFAULT_MEMORY_FRACTION) * hbm - 0.05).all()
     assert {"ep", "cp_mode", "opt", "dtype"} <= set(df.columns)
 

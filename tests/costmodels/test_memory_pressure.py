@@ -9,8 +9,10 @@ import pytest
 
 from paraplan.calibration import load_cases, short_source
 from paraplan.costmodels.estimate import estimate
-from paraplan.costmodels.memory import ALLOCATOR_PRESSURE_HEADROOM_BYTES, churns_allocator
+from paraplan.costmodels.memory import (ALLOCATOR_PRESSURE_HEADROOM_BYTES, churns_allocator, churns_allocator_where,
+                                        planner_memory_limit)
 from paraplan.plan import Plan
+from paraplan.scenario import DEFAULT_MEMORY_FRACTION, load_cluster
 
 
 def _flagged(e):
@@ -49,3 +51,37 @@ def test_a_plan_with_room_is_not_flagged(foundry_13b_on_eight_40gb):
 ])
 def test_which_plans_churn_the_allocator(kw, churns):
     assert churns_allocator(Plan(dp=8, **kw)) is churns
+
+
+def test_the_churn_mask_of_a_batch_matches_each_plan():
+    plans = [Plan(dp=8, engine=e, zero=z) for e, z in (("generic", 3), ("generic", 1), ("deepspeed", 3),
+                                                         ("megatron", 1), ("torchtitan", 2), ("torchtitan", 0),
+                                                         ("scaling", 1))]
+    assert [bool(churns_allocator_where(p)) for p in plans] == [churns_allocator(p) for p in plans] == \
+        [True, False, True, False, True, False, False]
+
+
+def test_the_planner_keeps_the_pressure_headroom_free_only_for_plans_that_churn():
+    """On an 80 GiB H100 at the default share (1.0, issue 64): a Megatron ZeRO-1 plan may fill all 80 GiB,
+    an FSDP plan (torchtitan ZeRO-2, DeepSpeed ZeRO-3) 78 GiB; a lower share binds both."""
+    cluster = load_cluster("dgx-h100", 8)
+    cap = cluster.accelerator.memory_bytes
+    assert DEFAULT_MEMORY_FRACTION == 1.0 and ALLOCATOR_PRESSURE_HEADROOM_BYTES == 2 * 2**30
+    assert planner_memory_limit(Plan(dp=8, engine="megatron", zero=1), cluster, 1.0) == cap
+    for kw in (dict(engine="torchtitan", zero=2), dict(engine="deepspeed", zero=3)):
+        assert planner_memory_limit(Plan(dp=8, **kw), cluster, 1.0) == cap - 2 * 2**30
+        assert planner_memory_limit(Plan(dp=8, **kw), cluster, 0.9) == pytest.approx(0.9 * cap)
+
+
+def test_an_fsdp_search_returns_no_plan_within_the_pressure_headroom():
+    from paraplan.planner.search import search
+    from paraplan.planner.space import SpaceOptions
+    from paraplan.workloads.presets import load_model
+    from paraplan.workloads.transformer import TrainingJob
+    cluster = load_cluster("dgx-h100", 8)
+    r = search(load_model("llama3-8b"), TrainingJob(8192, 64), cluster, top=20,
+               options=SpaceOptions(fixed={"engine": "torchtitan", "zero": 3, "tp": 1, "pp": 1}),
+               max_memory_fraction=1.0)
+    assert r.plans
+    assert all(e.memory_bytes_per_gpu["total"] <= cluster.accelerator.memory_bytes - ALLOCATOR_PRESSURE_HEADROOM_BYTES
+               for e in r.plans)

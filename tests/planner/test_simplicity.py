@@ -58,15 +58,19 @@ def test_a_tie_goes_to_the_simpler_plan_and_a_clear_win_to_the_faster():
         ["interleaved", "1f1b"]
 
 
-def test_ties_order_by_complexity_then_fewer_pp_vpp_cp_then_time():
+def test_ties_order_by_complexity_then_fewer_vpp_cp_then_time_not_by_pp():
+    """Inside a tie the number of pipeline stages is not a key (issue 64: on the Hagemann et al. sweep the
+    fewer-stage layout of a tied pair ran faster in 24 % of 208 pairs, the one predicted faster in 57 %)."""
     base = Plan(tp=4, pp=4, cp=2, sp=True, zero=1, engine="megatron")
     a = _est(replace(base, pp=8, dp=1), 60.0)
     b = _est(base, 60.3)
     c = _est(replace(base, schedule="interleaved", vpp=2), 60.1)
     d = _est(replace(base, schedule="interleaved", vpp=3), 60.05)
+    e = _est(replace(base, cp=1, dp=4), 60.2)
     slow = _est(base, tie_limit(60.0) + 0.01)     # the simplest, but outside the tie: after every tie
-    ranked = prefer_simpler(sorted([a, b, c, d, slow], key=lambda e: e.step_time_s))
-    assert ranked == [b, a, c, d, slow]
+    ranked = prefer_simpler(sorted([a, b, c, d, e, slow], key=lambda x: x.step_time_s))
+    # complexity 0 first: e (cp 1) before a and b (cp 2), then a (pp 8, faster) before b (pp 4)
+    assert ranked == [e, a, b, c, d, slow]
 
 
 def test_the_vectorized_ranking_puts_the_simplest_tied_candidate_first():
@@ -80,7 +84,7 @@ def test_the_vectorized_ranking_puts_the_simplest_tied_candidate_first():
     n = int((step < limit).sum())
     tied, rest = out[:n], out[n:]
     assert (step[tied] < limit).all() and list(rest) == [i for i in ranked if step[i] >= limit]
-    keys = [(int(complexity(batch.plan(int(i)))), batch.pp[i], batch.vpp[i], batch.cp[i]) for i in tied[:50]]
+    keys = [(int(complexity(batch.plan(int(i)))), batch.vpp[i], batch.cp[i]) for i in tied[:50]]
     assert keys == sorted(keys)
 
 
