@@ -71,6 +71,10 @@ def layer_costs(model, job, cluster, plan: Plan, curves=None, recompute: str | N
     curves = curves or curves_for(cluster)
     # another recompute mode drops the plan's module list (Megatron's --recompute-modules is selective's)
     swap = {"recompute": recompute, "recompute_modules": plan.recompute_modules if recompute == "selective" else ""}
+    if recompute == "full":
+        # switches that refuse full recomputation are dropped for these costs: neither changes what a layer
+        # saves (the EP overlap pairs micro-batches; activation offload moves saved tensors to the host)
+        swap.update(ep_comm_overlap=False, offload_activation_layers=0)
     p = replace(plan, pp=1, vpp=1, schedule="1f1b", **(swap if recompute else {}))
 
     def one_layer(moe_layer: bool) -> LayerCost:

@@ -87,3 +87,16 @@ def test_exact_partition_where_cbc_runs_out_of_time():
     ilp = stage_layout(model, job, cluster, plan, ilp=True)
     assert exact.partition_status == "Optimal" and exact.boundaries == ilp.boundaries
     assert exact.bottleneck_s <= ilp.bottleneck_s
+
+
+def test_stage_layout_of_a_plan_with_a_switch_that_refuses_full_recomputation():
+    """The stage split prices each layer's most frugal memory as under full recomputation; a plan with the
+    EP all-to-all overlap (which refuses full recomputation) raised ConfigError there, so `paraplan plan`
+    stopped after its search (DeepSeek-V3 on 2048 H100, --fix ep_comm_overlap=true, best plan dualpipev pp 8)."""
+    model, job, cluster = load_model("qwen3-30b-a3b"), TrainingJob(4096, 512), load_cluster("dgx-h100", 64)
+    plan = Plan(engine="generic", tp=1, pp=4, dp=16, ep=8, schedule="interleaved", vpp=2, zero=1,
+                recompute="selective", ep_comm_overlap=True, micro_batch=1)
+    frugal = layer_costs(model, job, cluster, plan, recompute="full")
+    plain = layer_costs(model, job, cluster, plan)
+    assert all(f.activation_bytes <= p.activation_bytes for f, p in zip(frugal, plain))
+    assert stage_layout(model, job, cluster, plan) is not None
