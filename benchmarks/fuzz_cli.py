@@ -138,6 +138,24 @@ GPT_ROW = {**RUN_ROW, "model": "GPT 7.5B", "params_b": None, "layers": 36, "hidd
            "vocab": 51200, "seq_len": 2048, "gpu": "A100 80GB", "num_gpus": 128, "tp": 4, "dp": 32, "cp_or_sp": None,
            "zero_stage": None, "micro_batch": 16, "global_batch": 512, "precision": "fp16", "recompute": "full",
            "measured_metric": "tflops_per_gpu_incl_recompute", "measured_unit": "TFLOP/s/GPU", "measured_value": 150.0}
+#: real inputs of `score --log` and `calibrate` (the test fixtures: a Megatron-DeepSpeed training log, three
+#: `validate` run folders with their profiler traces and the profile they were predicted with)
+DATA = Path(__file__).resolve().parents[1] / "tests" / "data"
+LOG_TEXT = (DATA / "logs" / "megatron_deepspeed_llama_tp2pp2.log").read_text(encoding="utf-8")
+RUN_DIRS = ("dp2", "tp2", "pp2")
+
+
+def _run_dir_files() -> dict:
+    """The calibrate fixtures' run folders as case files (their traces as bytes)."""
+    files: dict = {}
+    for run in RUN_DIRS:
+        for f in sorted((DATA / "traces" / run).rglob("*")):
+            if f.is_file():
+                rel = str(f.relative_to(DATA / "traces"))
+                files[rel] = f.read_bytes() if f.suffix == ".gz" else f.read_text(encoding="utf-8")
+    return files
+
+
 CLUSTER_DOC = {"name": "fz-cluster", "system": "dgx-h100", "gpus": 16, "inter_node_oversubscription": 2}
 SCENARIO_DOC = {"model": "llama3-8b", "cluster": "dgx-h100", "gpus": 8, "seq_len": 2048, "global_batch": 16,
                 "sweep": {"gpus": "8,16"}, "fix": {"zero": 1}, "heatmap": False, "max_memory_fraction": 0.9}
@@ -187,8 +205,8 @@ def _cpu_profile_doc() -> dict:
 class FileSpec:
     """An input file a command reads: its name, format, valid document and the flag naming it."""
     name: str
-    fmt: str                  # yaml | json | sqlite
-    doc: dict | None
+    fmt: str                  # yaml | json | sqlite | text (a log: its lines are mutated)
+    doc: dict | str | None
     flag: str                 # the flag or argument that names the file (what file-level errors name)
     field_names: tuple[str, ...] = ()     # what else an error about the whole file may be called
 
@@ -206,6 +224,7 @@ class Case:
 
 
 DIR = object()    # a file entry that is a folder
+MISSING = object()    # a file entry that is not there (also when the base command has the file)
 
 
 # --- the commands and their flags ----------------------------------------------------------------
@@ -236,16 +255,22 @@ def _bases():
                 "--out", "{d}/val"]
     profile = ["profile", "--quick", "--world-sizes", "2", "--db", "{d}/profiles.sqlite"]
     score = ["score", "{d}/runs.csv", "--format", "json"]
+    log = FileSpec("run.log", "text", LOG_TEXT, "--log", ("log",))
+    report = FileSpec("dp2/report.json", "json", json.loads((DATA / "traces" / "dp2" / "report.json").read_text()),
+                      "RUN_DIR", ("report", "run", "dp2"))
+    score_log = ["score", "--log", "{d}/run.log", "--gpu", "A100-80GB", "--format", "json"]
+    calibrate = ["calibrate", "{d}/dp2", "{d}/tp2", "{d}/pp2", "--cluster", "profile:vm", "--db",
+                 "{d}/profiles.sqlite", "--format", "json"]
     return [
         ("estimate", est, ("--gpus", "--seq-len", "--global-batch", "--tp", "--pp", "--cp", "--vpp", "--micro-batch",
                            "--zero", "--dp", "--ep", "--etp", "--schedule", "--recompute", "--moe-imbalance",
                            "--oversubscription", "--first-stage-layers", "--last-stage-layers", "--engine",
                            "--offload-activation-layers", "--recompute-modules",
-                           "--sp-mode", "--dtype", "--offload", "--model", "--cluster", "--format"),
+                           "--sp-mode", "--dtype", "--offload", "--model", "--cluster", "--format", "--trace"),
          (model, model_json, hf, gpt2, mixtral, cluster, planf, db)),
         ("plan", plan, ("--gpus", "--seq-len", "--global-batch", "--top", "--max-memory-fraction", "--fix",
                         "--moe-imbalance", "--oversubscription", "--engine", "--model", "--cluster", "--out",
-                        "--format", "--network"),
+                        "--format", "--network", "--trace"),
          (model, model_json, hf, gpt2, cluster, db)),
         ("export", ["export", "{d}/plan.json", "--to", "megatron"], ("--to", "--out", "PLAN.json"), (exportf,)),
         ("whatif", whatif, ("--gpus", "--seq-len", "--global-batch", "--sweep", "--price-per-gpu-hour",
@@ -264,12 +289,16 @@ def _bases():
                                 "--top-k", "--expert-ffn", "--moe-imbalance", "--activation", "--norm", "--kv-heads"), ()),
         ("profile", profile, ("--world-sizes", "--db"), (db,)),
         ("score", score, ("RUNS.csv", "--out", "--format"), (runs,)),
+        ("score log", score_log, ("--gpu", "--gpus", "--model", "--tp", "--pp", "--vpp", "--micro-batch", "--dtype",
+                                  "--warmup", "--log-kind", "--write-rows", "--seq-len", "--global-batch", "--format"),
+         (log,)),
+        ("calibrate", calibrate, ("--cluster", "--db", "--name", "--runs-csv", "--format"), (report,)),
     ]
 
 
 #: the flags of each command that take text (names, paths, expressions): odd unicode goes there
 STRING_FLAGS = {
-    "estimate": ("--model", "--cluster", "--db", "--plan", "--recompute-modules", "--sp-mode", "--engine"),
+    "estimate": ("--model", "--cluster", "--db", "--plan", "--recompute-modules", "--sp-mode", "--engine", "--trace"),
     "plan": ("--model", "--cluster", "--db", "--out", "--fix", "--engine", "--dtype"),
     "export": ("PLAN.json", "--out", "--to"),
     "whatif": ("--model", "--cluster", "--out", "--scenario", "--sweep", "--fix", "--plan"),
@@ -278,6 +307,8 @@ STRING_FLAGS = {
     "validate": ("--out", "--plan", "--db", "--predicted", "--rdzv-endpoint", "--recompute-modules"),
     "profile": ("--db",),
     "score": ("RUNS.csv", "--out"),
+    "score log": ("--log", "--gpu", "--model", "--write-rows", "--log-kind"),
+    "calibrate": ("RUN_DIR", "--cluster", "--db", "--name", "--runs-csv"),
 }
 
 
@@ -288,7 +319,7 @@ def _set_flag(argv: list[str], flag: str, value: str) -> list[str]:
     """argv with ``flag``'s value replaced (or the flag added) — for the positionals PLAN.json, RUNS.csv and
     list's WHAT too."""
     argv = list(argv)
-    if flag in ("PLAN.json", "RUNS.csv", "WHAT"):
+    if flag in ("PLAN.json", "RUNS.csv", "WHAT", "RUN_DIR"):
         argv[1] = value
         return argv
     if flag in argv:
@@ -330,7 +361,8 @@ def _mode(command: str) -> str:
 def _file_case(rng: random.Random, command: str, argv: list[str], spec: FileSpec) -> Case:
     """The base command reading ``spec`` with one change to that file."""
     flag_value = "{d}/" + spec.name
-    argv = _set_flag(argv, spec.flag, flag_value)
+    if spec.flag != "RUN_DIR":             # a run folder's report.json is read from the folder named
+        argv = _set_flag(argv, spec.flag, flag_value)
     if spec.flag == "--profile" and "--threads" in argv:       # the profile's threads are used
         j = argv.index("--threads")
         argv = argv[:j] + argv[j + 2:]
@@ -344,6 +376,8 @@ def _file_case(rng: random.Random, command: str, argv: list[str], spec: FileSpec
         if name != spec.name:
             argv = _set_flag(argv, spec.flag, "{d}/" + name)
         return Case(f"file {spec.name}: {kind}", argv, {name: ("sqlite", kind)}, whole, _mode(command))
+    if spec.fmt == "text":
+        return _text_file_case(rng, command, argv, spec, whole)
     doc = json.loads(json.dumps(spec.doc))
     r = rng.random()
     if r < 0.3:
@@ -357,7 +391,7 @@ def _file_case(rng: random.Random, command: str, argv: list[str], spec: FileSpec
             "anchors": "a: &a [1,1,1,1,1,1,1,1,1]\nb: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\nc: &c [*b,*b,*b,*b,*b,*b,*b,*b]\n"
                        "d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\ne: [*d,*d,*d,*d,*d,*d,*d,*d,*d]\n",
             "dup-keys": text + ("\nname: again\n" if spec.fmt == "yaml" else "")}[kind]
-        files = {} if content is None else {spec.name: content}
+        files = {spec.name: MISSING if content is None else content}
         return Case(f"file {spec.name}: {kind}", argv, files, whole, _mode(command))
     # one key: the top level, or one level down (plan file's plan/scenario, a model's moe block)
     holder, prefix = doc, ""
@@ -384,6 +418,37 @@ def _file_case(rng: random.Random, command: str, argv: list[str], spec: FileSpec
                 argv, {spec.name: dump(doc, spec.fmt)}, fields_, _mode(command))
 
 
+def _text_file_case(rng: random.Random, command: str, argv: list[str], spec: FileSpec, whole: tuple) -> Case:
+    """A text input (a training log) damaged as a whole, or in its lines: a block of lines cut, a number in a
+    line replaced by a hostile value, a line repeated many times, the lines shuffled."""
+    text = str(spec.doc)
+    lines = text.splitlines(keepends=True)
+    r = rng.random()
+    if r < 0.3:
+        kind = rng.choice(("empty", "non-utf8", "truncated", "deep", "dir", "missing", "binary", "big-number", "crlf"))
+        content: object = {"empty": "", "non-utf8": b"\xff\xfe\xfa" + text.encode()[:400] + b"\xc3\x28",
+                           "truncated": text[:rng.randrange(1, len(text))], "deep": "[" * 50000 + "]" * 50000,
+                           "dir": DIR, "missing": MISSING, "binary": bytes(range(256)) * 4, "big-number": BIG_DIGITS,
+                           "crlf": text.replace("\n", "\r\n")}[kind]
+        return Case(f"file {spec.name}: {kind}", argv, {spec.name: content}, whole, _mode(command))
+    i = rng.randrange(len(lines))
+    if r < 0.5:
+        j = min(len(lines), i + rng.randint(1, 40))
+        what, lines = "lines cut", lines[:i] + lines[j:]
+    elif r < 0.85:
+        numbered = [k for k, ln in enumerate(lines) if re.search(r"\d", ln)]
+        k = rng.choice(numbered)
+        value = str(rng.choice(FLAG_VALUES))
+        what = f"number = {_value_class(value)}"
+        lines[k] = re.sub(r"\d+(\.\d+)?", lambda m: value if rng.random() < 0.5 else m.group(0), lines[k], count=3)
+    elif r < 0.93:
+        what, lines = "line repeated", lines[:i] + [lines[i]] * 2000 + lines[i:]
+    else:
+        rng.shuffle(lines)
+        what = "lines shuffled"
+    return Case(f"file {spec.name}: {what}", argv, {spec.name: "".join(lines)}, whole, _mode(command))
+
+
 def _canonical_names(key: str) -> tuple[str, ...]:
     """paraplan's own name for a Hugging Face config key (``n_head`` -> ``heads``): a rule that
     reads the model (heads % tp, say) names the field in paraplan's words."""
@@ -396,13 +461,15 @@ def make_cases(n: int, seed: int = 0, subprocess_every: int = 0) -> list[Case]:
     rng = random.Random(seed)
     bases = _bases()
     weights = {"estimate": 5, "plan": 3, "export": 2, "whatif": 0.6, "list": 1, "cf plan": 2, "validate": 2,
-               "profile": 1, "score": 1.5}
+               "profile": 1, "score": 1.5, "score log": 1.5, "calibrate": 0.8}
+    calibrate_files = {**_run_dir_files(), "profiles.sqlite": ("sqlite", "fixture")}
     cases = []
     for i in range(n):
         command, argv, flags, files = rng.choices(bases, weights=[weights[b[0]] for b in bases])[0]
         argv = list(argv)
         base_files = {"export": {"plan.json": dump(_plan_doc(), "json")},
-                      "score": {"runs.csv": dump(RUN_ROW, "csv")}}.get(command, {})
+                      "score": {"runs.csv": dump(RUN_ROW, "csv")}, "score log": {"run.log": LOG_TEXT},
+                      "calibrate": calibrate_files}.get(command, {})
         r = rng.random()
         if files and r < 0.38:
             case = _file_case(rng, command, argv, rng.choice(files))
@@ -410,7 +477,8 @@ def make_cases(n: int, seed: int = 0, subprocess_every: int = 0) -> list[Case]:
             case = _string_case(rng, command, argv)
         elif flags and r < 0.85:
             flag = rng.choice(flags)
-            value = rng.choice(OUT_VALUES if flag == "--out" and rng.random() < 0.7 else FLAG_VALUES)
+            value = rng.choice(OUT_VALUES if flag in ("--out", "--trace", "--write-rows") and rng.random() < 0.7
+                               else FLAG_VALUES)
             files_: dict = {}
             if "afile" in value:
                 files_["afile"] = "a file, not a folder\n"
@@ -434,7 +502,8 @@ def make_cases(n: int, seed: int = 0, subprocess_every: int = 0) -> list[Case]:
         else:
             choice_flags = {"--format": "json", "--to": "megatron", "--schedule": "1f1b", "--recompute": "selective",
                             "--zero": "1", "--engine": "megatron", "--cpu": "epyc-7742", "--cluster": "dgx-h100",
-                            "--model": "llama3-8b", "models": "models", "--attention": "math"}
+                            "--model": "llama3-8b", "models": "models", "--attention": "math",
+                            "--log-kind": "megatron"}
             present = [f for f in choice_flags if f in argv or f in flags]
             if not present:
                 case = Case(f"{command} no arguments", argv[:1] if command != "cf plan" else argv[:2], {},
@@ -522,6 +591,8 @@ def _make_files(case: Case, d: Path) -> list:
     held = []
     for name, content in case.files.items():
         p = d / name
+        if content is MISSING:
+            continue
         p.parent.mkdir(parents=True, exist_ok=True)
         if content is DIR:
             p.mkdir()
@@ -625,6 +696,11 @@ def _make_db(p: Path, kind: str) -> list:
         return []
     if kind == "empty":
         p.write_bytes(b"")
+        return []
+    if kind == "fixture":               # the profile the calibrate fixtures were predicted with
+        from paraplan.profiles.store import ProfileStore
+        prof = json.loads((DATA / "traces" / "profile.json").read_text())
+        ProfileStore(str(p)).add_run(prof["machine"], "quick", prof["rows"])
         return []
     if kind in ("valid", "wal", "valid-wal", "locked", "locked-wal", "corrupt", "truncated"):
         _store_profile(p, wal=kind in ("wal", "valid-wal", "locked-wal"))

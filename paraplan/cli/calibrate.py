@@ -25,7 +25,11 @@ def cmd_calibrate(args) -> int:
     if args.runs_csv:
         from paraplan.calibration import cases_of_table, read_runs_file, source_name
         from paraplan.reports.score import read_case
-        cases, skipped = cases_of_table(read_runs_file(args.runs_csv), read_case, source_name)
+        try:
+            table = read_runs_file(args.runs_csv)
+        except ConfigError as e:         # the file reader names score's positional RUNS.csv
+            raise ConfigError("--runs-csv", e.problem, accepted=e.accepted) from None
+        cases, skipped = cases_of_table(table, read_case, source_name)
         for i, src, reason in skipped:
             print(f"paraplan: note: --runs-csv row {i} ({src}) skipped: {reason}", file=sys.stderr)
         runs += row_runs(cases)

@@ -156,7 +156,9 @@ def _resolve(spec: str, db: str | None) -> tuple[str, str]:
     """(fingerprint id, label) of the machine a spec names; ConfigError when there is none."""
     path = db or default_db_path()
     if not path_problem(path) and not os.path.exists(path):
-        raise ConfigError("cluster", f"{shown(spec, 80)}: no profile database at {shown(path, 80)}", accepted=HINT)
+        given = db_field(db) if db or os.environ.get("PARAPLAN_PROFILE_DB") else "the default; --db names another"
+        raise ConfigError("cluster", f"{shown(spec, 80)}: no profile database at {shown(path, 80)} ({given})",
+                          accepted=HINT)
     store = ProfileStore(db, readonly=True)
     if spec == "local":
         fp = machine_fingerprint()

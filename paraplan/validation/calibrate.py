@@ -53,7 +53,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from paraplan.errors import ConfigError
+from paraplan.errors import ConfigError, shown
 from paraplan.plan import Plan
 from paraplan.profiles.cluster import STEPS, cluster_from_tables, resolve_profile
 from paraplan.profiles.store import ProfileStore, measured_tables
@@ -175,12 +175,15 @@ def read_run(path: str) -> Run:
         step = float(measured["step_time_s"])
         terms = {k: float(v) for k, v in measured["time_breakdown_s"].items()}
         steps = tuple(float(x) for x in measured.get("step_times_s") or (step,))
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError, OverflowError) as e:
         raise ConfigError("runs", f"{rp}: not a validate report ({type(e).__name__}: {str(e)[:80]})",
                           accepted=HINT) from None
     if not step > 0:
         raise ConfigError("runs", f"{rp}: measured step time {step!r} is not positive", accepted=HINT)
-    files = [f for f in (os.path.join(path, t) for t in rep.get("traces") or []) if os.path.isfile(f)] or \
+    listed = rep.get("traces") or []
+    if not isinstance(listed, list) or not all(isinstance(t, str) for t in listed):
+        raise ConfigError("runs", f"{rp}: 'traces' is {shown(repr(listed), 60)}, not a list of file names", accepted=HINT)
+    files = [f for f in (os.path.join(path, t) for t in listed) if os.path.isfile(f)] or \
         sorted(glob.glob(os.path.join(path, "traces", "*.json")) + glob.glob(os.path.join(path, "traces", "*.json.gz")))
     traces = tuple(read_trace(f).mean() for f in files)
     concurrency = tuple(compute_concurrency(files)) if len(files) > 1 else ()

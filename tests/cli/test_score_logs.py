@@ -70,6 +70,16 @@ def test_what_a_log_does_not_say_is_named_with_its_flag(capsys):
     assert "give --tp N" in _error(capsys)
 
 
+def test_a_value_the_user_gave_is_named_by_its_flag(capsys):
+    """Found by benchmarks/fuzz_cli.py: an unknown --gpu was reported as 'cluster: unknown name', a --seq-len the
+    log contradicts as 'sequence length 7 was given'; the errors now name the flag the user typed."""
+    log = str(LOGS / "megatron_deepspeed_llama_tp2pp2.log")
+    assert main(["score", "--log", log, "--gpu", "H1OO"]) == 2
+    assert "--gpu 'H1OO'" in _error(capsys)
+    assert main(["score", "--log", log, "--gpu", "A100-80GB", "--seq-len", "7"]) == 2
+    assert "but --seq-len 7 was given" in _error(capsys)
+
+
 def test_unknown_files_and_flags_that_do_not_go_together(tmp_path, capsys):
     other = tmp_path / "notes.txt"
     other.write_text("nothing a trainer prints\n")

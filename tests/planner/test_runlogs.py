@@ -74,7 +74,7 @@ def test_megatron_log_names_what_the_user_must_add_and_checks_what_they_add():
         read_run_log(MEGATRON)
     with pytest.raises(ConfigError, match=r"layers 24 \(the model: 32\)"):
         read_run_log(MEGATRON, overrides=Overrides(gpu="A100-80GB", model="llama2-7b"))
-    with pytest.raises(ConfigError, match="states tp 2, but tp 4 was given"):
+    with pytest.raises(ConfigError, match="states tp 2, but --tp 4 was given"):
         read_run_log(MEGATRON, overrides=Overrides(gpu="A100-80GB", layout={"tp": 4}))
 
 
@@ -197,3 +197,16 @@ def test_unknown_format_and_kind_name_the_kinds_accepted(tmp_path):
         read_run_log(tmp_path / "missing.log")
     with pytest.raises(ConfigError, match="arguments block"):
         read_run_log(TITAN_STEPS, kind="megatron")
+
+
+@pytest.mark.parametrize("find, put", [("num_layers ......................................", "0x10"),
+                                       ("num_layers ......................................", "9" * 30)])
+def test_a_value_the_reader_cannot_take_is_one_error_naming_the_log(find, put):
+    """Found by benchmarks/fuzz_cli.py: a log whose --num-layers reads '0x10' raised ValueError from int(), one
+    with 30 digits OverflowError from the plan's rules; both are now one ConfigError naming the log."""
+    lines = MEGATRON.read_text(encoding="utf-8").splitlines(keepends=True)
+    k = next(i for i, ln in enumerate(lines) if find in ln)
+    lines[k] = lines[k].rsplit(" ", 1)[0] + " " + put + "\n"
+    with pytest.raises(ConfigError) as e:
+        read_run_log("".join(lines), overrides=Overrides(gpu="A100-80GB"))
+    assert e.value.field == "--log" or "log" in e.value.field

@@ -147,11 +147,26 @@ def test_json_format(db, capsys):
     (["calibrate", DATA], "no report.json"),
     (["calibrate", run_dir("dp2"), "--cluster", "dgx-h100"], "not a stored profile"),
     (["calibrate", run_dir("dp2"), "--name", "a b"], "--name"),
+    (["calibrate", run_dir("dp2"), "--runs-csv", "/nonexistent/runs.csv"], "--runs-csv"),   # was: RUNS.csv
 ])
 def test_bad_input_is_one_line(argv, message, db, capsys):
     assert main([*argv, "--db", db]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("paraplan: error:") and message in err, err
+
+
+@pytest.mark.parametrize("key, value", [("traces", 5), ("run", "text"), ("model", [1])])
+def test_a_damaged_report_is_one_line(key, value, tmp_path, capsys):
+    """Found by benchmarks/fuzz_cli.py: report.json's traces or run as other JSON types raised TypeError /
+    AttributeError."""
+    import shutil
+    shutil.copytree(run_dir("dp2"), tmp_path / "dp2")
+    rep = json.loads((tmp_path / "dp2" / "report.json").read_text())
+    rep[key] = value
+    (tmp_path / "dp2" / "report.json").write_text(json.dumps(rep))
+    assert main(["calibrate", str(tmp_path / "dp2")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("paraplan: error: runs:"), err
 
 
 def test_a_report_that_is_not_validates_and_a_missing_profile(tmp_path, db, capsys):

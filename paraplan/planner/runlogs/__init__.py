@@ -86,6 +86,11 @@ def read_log_text(path: str | Path) -> str:
     return data.decode("utf-8", errors="replace")
 
 
+#: what a reader raises on a value it cannot take: turned into one ConfigError naming the log
+UNREADABLE = (ValueError, TypeError, OverflowError, RecursionError, KeyError, AttributeError, IndexError,
+              ZeroDivisionError)
+
+
 def read_run_log(log: str | Path, *, kind: str | None = None, overrides: Overrides | None = None,
                  source: str | None = None) -> RunLog:
     """A training log (a path, or its text when ``log`` holds a newline) read into a RunLog (module
@@ -105,7 +110,14 @@ def read_run_log(log: str | Path, *, kind: str | None = None, overrides: Overrid
                           "Megatron-LM, torchtitan, DeepSpeed or MLPerf print)", accepted=", ".join(KINDS))
     engine_word = {"megatron": "Megatron-LM", "torchtitan": "torchtitan", "deepspeed": "DeepSpeed",
                    "mlperf": "MLPerf Training"}[found]
-    return READERS[found](text, source or f"{engine_word} log {name}", overrides)
+    try:
+        return READERS[found](text, source or f"{engine_word} log {name}", overrides)
+    except UNREADABLE as e:
+        # a value in the log the reader cannot take (a flag's value that is not a number, a count past any
+        # machine's, a config nested past the JSON reader's depth): named, with the file, in one line
+        raise ConfigError("--log", f"{shown(name, 80)}: a value the {engine_word} reader cannot read "
+                          f"({type(e).__name__}: {shown(str(e), 100)})",
+                          accepted=f"a {engine_word} log as the engine prints it") from None
 
 
 def runs_csv(logs) -> str:

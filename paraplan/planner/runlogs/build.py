@@ -74,6 +74,12 @@ def finish(kind: str, source: str, config: ReadConfig | None, plan: Plan | None,
                           + ("; ".join(u for u in config.unexpressed if u.startswith("no plan")) if config else "?"))
     try:
         cluster = load_cluster(gpu, gpus)
+    except ConfigError as e:
+        given = "--gpu" if overrides.gpu else "its GPU"
+        raise ConfigError(f"{kind} log", f"{given} {gpu!r}: {e.problem}",
+                          accepted=e.accepted or "a GPU as papers name it (H100-SXM, A100-80GB), a system preset "
+                          "(`paraplan list systems`) or profile:NAME") from None
+    try:
         job = TrainingJob(seq_len=seq_len, global_batch=global_batch)
         plan = check_plan(replace(plan, dp=0) if plan.dp == 1 and gpus > plan.model_parallel else plan, model, job,
                           cluster)

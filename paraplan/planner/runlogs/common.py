@@ -114,12 +114,17 @@ def median_of(values: Sequence[float | None]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
+#: the flag that gives each figure a log may state (layout fields: ``--`` + the field, dashed)
+FLAG_OF = {"sequence length": "--seq-len", "global batch": "--global-batch", "GPU count": "--gpus"}
+
+
 def agree(kind: str, name: str, logged, given) -> Any:
-    """The value the log states, unless the user gave another: then ConfigError naming both."""
+    """The value the log states, unless the user gave another: then ConfigError naming both, and the flag."""
     if given is None:
         return logged
     if logged is not None and logged != given:
-        raise ConfigError(f"{kind} log", f"states {name} {logged}, but {name} {given} was given")
+        flag = FLAG_OF.get(name, "--" + name.replace("_", "-"))
+        raise ConfigError(f"{kind} log", f"states {name} {logged}, but {flag} {given} was given")
     return given
 
 
