@@ -24,6 +24,7 @@ from paraplan.calibration.cells import (CONFIG_DEFAULT_SEQ, THROUGHPUT_METRICS, 
                                         vocab_from_notes,
                                         zero_stage)
 from paraplan.calibration.recipes import Recipes, a100_recipes, h100_recipes
+from paraplan.costmodels.estimate import estimate
 from paraplan.engines import spec_named
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
@@ -267,7 +268,14 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
         # memory switches the sidecar gives for the source; the others are the lightest that fit
         stated = {"recompute"} | ({"zero"} if not blank(r["zero_stage"]) else set()) \
             | ({"fp8_param_gather"} if entry is not None and entry.fp8_param_gather_dtypes else set())
-        plan = lightest_fitting_settings(model, job, cluster, plan, stated, assumed)
+        # (kept only where they make it fit: a switch that does not is not what the run needed)
+        notes: list[str] = []
+        lighter = lightest_fitting_settings(model, job, cluster, plan, stated, notes)
+        if lighter is plan or estimate(model, job, cluster, lighter).feasible:
+            plan, assumed = lighter, assumed + notes
+        else:
+            assumed.append("the memory switches the source leaves unstated kept as read: none of them makes the "
+                           "estimate fit")
     step = measured_step_time_s(r["measured_metric"], float(r["measured_value"]), r["measured_unit"],
                                 job.global_batch, job.seq_len, n, model, peak_16bit(cluster),
                                 source_counts_causal_half(r["source"], row_notes(r)))
