@@ -89,3 +89,20 @@ def test_expandable_segments_lower_the_estimate_by_the_fragmentation_and_nothing
     out = ex.export(doc("llama3-8b", "dgx-h100", 8, 2048, 64, tp=2, dp=4, sp=True, zero=1, engine="megatron",
                         expandable_segments=True), "megatron")
     assert "export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in out.text
+
+
+def test_cli_flags(capsys):
+    import json
+    from paraplan.cli import main
+    base = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "8", "--seq-len", "8192",
+            "--global-batch", "64", "--tp", "2", "--sp", "--format", "json"]
+    totals = {}
+    for extra in ((), ("--te-cross-entropy",), ("--expandable-segments",)):
+        assert main([*base, "--engine", "megatron", *extra]) == 0
+        out = json.loads(capsys.readouterr().out)
+        totals[extra] = out["memory_bytes_per_gpu"]
+    assert totals[("--te-cross-entropy",)]["activations"] < totals[()]["activations"]
+    assert totals[("--expandable-segments",)]["allocator"] == 0.5 * GIB < totals[()]["allocator"]
+    assert main([*base, "--engine", "torchtitan", "--zero", "3", "--te-cross-entropy"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("paraplan: error: --te-cross-entropy") and len(err.strip().splitlines()) == 1
