@@ -437,6 +437,17 @@ class Plan:
     whole between the optimizer step and the forward, exposed, as Megatron-LM does without the flag.
     Without --overlap-grad-reduce nothing overlaps either way; DeepSpeed's ZeRO-1/2 all-gather is exposed
     whatever this says (its optimizer gathers inside step())."""
+    te_cross_entropy: bool = False
+    """Megatron-LM's loss as Transformer Engine's fused cross-entropy (--cross-entropy-loss-fusion
+    --cross-entropy-fusion-impl te; Megatron-Bridge's performance overrides set
+    cross_entropy_fusion_impl="te"): one kernel reads the 16-bit logits and writes their gradient over
+    them in place, 2 bytes per logit held instead of the native loss's 16-bit logits and fp32 softmax
+    (2 + 4)."""
+    expandable_segments: bool = False
+    """PyTorch's caching allocator with expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True,
+    any engine on CUDA; Megatron-Bridge's performance launcher sets it for some runs): memory freed within a
+    step is given back page by page and mapped again where the next request lands, so the tensors that
+    come and go leave no stranded blocks; off: the allocator's default, fixed-size segments."""
 
     def __post_init__(self):
         for spec in _CHECKED:
@@ -1199,6 +1210,7 @@ RULES: tuple[Rule, ...] = (
                      "Megatron-FSDP (ZeRO-2/3): its fp8 weights are refreshed by the parameter all-gather "
                      "(megatron/training/arguments.py validate_args)"),
        field="fp8_param_gather", accepted="--zero 1, 2 or 3, or no --fp8-param-gather", uses_scene=False),
+    _engine_rule("te-cross-entropy-megatron"),
     _engine_rule("engine-tp-comm-overlap"),
     _r("ep-comm-overlap-needs-ep", "expert-parallel communication overlap needs expert parallelism", ILLEGAL,
        ("ep_comm_overlap", "ep"),

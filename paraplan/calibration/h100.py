@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from paraplan.calibration.cases import CalibrationCase, lightest_fitting_recompute, system_of_row_gpu
+from paraplan.calibration.cases import (CalibrationCase, lightest_fitting_recompute, lightest_fitting_settings,
+                                        system_of_row_gpu)
 from paraplan.calibration.cells import (CONFIG_DEFAULT_SEQ, THROUGHPUT_METRICS, blank, cases_of_table, cp_sp,
                                         dtype_of_precision, int_cell, is_gpt_mlp, measured_step_time_s,
                                         notes_say_async_tp, offload_of_cell, params_mismatch, peak_16bit, preset_with_row_shape,
@@ -23,6 +24,7 @@ from paraplan.calibration.cells import (CONFIG_DEFAULT_SEQ, THROUGHPUT_METRICS, 
                                         vocab_from_notes,
                                         zero_stage)
 from paraplan.calibration.recipes import Recipes, a100_recipes, h100_recipes
+from paraplan.costmodels.estimate import estimate
 from paraplan.engines import spec_named
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
@@ -206,6 +208,10 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     if fp8_params:
         assumed.append("fp8 parameters (fp8_param_gather=True in Megatron-Bridge's fp8 precision presets; "
                        "not stated per row)")
+    te_cross_entropy = entry is not None and entry.te_cross_entropy and spec_named(engine).offers("te_cross_entropy")
+    if te_cross_entropy:
+        assumed.append("loss as Transformer Engine's fused cross-entropy, gradient written over the 16-bit logits "
+                       "(Megatron-Bridge's performance overrides: cross_entropy_fusion_impl=\"te\"; not stated per row)")
     rope_fusion = recipes.fact("rope_fusion", r, read_on=engine) is None
     if not rope_fusion:
         assumed.append("rotary embedding unfused (Megatron-Core's apply_rope_fusion default, False, which the "
@@ -213,7 +219,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     offload, offload_params = offload_of_cell(r["offload"], assumed)
     switched = recipes.optimizer_offload_switch(engine) if offload != "none" else None
     if switched:
-        engine, bf16_grads, fp8_params = switched, False, False
+        engine, bf16_grads, fp8_params, te_cross_entropy = switched, False, False, False
         assumed.append(recipes.optimizer_offload_note)
     fact = recipes.fact("activation_offload_layers", r)
     offload_layers = fact.value if fact is not None else 0
@@ -227,6 +233,10 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
                        f"stage, {last_layers} on the last ({SIDECAR})")
     if model.mtp_layers:
         assumed.append(f"multi-token prediction, depth {model.mtp_layers}, on the last stage")
+    expandable_segments = recipes.fact("expandable_segments", r) is not None
+    if expandable_segments:
+        assumed.append("PyTorch's allocator with expandable segments (the row's Megatron-Bridge launcher sets "
+                       f"PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: {SIDECAR})")
     fact = recipes.fact("attention_kernel", r)
     attention_kernel = fact.value if fact is not None else "auto"
     if fact is not None:
@@ -240,6 +250,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
                     tp_comm_overlap=overlap, grad_reduce_bf16=bf16_grads, fp8_param_gather=fp8_params,
                     ep_comm_overlap=ep_overlap, moe_flex_dispatch=flex_dispatch,
                     overlap_grad_reduce=grad_reduce_overlap, recompute_modules=modules, rope_fusion=rope_fusion,
+                    te_cross_entropy=te_cross_entropy, expandable_segments=expandable_segments,
                     offload=offload, offload_params=offload_params,
                     first_stage_layers=first_layers, last_stage_layers=last_layers,
                     offload_activation_layers=offload_layers, attention_kernel=attention_kernel)
@@ -252,6 +263,19 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
         return f"layout not expressible: {e}"
     if infer_recompute:
         plan = lightest_fitting_recompute(model, job, cluster, plan, assumed)
+    elif defaults.performance_recipe:
+        # the recipe's recomputation is read as stated (none unless it names modules), and so are the
+        # memory switches the sidecar gives for the source; the others are the lightest that fit
+        stated = {"recompute"} | ({"zero"} if not blank(r["zero_stage"]) else set()) \
+            | ({"fp8_param_gather"} if entry is not None and entry.fp8_param_gather_dtypes else set())
+        # (kept only where they make it fit: a switch that does not is not what the run needed)
+        notes: list[str] = []
+        lighter = lightest_fitting_settings(model, job, cluster, plan, stated, notes)
+        if lighter is plan or estimate(model, job, cluster, lighter).feasible:
+            plan, assumed = lighter, assumed + notes
+        else:
+            assumed.append("the memory switches the source leaves unstated kept as read: none of them makes the "
+                           "estimate fit")
     step = measured_step_time_s(r["measured_metric"], float(r["measured_value"]), r["measured_unit"],
                                 job.global_batch, job.seq_len, n, model, peak_16bit(cluster),
                                 source_counts_causal_half(r["source"], row_notes(r)))

@@ -28,7 +28,8 @@ DATA = Path(__file__).parent / "data"
 #: the kinds of recipe fact a sidecar may state, and the type of each one's value
 FACT_KINDS = {"ep_comm_overlap": bool, "moe_flex_dispatch": bool, "overlap_grad_reduce": bool,
               "recompute_modules": str, "stage_layers": list, "activation_offload_layers": int,
-              "rope_fusion": bool, "attention_kernel": str, "moe_capacity_factor": float, "dropout": bool}
+              "rope_fusion": bool, "attention_kernel": str, "moe_capacity_factor": float, "dropout": bool,
+              "expandable_segments": bool}
 #: the columns a fact may match as integers (a blank vpp counts as 1)
 NUMERIC_MATCH = ("num_gpus", "tp", "pp", "dp", "vpp", "ep", "micro_batch", "global_batch", "seq_len")
 #: the other keys a fact may match on (see :meth:`RecipeFact.matches`)
@@ -54,6 +55,8 @@ class SourceEntry:
     held_out: str | None = None               # the reason its rows are scored elsewhere
     fp8_param_gather_dtypes: tuple[str, ...] = ()
     fp8_param_gather_source: str = ""
+    te_cross_entropy: bool = False            # its recipes run Transformer Engine's fused cross-entropy
+    te_cross_entropy_source: str = ""
 
     def matches(self, source: str) -> bool:
         if self.starts_with is not None:

@@ -565,21 +565,35 @@ def allocator_bytes(memory, plan, on_cuda):
     only activations and buffers fragment; the generic engine (per-tensor eager code) fragments
     everything. Scaling (whose per-step gradients come back in the same blocks every step) fragments
     its activations and buffers by SCALING_ALLOCATOR_FRAGMENTATION (calibrated on Hagemann et al.
-    2023's sweep, which ran on it)."""
+    2023's sweep, which ran on it). With expandable segments (``plan.expandable_segments``) nothing
+    fragments: PyTorch's allocator then maps 2 MiB pages into one growing virtual segment, and before it
+    would fail an allocation it unmaps the free blocks' pages and maps them where the request lands
+    (c10/cuda/CUDACachingAllocator.cpp, ExpandableSegment; release_cached_blocks on a failed
+    allocation); the constant ALLOCATOR_RESERVE_BYTES stays."""
     churn = np.asarray(memory["activations"]) + np.asarray(memory["buffers"])
     every = churn + sum(np.asarray(memory[k]) for k in ("parameters", "gradients", "optimizer_states"))
     frag = np.where(engine_flag(plan, "flat_state_buffers"), churn, every)
     fraction = np.where(engine_flag(plan, "eager_temporaries"), SCALING_ALLOCATOR_FRAGMENTATION, ALLOCATOR_FRAGMENTATION)
+    fraction = np.where(np.asarray(getattr(plan, "expandable_segments", False), dtype=bool), 0.0, fraction)
     return np.where(on_cuda, ALLOCATOR_RESERVE_BYTES + fraction * frag, 0.0)
+
+
+#: Transformer Engine's fused cross-entropy (transformer_engine/pytorch/cross_entropy.py, its Triton kernel
+#: triton/cross_entropy.py: an online softmax over the 16-bit logits whose gradient is stored in the input
+#: tensor) holds only the 16-bit logits
+TE_CROSS_ENTROPY_BYTES_PER_LOGIT = 2.0
 
 
 def loss_bytes_per_logit(plan):
     """Peak bytes per logit element (tokens x vocabulary / tp) while the loss runs, by the plan's engine
     (``Behaviour.loss_bytes_per_logit``; per plan of a batch): generic one fp32 copy (the accounting the
-    published runs were checked with); megatron its fused vocab-parallel cross-entropy (2 + 4); deepspeed
-    and torchtitan plain PyTorch cross-entropy on fp32-upcast logits (2 + 4 + 4); scaling
-    SCALING_LOSS_BYTES_PER_LOGIT over logits gathered over tp. The derivations are with the specs."""
-    return engine_flag(plan, "loss_bytes_per_logit")
+    published runs were checked with); megatron its fused vocab-parallel cross-entropy (2 + 4), or
+    TE_CROSS_ENTROPY_BYTES_PER_LOGIT with Transformer Engine's (``plan.te_cross_entropy``, where the
+    engine offers it); deepspeed and torchtitan plain PyTorch cross-entropy on fp32-upcast logits
+    (2 + 4 + 4); scaling SCALING_LOSS_BYTES_PER_LOGIT over logits gathered over tp. The derivations are
+    with the specs."""
+    te = np.asarray(getattr(plan, "te_cross_entropy", False), dtype=bool) & engine_offers(plan, "te_cross_entropy")
+    return np.where(te, TE_CROSS_ENTROPY_BYTES_PER_LOGIT, engine_flag(plan, "loss_bytes_per_logit"))
 
 
 def loss_logits_per_token(model, plan):

@@ -43,6 +43,11 @@ SWITCHES: tuple[Switch, ...] = (
            requires=lambda P: is_fp8(P.dtype), requires_axes=("dtype",),
            requirement="fp8 parameters (--fp8-param-gather) need an fp8 dtype (fp8, fp8-delayed, fp8-blockwise, "
                        "mxfp8; or nvfp4: --fp4-param-gather); this plan trains in {dtype}"),
+    Switch("te_cross_entropy", "te_cross_entropy", lambda P: np.asarray(P.te_cross_entropy, bool),
+           "te-cross-entropy-megatron", "Transformer Engine's fused cross-entropy is Megatron-LM's option",
+           "Transformer Engine's fused cross-entropy is Megatron-LM's option (--cross-entropy-loss-fusion "
+           "--cross-entropy-fusion-impl te); engine {engine} runs its own loss",
+           "--engine {engines}, or no --te-cross-entropy"),
     Switch("tp_comm_overlap", "tp_comm_overlap", lambda P: np.asarray(P.tp_comm_overlap, bool),
            "engine-tp-comm-overlap", "the engine has no TP communication overlap",
            "--engine {engine} does not overlap tensor-parallel communication "
@@ -201,7 +206,8 @@ MEGATRON = EngineSpec(
     # megatron/training/arguments.py, _add_transformer_engine_args)
     fp8_recipes=("fp8", "fp8-delayed", "fp8-blockwise", "mxfp8", "nvfp4"),
     optimizers=("adam",),
-    switches=frozenset({"offload_activation_layers", "grad_reduce_bf16", "fp8_param_gather", "tp_comm_overlap",
+    switches=frozenset({"offload_activation_layers", "grad_reduce_bf16", "fp8_param_gather", "te_cross_entropy",
+                        "tp_comm_overlap",
                         "ep_comm_overlap", "moe_flex_dispatch", "recompute_modules"}),
     refusals=(
         # megatron/core/pipeline_parallel/schedules.py get_forward_backward_func: no pipelining, 1F1B
@@ -275,7 +281,9 @@ MEGATRON = EngineSpec(
                         ("ep_comm_overlap", (("--overlap-moe-expert-parallel-comm",),)),
                         ("moe_flex_dispatch", (("--moe-token-dispatcher-type", "flex"),
                                                ("--moe-flex-dispatcher-backend", "deepep"))),
-                        ("grad_reduce_bf16", (("--grad-reduce-in-bf16",),))),
+                        ("grad_reduce_bf16", (("--grad-reduce-in-bf16",),)),
+                        ("te_cross_entropy", (("--cross-entropy-loss-fusion",),
+                                              ("--cross-entropy-fusion-impl", "te")))),
         fp8_recipes={"fp8": "tensorwise", "fp8-delayed": "delayed", "fp8-blockwise": "blockwise", "mxfp8": "mxfp8",
                      "nvfp4": "nvfp4"},
         fsdp_strategy=MEGATRON_FSDP_STRATEGY),

@@ -301,6 +301,7 @@ def build_megatron(s: Scenario, spec: EngineSpec) -> Export:
              f"# {script}, e.g. --data-path ... --tokenizer-type ... to replace the mock data.",
              *(f"# NOTE: {n}" for n in notes),
              "set -euo pipefail",
+             *(["export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True"] if p.expandable_segments else []),
              ': "${MEGATRON_LM:=/path/to/Megatron-LM}"',
              ': "${MASTER_ADDR:=localhost}"',
              f': "${{MASTER_PORT:={RDZV_PORT}}}"',
@@ -483,6 +484,9 @@ def export(doc: Mapping[str, Any], engine: str, source: str = "plan", torchtitan
     out.summary, out.plan = run.summary(), run.runs
     out.target = out.target or spec.export.target
     first = [_estimate_note(run)] + [n for n in (launch_note(scenario),) if n]
+    if run.runs.expandable_segments:
+        first.append("set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True in the job's environment: the estimate "
+                     "counts no allocator fragmentation under it")
     out.notes[:0] = first
     if out.notes_in_text:              # the script and the Python / TOML config carry their notes as comments
         lines = out.text.split("\n")

@@ -122,6 +122,8 @@ def read_megatron_args(argv: Sequence[str]) -> ReadConfig:
                          "moe_flex_dispatch": f.get("--moe-token-dispatcher-type") == "flex",
                          "grad_reduce_bf16": "--grad-reduce-in-bf16" in f,
                          "fp8_param_gather": "--fp8-param-gather" in f,
+                         "te_cross_entropy": ("--cross-entropy-loss-fusion" in f
+                                              and f.get("--cross-entropy-fusion-impl") == "te"),
                          "offload_activation_layers": num("--cpu-offloading-num-layers", 0) if "--cpu-offloading" in f else 0}
     if p["etp"] not in (1, tp):
         unexpressed.append(f"--expert-tensor-parallel-size {p['etp']} (a plan's etp is 1 or tp)")

@@ -134,7 +134,7 @@ def nearest_runnable(plan: Plan, engine: str, fp8_recipes=None, expert_tp: bool 
 
 
 _SWITCH_PHRASES = {"offload": "no offload", "offload_activation_layers": "no activation offload",
-                   "grad_reduce_bf16": "fp32 gradient reduction", "fp8_param_gather": "16-bit parameters",
+                   "grad_reduce_bf16": "fp32 gradient reduction", "fp8_param_gather": "16-bit parameters", "te_cross_entropy": "its own cross-entropy",
                    "tp_comm_overlap": "no TP overlap", "ep_comm_overlap": "no EP overlap",
                    "moe_flex_dispatch": "all-to-all dispatch", "recompute_modules": "default selective modules"}
 

@@ -102,8 +102,12 @@ def test_calibration_reads_fp8_parameters_for_megatron_bridges_fp8_rows_only():
     assert len(bridge_fp8) >= 20 and all(c.plan.fp8_param_gather for c in bridge_fp8)
     assert all(any("fp8_param_gather=True" in a for a in c.assumed) for c in bridge_fp8)
     others = [c for c in cases if c not in bridge_fp8]
-    assert others and not any(c.plan.fp8_param_gather for c in others)
-    assert any(is_fp8(c.plan.dtype) for c in others)        # NeMo 24.07 and torchtitan fp8 rows stay 16-bit
+    # the other sources' fp8 rows stay 16-bit, but where a NeMo 24.07 run fits only with the lightest switch
+    # its page leaves unstated (issue 64: GPT3-20B x64), said so in the case
+    lightest = [c for c in others if c.plan.fp8_param_gather]
+    assert all(any(a.startswith("fp8_param_gather = True: not stated") for a in c.assumed) for c in lightest)
+    assert [c.source for c in lightest] == ["NeMo 24.07"]
+    assert any(is_fp8(c.plan.dtype) and not c.plan.fp8_param_gather for c in others)
 
 
 def test_fp8_parameters_make_the_405b_gb300_recipe_fit():

@@ -75,6 +75,7 @@ SWITCH_PLANS = {   # a plan that turns the switch on and passes every rule but t
     "offload_activation_layers": dict(offload_activation_layers=2),
     "grad_reduce_bf16": dict(grad_reduce_bf16=True),
     "fp8_param_gather": dict(fp8_param_gather=True, dtype="fp8"),
+    "te_cross_entropy": dict(te_cross_entropy=True),
     "tp_comm_overlap": dict(tp=2, sp=True, tp_comm_overlap=True),
     "ep_comm_overlap": dict(ep=2, ep_comm_overlap=True),
     "moe_flex_dispatch": dict(ep=2, moe_flex_dispatch=True),

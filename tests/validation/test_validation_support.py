@@ -29,7 +29,7 @@ COMPANIONS = {
     ("optimizer", "onebit-lamb"): dict(engine="deepspeed"), ("flash_attention", False): dict(attention_kernel="auto"),
     ("fused_softmax", False): dict(flash_attention=False), ("first_stage_layers", 1): dict(pp=2),
     ("last_stage_layers", 1): dict(pp=2), ("tp_comm_overlap", True): dict(tp=2, sp=True, engine="megatron"),
-    ("grad_reduce_bf16", True): dict(engine="megatron"), ("fp8_param_gather", True): dict(dtype="fp8", engine="megatron", zero=1),
+    ("grad_reduce_bf16", True): dict(engine="megatron"), ("te_cross_entropy", True): dict(engine="megatron"), ("fp8_param_gather", True): dict(dtype="fp8", engine="megatron", zero=1),
     ("offload_activation_layers", 1): dict(engine="megatron"), ("ep_comm_overlap", True): dict(ep=2, dp=2, engine="megatron"),
     ("moe_flex_dispatch", True): dict(ep=2, dp=2, engine="megatron"),
     ("recompute_modules", "core_attn"): dict(recompute="selective", engine="megatron"),
