@@ -183,7 +183,7 @@ def fewer_switches(ranked: list, rescore: Callable, options: SpaceOptions | None
     for e in ranked:
         if e.step_time_s >= limit:
             break
-        on = [c for c in searched_switches(fixed, options, e.plan.engine_code) if getattr(e.plan, c)]
+        on = [c for c in searched_switches(fixed, options, e.plan.engine_code, e.plan.dtype) if getattr(e.plan, c)]
         for mask in range(1, 2 ** len(on)):          # each non-empty set of switches turned off again
             off = {c: False for i, c in enumerate(on) if mask >> i & 1}
             variant = rescore(replace(e.plan, **off))
@@ -309,7 +309,8 @@ def suggest_feasible(model, job, cluster, options: SpaceOptions | None, max_memo
     out = []
     options = options or SpaceOptions()
     fixed = dict(options.fixed or {})
-    tried = "fp8_param_gather" in searched_switches(normalize_fix(fixed), options, spec_named(fixed.get("engine")).code)
+    tried = "fp8_param_gather" in searched_switches(normalize_fix(fixed), options, spec_named(fixed.get("engine")).code,
+                                                    str(fixed.get("dtype", "bf16")))
     if (spec_named(fixed.get("engine")).offers("fp8_param_gather") and is_fp8(str(fixed.get("dtype", "")))
             and not fixed.get("fp8_param_gather") and not tried):
         r = search(model, job, cluster, options=replace(options, fixed={**fixed, "fp8_param_gather": True}), top=1,

@@ -25,8 +25,8 @@ import numpy as np
 from paraplan.engines import SPECS, spec_named
 from paraplan.errors import ConfigError
 from paraplan.plan import (MODES, PLAN_FIELD_SPECS, PLAN_FIELDS, RULES, STAGE_LAYER_FIELDS, CpMode, Dtype,
-                           Offload, Optimizer, PlanBatch, Recompute, Scene, Schedule, failed_rules, parse_field,
-                           recompute_modules_mask)
+                           Offload, Optimizer, PlanBatch, Recompute, Scene, Schedule, failed_rules, is_fp8,
+                           parse_field, recompute_modules_mask)
 
 OFFLOAD_CHOICES = ((Offload.NONE, False), (Offload.CPU, False), (Offload.NVME, False), (Offload.CPU, True),
                    (Offload.NVME, True))
@@ -366,12 +366,15 @@ def _with_recompute_module_sets(both: SimpleNamespace, sets: tuple[str, ...]) ->
     return SimpleNamespace(**rows), sel.size * len(sets)
 
 
-def searched_switches(fixed: Mapping, options: SpaceOptions, engine: int) -> tuple[str, ...]:
+def searched_switches(fixed: Mapping, options: SpaceOptions, engine: int, dtype: str = "bf16") -> tuple[str, ...]:
     """The ENGINE_SWITCHES the search tries both ways: those the engine offers and ``--fix`` does not pin,
-    unless ``options.engine_switches`` is off."""
+    unless ``options.engine_switches`` is off. grad_reduce_bf16 only for a dtype Megatron-LM trains under
+    --bf16 (bf16, and the fp8 / fp4 recipes over it): its arguments.py turns the option into
+    accumulate_allreduce_grads_in_fp32=False inside the bf16 branch, so under fp16 or fp32 it is no switch."""
     if not options.engine_switches:
         return ()
-    return tuple(c for c in ENGINE_SWITCHES if c not in fixed and SPECS[int(engine)].offers(c))
+    return tuple(c for c in ENGINE_SWITCHES if c not in fixed and SPECS[int(engine)].offers(c)
+                 and (c != "grad_reduce_bf16" or dtype == Dtype.BF16.label or is_fp8(dtype)))
 
 
 def _switch_variants(pairs: SimpleNamespace, scene, keep: np.ndarray, switches: tuple[str, ...]):
@@ -454,7 +457,7 @@ def compose_candidates(model, job, cluster, options: SpaceOptions | None = None)
         np.zeros(0, int)
     weight = np.concatenate([weight] + [weight[sel_pairs]] * len(sets))
     keep3 = _apply(_stage_rules(3), pairs, scene, np.ones(pairs.tp.size, bool), rejected, weight)
-    varied, switched_on = _switch_variants(pairs, scene, keep3, searched_switches(fixed, options, engine))
+    varied, switched_on = _switch_variants(pairs, scene, keep3, searched_switches(fixed, options, engine, dtype))
 
     # back to candidates, in the flat product's order
     k2 = keep2.sum()

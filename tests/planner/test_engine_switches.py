@@ -58,6 +58,7 @@ def test_only_the_switches_the_engine_offers_are_searched(engine, searched):
     code = S.spec_named(engine).code
     assert S.searched_switches({}, S.SpaceOptions(), code) == searched
     assert S.searched_switches({}, S.SpaceOptions(engine_switches=False), code) == ()
+    assert "grad_reduce_bf16" not in S.searched_switches({}, S.SpaceOptions(), code, "fp16")   # Megatron's --bf16 only
 
 
 README = (load_model("llama3-70b"), TrainingJob(8192, 512), load_cluster("dgx-h100", 64))

@@ -53,7 +53,7 @@ def compose_flat(model, job, cluster, options=None):
     idx = np.nonzero(keep3)[0]
     # then each legal candidate an engine switch can run on again, every such switch on (the flat reference of
     # compose's switch variants)
-    varied, on = S._switch_variants(both, scene, keep3, S.searched_switches(fixed, options, engine))
+    varied, on = S._switch_variants(both, scene, keep3, S.searched_switches(fixed, options, engine, dtype))
     columns = {k: np.concatenate([v[idx], on[k] if k in on else v[varied]]) for k, v in vars(both).items()
                if k not in ("dtype", "engine_code", "etp_is_tp")}
     n = idx.size + varied.size
