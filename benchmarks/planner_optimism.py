@@ -53,6 +53,14 @@ median, MFU %, gap in MFU points; 18 s on 2 cores):
     (paraplan's FLOP convention), so the intervals (49.9-99.3, 39.6-87.1) and the extrapolation notes say
     so. (Under the generic engine, which runs every schedule, 10 of 14 top plans were zero-bubble schedules
     priced at a bubble of 0; the default engine proposes only 1F1B and interleaved on Megatron-LM.)
+
+    The table above is with ``--no-engine-switches`` (as it was measured). Since the search tries the engine's
+    switches (TP overlap, bf16 gradients, fp8 parameters; docs/planner.md "Engine switches"), the top plans use
+    them and the median gap is +14.3 (worst +52.2): README 70B 55.1 % (tpov+bf16g), 70B fp8 80.1 % (gap -0.9),
+    175B 64.8 (+13.4), 405B 52.8, 1T 65.5 (+9.2), DeepSeek-V3 41.1 (+4.3), 128k 8B 80.4 (+52.2), 128k 70B 71.4
+    (+39.7), FSDP 8B 54.9 (+26.7), Mixtral 51.4, Qwen3-235B 41.9 (+15.3, ep 1 with fp8 parameters), B200 83.8,
+    GB200 90.4, MI300X 41.6. The ``pub. switches`` column says which switches the published run is read with (its
+    recipe facts): the Megatron-Bridge runs used all of them, Korthikanti et al. 2022 none, torchtitan async TP.
 """
 from __future__ import annotations
 
