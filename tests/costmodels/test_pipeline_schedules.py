@@ -287,7 +287,7 @@ def test_the_planner_doc_example_is_what_the_cli_prints(capsys):
                  "--global-batch", "15360", "--engine", "generic", "--fix", "ep=64", "--fix", "ep_comm_overlap=true",
                  "--top", "3"]) == 0
     printed = capsys.readouterr().out.splitlines()
-    assert len(shown) == 8 and [line for line in shown if line not in printed] == []
+    assert len(shown) == 9 and [line for line in shown if line not in printed] == []
 
 
 @pytest.mark.slow
