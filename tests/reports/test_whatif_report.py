@@ -49,8 +49,10 @@ def test_output_folder(report, capsys):
         assert (report / "figures" / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert (report / "figures" / f"{name}.svg").read_text().lstrip().startswith("<?xml")
     df = pd.read_csv(report / "points.csv")
-    # 16 GPUs: Megatron-LM's best, tp4 pp2 ZeRO-3 with full recomputation, needs 79.9 GiB, over the 0.95 margin
-    assert list(df["gpus"]) == [8, 16, 32, 64] and list(df["feasible"]) == [False, False, True, True]
+    # 16 GPUs: without the engine switches Megatron-LM's best, tp4 pp2 ZeRO-3 with full recomputation, needs 79.9
+    # GiB, over the 0.95 margin; with bf16 gradients and TP overlap (searched since issue 64) tp4 pp4 vpp5 ZeRO-0
+    # full recomputation fits at 74.7 GiB
+    assert list(df["gpus"]) == [8, 16, 32, 64] and list(df["feasible"]) == [False, True, True, True]
     for col in ("sweep_gpus", "tp", "pp", "dp", "step_time_s", "tokens_per_s", "mfu", "mem_total_gib",
                 "time_compute_s", "mem_activations_gib", "train_usd"):
         assert col in df
