@@ -120,7 +120,9 @@ def check_scenario(name, system, gpus, seq, global_batch, sample: int, seed: int
     sc = load_scenario(name, system, gpus=gpus, seq_len=seq, global_batch=global_batch)
     model, job, cluster = sc.model, sc.job(), sc.cluster
     fixed = {"engine": engine, **({"dtype": dtype} if dtype else {})}
-    candidates, _, _ = compose(model, job, cluster, SpaceOptions(fixed=fixed))
+    # the switches off, as each is one of the changes checked below (the switch rows); with TP overlap on, a
+    # faster GPU can lengthen a step (tests/costmodels/test_overlap_windows.py, the strict xfail)
+    candidates, _, _ = compose(model, job, cluster, SpaceOptions(fixed=fixed, engine_switches=False))
     pick = np.sort(np.random.default_rng(seed).choice(len(candidates), size=min(sample, len(candidates)), replace=False))
     batch = candidates.take(pick)
     step, mem = scored(model, job, cluster, batch)

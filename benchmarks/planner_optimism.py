@@ -53,6 +53,14 @@ median, MFU %, gap in MFU points; 18 s on 2 cores):
     (paraplan's FLOP convention), so the intervals (49.9-99.3, 39.6-87.1) and the extrapolation notes say
     so. (Under the generic engine, which runs every schedule, 10 of 14 top plans were zero-bubble schedules
     priced at a bubble of 0; the default engine proposes only 1F1B and interleaved on Megatron-LM.)
+
+    The table above is with ``--no-engine-switches`` (as it was measured). Since the search tries the engine's
+    switches (TP overlap, bf16 gradients, fp8 parameters; docs/planner.md "Engine switches"), the top plans use
+    them and the median gap is +14.3 (worst +52.2): README 70B 55.1 % (tpov+bf16g), 70B fp8 80.1 % (gap -0.9),
+    175B 64.8 (+13.4), 405B 52.8, 1T 65.5 (+9.2), DeepSeek-V3 41.1 (+4.3), 128k 8B 80.4 (+52.2), 128k 70B 71.4
+    (+39.7), FSDP 8B 54.9 (+26.7), Mixtral 51.4, Qwen3-235B 41.9 (+15.3, ep 1 with fp8 parameters), B200 83.8,
+    GB200 90.4, MI300X 41.6. The ``pub. switches`` column says which switches the published run is read with (its
+    recipe facts): the Megatron-Bridge runs used all of them, Korthikanti et al. 2022 none, torchtitan async TP.
 """
 from __future__ import annotations
 
@@ -68,6 +76,7 @@ from paraplan.costmodels.estimate import estimate
 from paraplan.costmodels.intervals import GENERATION
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
+from paraplan.cli.plan import switch_text
 from paraplan.plan import is_fp8
 from paraplan.planner.search import search
 from paraplan.planner.space import SpaceOptions
@@ -189,12 +198,13 @@ def explain_gap(best, ref) -> str:
     return f"model error on that run {model_error:+.1f}{kernel_part}; layout {layout:+.1f} (of which {terms})"
 
 
-def top_plan(model_name, cluster_name, gpus, seq, gbs, fixed):
+def top_plan(model_name, cluster_name, gpus, seq, gbs, fixed, engine_switches: bool = True):
     model, cluster = load_model(model_name), load_cluster(cluster_name, gpus)
     # what a user gets: the commands' default engine (Megatron-LM) unless the scenario names one, and the
     # commands' memory margin
     fixed = {"engine": DEFAULT_ENGINE, **fixed}
-    result = search(model, TrainingJob(seq, gbs), cluster, options=SpaceOptions(fixed=fixed), top=1,
+    result = search(model, TrainingJob(seq, gbs), cluster, options=SpaceOptions(fixed=fixed,
+                                                                            engine_switches=engine_switches), top=1,
                     max_memory_fraction=DEFAULT_MEMORY_FRACTION)
     return model, cluster, result.best
 
@@ -219,13 +229,15 @@ def scenario_row(label: str, model, fixed: dict, best, ref, why: str | None = No
             "moe": moe, "top_ep": best.plan.ep if (best is not None and moe) else None,
             "top plan": (best.plan.label() + (f" ep{best.plan.ep} etp{best.plan.etp}" if moe else "")
                          + (f" {best.plan.schedule}" if best.plan.pp > 1 else "")
-                         + f" {best.plan.recompute}") if best is not None else "none fits",
+                         + f" {best.plan.recompute} {switch_text(best.plan)}") if best is not None else "none fits",
             "mfu_%": 100 * best.mfu if best is not None else None,
             "90%_interval": f"{100 * band[0]:.1f}-{100 * band[1]:.1f}" if band else "-",
             "distance": iv.get("evidence_distance") if iv else None,
             "extrapolating": notes or "-",
             "best_published_%": 100 * ref.measured_mfu if ref is not None else None,
             "published run": f"{ref.source}: {ref.run} seq {ref.seq}" if ref is not None else NO_RUN,
+            # the switches the published run is read with (its recipe facts: *.recipes.yaml)
+            "pub. switches": switch_text(ref.inputs[3]) if ref is not None else "-",
             "gap_points": 100 * (best.mfu - ref.measured_mfu) if (best is not None and ref is not None) else None,
             "why (points)": why if (best is not None and ref is not None and why) else "-"}
 
@@ -253,7 +265,7 @@ def print_table(df: pd.DataFrame) -> None:
     print(df[["scenario", "top plan", "mfu_%", "90%_interval", "distance", "extrapolating"]]
           .round(1).to_string(index=False))
     print()
-    print(df[["scenario", "mfu_%", "best_published_%", "gap_points", "published run"]].round(1).to_string(index=False))
+    print(df[["scenario", "mfu_%", "best_published_%", "gap_points", "pub. switches", "published run"]].round(1).to_string(index=False))
     print()
     for _, r in df.iterrows():
         if pd.notna(r["gap_points"]):
@@ -281,7 +293,8 @@ def main(argv=None) -> int:
     scenarios = list(SCENARIOS) + (calibration_scenarios() if "--calibration-setups" in argv else [])
     rows = []
     for label, name, cl, gpus, seq, gbs, fixed in scenarios:
-        model, cluster, best = top_plan(name, cl, gpus, seq, gbs, fixed)
+        model, cluster, best = top_plan(name, cl, gpus, seq, gbs, fixed,
+                                        engine_switches="--no-engine-switches" not in argv)
         near = comparable(pub, model, gpus, fixed.get("dtype", "bf16"), GENERATION[cluster.accelerator.name])
         ref = near.loc[near.measured_mfu.idxmax()] if len(near) else None
         why = explain_gap(best, ref) if (best is not None and ref is not None) else None

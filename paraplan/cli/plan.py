@@ -14,7 +14,7 @@ from paraplan.cli.common import (defaulted_engine_error, wrap_lines, add_plan_fl
 from paraplan import progress
 from paraplan.engines import spec_named
 from paraplan.errors import ConfigError
-from paraplan.plan import check_plan
+from paraplan.plan import attribute_docstrings, check_plan
 from paraplan.planfile import write_plan_file
 from paraplan.planner.search import (TIE_SHARE, explain_infeasible, plan_differences, search, suggest_feasible,
                                      why_best_beats_runner_up)
@@ -30,7 +30,29 @@ PLAN_SCHEMA_OUT = "paraplan.plan-search/1"
 
 #: Columns that tell plans apart beyond the degrees; the table view shows those that vary and
 #: states the rest once under the table (CSV always has them all).
-MODE_COLUMNS = ("ep", "cp_mode", "opt", "dtype")
+MODE_COLUMNS = ("offload", "ep", "cp_mode", "opt", "dtype", "switches")
+#: the engine switches a plan row names, and how (short: the table is held to 120 columns; SWITCH_LEGEND says them
+#: under the table with Megatron-LM's flags)
+SWITCH_NAMES = {"tp_comm_overlap": "tpov", "grad_reduce_bf16": "bf16g", "fp8_param_gather": "fp8p",
+                "ep_comm_overlap": "epov", "moe_flex_dispatch": "flex"}
+SWITCH_LEGEND = {"tp_comm_overlap": "TP comm overlap (--tp-comm-overlap)",
+                 "grad_reduce_bf16": "bf16 gradient buffer and reduction (--grad-reduce-in-bf16)",
+                 "fp8_param_gather": "fp8 parameters (--fp8-param-gather)",
+                 "ep_comm_overlap": "EP all-to-all overlap (--overlap-moe-expert-parallel-comm)",
+                 "moe_flex_dispatch": "DeepEP / HybridEP dispatch (--moe-token-dispatcher-type flex)"}
+
+
+def switch_text(plan) -> str:
+    """The engine switches the plan turns on, as 'tpov+bf16g', or 'none'."""
+    return "+".join(name for field, name in SWITCH_NAMES.items() if getattr(plan, field)) or "none"
+
+
+def switch_legend(plans) -> str | None:
+    """'switches: tpov TP comm overlap (--tp-comm-overlap), ...' for the switches the listed plans use."""
+    used = [f for f in SWITCH_NAMES if any(getattr(e.plan, f) for e in plans)]
+    return ("switches: " + "; ".join(f"{SWITCH_NAMES[f]} {SWITCH_LEGEND[f]}" for f in used)) if used else None
+
+
 COMPRESSED_NOTE = ("{opt} on the data-parallel axis: chosen because it cuts the exposed gradient all-reduce "
                    "(dp_comm) on this network; assumes it trains like Adam after its uncompressed warm-up "
                    "(1-bit Adam / 0/1 Adam report matching loss, DeepSpeed), which is worth checking on your model")
@@ -49,6 +71,7 @@ def table_rows(estimates) -> pd.DataFrame:
                      "recompute": p.recompute + (f"[{p.recompute_modules}]" if p.recompute_modules else ""), "offload": p.offload + ("+p" if p.offload_params else ""),
                      "ep": p.ep if p.etp == 1 else f"{p.ep}/etp{p.etp}",
                      "cp_mode": p.cp_mode if p.cp > 1 else "-", "opt": p.optimizer, "dtype": p.dtype,
+                     "switches": switch_text(p),
                      "step_s": round(e.step_time_s, 4), "step_s_low": round(low, 4), "step_s_high": round(high, 4),
                      "tok/s/gpu": round(e.tokens_per_s_per_gpu, 1),
                      "mfu_%": round(100 * e.mfu, 1), "mem_GiB": round(mem / 2**30, 1),
@@ -119,7 +142,7 @@ def uncertainty_notes(plans) -> list[str]:
 #: Columns of the table view, in order (CSV has every column of table_rows), and the names they print under
 TABLE_COLUMNS = {"rank": "rank", "tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "sp": "sp", "vpp": "vpp", "mb": "mb",
                  "schedule": "schedule", "zero": "zero", "recompute": "recompute", "offload": "offload", "ep": "ep",
-                 "cp_mode": "cp_mode", "opt": "opt", "dtype": "dtype", "step_s": "step_s",
+                 "cp_mode": "cp_mode", "opt": "opt", "dtype": "dtype", "switches": "switches", "step_s": "step_s",
                  "interval": "90%_range", "tok/s/gpu": "tok/s/gpu", "mfu_%": "mfu_%", "mem_GiB": "mem_GiB",
                  "evidence": "evid", "complexity": "cplx"}
 
@@ -290,7 +313,7 @@ def schedule_lines(by_schedule: dict) -> list[str]:
         t, p = e.time_breakdown_s, e.plan
         rest = (f"tp {p.tp} pp {p.pp} dp {p.dp}" + (f" cp {p.cp}" if p.cp > 1 else "") + (f" vpp {p.vpp}" if p.vpp > 1 else "")
                 + (f" ep {p.ep}" if p.ep > 1 else "") + f" mb {p.micro_batch} ZeRO-{p.zero} {p.recompute}"
-                + (" ep-overlap" if p.ep_comm_overlap else ""))
+                + (f" {switch_text(p)}" if switch_text(p) != "none" else ""))
         rows.append((label, f"{e.step_time_s:.2f}", f"{t['pp_bubble']:.3f}", f"{t['ep_comm']:.3f}", f"{t['pp_comm']:.3f}",
                      f"{e.memory_bytes_per_gpu['total'] / 2**30:.1f}", rest))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
@@ -321,7 +344,8 @@ def cmd_plan(args) -> int:
     options = SpaceOptions(fixed=fixed, allow_offload=not args.no_offload,
                            allow_delayed_update=args.allow_delayed_update,
                            allow_compression=args.allow_compressed_optimizers,
-                           grad_accumulation_fusion=args.grad_accumulation_fusion is not False)
+                           grad_accumulation_fusion=args.grad_accumulation_fusion is not False,
+                           engine_switches=not args.no_engine_switches)
     rank_by = getattr(args, "rank_by", "median")
     pool = args.top if rank_by == "median" else min(1000, P10_RERANK_POOL * args.top)
     try:
@@ -374,7 +398,8 @@ def cmd_plan(args) -> int:
         table = render_table(table_rows(result.plans)) if result.plans else None
         side = None
         if result.plans:
-            out += [table] + [f"note: {note}" for note in notes]
+            legend = switch_legend(result.plans)
+            out += [table] + ([legend] if legend else []) + [f"note: {note}" for note in notes]
             side = "\n".join(schedule_lines(result.by_schedule))
             out += ["", side] if side else []
             out += ["", "best plan", render_estimate(result.best)]
@@ -407,6 +432,8 @@ def register(sub) -> None:
     ap.add_argument("--allow-compressed-optimizers", action="store_true",
                     help="consider 1-bit Adam, 0/1 Adam and 1-bit LAMB (DeepSpeed; they compress the gradient "
                          "all-reduce and change the optimizer's numerics); --fix optimizer=NAME pins one")
+    ap.add_argument("--no-engine-switches", action="store_true",
+                    help=attribute_docstrings(SpaceOptions)["engine_switches"].replace("\n", " "))
     ap.add_argument("--allow-delayed-update", action="store_true",
                     help="consider ZeRO-Offload's one-step delayed parameter update (weights one step stale)")
     add_plan_flag(ap, "grad_accumulation_fusion")

@@ -21,8 +21,8 @@ from paraplan.costmodels.estimate import Estimate, TIME_TERMS, estimate_legal, m
 from paraplan.costmodels.memory import planner_memory_limit
 from paraplan.engines import spec_named
 from paraplan.plan import PLAN_FIELDS, PlanBatch, is_fp8
-from paraplan.planner.simplicity import TIE_SHARE, prefer_simpler, ties_first_simplest
-from paraplan.planner.space import SpaceOptions, compose_candidates
+from paraplan.planner.simplicity import TIE_SHARE, prefer_simpler, tie_limit, ties_first_simplest
+from paraplan.planner.space import SpaceOptions, compose_candidates, normalize_fix, searched_switches
 from paraplan.workloads.transformer import TrainingJob
 
 CHUNK = 200_000
@@ -158,7 +158,7 @@ def search(model, job, cluster, *, options: SpaceOptions | None = None, top: int
     survivors = [e for e in survivors if e.feasible]
     survivors.sort(key=lambda e: (e.step_time_s, e.memory_bytes_per_gpu["total"]))
     fastest = survivors[0] if survivors else None
-    survivors = prefer_simpler(survivors)
+    survivors = prefer_simpler(survivors + fewer_switches(survivors[:top], rescore, options))
     survivors, moot = _collapse_moot_zero(survivors)
     if moot:
         rejected[MOOT_ZERO] += moot
@@ -171,6 +171,30 @@ def search(model, job, cluster, *, options: SpaceOptions | None = None, top: int
         sorted(rejected.items(), key=lambda kv: (-kv[1], kv[0]))), search_time_s=time.perf_counter() - t0,
         vectorized_rate_per_s=n / vec_time if vec_time > 0 else float("inf"), plans=tuple(survivors[:top]),
         closest_infeasible=closest, fastest=fastest, by_schedule=by_schedule)
+
+
+def fewer_switches(ranked: list, rescore: Callable, options: SpaceOptions | None) -> list:
+    """The plans tied with the fastest of ``ranked`` (re-scored, fastest first) again with fewer of the engine
+    switches the search turned on (every proper subset of those it used, :func:`searched_switches`), re-scored,
+    those that fit. The vectorized stage tries each candidate with no switch and with every switch on where it
+    runs; a switch that buys nothing there (tp overlap where TP communication hides anyway) would otherwise ride
+    along, and the tie rule (simplicity.SWITCH_FIELDS) then picks the plan that uses only what pays."""
+    if not ranked:
+        return []
+    options = options or SpaceOptions()
+    fixed = normalize_fix(options.fixed)
+    limit = tie_limit(ranked[0].step_time_s)
+    out = []
+    for e in ranked:
+        if e.step_time_s >= limit:
+            break
+        on = [c for c in searched_switches(fixed, options, e.plan.engine_code, e.plan.dtype) if getattr(e.plan, c)]
+        for mask in range(1, 2 ** len(on)):          # each non-empty set of switches turned off again
+            off = {c: False for i, c in enumerate(on) if mask >> i & 1}
+            variant = rescore(replace(e.plan, **off))
+            if variant.feasible:
+                out.append(variant)
+    return out
 
 
 def best_by_schedule(batch, ranked: np.ndarray, rescore: Callable) -> dict:
@@ -285,13 +309,15 @@ def why_best_beats_runner_up(best: Estimate, runner_up: Estimate) -> str:
 
 def suggest_feasible(model, job, cluster, options: SpaceOptions | None, max_memory_fraction: float) -> list[str]:
     """The smallest changes that make the request fit: Megatron-LM's fp8 parameters where the search is
-    Megatron in fp8 without them, more GPUs (2x-32x, counts the system accepts: whole nodes, or whole
+    Megatron in fp8 and did not try them (--fix fp8_param_gather=false, --no-engine-switches), more GPUs (2x-32x, counts the system accepts: whole nodes, or whole
     hosts where a node holds several), offload, shorter sequence."""
     out = []
     options = options or SpaceOptions()
     fixed = dict(options.fixed or {})
+    tried = "fp8_param_gather" in searched_switches(normalize_fix(fixed), options, spec_named(fixed.get("engine")).code,
+                                                    str(fixed.get("dtype", "bf16")))
     if (spec_named(fixed.get("engine")).offers("fp8_param_gather") and is_fp8(str(fixed.get("dtype", "")))
-            and not fixed.get("fp8_param_gather")):
+            and not fixed.get("fp8_param_gather") and not tried):
         r = search(model, job, cluster, options=replace(options, fixed={**fixed, "fp8_param_gather": True}), top=1,
                    max_memory_fraction=max_memory_fraction)
         if r.best:

@@ -25,8 +25,8 @@ import numpy as np
 from paraplan.engines import SPECS, spec_named
 from paraplan.errors import ConfigError
 from paraplan.plan import (MODES, PLAN_FIELD_SPECS, PLAN_FIELDS, RULES, STAGE_LAYER_FIELDS, CpMode, Dtype,
-                           Offload, Optimizer, PlanBatch, Recompute, Scene, Schedule, failed_rules, parse_field,
-                           recompute_modules_mask)
+                           Offload, Optimizer, PlanBatch, Recompute, Scene, Schedule, failed_rules, is_fp8,
+                           parse_field, recompute_modules_mask)
 
 OFFLOAD_CHOICES = ((Offload.NONE, False), (Offload.CPU, False), (Offload.NVME, False), (Offload.CPU, True),
                    (Offload.NVME, True))
@@ -46,6 +46,11 @@ class SpaceOptions:
     allow_compression: bool = True
     allow_delayed_update: bool = False     # changes training semantics (one-step-stale weights): opt-in
     grad_accumulation_fusion: bool = True  # False: the engine adds micro-batch gradients unfused
+    engine_switches: bool = True
+    """Try each of the engine's usual switches (ENGINE_SWITCHES: Megatron-LM's --tp-comm-overlap,
+    --grad-reduce-in-bf16, --fp8-param-gather) both off and on wherever the plan can run it, and let the
+    ranking choose (fastest that fits; a tie goes to the plan with fewer switches); False
+    (--no-engine-switches): leave them off unless --fix turns one on; --fix NAME=false pins one off."""
 
 
 def normalize_fix(fixed: Mapping | None) -> dict:
@@ -286,7 +291,16 @@ class FixedWhereItRuns:
 #: (:func:`_recompute_modules_where_they_run`). A new such switch is added here once.
 FIXED_WHERE_THEY_RUN = {"ep_comm_overlap": FixedWhereItRuns(False, "--fix ep=N (N > 1)"),
                         "moe_flex_dispatch": FixedWhereItRuns(False, "--fix ep=N (N > 1)"),
+                        "tp_comm_overlap": FixedWhereItRuns(False, "--fix sp=true --fix tp=N (N > 1)"),
+                        "grad_reduce_bf16": FixedWhereItRuns(False, "--fix engine=megatron"),
+                        "fp8_param_gather": FixedWhereItRuns(False, "--fix zero=1 (or 2, 3)"),
                         "recompute_modules": FixedWhereItRuns("", "--fix recompute=selective")}
+
+#: the engine switches the search tries both off and on (SpaceOptions.engine_switches): each saves memory
+#: or time or both in the estimate where it runs (TP collectives hidden under the GEMMs; a 2-byte gradient
+#: buffer and reduction; 1-byte parameters and gathers), and the Megatron-Bridge / NeMo performance
+#: recipes set them (tp_comm_overlap, grad_reduce_in_fp32=False, fp8_param_gather under fp8)
+ENGINE_SWITCHES = ("tp_comm_overlap", "grad_reduce_bf16", "fp8_param_gather")
 
 #: the opt-in flags the search leaves off unless fixed, with the rules that say where each can run
 OPT_IN_FLAG_RULES = {column: tuple(r for r in RULES if column in r.axes)
@@ -301,7 +315,9 @@ def _opt_in_flag_where_it_runs(both: SimpleNamespace, scene, column: str, wanted
       dualpipe or dualpipev (torchtitan: dualpipev only), no full
       recomputation, an engine that has it;
     * moe_flex_dispatch, DeepEP / HybridEP: ep > 1, an engine with the flex dispatcher, permuting MoE;
-      not searched by default since the SMs and buffers its kernels hold are not priced."""
+      not searched by default since the SMs and buffers its kernels hold are not priced;
+    * the ENGINE_SWITCHES: tp_comm_overlap (tp > 1 with sp), grad_reduce_bf16 (Megatron-LM),
+      fp8_param_gather (Megatron-LM, an fp8 dtype, ZeRO >= 1)."""
     on = np.full(both.tp.size, wanted)
     if not wanted:
         return on
@@ -350,6 +366,31 @@ def _with_recompute_module_sets(both: SimpleNamespace, sets: tuple[str, ...]) ->
     return SimpleNamespace(**rows), sel.size * len(sets)
 
 
+def searched_switches(fixed: Mapping, options: SpaceOptions, engine: int, dtype: str = "bf16") -> tuple[str, ...]:
+    """The ENGINE_SWITCHES the search tries both ways: those the engine offers and ``--fix`` does not pin,
+    unless ``options.engine_switches`` is off. grad_reduce_bf16 only for a dtype Megatron-LM trains under
+    --bf16 (bf16, and the fp8 / fp4 recipes over it): its arguments.py turns the option into
+    accumulate_allreduce_grads_in_fp32=False inside the bf16 branch, so under fp16 or fp32 it is no switch."""
+    if not options.engine_switches:
+        return ()
+    return tuple(c for c in ENGINE_SWITCHES if c not in fixed and SPECS[int(engine)].offers(c)
+                 and (c != "grad_reduce_bf16" or dtype == Dtype.BF16.label or is_fp8(dtype)))
+
+
+def _switch_variants(pairs: SimpleNamespace, scene, keep: np.ndarray, switches: tuple[str, ...]):
+    """(the kept pairs on which turning ``switches`` on where they run changes something, their
+    columns with those switches on): the one extra variant per pair, every switch on where its rules
+    (OPT_IN_FLAG_RULES) let it run. The rules of the other stages do not read these columns, so a kept
+    pair's variant is legal as well."""
+    n = pairs.tp.size
+    if not switches:
+        return np.zeros(0, int), {}
+    on = {c: _opt_in_flag_where_it_runs(pairs, scene, c, True) for c in switches}
+    differs = keep & np.any([on[c] & ~np.asarray(getattr(pairs, c), bool) for c in switches], axis=0)
+    which = np.flatnonzero(differs) if n else np.zeros(0, int)
+    return which, {c: on[c][which] for c in switches}
+
+
 def compose(model, job, cluster, options: SpaceOptions | None = None) -> tuple[PlanBatch, Counter, int]:
     """(legal candidates, rejected counts by reason, total composed): :func:`compose_candidates` with
     every candidate's columns built (the search builds them a chunk at a time instead)."""
@@ -371,7 +412,9 @@ def compose_candidates(model, job, cluster, options: SpaceOptions | None = None)
     projections (:func:`_projection`), each pair counting for every candidate it stands for, and not
     per candidate (DeepSeek-V3 on 1024 GPUs: 7.3 million crossed candidates, some 10⁵ distinct pairs).
     The candidates come back in the order of the flat product: the crossed pairs row-major (degree
-    tuple outer), then for each searched recompute-module list the selective ones again.
+    tuple outer), then for each searched recompute-module list the selective ones again, then (with
+    ``options.engine_switches``) every candidate on which an engine switch can run again, with each
+    switch it can run on (:func:`searched_switches`, :func:`_switch_variants`).
     """
     options = options or SpaceOptions()
     fixed = normalize_fix(options.fixed)
@@ -414,6 +457,7 @@ def compose_candidates(model, job, cluster, options: SpaceOptions | None = None)
         np.zeros(0, int)
     weight = np.concatenate([weight] + [weight[sel_pairs]] * len(sets))
     keep3 = _apply(_stage_rules(3), pairs, scene, np.ones(pairs.tp.size, bool), rejected, weight)
+    varied, switched_on = _switch_variants(pairs, scene, keep3, searched_switches(fixed, options, engine, dtype))
 
     # back to candidates, in the flat product's order
     k2 = keep2.sum()
@@ -432,6 +476,16 @@ def compose_candidates(model, job, cluster, options: SpaceOptions | None = None)
         j = sel2[jj]
         rows_f.append(i), rows_s.append(j), rows_p.append(offset + slot[inv1[i] * u2 + inv2[j]])
     per_pair = {k: np.asarray(getattr(pairs, k)) for k in (*OPT_IN_FLAG_RULES, "recompute_modules_mask")}
+    if varied.size:         # the switch variants: again every candidate of a varied pair, pointing at its copy
+        npairs = pairs.tp.size
+        slot = np.full(npairs, -1)
+        slot[varied] = np.arange(varied.size)
+        all_f, all_s, all_p = (np.concatenate(r) for r in (rows_f, rows_s, rows_p))
+        again = slot[all_p] >= 0
+        rows_f.append(all_f[again]), rows_s.append(all_s[again]), rows_p.append(npairs + slot[all_p[again]])
+        extra += int(again.sum())
+        per_pair = {k: np.concatenate([v, switched_on[k] if k in switched_on else v[varied]])
+                    for k, v in per_pair.items()}
     cands = Candidates(f, g, per_pair, {k: v for k, v in batch_wide.items() if k not in per_pair}, dtype, int(engine),
                        *(np.concatenate(r).astype(np.int32) for r in (rows_f, rows_s, rows_p)))
     return cands, rejected, n1 * n2 + extra

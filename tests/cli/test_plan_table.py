@@ -68,7 +68,7 @@ def test_modes_alike_in_every_row_are_stated_once_below_the_table():
     e = estimate(load_model("gpt-1.7b"), TrainingJob(2048, 64), load_cluster("dgx-a100-80g", 8), Plan(dp=8))
     text = render_table(table_rows([e, e]))
     assert "opt" not in text.splitlines()[0].split()
-    assert text.splitlines()[-1] == "every plan above: ep 1, cp_mode -, opt adam, dtype bf16"
+    assert text.splitlines()[-1] == "every plan above: offload none, ep 1, cp_mode -, opt adam, dtype bf16, switches none"
 
 
 def test_zero_stages_at_dp_1_collapse_to_one_plan():

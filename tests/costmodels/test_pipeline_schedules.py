@@ -224,7 +224,7 @@ def test_plan_puts_the_schedules_side_by_side(capsys):
     assert steps == sorted(steps)                                          # fastest first
     bubble = {k: float(r[2]) for k, r in rows.items()}
     assert bubble["zbv"] < bubble["zb-h1"] < bubble["1f1b"]
-    assert "ep-overlap" in " ".join(rows["dualpipe"]) and "ep-overlap" not in " ".join(rows["zbv"])
+    assert "epov" in " ".join(rows["dualpipe"]) and "epov" not in " ".join(rows["zbv"])
 
 
 def test_megatron_plans_propose_none_of_them():

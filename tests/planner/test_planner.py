@@ -13,7 +13,7 @@ from paraplan.costmodels.estimate import estimate
 from paraplan.hardware.catalog import load_cluster
 from paraplan.plan import Plan
 from paraplan.planner.search import score_batch, search
-from paraplan.planner.simplicity import TIE_SHARE
+from paraplan.planner.simplicity import TIE_SHARE, tie_limit
 from paraplan.planner.space import SpaceOptions, compose
 from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import TrainingJob
@@ -134,7 +134,8 @@ def test_plan_json_shape_and_plan_file(tmp_path):
     assert {"schema", "candidates_evaluated", "rejected_by_reason", "search_time_s", "plans"} <= set(doc)
     assert len(doc["plans"]) == 3 and all(p["plan"]["tp"] == 2 for p in doc["plans"])
     steps = [p["step_time_s"] for p in doc["plans"]]
-    assert steps == sorted(steps)
+    # by step time, but a plan tied with the fastest (1.5 %) may rank first for being simpler
+    assert steps[1:] == sorted(steps[1:]) and steps[0] < tie_limit(min(steps))
     assert doc["rejected_by_reason"] and all(v > 0 for v in doc["rejected_by_reason"].values())
     again = _run("estimate", "--plan", str(out), "--format", "json")
     assert json.loads(again.stdout)["step_time_s"] == pytest.approx(doc["plans"][0]["step_time_s"])

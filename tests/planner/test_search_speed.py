@@ -51,9 +51,14 @@ def compose_flat(model, job, cluster, options=None):
         both, extra = S._with_recompute_module_sets(both, S.searched_recompute_module_sets(model))
     keep3 = S._apply(S._stage_rules(3), both, scene, np.ones(both.tp.size, bool), rejected, 1)
     idx = np.nonzero(keep3)[0]
-    columns = {k: v[idx] for k, v in vars(both).items() if k not in ("dtype", "engine_code", "etp_is_tp")}
-    return PlanBatch(**columns, engine_code=np.full(idx.size, int(both.engine_code)), dtype=both.dtype), \
-        rejected, n1 * n2 + extra
+    # then each legal candidate an engine switch can run on again, every such switch on (the flat reference of
+    # compose's switch variants)
+    varied, on = S._switch_variants(both, scene, keep3, S.searched_switches(fixed, options, engine, dtype))
+    columns = {k: np.concatenate([v[idx], on[k] if k in on else v[varied]]) for k, v in vars(both).items()
+               if k not in ("dtype", "engine_code", "etp_is_tp")}
+    n = idx.size + varied.size
+    return PlanBatch(**columns, engine_code=np.full(n, int(both.engine_code)), dtype=both.dtype), \
+        rejected, n1 * n2 + extra + varied.size
 
 
 CASES = [
@@ -71,6 +76,9 @@ CASES = [
     ("mixtral-8x7b", "dgx-h100", 16, 4096, 64, {"fixed": {"engine": "megatron", "ep_comm_overlap": True,
                                                           "moe_flex_dispatch": True}}),
     ("deepseek-v3", "dgx-h100", 32, 4096, 128, {"fixed": {"engine": "megatron"}}),     # two module lists searched
+    ("llama3-8b", "dgx-h100", 16, 4096, 64, {"fixed": {"dtype": "fp8"}}),        # all three engine switches searched
+    ("llama3-8b", "dgx-h100", 16, 4096, 64, {"fixed": {"tp_comm_overlap": True, "grad_reduce_bf16": False}}),
+    ("llama3-8b", "dgx-h100", 16, 4096, 64, {"engine_switches": False}),
 ]
 
 
