@@ -57,9 +57,13 @@ def test_sensitivities_are_the_parts_each_knob_multiplies(db, runs):
     assert sens["optimizer"]["optimizer"] == pytest.approx(base["time_breakdown_s"]["optimizer"], rel=1e-6)
     assert sens["gemm"]["compute"] > 0 and sens["memory"]["compute"] > 0 and sens["kernel"]["compute"] > 0
     assert sens["send_recv.latency"]["compute"] == 0
-    # linear: the knobs at 1.5 move each term by half their sensitivity
+    # linear: the knobs at 1.5 move each term by half their sensitivity; compute within 3 %, since the
+    # contention slowdown it is charged follows the share of the step the ranks compute, which slower
+    # collectives lower (the estimate's fixed point, costmodels.pipeline.effective_compute_slowdown)
     half = predict(dp2, tables, {"gemm": 1.5, "all_reduce.latency": 1.5, "all_reduce.bandwidth": 1.5})["time_breakdown_s"]
-    assert half["compute"] == pytest.approx(base["time_breakdown_s"]["compute"] + 0.5 * sens["gemm"]["compute"], rel=1e-6)
+    assert half["compute"] == pytest.approx(base["time_breakdown_s"]["compute"] + 0.5 * sens["gemm"]["compute"], rel=0.03)
+    gemm = predict(dp2, tables, {"gemm": 1.5})["time_breakdown_s"]
+    assert gemm["compute"] == pytest.approx(base["time_breakdown_s"]["compute"] + 0.5 * sens["gemm"]["compute"], rel=0.01)
     assert half["dp_comm"] == pytest.approx(1.5 * base["time_breakdown_s"]["dp_comm"], rel=1e-6)
     # a pipeline's bubble follows its stages' compute
     _, s_pp = sensitivities(pp2, tables)
