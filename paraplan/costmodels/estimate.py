@@ -243,8 +243,9 @@ def step_terms(model, job, cluster, plan, curves, mem: MemoryTerms | None = None
                      compute_slowdown=getattr(charged, "compute_slowdown", 1.0))
 
 
-#: passes of the compute-concurrency fixed point after the first estimate (profiled CPUs only): the
-#: busy share moves by under 1 % of the step after two on validate's layouts
+#: iterations of the compute-concurrency fixed point after the first pass (CPU clusters with a contention
+#: slowdown only); a numerical setting, not a hardware figure: two bring the charged slowdown within
+#: 1 % of its fixed point on validate's layouts (test_profiled)
 CONCURRENCY_PASSES = 2
 
 
