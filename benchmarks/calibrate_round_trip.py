@@ -49,11 +49,9 @@ def validate(name: str, flags: list[str], out: str, steps: int, env: dict) -> No
 
 def modelled_concurrency(run, tables) -> float:
     """c of the estimate's charged contention slowdown for ``run`` (NaN where the estimator has none)."""
-    from paraplan.profiles.cluster import cluster_from_tables
-    from paraplan.validation.predict import predict_on_cluster
-    _, e = predict_on_cluster(run.cfg, run.plan, run.options, cluster_from_tables(tables, run.world, "benchmark"))
-    s = e.details.get("compute_slowdown")
-    return (s["expected"] - 1) / (s["all_ranks_busy"] - 1) if s else float("nan")
+    from paraplan.validation.calibrate import charged_slowdown
+    charged = charged_slowdown(run, tables)
+    return (charged[1] - 1) / (charged[0] - 1) if charged else float("nan")
 
 
 def main(argv=None) -> int:

@@ -105,6 +105,16 @@ def test_runs_of_one_plan_pool_into_one(runs):
     assert len(pooled[0].traces) == 4 and len(pooled[0].step_times_s) == 6
 
 
+def _sections(out, marker):
+    """(run name: the line with ``marker``) for each run section of ``calibrate --show``."""
+    name = None
+    for ln in out.splitlines():
+        if ": profiled step of the slowest traced rank" in ln:
+            name = ln.split(":")[0]
+        elif marker in ln:
+            yield f"{name}:{ln}"
+
+
 def test_cli_stores_a_profile_that_estimate_uses(db, capsys):
     code = main(["calibrate", *map(run_dir, LAYOUTS), "--cluster", "profile:vm", "--db", db, "--name", "mine",
                  "--show"])
@@ -112,6 +122,11 @@ def test_cli_stores_a_profile_that_estimate_uses(db, capsys):
     assert code == 0, err
     assert "comm.all_reduce" in out and "comm.send_recv" in out and "overlapped" in out
     assert "compute under another rank's compute" in out
+    # beside the traces' share, the share the estimate charges the contention slowdown for: less for
+    # tp2 and pp2 (their ranks wait on each other) than for dp2
+    expects = {ln.split(":")[0]: float(ln.split("expects ")[1].split(" %")[0])
+               for ln in _sections(out, "the estimate expects")}
+    assert set(expects) == set(LAYOUTS) and expects["dp2"] > max(expects["tp2"], expects["pp2"]) > 0, expects
     assert "not fitted" in out and "err before" in out
     assert "stored as profile:mine" in err
     rows = ProfileStore(db).measurements(kind="calibration")
