@@ -10,6 +10,16 @@ and both errors; then the factors fitted on all three, and stores them as ``prof
 that ``paraplan estimate --cluster profile:NAME`` runs.
 
     python benchmarks/calibrate_round_trip.py [--rounds 3] [--steps 10] [--db FILE] [--out DIR]
+        [--layouts dp2,tp2,pp2,tp2-gb2,pp2-gb4] [--reuse]
+
+``--layouts`` picks from :data:`LAYOUTS` (default: all five). The last two are there so that every knob
+a left-out layout needs is constrained by the others: without them tp2 is the only run of many small
+(latency-bound) all-reduces, dp2's one gradient all-reduce constrains only the bandwidth, and pp2 the
+only one with send/recv, so leaving either out leaves its own communication at the profile's value.
+tp2 over two micro-batches (``--global-batch 2``) and pp2 over four (``--global-batch 4``: a smaller
+bubble share, twice the transfers) carry the same kernels and collectives in other proportions.
+``--reuse`` skips the validates and calibrates the runs already under ``--out`` (``roundK/LAYOUT``),
+e.g. to compare two versions of the estimator on the same measurements.
 
 Uses the profile database ``--db`` (default ``$PARAPLAN_PROFILE_DB`` or the cache); the machine must
 have a profile there (``paraplan profile --quick``). Exit 1 when a layout's error is not smaller after.
@@ -23,7 +33,8 @@ import sys
 import tempfile
 import time
 
-LAYOUTS = {"dp2": ["--dp", "2"], "tp2": ["--tp", "2"], "pp2": ["--pp", "2"]}
+LAYOUTS = {"dp2": ["--dp", "2"], "tp2": ["--tp", "2"], "pp2": ["--pp", "2"],
+           "tp2-gb2": ["--tp", "2", "--global-batch", "2"], "pp2-gb4": ["--pp", "2", "--global-batch", "4"]}
 
 
 def validate(name: str, flags: list[str], out: str, steps: int, env: dict) -> None:
@@ -36,6 +47,13 @@ def validate(name: str, flags: list[str], out: str, steps: int, env: dict) -> No
     print(f"  {line}", flush=True)
 
 
+def modelled_concurrency(run, tables) -> float:
+    """c of the estimate's charged contention slowdown for ``run`` (NaN where the estimator has none)."""
+    from paraplan.validation.calibrate import charged_slowdown
+    charged = charged_slowdown(run, tables)
+    return (charged[1] - 1) / (charged[0] - 1) if charged else float("nan")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -43,7 +61,13 @@ def main(argv=None) -> int:
     ap.add_argument("--db", default=None)
     ap.add_argument("--out", default=None, help="folder for the validate outputs (default: a temporary one)")
     ap.add_argument("--name", default="round-trip", help="name of the stored calibrated profile")
+    ap.add_argument("--layouts", default=",".join(LAYOUTS), help="comma-separated, from: " + ", ".join(LAYOUTS))
+    ap.add_argument("--reuse", action="store_true", help="calibrate the runs already under --out")
+    ap.add_argument("--profile", default="local", help="the profile calibrated (default: this machine's)")
     args = ap.parse_args(argv)
+    layouts = {k: LAYOUTS[k] for k in args.layouts.split(",")}
+    if args.reuse and not args.out:
+        sys.exit("--reuse needs --out")
     env = dict(os.environ)
     if args.db:
         env["PARAPLAN_PROFILE_DB"] = args.db
@@ -52,27 +76,39 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     dirs = []
     for k in range(args.rounds):
-        print(f"round {k + 1}/{args.rounds}", flush=True)
-        for name, flags in LAYOUTS.items():
+        if not args.reuse:
+            print(f"round {k + 1}/{args.rounds}", flush=True)
+        for name, flags in layouts.items():
             d = os.path.join(out, f"round{k}", name)
+            if args.reuse:
+                if os.path.isfile(os.path.join(d, "report.json")):
+                    dirs.append(d)
+                continue
             validate(name, flags, d, args.steps, env)
             dirs.append(d)
     from paraplan.validation.calibrate import (base_tables, calibrate, factors_table, loro_table, pool_runs,
-                                               read_run, store_calibrated)
+                                               predict, read_run, store_calibrated)
     runs = pool_runs([read_run(d) for d in dirs])
-    tables, label = base_tables("local", args.db)
+    tables, label = base_tables(args.profile, args.db)
     cal = calibrate(runs, tables, label)
     print(f"\n{len(dirs)} validate runs in {time.perf_counter() - t0:.0f} s, pooled into {len(runs)} layouts "
           f"(median of {args.rounds} x {args.steps} timed steps each)\n")
-    print("leave-one-run-out (fit on the other two layouts, predict this one):")
+    print("leave-one-run-out (fit on the other layouts, predict this one):")
     print(loro_table(cal))
-    print("fitted on all three:")
+    print("fitted on all layouts:")
     print(factors_table(cal))
     spreads = {r.name: (min(r.step_times_s), max(r.step_times_s)) for r in runs}
     print("measured step spread (min - max over all timed steps): "
           + ", ".join(f"{n} {1e3 * lo:.0f}-{1e3 * hi:.0f} ms" for n, (lo, hi) in spreads.items()))
     print("compute under the other rank's compute (per rank and round): "
           + "; ".join(f"{r.name} " + " ".join(f"{c:.2f}" for c in r.concurrency) for r in runs))
+    print("modelled (the estimate's expected slowdown s_eff = 1 + (s - 1) c, s with every rank busy): "
+          + "; ".join(f"{r.name} c {modelled_concurrency(r, tables):.2f}" for r in runs))
+    for r in runs:   # measured terms beside the uncalibrated estimate's (the harness's names)
+        pred = predict(r, tables)["time_breakdown_s"]
+        print(f"  {r.name:<8} " + "  ".join(f"{k} {1e3 * v:.0f}/{1e3 * pred.get(k, 0.0):.0f}"
+                                             for k, v in r.measured_terms.items() if v > 1e-4 or pred.get(k, 0) > 1e-4)
+              + "  (ms, measured/predicted)")
     fid, run_id = store_calibrated(args.name, cal, tables, args.db)
     r = subprocess.run([sys.executable, "-m", "paraplan.cli", "estimate", "--model", "llama3-8b", "--cluster",
                         f"profile:{args.name}", "--gpus", "2", "--seq-len", "256", "--global-batch", "2",

@@ -10,7 +10,7 @@ from paraplan.errors import ConfigError
 
 def cmd_calibrate(args) -> int:
     from paraplan.validation.calibrate import (base_tables, calibrate, estimable, factors_table, loro_table, pool_runs, read_run, row_runs,
-                                               store_calibrated, trace_vs_estimate)
+                                               store_calibrated, trace_vs_estimate, charged_slowdown)
     from paraplan.validation.trace import format_terms
     if not args.runs and not args.runs_csv:
         raise ConfigError("runs", "no runs given", accepted="folders `paraplan validate --out DIR` wrote, "
@@ -51,6 +51,11 @@ def cmd_calibrate(args) -> int:
                 print("compute under another rank's compute: "
                       + ", ".join(f"{100 * c:.0f} %" for c in r.concurrency) + " of each rank's (the profile's "
                       "contention slowdown was measured with every rank busy)")
+                charged = charged_slowdown(r, tables)
+                if charged:
+                    s, eff = charged
+                    print(f"  the estimate expects {100 * (eff - 1) / (s - 1):.0f} % (slowdown charged "
+                          f"{eff:.2f}x of the {s:.2f}x measured with every rank busy)")
             print()
     cal = calibrate(runs, tables, label)
     if args.format == "json":

@@ -45,8 +45,9 @@ from paraplan.costmodels.moe import (ep_overlap_assumption, expert_bias_assumpti
                                      moe_dispatch_assumption, moe_host_assumption)
 from paraplan.costmodels.offload import host_link_assumption, optimizer_and_offload_times, optimizer_shard
 from paraplan.costmodels.p2p import pipeline_p2p_time, pipeline_transfer_assumption
-from paraplan.costmodels.pipeline import (LAST, STAGE_NAMES, bubble_time, deep_pipeline_bubble_assumption,
-                                          reported_bubble_fraction, stage_pace, with_stage_concurrency)
+from paraplan.costmodels.pipeline import (LAST, STAGE_NAMES, bubble_time, compute_busy_share,
+                                          deep_pipeline_bubble_assumption, reported_bubble_fraction, stage_pace,
+                                          with_stage_concurrency)
 from paraplan.costmodels.tpcomm import TP_EXPOSED_ASSUMPTION, tp_overlap_assumption
 from paraplan.plan import Plan, StageLayers, check_plan, compute_dtype, model_stage_layers, stage_layer_counts
 
@@ -166,6 +167,7 @@ class StepTerms:
     step_compressed: Number
     dp_comm_warmup: Number
     dp_comm_compressed: Number
+    compute_slowdown: Number = 1.0      # the expected contention slowdown charged (profiled CPUs; 1 elsewhere)
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,37 @@ def step_terms(model, job, cluster, plan, curves, mem: MemoryTerms | None = None
     if mem is None:
         mem = memory_terms(model, job, cluster, plan)
     m = micro_batches(job, plan)
-    curves = with_stage_concurrency(with_reference_block(curves, cluster), plan, m)
+    base = with_reference_block(curves, cluster)
+    charged = with_stage_concurrency(base, plan, m)
+    time, step, lt, pace, dp = _time_terms(model, job, cluster, plan, charged, mem, m)
+    if np.all(np.asarray(getattr(base, "compute_slowdown", 1.0)) > 1.0):
+        # ranks sharing a CPU's cores: the slowdown charged for the share of the time the peers
+        # compute, which the estimate gives; a fixed point from "always" (it decreases monotonically)
+        for _ in range(CONCURRENCY_PASSES):
+            charged = with_stage_concurrency(base, plan, m, compute_busy_share(time, step))
+            time, step, lt, pace, dp = _time_terms(model, job, cluster, plan, charged, mem, m)
+    flops_model, flops_hw = C.step_flops(model, job, plan)
+    sl = mem.stage_layers
+    return StepTerms(time=time, step=step, memory=mem.memory, host_per_gpu=mem.host_per_gpu,
+                     nvme_per_gpu=mem.nvme_per_gpu, micro_batches=m, flops_model=flops_model, flops_hardware=flops_hw,
+                     dp_comm_total=dp.total, last_stage_is_peak=mem.peak_stage == LAST, peak_stage=mem.peak_stage,
+                     slowest_stage=pace.stage, stage_layers=sl,
+                     bubble_fraction=reported_bubble_fraction(plan, m, sl, lt, time["pp_bubble"]),
+                     warmup_share=dp.warmup_share,
+                     step_warmup=step - dp.average + dp.warmup, step_compressed=step - dp.average + dp.compressed,
+                     dp_comm_warmup=dp.warmup, dp_comm_compressed=dp.compressed,
+                     compute_slowdown=getattr(charged, "compute_slowdown", 1.0))
+
+
+#: iterations of the compute-concurrency fixed point after the first pass (CPU clusters with a contention
+#: slowdown only); a numerical setting, not a hardware figure: two bring the charged slowdown within
+#: 1 % of its fixed point on validate's layouts (test_profiled)
+CONCURRENCY_PASSES = 2
+
+
+def _time_terms(model, job, cluster, plan, curves, mem: MemoryTerms, m):
+    """The time half of :func:`step_terms` on ``curves`` as given: (time terms, step, layer times,
+    stage pace, data-parallel times)."""
     lt = C.layer_times(model, job, plan, curves, cluster)
     sl, params, experts, shard = mem.stage_layers, mem.params, mem.experts, mem.shard
     pace = stage_pace(sl, plan, lt, C.head_times(model, job, plan, curves, cluster))
@@ -240,16 +272,7 @@ def step_terms(model, job, cluster, plan, curves, mem: MemoryTerms | None = None
         "optimizer": optimizer,
         "offload": offload,
     }
-    step = sum(time.values())
-    flops_model, flops_hw = C.step_flops(model, job, plan)
-    return StepTerms(time=time, step=step, memory=mem.memory, host_per_gpu=mem.host_per_gpu,
-                     nvme_per_gpu=mem.nvme_per_gpu, micro_batches=m, flops_model=flops_model, flops_hardware=flops_hw,
-                     dp_comm_total=dp.total, last_stage_is_peak=mem.peak_stage == LAST, peak_stage=mem.peak_stage,
-                     slowest_stage=pace.stage, stage_layers=sl,
-                     bubble_fraction=reported_bubble_fraction(plan, m, sl, lt, time["pp_bubble"]),
-                     warmup_share=dp.warmup_share,
-                     step_warmup=step - dp.average + dp.warmup, step_compressed=step - dp.average + dp.compressed,
-                     dp_comm_warmup=dp.warmup, dp_comm_compressed=dp.compressed)
+    return time, sum(time.values()), lt, pace, dp
 
 
 def _f(x) -> float:
@@ -296,6 +319,9 @@ def estimate_legal(model, job, cluster, plan: Plan, *, curves=None, max_memory_f
                  **({"mtp_blocks_on_last_stage": model.mtp_layers} if model.mtp_layers else {}),
                  **({"hybrid_layers": C.hybrid_layer_breakdown(model, job, plan, curves, cluster)}
                     if getattr(model, "layer_pattern", "") else {}),
+                 **({"compute_slowdown": {"all_ranks_busy": float(curves.compute_slowdown),
+                                          "expected": _f(terms.compute_slowdown)}}
+                    if getattr(curves, "compute_slowdown", 1.0) > 1.0 else {}),
                  "gpu_memory_bytes": cluster.accelerator.memory_bytes,
                  "model_params": model.num_params, "active_params": model.active_params,
                  **({"optimizer_warmup_share": _f(terms.warmup_share),

@@ -308,31 +308,50 @@ def stage_overlap(plan, m):
     return np.where(p > 1, total / np.maximum(p * (p - 1), 1.0), 1.0)
 
 
-def effective_compute_slowdown(slowdown, plan, m):
-    """The compute slowdown of ranks that share one machine's cores, scaled by how many of the other
-    ranks compute at the same moment. ``slowdown`` is measured with every rank busy (the profile's
-    contention block: n ranks busy / one alone); a rank's peers in its own stage (tp, cp, dp) are
-    busy with it, those of the p − 1 other stages for :func:`stage_overlap` of its time:
+def effective_compute_slowdown(slowdown, plan, m, busy=1.0):
+    """The expected compute slowdown of ranks that share one machine's cores: the slowdown measured
+    with every rank busy (the profile's contention block: n ranks busy / one alone) charged for the
+    share c of a rank's compute during which the other ranks compute too,
 
-        busy_peers = (g − 1) + g (p − 1) · overlap,   g = ranks per stage
-        slowdown_eff = 1 + (slowdown − 1) · busy_peers / (g p − 1)
+        slowdown_eff = 1 + (slowdown − 1) · c,
+        c = busy · ((g − 1) + g (p − 1) · overlap) / (g p − 1),   g = ranks per stage (tp·cp·dp)
 
-    Without pipelining it is ``slowdown`` unchanged. Measured on the 2-core VM (pp 2, 2
-    micro-batches): compute 90.8 ms per rank against 101.0 ms for dp 2 doing the same work."""
+    a rank's peers in its own stage run its kernels' schedule (the same busy window), those of the
+    p − 1 other stages compute in it for :func:`stage_overlap` of the time (pipeline fill and drain),
+    and inside its busy window a peer computes ``busy`` of the time (:func:`compute_busy_share`: the
+    rest it waits on collectives and transfers; 1 = always). Measured on the 2-core development
+    machine: pp 2 with 2 micro-batches computed 90.8 ms per rank against 101.0 ms for dp 2 doing the
+    same work; in a quiet round of validate's model measured compute / predicted with the full
+    slowdown (1.9) was 0.97 for dp 2, 0.70 for tp 2 and 0.67 for pp 2, and the traces' share of a
+    rank's compute under the other's (``trace.compute_concurrency``) 0.74-0.97, 0.46-0.88 and
+    0.36-0.68 (docs/calibrate.md)."""
     p = np.asarray(plan.pp, dtype=float)
     g = np.asarray(plan.tp, dtype=float) * np.asarray(plan.cp, dtype=float) * np.asarray(plan.dp, dtype=float)
     n = g * p
-    busy = (g - 1) + g * (p - 1) * stage_overlap(plan, m)
-    share = np.where(n > 1, busy / np.maximum(n - 1, 1.0), 1.0)
+    peers = (g - 1) + g * (p - 1) * stage_overlap(plan, m)
+    share = np.where(n > 1, np.clip(busy, 0.0, 1.0) * peers / np.maximum(n - 1, 1.0), 1.0)
     return 1.0 + (np.asarray(slowdown, dtype=float) - 1.0) * share
 
 
-def with_stage_concurrency(curves, plan, m):
+def compute_busy_share(time: dict, step):
+    """Share of a rank's busy window (the step less the pipeline bubble) in which it computes: the
+    compute terms (forward and backward, recompute, gradient accumulation, host MoE work, optimizer)
+    over ``step − pp_bubble``; the exposed collectives, transfers and offload are waits, in which a
+    rank leaves the machine's cores to its peers. ``time``: the estimator's step terms."""
+    work = sum(np.asarray(time.get(k, 0.0), dtype=float)
+               for k in ("compute", "recompute", "grad_accumulation", "moe_host", "optimizer"))
+    window = np.asarray(step, dtype=float) - np.asarray(time.get("pp_bubble", 0.0), dtype=float)
+    return np.clip(np.where(window > 0, work / np.where(window > 0, window, 1.0), 1.0), 0.0, 1.0)
+
+
+def with_stage_concurrency(curves, plan, m, busy=None):
     """``curves`` with their measured compute slowdown of ranks sharing one machine (a profiled CPU:
-    ``compute_slowdown`` > 1) scaled to the share of time the other ranks compute alongside
-    (:func:`effective_compute_slowdown`: pipeline stages compute alone in the fill and drain);
-    unchanged without a slowdown or without pipelining."""
+    ``compute_slowdown`` > 1) replaced by the expected one (:func:`effective_compute_slowdown`:
+    pipeline stages compute alone in the fill and drain, and every rank alone while its peers wait
+    on communication, ``busy`` of their window computing); unchanged without a slowdown, or
+    without pipelining when ``busy`` is not given."""
     slowdown = getattr(curves, "compute_slowdown", 1.0)
-    if not slowdown > 1.0 or not np.any(np.asarray(plan.pp) > 1):
+    if not np.all(np.asarray(slowdown) > 1.0) or (busy is None and not np.any(np.asarray(plan.pp) > 1)):
         return curves
-    return replace(curves, compute_slowdown=effective_compute_slowdown(slowdown, plan, m))
+    return replace(curves, compute_slowdown=effective_compute_slowdown(slowdown, plan, m,
+                                                                       1.0 if busy is None else busy))

@@ -463,6 +463,18 @@ def loro_table(cal: Calibration) -> str:
     return "\n".join(lines) + "\n"
 
 
+def charged_slowdown(run: Run, tables: dict) -> tuple[float, float] | None:
+    """(slowdown with every rank busy, the one the estimate charges) for ``run`` on ``tables``: the
+    estimate charges 1 + (s − 1)·c, c its expected share of a rank's compute under the others'
+    (:func:`paraplan.costmodels.pipeline.effective_compute_slowdown`), which the traces measure
+    (``Run.concurrency``). None where the profile has no slowdown (one rank, or a GPU)."""
+    if isinstance(run, RowRun):
+        return None
+    _, e = predict_on_cluster(run.cfg, run.plan, run.options, cluster_from_tables(tables, run.world, "calibrating"))
+    s = e.details.get("compute_slowdown")
+    return (s["all_ranks_busy"], s["expected"]) if s else None
+
+
 def trace_vs_estimate(run: Run, tables: dict) -> tuple[StepTerms | None, dict]:
     """The run's slowest traced rank's terms and the estimate's for the same names: gemm, attention,
     host (the per-kernel costs), memory (the rest of compute) (the parts the knobs multiply,

@@ -593,14 +593,19 @@ def test_unfused_gradient_accumulation_is_charged_per_extra_micro_batch():
     model, job = estimator_model(cfg), TrainingJob(cfg.seq_len, 8)
     plan = estimator_plan(cfg, Plan(dp=2, zero=0, micro_batch=1), cpu=True)
     assert not plan.grad_accumulation_fusion
+    e = estimate(model, job, cluster, plan)
+    # at the contention slowdown the estimate charges (the ranks' share of the step computing together)
+    c = replace(c, compute_slowdown=e.details["compute_slowdown"]["expected"])
     per_mb = c.streaming_time(3.0 * model.num_params * 4, kernels=stage_param_tensors(model, plan))
-    assert estimate(model, job, cluster, plan).time_breakdown_s["grad_accumulation"] == pytest.approx(3 * per_mb)
+    assert e.time_breakdown_s["grad_accumulation"] == pytest.approx(3 * per_mb)
     assert estimate(model, job, cluster, replace(plan, grad_accumulation_fusion=True)).time_breakdown_s[
         "grad_accumulation"] == 0.0
     one = replace(plan, micro_batch=4)   # 4 per rank: one micro-batch, nothing to accumulate
     assert estimate(model, job, cluster, one).time_breakdown_s["grad_accumulation"] == 0.0
-    z3 = estimate(model, job, cluster, replace(plan, zero=3)).time_breakdown_s["grad_accumulation"]
+    e3 = estimate(model, job, cluster, replace(plan, zero=3))
+    z3 = e3.time_breakdown_s["grad_accumulation"]
     assert z3 < 3 * per_mb
+    c = replace(c, compute_slowdown=e3.details["compute_slowdown"]["expected"])
     assert z3 == pytest.approx(3 * c.streaming_time(3.0 * model.num_params / 2 * 4, kernels=float(
         stage_param_tensors(model, plan))))
 
@@ -719,13 +724,17 @@ def test_stage_overlap_counts_the_fill_and_drain():
     assert vec == pytest.approx([1.2, 1.1])
 
 
-def test_pipeline_stages_on_shared_cores_pay_the_slowdown_only_while_overlapping(monkeypatch):
-    """On a profiled CPU with a compute slowdown (every rank busy / alone: 1.5 here), pp 2 with 2
-    micro-batches computes as if the slowdown were 1.25 (half its time alongside the other stage);
-    dp 2 pays all of it."""
+def test_ranks_on_shared_cores_pay_the_slowdown_only_while_computing_together(monkeypatch):
+    """On a profiled CPU with a compute slowdown (every rank busy / alone: 1.5 here) a kernel is
+    charged 1 + 0.5 c, c the share of its time the other rank computes: pp 2 with 2 micro-batches
+    half the stage's busy window times the share of that window it computes, dp 2 and tp 2 that
+    share alone (the rest they wait on collectives). The share is the estimate's own (a fixed point),
+    the terms are the estimate at that slowdown, and the layout that waits most (tp 2's all-reduces)
+    gets the least."""
     from dataclasses import replace
 
     import paraplan.costmodels.estimate as E
+    from paraplan.costmodels.pipeline import compute_busy_share, effective_compute_slowdown
     from paraplan.profiles.cluster import cluster_from_tables
     from paraplan.validation.model import GPTConfig
     from paraplan.validation.predict import estimator_model, estimator_plan
@@ -736,20 +745,41 @@ def test_pipeline_stages_on_shared_cores_pay_the_slowdown_only_while_overlapping
     c = curves_for(cluster)
     assert c.compute_slowdown == pytest.approx(1.5)
     model, job = estimator_model(cfg), TrainingJob(cfg.seq_len, 2)
-    pp2, dp2 = Plan(dp=1, pp=2, micro_batch=1), Plan(dp=2, micro_batch=1)
+    layouts = {"pp2": Plan(dp=1, pp=2, micro_batch=1), "dp2": Plan(dp=2, micro_batch=1),
+               "tp2": Plan(tp=2, dp=1, micro_batch=1)}
 
-    def terms(run, curves):
-        e = E.estimate(model, job, cluster, estimator_plan(cfg, run, cpu=True), curves=curves)
-        return e.time_breakdown_s
-    got = {"pp2": terms(pp2, c), "dp2": terms(dp2, c)}
+    def est(run, curves):
+        return E.estimate(model, job, cluster, estimator_plan(cfg, run, cpu=True), curves=curves)
+    got = {k: est(p, c) for k, p in layouts.items()}
+    charged = {k: e.details["compute_slowdown"]["expected"] for k, e in got.items()}
     with monkeypatch.context() as mp:      # the slowdown taken as given, whatever the layout
-        mp.setattr(E, "with_stage_concurrency", lambda curves, plan, m: curves)
-        want = {"pp2": terms(pp2, replace(c, compute_slowdown=1.25)), "dp2": terms(dp2, c)}
-        full = terms(pp2, c)
-    for name in got:
-        for k in ("compute", "pp_bubble", "optimizer"):
-            assert got[name][k] == pytest.approx(want[name][k], rel=1e-12), (name, k)
-    assert got["pp2"]["compute"] < full["compute"] and got["pp2"]["pp_bubble"] < full["pp_bubble"]
+        mp.setattr(E, "with_stage_concurrency", lambda curves, plan, m, busy=None: curves)
+        for k, p in layouts.items():
+            want = est(p, replace(c, compute_slowdown=charged[k]))
+            for t in ("compute", "pp_bubble", "optimizer", "tp_comm"):
+                assert got[k].time_breakdown_s[t] == pytest.approx(want.time_breakdown_s[t], rel=1e-12), (k, t)
+            full = est(p, c)
+            assert got[k].time_breakdown_s["compute"] < full.time_breakdown_s["compute"]
+            # the fixed point: the charged slowdown is the one the estimate's own busy share gives (to 1 %)
+            busy = compute_busy_share(got[k].time_breakdown_s, got[k].step_time_s)
+            plan = estimator_plan(cfg, p, cpu=True)
+            again = effective_compute_slowdown(1.5, plan, got[k].details["micro_batches_per_step"], busy)
+            assert again == pytest.approx(charged[k], rel=0.01), k
+    assert 1.0 < charged["pp2"] < 1.25 and 1.0 < charged["tp2"] < charged["dp2"] < 1.5, charged
+
+
+def test_busy_share_is_compute_over_the_step_less_the_bubble():
+    from paraplan.costmodels.pipeline import compute_busy_share, effective_compute_slowdown
+    t = {"compute": 6.0, "recompute": 1.0, "optimizer": 1.0, "tp_comm": 2.0, "pp_bubble": 2.0}
+    assert compute_busy_share(t, 12.0) == pytest.approx(0.8)
+    assert compute_busy_share({"compute": 1.0}, 1.0) == pytest.approx(1.0)
+    assert compute_busy_share({"compute": np.array([1.0, 1.0]), "dp_comm": np.array([0.0, 3.0])},
+                              np.array([1.0, 4.0])) == pytest.approx([1.0, 0.25])
+    from types import SimpleNamespace
+    dp2 = SimpleNamespace(pp=1, vpp=1, tp=1, cp=1, dp=2)
+    assert effective_compute_slowdown(1.9, dp2, 4, 0.5) == pytest.approx(1.45)
+    assert effective_compute_slowdown(1.9, dp2, 4, 0.0) == pytest.approx(1.0)
+    assert effective_compute_slowdown(1.9, SimpleNamespace(pp=1, vpp=1, tp=1, cp=1, dp=1), 4, 0.2) == 1.9
 
 
 def test_one_process_profile_without_collectives_makes_a_one_device_cluster():
