@@ -33,6 +33,11 @@ Runs (``--cases 10000 --seed 0``, 2-core machine shared with other jobs, load av
 - main at the end of 7 December (issues 64, 66 and 67 merged; parts side by side on an idle machine, 435 s of
   case time): 10,000 cases (14 real processes), exit codes 2: 8,209, 0: 1,762, 3: 29; 0 tracebacks, 0 hangs,
   0 errors not naming their field, 0 over one line, 0 warning spills; slowest ``plan --top '1_000'`` 4.54 s CPU.
+- the new commands (score --log, calibrate, estimate/plan --trace; bases added 7 December, afternoon): of the
+  1,362 such cases in ``make_cases(6000)`` for seeds 3 and 4, before the fixes of e23bd64 6 tracebacks (a log's
+  ``--num-layers 0x10`` and a 2**63 value, a JSON config nested 50,000 deep, report.json's ``run``/``traces`` of
+  another type) and 15 errors not naming the flag typed (``--gpu``, ``--seq-len``, ``--runs-csv``, ``--db``); after,
+  1,499 cases (the same seeds with the --trace cases): 0 tracebacks, 0 hangs, 0 unnamed, exit codes 2: 1,079, 0: 420.
 - main fab42d8 merged with 327d1b5 (a merge-tree, not committed; parts side by side, 1,085 s wall): 10,000
   cases, exit codes 2: 8,209, 0: 1,762, 3: 29; 0 tracebacks, 0 hangs, 0 unnamed, 0 multiline, 0 warnings;
   slowest ``plan --top '1_000'`` 4.4 s CPU.
