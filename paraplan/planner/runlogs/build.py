@@ -61,9 +61,9 @@ def finish(kind: str, source: str, config: ReadConfig | None, plan: Plan | None,
     """The RunLog of the parts a reader found, with the user's overrides checked against them: the
     cluster loaded (``gpu`` by name, preset or profile), the plan checked against model, job and
     cluster (dp from the GPU count), the published-run row."""
-    seq_len = agree(kind, "sequence length", seq_len, overrides.seq_len)
-    global_batch = agree(kind, "global batch", global_batch, overrides.global_batch)
-    gpus = agree(kind, "GPU count", gpus, overrides.gpus)
+    seq_len = agree(kind, "sequence length", seq_len, overrides.seq_len, "seq_len")
+    global_batch = agree(kind, "global batch", global_batch, overrides.global_batch, "global_batch")
+    gpus = agree(kind, "GPU count", gpus, overrides.gpus, "gpus")
     gpu = overrides.gpu or gpu
     for value, what, key in ((gpu, "GPU type", "gpu"), (gpus, "GPU count", "gpus"), (seq_len, "sequence length", "seq_len"),
                              (global_batch, "global batch", "global_batch")):

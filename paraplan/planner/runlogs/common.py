@@ -114,16 +114,13 @@ def median_of(values: Sequence[float | None]) -> float | None:
     return statistics.median(vals) if vals else None
 
 
-#: the flag that gives each figure a log may state (layout fields: ``--`` + the field, dashed)
-FLAG_OF = {"sequence length": "--seq-len", "global batch": "--global-batch", "GPU count": "--gpus"}
-
-
-def agree(kind: str, name: str, logged, given) -> Any:
-    """The value the log states, unless the user gave another: then ConfigError naming both, and the flag."""
+def agree(kind: str, name: str, logged, given, key: str | None = None) -> Any:
+    """The value the log states, unless the user gave another: then ConfigError naming both, and the flag
+    that gave it (``--`` + ``key``, the field, dashed; ``key`` defaults to ``name``)."""
     if given is None:
         return logged
     if logged is not None and logged != given:
-        flag = FLAG_OF.get(name, "--" + name.replace("_", "-"))
+        flag = "--" + (key or name).replace("_", "-")
         raise ConfigError(f"{kind} log", f"states {name} {logged}, but {flag} {given} was given")
     return given
 

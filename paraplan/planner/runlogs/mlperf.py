@@ -153,5 +153,5 @@ def read(text: str, source: str, overrides: Overrides) -> RunLog:
         raise ConfigError(f"{KIND} log", f"{e.field}: {e.problem}") from None
     tokens = gbs * seq / step_s / gpus if seq and gpus else None
     measured = Measured(step_time_s=step_s, steps=kept, skipped=skipped, tokens_per_s_per_gpu=tokens)
-    seq = agree(KIND, "sequence length", seq, overrides.seq_len)
+    seq = agree(KIND, "sequence length", seq, overrides.seq_len, "seq_len")
     return finish(KIND, source, None, plan, model, seq, int(gbs), gpu, gpus, measured, overrides, notes)
