@@ -33,6 +33,7 @@ MODULE_CONSTANTS = {
     ("paraplan.scenario", "DEFAULT_MEMORY_FRACTION"): ("plan_memory_fraction", 1),
     ("paraplan.planner.simplicity", "TIE_SHARE"): ("planner_tie_share", 1),
     ("paraplan.hardware.topology", "SWITCH_HOP_LATENCY_S"): ("switch_hop_latency", 1),
+    ("paraplan.costmodels.nccl", "CALL_OVERHEAD_S"): ("collective_call_overhead", 1),
     ("paraplan.cf.data", "ITEM_SLOPE"): ("cf_item_popularity_slope", 1),
     ("paraplan.cf.data", "USER_SLOPE"): ("cf_user_activity_slope", 1),
     ("paraplan.cf.cost", "MLP_MISSES_PER_CORE"): ("cf_misses_per_core", 1),

@@ -10,11 +10,15 @@ B and efficiency η, per-step latency α (a link fitted from a profile may carry
   all-to-all          T =  (n−1)·α +  (n−1)/n · S/(η·B)      (S = bytes each rank holds)
   send/recv           T =        α +            S/(η·B)
 
-A group of n ranks with k of them per node spans n/k nodes and runs hierarchically
-(stas00/ml-engineering @ 744d01e, network/README.md, "Inter-node speed depends on intra-node
-speed"): intra-node
-reduce-scatter over k, inter-node collective over n/k ranks on 1/k of the data (every GPU
-drives its own NIC), intra-node all-gather. The inter-node link's bandwidth is per GPU.
+A group of n ranks with k of them per node spans n/k nodes. Its all-reduce, reduce-scatter and
+all-gather are priced as NCCL prices them (:mod:`paraplan.costmodels.nccl`, after NVIDIA/nccl
+src/graph/tuning.cc): the fastest of ring and (all-reduce) tree under each protocol the network allows,
+the ring paying NVLink hop latencies for its steps inside a node and network hop latencies for the
+steps that cross one, at a bus bandwidth of min(η·B intra, k·η·B inter) since every GPU drives its own
+NIC ("Inter-node speed depends on intra-node speed", stas00/ml-engineering @ 744d01e, network/README.md).
+Links fitted from a profile (per-op α-β, measured tables) keep the hierarchical form instead: intra-node
+reduce-scatter over k, inter-node collective over n/k ranks on 1/k of the data, intra-node all-gather.
+All-to-all and send/recv stay α-β per tier. The inter-node link's bandwidth is per GPU.
 
 Placement: ranks are numbered tp fastest, then cp, then dp, then pp (Megatron's order), so a
 group's members per node follow from the strides; :func:`ranks_per_node` gives k.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from paraplan.costmodels import nccl
 from paraplan.hardware.model import Link
 
 ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER, ALL_TO_ALL, SEND_RECV = "all_reduce", "reduce_scatter", "all_gather", \
@@ -77,13 +82,20 @@ def collective_time(kind: str, size_bytes, n, k, intra: Link, inter: Link):
         return np.where(n > 1, t_intra + t_inter, 0.0)
     if kind == SEND_RECV:
         return np.where(nodes > 1, ring_time(kind, s, 2, inter), ring_time(kind, s, 2, intra))
+    single = ring_time(kind, s, n, intra)
+    if not (intra.per_op or inter.per_op or intra.measured or inter.measured):
+        if not np.any(nodes > 1):
+            return single
+        across = nccl.multinode_time(kind, s, n, k, intra.effective_bandwidth_bytes_per_s,
+                                     inter.effective_bandwidth_bytes_per_s, intra.latency_s, inter.latency_s,
+                                     inter.protocols)
+        return np.where(nodes > 1, across, single)
     intra_part = ring_time(REDUCE_SCATTER, s, k, intra)           # RS (or AG) inside the node
     inter_part = ring_time(kind, s / k, nodes, inter)             # same collective across nodes on 1/k
     if kind == ALL_REDUCE:
         hier = 2 * intra_part + inter_part                        # RS + AR + AG
     else:
         hier = intra_part + inter_part
-    single = ring_time(kind, s, n, intra)
     return np.where(nodes > 1, hier, single)
 
 

@@ -28,7 +28,22 @@ def parse_link(f: FieldReader) -> Link:
         bandwidth_bytes_per_s=f.number("bandwidth_gb_per_s") * GB,
         efficiency=f.number("efficiency", at_most=1.0),
         latency_s=f.number("latency_us") * 1e-6,
+        protocols=_protocols(f),
     )
+
+
+NCCL_PROTOCOLS = ("LL", "LL128", "Simple")
+
+
+def _protocols(f: FieldReader) -> tuple[str, ...]:
+    """A link's ``protocols`` (the NCCL protocols its transport allows), all three when not given."""
+    if not f.has("protocols"):
+        return NCCL_PROTOCOLS
+    raw = f.raw("protocols")
+    if not isinstance(raw, list) or not raw or any(p not in NCCL_PROTOCOLS for p in raw):
+        raise ConfigError(f._name("protocols"), f"{raw!r} is not a list of NCCL protocols",
+                          accepted=", ".join(NCCL_PROTOCOLS), source=f.source)
+    return tuple(p for p in NCCL_PROTOCOLS if p in raw)
 
 
 def parse_accelerator(f: FieldReader) -> Accelerator:

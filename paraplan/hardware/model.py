@@ -173,6 +173,10 @@ class Link:
     #: interpolation) instead of the α-β fit, which cannot follow a profile's curvature
     measured: Mapping[str, tuple[tuple[float, float], ...]] = field(default_factory=dict, compare=False)
     measured_world: int = 0
+    #: the NCCL protocols collectives over this tier may use (``LL``, ``LL128``, ``Simple``): all three
+    #: (NCCL's default) unless the transport forbids the low-latency ones, as AWS EFA does
+    #: (:mod:`paraplan.costmodels.nccl`)
+    protocols: tuple[str, ...] = ("LL", "LL128", "Simple")
 
     @property
     def effective_bandwidth_bytes_per_s(self) -> float:

@@ -533,7 +533,7 @@ def links_for_plan(cluster: Cluster, tp: int = 1, cp: int = 1, dp: int = 1, pp: 
         intra, inter = s.intra_node, cluster.inter_node
         if gl.tier == "network":
             inter = Link(f"{s.inter_node.name}@{axis}", gl.bandwidth_bytes_per_s, s.inter_node.efficiency,
-                         gl.latency_s)
+                         gl.latency_s, protocols=s.inter_node.protocols)
             if gl.intra_bandwidth_bytes_per_s is not None:
                 intra = Link(f"{s.intra_node.name}@{axis}", gl.intra_bandwidth_bytes_per_s,
                              s.intra_node.efficiency, gl.intra_latency_s)

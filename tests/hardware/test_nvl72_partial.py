@@ -203,7 +203,8 @@ def test_tp_stays_on_nvlink_and_dp_crosses_the_64_gpu_domains(llama70b):
     assert one_rack.time_breakdown_s["tp_comm"] == pytest.approx(split.time_breakdown_s["tp_comm"])
     assert split.time_breakdown_s["tp_comm"] == pytest.approx(racks.time_breakdown_s["tp_comm"])
     dp_total = {k: e.details["dp_comm_total_s"] for k, e in (("one", one_rack), ("split", split), ("racks", racks))}
-    assert dp_total["split"] > dp_total["racks"] > 2 * dp_total["one"]
+    # across racks the bus bandwidth is min(NVLink, k x NIC) = min(682, 9 x 45 = 405 GB/s): 1.5-2x one rack
+    assert dp_total["split"] > dp_total["racks"] > 1.5 * dp_total["one"]
     placed = place_groups(load_cluster("gb200-nvl72", 256), tp=8, dp=32)
     assert (placed["tp"].tier, placed["tp"].nodes) == ("nvlink", 1)
     assert (placed["dp"].tier, placed["dp"].nodes, placed["dp"].members_per_node) == ("network", 4, 8)

@@ -78,7 +78,9 @@ def test_tensor_parallelism_beyond_one_node_loses():
     in_node = search(model, job, cluster, options=SpaceOptions(fixed={"tp": 8}), top=1).best
     across = search(model, job, cluster, options=SpaceOptions(fixed={"tp": 16}), top=1).best
     assert in_node.step_time_s < across.step_time_s
-    assert across.time_breakdown_s["tp_comm"] > 3 * in_node.time_breakdown_s["tp_comm"]
+    # tp 16 spans 2 nodes: its ring runs at min(NVLink 231, 8 NICs x 22.5 = 180 GB/s) with network hops in
+    # its latency, on the same per-GPU traffic over twice the layers per GPU (pp 1 against pp 4): 2.7x
+    assert across.time_breakdown_s["tp_comm"] > 2.5 * in_node.time_breakdown_s["tp_comm"]
 
 
 def test_zero3_beats_zero1_only_when_memory_binds():
