@@ -1183,6 +1183,14 @@ RULES: tuple[Rule, ...] = (
        lambda p, s: (f"--tp-comm-overlap overlaps the all-gather / reduce-scatter of sequence parallelism with "
                      f"the GEMMs; it needs tp > 1 and --sp (tp({p.tp}), sp {bool(p.sp)})"),
        field="tp_comm_overlap", accepted="--tp N>1 --sp, or no --tp-comm-overlap", uses_scene=False),
+    _r("tp-comm-overlap-within-nvlink", "TP communication overlap needs the TP group inside one NVLink domain",
+       ILLEGAL, ("tp_comm_overlap", "tp"),
+       lambda P, s: np.asarray(P.tp_comm_overlap, bool) & (P.tp > s.cluster.gpus_per_node),
+       lambda p, s: (f"--tp-comm-overlap runs its GEMM-overlapped collectives over NVLink peer memory "
+                     f"(Transformer Engine userbuffers, torch symmetric memory): the tensor-parallel GPUs must "
+                     f"share one NVLink domain of {s.cluster.gpus_per_node} GPUs, but tp is {p.tp} "
+                     "(TransformerEngine examples/pytorch/comm_gemm_overlap/README.md, Requirements); use "
+                     f"--tp {s.cluster.gpus_per_node} or less, or no --tp-comm-overlap")),
     _engine_rule("activation-offload-engine"),
     _r("activation-offload-no-pp", "activation offload has no pipeline support", ILLEGAL,
        ("pp", "offload_activation_layers"),

@@ -33,7 +33,7 @@ def test_each_candidate_comes_again_with_every_switch_on_where_it_runs():
     assert len(both) == 2 * len(off)
     on = slice(len(off), None)
     assert np.array_equal(both.grad_reduce_bf16[on], np.ones(len(off), bool))
-    assert np.array_equal(both.tp_comm_overlap[on], (off.tp > 1) & off.sp)
+    assert np.array_equal(both.tp_comm_overlap[on], (off.tp > 1) & off.sp & (off.tp <= 8))   # one NVLink domain
     assert not np.any(both.fp8_param_gather)          # bf16: no fp8 parameters
 
 
@@ -41,7 +41,7 @@ def test_fix_false_pins_a_switch_off_and_true_turns_it_on_where_it_runs():
     pinned_off = _columns(S.SpaceOptions(fixed={"tp_comm_overlap": False}))
     assert not np.any(pinned_off.tp_comm_overlap) and np.any(pinned_off.grad_reduce_bf16)
     on = _columns(S.SpaceOptions(fixed={"tp_comm_overlap": True}, engine_switches=False))
-    runs = (on.tp > 1) & on.sp
+    runs = (on.tp > 1) & on.sp & (on.tp <= 8)
     assert np.any(on.tp == 1)                           # the plans that cannot run it stay in the search
     assert np.array_equal(on.tp_comm_overlap, runs)
 
@@ -127,3 +127,21 @@ def test_the_megatron_fp8_search_finds_fp8_parameters_where_only_they_fit(capsys
             "--format", "json", "--top", "1"]
     assert main(args) == 0
     assert json.loads(capsys.readouterr().out)["plans"][0]["plan"]["fp8_param_gather"] is True
+
+
+def test_tp_overlap_only_inside_one_nvlink_domain(capsys):
+    """Transformer Engine's userbuffers (and torch's symmetric memory behind torchtitan's async TP) run the
+    overlapped collectives over NVLink peer memory: a TP group across nodes cannot overlap them
+    (TransformerEngine examples/pytorch/comm_gemm_overlap/README.md, Requirements)."""
+    from paraplan.plan import RULES_BY_NAME, Scene
+    P = _columns(S.SpaceOptions(fixed={"tp_comm_overlap": True}, engine_switches=False))
+    assert np.any(P.tp == 16) and not np.any(P.tp_comm_overlap & (P.tp == 16))   # not even composed
+    bad = RULES_BY_NAME["tp-comm-overlap-within-nvlink"].bad(replace(P, tp_comm_overlap=P.sp & (P.tp > 1)), Scene(*SMALL))
+    assert np.array_equal(bad, P.sp & (P.tp > 8))
+    argv = ["estimate", "--model", "llama3-8b", "--cluster", "dgx-h100", "--gpus", "16", "--seq-len", "4096",
+            "--global-batch", "64", "--tp", "16", "--sp", "--tp-comm-overlap"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "one NVLink domain of 8 GPUs, but tp is 16" in err and "Traceback" not in err
+    argv[argv.index("16", argv.index("--tp"))] = "8"
+    assert main(argv) == 0
