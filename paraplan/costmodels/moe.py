@@ -524,6 +524,23 @@ def moe_dispatch_assumption(model, job, plan, **_) -> tuple[str, ...]:
             f"torchtitan's passes alike){'; --moe-flex-dispatch prices DeepEP / HybridEP instead' if flex_ok else ''}",)
 
 
+def routing_imbalance_assumption(model, job, plan, **_) -> tuple[str, ...]:
+    """Said for a dropless MoE plan whose routed work waits for a busier expert-parallel rank
+    (:func:`routed_time_factor` > 1): the factor and where it comes from."""
+    if model.moe is None or model.moe.capacity_factor:
+        return ()
+    f = float(np.max(routed_time_factor(job, plan)))
+    if f <= 1.0:
+        return ()
+    if job.moe_imbalance is not None:
+        return (f"MoE: the busiest expert-parallel rank routes {f:g}x the mean tokens (--moe-imbalance); its grouped "
+                f"GEMMs and all-to-alls set each MoE layer's pace",)
+    return (f"MoE: a trained router loads the busiest of the {plan.ep} expert-parallel ranks with {f:g}x the mean "
+            f"routed tokens (FEPLB, arXiv:2604.19654, measured at EP 8); its grouped GEMMs and all-to-alls set each "
+            f"MoE layer's pace; --moe-imbalance 1 for a router forced to balance (Megatron-Core's "
+            f"moe_router_force_load_balancing, as in Megatron-Bridge's benchmarks)",)
+
+
 def moe_host_assumption(model, plan, **_) -> tuple[str, ...]:
     """Said when the plan's MoE layers carry the host-bound floor (moe.MOE_HOST_SECONDS_PER_LAYER)."""
     if not bool(np.any(moe_host_floor_applies(model, plan))):

@@ -71,3 +71,27 @@ def test_megatron_bridge_moe_rows_are_read_with_the_forced_balance():
     dense = [c for c in cases if c.model.moe is None]
     assert all(c.job.moe_imbalance is None for c in dense)
     assert np.all([c.job.moe_imbalance != 1.0 for c in dense])
+
+
+def _estimate_json(capsys, *extra):
+    from paraplan.cli import main
+    assert main(["estimate", "--model", "deepseek-v3", "--cluster", "dgx-h100", "--gpus", "1024", "--seq-len", "4096",
+                 "--global-batch", "8192", "--tp", "2", "--pp", "8", "--ep", "64", "--format", "json", *extra]) == 0
+    import json
+    return json.loads(capsys.readouterr().out)
+
+
+def test_the_estimate_says_the_imbalance_it_priced_and_how_to_turn_it_off(capsys):
+    default, forced = _estimate_json(capsys), _estimate_json(capsys, "--moe-imbalance", "1")
+    said = [a for a in default["assumptions"] if "trained router" in a]
+    assert said and "1.23x" in said[0] and "--moe-imbalance 1" in said[0]
+    assert not any("busiest" in a for a in forced["assumptions"])
+    assert default["step_time_s"] > 1.03 * forced["step_time_s"]
+
+
+def test_a_bad_imbalance_on_the_command_line_is_refused_by_name(capsys):
+    from paraplan.cli import main
+    assert main(["estimate", "--model", "deepseek-v3", "--cluster", "dgx-h100", "--gpus", "1024", "--ep", "64",
+                 "--moe-imbalance", "0.5"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("paraplan estimate: error: --moe-imbalance") and ">= 1" in err[0]
