@@ -3,7 +3,8 @@ kernel and collective checks behind those terms (none of them an end-to-end thro
 
 Regime 3, fine-grained MoE with expert parallelism across nodes. Printed:
   * the calibration rows whose expert-parallel group spans nodes (benchmarks/loso.py's predicate) with their
-    terms, and for each the estimate with the EP all-to-all overlap and the DeepEP dispatch switched off;
+    terms, and for each the estimate with the EP all-to-all overlap and the DeepEP dispatch switched off, and
+    under a trained router's imbalance (the rows ran with Megatron-Bridge's router forced to balance);
   * the routed experts' grouped GEMMs against the H100 measurements of paraplan/profiles/reference/h100-sxm.json
     (section 'moe': DeepSeek-V3, Mixtral, Qwen3-30B-A3B expert shapes, 128-8192 tokens per expert);
   * the DeepEP dispatch priced by moe.flex_dispatch_time against DeepEP's published normal-kernel table
@@ -52,7 +53,8 @@ def _terms(e) -> dict:
 
 def moe_rows() -> pd.DataFrame:
     """The calibration rows of regime 3 (expert-parallel group wider than a node) with their terms and two
-    counterfactuals: the EP all-to-all overlap off, the DeepEP dispatch off."""
+    counterfactuals: the EP all-to-all overlap off, the DeepEP dispatch off; and the step time the same layout
+    takes under a trained router (moe.routed_time_factor) over its forced-balance reading."""
     cases, _ = load_h100_cases()
     rows = []
     for c in cases:
@@ -66,6 +68,9 @@ def moe_rows() -> pd.DataFrame:
         for name, kw in (("no_overlap_%", {"ep_comm_overlap": False}), ("no_deepep_%", {"moe_flex_dispatch": False})):
             alt = estimate(c.model, c.job, c.cluster, replace(p, **kw))
             row[name] = round(100 * (c.measured_step_time_s / alt.step_time_s - 1), 1)
+        # the same run under a trained router (the rows ran with the router forced to balance)
+        learned = estimate(c.model, replace(c.job, moe_imbalance=None), c.cluster, p)
+        row["trained_router_step_%"] = round(100 * (learned.step_time_s / e.step_time_s - 1), 1)
         rows.append(row)
     return pd.DataFrame(rows)
 

@@ -19,7 +19,8 @@ from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import TrainingJob, TransformerModel
 
 DEFAULT_SEQ_LEN = 2048
-DEFAULT_MOE_IMBALANCE = 1.0
+#: None: a trained router's imbalance, as the MoE cost model prices it (moe.routed_time_factor)
+DEFAULT_MOE_IMBALANCE = None
 #: The engine ``plan``, ``estimate`` and ``whatif`` plan and price for when neither ``--engine`` nor a plan
 #: file names one: Megatron-LM, the most common stack for GPU LLM training (NeMo and Megatron-Bridge build on
 #: it; most of the published runs paraplan calibrates on ran it). A plan file records its engine, so a plan
@@ -64,7 +65,7 @@ class Scenario:
     cluster: Cluster
     seq_len: int = DEFAULT_SEQ_LEN
     global_batch: int | None = None
-    moe_imbalance: float = DEFAULT_MOE_IMBALANCE
+    moe_imbalance: float | None = DEFAULT_MOE_IMBALANCE
 
     def job(self, plan: Plan | None = None) -> TrainingJob:
         """The training job for one plan, or (plan None) the job a search ranks plans for."""

@@ -29,6 +29,7 @@ MODULE_CONSTANTS = {
     ("paraplan.costmodels.moe", "EP_OVERLAP_CONTENTION"): ("collective_overlap_slowdown", 1),
     ("paraplan.costmodels.p2p", "P2P_OVERLAP_CONTENTION"): ("collective_overlap_slowdown", 1),
     ("paraplan.costmodels.moe", "MOE_HOST_SECONDS_PER_LAYER"): ("moe_host_seconds_per_layer", 1),
+    ("paraplan.costmodels.moe", "ROUTED_RANK_IMBALANCE"): ("moe_routed_rank_imbalance", 1),
     ("paraplan.costmodels.attention", "FLASH1_TIME_FACTOR"): ("flash1_time_factor", 1),
     ("paraplan.scenario", "DEFAULT_MEMORY_FRACTION"): ("plan_memory_fraction", 1),
     ("paraplan.planner.simplicity", "TIE_SHARE"): ("planner_tie_share", 1),

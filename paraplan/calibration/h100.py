@@ -256,7 +256,12 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
                     offload_activation_layers=offload_layers, attention_kernel=attention_kernel)
     except ConfigError as e:
         return f"layout not expressible: {e}"
-    job = TrainingJob(seq_len=int_cell(r["seq_len"], "seq_len"), global_batch=int_cell(r["global_batch"], "global_batch"))
+    forced = entry is not None and entry.forced_balanced_routing and model.moe is not None
+    if forced and not model.moe.capacity_factor:
+        assumed.append("MoE routing balanced (the source's performance scripts force the router to balance: "
+                       f"{entry.forced_balanced_routing_source})")
+    job = TrainingJob(seq_len=int_cell(r["seq_len"], "seq_len"), global_batch=int_cell(r["global_batch"], "global_batch"),
+                      moe_imbalance=1.0 if forced else None)
     try:
         plan = check_plan(plan, model, job, cluster)
     except ConfigError as e:

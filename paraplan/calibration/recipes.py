@@ -57,6 +57,10 @@ class SourceEntry:
     fp8_param_gather_source: str = ""
     te_cross_entropy: bool = False            # its recipes run Transformer Engine's fused cross-entropy
     te_cross_entropy_source: str = ""
+    #: its dropless MoE runs route with a router forced to balance (Megatron-Core's
+    #: moe_router_force_load_balancing: random logits), so they carry no routing imbalance
+    forced_balanced_routing: bool = False
+    forced_balanced_routing_source: str = ""
 
     def matches(self, source: str) -> bool:
         if self.starts_with is not None:

@@ -17,6 +17,7 @@ import textwrap
 from dataclasses import Field, fields
 from pathlib import Path
 
+from paraplan.constants import fitted
 from paraplan.errors import ConfigError, ParaplanError, printable, shown
 from paraplan.io import parse_size, path_problem
 from paraplan.plan import (CHOICE, COUNT, CP_MODES, DERIVED, LAYERS, MODE, MODULES, PLAN_FIELD_SPECS, SWITCH, Plan,
@@ -301,8 +302,10 @@ def add_scenario_args(ap: argparse.ArgumentParser, *, require: bool = True) -> N
                     help=f"tokens per sequence (default {DEFAULT_SEQ_LEN}); 8k = 8192, 128k, 1M = 1024^2")
     ap.add_argument("--global-batch", type=positive_int("--global-batch", sizes=True), default=None,
                     help="sequences per optimizer step (default: 1 per data-parallel rank x micro-batch); 1k = 1024")
-    ap.add_argument("--moe-imbalance", type=number("--moe-imbalance", low=1.0, high=1e6, low_open=False), default=1.0,
-                    help="busiest expert's tokens over the balanced share (1.0 = balanced)")
+    ap.add_argument("--moe-imbalance", type=number("--moe-imbalance", low=1.0, high=1e6, low_open=False), default=None,
+                    help="busiest expert-parallel rank's routed tokens over the mean (1.0 = balanced, e.g. a router "
+                    f"forced to balance; default: a trained router's {fitted('moe_routed_rank_imbalance'):g} with --ep > 1, "
+                    "measured by FEPLB, arXiv:2604.19654)")
     ap.add_argument("--network", choices=("rail", "flat"), default=None,
                     help="place groups on a networkx model of the fabric: rail-optimized or flat leaves")
     ap.add_argument("--oversubscription", type=number("--oversubscription", low=1.0, high=1e6, low_open=False),

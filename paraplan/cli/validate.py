@@ -270,6 +270,12 @@ def _launch_with_progress(spec: dict, run_dir: str, opts, options: RunOptions) -
                              log_path=os.path.join(os.path.dirname(run_dir), "torchrun.log"))
 
 
+def harness_imbalance(args) -> float:
+    """The routing imbalance validate predicts its harness at: --moe-imbalance, else 1.0 (the harness's
+    MoE reports the busiest rank's load it ran; a trained router's default does not describe it)."""
+    return 1.0 if args.moe_imbalance is None else args.moe_imbalance
+
+
 def run_validate(args) -> int:
     """Launch the plan, check it against a single-process run, write the report. 0 = match."""
     import shutil
@@ -293,7 +299,7 @@ def run_validate(args) -> int:
             raise ConfigError("predicted", f"cannot read {args.predicted}: {e}") from e
     else:
         predicted, est = predict_run(cfg, plan, options, args.db, allow_profiling=not args.no_profile,
-                                     moe_imbalance=args.moe_imbalance)
+                                     moe_imbalance=harness_imbalance(args))
         estimate_dict = est.to_dict()
     check_ref = not args.no_reference and opts.nnodes == 1
     spec = run_spec(cfg, plan, options, dump_grads=check_ref)
@@ -332,7 +338,7 @@ def run_validate(args) -> int:
     load = report["measured"].get("expert_load_busiest")
     if load is not None:
         print(f"experts: the busiest ep rank ran {load:.2f}x its balanced share of routed tokens per MoE layer "
-              f"(predicted with --moe-imbalance {args.moe_imbalance:g})")
+              f"(predicted with --moe-imbalance {harness_imbalance(args):g})")
     print(f"report: {os.path.join(args.out, 'report.json')}")
     return 0 if ref_check is None or ref_check["matches"] else 1
 

@@ -157,7 +157,7 @@ def moe_module_recompute_times(model, job, plan, curves) -> tuple:
     t = np.asarray(plan.tp, dtype=float)
     wide = element_bytes(plan) / BYTES
     per_width = 6 if model.activation == "swiglu" else 4
-    routed = e.top_k * expert_token_factor(model, job)
+    routed = e.top_k * expert_token_factor(model, job, plan)
     moe = (moe_mlp_forward_time(model, job, plan, curves)
            + curves.memory_time(T * mlp_activation_bytes_per_token(model, job, True, plan) / t * wide, kernels=4)
            + moe_expert_bias_times(model, job, plan, curves)[0])
@@ -202,7 +202,7 @@ def mlp_activation_bytes_per_token(model, job, moe: bool, plan) -> float:
     if not moe:
         return per_width * model.ffn_hidden
     e = model.moe
-    routed = e.top_k * expert_token_factor(model, job)
+    routed = e.top_k * expert_token_factor(model, job, plan)
     return per_width * e.expert_ffn_hidden * (routed + e.shared_experts) + dispatch_bytes_per_token(model, job, plan)
 
 
@@ -422,7 +422,7 @@ def hybrid_moe_parts(model, job, plan, curves, cluster, norm_add) -> dict:
     """The arguments of one hybrid E layer (pre-norm, router, routed and shared experts, residual add:
     Megatron-Core's TransformerLayer with only an MoE MLP, megatron/core/ssm/mamba_block.py), priced with
     the transformer MoE layer's own functions (:mod:`~paraplan.costmodels.moe`): the router GEMM, the
-    routed experts' grouped GEMMs at the busiest expert's tokens (top_k x ``job.moe_imbalance``, split
+    routed experts' grouped GEMMs at the busiest rank's tokens (top_k x :func:`~paraplan.costmodels.moe.routed_time_factor`, split
     over ep and etp) and the shared experts (:func:`moe_mlp_forward_time`), the routed experts' wgrad
     accumulation, the experts' activation and the token permutation's bytes
     (:func:`mlp_activation_bytes_per_token`), Megatron-Core's eager expert biases where the model has

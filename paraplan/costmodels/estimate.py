@@ -42,7 +42,7 @@ from paraplan.costmodels.mamba import ssd_kernel_assumption
 from paraplan.costmodels.memory import (RUNTIME_RESERVE_ASSUMPTION, STATES_16BIT, allocator_pressure_assumption,
                                         runtime_reserve_assumption, states_assumption)
 from paraplan.costmodels.moe import (ep_overlap_assumption, expert_bias_assumption, expert_wgrad_assumption,
-                                     moe_dispatch_assumption, moe_host_assumption)
+                                     moe_dispatch_assumption, moe_host_assumption, routing_imbalance_assumption)
 from paraplan.costmodels.offload import host_link_assumption, optimizer_and_offload_times, optimizer_shard
 from paraplan.costmodels.p2p import pipeline_p2p_time, pipeline_transfer_assumption
 from paraplan.costmodels.pipeline import (LAST, STAGE_NAMES, bubble_time, compute_busy_share,
@@ -70,7 +70,8 @@ PLAN_ASSUMPTIONS = (states_assumption, rank_order_assumption, tp_overlap_assumpt
 #: then those that read the model, job, cluster, curves or the predicted peak memory, in the order printed
 ESTIMATE_ASSUMPTIONS = (model_read_assumption, gemm_level_assumption, attention_kernel_assumption, qk_norm_assumption,
                         pipeline_transfer_assumption, deep_pipeline_bubble_assumption, softmax_exp_assumption, moe_dispatch_assumption,
-                        moe_host_assumption, expert_wgrad_assumption, expert_bias_assumption, ep_overlap_assumption,
+                        routing_imbalance_assumption, moe_host_assumption, expert_wgrad_assumption, expert_bias_assumption,
+                        ep_overlap_assumption,
                         nvlink_domain_assumption, megatron_fsdp_assumption, host_link_assumption,
                         deepspeed_dp_assumption, allocator_pressure_assumption, ssd_kernel_assumption)
 

@@ -21,11 +21,39 @@ from paraplan.engines import engine_flag, spec_of
 from paraplan.plan import Schedule, expert_group_strides
 
 
-def expert_token_factor(model, job) -> float:
-    """Tokens the busiest expert processes over the balanced share: the capacity factor when tokens
-    are padded to capacity, else the routed imbalance (dropless: the busiest expert sets the pace)."""
+# The busiest expert-parallel rank's routed tokens over the mean under a trained router (dropless, ep > 1):
+# read from a published measurement (fitted_constants.yaml, moe_routed_rank_imbalance).
+ROUTED_RANK_IMBALANCE = fitted("moe_routed_rank_imbalance")
+
+
+def expert_token_factor(model, job, plan=None):
+    """Routed token copies per routed copy of a balanced share that an MoE layer handles: the capacity
+    factor when tokens are padded to capacity, else the routing imbalance.
+
+    Without ``plan`` (memory: what a rank holds, summed over its layers, where the busiest rank of one
+    layer is not the busiest of the next) the job's stated ``moe_imbalance``, 1 when it states none.
+    With ``plan`` (time: each layer's grouped GEMMs, permutation and all-to-alls wait for its busiest
+    rank) :func:`routed_time_factor`."""
     cf = model.moe.capacity_factor
-    return cf if cf else job.moe_imbalance
+    if cf:
+        return cf
+    if plan is None:
+        return 1.0 if job.moe_imbalance is None else job.moe_imbalance
+    return routed_time_factor(job, plan)
+
+
+def routed_time_factor(job, plan):
+    """The busiest expert-parallel rank's routed tokens over the mean, which a dropless MoE layer's
+    routed experts and all-to-alls wait for: the job's ``moe_imbalance`` where it states one (1.0 for a
+    run whose router was forced to balance, e.g. Megatron-Core's moe_router_force_load_balancing);
+    otherwise, for a trained router, ROUTED_RANK_IMBALANCE = 1.23 where ep > 1 (FEPLB, Qi et al. 2026,
+    arXiv:2604.19654: 18.6 % of an MoE layer's GPU time idle behind the busiest of 8 EP ranks,
+    1 / (1 - 0.186)) and 1 without expert parallelism (one GPU's grouped GEMM runs all of its tokens
+    whichever expert they chose)."""
+    if job.moe_imbalance is not None:
+        return job.moe_imbalance
+    ep = np.asarray(getattr(plan, "ep", 1), dtype=float)
+    return np.where(ep > 1, ROUTED_RANK_IMBALANCE, 1.0)
 
 
 def routed_expert_gemms(model, job, plan):
@@ -37,7 +65,7 @@ def routed_expert_gemms(model, job, plan):
     ep = np.asarray(plan.ep, dtype=float)
     etp = np.asarray(plan.etp, dtype=float)
     h, g, fe = model.moe_width, model.mlp_matrices - 1, e.expert_ffn_hidden     # LatentMoE: ℓ wide
-    m = T * e.top_k * expert_token_factor(model, job) * ep / e.experts * etp / t
+    m = T * e.top_k * expert_token_factor(model, job, plan) * ep / e.experts * etp / t
     return m, e.experts / ep, e.dispatch == "permute", [(g * fe / etp, h), (h, fe / etp)]
 
 
@@ -250,13 +278,13 @@ def dispatch_bytes_per_token(model, job, plan) -> float:
     e = model.moe
     if e.dispatch != "permute":
         return 0.0
-    copies = e.top_k * expert_token_factor(model, job)
+    copies = e.top_k * expert_token_factor(model, job, plan)
     sort = np.where(sorts_received_chunks(model, plan), DISPATCH_SORT_CHUNKS_BYTES_PER_COPY, 0)
     alltoall = (DISPATCH_BYTES_PER_COPY + sort) * copies + DISPATCH_BYTES_PER_TOKEN
     flex = np.asarray(getattr(plan, "moe_flex_dispatch", False), dtype=bool)
     if np.any(flex):
         ep = np.asarray(plan.ep, dtype=float)
-        arrivals = expert_holders_per_token(e, e.experts / ep) * expert_token_factor(model, job)
+        arrivals = expert_holders_per_token(e, e.experts / ep) * expert_token_factor(model, job, plan)
         alltoall = np.where(flex, DISPATCH_BYTES_PER_COPY * copies + DISPATCH_BYTES_PER_TOKEN * arrivals, alltoall)
     return alltoall * model.moe_width
 
@@ -271,7 +299,7 @@ def ep_alltoall_time(model, job, plan, cluster):
     if model.moe is None:
         return 0.0
     T = tokens_per_rank(job, plan)
-    size = T * model.moe.top_k * expert_token_factor(model, job) * model.moe_width * element_bytes(plan) / np.asarray(plan.tp, float)
+    size = T * model.moe.top_k * expert_token_factor(model, job, plan) * model.moe_width * element_bytes(plan) / np.asarray(plan.tp, float)
     k = ranks_per_node(plan.ep, expert_group_strides(plan)[0], cluster.gpus_per_node)
     intra, inter = cluster.links("ep")
     alltoall = collective_time(ALL_TO_ALL, size, plan.ep, k, intra, inter)
@@ -341,7 +369,7 @@ def flex_dispatch_time(model, job, plan, cluster):
     e = model.moe
     T = tokens_per_rank(job, plan)
     ep = np.asarray(plan.ep, dtype=float)
-    one_copy = T * expert_token_factor(model, job) * model.moe_width * element_bytes(plan) / np.asarray(plan.tp, float)
+    one_copy = T * expert_token_factor(model, job, plan) * model.moe_width * element_bytes(plan) / np.asarray(plan.tp, float)
     k_l = np.minimum(ranks_per_node(plan.ep, expert_group_strides(plan)[0], cluster.gpus_per_node), ep)
     nodes = ep / k_l
     gpus_hit = expert_holders_per_token(e, e.experts / ep)
@@ -494,6 +522,23 @@ def moe_dispatch_assumption(model, job, plan, **_) -> tuple[str, ...]:
             f"layer forward, twice that backward (Megatron-Core's all-to-all dispatcher: permute, "
             f"{'regroup by local expert and back, ' if sort else ''}unpermute, the router weights applied in the experts' activation; "
             f"torchtitan's passes alike){'; --moe-flex-dispatch prices DeepEP / HybridEP instead' if flex_ok else ''}",)
+
+
+def routing_imbalance_assumption(model, job, plan, **_) -> tuple[str, ...]:
+    """Said for a dropless MoE plan whose routed work waits for a busier expert-parallel rank
+    (:func:`routed_time_factor` > 1): the factor and where it comes from."""
+    if model.moe is None or model.moe.capacity_factor:
+        return ()
+    f = float(np.max(routed_time_factor(job, plan)))
+    if f <= 1.0:
+        return ()
+    if job.moe_imbalance is not None:
+        return (f"MoE: the busiest expert-parallel rank routes {f:g}x the mean tokens (--moe-imbalance); its grouped "
+                f"GEMMs and all-to-alls set each MoE layer's pace",)
+    return (f"MoE: a trained router loads the busiest of the {plan.ep} expert-parallel ranks with {f:g}x the mean "
+            f"routed tokens (FEPLB, arXiv:2604.19654, measured at EP 8); its grouped GEMMs and all-to-alls set each "
+            f"MoE layer's pace; --moe-imbalance 1 for a router forced to balance (Megatron-Core's "
+            f"moe_router_force_load_balancing, as in Megatron-Bridge's benchmarks)",)
 
 
 def moe_host_assumption(model, plan, **_) -> tuple[str, ...]:

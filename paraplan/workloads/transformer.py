@@ -865,10 +865,12 @@ MAX_JOB_COUNT = 2**31 - 1
 @dataclass(frozen=True)
 class TrainingJob:
     """What one optimizer step processes: sequence length and global batch (in sequences).
-    ``moe_imbalance`` is the busiest expert's tokens over the balanced share (1.0 = balanced)."""
+    ``moe_imbalance`` is the busiest expert-parallel rank's routed tokens over the mean (1.0 = balanced,
+    e.g. a router forced to balance); None (the default): a trained router's, which the MoE cost model
+    prices (paraplan.costmodels.moe.routed_time_factor)."""
     seq_len: int
     global_batch: int
-    moe_imbalance: float = 1.0
+    moe_imbalance: float | None = None
 
     def __post_init__(self):
         for key in ("seq_len", "global_batch"):
@@ -877,7 +879,9 @@ class TrainingJob:
                 raise ConfigError(key.replace("_", "-"), f"must be a positive integer, got {v!r}")
             if v > MAX_JOB_COUNT:       # the planner's batch checks run in numpy's C longs (OverflowError)
                 raise ConfigError(key.replace("_", "-"), f"must be at most {MAX_JOB_COUNT:,}, got {v:.3g}")
-        if not isinstance(self.moe_imbalance, (int, float)) or self.moe_imbalance < 1:
+        if self.moe_imbalance is not None and (isinstance(self.moe_imbalance, bool)
+                                               or not isinstance(self.moe_imbalance, (int, float))
+                                               or not self.moe_imbalance >= 1):
             raise ConfigError("moe-imbalance", f"must be >= 1.0 (1.0 = perfectly balanced experts), "
                               f"got {self.moe_imbalance!r}")
 

@@ -8,7 +8,7 @@ from paraplan.scenario import DEFAULT_SEQ_LEN, default_global_batch, load_cluste
 
 def test_defaults_of_a_request():
     sc = load_scenario("llama3-8b", "dgx-h100", gpus=16)
-    assert sc.seq_len == DEFAULT_SEQ_LEN and sc.global_batch is None and sc.moe_imbalance == 1.0
+    assert sc.seq_len == DEFAULT_SEQ_LEN and sc.global_batch is None and sc.moe_imbalance is None  # a trained router's, priced by moe.routed_time_factor
     assert sc.job().global_batch == 16                                   # a search: one sequence per GPU
     assert sc.job(Plan(tp=2, micro_batch=4)).global_batch == 8 * 4       # a plan: one micro-batch per dp rank
     assert sc.job(Plan(tp=2, dp=2, micro_batch=4)).global_batch == 8     # dp given

@@ -22,7 +22,7 @@ from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import TrainingJob
 
 S = load_model("nemotron3-super-120b-a12b")
-JOB = TrainingJob(8192, 1536)
+JOB = TrainingJob(8192, 1536, moe_imbalance=1.0)   # balanced: the byte counts below are per balanced share
 B200 = load_cluster("dgx-b200", 256)
 DATA = Path(__file__).parents[1] / "workloads" / "data" / "written"
 h, ell, E, k, f, V = 4096, 1024, 512, 22, 2688, 131072

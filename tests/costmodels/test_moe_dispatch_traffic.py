@@ -16,7 +16,7 @@ from paraplan.plan import Plan
 from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import TrainingJob
 
-JOB = TrainingJob(4096, 512)
+JOB = TrainingJob(4096, 512, moe_imbalance=1.0)   # balanced: the byte counts below are per balanced share
 
 
 def test_bytes_per_token_follow_the_dispatchers_passes():

@@ -23,7 +23,7 @@ from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import TrainingJob
 
 OSS = load_model("gpt-oss-120b")
-JOB = TrainingJob(seq_len=4096, global_batch=512)
+JOB = TrainingJob(seq_len=4096, global_batch=512, moe_imbalance=1.0)   # balanced: exact byte counts
 MEGATRON = Plan(tp=1, pp=4, dp=16, ep=8, micro_batch=4, zero=1, engine="megatron")
 CLUSTER = load_cluster("dgx-h100", 64)
 CURVES = with_reference_block(curves_for(CLUSTER), CLUSTER)
