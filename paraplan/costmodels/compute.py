@@ -647,8 +647,8 @@ def head_times(model, job, plan, curves, cluster) -> dict:
 FLOP_CONVENTION = ("model FLOPs = 3 x forward FLOPs (2 per multiply-add) of all weight GEMMs, attention "
                    "scores QK^T and PV counted in full (causal mask not halved) and the logits; recomputation "
                    "excluded (PaLM App. B, Korthikanti et al. 2022). HFU adds the recomputed forward FLOPs. "
-                   "MFU and HFU are against the dense peak of the plan's dtype (bf16 for fp8 plans, as NeMo, "
-                   "Megatron-Bridge and torchtitan report them).")
+                   "MFU and HFU are against the dense peak of the plan's compute dtype, bf16 for fp8 and fp4 "
+                   "plans (as NeMo, Megatron-Bridge and torchtitan report them): an fp4 plan can pass 100 %.")
 
 
 def step_flops(model, job, plan):
