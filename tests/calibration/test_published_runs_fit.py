@@ -51,3 +51,12 @@ def test_nemo_gpt3_20b_fits_with_the_lightest_unstated_switch():
 def test_recipe_rows_never_get_recomputation_from_the_lightest_settings():
     for c in CASES.values():
         assert not any("recompute = " in a and "not stated by the source" in a for a in c.assumed), c.label
+
+
+def test_batch_figures_that_contradict_each_other_are_said():
+    """Megatron-Bridge's 25.11 H100 row of GPT-OSS 120B states GBS 512, MBS 4 and GA 2 over dp 16
+    (4 x 16 x 2 = 128): the reader says so in the case, whatever it reads; a consistent row says nothing."""
+    c = CASES[37]
+    said = [a for a in c.assumed if "contradict" in a]
+    assert len(said) == 1 and "global batch 512" in said[0] and "= 128" in said[0]
+    assert not any("contradict" in a for a in CASES[31].assumed)     # B200: 4 x 64 x 2 = 512
