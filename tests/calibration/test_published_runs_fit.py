@@ -60,3 +60,13 @@ def test_batch_figures_that_contradict_each_other_are_said():
     said = [a for a in c.assumed if "contradict" in a]
     assert len(said) == 1 and "global batch 512" in said[0] and "= 128" in said[0]
     assert not any("contradict" in a for a in CASES[31].assumed)     # B200: 4 x 64 x 2 = 512
+
+
+def test_gpt_oss_on_h100_reads_the_recipe_micro_batch_and_fits():
+    """The row's MBS 4 and GA 2 are its B200 row's; Megatron-Bridge's H100 recipe of the GBS 512 variant
+    runs micro-batch 1 (gpt_oss_workload_base_configs.py), as the archive's later H100 rows state: read
+    so, the run fits (at MBS 4 it needed 103.5 GiB of 80)."""
+    c = CASES[37]
+    assert c.plan.micro_batch == 1 and c.job.global_batch == 512
+    assert any("micro-batch 1, as the row's recipe sets it" in a for a in c.assumed)
+    assert _fits(37)
