@@ -556,7 +556,7 @@ def attention_transient_bytes(model, job, plan):
     return np.where(flash, 0.0, UNFUSED_ATTENTION_TRANSIENT_BYTES * score_elements(model, job, plan))
 
 
-def allocator_bytes(memory, plan, on_cuda):
+def allocator_bytes(memory, plan, on_cuda, runtime_reserved=0.0):
     """What the caching allocator reserves beyond the allocated tensor bytes (0 off CUDA: a CPU rank
     allocates with malloc): ALLOCATOR_RESERVE_BYTES + ALLOCATOR_FRAGMENTATION x the bytes that churn.
     ``memory`` holds the terms parameters, gradients, optimizer_states, activations, buffers. The
@@ -569,8 +569,19 @@ def allocator_bytes(memory, plan, on_cuda):
     fragments: PyTorch's allocator then maps 2 MiB pages into one growing virtual segment, and before it
     would fail an allocation it unmaps the free blocks' pages and maps them where the request lands
     (c10/cuda/CUDACachingAllocator.cpp, ExpandableSegment; release_cached_blocks on a failed
-    allocation); the constant ALLOCATOR_RESERVE_BYTES stays."""
-    churn = np.asarray(memory["activations"]) + np.asarray(memory["buffers"])
+    allocation); the constant ALLOCATOR_RESERVE_BYTES stays.
+
+    The engine's communication buffers (``memory["buffers"]`` beyond ``runtime_reserved``) churn only
+    where they are allocated and freed layer by layer (:func:`churns_allocator_where`: FSDP's and
+    ZeRO-3's gathered parameters); an engine that keeps them allocated once holds them outside the churn.
+    Megatron-FSDP's double buffers are such (--fsdp-double-buffer: FixedPoolAllocator in
+    megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py, "a fixed pool of
+    pre-allocated buffers, reusing them to reduce the overhead and fragmentation caused by frequent
+    allocation and deallocation of temporary buffers"), as are DeepSpeed's and DDP's reduce buckets below
+    their engines' churning stage."""
+    buffers = np.asarray(memory["buffers"])
+    churn = np.asarray(memory["activations"]) + np.where(churns_allocator_where(plan), buffers,
+                                                         np.minimum(buffers, runtime_reserved))
     every = churn + sum(np.asarray(memory[k]) for k in ("parameters", "gradients", "optimizer_states"))
     frag = np.where(engine_flag(plan, "flat_state_buffers"), churn, every)
     fraction = np.where(engine_flag(plan, "eager_temporaries"), SCALING_ALLOCATOR_FRAGMENTATION, ALLOCATOR_FRAGMENTATION)
@@ -960,7 +971,7 @@ def peak_stage_memory(model, job, plan, cluster, sl, stage_params_, experts):
     memory = {k: at_peak({name: stage_states[name][k] for name in stage_states}) for k in stage_states["first"]}
     memory["activations"] = at_peak(acts)
     memory["buffers"] = buffers
-    memory["allocator"] = allocator_bytes(memory, plan, on_cuda(cluster))
+    memory["allocator"] = allocator_bytes(memory, plan, on_cuda(cluster), runtime_reserved_bytes(cluster))
     memory["total"] = sum(memory[k] for k in MEMORY_TERMS)
     return memory, peak
 

@@ -70,3 +70,23 @@ def test_gpt_oss_on_h100_reads_the_recipe_micro_batch_and_fits():
     assert c.plan.micro_batch == 1 and c.job.global_batch == 512
     assert any("micro-batch 1, as the row's recipe sets it" in a for a in c.assumed)
     assert _fits(37)
+
+
+def test_megatron_fsdp_double_buffers_do_not_fragment_the_allocator():
+    """Megatron-FSDP keeps its gather and reduce buffers in a fixed pool allocated once (--fsdp-double-buffer,
+    FixedPoolAllocator): only the activations (and the runtime reserve, as for every engine) count in the
+    allocator's fragmentation; FSDP2's per-layer gathers (torchtitan ZeRO-3) still do."""
+    from dataclasses import replace
+
+    from paraplan.costmodels.memory import ALLOCATOR_FRAGMENTATION, ALLOCATOR_RESERVE_BYTES, runtime_reserved_bytes
+    c = CASES[21]
+    m = estimate(c.model, c.job, c.cluster, c.plan).memory_bytes_per_gpu
+    runtime = runtime_reserved_bytes(c.cluster)
+    assert m["buffers"] > runtime + 4 * 2**30         # the double buffers: two layers' parameters and gradients
+    assert m["allocator"] == pytest.approx(ALLOCATOR_RESERVE_BYTES + ALLOCATOR_FRAGMENTATION
+                                           * (m["activations"] + runtime))
+    fsdp2 = replace(c.plan, engine="torchtitan", fp8_param_gather=False, grad_reduce_bf16=False,
+                    te_cross_entropy=False, offload_activation_layers=0)
+    t = estimate(c.model, c.job, c.cluster, fsdp2).memory_bytes_per_gpu
+    assert t["allocator"] == pytest.approx(ALLOCATOR_RESERVE_BYTES + ALLOCATOR_FRAGMENTATION
+                                           * (t["activations"] + t["buffers"]))
