@@ -53,7 +53,7 @@ from paraplan.costmodels.moe import (MOE_HOST_SECONDS_PER_LAYER, dispatch_bytes_
                                      routed_experts_wgrad_accumulation_time)
 from paraplan.costmodels.tpcomm import (TP_OVERLAP_CONTENTION, op_sac_regather_time, sp_backward_regather_raw_time,
                                         sp_backward_regather_time, tp_allreduce_time, tp_collective_time,
-                                        tp_crosses_nodes, tp_data_parallel_window_times, tp_gathered_bytes,
+                                        tp_data_parallel_window_times, tp_gathered_bytes, tp_shares_data_parallel_links,
                                         tp_layer_exposed_by_pass, vocab_parallel_loss_allreduce_time)
 from paraplan.engines import engine_flag
 from paraplan.plan import Recompute, is_fp8, recomputes_attention_core, recomputes_module
@@ -362,7 +362,7 @@ def hybrid_kind_times(model, job, plan, curves, cluster) -> dict:
     passes = np.where(full, 3, 2)
     regather_applies = engine_flag(plan, "sp_regather") & sp & (np.asarray(plan.tp) > 1)
     gather = tp_collective_time(ALL_GATHER, tp_gathered_bytes(model, job, plan), plan, cluster)
-    crosses = tp_crosses_nodes(plan, cluster)
+    shares = tp_shares_data_parallel_links(plan, cluster)
 
     def kind(name, gemm, first_gemm, core_f, core_b, elem, kernels, core_kernels=0, cp=0.0, cp_hidden=(0.0, 0.0),
              extra=(0.0, 0.0), tp_ar=None, ep=None, modules=0.0, ep_replay=0.0):
@@ -375,7 +375,7 @@ def hybrid_kind_times(model, job, plan, curves, cluster) -> dict:
         regather_raw = np.where(regather_applies, gather, 0.0)
         exposed, raw = tp_layer_exposed_by_pass(tp_in, gemm, full, plan, regather, regather_raw)
         tp = exposed[0] + exposed[1]
-        tp_dp_f, tp_dp_b = tp_data_parallel_window_times(exposed, raw, crosses)
+        tp_dp_f, tp_dp_b = tp_data_parallel_window_times(exposed, raw, shares)
         selective = np.where((rc == Recompute.SELECTIVE) & recomputes_attention_core(plan), core_f, 0.0)
         replay = np.where(rc > 0, curves.recompute_overhead_time(np.where(full, kernels, core_kernels)), 0.0)
         recompute = np.where(full, fwd, selective + modules) + replay
@@ -609,7 +609,7 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
         share_moe * wgrad_extra)
     tp_comm = tp_f + tp_b + sac_regather
     tp_dp_f, tp_dp_b = tp_data_parallel_window_times((tp_f, tp_b + sac_regather), (raw_f, raw_b + sac_regather),
-                                                     tp_crosses_nodes(plan, cluster))
+                                                     tp_shares_data_parallel_links(plan, cluster))
     exchange = ring_exchange_times(model, job, plan, cluster)
     cp_comm = cp_exposed_time(model, job, plan, cluster, attn_f, attn_b, exchange)
     cp_hidden_f, cp_hidden_b = ring_hidden_on_network(model, job, plan, cluster, attn_f, attn_b, exchange)

@@ -208,28 +208,33 @@ def tp_pass_share(full_recompute):
     return 1.0 / (3 + np.where(full_recompute, 1, 0))
 
 
-def tp_crosses_nodes(plan, cluster):
-    """Whether the tensor-parallel group spans nodes (fewer of its ranks on a node than tp), so that
-    its collectives run over the inter-node links the data-parallel ones use."""
+def tp_shares_data_parallel_links(plan, cluster):
+    """Whether the tensor-parallel collectives run over the links the data-parallel ones use: the tp
+    group spans nodes (fewer of its ranks on a node than tp: both on the inter-node links), or the
+    data-parallel group (dp x cp ranks at stride tp) lies within one node (both on NVLink)."""
     t = np.asarray(plan.tp, dtype=float)
-    return ranks_per_node(plan.tp, 1, cluster.gpus_per_node) < t
+    replicas = np.asarray(plan.dp, dtype=float) * np.asarray(plan.cp, dtype=float)
+    tp_across = ranks_per_node(plan.tp, 1, cluster.gpus_per_node) < t
+    dp_inside = ranks_per_node(replicas, plan.tp, cluster.gpus_per_node) >= replicas
+    return tp_across | dp_inside
 
 
-def tp_data_parallel_window_times(exposed, raw, crosses):
+def tp_data_parallel_window_times(exposed, raw, shares):
     """(forward, backward) seconds per layer and micro-batch that the tensor-parallel communication
     adds to the windows the data-parallel collectives hide under (dataparallel.dp_step_times), from
     its ``exposed`` and ``raw`` (whole duration, hidden or not) seconds per pass.
 
-    The data-parallel collectives run on their own stream over the inter-node links for the whole
-    wall time of a pass: its compute and the TP collectives it waits for, exposed ones included
-    (NVLink carries those; the compute stream waits, the links the gathers use are free). A TP group
-    that spans nodes holds those links for its collectives' whole duration instead, hidden or not,
-    and the data-parallel collectives cannot hide in that time: exposed - raw, at most 0, as an
-    inter-node ring-attention exchange's (cpcomm.ring_hidden_on_network). Either way, as a pass's
+    The data-parallel collectives run on their own stream for the whole wall time of a pass: its
+    compute and the TP collectives it waits for, exposed ones included, where the two use different
+    links (TP on NVLink, data parallelism across nodes: the compute stream waits, the links the gathers
+    use are free). Where they share links (``shares``: :func:`tp_shares_data_parallel_links`, a TP group
+    across nodes or a data-parallel group inside one) the TP collectives hold them for their whole
+    duration, hidden or not, and the data-parallel collectives cannot hide in that time: exposed - raw,
+    at most 0, as an inter-node ring-attention exchange's (cpcomm.ring_hidden_on_network). Either way, as a pass's
     GEMMs get faster its window (compute + this) shrinks by no more than the compute saved, whereas
     charging both streams against the compute alone let a faster GPU expose both (issue 64: tp16 cp2 ZeRO-3 with TP overlap, 165.5 -> 184.6 s at
     twice the peak)."""
-    return tuple(np.where(crosses, e - r, e) for e, r in zip(exposed, raw))
+    return tuple(np.where(shares, e - r, e) for e, r in zip(exposed, raw))
 
 
 def tp_overlap_assumption(plan, **_) -> tuple[str, ...]:

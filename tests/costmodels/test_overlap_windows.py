@@ -55,7 +55,8 @@ def test_tp_overlap_and_zero3_gathers_share_one_window():
     with twice the peak, compute and recomputation save 33.5 s while exposed TP communication grows 25.7 s. When
     the ZeRO-3 gathers hid under the compute alone, as the TP collectives did, the data-parallel term grew 26.9 s
     too and the step went 165.5 -> 184.6 s. Now the gathers hide under each pass's wall time less the time the
-    tp16 group (two nodes) holds the inter-node links: 209.1 -> 205.5 s (without TP overlap 218.3 -> 212.0 s)."""
+    tp16 group (two nodes) holds the inter-node links, and the backward re-gathers share the TP overlap's
+    window: 210.3 -> 208.2 s (without TP overlap 218.3 -> 212.0 s)."""
     sc = load_scenario("llama3-70b", "dgx-h100", gpus=64, seq_len=8192, global_batch=512)
     for overlap in (True, False):
         plan = Plan(tp=16, pp=1, dp=2, cp=2, sp=True, micro_batch=1, zero=3, recompute="full", offload="cpu",
@@ -72,10 +73,11 @@ def test_tp_overlap_and_zero3_gathers_share_one_window():
 
 
 def test_exposed_tp_time_is_part_of_the_data_parallel_window():
-    """tp8 inside a node: the gathers run on the inter-node links while the compute waits for NVLink, so the
-    exposed TP time widens their window (dp_comm falls, the same plan without TP overlap gains most); the tp16
-    group across two nodes holds those links, so its collectives' whole duration leaves the window: with TP
-    overlap its window is narrower than the compute alone."""
+    """tp8 inside a node, data parallelism across nodes: the gathers run on the inter-node links while the
+    compute waits for NVLink, so the exposed TP time widens their window (the plan without TP overlap gains
+    most); the tp16 group across two nodes holds those links, and tp2 with its data-parallel group inside one
+    node shares NVLink with it, so the TP collectives' whole duration leaves the window: with TP overlap it is
+    narrower than the compute alone."""
     from paraplan.costmodels import compute as C
     from paraplan.costmodels.tpcomm import tp_data_parallel_window_times, tp_exposed_by_pass, tp_exposed_time
     sc = load_scenario("llama3-70b", "dgx-h100", gpus=64, seq_len=8192, global_batch=512)
@@ -90,6 +92,10 @@ def test_exposed_tp_time_is_part_of_the_data_parallel_window():
     assert all(w > 0 for w in window[8, True] + window[8, False])
     assert sum(window[8, False]) > sum(window[8, True])
     assert all(w < 0 for w in window[16, True])
+    sc8 = load_scenario("llama3-8b", "dgx-h100", gpus=8, seq_len=8192, global_batch=64)
+    inside = Plan(tp=2, pp=1, dp=4, sp=True, zero=3, tp_comm_overlap=True)
+    lt = C.layer_times(sc8.model, sc8.job(inside), inside, curves_for(sc8.cluster), sc8.cluster)
+    assert lt["tp_dp_window_forward"] < 0 and lt["tp_dp_window_backward"] < 0
     # the split by pass sums to the exposed time, and a pass's share follows its GEMMs
     plan = Plan(tp=8, pp=1, dp=8, sp=True, tp_comm_overlap=True)
     comm, gemm = np.array([1.0, 3.0, 6.0]), np.array([1.0, 1.0, 1.0])
