@@ -3,7 +3,7 @@
 A planner exploits its cost model's kinks as eagerly as its errors: if a faster GPU could make some
 plan slower, or a policy that keeps less could hold more, the search would find exactly those plans.
 For README-sized scenarios this scores a random sample of the planner's legal candidates
-(paraplan.planner.space.compose) twice, once as they are and once with one thing changed that
+(paraplan.planner.space.compose, its engine switches searched; ``--without-engine-switches``: off) twice, once as they are and once with one thing changed that
 should never hurt, and prints how many got worse and by how much at most:
 
 * hardware: twice the inter-node, intra-node, HBM, host-link (PCIe), NVMe or host-memory bandwidth,
@@ -116,13 +116,13 @@ def worse(kind, step, mem, step2, mem2):
 
 
 def check_scenario(name, system, gpus, seq, global_batch, sample: int, seed: int = 0, engine: str = "generic",
-                   dtype: str | None = None) -> list[dict]:
+                   dtype: str | None = None, engine_switches: bool = True) -> list[dict]:
     sc = load_scenario(name, system, gpus=gpus, seq_len=seq, global_batch=global_batch)
     model, job, cluster = sc.model, sc.job(), sc.cluster
     fixed = {"engine": engine, **({"dtype": dtype} if dtype else {})}
-    # the switches off, as each is one of the changes checked below (the switch rows); with TP overlap on, a
-    # faster GPU can lengthen a step (tests/costmodels/test_overlap_windows.py, the strict xfail)
-    candidates, _, _ = compose(model, job, cluster, SpaceOptions(fixed=fixed, engine_switches=False))
+    # the space the planner searches, its engine switches (TP overlap, fp8 parameters, bf16 reduction) tried
+    # off and on as it does; the switch rows below turn each on for every candidate
+    candidates, _, _ = compose(model, job, cluster, SpaceOptions(fixed=fixed, engine_switches=engine_switches))
     pick = np.sort(np.random.default_rng(seed).choice(len(candidates), size=min(sample, len(candidates)), replace=False))
     batch = candidates.take(pick)
     step, mem = scored(model, job, cluster, batch)
@@ -165,10 +165,13 @@ def check_scenario(name, system, gpus, seq, global_batch, sample: int, seed: int
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sample", type=int, default=20000, help="candidates per scenario (default 20000)")
+    parser.add_argument("--without-engine-switches", action="store_true",
+                        help="sample the space with the engine switches off (the space before issue 64's search)")
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
     rows = [r for (name, system, gpus, seq, gb, engine, dtype) in SCENARIOS
-            for r in check_scenario(name, system, gpus, seq, gb, sample=args.sample, engine=engine, dtype=dtype)]
+            for r in check_scenario(name, system, gpus, seq, gb, sample=args.sample, engine=engine, dtype=dtype,
+                                    engine_switches=not args.without_engine_switches)]
     table = pd.DataFrame(rows)
     pd.set_option("display.width", 250)
     pd.set_option("display.max_colwidth", 120)

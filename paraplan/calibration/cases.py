@@ -54,14 +54,46 @@ def system_of_row_gpu(gpu, exact: Mapping[str, str], assumed: list) -> str | Non
     return found.preset
 
 
+#: recomputation modes, lightest first: what a run that does not state its recomputation is tried with
+RECOMPUTE_LIGHTEST_FIRST = ("none", "selective", "full")
+
+
+def lightest_fitting(model, job, cluster, plan: Plan, steps, validate: bool = True) -> tuple[Plan, list[str], bool]:
+    """The building block of :func:`lightest_fitting_recompute` and :func:`lightest_fitting_settings`:
+    ``plan`` as it is when its estimate fits; else the ``steps`` ((plan field, value), lightest first)
+    applied one at a time and kept, until the estimate fits. A step that leaves the plan as it is is
+    skipped, and with ``validate`` one that the plan's rules or check_plan refuse. Returns (the plan, the steps applied as
+    "field = value", whether its estimate fits): the last plan tried when none fits."""
+    if estimate(model, job, cluster, plan).feasible:
+        return plan, [], True
+    tried = []
+    for field, value in steps:
+        if getattr(plan, field) == value:
+            continue
+        if validate:
+            try:
+                candidate = check_plan(replace(plan, **{field: value}), model, job, cluster)
+            except ConfigError:
+                continue
+        else:
+            candidate = replace(plan, **{field: value})
+        plan = candidate
+        tried.append(f"{field} = {value}")
+        if estimate(model, job, cluster, plan).feasible:
+            return plan, tried, True
+    return plan, tried, False
+
+
 def lightest_fitting_recompute(model, job, cluster, plan: Plan, assumed: list) -> Plan:
     """A row that does not state its recomputation ran, so it fitted: the lightest of none, selective
-    and full whose estimate fits the GPU's memory (full when none does), said in ``assumed``."""
-    for mode in ("none", "selective", "full"):
-        candidate = replace(plan, recompute=mode)
-        if estimate(model, job, cluster, candidate).feasible:
-            assumed.append(f"recompute = {mode}: not stated; the lightest recomputation whose estimate fits")
-            return candidate
+    and full (:data:`RECOMPUTE_LIGHTEST_FIRST`) whose estimate fits the GPU's memory (full when none
+    does), said in ``assumed``."""
+    lightest, *heavier = RECOMPUTE_LIGHTEST_FIRST
+    plan, _, fits = lightest_fitting(model, job, cluster, replace(plan, recompute=lightest),
+                                     [("recompute", m) for m in heavier], validate=False)
+    if fits:
+        assumed.append(f"recompute = {plan.recompute}: not stated; the lightest recomputation whose estimate fits")
+        return plan
     assumed.append("recompute = full: not stated, and no recomputation fits the estimate's memory")
     return replace(plan, recompute="full")
 
@@ -75,32 +107,23 @@ UNSTATED_MEMORY_SWITCHES = ("grad_reduce_bf16", "fp8_param_gather")
 
 def lightest_fitting_settings(model, job, cluster, plan: Plan, stated, assumed: list) -> Plan:
     """A run whose source does not state its memory settings ran, so it fitted: ``plan`` as it is when its
-    estimate fits; else, one at a time and keeping each, the engine's memory switches the source leaves
-    unstated (:data:`UNSTATED_MEMORY_SWITCHES`, where the engine offers them and the dtype allows), then
-    selective and full recomputation where ``recompute`` is unstated, until the estimate fits. ``stated``:
-    the plan fields the source (or the user) names, left as they are. Each change is said in ``assumed``;
-    a plan that fits with none of them comes back as the most memory-frugal one tried, said so."""
-    if estimate(model, job, cluster, plan).feasible:
-        return plan
-    spec, tried = spec_of(plan), []
+    estimate fits; else, one at a time and keeping each (:func:`lightest_fitting`), the engine's memory
+    switches the source leaves unstated (:data:`UNSTATED_MEMORY_SWITCHES`, where the engine offers them and
+    the dtype allows), then the recomputation modes heavier than none (:data:`RECOMPUTE_LIGHTEST_FIRST`)
+    the engine has where ``recompute`` is unstated, until the estimate fits. ``stated``: the plan fields
+    the source (or the user) names, left as they are. Each change is said in ``assumed``; a plan that fits
+    with none of them comes back as the most memory-frugal one tried, said so."""
+    spec = spec_of(plan)
     steps = [("zero", 1)] if "zero" not in stated and plan.zero == 0 and 1 in spec.zero_stages else []
     steps += [(k, True) for k in UNSTATED_MEMORY_SWITCHES
              if k not in stated and spec.offers(k) and (k != "fp8_param_gather" or is_fp8(plan.dtype))]
     if "recompute" not in stated:
-        steps += [("recompute", m) for m in ("selective", "full") if m in spec.recompute]
-    for field, value in steps:
-        if getattr(plan, field) == value:
-            continue
-        try:
-            plan = check_plan(replace(plan, **{field: value}), model, job, cluster)
-        except ConfigError:
-            continue
-        tried.append(f"{field} = {value}")
-        if estimate(model, job, cluster, plan).feasible:
-            assumed.append(f"{', '.join(tried)}: not stated by the source, and the run fitted: the lightest settings "
-                           "the engine offers until the estimate fits")
-            return plan
-    if tried:
+        steps += [("recompute", m) for m in RECOMPUTE_LIGHTEST_FIRST[1:] if m in spec.recompute]
+    plan, tried, fits = lightest_fitting(model, job, cluster, plan, steps)
+    if fits and tried:
+        assumed.append(f"{', '.join(tried)}: not stated by the source, and the run fitted: the lightest settings "
+                       "the engine offers until the estimate fits")
+    elif tried:
         assumed.append(f"{', '.join(tried)}: not stated by the source; the estimate does not fit even so")
     return plan
 

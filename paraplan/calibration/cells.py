@@ -90,6 +90,28 @@ def row_notes(r: pd.Series) -> str:
     return "" if blank(r["notes"]) else str(r["notes"])
 
 
+#: the gradient accumulation a row's notes state (Megatron-Bridge's tables: a "GA" column)
+NOTES_GA = re.compile(r"\bGA (\d+)\b")
+
+
+def batch_contradiction(r: pd.Series) -> str | None:
+    """What is wrong with a row whose batch figures contradict each other, or None: the global batch must
+    be micro-batch x data-parallel degree x gradient accumulation, and the notes may state the last
+    (``GA N``). Two of the three figures then fix the third, and the reader cannot tell which one the
+    source got wrong: it says so rather than pick silently."""
+    m = NOTES_GA.search(row_notes(r))
+    if m is None or any(blank(r[k]) for k in ("global_batch", "micro_batch", "dp")):
+        return None
+    ga, mb, dp = int(m.group(1)), int_cell(r["micro_batch"], "micro_batch"), int_cell(r["dp"], "dp")
+    gbs = int_cell(r["global_batch"], "global_batch")
+    if gbs == mb * dp * ga:
+        return None
+    implied = gbs / (mb * dp)
+    return (f"the row's batch figures contradict each other: global batch {gbs}, but micro-batch {mb} x data-parallel "
+            f"{dp} x gradient accumulation {ga} (its notes) = {mb * dp * ga}; the global batch and micro-batch "
+            f"alone imply accumulation {implied:g}")
+
+
 def notes_say_async_tp(r: pd.Series) -> bool:
     """Whether the row's notes name torchtitan's async TP (``vanilla TP`` rows do not)."""
     return "async tp" in row_notes(r).lower()

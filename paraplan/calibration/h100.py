@@ -17,7 +17,8 @@ import pandas as pd
 
 from paraplan.calibration.cases import (CalibrationCase, lightest_fitting_recompute, lightest_fitting_settings,
                                         system_of_row_gpu)
-from paraplan.calibration.cells import (CONFIG_DEFAULT_SEQ, THROUGHPUT_METRICS, blank, cases_of_table, cp_sp,
+from paraplan.calibration.cells import (CONFIG_DEFAULT_SEQ, THROUGHPUT_METRICS, batch_contradiction, blank,
+                                        cases_of_table, cp_sp,
                                         dtype_of_precision, int_cell, is_gpt_mlp, measured_step_time_s,
                                         notes_say_async_tp, offload_of_cell, params_mismatch, peak_16bit, preset_with_row_shape,
                                         read_runs_file, recompute_of_cell, row_notes, source_counts_causal_half,
@@ -134,6 +135,16 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     missing = [k for k in ("seq_len", "num_gpus", "tp", "pp", "dp", "global_batch", "micro_batch") if blank(r[k])]
     if missing:
         return "configuration incomplete: " + ", ".join(missing) + " blank"
+    micro_batch = int_cell(r["micro_batch"], "micro_batch")
+    contradiction = batch_contradiction(r)
+    fact = recipes.fact("micro_batch", r)
+    if fact is not None:
+        micro_batch = fact.value
+        assumed.append((f"{contradiction}: " if contradiction else "")
+                       + f"micro-batch {fact.value}, as the row's recipe sets it ({SIDECAR})")
+    elif contradiction:
+        assumed.append(f"{contradiction}: read as the global batch and micro-batch stated; the fit and step time "
+                       "rest on that reading")
     dtype = dtype_of_precision(str(r["precision"]), assumed)
     if not dtype:
         return (f"precision {r['precision']!r} not understood (bf16, fp16, FP8-CS, FP8-DS / delayed, FP8-MX / "
@@ -245,7 +256,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
         cluster = load_cluster(system, n)
         plan = Plan(tp=int_cell(r["tp"], "tp"), pp=int_cell(r["pp"], "pp"), dp=int_cell(r["dp"], "dp"), cp=cp, cp_mode=cp_mode or "ring",
                     sp=sp and int_cell(r["tp"], "tp") > 1, vpp=vpp, schedule="interleaved" if vpp > 1 else "1f1b",
-                    micro_batch=int_cell(r["micro_batch"], "micro_batch"), zero=zero, recompute=recompute, dtype=dtype, ep=ep,
+                    micro_batch=micro_batch, zero=zero, recompute=recompute, dtype=dtype, ep=ep,
                     engine=engine, grad_accumulation_fusion=recipes.engine_defaults[engine].grad_accumulation_fusion,
                     tp_comm_overlap=overlap, grad_reduce_bf16=bf16_grads, fp8_param_gather=fp8_params,
                     ep_comm_overlap=ep_overlap, moe_flex_dispatch=flex_dispatch,

@@ -77,9 +77,26 @@ def _text_lines(scored, by_source, by_generation, show_rows: bool) -> str:
     if len(scored.rows):
         lines += ["", "by source", by_source.round(1).to_string(),
                   "", "by hardware generation", by_generation.round(1).to_string()]
+    if len(scored.rows):
+        lines += _doubtful_rows(scored.rows)
     if scored.skipped:
         lines += ["", "skipped"] + [f"  row {i} ({s}): {reason}" for i, s, reason in scored.skipped]
     return "\n".join(lines) + "\n"
+
+
+def _doubtful_rows(rows) -> list[str]:
+    """The runs judged not to fit (they ran: the memory model or the reading is wrong) with the estimate's
+    reason, and the rows whose figures contradict each other with what the reader made of them."""
+    lines = []
+    unfit = rows[~rows["fits"].astype(bool)]
+    if len(unfit):
+        lines += ["", f"judged not to fit ({len(unfit)} of {len(rows)} runs, which ran)"]
+        lines += [f"  row {r['row']} ({r['source']}, {r['case']}): {r['not_fit_reason']}" for _, r in unfit.iterrows()]
+    contradicted = [(r, a) for _, r in rows.iterrows() for a in r["assumptions"] if "contradict" in a]
+    if contradicted:
+        lines += ["", "rows whose figures contradict each other"]
+        lines += [f"  row {r['row']} ({r['source']}, {r['case']}): {a}" for r, a in contradicted]
+    return lines
 
 
 def _overrides(args):

@@ -51,9 +51,10 @@ from paraplan.costmodels.moe import (MOE_HOST_SECONDS_PER_LAYER, dispatch_bytes_
                                      moe_expert_bias_times, moe_host_floor_applies, moe_mlp_forward_time,
                                      moe_tp_routed_and_shared_copies, routed_experts_forward_times,
                                      routed_experts_wgrad_accumulation_time)
-from paraplan.costmodels.tpcomm import (TP_OVERLAP_CONTENTION, op_sac_regather_time, sp_backward_regather_time,
-                                        tp_allreduce_time, tp_collective_time, tp_exposed_time, tp_gathered_bytes,
-                                        vocab_parallel_loss_allreduce_time)
+from paraplan.costmodels.tpcomm import (TP_OVERLAP_CONTENTION, op_sac_regather_time, sp_backward_regather_raw_time,
+                                        sp_backward_regather_time, tp_allreduce_time, tp_collective_time,
+                                        tp_data_parallel_window_times, tp_gathered_bytes, tp_shares_data_parallel_links,
+                                        tp_layer_exposed_by_pass, vocab_parallel_loss_allreduce_time)
 from paraplan.engines import engine_flag
 from paraplan.plan import Recompute, is_fp8, recomputes_attention_core, recomputes_module
 
@@ -361,6 +362,7 @@ def hybrid_kind_times(model, job, plan, curves, cluster) -> dict:
     passes = np.where(full, 3, 2)
     regather_applies = engine_flag(plan, "sp_regather") & sp & (np.asarray(plan.tp) > 1)
     gather = tp_collective_time(ALL_GATHER, tp_gathered_bytes(model, job, plan), plan, cluster)
+    shares = tp_shares_data_parallel_links(plan, cluster)
 
     def kind(name, gemm, first_gemm, core_f, core_b, elem, kernels, core_kernels=0, cp=0.0, cp_hidden=(0.0, 0.0),
              extra=(0.0, 0.0), tp_ar=None, ep=None, modules=0.0, ep_replay=0.0):
@@ -369,7 +371,11 @@ def hybrid_kind_times(model, job, plan, curves, cluster) -> dict:
         bwd = backward_gemms * gemm + core_b + 2 * elem + cast_b + extra[1]
         regather = np.where(regather_applies, np.maximum(0.0, gather - first_gemm)
                             + TP_OVERLAP_CONTENTION * np.minimum(gather, first_gemm), 0.0)
-        tp = tp_exposed_time((ar if tp_ar is None else tp_ar) * passes, gemm, full, plan) + regather
+        tp_in = (ar if tp_ar is None else tp_ar) * passes
+        regather_raw = np.where(regather_applies, gather, 0.0)
+        exposed, raw = tp_layer_exposed_by_pass(tp_in, gemm, full, plan, regather, regather_raw)
+        tp = exposed[0] + exposed[1]
+        tp_dp_f, tp_dp_b = tp_data_parallel_window_times(exposed, raw, shares)
         selective = np.where((rc == Recompute.SELECTIVE) & recomputes_attention_core(plan), core_f, 0.0)
         replay = np.where(rc > 0, curves.recompute_overhead_time(np.where(full, kernels, core_kernels)), 0.0)
         recompute = np.where(full, fwd, selective + modules) + replay
@@ -381,7 +387,8 @@ def hybrid_kind_times(model, job, plan, curves, cluster) -> dict:
             host = np.where(moe_host_floor_applies(model, plan), np.maximum(0.0, MOE_HOST_SECONDS_PER_LAYER - gpu), 0.0)
         return {"forward": fwd, "backward": bwd, "recompute": recompute, "tp_comm": tp, "cp_comm": zero + cp,
                 "ep_comm": zero if ep is None else ep, "moe_host": host, "tp_allreduce": ar,
-                "cp_hidden_forward": zero + cp_hidden[0], "cp_hidden_backward": zero + cp_hidden[1]}
+                "cp_hidden_forward": zero + cp_hidden[0], "cp_hidden_backward": zero + cp_hidden[1],
+                "tp_dp_window_forward": zero + tp_dp_f, "tp_dp_window_backward": zero + tp_dp_b}
 
     out = {}
     if model.kind_count("mamba"):
@@ -546,11 +553,18 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     sac_replay = op_sac_recomputed_matmul_share(model) * (attn_gemm + mlp_gemm) + elem
     share_moe = model.moe_layers / model.layers
     moe_f = moe_b = 0.0
+    tp_window_mlp = mlp_gemm      # the GEMMs an MLP's TP collectives hide under (tp_exposed_time)
+    wgrad_extra = 0.0
     if share_moe:
         routed = routed_experts_forward_times(model, job, plan, curves)
-        moe_f, moe_b = fwd_bwd(moe_mlp_forward_time(model, job, plan, curves, routed),
+        moe_gemm = moe_mlp_forward_time(model, job, plan, curves, routed)
+        # an MoE layer's are its own (router, routed and shared experts), not a dense MLP's it does not run:
+        # memory-bound at few tokens per expert, they shrink less than a dense MLP's on a faster GPU
+        tp_window_mlp = (1 - share_moe) * mlp_gemm + share_moe * moe_gemm
+        moe_f, moe_b = fwd_bwd(moe_gemm,
                                elementwise_forward_time(model, job, plan, curves, moe=True))
-        moe_b = moe_b + routed_experts_wgrad_accumulation_time(model, job, plan, curves, routed)
+        wgrad_extra = routed_experts_wgrad_accumulation_time(model, job, plan, curves, routed)
+        moe_b = moe_b + wgrad_extra
         einsum_f, einsum_b = moe_einsum_dispatch_times(model, job, plan, curves)
         bias_f, bias_b = moe_expert_bias_times(model, job, plan, curves)
         moe_f, moe_b = moe_f + einsum_f + bias_f, moe_b + einsum_b + bias_b
@@ -586,9 +600,16 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
     recompute = np.where(full, fwd, np.where(rc == Recompute.SELECTIVE, selective,
                                              np.where(rc == Recompute.OP_SAC, sac_replay, 0.0))) \
         + np.where(rc > 0, replay, 0.0)
-    tp_comm = tp_exposed_time((ar + mlp_ar) * passes, attn_gemm + mlp_gemm, full, plan) \
-        + op_sac_regather_time(model, job, plan, cluster) \
-        + sp_backward_regather_time(model, job, plan, cluster, curves, attn_times, fc1_gemm)
+    tp_in = (ar + mlp_ar) * passes
+    sac_regather = op_sac_regather_time(model, job, plan, cluster)     # exposed whole
+    regather_raw = sp_backward_regather_raw_time(model, job, plan, cluster)
+    (tp_f, tp_b), (raw_f, raw_b) = tp_layer_exposed_by_pass(
+        tp_in, attn_gemm + tp_window_mlp, full, plan,
+        sp_backward_regather_time(model, job, plan, cluster, curves, attn_times, fc1_gemm), regather_raw,
+        share_moe * wgrad_extra)
+    tp_comm = tp_f + tp_b + sac_regather
+    tp_dp_f, tp_dp_b = tp_data_parallel_window_times((tp_f, tp_b + sac_regather), (raw_f, raw_b + sac_regather),
+                                                     tp_shares_data_parallel_links(plan, cluster))
     exchange = ring_exchange_times(model, job, plan, cluster)
     cp_comm = cp_exposed_time(model, job, plan, cluster, attn_f, attn_b, exchange)
     cp_hidden_f, cp_hidden_b = ring_hidden_on_network(model, job, plan, cluster, attn_f, attn_b, exchange)
@@ -604,7 +625,8 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
                          share_moe * np.maximum(0.0, MOE_HOST_SECONDS_PER_LAYER - moe_gpu), 0.0)
     return {"forward": fwd, "backward": bwd, "recompute": recompute, "tp_comm": tp_comm, "cp_comm": cp_comm,
             "ep_comm": ep_comm, "moe_host": host_wait, "tp_allreduce": ar,
-            "cp_hidden_forward": cp_hidden_f, "cp_hidden_backward": cp_hidden_b}
+            "cp_hidden_forward": cp_hidden_f, "cp_hidden_backward": cp_hidden_b,
+            "tp_dp_window_forward": tp_dp_f, "tp_dp_window_backward": tp_dp_b}
 
 
 # Aleph Alpha's Scaling gathers the logits over tp and runs torch cross-entropy on ``logits.float()`` on

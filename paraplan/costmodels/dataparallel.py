@@ -28,7 +28,8 @@ above DP_WINDOWS): its pipeline and ZeRO-0 gradient reduction and its ZeRO-1/2 p
 exposed. Collectives that hide under one window share
 it (:func:`dp_exposed`: a stage's dense and expert parameters); the step's windows
 (:func:`dp_step_times`) include the time a host-bound MoE layer's GPU waits
-for the host and exclude the time an inter-node ring-attention exchange holds the links.
+for the host and the TP communication a pass waits for, and exclude the time an inter-node ring-attention
+exchange or a TP group across nodes holds the links (tpcomm.tp_data_parallel_window_times).
 
 Aleph Alpha's Scaling (engine ``scaling``; src/scaling/core/optimizer/optimizer.py and allreduce.py at
 01b9d21) reduces differently, inside ``optimizer.step()`` after the whole backward, so nothing hides
@@ -69,7 +70,8 @@ def hidden_under(comm, window):
 DP_OVERLAP_ASSUMPTION = ("data-parallel gradient reduction is bucketed and overlaps the last micro-batch's backward; "
                          "ZeRO-3 gathers are prefetched under each micro-batch's compute; dense and expert collectives "
                          "share those windows, which include the time the GPU idles at a dropless MoE layer's sync and "
-                         "exclude the time an inter-node ring-attention exchange holds the links")
+                         "the tensor-parallel communication each pass waits for, and exclude the time an inter-node "
+                         "ring-attention exchange or tensor-parallel group holds the links")
 # what replaces it for a plan that does not overlap its data-parallel reduction, and for Scaling's
 DP_NO_OVERLAP_ASSUMPTION = ("data-parallel gradient reduction runs after the backward and ZeRO-3's gathers are "
                             "not prefetched: nothing hidden (overlap_grad_reduce off)")
@@ -353,8 +355,9 @@ def dp_step_times(model, plan, cluster, curves, m, pace, params, experts) -> DpS
     """The stage's dense and (MoE) expert collectives (:func:`dp_traffic`, sharing their windows:
     :func:`add_traffic`), exposed under the windows of the pace-setting stage ``pace``
     (:class:`paraplan.costmodels.pipeline.StagePace`) by :func:`dp_exposed`, ZeRO-3 in one piece per
-    layer and the root. The windows are a micro-batch's passes, less the time an inter-node
-    ring-attention exchange already holds the links (cpcomm.ring_hidden_on_network); a host-bound MoE
+    layer and the root. The windows are a micro-batch's passes with the TP communication they wait for,
+    less the time an inter-node ring-attention exchange or TP group already holds the links
+    (cpcomm.ring_hidden_on_network, tpcomm.tp_data_parallel_window_times); a host-bound MoE
     layer's wait (the GPU idles, the links are free) counts in the backward's window, where the
     per-micro-batch reductions run. Split between the passes by their compute shares, as before, a
     faster GPU (its memory-bound kernels no faster) moved wait into the forward and shrank the window a
@@ -386,8 +389,9 @@ def dp_step_times(model, plan, cluster, curves, m, pace, params, experts) -> DpS
         once = fsdp_syncs_once_per_step(plan)
         return {**t, "each_micro": t["each_micro"] + np.where(once, 0.0, chunk_cat),
                 "last_backward": t["last_backward"] + np.where(once, chunk_cat, 0.0)}
-    dp_fwd = pace.forward - pace.cp_hidden_forward
-    dp_bwd = pace.backward + pace.moe_host - pace.cp_hidden_backward
+    # each pass's wall time: its compute and the TP communication it waits for (tpcomm.tp_data_parallel_window_times)
+    dp_fwd = np.maximum(0.0, pace.forward + pace.tp_dp_window_forward - pace.cp_hidden_forward)
+    dp_bwd = np.maximum(0.0, pace.backward + pace.moe_host + pace.tp_dp_window_backward - pace.cp_hidden_backward)
     dp_warm, dp_total = dp_exposed(traffic(1.0), plan, m, dp_fwd, dp_bwd)
     dp_comp = dp_exposed(traffic(factor), plan, m, dp_fwd, dp_bwd)[0] if compressed else dp_warm
     if fsdp_unit:

@@ -156,6 +156,8 @@ class StagePace:
     backward: Number             # their backward and recomputation
     cp_hidden_forward: Number    # the time an inter-node ring-attention exchange holds the links, forward
     cp_hidden_backward: Number   # and backward (cpcomm.ring_hidden_on_network)
+    tp_dp_window_forward: Number   # what TP communication adds to the data-parallel windows, forward
+    tp_dp_window_backward: Number  # and backward (tpcomm.tp_data_parallel_window_times)
 
 
 def stage_pace(sl: StageLayers, plan, lt, ht) -> StagePace:
@@ -175,7 +177,9 @@ def stage_pace(sl: StageLayers, plan, lt, ht) -> StagePace:
                               np.where(slow == FIRST, ht["embedding"], 0.0)),
         head_tp=np.where(slow == LAST, ht["tp_comm"], 0.0),
         forward=layers * lt["forward"], backward=layers * lt["backward"] + recompute,
-        cp_hidden_forward=layers * lt["cp_hidden_forward"], cp_hidden_backward=layers * lt["cp_hidden_backward"])
+        cp_hidden_forward=layers * lt["cp_hidden_forward"], cp_hidden_backward=layers * lt["cp_hidden_backward"],
+        tp_dp_window_forward=layers * lt["tp_dp_window_forward"],
+        tp_dp_window_backward=layers * lt["tp_dp_window_backward"])
 
 
 def forward_backward_weight(n, lt):

@@ -108,6 +108,20 @@ def sp_backward_regather_time(model, job, plan, cluster, curves, attention_times
     return np.where(applies, attn + (1 - share_moe) * fc1 + share_moe * shared_fc1, 0.0)
 
 
+def sp_backward_regather_raw_time(model, job, plan, cluster):
+    """Seconds the all-gathers of :func:`sp_backward_regather_time` take, hidden or not, per layer and
+    micro-batch: one for the attention's block input, one for a dense layer's MLP (and an MoE layer's
+    shared experts); 0 where that function is."""
+    applies = engine_flag(plan, "sp_regather") & np.asarray(plan.sp, dtype=bool) & (np.asarray(plan.tp) > 1) \
+        & (np.asarray(plan.recompute_code) != Recompute.OP_SAC)
+    if not np.any(applies):
+        return 0.0
+    gather = tp_collective_time(ALL_GATHER, tp_gathered_bytes(model, job, plan), plan, cluster)
+    share_moe = model.moe_layers / model.layers
+    gathers = 1 + (1 - share_moe) + (share_moe if model.moe is not None and model.moe.shared_experts else 0.0)
+    return np.where(applies, gathers * gather, 0.0)
+
+
 # Share of an overlapped TP collective's duration that it costs the GEMM beneath it (NCCL or userbuffer
 # copy kernels take SMs and HBM bandwidth): the data-parallel figure (fitted_constants.yaml,
 # collective_overlap_slowdown)
@@ -119,7 +133,7 @@ TP_OVERLAP_ASSUMPTION = ("tensor-parallel collectives overlap the GEMMs next to 
                          f"those GEMMs by {TP_OVERLAP_CONTENTION} of its time; backward = 2 x forward GEMM time")
 
 
-def tp_exposed_time(tp_comm, gemm_forward, full_recompute, plan):
+def tp_exposed_time(tp_comm, gemm_forward, full_recompute, plan, backward_extra=0.0):
     """Exposed tensor-parallel communication of one layer and micro-batch.
 
     Without overlap all of it. With ``plan.tp_comm_overlap`` (Megatron-LM --tp-comm-overlap, torchtitan
@@ -133,16 +147,94 @@ def tp_exposed_time(tp_comm, gemm_forward, full_recompute, plan):
     matmul -> reduce-scatter patterns, and its authors measured ~20 % forward against ~8 % end-to-end
     speed-up on Llama 3 70B (TORCHTITAN_ASYNC_TP_SOURCE): the backward's collectives stay exposed, the
     forward ones (2 of 4 all-reduce equivalents per layer, 4 of 6 with full recomputation) overlap
-    under the forward GEMMs."""
+    under the forward GEMMs.
+
+    ``backward_extra``: the seconds the backward's GEMMs take beyond twice the forward's (the routed
+    experts' memory-bound weight-gradient GEMMs, moe.routed_experts_wgrad_accumulation_time), part of
+    the backward's window: priced at 2 x forward only, that window shrank on a faster GPU by more
+    than the backward did."""
     overlap = np.asarray(getattr(plan, "tp_comm_overlap", False), dtype=bool)
     forward_only = engine_flag(plan, "async_tp_forward_only")
     forward_passes = 1 + np.where(full_recompute, 1, 0)
     # each forward pass and the backward run two all-reduce equivalents: the forward's share is f / (f + 1)
     overlappable = np.where(forward_only, forward_passes / (forward_passes + 1) * tp_comm, tp_comm)
-    window = gemm_forward * (forward_passes + np.where(forward_only, 0, 2))   # backward: its GEMMs twice
+    window = gemm_forward * (forward_passes + np.where(forward_only, 0, 2)) \
+        + np.where(forward_only, 0.0, backward_extra)                          # backward: its GEMMs twice
     hidden = (tp_comm - overlappable) + np.maximum(0.0, overlappable - window) \
         + TP_OVERLAP_CONTENTION * np.minimum(overlappable, window)
     return np.where(overlap, hidden, tp_comm)
+
+
+def tp_exposed_by_pass(tp_comm, gemm_forward, full_recompute, plan, backward_extra=0.0):
+    """(forward, backward) parts of :func:`tp_exposed_time`, which sum to it: the exposed seconds of the
+    collectives of the forward pass, and of the backward with its recomputed forward, split by the
+    GEMMs they run beside: 1/(forward passes + 2) in the forward (its GEMMs once; the recomputed
+    forward's once and the backward's twice in the backward), with TP overlap or without, Megatron's or
+    torchtitan's. One fixed split keeps each part moving the way the whole does: turning overlap on
+    shrinks both, and as the GEMMs get faster the forward's part grows by no more than its GEMMs
+    shrink (its share of the exposure never exceeds its share of the overlap window), which
+    :func:`tp_data_parallel_window_times` relies on."""
+    forward_passes = 1 + np.where(full_recompute, 1, 0)
+    exposed = tp_exposed_time(tp_comm, gemm_forward, full_recompute, plan, backward_extra)
+    forward = exposed / (forward_passes + 2)
+    return forward, exposed - forward
+
+
+def tp_layer_exposed_by_pass(tp_comm, gemm_forward, full_recompute, plan, regather, regather_raw,
+                             backward_extra=0.0):
+    """(forward, backward) exposed seconds of a layer's TP collectives (``tp_comm``, as for
+    :func:`tp_exposed_time`) and of the all-gathers its backward runs again (``regather`` exposed, as
+    :func:`sp_backward_regather_time` prices them under their own dgrad GEMM; ``regather_raw`` their
+    whole duration). Without TP overlap the re-gathers are Megatron's asynchronous launches before the
+    dgrad GEMM, each hidden under it while the other collectives run exposed. With TP overlap they are
+    among the overlapped collectives (Transformer Engine's userbuffer overlap runs the backward's
+    all-gather of the input beside the dgrad GEMM: ``ub_bulk_dgrad`` in
+    transformer_engine/pytorch/module/layernorm_linear.py), under the one window of the layer's GEMMs:
+    the dgrad GEMM hides one stream, not two (priced apart, a faster GPU exposed both).
+
+    Returns ((forward, backward) exposed, (forward, backward) whole durations), the durations split as
+    the exposure is, for :func:`tp_data_parallel_window_times`."""
+    overlap = np.asarray(getattr(plan, "tp_comm_overlap", False), dtype=bool)
+    shared = tp_comm + np.where(overlap, regather_raw, 0.0)
+    forward, backward = tp_exposed_by_pass(shared, gemm_forward, full_recompute, plan, backward_extra)
+    apart = np.where(overlap, 0.0, 1.0)
+    share = tp_pass_share(full_recompute)
+    return ((forward, backward + apart * regather),
+            (share * shared, (1 - share) * shared + apart * regather_raw))
+
+
+def tp_pass_share(full_recompute):
+    """The forward pass's share of a layer's TP collectives in :func:`tp_exposed_by_pass`."""
+    return 1.0 / (3 + np.where(full_recompute, 1, 0))
+
+
+def tp_shares_data_parallel_links(plan, cluster):
+    """Whether the tensor-parallel collectives run over the links the data-parallel ones use: the tp
+    group spans nodes (fewer of its ranks on a node than tp: both on the inter-node links), or the
+    data-parallel group (dp x cp ranks at stride tp) lies within one node (both on NVLink)."""
+    t = np.asarray(plan.tp, dtype=float)
+    replicas = np.asarray(plan.dp, dtype=float) * np.asarray(plan.cp, dtype=float)
+    tp_across = ranks_per_node(plan.tp, 1, cluster.gpus_per_node) < t
+    dp_inside = ranks_per_node(replicas, plan.tp, cluster.gpus_per_node) >= replicas
+    return tp_across | dp_inside
+
+
+def tp_data_parallel_window_times(exposed, raw, shares):
+    """(forward, backward) seconds per layer and micro-batch that the tensor-parallel communication
+    adds to the windows the data-parallel collectives hide under (dataparallel.dp_step_times), from
+    its ``exposed`` and ``raw`` (whole duration, hidden or not) seconds per pass.
+
+    The data-parallel collectives run on their own stream for the whole wall time of a pass: its
+    compute and the TP collectives it waits for, exposed ones included, where the two use different
+    links (TP on NVLink, data parallelism across nodes: the compute stream waits, the links the gathers
+    use are free). Where they share links (``shares``: :func:`tp_shares_data_parallel_links`, a TP group
+    across nodes or a data-parallel group inside one) the TP collectives hold them for their whole
+    duration, hidden or not, and the data-parallel collectives cannot hide in that time: exposed - raw,
+    at most 0, as an inter-node ring-attention exchange's (cpcomm.ring_hidden_on_network). Either way, as a pass's
+    GEMMs get faster its window (compute + this) shrinks by no more than the compute saved, whereas
+    charging both streams against the compute alone let a faster GPU expose both (issue 64: tp16 cp2 ZeRO-3 with TP overlap, 165.5 -> 184.6 s at
+    twice the peak)."""
+    return tuple(np.where(shares, e - r, e) for e, r in zip(exposed, raw))
 
 
 def tp_overlap_assumption(plan, **_) -> tuple[str, ...]:

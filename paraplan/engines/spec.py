@@ -163,6 +163,9 @@ class Behaviour:
     #: ZeRO-2/3 run as FSDP2 (torch.distributed.fsdp fully_shard), whose copy-out after each all-gather and
     #: chunk-cat before each reduce-scatter are priced (costmodels/dataparallel.fsdp2_copy_times)
     fsdp2_copies: bool = False
+    #: its communication buffers are allocated once and reused (never freed between layers or steps), so
+    #: they stay out of the caching allocator's fragmentation (costmodels/memory.allocator_bytes)
+    persistent_comm_buffers: bool = False
     #: attention left to ``auto`` runs FlashAttention-2 (costmodels/attention.runs_flash2_attention)
     auto_attention_is_flash2: bool = False
     #: under pipeline parallelism ZeRO-2/3 gather the parameters once per step and keep them unsharded across

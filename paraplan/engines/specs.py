@@ -263,8 +263,11 @@ MEGATRON = EngineSpec(
         folds_expert_parallelism=True,
         main_grad_buffer=True, fp32_grad_reduction=False, bf16_optimizer=False,
         dp_collectives_outside_backward=False, reduces_in_optimizer_step=False,
-        # Megatron-FSDP gathers and reduces in persistent double buffers (--fsdp-double-buffer)
-        hybrid_layers="even", churns_allocator_from_zero=None),
+        # Megatron-FSDP gathers and reduces in persistent double buffers (--fsdp-double-buffer: FixedPoolAllocator,
+        # megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py, a fixed pool of buffers
+        # allocated once "to reduce the overhead and fragmentation caused by frequent allocation and
+        # deallocation of temporary buffers"); up to ZeRO-1 it reduces in place in its contiguous buffers
+        hybrid_layers="even", churns_allocator_from_zero=None, persistent_comm_buffers=True),
     export=ExportMapping(
         format="bash", notes_in_text=True,
         # the flags as megatron-core 0.16.1's config classes (TransformerConfig, DistributedDataParallelConfig,

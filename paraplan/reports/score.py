@@ -72,6 +72,7 @@ def score_cases(cases, skipped=()) -> Scored:
                      "interval_low_s": low, "interval_high_s": high,
                      "in_interval": bool(low <= measured <= high) if not math.isnan(low) else None,
                      "predicted_mfu_%": 100 * e.mfu, "fits": bool(e.feasible),
+                     "not_fit_reason": None if e.feasible else e.infeasible_reason,
                      "assumptions": list(case.assumed)})
     return Scored(pd.DataFrame(rows), tuple(skipped))
 

@@ -154,3 +154,16 @@ def test_score_skips_a_row_whose_count_overflows(tmp_path, capsys, column):
     system = load_cluster("dgx-h100", 8).system
     with pytest.raises(ConfigError, match="gpus.*at most 2,147,483,647"):
         Cluster("big", system, 2**63)
+
+
+def test_batch_contradiction_names_the_three_figures():
+    import pandas as pd
+
+    from paraplan.calibration.cells import batch_contradiction
+    row = pd.Series({"global_batch": 512, "micro_batch": 4, "dp": 16, "notes": "model TFLOP/s/GPU 153; GA 2; FSDP"})
+    said = batch_contradiction(row)
+    assert "global batch 512" in said and "4 x data-parallel 16 x gradient accumulation 2" in said
+    assert "= 128" in said and "imply accumulation 8" in said
+    assert batch_contradiction(pd.Series({**row.to_dict(), "notes": "GA 8"})) is None
+    assert batch_contradiction(pd.Series({**row.to_dict(), "notes": "no accumulation stated"})) is None
+    assert batch_contradiction(pd.Series({**row.to_dict(), "micro_batch": None})) is None

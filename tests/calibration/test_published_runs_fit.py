@@ -51,3 +51,42 @@ def test_nemo_gpt3_20b_fits_with_the_lightest_unstated_switch():
 def test_recipe_rows_never_get_recomputation_from_the_lightest_settings():
     for c in CASES.values():
         assert not any("recompute = " in a and "not stated by the source" in a for a in c.assumed), c.label
+
+
+def test_batch_figures_that_contradict_each_other_are_said():
+    """Megatron-Bridge's 25.11 H100 row of GPT-OSS 120B states GBS 512, MBS 4 and GA 2 over dp 16
+    (4 x 16 x 2 = 128): the reader says so in the case, whatever it reads; a consistent row says nothing."""
+    c = CASES[37]
+    said = [a for a in c.assumed if "contradict" in a]
+    assert len(said) == 1 and "global batch 512" in said[0] and "= 128" in said[0]
+    assert not any("contradict" in a for a in CASES[31].assumed)     # B200: 4 x 64 x 2 = 512
+
+
+def test_gpt_oss_on_h100_reads_the_recipe_micro_batch_and_fits():
+    """The row's MBS 4 and GA 2 are its B200 row's; Megatron-Bridge's H100 recipe of the GBS 512 variant
+    runs micro-batch 1 (gpt_oss_workload_base_configs.py), as the archive's later H100 rows state: read
+    so, the run fits (at MBS 4 it needed 103.5 GiB of 80)."""
+    c = CASES[37]
+    assert c.plan.micro_batch == 1 and c.job.global_batch == 512
+    assert any("micro-batch 1, as the row's recipe sets it" in a for a in c.assumed)
+    assert _fits(37)
+
+
+def test_megatron_fsdp_double_buffers_do_not_fragment_the_allocator():
+    """Megatron-FSDP keeps its gather and reduce buffers in a fixed pool allocated once (--fsdp-double-buffer,
+    FixedPoolAllocator): only the activations (and the runtime reserve, as for every engine) count in the
+    allocator's fragmentation; FSDP2's per-layer gathers (torchtitan ZeRO-3) still do."""
+    from dataclasses import replace
+
+    from paraplan.costmodels.memory import ALLOCATOR_FRAGMENTATION, ALLOCATOR_RESERVE_BYTES, runtime_reserved_bytes
+    c = CASES[21]
+    m = estimate(c.model, c.job, c.cluster, c.plan).memory_bytes_per_gpu
+    runtime = runtime_reserved_bytes(c.cluster)
+    assert m["buffers"] > runtime + 4 * 2**30         # the double buffers: two layers' parameters and gradients
+    assert m["allocator"] == pytest.approx(ALLOCATOR_RESERVE_BYTES + ALLOCATOR_FRAGMENTATION
+                                           * (m["activations"] + runtime))
+    fsdp2 = replace(c.plan, engine="torchtitan", fp8_param_gather=False, grad_reduce_bf16=False,
+                    te_cross_entropy=False, offload_activation_layers=0)
+    t = estimate(c.model, c.job, c.cluster, fsdp2).memory_bytes_per_gpu
+    assert t["allocator"] == pytest.approx(ALLOCATOR_RESERVE_BYTES + ALLOCATOR_FRAGMENTATION
+                                           * (t["activations"] + t["buffers"]))

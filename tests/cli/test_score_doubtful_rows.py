@@ -1,0 +1,32 @@
+"""`paraplan score RUNS.csv` names the runs it judges not to fit and the rows whose batch figures
+contradict each other (issue 64): a user sees why, not only a False in the --rows table."""
+import pandas as pd
+
+from paraplan.calibration.h100 import H100_CSV
+from paraplan.cli import main
+
+
+def test_score_names_unfit_runs_and_contradicted_rows(tmp_path, capsys):
+    table = pd.read_csv(H100_CSV)
+    # GPT-OSS 120B on 64 H100 (GBS 512, MBS 4, GA 2 over dp 16) and Llama 3 70B Megatron-FSDP on 64 GB200
+    runs = tmp_path / "runs.csv"
+    table.iloc[[37, 21]].to_csv(runs, index=False)
+    assert main(["score", str(runs)]) == 0
+    out = capsys.readouterr().out
+    assert "rows whose figures contradict each other" in out
+    contradiction = next(line for line in out.splitlines() if "contradict each other: global batch" in line)
+    assert contradiction.startswith("  row 0 (Megatron-Bridge, GPT OSS 120B") and "= 128" in contradiction
+    # the GPT-OSS row read as stated (MBS 4) and the Megatron-FSDP row: each unfit run with the estimate's reason
+    unfit = out.split("judged not to fit", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
+    assert unfit and all(line.startswith("  row ") and "GPU memory: needs" in line for line in unfit)
+
+
+def test_score_json_rows_carry_the_reason_a_run_does_not_fit(tmp_path, capsys):
+    table = pd.read_csv(H100_CSV)
+    runs = tmp_path / "runs.csv"
+    table.iloc[[21, 31]].to_csv(runs, index=False)
+    assert main(["score", str(runs), "--format", "json"]) == 0
+    import json
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    for r in rows:
+        assert (r["not_fit_reason"] is None) == r["fits"]
