@@ -51,15 +51,15 @@ def test_twice_the_flops_never_slows_a_zero3_offload_plan(model, system, gpus, s
 
 
 def test_tp_overlap_and_zero3_gathers_share_one_window():
-    """Llama 3 70B on 64 H100, tp16 cp2 ZeRO-3 with CPU-offloaded parameters, full recomputation and TP overlap:
-    with twice the peak, compute and recomputation save 33.5 s while exposed TP communication grows 25.7 s. When
-    the ZeRO-3 gathers hid under the compute alone, as the TP collectives did, the data-parallel term grew 26.9 s
-    too and the step went 165.5 -> 184.6 s. Now the gathers hide under each pass's wall time less the time the
-    tp16 group (two nodes) holds the inter-node links, and the backward re-gathers share the TP overlap's
-    window: 210.3 -> 208.2 s (without TP overlap 218.3 -> 212.0 s)."""
+    """Llama 3 70B on 64 H100, ZeRO-3 with CPU-offloaded parameters and full recomputation: with twice the peak,
+    compute and recomputation save ~33.5 s while exposed TP communication grows. When the ZeRO-3 gathers hid
+    under the compute alone, as the TP collectives did, the data-parallel term grew with them: tp16 cp2 with TP
+    overlap went 165.5 -> 184.6 s. TP overlap across two nodes is illegal now (rule
+    tp-comm-overlap-within-nvlink), so the overlapped case is tp8 cp8 (592.4 -> 587.4 s before the fix,
+    585.9 -> 580.7 s after); tp16 cp2 without overlap, its group holding the inter-node links, 218.3 -> 212.0 s."""
     sc = load_scenario("llama3-70b", "dgx-h100", gpus=64, seq_len=8192, global_batch=512)
-    for overlap in (True, False):
-        plan = Plan(tp=16, pp=1, dp=2, cp=2, sp=True, micro_batch=1, zero=3, recompute="full", offload="cpu",
+    for tp, cp, dp, overlap in ((8, 8, 1, True), (16, 2, 2, False)):
+        plan = Plan(tp=tp, pp=1, dp=dp, cp=cp, sp=True, micro_batch=1, zero=3, recompute="full", offload="cpu",
                     offload_params=True, tp_comm_overlap=overlap)
         slow = estimate(sc.model, sc.job(plan), sc.cluster, plan)
         fast = estimate(sc.model, sc.job(plan), _twice_the_flops(sc.cluster), plan)
@@ -69,7 +69,8 @@ def test_tp_overlap_and_zero3_gathers_share_one_window():
         assert saved > 30.0
         assert exposed_more <= saved
         assert fast.step_time_s <= slow.step_time_s * 1.001
-    assert f["tp_comm"] > s["tp_comm"]         # the faster GPU still exposes more TP communication
+        if overlap:
+            assert f["tp_comm"] > s["tp_comm"] + 1.0     # the faster GPU exposes more TP communication
 
 
 def test_exposed_tp_time_is_part_of_the_data_parallel_window():
