@@ -12,8 +12,8 @@ pp2), each predicted on the other four's factors, improve: its error smaller tha
 before was larger than what the runs resolve (the noise over the square root of the repeats),
 within it where before already was. A fresh profile can predict a layout within 10 %, inside the
 5-38 % drift of a loaded 2-core machine between rounds, and no fit can then be told apart from
-the noise: in four runs of this test (docs/calibrate.md) the strict form (every error smaller) held
-for all five layouts twice and failed on tp2 twice, -10.5 -> -12.1 % and +9.9 -> -12.0 % with the
+the noise: in five runs of this test (docs/calibrate.md) the strict form (every error smaller) held
+for dp2, tp2 and pp2 three times and failed on tp2 twice, -10.5 -> -12.1 % and +9.9 -> -12.0 % with the
 noise at 27 and 30 % (its all-reduces 1.94 and 0.82 times the profile per call, tp2 over two
 micro-batches' 1.52 and 0.71: gloo's per-call latency under load, which the fold takes from the
 latter).
