@@ -28,9 +28,12 @@ tp/pp/dp communication, optimizer)
 with the traces' shares of the compute operators' self time (over all ranks): ``S[gemm] · f_gemm =
 s_gemm · measured compute``, attention likewise, and the rest (memory-bound work and per-kernel
 costs together, :func:`compute_groups`). Rows are
-divided by the run's measured step (each run weighs the same); least squares with a small pull of
-each factor towards 1 (ridge 1e-4, for knobs the runs barely separate); factors clamped to
-[0.2, 5]. A knob is *unconstrained*, not fitted and left at 1, when it moves no run's predicted
+divided by the run's measured step (each run weighs the same); least squares with a pull of each
+factor towards 1, the profile's value: where runs were repeated in turn (:func:`pool_runs`) the
+ridge is the square of their measured noise (:func:`measurement_noise`: a Gaussian prior of unit
+spread on each factor against rows that scatter by the noise, so that one layout off from the
+others by its run's load moves the factors only as far as the noise allows), else 1e-4 (for knobs
+the runs barely separate); factors clamped to [0.2, 5]. A knob is *unconstrained*, not fitted and left at 1, when it moves no run's predicted
 step by MIN_INFLUENCE: the table says why (e.g. no run had dp, tp or cp > 1: all_reduce.latency and .bandwidth not fitted).
 Without traces the compute knobs are one factor (``compute``: only their sum is measured), and knobs
 whose equations are collinear (|cos| > COLLINEAR: the runs cannot tell them apart) are fitted as one.
@@ -93,6 +96,7 @@ class Run:
     step_times_s: tuple = ()      # the timed steps of the slowest rank
     repeats: int = 1              # validate runs of this configuration pooled (:func:`pool_runs`)
     concurrency: tuple = ()       # per rank, its compute's share under another rank's (trace.compute_concurrency)
+    round_steps_s: tuple = ()     # each pooled repeat's measured step (its median), in the order run
 
     @property
     def world(self) -> int:
@@ -217,8 +221,27 @@ def pool_runs(runs: list[Run]) -> list[Run]:
         terms = {k: statistics.median(r.measured_terms.get(k, 0.0) for r in group) for k in first.measured_terms}
         out.append(Run(first.name, first.path, first.cfg, first.plan, first.options, statistics.median(steps), terms,
                        tuple(t for r in group for t in r.traces), steps, len(group),
-                       tuple(c for r in group for c in r.concurrency)))
+                       tuple(c for r in group for c in r.concurrency),
+                       tuple(x for r in group for x in (r.round_steps_s or (r.measured_step_s,)))))
     return out
+
+
+def measurement_noise(runs: list) -> float | None:
+    """The relative noise of a measured step, from the runs repeated in turn (:func:`pool_runs`): the
+    root mean square of each repeat's step over the mean of its run's repeats, less one,
+    ``sqrt(Σ (x / mean − 1)² / Σ (n − 1))`` over the runs with two repeats or more; None without
+    repeats. On a shared machine it is the load's drift between the rounds (10-30 % on the 2-core
+    development machine under other jobs' load), which no factor can fit and :func:`fit` weighs
+    the equations against."""
+    num, den = 0.0, 0
+    for r in runs:
+        xs = [x for x in getattr(r, "round_steps_s", ()) if x > 0]
+        if len(xs) < 2:
+            continue
+        mean = sum(xs) / len(xs)
+        num += sum((x / mean - 1.0) ** 2 for x in xs)
+        den += len(xs) - 1
+    return (num / den) ** 0.5 if den else None
 
 
 def predict(run, tables: dict, factors: dict | None = None) -> dict:
@@ -277,6 +300,7 @@ class Fit:
     runs: tuple
     tied: tuple = ()              # groups of knobs fitted as one factor (no traces, or runs that cannot separate them)
     clamped: tuple = field(default_factory=tuple)
+    noise: float | None = None    # the measurement noise the fit weighed the equations with (:func:`measurement_noise`)
 
 
 def _influence(runs, sens, k: str) -> float:
@@ -298,9 +322,22 @@ def _collinear_groups(a: np.ndarray, cols: list) -> list[tuple]:
     return [tuple(g) for g in groups]
 
 
-def fit(runs: list[Run], base: dict, sens: dict) -> Fit:
-    """Least-squares factors (module docstring) from ``runs`` with their base predictions and
-    sensitivities (:func:`sensitivities`, keyed by run name)."""
+def _solve(a: np.ndarray, b: np.ndarray, noise: float | None) -> np.ndarray:
+    """x of the equations ``a x = b`` (rows in shares of a run's step), each x pulled towards 0 (its
+    factor towards 1, the profile's value): the maximum a posteriori x for rows whose noise is ``noise``
+    and a Gaussian prior of unit spread on each factor around 1, i.e. least squares with the ridge
+    ``noise²``; RIDGE (a numerical pull only) where the noise is not measured. A layout off from the
+    others by its run's load then moves the factors as much as the runs' own spread says a layout
+    can be trusted, not as far as least squares alone would take them."""
+    n = a.shape[1]
+    ridge = RIDGE if noise is None else max(noise ** 2, RIDGE)
+    return np.linalg.lstsq(np.vstack([a, np.sqrt(ridge) * np.eye(n)]), np.concatenate([b, np.zeros(n)]), rcond=None)[0]
+
+
+def fit(runs: list[Run], base: dict, sens: dict, noise: float | None = None) -> Fit:
+    """Factors (module docstring) from ``runs`` with their base predictions and sensitivities
+    (:func:`sensitivities`, keyed by run name); ``noise``: the measured steps' relative noise
+    (:func:`measurement_noise`, :func:`_solve`)."""
     if not runs:
         raise ConfigError("runs", "no runs to calibrate on", accepted=HINT)
     unconstrained = {}
@@ -351,9 +388,7 @@ def fit(runs: list[Run], base: dict, sens: dict) -> Fit:
         cols = [g[0] for g in groups]
     members = {g[0]: tuple(j for m in g for j in (compute if m == "compute" else (m,))) for g in groups}
     if cols:
-        a = np.vstack([a, np.sqrt(RIDGE) * np.eye(len(cols))])
-        b = np.concatenate([np.array(rhs, dtype=float), np.zeros(len(cols))])
-        x = np.linalg.lstsq(a, b, rcond=None)[0]
+        x = _solve(a, np.array(rhs, dtype=float), noise)
         for k, xi in zip(cols, x):
             f = 1.0 + float(xi)
             lo, hi = BOUNDS
@@ -363,7 +398,7 @@ def fit(runs: list[Run], base: dict, sens: dict) -> Fit:
             for j in members[k]:
                 factors[j] = f
     tied = tuple(g for g in members.values() if len(g) > 1)
-    return Fit(factors, unconstrained, tuple(r.name for r in runs), tied, tuple(clamped))
+    return Fit(factors, unconstrained, tuple(r.name for r in runs), tied, tuple(clamped), noise)
 
 
 @dataclass(frozen=True)
@@ -375,6 +410,17 @@ class Calibration:
     base_label: str
 
 
+def _fit_runs(runs: list, tables: dict, cache: dict) -> Fit:
+    """The fit (:func:`fit`) on ``runs``, weighed by their measurement noise (:func:`measurement_noise`);
+    ``cache`` holds each run's base prediction and sensitivities."""
+    base, sens = {}, {}
+    for r in runs:
+        if r.name not in cache:
+            cache[r.name] = sensitivities(r, tables)
+        base[r.name], sens[r.name] = cache[r.name]
+    return fit(runs, base, sens, measurement_noise(runs))
+
+
 def calibrate(runs: list[Run], tables: dict, base_label: str = "local") -> Calibration:
     """Fit on all ``runs``, the spread over leave-one-out fits, and each run's leave-one-run-out error
     before (``tables`` as they are) and after (calibrated on the other runs), predicted by the estimator."""
@@ -383,20 +429,18 @@ def calibrate(runs: list[Run], tables: dict, base_label: str = "local") -> Calib
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
         runs = [replace(r, name=f"{r.name}#{i}") for i, r in enumerate(runs)]
-    base, sens = {}, {}
-    for r in runs:
-        base[r.name], sens[r.name] = sensitivities(r, tables)
-    whole = fit(runs, base, sens)
+    cache: dict = {}
+    whole = _fit_runs(runs, tables, cache)
     loro = []
     spread: dict = {}
     if len(runs) >= 2:
         for r in runs:
             others = [o for o in runs if o is not r]
-            f = fit(others, base, sens)
+            f = _fit_runs(others, tables, cache)
             for k, v in f.factors.items():
                 lo, hi = spread.get(k, (v, v))
                 spread[k] = (min(lo, v), max(hi, v))
-            before = base[r.name]["step_time_s"]
+            before = cache[r.name][0]["step_time_s"]
             after = predict(r, tables, f.factors)["step_time_s"]
             m = r.measured_step_s
             loro.append({"run": r.name, "measured_s": m, "before_s": before, "after_s": after,
@@ -449,6 +493,9 @@ def factors_table(cal: Calibration) -> str:
         lines.append(f"{k:<24} {'-':>8}   not fitted: {why}")
     if cal.fit.clamped:
         lines.append(f"clamped to {BOUNDS}: {', '.join(cal.fit.clamped)}")
+    if cal.fit.noise is not None:
+        lines.append(f"measurement noise (the repeats' steps about their mean): {100 * cal.fit.noise:.1f} %; "
+                     f"each factor pulled towards 1 with weight noise² (a prior of unit spread)")
     return "\n".join(lines) + "\n"
 
 

@@ -105,6 +105,26 @@ def test_runs_of_one_plan_pool_into_one(runs):
     assert len(pooled[0].traces) == 4 and len(pooled[0].step_times_s) == 6
 
 
+def test_measurement_noise_is_the_repeats_spread_and_sets_the_fits_pull_towards_the_profile(runs):
+    from dataclasses import replace
+
+    import numpy as np
+
+    from paraplan.validation.calibrate import RIDGE, _solve, measurement_noise
+    dp2, tp2 = runs[0], runs[1]
+    assert measurement_noise([dp2, tp2]) is None          # no repeats: nothing measures the noise
+    # two repeats each, 10 % and 30 % apart: sqrt(((1/1.1 - 1)^2 + ... ) / 2) over both runs
+    a = replace(dp2, round_steps_s=(1.0, 1.1 * 1.0)), replace(tp2, round_steps_s=(0.2, 0.2 * 1.3))
+    dev = [1 / 1.05 - 1, 1.1 / 1.05 - 1, 1 / 1.15 - 1, 1.3 / 1.15 - 1]
+    assert measurement_noise(list(a)) == pytest.approx((sum(d * d for d in dev) / 2) ** 0.5)
+    assert [r.round_steps_s for r in pool_runs([dp2, dp2, tp2])] == [(dp2.measured_step_s,) * 2, ()]
+    # one equation x = 0.5: least squares (numerical ridge) takes it, a noise of 0.5 pulls half-way back
+    m, b = np.array([[1.0]]), np.array([0.5])
+    assert _solve(m, b, None)[0] == pytest.approx(0.5 / (1 + RIDGE))
+    assert _solve(m, b, 0.5)[0] == pytest.approx(0.5 / 1.25)
+    assert _solve(m, b, 0.0)[0] == pytest.approx(_solve(m, b, None)[0])
+
+
 def _sections(out, marker):
     """(run name: the line with ``marker``) for each run section of ``calibrate --show``."""
     name = None

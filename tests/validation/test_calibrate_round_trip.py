@@ -1,19 +1,29 @@
-"""The calibration round trip on this machine: `paraplan validate` runs five layouts of a tiny GPT on two
-gloo ranks with the profiler on (dp2, tp2, pp2, and tp2 and pp2 over other micro-batch counts) -> their
-traces and reports are read -> `paraplan calibrate` fits a profile, leave-one-run-out -> the layouts
-re-predicted, and the stored profile estimates.
+"""The calibration round trip on this machine: `paraplan validate` runs five layouts of a small GPT on
+two gloo ranks with the profiler on (dp2, tp2, pp2, and tp2 and pp2 over other micro-batch counts) ->
+their traces and reports are read -> `paraplan calibrate` fits a profile, leave-one-run-out -> the
+layouts re-predicted, and the stored profile estimates.
 
 The layouts run in turn, twice (a layout's repeats pooled), so that load from other processes on a
-shared machine falls on all of them alike. Here the checks are that every piece ran on the real
-thing, that the fitted factors bring the layouts closer together, and that leave-one-run-out
-predicts each layout on the others' factors with its collectives fitted (the second tp2 and pp2
-constrain the all-reduce latency and the send/recv of the fold that leaves the first out). Whether
-each left-out layout improves is the benchmark's (benchmarks/calibrate_round_trip.py: the default
-model, three rounds; docs/calibrate.md): with this tiny model on a loaded 2-core machine the steps
-are rank skew and per-call latency more than work, and the layouts disagree in them (one run with
-three layouts: dp2 -22 -> -21 %, tp2 +29 -> +45 %, pp2 -9 -> +21 %); even on the default model a
-left-out tp2 over two micro-batches did not improve in every session (its all-reduces cost 15 % less
-per call than tp2's in one session, 18 % more in the next: gloo's per-call latency under load).
+shared machine falls on all of them alike; the repeats' spread is the measurement noise the fit
+weighs its equations with (calibrate.measurement_noise). Checked: every piece ran on the real
+thing; fitted on all five, the layouts' errors shrink together; leave-one-run-out predicts each
+layout on the others' factors with its collectives fitted; and the plan and two others (dp2, tp2,
+pp2), each predicted on the other four's factors, improve: its error smaller than before where
+before was larger than what the runs resolve (the noise over the square root of the repeats),
+within it where before already was. A fresh profile can predict a layout within 10 %, inside the
+5-38 % drift of a loaded 2-core machine between rounds, and no fit can then be told apart from
+the noise: in five runs of this test (docs/calibrate.md) the strict form (every error smaller) held
+for dp2, tp2 and pp2 three times and failed on tp2 twice, -10.5 -> -12.1 % and +9.9 -> -12.0 % with the
+noise at 27 and 30 % (its all-reduces 1.94 and 0.82 times the profile per call, tp2 over two
+micro-batches' 1.52 and 0.71: gloo's per-call latency under load, which the fold takes from the
+latter).
+
+The model (2 blocks of hidden 256, sequence 256) is one at which the estimate's compute is the
+harness's within the noise for every layout (measured / predicted 0.96-1.13 for the five in the
+session that chose it): with hidden and sequence 128 the per-op host costs of the tensor-parallel
+autograd wrappers, which the estimator under-counts, made tp's compute 1.46-1.68 times the
+prediction against 0.94-1.27 for the others in two sessions, and one set of compute factors could
+not fit both (seen: a left-out tp2 -9 -> +12 %, a left-out dp2 -24 -> -24 %).
 """
 import json
 import os
@@ -28,7 +38,9 @@ pytestmark = [pytest.mark.torch, pytest.mark.slow]
 # collectives (tp2's latency-bound all-reduces, pp2's send/recv) are constrained by the others
 LAYOUTS = {"dp2": ["--dp", "2"], "tp2": ["--tp", "2"], "pp2": ["--pp", "2"],
            "tp2-gb2": ["--tp", "2", "--global-batch", "2"], "pp2-gb4": ["--pp", "2", "--global-batch", "4"]}
-MODEL = ["--layers", "2", "--hidden", "128", "--heads", "2", "--seq-len", "128", "--vocab", "256"]
+MODEL = ["--layers", "2", "--hidden", "256", "--heads", "4", "--seq-len", "256", "--vocab", "512"]
+#: the layouts whose leave-one-run-out error must shrink: the plan and two others (issue 65)
+ASSERTED = ("dp2", "tp2", "pp2")
 
 
 def paraplan(*args, env):
@@ -47,7 +59,7 @@ def runs(tmp_path_factory):
     for k in range(2):
         for name, flags in LAYOUTS.items():
             out = str(base / f"r{k}" / name)
-            r = paraplan("validate", *flags, *MODEL, "--steps", "4", "--warmup", "1", "--no-reference",
+            r = paraplan("validate", *flags, *MODEL, "--steps", "12", "--warmup", "2", "--no-reference",
                          "--db", db, "--out", out, env=env)
             assert r.returncode == 0, r.stderr[-2000:]
             dirs.append(out)
@@ -66,7 +78,8 @@ def test_validate_keeps_each_ranks_trace_and_the_report_names_them(runs):
 
 
 def test_calibrate_round_trip_improves_leave_one_run_out_and_stores_a_usable_profile(runs):
-    from paraplan.validation.calibrate import base_tables, calibrate, loro_table, pool_runs, predict, read_run
+    from paraplan.validation.calibrate import (base_tables, calibrate, factors_table, loro_table, pool_runs,
+                                               predict, read_run)
     db, env, dirs = runs
     pooled = pool_runs([read_run(d) for d in dirs])
     assert [r.name for r in pooled] == list(LAYOUTS) and all(r.repeats == 2 for r in pooled)
@@ -76,19 +89,26 @@ def test_calibrate_round_trip_improves_leave_one_run_out_and_stores_a_usable_pro
     assert {"gemm", "optimizer", "all_reduce.latency", "send_recv.latency"} <= set(cal.fit.factors)
     assert "attention" in cal.fit.unconstrained and "all_to_all.latency" in cal.fit.unconstrained
     # the factors reach the estimator: fitted on all five, the layouts' errors shrink together. Not each
-    # one: least squares over five layouts that disagree (here in per-call latency) may move one that
-    # was close further off (seen: pp2 0.7 -> 0.9 %, tp2-gb2 3.2 -> 9.1 %, while the others shrank)
+    # one: five layouts that disagree (here in per-call latency) may leave one that was close further off
     errs = [(abs(predict(r, tables)["step_time_s"] / r.measured_step_s - 1),
              abs(predict(r, tables, cal.fit.factors)["step_time_s"] / r.measured_step_s - 1)) for r in pooled]
     assert sum(a * a for _, a in errs) < sum(b * b for b, _ in errs), errs
     assert max(a for _, a in errs) < max(b for b, _ in errs), errs
-    # leave-one-run-out: every layout predicted on the others' factors; with pp2 over two numbers of
-    # micro-batches the fold that leaves one out still fits the send/recv, and tp2's all-reduce latency
+    print(f"\n{factors_table(cal)}\n{loro_table(cal)}")
+    # leave-one-run-out, the plan and two others: smaller after where the error before exceeds what
+    # two repeats resolve (the noise over sqrt 2), within that where it did not
+    resolved = cal.fit.noise / pooled[0].repeats ** 0.5
+    for x in cal.loro:
+        if x["run"] not in ASSERTED:
+            continue
+        before, after = abs(x["err_before"]), abs(x["err_after"])
+        assert after < before if before > resolved else after <= resolved, (x["run"], before, after, resolved)
+    # with pp2 over two numbers of micro-batches the fold that leaves one out still fits the send/recv,
+    # and tp2's all-reduce latency
     assert [x["run"] for x in cal.loro] == list(LAYOUTS)
     assert all(x["after_s"] > 0 and x["after_s"] != x["before_s"] for x in cal.loro)
     assert all("send_recv.latency" not in x["unfitted"] and "all_reduce.latency" not in x["unfitted"]
                for x in cal.loro), [x["unfitted"] for x in cal.loro]
-    print(loro_table(cal))
     r = paraplan("calibrate", *dirs, "--db", db, "--name", "rt", env=env)
     assert r.returncode == 0, r.stderr
     assert "leave" not in r.stderr and "stored as profile:rt" in r.stderr
