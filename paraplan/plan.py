@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import re
 from dataclasses import Field, asdict, dataclass, field, fields, make_dataclass, replace
 from types import SimpleNamespace
 from typing import Any, Callable, Mapping, NamedTuple, Sequence
@@ -762,6 +763,42 @@ def virtual_stage_layer_counts(layers: int, plan) -> list[int]:
     for i in order[:extra]:
         counts[i] += 1
     return counts
+
+
+class PipelineLayout(NamedTuple):
+    """What a Megatron-Core pipeline layout places on each pipeline rank (:func:`read_megatron_layout`):
+    per rank, first to last, its transformer layers and its multi-token-prediction blocks over all its
+    model chunks, and the virtual stages (chunks) per rank."""
+    layers: tuple[int, ...]
+    mtp: tuple[int, ...]
+    vpp: int
+
+
+#: Megatron-Core's layout letters (megatron/core/transformer/pipeline_parallel_layer_layout.py,
+#: PipelineParallelLayerLayout.parse_str_to_list): embedding, loss, transformer ("decoder") layer, MTP block
+LAYOUT_LETTERS = "ELtm"
+
+
+def read_megatron_layout(layout: str, pp: int) -> PipelineLayout:
+    """A ``--pipeline-model-parallel-layout`` string read as Megatron-Core reads it
+    (megatron/core/transformer/pipeline_parallel_layer_layout.py, ``parse_str_to_list`` and the
+    constructor): commas dropped; each ``(...)*n`` written out n times, then each ``x*n``; chunks split at
+    "|" ("E" embedding, "L" loss, "t" a transformer layer, "m" an MTP block); the chunk count a multiple
+    of ``pp``, vpp = chunks / pp, chunk i on rank i mod pp. "Et|(tt|)*30mL" on pp 8: 32 chunks, vpp 4,
+    ranks holding 7, 8 x 6 and 6 layers, the last with the MTP block. Raises ConfigError (field
+    pipeline_layout) on another letter or a chunk count pp does not divide."""
+    text = str(layout).replace(",", "")
+    text = re.sub(r"\(([^)]+)\)\*(\d+)", lambda g: g.group(1) * int(g.group(2)), text)
+    text = re.sub(r"(.)\*(\d+)", lambda g: g.group(1) * int(g.group(2)), text)
+    bad = sorted(set(text) - set(LAYOUT_LETTERS + "|"))
+    if bad:
+        raise ConfigError("pipeline_layout", f"{layout!r} holds {''.join(bad)!r}; accepted: E (embedding), L (loss), "
+                          "t (transformer layer), m (MTP block), '|' between chunks, (...)*n and x*n repeats")
+    chunks = text.split("|")
+    if pp < 1 or len(chunks) % pp:
+        raise ConfigError("pipeline_layout", f"{layout!r} has {len(chunks)} chunks, not a multiple of pp({pp})")
+    return PipelineLayout(tuple(sum(c.count("t") for c in chunks[r::pp]) for r in range(pp)),
+                          tuple(sum(c.count("m") for c in chunks[r::pp]) for r in range(pp)), len(chunks) // pp)
 
 
 def expert_parallel_folded(plan):

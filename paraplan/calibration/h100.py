@@ -4,7 +4,7 @@ summary, Megatron-Bridge's performance archive and torchtitan's async-TP benchma
 Models come from the presets (the file leaves most architectures out); the engine from the source (NeMo
 and Megatron-Bridge run Megatron-Core, their Megatron FSDP rows its ZeRO-3); what each engine's rows
 take where their cells are blank, and the recipe facts of single runs (DeepEP dispatch, expert
-all-to-all overlap, recomputed modules, stage layers, offloaded activations, an unfused rotary
+all-to-all overlap, recomputed modules, the pipeline layout (and the MTP depth it places), offloaded activations, an unfused rotary
 embedding, the attention kernel), come from the file's sidecar (recipes.py). Each is said in the
 case's ``assumed``.
 """
@@ -29,7 +29,7 @@ from paraplan.costmodels.estimate import estimate
 from paraplan.engines import spec_named
 from paraplan.errors import ConfigError
 from paraplan.hardware.catalog import load_cluster
-from paraplan.plan import MEGATRON_FSDP_STRATEGY, Plan, check_plan
+from paraplan.plan import MEGATRON_FSDP_STRATEGY, Plan, PipelineLayout, check_plan, read_megatron_layout
 from paraplan.workloads.names import model_preset_for_name
 from paraplan.workloads.presets import load_model
 from paraplan.workloads.transformer import MoESpec, TrainingJob, TransformerModel
@@ -108,6 +108,28 @@ def _model_from_columns(r: pd.Series, recipes: Recipes, assumed: list) -> Transf
                                 moe=moe)
     except (ConfigError, ValueError) as e:
         return f"model {r['model']!r}: its columns do not make a model ({e})"
+
+
+def model_of_layout(model: TransformerModel, layout: PipelineLayout) -> TransformerModel:
+    """The model with the multi-token-prediction depth its pipeline layout places: Megatron-Core builds the
+    layout's "m" blocks and asserts that they number mtp_num_layers
+    (megatron/core/transformer/pipeline_parallel_layer_layout.py, validate_layer_layout), so a layout with an
+    MTP block is a run with that depth whatever the row's model name says."""
+    depth = sum(layout.mtp)
+    return model if depth == model.mtp_layers else replace(model, mtp_layers=depth)
+
+
+def pipeline_layout_note(layout: PipelineLayout) -> str:
+    """The ranks' layers of a layout as an assumption says them: "4 layers on the first stage, 4 on each of
+    14 middle ones, 1 on the last, with 1 MTP block"."""
+    counts, mtp = layout.layers, sum(layout.mtp)
+    middle = sorted(set(counts[1:-1]))
+    mid = (f"{middle[0]} on each of {len(counts) - 2} middle ones" if len(middle) == 1
+           else f"{', '.join(map(str, counts[1:-1]))} on the middle ones")
+    ranks = [r for r, n in enumerate(layout.mtp) if n]
+    where = "the last" if ranks == [len(counts) - 1] else "stage " + ", ".join(map(str, ranks))
+    return (f"{counts[0]} layers on the first stage, {mid}, {counts[-1]} on the last"
+            + (f", with {mtp} MTP block{'s' if mtp > 1 else ''} on {where}" if mtp else ", no MTP block"))
 
 
 def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
@@ -237,11 +259,20 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     if offload_layers:
         assumed.append(f"activations of {offload_layers} layers offloaded to host memory (the row's Megatron-Bridge "
                        f"recipe: {SIDECAR})")
-    fact = recipes.fact("stage_layers", r)
-    first_layers, last_layers = fact.value if fact is not None else (0, 0)
-    if first_layers or last_layers:
-        assumed.append(f"pipeline layout of the row's Megatron-Bridge recipe: {first_layers} layers on the first "
-                       f"stage, {last_layers} on the last ({SIDECAR})")
+    fact = recipes.fact("pipeline_layout", r)
+    first_layers = last_layers = 0
+    if fact is not None:
+        layout = read_megatron_layout(fact.value, int_cell(r["pp"], "pp"))
+        if layout.vpp != vpp:
+            return f"the recipe's pipeline layout {fact.value!r} has vpp {layout.vpp}, the row states {vpp} ({SIDECAR})"
+        model, stages = model_of_layout(model, layout), pipeline_layout_note(layout)
+        if layout.vpp == 1:
+            first_layers, last_layers = layout.layers[0], layout.layers[-1]
+            assumed.append(f"pipeline layout of the row's Megatron-Bridge recipe, {fact.value}: {stages} ({SIDECAR})")
+        else:
+            assumed.append(f"pipeline layout of the row's Megatron-Bridge recipe, {fact.value}: {stages}; priced with "
+                           f"the automatic split of {vpp} chunks a rank (uneven interleaved stages are not modelled; "
+                           f"{SIDECAR})")
     if model.mtp_layers:
         assumed.append(f"multi-token prediction, depth {model.mtp_layers}, on the last stage")
     expandable_segments = recipes.fact("expandable_segments", r) is not None

@@ -27,7 +27,7 @@ DATA = Path(__file__).parent / "data"
 
 #: the kinds of recipe fact a sidecar may state, and the type of each one's value
 FACT_KINDS = {"ep_comm_overlap": bool, "moe_flex_dispatch": bool, "overlap_grad_reduce": bool,
-              "recompute_modules": str, "stage_layers": list, "activation_offload_layers": int,
+              "recompute_modules": str, "pipeline_layout": str, "activation_offload_layers": int,
               "rope_fusion": bool, "attention_kernel": str, "moe_capacity_factor": float, "dropout": bool,
               "expandable_segments": bool, "micro_batch": int}
 #: the columns a fact may match as integers (a blank vpp counts as 1)
@@ -236,8 +236,6 @@ def _fact(where: str, d) -> RecipeFact:
     if unknown:
         raise ConfigError(f"{where}.match", "unknown column " + ", ".join(map(str, unknown)) + "; accepted: "
                           + ", ".join(NUMERIC_MATCH + TEXT_MATCH))
-    if kind == "stage_layers":
-        value = tuple(value)
     return RecipeFact(kind, value, dict(match), d["source"], d.get("note", ""))
 
 

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 from paraplan.engines import DEEPSPEED, MEGATRON, TORCHTITAN
 from paraplan.planner.export_torchtitan import V_SCHEDULE_LABELS
 from paraplan.errors import ConfigError
-from paraplan.plan import RECOMPUTE_MODULES, Plan
+from paraplan.plan import RECOMPUTE_MODULES, Plan, read_megatron_layout
 
 #: Megatron-LM --fp8-recipe -> paraplan dtype (the megatron engine's export mapping, inverted)
 MEGATRON_FP8 = {v: k for k, v in MEGATRON.export.fp8_recipes.items()}
@@ -134,15 +134,22 @@ def read_megatron_args(argv: Sequence[str]) -> ReadConfig:
     elif "--num-virtual-stages-per-pipeline-rank" in f:
         vpp = int(f["--num-virtual-stages-per-pipeline-rank"])
     elif "--pipeline-model-parallel-layout" in f:
-        chunks = str(f["--pipeline-model-parallel-layout"]).split("|")
-        vpp = max(1, len(chunks) // pp)
-        if vpp == 1:
-            counts = [c.count("t") and sum(int(x) if x else 1 for x in re.findall(r"t(?:\*(\d+))?", c)) for c in chunks]
-            p["first_stage_layers"], p["last_stage_layers"] = counts[0], counts[-1]
-            if len(set(counts[1:-1])) > 1:
-                unexpressed.append(f"--pipeline-model-parallel-layout with unequal middle stages {counts[1:-1]}")
+        try:
+            layout = read_megatron_layout(str(f["--pipeline-model-parallel-layout"]), pp)
+        except ConfigError as err:
+            unexpressed.append(f"--pipeline-model-parallel-layout: {err.problem}")
         else:
-            unexpressed.append("--pipeline-model-parallel-layout of interleaved chunks (a plan splits them itself)")
+            vpp, counts = layout.vpp, list(layout.layers)
+            if vpp == 1:
+                p["first_stage_layers"], p["last_stage_layers"] = counts[0], counts[-1]
+                if len(set(counts[1:-1])) > 1:
+                    unexpressed.append(f"--pipeline-model-parallel-layout with unequal middle stages {counts[1:-1]}")
+            else:
+                unexpressed.append(f"--pipeline-model-parallel-layout of interleaved chunks (ranks hold {counts} "
+                                   "layers; a plan splits them itself)")
+            if any(layout.mtp[:-1]):
+                unexpressed.append("--pipeline-model-parallel-layout with MTP blocks before the last stage (a plan "
+                                   "keeps them on the last)")
     p["vpp"], p["schedule"] = vpp, "interleaved" if vpp > 1 else "1f1b"
     if "--decoder-first-pipeline-num-layers" in f:
         p["first_stage_layers"] = int(f["--decoder-first-pipeline-num-layers"])

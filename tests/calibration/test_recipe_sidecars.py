@@ -50,6 +50,11 @@ def test_the_h100_file_facts_reach_the_cases_they_describe():
     assert (p.moe_flex_dispatch, p.ep_comm_overlap, p.overlap_grad_reduce, p.recompute_modules, p.rope_fusion) == \
         (True, True, False, "mla_up_proj,mlp", False)
     assert sum("published_runs_calibration_h100.recipes.yaml" in a for a in dsv3.assumed) >= 4
+    # its recipe's layout, Et|(tt|)*30mL, holds an MTP block: the row ran multi-token prediction (the
+    # archive's model FLOPs per token agree), though its name does not say so
+    assert dsv3.model.mtp_layers == 1 and any("Et|(tt|)*30mL" in a and "6 on the last" in a for a in dsv3.assumed)
+    mtp = next(c for c in cases if c.label.startswith("DeepSeekV3 (w/ MTP)"))
+    assert (mtp.plan.first_stage_layers, mtp.plan.last_stage_layers, mtp.model.mtp_layers) == (4, 1, 1)
     titan = [c for c in cases if c.source == "torchtitan async-TP (H100)"]
     assert len(titan) == 12 and {c.plan.attention_kernel for c in titan} == {"flash2"}
     assert {c.plan.engine for c in titan} == {"torchtitan"} and {c.plan.zero for c in titan} == {3}

@@ -60,3 +60,36 @@ def test_megatron_export_spells_out_the_layout():
                       "recompute": "full", "sp": True})
     text = ex.to_megatron(even)
     assert "--num-layers-per-virtual-pipeline-stage 10" in text and "layout" not in text
+
+
+def test_megatron_layout_is_read_as_megatron_core_reads_it():
+    """Megatron-Core's layout grammar (pipeline_parallel_layer_layout.py, parse_str_to_list): "(...)*n"
+    and "x*n" written out, chunks at "|", chunk i on rank i mod pp; per rank its layers and MTP blocks."""
+    from paraplan.plan import read_megatron_layout
+    # Megatron-Bridge's 1024-H100 DeepSeek-V3 layout: 32 chunks on pp 8, the MTP block and loss alone last
+    h100 = read_megatron_layout("Et|(tt|)*30mL", 8)
+    assert h100.vpp == 4 and h100.layers == (7, 8, 8, 8, 8, 8, 8, 6) and h100.mtp == (0,) * 7 + (1,)
+    # its recipe's pp 16 layout: the embedding and 4 layers first, 1 layer with the MTP block and loss last
+    b200 = read_megatron_layout("Et*4|(t*4|)*14tmL", 16)
+    assert b200.vpp == 1 and b200.layers == (4,) * 15 + (1,) and sum(b200.mtp) == 1 == b200.mtp[-1]
+    # the docs' example, commas cosmetic: 32 chunks on pp 16 are vpp 2, the MTP chunk on rank 14
+    docs = read_megatron_layout("Et*3|(tt|)*29,m|L", 16)
+    assert docs.vpp == 2 and sum(docs.layers) == 61 and docs.mtp[14] == 1
+    for bad, pp in (("Et|tt|tL", 2), ("Ex|tL", 2)):
+        with pytest.raises(ConfigError) as e:
+            read_megatron_layout(bad, pp)
+        assert e.value.field == "pipeline_layout"
+
+
+def test_megatron_args_read_an_interleaved_layout_as_interleaved():
+    """A layout with "(tt|)*30" is 32 chunks: read before as one stage per chunk group (vpp 1, 1 layer on the
+    first stage, 0 on the last), it is vpp 4 with the ranks' layers said as not expressed."""
+    from paraplan.planner.readers import read_megatron_args
+    base = ["--num-layers", "61", "--hidden-size", "7168", "--num-attention-heads", "128",
+            "--tensor-model-parallel-size", "2", "--expert-model-parallel-size", "64", "--num-experts", "256",
+            "--sequence-parallel", "--pipeline-model-parallel-size"]
+    read = read_megatron_args(base + ["8", "--pipeline-model-parallel-layout", "Et|(tt|)*30mL"])
+    assert (read.plan.vpp, read.plan.first_stage_layers, read.plan.last_stage_layers) == (4, 0, 0)
+    assert any("[7, 8, 8, 8, 8, 8, 8, 6]" in u for u in read.unexpressed)
+    read = read_megatron_args(base + ["16", "--pipeline-model-parallel-layout", "Et*4|(t*4|)*14tmL"])
+    assert (read.plan.vpp, read.plan.first_stage_layers, read.plan.last_stage_layers) == (1, 4, 1)
