@@ -126,8 +126,10 @@ def test_expert_parallel_rules_hold_for_hybrids():
 
 @pytest.mark.slow
 def test_plan_searches_expert_parallelism(capsys):
+    # a router forced to balance, as in Megatron-Bridge's benchmarks: under a trained router's imbalance
+    # (1.23x the mean on the busiest EP rank) no ep > 1 plan reaches the top 40 for this 30B model on 64 GPUs
     assert main(["plan", "--model", "nemotron3-nano-30b-a3b", "--cluster", "dgx-h100", "--gpus", "64", "--seq-len", "8192",
-                 "--global-batch", "768", "--top", "40", "--format", "json"]) == 0
+                 "--global-batch", "768", "--top", "40", "--format", "json", "--moe-imbalance", "1"]) == 0
     doc = json.loads(capsys.readouterr().out)
     plans = doc["plans"] if isinstance(doc, dict) else doc
     eps = {p["plan"]["ep"] if "plan" in p else p["ep"] for p in plans}
