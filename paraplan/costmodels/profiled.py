@@ -61,7 +61,7 @@ not import torch). Same methods and attributes as
 * the tensor-parallel wrappers (profiles with ``tp`` rows): the host cost of one call of the
   autograd functions around the harness's tp collectives, forward + backward, beyond the collective
   (``tp_call_overhead_s``, :func:`tp_wrapper_call_fit`), charged per layer call under tp > 1
-  (:func:`paraplan.costmodels.tpcomm.tp_wrapper_host_time`); about 15 us on this 2-core machine.
+  (:func:`paraplan.costmodels.tpcomm.tp_wrapper_host_time`); 10-15 us on this 2-core machine, ranks alone.
 * CPU-Adam efficiency and Adam bytes per parameter are not measured: curves.yaml's defaults.
 * a calibrated profile (``paraplan calibrate``, :mod:`paraplan.validation.calibrate`) carries
   ``calibration`` = {knob: factor} fitted to measured runs: ``gemm`` multiplies the GEMMs' work,
