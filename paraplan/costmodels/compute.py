@@ -53,6 +53,7 @@ from paraplan.costmodels.moe import (MOE_HOST_SECONDS_PER_LAYER, dispatch_bytes_
                                      routed_experts_wgrad_accumulation_time)
 from paraplan.costmodels.tpcomm import (TP_OVERLAP_CONTENTION, op_sac_regather_time, sp_backward_regather_raw_time,
                                         sp_backward_regather_time, tp_allreduce_time, tp_collective_time,
+                                        tp_wrapper_host_time,
                                         tp_data_parallel_window_times, tp_gathered_bytes, tp_shares_data_parallel_links,
                                         tp_layer_exposed_by_pass, vocab_parallel_loss_allreduce_time)
 from paraplan.engines import engine_flag
@@ -607,7 +608,8 @@ def layer_times(model, job, plan, curves, cluster) -> dict:
         tp_in, attn_gemm + tp_window_mlp, full, plan,
         sp_backward_regather_time(model, job, plan, cluster, curves, attn_times, fc1_gemm), regather_raw,
         share_moe * wgrad_extra)
-    tp_comm = tp_f + tp_b + sac_regather
+    tp_comm = tp_f + tp_b + sac_regather \
+        + tp_wrapper_host_time(plan, passes, getattr(curves, "tp_call_overhead_s", 0.0))
     tp_dp_f, tp_dp_b = tp_data_parallel_window_times((tp_f, tp_b + sac_regather), (raw_f, raw_b + sac_regather),
                                                      tp_shares_data_parallel_links(plan, cluster))
     exchange = ring_exchange_times(model, job, plan, cluster)

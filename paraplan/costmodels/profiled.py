@@ -58,6 +58,10 @@ not import torch). Same methods and attributes as
   ``fully_shard``-ed under a root unit, divided by the units), and per parameter tensor in the
   optimizer step (``fsdp_adam_tensor_overhead_s``: AdamW on the stack's DTensor shards minus AdamW on
   plain tensors of the same shapes), both charged by the estimator under ZeRO-3 only.
+* the tensor-parallel wrappers (profiles with ``tp`` rows): the host cost of one call of the
+  autograd functions around the harness's tp collectives, forward + backward, beyond the collective
+  (``tp_call_overhead_s``, :func:`tp_wrapper_call_fit`), charged per layer call under tp > 1
+  (:func:`paraplan.costmodels.tpcomm.tp_wrapper_host_time`); 10-15 us on this 2-core machine, ranks alone.
 * CPU-Adam efficiency and Adam bytes per parameter are not measured: curves.yaml's defaults.
 * a calibrated profile (``paraplan calibrate``, :mod:`paraplan.validation.calibrate`) carries
   ``calibration`` = {knob: factor} fitted to measured runs: ``gemm`` multiplies the GEMMs' work,
@@ -169,6 +173,17 @@ def _region_fit(pts) -> tuple[float, float] | None:
     return max(0.0, o1 - n1 * per_op), per_op
 
 
+def tp_wrapper_call_fit(rows: Mapping) -> float | None:
+    """Host seconds per call of the validation harness's tensor-parallel autograd wrappers, from the
+    profile's ``tp`` rows ({"wrapped": (seconds, calls), "plain": (seconds, 0)}: a tiny op forward +
+    backward with and without ``calls`` wrappers chained after it, :func:`paraplan.validation.profile.
+    _tp_wrapper_cases`): ``(wrapped - plain) / calls``, at least 0; None where not measured."""
+    wrapped, plain = rows.get("wrapped"), rows.get("plain")
+    if not wrapped or not plain or not wrapped[1]:
+        return None
+    return max(0.0, float(wrapped[0]) - float(plain[0])) / float(wrapped[1])
+
+
 def checkpoint_overhead_fit(regions: Mapping) -> tuple[float, float] | None:
     """(seconds per checkpointed region, seconds per op in it) that recomputation costs beyond
     re-running the forward: ``overhead(n) = checkpointed − plain − forward`` of the two measured
@@ -209,6 +224,9 @@ def training_measurements(tables: dict, device: str, world_size: int | None = No
         out["fsdp_unit_s"] = float(m["fsdp_unit_s"])
     if m.get("fsdp_adam_tensor_s") is not None:
         out["fsdp_adam_tensor_s"] = float(m["fsdp_adam_tensor_s"])
+    tp_call = tp_wrapper_call_fit(m.get("tp_wrapper") or {})
+    if tp_call is not None:
+        out["tp_call_s"] = tp_call
     routed = m.get("routed") or {}
     if (routed.get("routed") or {}).get("time_s") and (routed.get("dense") or {}).get("time_s"):
         out["routed_factor"] = max(1.0, float(routed["routed"]["time_s"]) / float(routed["dense"]["time_s"]))
@@ -289,6 +307,9 @@ class ProfiledCurves:
     fsdp_unit_overhead_s: float = 0.0
     #: FSDP2's extra optimizer-step cost per (DTensor) parameter tensor, measured; 0 where not
     fsdp_adam_tensor_overhead_s: float = 0.0
+    #: host seconds per call of the tensor-parallel collectives' autograd wrappers (``tp`` rows,
+    #: :func:`tp_wrapper_call_fit`); 0 where not measured
+    tp_call_overhead_s: float = 0.0
     #: routed experts' GEMMs: the measured time of experts run one after another over that of one MLP
     #: of their FLOPs, at ``routed_tokens`` tokens per expert (``routed`` rows); None where not measured
     routed_factor: float | None = None
@@ -358,6 +379,10 @@ class ProfiledCurves:
                 sources_train["recompute_overhead"] = (
                     "measured: regions of 4 and 16 tiny ops under non-reentrant torch.utils.checkpoint "
                     "minus plain forward + backward minus forward")
+            if "tp_call_s" in train:
+                sources_train["tp_call_overhead_s"] = (
+                    "measured: the tensor-parallel autograd wrappers (reduce-from-tp, copy-to-tp) chained "
+                    "after a tiny op, forward + backward, minus the op alone, per call")
             if "sac_kernel_s" in train:
                 sources_train["op_sac_overhead"] = (
                     "measured: the same regions under a selective-checkpoint policy that keeps every output, "
@@ -374,6 +399,7 @@ class ProfiledCurves:
             checkpoint_region_s=train.get("checkpoint_region_s", 0.0),
             fsdp_unit_overhead_s=train.get("fsdp_unit_s", 0.0),
             fsdp_adam_tensor_overhead_s=train.get("fsdp_adam_tensor_s", 0.0),
+            tp_call_overhead_s=train.get("tp_call_s", 0.0),
             checkpoint_kernel_s=train.get("checkpoint_kernel_s", 0.0),
             sac_region_s=train.get("sac_region_s"), sac_kernel_s=train.get("sac_kernel_s"),
             routed_factor=train.get("routed_factor"), routed_tokens=train.get("routed_tokens", 0),
@@ -525,6 +551,7 @@ class ProfiledCurves:
                 "checkpoint_us_per_region": self.checkpoint_region_s * 1e6,
                 "fsdp_us_per_unit": self.fsdp_unit_overhead_s * 1e6,
                 "fsdp_adam_us_per_tensor": self.fsdp_adam_tensor_overhead_s * 1e6,
+                "tp_wrapper_us_per_call": self.tp_call_overhead_s * 1e6,
                 "checkpoint_us_per_kernel": self.checkpoint_kernel_s * 1e6,
                 "op_sac_us_per_region": None if self.sac_region_s is None else self.sac_region_s * 1e6,
                 "op_sac_us_per_kernel": None if self.sac_kernel_s is None else self.sac_kernel_s * 1e6,

@@ -45,6 +45,23 @@ def tp_allreduce_time(model, job, plan, cluster, copies=1.0, fp8_gathers=True):
     return np.where(sp, rs_ag, ar)
 
 
+#: tensor-parallel autograd wrappers one layer calls per micro-batch, forward + backward: the attention
+#: and the MLP each sit between a conjugate pair (copy-to-tp / reduce-from-tp, or under sequence
+#: parallelism gather / reduce-scatter; Shoeybi et al. 2019, fig. 3)
+TP_WRAPPER_CALLS_PER_LAYER = 4
+
+
+def tp_wrapper_host_time(plan, passes, per_call_s):
+    """Host seconds per layer and micro-batch of the autograd wrappers around the tensor-parallel
+    collectives: ``TP_WRAPPER_CALLS_PER_LAYER · passes / 2 · per_call_s`` where tp > 1 (``passes``: 2,
+    or 3 where full recomputation runs the forward again), 0 otherwise. ``per_call_s`` is a wrapper's
+    forward + backward on the host beyond its collective, measured by ``paraplan profile`` on the
+    profiled CPU device (:attr:`paraplan.costmodels.profiled.ProfiledCurves.tp_call_overhead_s`); the
+    analytical (GPU) curves carry none: there the host runs ahead of the device."""
+    calls = TP_WRAPPER_CALLS_PER_LAYER * np.asarray(passes, dtype=float) / 2
+    return np.where(np.asarray(plan.tp) > 1, calls * float(per_call_s), 0.0)
+
+
 def tp_activation_bytes(model, job, plan):
     """Bytes of the T·h activation a tensor-parallel collective of one layer carries (16-bit, or fp32)."""
     return tokens_per_rank(job, plan) * model.hidden * element_bytes(plan)

@@ -496,7 +496,7 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
                 (r["shape"]["numel"], r["bytes"], r["time_s"]))
         elif k in ("h2d", "d2h"):
             out[k] = r["bandwidth_bytes_per_s"]
-        elif k in ("autograd", "contention", "optimizer", "checkpoint", "fsdp", "routed"):
+        elif k in ("autograd", "contention", "optimizer", "checkpoint", "fsdp", "routed", "tp"):
             w = out["training"].setdefault(r["device"], {}).setdefault(
                 int(r["world_size"]), {"autograd": {}, "contention_s": None, "adamw": [], "checkpoint": {}})
             if k == "checkpoint":
@@ -505,6 +505,8 @@ def measured_tables(db: str | None = None, fingerprint_id: str | None = None) ->
                 w.setdefault("routed", {})[r["op"]] = {"time_s": r["time_s"], "shape": dict(r["shape"] or {})}
             elif k == "autograd":
                 w["autograd"][r["op"]] = (r["time_s"], r["shape"]["kernels"])
+            elif k == "tp":           # the tensor-parallel wrappers' host cost: chained calls and none
+                w.setdefault("tp_wrapper", {})[r["op"]] = (r["time_s"], int((r["shape"] or {}).get("calls", 0)))
             elif k == "fsdp" and r["op"] == "adam_tensor":   # FSDP2's optimizer step, per tensor
                 w["fsdp_adam_tensor_s"] = r["time_s"]
             elif k == "fsdp":         # FSDP2's own cost per unit and micro-batch (world > 1)

@@ -409,6 +409,29 @@ def _autograd_case(op, device):
     return _forward_backward(f)
 
 
+#: calls of the tensor-parallel wrappers chained in the ``tp`` case (half reduce-from-tp, half copy-to-tp)
+TP_WRAPPER_CALLS = 8
+
+
+def _tp_wrapper_cases(device) -> dict:
+    """{"wrapped", "plain"}: forward + backward of a tiny op followed by TP_WRAPPER_CALLS of the
+    validation harness's tensor-parallel autograd wrappers (:mod:`paraplan.validation.comm`'s
+    ``_ReduceFromTP`` and ``_CopyToTP`` in turn, the conjugate pair every tp layer calls twice), and
+    of the op alone. Called on one process (group None) the wrappers' collective is the identity, so
+    what the difference measures is their host side alone: ``Function.apply``, the Python forward
+    and backward, the autograd node; the collective itself is the ``collective`` rows'. Per call:
+    ``(wrapped - plain) / TP_WRAPPER_CALLS`` (:func:`paraplan.costmodels.profiled.training_measurements`)."""
+    from paraplan.validation import comm
+    x = torch.randn(1, 4, 8, device=device, requires_grad=True)
+
+    def wrapped():
+        y = x * 1.0
+        for i in range(TP_WRAPPER_CALLS):
+            y = (comm._ReduceFromTP if i % 2 == 0 else comm._CopyToTP).apply(y, None)
+        return y
+    return {"wrapped": _forward_backward(wrapped), "plain": _forward_backward(lambda: x * 1.0)}
+
+
 def _checkpoint_cases(ops: int, device) -> dict:
     """The region recomputation checkpoints that runs ``ops`` of the estimator's kernels (4: the
     attention core of a :class:`~paraplan.validation.model.Block` on q, k, v; 16: the block's
@@ -542,6 +565,8 @@ def training_rows(opts: ProfileOptions, device="cpu", world_size: int = 1, round
     for tensors, numel in (ADAM_SMALL, ADAM_LARGE, adam_flat(device)):
         cases.append(("optimizer", "adamw", {"tensors": tensors, "numel": numel}, None,
                       4 * tensors * numel, *_adamw_case(tensors, numel, device)))
+    cases += [("tp", variant, {"calls": TP_WRAPPER_CALLS if variant == "wrapped" else 0}, None, None, fn, None)
+              for variant, fn in _tp_wrapper_cases(device).items()]
     for ops in CHECKPOINT_REGION_OPS:
         cases += [("checkpoint", variant, {"ops": ops}, None, None, fn, None)
                   for variant, fn in _checkpoint_cases(ops, device).items()]

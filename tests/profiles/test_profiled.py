@@ -873,3 +873,48 @@ def test_offload_on_a_profiled_cpu_is_the_same_adamw_plus_two_exposed_copies():
     g_off = estimate(model, job, gpu, replace(off, dtype="bf16"))
     g_kept = estimate(model, job, gpu, replace(kept, dtype="bf16"))
     assert g_off.time_breakdown_s["optimizer"] != pytest.approx(g_kept.time_breakdown_s["optimizer"])
+
+
+def test_tp_wrapper_fit_is_the_difference_per_call_and_none_without_both_rows():
+    from paraplan.costmodels.profiled import tp_wrapper_call_fit
+    assert tp_wrapper_call_fit({"wrapped": (130e-6, 8), "plain": (50e-6, 0)}) == pytest.approx(10e-6)
+    assert tp_wrapper_call_fit({"wrapped": (40e-6, 8), "plain": (50e-6, 0)}) == 0.0     # noise: clamped at 0
+    assert tp_wrapper_call_fit({"wrapped": (130e-6, 8)}) is None
+    assert tp_wrapper_call_fit({}) is None
+
+
+def test_profile_measures_the_tp_wrappers_host_cost_and_the_estimate_charges_it_per_layer_call(profile_db):
+    """`paraplan profile` stores the tp wrappers' host cost (chained calls and none) at every world size;
+    the estimate on that profile charges TP_WRAPPER_CALLS_PER_LAYER calls per layer and micro-batch
+    (full recomputation: half as many again) to tp_comm under tp > 1, nothing at tp 1. Before, the
+    profile had no such rows and a tp layer's host cost beyond its kernels was not counted."""
+    from paraplan.costmodels.estimate import estimate
+    from paraplan.costmodels.profiled import tp_wrapper_call_fit
+    from paraplan.costmodels.tpcomm import TP_WRAPPER_CALLS_PER_LAYER
+    from paraplan.plan import Plan
+    from paraplan.profiles.store import measured_tables
+    from paraplan.validation.profile import TP_WRAPPER_CALLS
+    from paraplan.workloads.transformer import TrainingJob, TransformerModel
+    tr = measured_tables(profile_db)["training"]["cpu"]
+    for w in tr.values():
+        wrapped, plain = w["tp_wrapper"]["wrapped"], w["tp_wrapper"]["plain"]
+        assert wrapped[1] == TP_WRAPPER_CALLS and plain[1] == 0 and wrapped[0] > plain[0] > 0
+    cluster = load_cluster("local", 2, db=profile_db)
+    curves = curves_for(cluster)
+    assert curves.tp_call_overhead_s == pytest.approx(tp_wrapper_call_fit(tr[2]["tp_wrapper"])) and curves.tp_call_overhead_s > 0
+    assert "tp_call_overhead_s" in curves.sources
+    model = TransformerModel("t", layers=4, hidden=256, heads=4, vocab=1024)
+    job = TrainingJob(256, 8)
+    per_call = 1e-3
+    for recompute, passes in (("none", 2), ("full", 3)):
+        tp2 = Plan(tp=2, dp=1, micro_batch=2, dtype="fp32", recompute=recompute)
+        base = estimate(model, job, cluster, tp2, curves=dataclasses.replace(curves, tp_call_overhead_s=0.0))
+        more = estimate(model, job, cluster, tp2, curves=dataclasses.replace(curves, tp_call_overhead_s=per_call))
+        m = job.global_batch // 2
+        want = m * model.layers * TP_WRAPPER_CALLS_PER_LAYER * passes / 2 * per_call
+        assert more.time_breakdown_s["tp_comm"] - base.time_breakdown_s["tp_comm"] == pytest.approx(want)
+        assert more.step_time_s > base.step_time_s
+    dp2 = Plan(dp=2, micro_batch=2, dtype="fp32")
+    a = estimate(model, job, cluster, dp2, curves=dataclasses.replace(curves, tp_call_overhead_s=0.0))
+    b = estimate(model, job, cluster, dp2, curves=dataclasses.replace(curves, tp_call_overhead_s=per_call))
+    assert a.step_time_s == pytest.approx(b.step_time_s)

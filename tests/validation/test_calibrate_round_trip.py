@@ -20,9 +20,10 @@ latter).
 
 The model (2 blocks of hidden 256, sequence 256) is one at which the estimate's compute is the
 harness's within the noise for every layout (measured / predicted 0.96-1.13 for the five in the
-session that chose it): with hidden and sequence 128 the per-op host costs of the tensor-parallel
-autograd wrappers, which the estimator under-counts, made tp's compute 1.46-1.68 times the
-prediction against 0.94-1.27 for the others in two sessions, and one set of compute factors could
+session that chose it): with hidden and sequence 128 tp's compute was 1.46-1.68 times the
+prediction against 0.94-1.27 for the others in two sessions (per-call host time of its collectives
+and the extra operators of its vocabulary-parallel ends, not the wrappers' own ~10-15 us per call,
+which the profile now measures: docs/calibrate.md), and one set of compute factors could
 not fit both (seen: a left-out tp2 -9 -> +12 %, a left-out dp2 -24 -> -24 %).
 """
 import json
