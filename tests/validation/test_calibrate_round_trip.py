@@ -6,7 +6,9 @@ layouts re-predicted, and the stored profile estimates.
 The layouts run in turn, twice (a layout's repeats pooled), so that load from other processes on a
 shared machine falls on all of them alike; the repeats' spread is the measurement noise the fit
 weighs its equations with (calibrate.measurement_noise). Checked: every piece ran on the real
-thing; fitted on all five, the layouts' errors shrink together; leave-one-run-out predicts each
+thing; fitted on all five, each layout's error shrinks where it exceeds what the repeats resolve
+(in-sample; the factors are fitted on the traces' terms, so a layout already inside the noise may
+move within it); leave-one-run-out predicts each
 layout on the others' factors with its collectives fitted; and the plan and two others (dp2, tp2,
 pp2), each predicted on the other four's factors, improve: its error smaller than before where
 before was larger than what the runs resolve (the noise over the square root of the repeats),
@@ -89,16 +91,19 @@ def test_calibrate_round_trip_improves_leave_one_run_out_and_stores_a_usable_pro
     cal = calibrate(pooled, tables)
     assert {"gemm", "optimizer", "all_reduce.latency", "send_recv.latency"} <= set(cal.fit.factors)
     assert "attention" in cal.fit.unconstrained and "all_to_all.latency" in cal.fit.unconstrained
-    # the factors reach the estimator: fitted on all five, the layouts' errors shrink together. Not each
-    # one: five layouts that disagree (here in per-call latency) may leave one that was close further off
-    errs = [(abs(predict(r, tables)["step_time_s"] / r.measured_step_s - 1),
-             abs(predict(r, tables, cal.fit.factors)["step_time_s"] / r.measured_step_s - 1)) for r in pooled]
-    assert sum(a * a for _, a in errs) < sum(b * b for b, _ in errs), errs
-    assert max(a for _, a in errs) < max(b for b, _ in errs), errs
-    print(f"\n{factors_table(cal)}\n{loro_table(cal)}")
-    # leave-one-run-out, the plan and two others: smaller after where the error before exceeds what
-    # two repeats resolve (the noise over sqrt 2), within that where it did not
+    # what two repeats resolve: the measurement noise over sqrt 2 (the repeats' spread; 5-30 % on this
+    # shared 2-core machine, docs/calibrate.md)
     resolved = cal.fit.noise / pooled[0].repeats ** 0.5
+    # the factors reach the estimator: fitted on all five, each layout's error shrinks where the error
+    # before exceeds what the repeats resolve and stays within that where it did not (the factors are
+    # fitted on the traces' terms, not on the steps, so a layout already inside the noise may move
+    # within it: seen under load, noise 30 %: tp2-gb2 0.024 -> 0.232 with least squares)
+    errs = [(r.name, abs(predict(r, tables)["step_time_s"] / r.measured_step_s - 1),
+             abs(predict(r, tables, cal.fit.factors)["step_time_s"] / r.measured_step_s - 1)) for r in pooled]
+    for name, before, after in errs:
+        assert after < before if before > resolved else after <= resolved, (name, before, after, resolved)
+    print(f"\n{factors_table(cal)}\n{loro_table(cal)}")
+    # leave-one-run-out, the plan and two others, by the same criterion
     for x in cal.loro:
         if x["run"] not in ASSERTED:
             continue
