@@ -203,6 +203,11 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
         assumed[-1] = f"selective recomputation of {modules} (the row's Megatron-Bridge recipe: {SIDECAR})"
     vpp = 1 if blank(r["vpp"]) else int_cell(r["vpp"], "vpp")
     ep = 1 if blank(r["ep"]) else int_cell(r["ep"], "ep")
+    fact = recipes.fact("ep", r)
+    if fact is not None:
+        assumed.append(f"expert parallelism {fact.value}, not the {ep} the row states: the row's recipe sets it "
+                       f"and the source's later run of this layout states it ({SIDECAR})")
+        ep = fact.value
     if model.moe is None and ep > 1:
         return "ep > 1 on a dense model"
     fact = recipes.fact("moe_capacity_factor", r)

