@@ -242,6 +242,17 @@ def _subcommand_given(parser: argparse.ArgumentParser, words) -> tuple[str | Non
     return None, set()
 
 
+def _positionals_given(parser: argparse.ArgumentParser, words) -> list[str]:
+    """The metavars of the positional arguments of the subcommand named in ``words`` (e.g. ['RUNS.csv'])."""
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for w in words:
+                if w in a.choices:
+                    return [x.metavar or x.dest for x in a.choices[w]._actions
+                            if not x.option_strings and not isinstance(x, argparse._SubParsersAction)]
+    return []
+
+
 def friendly_parse_error(message: str, parser: argparse.ArgumentParser) -> str:
     """argparse's error message as one line that starts with the flag it is about."""
     m = re.match(r"argument (\S+?): invalid choice: (.*?) \(choose from (.*)\)$", message, re.S)
@@ -270,6 +281,11 @@ def friendly_parse_error(message: str, parser: argparse.ArgumentParser) -> str:
             else:
                 hint = ""
             return f"{shown(flag, 60).strip(chr(39))}: not a flag of this command{hint}"
+        positionals = _positionals_given(parser, getattr(parser, "_given", ()))
+        if re.match(r"-[\d.]", flag) and positionals:   # a value read as a flag: argparse takes '-1e309' for one
+            where = " or ".join(str(p) for p in positionals)
+            return (f"{shown(word, 60).strip(chr(39))}: read as a flag because it starts with '-', not as {where}; "
+                    f"a file of that name goes as ./{word}")
         alias = OTHER_SPELLINGS.get(flag)
         suggestion = f"; this command spells it {alias}" if alias in known else _did_you_mean(flag, known)
         return f"{shown(flag, 60).strip(chr(39))}: unrecognized argument{suggestion}"

@@ -103,6 +103,8 @@ def _run(capsys, *argv):
     (["validate", "--timeout", "nan", "--out", "v"], "--timeout must be a finite number"),
     (["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--fix", "tp=0"], "--fix tp: must be a positive"),
     (["plan", "--modle", "llama3-8b"], "--modle: unrecognized argument; did you mean --model?"),
+    # a positional value that starts with '-' is read by argparse as a flag: name the positional it was meant for
+    (["score", "-1e309", "--format", "json"], "-1e309: read as a flag because it starts with '-', not as RUNS.csv"),
     (["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--fromat", "json"], "did you mean --format"),
     # estimate's --pp given to plan: no did-you-mean of the flag itself, the way plan pins an axis
     (["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--pp", "0"],
