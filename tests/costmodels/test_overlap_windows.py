@@ -24,6 +24,18 @@ def _twice_the_flops(cluster):
     return cluster.with_system(accelerator=replace(acc, peak_flops={k: 2 * v for k, v in acc.peak_flops.items()}))
 
 
+def _slow_and_fast(sc, plan):
+    """The plan's estimate on the scenario's cluster and on one with twice its FLOP rate."""
+    return (estimate(sc.model, sc.job(plan), sc.cluster, plan),
+            estimate(sc.model, sc.job(plan), _twice_the_flops(sc.cluster), plan))
+
+
+def _compute_saved(slow, fast):
+    """Compute and recomputation seconds the faster GPU saves."""
+    s, f = slow.time_breakdown_s, fast.time_breakdown_s
+    return (s["compute"] + s["recompute"]) - (f["compute"] + f["recompute"])
+
+
 def _steps(scenario, cluster, batch):
     job = scenario.job()
     return np.asarray(step_terms(scenario.model, job, cluster, batch, curves_for(cluster)).step, dtype=float)
@@ -61,10 +73,9 @@ def test_tp_overlap_and_zero3_gathers_share_one_window():
     for tp, cp, dp, overlap in ((8, 8, 1, True), (16, 2, 2, False)):
         plan = Plan(tp=tp, pp=1, dp=dp, cp=cp, sp=True, micro_batch=1, zero=3, recompute="full", offload="cpu",
                     offload_params=True, tp_comm_overlap=overlap)
-        slow = estimate(sc.model, sc.job(plan), sc.cluster, plan)
-        fast = estimate(sc.model, sc.job(plan), _twice_the_flops(sc.cluster), plan)
+        slow, fast = _slow_and_fast(sc, plan)
         s, f = slow.time_breakdown_s, fast.time_breakdown_s
-        saved = (s["compute"] + s["recompute"]) - (f["compute"] + f["recompute"])
+        saved = _compute_saved(slow, fast)
         exposed_more = (f["tp_comm"] + f["dp_comm"]) - (s["tp_comm"] + s["dp_comm"])
         assert saved > 30.0
         assert exposed_more <= saved
@@ -114,10 +125,9 @@ def test_fetch_hides_under_the_exposed_zero3_collectives():
     sc = load_scenario("llama3-70b", "dgx-h100", gpus=64, seq_len=8192, global_batch=512)
     plan = Plan(tp=1, pp=2, dp=4, cp=8, micro_batch=2, schedule="gpipe", zero=3, recompute="full",
                 offload="nvme", offload_params=True, cp_mode="ulysses")
-    slow = estimate(sc.model, sc.job(plan), sc.cluster, plan)
-    fast = estimate(sc.model, sc.job(plan), _twice_the_flops(sc.cluster), plan)
+    slow, fast = _slow_and_fast(sc, plan)
     s, f = slow.time_breakdown_s, fast.time_breakdown_s
-    saved = (s["compute"] + s["recompute"]) - (f["compute"] + f["recompute"])
+    saved = _compute_saved(slow, fast)
     exposed_more = (f["dp_comm"] + f["offload"]) - (s["dp_comm"] + s["offload"])
     assert saved > 20.0
     assert f["dp_comm"] > s["dp_comm"]            # the gathers no longer hide under the shorter compute
@@ -180,8 +190,7 @@ def test_host_bound_moe_layer_waits_for_the_host_whatever_the_gpu_does():
     exceeded the floor since the experts' fp32 gradient accumulation is priced, so micro-batch 2 here)."""
     sc = load_scenario("mixtral-8x7b", "dgx-h100", gpus=32, seq_len=4096, global_batch=256)
     plan = Plan(tp=4, pp=1, dp=2, cp=4, micro_batch=2, sp=True, zero=1, recompute="full", ep=2, engine="megatron")
-    slow = estimate(sc.model, sc.job(plan), sc.cluster, plan)
-    fast = estimate(sc.model, sc.job(plan), _twice_the_flops(sc.cluster), plan)
+    slow, fast = _slow_and_fast(sc, plan)
     assert slow.time_breakdown_s["moe_host"] > 0          # host-bound on the H100 already
     assert fast.time_breakdown_s["moe_host"] > slow.time_breakdown_s["moe_host"]
     assert fast.step_time_s <= slow.step_time_s * (1 + 1e-9)
