@@ -231,26 +231,27 @@ OTHER_SPELLINGS = {"--sp": "--sequence-parallel", "--vpp": "--virtual-stages", "
                    "--virtual-stages": "--vpp"}
 
 
-def _subcommand_given(parser: argparse.ArgumentParser, words) -> tuple[str | None, set[str]]:
-    """(the top-level subcommand named in ``words``, its option strings); (None, set()) without one."""
+def _subparser_given(parser: argparse.ArgumentParser, words) -> tuple[str | None, argparse.ArgumentParser | None]:
+    """(the top-level subcommand named in ``words``, its parser); (None, None) without one."""
     for a in parser._actions:
         if isinstance(a, argparse._SubParsersAction):
             for w in words:
                 if w in a.choices:
-                    sub = a.choices[w]
-                    return w, {o for x in sub._actions for o in x.option_strings}
-    return None, set()
+                    return w, a.choices[w]
+    return None, None
+
+
+def _subcommand_given(parser: argparse.ArgumentParser, words) -> tuple[str | None, set[str]]:
+    """(the top-level subcommand named in ``words``, its option strings); (None, set()) without one."""
+    command, sub = _subparser_given(parser, words)
+    return command, ({o for x in sub._actions for o in x.option_strings} if sub else set())
 
 
 def _positionals_given(parser: argparse.ArgumentParser, words) -> list[str]:
     """The metavars of the positional arguments of the subcommand named in ``words`` (e.g. ['RUNS.csv'])."""
-    for a in parser._actions:
-        if isinstance(a, argparse._SubParsersAction):
-            for w in words:
-                if w in a.choices:
-                    return [x.metavar or x.dest for x in a.choices[w]._actions
-                            if not x.option_strings and not isinstance(x, argparse._SubParsersAction)]
-    return []
+    _, sub = _subparser_given(parser, words)
+    return [x.metavar or x.dest for x in sub._actions
+            if not x.option_strings and not isinstance(x, argparse._SubParsersAction)] if sub else []
 
 
 def friendly_parse_error(message: str, parser: argparse.ArgumentParser) -> str:
