@@ -191,9 +191,8 @@ def tp_exposed_by_pass(tp_comm, gemm_forward, full_recompute, plan, backward_ext
     shrinks both, and as the GEMMs get faster the forward's part grows by no more than its GEMMs
     shrink (its share of the exposure never exceeds its share of the overlap window), which
     :func:`tp_data_parallel_window_times` relies on."""
-    forward_passes = 1 + np.where(full_recompute, 1, 0)
     exposed = tp_exposed_time(tp_comm, gemm_forward, full_recompute, plan, backward_extra)
-    forward = exposed / (forward_passes + 2)
+    forward = exposed * tp_pass_share(full_recompute)
     return forward, exposed - forward
 
 
