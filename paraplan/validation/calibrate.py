@@ -244,6 +244,25 @@ def measurement_noise(runs: list) -> float | None:
     return (num / den) ** 0.5 if den else None
 
 
+#: two-sided ~95 % of a normal: the band :func:`resolved_error` gives
+NOISE_BAND_Z = 2.0
+
+
+def resolved_error(noise: float | None, repeats: int, z: float = NOISE_BAND_Z) -> float:
+    """The relative error a pooled mean of ``repeats`` measured steps shows from noise alone in about
+    95 % of runs: ``z · noise / sqrt(repeats)`` (the mean of n draws of relative spread σ has spread
+    σ/√n; z 2 is two-sided ~95 % for a normal). A prediction inside it cannot be told apart from the
+    truth by these runs. With one σ (z 1) a layout that the profile already predicts exactly falls
+    outside about one run in three: seen in CI, pp2-gb4 1.0 % before, 7.4 % after, σ/√2 6.6 %."""
+    return z * (noise or 0.0) / max(1, repeats) ** 0.5
+
+
+def improved_or_within_noise(before: float, after: float, resolved: float) -> bool:
+    """The round trip's criterion for one layout's absolute relative errors: smaller after where the
+    error before exceeds what the runs resolve (:func:`resolved_error`), within that where it did not."""
+    return after < before if before > resolved else after <= resolved
+
+
 def predict(run, tables: dict, factors: dict | None = None) -> dict:
     """The harness's predicted dict of ``run`` on the profile ``tables`` with ``factors`` applied (for a
     RowRun: ``step_time_s`` and the one term ``step``)."""
