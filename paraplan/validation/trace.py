@@ -28,7 +28,8 @@ none), the time of each term:
   softmax, copies), ``host`` (the self time of what is not an ATen operator: the autograd engine's
   nodes and bookkeeping, Python functions: the per-kernel cost on the host; a wrapper's own time
   while a collective runs, blocked in its wait, is idle). Collectives:
-  the ``gloo:<op>`` / ``nccl:<op>`` ranges (on gloo's run-loop threads) by kind, and the part of
+  the ``gloo:<op>`` / ``nccl:<op>`` ranges (on gloo's run-loop threads) by kind, with each call's
+  own host time on the step's thread before its range (:func:`_call_intervals`), and the part of
   them that overlaps the step thread's compute operators. Idle: the step's span less the union of
   the step thread's top-level operators (Python between ops, waiting on a collective).
 
@@ -242,6 +243,43 @@ def _step_ranges(events) -> list[tuple[str, float, float, object]]:
     return [("whole trace", lo, hi, main)]
 
 
+def _call_intervals(mine, ranges) -> list[tuple[str, float, float]]:
+    """(kind, start, end) of each collective *call* on the step's thread: from the end of the last
+    operator its caller ran before the ``c10d::`` op (the caller's start when none), through the op,
+    to the start of the backend range it queued (``gloo:<op>`` on the run-loop thread, the first of
+    its kind starting after the op and inside the caller) and, where the caller waits for that range
+    to end, from its end to the caller's next operator (the caller's end when none). That is
+    ``dist.all_reduce``'s own Python (argument checks, group lookup, the wait's return; 150-450 us
+    per call in the harness's tp2 traces on the 2-core machine) and the hand-over to and from the
+    backend's thread: time the collective's call costs, which a profile's collective timings include
+    (they time ``dist.all_reduce`` whole), not compute's host time."""
+    out = []
+    evs = sorted(mine, key=lambda e: (e["ts"], -e["dur"]))
+    starts = sorted((e["ts"], e["ts"] + e["dur"], collective_kind(e["name"])) for e in ranges)
+    for i, op in enumerate(evs):
+        if not op["name"].startswith("c10d::"):
+            continue
+        kind = collective_kind(op["name"])
+        if kind is None:
+            continue
+        a, b = op["ts"], op["ts"] + op["dur"]
+        parents = [p for p in evs[:i] if p["ts"] <= a and p["ts"] + p["dur"] >= b - 1e-3]
+        if not parents:
+            out.append((kind, a, b))
+            continue
+        parent = parents[-1]
+        p_lo, p_hi = parent["ts"], parent["ts"] + parent["dur"]
+        before = [e["ts"] + e["dur"] for e in evs if e is not parent and e is not op and p_lo <= e["ts"]
+                  and e["ts"] + e["dur"] <= a + 1e-3]
+        start = max(before, default=p_lo)
+        queued = next(((t, u) for t, u, k in starts if k == kind and t >= a and t <= p_hi), None)
+        end = b if queued is None else max(b, queued[0])
+        if queued is not None and queued[1] <= p_hi:    # waited for inside the caller: to its next operator
+            end = min([e["ts"] for e in evs if e is not parent and queued[1] <= e["ts"] < p_hi] + [p_hi])
+        out.append((kind, start, end))
+    return out
+
+
 def _cpu_step(events, name, lo, hi, tid) -> StepTerms:
     inside = _clip(events, lo, hi)
     mine = [e for e in inside if e.get("tid") == tid and e.get("cat") in ("cpu_op", "user_annotation")
@@ -255,6 +293,8 @@ def _cpu_step(events, name, lo, hi, tid) -> StepTerms:
         kind = collective_kind(e["name"])
         if kind is not None:
             comm_iv.setdefault(kind, []).append((e["ts"], e["ts"] + e["dur"]))
+    for kind, a, b in _call_intervals(mine, comm_ranges):
+        comm_iv.setdefault(kind, []).append((a, b))
     comm_all = _union(iv for ivs in comm_iv.values() for iv in ivs)
     compute = dict.fromkeys(COMPUTE, 0.0)
     optimizer = 0.0

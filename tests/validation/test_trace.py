@@ -111,3 +111,25 @@ def test_compute_concurrency_of_ranks_on_one_clock():
     assert max(share["pp2"]) < max(share["dp2"])
     # against itself a rank computes together all the time
     assert compute_concurrency([fixture("dp2"), fixture("dp2")]) == pytest.approx([1.0, 1.0])
+
+
+def test_a_collective_calls_own_host_time_is_the_collectives_not_compute_host(tmp_path):
+    """A tensor-parallel wrapper (an autograd Function) clones its input, calls dist.all_reduce (Python,
+    then the c10d op that queues gloo's range on its run-loop thread), waits, and returns: the Python
+    before the op and after the wait is the call's, as a profile that times dist.all_reduce whole counts
+    it; the wrapper's own time before its first operator stays host."""
+    main, loop = 1, 2
+    ev = [{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#3", "pid": 1, "tid": main, "ts": 0, "dur": 2000},
+          {"ph": "X", "cat": "cpu_op", "name": "_ReduceFromTP", "pid": 1, "tid": main, "ts": 100, "dur": 1000},
+          {"ph": "X", "cat": "cpu_op", "name": "aten::clone", "pid": 1, "tid": main, "ts": 110, "dur": 50},
+          {"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "pid": 1, "tid": main, "ts": 400, "dur": 40},
+          {"ph": "X", "cat": "cpu_op", "name": "gloo:all_reduce", "pid": 1, "tid": loop, "ts": 460, "dur": 500},
+          {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": main, "ts": 1200, "dur": 300}]
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps({"traceEvents": ev}))
+    step = read_trace(str(path)).steps[0]
+    # the call: from the clone's end (160) to the wrapper's end (1100), the gloo range inside it
+    assert step.collectives_s["all_reduce"] == pytest.approx(940e-6)
+    # host: the wrapper's 10 us before its clone, nothing of the 240 us of Python before the op
+    assert step.compute_s["host"] == pytest.approx(10e-6)
+    assert step.compute_s["gemm"] == pytest.approx(300e-6) and step.compute_s["memory"] == pytest.approx(50e-6)
