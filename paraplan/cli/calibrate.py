@@ -9,7 +9,7 @@ from paraplan.errors import ConfigError
 
 
 def cmd_calibrate(args) -> int:
-    from paraplan.validation.calibrate import (base_tables, calibrate, estimable, factors_table, loro_table, pool_runs, read_run, row_runs,
+    from paraplan.validation.calibrate import (base_tables, calibrate, estimable, factors_table, loro_table, loro_verdict, pool_runs, read_run, row_runs,
                                                store_calibrated, trace_vs_estimate, charged_slowdown)
     from paraplan.validation.trace import format_terms
     if not args.runs and not args.runs_csv:
@@ -59,8 +59,10 @@ def cmd_calibrate(args) -> int:
             print()
     cal = calibrate(runs, tables, label)
     if args.format == "json":
+        loro = [{**x, "outcome": loro_verdict(x["err_before"], x["err_after"], cal.resolved)} for x in cal.loro]
         print(json.dumps({"factors": cal.fit.factors, "spread": cal.spread, "unconstrained": cal.fit.unconstrained,
-                          "tied": list(cal.fit.tied), "runs": list(cal.fit.runs), "leave_one_run_out": list(cal.loro),
+                          "tied": list(cal.fit.tied), "runs": list(cal.fit.runs), "leave_one_run_out": loro,
+                          "noise": cal.fit.noise, "repeats": cal.repeats, "resolved": cal.resolved,
                           "base": args.cluster}, indent=1))
     else:
         print(f"calibrated on {len(runs)} run(s) against {args.cluster} (profile run {tables.get('run_id')})")

@@ -427,6 +427,12 @@ class Calibration:
     spread: dict                  # knob -> (min, max) over the leave-one-out fits
     loro: tuple                   # per run: {run, measured, before, after, err_before, err_after, factors}
     base_label: str
+    repeats: int = 1              # the fewest repeats of a run (pool_runs), what resolved_error divides by
+
+    @property
+    def resolved(self) -> float | None:
+        """The error the runs resolve (:func:`resolved_error`), None where no repeats measured the noise."""
+        return None if self.fit.noise is None else resolved_error(self.fit.noise, self.repeats)
 
 
 def _fit_runs(runs: list, tables: dict, cache: dict) -> Fit:
@@ -465,7 +471,7 @@ def calibrate(runs: list[Run], tables: dict, base_label: str = "local") -> Calib
             loro.append({"run": r.name, "measured_s": m, "before_s": before, "after_s": after,
                          "err_before": (before - m) / m, "err_after": (after - m) / m, "factors": f.factors,
                          "unfitted": sorted(f.unconstrained)})
-    return Calibration(whole, spread, tuple(loro), base_label)
+    return Calibration(whole, spread, tuple(loro), base_label, min(getattr(r, "repeats", 1) for r in runs))
 
 
 def base_tables(spec: str = "local", db: str | None = None) -> tuple[dict, str]:
@@ -518,14 +524,32 @@ def factors_table(cal: Calibration) -> str:
     return "\n".join(lines) + "\n"
 
 
+def loro_verdict(err_before: float, err_after: float, resolved: float | None) -> str:
+    """One run's leave-one-run-out outcome: ``smaller`` (the error after is smaller), ``within noise`` (not
+    smaller, but both inside what the repeats resolve: :func:`improved_or_within_noise`), ``worse``."""
+    before, after = abs(err_before), abs(err_after)
+    if after < before:
+        return "smaller"
+    return "within noise" if resolved is not None and improved_or_within_noise(before, after, resolved) else "worse"
+
+
 def loro_table(cal: Calibration) -> str:
-    """Each run: measured step, predicted before and after (calibrated on the others), the errors."""
+    """Each run: measured step, predicted before and after (calibrated on the others), the errors and
+    the outcome (:func:`loro_verdict`); under it, what the repeats resolve."""
     if not cal.loro:
         return "leave-one-run-out: needs two runs at least\n"
-    lines = [f"{'run':<14} {'measured ms':>11} {'before ms':>10} {'after ms':>9} {'err before':>11} {'err after':>10}"]
+    resolved = cal.resolved
+    lines = [f"{'run':<14} {'measured ms':>11} {'before ms':>10} {'after ms':>9} {'err before':>11} {'err after':>10}"
+             f"  outcome"]
     for r in cal.loro:
         lines.append(f"{r['run'][:14]:<14} {1e3 * r['measured_s']:>11.1f} {1e3 * r['before_s']:>10.1f} "
-                     f"{1e3 * r['after_s']:>9.1f} {100 * r['err_before']:>+10.1f}% {100 * r['err_after']:>+9.1f}%")
+                     f"{1e3 * r['after_s']:>9.1f} {100 * r['err_before']:>+10.1f}% {100 * r['err_after']:>+9.1f}%"
+                     f"  {loro_verdict(r['err_before'], r['err_after'], resolved)}")
+    smaller = sum(abs(r["err_after"]) < abs(r["err_before"]) for r in cal.loro)
+    lines.append(f"smaller after: {smaller} of {len(cal.loro)}; " + (
+        f"the repeats ({cal.repeats} of each run, noise {100 * cal.fit.noise:.1f} %) resolve {100 * resolved:.1f} %: "
+        "an error inside that cannot be told from the noise" if resolved is not None else
+        "no repeats: the noise is not measured (validate each layout twice, in turn, to measure it)"))
     return "\n".join(lines) + "\n"
 
 

@@ -98,6 +98,28 @@ def test_calibrate_fits_each_measured_term_and_loro_reports_every_run(db, runs):
     assert "send_recv.latency" in next(x for x in cal.loro if x["run"] == "pp2")["unfitted"]
 
 
+def test_loro_outcome_says_smaller_within_noise_or_worse_and_what_the_repeats_resolve(db, runs):
+    from dataclasses import replace
+
+    from paraplan.validation.calibrate import loro_table, loro_verdict, resolved_error
+    # 2 sigma of the mean of the repeats: 10 % noise over 2 repeats resolves 14.1 %
+    assert resolved_error(0.10, 2) == pytest.approx(2 * 0.10 / 2 ** 0.5)
+    assert loro_verdict(0.20, -0.05, 0.14) == "smaller"
+    assert loro_verdict(0.05, -0.12, 0.14) == "within noise"     # inside the noise before and after
+    assert loro_verdict(0.05, -0.16, 0.14) == "worse"            # after outside it
+    assert loro_verdict(0.20, 0.21, 0.14) == "worse"             # resolvable before, not smaller
+    assert loro_verdict(0.05, 0.06, None) == "worse"             # no noise measured: nothing excuses it
+    tables, _ = base_tables("profile:vm", db)
+    cal = calibrate(runs, tables)
+    text = loro_table(cal)      # the fixtures' runs are single: no noise
+    assert "no repeats: the noise is not measured" in text and text.count("\n") == len(runs) + 2
+    noisy = replace(cal, fit=replace(cal.fit, noise=0.10), repeats=2)
+    assert noisy.resolved == pytest.approx(resolved_error(0.10, 2))
+    assert "(2 of each run, noise 10.0 %) resolve 14.1 %" in loro_table(noisy)
+    rows = loro_table(noisy).splitlines()[1:-1]
+    assert all(r.endswith(("smaller", "within noise", "worse")) for r in rows)
+
+
 def test_runs_of_one_plan_pool_into_one(runs):
     dp2 = runs[0]
     pooled = pool_runs([dp2, dp2, runs[1]])
@@ -176,8 +198,12 @@ def test_json_format(db, capsys):
     assert main(["calibrate", run_dir("dp2"), run_dir("tp2"), "--cluster", "profile:vm", "--db", db,
                  "--format", "json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert set(doc) >= {"factors", "spread", "unconstrained", "leave_one_run_out"}
+    assert set(doc) >= {"factors", "spread", "unconstrained", "leave_one_run_out", "noise", "resolved"}
     assert len(doc["leave_one_run_out"]) == 2
+    # single runs: no noise measured, so an error that is not smaller is "worse"
+    assert doc["noise"] is None and doc["resolved"] is None and doc["repeats"] == 1
+    for x in doc["leave_one_run_out"]:
+        assert x["outcome"] == ("smaller" if abs(x["err_after"]) < abs(x["err_before"]) else "worse")
 
 
 @pytest.mark.parametrize("argv,message", [
