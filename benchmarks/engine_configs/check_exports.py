@@ -153,7 +153,13 @@ def check_megatron(text: str, gpus: int) -> None:
         grad_reduce_in_fp32=not a.get("grad_reduce_in_bf16"),
         **{k: a[k] for k in ("data_parallel_sharding_strategy", "use_megatron_fsdp", "fsdp_double_buffer") if k in a
            and k in dfields})
+    # the precision-aware optimizer's moments as Megatron-LM's training.py get_megatron_optimizer_config turns the
+    # --exp-avg-dtype / --exp-avg-sq-dtype names into torch dtypes (fp8 is torch.uint8, Transformer Engine's FusedAdam)
+    dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.uint8}
     OptimizerConfig(lr=float(a.get("lr", 1e-4)), bf16=not a.get("fp16"), fp16=bool(a.get("fp16")), params_dtype=dtype,
+                    use_distributed_optimizer=bool(a.get("use_distributed_optimizer") or a.get("use_megatron_fsdp")),
+                    **{k: dtypes[a[k]] for k in ("exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype",
+                                                 "main_grads_dtype") if k in a},
                     **{k: True for k in ("optimizer_cpu_offload", "use_precision_aware_optimizer") if a.get(k)})
     # validate_args's batch arithmetic (megatron/training/arguments.py; not shipped in a wheel)
     mp = int(a.get("tensor_model_parallel_size", 1)) * int(a.get("pipeline_model_parallel_size", 1)) \
@@ -273,7 +279,7 @@ def check_deepspeed_facts(facts: dict) -> list[str]:
 #: messages of checks that need a GPU build: torchtitan's float8 converters build only with torchao on SM89+,
 #: megatron-core's fp8 checks read Transformer Engine's version
 NEEDS_GPU = ("torchao is not installed", "only supported on NVIDIA SM89", "'>=' not supported between instances of "
-             "'NoneType' and 'Version'")
+             "'NoneType' and 'Version'", "requires FusedAdam from TransformerEngine")
 
 TT022 = """
 import sys, warnings, logging
