@@ -156,3 +156,50 @@ def test_plan_fix_turns_it_on_where_it_runs(capsys):
     # the candidates it cannot run on are dropped by the moments' rule
     assert plans and all(p["plan"]["optimizer_state_dtype"] == "bf16" for p in plans)
     assert all(p["plan"]["precision_aware_optimizer"] and p["plan"]["zero"] == 1 for p in plans)
+
+
+# --- calibration: where Megatron-Bridge's recipes and scripts set it -----------------------------------
+def _h100_cases():
+    from paraplan.calibration.h100 import load_h100_cases
+    return load_h100_cases()[0]
+
+
+def test_calibration_reads_the_precision_aware_optimizer_where_the_recipes_set_it():
+    cases = _h100_cases()
+    bridge = [c for c in cases if c.source == "Megatron-Bridge"]
+    deepseek = [c for c in bridge if c.model.name.startswith("deepseek-v3")]
+    # the DeepSeek-V3 recipe: bf16 moments in every precision (6 rows of the file)
+    assert len(deepseek) == 6
+    assert all(c.plan.precision_aware_optimizer and c.plan.optimizer_state_dtype == "bf16" for c in deepseek)
+    # the performance scripts: on for bf16 runs with fp32 moments, off for the other fp8 runs and under FSDP
+    for c in bridge:
+        if c in deepseek:
+            continue
+        on = c.plan.dtype == "bf16" and c.plan.zero == 1
+        assert (c.plan.precision_aware_optimizer, c.plan.optimizer_state_dtype) == (on, "fp32"), c.label
+        assert any("precision-aware optimizer" in a for a in c.assumed) == on
+    assert any(c.plan.dtype == "bf16" and c.plan.precision_aware_optimizer for c in bridge)
+    assert any(c.plan.zero == 3 and not c.plan.precision_aware_optimizer for c in bridge)
+    # NeMo 24.07 predates it (and its memory switches are not the lightest-settings fallback's to turn on)
+    assert not any(c.plan.precision_aware_optimizer for c in cases if c.source != "Megatron-Bridge")
+
+
+@pytest.mark.parametrize("model, gpus, tp, moments", [
+    ("llama3-8b", 2, 1, "fp32"),      # 97 GiB; bf16 gradients 82; the precision-aware optimizer 75: stops there
+    ("llama3-70b", 16, 8, "bf16"),    # 108; 91; 83; with bf16 moments 66
+])
+def test_a_run_that_states_nothing_gets_it_only_where_lighter_switches_do_not_fit(model, gpus, tp, moments):
+    from paraplan.calibration.cases import lightest_fitting_settings
+    model, job, cluster = load_model(model), TrainingJob(4096, 64), load_cluster("dgx-h100", gpus)
+    plan = Plan(tp=tp, dp=gpus // tp, zero=1, engine="megatron", recompute="full")
+    assert not estimate(model, job, cluster, plan).feasible
+    notes: list[str] = []
+    fit = lightest_fitting_settings(model, job, cluster, plan, {"recompute"}, notes)
+    assert fit.grad_reduce_bf16 and fit.precision_aware_optimizer and fit.optimizer_state_dtype == moments
+    assert estimate(model, job, cluster, fit).feasible
+    assert not estimate(model, job, cluster, replace(fit, precision_aware_optimizer=False,
+                                                     optimizer_state_dtype="fp32")).feasible
+    assert notes and "precision_aware_optimizer = True" in notes[0] and "not stated by the source" in notes[0]
+    # a source that states it (Megatron-Bridge's scripts, NeMo 24.07) keeps it as stated
+    kept = lightest_fitting_settings(model, job, cluster, plan, {"recompute", "precision_aware_optimizer"}, [])
+    assert not kept.precision_aware_optimizer
