@@ -277,7 +277,8 @@ def check_deepspeed_facts(facts: dict) -> list[str]:
 
 
 #: messages of checks that need a GPU build: torchtitan's float8 converters build only with torchao on SM89+,
-#: megatron-core's fp8 checks read Transformer Engine's version
+#: megatron-core's fp8 checks and its precision-aware optimizer's (OptimizerConfig.__post_init__, after its adam and
+#: distributed-optimizer asserts) read Transformer Engine's version and FusedAdam
 NEEDS_GPU = ("torchao is not installed", "only supported on NVIDIA SM89", "'>=' not supported between instances of "
              "'NoneType' and 'Version'", "requires FusedAdam from TransformerEngine")
 
@@ -372,7 +373,8 @@ def main() -> int:
     for u in unchecked:
         print(f"  UNCHECKED ON CPU {u}")
     print(f"checked {sum(n for n, _ in counts.values())} exports in {time.time() - t0:.0f} s; {total_bad} rejected or wrong; "
-          f"{len(unchecked)} fp8 exports left unchecked (their checks need CUDA libraries)")
+          f"{len(unchecked)} exports left unchecked (fp8 recipes and the precision-aware optimizer: their checks read "
+          "Transformer Engine, a CUDA build; megatron-core's own asserts before that ran)")
     return 1 if total_bad else 0
 
 
