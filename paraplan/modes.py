@@ -170,6 +170,23 @@ def compute_dtype(dtype: str) -> str:
     return "bf16" if dtype in FP8_DTYPES else dtype
 
 
+@plan_field("optimizer_state_dtype")
+class OptimizerStateDtype(Mode):
+    """The dtype Adam's two moments (exp_avg, exp_avg_sq) are stored in under Megatron-Core's
+    precision-aware optimizer (--exp-avg-dtype / --exp-avg-sq-dtype: fp32, fp16, bf16, fp8; NVIDIA/Megatron-LM
+    megatron/training/arguments.py _add_experimental_args). fp16 and fp8 moments carry one fp32 scale per
+    tensor (Transformer Engine's FusedAdam), negligible beside the elements."""
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    FP8 = "fp8"
+
+
+#: bytes per element of an optimizer moment in each OptimizerStateDtype
+OPTIMIZER_STATE_BYTES = {OptimizerStateDtype.FP32.label: 4, OptimizerStateDtype.BF16.label: 2,
+                         OptimizerStateDtype.FP16.label: 2, OptimizerStateDtype.FP8.label: 1}
+
+
 @plan_field("cp_mode")
 class CpMode(Mode):
     """Context-parallel attention: ring (load-balanced causal chunks) or Ulysses (all-to-all over heads)."""

@@ -25,7 +25,8 @@ import numpy as np
 
 from paraplan.engines import ENGINE_RULES, Engine, engine_flag
 from paraplan.errors import ConfigError, shown
-from paraplan.modes import AttentionKernel, CpMode, Dtype, Mode, Offload, Optimizer, Recompute, Schedule, is_fp8
+from paraplan.modes import (AttentionKernel, CpMode, Dtype, Mode, Offload, Optimizer, OptimizerStateDtype, Recompute,
+                            Schedule, is_fp8)
 
 # re-exported, so that ``from paraplan.plan import ...`` keeps working where these lived before
 from paraplan.engines import MEGATRON_FSDP_STRATEGY  # noqa: F401
@@ -449,6 +450,19 @@ class Plan:
     any engine on CUDA; Megatron-Bridge's performance launcher sets it for some runs): memory freed within a
     step is given back page by page and mapped again where the next request lands, so the tensors that
     come and go leave no stranded blocks; off: the allocator's default, fixed-size segments."""
+    precision_aware_optimizer: bool = False
+    """Megatron-Core's precision-aware optimizer (--use-precision-aware-optimizer; Transformer Engine's
+    FusedAdam holds the master weights and moments: megatron/core/optimizer/optimizer_config.py,
+    OptimizerConfig.use_precision_aware_optimizer): with bf16 parameters the fp32 master weight is kept as
+    the 16 bits below the bf16 weight (store_param_remainders, on by default), 2 bytes per parameter
+    instead of 4; not under fp8 parameters or an fp8 recipe other than delayed (Megatron-Core then keeps
+    fp32 master weights itself). The moments' dtype is --optimizer-state-dtype. Needs the distributed
+    optimizer (--zero 1; Megatron-Bridge's performance scripts set it for bf16 runs and turn it off under
+    Megatron-FSDP)."""
+    optimizer_state_dtype: str = mode_field(OptimizerStateDtype.FP32)
+    """With --precision-aware-optimizer: the dtype of Adam's moments, exp_avg and exp_avg_sq (Megatron-LM
+    --exp-avg-dtype and --exp-avg-sq-dtype): fp32 (4 bytes each), bf16 or fp16 (2), fp8 (1);
+    Megatron-Bridge's DeepSeek-V3 recipe keeps them in bf16."""
 
     def __post_init__(self):
         for spec in _CHECKED:
@@ -1256,6 +1270,25 @@ RULES: tuple[Rule, ...] = (
                      "(megatron/training/arguments.py validate_args)"),
        field="fp8_param_gather", accepted="--zero 1, 2 or 3, or no --fp8-param-gather", uses_scene=False),
     _engine_rule("te-cross-entropy-megatron"),
+    _engine_rule("precision-aware-optimizer-megatron"),
+    _r("precision-aware-optimizer-distributed", "the precision-aware optimizer needs the distributed optimizer",
+       ILLEGAL, ("precision_aware_optimizer", "zero"),
+       lambda P, s: np.asarray(P.precision_aware_optimizer, bool) & (np.asarray(P.zero) != 1),
+       lambda p, s: ("Megatron-Core's precision-aware optimizer runs only with the distributed optimizer "
+                     "('--use-precision-aware-optimizer only supported with distributed optimizer', "
+                     "megatron/core/optimizer/optimizer_config.py); this plan runs ZeRO-0" if p.zero == 0 else
+                     f"ZeRO-{p.zero} runs as Megatron-FSDP, under which Megatron-Bridge turns the precision-aware "
+                     "optimizer off ('cannot work with FSDP together': scripts/performance/utils/overrides.py); "
+                     "paraplan prices it with the distributed optimizer (ZeRO-1) only"),
+       field="precision_aware_optimizer", accepted="--zero 1, or no --precision-aware-optimizer", uses_scene=False),
+    _r("optimizer-state-dtype-precision-aware", "low-precision optimizer moments need the precision-aware optimizer",
+       ILLEGAL, ("optimizer_state_dtype_code", "precision_aware_optimizer"),
+       lambda P, s: ((np.asarray(P.optimizer_state_dtype_code) != int(OptimizerStateDtype.FP32))
+                     & ~np.asarray(P.precision_aware_optimizer, bool)),
+       lambda p, s: (f"--optimizer-state-dtype {OptimizerStateDtype(p.optimizer_state_dtype_code).label} needs "
+                     "--precision-aware-optimizer "
+                     "(Megatron-Core: 'exp_avg_dtype can only be fp32 when not using precision-aware optimizer')"),
+       field="optimizer_state_dtype", accepted="fp32, or --precision-aware-optimizer", uses_scene=False),
     _engine_rule("engine-tp-comm-overlap"),
     _r("ep-comm-overlap-needs-ep", "expert-parallel communication overlap needs expert parallelism", ILLEGAL,
        ("ep_comm_overlap", "ep"),

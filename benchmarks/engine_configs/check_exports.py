@@ -153,7 +153,13 @@ def check_megatron(text: str, gpus: int) -> None:
         grad_reduce_in_fp32=not a.get("grad_reduce_in_bf16"),
         **{k: a[k] for k in ("data_parallel_sharding_strategy", "use_megatron_fsdp", "fsdp_double_buffer") if k in a
            and k in dfields})
+    # the precision-aware optimizer's moments as Megatron-LM's training.py get_megatron_optimizer_config turns the
+    # --exp-avg-dtype / --exp-avg-sq-dtype names into torch dtypes (fp8 is torch.uint8, Transformer Engine's FusedAdam)
+    dtypes = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.uint8}
     OptimizerConfig(lr=float(a.get("lr", 1e-4)), bf16=not a.get("fp16"), fp16=bool(a.get("fp16")), params_dtype=dtype,
+                    use_distributed_optimizer=bool(a.get("use_distributed_optimizer") or a.get("use_megatron_fsdp")),
+                    **{k: dtypes[a[k]] for k in ("exp_avg_dtype", "exp_avg_sq_dtype", "main_params_dtype",
+                                                 "main_grads_dtype") if k in a},
                     **{k: True for k in ("optimizer_cpu_offload", "use_precision_aware_optimizer") if a.get(k)})
     # validate_args's batch arithmetic (megatron/training/arguments.py; not shipped in a wheel)
     mp = int(a.get("tensor_model_parallel_size", 1)) * int(a.get("pipeline_model_parallel_size", 1)) \
@@ -271,9 +277,10 @@ def check_deepspeed_facts(facts: dict) -> list[str]:
 
 
 #: messages of checks that need a GPU build: torchtitan's float8 converters build only with torchao on SM89+,
-#: megatron-core's fp8 checks read Transformer Engine's version
+#: megatron-core's fp8 checks and its precision-aware optimizer's (OptimizerConfig.__post_init__, after its adam and
+#: distributed-optimizer asserts) read Transformer Engine's version and FusedAdam
 NEEDS_GPU = ("torchao is not installed", "only supported on NVIDIA SM89", "'>=' not supported between instances of "
-             "'NoneType' and 'Version'")
+             "'NoneType' and 'Version'", "requires FusedAdam from TransformerEngine")
 
 TT022 = """
 import sys, warnings, logging
@@ -366,7 +373,8 @@ def main() -> int:
     for u in unchecked:
         print(f"  UNCHECKED ON CPU {u}")
     print(f"checked {sum(n for n, _ in counts.values())} exports in {time.time() - t0:.0f} s; {total_bad} rejected or wrong; "
-          f"{len(unchecked)} fp8 exports left unchecked (their checks need CUDA libraries)")
+          f"{len(unchecked)} exports left unchecked (fp8 recipes and the precision-aware optimizer: their checks read "
+          "Transformer Engine, a CUDA build; megatron-core's own asserts before that ran)")
     return 1 if total_bad else 0
 
 

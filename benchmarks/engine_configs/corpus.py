@@ -54,6 +54,9 @@ DENSE = [
     {"overlap_grad_reduce": False}, {"grad_accumulation_fusion": False}, {"grad_reduce_bf16": True, "zero": 1},
     {"offload_activation_layers": 4}, {"optimizer": "onebit-adam"}, {"micro_batch": 2},
     {"zero": 1, "overlap_param_gather": False},
+    {"zero": 1, "precision_aware_optimizer": True}, {"zero": 1, "precision_aware_optimizer": True,
+                                                     "optimizer_state_dtype": "bf16"},
+    {"zero": 1, "dtype": "fp8", "precision_aware_optimizer": True, "optimizer_state_dtype": "fp8"},
     {"pp": 4, "schedule": "zbv", "zero": 1}, {"pp": 4, "schedule": "dualpipev", "zero": 1},
     {"pp": 4, "schedule": "dualpipe", "zero": 1},
 ]
@@ -70,6 +73,8 @@ HYBRID_MOE = [{"ep": 8, "tp": 2, "sp": True, "zero": 1, "micro_batch": 2}, {"ep"
 HYBRID_LATENT_MOE = [{"ep": 8, "pp": 4, "zero": 1, "recompute": "selective", "recompute_modules": "layernorm,moe_act",
                       "dtype": "nvfp4"}]
 DSV3 = [{"tp": 2, "sp": True, "pp": 16, "ep": 32, "zero": 1, "recompute": "full", "dtype": "fp8"},
+        {"tp": 2, "sp": True, "pp": 16, "ep": 32, "zero": 1, "recompute": "full", "dtype": "fp8",
+         "precision_aware_optimizer": True, "optimizer_state_dtype": "bf16"},
         {"tp": 2, "sp": True, "pp": 16, "ep": 32, "zero": 1, "recompute": "op-sac", "schedule": "zb-h1"},
         {"tp": 2, "sp": True, "pp": 16, "vpp": 2, "schedule": "interleaved", "ep": 32, "zero": 1, "recompute": "full"},
         {"tp": 2, "sp": True, "pp": 16, "ep": 32, "etp": 2, "zero": 1, "recompute": "full", "moe_flex_dispatch": True}]

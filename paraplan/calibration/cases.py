@@ -103,6 +103,12 @@ def lightest_fitting_recompute(model, job, cluster, plan: Plan, assumed: list) -
 #: no 16-bit copy beside the fp8 weight); before them the optimizer states sharded (ZeRO-1, Megatron's
 #: distributed optimizer, which NeMo and Megatron-Bridge recipes use), after them recomputation, which costs time
 UNSTATED_MEMORY_SWITCHES = ("grad_reduce_bf16", "fp8_param_gather")
+#: last, after recomputation: Megatron-Core's precision-aware optimizer, first with fp32 moments (the master
+#: weight as its remainder below bf16 weights: Megatron-Bridge's performance scripts for bf16 runs), then with
+#: bf16 moments (its DeepSeek-V3 recipe): optimizer states of 10 and 6 bytes a parameter instead of 12. Last
+#: although it costs no time: it needs Transformer Engine 1.13 (early 2025), so a run of unknown date is read
+#: with it only where nothing older fits
+UNSTATED_OPTIMIZER_STEPS = (("precision_aware_optimizer", True), ("optimizer_state_dtype", "bf16"))
 
 
 def lightest_fitting_settings(model, job, cluster, plan: Plan, stated, assumed: list) -> Plan:
@@ -110,8 +116,9 @@ def lightest_fitting_settings(model, job, cluster, plan: Plan, stated, assumed: 
     estimate fits; else, one at a time and keeping each (:func:`lightest_fitting`), the engine's memory
     switches the source leaves unstated (:data:`UNSTATED_MEMORY_SWITCHES`, where the engine offers them and
     the dtype allows), then the recomputation modes heavier than none (:data:`RECOMPUTE_LIGHTEST_FIRST`)
-    the engine has where ``recompute`` is unstated, until the estimate fits. ``stated``: the plan fields
-    the source (or the user) names, left as they are. Each change is said in ``assumed``; a plan that fits
+    the engine has where ``recompute`` is unstated, then Megatron-Core's precision-aware optimizer
+    (:data:`UNSTATED_OPTIMIZER_STEPS`, where the engine offers it and its rules allow), until the estimate
+    fits. ``stated``: the plan fields the source (or the user) names, left as they are. Each change is said in ``assumed``; a plan that fits
     with none of them comes back as the most memory-frugal one tried, said so."""
     spec = spec_of(plan)
     steps = [("zero", 1)] if "zero" not in stated and plan.zero == 0 and 1 in spec.zero_stages else []
@@ -119,6 +126,8 @@ def lightest_fitting_settings(model, job, cluster, plan: Plan, stated, assumed: 
              if k not in stated and spec.offers(k) and (k != "fp8_param_gather" or is_fp8(plan.dtype))]
     if "recompute" not in stated:
         steps += [("recompute", m) for m in RECOMPUTE_LIGHTEST_FIRST[1:] if m in spec.recompute]
+    if "precision_aware_optimizer" not in stated and spec.offers("precision_aware_optimizer"):
+        steps += list(UNSTATED_OPTIMIZER_STEPS)
     plan, tried, fits = lightest_fitting(model, job, cluster, plan, steps)
     if fits and tried:
         assumed.append(f"{', '.join(tried)}: not stated by the source, and the run fitted: the lightest settings "

@@ -250,6 +250,17 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     if te_cross_entropy:
         assumed.append("loss as Transformer Engine's fused cross-entropy, gradient written over the 16-bit logits "
                        "(Megatron-Bridge's performance overrides: cross_entropy_fusion_impl=\"te\"; not stated per row)")
+    # Megatron-Core's precision-aware optimizer: where the source's scripts turn it on for the row's dtype, or
+    # the row's recipe names its moments' dtype; with the distributed optimizer only (Megatron-Bridge turns it
+    # off under Megatron-FSDP)
+    moments, stated_off = recipes.fact("optimizer_state_dtype", r), recipes.fact("precision_aware_optimizer", r)
+    aware = (moments is not None or (entry is not None and dtype in entry.precision_aware_optimizer_dtypes)) \
+        and zero == 1 and spec_named(engine).offers("precision_aware_optimizer") and stated_off is None
+    optimizer_state_dtype = moments.value if aware and moments is not None else "fp32"
+    if aware:
+        assumed.append(f"Megatron-Core's precision-aware optimizer, {optimizer_state_dtype} moments ("
+                       + (f"the row's recipe: {SIDECAR}" if moments is not None else
+                          f"{entry.precision_aware_optimizer_source}; not stated per row") + ")")
     rope_fusion = recipes.fact("rope_fusion", r, read_on=engine) is None
     if not rope_fusion:
         assumed.append("rotary embedding unfused (Megatron-Core's apply_rope_fusion default, False, which the "
@@ -257,7 +268,8 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
     offload, offload_params = offload_of_cell(r["offload"], assumed)
     switched = recipes.optimizer_offload_switch(engine) if offload != "none" else None
     if switched:
-        engine, bf16_grads, fp8_params, te_cross_entropy = switched, False, False, False
+        engine, bf16_grads, fp8_params, te_cross_entropy, aware = switched, False, False, False, False
+        optimizer_state_dtype = "fp32"
         assumed.append(recipes.optimizer_offload_note)
     fact = recipes.fact("activation_offload_layers", r)
     offload_layers = fact.value if fact is not None else 0
@@ -298,6 +310,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
                     ep_comm_overlap=ep_overlap, moe_flex_dispatch=flex_dispatch,
                     overlap_grad_reduce=grad_reduce_overlap, recompute_modules=modules, rope_fusion=rope_fusion,
                     te_cross_entropy=te_cross_entropy, expandable_segments=expandable_segments,
+                    precision_aware_optimizer=aware, optimizer_state_dtype=optimizer_state_dtype,
                     offload=offload, offload_params=offload_params,
                     first_stage_layers=first_layers, last_stage_layers=last_layers,
                     offload_activation_layers=offload_layers, attention_kernel=attention_kernel)
@@ -319,7 +332,9 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
         # the recipe's recomputation is read as stated (none unless it names modules), and so are the
         # memory switches the sidecar gives for the source; the others are the lightest that fit
         stated = {"recompute"} | ({"zero"} if not blank(r["zero_stage"]) else set()) \
-            | ({"fp8_param_gather"} if entry is not None and entry.fp8_param_gather_dtypes else set())
+            | ({"fp8_param_gather"} if entry is not None and entry.fp8_param_gather_dtypes else set()) \
+            | ({"precision_aware_optimizer", "optimizer_state_dtype"}
+               if (entry is not None and entry.precision_aware_optimizer_source) or stated_off is not None else set())
         # (kept only where they make it fit: a switch that does not is not what the run needed)
         notes: list[str] = []
         lighter = lightest_fitting_settings(model, job, cluster, plan, stated, notes)

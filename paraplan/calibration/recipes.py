@@ -8,7 +8,8 @@ A sidecar (``data/<file>.recipes.yaml``) sits beside its CSV and holds, as data:
   * ``gpus`` and ``models``: the system preset a GPU column names, the model preset a model column names;
   * ``facts``: recipe facts of single runs (expert all-to-all overlap, DeepEP dispatch, recomputed
     modules, pipeline stage layers, offloaded activations, an unfused rotary embedding, the attention
-    kernel), each matched to rows by explicit column values (:meth:`Recipes.fact`).
+    kernel, the precision-aware optimizer's moments), each matched to rows by explicit column values
+    (:meth:`Recipes.fact`).
 The format is described in docs/reference/README.md; the loader refuses unknown keys and facts without
 a source (ConfigError naming the file and the entry).
 """
@@ -29,7 +30,8 @@ DATA = Path(__file__).parent / "data"
 FACT_KINDS = {"ep_comm_overlap": bool, "moe_flex_dispatch": bool, "overlap_grad_reduce": bool,
               "recompute_modules": str, "pipeline_layout": str, "activation_offload_layers": int,
               "rope_fusion": bool, "attention_kernel": str, "moe_capacity_factor": float, "dropout": bool,
-              "expandable_segments": bool, "micro_batch": int, "ep": int}
+              "expandable_segments": bool, "micro_batch": int, "ep": int, "optimizer_state_dtype": str,
+              "precision_aware_optimizer": bool}
 #: the columns a fact may match as integers (a blank vpp counts as 1)
 NUMERIC_MATCH = ("num_gpus", "tp", "pp", "dp", "vpp", "ep", "micro_batch", "global_batch", "seq_len")
 #: the other keys a fact may match on (see :meth:`RecipeFact.matches`)
@@ -57,6 +59,10 @@ class SourceEntry:
     fp8_param_gather_source: str = ""
     te_cross_entropy: bool = False            # its recipes run Transformer Engine's fused cross-entropy
     te_cross_entropy_source: str = ""
+    #: the dtypes whose runs used Megatron-Core's precision-aware optimizer (fp32 moments unless an
+    #: optimizer_state_dtype fact names others); with a source, its other runs are stated to run without
+    precision_aware_optimizer_dtypes: tuple[str, ...] = ()
+    precision_aware_optimizer_source: str = ""
     #: its dropless MoE runs route with a router forced to balance (Megatron-Core's
     #: moe_router_force_load_balancing: random logits), so they carry no routing imbalance
     forced_balanced_routing: bool = False
@@ -216,7 +222,8 @@ def _source_entry(where: str, d) -> SourceEntry:
         raise ConfigError(where, "a named source needs cite: where its runs were published")
     return SourceEntry(**{**d, "words": tuple(str(w).lower() for w in d.get("words", ())),
                           "systems": dict(d.get("systems", {})),
-                          "fp8_param_gather_dtypes": tuple(d.get("fp8_param_gather_dtypes", ()))})
+                          "fp8_param_gather_dtypes": tuple(d.get("fp8_param_gather_dtypes", ())),
+                          "precision_aware_optimizer_dtypes": tuple(d.get("precision_aware_optimizer_dtypes", ()))})
 
 
 def _fact(where: str, d) -> RecipeFact:

@@ -34,12 +34,14 @@ MODE_COLUMNS = ("offload", "ep", "cp_mode", "opt", "dtype", "switches")
 #: the engine switches a plan row names, and how (short: the table is held to 120 columns; SWITCH_LEGEND says them
 #: under the table with Megatron-LM's flags)
 SWITCH_NAMES = {"tp_comm_overlap": "tpov", "grad_reduce_bf16": "bf16g", "fp8_param_gather": "fp8p",
-                "ep_comm_overlap": "epov", "moe_flex_dispatch": "flex"}
+                "ep_comm_overlap": "epov", "moe_flex_dispatch": "flex", "precision_aware_optimizer": "pao"}
 SWITCH_LEGEND = {"tp_comm_overlap": "TP comm overlap (--tp-comm-overlap)",
                  "grad_reduce_bf16": "bf16 gradient buffer and reduction (--grad-reduce-in-bf16)",
                  "fp8_param_gather": "fp8 parameters (--fp8-param-gather)",
                  "ep_comm_overlap": "EP all-to-all overlap (--overlap-moe-expert-parallel-comm)",
-                 "moe_flex_dispatch": "DeepEP / HybridEP dispatch (--moe-token-dispatcher-type flex)"}
+                 "moe_flex_dispatch": "DeepEP / HybridEP dispatch (--moe-token-dispatcher-type flex)",
+                 "precision_aware_optimizer": "precision-aware optimizer (--use-precision-aware-optimizer; its moments "
+                                              "in the dtype --optimizer-state-dtype names)"}
 
 
 def switch_text(plan) -> str:

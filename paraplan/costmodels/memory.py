@@ -40,6 +40,7 @@ from paraplan.costmodels.p2p import stage_output_bytes
 from paraplan.costmodels.pipeline import FIRST, LAST, MIDDLE, V_SCHEDULES, is_schedule, parameter_copies
 from paraplan.engines import BufferArgs, StateArgs, engine_flag, engine_offers, engine_select, spec_of
 from paraplan.engines import DEEPSPEED_ALLGATHER_BUCKET, DEEPSPEED_REDUCE_BUCKET, SCALING_LOSS_BYTES_PER_LOGIT  # noqa: F401
+from paraplan.modes import OPTIMIZER_STATE_BYTES, OptimizerStateDtype
 from paraplan.plan import (Offload, Recompute, Schedule, expert_data_parallel, is_fp8, quantized_bytes,
                            recomputes_attention_core,
                            recomputes_module, model_stage_layers, stage_layers)
@@ -48,6 +49,8 @@ from paraplan.plan import (Offload, Recompute, Schedule, expert_data_parallel, i
 MEMORY_TERMS = ("parameters", "gradients", "optimizer_states", "activations", "buffers", "allocator")
 OPTIMIZER_BYTES_PER_PARAM = 12   # fp32 master weights, momentum, variance (K in the ZeRO paper)
 FP32_OPTIMIZER_BYTES_PER_PARAM = 8   # plain fp32 Adam: momentum and variance, no master copy
+#: bytes of one Adam moment element by OptimizerStateDtype code (the precision-aware optimizer's moments)
+MOMENT_BYTES_BY_CODE = np.array([float(OPTIMIZER_STATE_BYTES[m.label]) for m in OptimizerStateDtype])
 STATES_16BIT = ("16-bit weights, gradients and activations; Adam with fp32 master weights, momentum, variance "
                 "(16 bytes/param before ZeRO)")
 #: what replaces STATES_16BIT for plans that train in fp32 (the CPU validation harness)
@@ -56,7 +59,15 @@ FP32_STATES = ("fp32 weights, gradients and activations; Adam keeps fp32 momentu
 
 
 def states_assumption(plan, **_) -> tuple[str, ...]:
-    """The model states the plan keeps (:func:`model_state_bytes`): 16-bit, or fp32 for fp32 training."""
+    """The model states the plan keeps (:func:`model_state_bytes`): 16-bit, or fp32 for fp32 training; under
+    the precision-aware optimizer, what its optimizer holds (:func:`optimizer_bytes_per_param`)."""
+    if bool(np.any(getattr(plan, "precision_aware_optimizer", False))) and plan.dtype != "fp32":
+        k = float(np.max(optimizer_bytes_per_param(plan)))
+        master = "the fp32 master weight as its 16-bit remainder below the bf16 weight (2 bytes)" \
+            if bool(np.any(param_remainders(plan))) else "fp32 master weights (4 bytes)"
+        return ("16-bit weights, gradients and activations; Megatron-Core's precision-aware optimizer (Transformer "
+                f"Engine's FusedAdam) keeps {master} and {plan.optimizer_state_dtype} moments: {k:g} bytes/param "
+                "of optimizer states before ZeRO",)
     return (FP32_STATES if plan.dtype == "fp32" else STATES_16BIT,)
 # Eager RMSNorm keeps 4 bytes per element more than a fused kernel (its input and rstd), per norm, in
 # either precision. In 16-bit training (e.g. Hugging Face LlamaRMSNorm: x.float(); x.pow(2).mean(-1);
@@ -131,9 +142,39 @@ ALLOCATOR_FRAGMENTATION = fitted("allocator_fragmentation")
 ALLOCATOR_RESERVE_BYTES = fitted("allocator_reserve")
 
 
+def param_remainders(plan):
+    """Plans whose precision-aware optimizer keeps the fp32 master weight as the 16 bits below the bf16
+    weight (2 bytes, not 4): Megatron-Core's store_param_remainders (OptimizerConfig default True) reaches
+    Transformer Engine's FusedAdam only when FusedAdam holds the master weights
+    (use_precision_aware_optimizer_no_fp8_or_ds_fp8: no fp8 recipe, or the delayed one), and FusedAdam
+    applies it only to bf16 parameters (transformer_engine/pytorch/optimizers/fused_adam.py: "Works only
+    when param type is BF16 and master weight type is FP32"): bf16 training, or fp8-delayed without fp8
+    parameters (an fp8 parameter has lost the low bits). Other fp8 recipes: Megatron-Core keeps fp32 main
+    parameters (megatron/core/optimizer/distrib_optimizer.py), 4 bytes; fp16 and the fp4 recipes too."""
+    on = np.asarray(getattr(plan, "precision_aware_optimizer", False), dtype=bool) \
+        & engine_offers(plan, "precision_aware_optimizer")
+    bf16_weights = (plan.dtype == "bf16") | ((plan.dtype == "fp8-delayed")
+                                             & ~np.asarray(getattr(plan, "fp8_param_gather", False), dtype=bool))
+    return on & bf16_weights
+
+
 def optimizer_bytes_per_param(plan):
-    """K: 12 with 16-bit training (fp32 master weights, momentum, variance), 8 in plain fp32."""
-    return FP32_OPTIMIZER_BYTES_PER_PARAM if plan.dtype == "fp32" else OPTIMIZER_BYTES_PER_PARAM
+    """K: 12 with 16-bit training (fp32 master weights, momentum, variance), 8 in plain fp32. Under
+    Megatron-Core's precision-aware optimizer (``plan.precision_aware_optimizer``; Transformer Engine's
+    FusedAdam: megatron/core/optimizer/__init__.py passes master_weight_dtype, exp_avg_dtype and
+    exp_avg_sq_dtype) K = master + 2·moment: master 2 with the bf16 weights' remainders
+    (:func:`param_remainders`), else 4 (fp32); each moment OPTIMIZER_STATE_BYTES[optimizer_state_dtype]
+    (fp32 4, bf16 / fp16 2, fp8 1; --exp-avg-dtype / --exp-avg-sq-dtype). E.g. bf16 with bf16 moments:
+    2 + 2 + 2 = 6; bf16 with fp32 moments (Megatron-Bridge's bf16 performance runs): 2 + 4 + 4 = 10;
+    fp8 tensorwise with bf16 moments: 4 + 2 + 2 = 8."""
+    base = FP32_OPTIMIZER_BYTES_PER_PARAM if plan.dtype == "fp32" else OPTIMIZER_BYTES_PER_PARAM
+    aware = np.asarray(getattr(plan, "precision_aware_optimizer", False), dtype=bool) \
+        & engine_offers(plan, "precision_aware_optimizer")
+    if not np.any(aware):
+        return base
+    moment = MOMENT_BYTES_BY_CODE[np.asarray(plan.optimizer_state_dtype_code)]
+    master = np.where(param_remainders(plan), 2.0, 4.0)
+    return np.where(aware, master + 2 * moment, float(base))
 
 
 def _share(total, layers: int, stage):

@@ -40,7 +40,8 @@ from __future__ import annotations
 import numpy as np
 
 from paraplan.costmodels.kernels import BYTES, device_is_host, element_bytes
-from paraplan.costmodels.memory import OPTIMIZER_BYTES_PER_PARAM
+from paraplan.costmodels.memory import (FP32_OPTIMIZER_BYTES_PER_PARAM, OPTIMIZER_BYTES_PER_PARAM,
+                                       optimizer_bytes_per_param)
 from paraplan.engines import engine_flag
 from paraplan.plan import Offload, Optimizer, expert_data_parallel, model_stage_layers
 
@@ -80,11 +81,21 @@ def cpu_adam_time(shard, cluster, curves):
     return curves.gpu_adam_bytes_per_param * shard * cluster.gpus_per_node / host_bw
 
 
+def precision_aware_step_saving(plan):
+    """Bytes per parameter the GPU Adam step touches less under Megatron-Core's precision-aware optimizer:
+    its states are read and written once each, so 2·(K₀ − K) for the optimizer bytes K
+    (:func:`paraplan.costmodels.memory.optimizer_bytes_per_param`) against K₀ without it (12; e.g. bf16
+    moments with the master weight's remainders: 2·(12 − 6) = 12 of the 28). 0 for every other plan."""
+    base = FP32_OPTIMIZER_BYTES_PER_PARAM if plan.dtype == "fp32" else OPTIMIZER_BYTES_PER_PARAM
+    return 2.0 * (base - np.asarray(optimizer_bytes_per_param(plan), dtype=float))
+
+
 def optimizer_time(shard, plan, cluster, curves, tensors=None):
     """Seconds of the optimizer step on the GPU or on the host CPUs (before any overlap);
     ``tensors`` (:func:`param_tensors`) is used only by curves that measured the step."""
     compressed = np.asarray(plan.optimizer_code) != Optimizer.ADAM
-    per_param = curves.gpu_adam_bytes_per_param + np.where(compressed, ERROR_FEEDBACK_BYTES_PER_PARAM, 0)
+    per_param = (curves.gpu_adam_bytes_per_param - precision_aware_step_saving(plan)
+                 + np.where(compressed, ERROR_FEEDBACK_BYTES_PER_PARAM, 0))
     gpu = curves.memory_time(per_param * shard, kernels=4)
     measured = getattr(curves, "adam_step_time", None)
     if measured is not None and tensors is not None:

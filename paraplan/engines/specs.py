@@ -48,6 +48,19 @@ SWITCHES: tuple[Switch, ...] = (
            "Transformer Engine's fused cross-entropy is Megatron-LM's option (--cross-entropy-loss-fusion "
            "--cross-entropy-fusion-impl te); engine {engine} runs its own loss",
            "--engine {engines}, or no --te-cross-entropy"),
+    # NVIDIA/Megatron-LM megatron/core/optimizer/optimizer_config.py (OptimizerConfig.use_precision_aware_optimizer,
+    # store_param_remainders) and megatron/core/optimizer/__init__.py (Transformer Engine's FusedAdam with
+    # master_weight_dtype, exp_avg_dtype, exp_avg_sq_dtype); DeepSpeed 0.19.8 and torchtitan 0.3.0 keep Adam's
+    # states in fp32 (no such option in their optimizer configs)
+    Switch("precision_aware_optimizer", "precision_aware_optimizer",
+           lambda P: np.asarray(P.precision_aware_optimizer, bool),
+           "precision-aware-optimizer-megatron", "the precision-aware optimizer is Megatron-Core's option",
+           "the precision-aware optimizer is Megatron-Core's option (--use-precision-aware-optimizer, Transformer "
+           "Engine's FusedAdam); engine {engine} keeps fp32 master weights and moments",
+           "--engine {engines} with a 16-bit or fp8 --dtype, or no --precision-aware-optimizer",
+           requires=lambda P: np.asarray(P.dtype) != "fp32", requires_axes=("dtype",),
+           requirement="the precision-aware optimizer runs Transformer Engine's FusedAdam over 16-bit (or fp8) "
+                       "parameters; this plan trains in {dtype}"),
     Switch("tp_comm_overlap", "tp_comm_overlap", lambda P: np.asarray(P.tp_comm_overlap, bool),
            "engine-tp-comm-overlap", "the engine has no TP communication overlap",
            "--engine {engine} does not overlap tensor-parallel communication "
@@ -207,7 +220,7 @@ MEGATRON = EngineSpec(
     fp8_recipes=("fp8", "fp8-delayed", "fp8-blockwise", "mxfp8", "nvfp4"),
     optimizers=("adam",),
     switches=frozenset({"offload_activation_layers", "grad_reduce_bf16", "fp8_param_gather", "te_cross_entropy",
-                        "tp_comm_overlap",
+                        "precision_aware_optimizer", "tp_comm_overlap",
                         "ep_comm_overlap", "moe_flex_dispatch", "recompute_modules"}),
     refusals=(
         # megatron/core/pipeline_parallel/schedules.py get_forward_backward_func: no pipelining, 1F1B
@@ -286,7 +299,9 @@ MEGATRON = EngineSpec(
                                                ("--moe-flex-dispatcher-backend", "deepep"))),
                         ("grad_reduce_bf16", (("--grad-reduce-in-bf16",),)),
                         ("te_cross_entropy", (("--cross-entropy-loss-fusion",),
-                                              ("--cross-entropy-fusion-impl", "te")))),
+                                              ("--cross-entropy-fusion-impl", "te"))),
+                        # the moments' dtype (--exp-avg-dtype, --exp-avg-sq-dtype) is written by the builder
+                        ("precision_aware_optimizer", (("--use-precision-aware-optimizer",),))),
         fp8_recipes={"fp8": "tensorwise", "fp8-delayed": "delayed", "fp8-blockwise": "blockwise", "mxfp8": "mxfp8",
                      "nvfp4": "nvfp4"},
         fsdp_strategy=MEGATRON_FSDP_STRATEGY),

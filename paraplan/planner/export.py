@@ -261,6 +261,10 @@ def build_megatron(s: Scenario, spec: EngineSpec) -> Export:
         if p.zero >= 1 and p.overlap_param_gather:   # the distributed optimizer's all-gather under the next forward
             args.append(("--overlap-param-gather",))
     args += switch_options(p, spec)     # --tp-comm-overlap, --overlap-moe-expert-parallel-comm, ...
+    if p.precision_aware_optimizer and p.optimizer_state_dtype != "fp32":
+        # both moments in one dtype (megatron/training/arguments.py _add_experimental_args); the master weights
+        # stay fp32 (--main-params-dtype fp32, the default), kept as remainders under bf16 parameters
+        args += [("--exp-avg-dtype", p.optimizer_state_dtype), ("--exp-avg-sq-dtype", p.optimizer_state_dtype)]
     if p.offload_activation_layers:
         args += [("--cpu-offloading",), ("--cpu-offloading-num-layers", str(p.offload_activation_layers))]
     if not p.grad_accumulation_fusion:

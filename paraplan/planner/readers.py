@@ -27,6 +27,7 @@ from typing import Any, Mapping, Sequence
 from paraplan.engines import DEEPSPEED, MEGATRON, TORCHTITAN
 from paraplan.planner.export_torchtitan import V_SCHEDULE_LABELS
 from paraplan.errors import ConfigError
+from paraplan.modes import OPTIMIZER_STATE_BYTES
 from paraplan.plan import RECOMPUTE_MODULES, Plan, read_megatron_layout
 
 #: Megatron-LM --fp8-recipe -> paraplan dtype (the megatron engine's export mapping, inverted)
@@ -45,7 +46,7 @@ MEGATRON_IGNORED = {
     "--mock-data", "--moe-ffn-hidden-size", "--moe-shared-expert-intermediate-size", "--moe-layer-freq",
     "--moe-grouped-gemm", "--moe-permute-fusion", "--moe-expert-capacity-factor", "--moe-pad-expert-input-to-capacity",
     "--moe-router-num-groups", "--moe-router-group-topk", "--moe-flex-dispatcher-backend", "--train-iters", "--lr",
-    "--ckpt-format", "--fsdp-double-buffer", "--use-precision-aware-optimizer", "--fp8-format", "--data-path",
+    "--ckpt-format", "--fsdp-double-buffer", "--main-grads-dtype", "--fp8-format", "--data-path",
     "--recompute-method", "--recompute-num-layers", "--cpu-offloading", "--seq-length", "--micro-batch-size",
     "--global-batch-size", "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"}
 TITAN_SCHEDULES = {v: k for k, v in TORCHTITAN.export.schedules.items()}
@@ -185,12 +186,33 @@ def read_megatron_args(argv: Sequence[str]) -> ReadConfig:
         p["cp_mode"] = MEGATRON_CP_MODE.get(comm, "ring")
     if "--optimizer-cpu-offload" in f:
         unexpressed.append("--optimizer-cpu-offload (the megatron engine keeps its optimizer states on the GPU)")
+    _read_precision_aware(f, p, unexpressed)
     known = (set(MEGATRON_MODEL_FLAGS) | MEGATRON_IGNORED | set(_MEGATRON_READ))
     unexpressed += [f"{k} (not read)" for k in f if k not in known]
     model = {name: int(f[flag]) for flag, name in MEGATRON_MODEL_FLAGS.items() if flag in f}
     return ReadConfig(MEGATRON.label, _plan(MEGATRON.label, p, unexpressed), int(f["--seq-length"]) if "--seq-length" in f else None,
                       int(f["--global-batch-size"]) if "--global-batch-size" in f else None, None, model,
                       tuple(unexpressed))
+
+
+def _read_precision_aware(f: Mapping[str, Any], p: dict[str, Any], unexpressed: list[str]) -> None:
+    """Megatron-Core's precision-aware optimizer (megatron/training/arguments.py _add_experimental_args):
+    --use-precision-aware-optimizer and its moments' dtype, --exp-avg-dtype / --exp-avg-sq-dtype (a plan holds
+    one dtype for both: the wider is read where they differ). Under --optimizer-cpu-offload, which Megatron-LM
+    runs only with it, the states are on the host: not read (the offload is unexpressed already)."""
+    if "--optimizer-cpu-offload" in f:
+        return
+    p["precision_aware_optimizer"] = "--use-precision-aware-optimizer" in f
+    first, second = str(f.get("--exp-avg-dtype", "fp32")), str(f.get("--exp-avg-sq-dtype", "fp32"))
+    known = [d for d in (first, second) if d in OPTIMIZER_STATE_BYTES]
+    unexpressed += [f"--exp-avg{'-sq' * i}-dtype {d} (accepted: {', '.join(OPTIMIZER_STATE_BYTES)})"
+                    for i, d in enumerate((first, second)) if d not in OPTIMIZER_STATE_BYTES]
+    if len(set(known)) > 1:
+        unexpressed.append(f"--exp-avg-dtype {first} with --exp-avg-sq-dtype {second} (a plan holds one dtype for "
+                           "both moments: read as the wider)")
+    p["optimizer_state_dtype"] = max(known, key=OPTIMIZER_STATE_BYTES.get, default="fp32")
+    if str(f.get("--main-params-dtype", "fp32")) != "fp32":
+        unexpressed.append(f"--main-params-dtype {f['--main-params-dtype']} (a plan's master weights are fp32)")
 
 
 _MEGATRON_READ = (
@@ -203,7 +225,8 @@ _MEGATRON_READ = (
     "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "--use-distributed-optimizer", "--recompute-granularity",
     "--recompute-activations", "--recompute-modules", "--fp16", "--bf16", "--fp8-recipe", "--attention-backend",
     "--use-flash-attn", "--cp-comm-type", "--optimizer-cpu-offload", "--fp4-format", "--fp4-recipe",
-    "--fp4-param-gather")
+    "--fp4-param-gather", "--use-precision-aware-optimizer", "--exp-avg-dtype", "--exp-avg-sq-dtype",
+    "--main-params-dtype")
 
 
 def read_megatron_script(text: str) -> ReadConfig:

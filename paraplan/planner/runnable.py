@@ -71,6 +71,8 @@ def nearest_runnable(plan: Plan, engine: str, fp8_recipes=None, expert_tp: bool 
     for sw in SWITCHES:                      # switches the engine does not have: off
         if not spec.offers(sw.field) and getattr(p, sw.field) != _switch_default(sw.field):
             change(sw.field, _switch_default(sw.field), _SWITCH_PHRASES.get(sw.field, f"no {sw.field}"))
+    if not new.get("precision_aware_optimizer", p.precision_aware_optimizer):
+        change("optimizer_state_dtype", "fp32", "fp32 moments")
     if new.get("offload", p.offload) == "none":
         change("offload_params", False, "no parameter offload")
         change("delayed_update", False, "no delayed update")
@@ -135,6 +137,7 @@ def nearest_runnable(plan: Plan, engine: str, fp8_recipes=None, expert_tp: bool 
 
 _SWITCH_PHRASES = {"offload": "no offload", "offload_activation_layers": "no activation offload",
                    "grad_reduce_bf16": "fp32 gradient reduction", "fp8_param_gather": "16-bit parameters", "te_cross_entropy": "its own cross-entropy",
+                   "precision_aware_optimizer": "fp32 master weights",
                    "tp_comm_overlap": "no TP overlap", "ep_comm_overlap": "no EP overlap",
                    "moe_flex_dispatch": "all-to-all dispatch", "recompute_modules": "default selective modules"}
 

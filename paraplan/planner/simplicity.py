@@ -56,7 +56,7 @@ ZERO_COSTS = (0, 0, 1, 1)
 CP_MODE_COST = 1
 #: Each engine switch turned on, each hand-placed stage split and each module-level recomputation list costs 1.
 SWITCH_FIELDS = ("offload_params", "delayed_update", "tp_comm_overlap", "ep_comm_overlap", "moe_flex_dispatch",
-                 "fp8_param_gather", "grad_reduce_bf16")
+                 "fp8_param_gather", "grad_reduce_bf16", "precision_aware_optimizer")
 COUNT_FIELDS = ("offload_activation_layers", "first_stage_layers", "last_stage_layers", "recompute_modules_mask")
 
 _FIELD_OF = {Schedule: "schedule_code", Recompute: "recompute_code", Offload: "offload_code",

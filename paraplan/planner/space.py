@@ -294,6 +294,7 @@ FIXED_WHERE_THEY_RUN = {"ep_comm_overlap": FixedWhereItRuns(False, "--fix ep=N (
                         "tp_comm_overlap": FixedWhereItRuns(False, "--fix sp=true --fix tp=N (N > 1)"),
                         "grad_reduce_bf16": FixedWhereItRuns(False, "--fix engine=megatron"),
                         "fp8_param_gather": FixedWhereItRuns(False, "--fix zero=1 (or 2, 3)"),
+                        "precision_aware_optimizer": FixedWhereItRuns(False, "--fix zero=1 --fix engine=megatron"),
                         "recompute_modules": FixedWhereItRuns("", "--fix recompute=selective")}
 
 #: the engine switches the search tries both off and on (SpaceOptions.engine_switches): each saves memory

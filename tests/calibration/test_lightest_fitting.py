@@ -69,7 +69,10 @@ def test_lightest_fitting_settings_says_when_nothing_fits():
     plan = _plan(micro_batch=8)
     out, said = _settings(plan, {"zero", "recompute"})
     assert out.grad_reduce_bf16 and not estimate(SC.model, SC.job(out), SC.cluster, out).feasible
-    assert said == ["grad_reduce_bf16 = True: not stated by the source; the estimate does not fit even so"]
+    # then Megatron-Core's precision-aware optimizer, with fp32 and then bf16 moments (UNSTATED_OPTIMIZER_STEPS)
+    assert out.precision_aware_optimizer and out.optimizer_state_dtype == "bf16"
+    assert said == ["grad_reduce_bf16 = True, precision_aware_optimizer = True, optimizer_state_dtype = bf16: not "
+                    "stated by the source; the estimate does not fit even so"]
 
 
 def test_the_building_block_skips_steps_that_change_nothing_and_steps_check_plan_refuses():

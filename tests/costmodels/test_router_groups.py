@@ -185,5 +185,5 @@ def test_the_switches_fixed_where_they_run_have_one_registry():
         assert defaults[key] == switch.off and switch.pin_hint.startswith("--fix ")
     booleans = {k for k, s in FIXED_WHERE_THEY_RUN.items() if s.off is False}
     assert set(OPT_IN_FLAG_RULES) == booleans == {"ep_comm_overlap", "moe_flex_dispatch", "tp_comm_overlap",
-                                                  "grad_reduce_bf16", "fp8_param_gather"}
+                                                  "grad_reduce_bf16", "fp8_param_gather", "precision_aware_optimizer"}
     assert all(OPT_IN_FLAG_RULES[k] for k in booleans)

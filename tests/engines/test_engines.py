@@ -76,6 +76,7 @@ SWITCH_PLANS = {   # a plan that turns the switch on and passes every rule but t
     "grad_reduce_bf16": dict(grad_reduce_bf16=True),
     "fp8_param_gather": dict(fp8_param_gather=True, dtype="fp8"),
     "te_cross_entropy": dict(te_cross_entropy=True),
+    "precision_aware_optimizer": dict(precision_aware_optimizer=True, optimizer_state_dtype="bf16"),
     "tp_comm_overlap": dict(tp=2, sp=True, tp_comm_overlap=True),
     "ep_comm_overlap": dict(ep=2, ep_comm_overlap=True),
     "moe_flex_dispatch": dict(ep=2, moe_flex_dispatch=True),

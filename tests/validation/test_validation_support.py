@@ -34,6 +34,9 @@ COMPANIONS = {
     ("moe_flex_dispatch", True): dict(ep=2, dp=2, engine="megatron"),
     ("recompute_modules", "core_attn"): dict(recompute="selective", engine="megatron"),
     ("engine", "deepspeed"): {}, ("engine", "scaling"): {}, ("dtype", "mxfp8"): {},
+    ("precision_aware_optimizer", True): dict(engine="megatron", zero=1, dtype="bf16"),
+    **{("optimizer_state_dtype", d): dict(engine="megatron", zero=1, dtype="bf16", precision_aware_optimizer=True)
+       for d in ("bf16", "fp16", "fp8")},
 }
 #: the harness model a value needs (experts for ep, the fused attention for op-sac)
 MODEL_FOR = {("ep", 2): dict(experts=4), ("etp", 2): dict(experts=4), ("ep_comm_overlap", True): dict(experts=4),
