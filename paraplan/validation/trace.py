@@ -42,6 +42,7 @@ import gzip
 import json
 import os
 import re
+from bisect import bisect_left
 from dataclasses import dataclass, field
 
 from paraplan.errors import ConfigError
@@ -253,30 +254,41 @@ def _call_intervals(mine, ranges) -> list[tuple[str, float, float]]:
     per call in the harness's tp2 traces on the 2-core machine) and the hand-over to and from the
     backend's thread: time the collective's call costs, which a profile's collective timings include
     (they time ``dist.all_reduce`` whole), not compute's host time."""
-    out = []
     evs = sorted(mine, key=lambda e: (e["ts"], -e["dur"]))
-    starts = sorted((e["ts"], e["ts"] + e["dur"], collective_kind(e["name"])) for e in ranges)
-    for i, op in enumerate(evs):
-        if not op["name"].startswith("c10d::"):
-            continue
-        kind = collective_kind(op["name"])
-        if kind is None:
-            continue
-        a, b = op["ts"], op["ts"] + op["dur"]
-        parents = [p for p in evs[:i] if p["ts"] <= a and p["ts"] + p["dur"] >= b - 1e-3]
-        if not parents:
+    ev_starts = [e["ts"] for e in evs]
+    queued: dict = {}               # kind -> sorted (start, end) of its backend ranges
+    for r in ranges:
+        kind = collective_kind(r["name"])
+        if kind is not None:
+            queued.setdefault(kind, []).append((r["ts"], r["ts"] + r["dur"]))
+    for ivs in queued.values():
+        ivs.sort()
+    queued_starts = {k: [t for t, _ in ivs] for k, ivs in queued.items()}
+    out = []
+    stack: list[list] = []          # the enclosing operators: [event, end, end of its last child so far]
+    for e in evs:
+        a, b = e["ts"], e["ts"] + e["dur"]
+        while stack and stack[-1][1] <= a + 1e-3:
+            stack.pop()
+        parent = stack[-1] if stack and stack[-1][1] >= b - 1e-3 else None
+        kind = collective_kind(e["name"]) if e["name"].startswith("c10d::") else None
+        if kind is not None and parent is None:
             out.append((kind, a, b))
-            continue
-        parent = parents[-1]
-        p_lo, p_hi = parent["ts"], parent["ts"] + parent["dur"]
-        before = [e["ts"] + e["dur"] for e in evs if e is not parent and e is not op and p_lo <= e["ts"]
-                  and e["ts"] + e["dur"] <= a + 1e-3]
-        start = max(before, default=p_lo)
-        queued = next(((t, u) for t, u, k in starts if k == kind and t >= a and t <= p_hi), None)
-        end = b if queued is None else max(b, queued[0])
-        if queued is not None and queued[1] <= p_hi:    # waited for inside the caller: to its next operator
-            end = min([e["ts"] for e in evs if e is not parent and queued[1] <= e["ts"] < p_hi] + [p_hi])
-        out.append((kind, start, end))
+        elif kind is not None:
+            p_lo, p_hi = parent[0]["ts"], parent[1]
+            begin = parent[2] if parent[2] is not None else p_lo
+            end = b
+            j = bisect_left(queued_starts.get(kind, []), a)
+            if j < len(queued_starts.get(kind, [])) and queued[kind][j][0] <= p_hi:
+                q_start, q_end = queued[kind][j]
+                end = max(b, q_start)
+                if q_end <= p_hi:       # waited for inside the caller: to its next operator
+                    k = bisect_left(ev_starts, q_end)
+                    end = min(ev_starts[k], p_hi) if k < len(evs) else p_hi
+            out.append((kind, begin, end))
+        if stack:
+            stack[-1][2] = b if stack[-1][2] is None else max(stack[-1][2], b)
+        stack.append([e, b, None])
     return out
 
 
