@@ -60,6 +60,24 @@ def test_megatron_log_reads_its_arguments_and_iterations():
     assert case.measured_step_time_s == log.measured.step_time_s and case.cluster.num_gpus == 8
 
 
+def test_megatron_log_reads_the_optimizer_dtypes_it_prints_as_torch_dtypes():
+    """Megatron-LM's validate_args maps --exp-avg-dtype bf16 to torch.bfloat16 before the arguments block is
+    printed (dtype_map in megatron/training/arguments.py): the reader maps it back."""
+    from paraplan.planner.runlogs import megatron as M
+    text = MEGATRON.read_text().replace(
+        "  use_distributed_optimizer ....................... False\n",
+        "  use_distributed_optimizer ....................... True\n"
+        "  use_precision_aware_optimizer ................... True\n"
+        "  exp_avg_dtype ................................... torch.bfloat16\n"
+        "  exp_avg_sq_dtype ................................ torch.bfloat16\n")
+    assert "torch.bfloat16" in text
+    flags = M.flags_of(M.arguments(text))
+    assert flags[flags.index("--exp-avg-dtype") + 1] == "bf16"
+    read = M.read_megatron_args(flags)
+    assert read.plan.precision_aware_optimizer and read.plan.optimizer_state_dtype == "bf16"
+    assert not read.unexpressed
+
+
 def test_megatron_log_without_its_arguments_is_one_clear_error():
     """A real Megatron-LM log that starts after the arguments (4090 best-practice page): ten iteration
     lines and memory reports, no configuration."""

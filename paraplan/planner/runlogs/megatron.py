@@ -38,6 +38,10 @@ MEMORY = re.compile(r"\[Rank (\d+)\] \(after (\d+) iterations\) memory \(MB\) \|
 PADDED_VOCAB = re.compile(r"padded vocab \(size: (\d+)\) with (\d+) dummy tokens \(new size: (\d+)\)")
 #: printed argument names whose flag is not ``--`` + the name with dashes (the dest of another flag)
 DEST_FLAGS = {"fp8": "--fp8-format", "fp4": "--fp4-format"}
+#: the dtypes Megatron-LM's validate_args maps its dtype flags to before printing them (``dtype_map`` in
+#: megatron/training/arguments.py: fp32, bf16, fp16 and fp8 -> torch.float32, bfloat16, float16, uint8),
+#: mapped back to the flag's choices
+PRINTED_DTYPES = {"torch.float32": "fp32", "torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.uint8": "fp8"}
 #: switches printed as ``name False`` that the flag ``--no-...`` turns off
 NEGATED = {"gradient_accumulation_fusion": "--no-gradient-accumulation-fusion",
            "masked_softmax_fusion": "--no-masked-softmax-fusion", "apply_rope_fusion": "--no-rope-fusion"}
@@ -78,6 +82,7 @@ def flags_of(args: dict[str, str]) -> list[str]:
             continue
         if name == "attention_backend":
             value = value.rsplit(".", 1)[-1]            # AttnBackend.flash -> flash
+        value = PRINTED_DTYPES.get(value, value)        # torch.bfloat16 -> bf16 (--exp-avg-dtype and the like)
         if name == "num_experts" and value.strip("[]") == "1":
             continue                                    # Megatron-DeepSpeed prints [1] for a dense model
         argv += [flag] if value == "True" else [flag, value.strip("[]")]
