@@ -120,6 +120,24 @@ def test_loro_outcome_says_smaller_within_noise_or_worse_and_what_the_repeats_re
     assert all(r.endswith(("smaller", "within noise", "worse")) for r in rows)
 
 
+def test_round_trip_criterion_is_on_the_mean_and_refuses_one_layout_bought_with_the_others():
+    from paraplan.validation.calibrate import round_trip_holds
+    # the quiet run that failed per layout, in-sample (pp2 over four micro-batches 1.6 -> 9.6 %): the mean shrinks
+    quiet = [("dp2", 0.087, 0.039), ("tp2", 0.107, 0.098), ("pp2", 0.098, 0.004), ("tp2-gb2", 0.046, 0.063),
+             ("pp2-gb4", 0.016, 0.096)]
+    assert round_trip_holds(quiet, 0.072) == (True, "mean error 7.1 -> 6.0 % (the runs resolve 7.2 %)")
+    # the mean grows beyond what the runs resolve
+    ok, why = round_trip_holds([("dp2", 0.20, 0.25), ("tp2", 0.20, 0.25)], 0.05)
+    assert not ok and "mean error 20.0 -> 25.0 %" in why
+    # inside the noise before, still inside after: holds; outside after: not
+    assert round_trip_holds([("dp2", 0.03, 0.06)], 0.07)[0]
+    assert not round_trip_holds([("dp2", 0.03, 0.08)], 0.07)[0]
+    # the mean shrinks, but one layout got worse by more than twice what the runs resolve
+    ok, why = round_trip_holds([("dp2", 0.40, 0.01), ("tp2", 0.40, 0.01), ("pp2", 0.02, 0.20)], 0.05)
+    assert not ok and why.startswith("pp2 2.0 -> 20.0 %")
+    assert not round_trip_holds([], 0.05)[0]
+
+
 def test_runs_of_one_plan_pool_into_one(runs):
     dp2 = runs[0]
     pooled = pool_runs([dp2, dp2, runs[1]])
