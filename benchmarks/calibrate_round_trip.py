@@ -22,10 +22,12 @@ bubble share, twice the transfers) carry the same kernels and collectives in oth
 e.g. to compare two versions of the estimator on the same measurements.
 
 Uses the profile database ``--db`` (default ``$PARAPLAN_PROFILE_DB`` or the cache); the machine must
-have a profile there (``paraplan profile --quick``). ``--size test`` runs the round-trip test's model. Prints how
-many layouts' errors are smaller after (the strict count) and exits 1, as the test fails, when a layout's error
-is not smaller where the error before exceeds what the repeats resolve (the noise over the square root of the
-repeats), or grows beyond that where it did not.
+have a profile there (``paraplan profile --quick``). ``--size test`` runs the round-trip test's model. Prints each
+layout's outcome, how many layouts' errors are smaller after (the strict count), and exits 1, as the test fails,
+when the test's criterion fails on dp2, tp2 and pp2 (every layout when those did not run):
+``calibrate.round_trip_holds``, the mean error smaller after where it exceeds what the repeats resolve (twice the
+noise over the square root of the repeats), within that where it did not, and no layout worse by more than twice
+that.
 """
 from __future__ import annotations
 
