@@ -142,6 +142,18 @@ ALLOCATOR_FRAGMENTATION = fitted("allocator_fragmentation")
 ALLOCATOR_RESERVE_BYTES = fitted("allocator_reserve")
 
 
+def runs_precision_aware(plan):
+    """Plans that run Megatron-Core's precision-aware optimizer: the field on, on an engine that offers it."""
+    return np.asarray(getattr(plan, "precision_aware_optimizer", False), dtype=bool) \
+        & engine_offers(plan, "precision_aware_optimizer")
+
+
+def plain_adam_bytes_per_param(plan):
+    """K without the precision-aware optimizer: 12 with 16-bit training (fp32 master weights, momentum,
+    variance), 8 in plain fp32."""
+    return FP32_OPTIMIZER_BYTES_PER_PARAM if plan.dtype == "fp32" else OPTIMIZER_BYTES_PER_PARAM
+
+
 def param_remainders(plan):
     """Plans whose precision-aware optimizer keeps the fp32 master weight as the 16 bits below the bf16
     weight (2 bytes, not 4): Megatron-Core's store_param_remainders (OptimizerConfig default True) reaches
@@ -151,11 +163,9 @@ def param_remainders(plan):
     when param type is BF16 and master weight type is FP32"): bf16 training, or fp8-delayed without fp8
     parameters (an fp8 parameter has lost the low bits). Other fp8 recipes: Megatron-Core keeps fp32 main
     parameters (megatron/core/optimizer/distrib_optimizer.py), 4 bytes; fp16 and the fp4 recipes too."""
-    on = np.asarray(getattr(plan, "precision_aware_optimizer", False), dtype=bool) \
-        & engine_offers(plan, "precision_aware_optimizer")
     bf16_weights = (plan.dtype == "bf16") | ((plan.dtype == "fp8-delayed")
                                              & ~np.asarray(getattr(plan, "fp8_param_gather", False), dtype=bool))
-    return on & bf16_weights
+    return runs_precision_aware(plan) & bf16_weights
 
 
 def optimizer_bytes_per_param(plan):
@@ -167,9 +177,8 @@ def optimizer_bytes_per_param(plan):
     (fp32 4, bf16 / fp16 2, fp8 1; --exp-avg-dtype / --exp-avg-sq-dtype). E.g. bf16 with bf16 moments:
     2 + 2 + 2 = 6; bf16 with fp32 moments (Megatron-Bridge's bf16 performance runs): 2 + 4 + 4 = 10;
     fp8 tensorwise with bf16 moments: 4 + 2 + 2 = 8."""
-    base = FP32_OPTIMIZER_BYTES_PER_PARAM if plan.dtype == "fp32" else OPTIMIZER_BYTES_PER_PARAM
-    aware = np.asarray(getattr(plan, "precision_aware_optimizer", False), dtype=bool) \
-        & engine_offers(plan, "precision_aware_optimizer")
+    base = plain_adam_bytes_per_param(plan)
+    aware = runs_precision_aware(plan)
     if not np.any(aware):
         return base
     moment = MOMENT_BYTES_BY_CODE[np.asarray(plan.optimizer_state_dtype_code)]

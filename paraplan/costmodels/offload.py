@@ -40,8 +40,7 @@ from __future__ import annotations
 import numpy as np
 
 from paraplan.costmodels.kernels import BYTES, device_is_host, element_bytes
-from paraplan.costmodels.memory import (FP32_OPTIMIZER_BYTES_PER_PARAM, OPTIMIZER_BYTES_PER_PARAM,
-                                       optimizer_bytes_per_param)
+from paraplan.costmodels.memory import OPTIMIZER_BYTES_PER_PARAM, optimizer_bytes_per_param, plain_adam_bytes_per_param
 from paraplan.engines import engine_flag
 from paraplan.plan import Offload, Optimizer, expert_data_parallel, model_stage_layers
 
@@ -84,10 +83,10 @@ def cpu_adam_time(shard, cluster, curves):
 def precision_aware_step_saving(plan):
     """Bytes per parameter the GPU Adam step touches less under Megatron-Core's precision-aware optimizer:
     its states are read and written once each, so 2·(K₀ − K) for the optimizer bytes K
-    (:func:`paraplan.costmodels.memory.optimizer_bytes_per_param`) against K₀ without it (12; e.g. bf16
+    (:func:`paraplan.costmodels.memory.optimizer_bytes_per_param`) against K₀ without it
+    (:func:`paraplan.costmodels.memory.plain_adam_bytes_per_param`: 12; e.g. bf16
     moments with the master weight's remainders: 2·(12 − 6) = 12 of the 28). 0 for every other plan."""
-    base = FP32_OPTIMIZER_BYTES_PER_PARAM if plan.dtype == "fp32" else OPTIMIZER_BYTES_PER_PARAM
-    return 2.0 * (base - np.asarray(optimizer_bytes_per_param(plan), dtype=float))
+    return 2.0 * (plain_adam_bytes_per_param(plan) - np.asarray(optimizer_bytes_per_param(plan), dtype=float))
 
 
 def optimizer_time(shard, plan, cluster, curves, tensors=None):

@@ -244,7 +244,7 @@ def _step_ranges(events) -> list[tuple[str, float, float, object]]:
     return [("whole trace", lo, hi, main)]
 
 
-def _call_intervals(mine, ranges) -> list[tuple[str, float, float]]:
+def _call_intervals(mine, backend: dict) -> list[tuple[str, float, float]]:
     """(kind, start, end) of each collective *call* on the step's thread: from the end of the last
     operator its caller ran before the ``c10d::`` op (the caller's start when none), through the op,
     to the start of the backend range it queued (``gloo:<op>`` on the run-loop thread, the first of
@@ -253,19 +253,14 @@ def _call_intervals(mine, ranges) -> list[tuple[str, float, float]]:
     ``dist.all_reduce``'s own Python (argument checks, group lookup, the wait's return; 150-450 us
     per call in the harness's tp2 traces on the 2-core machine) and the hand-over to and from the
     backend's thread: time the collective's call costs, which a profile's collective timings include
-    (they time ``dist.all_reduce`` whole), not compute's host time."""
+    (they time ``dist.all_reduce`` whole), not compute's host time. ``backend``: {kind: [(start, end)]} of
+    the backend ranges."""
     evs = sorted(mine, key=lambda e: (e["ts"], -e["dur"]))
     ev_starts = [e["ts"] for e in evs]
-    queued: dict = {}               # kind -> sorted (start, end) of its backend ranges
-    for r in ranges:
-        kind = collective_kind(r["name"])
-        if kind is not None:
-            queued.setdefault(kind, []).append((r["ts"], r["ts"] + r["dur"]))
-    for ivs in queued.values():
-        ivs.sort()
+    queued = {kind: sorted(ivs) for kind, ivs in backend.items()}
     queued_starts = {k: [t for t, _ in ivs] for k, ivs in queued.items()}
     out = []
-    stack: list[list] = []          # the enclosing operators: [event, end, end of its last child so far]
+    stack: list[list] = []          # the enclosing operators: [start, end, end of its last child so far (its start)]
     for e in evs:
         a, b = e["ts"], e["ts"] + e["dur"]
         while stack and stack[-1][1] <= a + 1e-3:
@@ -275,9 +270,7 @@ def _call_intervals(mine, ranges) -> list[tuple[str, float, float]]:
         if kind is not None and parent is None:
             out.append((kind, a, b))
         elif kind is not None:
-            p_lo, p_hi = parent[0]["ts"], parent[1]
-            begin = parent[2] if parent[2] is not None else p_lo
-            end = b
+            begin, p_hi, end = parent[2], parent[1], b
             j = bisect_left(queued_starts.get(kind, []), a)
             if j < len(queued_starts.get(kind, [])) and queued[kind][j][0] <= p_hi:
                 q_start, q_end = queued[kind][j]
@@ -287,8 +280,8 @@ def _call_intervals(mine, ranges) -> list[tuple[str, float, float]]:
                     end = min(ev_starts[k], p_hi) if k < len(evs) else p_hi
             out.append((kind, begin, end))
         if stack:
-            stack[-1][2] = b if stack[-1][2] is None else max(stack[-1][2], b)
-        stack.append([e, b, None])
+            stack[-1][2] = max(stack[-1][2], b)
+        stack.append([a, b, a])
     return out
 
 
@@ -305,7 +298,7 @@ def _cpu_step(events, name, lo, hi, tid) -> StepTerms:
         kind = collective_kind(e["name"])
         if kind is not None:
             comm_iv.setdefault(kind, []).append((e["ts"], e["ts"] + e["dur"]))
-    for kind, a, b in _call_intervals(mine, comm_ranges):
+    for kind, a, b in _call_intervals(mine, comm_iv):
         comm_iv.setdefault(kind, []).append((a, b))
     comm_all = _union(iv for ivs in comm_iv.values() for iv in ivs)
     compute = dict.fromkeys(COMPUTE, 0.0)
