@@ -103,69 +103,29 @@ def own_seq_chunk(x: torch.Tensor, group) -> torch.Tensor:
     return x.chunk(n, dim=SEQ_DIM)[dist.get_rank(group)].clone(memory_format=torch.contiguous_format)
 
 
-class _CopyToTP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
+def _conjugate(name: str, forward, backward) -> type:
+    """An autograd function ``name`` whose forward is ``forward(x, group)`` and whose backward is
+    ``backward(grad, group)``: one of Megatron-LM's conjugate pairs (the module's table)."""
+    def fwd(ctx, x, group):
         ctx.group = group
-        return x.view_as(x)
+        return forward(x, group)
 
-    @staticmethod
-    def backward(ctx, g):
-        return all_reduce(g, ctx.group), None
-
-
-class _ReduceFromTP(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        return all_reduce(x, group)
-
-    @staticmethod
-    def backward(ctx, g):
-        return g, None
+    def bwd(ctx, g):
+        return backward(g, ctx.group), None
+    return type(name, (torch.autograd.Function,), {"forward": staticmethod(fwd), "backward": staticmethod(bwd),
+                                                   "__doc__": f"{forward.__name__} forward, {backward.__name__} backward"})
 
 
-class _GatherSeqReduceScatterGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return all_gather_seq(x, group)
-
-    @staticmethod
-    def backward(ctx, g):
-        return reduce_scatter_seq_raw(g, ctx.group), None
+def _identity(x: torch.Tensor, group) -> torch.Tensor:
+    return x.view_as(x)
 
 
-class _ReduceScatterSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return reduce_scatter_seq_raw(x, group)
-
-    @staticmethod
-    def backward(ctx, g):
-        return all_gather_seq(g, ctx.group), None
-
-
-class _SplitSeq(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return own_seq_chunk(x, group)
-
-    @staticmethod
-    def backward(ctx, g):
-        return all_gather_seq(g, ctx.group), None
-
-
-class _GatherSeqSplitGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, group):
-        ctx.group = group
-        return all_gather_seq(x, group)
-
-    @staticmethod
-    def backward(ctx, g):
-        return own_seq_chunk(g, ctx.group), None
+_CopyToTP = _conjugate("_CopyToTP", _identity, all_reduce)
+_ReduceFromTP = _conjugate("_ReduceFromTP", all_reduce, _identity)
+_GatherSeqReduceScatterGrad = _conjugate("_GatherSeqReduceScatterGrad", all_gather_seq, reduce_scatter_seq_raw)
+_ReduceScatterSeq = _conjugate("_ReduceScatterSeq", reduce_scatter_seq_raw, all_gather_seq)
+_SplitSeq = _conjugate("_SplitSeq", own_seq_chunk, all_gather_seq)
+_GatherSeqSplitGrad = _conjugate("_GatherSeqSplitGrad", all_gather_seq, own_seq_chunk)
 
 
 class _SequenceGatheredLinear(torch.autograd.Function):
