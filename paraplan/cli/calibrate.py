@@ -1,27 +1,53 @@
-"""`paraplan calibrate RUN_DIR... [--name NAME] [--cluster local|profile:NAME] [--db FILE] [--show]`:
-fit this cluster's efficiency factors to measured runs (paraplan/validation/calibrate.py)."""
+"""`paraplan calibrate RUN_DIR... [--runs-csv RUNS.csv] [--log FILE...] [--cluster local|profile:NAME|PRESET|FILE.yaml]
+[--name NAME] [--write-cluster FILE.yaml] [--db FILE] [--show]`: fit this cluster's efficiency factors to measured runs
+(paraplan/validation/calibrate.py)."""
 from __future__ import annotations
 
 import json
 import sys
 
+from paraplan.cli.common import check_out_path, writing
+from paraplan.cli.score import LOG_ONLY, add_log_arguments
 from paraplan.errors import ConfigError
+from paraplan.io import write_atomic
 
 
 def cmd_calibrate(args) -> int:
-    from paraplan.validation.calibrate import (base_tables, calibrate, estimable, factors_table, loro_table, loro_verdict, pool_runs, read_run, row_runs,
+    from paraplan.profiles.cluster import is_profile_spec
+    from paraplan.validation.calibrate import (base_tables, calibrate, calibrated_cluster_yaml, estimable,
+                                               factors_table, loro_table, loro_verdict, pool_runs, read_run, row_runs,
                                                store_calibrated, trace_vs_estimate, charged_slowdown)
     from paraplan.validation.trace import format_terms
-    if not args.runs and not args.runs_csv:
+    if not args.runs and not args.runs_csv and not args.log:
         raise ConfigError("runs", "no runs given", accepted="folders `paraplan validate --out DIR` wrote, "
-                          "or --runs-csv RUNS.csv (the published-run schema)")
-    if args.cluster != "local" and not args.cluster.startswith("profile:"):
-        raise ConfigError("--cluster", f"{args.cluster!r} is not a stored profile", accepted="local or profile:NAME")
+                          "--runs-csv RUNS.csv (the published-run schema) or --log FILE... (training logs)")
     if args.name is not None and (not args.name or len(args.name) > 64 or not args.name.replace("-", "").replace(
             "_", "").replace(".", "").isalnum()):
         raise ConfigError("--name", f"{args.name[:80]!r}", accepted="1-64 letters, digits, '-', '_' or '.'")
+    if args.write_cluster is not None:
+        check_out_path("--write-cluster", args.write_cluster, folder=False)
+    given = [k for k in LOG_ONLY if k != "write_rows" and getattr(args, k, None) is not None]
+    if given and not args.log:
+        raise ConfigError("--" + given[0].replace("_", "-"), "applies to --log only")
+    on_cluster = not is_profile_spec(args.cluster)
+    if on_cluster and args.runs:
+        raise ConfigError("--cluster", f"{args.cluster!r} is a cluster, not a stored profile: validate folders "
+                          "calibrate the profile their prediction used", accepted="local or profile:NAME with "
+                          "validate folders; a preset or cluster file with --runs-csv or --log")
+    if on_cluster and args.name is not None:
+        raise ConfigError("--name", f"stores a calibrated measured profile; {args.cluster!r} is a cluster",
+                          accepted="--write-cluster FILE.yaml (then --cluster FILE.yaml), or --cluster local / "
+                                   "profile:NAME with --name")
+    if not on_cluster and args.write_cluster is not None:
+        raise ConfigError("--write-cluster", f"writes a calibrated cluster file; {args.cluster!r} is a measured "
+                          "profile", accepted="--name NAME (then --cluster profile:NAME), or --cluster PRESET / "
+                                              "FILE.yaml with --write-cluster")
     runs = pool_runs([read_run(p) for p in args.runs])
     tables, label = base_tables(args.cluster, args.db)
+    if args.log:
+        from paraplan.cli.score import read_logs
+        from paraplan.planner.runlogs import case_of
+        runs += row_runs([case_of(log, i) for i, log in enumerate(read_logs(args))])
     if args.runs_csv:
         from paraplan.calibration import cases_of_table, read_runs_file, source_name
         from paraplan.reports.score import read_case
@@ -65,7 +91,8 @@ def cmd_calibrate(args) -> int:
                           "noise": cal.fit.noise, "repeats": cal.repeats, "resolved": cal.resolved,
                           "base": args.cluster}, indent=1))
     else:
-        print(f"calibrated on {len(runs)} run(s) against {args.cluster} (profile run {tables.get('run_id')})")
+        against = f"cluster {args.cluster}" if on_cluster else f"{args.cluster} (profile run {tables.get('run_id')})"
+        print(f"calibrated on {len(runs)} run(s) against {against}")
         print(factors_table(cal), end="")
         print()
         print(loro_table(cal), end="")
@@ -76,6 +103,16 @@ def cmd_calibrate(args) -> int:
         fid, run_id = store_calibrated(args.name, cal, tables, args.db)
         print(f"stored as profile:{args.name} (machine {fid}, run {run_id}): "
               f"--cluster profile:{args.name} estimates and plans with it", file=sys.stderr)
+    if args.write_cluster:
+        if not cal.fit.factors:
+            raise ConfigError("--write-cluster", "nothing was fitted: no knob is constrained by these runs",
+                              accepted="runs whose terms the knobs move (see the table)")
+        import datetime
+        text = calibrated_cluster_yaml(cal, tables, runs, datetime.date.today().isoformat())
+        with writing("--write-cluster", args.write_cluster):
+            write_atomic(args.write_cluster, text)
+        print(f"wrote {args.write_cluster}: --cluster {args.write_cluster} estimates and plans with the factors",
+              file=sys.stderr)
     return 0
 
 
@@ -92,9 +129,16 @@ def register(subparsers) -> None:
     p.add_argument("--runs-csv", default=None, metavar="RUNS.csv",
                    help="measured runs in the published-run CSV schema (`paraplan score`'s input), each estimated "
                         "at its GPU count on the profile: one equation on its step time")
-    p.add_argument("--cluster", default="local", help="the profile to calibrate: local (default) or profile:NAME")
+    add_log_arguments(p, "read real runs' logs as runs", "each one equation on its step time")
+    p.add_argument("--cluster", default="local",
+                   help="what to calibrate: local (default) or profile:NAME, a measured profile; or a system preset "
+                        "(dgx-h100) or cluster file, for runs given as rows or logs (each estimated on it at its GPU "
+                        "count, network tier included)")
     p.add_argument("--db", default=None, help="profile database (default $PARAPLAN_PROFILE_DB or ~/.cache)")
-    p.add_argument("--name", default=None, help="store the calibrated profile under this name")
+    p.add_argument("--name", default=None, help="store the calibrated profile under this name (a measured profile)")
+    p.add_argument("--write-cluster", default=None, metavar="FILE.yaml",
+                   help="write the calibrated cluster as a cluster file (a preset or cluster file --cluster; "
+                        "then --cluster FILE.yaml)")
     p.add_argument("--show", action="store_true",
                    help="first print each run's traced terms beside the estimate's (gemm, attention, memory, "
                         "optimizer, each collective and its overlap, idle)")

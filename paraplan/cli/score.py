@@ -175,9 +175,20 @@ def register(subparsers) -> None:
                     "error per row, per source and per hardware generation, and how many fall in the 90%% interval.")
     sc.add_argument("runs", metavar="RUNS.csv", nargs="?", help="measured runs, one per row")
     sc.add_argument("--rows", action="store_true", help="print every row (table format)")
-    lg = sc.add_argument_group("training logs", "read real runs' logs instead of a runs file: Megatron-LM / NeMo / "
-                               "Megatron-Bridge, torchtitan, DeepSpeed, MLPerf Training result logs (docs/usage.md)")
-    lg.add_argument("--log", nargs="+", metavar="FILE", help="training logs (.gz too), each scored as one run")
+    lg = add_log_arguments(sc, "read real runs' logs instead of a runs file", "each scored as one run")
+    lg.add_argument("--write-rows", metavar="OUT.csv", help="also write the runs read as a runs file (the "
+                    "published-run columns: `paraplan score OUT.csv` reads it, and calibrate)")
+    sc.add_argument("--format", choices=("table", "json"), default="table")
+    sc.add_argument("--out", metavar="FILE", help="write to this file (atomically) instead of stdout")
+    sc.set_defaults(func=cmd_score)
+
+
+def add_log_arguments(parser, purpose: str, each: str):
+    """The training-log flags ``score`` and ``calibrate`` share (--log and what a log may not state), as an
+    argument group of ``parser``; returned for the command's own additions."""
+    lg = parser.add_argument_group("training logs", f"{purpose}: Megatron-LM / NeMo / Megatron-Bridge, torchtitan, "
+                                   "DeepSpeed, MLPerf Training result logs (docs/usage.md)")
+    lg.add_argument("--log", nargs="+", metavar="FILE", help=f"training logs (.gz too), {each}")
     lg.add_argument("--log-kind", choices=("megatron", "torchtitan", "deepspeed", "mlperf"),
                     help="the log's kind (default: detected from its content)")
     lg.add_argument("--gpu", metavar="NAME", help="the GPU the run used, where the log does not say (H100-SXM, "
@@ -193,8 +204,4 @@ def register(subparsers) -> None:
                     help="logged measurements to skip as warm-up (default per kind: 2 lines; 1 MLPerf block)")
     for name in LAYOUT_FIELDS:
         add_plan_flag(lg, name)
-    lg.add_argument("--write-rows", metavar="OUT.csv", help="also write the runs read as a runs file (the "
-                    "published-run columns: `paraplan score OUT.csv` reads it, and calibrate)")
-    sc.add_argument("--format", choices=("table", "json"), default="table")
-    sc.add_argument("--out", metavar="FILE", help="write to this file (atomically) instead of stdout")
-    sc.set_defaults(func=cmd_score)
+    return lg

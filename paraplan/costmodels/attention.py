@@ -106,7 +106,8 @@ def measured_attention_efficiency(model, plan, curves, query_len, batch_heads):
         rate = np.interp(np.log2(np.asarray(query_len, dtype=float)), seqs, np.asarray(curve, dtype=float))
         rate = rate * (factor + (1 - factor) * head_share) * occupancy
         eff = np.where(kernel == int(AttentionKernel.parse(label)), rate, eff)
-    return eff
+    calibrated = getattr(curves, "factor", None)       # a calibrated cluster's attention factor on the time
+    return eff / calibrated("attention") if calibrated else eff
 
 
 # Bytes per element of the score matrix that unfused attention's softmax streams (16-bit scores and

@@ -86,9 +86,8 @@ def collective_time(kind: str, size_bytes, n, k, intra: Link, inter: Link):
     if not (intra.per_op or inter.per_op or intra.measured or inter.measured):
         if not np.any(nodes > 1):
             return single
-        across = nccl.multinode_time(kind, s, n, k, intra.effective_bandwidth_bytes_per_s,
-                                     inter.effective_bandwidth_bytes_per_s, intra.latency_s, inter.latency_s,
-                                     inter.protocols)
+        (a_in, b_in), (a_out, b_out) = intra.alpha_beta(kind), inter.alpha_beta(kind)   # with calibration factors
+        across = nccl.multinode_time(kind, s, n, k, b_in, b_out, a_in, a_out, inter.protocols)
         return np.where(nodes > 1, across, single)
     intra_part = ring_time(REDUCE_SCATTER, s, k, intra)           # RS (or AG) inside the node
     inter_part = ring_time(kind, s / k, nodes, inter)             # same collective across nodes on 1/k

@@ -73,8 +73,16 @@ class AnalyticalCurves:
     attention_table: Mapping | None = field(default=None, compare=False)
     #: what the curves of this part leave unpriced, said with every estimate on it (curves.yaml ``caveat``)
     caveat: str | None = field(default=None, compare=False)
+    #: factors `paraplan calibrate` fitted on a cluster of this part (the accelerator's ``calibration``):
+    #: ``gemm`` multiplies the GEMMs' arithmetic time, ``attention`` fused attention's, ``memory`` the
+    #: memory-bound kernels' byte time, ``optimizer`` the Adam step's; ``kernel`` is in ``kernel_overhead_s``
+    calibration: Mapping[str, float] = field(default_factory=dict, compare=False)
 
     kind = "analytical"
+
+    def factor(self, knob: str) -> float:
+        """The calibration factor on ``knob`` (1 where none was fitted)."""
+        return float(self.calibration.get(knob, 1.0))
 
     @property
     def gemm_wave_units(self) -> str:
@@ -96,7 +104,7 @@ class AnalyticalCurves:
         acc = self.accelerator
         flops = 2.0 * groups * m * n * k
         plateau = acc.plateau(dtype) * self.gemm_sustained_fraction
-        return flops / (self.tensor_peak(dtype) * plateau * self.wave_efficiency(m, n, k, groups))
+        return self.factor("gemm") * flops / (self.tensor_peak(dtype) * plateau * self.wave_efficiency(m, n, k, groups))
 
     def wave_efficiency(self, m, n, k, groups=1.0):
         """η_wave = (C/S) / ceil(C/S): the fill of the waves of C work units over S SMs, with C the
@@ -146,7 +154,7 @@ class AnalyticalCurves:
     def _hbm_time(self, nbytes, kernels, efficiency: float):
         """``kernels`` launches moving ``nbytes`` through HBM at ``efficiency`` of its bandwidth."""
         bw = self.accelerator.memory_bandwidth_bytes_per_s * efficiency
-        return kernels * self.kernel_overhead_s + np.asarray(nbytes, dtype=float) / bw
+        return kernels * self.kernel_overhead_s + self.factor("memory") * np.asarray(nbytes, dtype=float) / bw
 
     def memory_time(self, nbytes, kernels=1):
         """Seconds to stream ``nbytes`` through HBM in ``kernels`` launches."""
@@ -167,7 +175,7 @@ class AnalyticalCurves:
     def flash_attention_time(self, flops, dtype: str = "bf16", kernels=1):
         """Seconds for fused attention executing ``flops`` (against :meth:`tensor_peak`)."""
         peak = self.tensor_peak(dtype) * self.flash_attention_efficiency
-        return kernels * self.kernel_overhead_s + np.asarray(flops, dtype=float) / peak
+        return kernels * self.kernel_overhead_s + self.factor("attention") * np.asarray(flops, dtype=float) / peak
 
     def softmax_exp_time_factor(self, head_dim) -> float:
         """Fused attention time on this part over its generation's, from its exponentials' speedup:
@@ -206,6 +214,7 @@ class AnalyticalCurves:
                     "power_limited_clock_factor": acc.power_limited_clock_factor()}
                    if acc.power_limited_clock_factor() != 1.0 else {}),
                 "gemm_wave_units": self.gemm_wave_units,
+                **({"calibration": dict(self.calibration)} if self.calibration else {}),
                 "kernel_overhead_us": self.kernel_overhead_s * 1e6,
                 "memory_efficiency": self.memory_efficiency,
                 "streaming_efficiency": self.streaming_efficiency,
@@ -229,8 +238,10 @@ def analytical_curves(accelerator: Accelerator) -> AnalyticalCurves:
     specific = table.get(accelerator.name) or {}
     sources = {**entry.pop("sources", {}), **specific.get("sources", {})}
     entry.update({k: v for k, v in specific.items() if k != "sources"})
+    calibration = dict(getattr(accelerator, "calibration", None) or {})
     return AnalyticalCurves(
-        accelerator=accelerator, kernel_overhead_s=entry["kernel_overhead_us"] * 1e-6,
+        accelerator=accelerator, calibration=calibration,
+        kernel_overhead_s=entry["kernel_overhead_us"] * 1e-6 * float(calibration.get("kernel", 1.0)),
         gemm_tile_m=entry["gemm_tile_m"], gemm_tile_n=entry["gemm_tile_n"],
         memory_efficiency=entry["memory_efficiency"],
         flash_attention_efficiency=entry["flash_attention_efficiency"],
@@ -328,6 +339,23 @@ def with_reference_block(curves, cluster):
     f = (float(block["time_s"]) - per_kernel) / (curves.compute_slowdown * work)
     lo, hi = COMPOSITION_FACTOR_BOUNDS
     return replace(curves, composition_factor=float(min(max(f, lo), hi)))
+
+
+def calibration_assumption(curves, cluster=None, **_) -> tuple[str, ...]:
+    """The factors `paraplan calibrate` fitted that a calibrated cluster file carries (its ``calibration``):
+    those on the analytical curves' compute times and those on the collectives' α and β, said with every
+    estimate on it."""
+    factors = dict(getattr(curves, "calibration", None) or {}) if getattr(curves, "kind", "") == "analytical" else {}
+    system = getattr(cluster, "system", None)
+    links = dict(getattr(getattr(system, "intra_node", None), "calibration", None) or {})
+    for op, (fa, fb) in links.items():
+        factors.update({f"{op}.latency": fa} if fa != 1.0 else {})
+        factors.update({f"{op}.bandwidth": fb} if fb != 1.0 else {})
+    if not factors:
+        return ()
+    shown = ", ".join(f"{k} x{v:.3g}" for k, v in sorted(factors.items()))
+    return (f"calibrated to measured runs (paraplan calibrate): {shown} on the time of that work (a collective's "
+            f"latency factor on its α, its bandwidth factor on its β = 1/B)",)
 
 
 def gemm_level_assumption(plan, curves, **_) -> tuple[str, ...]:

@@ -34,7 +34,7 @@ from paraplan.costmodels.compute import (FLOP_CONVENTION, compiled_blocks_assump
 from paraplan.costmodels.dataparallel import (DP_OVERLAP_ASSUMPTION, deepspeed_dp_assumption, dp_overlap_assumption,
                                               dp_step_times, expert_tp_replica_allreduce_time, fsdp_once_assumption,
                                               megatron_fsdp_assumption)
-from paraplan.costmodels.efficiency import curves_for, gemm_level_assumption, with_reference_block
+from paraplan.costmodels.efficiency import calibration_assumption, curves_for, gemm_level_assumption, with_reference_block
 from paraplan.costmodels.fp8 import fp8_assumptions
 from paraplan.costmodels.intervals import describe_interval, features_of
 from paraplan.costmodels.kernels import Number, micro_batches
@@ -68,7 +68,8 @@ PLAN_ASSUMPTIONS = (states_assumption, rank_order_assumption, tp_overlap_assumpt
                     fsdp_once_assumption, runtime_reserve_assumption, fused_attention_assumption, compiled_blocks_assumption,
                     fp8_assumptions)
 #: then those that read the model, job, cluster, curves or the predicted peak memory, in the order printed
-ESTIMATE_ASSUMPTIONS = (model_read_assumption, gemm_level_assumption, attention_kernel_assumption, qk_norm_assumption,
+ESTIMATE_ASSUMPTIONS = (model_read_assumption, calibration_assumption, gemm_level_assumption, attention_kernel_assumption,
+                        qk_norm_assumption,
                         pipeline_transfer_assumption, deep_pipeline_bubble_assumption, softmax_exp_assumption, moe_dispatch_assumption,
                         routing_imbalance_assumption, moe_host_assumption, expert_wgrad_assumption, expert_bias_assumption,
                         ep_overlap_assumption,

@@ -96,6 +96,8 @@ def optimizer_time(shard, plan, cluster, curves, tensors=None):
     per_param = (curves.gpu_adam_bytes_per_param - precision_aware_step_saving(plan)
                  + np.where(compressed, ERROR_FEEDBACK_BYTES_PER_PARAM, 0))
     gpu = curves.memory_time(per_param * shard, kernels=4)
+    if getattr(curves, "kind", "") == "analytical":        # a calibrated cluster's optimizer factor
+        gpu = gpu * curves.factor("optimizer")
     measured = getattr(curves, "adam_step_time", None)
     if measured is not None and tensors is not None:
         t = measured(shard, tensors)

@@ -16,7 +16,7 @@ from paraplan.errors import ConfigError, unknown_name
 from paraplan.hardware.names import Resolved, system_for_gpu
 from paraplan.io import FieldReader, read_yaml
 from paraplan.hardware.model import (GB, GIB, Accelerator, CacheLevel, Cluster, Cpu, Link, Nvme,
-                                     System, _frozen_map)
+                                     System, _frozen_map, calibrated_system)
 
 CATALOG_DIR = Path(__file__).parent / "catalog"
 KINDS = ("accelerators", "systems", "cpus", "nvme")
@@ -240,6 +240,19 @@ def power_limited(accelerator: Accelerator, watts: float, field: str) -> Acceler
     return replace(accelerator, power_limit_w=float(watts))
 
 
+def _calibrated(system: System, f: FieldReader) -> System:
+    """``system`` with the file's ``calibration`` factors (what `paraplan calibrate --write-cluster`
+    writes: knob -> factor, :data:`~paraplan.hardware.model.CALIBRATION_KNOBS`) applied, where it has them."""
+    if not f.has("calibration"):
+        return system
+    knobs = f.mapping("calibration")
+    factors = {str(k): knobs.number(str(k)) for k in knobs.data}
+    try:
+        return calibrated_system(system, factors)
+    except ConfigError as e:
+        raise ConfigError(e.field, e.problem, accepted=e.accepted, source=f.source) from None
+
+
 def load_cluster(spec: str, gpus: int | None = None, *, inter_node_oversubscription: float = 1.0) -> Cluster:
     """A cluster from a system preset name and a GPU count, or from a YAML file (a measured
     profile, ``local`` or ``profile:NAME``, is loaded by :func:`paraplan.scenario.load_cluster`).
@@ -255,7 +268,7 @@ def load_cluster(spec: str, gpus: int | None = None, *, inter_node_oversubscript
         data = read_yaml(path, "cluster")
         f = FieldReader(data, str(path))
         if isinstance(data, dict) and "system" not in data and {"accelerator", "gpus_per_node"} <= set(data):
-            system = parse_system(f)
+            system = _calibrated(parse_system(f), f)
             n = system.gpus_per_node if gpus is None else gpus
             # named after the file: the copy's own ``name`` is still the preset's it was copied from
             return Cluster(name=path.stem, system=system, num_gpus=int(n),
@@ -264,6 +277,7 @@ def load_cluster(spec: str, gpus: int | None = None, *, inter_node_oversubscript
         if f.has("gpu_power_limit_w"):
             watts = f.number("gpu_power_limit_w")
             system = replace(system, accelerator=power_limited(system.accelerator, watts, f._name("gpu_power_limit_w")))
+        system = _calibrated(system, f)
         n = gpus if gpus is not None else f.integer("gpus")
         return Cluster(name=f.string("name", path.stem), system=system, num_gpus=int(n),
                        inter_node_oversubscription=f.number("inter_node_oversubscription", 1.0))

@@ -19,6 +19,15 @@ def _frozen_map(m: Mapping | None) -> Mapping:
     return MappingProxyType(dict(m or {}))
 
 
+#: what `paraplan calibrate` fits (docs/calibrate.md): factors on the time of the GEMMs' work, fused
+#: attention's, the memory-bound kernels', the per-kernel cost and the optimizer step, and per collective
+#: kind on its latency α and its bandwidth term β = 1/B
+CALIBRATION_COMPUTE_KNOBS = ("gemm", "attention", "memory", "kernel", "optimizer")
+COLLECTIVE_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+CALIBRATION_KNOBS = CALIBRATION_COMPUTE_KNOBS + tuple(f"{op}.{part}" for op in COLLECTIVE_KINDS
+                                                      for part in ("latency", "bandwidth"))
+
+
 @dataclass(frozen=True, eq=False)
 class MeasuredProfile:
     """What ``paraplan profile`` measured on one device, as plain tables
@@ -119,6 +128,10 @@ class Accelerator:
     sources: Mapping[str, str] = field(default_factory=dict, compare=False)
     #: what a profile measured on this device (None for catalogue parts: analytical curves)
     measured: "MeasuredProfile | None" = field(default=None, compare=False, repr=False)
+    #: factors `paraplan calibrate` fitted to runs on a cluster of this part (:data:`CALIBRATION_KNOBS`, the
+    #: compute ones): each multiplies the analytical curves' time of its kind of work
+    #: (:func:`paraplan.costmodels.efficiency.calibrated_curves`); empty for the catalogue's parts
+    calibration: Mapping[str, float] = field(default_factory=dict)
 
     def plateau(self, dtype: str) -> float:
         """The GEMM plateau efficiency (MAMF / peak) for GEMMs in ``dtype``. fp4 GEMMs take the fp8
@@ -182,12 +195,17 @@ class Link:
     def effective_bandwidth_bytes_per_s(self) -> float:
         return self.bandwidth_bytes_per_s * self.efficiency
 
+    #: per collective kind, factors (on α, on β = 1/B) `paraplan calibrate` fitted to runs on this tier
+    #: (:func:`calibrated_system`); :meth:`alpha_beta` applies them
+    calibration: Mapping[str, tuple[float, float]] = field(default_factory=dict, compare=False)
+
     def alpha_beta(self, op: str) -> tuple[float, float]:
-        """(latency α in s, effective bandwidth in bytes/s) for collective ``op``."""
+        """(latency α in s, effective bandwidth in bytes/s) for collective ``op``, with the tier's
+        calibration factors for ``op`` (α times the first, bandwidth over the second)."""
         fit = self.per_op.get(op)
-        if fit is not None:
-            return fit
-        return self.latency_s, self.effective_bandwidth_bytes_per_s
+        alpha, bw = fit if fit is not None else (self.latency_s, self.effective_bandwidth_bytes_per_s)
+        fa, fb = self.calibration.get(op, (1.0, 1.0))
+        return alpha * fa, bw / fb
 
     def scaled(self, factor: float) -> "Link":
         return replace(self, bandwidth_bytes_per_s=self.bandwidth_bytes_per_s * factor,
@@ -411,3 +429,43 @@ class Cluster:
 
     def with_system(self, **changes) -> "Cluster":
         return replace(self, system=replace(self.system, **changes))
+
+
+def link_calibration(factors: Mapping[str, float]) -> dict[str, tuple[float, float]]:
+    """The per-collective (α factor, β factor) of :attr:`Link.calibration` from calibrate's knobs
+    (``{op}.latency``, ``{op}.bandwidth``; ``{op}`` alone both); kinds without a factor are left out."""
+    out = {}
+    for op in COLLECTIVE_KINDS:
+        both = float(factors.get(op, 1.0))
+        fa, fb = float(factors.get(f"{op}.latency", both)), float(factors.get(f"{op}.bandwidth", both))
+        if (fa, fb) != (1.0, 1.0):
+            out[op] = (fa, fb)
+    return out
+
+
+def calibrated_system(system: "System", factors: Mapping[str, float]) -> "System":
+    """``system`` with calibrate's factors (:data:`CALIBRATION_KNOBS`) applied on top of any it carries
+    (multiplied): the compute knobs on its accelerator (:attr:`Accelerator.calibration`, read by the analytical curves) and the collective knobs
+    on both interconnect tiers (:attr:`Link.calibration`). ConfigError for a knob calibrate does not fit
+    or a factor that is not a positive number."""
+    unknown = sorted(set(factors) - set(CALIBRATION_KNOBS) - set(COLLECTIVE_KINDS))
+    if unknown:
+        raise ConfigError("calibration", f"unknown knob(s) {', '.join(map(repr, unknown))[:200]}",
+                          accepted=", ".join(CALIBRATION_KNOBS))
+    for k, v in factors.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < float(v) < float("inf"):
+            raise ConfigError(f"calibration.{k}", f"{v!r} is not a positive factor", accepted="a number > 0, e.g. 0.9")
+    held = dict(system.accelerator.calibration)
+    for k, v in factors.items():
+        if k in CALIBRATION_COMPUTE_KNOBS:
+            held[k] = held.get(k, 1.0) * float(v)
+    acc = replace(system.accelerator, calibration=_frozen_map(held))
+    links = link_calibration(factors)
+
+    def tier(link: Link) -> Link:
+        both = dict(link.calibration)
+        for op, (fa, fb) in links.items():
+            a0, b0 = both.get(op, (1.0, 1.0))
+            both[op] = (a0 * fa, b0 * fb)
+        return replace(link, calibration=_frozen_map(both))
+    return replace(system, accelerator=acc, intra_node=tier(system.intra_node), inter_node=tier(system.inter_node))
