@@ -56,6 +56,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from paraplan.constants import fitted
 from paraplan.errors import ConfigError, shown
 from paraplan.plan import Plan
 from paraplan.profiles.cluster import STEPS, cluster_from_tables, is_profile_spec, resolve_profile
@@ -500,11 +501,11 @@ class Calibration:
 
 
 #: the relative scatter a published-run row or a training log's step shows against the estimator that no
-#: factor of its cluster explains (the other engines' settings and layouts the row does not state): the
-#: estimator's leave-one-source-out throughput error on the published runs, 8.1 % (benchmarks/accuracy.py,
-#: docs/accuracy.md). It weighs such runs when none was repeated to measure the noise (:func:`_solve`), so
-#: that a knob one row barely moves is not bent to explain that row's residual
-ROW_RUN_NOISE = 0.081
+#: factor of its cluster explains (the settings and layouts a row does not state): the estimator's
+#: leave-one-source-out throughput error on the published runs (fitted_constants.yaml). It weighs such runs
+#: when none was repeated to measure the noise (:func:`_solve`), so that a knob one row barely moves is not
+#: bent to explain that row's residual
+ROW_RUN_NOISE = fitted("row_run_noise")
 
 
 def _fit_runs(runs: list, tables: dict, cache: dict) -> Fit:
