@@ -47,6 +47,10 @@ def cmd_calibrate(args) -> int:
     if args.log:
         from paraplan.cli.score import read_logs
         from paraplan.planner.runlogs import case_of
+        if on_cluster and args.gpu is None:       # logs that do not name their GPU ran on the cluster calibrated
+            from paraplan.hardware.catalog import preset_names
+            system = tables.cluster().system.name
+            args.gpu = system if system in preset_names("systems") else None
         runs += row_runs([case_of(log, i) for i, log in enumerate(read_logs(args))])
     if args.runs_csv:
         from paraplan.calibration import cases_of_table, read_runs_file, source_name

@@ -114,11 +114,17 @@ def test_calibrating_a_cluster_that_states_the_wrong_power_limit_brings_every_ru
 
 
 def test_a_training_log_calibrates_a_cluster(capsys):
-    log = str(LOGS / "megatron_deepspeed_llama_tp2pp2.log")
+    log = str(LOGS / "megatron_deepspeed_llama_tp2pp2.log")     # a log that does not name its GPU
     assert main(["calibrate", "--cluster", "dgx-a100-80g", "--log", log, "--gpu", "A100-80GB"]) == 0
     out = capsys.readouterr().out
     assert "calibrated on 1 run(s) against cluster dgx-a100-80g" in out
     assert "leave-one-run-out: needs two runs at least" in out
+    # without --gpu it ran on the cluster being calibrated; on another GPU's cluster it is skipped, said
+    assert main(["calibrate", "--cluster", "dgx-a100-80g", "--log", log]) == 0
+    assert "calibrated on 1 run(s)" in capsys.readouterr().out
+    assert main(["calibrate", "--cluster", "dgx-h100", "--log", log, "--gpu", "A100-80GB"]) != 0
+    err = capsys.readouterr().err
+    assert "it ran on a100-80g" in err.lower() and "none of the runs can be estimated" in err
 
 
 @pytest.mark.parametrize("argv,message", [
