@@ -68,7 +68,8 @@ def cmd_calibrate(args) -> int:
         print(f"paraplan: note: {name} skipped: not estimable on {args.cluster}: {reason}", file=sys.stderr)
     if not runs:
         raise ConfigError("runs", f"none of the runs can be estimated on {args.cluster}",
-                          accepted="runs in a dtype and on GPU counts the profile measured")
+                          accepted="runs on the cluster's GPU (--gpu for logs that do not name it)" if on_cluster
+                          else "runs in a dtype and on GPU counts the profile measured")
     if args.show:
         for r in runs:
             step, pred = trace_vs_estimate(r, tables)
