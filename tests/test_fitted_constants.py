@@ -36,6 +36,7 @@ MODULE_CONSTANTS = {
     ("paraplan.hardware.topology", "SWITCH_HOP_LATENCY_S"): ("switch_hop_latency", 1),
     ("paraplan.costmodels.nccl", "CALL_OVERHEAD_S"): ("collective_call_overhead", 1),
     ("paraplan.validation.calibrate", "ROW_RUN_NOISE"): ("row_run_noise", 1),
+    ("paraplan.validation.calibrate", "ROW_RUN_FACTOR_PRIOR"): ("row_run_factor_prior", 1),
     ("paraplan.cf.data", "ITEM_SLOPE"): ("cf_item_popularity_slope", 1),
     ("paraplan.cf.data", "USER_SLOPE"): ("cf_user_activity_slope", 1),
     ("paraplan.cf.cost", "MLP_MISSES_PER_CORE"): ("cf_misses_per_core", 1),

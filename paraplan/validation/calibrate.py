@@ -161,9 +161,10 @@ class ClusterBase:
         return self.spec
 
     def cluster(self, gpus: int | None = None, factors: dict | None = None):
+        """The cluster at ``gpus`` (1 when not given: each run has its own count) with ``factors`` applied."""
         from paraplan.hardware.catalog import load_cluster
         from paraplan.hardware.model import calibrated_system
-        c = load_cluster(self.spec, gpus)
+        c = load_cluster(self.spec, 1 if gpus is None else gpus)
         return replace(c, system=calibrated_system(c.system, factors)) if factors else c
 
     def get(self, key, default=None):
@@ -404,19 +405,19 @@ def _collinear_groups(a: np.ndarray, cols: list) -> list[tuple]:
     return [tuple(g) for g in groups]
 
 
-def _solve(a: np.ndarray, b: np.ndarray, noise: float | None) -> np.ndarray:
+def _solve(a: np.ndarray, b: np.ndarray, noise: float | None, prior: float = 1.0) -> np.ndarray:
     """x of the equations ``a x = b`` (rows in shares of a run's step), each x pulled towards 0 (its
     factor towards 1, the profile's value): the maximum a posteriori x for rows whose noise is ``noise``
-    and a Gaussian prior of unit spread on each factor around 1, i.e. least squares with the ridge
-    ``noise²``; RIDGE (a numerical pull only) where the noise is not measured. A layout off from the
+    and a Gaussian prior of spread ``prior`` on each factor around 1, i.e. least squares with the ridge
+    ``(noise / prior)²``; RIDGE (a numerical pull only) where the noise is not measured. A layout off from the
     others by its run's load then moves the factors as much as the runs' own spread says a layout
     can be trusted, not as far as least squares alone would take them."""
     n = a.shape[1]
-    ridge = RIDGE if noise is None else max(noise ** 2, RIDGE)
+    ridge = RIDGE if noise is None else max((noise / prior) ** 2, RIDGE)
     return np.linalg.lstsq(np.vstack([a, np.sqrt(ridge) * np.eye(n)]), np.concatenate([b, np.zeros(n)]), rcond=None)[0]
 
 
-def fit(runs: list[Run], base: dict, sens: dict, noise: float | None = None) -> Fit:
+def fit(runs: list[Run], base: dict, sens: dict, noise: float | None = None, prior: float = 1.0) -> Fit:
     """Factors (module docstring) from ``runs`` with their base predictions and sensitivities
     (:func:`sensitivities`, keyed by run name); ``noise``: the measured steps' relative noise
     (:func:`measurement_noise`, :func:`_solve`)."""
@@ -470,7 +471,7 @@ def fit(runs: list[Run], base: dict, sens: dict, noise: float | None = None) -> 
         cols = [g[0] for g in groups]
     members = {g[0]: tuple(j for m in g for j in (compute if m == "compute" else (m,))) for g in groups}
     if cols:
-        x = _solve(a, np.array(rhs, dtype=float), noise)
+        x = _solve(a, np.array(rhs, dtype=float), noise, prior)
         for k, xi in zip(cols, x):
             f = 1.0 + float(xi)
             lo, hi = BOUNDS
@@ -506,6 +507,11 @@ class Calibration:
 #: when none was repeated to measure the noise (:func:`_solve`), so that a knob one row barely moves is not
 #: bent to explain that row's residual
 ROW_RUN_NOISE = fitted("row_run_noise")
+#: how far a factor fitted to rows and logs is expected to stray from 1 (the spread of its Gaussian prior,
+#: fitted_constants.yaml; the validate runs' factors keep a prior of unit spread): the ridge is
+#: (ROW_RUN_NOISE / ROW_RUN_FACTOR_PRIOR)², so that a few rows of mixed models cannot bend the collectives'
+#: factors to their residuals while many rows that share an offset still move the factor it belongs to
+ROW_RUN_FACTOR_PRIOR = fitted("row_run_factor_prior")
 
 
 def _fit_runs(runs: list, tables: dict, cache: dict) -> Fit:
@@ -519,7 +525,7 @@ def _fit_runs(runs: list, tables: dict, cache: dict) -> Fit:
         base[r.name], sens[r.name] = cache[r.name]
     noise = measurement_noise(runs)
     if noise is None and runs and all(isinstance(r, RowRun) for r in runs):
-        return replace(fit(runs, base, sens, ROW_RUN_NOISE), noise_assumed=True)
+        return replace(fit(runs, base, sens, ROW_RUN_NOISE, ROW_RUN_FACTOR_PRIOR), noise_assumed=True)
     return fit(runs, base, sens, noise)
 
 
@@ -638,8 +644,8 @@ def factors_table(cal: Calibration) -> str:
         lines.append(f"clamped to {BOUNDS}: {', '.join(cal.fit.clamped)}")
     if cal.fit.noise_assumed:
         lines.append(f"rows and logs, none repeated: each weighed as scattering by {100 * cal.fit.noise:.1f} % (the "
-                     "estimator's leave-one-source-out error on published runs), each factor pulled towards 1 with "
-                     "weight that squared (a prior of unit spread)")
+                     "estimator's leave-one-source-out error on published runs), each factor pulled towards 1 by a "
+                     f"prior of {100 * ROW_RUN_FACTOR_PRIOR:.0f} % spread (ridge (noise / prior)²)")
     elif cal.fit.noise is not None:
         lines.append(f"measurement noise (the repeats' steps about their mean): {100 * cal.fit.noise:.1f} %; "
                      f"each factor pulled towards 1 with weight noise² (a prior of unit spread)")
