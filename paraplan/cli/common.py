@@ -283,7 +283,8 @@ def friendly_parse_error(message: str, parser: argparse.ArgumentParser) -> str:
                 hint = ""
             return f"{shown(flag, 60).strip(chr(39))}: not a flag of this command{hint}"
         positionals = _positionals_given(parser, getattr(parser, "_given", ()))
-        if re.match(r"-[\d.]", flag) and positionals:   # a value read as a flag: argparse takes '-1e309' for one
+        # a value read as a flag: argparse takes '-1e309' (or '-inf', '-nan') for one
+        if re.match(r"-([\d.]|inf|nan)", flag, re.I) and positionals:
             where = " or ".join(str(p) for p in positionals)
             return (f"{shown(word, 60).strip(chr(39))}: read as a flag because it starts with '-', not as {where}; "
                     f"a file of that name goes as ./{word}")

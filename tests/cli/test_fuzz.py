@@ -105,6 +105,7 @@ def _run(capsys, *argv):
     (["plan", "--modle", "llama3-8b"], "--modle: unrecognized argument; did you mean --model?"),
     # a positional value that starts with '-' is read by argparse as a flag: name the positional it was meant for
     (["score", "-1e309", "--format", "json"], "-1e309: read as a flag because it starts with '-', not as RUNS.csv"),
+    (["score", "-inf"], "-inf: read as a flag because it starts with '-', not as RUNS.csv"),   # fuzz_cli, 10,000 cases
     (["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--fromat", "json"], "did you mean --format"),
     # estimate's --pp given to plan: no did-you-mean of the flag itself, the way plan pins an axis
     (["plan", "--model", "llama3-8b", "--cluster", "dgx-h100", "--pp", "0"],
