@@ -266,6 +266,9 @@ def _bases():
     score_log = ["score", "--log", "{d}/run.log", "--gpu", "A100-80GB", "--format", "json"]
     calibrate = ["calibrate", "{d}/dp2", "{d}/tp2", "{d}/pp2", "--cluster", "profile:vm", "--db",
                  "{d}/profiles.sqlite", "--format", "json"]
+    calibrate_cluster = ["calibrate", "--cluster", "{d}/cluster.yaml", "--runs-csv", "{d}/runs.csv",
+                         "--write-cluster", "{d}/calibrated.yaml", "--format", "json"]
+    cal_runs = FileSpec("runs.csv", "csv", RUN_ROW, "--runs-csv", ("runs-csv", "runs.csv", "RUNS.csv", "cell", "column"))
     return [
         ("estimate", est, ("--gpus", "--seq-len", "--global-batch", "--tp", "--pp", "--cp", "--vpp", "--micro-batch",
                            "--zero", "--dp", "--ep", "--etp", "--schedule", "--recompute", "--moe-imbalance",
@@ -298,6 +301,8 @@ def _bases():
                                   "--warmup", "--log-kind", "--write-rows", "--seq-len", "--global-batch", "--format"),
          (log,)),
         ("calibrate", calibrate, ("--cluster", "--db", "--name", "--runs-csv", "--format"), (report,)),
+        ("calibrate cluster", calibrate_cluster, ("--cluster", "--runs-csv", "--write-cluster", "--format"),
+         (cluster, cal_runs)),
     ]
 
 
@@ -314,6 +319,7 @@ STRING_FLAGS = {
     "score": ("RUNS.csv", "--out"),
     "score log": ("--log", "--gpu", "--model", "--write-rows", "--log-kind"),
     "calibrate": ("RUN_DIR", "--cluster", "--db", "--name", "--runs-csv"),
+    "calibrate cluster": ("--cluster", "--runs-csv", "--write-cluster"),
 }
 
 
@@ -466,7 +472,7 @@ def make_cases(n: int, seed: int = 0, subprocess_every: int = 0) -> list[Case]:
     rng = random.Random(seed)
     bases = _bases()
     weights = {"estimate": 5, "plan": 3, "export": 2, "whatif": 0.6, "list": 1, "cf plan": 2, "validate": 2,
-               "profile": 1, "score": 1.5, "score log": 1.5, "calibrate": 0.8}
+               "profile": 1, "score": 1.5, "score log": 1.5, "calibrate": 0.8, "calibrate cluster": 0.8}
     calibrate_files = {**_run_dir_files(), "profiles.sqlite": ("sqlite", "fixture")}
     cases = []
     for i in range(n):
@@ -474,7 +480,9 @@ def make_cases(n: int, seed: int = 0, subprocess_every: int = 0) -> list[Case]:
         argv = list(argv)
         base_files = {"export": {"plan.json": dump(_plan_doc(), "json")},
                       "score": {"runs.csv": dump(RUN_ROW, "csv")}, "score log": {"run.log": LOG_TEXT},
-                      "calibrate": calibrate_files}.get(command, {})
+                      "calibrate": calibrate_files,
+                      "calibrate cluster": {"runs.csv": dump(RUN_ROW, "csv"), "cluster.yaml": dump(CLUSTER_DOC, "yaml")},
+                      }.get(command, {})
         r = rng.random()
         if files and r < 0.38:
             case = _file_case(rng, command, argv, rng.choice(files))
@@ -482,7 +490,8 @@ def make_cases(n: int, seed: int = 0, subprocess_every: int = 0) -> list[Case]:
             case = _string_case(rng, command, argv)
         elif flags and r < 0.85:
             flag = rng.choice(flags)
-            value = rng.choice(OUT_VALUES if flag in ("--out", "--trace", "--write-rows") and rng.random() < 0.7
+            value = rng.choice(OUT_VALUES if flag in ("--out", "--trace", "--write-rows", "--write-cluster")
+                               and rng.random() < 0.7
                                else FLAG_VALUES)
             files_: dict = {}
             if "afile" in value:

@@ -67,7 +67,8 @@ def cmd_calibrate(args) -> int:
     for name, reason in unusable:
         print(f"paraplan: note: {name} skipped: not estimable on {args.cluster}: {reason}", file=sys.stderr)
     if not runs:
-        raise ConfigError("runs", f"none of the runs can be estimated on {args.cluster}",
+        given = [f for f, v in (("RUN_DIR", args.runs), ("--runs-csv", args.runs_csv), ("--log", args.log)) if v]
+        raise ConfigError(given[0] if len(given) == 1 else "runs", f"none of the runs can be estimated on {args.cluster}",
                           accepted="runs on the cluster's GPU (--gpu for logs that do not name it)" if on_cluster
                           else "runs in a dtype and on GPU counts the profile measured")
     if args.show:
