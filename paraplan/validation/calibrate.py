@@ -42,6 +42,12 @@ Spread: the factors refitted with each run left out (their range). Leave-one-run
 run predicted by the real estimator on the profile calibrated on the other runs, against the
 uncalibrated profile's prediction.
 
+A cluster of the catalogue or a cluster file (:class:`ClusterBase`) is calibrated the same way on
+rows and logs: the knobs apply to the analytical curves and both interconnect tiers
+(:func:`paraplan.hardware.model.calibrated_system`), rows and logs are weighed by ROW_RUN_NOISE with a
+prior of ROW_RUN_FACTOR_PRIOR on each factor, and :func:`calibrated_cluster_yaml` writes the result as
+a cluster file (``--write-cluster``).
+
 The calibrated profile is stored under ``--name`` as a machine of its own in the profile database
 (hostname NAME, fingerprint ``calibrated-NAME``): the base profile's rows copied, plus one
 ``calibration`` row per fitted knob (its factor, spread and the runs it came from in ``shape``), so
@@ -167,14 +173,11 @@ class ClusterBase:
         c = load_cluster(self.spec, 1 if gpus is None else gpus)
         return replace(c, system=calibrated_system(c.system, factors)) if factors else c
 
-    def get(self, key, default=None):
-        """What a profile's tables answer (``run_id``, ``fingerprint``): nothing for a cluster."""
-        return default
 
-
-def estimable(runs: list, tables: dict) -> tuple[list, list]:
+def estimable(runs: list, tables: dict | ClusterBase) -> tuple[list, list]:
     """(the runs the profile can estimate, [(name, reason)] for those it cannot: a row whose dtype the
-    profile has no rate for, a plan the profile's one node cannot hold)."""
+    profile has no rate for, a plan the profile's one node cannot hold; on a cluster, a row that ran on
+    another GPU than the cluster's)."""
     from paraplan.errors import ParaplanError
     ok, skipped = [], []
     accelerator = tables.cluster().accelerator.name if isinstance(tables, ClusterBase) else None
