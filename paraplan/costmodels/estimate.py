@@ -338,7 +338,8 @@ def estimate_legal(model, job, cluster, plan: Plan, *, curves=None, max_memory_f
         assumptions=assumptions(model, job, cluster, plan, curves, memory["total"]),
         prediction_interval=describe_interval(cluster.accelerator.name, tokens_per_s, step,
                                               _f(terms.flops_model) / step / n / peak, moe=model.moe is not None,
-                                              evidence=features_of(model, job, cluster, plan)))
+                                              evidence=features_of(model, job, cluster, plan),
+                                              calibration_residuals=cluster.accelerator.calibration_residuals))
 
 
 def infeasibility(gpu_total, host_per_node, nvme_per_node, cluster, max_memory_fraction=1.0) -> str | None:

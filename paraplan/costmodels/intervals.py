@@ -231,11 +231,54 @@ def interval_for(accelerator_name: str, moe: bool = False) -> Interval | None:
                     float(entry.get("quantile_level", stored.get("level", LEVEL))))
 
 
+#: calibration runs a calibrated cluster needs for an interval of its own: the split-conformal bound at LEVEL
+#: is the ceil(LEVEL·(n + 1))-th smallest of n residuals, which exists from n = 9 on (Vovk et al. 2005; Lei et
+#: al. 2018, "Distribution-free predictive inference for regression", sec. 2.2)
+def conformal_rank(n: int, level: float = LEVEL) -> int:
+    """ceil(level·(n + 1)), the rank of the split-conformal bound among n residuals (rounded first:
+    0.9·10 is 9.000000000000002 in floating point)."""
+    return int(np.ceil(round(level * (n + 1), 9)))
+
+
+MIN_CALIBRATION_RUNS = next(n for n in range(1, 10_000) if conformal_rank(n) <= n)
+
+
+def _ordinal(k: int) -> str:
+    suffix = "th" if 10 <= k % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
+    return f"{k}{suffix}"
+
+
+def conformal_multipliers(residuals: Sequence[float], level: float = LEVEL) -> tuple[float, float, float]:
+    """(low, high, p10) throughput multipliers from a calibrated cluster's leave-one-run-out residuals
+    r = ln(measured / predicted): split conformal on |r| (q the ceil(level·(n + 1))-th smallest; low e^-q,
+    high e^q: a new run of the same kind falls inside with probability ≥ level, the runs exchangeable), and
+    the 10 % quantile of r as the p10 multiplier. Needs MIN_CALIBRATION_RUNS residuals."""
+    r = np.asarray(residuals, dtype=float)
+    k = conformal_rank(len(r), level)
+    if k > len(r):
+        raise ValueError(f"{len(r)} residuals are too few for a {level:.0%} conformal bound")
+    q = float(np.sort(np.abs(r))[k - 1])
+    return float(np.exp(-q)), float(np.exp(q)), float(np.exp(np.quantile(r, 0.1)))
+
+
 def describe_interval(accelerator_name: str, tokens_per_s: float, step_time_s: float, mfu: float,
-                      moe: bool = False, evidence: "Evidence | None" = None) -> dict:
+                      moe: bool = False, evidence: "Evidence | None" = None,
+                      calibration_residuals: Sequence[float] = ()) -> dict:
     """The interval block an estimate carries (printed and in JSON): the group's multipliers raised to
     1 + k·D (D: ``evidence``'s distance to the stored calibration rows), the distance and the plain
-    extrapolation notes (:func:`extrapolation_notes`)."""
+    extrapolation notes (:func:`extrapolation_notes`). On a cluster calibrated to the user's runs with
+    MIN_CALIBRATION_RUNS of them or more (``calibration_residuals``), the interval is theirs instead
+    (:func:`conformal_multipliers`): what those runs measured, not the published rows."""
+    n_cal = len(calibration_residuals)
+    if n_cal >= MIN_CALIBRATION_RUNS:
+        low, high, p10 = conformal_multipliers(calibration_residuals)
+        k = conformal_rank(n_cal)
+        return {"level": LEVEL, "tokens_per_s": [tokens_per_s * low, tokens_per_s * high],
+                "step_time_s": [step_time_s / high, step_time_s / low], "mfu": [mfu * low, mfu * high],
+                "tokens_per_s_p10": tokens_per_s * p10,
+                "basis": (f"the {n_cal} runs this cluster was calibrated on (paraplan calibrate), each predicted "
+                          f"leave-one-run-out: split conformal, the {_ordinal(k)} smallest of their |ln(measured / "
+                          f"predicted)|; plans unlike those runs may fall outside it")}
     iv = interval_for(accelerator_name, moe)
     if iv is None:
         gen = GENERATION.get(accelerator_name, accelerator_name)
@@ -248,9 +291,13 @@ def describe_interval(accelerator_name: str, tokens_per_s: float, step_time_s: f
             widen = 1.0 + widening_k() * dist
             low, high, p10 = low ** widen, high ** widen, (p10 ** widen if p10 is not None else None)
             notes = extrapolation_notes(evidence, stored)
+    basis = iv.basis()
+    if n_cal:
+        basis += (f" (this cluster was calibrated on {n_cal} run{'s' * (n_cal != 1)}: too few for an interval of "
+                  f"their own, {MIN_CALIBRATION_RUNS} needed)")
     out = {"level": iv.level, "tokens_per_s": [tokens_per_s * low, tokens_per_s * high],
            "step_time_s": [step_time_s / high, step_time_s / low], "mfu": [mfu * low, mfu * high],
-           "basis": iv.basis()}
+           "basis": basis}
     if p10 is not None:
         out["tokens_per_s_p10"] = tokens_per_s * p10
     if dist is not None:

@@ -7,12 +7,13 @@ mapping from every figure's key to where it comes from; units sit in the key nam
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable
 
 
-from paraplan.errors import ConfigError, unknown_name
+from paraplan.errors import ConfigError, shown, unknown_name
 from paraplan.hardware.names import Resolved, system_for_gpu
 from paraplan.io import FieldReader, read_yaml
 from paraplan.hardware.model import (GB, GIB, Accelerator, CacheLevel, Cluster, Cpu, Link, Nvme,
@@ -244,11 +245,22 @@ def _calibrated(system: System, f: FieldReader) -> System:
     """``system`` with the file's ``calibration`` factors (what `paraplan calibrate --write-cluster`
     writes: knob -> factor, :data:`~paraplan.hardware.model.CALIBRATION_KNOBS`) applied, where it has them."""
     if not f.has("calibration"):
+        if f.has("calibration_residuals"):
+            raise ConfigError("calibration_residuals", "given without calibration", source=f.source,
+                              accepted="both, as `paraplan calibrate --write-cluster` writes them")
         return system
     knobs = f.mapping("calibration")
     factors = {str(k): knobs.number(str(k)) for k in knobs.data}
+    residuals = None
+    if f.has("calibration_residuals"):
+        raw = f.raw("calibration_residuals")
+        if not isinstance(raw, list) or not all(not isinstance(r, bool) and isinstance(r, (int, float))
+                                                and math.isfinite(r) and abs(r) < 10 for r in raw):
+            raise ConfigError("calibration_residuals", f"expected a list of finite numbers, got {shown(raw, 60)}",
+                              source=f.source, accepted="ln(measured / predicted) per calibration run, e.g. [0.03, -0.05]")
+        residuals = tuple(float(r) for r in raw)
     try:
-        return calibrated_system(system, factors)
+        return calibrated_system(system, factors, residuals)
     except ConfigError as e:
         raise ConfigError(e.field, e.problem, accepted=e.accepted, source=f.source) from None
 

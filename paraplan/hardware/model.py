@@ -132,6 +132,10 @@ class Accelerator:
     #: compute ones): each multiplies the analytical curves' time of its kind of work
     #: (:func:`paraplan.costmodels.efficiency.calibrated_curves`); empty for the catalogue's parts
     calibration: Mapping[str, float] = field(default_factory=dict)
+    #: ln(measured / predicted) step time of each run `paraplan calibrate` fitted ``calibration`` on, each
+    #: predicted leave-one-run-out: the estimate's interval on this cluster comes from them
+    #: (:func:`paraplan.costmodels.intervals.describe_interval`) where there are enough
+    calibration_residuals: tuple[float, ...] = ()
 
     def plateau(self, dtype: str) -> float:
         """The GEMM plateau efficiency (MAMF / peak) for GEMMs in ``dtype``. fp4 GEMMs take the fp8
@@ -443,11 +447,13 @@ def link_calibration(factors: Mapping[str, float]) -> dict[str, tuple[float, flo
     return out
 
 
-def calibrated_system(system: "System", factors: Mapping[str, float]) -> "System":
+def calibrated_system(system: "System", factors: Mapping[str, float],
+                      residuals: tuple[float, ...] | None = None) -> "System":
     """``system`` with calibrate's factors (:data:`CALIBRATION_KNOBS`) applied on top of any it carries
     (multiplied): the compute knobs on its accelerator (:attr:`Accelerator.calibration`, read by the analytical curves) and the collective knobs
     on both interconnect tiers (:attr:`Link.calibration`). ConfigError for a knob calibrate does not fit
-    or a factor that is not a positive number."""
+    or a factor that is not a positive number. ``residuals``: the calibration runs' leave-one-run-out
+    ln(measured / predicted) (:attr:`Accelerator.calibration_residuals`), where given."""
     unknown = sorted(set(factors) - set(CALIBRATION_KNOBS) - set(COLLECTIVE_KINDS))
     if unknown:
         raise ConfigError("calibration", f"unknown knob(s) {', '.join(map(repr, unknown))[:200]}",
@@ -460,6 +466,8 @@ def calibrated_system(system: "System", factors: Mapping[str, float]) -> "System
         if k in CALIBRATION_COMPUTE_KNOBS:
             held[k] = held.get(k, 1.0) * float(v)
     acc = replace(system.accelerator, calibration=_frozen_map(held))
+    if residuals is not None:
+        acc = replace(acc, calibration_residuals=tuple(float(r) for r in residuals))
     links = link_calibration(factors)
 
     def tier(link: Link) -> Link:

@@ -593,6 +593,9 @@ def calibrated_cluster_yaml(cal: Calibration, base: ClusterBase, runs: list, whe
     for k, v in cal.fit.factors.items():
         held[k] = held.get(k, 1.0) * float(v)
     data["calibration"] = {k: round(v, 4) for k, v in sorted(held.items())}
+    # each run's leave-one-run-out ln(measured / predicted): the interval of estimates on this cluster
+    # (intervals.describe_interval, from MIN_CALIBRATION_RUNS runs on); a re-calibration replaces them
+    data["calibration_residuals"] = [round(float(np.log(x["measured_s"] / x["after_s"])), 4) for x in cal.loro]
     lines = [f"# paraplan calibrate, {when}: {base.spec} calibrated on {len(runs)} run(s): "
              + ", ".join(r.name for r in runs)[:400],
              "# factor (spread over the leave-one-out fits) per fitted knob:"]

@@ -12,6 +12,7 @@ leave-one-run-out, each must come closer.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import pytest
 import paraplan
 from paraplan.cli import main
 from paraplan.costmodels.estimate import estimate
+from paraplan.costmodels.intervals import MIN_CALIBRATION_RUNS, conformal_multipliers, describe_interval
 from paraplan.hardware.catalog import load_cluster
 from paraplan.hardware.model import CALIBRATION_KNOBS, calibrated_system
 from paraplan.plan import Plan
@@ -111,6 +113,16 @@ def test_calibrating_a_cluster_that_states_the_wrong_power_limit_brings_every_ru
     assert "calibrated to measured runs (paraplan calibrate): " in capsys.readouterr().out
     text = out.read_text()
     assert text.startswith("# paraplan calibrate") and "leave-one-run-out" in text
+    # the runs' leave-one-run-out residuals travel with the factors and give estimates on it their interval
+    residuals = cluster.accelerator.calibration_residuals
+    assert len(residuals) == 10
+    assert residuals == pytest.approx([math.log(x["measured_s"] / x["after_s"]) for x in loro], abs=1e-4)
+    e = estimate(load_model("gpt-1.7b"), TrainingJob(2048, 512), load_cluster(str(out), 32),
+                 Plan(dp=32, micro_batch=4))
+    iv = e.prediction_interval
+    assert iv["basis"].startswith("the 10 runs this cluster was calibrated on")
+    q = max(abs(r) for r in residuals)           # 10 runs: the 10th smallest of 10
+    assert iv["tokens_per_s"] == pytest.approx([e.tokens_per_s * math.exp(-q), e.tokens_per_s * math.exp(q)])
 
 
 def test_a_training_log_calibrates_a_cluster(capsys):
@@ -150,3 +162,36 @@ def test_a_bad_calibration_in_a_cluster_file_names_the_knob(calibration, message
     assert main(["estimate", "--model", "llama3-8b", "--cluster", path, "--seq-len", "4096", "--global-batch", "64"]) != 0
     err = capsys.readouterr().err.strip()
     assert message in err and path in err and len(err.splitlines()) == 1, err
+
+
+def test_the_conformal_interval_takes_its_bound_from_the_calibration_runs():
+    ten = [0.01 * i * (-1) ** i for i in range(1, 11)]       # |r| 0.01 .. 0.10
+    low, high, p10 = conformal_multipliers(ten)
+    assert (low, high) == pytest.approx((math.exp(-0.10), math.exp(0.10)))   # ceil(0.9 * 11) = 10th of 10
+    nineteen = [0.01 * i for i in range(1, 20)]
+    assert conformal_multipliers(nineteen)[1] == pytest.approx(math.exp(0.18))   # ceil(0.9 * 20) = 18th of 19
+    assert MIN_CALIBRATION_RUNS == 9
+    with pytest.raises(ValueError):
+        conformal_multipliers(ten[:8])
+    # too few runs: the generation's interval, and the basis says why
+    few = describe_interval("h100-sxm", 1000.0, 1.0, 0.5, calibration_residuals=ten[:5])
+    plain = describe_interval("h100-sxm", 1000.0, 1.0, 0.5)
+    assert few["tokens_per_s"] == plain["tokens_per_s"]
+    assert "calibrated on 5 runs: too few for an interval of their own, 9 needed" in few["basis"]
+
+
+@pytest.mark.parametrize("extra,message", [
+    ("calibration_residuals: 0.1\n", "expected a list of finite numbers"),
+    ("calibration_residuals: [0.1, .nan]\n", "expected a list of finite numbers"),
+])
+def test_bad_residuals_in_a_cluster_file_are_one_line(extra, message, tmp_path, capsys):
+    path = _cluster_file(tmp_path, "system: dgx-h100\ngpus: 8\ncalibration:\n  gemm: 1.1\n" + extra)
+    assert main(["estimate", "--model", "llama3-8b", "--cluster", path, "--seq-len", "4096", "--global-batch", "64"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "calibration_residuals" in err and message in err and len(err.splitlines()) == 1, err
+
+
+def test_residuals_without_factors_are_refused(tmp_path, capsys):
+    path = _cluster_file(tmp_path, "system: dgx-h100\ngpus: 8\ncalibration_residuals: [0.1]\n")
+    assert main(["estimate", "--model", "llama3-8b", "--cluster", path, "--seq-len", "4096", "--global-batch", "64"]) != 0
+    assert "given without calibration" in capsys.readouterr().err
