@@ -26,9 +26,9 @@ def cmd_calibrate(args) -> int:
         raise ConfigError("--name", f"{args.name[:80]!r}", accepted="1-64 letters, digits, '-', '_' or '.'")
     if args.write_cluster is not None:
         check_out_path("--write-cluster", args.write_cluster, folder=False)
-    given = [k for k in LOG_ONLY if k != "write_rows" and getattr(args, k, None) is not None]
-    if given and not args.log:
-        raise ConfigError("--" + given[0].replace("_", "-"), "applies to --log only")
+    log_flags = [k for k in LOG_ONLY if k != "write_rows" and getattr(args, k, None) is not None]
+    if log_flags and not args.log:
+        raise ConfigError("--" + log_flags[0].replace("_", "-"), "applies to --log only")
     on_cluster = not is_profile_spec(args.cluster)
     if on_cluster and args.runs:
         raise ConfigError("--cluster", f"{args.cluster!r} is a cluster, not a stored profile: validate folders "
@@ -67,8 +67,8 @@ def cmd_calibrate(args) -> int:
     for name, reason in unusable:
         print(f"paraplan: note: {name} skipped: not estimable on {args.cluster}: {reason}", file=sys.stderr)
     if not runs:
-        given = [f for f, v in (("RUN_DIR", args.runs), ("--runs-csv", args.runs_csv), ("--log", args.log)) if v]
-        raise ConfigError(given[0] if len(given) == 1 else "runs", f"none of the runs can be estimated on {args.cluster}",
+        inputs = [f for f, v in (("RUN_DIR", args.runs), ("--runs-csv", args.runs_csv), ("--log", args.log)) if v]
+        raise ConfigError(inputs[0] if len(inputs) == 1 else "runs", f"none of the runs can be estimated on {args.cluster}",
                           accepted="runs on the cluster's GPU (--gpu for logs that do not name it)" if on_cluster
                           else "runs in a dtype and on GPU counts the profile measured")
     if args.show:

@@ -231,15 +231,15 @@ def interval_for(accelerator_name: str, moe: bool = False) -> Interval | None:
                     float(entry.get("quantile_level", stored.get("level", LEVEL))))
 
 
-#: calibration runs a calibrated cluster needs for an interval of its own: the split-conformal bound at LEVEL
-#: is the ceil(LEVEL·(n + 1))-th smallest of n residuals, which exists from n = 9 on (Vovk et al. 2005; Lei et
-#: al. 2018, "Distribution-free predictive inference for regression", sec. 2.2)
 def conformal_rank(n: int, level: float = LEVEL) -> int:
     """ceil(level·(n + 1)), the rank of the split-conformal bound among n residuals (rounded first:
     0.9·10 is 9.000000000000002 in floating point)."""
     return int(np.ceil(round(level * (n + 1), 9)))
 
 
+#: calibration runs a calibrated cluster needs for an interval of its own: the split-conformal bound at LEVEL
+#: is the ceil(LEVEL·(n + 1))-th smallest of n residuals, which exists from n = 9 on (Vovk et al. 2005; Lei et
+#: al. 2018, "Distribution-free predictive inference for regression", sec. 2.2)
 MIN_CALIBRATION_RUNS = next(n for n in range(1, 10_000) if conformal_rank(n) <= n)
 
 
@@ -270,32 +270,31 @@ def describe_interval(accelerator_name: str, tokens_per_s: float, step_time_s: f
     MIN_CALIBRATION_RUNS of them or more (``calibration_residuals``), the interval is theirs instead
     (:func:`conformal_multipliers`): what those runs measured, not the published rows."""
     n_cal = len(calibration_residuals)
+    dist, notes = None, []
     if n_cal >= MIN_CALIBRATION_RUNS:
+        level = LEVEL
         low, high, p10 = conformal_multipliers(calibration_residuals)
-        k = conformal_rank(n_cal)
-        return {"level": LEVEL, "tokens_per_s": [tokens_per_s * low, tokens_per_s * high],
-                "step_time_s": [step_time_s / high, step_time_s / low], "mfu": [mfu * low, mfu * high],
-                "tokens_per_s_p10": tokens_per_s * p10,
-                "basis": (f"the {n_cal} runs this cluster was calibrated on (paraplan calibrate), each predicted "
-                          f"leave-one-run-out: split conformal, the {_ordinal(k)} smallest of their |ln(measured / "
-                          f"predicted)|; plans unlike those runs may fall outside it")}
-    iv = interval_for(accelerator_name, moe)
-    if iv is None:
-        gen = GENERATION.get(accelerator_name, accelerator_name)
-        return {"level": LEVEL, "basis": f"no calibration data for {gen}: no prediction interval"}
-    low, high, p10, dist, notes = iv.low, iv.high, _stored_p10(iv.generation), None, []
-    if evidence is not None:
-        stored = stored_evidence()
-        if stored:
-            dist = evidence_distance(evidence, stored, stored_scales())
-            widen = 1.0 + widening_k() * dist
-            low, high, p10 = low ** widen, high ** widen, (p10 ** widen if p10 is not None else None)
-            notes = extrapolation_notes(evidence, stored)
-    basis = iv.basis()
-    if n_cal:
-        basis += (f" (this cluster was calibrated on {n_cal} run{'s' * (n_cal != 1)}: too few for an interval of "
-                  f"their own, {MIN_CALIBRATION_RUNS} needed)")
-    out = {"level": iv.level, "tokens_per_s": [tokens_per_s * low, tokens_per_s * high],
+        basis = (f"the {n_cal} runs this cluster was calibrated on (paraplan calibrate), each predicted "
+                 f"leave-one-run-out: split conformal, the {_ordinal(conformal_rank(n_cal))} smallest of their "
+                 f"|ln(measured / predicted)|; plans unlike those runs may fall outside it")
+    else:
+        iv = interval_for(accelerator_name, moe)
+        if iv is None:
+            gen = GENERATION.get(accelerator_name, accelerator_name)
+            return {"level": LEVEL, "basis": f"no calibration data for {gen}: no prediction interval"}
+        level, low, high, p10 = iv.level, iv.low, iv.high, _stored_p10(iv.generation)
+        if evidence is not None:
+            stored = stored_evidence()
+            if stored:
+                dist = evidence_distance(evidence, stored, stored_scales())
+                widen = 1.0 + widening_k() * dist
+                low, high, p10 = low ** widen, high ** widen, (p10 ** widen if p10 is not None else None)
+                notes = extrapolation_notes(evidence, stored)
+        basis = iv.basis()
+        if n_cal:
+            basis += (f" (this cluster was calibrated on {n_cal} run{'s' * (n_cal != 1)}: too few for an interval "
+                      f"of their own, {MIN_CALIBRATION_RUNS} needed)")
+    out = {"level": level, "tokens_per_s": [tokens_per_s * low, tokens_per_s * high],
            "step_time_s": [step_time_s / high, step_time_s / low], "mfu": [mfu * low, mfu * high],
            "basis": basis}
     if p10 is not None:

@@ -130,7 +130,7 @@ class Accelerator:
     measured: "MeasuredProfile | None" = field(default=None, compare=False, repr=False)
     #: factors `paraplan calibrate` fitted to runs on a cluster of this part (:data:`CALIBRATION_KNOBS`, the
     #: compute ones): each multiplies the analytical curves' time of its kind of work
-    #: (:func:`paraplan.costmodels.efficiency.calibrated_curves`); empty for the catalogue's parts
+    #: (:func:`paraplan.costmodels.efficiency.analytical_curves`); empty for the catalogue's parts
     calibration: Mapping[str, float] = field(default_factory=dict)
     #: ln(measured / predicted) step time of each run `paraplan calibrate` fitted ``calibration`` on, each
     #: predicted leave-one-run-out: the estimate's interval on this cluster comes from them

@@ -37,7 +37,7 @@ from paraplan.costmodels.profiled import measured_device
 from paraplan.errors import ConfigError, shown
 from paraplan.io import path_problem
 from paraplan.hardware.model import (GIB, Accelerator, CacheLevel, Cluster, Cpu, Link, MeasuredProfile, Nvme,
-                                     System, _frozen_map)
+                                     System, _frozen_map, link_calibration)
 from paraplan.profiles.store import ProfileStore, db_field, default_db_path, machine_fingerprint, measured_tables
 
 PROFILE_PREFIX = "profile:"
@@ -129,14 +129,8 @@ def calibrated_link(link: Link, factors: dict) -> Link:
     from dataclasses import replace
     per_op = dict(link.per_op)
     measured = dict(link.measured or {})
-    changed = False
-    for op in STEPS:
-        both = float(factors.get(op, 1.0))
-        fa = float(factors.get(f"{op}.latency", both))
-        fb = float(factors.get(f"{op}.bandwidth", both))
-        if fa == 1.0 and fb == 1.0:
-            continue
-        changed = True
+    scaled = link_calibration(factors)
+    for op, (fa, fb) in scaled.items():
         alpha, bw = link.alpha_beta(op)
         per_op[op] = (alpha * fa, bw / fb)
         if op in measured:
@@ -144,7 +138,7 @@ def calibrated_link(link: Link, factors: dict) -> Link:
             ta, tb = STEPS[op](n) * alpha, [FACTOR[op](n) * s / bw for s, _ in measured[op]]
             measured[op] = tuple((s, t * (fa * ta + fb * b) / (ta + b) if ta + b > 0 else t * fb)
                                  for (s, t), b in zip(measured[op], tb))
-    return replace(link, per_op=per_op, measured=measured) if changed else link
+    return replace(link, per_op=per_op, measured=measured) if scaled else link
 
 
 def resolve_profile(spec: str, db: str | None = None) -> tuple[str, str]:

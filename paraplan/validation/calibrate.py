@@ -64,6 +64,7 @@ import numpy as np
 
 from paraplan.constants import fitted
 from paraplan.errors import ConfigError, shown
+from paraplan.hardware.model import CALIBRATION_KNOBS
 from paraplan.plan import Plan
 from paraplan.profiles.cluster import STEPS, cluster_from_tables, is_profile_spec, resolve_profile
 from paraplan.profiles.store import ProfileStore, measured_tables
@@ -71,10 +72,8 @@ from paraplan.validation.config import GPTConfig, RunOptions, world_size
 from paraplan.validation.predict import predict_on_cluster
 from paraplan.validation.trace import COMPUTE, StepTerms, compute_concurrency, read_trace
 
-COMPUTE_KNOBS = ("gemm", "attention", "memory", "kernel", "optimizer")
-#: per collective kind its latency (α) and bandwidth (β = 1/B) factors
-COMM_KNOBS = tuple(f"{op}.{part}" for op in STEPS for part in ("latency", "bandwidth"))
-KNOBS = COMPUTE_KNOBS + COMM_KNOBS
+#: the knobs (hardware.model: the compute ones, then per collective kind its latency α and bandwidth β = 1/B)
+KNOBS = CALIBRATION_KNOBS
 #: harness terms the fit uses (``other``, the harness's gradient flattening, is no knob's); ``step``: a
 #: published-run row's one measurement
 TERMS = ("compute", "tp_comm", "cp_comm", "ep_comm", "pp_comm", "dp_comm", "optimizer", "step")
@@ -161,10 +160,6 @@ class ClusterBase:
     analytical curves' compute times and on both interconnect tiers' collectives), multiplied into any
     the file carries. What a multi-node run needs (the network tier, NVLink domains) is the system's."""
     spec: str
-
-    @property
-    def label(self) -> str:
-        return self.spec
 
     def cluster(self, gpus: int | None = None, factors: dict | None = None):
         """The cluster at ``gpus`` (1 when not given: each run has its own count) with ``factors`` applied."""
