@@ -22,6 +22,7 @@ MODULE_CONSTANTS = {
     ("paraplan.costmodels.memory", "ALLOCATOR_FRAGMENTATION"): ("allocator_fragmentation", 1),
     ("paraplan.costmodels.memory", "ALLOCATOR_RESERVE_BYTES"): ("allocator_reserve", 2**30),
     ("paraplan.costmodels.memory", "SCALING_ALLOCATOR_FRAGMENTATION"): ("scaling_allocator_fragmentation", 1),
+    ("paraplan.costmodels.memory", "MEGATRON_ALLOCATOR_FRAGMENTATION"): ("megatron_allocator_fragmentation", 1),
     ("paraplan.costmodels.memory", "RUNTIME_RESERVED_BYTES"): ("runtime_reserved", 2**30),
     ("paraplan.costmodels.memory", "ALLOCATOR_PRESSURE_HEADROOM_BYTES"): ("allocator_pressure_headroom", 2**30),
     ("paraplan.costmodels.dataparallel", "OVERLAP_CONTENTION"): ("collective_overlap_slowdown", 1),

@@ -140,6 +140,16 @@ SCALING_ALLOCATOR_FRAGMENTATION = fitted("scaling_allocator_fragmentation")
 # run of paraplan/calibration/data/published_runs_calibration.csv fits (fitted_constants.yaml).
 ALLOCATOR_FRAGMENTATION = fitted("allocator_fragmentation")
 ALLOCATOR_RESERVE_BYTES = fitted("allocator_reserve")
+# Megatron-LM (Megatron-Core, as NeMo and Megatron-Bridge run it) allocates its model states and
+# Megatron-FSDP's gather buffers once and frees activations of the same shapes layer after layer: its runs
+# bound the share from above. The largest value (in steps of 0.01) with which every Megatron-Core run
+# of the H100/Blackwell reference file that ran is judged to fit (Llama 3 70B on 64 GB200,
+# Megatron-FSDP with 40 layers' activations offloaded, allows 0.045; fitted_constants.yaml).
+MEGATRON_ALLOCATOR_FRAGMENTATION = fitted("megatron_allocator_fragmentation")
+#: the engines' fractions by the fitted_constants.yaml entry their ``Behaviour.allocator_fragmentation`` names
+FRAGMENTATION_BY_ENTRY = {"allocator_fragmentation": ALLOCATOR_FRAGMENTATION,
+                          "scaling_allocator_fragmentation": SCALING_ALLOCATOR_FRAGMENTATION,
+                          "megatron_allocator_fragmentation": MEGATRON_ALLOCATOR_FRAGMENTATION}
 
 
 def runs_precision_aware(plan):
@@ -608,7 +618,8 @@ def attention_transient_bytes(model, job, plan):
 
 def allocator_bytes(memory, plan, on_cuda, runtime_reserved=0.0):
     """What the caching allocator reserves beyond the allocated tensor bytes (0 off CUDA: a CPU rank
-    allocates with malloc): ALLOCATOR_RESERVE_BYTES + ALLOCATOR_FRAGMENTATION x the bytes that churn.
+    allocates with malloc): ALLOCATOR_RESERVE_BYTES + the engine's fraction (:func:`allocator_fragmentation`)
+    x the bytes that churn.
     ``memory`` holds the terms parameters, gradients, optimizer_states, activations, buffers. The
     named engines keep model states in flat buffers allocated once (Megatron-LM's contiguous
     param/grad buffers, DeepSpeed's flattened groups and partitions, FSDP2's sharded parameters), so
@@ -634,9 +645,16 @@ def allocator_bytes(memory, plan, on_cuda, runtime_reserved=0.0):
                                                          np.minimum(buffers, runtime_reserved), buffers)
     every = churn + sum(np.asarray(memory[k]) for k in ("parameters", "gradients", "optimizer_states"))
     frag = np.where(engine_flag(plan, "flat_state_buffers"), churn, every)
-    fraction = np.where(engine_flag(plan, "eager_temporaries"), SCALING_ALLOCATOR_FRAGMENTATION, ALLOCATOR_FRAGMENTATION)
+    fraction = allocator_fragmentation(plan)
     fraction = np.where(np.asarray(getattr(plan, "expandable_segments", False), dtype=bool), 0.0, fraction)
     return np.where(on_cuda, ALLOCATOR_RESERVE_BYTES + fraction * frag, 0.0)
+
+
+def allocator_fragmentation(plan):
+    """Share of the churning bytes the caching allocator strands, by the plan's engine
+    (``Behaviour.allocator_fragmentation`` names the fitted entry): ALLOCATOR_FRAGMENTATION (generic,
+    DeepSpeed, torchtitan), SCALING_ALLOCATOR_FRAGMENTATION, MEGATRON_ALLOCATOR_FRAGMENTATION."""
+    return engine_select(plan, lambda spec: (FRAGMENTATION_BY_ENTRY[spec.behaviour.allocator_fragmentation],))[0]
 
 
 #: Transformer Engine's fused cross-entropy (transformer_engine/pytorch/cross_entropy.py, its Triton kernel

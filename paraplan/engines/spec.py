@@ -110,8 +110,8 @@ class Behaviour:
     #: model states live in flat buffers allocated once: only activations and buffers fragment the
     #: caching allocator (costmodels/memory.allocator_bytes)
     flat_state_buffers: bool
-    #: eager code leaves many odd-sized temporaries: the allocator fraction and backward working set
-    #: fitted apart (memory.SCALING_ALLOCATOR_FRAGMENTATION, memory.SCALING_BACKWARD_LAYER_TRANSIENT)
+    #: eager code leaves many odd-sized temporaries: the backward working set fitted apart
+    #: (memory.SCALING_BACKWARD_LAYER_TRANSIENT)
     eager_temporaries: bool
     #: SwiGLU and the rotary embedding run as eager PyTorch whatever ``fused_elementwise`` says
     eager_elementwise: bool
@@ -172,6 +172,10 @@ class Behaviour:
     #: the micro-batches, accumulate unsharded gradients and reduce-scatter them once after the last
     #: micro-batch's backward (costmodels/dataparallel.fsdp_syncs_once_per_step; the engines' specs memory)
     fsdp_syncs_once_under_pp: bool = False
+    #: the fitted_constants.yaml entry giving the share of the churning bytes the caching allocator strands
+    #: (costmodels/memory.allocator_bytes): "allocator_fragmentation", "scaling_allocator_fragmentation" or
+    #: "megatron_allocator_fragmentation"
+    allocator_fragmentation: str = "allocator_fragmentation"
 
 
 BEHAVIOUR_FIELDS = frozenset(f.name for f in fields(Behaviour))

@@ -280,7 +280,10 @@ MEGATRON = EngineSpec(
         # megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py, a fixed pool of buffers
         # allocated once "to reduce the overhead and fragmentation caused by frequent allocation and
         # deallocation of temporary buffers"); up to ZeRO-1 it reduces in place in its contiguous buffers
-        hybrid_layers="even", churns_allocator_from_zero=None, persistent_comm_buffers=True),
+        hybrid_layers="even", churns_allocator_from_zero=None, persistent_comm_buffers=True,
+        # same-shaped activations layer after layer, model states and FSDP buffers allocated once: the
+        # caching allocator strands less than under the other engines (fitted_constants.yaml)
+        allocator_fragmentation="megatron_allocator_fragmentation"),
     export=ExportMapping(
         format="bash", notes_in_text=True,
         # the flags as megatron-core 0.16.1's config classes (TransformerConfig, DistributedDataParallelConfig,
@@ -623,7 +626,7 @@ SCALING = EngineSpec(
         # flat 16-bit and fp32 buffers; its per-step gradients come back in the same blocks every step, but its
         # eager code (SwiGLU, norm upcasts, permuted attention copies) leaves odd-sized temporaries: the
         # allocator fraction and backward working set fitted on the sweep (memory.py)
-        flat_state_buffers=True, eager_temporaries=True,
+        flat_state_buffers=True, eager_temporaries=True, allocator_fragmentation="scaling_allocator_fragmentation",
         # core/nn/mlp.py (silu(dense_in(x)) * siglu_weight(x)) and rotary.py (q * cos + rotate_half(q) * sin)
         # are eager PyTorch
         eager_elementwise=True,

@@ -101,7 +101,7 @@ def test_llama3_70b_megatron_fsdp_rows_offload_what_their_recipes_offload():
     """Megatron-Bridge's Llama 3 70B FP8-CS recipes on 64 GB300 / GB200 (Megatron FSDP, micro-batch 2) offload
     20 / 40 layers' activations to host memory (cpu_offloading_num_layers); over NVLink-C2C the copies hide
     under the passes, over a PCIe-class link they would not, and the offload brings the predicted peak from
-    375 GiB to within 10 / 17 % of the GPU's memory."""
+    331 GiB (19 / 79 % over the GPU's memory) to within it."""
     from dataclasses import replace
     from paraplan.calibration import load_h100_cases
     from paraplan.costmodels.estimate import estimate
@@ -115,8 +115,8 @@ def test_llama3_70b_megatron_fsdp_rows_offload_what_their_recipes_offload():
         assert estimate(c.model, c.job, pcie, c.plan).time_breakdown_s["offload"] > 0.05 * e.step_time_s
         without = estimate(c.model, c.job, c.cluster, replace(c.plan, offload_activation_layers=0))
         gpu = c.cluster.accelerator.memory_bytes
-        assert without.memory_bytes_per_gpu["total"] > 1.3 * gpu
-        assert e.memory_bytes_per_gpu["total"] < 1.18 * gpu
+        assert without.memory_bytes_per_gpu["total"] > 1.15 * gpu
+        assert e.memory_bytes_per_gpu["total"] <= gpu and e.feasible
         assert abs(e.step_time_s / c.measured_step_time_s - 1) < 0.05
 
 

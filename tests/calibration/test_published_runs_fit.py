@@ -2,6 +2,8 @@
 H100-file rows the memory model had over capacity, each with the recipe fact that fits it."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from paraplan.calibration import load_h100_cases
@@ -11,8 +13,12 @@ CASES = {c.row: c for c in load_h100_cases()[0]}
 
 
 def _fits(row):
+    return _fits_as(row, CASES[row].plan)
+
+
+def _fits_as(row, plan):
     c = CASES[row]
-    return estimate(c.model, c.job, c.cluster, c.plan).feasible
+    return estimate(c.model, c.job, c.cluster, plan).feasible
 
 
 @pytest.mark.parametrize("row", [31, 38, 44])
@@ -39,12 +45,16 @@ def test_405b_on_gb200_fits_under_expandable_segments():
     assert c.plan.recompute == "none" and _fits(22)
 
 
-def test_nemo_gpt3_20b_fits_with_the_lightest_unstated_switch():
-    """NeMo 24.07's page states no fp8 parameters: the lightest setting Megatron-LM offers that fits is
-    --fp8-param-gather, said in the case; recomputation stays as the performance recipe's (none)."""
-    c = CASES[52]
-    assert c.plan.fp8_param_gather and c.plan.recompute == "none"
-    assert any(a.startswith("fp8_param_gather = True: not stated") for a in c.assumed)
+def test_nemo_rows_take_the_lightest_unstated_switch_only_where_they_need_it():
+    """NeMo 24.07's page states no fp8 parameters: Nemotron-340B on 128 H100 does not fit without them, and
+    the lightest setting Megatron-LM offers that fits, --fp8-param-gather, is applied and said in the case;
+    GPT3-20B on 64 H100 fits as stated and is left so. Recomputation stays as the performance recipe's (none)."""
+    nemotron, gpt3 = CASES[60], CASES[52]
+    assert nemotron.plan.fp8_param_gather and nemotron.plan.recompute == "none"
+    assert any(a.startswith("fp8_param_gather = True: not stated") for a in nemotron.assumed)
+    assert _fits(60)
+    assert not _fits_as(60, replace(nemotron.plan, fp8_param_gather=False))
+    assert not gpt3.plan.fp8_param_gather and not any("not stated by the source" in a for a in gpt3.assumed)
     assert _fits(52)
 
 
@@ -78,12 +88,13 @@ def test_megatron_fsdp_double_buffers_do_not_fragment_the_allocator():
     allocator's fragmentation; FSDP2's per-layer gathers (torchtitan ZeRO-3) still do."""
     from dataclasses import replace
 
-    from paraplan.costmodels.memory import ALLOCATOR_FRAGMENTATION, ALLOCATOR_RESERVE_BYTES, runtime_reserved_bytes
+    from paraplan.costmodels.memory import (ALLOCATOR_FRAGMENTATION, ALLOCATOR_RESERVE_BYTES,
+                                            MEGATRON_ALLOCATOR_FRAGMENTATION, runtime_reserved_bytes)
     c = CASES[21]
     m = estimate(c.model, c.job, c.cluster, c.plan).memory_bytes_per_gpu
     runtime = runtime_reserved_bytes(c.cluster)
     assert m["buffers"] > runtime + 4 * 2**30         # the double buffers: two layers' parameters and gradients
-    assert m["allocator"] == pytest.approx(ALLOCATOR_RESERVE_BYTES + ALLOCATOR_FRAGMENTATION
+    assert m["allocator"] == pytest.approx(ALLOCATOR_RESERVE_BYTES + MEGATRON_ALLOCATOR_FRAGMENTATION
                                            * (m["activations"] + runtime))
     fsdp2 = replace(c.plan, engine="torchtitan", fp8_param_gather=False, grad_reduce_bf16=False,
                     te_cross_entropy=False, offload_activation_layers=0)

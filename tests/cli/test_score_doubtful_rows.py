@@ -8,17 +8,22 @@ from paraplan.cli import main
 
 def test_score_names_unfit_runs_and_contradicted_rows(tmp_path, capsys):
     table = pd.read_csv(H100_CSV)
-    # GPT-OSS 120B on 64 H100 (GBS 512, MBS 4, GA 2 over dp 16) and Llama 3 70B Megatron-FSDP on 64 GB200
+    # GPT-OSS 120B on 64 H100 (GBS 512, MBS 4, GA 2 over dp 16) and Llama 3 70B Megatron-FSDP on 64 GB200 at
+    # twice the micro-batch it ran (4: its recipe's activation offload no longer matches; it ran at 2 and fits)
     runs = tmp_path / "runs.csv"
-    table.iloc[[37, 21]].to_csv(runs, index=False)
+    rows = table.iloc[[37, 21]].copy()
+    rows.loc[rows.index[1], "micro_batch"] = 4
+    rows.to_csv(runs, index=False)
     assert main(["score", str(runs)]) == 0
     out = capsys.readouterr().out
     assert "rows whose figures contradict each other" in out
     contradiction = next(line for line in out.splitlines() if "contradict each other: global batch" in line)
     assert contradiction.startswith("  row 0 (Megatron-Bridge, GPT OSS 120B") and "= 128" in contradiction
-    # the GPT-OSS row read as stated (MBS 4) and the Megatron-FSDP row: each unfit run with the estimate's reason
+    # the GPT-OSS row read at its recipe's micro-batch fits; the Megatron-FSDP row at micro-batch 4 is named with
+    # the estimate's reason
     unfit = out.split("judged not to fit", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
-    assert unfit and all(line.startswith("  row ") and "GPU memory: needs" in line for line in unfit)
+    assert len(unfit) == 1 and unfit[0].startswith("  row 1 (Megatron-Bridge, Llama 3 70B")
+    assert "GPU memory: needs" in unfit[0]
 
 
 def test_score_json_rows_carry_the_reason_a_run_does_not_fit(tmp_path, capsys):

@@ -103,12 +103,12 @@ def test_transformer_engine_saves_fp8_linear_inputs(sp):
 def test_fp8_saved_inputs_and_bf16_gradients_let_the_published_h100_layouts_fit():
     """Megatron-Bridge's Llama 3 70B fp8 layout on 64 H100 (tp4 pp8 vpp5, no recomputation, bf16
     gradient reduction as its performance recipe sets) ran; with 16-bit saved inputs and an fp32
-    gradient buffer it was judged 94.6 GiB."""
+    gradient buffer it was judged 94.6 GiB; now 73 (78 before Megatron-Core's own allocator share)."""
     plan = Plan(tp=4, pp=8, dp=2, vpp=5, schedule="interleaved", sp=True, zero=1, dtype="fp8", engine="megatron",
                 tp_comm_overlap=True, grad_reduce_bf16=True)
     e = estimate(LLAMA70B, TrainingJob(8192, 128), load_cluster("dgx-h100", 64), plan)
     assert e.feasible, e.infeasible_reason
-    assert np.isclose(e.memory_bytes_per_gpu["total"] / 2**30, 78, atol=3)
+    assert np.isclose(e.memory_bytes_per_gpu["total"] / 2**30, 73, atol=3)
 
 
 # --- activation offload (Megatron-LM --cpu-offloading) ----------------------------------------------

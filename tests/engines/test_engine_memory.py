@@ -287,15 +287,15 @@ def test_export_of_a_plan_the_engine_cannot_run_is_its_nearest_plan_re_estimated
 
 
 def test_export_refuses_a_named_engine_plan_that_overflows_as_the_target_runs_it():
-    """Llama 3 8B on 8 H100, ZeRO-1, micro-batch 2 of 2048: DeepSpeed holds 4 + 16/8 bytes/param plus
-    its buckets (~73.6 GiB), Megatron-LM 6 + 12/8 (fp32 main_grad: ~81.6 GiB): the DeepSpeed plan
+    """Llama 3 8B on 8 H100, ZeRO-1, micro-batch 2 of 2304 tokens: DeepSpeed holds 4 + 16/8 bytes/param plus
+    its buckets (~79.0 GiB), Megatron-LM 6 + 12/8 (fp32 main_grad: ~81.6 GiB): the DeepSpeed plan
     cannot be launched on Megatron-LM as is."""
     from paraplan.planner.export import export
-    model, job, cluster = load_model("llama3-8b"), TrainingJob(2048, 32), load_cluster("dgx-h100", 8)
+    model, job, cluster = load_model("llama3-8b"), TrainingJob(2304, 32), load_cluster("dgx-h100", 8)
     kw = dict(zero=1, micro_batch=2)
     assert estimate(model, job, cluster, Plan(**kw, engine="deepspeed", grad_accumulation_fusion=False)).feasible
     assert not estimate(model, job, cluster, Plan(**kw, engine="megatron")).feasible
-    ds_plan = _doc("llama3-8b", "dgx-h100", 8, 2048, 32, **kw, engine="deepspeed", grad_accumulation_fusion=False)
+    ds_plan = _doc("llama3-8b", "dgx-h100", 8, 2304, 32, **kw, engine="deepspeed", grad_accumulation_fusion=False)
     with pytest.raises(ConfigError) as err:
         export(ds_plan, "megatron")
     assert err.value.field == "plan" and "over by" in str(err.value) and "--engine megatron" in str(err.value)
