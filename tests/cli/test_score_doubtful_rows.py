@@ -35,3 +35,31 @@ def test_score_json_rows_carry_the_reason_a_run_does_not_fit(tmp_path, capsys):
     rows = json.loads(capsys.readouterr().out)["rows"]
     for r in rows:
         assert (r["not_fit_reason"] is None) == r["fits"]
+
+
+def test_a_pipelined_row_without_vpp_is_read_as_1f1b_and_says_its_bubble(tmp_path, capsys):
+    """A row that states pp but leaves vpp blank is priced as 1F1B; where the engine could have interleaved, the
+    row's assumptions say so with the bubble that reading implies ((pp - 1)/m), and a stated vpp says nothing.
+    Megatron-DeepSpeed (no interleaved schedule) says nothing either."""
+    import json
+    table = pd.read_csv(H100_CSV)
+    row = table.iloc[[35]].copy()          # Llama 3 70B on 64 H100, Megatron-Bridge, tp4 pp8 vpp5
+    assert int(row["pp"].iloc[0]) == 8 and not pd.isna(row["vpp"].iloc[0])
+    blank_vpp = row.copy()
+    blank_vpp["vpp"] = float("nan")
+    runs = tmp_path / "runs.csv"
+    pd.concat([row, blank_vpp]).to_csv(runs, index=False)
+    assert main(["score", str(runs), "--format", "json"]) == 0
+    stated, unstated = json.loads(capsys.readouterr().out)["rows"]
+    m = int(row["global_batch"].iloc[0]) // (int(row["dp"].iloc[0]) * int(row["micro_batch"].iloc[0]))
+    said = [a for a in unstated["assumptions"] if a.startswith("pipeline schedule 1F1B: vpp not stated")]
+    assert len(said) == 1 and f"= 7/{m} = {round(700 / m)} %" in said[0]
+    assert not any("vpp not stated" in a for a in stated["assumptions"])
+    assert unstated["predicted_step_s"] > stated["predicted_step_s"]      # the 1F1B bubble is larger
+
+
+def test_an_engine_without_interleaving_reads_a_blank_vpp_without_a_note():
+    from paraplan.calibration import load_cases
+    bloom = [c for c in load_cases()[0] if c.source.startswith("bigscience") and c.plan.pp > 1]
+    assert bloom and all(c.plan.engine == "deepspeed" and c.plan.vpp == 1 for c in bloom)
+    assert not any("vpp not stated" in a for c in bloom for a in c.assumed)
