@@ -391,6 +391,19 @@ def plan_flag_kwargs(f: Field) -> tuple[str, dict]:
     raise TypeError(f"Plan.{f.name}: no flag for a field of kind {spec.kind}")
 
 
+def plan_change_flags(change) -> str:
+    """The flags that make a plan change (plan field -> value pairs), as ``estimate`` spells them: a switch
+    by its ``--name`` / ``--no-name`` form, any other field as ``--name VALUE`` (:func:`plan_flag_kwargs`)."""
+    out = []
+    for name, value in change:
+        flag = "--" + name.replace("_", "-")
+        if PLAN_FIELD_SPECS[name].kind == SWITCH:
+            out.append(flag if value else "--no-" + flag[2:])
+        else:
+            out.append(f"{flag} {value}")
+    return " ".join(out)
+
+
 def add_plan_args(ap: argparse.ArgumentParser) -> None:
     """``--plan FILE``, one flag per Plan field, and the deprecated ``--sp-mode`` alias."""
     g = ap.add_argument_group("plan")

@@ -4,10 +4,12 @@ from __future__ import annotations
 import json
 import sys
 
-from paraplan.cli.common import (wrap_lines, add_plan_args, add_scenario_args, check_out_path, plan_from_args,
-                                 scenario_defaults_from_plan_file, scenario_from_args, topology_from_args, writing)
+from paraplan.cli.common import (wrap_lines, add_plan_args, add_scenario_args, check_out_path, plan_change_flags,
+                                 plan_from_args, scenario_defaults_from_plan_file, scenario_from_args, topology_from_args,
+                                 writing)
 from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError
+from paraplan.planner.nearest import nearest_fitting_plans
 from paraplan.planner.search import with_topology
 from paraplan.reports.text import render_estimate
 
@@ -27,17 +29,38 @@ def cmd_estimate(args) -> int:
     topology = topology_from_args(args, cluster.num_gpus)
     if topology:
         cluster = with_topology(cluster, plan.with_dp_for(cluster.num_gpus), topology)
-    e = estimate(sc.model, sc.job(plan), cluster, plan)
+    job = sc.job(plan)
+    e = estimate(sc.model, job, cluster, plan)
+    fits_with = [] if e.feasible else nearest_fitting_plans(sc.model, job, cluster, plan)
     if args.trace is not None:      # the file first: a reader that closes the pipe early (| head) loses nothing
         from paraplan.reports.chrome_trace import write_trace, wrote_trace_line
         with writing("--trace", args.trace):
             events = write_trace(args.trace, e)
         print(wrote_trace_line(args.trace, events), file=sys.stderr)
     if args.format == "json":
-        print(json.dumps(e.to_dict(), indent=2))
+        doc = e.to_dict()
+        if not e.feasible:
+            doc["fits_with"] = [{"change": dict(f.change), "flags": plan_change_flags(f.change),
+                                 "step_time_s": f.step_time_s, "memory_bytes_per_gpu": f.memory_bytes}
+                                for f in fits_with]
+        print(json.dumps(doc, indent=2))
     else:
-        print(wrap_lines(render_estimate(e)))
+        print(wrap_lines(render_estimate(e) + fitting_lines(e, fits_with)))
     return 0
+
+
+def fitting_lines(e, fits_with) -> str:
+    """The text block under an estimate that does not fit: the nearest plans that do (planner.nearest), each as
+    the flags that make it, its memory and step time against the plan's; or that none of the changes tried fits."""
+    if e.feasible:
+        return ""
+    if not fits_with:
+        return ("\n\n  fits with: no single or paired change tried fits (recomputation, micro-batch, ZeRO stage, "
+                "memory switches, layout on the same GPUs, offload); `paraplan plan` searches every layout")
+    width = max(len(plan_change_flags(f.change)) for f in fits_with)
+    rows = [f"    {plan_change_flags(f.change):<{width}}  {f.memory_bytes / 2**30:6.1f} GiB  {f.step_time_s:.3g} s/step "
+            f"({100 * (f.step_time_s / e.step_time_s - 1):+.1f} %)" for f in fits_with]
+    return "\n\n  fits with (the nearest plans that fit, fastest first; each the plan with these flags):\n" + "\n".join(rows)
 
 
 def register(sub) -> None:
