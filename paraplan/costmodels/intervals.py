@@ -307,16 +307,17 @@ def describe_interval(accelerator_name: str, tokens_per_s: float, step_time_s: f
 
 # --- evidence: the features a plan's distance from the calibration rows is measured on ---------------
 
-EVIDENCE_COLUMNS = ("source", "generation", "seq_len", "gpus", "params", "moe", "engine", "fp8", "pp", "cp")
+EVIDENCE_COLUMNS = ("source", "generation", "seq_len", "gpus", "params", "moe", "engine", "fp8", "pp", "cp", "ep")
 
 #: log2 units per unit of distance (numeric features) and the cost of a mismatch (categorical)
-DEFAULT_SCALES = {"seq_len": 1.0, "gpus": 2.0, "params": 2.0, "pp": 2.0, "cp": 1.0, "moe": 1.0, "engine": 0.5,
-                  "fp8": 0.5, "generation": 1.0}
-NUMERIC = ("seq_len", "gpus", "params", "pp", "cp")
+DEFAULT_SCALES = {"seq_len": 1.0, "gpus": 2.0, "params": 2.0, "pp": 2.0, "cp": 1.0, "ep": 2.0, "moe": 1.0,
+                  "engine": 0.5, "fp8": 0.5, "generation": 1.0}
+NUMERIC = ("seq_len", "gpus", "params", "pp", "cp", "ep")
 #: the engine-agnostic default (paraplan.modes.Engine.GENERIC): it matches every calibration row's engine
 GENERIC_ENGINE = Engine.GENERIC.label
 SCALES_HOW = ("chosen, not fitted: one unit of distance = a doubling of the sequence, 4x the GPUs or 4x the "
-              "parameters, 4x the pipeline depth, a doubling of the context-parallel degree, an MoE model against dense rows, another hardware generation; half a unit = another "
+              "parameters, 4x the pipeline depth, a doubling of the context-parallel degree, 4x the expert-parallel degree, an MoE "
+              "model against dense rows, another hardware generation; half a unit = another "
               "engine or another number format (fp8 against 16-bit). Only k (widening) is fitted on them")
 
 
@@ -333,17 +334,20 @@ class Evidence:
     fp8: bool
     pp: int = 1
     cp: int = 1
+    #: the expert-parallel degree (1 for a dense model): an MoE layer's all-to-all span, its local experts and
+    #: their GEMM sizes move with it
+    ep: int = 1
 
     def as_row(self) -> tuple:
         return (self.source, self.generation, int(self.seq_len), int(self.gpus), float(self.params),
-                bool(self.moe), self.engine, bool(self.fp8), int(self.pp), int(self.cp))
+                bool(self.moe), self.engine, bool(self.fp8), int(self.pp), int(self.cp), int(self.ep))
 
 
 def features_of(model, job, cluster, plan, source: str = "") -> Evidence:
     """The evidence features of an estimate's inputs."""
     return Evidence(source, GENERATION.get(cluster.accelerator.name, cluster.accelerator.name), int(job.seq_len),
                     int(cluster.num_gpus), float(model.num_params), model.moe is not None, str(plan.engine),
-                    bool(is_fp8(plan.dtype)), int(plan.pp), int(plan.cp))
+                    bool(is_fp8(plan.dtype)), int(plan.pp), int(plan.cp), int(plan.ep) if model.moe is not None else 1)
 
 
 def _arrays(rows: Sequence[Evidence]) -> dict:
@@ -351,7 +355,7 @@ def _arrays(rows: Sequence[Evidence]) -> dict:
             "gpus": np.log2([r.gpus for r in rows]), "params": np.log2([r.params for r in rows]),
             "moe": np.array([r.moe for r in rows]), "engine": np.array([r.engine for r in rows]),
             "fp8": np.array([r.fp8 for r in rows]), "pp": np.log2([r.pp for r in rows]),
-            "cp": np.log2([r.cp for r in rows])}
+            "cp": np.log2([r.cp for r in rows]), "ep": np.log2([r.ep for r in rows])}
 
 
 def distances_to(x: Evidence, rows: Sequence[Evidence], scales: Mapping[str, float] = DEFAULT_SCALES) -> np.ndarray:
@@ -392,7 +396,8 @@ def _fmt_count(n: float) -> str:
 
 def extrapolation_notes(x: Evidence, rows: Sequence[Evidence]) -> list[str]:
     """Plain notes where ``x`` lies outside the calibration rows of its hardware generation (all rows
-    where the generation has none): a sequence, GPU count or model size beyond their range, an MoE
+    where the generation has none): a sequence, GPU count, model size, pipeline depth or context-parallel degree
+    beyond their range, an MoE model's expert-parallel degree outside the range of the MoE rows, an MoE
     model, engine or number format none of them ran. Empty: within the evidence on every feature."""
     own = [r for r in rows if r.generation == x.generation]
     notes = [] if own else [f"extrapolating: no calibration row on {x.generation}"]
@@ -407,6 +412,12 @@ def extrapolation_notes(x: Evidence, rows: Sequence[Evidence]) -> list[str]:
         elif v < min(vals) * 0.999:
             notes.append(f"extrapolating: {what} {fmt(v)}, {where} start at {fmt(min(vals))}")
     same_kind = [r for r in pool if r.moe == x.moe]
+    if x.moe and same_kind:
+        eps = [r.ep for r in same_kind]
+        if x.ep > max(eps):
+            notes.append(f"extrapolating: expert parallelism {x.ep}, {where} of MoE models reach {max(eps)}")
+        elif x.ep < min(eps):
+            notes.append(f"extrapolating: expert parallelism {x.ep}, {where} of MoE models start at {min(eps)}")
     if not same_kind:
         notes.append(f"extrapolating: {'an MoE' if x.moe else 'a dense'} model, no {where} of one")
     if x.engine != GENERIC_ENGINE and not any(r.engine == x.engine for r in same_kind or pool):

@@ -181,6 +181,34 @@ def test_extrapolation_notes_say_what_lies_beyond_the_rows():
     assert I.extrapolation_notes(_ev(generation="MI300X"), rows)[0] == "extrapolating: no calibration row on MI300X"
 
 
+def test_expert_parallelism_is_evidence_for_moe_plans():
+    """An MoE plan's expert-parallel degree counts like the pipeline depth (4x = one unit) and is said where it
+    lies outside the MoE rows' range; a dense plan (ep 1 against dense rows at ep 1) is unaffected."""
+    rows = [_ev(), _ev(moe=True, ep=8), _ev(moe=True, ep=32)]
+    assert I.evidence_distance(_ev(moe=True, ep=8), rows) == 0.0
+    assert I.evidence_distance(_ev(moe=True, ep=2), rows) == pytest.approx(1.0)       # log2(8/2) / 2
+    assert I.evidence_distance(_ev(), rows) == 0.0
+    assert "extrapolating: expert parallelism 1, H100-class calibration rows of MoE models start at 8" \
+        in I.extrapolation_notes(_ev(moe=True, ep=1), rows)
+    assert "extrapolating: expert parallelism 128, H100-class calibration rows of MoE models reach 32" \
+        in I.extrapolation_notes(_ev(moe=True, ep=128), rows)
+    assert not any("expert parallelism" in n for n in I.extrapolation_notes(_ev(moe=True, ep=16), rows))
+
+
+def test_an_moe_estimate_at_ep_1_is_further_from_the_evidence_than_at_the_rows_ep():
+    """Qwen3-30B-A3B on 16 H100 at ep 16 (a published layout's degree) and at ep 1: the stored MoE rows run
+    ep 8-64, so ep 1 is farther, says so, and its interval is wider."""
+    model, job, cluster = load_model("qwen3-30b-a3b"), TrainingJob(4096, 512), load_cluster("dgx-h100", 16)
+    at = {ep: estimate(model, job, cluster, Plan(dp=16, ep=ep, zero=1, dtype="fp8")).prediction_interval
+          for ep in (16, 1)}
+    assert at[1]["evidence_distance"] > at[16]["evidence_distance"]
+    assert any(n.startswith("extrapolating: expert parallelism 1,") for n in at[1]["extrapolating"])
+    assert not any("expert parallelism" in n for n in at[16]["extrapolating"])
+    width = lambda iv: iv["mfu"][1] / iv["mfu"][0]        # noqa: E731
+    if I.widening_k() > 0:
+        assert width(at[1]) > width(at[16])
+
+
 def test_interval_widens_away_from_the_evidence():
     """The same model and GPUs at 4k and at 128k tokens: the long sequence lies far from every calibration
     row, its interval is wider (as a share of the prediction) and it says so."""
