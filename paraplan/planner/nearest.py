@@ -70,7 +70,7 @@ def _fitting(model, job, cluster, plan: Plan, change: dict):
     """(the changed plan's estimate, the plan) where the engine's rules and check_plan accept it; None else."""
     try:
         candidate = check_plan(replace(plan, **change), model, job, cluster)
-    except (ConfigError, ValueError, TypeError):
+    except ConfigError:
         return None
     return estimate(model, job, cluster, candidate), candidate
 
