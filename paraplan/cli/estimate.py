@@ -9,7 +9,7 @@ from paraplan.cli.common import (wrap_lines, add_plan_args, add_scenario_args, c
                                  writing)
 from paraplan.costmodels.estimate import estimate
 from paraplan.errors import ConfigError
-from paraplan.planner.nearest import nearest_fitting_plans
+from paraplan.planner.nearest import fastest_fitting_plan, nearest_fitting_plans
 from paraplan.planner.search import with_topology
 from paraplan.reports.text import render_estimate
 
@@ -32,6 +32,7 @@ def cmd_estimate(args) -> int:
     job = sc.job(plan)
     e = estimate(sc.model, job, cluster, plan)
     fits_with = [] if e.feasible else nearest_fitting_plans(sc.model, job, cluster, plan)
+    searched = None if e.feasible or fits_with else fastest_fitting_plan(sc.model, job, cluster, plan)
     if args.trace is not None:      # the file first: a reader that closes the pipe early (| head) loses nothing
         from paraplan.reports.chrome_trace import write_trace, wrote_trace_line
         with writing("--trace", args.trace):
@@ -43,20 +44,31 @@ def cmd_estimate(args) -> int:
             doc["fits_with"] = [{"change": dict(f.change), "flags": plan_change_flags(f.change),
                                  "step_time_s": f.step_time_s, "memory_bytes_per_gpu": f.memory_bytes}
                                 for f in fits_with]
+            if searched is not None:
+                doc["fastest_fitting"] = {"change": dict(searched.change), "flags": plan_change_flags(searched.change),
+                                          "step_time_s": searched.step_time_s,
+                                          "memory_bytes_per_gpu": searched.memory_bytes}
         print(json.dumps(doc, indent=2))
     else:
-        print(wrap_lines(render_estimate(e) + fitting_lines(e, fits_with)))
+        print(wrap_lines(render_estimate(e) + fitting_lines(e, fits_with, searched)))
     return 0
 
 
-def fitting_lines(e, fits_with) -> str:
+def fitting_lines(e, fits_with, searched=None) -> str:
     """The text block under an estimate that does not fit: the nearest plans that do (planner.nearest), each as
-    the flags that make it, its memory and step time against the plan's; or that none of the changes tried fits."""
+    the flags that make it, its memory and step time against the plan's; where none of the changes tried fits,
+    the fastest plan of the engine that fits on these GPUs (``searched``), or that none does."""
     if e.feasible:
         return ""
     if not fits_with:
-        return ("\n\n  fits with: no single or paired change tried fits (recomputation, micro-batch, ZeRO stage, "
-                "memory switches, layout on the same GPUs, offload); `paraplan plan` searches every layout")
+        tried = ("\n\n  fits with: no single or paired change tried fits (recomputation, micro-batch, ZeRO stage, "
+                 "memory switches, layout on the same GPUs, offload)")
+        if searched is None:
+            return (tried + f"; no {e.plan.engine} {e.plan.dtype} plan fits on these {e.num_gpus} GPUs "
+                    "(`paraplan plan` with the same flags suggests more GPUs, offload or a shorter sequence)")
+        return (tried + f"; the fastest {e.plan.engine} {e.plan.dtype} plan that fits on these GPUs "
+                f"(`paraplan plan`): {plan_change_flags(searched.change)}  {searched.memory_bytes / 2**30:.1f} GiB  "
+                f"{searched.step_time_s:.3g} s/step")
     width = max(len(plan_change_flags(f.change)) for f in fits_with)
     rows = [f"    {plan_change_flags(f.change):<{width}}  {f.memory_bytes / 2**30:6.1f} GiB  {f.step_time_s:.3g} s/step "
             f"({100 * (f.step_time_s / e.step_time_s - 1):+.1f} %)" for f in fits_with]

@@ -13,16 +13,22 @@ The changes tried (:func:`memory_changes`), each only where the plan's engine of
 * interleaving undone (vpp 1, 1F1B: fewer micro-batches in flight);
 * twice the tensor-, pipeline- or context-parallel degree on half the data-parallel ranks (same GPUs);
 * optimizer offload to the CPU where the engine runs it.
+
+Where none of these fits, :func:`fastest_fitting_plan` searches every layout of the plan's engine and number
+format on the same GPUs (:func:`paraplan.planner.search.search`) and offers the fastest that fits, as the
+fields it changes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from itertools import combinations
 
 from paraplan.costmodels.estimate import estimate
 from paraplan.engines import spec_of
 from paraplan.errors import ConfigError
 from paraplan.plan import Plan, check_plan
+from paraplan.planner.search import search
+from paraplan.planner.space import SpaceOptions
 
 #: memory switches tried on where the engine offers them (``EngineSpec.offers``) and the plan has them off
 MEMORY_SWITCHES = ("grad_reduce_bf16", "fp8_param_gather", "precision_aware_optimizer", "te_cross_entropy")
@@ -97,3 +103,16 @@ def nearest_fitting_plans(model, job, cluster, plan: Plan, limit: int = 3) -> li
     fits.sort(key=lambda t: (t[1].step_time_s, len(t[0])))
     return [FittingChange(tuple(change.items()), p, e.step_time_s, e.memory_bytes_per_gpu["total"])
             for change, e, p in fits[:limit]]
+
+
+def fastest_fitting_plan(model, job, cluster, plan: Plan) -> FittingChange | None:
+    """The fastest plan that fits on the same GPUs with the plan's engine and number format (the planner's
+    search, its memory limit the whole GPU), as the plan fields it changes; None where nothing fits."""
+    plan = plan.with_dp_for(cluster.num_gpus)
+    found = search(model, job, cluster, options=SpaceOptions(fixed={"engine": plan.engine, "dtype": plan.dtype}),
+                   top=1, max_memory_fraction=1.0).best
+    if found is None:
+        return None
+    change = tuple((f.name, getattr(found.plan, f.name)) for f in fields(Plan)
+                   if getattr(found.plan, f.name) != getattr(plan, f.name))
+    return FittingChange(change, found.plan, found.step_time_s, found.memory_bytes_per_gpu["total"])

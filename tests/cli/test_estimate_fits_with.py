@@ -76,3 +76,26 @@ def test_changes_are_the_engines_own():
     found = nearest_fitting_plans(model, job, cluster, mg, limit=10)
     assert found and all(f.plan.engine == "megatron" and f.plan.offload == "none" for f in found)
     assert all(f.plan.tp * f.plan.pp * f.plan.cp * f.plan.dp == 64 for f in found)
+
+
+def test_where_no_near_change_fits_the_fastest_plan_of_the_engine_is_offered_and_fits(capsys):
+    """Llama 3 70B on 16 H100, tp2 dp8, micro-batch 2: no single or paired change fits, but the planner's search
+    (Megatron-LM, bf16, the same GPUs) finds plans that do; the fastest, typed back as its flags, fits as shown."""
+    argv = ["estimate", "--model", "llama3-70b", "--cluster", "dgx-h100", "--gpus", "16", "--seq-len", "8k",
+            "--global-batch", "64", "--tp", "2", "--micro-batch", "2", "--zero", "1"]
+    doc = _json(capsys, argv)
+    assert not doc["feasible"] and doc["fits_with"] == []
+    best = doc["fastest_fitting"]
+    again = _json(capsys, [*argv, *shlex.split(best["flags"])])
+    assert again["feasible"] and again["plan"]["engine"] == "megatron" and again["plan"]["dtype"] == "bf16"
+    assert again["step_time_s"] == pytest.approx(best["step_time_s"], rel=1e-6)
+    assert main(argv) == 0
+    assert "the fastest megatron bf16 plan that fits on these GPUs" in capsys.readouterr().out
+
+
+def test_nothing_on_these_gpus_says_so_and_names_plan(capsys):
+    argv = ["estimate", "--model", "llama3-405b", "--cluster", "dgx-h100", "--gpus", "8", "--seq-len", "8k"]
+    doc = _json(capsys, argv)
+    assert doc["fits_with"] == [] and "fastest_fitting" not in doc
+    assert main(argv) == 0
+    assert "no megatron bf16 plan fits on these 8 GPUs" in capsys.readouterr().out
