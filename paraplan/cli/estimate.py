@@ -25,14 +25,13 @@ def cmd_estimate(args) -> int:
         raise ConfigError("--model/--cluster", "both are required (or --plan FILE that names them)")
     sc = scenario_from_args(args)
     plan = plan_from_args(args)
-    cluster = sc.cluster
-    topology = topology_from_args(args, cluster.num_gpus)
-    if topology:
-        cluster = with_topology(cluster, plan.with_dp_for(cluster.num_gpus), topology)
+    topology = topology_from_args(args, sc.cluster.num_gpus)
+    cluster = with_topology(sc.cluster, plan.with_dp_for(sc.cluster.num_gpus), topology) if topology else sc.cluster
     job = sc.job(plan)
     e = estimate(sc.model, job, cluster, plan)
-    fits_with = [] if e.feasible else nearest_fitting_plans(sc.model, job, cluster, plan)
-    searched = None if e.feasible or fits_with else fastest_fitting_plan(sc.model, job, cluster, plan)
+    # the changed plans are placed on the fabric each by its own groups: from the cluster before placement
+    fits_with = [] if e.feasible else nearest_fitting_plans(sc.model, job, sc.cluster, plan, topology=topology)
+    searched = None if e.feasible or fits_with else fastest_fitting_plan(sc.model, job, sc.cluster, plan, topology)
     if args.trace is not None:      # the file first: a reader that closes the pipe early (| head) loses nothing
         from paraplan.reports.chrome_trace import write_trace, wrote_trace_line
         with writing("--trace", args.trace):

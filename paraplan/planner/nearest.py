@@ -27,7 +27,7 @@ from paraplan.costmodels.estimate import estimate
 from paraplan.engines import spec_of
 from paraplan.errors import ConfigError
 from paraplan.plan import Plan, check_plan
-from paraplan.planner.search import search
+from paraplan.planner.search import search, with_topology
 from paraplan.planner.space import SpaceOptions
 
 #: memory switches tried on where the engine offers them (``EngineSpec.offers``) and the plan has them off
@@ -72,23 +72,28 @@ def memory_changes(plan: Plan) -> list[dict]:
     return out
 
 
-def _fitting(model, job, cluster, plan: Plan, change: dict):
-    """(the changed plan's estimate, the plan) where the engine's rules and check_plan accept it; None else."""
+def _fitting(model, job, cluster, plan: Plan, change: dict, topology: dict | None):
+    """(the changed plan's estimate, the plan) where the engine's rules and check_plan accept it; None else.
+    With ``topology`` (``--network`` / ``--oversubscription``) the changed plan's own groups are placed on the
+    fabric, as ``estimate`` places them when the change is typed."""
     try:
         candidate = check_plan(replace(plan, **change), model, job, cluster)
     except ConfigError:
         return None
-    return estimate(model, job, cluster, candidate), candidate
+    placed = with_topology(cluster, candidate, topology) if topology else cluster
+    return estimate(model, job, placed, candidate), candidate
 
 
-def nearest_fitting_plans(model, job, cluster, plan: Plan, limit: int = 3) -> list[FittingChange]:
+def nearest_fitting_plans(model, job, cluster, plan: Plan, limit: int = 3,
+                          topology: dict | None = None) -> list[FittingChange]:
     """Up to ``limit`` changed plans whose estimates fit, fastest first: single changes
     (:func:`memory_changes`); where none fits, pairs of the :data:`PAIRED_CHANGES` single changes that save the
-    most memory. Empty when nothing tried fits (the planner's search, ``paraplan plan``, looks wider)."""
+    most memory. Empty when nothing tried fits (the planner's search, ``paraplan plan``, looks wider).
+    ``cluster`` is the cluster before any fabric placement; ``topology`` places each changed plan."""
     plan = plan.with_dp_for(cluster.num_gpus)
     tried = []
     for change in memory_changes(plan):
-        got = _fitting(model, job, cluster, plan, change)
+        got = _fitting(model, job, cluster, plan, change, topology)
         if got is not None:
             tried.append((change, *got))
     fits = [t for t in tried if t[1].feasible]
@@ -97,7 +102,7 @@ def nearest_fitting_plans(model, job, cluster, plan: Plan, limit: int = 3) -> li
         for (a, _, _), (b, _, _) in combinations(frugal, 2):
             if set(a) & set(b):
                 continue
-            got = _fitting(model, job, cluster, plan, a | b)
+            got = _fitting(model, job, cluster, plan, a | b, topology)
             if got is not None and got[0].feasible:
                 fits.append((a | b, *got))
     fits.sort(key=lambda t: (t[1].step_time_s, len(t[0])))
@@ -105,12 +110,13 @@ def nearest_fitting_plans(model, job, cluster, plan: Plan, limit: int = 3) -> li
             for change, e, p in fits[:limit]]
 
 
-def fastest_fitting_plan(model, job, cluster, plan: Plan) -> FittingChange | None:
+def fastest_fitting_plan(model, job, cluster, plan: Plan, topology: dict | None = None) -> FittingChange | None:
     """The fastest plan that fits on the same GPUs with the plan's engine and number format (the planner's
-    search, its memory limit the whole GPU), as the plan fields it changes; None where nothing fits."""
+    search, its memory limit the whole GPU, re-scored on ``topology`` where given), as the plan fields it
+    changes; None where nothing fits."""
     plan = plan.with_dp_for(cluster.num_gpus)
     found = search(model, job, cluster, options=SpaceOptions(fixed={"engine": plan.engine, "dtype": plan.dtype}),
-                   top=1, max_memory_fraction=1.0).best
+                   top=1, max_memory_fraction=1.0, topology=topology).best
     if found is None:
         return None
     change = tuple((f.name, getattr(found.plan, f.name)) for f in fields(Plan)
