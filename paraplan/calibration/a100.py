@@ -19,7 +19,7 @@ from pathlib import Path
 import pandas as pd
 
 from paraplan.calibration.cases import (CalibrationCase, MemoryCase, lightest_fitting_recompute,
-                                        system_of_row_gpu, unstated_vpp_note)
+                                        say_unstated_vpp, system_of_row_gpu)
 from paraplan.calibration.cells import (THROUGHPUT_METRICS, VOCAB_IN_NOTES, blank, cases_of_table, cp_sp,
                                         dtype_of_precision, int_cell, is_gpt_mlp, measured_step_time_s,
                                         notes_guess_full_recompute, offload_of_cell, params_mismatch,
@@ -237,9 +237,7 @@ def _setup_from_row(r: pd.Series):
         plan = check_plan(plan, model, job, cluster)
     except ConfigError as e:
         return f"layout not expressible: {e}"
-    note = unstated_vpp_note(job, plan) if blank(r["vpp"]) else None
-    if note:
-        assumed.append(note)
+    say_unstated_vpp(job, plan, not blank(r["vpp"]), assumed)
     mismatch = params_mismatch(model, r)
     if mismatch:
         return mismatch

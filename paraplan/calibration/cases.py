@@ -58,19 +58,20 @@ def system_of_row_gpu(gpu, exact: Mapping[str, str], assumed: list) -> str | Non
 RECOMPUTE_LIGHTEST_FIRST = ("none", "selective", "full")
 
 
-def unstated_vpp_note(job, plan: Plan) -> str | None:
-    """What a pipelined row that leaves vpp blank is read as, said with its bubble: 1F1B, whose bubble is
-    (pp - 1)/m of a stage's compute (m micro-batches a step), where the engine could also have interleaved
-    (its export names the interleaved schedule, or the generic engine, which names none); None otherwise."""
-    if plan.pp <= 1 or plan.vpp != 1:
-        return None
+def say_unstated_vpp(job, plan: Plan, vpp_stated: bool, assumed: list) -> None:
+    """Where a pipelined row leaves vpp blank (``vpp_stated`` False), say in ``assumed`` what it is read as,
+    with its bubble: 1F1B, whose bubble is (pp - 1)/m of a stage's compute (m micro-batches a step), where the
+    engine could also have interleaved (its export names the interleaved schedule, or the generic engine,
+    which names none)."""
+    if vpp_stated or plan.pp <= 1 or plan.vpp != 1:
+        return
     mapping = spec_of(plan).export
     if mapping is not None and "interleaved" not in mapping.schedules:
-        return None
+        return
     m = job.global_batch / (plan.dp * plan.micro_batch)
-    return (f"pipeline schedule 1F1B: vpp not stated, read as 1; its bubble is (pp - 1)/m = {plan.pp - 1}/{m:g} = "
-            f"{100 * (plan.pp - 1) / m:.0f} % of a stage's compute (interleaving v chunks a rank cuts it v-fold: "
-            "fill in vpp if the run interleaved)")
+    assumed.append(f"pipeline schedule 1F1B: vpp not stated, read as 1; its bubble is (pp - 1)/m = {plan.pp - 1}/"
+                   f"{m:g} = {100 * (plan.pp - 1) / m:.0f} % of a stage's compute (interleaving v chunks a rank cuts "
+                   "it v-fold: fill in vpp if the run interleaved)")
 
 
 def lightest_fitting(model, job, cluster, plan: Plan, steps, validate: bool = True) -> tuple[Plan, list[str], bool]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from paraplan.calibration.cases import (CalibrationCase, lightest_fitting_recompute, lightest_fitting_settings,
-                                        system_of_row_gpu, unstated_vpp_note)
+                                        say_unstated_vpp, system_of_row_gpu)
 from paraplan.calibration.cells import (CONFIG_DEFAULT_SEQ, THROUGHPUT_METRICS, batch_contradiction, blank,
                                         cases_of_table, cp_sp,
                                         dtype_of_precision, int_cell, is_gpt_mlp, measured_step_time_s,
@@ -326,9 +326,7 @@ def case_from_h100_row(i: int, r: pd.Series) -> CalibrationCase | str:
         plan = check_plan(plan, model, job, cluster)
     except ConfigError as e:
         return f"layout not expressible: {e}"
-    note = unstated_vpp_note(job, plan) if blank(r["vpp"]) else None
-    if note:
-        assumed.append(note)
+    say_unstated_vpp(job, plan, not blank(r["vpp"]), assumed)
     if infer_recompute:
         plan = lightest_fitting_recompute(model, job, cluster, plan, assumed)
     elif defaults.performance_recipe:

@@ -40,17 +40,19 @@ def cmd_estimate(args) -> int:
     if args.format == "json":
         doc = e.to_dict()
         if not e.feasible:
-            doc["fits_with"] = [{"change": dict(f.change), "flags": plan_change_flags(f.change),
-                                 "step_time_s": f.step_time_s, "memory_bytes_per_gpu": f.memory_bytes}
-                                for f in fits_with]
+            doc["fits_with"] = [change_doc(f) for f in fits_with]
             if searched is not None:
-                doc["fastest_fitting"] = {"change": dict(searched.change), "flags": plan_change_flags(searched.change),
-                                          "step_time_s": searched.step_time_s,
-                                          "memory_bytes_per_gpu": searched.memory_bytes}
+                doc["fastest_fitting"] = change_doc(searched)
         print(json.dumps(doc, indent=2))
     else:
         print(wrap_lines(render_estimate(e) + fitting_lines(e, fits_with, searched)))
     return 0
+
+
+def change_doc(f) -> dict:
+    """One fitting change (planner.nearest.FittingChange) as JSON: the fields, the flags, step time and memory."""
+    return {"change": dict(f.change), "flags": plan_change_flags(f.change), "step_time_s": f.step_time_s,
+            "memory_bytes_per_gpu": f.memory_bytes}
 
 
 def fitting_lines(e, fits_with, searched=None) -> str:

@@ -20,14 +20,14 @@ fields it changes.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from itertools import combinations
 
 from paraplan.costmodels.estimate import estimate
 from paraplan.engines import spec_of
 from paraplan.errors import ConfigError
 from paraplan.plan import Plan, check_plan
-from paraplan.planner.search import search, with_topology
+from paraplan.planner.search import plan_field_changes, search, with_topology
 from paraplan.planner.space import SpaceOptions
 
 #: memory switches tried on where the engine offers them (``EngineSpec.offers``) and the plan has them off
@@ -119,6 +119,5 @@ def fastest_fitting_plan(model, job, cluster, plan: Plan, topology: dict | None 
                    top=1, max_memory_fraction=1.0, topology=topology).best
     if found is None:
         return None
-    change = tuple((f.name, getattr(found.plan, f.name)) for f in fields(Plan)
-                   if getattr(found.plan, f.name) != getattr(plan, f.name))
+    change = tuple((name, new) for name, _, new in plan_field_changes(plan, found.plan))
     return FittingChange(change, found.plan, found.step_time_s, found.memory_bytes_per_gpu["total"])

@@ -263,16 +263,16 @@ def _collapse_moot_zero(ranked: list) -> tuple[list, int]:
     return out, len(ranked) - len(out)
 
 
+def plan_field_changes(a, b) -> list[tuple[str, object, object]]:
+    """(field, a's value, b's value) for every plan field that differs (cp_mode only where cp > 1: with
+    cp = 1 it changes nothing)."""
+    return [(f, getattr(a, f), getattr(b, f)) for f in PLAN_FIELDS
+            if getattr(a, f) != getattr(b, f) and not (f == "cp_mode" and a.cp == 1 and b.cp == 1)]
+
+
 def plan_differences(a, b) -> list[str]:
-    """'field: a vs b' for every plan field that differs (cp_mode only where cp > 1: with cp = 1 it
-    changes nothing)."""
-    out = []
-    for f in PLAN_FIELDS:
-        va, vb = getattr(a, f), getattr(b, f)
-        if va == vb or (f == "cp_mode" and a.cp == 1 and b.cp == 1):
-            continue
-        out.append(f"{f}: {va} vs {vb}")
-    return out
+    """'field: a vs b' for every plan field that differs (:func:`plan_field_changes`)."""
+    return [f"{f}: {va} vs {vb}" for f, va, vb in plan_field_changes(a, b)]
 
 
 def what_step_time_does_not_show(best: Estimate, runner_up: Estimate) -> list[str]:
